@@ -1,0 +1,1 @@
+"""Verb registration for the `cramkit` command, one module per area (see cramkit.cli)."""

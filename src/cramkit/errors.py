@@ -1,0 +1,14 @@
+"""The one exception type users see.
+
+Every failure caused by the user's input (a path, a file's content, a config value, a checkpoint)
+raises :class:`CramkitError` with a message that names the input, says what is wrong and what to do.
+The command line prints that message alone (no traceback) and exits with status 2.
+"""
+
+from __future__ import annotations
+
+
+class CramkitError(Exception):
+    """A user-facing error: the message names the input, the problem and the fix."""
+
+    exit_code = 2

@@ -1,0 +1,1 @@
+"""cramkit.train"""

@@ -50,9 +50,7 @@ def _coerce(value: Any, tp: Any, where: str) -> Any:
     if origin is typing.Literal:
         allowed = typing.get_args(tp)
         if value not in allowed:
-            raise CramkitError(
-                f"{where}: {value!r} is not one of {', '.join(repr(a) for a in allowed)}"
-            )
+            raise CramkitError(f"{where}: {value!r} is not one of {', '.join(repr(a) for a in allowed)}")
         return value
     if origin in (list, tuple):
         if isinstance(value, str):

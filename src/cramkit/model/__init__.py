@@ -1,1 +1,16 @@
-"""cramkit.model"""
+"""cramkit.model: the encoder, its heads, and Hugging Face import/export."""
+
+from cramkit.model.encoder import Encoder, ModelConfig, count_parameters, flops_per_token
+from cramkit.model.heads import IGNORE, ClassifierConfig, MaskedLM, MLMOutput, SequenceClassifier
+
+__all__ = [
+    "IGNORE",
+    "ClassifierConfig",
+    "Encoder",
+    "MLMOutput",
+    "MaskedLM",
+    "ModelConfig",
+    "SequenceClassifier",
+    "count_parameters",
+    "flops_per_token",
+]

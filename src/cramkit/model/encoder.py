@@ -1,0 +1,321 @@
+"""The encoder: a BERT-style transformer whose architectural choices are config fields.
+
+One file a reader can hold in their head (after nanoGPT). Defaults are the Cramming choices
+(arXiv 2212.14034): pre-LN with a final norm, no biases, scaled sinusoidal positions, GELU-GLU,
+no dropout. The ``bert-base`` preset (post-LN, learned positions, biases, token types) matches
+Hugging Face's ``BertModel`` parameter for parameter, so its weights import exactly.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+from cramkit.errors import CramkitError
+
+
+@dataclass
+class ModelConfig:
+    """Architecture of the encoder (see the presets in ``cramkit/presets``)."""
+
+    vocab_size: int = 32768
+    hidden: int = 768
+    layers: int = 12
+    heads: int = 12
+    # width of the first MLP projection; with a GLU activation it is split in two halves (value, gate),
+    # so the second projection reads ``intermediate // 2`` features (Cramming's convention).
+    intermediate: int = 3072
+    activation: Literal["gelu", "gelu_glu", "relu", "swiglu"] = "gelu_glu"
+    norm: Literal["layernorm", "rmsnorm"] = "layernorm"
+    # pre: x + f(norm(x)); post: norm(x + f(x)) (original BERT); deepnorm: norm(alpha * x + f(x)) with
+    # sub-layer init scaled by beta (DeepNet, arXiv 2203.00555)
+    norm_position: Literal["pre", "post", "deepnorm"] = "pre"
+    norm_eps: float = 1e-12
+    bias: bool = False
+    position: Literal["sinusoidal", "learned", "rope"] = "sinusoidal"
+    max_position: int = 512
+    rope_base: float = 10000.0
+    type_vocab_size: int = 0  # token-type (segment) embeddings; 2 in BERT, 0 = none (Cramming)
+    embedding_norm: bool = True
+    final_norm: bool = True  # a norm after the last block (pre-LN only; post-LN already ends in one)
+    tie_embeddings: bool = True
+    head_transform: bool = True  # MLM head: dense + activation + norm before the vocabulary projection
+    dropout: float = 0.0
+    attention_dropout: float = 0.0
+    init_std: float = 0.02
+    pad_token_id: int = 0
+    gradient_checkpointing: bool = False
+
+    def validate(self) -> None:
+        if self.hidden % self.heads:
+            raise CramkitError(
+                f"model.hidden ({self.hidden}) must be divisible by model.heads ({self.heads})"
+            )
+        if self.activation in ("gelu_glu", "swiglu") and self.intermediate % 2:
+            raise CramkitError(f"model.intermediate ({self.intermediate}) must be even with a GLU activation")
+        if self.position == "rope" and (self.hidden // self.heads) % 2:
+            raise CramkitError("model.position=rope needs an even head dimension (hidden / heads)")
+        for name in ("vocab_size", "hidden", "layers", "heads", "intermediate", "max_position"):
+            if getattr(self, name) <= 0:
+                raise CramkitError(f"model.{name} must be positive, got {getattr(self, name)}")
+        for name in ("dropout", "attention_dropout"):
+            if not 0.0 <= getattr(self, name) < 1.0:
+                raise CramkitError(f"model.{name} must be in [0, 1), got {getattr(self, name)}")
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden // self.heads
+
+    @property
+    def deepnorm_alpha(self) -> float:
+        # encoder-only DeepNet: alpha = (2N)^(1/4), beta = (8N)^(-1/4)
+        return (2.0 * self.layers) ** 0.25 if self.norm_position == "deepnorm" else 1.0
+
+    @property
+    def deepnorm_beta(self) -> float:
+        return (8.0 * self.layers) ** -0.25 if self.norm_position == "deepnorm" else 1.0
+
+    def replace(self, **changes: object) -> ModelConfig:
+        return dataclasses.replace(self, **changes)
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
+
+
+def make_norm(cfg: ModelConfig) -> nn.Module:
+    if cfg.norm == "rmsnorm":
+        return RMSNorm(cfg.hidden, cfg.norm_eps)
+    return nn.LayerNorm(cfg.hidden, eps=cfg.norm_eps, bias=cfg.bias)
+
+
+def activation_fn(name: str) -> nn.Module:
+    return nn.ReLU() if name == "relu" else nn.SiLU() if name == "swiglu" else nn.GELU()
+
+
+def sinusoidal_table(length: int, dim: int) -> torch.Tensor:
+    position = torch.arange(length, dtype=torch.float32)[:, None]
+    freq = torch.exp(torch.arange(0, dim, 2, dtype=torch.float32) * (-math.log(10000.0) / dim))
+    table = torch.zeros(length, dim)
+    table[:, 0::2] = torch.sin(position * freq)
+    table[:, 1::2] = torch.cos(position * freq[: dim // 2])
+    return table
+
+
+class Rotary(nn.Module):
+    """Rotary position embedding (RoPE) applied to queries and keys."""
+
+    def __init__(self, head_dim: int, max_position: int, base: float) -> None:
+        super().__init__()
+        inv_freq = 1.0 / base ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim)
+        angles = torch.outer(torch.arange(max_position, dtype=torch.float32), inv_freq)
+        self.register_buffer("cos", angles.cos(), persistent=False)
+        self.register_buffer("sin", angles.sin(), persistent=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: [B, heads, L, head_dim]
+        length = x.shape[-2]
+        cos, sin = self.cos[:length].to(x.dtype), self.sin[:length].to(x.dtype)
+        x1, x2 = x[..., 0::2], x[..., 1::2]
+        return torch.stack((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1).flatten(-2)
+
+
+class Embeddings(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.word = nn.Embedding(cfg.vocab_size, cfg.hidden, padding_idx=None)
+        if cfg.position == "learned":
+            self.position = nn.Embedding(cfg.max_position, cfg.hidden)
+        elif cfg.position == "sinusoidal":
+            # "scaled sinusoidal": a fixed table times one learned scalar (Cramming, after FLASH)
+            self.register_buffer("sinusoid", sinusoidal_table(cfg.max_position, cfg.hidden), persistent=False)
+            self.position_scale = nn.Parameter(torch.tensor(cfg.hidden**-0.5))
+        self.token_type = nn.Embedding(cfg.type_vocab_size, cfg.hidden) if cfg.type_vocab_size else None
+        self.norm = make_norm(cfg) if cfg.embedding_norm else nn.Identity()
+        self.dropout = nn.Dropout(cfg.dropout)
+
+    def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None = None) -> torch.Tensor:
+        length = input_ids.shape[1]
+        if length > self.cfg.max_position and self.cfg.position != "rope":
+            raise CramkitError(
+                f"sequence length {length} exceeds model.max_position={self.cfg.max_position}; "
+                "shorten the inputs or use a model with more positions"
+            )
+        x = self.word(input_ids)
+        if self.cfg.position == "learned":
+            x = x + self.position.weight[:length]
+        elif self.cfg.position == "sinusoidal":
+            x = x + self.sinusoid[:length].to(x.dtype) * self.position_scale
+        if self.token_type is not None:
+            if token_type_ids is None:
+                x = x + self.token_type.weight[0]
+            else:
+                x = x + self.token_type(token_type_ids)
+        return self.dropout(self.norm(x))
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.qkv = nn.Linear(cfg.hidden, 3 * cfg.hidden, bias=cfg.bias)
+        self.out = nn.Linear(cfg.hidden, cfg.hidden, bias=cfg.bias)
+        self.rotary = (
+            Rotary(cfg.head_dim, cfg.max_position, cfg.rope_base) if cfg.position == "rope" else None
+        )
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+        batch, length, _ = x.shape
+        q, k, v = (
+            self.qkv(x)
+            .view(batch, length, 3, self.cfg.heads, self.cfg.head_dim)
+            .permute(2, 0, 3, 1, 4)
+            .unbind(0)
+        )
+        if self.rotary is not None:
+            q, k = self.rotary(q), self.rotary(k)
+        p = self.cfg.attention_dropout if self.training else 0.0
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p)
+        return self.out(y.transpose(1, 2).reshape(batch, length, self.cfg.hidden))
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.glu = cfg.activation in ("gelu_glu", "swiglu")
+        self.fc_in = nn.Linear(cfg.hidden, cfg.intermediate, bias=cfg.bias)
+        self.act = activation_fn(cfg.activation)
+        self.fc_out = nn.Linear(
+            cfg.intermediate // 2 if self.glu else cfg.intermediate, cfg.hidden, bias=cfg.bias
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.fc_in(x)
+        if self.glu:
+            value, gate = h.chunk(2, dim=-1)
+            h = value * self.act(gate)
+        else:
+            h = self.act(h)
+        return self.fc_out(h)
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.pre = cfg.norm_position == "pre"
+        self.alpha = cfg.deepnorm_alpha
+        self.norm_attn = make_norm(cfg)
+        self.attn = Attention(cfg)
+        self.norm_mlp = make_norm(cfg)
+        self.mlp = MLP(cfg)
+        self.dropout = nn.Dropout(cfg.dropout)
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+        if self.pre:
+            x = x + self.dropout(self.attn(self.norm_attn(x), mask))
+            return x + self.dropout(self.mlp(self.norm_mlp(x)))
+        x = self.norm_attn(self.alpha * x + self.dropout(self.attn(x, mask)))
+        return self.norm_mlp(self.alpha * x + self.dropout(self.mlp(x)))
+
+
+def additive_mask(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """[B, L] 1/0 padding mask -> additive [B, 1, 1, L] mask for SDPA."""
+    keep = mask.bool()[:, None, None, :]
+    return torch.zeros(keep.shape, dtype=dtype, device=keep.device).masked_fill(~keep, torch.finfo(dtype).min)
+
+
+class Encoder(nn.Module):
+    """Token ids -> contextual hidden states ``[batch, length, hidden]``."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.embeddings = Embeddings(cfg)
+        self.layers = nn.ModuleList(Block(cfg) for _ in range(cfg.layers))
+        use_final = cfg.final_norm and cfg.norm_position == "pre"
+        self.final_norm = make_norm(cfg) if use_final else nn.Identity()
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        token_type_ids: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        x = self.embeddings(input_ids, token_type_ids)
+        mask = _mask_for(attention_mask, x.dtype)
+        for block in self.layers:
+            if self.cfg.gradient_checkpointing and self.training:
+                x = checkpoint(block, x, mask, use_reentrant=False)
+            else:
+                x = block(x, mask)
+        return self.final_norm(x)
+
+
+def _mask_for(mask: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor | None:
+    if mask is None:
+        return None
+    if not torch.compiler.is_compiling() and bool(mask.all()):
+        return None  # nothing padded: let SDPA take its fastest (flash) path
+    return additive_mask(mask, dtype)
+
+
+def init_weights(module: nn.Module, cfg: ModelConfig) -> None:
+    """BERT's init (normal, std init_std), with DeepNet's beta scaling of value/output/MLP weights."""
+    for m in module.modules():
+        if isinstance(m, nn.Linear):
+            nn.init.normal_(m.weight, std=cfg.init_std)
+            if m.bias is not None:
+                nn.init.zeros_(m.bias)
+        elif isinstance(m, nn.Embedding):
+            nn.init.normal_(m.weight, std=cfg.init_std)
+        elif isinstance(m, (nn.LayerNorm, RMSNorm)):
+            if m.weight is not None:
+                nn.init.ones_(m.weight)
+            if getattr(m, "bias", None) is not None:
+                nn.init.zeros_(m.bias)
+        if cfg.norm_position == "deepnorm" and isinstance(m, (Attention, MLP)):
+            beta = cfg.deepnorm_beta
+            with torch.no_grad():
+                if isinstance(m, Attention):
+                    nn.init.xavier_normal_(m.qkv.weight[: 2 * cfg.hidden], gain=1.0)
+                    nn.init.xavier_normal_(m.qkv.weight[2 * cfg.hidden :], gain=beta)
+                    nn.init.xavier_normal_(m.out.weight, gain=beta)
+                else:
+                    nn.init.xavier_normal_(m.fc_in.weight, gain=beta)
+                    nn.init.xavier_normal_(m.fc_out.weight, gain=beta)
+
+
+def count_parameters(module: nn.Module, *, exclude_embeddings: bool = False) -> int:
+    total = sum(p.numel() for p in module.parameters())
+    if exclude_embeddings:
+        total -= sum(
+            p.numel() for m in module.modules() if isinstance(m, nn.Embedding) for p in m.parameters()
+        )
+    return total
+
+
+def flops_per_token(cfg: ModelConfig, seq_len: int, predicted_fraction: float = 1.0) -> float:
+    """Training FLOPs per input token (forward + backward = 3x forward, 2 FLOPs per MAC).
+
+    Counts the matrix multiplies: the blocks, attention scores and values, and the MLM head only at the
+    predicted fraction of positions (sparse prediction). Used for model FLOPs utilisation (MFU).
+    """
+    h, layers = cfg.hidden, cfg.layers
+    mlp_out_in = cfg.intermediate // 2 if cfg.activation in ("gelu_glu", "swiglu") else cfg.intermediate
+    per_block = 4 * h * h + h * cfg.intermediate + mlp_out_in * h  # qkv + out + mlp in/out (MACs)
+    attention = 2 * seq_len * h  # QK^T and AV (MACs per token per layer)
+    head = (h * h if cfg.head_transform else 0) + h * cfg.vocab_size
+    return 6.0 * (layers * (per_block + attention) + predicted_fraction * head)

@@ -1,0 +1,120 @@
+"""Task heads on top of the encoder: masked-LM with sparse prediction, sequence classification."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal, NamedTuple
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from cramkit.model.encoder import Encoder, ModelConfig, activation_fn, init_weights, make_norm
+
+IGNORE = -100  # label of positions that are not predicted
+
+
+class MLMOutput(NamedTuple):
+    loss: torch.Tensor  # mean cross-entropy over the predicted positions
+    logits: torch.Tensor  # [n_predicted, vocab] (sparse) or [B, L, vocab] (dense, labels=None)
+    n_predicted: torch.Tensor  # number of predicted positions (0-dim tensor)
+
+
+class MLMHead(nn.Module):
+    def __init__(self, cfg: ModelConfig, word_embeddings: nn.Embedding) -> None:
+        super().__init__()
+        if cfg.head_transform:
+            self.transform = nn.Sequential(
+                nn.Linear(cfg.hidden, cfg.hidden, bias=cfg.bias),
+                activation_fn("relu" if cfg.activation == "relu" else "gelu"),
+                make_norm(cfg),
+            )
+        else:
+            self.transform = nn.Identity()
+        self.decoder = nn.Linear(cfg.hidden, cfg.vocab_size, bias=cfg.bias)
+        if cfg.tie_embeddings:
+            self.decoder.weight = word_embeddings.weight
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.decoder(self.transform(hidden))
+
+
+class MaskedLM(nn.Module):
+    """Encoder + MLM head. With labels, vocabulary logits are computed only where labels != -100."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.encoder = Encoder(cfg)
+        self.head = MLMHead(cfg, self.encoder.embeddings.word)
+        init_weights(self, cfg)
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        labels: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        token_type_ids: torch.Tensor | None = None,
+    ) -> MLMOutput:
+        hidden = self.encoder(input_ids, attention_mask, token_type_ids)
+        if labels is None:
+            logits = self.head(hidden)
+            return MLMOutput(logits.new_zeros(()), logits, logits.new_zeros((), dtype=torch.long))
+        labels = labels.reshape(-1)
+        # sparse prediction: never compute vocabulary logits for positions that are thrown away
+        keep = labels != IGNORE
+        hidden = hidden.reshape(-1, hidden.shape[-1])[keep]
+        targets = labels[keep]
+        logits = self.head(hidden)
+        loss = F.cross_entropy(logits.float(), targets, reduction="mean")
+        return MLMOutput(loss, logits, keep.sum())
+
+
+@dataclass
+class ClassifierConfig:
+    """The fine-tuning head: pooling of the encoder output and a linear classifier (or regressor)."""
+
+    pooling: Literal["first", "mean"] = "first"
+    pooler_dense: bool = True  # dense + tanh on the pooled vector (BERT's pooler)
+    dropout: float = 0.1
+
+
+class SequenceClassifier(nn.Module):
+    """Encoder + pooling + classifier; ``num_labels == 1`` means regression (MSE loss)."""
+
+    def __init__(self, cfg: ModelConfig, num_labels: int, head: ClassifierConfig | None = None) -> None:
+        super().__init__()
+        self.cfg, self.head_cfg, self.num_labels = cfg, head or ClassifierConfig(), num_labels
+        self.encoder = Encoder(cfg)
+        self.pooler = nn.Linear(cfg.hidden, cfg.hidden) if self.head_cfg.pooler_dense else None
+        self.dropout = nn.Dropout(self.head_cfg.dropout)
+        self.classifier = nn.Linear(cfg.hidden, num_labels)
+        init_weights(self, cfg)
+
+    def pool(self, hidden: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.Tensor:
+        if self.head_cfg.pooling == "mean":
+            if attention_mask is None:
+                pooled = hidden.mean(dim=1)
+            else:
+                weights = attention_mask.to(hidden.dtype)[..., None]
+                pooled = (hidden * weights).sum(1) / weights.sum(1).clamp_min(1.0)
+        else:
+            pooled = hidden[:, 0]
+        return torch.tanh(self.pooler(pooled)) if self.pooler is not None else pooled
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        token_type_ids: torch.Tensor | None = None,
+        labels: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor | None, torch.Tensor]:
+        hidden = self.encoder(input_ids, attention_mask, token_type_ids)
+        logits = self.classifier(self.dropout(self.pool(hidden, attention_mask)))
+        loss = None
+        if labels is not None:
+            if self.num_labels == 1:
+                loss = F.mse_loss(logits.squeeze(-1).float(), labels.float())
+            else:
+                loss = F.cross_entropy(logits.float(), labels.long())
+        return loss, logits

@@ -1,1 +1,37 @@
-"""cramkit.tasks"""
+"""Tasks for fine-tuning and evaluation: the registry, all of GLUE, metrics, user tasks from files.
+
+from cramkit.tasks import get_task
+task = get_task("glue/sst2", data_dir="glue_data")
+task.examples("dev")[0]   # Example(text_a=..., text_b=None, label=1, idx=0)
+"""
+
+from cramkit.tasks import glue  # noqa: F401  (registers glue/*)
+from cramkit.tasks.files import task_from_file
+from cramkit.tasks.metrics import compute_metrics, glue_average, glue_scores
+from cramkit.tasks.registry import (
+    Example,
+    Mixture,
+    Task,
+    get_mixture,
+    get_task,
+    list_mixtures,
+    list_tasks,
+    register_mixture,
+    register_task,
+)
+
+__all__ = [
+    "Example",
+    "Mixture",
+    "Task",
+    "compute_metrics",
+    "get_mixture",
+    "get_task",
+    "glue_average",
+    "glue_scores",
+    "list_mixtures",
+    "list_tasks",
+    "register_mixture",
+    "register_task",
+    "task_from_file",
+]

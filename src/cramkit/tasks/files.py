@@ -1,0 +1,254 @@
+"""User tasks from CSV, TSV or JSONL files, by naming the columns.
+
+The format follows the extension: ``.csv`` (comma, CSV quoting), ``.tsv`` / ``.tab`` (tab; quotes are
+plain text, as in GLUE), ``.jsonl`` / ``.ndjson`` / ``.json`` (one JSON object per line). ``delimiter``
+reads any other text file as CSV with that delimiter (and CSV quoting, also for a TSV). CSV and TSV files
+need a header row naming the columns. The label column may be absent from a test file (no labels).
+
+    task = task_from_file("reviews", "train.csv", "dev.csv", text_a="review", label="stars",
+                          labels=["1", "2", "3", "4", "5"])
+    get_task("user/reviews")  # registered
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+from cramkit.errors import CramkitError
+from cramkit.tasks.glue import SKIP_HINT, BadRow, parse_label, read_tsv_lines
+from cramkit.tasks.registry import Example, PathLike, Task, register_task
+
+CSV_EXT = {".csv"}
+TSV_EXT = {".tsv", ".tab"}
+JSONL_EXT = {".jsonl", ".ndjson", ".json"}
+
+
+def _format(path: Path, delimiter: str | None) -> str:
+    ext = path.suffix.lower()
+    if ext in JSONL_EXT:
+        return "jsonl"
+    if delimiter is not None:
+        return "csv"
+    if ext in CSV_EXT:
+        return "csv"
+    if ext in TSV_EXT:
+        return "tsv"
+    raise CramkitError(
+        f"{path}: cannot tell the format from the extension '{ext}'; use .csv, .tsv or .jsonl, "
+        "or give the delimiter (--delimiter)"
+    )
+
+
+def _records(path: Path, fmt: str, delimiter: str | None) -> Iterator[tuple[int, dict | None, str]]:
+    """(line number, record or None when the row is malformed, problem) for each row after the header."""
+    if fmt == "jsonl":
+        with open(path, encoding="utf-8-sig") as f:
+            for lineno, line in enumerate(f, 1):
+                if not line.strip():
+                    continue
+                try:
+                    rec = json.loads(line)
+                except json.JSONDecodeError as e:
+                    yield lineno, None, f"not valid JSON ({e.msg})"
+                    continue
+                if not isinstance(rec, dict):
+                    yield lineno, None, f"a JSON {type(rec).__name__}, not an object"
+                    continue
+                yield lineno, rec, ""
+        return
+    if fmt == "tsv":
+        lines = read_tsv_lines(path)
+    else:
+        f = open(path, encoding="utf-8-sig", newline="")  # noqa: SIM115 (closed below)
+        reader = csv.reader(f, delimiter=delimiter or ",")
+        lines = ((reader.line_num, row) for row in reader if any(c.strip() for c in row))
+    try:
+        first = next(lines, None)
+        if first is None:
+            raise CramkitError(f"{path} is empty; it needs a header row naming the columns, then rows")
+        header = [c.strip() for c in first[1]]
+        yield 0, {"__header__": header}, ""
+        for lineno, row in lines:
+            if len(row) != len(header):
+                yield lineno, None, f"expected {len(header)} columns (as the header), found {len(row)}"
+            else:
+                yield lineno, dict(zip(header, row, strict=True)), ""
+    finally:
+        if fmt == "csv":
+            f.close()
+
+
+class FileSplit:
+    """Loader of one split of a user task (see :func:`task_from_file`)."""
+
+    def __init__(
+        self,
+        task: str,
+        path: Path,
+        fmt: str,
+        delimiter: str | None,
+        columns: tuple[str, str | None, str | None, str | None],
+        labels: list[str] | None,
+        label_required: bool,
+        skip_bad_rows: bool,
+    ):
+        self.task, self.path, self.fmt, self.delimiter = task, path, fmt, delimiter
+        self.columns, self.labels, self.label_required = columns, labels, label_required
+        self.skip_bad_rows = skip_bad_rows
+        self.source = str(path)
+        self.skipped = 0
+
+    def _check_header(self, header: list[str]) -> bool:
+        """Whether the file has the label column; CramkitError if a needed column is absent."""
+        text_a, text_b, label, idx = self.columns
+        for role, col in (("text_a", text_a), ("text_b", text_b), ("idx", idx)):
+            if col is not None and col not in header:
+                raise CramkitError(
+                    f"{self.path}: no column '{col}' (given as {role}); its columns: {', '.join(header)}"
+                )
+        if label is not None and label not in header:
+            if self.label_required:
+                raise CramkitError(
+                    f"{self.path}: no label column '{label}'; its columns: {', '.join(header)}. "
+                    "Name the label column with --label"
+                )
+            return False
+        return True
+
+    def __call__(self) -> list[Example]:
+        if not self.path.is_file():
+            raise CramkitError(f"{self.task}: the split's file {self.path} does not exist")
+        text_a, text_b, label_col, idx_col = self.columns
+        has_label = label_col is not None
+        out: list[Example] = []
+        self.skipped = 0
+        for lineno, rec, problem in _records(self.path, self.fmt, self.delimiter):
+            if rec is not None and "__header__" in rec:
+                has_label = self._check_header(rec["__header__"])
+                continue
+            where = f"{self.path}, line {lineno}"
+            try:
+                if rec is None:
+                    raise BadRow(f"{where}: {problem}. {SKIP_HINT}")
+                a = rec.get(text_a)
+                b = rec.get(text_b) if text_b else None
+                if a is None or (text_b and b is None):
+                    missing = text_a if a is None else text_b
+                    has = ", ".join(rec)
+                    raise BadRow(f"{where}: no value for '{missing}' (the row has: {has}). {SKIP_HINT}")
+                label = None
+                raw = rec.get(label_col) if label_col else None
+                if has_label and (raw is not None or self.label_required):
+                    if raw is None:
+                        raise BadRow(f"{where}: no value for the label '{label_col}'. {SKIP_HINT}")
+                    if isinstance(raw, bool):
+                        raw = str(raw).lower()
+                    label = parse_label(raw, self.labels, where)
+                idx = len(out)
+                if idx_col:
+                    try:
+                        idx = int(rec.get(idx_col))
+                    except (TypeError, ValueError):
+                        raise BadRow(
+                            f"{where}: index '{rec.get(idx_col)}' is not an integer. {SKIP_HINT}"
+                        ) from None
+            except BadRow as e:
+                if self.skip_bad_rows:
+                    self.skipped += 1
+                    continue
+                raise CramkitError(str(e)) from None
+            out.append(Example(str(a).strip(), None if b is None else str(b).strip(), label, idx))
+        if not out:
+            raise CramkitError(f"{self.path} holds no rows for {self.task}")
+        return out
+
+
+def _infer_labels(split: FileSplit) -> list[str]:
+    """The label values seen in the train file, sorted (numerically when all are integers)."""
+    seen: set[str] = set()
+    for _, rec, _ in _records(split.path, split.fmt, split.delimiter):
+        if rec is None or "__header__" in rec:
+            if rec is not None:
+                split._check_header(rec["__header__"])
+            continue
+        v = rec.get(split.columns[2])
+        if v is not None and str(v).strip() != "":
+            seen.add(str(v).lower() if isinstance(v, bool) else str(v).strip())
+    if not seen:
+        raise CramkitError(f"{split.path}: no labels found in column '{split.columns[2]}'")
+    if all(s.lstrip("-").isdigit() for s in seen):
+        return sorted(seen, key=int)
+    return sorted(seen)
+
+
+def task_from_file(
+    name: str,
+    train: PathLike,
+    dev: PathLike | None = None,
+    test: PathLike | None = None,
+    *,
+    text_a: str,
+    text_b: str | None = None,
+    label: str = "label",
+    labels: list[str] | None = None,
+    regression: bool = False,
+    metrics: list[str] | None = None,
+    delimiter: str | None = None,
+    idx: str | None = None,
+    skip_bad_rows: bool = False,
+    register: bool = True,
+) -> Task:
+    """A task from CSV / TSV / JSONL files, registered as "user/NAME" (or NAME when it has a "/").
+
+    labels: the label values in id order; inferred from the train file when omitted (sorted). For
+    regression the label column holds numbers. metrics default to accuracy (+ F1 of label id 1 for two
+    labels), or Pearson and Spearman for regression. idx names an integer id column (else row numbers).
+    """
+    full = name if "/" in name else f"user/{name}"
+    if regression and labels is not None:
+        raise CramkitError(f"task {full}: give labels or regression=True, not both")
+    paths = {"train": train, "dev": dev, "test": test}
+    splits: dict[str, FileSplit] = {}
+    for split, p in paths.items():
+        if p is None:
+            continue
+        path = Path(p).expanduser()
+        if not path.is_file():
+            raise CramkitError(f"task {full}: the {split} file {path} does not exist")
+        splits[split] = FileSplit(
+            full,
+            path,
+            _format(path, delimiter),
+            delimiter,
+            (text_a, text_b, label, idx),
+            None,
+            label_required=split != "test",
+            skip_bad_rows=skip_bad_rows,
+        )
+    if not regression:
+        labels = [str(x) for x in labels] if labels is not None else _infer_labels(splits["train"])
+        if len(labels) < 2:
+            raise CramkitError(f"task {full}: a classification task needs at least two labels, got {labels}")
+    for s in splits.values():
+        s.labels = labels
+    if metrics is None:
+        metrics = (
+            ["pearson", "spearman"]
+            if regression
+            else (["accuracy", "f1"] if len(labels) == 2 else ["accuracy"])
+        )
+    task = Task(
+        name=full,
+        splits=dict(splits),
+        labels=labels,
+        metrics=list(metrics),
+        dev_splits=["dev"] if "dev" in splits else [],
+        test_splits=["test"] if "test" in splits else [],
+        description=f"user task from {Path(train)}",
+    )
+    if register:
+        register_task(task)
+    return task

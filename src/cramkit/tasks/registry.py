@@ -1,0 +1,293 @@
+"""Tasks and mixtures, registered once by name (seqio's shape, without its machinery).
+
+A :class:`Task` is a name, a loader per split returning :class:`Example` rows (text_a, text_b, label),
+its labels (None for regression) and its metrics. A :class:`Mixture` is tasks with sampling rates for
+multi-task fine-tuning. Built-in tasks (``glue/*``) are registered as factories, because where their
+files live (``data_dir``) is only known when they are asked for; user tasks are registered as objects.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+import tempfile
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from cramkit.errors import CramkitError
+
+PathLike = str | os.PathLike
+
+
+@dataclass(frozen=True)
+class Example:
+    """One row of a task: the text (or text pair), the label id / score (None on test splits), an index.
+
+    idx is the row's index in the official file (the ``index`` / ``id`` column where the file has one,
+    else the row number from 0); leaderboard files are keyed by it.
+    """
+
+    text_a: str
+    text_b: str | None
+    label: int | float | None
+    idx: int
+
+
+@dataclass
+class Task:
+    """A named task: splits (name -> loader), labels (None => regression), metrics.
+
+    A loader is any callable returning ``list[Example]``; one may also carry ``source`` (a description of
+    the file it reads, used in messages) and, after being called, ``skipped`` (bad rows skipped).
+    main_metric is the metric that stands for the task in one number (defaults to metrics[0]).
+    """
+
+    name: str
+    splits: dict[str, Callable[[], list[Example]]]
+    labels: list[str] | None
+    metrics: list[str]
+    main_metric: str | None = None
+    train_split: str = "train"
+    dev_splits: list[str] = field(default_factory=lambda: ["dev"])
+    test_splits: list[str] = field(default_factory=lambda: ["test"])
+    leaderboard_files: dict[str, str] = field(default_factory=dict)  # split -> file name, e.g. "RTE.tsv"
+    label_names: list[str] | None = None  # readable names, e.g. ["unacceptable", "acceptable"] for "0"/"1"
+    description: str = ""
+    skipped: dict[str, int] = field(default_factory=dict)  # split -> bad rows skipped when loading it
+    _cache: dict[str, list[Example]] = field(default_factory=dict, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        from cramkit.tasks.metrics import METRICS
+
+        if self.main_metric is None:
+            self.main_metric = self.metrics[0] if self.metrics else None
+        for m in [*self.metrics, self.main_metric]:
+            if m not in METRICS:
+                raise CramkitError(f"task {self.name}: unknown metric '{m}'; known: {', '.join(METRICS)}")
+        if self.main_metric not in self.metrics:
+            raise CramkitError(f"task {self.name}: main_metric '{self.main_metric}' is not in its metrics")
+        if self.labels is not None and len(set(self.labels)) != len(self.labels):
+            raise CramkitError(f"task {self.name}: labels {self.labels} contain duplicates")
+        regression_metrics = {"pearson", "spearman"}
+        for m in self.metrics:
+            if (m in regression_metrics) != self.is_regression:
+                kind = "a regression" if self.is_regression else "a classification"
+                raise CramkitError(f"task {self.name}: metric '{m}' does not fit {kind} task")
+
+    @property
+    def is_regression(self) -> bool:
+        return self.labels is None
+
+    @property
+    def num_labels(self) -> int:
+        """Outputs of the head: the number of labels, or 1 for regression."""
+        return 1 if self.labels is None else len(self.labels)
+
+    def examples(self, split: str) -> list[Example]:
+        """The split's examples (loaded once, then cached). CramkitError on an unknown or absent split."""
+        if split not in self.splits:
+            close = difflib.get_close_matches(split, list(self.splits), n=1)
+            hint = f" (did you mean '{close[0]}'?)" if close else ""
+            raise CramkitError(
+                f"task {self.name} has no split '{split}'{hint}; its splits: {', '.join(self.splits)}"
+            )
+        if split not in self._cache:
+            loader = self.splits[split]
+            rows = loader()
+            self.skipped[split] = int(getattr(loader, "skipped", 0))
+            self._cache[split] = rows
+        return self._cache[split]
+
+    def source(self, split: str) -> str:
+        """Where a split comes from (a file path, a hub dataset), for messages."""
+        return str(getattr(self.splits.get(split), "source", f"{self.name}:{split}"))
+
+    def score(self, metric_values: dict[str, float]) -> float:
+        """The one number that stands for this task (its main metric), e.g. MCC for CoLA."""
+        if self.main_metric not in metric_values:
+            raise CramkitError(f"task {self.name}: results lack its main metric '{self.main_metric}'")
+        return float(metric_values[self.main_metric])
+
+    def compute_metrics(self, predictions, labels) -> dict[str, float]:
+        from cramkit.tasks.metrics import compute_metrics
+
+        return compute_metrics(self.metrics, predictions, labels)
+
+    def leaderboard_file(self, split: str) -> str:
+        """File name for a split's predictions: the GLUE leaderboard's name, else TASK-SPLIT.tsv."""
+        if split in self.leaderboard_files:
+            return self.leaderboard_files[split]
+        return f"{self.name.replace('/', '-')}-{split}.tsv"
+
+    def format_prediction(self, pred) -> str:
+        """A prediction as the leaderboard writes it: the label string, or the score with 3 decimals."""
+        if self.labels is None:
+            return f"{float(pred):.3f}"
+        if isinstance(pred, str):
+            if pred not in self.labels:
+                raise CramkitError(f"task {self.name}: prediction '{pred}' is not one of {self.labels}")
+            return pred
+        i = int(pred)
+        if not 0 <= i < len(self.labels):
+            raise CramkitError(
+                f"task {self.name}: predicted label id {i} is outside 0..{len(self.labels) - 1}"
+            )
+        return self.labels[i]
+
+    def write_predictions(
+        self, split: str, idx_and_preds: Iterable[tuple[int, object]], out_path: PathLike
+    ) -> Path:
+        """Write predictions in the GLUE leaderboard format: ``index<TAB>prediction`` rows after a header.
+
+        out_path is a directory (the file gets the leaderboard's name, e.g. MNLI-m.tsv) or a .tsv path.
+        Predictions are label ids (or label strings), or scores for regression. When the split can be
+        loaded, its indices must be covered exactly. Written to a temporary name, then renamed.
+        """
+        rows = sorted((int(i), self.format_prediction(p)) for i, p in idx_and_preds)
+        idxs = [i for i, _ in rows]
+        if len(set(idxs)) != len(idxs):
+            raise CramkitError(f"task {self.name} {split}: predictions repeat an index")
+        expected = sorted(e.idx for e in self.examples(split))
+        if idxs != expected:
+            missing = sorted(set(expected) - set(idxs))
+            extra = sorted(set(idxs) - set(expected))
+            raise CramkitError(
+                f"task {self.name} {split}: predictions cover {len(idxs)} indices but the split has "
+                f"{len(expected)} examples (missing {missing[:5]}{'...' if len(missing) > 5 else ''}, "
+                f"unknown {extra[:5]}{'...' if len(extra) > 5 else ''}); predict every example of the split"
+            )
+        out = Path(out_path)
+        if out.suffix != ".tsv":
+            out = out / self.leaderboard_file(split)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=out.name, suffix=".tmp", dir=out.parent)
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as f:
+                f.write("index\tprediction\n")
+                f.writelines(f"{i}\t{p}\n" for i, p in rows)
+            os.replace(tmp, out)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+        return out
+
+
+@dataclass
+class Mixture:
+    """Tasks sampled by rate for multi-task fine-tuning.
+
+    rates default to each task's train size (capped at ``cap`` examples, T5's "examples-proportional
+    mixing with an artificial limit"); they are normalised to sum to 1.
+    """
+
+    name: str
+    tasks: list[Task]
+    rates: list[float] | None = None
+    cap: int | None = None
+
+    def __post_init__(self) -> None:
+        if not self.tasks:
+            raise CramkitError(f"mixture {self.name} has no tasks")
+        if self.rates is None:
+            sizes = [len(t.examples(t.train_split)) for t in self.tasks]
+            self.rates = [float(min(n, self.cap) if self.cap else n) for n in sizes]
+        if len(self.rates) != len(self.tasks):
+            raise CramkitError(
+                f"mixture {self.name}: {len(self.rates)} rates for {len(self.tasks)} tasks; give one per task"
+            )
+        if any(r < 0 for r in self.rates) or sum(self.rates) <= 0:
+            raise CramkitError(f"mixture {self.name}: rates {self.rates} must be >= 0 with a positive sum")
+        total = float(sum(self.rates))
+        self.rates = [r / total for r in self.rates]
+
+    @property
+    def task_names(self) -> list[str]:
+        return [t.name for t in self.tasks]
+
+    def sampler(self, seed: int, block: int = 4096) -> Iterator[int]:
+        """An endless, seeded stream of task indices drawn by rate (same seed, same stream)."""
+        rng = np.random.default_rng(seed)
+        p = np.asarray(self.rates, dtype=np.float64)
+        while True:
+            yield from rng.choice(len(p), size=block, p=p).tolist()
+
+
+# ---------------------------------------------------------------------------------------------------
+# The registry
+
+TaskFactory = Callable[..., Task]  # factory(data_dir=..., skip_bad_rows=...) -> Task
+
+_TASKS: dict[str, Task | TaskFactory] = {}
+_MIXTURES: dict[str, Mixture | Callable[..., Mixture]] = {}
+
+
+def _ensure_builtins() -> None:
+    import cramkit.tasks.glue  # noqa: F401  (registers glue/*)
+
+
+def register_task(
+    task: Task | TaskFactory, name: str | None = None, *, overwrite: bool = True
+) -> Task | TaskFactory:
+    """Register a Task (or a factory ``f(data_dir=None, skip_bad_rows=False) -> Task``) under its name."""
+    key = name or getattr(task, "name", None)
+    if not key:
+        raise CramkitError("register_task: a factory needs an explicit name")
+    if not overwrite and key in _TASKS:
+        raise CramkitError(f"a task named '{key}' is already registered")
+    _TASKS[key] = task
+    return task
+
+
+def register_mixture(mixture: Mixture | Callable[..., Mixture], name: str | None = None) -> None:
+    """Register a Mixture (or a factory ``f(data_dir=None, skip_bad_rows=False) -> Mixture``)."""
+    key = name or getattr(mixture, "name", None)
+    if not key:
+        raise CramkitError("register_mixture: a factory needs an explicit name")
+    _MIXTURES[key] = mixture
+
+
+def list_tasks() -> list[str]:
+    _ensure_builtins()
+    return sorted(_TASKS)
+
+
+def list_mixtures() -> list[str]:
+    _ensure_builtins()
+    return sorted(_MIXTURES)
+
+
+def _unknown(kind: str, name: str, known: Sequence[str]) -> CramkitError:
+    close = difflib.get_close_matches(name, list(known), n=1, cutoff=0.5)
+    if not close:  # "sst2" -> "glue/sst2"
+        close = [k for k in known if k.split("/")[-1] == name.lower()][:1]
+    hint = f" Did you mean '{close[0]}'?" if close else ""
+    return CramkitError(f"unknown {kind} '{name}'.{hint} Known {kind}s: {', '.join(known)}")
+
+
+def get_task(name: str, *, data_dir: PathLike | None = None, skip_bad_rows: bool = False) -> Task:
+    """The task registered as ``name``; built-in tasks read their files from data_dir.
+
+    skip_bad_rows: skip (and count in ``task.skipped``) rows with the wrong number of columns or a
+    label outside the label set, instead of stopping with an error naming the file and line.
+    """
+    _ensure_builtins()
+    if name not in _TASKS:
+        raise _unknown("task", name, sorted(_TASKS))
+    entry = _TASKS[name]
+    if isinstance(entry, Task):
+        return entry
+    return entry(data_dir=data_dir, skip_bad_rows=skip_bad_rows)
+
+
+def get_mixture(name: str, data_dir: PathLike | None = None, *, skip_bad_rows: bool = False) -> Mixture:
+    """The mixture registered as ``name`` ("glue": every GLUE task whose files are present)."""
+    _ensure_builtins()
+    if name not in _MIXTURES:
+        raise _unknown("mixture", name, sorted(_MIXTURES))
+    entry = _MIXTURES[name]
+    if isinstance(entry, Mixture):
+        return entry
+    return entry(data_dir=data_dir, skip_bad_rows=skip_bad_rows)

@@ -49,6 +49,10 @@ def _records(path: Path, fmt: str, delimiter: str | None) -> Iterator[tuple[int,
             for lineno, line in enumerate(f, 1):
                 if not line.strip():
                     continue
+                if lineno == 1 and line.lstrip().startswith("["):
+                    raise CramkitError(
+                        f"{path} holds a JSON array; write one JSON object per line (JSON Lines) instead"
+                    )
                 try:
                     rec = json.loads(line)
                 except json.JSONDecodeError as e:

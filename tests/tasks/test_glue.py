@@ -547,3 +547,12 @@ def test_hub_fallback(tmp_path, monkeypatch):
         match=r"no folder .*MNLI, and loading hf:nyu-mll/glue/mnli\[train\].*failed.*Provide the official GLUE files in",
     ):
         t.examples("train")
+
+
+def test_stray_tab_in_last_text_field_keeps_label_last(tmp_path):
+    # a tab inside sentence2 gives 11 fields; the score is still the last one (as HF's processor reads it)
+    hdr = "index\tgenre\tfilename\tyear\told_index\tsource1\tsource2\tsentence1\tsentence2\tscore"
+    row = "0\tmain-captions\tMSRvid\t2012test\t0001\tnone\tnone\tA plane.\tAn air\tplane.\t4.500"
+    _write(tmp_path, "STS-B/train.tsv", [hdr, row])
+    (ex,) = get_task("glue/stsb", data_dir=tmp_path).examples("train")
+    assert (ex.text_a, ex.text_b, ex.label) == ("A plane.", "An air\tplane.", 4.5)

@@ -350,6 +350,20 @@ class TsvSplit:
         for lineno, cols in lines:
             where = f"{self.path}, line {lineno}"
             try:
+                if (
+                    len(cols) > ncols
+                    and il == ncols - 1
+                    and max(c for c in (ia, ib, ii) if c is not None) < il
+                ):
+                    # a stray tab inside the last text field (seen in STS-B): the label is still the last
+                    # column, as Hugging Face's GLUE processors read it; rejoin the overflow into the text
+                    last_text = max(c for c in (ia, ib) if c is not None)
+                    extra = len(cols) - ncols
+                    cols = [
+                        *cols[:last_text],
+                        "\t".join(cols[last_text : last_text + extra + 1]),
+                        *cols[last_text + extra + 1 :],
+                    ]
                 if len(cols) != ncols:
                     raise BadRow(
                         f"{where}: expected {ncols} tab-separated columns, found {len(cols)}. {SKIP_HINT}"

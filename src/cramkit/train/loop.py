@@ -1,0 +1,440 @@
+"""The pretraining loop: budget-keyed schedules, gradient accumulation, checkpoints, clean stops.
+
+One optimizer step::
+
+    fraction = budget spent (time, tokens or steps)        -> lr, micro-batches per step (batch ramp)
+    for each micro-batch: forward, backward of its share  -> gradients of the mean over ALL predicted
+                                                             tokens of the global batch
+    clip, optimizer step (skipped if the loss or gradient is not finite)
+
+The loss of a global batch is the mean cross-entropy over every predicted token of every micro-batch
+on every rank: micro-batch losses are weighted by their number of predicted tokens and the count is
+summed over ranks, so 1 and N processes (and any accumulation) follow the same curve.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import signal
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+import torch
+
+from cramkit.errors import CramkitError
+from cramkit.model.encoder import flops_per_token
+from cramkit.model.heads import IGNORE, MaskedLM
+from cramkit.train import checkpoint as ckpt
+from cramkit.train import parallel
+from cramkit.train.budget import format_seconds, parse_budget, parse_every
+from cramkit.train.config import RunConfig, TrainConfig
+from cramkit.train.metrics import MetricsLog, Progress, peak_flops, plot_losses
+from cramkit.train.optim import build_optimizer
+from cramkit.train.schedule import accumulation_steps, lr_factor
+
+
+class TrainData(Protocol):
+    """What the loop needs from the data layer (``cramkit.data.loader.PretrainData``)."""
+
+    def train_loader(self, micro_batch: int, *, rank: int = 0, world: int = 1) -> Any: ...
+
+    def val_batches(self, micro_batch: int, max_batches: int, *, rank: int = 0, world: int = 1) -> Any: ...
+
+
+class TrainingInterrupted(CramkitError):
+    """SIGINT/SIGTERM: the step finished, a checkpoint was saved, the run can be resumed."""
+
+    def __init__(self, message: str, signum: int) -> None:
+        super().__init__(message)
+        self.exit_code = 128 + signum
+
+
+@dataclass
+class TrainResult:
+    run: Path
+    step: int
+    tokens: int
+    elapsed: float
+    val_loss: float | None
+    checkpoint: Path | None
+    history: list[dict[str, Any]] = field(default_factory=list)
+
+
+@dataclass
+class Progressed:
+    """Counters saved in every checkpoint."""
+
+    step: int = 0
+    tokens: int = 0
+    elapsed: float = 0.0  # training seconds spent (evaluation and checkpointing excluded)
+    nan_streak: int = 0
+    skipped: int = 0
+    last_ckpt: tuple[float, int] = (0.0, 0)
+    last_eval: tuple[float, int] = (0.0, 0)
+
+
+# ---------------------------------------------------------------- settings resolved for this machine
+
+
+def resolve_precision(tcfg: TrainConfig, device: torch.device) -> str:
+    if tcfg.precision == "auto":
+        return "bf16" if device.type == "cuda" else "fp32"
+    if tcfg.precision == "fp16" and device.type != "cuda":
+        raise CramkitError("train.precision=fp16 needs a CUDA device; use fp32 (or bf16) on CPU")
+    return tcfg.precision
+
+
+def autocast(precision: str, device: torch.device) -> contextlib.AbstractContextManager:
+    if precision == "fp32":
+        return contextlib.nullcontext()
+    dtype = torch.bfloat16 if precision == "bf16" else torch.float16
+    return torch.autocast(device.type, dtype=dtype)
+
+
+def _auto(value: bool | str, default: bool) -> bool:
+    return default if value == "auto" else bool(value)
+
+
+def compile_model(model: MaskedLM) -> None:
+    """torch.compile each encoder block in place (static shapes; parameter names unchanged). The sparse
+    MLM head stays eager: the number of predicted positions changes from batch to batch."""
+    for block in model.encoder.layers:
+        block.compile()
+
+
+# ---------------------------------------------------------------- JSON-safe loader state
+
+
+def _to_json(value: Any) -> Any:
+    if isinstance(value, np.ndarray):
+        return {"__ndarray__": value.tolist(), "dtype": str(value.dtype)}
+    if isinstance(value, torch.Tensor):
+        return {"__tensor__": value.tolist(), "dtype": str(value.dtype).removeprefix("torch.")}
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, dict):
+        return {str(k): _to_json(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_to_json(v) for v in value]
+    return value
+
+
+def _from_json(value: Any) -> Any:
+    if isinstance(value, dict):
+        if "__ndarray__" in value:
+            return np.asarray(value["__ndarray__"], dtype=value["dtype"])
+        if "__tensor__" in value:
+            return torch.tensor(value["__tensor__"], dtype=getattr(torch, value["dtype"]))
+        return {k: _from_json(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_from_json(v) for v in value]
+    return value
+
+
+# ---------------------------------------------------------------- signals
+
+
+class StopFlag:
+    """SIGINT/SIGTERM set a flag; the loop finishes its step, saves and exits. A second SIGINT kills."""
+
+    def __init__(self) -> None:
+        self.signum: int | None = None
+        self._old: dict[int, Any] = {}
+
+    def __enter__(self) -> StopFlag:
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                self._old[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        if self.signum is not None and signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        self.signum = signum
+
+    def __exit__(self, *exc: Any) -> None:
+        for sig, old in self._old.items():
+            signal.signal(sig, old)
+
+
+# ---------------------------------------------------------------- the loop
+
+
+def evaluate(
+    model: torch.nn.Module, data: TrainData, micro_batch: int, max_batches: int, ctx: parallel.DistContext,
+    precision: str,
+) -> float | None:  # fmt: skip
+    """Mean MLM loss over all predicted tokens of the held-out batches (the same batches every time)."""
+    was_training = model.training
+    model.eval()
+    total = torch.zeros(2, dtype=torch.float64, device=ctx.device)
+    with torch.no_grad():
+        for batch in data.val_batches(micro_batch, max_batches, rank=ctx.rank, world=ctx.world):
+            ids = batch["input_ids"].to(ctx.device, non_blocking=True)
+            labels = batch["labels"].to(ctx.device, non_blocking=True)
+            with autocast(precision, ctx.device):
+                out = model(ids, labels)
+            n = out.n_predicted.to(torch.float64)
+            if n > 0:
+                total[0] += out.loss.double() * n
+                total[1] += n
+    model.train(was_training)
+    parallel.all_reduce(total, ctx)
+    return float(total[0] / total[1]) if total[1] > 0 else None
+
+
+def train(
+    cfg: RunConfig,
+    run: Path,
+    data: TrainData,
+    *,
+    resume: bool = False,
+    ctx: parallel.DistContext | None = None,
+) -> TrainResult:
+    """Pretrain ``MaskedLM(cfg.model)`` on ``data`` into run directory ``run`` until the budget is spent."""
+    tcfg = cfg.train
+    run = Path(run)
+    ctx = ctx or parallel.init_distributed(tcfg.device)
+    device = ctx.device
+    precision = resolve_precision(tcfg, device)
+    if tcfg.threads > 0:
+        torch.set_num_threads(tcfg.threads)
+    budget = parse_budget(tcfg.budget)
+    ckpt_every = parse_every(tcfg.checkpoint_every, "train.checkpoint_every")
+    eval_every = parse_every(tcfg.eval_every, "train.eval_every")
+    deterministic = _auto(tcfg.deterministic, device.type == "cpu")
+    was_deterministic = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(deterministic, warn_only=True)
+
+    # model and optimizer, seeded: the same seed gives the same weights on every rank
+    torch.manual_seed(tcfg.seed)
+    np.random.seed(tcfg.seed % 2**32)
+    model = MaskedLM(cfg.model).to(device)
+    optimizer = build_optimizer(
+        model, tcfg.optimizer, tcfg.lr, tcfg.betas, tcfg.eps, tcfg.weight_decay, device
+    )
+    scaler = torch.amp.GradScaler(device.type) if precision == "fp16" else None
+    loader = data.train_loader(tcfg.micro_batch, rank=ctx.rank, world=ctx.world)
+    log = MetricsLog(run, enabled=ctx.is_main)
+    p = Progressed()
+    last_ckpt: Path | None = None
+
+    if resume:
+        found = ckpt.find_latest(run)
+        if found is None:
+            raise CramkitError(
+                f"--resume {run}: the run has no complete checkpoint yet; start it again without --resume"
+            )
+        model_sd, optim_sd, state = ckpt.load_checkpoint(found)
+        ckpt.apply_state(model, optimizer, model_sd, optim_sd, found)
+        if scaler is not None and "scaler" in state:
+            scaler.load_state_dict(state["scaler"])
+        loader.load_state_dict(_from_json(state["loader"]))
+        ckpt.restore_rng(state["rng"])
+        p = Progressed(
+            step=state["step"], tokens=state["tokens"], elapsed=state["elapsed"],
+            nan_streak=state.get("nan_streak", 0), skipped=state.get("skipped", 0),
+            last_ckpt=(state["elapsed"], state["step"]), last_eval=tuple(state.get("last_eval", (0.0, 0))),
+        )  # fmt: skip
+        log.truncate_after(p.step)
+        last_ckpt = found
+        if ctx.is_main:
+            print(f"cramkit: resuming {run} from {found.name} (step {p.step}, {p.tokens:,} tokens)")
+
+    train_model = parallel.apply_parallel(model, cfg.parallel, ctx)
+    if _auto(tcfg.compile, device.type == "cuda"):
+        compile_model(model)
+    train_model.train()
+
+    world, micro = ctx.world, tcfg.micro_batch
+    target_accum = max(1, math.ceil(tcfg.batch_size / (micro * world)))
+    seq_len = cfg.data.seq_len
+    flops_tok = flops_per_token(cfg.model, seq_len, predicted_fraction=cfg.data.mask_rate)
+    peak = peak_flops(device) if precision in ("bf16", "fp16") else None
+    bar = Progress(tcfg.progress if ctx.is_main else False, f"pretrain {budget.describe()}", budget.fraction(
+        p.elapsed, p.tokens, p.step))  # fmt: skip
+    history: list[dict[str, Any]] = []
+    window: list[float] = []
+    window_tokens, window_time = 0, 0.0
+    val_loss: float | None = None
+
+    def save(reason: str) -> Path | None:
+        nonlocal last_ckpt
+        state = {
+            "step": p.step, "tokens": p.tokens, "elapsed": p.elapsed, "nan_streak": p.nan_streak,
+            "skipped": p.skipped, "last_eval": list(p.last_eval), "budget": tcfg.budget,
+            "fraction": budget.fraction(p.elapsed, p.tokens, p.step), "world": world, "reason": reason,
+            "loader": _to_json(loader.state_dict()), "rng": ckpt.encode_rng(),
+            "scaler": scaler.state_dict() if scaler is not None else None,
+        }  # fmt: skip
+        if ctx.is_main:
+            model_sd, optim_sd = ckpt.gather_state(model, optimizer)
+            last_ckpt = ckpt.save_checkpoint(run, p.step, model_sd, optim_sd, state, keep=tcfg.keep_checkpoints)
+        p.last_ckpt = (p.elapsed, p.step)
+        return last_ckpt
+
+    def run_eval() -> float | None:
+        nonlocal val_loss
+        val_loss = evaluate(train_model, data, micro, tcfg.eval_batches, ctx, precision)
+        p.last_eval = (p.elapsed, p.step)
+        if val_loss is not None:
+            rec = {"step": p.step, "tokens": p.tokens, "elapsed": round(p.elapsed, 3), "val_loss": val_loss}
+            log.write(rec)
+            history.append(rec)
+        return val_loss
+
+    try:
+        with StopFlag() as stop:
+            while not budget.done(p.elapsed, p.tokens, p.step):
+                t0 = time.perf_counter()
+                fraction = budget.fraction(p.elapsed, p.tokens, p.step)
+                accum = accumulation_steps(fraction, target_accum, tcfg.batch_ramp)
+                lr = tcfg.lr * lr_factor(fraction, tcfg.schedule, tcfg.warmup, tcfg.cooldown, tcfg.lr_start)
+                for group in optimizer.param_groups:
+                    group["lr"] = lr
+
+                batches = [next(loader) for _ in range(accum)]
+                counts = torch.tensor(
+                    [float(sum(int((b["labels"] != IGNORE).sum()) for b in batches))], dtype=torch.float64
+                )
+                n_global = float(parallel.all_reduce(counts.to(device), ctx).item())
+                loss_sum = torch.zeros((), dtype=torch.float64, device=device)
+                step_tokens = 0
+                for i, batch in enumerate(batches):
+                    ids = batch["input_ids"].to(device, non_blocking=True)
+                    labels = batch["labels"].to(device, non_blocking=True)
+                    step_tokens += ids.numel() * world
+                    with parallel.sync_gradients(train_model, i == accum - 1):
+                        with autocast(precision, device):
+                            out = train_model(ids, labels)
+                        # this micro-batch's share of the mean over all predicted tokens of the global batch
+                        # (times world: DDP averages gradients over ranks)
+                        share = out.loss * (out.n_predicted.to(out.loss.dtype) * (world / max(n_global, 1.0)))
+                        (scaler.scale(share) if scaler is not None else share).backward()
+                    loss_sum += out.loss.detach().double() * out.n_predicted
+                loss = float(parallel.all_reduce(loss_sum, ctx).item()) / max(n_global, 1.0)
+
+                if scaler is not None:
+                    scaler.unscale_(optimizer)
+                grad_norm = _clip(train_model, tcfg.grad_clip)
+                finite = math.isfinite(loss) and (scaler is not None or math.isfinite(grad_norm))
+                if finite:
+                    if scaler is not None:
+                        scaler.step(optimizer)
+                        scaler.update()
+                    else:
+                        optimizer.step()
+                    p.nan_streak = 0
+                else:
+                    p.nan_streak += 1
+                    p.skipped += 1
+                    if scaler is not None:
+                        scaler.update()
+                optimizer.zero_grad(set_to_none=True)
+                if device.type == "cuda":
+                    torch.cuda.synchronize(device)
+                dt = time.perf_counter() - t0
+                # every rank uses rank 0's clock (time budgets must give the same schedule everywhere)
+                # and stops when any rank was signalled
+                agreed = torch.tensor(
+                    [dt if ctx.is_main else 0.0, 1.0 if stop.signum is not None else 0.0], dtype=torch.float64
+                )
+                agreed = parallel.all_reduce(agreed.to(device), ctx).cpu()
+                dt, stop_now = float(agreed[0]), bool(agreed[1] > 0)
+                p.step += 1
+                p.tokens += step_tokens
+                p.elapsed += dt
+
+                if not finite:
+                    bar.note(f"cramkit: step {p.step}: loss {loss} / gradient norm {grad_norm} not finite; "
+                             f"update skipped ({p.nan_streak} in a row)")  # fmt: skip
+                    if p.nan_streak >= tcfg.max_nan_steps:
+                        prev = f"the last good checkpoint is {last_ckpt}" if last_ckpt else "no checkpoint was saved"
+                        raise CramkitError(
+                            f"the training loss was not finite for {p.nan_streak} steps in a row (step {p.step}); "
+                            f"stopped; {prev}. Lower train.lr, raise train.warmup, use train.precision=fp32, or "
+                            "check the data"
+                        )
+                else:
+                    window.append(loss)
+                window_tokens += step_tokens
+                window_time += dt
+                done = budget.done(p.elapsed, p.tokens, p.step)
+                if p.step % tcfg.log_every == 0 or p.step == 1 or done or stop_now:
+                    tps = window_tokens / max(window_time, 1e-9)
+                    mfu = flops_tok * tps / (peak * world) if peak else None
+                    rec = {
+                        "step": p.step, "tokens": p.tokens, "elapsed": round(p.elapsed, 3),
+                        "loss": sum(window) / len(window) if window else float("nan"), "lr": lr,
+                        "tokens_per_s": round(tps, 1), "batch_size": accum * micro * world,
+                        "grad_norm": grad_norm if math.isfinite(grad_norm) else str(grad_norm), "mfu": mfu,
+                        "skipped": p.skipped or None,
+                    }  # fmt: skip
+                    log.write(rec)
+                    history.append(rec)
+                    fraction = budget.fraction(p.elapsed, p.tokens, p.step)
+                    left = _time_left(budget, fraction, p.elapsed)
+                    fields = {"loss": f"{rec['loss']:.3f}", "tok/s": f"{tps:,.0f}", "lr": f"{lr:.2e}"}
+                    if mfu is not None:
+                        fields["mfu"] = f"{mfu:.1%}"
+                    if val_loss is not None:
+                        fields["val"] = f"{val_loss:.3f}"
+                    fields["left"] = left
+                    bar.update(fraction, fields)
+                    window, window_tokens, window_time = [], 0, 0.0
+
+                if stop_now:
+                    saved = save(f"signal {stop.signum}")
+                    signum = stop.signum or signal.SIGTERM
+                    name = signal.Signals(signum).name
+                    raise TrainingInterrupted(
+                        f"stopped by {name} at step {p.step} ({p.tokens:,} tokens); checkpoint saved to {saved}; "
+                        f"continue with `cramkit pretrain --resume {run}`",
+                        signum,
+                    )
+                if done:
+                    break
+                if eval_every.due(p.last_eval[0], p.elapsed, p.last_eval[1], p.step):
+                    run_eval()
+                if ckpt_every.due(p.last_ckpt[0], p.elapsed, p.last_ckpt[1], p.step):
+                    save("periodic")
+
+        if p.last_eval[1] != p.step or val_loss is None:
+            run_eval()
+        final = save("end")
+        if ctx.is_main and val_loss is not None:
+            bar.note(
+                f"cramkit: done: {p.step} steps, {p.tokens:,} tokens in {format_seconds(p.elapsed)}; "
+                f"validation MLM loss {val_loss:.4f}; run directory {run}"
+            )
+        return TrainResult(run, p.step, p.tokens, p.elapsed, val_loss, final, history)
+    finally:
+        bar.close()
+        log.close()
+        torch.use_deterministic_algorithms(was_deterministic)
+        if ctx.is_main:
+            with contextlib.suppress(Exception):
+                plot_losses(run)
+
+
+def _clip(model: torch.nn.Module, max_norm: float) -> float:
+    params = [p for p in model.parameters() if p.grad is not None]
+    if not params:
+        return 0.0
+    norm = torch.nn.utils.clip_grad_norm_(params, max_norm if max_norm > 0 else float("inf"))
+    full = getattr(norm, "full_tensor", None)  # a DTensor under FSDP2
+    return float(full() if full is not None else norm)
+
+
+def _time_left(budget: Any, fraction: float, elapsed: float) -> str:
+    if budget.kind == "time":
+        return format_seconds(budget.amount - elapsed)
+    if fraction <= 0:
+        return "?"
+    return "~" + format_seconds(elapsed / fraction - elapsed)
+

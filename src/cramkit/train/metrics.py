@@ -1,0 +1,162 @@
+"""What the user sees: metrics.jsonl, TensorBoard (if installed), a progress bar, a loss-curve PNG, MFU."""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+
+# peak dense bf16 tensor FLOP/s per GPU (vendor datasheets, without sparsity)
+PEAK_BF16_FLOPS: list[tuple[str, float]] = [
+    ("H200", 989e12),
+    ("H100 PCIe", 756e12),
+    ("H100", 989e12),  # SXM
+    ("GH200", 989e12),
+    ("B200", 2250e12),
+    ("A100", 312e12),
+    ("L40S", 362e12),
+    ("L4", 121e12),
+    ("A10G", 70e12),
+    ("A10", 125e12),
+    ("RTX 4090", 165e12),
+    ("RTX A6000", 155e12),
+]
+
+
+def peak_flops(device: torch.device) -> float | None:
+    """The device's peak bf16 FLOP/s when known (None on CPU or an unknown GPU)."""
+    if device.type != "cuda":
+        return None
+    name = torch.cuda.get_device_name(device)
+    for key, flops in PEAK_BF16_FLOPS:
+        if key.lower() in name.lower():
+            return flops
+    return None
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        value = value.item()
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    return value
+
+
+class MetricsLog:
+    """Appends one JSON object per record to RUN/metrics.jsonl (and TensorBoard scalars if available)."""
+
+    def __init__(self, run: Path, enabled: bool = True) -> None:
+        self.path = Path(run) / "metrics.jsonl"
+        self.enabled = enabled
+        self._tb = None
+        if enabled:
+            try:
+                from torch.utils.tensorboard import SummaryWriter
+
+                self._tb = SummaryWriter(str(Path(run) / "tensorboard"))
+            except Exception:  # tensorboard not installed: metrics.jsonl is enough
+                self._tb = None
+
+    def truncate_after(self, step: int) -> None:
+        """Drop records past ``step`` (a resumed run rewrites them exactly as a run that never stopped)."""
+        if not self.enabled or not self.path.exists():
+            return
+        kept = [line for line in self.path.read_text(encoding="utf-8").splitlines() if _step_of(line) <= step]
+        tmp = self.path.with_suffix(".jsonl.tmp")
+        tmp.write_text("".join(line + "\n" for line in kept), encoding="utf-8")
+        tmp.replace(self.path)
+
+    def write(self, record: dict[str, Any]) -> None:
+        if not self.enabled:
+            return
+        record = {k: _jsonable(v) for k, v in record.items() if v is not None}
+        with open(self.path, "a", encoding="utf-8") as f:
+            f.write(json.dumps(record) + "\n")
+        if self._tb is not None:
+            for key, value in record.items():
+                if key != "step" and isinstance(value, (int, float)):
+                    self._tb.add_scalar(key, value, record["step"])
+
+    def close(self) -> None:
+        if self._tb is not None:
+            self._tb.close()
+
+
+def _step_of(line: str) -> float:
+    try:
+        return json.loads(line).get("step", math.inf)
+    except ValueError:
+        return math.inf
+
+
+def read_metrics(run: Path) -> list[dict[str, Any]]:
+    path = Path(run) / "metrics.jsonl"
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
+def plot_losses(run: Path) -> Path | None:
+    """RUN/loss.png: training and validation MLM loss against tokens seen (None if nothing to plot)."""
+    records = read_metrics(run)
+    train = [(r["tokens"], r["loss"]) for r in records if isinstance(r.get("loss"), (int, float))]
+    val = [(r["tokens"], r["val_loss"]) for r in records if isinstance(r.get("val_loss"), (int, float))]
+    if not train and not val:
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.2), dpi=100)
+    if train:
+        ax.plot(*zip(*train, strict=True), label="train MLM loss", lw=1.2)
+    if val:
+        ax.plot(*zip(*val, strict=True), "o-", label="validation MLM loss", lw=1.5)
+    ax.set_xlabel("tokens seen")
+    ax.set_ylabel("masked-LM loss (nats)")
+    ax.set_title(Path(run).name)
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    out = Path(run) / "loss.png"
+    tmp = out.with_name(".loss.tmp.png")
+    fig.savefig(tmp)
+    plt.close(fig)
+    tmp.replace(out)
+    return out
+
+
+class Progress:
+    """A tqdm bar over the budget (percent spent) when stderr is a terminal; plain lines otherwise."""
+
+    def __init__(self, enabled: bool | str, desc: str, initial: float = 0.0) -> None:
+        use_bar = sys.stderr.isatty() if enabled == "auto" else bool(enabled)
+        self.bar = None
+        self.lines = enabled == "auto" and not use_bar
+        if use_bar:
+            from tqdm.auto import tqdm
+
+            self.bar = tqdm(total=100.0, initial=round(initial * 100, 1), desc=desc, unit="%",
+                            bar_format="{desc} {percentage:3.0f}%|{bar}| {postfix}", dynamic_ncols=True)  # fmt: skip
+
+    def update(self, fraction: float, fields: dict[str, str]) -> None:
+        if self.bar is not None:
+            self.bar.n = round(fraction * 100, 1)
+            self.bar.set_postfix_str(" ".join(f"{k}={v}" for k, v in fields.items()), refresh=True)
+        elif self.lines:
+            print(f"[{fraction * 100:5.1f}%] " + " ".join(f"{k}={v}" for k, v in fields.items()), file=sys.stderr)
+
+    def note(self, text: str) -> None:
+        if self.bar is not None:
+            self.bar.write(text, file=sys.stderr)
+        else:
+            print(text, file=sys.stderr)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()

@@ -1,0 +1,97 @@
+"""Optimizers: AdamW (PyTorch's, fused on CUDA) and LAMB (arXiv 1904.00962, implemented here).
+
+Weight decay follows Cramming (``limited_decay_keys``): every weight matrix and embedding decays;
+biases, norm weights and other 1-d parameters do not.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+from torch import nn
+
+
+def param_groups(model: nn.Module, weight_decay: float) -> list[dict[str, Any]]:
+    """Two groups: weight matrices and embeddings (decayed); biases, norms, scalars (not decayed)."""
+    decay, no_decay, seen = [], [], set()
+    for _, p in model.named_parameters():
+        if not p.requires_grad or id(p) in seen:
+            continue
+        seen.add(id(p))
+        (decay if p.ndim >= 2 else no_decay).append(p)
+    groups = [{"params": decay, "weight_decay": weight_decay}]
+    if no_decay:
+        groups.append({"params": no_decay, "weight_decay": 0.0})
+    return groups
+
+
+def build_optimizer(
+    model: nn.Module,
+    name: str,
+    lr: float,
+    betas: tuple[float, float],
+    eps: float,
+    weight_decay: float,
+    device: torch.device,
+) -> torch.optim.Optimizer:
+    groups = param_groups(model, weight_decay)
+    if name == "lamb":
+        return Lamb(groups, lr=lr, betas=betas, eps=eps)
+    kwargs: dict[str, Any] = {"fused": True} if device.type == "cuda" else {"foreach": True}
+    return torch.optim.AdamW(groups, lr=lr, betas=tuple(betas), eps=eps, **kwargs)
+
+
+class Lamb(torch.optim.Optimizer):
+    """LAMB (You et al., arXiv 1904.00962, Algorithm 2), layer-wise trust ratio, decoupled decay.
+
+    For each parameter tensor x with gradient g at step t::
+
+        m = b1 m + (1 - b1) g            v = b2 v + (1 - b2) g^2
+        r = (m / (1 - b1^t)) / (sqrt(v / (1 - b2^t)) + eps) + weight_decay * x
+        x = x - lr * (||x|| / ||r||) * r      (trust ratio 1 where either norm is 0)
+    """
+
+    def __init__(
+        self,
+        params: Iterable[Any],
+        lr: float = 1e-3,
+        betas: tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-6,
+        weight_decay: float = 0.0,
+    ) -> None:
+        if lr < 0 or eps < 0 or not (0 <= betas[0] < 1 and 0 <= betas[1] < 1):
+            raise ValueError(f"invalid LAMB settings lr={lr} betas={betas} eps={eps}")
+        super().__init__(params, {"lr": lr, "betas": tuple(betas), "eps": eps, "weight_decay": weight_decay})
+
+    @torch.no_grad()
+    def step(self, closure: Any = None) -> Any:
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for group in self.param_groups:
+            beta1, beta2 = group["betas"]
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                grad = p.grad.float()
+                state = self.state[p]
+                if not state:
+                    state["step"] = torch.zeros((), dtype=torch.float32)
+                    state["exp_avg"] = torch.zeros_like(p, dtype=torch.float32)
+                    state["exp_avg_sq"] = torch.zeros_like(p, dtype=torch.float32)
+                state["step"] += 1
+                t = state["step"].item()
+                m, v = state["exp_avg"], state["exp_avg_sq"]
+                m.mul_(beta1).add_(grad, alpha=1 - beta1)
+                v.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
+                update = (m / (1 - beta1**t)) / ((v / (1 - beta2**t)).sqrt_().add_(group["eps"]))
+                x = p.float()
+                if group["weight_decay"]:
+                    update.add_(x, alpha=group["weight_decay"])
+                w_norm, u_norm = x.norm(), update.norm()
+                trust = torch.where((w_norm > 0) & (u_norm > 0), w_norm / u_norm, torch.ones_like(w_norm))
+                p.add_((update * (-group["lr"] * trust)).to(p.dtype))
+        return loss

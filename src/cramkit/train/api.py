@@ -62,9 +62,9 @@ def _tokenizer_for(run: Path, cfg: RunConfig, sources: list[str], tokenizer: str
     key_file = tok_dir / "cramkit-source.json"
     want = {"tokenizer": str(tokenizer) if tokenizer else None, "store": store, "sources": sources,
             "settings": cfg.to_dict()["tokenizer"]}  # fmt: skip
-    if (tok_dir / "tokenizer.json").is_file() and key_file.is_file():
-        if json.loads(key_file.read_text(encoding="utf-8")) == want:
-            return load_tokenizer(tok_dir)
+    cached = (tok_dir / "tokenizer.json").is_file() and key_file.is_file()
+    if cached and json.loads(key_file.read_text(encoding="utf-8")) == want:
+        return load_tokenizer(tok_dir)
     if tokenizer:
         tok = load_tokenizer(tokenizer)
     elif store:

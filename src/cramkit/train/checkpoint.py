@@ -70,7 +70,9 @@ def list_checkpoints(run: Path) -> list[Path]:
     root = checkpoints_dir(run)
     if not root.is_dir():
         return []
-    found = [p for p in root.iterdir() if p.is_dir() and _STEP_DIR.match(p.name) and (p / "state.json").is_file()]
+    found = [
+        p for p in root.iterdir() if p.is_dir() and _STEP_DIR.match(p.name) and (p / "state.json").is_file()
+    ]
     return sorted(found, key=lambda p: int(_STEP_DIR.match(p.name).group(1)))
 
 
@@ -110,7 +112,11 @@ def gather_state(model: nn.Module, optimizer: torch.optim.Optimizer | None) -> t
 
 
 def apply_state(
-    model: nn.Module, optimizer: torch.optim.Optimizer | None, model_sd: dict, optim_sd: dict | None, where: Path
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer | None,
+    model_sd: dict,
+    optim_sd: dict | None,
+    where: Path,
 ) -> None:
     """Load gathered state into a freshly built model and optimizer."""
     missing, unexpected = model.load_state_dict(model_sd, strict=False)
@@ -140,7 +146,9 @@ def _flatten_optimizer(optim_sd: dict) -> tuple[dict[str, torch.Tensor], dict[st
                 tensors[f"{pid}/{key}"] = value.detach().to("cpu").contiguous()
             else:
                 scalars[f"{pid}/{key}"] = value
-    groups = [{k: (list(v) if isinstance(v, tuple) else v) for k, v in g.items()} for g in optim_sd["param_groups"]]
+    groups = [
+        {k: (list(v) if isinstance(v, tuple) else v) for k, v in g.items()} for g in optim_sd["param_groups"]
+    ]
     return tensors, {"param_groups": groups, "scalars": scalars}
 
 

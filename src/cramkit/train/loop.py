@@ -188,6 +188,41 @@ def evaluate(
     return float(total[0] / total[1]) if total[1] > 0 else None
 
 
+def forward_backward(
+    model: torch.nn.Module,
+    batches: list[dict[str, torch.Tensor]],
+    ctx: parallel.DistContext,
+    precision: str = "fp32",
+    scaler: torch.amp.GradScaler | None = None,
+) -> tuple[float, int]:
+    """Accumulate the gradient of one global batch; returns (its loss, its tokens over all ranks).
+
+    The loss is the mean cross-entropy over every predicted token of the global batch: each micro-batch
+    contributes ``loss_i * n_i / N`` with N the predicted tokens summed over micro-batches and ranks (times
+    the world size, as DDP averages gradients over ranks). Gradients are reduced on the last micro-batch.
+    """
+    device, world = ctx.device, ctx.world
+    n_local = [int((b["labels"] != IGNORE).sum()) for b in batches]
+    counts = torch.tensor([float(sum(n_local))], dtype=torch.float64)
+    n_global = max(float(parallel.all_reduce(counts.to(device), ctx).item()), 1.0)
+    loss_sum = torch.zeros((), dtype=torch.float64, device=device)
+    tokens = 0
+    for i, batch in enumerate(batches):
+        ids = batch["input_ids"].to(device, non_blocking=True)
+        labels = batch["labels"].to(device, non_blocking=True)
+        tokens += ids.numel() * world
+        with parallel.sync_gradients(model, i == len(batches) - 1):
+            with autocast(precision, device):
+                out = model(ids, labels)
+            if n_local[i] == 0:  # nothing predicted: no contribution (but keep the graph for DDP)
+                share = out.logits.sum() * 0.0
+            else:
+                share = out.loss * (n_local[i] * world / n_global)
+                loss_sum += out.loss.detach().double() * n_local[i]
+            (scaler.scale(share) if scaler is not None else share).backward()
+    return float(parallel.all_reduce(loss_sum, ctx).item()) / n_global, tokens
+
+
 def train(
     cfg: RunConfig,
     run: Path,
@@ -274,7 +309,9 @@ def train(
         }  # fmt: skip
         if ctx.is_main:
             model_sd, optim_sd = ckpt.gather_state(model, optimizer)
-            last_ckpt = ckpt.save_checkpoint(run, p.step, model_sd, optim_sd, state, keep=tcfg.keep_checkpoints)
+            last_ckpt = ckpt.save_checkpoint(
+                run, p.step, model_sd, optim_sd, state, keep=tcfg.keep_checkpoints
+            )
         p.last_ckpt = (p.elapsed, p.step)
         return last_ckpt
 
@@ -299,25 +336,7 @@ def train(
                     group["lr"] = lr
 
                 batches = [next(loader) for _ in range(accum)]
-                counts = torch.tensor(
-                    [float(sum(int((b["labels"] != IGNORE).sum()) for b in batches))], dtype=torch.float64
-                )
-                n_global = float(parallel.all_reduce(counts.to(device), ctx).item())
-                loss_sum = torch.zeros((), dtype=torch.float64, device=device)
-                step_tokens = 0
-                for i, batch in enumerate(batches):
-                    ids = batch["input_ids"].to(device, non_blocking=True)
-                    labels = batch["labels"].to(device, non_blocking=True)
-                    step_tokens += ids.numel() * world
-                    with parallel.sync_gradients(train_model, i == accum - 1):
-                        with autocast(precision, device):
-                            out = train_model(ids, labels)
-                        # this micro-batch's share of the mean over all predicted tokens of the global batch
-                        # (times world: DDP averages gradients over ranks)
-                        share = out.loss * (out.n_predicted.to(out.loss.dtype) * (world / max(n_global, 1.0)))
-                        (scaler.scale(share) if scaler is not None else share).backward()
-                    loss_sum += out.loss.detach().double() * out.n_predicted
-                loss = float(parallel.all_reduce(loss_sum, ctx).item()) / max(n_global, 1.0)
+                loss, step_tokens = forward_backward(train_model, batches, ctx, precision, scaler)
 
                 if scaler is not None:
                     scaler.unscale_(optimizer)
@@ -354,7 +373,11 @@ def train(
                     bar.note(f"cramkit: step {p.step}: loss {loss} / gradient norm {grad_norm} not finite; "
                              f"update skipped ({p.nan_streak} in a row)")  # fmt: skip
                     if p.nan_streak >= tcfg.max_nan_steps:
-                        prev = f"the last good checkpoint is {last_ckpt}" if last_ckpt else "no checkpoint was saved"
+                        prev = (
+                            f"the last good checkpoint is {last_ckpt}"
+                            if last_ckpt
+                            else "no checkpoint was saved"
+                        )
                         raise CramkitError(
                             f"the training loss was not finite for {p.nan_streak} steps in a row (step {p.step}); "
                             f"stopped; {prev}. Lower train.lr, raise train.warmup, use train.precision=fp32, or "
@@ -437,4 +460,3 @@ def _time_left(budget: Any, fraction: float, elapsed: float) -> str:
     if fraction <= 0:
         return "?"
     return "~" + format_seconds(elapsed / fraction - elapsed)
-

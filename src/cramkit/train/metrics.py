@@ -149,7 +149,10 @@ class Progress:
             self.bar.n = round(fraction * 100, 1)
             self.bar.set_postfix_str(" ".join(f"{k}={v}" for k, v in fields.items()), refresh=True)
         elif self.lines:
-            print(f"[{fraction * 100:5.1f}%] " + " ".join(f"{k}={v}" for k, v in fields.items()), file=sys.stderr)
+            print(
+                f"[{fraction * 100:5.1f}%] " + " ".join(f"{k}={v}" for k, v in fields.items()),
+                file=sys.stderr,
+            )
 
     def note(self, text: str) -> None:
         if self.bar is not None:

@@ -1,0 +1,48 @@
+"""`cramkit pretrain`: budgeted masked-LM pretraining (the README's main command)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "pretrain",
+        help="pretrain an encoder on raw text or a token store within a budget",
+        description="Pretrain a BERT-style encoder with the Cramming recipe. With no arguments: the tiny-cpu "
+        "preset on the built-in corpus for about 3 minutes.",
+    )
+    p.add_argument("inputs", nargs="*", metavar="SOURCE_OR_STORE",
+                   help="text files, directories, globs or hf:dataset sources; or one token store directory "
+                   "(default: the built-in corpus)")  # fmt: skip
+    p.add_argument("--preset", default="tiny-cpu", help="tiny-cpu, crammed-bert, bert-base or a YAML file")
+    p.add_argument("--budget", help="training budget: 30s, 5m, 24h (time), 2e9tok (tokens), 1000steps")
+    p.add_argument("--out", help="run directory (default: runs/<preset>-<timestamp>)")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a setting, e.g. --set train.lr=1e-3 (repeatable)")  # fmt: skip
+    p.add_argument("--resume", metavar="RUN", help="continue the run in RUN from its latest checkpoint")
+    p.add_argument("--tokenizer", metavar="DIR", help="use this tokenizer instead of training one")
+    p.add_argument("--nproc", type=int, default=1, metavar="N",
+                   help="processes on this machine (starts torchrun; one per GPU)")  # fmt: skip
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from cramkit.errors import CramkitError
+
+    if args.nproc != 1:
+        raise CramkitError("--nproc above 1 is not available in this build yet; launch with torchrun instead")
+    from cramkit.train.api import pretrain
+    from cramkit.train.loop import TrainingInterrupted
+
+    try:
+        run_dir = pretrain(
+            args.inputs or None, preset=args.preset, budget=args.budget, out=args.out,
+            overrides=args.overrides, resume=args.resume, tokenizer=args.tokenizer,
+        )  # fmt: skip
+    except TrainingInterrupted as exc:
+        print(f"cramkit: {exc}", file=sys.stderr)
+        return exc.exit_code
+    print(f"cramkit: run directory {run_dir} (metrics.jsonl, loss.png, checkpoints/)")
+    return 0

@@ -1,0 +1,605 @@
+"""Hugging Face import and export.
+
+Import: a BERT checkpoint (``BertModel``, ``BertForMaskedLM``, ``BertForPreTraining``,
+``BertForSequenceClassification``, ...; safetensors) maps parameter for parameter onto our encoder in
+its ``bert-base`` shape (post-LN, learned positions, biases, token types): hidden states equal
+transformers' within float rounding. Query, key and value are concatenated into our fused ``qkv``.
+
+Export: a BERT-shaped model becomes a plain ``BertForMaskedLM`` / ``BertModel`` directory that
+``transformers.AutoModel.from_pretrained`` loads with no custom code. Any other architecture (pre-LN,
+no biases, sinusoidal or rotary positions, GLU, RMSNorm, DeepNorm) is written with our own parameter
+names and a self-contained ``modeling_cramkit.py`` (a copy of ``hf_modeling_template.py``, depending on
+torch and transformers only), loadable with ``trust_remote_code=True``. Export needs no transformers.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import re
+import shutil
+import tempfile
+import warnings
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from cramkit.errors import CramkitError
+from cramkit.model.encoder import Encoder, ModelConfig
+from cramkit.model.heads import ClassifierConfig, MaskedLM, SequenceClassifier
+
+TEMPLATE = Path(__file__).with_name("hf_modeling_template.py")
+EXPORT_MARKER = "cramkit_export.json"
+TOKENIZER_FILES = ("tokenizer.json", "vocab.txt", "tokenizer_config.json", "special_tokens_map.json")
+SUPPORTED_ARCHITECTURES = (
+    "BertModel",
+    "BertForMaskedLM",
+    "BertForPreTraining",
+    "BertForSequenceClassification",
+    "BertForTokenClassification",
+    "BertForQuestionAnswering",
+    "BertForMultipleChoice",
+    "BertForNextSentencePrediction",
+)
+SUPPORTED_HIDDEN_ACT = {"gelu": "gelu", "relu": "relu"}
+
+# our Encoder's names <-> BertModel's names, per layer ("{i}" is the layer index); q/k/v handled apart
+_EMBEDDING_NAMES = {
+    "embeddings.word_embeddings.weight": "embeddings.word.weight",
+    "embeddings.position_embeddings.weight": "embeddings.position.weight",
+    "embeddings.token_type_embeddings.weight": "embeddings.token_type.weight",
+    "embeddings.LayerNorm.weight": "embeddings.norm.weight",
+    "embeddings.LayerNorm.bias": "embeddings.norm.bias",
+}
+_LAYER_NAMES = {
+    "attention.output.dense": "attn.out",
+    "attention.output.LayerNorm": "norm_attn",
+    "intermediate.dense": "mlp.fc_in",
+    "output.dense": "mlp.fc_out",
+    "output.LayerNorm": "norm_mlp",
+}
+_HEAD_NAMES = {
+    "cls.predictions.transform.dense.weight": "head.transform.0.weight",
+    "cls.predictions.transform.dense.bias": "head.transform.0.bias",
+    "cls.predictions.transform.LayerNorm.weight": "head.transform.2.weight",
+    "cls.predictions.transform.LayerNorm.bias": "head.transform.2.bias",
+    "cls.predictions.decoder.weight": "head.decoder.weight",
+    "cls.predictions.bias": "head.decoder.bias",
+    "pooler.dense.weight": "pooler.weight",
+    "pooler.dense.bias": "pooler.bias",
+    "classifier.weight": "classifier.weight",
+    "classifier.bias": "classifier.bias",
+}
+# present in some checkpoints, never needed: buffers and the next-sentence head
+_IGNORED = re.compile(
+    r"(embeddings\.position_ids|cls\.seq_relationship\..*|cls\.predictions\.decoder\.bias)$"
+)
+
+
+# ----------------------------------------------------------------------------------------------- import
+
+
+def _read_hf_config(path: str | Path) -> tuple[Path, dict[str, Any]]:
+    path = Path(path)
+    file = path / "config.json" if path.is_dir() else path
+    if not file.exists():
+        raise CramkitError(
+            f"{path}: no config.json; give a Hugging Face model directory (config.json + model.safetensors)"
+        )
+    try:
+        data = json.loads(file.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise CramkitError(f"{file} is not valid JSON ({exc}); re-download the checkpoint") from None
+    if not isinstance(data, dict):
+        raise CramkitError(f"{file} must hold a JSON object")
+    return file, data
+
+
+def load_hf_config(path: str | Path) -> ModelConfig:
+    """The ModelConfig of a Hugging Face BERT checkpoint (its directory or its config.json).
+
+    Anything our encoder cannot reproduce exactly raises a CramkitError that says what it is.
+    """
+    file, hf = _read_hf_config(path)
+    model_type = hf.get("model_type")
+    archs = hf.get("architectures") or []
+    if model_type != "bert":
+        raise CramkitError(
+            f"{file}: model_type {model_type!r} is not supported; cramkit imports BERT checkpoints "
+            f"(model_type 'bert': {', '.join(SUPPORTED_ARCHITECTURES[:4])}). Convert the model to BERT "
+            "or pretrain with cramkit"
+        )
+    bad_arch = [a for a in archs if a not in SUPPORTED_ARCHITECTURES]
+    if bad_arch:
+        raise CramkitError(
+            f"{file}: architecture {bad_arch[0]!r} is not supported; supported: {', '.join(SUPPORTED_ARCHITECTURES)}"
+        )
+    problems = []
+    pos = hf.get("position_embedding_type", "absolute")
+    if pos != "absolute":
+        problems.append(f"position_embedding_type {pos!r} (only 'absolute' learned positions are supported)")
+    act = hf.get("hidden_act", "gelu")
+    if act not in SUPPORTED_HIDDEN_ACT:
+        problems.append(
+            f"hidden_act {act!r} (supported: {', '.join(SUPPORTED_HIDDEN_ACT)}; "
+            "tanh-approximated GELU variants would not match exactly)"
+        )
+    if hf.get("is_decoder"):
+        problems.append("is_decoder=true (a causal decoder, not a bidirectional encoder)")
+    if hf.get("add_cross_attention"):
+        problems.append("add_cross_attention=true (cross-attention layers)")
+    if hf.get("chunk_size_feed_forward", 0) not in (0, None):
+        pass  # chunking changes speed, not results
+    if problems:
+        raise CramkitError(f"{file}: cannot import this BERT checkpoint exactly: " + "; ".join(problems))
+    try:
+        cfg = ModelConfig(
+            vocab_size=int(hf.get("vocab_size", 30522)),
+            hidden=int(hf.get("hidden_size", 768)),
+            layers=int(hf.get("num_hidden_layers", 12)),
+            heads=int(hf.get("num_attention_heads", 12)),
+            intermediate=int(hf.get("intermediate_size", 3072)),
+            activation=SUPPORTED_HIDDEN_ACT[act],
+            norm="layernorm",
+            norm_position="post",
+            norm_eps=float(hf.get("layer_norm_eps", 1e-12)),
+            bias=True,
+            position="learned",
+            max_position=int(hf.get("max_position_embeddings", 512)),
+            type_vocab_size=int(hf.get("type_vocab_size", 2)),
+            embedding_norm=True,
+            final_norm=False,
+            tie_embeddings=bool(hf.get("tie_word_embeddings", True)),
+            head_transform=True,
+            dropout=float(hf.get("hidden_dropout_prob", 0.1)),
+            attention_dropout=float(hf.get("attention_probs_dropout_prob", 0.1)),
+            init_std=float(hf.get("initializer_range", 0.02)),
+            pad_token_id=int(hf.get("pad_token_id") or 0),
+        )
+    except (TypeError, ValueError) as exc:
+        raise CramkitError(f"{file}: a size field has a bad value ({exc})") from None
+    try:
+        cfg.validate()
+    except CramkitError as exc:
+        raise CramkitError(f"{file}: {exc}") from None
+    return cfg
+
+
+def _weight_files(root: Path) -> list[Path]:
+    single = root / "model.safetensors"
+    if single.exists():
+        return [single]
+    index = root / "model.safetensors.index.json"
+    if index.exists():
+        try:
+            shards = sorted(set(json.loads(index.read_text(encoding="utf-8"))["weight_map"].values()))
+        except (json.JSONDecodeError, KeyError, AttributeError) as exc:
+            raise CramkitError(f"{index} is not a valid safetensors index ({exc}); re-download it") from None
+        return [root / s for s in shards]
+    legacy = root / "pytorch_model.bin"
+    if legacy.exists():
+        return [legacy]
+    raise CramkitError(
+        f"{root}: no model.safetensors (or model.safetensors.index.json, pytorch_model.bin); "
+        "give a Hugging Face model directory with its weights"
+    )
+
+
+def read_weights(file: Path) -> dict[str, torch.Tensor]:
+    """All tensors of a safetensors file (or a legacy .bin, loaded with weights_only=True)."""
+    if not file.exists():
+        raise CramkitError(f"{file} is missing; re-download the checkpoint")
+    if file.suffix == ".bin":
+        try:
+            state = torch.load(file, map_location="cpu", weights_only=True)
+        except Exception as exc:  # noqa: BLE001 - any unpickling failure is a bad file
+            raise CramkitError(
+                f"{file} could not be read as plain tensors ({exc}); convert it to safetensors"
+            ) from None
+        if not isinstance(state, dict):
+            raise CramkitError(f"{file} does not hold a state dict of tensors")
+        return state
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    try:
+        return load_file(file)
+    except (SafetensorError, OSError, ValueError, RuntimeError) as exc:
+        raise CramkitError(
+            f"{file} is not a valid safetensors file ({exc}); it is corrupt or truncated: re-download or "
+            "re-export it"
+        ) from None
+
+
+def _strip(name: str) -> str:
+    name = name.replace("LayerNorm.gamma", "LayerNorm.weight").replace("LayerNorm.beta", "LayerNorm.bias")
+    return name[len("bert.") :] if name.startswith("bert.") else name
+
+
+def load_hf_encoder_state(path: str | Path, cfg: ModelConfig) -> dict[str, torch.Tensor]:
+    """HF BERT weights under our names: Encoder keys (``layers.0.attn.qkv.weight``), plus ``head.*``
+    (MLM head), ``pooler.*`` and ``classifier.*`` when the checkpoint has them."""
+    root = Path(path)
+    raw: dict[str, torch.Tensor] = {}
+    for file in _weight_files(root):
+        raw.update({_strip(k): v for k, v in read_weights(file).items()})
+    out: dict[str, torch.Tensor] = {}
+    unknown = []
+    qkv: dict[tuple[int, str], dict[str, torch.Tensor]] = {}
+    for name, tensor in raw.items():
+        if name in _EMBEDDING_NAMES:
+            out[_EMBEDDING_NAMES[name]] = tensor
+        elif name in _HEAD_NAMES:
+            out[_HEAD_NAMES[name]] = tensor
+        elif m := re.fullmatch(r"encoder\.layer\.(\d+)\.(.+)\.(weight|bias)", name):
+            i, sub, kind = int(m[1]), m[2], m[3]
+            if sub in ("attention.self.query", "attention.self.key", "attention.self.value"):
+                qkv.setdefault((i, kind), {})[sub.rsplit(".", 1)[1]] = tensor
+            elif sub in _LAYER_NAMES:
+                out[f"layers.{i}.{_LAYER_NAMES[sub]}.{kind}"] = tensor
+            else:
+                unknown.append(name)
+        elif not _IGNORED.fullmatch(name):
+            unknown.append(name)
+    if "head.decoder.bias" not in out and "cls.predictions.decoder.bias" in raw:
+        out["head.decoder.bias"] = raw["cls.predictions.decoder.bias"]
+    for (i, kind), parts in sorted(qkv.items()):
+        if set(parts) != {"query", "key", "value"}:
+            raise CramkitError(
+                f"{root}: layer {i} lacks attention {kind}s for {sorted({'query', 'key', 'value'} - set(parts))}"
+            )
+        out[f"layers.{i}.attn.qkv.{kind}"] = torch.cat([parts["query"], parts["key"], parts["value"]], dim=0)
+    if cfg.tie_embeddings:
+        out.pop("head.decoder.weight", None)  # the word embeddings themselves
+    if unknown:
+        raise CramkitError(
+            f"{root}: weights cramkit cannot place: {', '.join(sorted(unknown)[:5])}"
+            f"{' ...' if len(unknown) > 5 else ''}; this is not a plain BERT checkpoint"
+        )
+    # every encoder parameter present, with the shape our config expects
+    with torch.device("meta"):
+        expected = Encoder(cfg).state_dict()
+    missing = [k for k in expected if k not in out]
+    if missing:
+        raise CramkitError(
+            f"{root}: the checkpoint lacks {len(missing)} encoder weights (e.g. {missing[0]}); "
+            "is config.json from the same model as the weights?"
+        )
+    for k, ref in expected.items():
+        if tuple(out[k].shape) != tuple(ref.shape):
+            raise CramkitError(
+                f"{root}: weight {k} has shape {tuple(out[k].shape)} but config.json implies {tuple(ref.shape)}"
+            )
+    return {k: v.float() if v.is_floating_point() else v for k, v in out.items()}
+
+
+def _resolve(path: str | Path) -> Path:
+    """A local directory, or a hub id (``hf:NAME`` or ``org/name``) downloaded to the HF cache."""
+    name = str(path)
+    if name.startswith("hf:"):
+        name = name[3:]
+    local = Path(name).expanduser()
+    if local.is_dir():
+        return local
+    if local.exists() or name.startswith((".", "/", "~")) or name.count("/") > 1 or not name:
+        raise CramkitError(
+            f"{path}: not a model directory; give a directory with config.json and model.safetensors"
+        )
+    try:
+        from huggingface_hub import snapshot_download
+    except ImportError:
+        raise CramkitError(
+            f"{path}: downloading from the Hugging Face hub needs huggingface_hub: pip install 'cramkit[hf]'"
+        ) from None
+    patterns = ["config.json", "model.safetensors", "model.safetensors.index.json", "model-*.safetensors"]
+    try:
+        return Path(snapshot_download(name, allow_patterns=patterns + list(TOKENIZER_FILES)))
+    except Exception as exc:  # noqa: BLE001 - offline, unknown repo, gated repo, network error
+        raise CramkitError(
+            f"{path}: could not download '{name}' from the Hugging Face hub ({type(exc).__name__}: {exc}); "
+            "check the name and the network (HF_HUB_OFFLINE=1 forbids downloads), or give a local directory"
+        ) from None
+
+
+def import_hf(
+    path: str | Path, *, task: str = "encoder", num_labels: int | None = None
+) -> tuple[nn.Module, Path | None]:
+    """Load a Hugging Face BERT checkpoint as an Encoder (task "encoder"), a MaskedLM ("mlm") or a
+    SequenceClassifier ("classifier"). Returns the model and the directory holding its tokenizer (or None).
+    """
+    root = _resolve(path)
+    cfg = load_hf_config(root)
+    state = load_hf_encoder_state(root, cfg)
+    enc_state = {k: v for k, v in state.items() if not k.startswith(("head.", "pooler.", "classifier."))}
+    if task == "encoder":
+        model: nn.Module = Encoder(cfg)
+        model.load_state_dict(enc_state, strict=True)
+    elif task == "mlm":
+        model = MaskedLM(cfg)
+        head = {k: v for k, v in state.items() if k.startswith("head.")}
+        if not head:
+            warnings.warn(
+                f"{root} has no masked-LM head (cls.predictions.*): the head starts from fresh weights",
+                stacklevel=2,
+            )
+            head = {k: v for k, v in model.head.state_dict().items()}
+            head = {f"head.{k}": v for k, v in head.items()}
+        if cfg.tie_embeddings:
+            head["head.decoder.weight"] = enc_state["embeddings.word.weight"]
+        full = {f"encoder.{k}": v for k, v in enc_state.items()} | head
+        missing, unexpected = model.load_state_dict(full, strict=False)
+        if missing or unexpected:
+            raise CramkitError(
+                f"{root}: MLM head weights do not fit (missing {missing}, unexpected {unexpected})"
+            )
+    elif task == "classifier":
+        _, hf = _read_hf_config(root)
+        labels = num_labels or int(hf.get("num_labels") or len(hf.get("id2label") or {}) or 2)
+        dropout = hf.get("classifier_dropout")
+        head_cfg = ClassifierConfig(
+            pooling="first", pooler_dense=True, dropout=float(dropout if dropout is not None else cfg.dropout)
+        )
+        model = SequenceClassifier(cfg, labels, head_cfg)
+        model.encoder.load_state_dict(enc_state, strict=True)
+        if "pooler.weight" in state:
+            model.pooler.load_state_dict({"weight": state["pooler.weight"], "bias": state["pooler.bias"]})
+        cls_w = state.get("classifier.weight")
+        if cls_w is not None and cls_w.shape[0] == labels:
+            model.classifier.load_state_dict({"weight": cls_w, "bias": state["classifier.bias"]})
+    else:
+        raise CramkitError(f"import_hf: task {task!r} is not one of 'encoder', 'mlm', 'classifier'")
+    tokenizer = root if any((root / f).exists() for f in ("tokenizer.json", "vocab.txt")) else None
+    return model, tokenizer
+
+
+# ----------------------------------------------------------------------------------------------- export
+
+
+def bert_incompatibilities(cfg: ModelConfig) -> list[str]:
+    """Why ``cfg`` cannot be written as a plain HF BertModel (empty list: it can)."""
+    out = []
+    if cfg.norm_position != "post":
+        out.append(f"norm_position={cfg.norm_position}")
+    if cfg.norm != "layernorm":
+        out.append(f"norm={cfg.norm}")
+    if not cfg.bias:
+        out.append("bias=false")
+    if cfg.position != "learned":
+        out.append(f"position={cfg.position}")
+    if cfg.activation not in ("gelu", "relu"):
+        out.append(f"activation={cfg.activation}")
+    if not cfg.embedding_norm:
+        out.append("embedding_norm=false")
+    if not cfg.head_transform:
+        out.append("head_transform=false")
+    return out
+
+
+def _parts(model: nn.Module) -> tuple[Encoder, nn.Module | None, SequenceClassifier | None]:
+    if isinstance(model, MaskedLM):
+        return model.encoder, model.head, None
+    if isinstance(model, SequenceClassifier):
+        return model.encoder, None, model
+    if isinstance(model, Encoder):
+        return model, None, None
+    raise CramkitError(
+        f"export_hf: cannot export a {type(model).__name__}; give an Encoder, MaskedLM or SequenceClassifier"
+    )
+
+
+def _t(x: torch.Tensor) -> torch.Tensor:
+    return x.detach().to("cpu").contiguous().clone()
+
+
+def _bert_weights(
+    enc: Encoder, head: nn.Module | None, clf: SequenceClassifier | None, cfg: ModelConfig, prefix: str
+) -> dict[str, torch.Tensor]:
+    sd = enc.state_dict()
+    inv = {v: k for k, v in _EMBEDDING_NAMES.items()}
+    out = {prefix + inv[k]: _t(v) for k, v in sd.items() if k in inv}
+    if not cfg.type_vocab_size:  # BERT always adds a token-type row: add one of zeros
+        out[prefix + "embeddings.token_type_embeddings.weight"] = torch.zeros(
+            1, cfg.hidden, dtype=sd["embeddings.word.weight"].dtype
+        )
+    h = cfg.hidden
+    for i in range(cfg.layers):
+        src, dst = f"layers.{i}.", f"{prefix}encoder.layer.{i}."
+        for kind in ("weight", "bias"):
+            q, k, v = sd[f"{src}attn.qkv.{kind}"].split(h, dim=0)
+            for part, t in (("query", q), ("key", k), ("value", v)):
+                out[f"{dst}attention.self.{part}.{kind}"] = _t(t)
+            for theirs, ours in _LAYER_NAMES.items():
+                out[f"{dst}{theirs}.{kind}"] = _t(sd[f"{src}{ours}.{kind}"])
+    if head is not None:
+        hs = head.state_dict()
+        for theirs, ours in _HEAD_NAMES.items():
+            if ours.startswith("head.") and ours[5:] in hs:
+                if ours == "head.decoder.weight" and cfg.tie_embeddings:
+                    continue  # tied to the word embeddings, as HF writes it
+                out[theirs] = _t(hs[ours[5:]])
+    if clf is not None:
+        out[prefix + "pooler.dense.weight"] = _t(clf.pooler.weight)
+        out[prefix + "pooler.dense.bias"] = _t(clf.pooler.bias)
+        out["classifier.weight"], out["classifier.bias"] = _t(clf.classifier.weight), _t(clf.classifier.bias)
+    return out
+
+
+def _bert_config(cfg: ModelConfig, arch: str, dtype: torch.dtype, num_labels: int | None) -> dict[str, Any]:
+    config: dict[str, Any] = {
+        "architectures": [arch],
+        "model_type": "bert",
+        "vocab_size": cfg.vocab_size,
+        "hidden_size": cfg.hidden,
+        "num_hidden_layers": cfg.layers,
+        "num_attention_heads": cfg.heads,
+        "intermediate_size": cfg.intermediate,
+        "hidden_act": cfg.activation,
+        "hidden_dropout_prob": cfg.dropout,
+        "attention_probs_dropout_prob": cfg.attention_dropout,
+        "max_position_embeddings": cfg.max_position,
+        "type_vocab_size": max(cfg.type_vocab_size, 1),
+        "initializer_range": cfg.init_std,
+        "layer_norm_eps": cfg.norm_eps,
+        "pad_token_id": cfg.pad_token_id,
+        "position_embedding_type": "absolute",
+        "tie_word_embeddings": cfg.tie_embeddings,
+        "torch_dtype": str(dtype).removeprefix("torch."),
+    }
+    if num_labels is not None:
+        config["id2label"] = {str(i): f"LABEL_{i}" for i in range(num_labels)}
+        config["label2id"] = {f"LABEL_{i}": i for i in range(num_labels)}
+        if num_labels == 1:
+            config["problem_type"] = "regression"
+    return config
+
+
+def _cramkit_config(cfg: ModelConfig, arch: str, dtype: torch.dtype) -> dict[str, Any]:
+    fields = dataclasses.asdict(cfg)
+    fields.pop("gradient_checkpointing", None)
+    fields["tie_word_embeddings"] = fields.pop("tie_embeddings")
+    auto_map = {"AutoConfig": "modeling_cramkit.CramkitConfig", "AutoModel": "modeling_cramkit.CramkitModel"}
+    if arch == "CramkitForMaskedLM":
+        auto_map["AutoModelForMaskedLM"] = "modeling_cramkit.CramkitForMaskedLM"
+    return {
+        "architectures": [arch],
+        "model_type": "cramkit",
+        "auto_map": auto_map,
+        **fields,
+        "torch_dtype": str(dtype).removeprefix("torch."),
+    }
+
+
+def _write_tokenizer(tokenizer_dir: Path, out: Path, cfg: ModelConfig) -> None:
+    tokenizer_dir = Path(tokenizer_dir)
+    if not tokenizer_dir.is_dir():
+        raise CramkitError(f"tokenizer directory {tokenizer_dir} does not exist")
+    copied = [f for f in TOKENIZER_FILES if (tokenizer_dir / f).exists()]
+    if not {"tokenizer.json", "vocab.txt"} & set(copied):
+        raise CramkitError(f"{tokenizer_dir}: no tokenizer.json or vocab.txt to export")
+    for f in copied:
+        shutil.copyfile(tokenizer_dir / f, out / f)
+    if "tokenizer_config.json" not in copied:
+        # what AutoTokenizer needs to load tokenizer.json: a class, the special tokens, the max length
+        specials = {}
+        vocab = set()
+        if (tokenizer_dir / "tokenizer.json").exists():
+            tok = json.loads((tokenizer_dir / "tokenizer.json").read_text(encoding="utf-8"))
+            vocab = set((tok.get("model") or {}).get("vocab") or {}) | {
+                t["content"] for t in tok.get("added_tokens", [])
+            }
+            klass = "PreTrainedTokenizerFast"
+        else:
+            vocab = set((tokenizer_dir / "vocab.txt").read_text(encoding="utf-8").split("\n"))
+            klass = "BertTokenizer"
+        for key, token in (
+            ("unk_token", "[UNK]"),
+            ("sep_token", "[SEP]"),
+            ("pad_token", "[PAD]"),
+            ("cls_token", "[CLS]"),
+            ("mask_token", "[MASK]"),
+        ):
+            if token in vocab:
+                specials[key] = token
+        tok_cfg = {"tokenizer_class": klass, "model_max_length": cfg.max_position, **specials}
+        (out / "tokenizer_config.json").write_text(json.dumps(tok_cfg, indent=2) + "\n", encoding="utf-8")
+
+
+def _is_previous_export(path: Path) -> bool:
+    return (path / EXPORT_MARKER).exists()
+
+
+def export_hf(
+    model_or_encoder: nn.Module,
+    cfg: ModelConfig,
+    out_dir: str | Path,
+    *,
+    tokenizer_dir: str | Path | None = None,
+    mlm_head: bool = True,
+    force: bool = False,
+) -> Path:
+    """Write a Hugging Face model directory (config.json, model.safetensors, tokenizer files).
+
+    A BERT-shaped ``cfg`` gives plain ``BertForMaskedLM`` / ``BertModel`` /
+    ``BertForSequenceClassification``; anything else gives model_type "cramkit" with
+    ``modeling_cramkit.py`` (load with ``trust_remote_code=True``). The directory appears atomically;
+    a non-empty directory that is not a previous export is refused unless ``force``.
+    """
+    from safetensors.torch import save_file
+
+    out = Path(out_dir)
+    if out.exists() and (
+        not out.is_dir() or (any(out.iterdir()) and not _is_previous_export(out) and not force)
+    ):
+        raise CramkitError(
+            f"{out} exists and is not a previous cramkit export; choose another --out or pass --force to replace it"
+        )
+    enc, head, clf = _parts(model_or_encoder)
+    if not mlm_head:
+        head = None
+    dtype = enc.embeddings.word.weight.dtype
+    problems = bert_incompatibilities(cfg)
+    if head is None and "head_transform=false" in problems:
+        problems.remove("head_transform=false")
+    if clf is not None and (clf.head_cfg.pooling != "first" or clf.pooler is None):
+        if not problems:
+            warnings.warn(
+                "the classifier head is not BERT's (first-token pooler): exporting the encoder only",
+                stacklevel=2,
+            )
+        clf = None
+    if clf is not None and problems:
+        warnings.warn(
+            "a cramkit-format export carries no classifier head: exporting the encoder only", stacklevel=2
+        )
+        clf = None
+
+    if not problems:
+        fmt = "bert"
+        arch = (
+            "BertForSequenceClassification"
+            if clf is not None
+            else "BertForMaskedLM"
+            if head is not None
+            else "BertModel"
+        )
+        prefix = "" if arch == "BertModel" else "bert."
+        weights = _bert_weights(enc, head, clf, cfg, prefix)
+        config = _bert_config(cfg, arch, dtype, clf.num_labels if clf is not None else None)
+    else:
+        fmt = "cramkit"
+        arch = "CramkitForMaskedLM" if head is not None else "CramkitModel"
+        weights = {f"encoder.{k}": _t(v) for k, v in enc.state_dict().items()}
+        if head is not None:
+            weights |= {f"head.{k}": _t(v) for k, v in head.state_dict().items()}
+            if cfg.tie_embeddings:
+                weights.pop("head.decoder.weight", None)
+        config = _cramkit_config(cfg, arch, dtype)
+
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    try:
+        os.chmod(tmp, 0o755)  # mkdtemp makes it private; an export is meant to be shared
+        save_file(weights, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+        (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
+        if fmt == "cramkit":
+            shutil.copyfile(TEMPLATE, tmp / "modeling_cramkit.py")
+        if tokenizer_dir is not None:
+            _write_tokenizer(Path(tokenizer_dir), tmp, cfg)
+        marker = {"format": fmt, "architecture": arch, "incompatible_with_bert": problems}
+        (tmp / EXPORT_MARKER).write_text(json.dumps(marker, indent=2) + "\n", encoding="utf-8")
+        for f in tmp.iterdir():
+            os.chmod(f, 0o644)
+        if out.exists():
+            old = out.with_name(f".{out.name}.old-{os.getpid()}")
+            os.replace(out, old)
+            os.replace(tmp, out)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.replace(tmp, out)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    return out

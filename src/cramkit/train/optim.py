@@ -76,19 +76,21 @@ class Lamb(torch.optim.Optimizer):
             for p in group["params"]:
                 if p.grad is None:
                     continue
-                grad = p.grad.float()
+                # state in fp32 for half-precision parameters, else in the parameter's own dtype
+                dtype = torch.float32 if p.dtype in (torch.float16, torch.bfloat16) else p.dtype
+                grad = p.grad.to(dtype)
                 state = self.state[p]
                 if not state:
                     state["step"] = torch.zeros((), dtype=torch.float32)
-                    state["exp_avg"] = torch.zeros_like(p, dtype=torch.float32)
-                    state["exp_avg_sq"] = torch.zeros_like(p, dtype=torch.float32)
+                    state["exp_avg"] = torch.zeros_like(p, dtype=dtype)
+                    state["exp_avg_sq"] = torch.zeros_like(p, dtype=dtype)
                 state["step"] += 1
                 t = state["step"].item()
                 m, v = state["exp_avg"], state["exp_avg_sq"]
                 m.mul_(beta1).add_(grad, alpha=1 - beta1)
                 v.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
                 update = (m / (1 - beta1**t)) / ((v / (1 - beta2**t)).sqrt_().add_(group["eps"]))
-                x = p.float()
+                x = p.to(dtype)
                 if group["weight_decay"]:
                     update.add_(x, alpha=group["weight_decay"])
                 w_norm, u_norm = x.norm(), update.norm()

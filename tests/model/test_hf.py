@@ -467,3 +467,27 @@ def test_export_cli_steps_and_errors(tmp_path: Path, capsys: pytest.CaptureFixtu
     assert cli_main(["export", str(run), "--out", str(tmp_path / "y")]) == 2
     assert "not a valid safetensors file" in capsys.readouterr().err
     assert not (tmp_path / "y").exists()
+
+
+def test_export_uses_the_trainers_loader_when_present(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Sharded checkpoints go through cramkit.train.checkpoint.load_model_state when the trainer has one."""
+    import importlib
+
+    run, model = _fake_run(tmp_path / "run", TINY, seed=4)
+    ckpt = run / "checkpoints" / "step-000007"
+    (ckpt / "model.safetensors").unlink()  # e.g. a DCP checkpoint: no single file
+    state = {k: v for k, v in model.state_dict().items() if k != "encoder.embeddings.word.weight"}
+    calls = []
+
+    def fake_loader(path: Path) -> dict[str, torch.Tensor]:
+        calls.append(Path(path))
+        return state  # tied weight under the decoder's name only
+
+    module = importlib.import_module("cramkit.train.checkpoint")
+    monkeypatch.setattr(module, "load_model_state", fake_loader, raising=False)
+    assert cli_main(["export", str(run), "--out", str(tmp_path / "out")]) == 0
+    assert calls == [ckpt]
+    exported = load_file(tmp_path / "out" / "model.safetensors")
+    assert torch.equal(exported["encoder.embeddings.word.weight"], model.encoder.embeddings.word.weight)

@@ -63,20 +63,28 @@ def resolve_checkpoint(source: Path, step: int | None) -> tuple[Path, Path]:
     )
 
 
-def load_model_state(ckpt: Path) -> dict[str, Any]:
-    """The model's state dict: through the trainer's loader when it exists (sharded checkpoints),
-    else from ``model.safetensors``."""
+def _hook(module_name: str):
+    """``module_name.load_model_state`` if that trainer module exists, else None."""
     import importlib
 
     try:
-        module = importlib.import_module("cramkit.train.checkpoint")
+        module = importlib.import_module(module_name)
     except ModuleNotFoundError as exc:
-        if exc.name not in ("cramkit.train.checkpoint", "cramkit.train"):
-            raise
-        module = None
-    trainer_loader = getattr(module, "load_model_state", None)
-    if trainer_loader is not None:
-        return trainer_loader(ckpt)
+        if exc.name is None or not module_name.startswith(exc.name):
+            raise  # the module exists but is broken: show it
+        return None
+    return getattr(module, "load_model_state", None)
+
+
+def load_model_state(ckpt: Path) -> dict[str, Any]:
+    """The model's state dict: through the trainer's loader when it has one
+    (``cramkit.train.checkpoint.load_model_state``; DCP-sharded checkpoints through
+    ``cramkit.train.dcp.load_model_state``), else from ``model.safetensors``."""
+    loader = _hook("cramkit.train.checkpoint")
+    if loader is None and (ckpt / ".metadata").is_file():
+        loader = _hook("cramkit.train.dcp")
+    if loader is not None:
+        return loader(ckpt)
     from cramkit.model.hf import read_weights
 
     file = ckpt / "model.safetensors"
@@ -97,12 +105,12 @@ def build_model(run_dir: Path, ckpt: Path):  # -> tuple[MaskedLM, ModelConfig]
     # wrappers' prefixes (torch.compile, DDP), if a trainer ever saves them
     state = {k.replace("_orig_mod.", "").removeprefix("module."): v for k, v in state.items()}
     model = MaskedLM(cfg)
-    if (
-        cfg.tie_embeddings
-        and "head.decoder.weight" not in state
-        and "encoder.embeddings.word.weight" in state
-    ):
-        state["head.decoder.weight"] = state["encoder.embeddings.word.weight"]
+    if cfg.tie_embeddings:  # tied weights may be stored under either name only
+        word, decoder = "encoder.embeddings.word.weight", "head.decoder.weight"
+        if decoder not in state and word in state:
+            state[decoder] = state[word]
+        elif word not in state and decoder in state:
+            state[word] = state[decoder]
     missing, unexpected = model.load_state_dict(state, strict=False)
     if missing or unexpected:
         raise CramkitError(

@@ -286,6 +286,9 @@ def init_weights(module: nn.Module, cfg: ModelConfig) -> None:
                 nn.init.ones_(m.weight)
             if getattr(m, "bias", None) is not None:
                 nn.init.zeros_(m.bias)
+    # a second pass: modules() visits Attention/MLP before their Linear children, whose plain init above
+    # would otherwise overwrite DeepNet's scaled one
+    for m in module.modules():
         if cfg.norm_position == "deepnorm" and isinstance(m, (Attention, MLP)):
             beta = cfg.deepnorm_beta
             with torch.no_grad():

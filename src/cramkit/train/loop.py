@@ -411,6 +411,13 @@ def train(
                     bar.update(fraction, fields)
                     window, window_tokens, window_time = [], 0, 0.0
 
+                if done:
+                    break
+                if eval_every.due(p.last_eval[0], p.elapsed, p.last_eval[1], p.step):
+                    run_eval()
+                # (never during a run of non-finite losses: the latest checkpoint stays a good one)
+                if p.nan_streak == 0 and ckpt_every.due(p.last_ckpt[0], p.elapsed, p.last_ckpt[1], p.step):
+                    save("periodic")
                 if stop_now:
                     saved = save(f"signal {stop.signum}")
                     signum = stop.signum or signal.SIGTERM
@@ -420,12 +427,6 @@ def train(
                         f"continue with `cramkit pretrain --resume {run}`",
                         signum,
                     )
-                if done:
-                    break
-                if eval_every.due(p.last_eval[0], p.elapsed, p.last_eval[1], p.step):
-                    run_eval()
-                if ckpt_every.due(p.last_ckpt[0], p.elapsed, p.last_ckpt[1], p.step):
-                    save("periodic")
 
         if p.last_eval[1] != p.step or val_loss is None:
             run_eval()

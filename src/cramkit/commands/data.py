@@ -1,0 +1,218 @@
+"""`cramkit tokenizer train` and `cramkit data build|inspect` (heavy imports inside the verbs)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+
+def _source_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "sources",
+        nargs="*",
+        metavar="SOURCE",
+        help="text files, directories, globs, .jsonl/.parquet, .gz/.zst, or hf:NAME:CONFIG:SPLIT "
+        "(none: the built-in corpus, this Python's standard-library docstrings)",
+    )
+    p.add_argument(
+        "--encoding", default=None, help="text encoding of the files (default UTF-8; e.g. latin-1, cp1252)"
+    )
+    p.add_argument(
+        "--errors",
+        default="strict",
+        choices=["strict", "replace", "ignore"],
+        help="what to do with bytes invalid in the encoding (default: stop with an error)",
+    )
+    p.add_argument(
+        "--doc-split",
+        default="auto",
+        choices=["auto", "file", "blank", "wikitext"],
+        help="where documents end: a file each, blank lines, WikiText ' = Title = ' headings, "
+        "or auto (WikiText headings if present, else blank lines)",
+    )
+    p.add_argument("--text-field", default="text", help="JSON Lines field / Parquet column holding the text")
+    p.add_argument("--normalize", default="NFC", help="Unicode normal form (NFC, NFKC, ... or none)")
+
+
+def _source_kwargs(args: argparse.Namespace) -> dict:
+    norm = None if str(args.normalize).lower() == "none" else args.normalize
+    return dict(
+        doc_split=args.doc_split,
+        text_field=args.text_field,
+        encoding=args.encoding,
+        errors=args.errors,
+        normalize=norm,
+    )
+
+
+def register(sub) -> None:
+    tok = sub.add_parser("tokenizer", help="train a WordPiece tokenizer")
+    tsub = tok.add_subparsers(dest="tokenizer_command", metavar="VERB")
+    train = tsub.add_parser("train", help="train a BERT WordPiece tokenizer on text")
+    _source_args(train)
+    train.add_argument("--vocab-size", type=int, default=32768)
+    train.add_argument("--out", required=True, help="directory for tokenizer.json, vocab.txt, ...")
+    train.add_argument("--no-lowercase", action="store_true", help="keep case")
+    train.add_argument("--keep-accents", action="store_true", help="do not strip accents")
+    train.add_argument("--min-frequency", type=int, default=2)
+    train.set_defaults(func=cmd_tokenizer_train)
+    tok.set_defaults(func=lambda a: _help(tok))
+
+    data = sub.add_parser("data", help="build and inspect token stores")
+    dsub = data.add_subparsers(dest="data_command", metavar="VERB")
+    build = dsub.add_parser(
+        "build", help="tokenise text into a memory-mapped token store (Megatron .bin/.idx)"
+    )
+    _source_args(build)
+    build.add_argument(
+        "--tokenizer", required=True, help="directory with tokenizer.json or vocab.txt (or either file)"
+    )
+    build.add_argument("--out", required=True, help="directory for NAME.bin, NAME.idx, NAME.json")
+    build.add_argument("--name", default="train", help="store name inside --out (default: train)")
+    build.add_argument("--workers", type=int, default=None, help="encoding processes (default: all cores)")
+    build.add_argument("--dedup", action="store_true", help="drop exact duplicate documents")
+    build.add_argument(
+        "--quality-cutoff",
+        type=float,
+        default=None,
+        help="drop documents with more tokens per character than this (Cramming uses 0.3)",
+    )
+    build.add_argument("--quiet", action="store_true", help="no progress line")
+    build.set_defaults(func=cmd_data_build)
+    inspect = dsub.add_parser("inspect", help="counts, a length histogram and decoded samples of a store")
+    inspect.add_argument("store", metavar="DIR", help="store directory (or NAME prefix / NAME.idx)")
+    inspect.add_argument("--name", default=None, help="store name when DIR holds several")
+    inspect.add_argument(
+        "--tokenizer", default=None, help="tokenizer to decode with (default: the store's copy)"
+    )
+    inspect.add_argument("--samples", type=int, default=3)
+    inspect.set_defaults(func=cmd_data_inspect)
+    data.set_defaults(func=lambda a: _help(data))
+
+
+def _help(parser: argparse.ArgumentParser) -> int:
+    parser.print_help(sys.stderr)
+    return 2
+
+
+def cmd_tokenizer_train(args: argparse.Namespace) -> int:
+    from cramkit.text.sources import iter_documents
+    from cramkit.text.tokenizer import save_tokenizer, train_tokenizer
+
+    t0 = time.time()
+    stats: dict = {}
+    docs = iter_documents(args.sources, stats=stats, **_source_kwargs(args))
+    tok = train_tokenizer(
+        docs,
+        args.vocab_size,
+        lowercase=not args.no_lowercase,
+        strip_accents=not args.keep_accents,
+        min_frequency=args.min_frequency,
+    )
+    out = save_tokenizer(tok, args.out)
+    print(
+        f"tokenizer: {tok.get_vocab_size()} tokens from {stats.get('documents', 0)} documents "
+        f"in {time.time() - t0:.1f}s -> {out}"
+    )
+    return 0
+
+
+def cmd_data_build(args: argparse.Namespace) -> int:
+    from cramkit.data.build import build_store
+    from cramkit.data.tokenstore import TokenStore
+
+    t0 = time.time()
+    last = [t0]
+
+    def progress(docs: int, tokens: int) -> None:
+        now = time.time()
+        if not args.quiet and now - last[0] > 2.0 and sys.stderr.isatty():
+            last[0] = now
+            print(
+                f"\r  {docs:,} documents, {tokens:,} tokens, {tokens / (now - t0):,.0f} tokens/s",
+                end="",
+                file=sys.stderr,
+                flush=True,
+            )
+
+    prefix = build_store(
+        args.sources,
+        args.tokenizer,
+        args.out,
+        name=args.name,
+        workers=args.workers,
+        quality_cutoff=args.quality_cutoff,
+        dedup=args.dedup,
+        progress=progress,
+        **_source_kwargs(args),
+    )
+    if not args.quiet and sys.stderr.isatty() and last[0] != t0:
+        print(file=sys.stderr)
+    store = TokenStore(prefix)
+    c = store.meta.get("counts", {})
+    dt = time.time() - t0
+    print(
+        f"store {prefix}.bin/.idx: {len(store):,} documents, {store.num_tokens:,} tokens ({store.dtype.name}) "
+        f"in {dt:.1f}s ({store.num_tokens / max(dt, 1e-9):,.0f} tokens/s)"
+    )
+    dropped = {k: c.get(k, 0) for k in ("duplicates_dropped", "quality_dropped", "empty_dropped") if c.get(k)}
+    if dropped:
+        print("dropped: " + ", ".join(f"{k.replace('_dropped', '')} {v:,}" for k, v in dropped.items()))
+    return 0
+
+
+def cmd_data_inspect(args: argparse.Namespace) -> int:
+    import numpy as np
+
+    from cramkit.data.tokenstore import TokenStore
+    from cramkit.text.tokenizer import load_tokenizer
+
+    store = TokenStore(args.store, name=args.name)
+    meta = store.meta
+    print(f"store      {store.prefix}.bin/.idx (dtype {store.dtype.name})")
+    print(f"sequences  {len(store):,}   documents {store.num_documents:,}   tokens {store.num_tokens:,}")
+    if meta:
+        print(
+            f"tokenizer  hash {meta.get('tokenizer_hash')}  vocab {meta.get('vocab_size')}  "
+            f"({meta.get('tokenizer_path') or meta.get('tokenizer_file')})"
+        )
+        print(f"sources    {', '.join(meta.get('sources', []))}")
+        c = meta.get("counts", {})
+        extra = ", ".join(f"{k} {v:,}" for k, v in c.items() if k.endswith("_dropped") and v)
+        if extra:
+            print(f"dropped    {extra}")
+    sizes = np.asarray(store.sizes)
+    if len(sizes):
+        print(
+            f"length     min {sizes.min()}  median {int(np.median(sizes))}  mean {sizes.mean():.1f}  max {sizes.max()}"
+        )
+        edges = [0, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 1 << 62]
+        hist, _ = np.histogram(sizes, bins=edges)
+        width = 40
+        top = max(int(hist.max()), 1)
+        print("histogram  (tokens per document)")
+        for lo, hi, n in zip(edges[:-1], edges[1:], hist):
+            if n:
+                label = f"{lo}-{hi - 1}" if hi < (1 << 62) else f">={lo}"
+                print(f"  {label:>11} {int(n):>9,} {'#' * max(1, round(width * n / top))}")
+    tok = None
+    tok_path = args.tokenizer
+    if tok_path is None and meta.get("tokenizer_file"):
+        cand = store.prefix.parent / meta["tokenizer_file"]
+        tok_path = str(cand) if cand.exists() else meta.get("tokenizer_path")
+    if tok_path:
+        tok = load_tokenizer(tok_path)
+        if args.tokenizer:
+            store.check_tokenizer(tok)
+    if args.samples > 0 and len(store):
+        rng = np.random.default_rng(0)
+        picks = sorted(rng.choice(len(store), size=min(args.samples, len(store)), replace=False).tolist())
+        for i in picks:
+            ids = store[i][:64].tolist()
+            text = tok.decode(ids) if tok is not None else " ".join(map(str, ids))
+            more = " ..." if store.sizes[i] > 64 else ""
+            print(f"--- document {i} ({store.sizes[i]} tokens)\n{text}{more}")
+    if tok is None:
+        print("(no tokenizer found to decode with; pass --tokenizer DIR)")
+    return 0

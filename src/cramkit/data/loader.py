@@ -1,0 +1,233 @@
+"""Packed, masked MLM batches from a token store: seeded, sharded by rank, resumable.
+
+Order: each epoch visits the packed training sequences in a seeded pseudo-random permutation (a
+Feistel network over the sequence indices with cycle-walking: O(1) memory, computed per batch).
+Each step consumes ``micro_batch * world`` sequences of that order; rank r takes the r-th slice of
+``micro_batch``. The loader's state (epoch, position) is global, so a run resumed with the same or a
+different world size sees exactly the sequences it would have seen, masked the same way.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+
+import numpy as np
+
+from cramkit.data.mlm import DataConfig, PackedSequences, mask_tokens, splitmix64
+from cramkit.data.tokenstore import TokenStore
+from cramkit.errors import CramkitError
+from cramkit.text.tokenizer import SpecialIds
+
+_SPLIT_SALT = 0xC0FFEE5EED  # the validation split does not depend on the training seed
+_VAL_SALT = 0x7A11DA7E
+_MUL, _MUL2, _S32 = np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB), np.uint64(32)
+
+
+def _round_keys(seed: int, epoch: int, rounds: int = 4) -> np.ndarray:
+    base = np.array([(seed * 1_000_003 + epoch) & 0xFFFFFFFFFFFFFFFF], dtype=np.uint64)
+    return splitmix64(splitmix64(base) + np.arange(1, rounds + 1, dtype=np.uint64))
+
+
+def permute(i: np.ndarray, n: int, seed: int, epoch: int) -> np.ndarray:
+    """The seeded permutation of range(n) for ``epoch``, evaluated at positions ``i`` (vectorised)."""
+    i = np.asarray(i, dtype=np.uint64)
+    if n <= 1:
+        return i.astype(np.int64)
+    bits = max(2, math.ceil(math.log2(n)))
+    bits += bits % 2
+    half = np.uint64(bits // 2)
+    low = np.uint64((1 << (bits // 2)) - 1)
+    top = np.uint64(64 - bits // 2)
+    keys = _round_keys(seed, epoch)
+
+    def feistel(x: np.ndarray) -> np.ndarray:
+        left, right = x >> half, x & low
+        for k in keys:  # round function: the top bits of a multiply-xorshift-multiply of (right ^ key)
+            t = (right ^ k) * _MUL
+            t ^= t >> _S32
+            t *= _MUL2
+            left, right = right, left ^ (t >> top)
+        return (left << half) | right
+
+    y = feistel(i)
+    out_of_range = y >= np.uint64(n)
+    while out_of_range.any():  # cycle-walking: at most a few rounds, the domain is < 4n
+        y[out_of_range] = feistel(y[out_of_range])
+        out_of_range = y >= np.uint64(n)
+    return y.astype(np.int64)
+
+
+def document_spans(store: TokenStore) -> tuple[np.ndarray, np.ndarray]:
+    """(token start, token length) of each document of the store (documents may span sequences)."""
+    sizes = np.asarray(store.sizes, dtype=np.int64)
+    csum = np.zeros(len(sizes) + 1, dtype=np.int64)
+    np.cumsum(sizes, out=csum[1:])
+    doc_idx = np.asarray(store.doc_idx, dtype=np.int64)
+    if len(doc_idx) < 2:
+        return np.zeros(0, np.int64), np.zeros(0, np.int64)
+    start = csum[doc_idx[:-1]]
+    return start, csum[doc_idx[1:]] - start
+
+
+class PretrainData:
+    """A token store as packed train/validation sequences (validation split by document, before packing)."""
+
+    def __init__(self, store: TokenStore, cfg: DataConfig, special: SpecialIds, vocab_size: int):
+        self.store = store
+        self.cfg = cfg.validate()
+        self.special = special
+        self.vocab_size = int(vocab_size)
+        start, length = document_spans(store)
+        keep = length > 0
+        start, length = start[keep], length[keep]
+        n_docs = len(length)
+        n_val = 0
+        if cfg.validation_fraction > 0:
+            n_val = max(cfg.min_validation_docs, round(cfg.validation_fraction * n_docs))
+        if n_docs == 0 or n_val >= n_docs:
+            raise CramkitError(
+                f"token store {store.prefix} has {n_docs} non-empty documents, too few for a validation "
+                f"split of {n_val}; add text or set data.validation_fraction=0"
+            )
+        is_val = np.zeros(n_docs, dtype=bool)
+        if n_val:
+            score = splitmix64(np.arange(n_docs, dtype=np.uint64) ^ np.uint64(_SPLIT_SALT))
+            is_val[np.argpartition(score, n_val - 1)[:n_val]] = True
+        cls = special.cls if cfg.add_cls else None
+        tokens = np.asarray(store.tokens)
+        self.train = PackedSequences(tokens, start[~is_val], length[~is_val], cfg.seq_len, special.sep, cls)
+        self.val = PackedSequences(tokens, start[is_val], length[is_val], cfg.seq_len, special.sep, cls)
+        self.num_train_documents, self.num_val_documents = int(n_docs - n_val), int(n_val)
+        if self.train.num_sequences == 0:
+            raise CramkitError(
+                f"token store {store.prefix} holds {self.train.num_tokens} training tokens, fewer than one "
+                f"sequence of {cfg.seq_len}; add text or lower data.seq_len"
+            )
+
+    @property
+    def num_train_sequences(self) -> int:
+        return self.train.num_sequences
+
+    @property
+    def num_val_sequences(self) -> int:
+        return self.val.num_sequences
+
+    @property
+    def tokens_per_sequence(self) -> int:
+        return self.cfg.seq_len
+
+    def masked(self, packed: PackedSequences, seq_ids: np.ndarray, seed: int, offsets: np.ndarray) -> dict:
+        import torch
+
+        inp, labels = mask_tokens(
+            packed.gather(seq_ids),
+            seed=seed,
+            offsets=offsets,
+            cfg=self.cfg,
+            special=self.special,
+            vocab_size=self.vocab_size,
+        )
+        return {"input_ids": torch.from_numpy(inp), "labels": torch.from_numpy(labels)}
+
+    def train_loader(self, micro_batch: int, *, rank: int = 0, world: int = 1) -> MLMLoader:
+        return MLMLoader(self, micro_batch, rank=rank, world=world)
+
+    def val_batches(
+        self, micro_batch: int, max_batches: int | None = None, *, rank: int = 0, world: int = 1
+    ) -> Iterator[dict]:
+        """Validation batches, masked the same way on every call.
+
+        The validation sequences in order, micro_batch*world per global batch, rank r the r-th slice.
+        With world > 1 the last partial global batch is split evenly (dropped if a rank would get none),
+        so every rank yields the same number of batches.
+        """
+        _check_shard(micro_batch, rank, world)
+        n = self.val.num_sequences
+        step = micro_batch * world
+        seed = (self.cfg.seed ^ _VAL_SALT) & 0x7FFFFFFFFFFFFFFF
+        b, start = 0, 0
+        while start < n and (max_batches is None or b < max_batches):
+            if start + step <= n:
+                lo = start + rank * micro_batch
+                ids = np.arange(lo, lo + micro_batch)
+            else:
+                parts = np.array_split(np.arange(start, n), world)
+                if any(len(p) == 0 for p in parts):
+                    return
+                ids = parts[rank]
+            yield self.masked(self.val, ids, seed, ids)
+            b, start = b + 1, start + step
+
+
+def _check_shard(micro_batch: int, rank: int, world: int) -> None:
+    if not isinstance(micro_batch, (int, np.integer)) or micro_batch < 1:
+        raise CramkitError(f"micro batch size {micro_batch!r} must be a positive integer")
+    if not (isinstance(world, (int, np.integer)) and world >= 1 and 0 <= rank < world):
+        raise CramkitError(f"rank {rank} / world size {world}: need 0 <= rank < world")
+
+
+class MLMLoader:
+    """An endless iterator of this rank's micro-batches: dict(input_ids, labels), LongTensor [B, L]."""
+
+    def __init__(self, data: PretrainData, micro_batch: int, *, rank: int = 0, world: int = 1):
+        _check_shard(micro_batch, rank, world)
+        self.data = data
+        self.micro_batch, self.rank, self.world = int(micro_batch), int(rank), int(world)
+        self.seed = data.cfg.seed
+        self.num_sequences = data.train.num_sequences
+        if self.micro_batch * self.world > self.num_sequences:
+            raise CramkitError(
+                f"the training split has {self.num_sequences} sequences of {data.cfg.seq_len} tokens, fewer "
+                f"than one global batch ({self.micro_batch} x {self.world} ranks); use more text or a smaller batch"
+            )
+        self.epoch = 0
+        self.position = 0  # global sequences consumed in this epoch
+
+    def __iter__(self) -> MLMLoader:
+        return self
+
+    def next_indices(self) -> tuple[np.ndarray, np.ndarray]:
+        """Advance one step; (sequence ids, global sample indices) of this rank's micro-batch."""
+        step = self.micro_batch * self.world
+        if self.position + step > self.num_sequences:  # drop the epoch's tail, reshuffle
+            self.epoch += 1
+            self.position = 0
+        i = self.position + self.rank * self.micro_batch + np.arange(self.micro_batch, dtype=np.int64)
+        self.position += step
+        return permute(i, self.num_sequences, self.seed, self.epoch), self.epoch * self.num_sequences + i
+
+    def __next__(self) -> dict:
+        seq, sample = self.next_indices()
+        return self.data.masked(self.data.train, seq, self.seed, sample)
+
+    def state_dict(self) -> dict:
+        return {
+            "epoch": self.epoch,
+            "position": self.position,
+            "seed": self.seed,
+            "num_sequences": self.num_sequences,
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        try:
+            epoch, position = int(state["epoch"]), int(state["position"])
+        except (KeyError, TypeError, ValueError):
+            raise CramkitError(
+                f"loader state {state!r} lacks epoch/position; is it from a cramkit checkpoint?"
+            ) from None
+        if int(state.get("seed", self.seed)) != self.seed:
+            raise CramkitError(
+                f"the checkpoint's data seed {state['seed']} differs from this run's {self.seed}; resume with the same data.seed"
+            )
+        n = state.get("num_sequences")
+        if n is not None and int(n) != self.num_sequences:
+            raise CramkitError(
+                f"the checkpoint was taken on {n} training sequences, this data has {self.num_sequences}; resume "
+                "with the same token store and data settings (seq_len, add_cls, validation_fraction)"
+            )
+        if epoch < 0 or not 0 <= position <= self.num_sequences:
+            raise CramkitError(
+                f"loader state epoch={epoch} position={position} is out of range for this data"
+            )
+        self.epoch, self.position = epoch, position

@@ -1,0 +1,251 @@
+"""WordPiece tokenizers (Hugging Face `tokenizers`): train, save, load, hash.
+
+The tokenizer is BERT's: BertNormalizer (lowercase and accent stripping configurable, CJK characters
+split into single tokens), BertPreTokenizer, WordPiece with "##" continuations, the special tokens
+[PAD] [UNK] [CLS] [SEP] [MASK], and BERT's [CLS] x [SEP] template as post-processor, so that
+`transformers.BertTokenizerFast.from_pretrained(dir)` behaves the same. The token store encodes
+documents with ``add_special_tokens=False`` and inserts [SEP]/[CLS] itself when packing.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from cramkit.errors import CramkitError
+
+if TYPE_CHECKING:
+    import tokenizers
+
+SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
+
+
+@dataclass(frozen=True)
+class SpecialIds:
+    pad: int
+    unk: int
+    cls: int
+    sep: int
+    mask: int
+
+    def all(self) -> tuple[int, ...]:
+        return (self.pad, self.unk, self.cls, self.sep, self.mask)
+
+
+def _bert_template(tok: tokenizers.Tokenizer) -> None:
+    from tokenizers import processors
+
+    cls, sep = tok.token_to_id("[CLS]"), tok.token_to_id("[SEP]")
+    if cls is None or sep is None:
+        return
+    tok.post_processor = processors.TemplateProcessing(
+        single="[CLS] $A [SEP]",
+        pair="[CLS] $A [SEP] $B:1 [SEP]:1",
+        special_tokens=[("[CLS]", cls), ("[SEP]", sep)],
+    )
+
+
+def train_tokenizer(
+    documents: Iterable[str],
+    vocab_size: int = 32768,
+    *,
+    lowercase: bool = True,
+    strip_accents: bool = True,
+    min_frequency: int = 2,
+) -> tokenizers.Tokenizer:
+    """Train a BERT WordPiece tokenizer on ``documents``; the special tokens get ids 0..4."""
+    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+
+    if vocab_size < len(SPECIAL_TOKENS) + 1:
+        raise CramkitError(
+            f"--vocab-size {vocab_size} is too small; use at least a few hundred (32768 is usual)"
+        )
+    if min_frequency < 1:
+        raise CramkitError(f"--min-frequency {min_frequency} must be at least 1")
+    tok = Tokenizer(
+        models.WordPiece(unk_token="[UNK]", continuing_subword_prefix="##", max_input_chars_per_word=100)
+    )
+    tok.normalizer = normalizers.BertNormalizer(
+        clean_text=True, handle_chinese_chars=True, strip_accents=strip_accents, lowercase=lowercase
+    )
+    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    tok.decoder = decoders.WordPiece(prefix="##")
+    trainer = trainers.WordPieceTrainer(
+        vocab_size=vocab_size,
+        min_frequency=min_frequency,
+        special_tokens=list(SPECIAL_TOKENS),
+        continuing_subword_prefix="##",
+        show_progress=False,
+    )
+    count = 0
+
+    def counted() -> Iterable[str]:
+        nonlocal count
+        for doc in documents:
+            count += 1
+            yield doc
+
+    tok.train_from_iterator(counted(), trainer=trainer)
+    if count == 0:
+        raise CramkitError("the corpus holds no documents (all files empty?); give sources with text in them")
+    _bert_template(tok)
+    return tok
+
+
+def _normalizer_settings(tok: tokenizers.Tokenizer) -> dict:
+    spec = json.loads(tok.to_str())
+    return spec.get("normalizer") or {}
+
+
+def save_tokenizer(tok: tokenizers.Tokenizer, out_dir: str | os.PathLike) -> Path:
+    """Write tokenizer.json, vocab.txt, tokenizer_config.json and special_tokens_map.json into out_dir.
+
+    Each file is written to a temporary name and renamed. Returns out_dir.
+    """
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    vocab = tok.get_vocab(with_added_tokens=True)
+    by_id = sorted(vocab.items(), key=lambda kv: kv[1])
+    if [i for _, i in by_id] != list(range(len(by_id))):
+        raise CramkitError(
+            "the tokenizer's ids are not contiguous 0..n-1; it cannot be saved as a BERT vocab.txt"
+        )
+    norm = _normalizer_settings(tok)
+    lowercase = bool(norm.get("lowercase", True))
+    strip = norm.get("strip_accents")
+    spec = json.loads(tok.to_str())
+    if not spec.get("post_processor"):
+        # keep the raw tokenizer untouched; the saved one gets BERT's [CLS] x [SEP] template
+        from tokenizers import Tokenizer
+
+        tok = Tokenizer.from_str(tok.to_str())
+        _bert_template(tok)
+    specials = {
+        "unk_token": "[UNK]",
+        "sep_token": "[SEP]",
+        "pad_token": "[PAD]",
+        "cls_token": "[CLS]",
+        "mask_token": "[MASK]",
+    }
+    config = {
+        "tokenizer_class": "BertTokenizer",
+        "do_lower_case": lowercase,
+        "strip_accents": strip if strip is not None else None,
+        "tokenize_chinese_chars": bool(norm.get("handle_chinese_chars", True)),
+        "model_max_length": 512,
+        "clean_up_tokenization_spaces": False,
+        **specials,
+    }
+    files = {
+        "tokenizer.json": tok.to_str(pretty=True),
+        "vocab.txt": "".join(t + "\n" for t, _ in by_id),
+        "tokenizer_config.json": json.dumps(config, indent=2) + "\n",
+        "special_tokens_map.json": json.dumps(specials, indent=2) + "\n",
+    }
+    for name, text in files.items():
+        tmp = out / f".{name}.tmp{os.getpid()}"
+        tmp.write_text(text, encoding="utf-8")
+        os.replace(tmp, out / name)
+    return out
+
+
+def load_tokenizer(path: str | os.PathLike) -> tokenizers.Tokenizer:
+    """Load a tokenizer from a directory (tokenizer.json, else vocab.txt), a tokenizer.json or a vocab.txt."""
+    from tokenizers import Tokenizer
+
+    p = Path(path)
+    if p.is_dir():
+        if (p / "tokenizer.json").is_file():
+            p = p / "tokenizer.json"
+        elif (p / "vocab.txt").is_file():
+            p = p / "vocab.txt"
+        else:
+            raise CramkitError(
+                f"{path} holds no tokenizer.json or vocab.txt; train one with `cramkit tokenizer train ... --out {path}`"
+            )
+    if not p.is_file():
+        raise CramkitError(
+            f"tokenizer {path} does not exist; give a directory with tokenizer.json or vocab.txt"
+        )
+    if p.suffix == ".json":
+        try:
+            return Tokenizer.from_file(str(p))
+        except Exception as exc:
+            raise CramkitError(
+                f"{p} is not a valid tokenizer.json ({exc}); re-create it with `cramkit tokenizer train`"
+            ) from None
+    return _from_vocab_txt(p)
+
+
+def _from_vocab_txt(p: Path) -> tokenizers.Tokenizer:
+    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers
+
+    try:
+        lines = p.read_text(encoding="utf-8").splitlines()
+    except (UnicodeDecodeError, OSError) as exc:
+        raise CramkitError(
+            f"cannot read vocabulary {p}: {exc}; give a UTF-8 BERT vocab.txt (one token per line)"
+        ) from None
+    vocab: dict[str, int] = {}
+    for line in lines:
+        tok = line.rstrip("\n")
+        if tok and tok not in vocab:
+            vocab[tok] = len(vocab)
+    if "[UNK]" not in vocab:
+        raise CramkitError(f"{p} has no [UNK] token; it is not a BERT WordPiece vocab.txt")
+    lowercase, strip = True, None
+    cfg = p.parent / "tokenizer_config.json"
+    if cfg.is_file():
+        try:
+            conf = json.loads(cfg.read_text(encoding="utf-8"))
+            lowercase = bool(conf.get("do_lower_case", True))
+            strip = conf.get("strip_accents")
+        except (ValueError, OSError):
+            pass
+    tok = Tokenizer(
+        models.WordPiece(
+            vocab=vocab, unk_token="[UNK]", continuing_subword_prefix="##", max_input_chars_per_word=100
+        )
+    )
+    tok.normalizer = normalizers.BertNormalizer(
+        clean_text=True, handle_chinese_chars=True, strip_accents=strip, lowercase=lowercase
+    )
+    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    tok.decoder = decoders.WordPiece(prefix="##")
+    _bert_template(tok)
+    return tok
+
+
+def tokenizer_hash(tok: tokenizers.Tokenizer) -> str:
+    """A stable hash of what decides the ids: the vocabulary, the model and the normaliser/pre-tokeniser."""
+    spec = json.loads(tok.to_str())
+    model = dict(spec.get("model") or {})
+    vocab = model.pop("vocab", None)
+    if isinstance(vocab, dict):
+        vocab = sorted(vocab.items(), key=lambda kv: kv[1])
+    added = sorted((a["id"], a["content"]) for a in spec.get("added_tokens") or [])
+    key = {
+        "model": model,
+        "vocab": vocab,
+        "added": added,
+        "normalizer": spec.get("normalizer"),
+        "pre_tokenizer": spec.get("pre_tokenizer"),
+    }
+    return hashlib.sha256(json.dumps(key, sort_keys=True, ensure_ascii=True).encode()).hexdigest()[:32]
+
+
+def special_ids(tok: tokenizers.Tokenizer) -> SpecialIds:
+    """Ids of [PAD] [UNK] [CLS] [SEP] [MASK]; CramkitError naming the missing ones."""
+    ids = {t: tok.token_to_id(t) for t in SPECIAL_TOKENS}
+    missing = [t for t, i in ids.items() if i is None]
+    if missing:
+        raise CramkitError(
+            f"the tokenizer lacks the special token(s) {' '.join(missing)}; use a BERT-style WordPiece "
+            "tokenizer (train one with `cramkit tokenizer train`)"
+        )
+    return SpecialIds(ids["[PAD]"], ids["[UNK]"], ids["[CLS]"], ids["[SEP]"], ids["[MASK]"])

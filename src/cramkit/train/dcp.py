@@ -225,11 +225,36 @@ def get_states(model: nn.Module, optimizer: torch.optim.Optimizer | None) -> tup
 class ShardedCheckpointer:
     """Writes sharded checkpoints of one run (all ranks call every method, in the same order)."""
 
-    def __init__(self, root: str | os.PathLike, ctx: DistContext, keep: int = 3, async_save: bool = True):
+    def __init__(
+        self,
+        root: str | os.PathLike,
+        ctx: DistContext,
+        keep: int = 3,
+        async_save: bool = True,
+        overlap_staging: bool = False,
+    ):
+        """``async_save``: write in a background thread. ``overlap_staging``: copy the state to host
+        memory in the background too; the caller must then call :meth:`before_update` before anything
+        modifies parameters or optimizer state (the optimizer step)."""
         self.root, self.ctx, self.keep, self.async_save = Path(root), ctx, max(1, keep), async_save
         self._future: Future | None = None
+        self._staging: Future | None = None
         self._error: BaseException | None = None
         self._lock = threading.Lock()
+        self._stager = None
+        if async_save:
+            from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
+
+            cuda = ctx.device.type == "cuda"
+            # one stager for the whole run: its host buffers are reused from one checkpoint to the next
+            self._stager = DefaultStager(
+                StagingOptions(
+                    use_pinned_memory=cuda,
+                    use_shared_memory=False,
+                    use_async_staging=overlap_staging,
+                    use_non_blocking_copy=cuda and overlap_staging,
+                )
+            )
         self.pg = None
         if ctx.distributed:
             import torch.distributed as dist
@@ -275,20 +300,39 @@ class ShardedCheckpointer:
         state_dict = {"model": model_sd, "optim": optim_sd}
         kwargs = dict(checkpoint_id=str(tmp), process_group=self.pg)
         if self.async_save and not block:
-            future = dcp.async_save(state_dict, **kwargs)
-            future = getattr(future, "upload_completion", future)  # an AsyncSaveResponse in some modes
-            self._future = future
-            future.add_done_callback(lambda f: self._done(f, tmp, final))
+            response = dcp.async_save(state_dict, async_stager=self._stager, **kwargs)
+            # with overlapped staging an AsyncSaveResponse: (host copy done, write done)
+            upload = getattr(response, "upload_completion", response)
+            self._staging = getattr(response, "staging_completion", None)
+            # finished = written AND (on rank 0) renamed and pointed to by `latest`
+            finished: Future = Future()
+            self._future = finished
+
+            def finish(f: Future) -> None:
+                self._done(f, tmp, final)
+                finished.set_result(None)
+
+            upload.add_done_callback(finish)
         else:
-            dcp.save(state_dict, **kwargs)
             done: Future = Future()
-            done.set_result(None)
+            try:
+                dcp.save(state_dict, **kwargs)
+                done.set_result(None)
+            except Exception as exc:  # noqa: BLE001 - reported by _raise, with the fix
+                done.set_exception(exc)
             self._done(done, tmp, final)
             self._raise()
         return final
 
+    def before_update(self) -> None:
+        """Block until the state being checkpointed is copied to host memory (overlapped staging)."""
+        staging, self._staging = self._staging, None
+        if staging is not None:
+            staging.result()
+
     def wait(self) -> None:
         """Block until the checkpoint in flight is complete (and visible); re-raise its error."""
+        self.before_update()
         future, self._future = self._future, None
         if future is not None:
             try:
@@ -299,7 +343,12 @@ class ShardedCheckpointer:
         self._raise()
 
     def close(self) -> None:
-        self.wait()
+        try:
+            self.wait()
+        finally:
+            if self._stager is not None:
+                self._stager.close()
+                self._stager = None
 
     # internals
     def _done(self, future: Future, tmp: Path, final: Path) -> None:
@@ -315,6 +364,8 @@ class ShardedCheckpointer:
                 _write_atomic(self.root / LATEST, final.name + "\n")
                 self._prune(final)
         except BaseException as exc:  # noqa: BLE001 - reported by wait()
+            if self.ctx.is_main:
+                shutil.rmtree(tmp, ignore_errors=True)
             with self._lock:
                 self._error = self._error or exc
 

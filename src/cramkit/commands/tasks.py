@@ -1,0 +1,192 @@
+"""`cramkit finetune` (one task) and `cramkit eval` (a suite: GLUE). Heavy imports stay inside functions."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from cramkit.errors import CramkitError
+
+FINETUNE_EPILOG = """\
+examples:
+  cramkit finetune --task glue/sst2 --from runs/tiny --data-dir glue_data
+  cramkit finetune --task glue/rte --from hf:models/bert-base-uncased --seeds 0,1,2 --set lr=2e-5
+  cramkit finetune --train train.csv --dev dev.csv --text-a review --label stars --from runs/tiny
+
+defaults (Cramming's GLUE-sane recipe, one for all tasks): lr 4e-5, batch 16, 5 epochs, AdamW
+(0.9, 0.98, eps 1e-6, weight decay 0.01), 10% linear warmup then cosine decay, max_length 128,
+dropout 0.1, first-token pooling. Override any with --set KEY=VALUE (keys of FinetuneConfig).
+"""
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "finetune",
+        help="fine-tune an encoder on one task (GLUE or your own file) and score it",
+        description="Fine-tune a cramkit run or a Hugging Face BERT directory on one task; report the dev "
+        "score (median over seeds) and write test predictions in the GLUE leaderboard format.",
+        epilog=FINETUNE_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument(
+        "--from",
+        dest="source",
+        required=True,
+        metavar="RUN_OR_HF",
+        help="cramkit run / checkpoint directory, or hf:PATH (a Hugging Face BERT directory)",
+    )
+    p.add_argument("--task", help="registered task name, e.g. glue/sst2 (see --list-tasks)")
+    p.add_argument(
+        "--data-dir", help="GLUE root folder (DIR/SST-2/train.tsv, ...); default $CRAMKIT_GLUE_DIR"
+    )
+    p.add_argument("--out", help="output directory (default: finetune-TASK)")
+    p.add_argument("--seeds", help="comma-separated seeds, e.g. 0,1,2 (the median is reported)")
+    p.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a fine-tuning setting, e.g. --set lr=2e-5 --set epochs=3",
+    )
+    p.add_argument(
+        "--skip-bad-rows",
+        action="store_true",
+        help="skip (and count) malformed rows instead of stopping at the first one",
+    )
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    g = p.add_argument_group("a task from your own files (instead of --task)")
+    g.add_argument("--train", help="training file (.csv, .tsv or .jsonl with a header / named fields)")
+    g.add_argument("--dev", help="dev file, scored after training")
+    g.add_argument("--test", help="test file (labels optional); predictions are written")
+    g.add_argument("--text-a", help="column with the (first) text")
+    g.add_argument("--text-b", help="column with the second text of a pair")
+    g.add_argument("--label", default="label", help="label column (default: label)")
+    g.add_argument("--regression", action="store_true", help="the label is a number (MSE, Pearson/Spearman)")
+    g.add_argument("--name", help="name of the task (default: the train file's stem)")
+    p.set_defaults(func=run_finetune)
+
+    e = sub.add_parser(
+        "eval",
+        help="fine-tune and score on every task of a suite (GLUE) present in --data-dir",
+        description="Fine-tune on every GLUE task found in --data-dir (one recipe for all), then write "
+        "results.json, results.md (task by task + GLUE average) and scores.png.",
+    )
+    e.add_argument("suite", choices=["glue"], help="the suite to run")
+    e.add_argument(
+        "--from",
+        dest="source",
+        required=True,
+        metavar="RUN_OR_HF",
+        help="cramkit run / checkpoint directory, or hf:PATH",
+    )
+    e.add_argument("--data-dir", help="GLUE root folder; default $CRAMKIT_GLUE_DIR")
+    e.add_argument("--out", help="output directory (default: eval-glue)")
+    e.add_argument("--seeds", help="comma-separated seeds (median reported per task)")
+    e.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    e.add_argument("--skip-bad-rows", action="store_true")
+    e.add_argument("--no-progress", action="store_true")
+    e.set_defaults(func=run_eval)
+
+
+def _config(args: argparse.Namespace):
+    from cramkit.config import parse_overrides
+    from cramkit.tasks.finetune import config_from
+
+    overrides = parse_overrides(args.overrides)
+    if isinstance(overrides.get("finetune"), dict):  # accept --set finetune.lr=... too
+        overrides = {**overrides, **overrides.pop("finetune")}
+    if args.seeds:
+        try:
+            overrides["seeds"] = [int(s) for s in args.seeds.split(",") if s.strip()]
+        except ValueError:
+            raise CramkitError(f"--seeds {args.seeds!r}: give comma-separated integers, e.g. 0,1,2") from None
+    return config_from(overrides)
+
+
+def _check_source(source: str) -> None:
+    path = Path(source[3:] if source.startswith("hf:") else source).expanduser()
+    if not path.exists():
+        raise CramkitError(
+            f"--from {source}: no such directory; give a cramkit run directory (with config.yaml and "
+            "checkpoints/) or a Hugging Face BERT directory (hf:PATH, with config.json)"
+        )
+
+
+def _resolve_task(args: argparse.Namespace):
+    from cramkit.tasks.registry import get_task
+
+    if args.task and args.train:
+        raise CramkitError("give either --task NAME or --train FILE (a task from your files), not both")
+    if args.train:
+        from cramkit.tasks.files import task_from_file
+
+        if not args.text_a:
+            raise CramkitError(
+                "--train needs --text-a COLUMN (and --label COLUMN, --text-b COLUMN for pairs)"
+            )
+        if not args.dev:
+            raise CramkitError("--train needs --dev FILE: the split that is scored after training")
+        return task_from_file(
+            args.name or Path(args.train).stem,
+            args.train,
+            args.dev,
+            args.test,
+            text_a=args.text_a,
+            text_b=args.text_b,
+            label=args.label,
+            regression=args.regression,
+            skip_bad_rows=args.skip_bad_rows,
+        )
+    if not args.task:
+        raise CramkitError(
+            "name a task with --task (e.g. --task glue/sst2) or give your files with --train/--dev"
+        )
+    task = get_task(args.task, data_dir=args.data_dir, skip_bad_rows=args.skip_bad_rows)
+    if not task.dev_splits:
+        raise CramkitError(f"task {task.name} has no dev split to score; pick a task with labelled dev data")
+    return task
+
+
+def run_finetune(args: argparse.Namespace) -> int:
+    cfg = _config(args)
+    task = _resolve_task(args)
+    _check_source(args.source)
+    # load every split the run will need before any training starts: a missing split fails fast
+    for split in [task.train_split, *task.dev_splits]:
+        task.examples(split)
+    from cramkit.tasks.finetune import finetune
+
+    out = Path(args.out or f"finetune-{task.name.replace('/', '-')}")
+    res = finetune(task, args.source, cfg, out, progress=not args.no_progress)
+    for split, med in res["median"].items():
+        metrics = ", ".join(f"{m} {v:.2f}" for m, v in med["metrics"].items())
+        print(f"{task.name} {split}: {metrics} (median of {len(cfg.seeds)} seed(s))")
+    rate = sum(r["examples_per_s"] for r in res["seeds"]) / len(res["seeds"])
+    print(f"training: {rate:.1f} examples/s; results in {out / 'results.json'}")
+    if res.get("skipped_rows"):
+        print(f"skipped bad rows: {json.dumps(res['skipped_rows'])}", file=sys.stderr)
+    return 0
+
+
+def run_eval(args: argparse.Namespace) -> int:
+    cfg = _config(args)
+    _check_source(args.source)
+    from cramkit.tasks.evaluate import evaluate_suite
+
+    out = Path(args.out or f"eval-{args.suite}")
+    res = evaluate_suite(
+        args.suite,
+        args.source,
+        args.data_dir,
+        out,
+        cfg,
+        skip_bad_rows=args.skip_bad_rows,
+        progress=not args.no_progress,
+    )
+    print((out / "results.md").read_text(encoding="utf-8"))
+    if res["skipped"]:
+        print(f"note: skipped (no data in --data-dir): {', '.join(res['skipped'])}", file=sys.stderr)
+    return 0

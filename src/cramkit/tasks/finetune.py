@@ -1,0 +1,660 @@
+"""Fine-tuning an encoder on a task: load, tokenise, bucket, train, evaluate, report.
+
+One set of hyperparameters for every task by default: Cramming's "GLUE-sane" recipe (Geiping &
+Goldstein 2023, ``cramming/config/eval/GLUE_sane.yaml``), see :class:`FinetuneConfig`. Batches are
+padded only to their longest member, and examples of similar length are batched together (length
+bucketing), so almost no compute is spent on padding; evaluation runs on length-sorted batches.
+
+    results = finetune(get_task("glue/sst2", data_dir="glue"), "runs/tiny", FinetuneConfig(), "out/sst2")
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import statistics
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+
+from cramkit.config import from_dict, to_dict
+from cramkit.errors import CramkitError
+from cramkit.tasks.registry import Example, Task
+
+PathLike = str | os.PathLike
+
+
+@dataclass
+class FinetuneConfig:
+    """Fine-tuning hyperparameters; the defaults are one recipe for every task.
+
+    Defaults follow Cramming's GLUE-sane evaluation config: AdamW (lr 4e-5, betas 0.9/0.98, eps 1e-6),
+    batch size 16, 5 epochs, linear warmup over the first 10% of steps then cosine decay to 0, no
+    gradient clipping, max_length 128, first-token pooling through a dense+tanh pooler, dropout 0.1
+    (re-enabled for fine-tuning, as Cramming does). Weight decay 0.01 on matrices only (biases, norms
+    and scalars excluded, like Cramming's ``limited_decay_keys`` and the HF Trainer); Cramming's own
+    GLUE-sane file sets 0.0, which ``--set weight_decay=0`` reproduces.
+    """
+
+    lr: float = 4e-5
+    batch_size: int = 16
+    epochs: float = 5.0  # Cramming's "GLUE-sane" rule: at most 5 epochs
+    warmup: float = 0.1  # fraction of all steps
+    schedule: Literal["cosine", "linear", "constant"] = "cosine"
+    weight_decay: float = 0.01
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.98])
+    eps: float = 1e-6
+    grad_clip: float = 0.0  # 0 = no clipping (Cramming)
+    max_length: int = 128
+    pooling: Literal["first", "mean"] = "first"
+    pooler_dense: bool = True
+    dropout: float = 0.1  # encoder hidden dropout and classifier dropout
+    attention_dropout: float = 0.1
+    seeds: list[int] = field(default_factory=lambda: [0])  # several seeds: the median is reported
+    eval_batch_size: int = 128
+    bucket_chunk: int = 50  # batches per chunk sorted by length (length bucketing); 0 = no bucketing
+    max_train_examples: int = 0  # use only the first N training examples (0 = all)
+    device: str = "auto"  # auto | cpu | cuda | cuda:1 | mps
+    precision: Literal["auto", "fp32", "bf16"] = "auto"  # auto = bf16 autocast on CUDA, fp32 elsewhere
+
+    def validate(self) -> None:
+        for name in ("lr", "batch_size", "epochs", "max_length", "eval_batch_size"):
+            if getattr(self, name) <= 0:
+                raise CramkitError(f"finetune.{name} must be positive, got {getattr(self, name)}")
+        if not 0.0 <= self.warmup < 1.0:
+            raise CramkitError(f"finetune.warmup is a fraction of the steps in [0, 1), got {self.warmup}")
+        if len(self.betas) != 2:
+            raise CramkitError(f"finetune.betas needs two numbers, e.g. [0.9, 0.98]; got {self.betas}")
+        if not self.seeds:
+            raise CramkitError("finetune.seeds is empty; give at least one seed, e.g. --seeds 0")
+        if self.max_length < 3:
+            raise CramkitError(f"finetune.max_length must be at least 3, got {self.max_length}")
+        for name in ("dropout", "attention_dropout"):
+            if not 0.0 <= getattr(self, name) < 1.0:
+                raise CramkitError(f"finetune.{name} must be in [0, 1), got {getattr(self, name)}")
+
+
+# ---------------------------------------------------------------------------------------------------
+# Loading an encoder (cramkit run / checkpoint directory, or a Hugging Face BERT directory)
+
+
+@dataclass
+class LoadedEncoder:
+    cfg: Any  # ModelConfig
+    state: dict[str, Any]  # Encoder state_dict
+    tokenizer: Any  # tokenizers.Tokenizer
+    pooler_state: dict[str, Any] | None = None  # BERT pooler (dense) weights, when the source has them
+    source: str = ""
+
+
+def load_encoder_for_finetune(source: PathLike) -> tuple[Any, dict[str, Any], Any]:
+    """(ModelConfig, encoder state_dict, tokenizer) from a cramkit run / checkpoint dir or an HF dir.
+
+    source: a run directory (config.yaml, tokenizer/, checkpoints/latest), one of its checkpoint
+    directories (RUN/checkpoints/step-N), or a Hugging Face BERT directory (``hf:PATH`` or any
+    directory holding config.json). The tokenizer's vocabulary must fit the model's embedding rows.
+    """
+    loaded = _load_source(source)
+    return loaded.cfg, loaded.state, loaded.tokenizer
+
+
+def _load_source(source: PathLike) -> LoadedEncoder:
+    text = str(source)
+    is_hf = text.startswith("hf:")
+    path = Path(text[3:] if is_hf else text).expanduser()
+    if not path.exists():
+        raise CramkitError(
+            f"--from {text}: no such directory; give a cramkit run directory (with config.yaml and "
+            "checkpoints/) or a Hugging Face BERT directory (hf:PATH, with config.json)"
+        )
+    if not path.is_dir():
+        raise CramkitError(f"--from {text}: is a file; give the directory that holds it")
+    if is_hf or ((path / "config.json").exists() and not (path / "config.yaml").exists()):
+        loaded = _load_hf(path)
+    else:
+        loaded = _load_run(path)
+    loaded.source = text
+    _check_vocab(loaded, text)
+    _prepare_tokenizer(loaded.tokenizer)
+    return loaded
+
+
+def _load_hf(path: Path) -> LoadedEncoder:
+    from cramkit.model.hf import load_hf_config, load_hf_encoder_state
+
+    if not (path / "config.json").exists():
+        raise CramkitError(f"--from hf:{path}: no config.json there; give a Hugging Face BERT directory")
+    cfg = load_hf_config(path)
+    full = load_hf_encoder_state(path, cfg)
+    state = {k: v for k, v in full.items() if not k.startswith(("head.", "pooler.", "classifier."))}
+    # BERT's pooler (dense + tanh over [CLS]) is reused by BertForSequenceClassification: keep it too
+    pooler = {k.removeprefix("pooler."): v for k, v in full.items() if k.startswith("pooler.")} or None
+    return LoadedEncoder(cfg, state, _load_tokenizer(path, f"hf:{path}"), pooler)
+
+
+def _load_run(path: Path) -> LoadedEncoder:
+    from safetensors.torch import load_file
+
+    from cramkit.config import load_yaml
+    from cramkit.model.encoder import ModelConfig
+
+    # a checkpoint directory (RUN/checkpoints/step-N) or the run directory itself
+    if (path / "model.safetensors").exists() and not (path / "config.yaml").exists():
+        ckpt, run = path, path.parent.parent
+    else:
+        run = path
+        if not (run / "config.yaml").exists():
+            raise CramkitError(
+                f"--from {path}: not a cramkit run (no config.yaml) nor a Hugging Face directory "
+                "(no config.json); give the directory `cramkit pretrain` wrote, or hf:PATH"
+            )
+        latest = run / "checkpoints" / "latest"
+        if not latest.exists():
+            raise CramkitError(
+                f"--from {path}: the run has no checkpoint yet ({latest} is missing); "
+                "pretrain until a checkpoint is saved, or name a checkpoint directory"
+            )
+        ckpt = run / "checkpoints" / latest.read_text(encoding="utf-8").strip()
+    weights = ckpt / "model.safetensors"
+    if not weights.exists():
+        raise CramkitError(f"--from {path}: checkpoint {ckpt} has no model.safetensors")
+    if not (run / "config.yaml").exists():
+        raise CramkitError(f"--from {path}: {run / 'config.yaml'} is missing (the run's resolved config)")
+    model_section = load_yaml(run / "config.yaml").get("model") or {}
+    cfg = from_dict(ModelConfig, model_section, "model")
+    full = load_file(str(weights))
+    state = {k.removeprefix("encoder."): v for k, v in full.items() if k.startswith("encoder.")}
+    if not state:
+        raise CramkitError(f"{weights}: holds no encoder.* weights; is it a cramkit MaskedLM checkpoint?")
+    return LoadedEncoder(cfg, state, _load_tokenizer(run / "tokenizer", str(run)))
+
+
+def _load_tokenizer(directory: Path, what: str):
+    """The HF tokenizers.Tokenizer saved beside the weights (tokenizer.json, else vocab.txt)."""
+    from cramkit.text.tokenizer import load_tokenizer
+
+    if not directory.is_dir():
+        raise CramkitError(
+            f"{what}: no tokenizer directory {directory}; it should hold tokenizer.json or vocab.txt"
+        )
+    return load_tokenizer(directory)
+
+
+def _check_vocab(loaded: LoadedEncoder, what: str) -> None:
+    rows = (
+        int(loaded.state["embeddings.word.weight"].shape[0])
+        if "embeddings.word.weight" in loaded.state
+        else 0
+    )
+    if rows and rows != loaded.cfg.vocab_size:
+        raise CramkitError(
+            f"--from {what}: the checkpoint's embedding has {rows} rows but its config says "
+            f"vocab_size={loaded.cfg.vocab_size}; the checkpoint and its config disagree"
+        )
+    rows = rows or loaded.cfg.vocab_size
+    vocab = loaded.tokenizer.get_vocab_size(with_added_tokens=True)
+    # equal sizes, or model rows padded up to a multiple of 64 for speed (fewer than 128 extra rows)
+    if not (vocab == rows or (vocab < rows < vocab + 128 and rows % 64 == 0)):
+        raise CramkitError(
+            f"--from {what}: the tokenizer has {vocab} tokens but the model's embedding has {rows} rows; "
+            "the tokenizer and checkpoint come from different vocabularies. Use the tokenizer saved "
+            "with this checkpoint (RUN/tokenizer, or the HF directory's tokenizer.json / vocab.txt)"
+        )
+    for token in ("[CLS]", "[SEP]"):
+        tid = loaded.tokenizer.token_to_id(token)
+        if tid is None or tid >= rows:
+            raise CramkitError(
+                f"--from {what}: the tokenizer has no usable {token} token; fine-tuning needs a BERT-style "
+                "vocabulary with [CLS] and [SEP] (and [PAD])"
+            )
+
+
+def _prepare_tokenizer(tok) -> None:
+    # we add [CLS]/[SEP], truncate and pad ourselves
+    tok.no_truncation()
+    tok.no_padding()
+
+
+# ---------------------------------------------------------------------------------------------------
+# Tokenisation and batching
+
+
+@dataclass
+class Encoded:
+    """Tokenised examples: ids per example (with [CLS]/[SEP]), where segment B starts, labels, idx."""
+
+    ids: list[np.ndarray]
+    b_start: np.ndarray  # first position of segment B (== length when single sentence)
+    lengths: np.ndarray
+    labels: np.ndarray | None
+    idx: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+
+def _truncate_pair(la: int, lb: int, budget: int) -> tuple[int, int]:
+    """Longest-first truncation of two segments to at most ``budget`` tokens together."""
+    if la + lb <= budget:
+        return la, lb
+    half = budget // 2
+    if la <= half:
+        return la, budget - la
+    if lb <= half:
+        return budget - lb, lb
+    return budget - half, half
+
+
+def encode_examples(
+    tokenizer, examples: Sequence[Example], max_length: int, *, regression: bool = False
+) -> Encoded:
+    """[CLS] a [SEP] (b [SEP]) per example, truncated longest-first to max_length tokens."""
+    cls_id, sep_id = tokenizer.token_to_id("[CLS]"), tokenizer.token_to_id("[SEP]")
+    enc_a = tokenizer.encode_batch([e.text_a or "" for e in examples], add_special_tokens=False)
+    pair_pos = [i for i, e in enumerate(examples) if e.text_b is not None]
+    enc_b = dict(
+        zip(
+            pair_pos,
+            tokenizer.encode_batch([examples[i].text_b for i in pair_pos], add_special_tokens=False),
+            strict=True,
+        )
+    )
+    ids, b_start = [], np.empty(len(examples), dtype=np.int64)
+    for i, ea in enumerate(enc_a):
+        a = ea.ids
+        if i in enc_b:
+            b = enc_b[i].ids
+            na, nb = _truncate_pair(len(a), len(b), max_length - 3)
+            seq = [cls_id, *a[:na], sep_id, *b[:nb], sep_id]
+            b_start[i] = na + 2
+        else:
+            seq = [cls_id, *a[: max_length - 2], sep_id]
+            b_start[i] = len(seq)
+        ids.append(np.asarray(seq, dtype=np.int64))
+    labels = None
+    if examples and all(e.label is not None for e in examples):
+        labels = np.asarray([e.label for e in examples], dtype=np.float32 if regression else np.int64)
+    return Encoded(
+        ids=ids,
+        b_start=b_start,
+        lengths=np.asarray([len(s) for s in ids], dtype=np.int64),
+        labels=labels,
+        idx=np.asarray([e.idx for e in examples], dtype=np.int64),
+    )
+
+
+def bucketed_batches(
+    lengths: np.ndarray, batch_size: int, chunk: int, rng: np.random.Generator
+) -> list[np.ndarray]:
+    """One epoch of batches: shuffle, sort by length within chunks of ``chunk`` batches, shuffle batches.
+
+    Examples of similar length land in the same batch (little padding) while the order stays random.
+    chunk=0 turns bucketing off (plain shuffled batches).
+    """
+    order = rng.permutation(len(lengths))
+    if chunk > 0:
+        span = batch_size * chunk
+        parts = []
+        for s in range(0, len(order), span):
+            part = order[s : s + span]
+            parts.append(part[np.argsort(lengths[part], kind="stable")])
+        order = np.concatenate(parts) if parts else order
+    batches = [order[s : s + batch_size] for s in range(0, len(order), batch_size)]
+    if chunk > 0:
+        batches = [batches[i] for i in rng.permutation(len(batches))]
+    return batches
+
+
+def collate(enc: Encoded, batch: np.ndarray, pad_id: int, with_types: bool) -> dict[str, Any]:
+    """Pad a batch to its longest member: input_ids, attention_mask (None if nothing is padded), types."""
+    import torch
+
+    lengths = enc.lengths[batch]
+    width = int(lengths.max())
+    ids = np.full((len(batch), width), pad_id, dtype=np.int64)
+    for row, i in enumerate(batch):
+        ids[row, : lengths[row]] = enc.ids[i]
+    out: dict[str, Any] = {"input_ids": torch.from_numpy(ids), "attention_mask": None, "token_type_ids": None}
+    if (lengths != width).any():
+        out["attention_mask"] = torch.from_numpy(np.arange(width)[None, :] < lengths[:, None])
+    if with_types:
+        positions = np.arange(width)[None, :]
+        types = (positions >= enc.b_start[batch][:, None]) & (positions < lengths[:, None])
+        out["token_type_ids"] = torch.from_numpy(types.astype(np.int64))
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------
+# Training and evaluation
+
+
+def resolve_device(name: str):
+    import torch
+
+    if name == "auto":
+        if torch.cuda.is_available():
+            return torch.device("cuda")
+        if getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available():
+            return torch.device("mps")
+        return torch.device("cpu")
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        raise CramkitError(
+            f"finetune.device: unknown device '{name}'; use auto, cpu, cuda or cuda:N"
+        ) from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise CramkitError("finetune.device=cuda but no CUDA device is available; use device=cpu or auto")
+    return device
+
+
+def lr_factor(step: int, total: int, warmup: int, schedule: str) -> float:
+    """Multiplier of the peak learning rate at ``step``: linear warmup, then cosine/linear decay to 0."""
+    if step < warmup:
+        return step / max(1, warmup)
+    if schedule == "constant":
+        return 1.0
+    progress = (step - warmup) / max(1, total - warmup)
+    if schedule == "linear":
+        return max(0.0, 1.0 - progress)
+    return max(0.0, 0.5 * (1.0 + math.cos(math.pi * progress)))
+
+
+def build_model(loaded: LoadedEncoder, num_labels: int, cfg: FinetuneConfig):
+    """SequenceClassifier with the pretrained encoder (and pooler) weights loaded."""
+    import torch
+
+    from cramkit.model.heads import ClassifierConfig, SequenceClassifier
+
+    model_cfg = loaded.cfg.replace(dropout=cfg.dropout, attention_dropout=cfg.attention_dropout)
+    head = ClassifierConfig(pooling=cfg.pooling, pooler_dense=cfg.pooler_dense, dropout=cfg.dropout)
+    model = SequenceClassifier(model_cfg, num_labels, head)
+    try:
+        model.encoder.load_state_dict(loaded.state, strict=True)
+    except RuntimeError as exc:
+        first = str(exc).splitlines()[0]
+        raise CramkitError(
+            f"--from {loaded.source}: its weights do not fit the encoder its config describes ({first}); "
+            "the checkpoint and its config.yaml disagree"
+        ) from None
+    if loaded.pooler_state is not None and model.pooler is not None and cfg.pooling == "first":
+        with torch.no_grad():
+            model.pooler.weight.copy_(loaded.pooler_state["weight"])
+            model.pooler.bias.copy_(loaded.pooler_state["bias"])
+    return model
+
+
+def _optimizer(model, cfg: FinetuneConfig, device):
+    import torch
+
+    decay = [p for p in model.parameters() if p.requires_grad and p.ndim >= 2]
+    no_decay = [p for p in model.parameters() if p.requires_grad and p.ndim < 2]
+    groups = [
+        {"params": decay, "weight_decay": cfg.weight_decay},
+        {"params": no_decay, "weight_decay": 0.0},
+    ]
+    kwargs = {"lr": cfg.lr, "betas": tuple(cfg.betas), "eps": cfg.eps}
+    if device.type in ("cuda", "cpu"):
+        kwargs["fused"] = True  # one kernel over all parameters instead of a Python loop
+    return torch.optim.AdamW(groups, **kwargs)
+
+
+def predict(model, enc: Encoded, cfg: FinetuneConfig, device, pad_id: int, with_types: bool) -> np.ndarray:
+    """Logits for every example (in the given order), computed on length-sorted batches."""
+    import torch
+
+    model.eval()
+    order = np.argsort(enc.lengths, kind="stable")
+    out = np.zeros((len(enc), model.num_labels), dtype=np.float32)
+    amp = _autocast(cfg, device)
+    with torch.inference_mode():
+        for s in range(0, len(order), cfg.eval_batch_size):
+            batch = order[s : s + cfg.eval_batch_size]
+            inputs = {
+                k: (v.to(device) if v is not None else None)
+                for k, v in collate(enc, batch, pad_id, with_types).items()
+            }
+            with amp:
+                _, logits = model(**inputs)
+            out[batch] = logits.float().cpu().numpy()
+    return out
+
+
+def _autocast(cfg: FinetuneConfig, device):
+    import contextlib
+
+    import torch
+
+    use_bf16 = cfg.precision == "bf16" or (cfg.precision == "auto" and device.type == "cuda")
+    if use_bf16:
+        return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
+    return contextlib.nullcontext()
+
+
+def train_one_seed(
+    loaded: LoadedEncoder,
+    train: Encoded,
+    num_labels: int,
+    cfg: FinetuneConfig,
+    seed: int,
+    *,
+    progress: bool = True,
+    desc: str = "finetune",
+):
+    """Train a fresh classifier on ``train`` with ``seed``; returns (model, stats)."""
+    import torch
+    from tqdm import tqdm
+
+    device = resolve_device(cfg.device)
+    torch.manual_seed(seed)
+    model = build_model(loaded, num_labels, cfg).to(device)
+    model.train()
+    opt = _optimizer(model, cfg, device)
+    steps_per_epoch = math.ceil(len(train) / cfg.batch_size)
+    total = max(1, math.ceil(cfg.epochs * steps_per_epoch))
+    warmup = int(cfg.warmup * total)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_factor(s, total, warmup, cfg.schedule))
+    rng = np.random.default_rng(seed)
+    pad_id = loaded.cfg.pad_token_id
+    with_types = loaded.cfg.type_vocab_size > 0
+    labels = torch.from_numpy(train.labels)
+    amp = _autocast(cfg, device)
+
+    losses: list[float] = []
+    seen, step, start = 0, 0, time.perf_counter()
+    bar = tqdm(total=total, desc=desc, unit="step", disable=not progress, dynamic_ncols=True, leave=False)
+    while step < total:
+        for batch in bucketed_batches(train.lengths, cfg.batch_size, cfg.bucket_chunk, rng):
+            if step >= total:
+                break
+            inputs = {
+                k: (v.to(device) if v is not None else None)
+                for k, v in collate(train, batch, pad_id, with_types).items()
+            }
+            with amp:
+                loss, _ = model(**inputs, labels=labels[batch].to(device))
+            loss.backward()
+            if cfg.grad_clip > 0:
+                torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+            opt.step()
+            sched.step()
+            opt.zero_grad(set_to_none=True)
+            step += 1
+            seen += len(batch)
+            losses.append(loss.item())
+            if progress and (step % 10 == 0 or step == total):
+                rate = seen / max(1e-9, time.perf_counter() - start)
+                bar.set_postfix(loss=f"{np.mean(losses[-50:]):.4f}", ex_s=f"{rate:.0f}")
+                bar.update(step - bar.n)
+    bar.close()
+    elapsed = time.perf_counter() - start
+    stats = {
+        "seed": seed,
+        "steps": step,
+        "examples_seen": seen,
+        "train_seconds": round(elapsed, 3),
+        "examples_per_s": round(seen / max(1e-9, elapsed), 2),
+        "loss_curve": _curve(losses),
+        "first_loss": losses[0],
+        "last_loss": float(np.mean(losses[-max(1, len(losses) // 10) :])),
+    }
+    return model, stats
+
+
+def _curve(losses: list[float], points: int = 100) -> list[float]:
+    """The loss averaged over (at most) ``points`` equal slices of training."""
+    if len(losses) <= points:
+        return [round(v, 5) for v in losses]
+    return [round(float(np.mean(part)), 5) for part in np.array_split(np.asarray(losses), points)]
+
+
+def finetune(
+    task: Task,
+    source: PathLike | LoadedEncoder,
+    cfg: FinetuneConfig | None = None,
+    out_dir: PathLike | None = None,
+    *,
+    progress: bool = True,
+) -> dict[str, Any]:
+    """Fine-tune ``source`` on ``task`` once per seed; evaluate on the dev split(s); write results.
+
+    Returns (and writes to out_dir/results.json) per-seed metrics on each dev split and their median,
+    with the task's main score; test-set predictions (leaderboard format) from the seed with the
+    median dev score go to out_dir/predictions/.
+    """
+    cfg = cfg or FinetuneConfig()
+    loaded = source if isinstance(source, LoadedEncoder) else _load_source(source)
+    max_length = cfg.max_length
+    if loaded.cfg.position != "rope" and max_length > loaded.cfg.max_position:
+        max_length = loaded.cfg.max_position
+    tok = loaded.tokenizer
+    regression = task.is_regression
+
+    train_rows = task.examples(task.train_split)
+    if cfg.max_train_examples:
+        train_rows = train_rows[: cfg.max_train_examples]
+    if not train_rows:
+        raise CramkitError(
+            f"task {task.name}: the {task.train_split} split is empty; nothing to fine-tune on"
+        )
+    train = encode_examples(tok, train_rows, max_length, regression=regression)
+    if train.labels is None:
+        raise CramkitError(f"task {task.name}: some {task.train_split} examples have no label")
+    dev = {
+        s: encode_examples(tok, task.examples(s), max_length, regression=regression) for s in task.dev_splits
+    }
+    for split, enc in dev.items():
+        if enc.labels is None:
+            raise CramkitError(
+                f"task {task.name}: the {split} split has unlabelled examples; it cannot be scored"
+            )
+    tests = _test_splits(task, tok, max_length, regression)
+
+    device = resolve_device(cfg.device)
+    pad_id, with_types = loaded.cfg.pad_token_id, loaded.cfg.type_vocab_size > 0
+    per_seed, test_logits = [], []
+    for seed in cfg.seeds:
+        model, stats = train_one_seed(
+            loaded, train, task.num_labels, cfg, seed, progress=progress, desc=f"{task.name} seed {seed}"
+        )
+        stats["dev"] = {}
+        for split, enc in dev.items():
+            logits = predict(model, enc, cfg, device, pad_id, with_types)
+            preds = logits[:, 0] if regression else logits
+            metrics = task.compute_metrics(preds, enc.labels)
+            stats["dev"][split] = {"metrics": metrics, "score": task.score(metrics)}
+        test_logits.append(
+            {s: predict(model, enc, cfg, device, pad_id, with_types) for s, enc in tests.items()}
+        )
+        per_seed.append(stats)
+        del model
+
+    results: dict[str, Any] = {
+        "task": task.name,
+        "source": loaded.source,
+        "config": to_dict(cfg),
+        "max_length": max_length,
+        "train_examples": len(train),
+        "dev_examples": {s: len(e) for s, e in dev.items()},
+        "main_metric": task.main_metric,
+        "seeds": per_seed,
+        "median": {},
+    }
+    for split in dev:
+        metrics = {
+            m: statistics.median(r["dev"][split]["metrics"][m] for r in per_seed) for m in task.metrics
+        }
+        results["median"][split] = {
+            "metrics": metrics,
+            "score": statistics.median(r["dev"][split]["score"] for r in per_seed),
+        }
+    results["score"] = float(np.mean([results["median"][s]["score"] for s in dev])) if dev else None
+    if task.skipped:
+        results["skipped_rows"] = {s: n for s, n in task.skipped.items() if n}
+
+    if out_dir is not None:
+        out = Path(out_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        if tests and dev:
+            # predictions of the seed whose dev score is the (lower) median
+            scores = [float(np.mean([r["dev"][s]["score"] for s in dev])) for r in per_seed]
+            pick = sorted(range(len(scores)), key=lambda i: scores[i])[(len(scores) - 1) // 2]
+            results["test_predictions"] = {"seed": cfg.seeds[pick], "files": {}}
+            for split, enc in tests.items():
+                logits = test_logits[pick][split]
+                preds = logits[:, 0] if regression else logits.argmax(-1)
+                path = task.write_predictions(
+                    split, zip(enc.idx.tolist(), preds.tolist(), strict=True), out / "predictions"
+                )
+                results["test_predictions"]["files"][split] = str(path)
+        write_json(out / "results.json", results)
+    return results
+
+
+def _test_splits(task: Task, tok, max_length: int, regression: bool) -> dict[str, Encoded]:
+    """Encoded test splits that are present (an absent test file is not an error)."""
+    out = {}
+    for split in task.test_splits:
+        if split not in task.splits:
+            continue
+        source = task.source(split)
+        if not source.startswith("hf:") and not Path(source).exists():
+            continue
+        rows = task.examples(split)
+        if rows:
+            out[split] = encode_examples(tok, rows, max_length, regression=regression)
+    return out
+
+
+def write_json(path: Path, data: Any) -> None:
+    """Write JSON to a temporary name, then rename (a crash never leaves half a file)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    _atomic_text(path, json.dumps(data, indent=2) + "\n")
+
+
+def config_from(
+    overrides: dict[str, Any] | None = None, base: FinetuneConfig | None = None
+) -> FinetuneConfig:
+    """A FinetuneConfig from ``--set`` overrides (strict: unknown keys are errors) on top of ``base``."""
+    data = to_dict(base) if base is not None else {}
+    data.update(overrides or {})
+    return from_dict(FinetuneConfig, data, "finetune")
+
+
+def _atomic_text(path: Path, text: str) -> None:
+    """Write text to a temporary name, then rename."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=path.name, suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise

@@ -1,0 +1,195 @@
+"""Fine-tuning: tokenisation, length bucketing, determinism, loss going down, a real checkpoint learning."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from cramkit.errors import CramkitError
+from cramkit.tasks.finetune import (
+    FinetuneConfig,
+    bucketed_batches,
+    collate,
+    config_from,
+    encode_examples,
+    finetune,
+    load_encoder_for_finetune,
+)
+from cramkit.tasks.registry import Example, Task, get_task
+
+TINY_MODEL = {"hidden": 64, "layers": 2, "heads": 2, "intermediate": 128, "max_position": 128}
+
+
+def make_tiny_run(
+    root: Path, sentences: list[str], *, vocab_size: int = 1500, model: dict | None = None
+) -> Path:
+    """A cramkit run directory as `cramkit pretrain` writes it, with a random tiny MaskedLM."""
+    import yaml
+
+    from cramkit.model.encoder import ModelConfig
+    from cramkit.model.heads import MaskedLM
+    from cramkit.text.tokenizer import save_tokenizer, train_tokenizer
+
+    tok = train_tokenizer(sentences, vocab_size=vocab_size)
+    save_tokenizer(tok, root / "tokenizer")
+    section = {"vocab_size": tok.get_vocab_size(), **TINY_MODEL, **(model or {})}
+    (root / "config.yaml").write_text(yaml.safe_dump({"model": section}), encoding="utf-8")
+    torch.manual_seed(0)
+    mlm = MaskedLM(ModelConfig(**section))
+    ckpt = root / "checkpoints" / "step-000010"
+    ckpt.mkdir(parents=True)
+    save_file(
+        {k: v.detach().clone().contiguous() for k, v in mlm.state_dict().items()},
+        str(ckpt / "model.safetensors"),
+    )
+    (root / "checkpoints" / "latest").write_text("step-000010\n", encoding="utf-8")
+    return root
+
+
+def sst2_sentences(glue_dir: Path, n: int = 3000) -> list[str]:
+    lines = (glue_dir / "SST-2" / "train.tsv").read_text(encoding="utf-8").splitlines()[1 : n + 1]
+    return [line.split("\t")[0] for line in lines]
+
+
+def subset_task(task: Task, n_train: int, n_dev: int) -> Task:
+    """The task with only the first n_train / n_dev examples of train / dev (and no test split)."""
+    train, dev = task.examples("train")[:n_train], task.examples("dev")[:n_dev]
+    return Task(
+        name=task.name,
+        splits={"train": lambda: train, "dev": lambda: dev},
+        labels=task.labels,
+        metrics=task.metrics,
+        main_metric=task.main_metric,
+        test_splits=[],
+    )
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """One intra-op thread: tiny matrices gain nothing from more, and the suite shares 2 cores."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def tiny_run(glue_dir: Path, tmp_path_factory) -> Path:
+    return make_tiny_run(tmp_path_factory.mktemp("run"), sst2_sentences(glue_dir))
+
+
+@pytest.fixture(scope="module")
+def sst2(glue_dir: Path) -> Task:
+    return get_task("glue/sst2", data_dir=glue_dir)
+
+
+def test_load_run_and_checkpoint_dir(tiny_run: Path) -> None:
+    cfg, state, tok = load_encoder_for_finetune(tiny_run)
+    assert cfg.hidden == 64 and cfg.vocab_size == tok.get_vocab_size()
+    assert state["embeddings.word.weight"].shape == (cfg.vocab_size, 64)
+    assert not any(k.startswith(("encoder.", "head.")) for k in state)
+    cfg2, state2, _ = load_encoder_for_finetune(tiny_run / "checkpoints" / "step-000010")
+    assert cfg2 == cfg and torch.equal(state2["layers.0.attn.qkv.weight"], state["layers.0.attn.qkv.weight"])
+
+
+def test_vocab_mismatch_is_a_clear_error(tiny_run: Path, glue_dir: Path, tmp_path: Path) -> None:
+    from cramkit.text.tokenizer import save_tokenizer, train_tokenizer
+
+    other = tmp_path / "run"
+    other.mkdir()
+    for name in ("config.yaml",):
+        (other / name).write_text((tiny_run / name).read_text())
+    (other / "checkpoints").mkdir()
+    (other / "checkpoints" / "latest").write_text("step-000010")
+    (other / "checkpoints" / "step-000010").symlink_to(tiny_run / "checkpoints" / "step-000010")
+    save_tokenizer(train_tokenizer(sst2_sentences(glue_dir, 500), vocab_size=400), other / "tokenizer")
+    with pytest.raises(CramkitError, match="different vocabularies"):
+        load_encoder_for_finetune(other)
+
+
+def test_pair_encoding_truncation_and_padding(tiny_run: Path) -> None:
+    _, _, tok = load_encoder_for_finetune(tiny_run)
+    cls, sep = tok.token_to_id("[CLS]"), tok.token_to_id("[SEP]")
+    long = " ".join(["the film is good"] * 20)
+    rows = [Example("a good film", "it is bad", 1, 0), Example(long, long, 0, 1), Example("fine", None, 1, 2)]
+    enc = encode_examples(tok, rows, max_length=32)
+    a = tok.encode("a good film", add_special_tokens=False).ids
+    b = tok.encode("it is bad", add_special_tokens=False).ids
+    assert enc.ids[0].tolist() == [cls, *a, sep, *b, sep]
+    assert enc.b_start[0] == len(a) + 2
+    assert enc.lengths[1] == 32 and enc.ids[1][-1] == sep  # truncated longest-first, ends with [SEP]
+    assert abs(int(enc.b_start[1]) - (32 - int(enc.b_start[1]))) <= 2  # both segments cut about evenly
+    assert enc.ids[2].tolist()[0] == cls and enc.b_start[2] == enc.lengths[2]
+    batch = collate(enc, np.array([0, 2]), pad_id=0, with_types=True)
+    assert batch["input_ids"].shape == (2, enc.lengths[0])  # padded to the longest member only
+    assert batch["attention_mask"][1].sum() == enc.lengths[2]
+    types = batch["token_type_ids"][0].tolist()
+    assert types == [0] * (len(a) + 2) + [1] * (len(b) + 1)
+    same = collate(enc, np.array([0, 0]), pad_id=0, with_types=False)
+    assert same["attention_mask"] is None and same["token_type_ids"] is None  # nothing padded: no mask
+
+
+def test_bucketing_covers_every_example_once_and_cuts_padding() -> None:
+    rng = np.random.default_rng(0)
+    lengths = rng.integers(3, 60, size=1000)
+    batches = bucketed_batches(lengths, 16, 50, np.random.default_rng(1))
+    again = bucketed_batches(lengths, 16, 50, np.random.default_rng(1))
+    assert all(np.array_equal(x, y) for x, y in zip(batches, again, strict=True))
+    assert sorted(np.concatenate(batches).tolist()) == list(range(1000))
+    plain = bucketed_batches(lengths, 16, 0, np.random.default_rng(1))
+
+    def padded(bs):
+        return sum(len(b) * lengths[b].max() for b in bs)
+
+    assert padded(batches) < 0.7 * padded(plain)
+    assert not np.array_equal(np.concatenate(batches)[:16], np.sort(np.concatenate(batches))[:16])
+
+
+def test_config_is_strict_and_has_the_glue_sane_defaults() -> None:
+    cfg = FinetuneConfig()
+    assert (cfg.lr, cfg.batch_size, cfg.epochs, cfg.max_length, cfg.warmup) == (4e-5, 16, 5.0, 128, 0.1)
+    assert config_from({"lr": "2e-5", "seeds": "0,1,2"}).seeds == [0, 1, 2]
+    with pytest.raises(CramkitError, match="did you mean 'epochs'"):
+        config_from({"epoch": 3})
+
+
+def test_tiny_model_learns_and_is_deterministic(tiny_run: Path, sst2: Task, tmp_path: Path) -> None:
+    task = subset_task(sst2, 256, 200)
+    cfg = FinetuneConfig(lr=3e-3, epochs=5, seeds=[0], warmup=0.0, max_length=64, pooling="mean")
+    r1 = finetune(task, tiny_run, cfg, tmp_path / "a", progress=False)
+    r2 = finetune(task, tiny_run, cfg, tmp_path / "b", progress=False)
+    curve = r1["seeds"][0]["loss_curve"]
+    assert len(curve) == 80
+    assert np.mean(curve[-10:]) < 0.6 * np.mean(curve[:10])  # the training loss goes down
+    assert curve == r2["seeds"][0]["loss_curve"]  # same seed, same losses
+    assert r1["median"] == r2["median"]
+    r3 = finetune(task, tiny_run, config_from({"seeds": [1]}, cfg), None, progress=False)
+    assert r3["seeds"][0]["loss_curve"] != curve  # another seed, another order and init
+    saved = json.loads((tmp_path / "a" / "results.json").read_text())
+    assert saved["median"]["dev"]["metrics"]["accuracy"] == r1["median"]["dev"]["metrics"]["accuracy"]
+
+
+def test_seeds_median_and_test_predictions(tiny_run: Path, glue_dir: Path, tmp_path: Path) -> None:
+    # MRPC: pairs, F1 + accuracy, a test split written in the leaderboard format
+    task = get_task("glue/mrpc", data_dir=glue_dir)
+    cfg = FinetuneConfig(epochs=0.05, seeds=[0, 1, 2], max_length=64, eval_batch_size=256)
+    res = finetune(task, tiny_run, cfg, tmp_path, progress=False)
+    scores = sorted(r["dev"]["dev"]["score"] for r in res["seeds"])
+    assert res["median"]["dev"]["score"] == scores[1]
+    assert set(res["median"]["dev"]["metrics"]) == {"f1", "accuracy"}
+    rows = (tmp_path / "predictions" / "MRPC.tsv").read_text().splitlines()
+    assert rows[0] == "index\tprediction" and len(rows) == 1 + len(task.examples("test"))
+    assert {r.split("\t")[1] for r in rows[1:]} <= {"0", "1"}
+
+
+def test_minilm_learns_sst2(minilm_dir: Path, sst2: Task) -> None:
+    """The real all-MiniLM-L6-v2 checkpoint, 400 SST-2 examples, one epoch: clearly above chance."""
+    task = subset_task(sst2, 400, 300)
+    cfg = FinetuneConfig(lr=1e-4, batch_size=8, epochs=1, seeds=[0])
+    res = finetune(task, f"hf:{minilm_dir}", cfg, None, progress=False)
+    assert res["median"]["dev"]["metrics"]["accuracy"] > 65.0

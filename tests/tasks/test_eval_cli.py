@@ -1,0 +1,167 @@
+"""`cramkit eval glue` and `cramkit finetune` from the command line: outputs and clear errors."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from cramkit.cli import main
+
+from .test_finetune import make_tiny_run, sst2_sentences
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def tiny_run(glue_dir: Path, tmp_path_factory) -> Path:
+    return make_tiny_run(tmp_path_factory.mktemp("run"), sst2_sentences(glue_dir))
+
+
+def _head(src: Path, dst: Path, n: int) -> None:
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    dst.write_text("".join(src.read_text(encoding="utf-8").splitlines(keepends=True)[:n]), encoding="utf-8")
+
+
+@pytest.fixture(scope="module")
+def small_glue(glue_dir: Path, tmp_path_factory) -> Path:
+    """The real CoLA, SST-2 and MRPC files, cut to their first rows (official layout, quirks kept)."""
+    root = tmp_path_factory.mktemp("glue")
+    for task in ("CoLA", "SST-2", "MRPC"):
+        for split, n in (("train", 161), ("dev", 81), ("test", 41)):
+            _head(glue_dir / task / f"{split}.tsv", root / task / f"{split}.tsv", n)
+    return root
+
+
+def _run(argv: list[str], capsys) -> tuple[int, str, str]:
+    rc = main(argv)
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+def test_eval_glue_writes_results_table_and_chart(
+    tiny_run: Path, small_glue: Path, tmp_path: Path, capsys
+) -> None:
+    out = tmp_path / "eval"
+    argv = ["eval", "glue", "--from", str(tiny_run), "--data-dir", str(small_glue), "--out", str(out)]
+    rc, stdout, _ = _run([*argv, "--set", "epochs=1", "--set", "max_length=64", "--no-progress"], capsys)
+    assert rc == 0
+    res = json.loads((out / "results.json").read_text())
+    assert set(res["tasks"]) == {"glue/cola", "glue/sst2", "glue/mrpc"}
+    assert set(res["skipped"]) == {"glue/stsb", "glue/qqp", "glue/mnli", "glue/qnli", "glue/rte", "glue/wnli"}
+    main_scores = [
+        res["entries"]["glue/cola"]["mcc"],
+        res["entries"]["glue/sst2"]["accuracy"],
+        res["entries"]["glue/mrpc"]["f1"],
+    ]
+    assert res["glue_average"] == pytest.approx(sum(main_scores) / 3)
+    table = (out / "results.md").read_text()
+    for name in ("glue/cola", "glue/sst2", "glue/mrpc", "GLUE average", "glue/rte"):
+        assert name in table
+    assert f"{res['glue_average']:.2f}" in table and "GLUE average" in stdout
+    assert (out / "scores.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    for task, file in (("cola", "CoLA.tsv"), ("sst2", "SST-2.tsv"), ("mrpc", "MRPC.tsv")):
+        rows = (out / task / "predictions" / file).read_text().splitlines()
+        assert rows[0] == "index\tprediction" and len(rows) == 41
+
+
+def test_finetune_user_task_from_csv(tiny_run: Path, tmp_path: Path, capsys) -> None:
+    import csv
+
+    rows = [
+        ("a truly wonderful film", "pos"),
+        ("dull and lifeless", "neg"),
+        ("great fun", "pos"),
+        ("awful", "neg"),
+    ] * 10
+    for split in ("train", "dev"):
+        with open(tmp_path / f"{split}.csv", "w", newline="") as f:
+            w = csv.writer(f)
+            w.writerow(["review", "stars"])
+            w.writerows(rows)
+    out = tmp_path / "out"
+    argv = ["finetune", "--from", str(tiny_run), "--train", str(tmp_path / "train.csv"), "--dev",
+            str(tmp_path / "dev.csv"), "--text-a", "review", "--label", "stars", "--out", str(out),
+            "--set", "epochs=2", "--no-progress"]  # fmt: skip
+    rc, stdout, _ = _run(argv, capsys)
+    assert rc == 0 and "user/train dev: accuracy" in stdout
+    res = json.loads((out / "results.json").read_text())
+    assert res["train_examples"] == 40 and res["median"]["dev"]["metrics"]["accuracy"] >= 50.0
+
+
+def test_unknown_task_lists_known_ones(tiny_run: Path, capsys) -> None:
+    rc, _, err = _run(["finetune", "--task", "glue/sst3", "--from", str(tiny_run)], capsys)
+    assert rc == 2 and "unknown task 'glue/sst3'" in err and "glue/sst2" in err and "glue/mnli" in err
+    assert "Traceback" not in err
+
+
+def test_missing_source_path(small_glue: Path, tmp_path: Path, capsys) -> None:
+    argv = [
+        "finetune",
+        "--task",
+        "glue/sst2",
+        "--data-dir",
+        str(small_glue),
+        "--from",
+        str(tmp_path / "nope"),
+    ]
+    rc, _, err = _run(argv, capsys)
+    assert rc == 2 and "no such directory" in err and str(tmp_path / "nope") in err
+
+
+def test_missing_split_names_the_file(tiny_run: Path, small_glue: Path, tmp_path: Path, capsys) -> None:
+    root = tmp_path / "glue"
+    _head(small_glue / "SST-2" / "train.tsv", root / "SST-2" / "train.tsv", 50)  # no dev.tsv
+    argv = [
+        "finetune",
+        "--task",
+        "glue/sst2",
+        "--data-dir",
+        str(root),
+        "--from",
+        str(tiny_run),
+        "--out",
+        str(tmp_path / "o"),
+    ]
+    rc, _, err = _run(argv, capsys)
+    assert rc == 2 and "dev.tsv" in err and "does not exist" in err
+    assert not (tmp_path / "o").exists()  # nothing trained, nothing written
+
+
+def test_vocab_mismatch_from_the_command_line(
+    minilm_dir: Path, tiny_run: Path, small_glue: Path, tmp_path: Path, capsys
+) -> None:
+    # a HF directory whose tokenizer is not the model's own (the tiny run's)
+    mixed = tmp_path / "mixed"
+    mixed.mkdir()
+    for name in ("config.json", "model.safetensors"):
+        (mixed / name).symlink_to(minilm_dir / name)
+    (mixed / "tokenizer.json").symlink_to(tiny_run / "tokenizer" / "tokenizer.json")
+    argv = ["finetune", "--task", "glue/sst2", "--data-dir", str(small_glue), "--from", f"hf:{mixed}"]
+    rc, _, err = _run(argv, capsys)
+    assert rc == 2 and "different vocabularies" in err and "30522" in err
+    assert "Traceback" not in err
+
+
+def test_bad_setting_is_named(tiny_run: Path, small_glue: Path, capsys) -> None:
+    argv = [
+        "finetune",
+        "--task",
+        "glue/sst2",
+        "--data-dir",
+        str(small_glue),
+        "--from",
+        str(tiny_run),
+        "--set",
+        "lr=fast",
+    ]
+    rc, _, err = _run(argv, capsys)
+    assert rc == 2 and "finetune.lr" in err

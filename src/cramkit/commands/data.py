@@ -111,10 +111,14 @@ def cmd_tokenizer_train(args: argparse.Namespace) -> int:
         min_frequency=args.min_frequency,
     )
     out = save_tokenizer(tok, args.out)
+    n = tok.get_vocab_size()
     print(
-        f"tokenizer: {tok.get_vocab_size()} tokens from {stats.get('documents', 0)} documents "
-        f"in {time.time() - t0:.1f}s -> {out}"
+        f"tokenizer: {n} tokens from {stats.get('documents', 0)} documents in {time.time() - t0:.1f}s -> {out}"
     )
+    if n < args.vocab_size:
+        print(
+            f"note: the corpus yields only {n} of the {args.vocab_size} tokens asked for (every word is whole)"
+        )
     return 0
 
 
@@ -192,7 +196,7 @@ def cmd_data_inspect(args: argparse.Namespace) -> int:
         width = 40
         top = max(int(hist.max()), 1)
         print("histogram  (tokens per document)")
-        for lo, hi, n in zip(edges[:-1], edges[1:], hist):
+        for lo, hi, n in zip(edges[:-1], edges[1:], hist, strict=True):
             if n:
                 label = f"{lo}-{hi - 1}" if hi < (1 << 62) else f">={lo}"
                 print(f"  {label:>11} {int(n):>9,} {'#' * max(1, round(width * n / top))}")

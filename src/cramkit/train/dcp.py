@@ -461,6 +461,63 @@ def load(
     return state.get("trainer", {})
 
 
+def load_full(
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer | None,
+    model_sd: Mapping[str, torch.Tensor],
+    optim_sd: Mapping[str, Any] | None,
+) -> None:
+    """Load full (unsharded) state, as ``torch.optim.Optimizer.state_dict()`` numbers it, into a model
+    that is already sharded (FSDP2) or wrapped, and the optimizer built on it after sharding.
+
+    Used to resume a single-process checkpoint on several processes. The optimizer's parameter numbers
+    are matched to parameter names through the current optimizer's groups (same construction order).
+    """
+    from torch.distributed.checkpoint.state_dict import set_state_dict
+
+    names: dict[int, str] = {}
+    for name, param in unwrap_named_parameters(model):
+        names.setdefault(id(param), name)
+    full = dict(model_sd)
+    for name, param in unwrap_named_parameters(model, remove_duplicate=False):  # tied weights: every name
+        first = names[id(param)]
+        if name not in full and first in full:
+            full[name] = full[first]
+    nested: dict[str, Any] = {}
+    if optimizer is not None and optim_sd is not None:
+        order = [names[id(p)] for group in optimizer.param_groups for p in group["params"]]
+        saved_groups = optim_sd["param_groups"]
+        saved_ids = [int(pid) for g in saved_groups for pid in g["params"]]
+        if len(saved_ids) != len(order) or len(saved_groups) != len(optimizer.param_groups):
+            raise CramkitError(
+                "the checkpoint's optimizer state does not fit this model; resume with its config"
+            )
+        index = dict(zip(saved_ids, order, strict=True))
+        nested = {
+            "state": {index[int(pid)]: dict(pstate) for pid, pstate in optim_sd["state"].items()},
+            "param_groups": [
+                {
+                    **{k: v for k, v in g.items() if k != "params"},
+                    "params": [index[int(i)] for i in g["params"]],
+                }
+                for g in saved_groups
+            ],
+        }
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+    options = StateDictOptions(full_state_dict=True)
+    set_state_dict(model, optimizer if optimizer is not None else [], model_state_dict=full,
+                   optim_state_dict=nested, options=options)  # fmt: skip
+
+
+def unwrap_named_parameters(
+    model: nn.Module, remove_duplicate: bool = True
+) -> list[tuple[str, nn.Parameter]]:
+    from cramkit.train.parallel import unwrap
+
+    return list(unwrap(model).named_parameters(remove_duplicate=remove_duplicate))
+
+
 def load_model_state(checkpoint_dir: str | os.PathLike) -> dict[str, torch.Tensor]:
     """Full (unsharded) model weights of a sharded checkpoint, on CPU, in one process.
 

@@ -295,6 +295,37 @@ def barrier(ctx: DistContext) -> None:
 
 
 @contextlib.contextmanager
+def main_first(ctx: DistContext, what: str = "preparing the data") -> Iterator[None]:
+    """Rank 0 runs the body first (e.g. training the tokenizer, building the token store into the run
+    directory); the other ranks run it after rank 0 succeeded (and then find its results cached).
+
+    The wait has no practical time limit (a corpus can take hours to tokenize); if rank 0 fails, the
+    others stop with an error naming it instead of waiting."""
+    if not ctx.distributed:
+        yield
+        return
+    import torch.distributed as dist
+
+    group = dist.new_group(backend="gloo", timeout=datetime.timedelta(days=1))
+    try:
+        if ctx.is_main:
+            try:
+                yield
+            except BaseException as exc:
+                dist.broadcast_object_list([f"{type(exc).__name__}: {exc}"], src=0, group=group)
+                raise
+            dist.broadcast_object_list([None], src=0, group=group)
+            return
+        box: list[object] = [None]
+        dist.broadcast_object_list(box, src=0, group=group)
+        if box[0] is not None:
+            raise CramkitError(f"rank {ctx.rank}: rank 0 failed while {what} ({box[0]}); see its message")
+        yield
+    finally:
+        dist.destroy_process_group(group)
+
+
+@contextlib.contextmanager
 def fault_guard(ctx: DistContext) -> Iterator[None]:
     """A failed collective (a peer died, or timed out) becomes one clear error naming this rank."""
     if not ctx.distributed:

@@ -165,3 +165,57 @@ def test_bad_setting_is_named(tiny_run: Path, small_glue: Path, capsys) -> None:
     ]
     rc, _, err = _run(argv, capsys)
     assert rc == 2 and "finetune.lr" in err
+
+
+def _tsv(path: Path, header: list[str], rows: list[list[str]]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("\n".join("\t".join(r) for r in [header, *rows]) + "\n", encoding="utf-8")
+
+
+def test_eval_mnli_both_dev_sets_ax_and_stsb_regression(
+    glue_dir: Path, tiny_run: Path, tmp_path: Path
+) -> None:
+    """Tasks whose data we lack, from small files in the official layout: MNLI (two dev sets, two test
+    files, and the AX diagnostic predicted by the MNLI model) and STS-B (regression)."""
+    from cramkit.tasks.evaluate import evaluate_suite
+    from cramkit.tasks.finetune import FinetuneConfig
+
+    sents = sst2_sentences(glue_dir, 400)
+    labels = ["entailment", "neutral", "contradiction"]
+    root = tmp_path / "glue"
+    head = ["index", "genre", "sentence1", "sentence2", "gold_label"]
+    pairs = [[str(i), "fiction", sents[i], sents[i + 1], labels[i % 3]] for i in range(0, 240, 2)]
+    _tsv(root / "MNLI" / "train.tsv", head, pairs[:80])
+    _tsv(root / "MNLI" / "dev_matched.tsv", head, pairs[80:100])
+    _tsv(root / "MNLI" / "dev_mismatched.tsv", head, pairs[100:120])
+    for name in ("test_matched", "test_mismatched"):
+        _tsv(root / "MNLI" / f"{name}.tsv", head[:4], [p[:4] for p in pairs[:15]])
+    _tsv(
+        root / "diagnostic" / "diagnostic.tsv",
+        ["index", "sentence1", "sentence2"],
+        [[str(i), sents[i], sents[i + 7]] for i in range(12)],
+    )
+    shead = ["index", "genre", "sentence1", "sentence2", "score"]
+    sts = [[str(i), "news", sents[i], sents[i + 3], f"{(i * 7) % 51 / 10:.1f}"] for i in range(120)]
+    _tsv(root / "STS-B" / "train.tsv", shead, sts[:80])
+    _tsv(root / "STS-B" / "dev.tsv", shead, sts[80:])
+    _tsv(root / "STS-B" / "test.tsv", shead[:4], [r[:4] for r in sts[:10]])
+
+    cfg = FinetuneConfig(epochs=1, max_length=64, seeds=[0, 1])
+    res = evaluate_suite("glue", tiny_run, root, tmp_path / "out", cfg, progress=False)
+    assert set(res["tasks"]) == {"glue/mnli", "glue/stsb"}
+    assert set(res["entries"]) == {"glue/mnli:dev_matched", "glue/mnli:dev_mismatched", "glue/stsb"}
+    e = res["entries"]
+    expected = (
+        e["glue/mnli:dev_matched"]["accuracy"]
+        + e["glue/mnli:dev_mismatched"]["accuracy"]
+        + e["glue/stsb"]["spearman"]
+    ) / 3
+    assert res["glue_average"] == pytest.approx(expected)
+    pred = tmp_path / "out" / "mnli" / "predictions"
+    for file, n in (("MNLI-m.tsv", 15), ("MNLI-mm.tsv", 15), ("AX.tsv", 12)):
+        rows = (pred / file).read_text().splitlines()
+        assert len(rows) == n + 1 and {r.split("\t")[1] for r in rows[1:]} <= set(labels)
+    sts_rows = (tmp_path / "out" / "stsb" / "predictions" / "STS-B.tsv").read_text().splitlines()[1:]
+    assert len(sts_rows) == 10 and all(float(r.split("\t")[1]) == float(r.split("\t")[1]) for r in sts_rows)
+    assert "dev_mismatched" in (tmp_path / "out" / "results.md").read_text()

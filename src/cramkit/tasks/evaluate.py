@@ -50,7 +50,10 @@ def evaluate_suite(
     tasks: dict[str, Any] = {}
     entries: dict[str, dict[str, float]] = {}  # "glue/mnli:dev_matched" -> median metrics
     for task in mixture.tasks:
-        res = finetune(task, loaded, cfg, out / task.name.split("/")[-1], progress=progress)
+        also = _diagnostic(data_dir) if task.name == "glue/mnli" else []
+        res = finetune(
+            task, loaded, cfg, out / task.name.split("/")[-1], progress=progress, predict_also=also
+        )
         tasks[task.name] = {
             "score": res["score"],
             "main_metric": res["main_metric"],
@@ -84,6 +87,17 @@ def evaluate_suite(
     _write_markdown(out / "results.md", results)
     _write_chart(out / "scores.png", results)
     return results
+
+
+def _diagnostic(data_dir: PathLike | None) -> list:
+    """GLUE's diagnostic set (AX, test only), predicted by the MNLI model, when its file is present."""
+    from cramkit.tasks.registry import get_task
+
+    try:
+        ax = get_task("glue/ax", data_dir=data_dir)
+    except CramkitError:
+        return []
+    return [ax] if Path(ax.source("test")).is_file() else []  # local file only: no hub call mid-suite
 
 
 def _write_markdown(path: Path, results: dict[str, Any]) -> None:

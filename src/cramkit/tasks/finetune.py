@@ -521,12 +521,14 @@ def finetune(
     out_dir: PathLike | None = None,
     *,
     progress: bool = True,
+    predict_also: Sequence[Task] = (),
 ) -> dict[str, Any]:
     """Fine-tune ``source`` on ``task`` once per seed; evaluate on the dev split(s); write results.
 
     Returns (and writes to out_dir/results.json) per-seed metrics on each dev split and their median,
     with the task's main score; test-set predictions (leaderboard format) from the seed with the
-    median dev score go to out_dir/predictions/.
+    median dev score go to out_dir/predictions/. predict_also: test-only tasks with the same labels
+    predicted by the same model (GLUE's diagnostic set AX by the MNLI model).
     """
     cfg = cfg or FinetuneConfig()
     loaded = source if isinstance(source, LoadedEncoder) else _load_source(source)
@@ -555,6 +557,12 @@ def finetune(
                 f"task {task.name}: the {split} split has unlabelled examples; it cannot be scored"
             )
     tests = _test_splits(task, tok, max_length, regression)
+    for other in predict_also:
+        if other.labels != task.labels:
+            raise CramkitError(
+                f"task {other.name} has labels {other.labels}, not {task.name}'s {task.labels}"
+            )
+        tests.update(_test_splits(other, tok, max_length, regression))
 
     device = resolve_device(cfg.device)
     pad_id, with_types = loaded.cfg.pad_token_id, loaded.cfg.type_vocab_size > 0
@@ -606,19 +614,22 @@ def finetune(
             scores = [float(np.mean([r["dev"][s]["score"] for s in dev])) for r in per_seed]
             pick = sorted(range(len(scores)), key=lambda i: scores[i])[(len(scores) - 1) // 2]
             results["test_predictions"] = {"seed": cfg.seeds[pick], "files": {}}
-            for split, enc in tests.items():
-                logits = test_logits[pick][split]
+            owners = {t.name: t for t in [task, *predict_also]}
+            for (name, split), enc in tests.items():
+                owner = owners[name]
+                logits = test_logits[pick][(name, split)]
                 preds = logits[:, 0] if regression else logits.argmax(-1)
-                path = task.write_predictions(
+                path = owner.write_predictions(
                     split, zip(enc.idx.tolist(), preds.tolist(), strict=True), out / "predictions"
                 )
-                results["test_predictions"]["files"][split] = str(path)
+                key = split if owner is task else f"{owner.name}:{split}"
+                results["test_predictions"]["files"][key] = str(path)
         write_json(out / "results.json", results)
     return results
 
 
-def _test_splits(task: Task, tok, max_length: int, regression: bool) -> dict[str, Encoded]:
-    """Encoded test splits that are present (an absent test file is not an error)."""
+def _test_splits(task: Task, tok, max_length: int, regression: bool) -> dict[tuple[str, str], Encoded]:
+    """Encoded test splits that are present, keyed (task, split); an absent test file is not an error."""
     out = {}
     for split in task.test_splits:
         if split not in task.splits:
@@ -628,7 +639,7 @@ def _test_splits(task: Task, tok, max_length: int, regression: bool) -> dict[str
             continue
         rows = task.examples(split)
         if rows:
-            out[split] = encode_examples(tok, rows, max_length, regression=regression)
+            out[(task.name, split)] = encode_examples(tok, rows, max_length, regression=regression)
     return out
 
 

@@ -55,7 +55,7 @@ def encode_texts(tok, texts: list[str], dtype: np.dtype, quality_cutoff: float |
         dropped_quality = int(bad.sum())
         keep &= ~bad
     if not keep.all():
-        ids = [x for x, k in zip(ids, keep) if k]
+        ids = [x for x, k in zip(ids, keep, strict=True) if k]
         lengths = lengths[keep]
     flat = np.fromiter(itertools.chain.from_iterable(ids), dtype=dtype, count=int(lengths.sum()))
     return flat, lengths, dropped_quality, dropped_empty

@@ -9,6 +9,7 @@ different world size sees exactly the sequences it would have seen, masked the s
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Iterator
 
@@ -24,38 +25,71 @@ _VAL_SALT = 0x7A11DA7E
 _MUL, _MUL2, _S32 = np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB), np.uint64(32)
 
 
-def _round_keys(seed: int, epoch: int, rounds: int = 4) -> np.ndarray:
+@functools.lru_cache(maxsize=8)
+def _round_keys(seed: int, epoch: int, rounds: int = 4) -> tuple[np.uint64, ...]:
     base = np.array([(seed * 1_000_003 + epoch) & 0xFFFFFFFFFFFFFFFF], dtype=np.uint64)
-    return splitmix64(splitmix64(base) + np.arange(1, rounds + 1, dtype=np.uint64))
+    return tuple(splitmix64(splitmix64(base) + np.arange(1, rounds + 1, dtype=np.uint64)))
 
 
 def permute(i: np.ndarray, n: int, seed: int, epoch: int) -> np.ndarray:
-    """The seeded permutation of range(n) for ``epoch``, evaluated at positions ``i`` (vectorised)."""
+    """The seeded permutation of range(n) for ``epoch``, evaluated at positions ``i`` (vectorised).
+
+    An unbalanced 4-round Feistel network on ceil(log2 n) bits, cycle-walking back into [0, n).
+    """
     i = np.asarray(i, dtype=np.uint64)
     if n <= 1:
         return i.astype(np.int64)
     bits = max(2, math.ceil(math.log2(n)))
-    bits += bits % 2
-    half = np.uint64(bits // 2)
-    low = np.uint64((1 << (bits // 2)) - 1)
-    top = np.uint64(64 - bits // 2)
+    widths = (bits - bits // 2, bits // 2)  # of the left and right halves
     keys = _round_keys(seed, epoch)
 
     def feistel(x: np.ndarray) -> np.ndarray:
-        left, right = x >> half, x & low
-        for k in keys:  # round function: the top bits of a multiply-xorshift-multiply of (right ^ key)
+        wl, wr = widths
+        left, right = x >> np.uint64(wr), x & np.uint64((1 << wr) - 1)
+        for k in keys:  # round function: top wl bits of a multiply-xorshift-multiply of (right ^ key)
             t = (right ^ k) * _MUL
             t ^= t >> _S32
             t *= _MUL2
-            left, right = right, left ^ (t >> top)
-        return (left << half) | right
+            left, right = right, left ^ (t >> np.uint64(64 - wl))
+            wl, wr = wr, wl
+        return (left << np.uint64(wr)) | right
 
     y = feistel(i)
     out_of_range = y >= np.uint64(n)
-    while out_of_range.any():  # cycle-walking: at most a few rounds, the domain is < 4n
+    while out_of_range.any():  # cycle-walking: the domain is < 2n, so a few rounds at most
         y[out_of_range] = feistel(y[out_of_range])
         out_of_range = y >= np.uint64(n)
     return y.astype(np.int64)
+
+
+class EpochOrder:
+    """``permute`` evaluated a chunk of positions at a time and cached (constant memory, low overhead)."""
+
+    CHUNK = 8192
+
+    def __init__(self, n: int, seed: int):
+        self.n, self.seed = n, seed
+        self._cache: dict[tuple[int, int], np.ndarray] = {}
+
+    def _chunk(self, epoch: int, c: int) -> np.ndarray:
+        arr = self._cache.get((epoch, c))
+        if arr is None:
+            lo = c * self.CHUNK
+            arr = permute(np.arange(lo, min(lo + self.CHUNK, self.n)), self.n, self.seed, epoch)
+            if len(self._cache) >= 4:
+                self._cache.pop(next(iter(self._cache)))
+            self._cache[(epoch, c)] = arr
+        return arr
+
+    def __call__(self, epoch: int, i: np.ndarray) -> np.ndarray:
+        c = i // self.CHUNK
+        if c[0] == c[-1] and (len(c) < 3 or c.min() == c.max()):
+            return self._chunk(epoch, int(c[0]))[i - c[0] * self.CHUNK]
+        out = np.empty(len(i), dtype=np.int64)
+        for ck in np.unique(c):
+            sel = c == ck
+            out[sel] = self._chunk(epoch, int(ck))[i[sel] - ck * self.CHUNK]
+        return out
 
 
 def document_spans(store: TokenStore) -> tuple[np.ndarray, np.ndarray]:
@@ -183,6 +217,7 @@ class MLMLoader:
             )
         self.epoch = 0
         self.position = 0  # global sequences consumed in this epoch
+        self._order = EpochOrder(self.num_sequences, self.seed)
 
     def __iter__(self) -> MLMLoader:
         return self
@@ -195,7 +230,7 @@ class MLMLoader:
             self.position = 0
         i = self.position + self.rank * self.micro_batch + np.arange(self.micro_batch, dtype=np.int64)
         self.position += step
-        return permute(i, self.num_sequences, self.seed, self.epoch), self.epoch * self.num_sequences + i
+        return self._order(self.epoch, i), self.epoch * self.num_sequences + i
 
     def __next__(self) -> dict:
         seq, sample = self.next_indices()

@@ -9,6 +9,7 @@ int64 document indices (0, then the running sequence count at each document end)
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import struct
@@ -182,7 +183,7 @@ class TokenStoreWriter:
             raise ValueError(f"unsupported token dtype {self.dtype}")
         self.prefix.parent.mkdir(parents=True, exist_ok=True)
         self._tmp = self.prefix.parent / f".{self.prefix.name}.tmp{os.getpid()}"
-        self._bin = open(_with(self._tmp, ".bin"), "wb")
+        self._bin = open(_with(self._tmp, ".bin"), "wb")  # noqa: SIM115 (closed in finalize/abort)
         self._sizes: list[np.ndarray] = []
         self._doc_ends: list[np.ndarray] = []  # running sequence counts at document ends
         self.num_sequences = 0
@@ -238,10 +239,8 @@ class TokenStoreWriter:
     def abort(self) -> None:
         self._bin.close()
         for suffix in (".bin", ".idx", ".json"):
-            try:
+            with contextlib.suppress(FileNotFoundError):
                 os.unlink(_with(self._tmp, suffix))
-            except FileNotFoundError:
-                pass
 
     def __enter__(self) -> TokenStoreWriter:
         return self

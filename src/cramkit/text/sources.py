@@ -226,7 +226,10 @@ def _read_text_chunks(path: str, encoding: str | None, errors: str) -> Iterator[
             carry_cr = not final and text.endswith("\r")
             if carry_cr:
                 text = text[:-1]
-            text = _LINE_BREAKS.sub("\n", text).replace("\u2029", "\n\n")
+            if "\r" in text or "\x85" in text or "\u2028" in text:
+                text = _LINE_BREAKS.sub("\n", text)
+            if "\u2029" in text:
+                text = text.replace("\u2029", "\n\n")
             if text:
                 yield text
             if final:

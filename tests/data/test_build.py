@@ -98,3 +98,42 @@ def test_real_corpora(tmp_path, tok, novels_dir, webtext_dir, wikitext_dir):
     assert store.num_tokens > 500_000
     for i in np.linspace(0, len(docs) - 1, 25).astype(int):
         assert store[i].tolist() == tok.encode(docs[i], add_special_tokens=False).ids
+
+
+@pytest.mark.slow
+def test_single_line_of_hundreds_of_megabytes_in_bounded_memory(tmp_path, tok_dir):
+    """A 300 MB file without a line break: read in bounded memory; a 30 MB one built into a store."""
+    import subprocess
+    import sys
+
+    words = " ".join(f"word{i % 5000}" for i in range(100_000)) + " "
+    huge = tmp_path / "huge.txt"
+    with open(huge, "w") as fh:
+        for _ in range(300_000_000 // len(words)):
+            fh.write(words)
+    size = huge.stat().st_size
+    code = (
+        "import resource, sys\n"
+        "from cramkit.text import iter_documents\n"
+        "n = sum(len(d.split()) for d in iter_documents([sys.argv[1]]))\n"
+        "print(n, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code, str(huge)], capture_output=True, text=True, check=True
+    ).stdout
+    n_words, peak_kb = map(int, out.split())
+    assert n_words == size // len(words) * 100_000
+    assert peak_kb < 200_000  # bounded: far below the file's 300 MB
+    small = tmp_path / "small.txt"
+    small.write_bytes(huge.read_bytes()[:30_000_000])
+    code = (
+        "import resource, sys\n"
+        "from cramkit.data import build_store, TokenStore\n"
+        "p = build_store([sys.argv[1]], sys.argv[2], sys.argv[3], workers=2)\n"
+        "r = max(resource.getrusage(w).ru_maxrss for w in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN))\n"
+        "print(TokenStore(p).num_tokens, r)\n"
+    )
+    argv = [sys.executable, "-c", code, str(small), str(tok_dir), str(tmp_path / "store")]
+    out = subprocess.run(argv, capture_output=True, text=True, check=True).stdout
+    tokens, peak_kb = map(int, out.split())
+    assert tokens > 1_000_000 and peak_kb < 400_000

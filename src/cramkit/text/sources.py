@@ -34,7 +34,7 @@ JSONL_SUFFIXES = {".jsonl", ".ndjson"}
 PARQUET_SUFFIXES = {".parquet"}
 COMPRESSED_SUFFIXES = {".gz", ".zst"}
 CHUNK_BYTES = 1 << 20
-MAX_DOC_CHARS = 1 << 20  # longer documents are cut at whitespace into pieces of at most this size
+MAX_DOC_CHARS = 1 << 18  # longer documents are cut at whitespace into pieces of at most this size
 
 # WikiText article heading: " = Title = " (one '=' each side; " = = Section = = " is not an article)
 _WIKI_TITLE = re.compile(r"^ ?= [^=].* = ?$")
@@ -261,9 +261,11 @@ def _split(lines: Iterator[str], doc_split: str, path: str) -> Iterator[str]:
             doc_split = "wikitext"
         else:
             head: list[str] = []
-            for line in lines:
+            size = 0
+            for line in lines:  # sniff the first 200 lines / 64K characters for " = Title = " headings
                 head.append(line)
-                if len(head) >= 200:
+                size += len(line)
+                if len(head) >= 200 or size >= 1 << 16:
                     break
             if any(_WIKI_TITLE.match(line) for line in head):
                 doc_split = "wikitext"

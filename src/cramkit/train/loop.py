@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import math
 import signal
+import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -30,7 +31,7 @@ from cramkit.errors import CramkitError
 from cramkit.model.encoder import flops_per_token
 from cramkit.model.heads import IGNORE, MaskedLM
 from cramkit.train import checkpoint as ckpt
-from cramkit.train import parallel
+from cramkit.train import dcp, parallel
 from cramkit.train.budget import format_seconds, parse_budget, parse_every
 from cramkit.train.config import RunConfig, TrainConfig
 from cramkit.train.metrics import MetricsLog, Progress, peak_flops, plot_losses
@@ -250,9 +251,12 @@ def train(
     torch.manual_seed(tcfg.seed)
     np.random.seed(tcfg.seed % 2**32)
     model = MaskedLM(cfg.model).to(device)
+    # DDP wraps the model, FSDP2 shards it in place: the optimizer is built on the (sharded) parameters
+    train_model = parallel.apply_parallel(model, cfg.parallel, ctx)
     optimizer = build_optimizer(
         model, tcfg.optimizer, tcfg.lr, tcfg.betas, tcfg.eps, tcfg.weight_decay, device
     )
+    writer = _sharded_writer(cfg, run, ctx)  # None: single-file checkpoints written by rank 0
     scaler = torch.amp.GradScaler(device.type) if precision == "fp16" else None
     loader = data.train_loader(tcfg.micro_batch, rank=ctx.rank, world=ctx.world)
     log = MetricsLog(run, enabled=ctx.is_main)
@@ -265,8 +269,14 @@ def train(
             raise CramkitError(
                 f"--resume {run}: the run has no complete checkpoint yet; start it again without --resume"
             )
-        model_sd, optim_sd, state = ckpt.load_checkpoint(found)
-        ckpt.apply_state(model, optimizer, model_sd, optim_sd, found)
+        if dcp.is_sharded_checkpoint(found):  # written by N processes: resharded to this world size
+            state = dcp.load(found, model, optimizer, process_group=writer.pg if writer else None)
+        else:
+            model_sd, optim_sd, state = ckpt.load_checkpoint(found)
+            if parallel.is_fsdp(model):
+                dcp.load_full(model, optimizer, model_sd, optim_sd)
+            else:
+                ckpt.apply_state(model, optimizer, model_sd, optim_sd, found)
         if scaler is not None and "scaler" in state:
             scaler.load_state_dict(state["scaler"])
         loader.load_state_dict(_from_json(state["loader"]))
@@ -281,7 +291,6 @@ def train(
         if ctx.is_main:
             print(f"cramkit: resuming {run} from {found.name} (step {p.step}, {p.tokens:,} tokens)")
 
-    train_model = parallel.apply_parallel(model, cfg.parallel, ctx)
     if _auto(tcfg.compile, device.type == "cuda"):
         compile_model(model)
     train_model.train()
@@ -307,7 +316,9 @@ def train(
             "loader": _to_json(loader.state_dict()), "rng": ckpt.encode_rng(),
             "scaler": scaler.state_dict() if scaler is not None else None,
         }  # fmt: skip
-        if ctx.is_main:
+        if writer is not None:  # every rank writes its shards; in the background unless stopping
+            last_ckpt = writer.save(p.step, model, optimizer, state, block=reason != "periodic")
+        elif ctx.is_main:
             model_sd, optim_sd = ckpt.gather_state(model, optimizer)
             last_ckpt = ckpt.save_checkpoint(
                 run, p.step, model_sd, optim_sd, state, keep=tcfg.keep_checkpoints
@@ -342,6 +353,8 @@ def train(
                     scaler.unscale_(optimizer)
                 grad_norm = _clip(train_model, tcfg.grad_clip)
                 finite = math.isfinite(loss) and (scaler is not None or math.isfinite(grad_norm))
+                if writer is not None:
+                    writer.before_update()  # a checkpoint's host copy must be complete before the update
                 if finite:
                     if scaler is not None:
                         scaler.step(optimizer)
@@ -438,6 +451,8 @@ def train(
             )
         return TrainResult(run, p.step, p.tokens, p.elapsed, val_loss, final, history)
     finally:
+        if writer is not None:
+            writer.close(wait=sys.exc_info()[0] is None)
         bar.close()
         log.close()
         torch.use_deterministic_algorithms(was_deterministic)
@@ -446,13 +461,26 @@ def train(
                 plot_losses(run)
 
 
+def _sharded_writer(cfg: RunConfig, run: Path, ctx: parallel.DistContext) -> dcp.ShardedCheckpointer | None:
+    """The sharded (DCP) checkpoint writer when the run uses sharded checkpoints, else None."""
+    mode = cfg.parallel.checkpoint
+    sharded = mode == "sharded" or (mode == "auto" and ctx.distributed)
+    if not sharded:
+        if ctx.distributed and cfg.parallel.strategy == "fsdp":
+            raise CramkitError(
+                "parallel.checkpoint=full cannot save FSDP-sharded weights from one rank; use "
+                "parallel.checkpoint=sharded (or auto), and `cramkit export` to get one weights file"
+            )
+        return None
+    return dcp.ShardedCheckpointer(
+        ckpt.checkpoints_dir(run), ctx, keep=cfg.train.keep_checkpoints,
+        async_save=cfg.parallel.async_checkpoint, overlap_staging=True,
+    )  # fmt: skip
+
+
 def _clip(model: torch.nn.Module, max_norm: float) -> float:
-    params = [p for p in model.parameters() if p.grad is not None]
-    if not params:
-        return 0.0
-    norm = torch.nn.utils.clip_grad_norm_(params, max_norm if max_norm > 0 else float("inf"))
-    full = getattr(norm, "full_tensor", None)  # a DTensor under FSDP2
-    return float(full() if full is not None else norm)
+    """Clip by the global gradient norm (all ranks' shards under FSDP2); returns the norm."""
+    return float(parallel.clip_grad_norm(model, max_norm))
 
 
 def _time_left(budget: Any, fraction: float, elapsed: float) -> str:

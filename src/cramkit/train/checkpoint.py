@@ -70,10 +70,17 @@ def list_checkpoints(run: Path) -> list[Path]:
     root = checkpoints_dir(run)
     if not root.is_dir():
         return []
-    found = [
-        p for p in root.iterdir() if p.is_dir() and _STEP_DIR.match(p.name) and (p / "state.json").is_file()
-    ]
+    found = [p for p in root.iterdir() if p.is_dir() and _STEP_DIR.match(p.name) and is_complete(p)]
     return sorted(found, key=lambda p: int(_STEP_DIR.match(p.name).group(1)))
+
+
+def is_complete(path: Path) -> bool:
+    """A finished checkpoint: this module's format (state.json is written last) or a sharded one
+    written by several processes through ``cramkit.train.dcp`` (complete once renamed from .tmp)."""
+    path = Path(path)
+    if (path / "state.json").is_file():
+        return True
+    return (path / ".metadata").is_file() and (path / "trainer_state.json").is_file()
 
 
 def find_latest(run: Path) -> Path | None:
@@ -83,7 +90,7 @@ def find_latest(run: Path) -> Path | None:
     if pointer.is_file():
         name = pointer.read_text(encoding="utf-8").strip()
         cand = root / name
-        if _STEP_DIR.match(name) and (cand / "state.json").is_file():
+        if _STEP_DIR.match(name) and is_complete(cand):
             return cand
     done = list_checkpoints(run)
     return done[-1] if done else None

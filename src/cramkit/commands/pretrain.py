@@ -25,14 +25,16 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--tokenizer", metavar="DIR", help="use this tokenizer instead of training one")
     p.add_argument("--nproc", type=int, default=1, metavar="N",
                    help="processes on this machine (starts torchrun; one per GPU)")  # fmt: skip
+    p.add_argument("--nnodes", type=int, default=1, help="machines taking part (with --nproc; torchrun c10d)")
+    p.add_argument("--node-rank", type=int, default=None, help="this machine's index, 0..nnodes-1")
+    p.add_argument("--rdzv-endpoint", default=None, metavar="HOST:PORT",
+                   help="rendezvous address shared by all nodes (e.g. the first node's host and port 29400)")  # fmt: skip
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    from cramkit.errors import CramkitError
-
-    if args.nproc != 1:
-        raise CramkitError("--nproc above 1 is not available in this build yet; launch with torchrun instead")
+    if args.nproc != 1 or args.nnodes != 1:
+        return _launch(args)
     from cramkit.train.api import pretrain
     from cramkit.train.loop import TrainingInterrupted
 
@@ -46,3 +48,29 @@ def run(args: argparse.Namespace) -> int:
         return exc.exit_code
     print(f"cramkit: run directory {run_dir} (metrics.jsonl, loss.png, checkpoints/)")
     return 0
+
+
+def _launch(args: argparse.Namespace) -> int:
+    """``--nproc N``: the same command, without --nproc, on N processes started by torchrun."""
+    import os
+
+    from cramkit.errors import CramkitError
+    from cramkit.train.launch import launch
+
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        raise CramkitError("--nproc given inside a torchrun job; use one or the other")
+    out = args.out
+    if out is None and args.resume is None:
+        from cramkit.train.api import default_out
+
+        out = str(default_out(args.preset))  # chosen once, so every process writes into the same run
+    argv = ["pretrain", *args.inputs, "--preset", args.preset]
+    for flag, value in (("--budget", args.budget), ("--out", out), ("--resume", args.resume),
+                        ("--tokenizer", args.tokenizer)):  # fmt: skip
+        if value is not None:
+            argv += [flag, str(value)]
+    for item in args.overrides:
+        argv += ["--set", item]
+    return launch(
+        args.nproc, argv, nnodes=args.nnodes, node_rank=args.node_rank, rdzv_endpoint=args.rdzv_endpoint
+    )

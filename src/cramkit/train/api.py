@@ -158,7 +158,7 @@ def pretrain(
     from cramkit.data.loader import PretrainData
     from cramkit.text.tokenizer import special_ids
     from cramkit.train.loop import train
-    from cramkit.train.parallel import init_distributed
+    from cramkit.train.parallel import fault_guard, init_distributed, main_first, shutdown
 
     overrides = list(overrides) + ([f"train.budget={budget}"] if budget else [])
     if isinstance(sources_or_store, (str, os.PathLike)):
@@ -180,6 +180,11 @@ def pretrain(
         tokenizer = None
     else:
         cfg = resolve_config(preset, overrides)
+        if out is None and int(os.environ.get("WORLD_SIZE", "1")) > 1:
+            raise CramkitError(
+                "under torchrun give --out RUN: every process must write into the same run directory "
+                "(or use `cramkit pretrain --nproc N`, which picks one)"
+            )
         run = Path(out) if out is not None else default_out(preset)
         if ckpt.find_latest(run) is not None:
             raise CramkitError(
@@ -195,23 +200,29 @@ def pretrain(
         raise CramkitError(f"give either one token store or raw text sources, not a mix: {inputs}")
     sources = [] if store else inputs
 
-    ctx = init_distributed(cfg.train.device)
-    if resume is None or not (run / "tokenizer" / "tokenizer.json").is_file():
-        tok = _tokenizer_for(run, cfg, sources, str(tokenizer) if tokenizer else None, store)
-    else:
-        from cramkit.text.tokenizer import load_tokenizer
+    ctx = init_distributed(cfg.train.device, cfg.parallel)
+    # with several processes rank 0 trains the tokenizer and builds the store; the others then read them
+    with main_first(ctx, "preparing the tokenizer and token store"):
+        if resume is None or not (run / "tokenizer" / "tokenizer.json").is_file():
+            tok = _tokenizer_for(run, cfg, sources, str(tokenizer) if tokenizer else None, store)
+        else:
+            from cramkit.text.tokenizer import load_tokenizer
 
-        tok = load_tokenizer(run / "tokenizer")
-    ts = _store_for(run, cfg, sources, store, tok)
-    vocab = tok.get_vocab_size(with_added_tokens=True)
-    cfg = cfg.replace(model=cfg.model.replace(vocab_size=vocab))
-    if not resume:
-        _write_config(run, cfg)
-        info = {"inputs": inputs, "store": str(ts.prefix), "preset": preset, "tokenizer": "tokenizer"}
-        (run / RUN_FILE).write_text(json.dumps(info, indent=1), encoding="utf-8")
-    elif cfg.to_dict() != build_config(saved).to_dict():
-        _write_config(run, cfg)  # e.g. an extended budget: part of the run from now on
+            tok = load_tokenizer(run / "tokenizer")
+        ts = _store_for(run, cfg, sources, store, tok)
+        vocab = tok.get_vocab_size(with_added_tokens=True)
+        cfg = cfg.replace(model=cfg.model.replace(vocab_size=vocab))
+        if not resume:
+            if ctx.is_main:
+                _write_config(run, cfg)
+            info = {"inputs": inputs, "store": str(ts.prefix), "preset": preset, "tokenizer": "tokenizer"}
+            if ctx.is_main:
+                (run / RUN_FILE).write_text(json.dumps(info, indent=1), encoding="utf-8")
+        elif ctx.is_main and cfg.to_dict() != build_config(saved).to_dict():
+            _write_config(run, cfg)  # e.g. an extended budget: part of the run from now on
 
     data = PretrainData(ts, cfg.data, special_ids(tok), vocab)
-    train(cfg, run, data, resume=resume is not None, ctx=ctx)
+    with fault_guard(ctx):  # a dead or hung peer: one clear error on every surviving rank
+        train(cfg, run, data, resume=resume is not None, ctx=ctx)
+    shutdown(ctx)
     return run

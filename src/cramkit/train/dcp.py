@@ -342,9 +342,12 @@ class ShardedCheckpointer:
                     self._error = self._error or exc
         self._raise()
 
-    def close(self) -> None:
+    def close(self, wait: bool = True) -> None:
+        """Finish the write in flight (``wait=False`` when failing anyway: leave it to the background
+        thread, which completes or fails on its own; an unfinished one stays an ignored ``.tmp``)."""
         try:
-            self.wait()
+            if wait:
+                self.wait()
         finally:
             if self._stager is not None:
                 self._stager.close()
@@ -370,7 +373,10 @@ class ShardedCheckpointer:
                 self._error = self._error or exc
 
     def _prune(self, newest: Path) -> None:
-        complete = [p for p in complete_checkpoints(self.root) if p != newest]
+        # sharded ones and single-file ones (cramkit.train.checkpoint) of earlier world sizes alike
+        steps = [p for p in self.root.glob("step-*") if _STEP_RE.match(p.name) and p != newest]
+        steps = [p for p in steps if is_sharded_checkpoint(p) or (p / "state.json").is_file()]
+        complete = sorted(steps, key=lambda p: int(_STEP_RE.match(p.name).group(1)))
         for old in complete[: max(0, len(complete) - (self.keep - 1))]:
             shutil.rmtree(old, ignore_errors=True)
 
@@ -380,6 +386,15 @@ class ShardedCheckpointer:
         if error is not None:
             if isinstance(error, CramkitError):
                 raise error
+            from cramkit.train.parallel import _is_comm_failure
+
+            if self.ctx.distributed and _is_comm_failure(error):
+                first = str(error).strip().splitlines()[0][:200]
+                raise CramkitError(
+                    f"rank {self.ctx.rank}/{self.ctx.world}: lost contact with the other ranks while writing a "
+                    f"checkpoint ({first}); another process probably died or hung (see its log above). "
+                    "Resume from the last complete checkpoint with `cramkit pretrain --resume RUN`"
+                ) from None
             raise CramkitError(
                 f"writing a checkpoint under {self.root} failed on rank {self.ctx.rank}: {error}; "
                 "the previous checkpoint is intact (check free disk space and permissions)"

@@ -107,7 +107,32 @@ def init_distributed(device: str = "auto", cfg: ParallelConfig | None = None) ->
             dist.init_process_group(backend="cpu:gloo,cuda:nccl", timeout=timeout, device_id=dev)
         else:
             dist.init_process_group(backend="gloo", timeout=timeout)
-    return DistContext(rank=rank, world=world, local_rank=local_rank, device=dev, timeout=cfg.timeout)
+    ctx = DistContext(rank=rank, world=world, local_rank=local_rank, device=dev, timeout=cfg.timeout)
+    _exit_on_sigterm(ctx)
+    return ctx
+
+
+def _exit_on_sigterm(ctx: DistContext) -> None:
+    """Outside the training loop (whose own handler saves a checkpoint first), a SIGTERM from torchrun
+    ends this rank at once with one line saying why, instead of a silent kill or a traceback."""
+    import signal
+    import sys
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        return
+
+    def handler(signum: int, frame: object) -> None:
+        print(
+            f"cramkit: rank {ctx.rank}/{ctx.world}: stopped by SIGTERM (torchrun stops every process of the "
+            "job when one of them fails or the job is cancelled: see its summary). Continue from the last "
+            "complete checkpoint with `cramkit pretrain --resume RUN`",
+            file=sys.stderr,
+            flush=True,
+        )
+        os._exit(128 + signum)
+
+    signal.signal(signal.SIGTERM, handler)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -247,6 +272,11 @@ def clip_grad_norm(model: nn.Module, max_norm: float) -> torch.Tensor:
     grads = [p.grad for p in model.parameters() if p.grad is not None]
     sharded = [g for g in grads if isinstance(g, DTensor)]
     plain = [g for g in grads if not isinstance(g, DTensor)]
+    if not sharded:
+        if not plain:
+            return torch.zeros(())
+        params = [p for p in model.parameters() if p.grad is not None]
+        return torch.nn.utils.clip_grad_norm_(params, max_norm if max_norm > 0 else float("inf"))
     norms = []
     if sharded:  # FSDP2: the norm of all ranks' shards (a DTensor reduced to a full tensor)
         norms.append(torch.nn.utils.get_total_norm(sharded).full_tensor())

@@ -103,13 +103,19 @@ def test_ddp_two_processes_follow_one_and_resume_on_one(store, reference, tmp_pa
     ckpt = dcp.latest_checkpoint(run / "checkpoints")
     assert ckpt.name == f"step-{STEPS:06d}" and (ckpt / ".metadata").is_file()
     assert dcp.read_trainer_state(ckpt)["trainer"]["world"] == 2
-    # the consolidated weights equal the single-process run's (up to float reassociation)
+    # consolidated into one safetensors file, the weights equal the single-process run's
     from safetensors.torch import load_file
 
     ref = load_file(str(reference / "checkpoints" / f"step-{STEPS:06d}" / "model.safetensors"))
-    full = dcp.load_model_state(run)
+    full = load_file(str(dcp.consolidate(run, tmp_path / "consolidated")))
     assert set(ref) <= set(full)
     assert max(float((full[k] - ref[k]).abs().max()) for k in ref) < 1e-4
+    # and `cramkit export` reads the sharded checkpoint directly
+    from cramkit.cli import main as cli_main
+
+    assert cli_main(["export", str(run), "--out", str(tmp_path / "hf")]) == 0
+    exported = load_file(str(tmp_path / "hf" / "model.safetensors"))
+    assert len(exported) >= len(ref) - 1
     # 2 -> 1: resume the sharded step-3 checkpoint on one process; it continues the reference curve
     _rewind(run, 3)
     cramkit(1, "pretrain", "--resume", str(run))

@@ -1,4 +1,8 @@
-"""DDP / FSDP2 and sharded checkpoints on a tiny MaskedLM with synthetic batches (2 processes, gloo)."""
+"""DDP / FSDP2 and sharded checkpoints on a tiny MaskedLM with synthetic batches (2 processes, gloo).
+
+The parallel layer alone, without the trainer: the same checks through `cramkit pretrain` are in
+test_pretrain_parallel.py, so only the mid-write kill runs by default here (the rest: -m slow).
+"""
 
 from __future__ import annotations
 
@@ -22,6 +26,7 @@ def _close(a: dict[int, float], b: dict[int, float], tol: float = 1e-5) -> None:
         assert abs(a[step] - b[step]) <= tol * max(1.0, abs(a[step])), (step, a[step], b[step])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
 def test_two_processes_follow_the_one_process_curve(tmp_path, toy_reference, strategy):
     losses = toy(2, tmp_path, "--steps", "6", "--strategy", strategy)
@@ -29,6 +34,7 @@ def test_two_processes_follow_the_one_process_curve(tmp_path, toy_reference, str
     assert losses[5] < losses[0]  # and it learns
 
 
+@pytest.mark.slow
 def test_resume_fsdp_two_processes_on_one(tmp_path, toy_reference):
     toy(2, tmp_path, "--steps", "3", "--save-every", "3", "--strategy", "fsdp")
     ckpt = dcp.latest_checkpoint(tmp_path / "checkpoints")
@@ -38,6 +44,7 @@ def test_resume_fsdp_two_processes_on_one(tmp_path, toy_reference):
     _close(resumed, {s: v for s, v in toy_reference.items() if s >= 3})
 
 
+@pytest.mark.slow
 def test_resume_one_process_on_two(tmp_path, toy_reference):
     toy(1, tmp_path, "--steps", "3", "--save-every", "3", "--sync-save")
     resumed = toy(2, tmp_path, "--steps", "6", "--resume", "--strategy", "fsdp")
@@ -75,6 +82,7 @@ exec(open({str(TOY)!r}).read())
     assert not (root / "step-000006.tmp").exists()  # stale .tmp directories are cleaned at the next start
 
 
+@pytest.mark.slow
 def test_a_dead_rank_ends_the_job_quickly(tmp_path):
     t0 = time.perf_counter()
     proc = torchrun(

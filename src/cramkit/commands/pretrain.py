@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 
@@ -46,7 +47,8 @@ def run(args: argparse.Namespace) -> int:
     except TrainingInterrupted as exc:
         print(f"cramkit: {exc}", file=sys.stderr)
         return exc.exit_code
-    print(f"cramkit: run directory {run_dir} (metrics.jsonl, loss.png, checkpoints/)")
+    if os.environ.get("RANK", "0") == "0":  # under torchrun: once, not once per process
+        print(f"cramkit: run directory {run_dir} (metrics.jsonl, loss.png, checkpoints/)")
     return 0
 
 
@@ -60,6 +62,11 @@ def _launch(args: argparse.Namespace) -> int:
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:
         raise CramkitError("--nproc given inside a torchrun job; use one or the other")
     out = args.out
+    if out is None and args.resume is None and args.nnodes > 1:
+        raise CramkitError(
+            "with --nnodes above 1 give --out RUN on a filesystem every node shares (each rank writes its "
+            "own shards of every checkpoint into it)"
+        )
     if out is None and args.resume is None:
         from cramkit.train.api import default_out
 

@@ -298,7 +298,7 @@ class ShardedCheckpointer:
             (tmp / STATE_FILE).write_text(text)
         self._barrier()
         state_dict = {"model": model_sd, "optim": optim_sd}
-        kwargs = dict(checkpoint_id=str(tmp), process_group=self.pg)
+        kwargs = dict(checkpoint_id=str(tmp), process_group=self.pg, no_dist=not self.ctx.distributed)
         if self.async_save and not block:
             response = dcp.async_save(state_dict, async_stager=self._stager, **kwargs)
             # with overlapped staging an AsyncSaveResponse: (host copy done, write done)
@@ -451,7 +451,9 @@ def load(
     model_sd, optim_sd, _ = get_states(model, optimizer)
     state_dict = {"model": model_sd, "optim": optim_sd}
     try:
-        dcp.load(state_dict, storage_reader=_reader(path), process_group=process_group)
+        dcp.load(
+            state_dict, storage_reader=_reader(path), process_group=process_group, no_dist=not _dist_on()
+        )
     except CramkitError:
         raise
     except (RuntimeError, ValueError, KeyError, OSError) as exc:
@@ -531,6 +533,12 @@ def unwrap_named_parameters(
     from cramkit.train.parallel import unwrap
 
     return list(unwrap(model).named_parameters(remove_duplicate=remove_duplicate))
+
+
+def _dist_on() -> bool:
+    import torch.distributed as dist
+
+    return dist.is_available() and dist.is_initialized()
 
 
 def load_model_state(checkpoint_dir: str | os.PathLike) -> dict[str, torch.Tensor]:

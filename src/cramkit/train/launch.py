@@ -49,10 +49,9 @@ def torchrun_command(
             )
         cmd += ["--nnodes", str(nnodes), "--rdzv_backend", "c10d", "--rdzv_endpoint", rdzv_endpoint]
         cmd += ["--rdzv_id", rdzv_id or "cramkit"]
-        if node_rank is not None:
-            if not 0 <= node_rank < nnodes:
-                raise CramkitError(f"--node-rank must be in 0..{nnodes - 1}, got {node_rank}")
-            cmd += ["--node_rank", str(node_rank)]
+        # c10d assigns ranks at the rendezvous (node 0 need not start first); a node rank is only checked
+        if node_rank is not None and not 0 <= node_rank < nnodes:
+            raise CramkitError(f"--node-rank must be in 0..{nnodes - 1}, got {node_rank}")
     cmd += ["--max_restarts", str(max_restarts), "-m", "cramkit", *cramkit_args]
     return cmd
 
@@ -68,7 +67,10 @@ def launch(nproc: int, cramkit_args: Sequence[str], **kwargs: object) -> int:
     # its own session: a Ctrl-C reaches torchrun once, through us, not twice (terminal + forward)
     proc = subprocess.Popen(cmd, env=env, start_new_session=True)
 
+    received: list[int] = []
+
     def forward(signum: int, frame: object) -> None:
+        received.append(signum)
         proc.send_signal(signum)
 
     old = {sig: signal.signal(sig, forward) for sig in (signal.SIGINT, signal.SIGTERM)}
@@ -79,4 +81,6 @@ def launch(nproc: int, cramkit_args: Sequence[str], **kwargs: object) -> int:
             signal.signal(sig, handler)
     if code < 0:  # killed by a signal
         return 128 - code
+    if received and code != 0:  # stopped on request (each worker saved a checkpoint): say so by the code
+        return 128 + received[0]
     return code

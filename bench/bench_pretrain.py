@@ -10,7 +10,7 @@
     validation MLM loss on the same held-out masked batches.
 
     python bench/bench_pretrain.py throughput [--reps 3] [--compile]
-    python bench/bench_pretrain.py quality [--budget 150] [--corpus ../shared/data/corpus/nltk-abc]
+    python bench/bench_pretrain.py quality [--budget 150] [--corpus FILE ...]  (default: WikiText-2 valid+test)
 """
 
 from __future__ import annotations
@@ -87,7 +87,7 @@ def make_step(kind: str, shape: tuple[int, int, int, int], vocab: int, compile_:
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         opt.zero_grad(set_to_none=True)
-        return float(loss)
+        return float(loss.detach())
 
     return step
 
@@ -143,15 +143,15 @@ def quality(args: argparse.Namespace) -> None:
     work = Path(args.work or tempfile.mkdtemp(prefix="bench-quality-"))
     store_dir = work / "store"
     if not (store_dir / "train.idx").is_file():
-        tok = train_tokenizer(iter_documents([args.corpus]), 8192)
+        tok = train_tokenizer(iter_documents(args.corpus), 8192)
         save_tokenizer(tok, work / "tokenizer")
-        build_store([args.corpus], tok, store_dir, name="train")
+        build_store(args.corpus, tok, store_dir, name="train")
     tok = load_tokenizer(work / "tokenizer")
     store = TokenStore(store_dir)
     vocab, special = tok.get_vocab_size(), special_ids(tok)
     cfg = resolve_config("tiny-cpu")
     # the same held-out batches for both: BERT's 15% masking on the validation documents
-    val_data = PretrainData(store, DataConfig(mask_rate=0.15), special, vocab)
+    val_data = PretrainData(store, DataConfig(mask_rate=0.15, validation_fraction=0.05), special, vocab)
     val = list(val_data.val_batches(32, 16))
     n_val = sum(int((b["labels"] != -100).sum()) for b in val)
 
@@ -169,6 +169,7 @@ def quality(args: argparse.Namespace) -> None:
         run = work / f"ours-{rep}"
         cramkit.pretrain(str(store_dir), budget=f"{args.budget}s", out=run,
                          overrides=[f"train.threads={args.threads}", "train.progress=false", "train.eval_every=never",
+                                    "data.validation_fraction=0.05",
                                     "train.checkpoint_every=never"])  # fmt: skip
         model = MaskedLM(
             resolve_config(base=__import__("yaml").safe_load((run / "config.yaml").read_text())).model
@@ -187,7 +188,9 @@ def quality(args: argparse.Namespace) -> None:
         opt = torch.optim.AdamW(
             hf.parameters(), lr=args.hf_lr, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01
         )
-        loader = PretrainData(store, DataConfig(mask_rate=0.15), special, vocab).train_loader(32)
+        loader = PretrainData(
+            store, DataConfig(mask_rate=0.15, validation_fraction=0.05), special, vocab
+        ).train_loader(32)
         hf.train()
         spent, tokens = 0.0, 0
         while spent < args.budget:
@@ -229,7 +232,8 @@ def main() -> None:
     a.add_argument("--compile", action="store_true", help="also cramkit with torch.compile on CPU")
     b = sub.add_parser("quality")
     b.add_argument("--budget", type=float, default=150.0, help="seconds of training each")
-    b.add_argument("--corpus", default=str(SHARED / "corpus" / "nltk-abc"))
+    b.add_argument("--corpus", nargs="+",
+                   default=[str(SHARED / "wikitext-2" / f"wiki.{s}.tokens") for s in ("valid", "test")])  # fmt: skip
     b.add_argument("--reps", type=int, default=1)
     b.add_argument("--threads", type=int, default=2)
     b.add_argument("--hf-lr", type=float, default=1e-3)

@@ -55,6 +55,14 @@ def test_pretrain_raw_text_learns(tmp_path: Path, tiny: list[str], wiki_files: l
     assert val[0] > val[1] > val[2] > val[3] and val[3] < math.log(vocab) - 1.0
     assert (run / "checkpoints" / "latest").read_text().strip() == "step-000200"
     assert (run / "loss.png").stat().st_size > 1000
+    # resume with a larger budget: the cached tokenizer and store are reused, training goes on
+    stamps = {
+        p: p.stat().st_mtime_ns for p in [run / "data" / "train.bin", run / "tokenizer" / "tokenizer.json"]
+    }
+    assert pretrain(resume=run, budget="210steps") == run
+    assert {p: p.stat().st_mtime_ns for p in stamps} == stamps
+    assert [r["step"] for r in read_metrics(run) if "loss" in r][-1] == 210
+    assert "budget: 210steps" in (run / "config.yaml").read_text()
 
 
 def test_store_input_and_tokenizer_mismatch(

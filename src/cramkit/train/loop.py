@@ -277,7 +277,7 @@ def train(
                 dcp.load_full(model, optimizer, model_sd, optim_sd)
             else:
                 ckpt.apply_state(model, optimizer, model_sd, optim_sd, found)
-        if scaler is not None and "scaler" in state:
+        if scaler is not None and state.get("scaler"):
             scaler.load_state_dict(state["scaler"])
         loader.load_state_dict(_from_json(state["loader"]))
         ckpt.restore_rng(state["rng"])

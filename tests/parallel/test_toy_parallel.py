@@ -93,3 +93,15 @@ def test_a_dead_rank_ends_the_job_quickly(tmp_path):
     assert took < 40, f"the surviving rank hung for {took:.0f}s"
     err = proc.stdout + proc.stderr
     assert "exitcode  : 3" in err and "rank      : 1" in err  # torchrun names the rank that died
+
+
+@pytest.mark.slow
+def test_a_hung_rank_times_out_with_a_message(tmp_path):
+    t0 = time.perf_counter()
+    proc = torchrun(
+        2, [str(TOY), "--out", str(tmp_path), "--steps", "50", "--hang-at", "2", "--timeout", "8"]
+    )
+    took = time.perf_counter() - t0
+    assert proc.returncode != 0 and took < 60, took
+    err = proc.stdout + proc.stderr
+    assert "rank 0/2: lost contact with the other ranks" in err and "Timed out" in err

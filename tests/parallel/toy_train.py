@@ -39,6 +39,7 @@ def main() -> None:
     ap.add_argument("--sync-save", action="store_true")
     ap.add_argument("--resume", action="store_true")
     ap.add_argument("--die-at", type=int, default=-1, help="rank 1 exits abruptly at this step")
+    ap.add_argument("--hang-at", type=int, default=-1, help="rank 1 stops responding at this step")
     ap.add_argument("--timeout", type=float, default=60)
     args = ap.parse_args()
     out = Path(args.out)
@@ -64,6 +65,8 @@ def main() -> None:
         for step in range(start, args.steps):
             if step == args.die_at and ctx.rank == 1:
                 os._exit(3)
+            if step == args.hang_at and ctx.rank == 1:
+                time.sleep(3600)
             ids, labels = global_batch(step)
             n_global = (labels != IGNORE).sum()
             ids, labels = ids[ctx.rank * per_rank :][:per_rank], labels[ctx.rank * per_rank :][:per_rank]

@@ -252,7 +252,7 @@ def train(
     np.random.seed(tcfg.seed % 2**32)
     model = MaskedLM(cfg.model).to(device)
     # DDP wraps the model, FSDP2 shards it in place: the optimizer is built on the (sharded) parameters
-    train_model = parallel.apply_parallel(model, cfg.parallel, ctx)
+    train_model = parallel.apply_parallel(model, cfg.parallel, ctx, precision)
     optimizer = build_optimizer(
         model, tcfg.optimizer, tcfg.lr, tcfg.betas, tcfg.eps, tcfg.weight_decay, device
     )

@@ -155,13 +155,14 @@ def apply_ddp(model: nn.Module, ctx: DistContext) -> nn.Module:
     return DDP(model, device_ids=device_ids, gradient_as_bucket_view=True, forward_sync_buffers=False)
 
 
-def apply_fsdp(model: nn.Module, cfg: ParallelConfig, ctx: DistContext) -> nn.Module:
+def apply_fsdp(model: nn.Module, cfg: ParallelConfig, ctx: DistContext, precision: str = "auto") -> nn.Module:
     """FSDP2: ``fully_shard`` each transformer block, then the root.
 
     The root group holds the embeddings, the final norm and the MLM head; the tied word embedding /
     decoder weight therefore lives in exactly one group (sharding the embeddings on their own would
-    split a shared parameter across two groups). On CUDA parameters are gathered in bf16 and gradients
-    reduced in fp32; ``cpu_offload`` keeps parameters, gradients and optimizer state in host memory.
+    split a shared parameter across two groups). With bf16 training (``precision`` "bf16", or "auto" on
+    CUDA) parameters are gathered in bf16 and gradients reduced in fp32 (the sharded master weights
+    stay fp32); ``cpu_offload`` keeps parameters, gradients and optimizer state in host memory.
     """
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
@@ -169,7 +170,7 @@ def apply_fsdp(model: nn.Module, cfg: ParallelConfig, ctx: DistContext) -> nn.Mo
     _broadcast_from_rank0(model)  # FSDP shards what each rank holds: make sure they all hold the same
     mesh = init_device_mesh(ctx.device.type, (ctx.world,))
     mp = MixedPrecisionPolicy()
-    if ctx.device.type == "cuda":
+    if precision == "bf16" or (precision == "auto" and ctx.device.type == "cuda"):
         mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
     offload = CPUOffloadPolicy(pin_memory=ctx.device.type == "cuda") if cfg.cpu_offload else OffloadPolicy()
     # fully_shard cannot shard 0-dim parameters (the scaled-sinusoidal position scale): they stay
@@ -186,8 +187,12 @@ def apply_fsdp(model: nn.Module, cfg: ParallelConfig, ctx: DistContext) -> nn.Mo
     return model
 
 
-def apply_parallel(model: nn.Module, cfg: ParallelConfig, ctx: DistContext) -> nn.Module:
-    """The module to train: ``model`` itself (world 1), DDP-wrapped, or FSDP2-sharded in place."""
+def apply_parallel(
+    model: nn.Module, cfg: ParallelConfig, ctx: DistContext, precision: str = "auto"
+) -> nn.Module:
+    """The module to train: ``model`` itself (world 1), DDP-wrapped, or FSDP2-sharded in place.
+
+    ``precision`` is the trainer's resolved one (fp32, bf16, fp16); it sets FSDP2's mixed precision."""
     if not ctx.distributed:
         if cfg.cpu_offload:
             raise CramkitError(
@@ -196,7 +201,7 @@ def apply_parallel(model: nn.Module, cfg: ParallelConfig, ctx: DistContext) -> n
             )
         return model
     if cfg.strategy == "fsdp":
-        return apply_fsdp(model, cfg, ctx)
+        return apply_fsdp(model, cfg, ctx, precision)
     if cfg.cpu_offload:
         raise CramkitError("parallel.cpu_offload works with parallel.strategy=fsdp only, not ddp")
     return apply_ddp(model, ctx)

@@ -164,10 +164,15 @@ def main() -> int:
     ap.add_argument("--seeds", default="0,1,2")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--out", default="/tmp/bench_finetune")
+    ap.add_argument(
+        "--ablate-bucketing",
+        action="store_true",
+        help="also run cramkit with bucketing off (random batches padded to their longest, like HF)",
+    )
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
 
-    from cramkit.tasks.finetune import FinetuneConfig, _load_source
+    from cramkit.tasks.finetune import FinetuneConfig, _load_source, config_from
     from cramkit.tasks.registry import get_task
 
     task = get_task("glue/sst2", data_dir=args.glue_dir)
@@ -180,12 +185,15 @@ def main() -> int:
         f"{torch.get_num_threads()} threads; seeds {seeds}",
         flush=True,
     )
-    ours, hf = [], []
+    ours, hf, plain = [], [], []
     for seed in seeds:
         ours.append(run_ours(task, loaded, cfg, seed))
         print(f"  seed {seed} cramkit : {ours[-1]}", flush=True)
         hf.append(run_hf(task, cfg, seed, Path(args.out)))
         print(f"  seed {seed} HF      : {hf[-1]}", flush=True)
+        if args.ablate_bucketing:
+            plain.append(run_ours(task, loaded, config_from({"bucket_chunk": 0}, cfg), seed))
+            print(f"  seed {seed} cramkit, no bucketing: {plain[-1]}", flush=True)
 
     def med(rows, key):
         return statistics.median(r[key] for r in rows)
@@ -204,6 +212,11 @@ def main() -> int:
     print(f"| dev accuracy (mean over seeds) | {np.mean([r['acc'] for r in hf]):.2f} | "
           f"{np.mean([r['acc'] for r in ours]):.2f} | "
           f"{np.mean([r['acc'] for r in ours]) - np.mean([r['acc'] for r in hf]):+.2f} pts |")  # fmt: skip
+    if plain:
+        print(f"| cramkit without bucketing: examples/s | {med(hf, 'ex_s'):.1f} | {med(plain, 'ex_s'):.1f} | "
+              f"{med(plain, 'ex_s') / med(hf, 'ex_s'):.2f}x |")  # fmt: skip
+        print(f"| cramkit without bucketing: dev accuracy | {med(hf, 'acc'):.2f} | {med(plain, 'acc'):.2f} | "
+              f"{med(plain, 'acc') - med(hf, 'acc'):+.2f} pts |")  # fmt: skip
     per_seed = [", ".join(f"{r['acc']:.2f}" for r in rows) for rows in (hf, ours)]
     print(f"| per-seed accuracy | {per_seed[0]} | {per_seed[1]} | |")
     print(

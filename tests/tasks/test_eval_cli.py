@@ -219,3 +219,18 @@ def test_eval_mnli_both_dev_sets_ax_and_stsb_regression(
     sts_rows = (tmp_path / "out" / "stsb" / "predictions" / "STS-B.tsv").read_text().splitlines()[1:]
     assert len(sts_rows) == 10 and all(float(r.split("\t")[1]) == float(r.split("\t")[1]) for r in sts_rows)
     assert "dev_mismatched" in (tmp_path / "out" / "results.md").read_text()
+
+
+def test_finetune_glue_task_with_seeds(tiny_run: Path, small_glue: Path, tmp_path: Path, capsys) -> None:
+    out = tmp_path / "sst2"
+    argv = ["finetune", "--task", "glue/sst2", "--from", str(tiny_run / "checkpoints" / "step-000010"),
+            "--data-dir", str(small_glue), "--out", str(out), "--seeds", "0,1,2", "--set", "epochs=1",
+            "--set", "finetune.max_length=64", "--no-progress"]  # fmt: skip
+    rc, stdout, _ = _run(argv, capsys)
+    assert rc == 0 and "glue/sst2 dev: accuracy" in stdout and "median of 3 seed(s)" in stdout
+    res = json.loads((out / "results.json").read_text())
+    assert [r["seed"] for r in res["seeds"]] == [0, 1, 2] and res["config"]["max_length"] == 64
+    accs = sorted(r["dev"]["dev"]["metrics"]["accuracy"] for r in res["seeds"])
+    assert res["median"]["dev"]["metrics"]["accuracy"] == accs[1]
+    assert res["test_predictions"]["seed"] in (0, 1, 2)
+    assert len((out / "predictions" / "SST-2.tsv").read_text().splitlines()) == 41

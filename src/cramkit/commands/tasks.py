@@ -97,7 +97,8 @@ def _config(args: argparse.Namespace):
 
     overrides = parse_overrides(args.overrides)
     if isinstance(overrides.get("finetune"), dict):  # accept --set finetune.lr=... too
-        overrides = {**overrides, **overrides.pop("finetune")}
+        nested = overrides.pop("finetune")
+        overrides = {**overrides, **nested}
     if args.seeds:
         try:
             overrides["seeds"] = [int(s) for s in args.seeds.split(",") if s.strip()]

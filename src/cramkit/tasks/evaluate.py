@@ -137,7 +137,9 @@ def _write_chart(path: Path, results: dict[str, Any]) -> None:
     for name, res in results["tasks"].items():
         for split, med in res["median"].items():
             short = name.split("/")[-1]
-            names.append(short if len(res["median"]) == 1 else f"{short}-{split.removeprefix('dev_')[:2]}")
+            suffix = {"dev_matched": "m", "dev_mismatched": "mm"}.get(split, split)
+            label = short if len(res["median"]) == 1 else f"{short}-{suffix}"
+            names.append(f"{label}\n({res.get('main_metric') or 'score'})")
             scores.append(med["score"])
     if results["glue_average"] is not None:
         names.append("GLUE avg")

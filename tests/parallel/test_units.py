@@ -17,6 +17,8 @@ from cramkit.train import dcp
 from cramkit.train import parallel as P
 from cramkit.train.launch import torchrun_command
 
+pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
+
 
 def test_torchrun_command_lines():
     one = torchrun_command(4, ["pretrain", "--out", "r"])

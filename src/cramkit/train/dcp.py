@@ -40,6 +40,9 @@ from torch import nn
 from cramkit.errors import CramkitError
 from cramkit.train.parallel import DistContext
 
+# a single-process save/load is what we mean when no process group exists: not worth a warning each time
+warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable or uninitialized")
+
 STATE_FILE = "trainer_state.json"
 LATEST = "latest"
 _STEP_RE = re.compile(r"^step-(\d+)$")

@@ -288,17 +288,17 @@ class ShardedCheckpointer:
         name = step_dir_name(step)
         tmp, final = self.root / f"{name}.tmp", self.root / name
         model_sd, optim_sd, hparams = get_states(model, optimizer)
+        state = {"step": step, "world": self.ctx.world, "optimizer_hparams": hparams}
+        state["trainer"] = dict(trainer_state or {})
+        try:  # on every rank, so that all of them stop here alike
+            text = json.dumps(state, indent=1, sort_keys=True)
+        except TypeError as exc:
+            raise CramkitError(f"trainer state of step {step} is not JSON-serializable: {exc}") from None
         if self.ctx.is_main:
             if tmp.exists():
                 shutil.rmtree(tmp)
             tmp.mkdir(parents=True)
-            state = {"step": step, "world": self.ctx.world, "optimizer_hparams": hparams}
-            state["trainer"] = dict(trainer_state or {})
-            try:
-                text = json.dumps(state, indent=1, sort_keys=True)
-            except TypeError as exc:
-                raise CramkitError(f"trainer state of step {step} is not JSON-serializable: {exc}") from None
-            (tmp / STATE_FILE).write_text(text)
+            _write_synced(tmp / STATE_FILE, text)
         self._barrier()
         state_dict = {"model": model_sd, "optim": optim_sd}
         kwargs = dict(checkpoint_id=str(tmp), process_group=self.pg, no_dist=not self.ctx.distributed)
@@ -331,7 +331,12 @@ class ShardedCheckpointer:
         """Block until the state being checkpointed is copied to host memory (overlapped staging)."""
         staging, self._staging = self._staging, None
         if staging is not None:
-            staging.result()
+            try:
+                staging.result()
+            except Exception as exc:  # noqa: BLE001 - reported with the fix
+                with self._lock:
+                    self._error = self._error or exc
+                self._raise()
 
     def wait(self) -> None:
         """Block until the checkpoint in flight is complete (and visible); re-raise its error."""
@@ -410,12 +415,16 @@ class ShardedCheckpointer:
             dist.barrier(group=self.pg)
 
 
-def _write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp-write")
-    with open(tmp, "w") as f:
+def _write_synced(path: Path, text: str) -> None:
+    with open(path, "w", encoding="utf-8") as f:
         f.write(text)
         f.flush()
         os.fsync(f.fileno())
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp-write")
+    _write_synced(tmp, text)
     os.replace(tmp, path)
     _fsync_dir(path.parent)
 

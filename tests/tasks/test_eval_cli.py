@@ -234,3 +234,18 @@ def test_finetune_glue_task_with_seeds(tiny_run: Path, small_glue: Path, tmp_pat
     assert res["median"]["dev"]["metrics"]["accuracy"] == accs[1]
     assert res["test_predictions"]["seed"] in (0, 1, 2)
     assert len((out / "predictions" / "SST-2.tsv").read_text().splitlines()) == 41
+
+
+def test_bad_row_stops_or_is_skipped(tiny_run: Path, small_glue: Path, tmp_path: Path, capsys) -> None:
+    root = tmp_path / "glue"
+    for split in ("train", "dev"):
+        _head(small_glue / "SST-2" / f"{split}.tsv", root / "SST-2" / f"{split}.tsv", 81)
+    with open(root / "SST-2" / "train.tsv", "a", encoding="utf-8") as f:
+        f.write("a row\twith three\tcolumns\n")
+    argv = ["finetune", "--task", "glue/sst2", "--data-dir", str(root), "--from", str(tiny_run),
+            "--out", str(tmp_path / "o"), "--set", "epochs=1", "--no-progress"]  # fmt: skip
+    rc, _, err = _run(argv, capsys)
+    assert rc == 2 and "train.tsv, line 82" in err and "--skip-bad-rows" in err
+    rc, _, err = _run([*argv, "--skip-bad-rows"], capsys)
+    assert rc == 0 and '"train": 1' in err
+    assert json.loads((tmp_path / "o" / "results.json").read_text())["skipped_rows"] == {"train": 1}

@@ -603,8 +603,9 @@ def finetune(
             "score": statistics.median(r["dev"][split]["score"] for r in per_seed),
         }
     results["score"] = float(np.mean([results["median"][s]["score"] for s in dev])) if dev else None
-    if task.skipped:
-        results["skipped_rows"] = {s: n for s, n in task.skipped.items() if n}
+    skipped = {s: n for s, n in task.skipped.items() if n}
+    if skipped:
+        results["skipped_rows"] = skipped
 
     if out_dir is not None:
         out = Path(out_dir)

@@ -60,3 +60,27 @@ def minilm_dir() -> Path:
         if (cand / "config.json").exists() and (cand / "model.safetensors").exists():
             return cand
     pytest.skip(f"no config.json + model.safetensors found under {root}")
+
+
+@pytest.fixture(scope="session")
+def builtin_docs() -> list[str]:
+    """The built-in default corpus (stdlib docstrings)."""
+    from cramkit.text.sources import iter_documents
+
+    return list(iter_documents())
+
+
+@pytest.fixture(scope="session")
+def tok_dir(tmp_path_factory, builtin_docs):
+    """A 3000-token WordPiece tokenizer trained on the stdlib docstrings, saved with save_tokenizer."""
+    from cramkit.text.tokenizer import save_tokenizer, train_tokenizer
+
+    tok = train_tokenizer(builtin_docs[:300], 3000)
+    return save_tokenizer(tok, tmp_path_factory.mktemp("tok"))
+
+
+@pytest.fixture(scope="session")
+def tok(tok_dir):
+    from cramkit.text.tokenizer import load_tokenizer
+
+    return load_tokenizer(tok_dir)

@@ -159,3 +159,71 @@ def test_bad_configs_and_lengths() -> None:
         enc(torch.ones(1, 30, dtype=torch.long))
     rope = Encoder(TINY.replace(position="rope", max_position=64))
     assert rope(torch.ones(1, 30, dtype=torch.long)).shape == (1, 30, TINY.hidden)
+
+
+SPARSE_VARIANTS = {
+    "pre-sinusoidal": {},
+    "post-learned-bias": {"norm_position": "post", "position": "learned", "bias": True, "activation": "gelu"},
+    "deepnorm-rope": {"norm_position": "deepnorm", "position": "rope", "bias": True},
+    "pre-rope-rmsnorm-checkpointed": {"position": "rope", "norm": "rmsnorm", "gradient_checkpointing": True},
+    "post-checkpointed-bare": {"norm_position": "post", "gradient_checkpointing": True, "head_transform": False,
+                               "tie_embeddings": False},
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("padded", [False, True])
+@pytest.mark.parametrize("name", list(SPARSE_VARIANTS))
+def test_sparse_last_block_equals_dense_loss_and_gradients(name: str, padded: bool) -> None:
+    """MaskedLM with labels computes the last block only at the predicted positions: the loss and every
+    parameter's gradient equal those of the dense encoder followed by the head on the predicted rows."""
+    cfg = TINY.replace(layers=3, **SPARSE_VARIANTS[name])
+    torch.manual_seed(4)
+    model = MaskedLM(cfg).train()
+    g = torch.Generator().manual_seed(5)
+    ids = torch.randint(1, cfg.vocab_size, (4, 16), generator=g)
+    mask = torch.ones_like(ids)
+    if padded:
+        mask[1, 9:] = 0
+        mask[3, 5:] = 0
+    pick = (torch.rand(ids.shape, generator=g) < 0.3) & mask.bool()
+    pick[2] = False  # a row with nothing predicted
+    pick[0, :8] = True  # rows with different counts
+    labels = torch.where(pick, ids, torch.full_like(ids, IGNORE))
+
+    sparse = model(ids, labels=labels, attention_mask=mask)
+    sparse.loss.backward()
+    grads = {n: p.grad.clone() for n, p in model.named_parameters()}
+    model.zero_grad()
+    hidden = model.encoder(ids, mask)  # the dense path (fine-tuning, HF export)
+    assert hidden.shape == (4, 16, cfg.hidden)
+    logits = model.head(hidden[pick])
+    dense = F.cross_entropy(logits, ids[pick])
+    dense.backward()
+
+    assert sparse.n_predicted.item() == int(pick.sum())
+    assert torch.allclose(sparse.logits, logits, rtol=1e-5, atol=1e-5)
+    assert abs(sparse.loss.item() - dense.item()) <= 1e-5 * dense.item()
+    for n, p in model.named_parameters():
+        scale = p.grad.abs().max().item()
+        assert scale > 0, n
+        assert (grads[n] - p.grad).abs().max().item() <= 1e-5 * scale, n
+
+
+def test_encoder_select_returns_selected_rows_and_rows_without_selection_are_dense() -> None:
+    cfg = TINY.replace(position="rope")
+    torch.manual_seed(6)
+    enc = Encoder(cfg).eval()
+    ids, mask = _batch(9)
+    mask[0, 6:] = 0
+    select = torch.zeros_like(ids, dtype=torch.bool)
+    select[0, [1, 5]] = True
+    select[2, [0, 3, 4, 8]] = True
+    with torch.no_grad():
+        rows = enc(ids, mask, select=select)
+        full = enc(ids, mask)
+    assert rows.shape == (6, cfg.hidden)
+    assert torch.allclose(rows, full[select], atol=1e-5)
+    # nothing predicted: the loss of an empty mean (NaN) and empty logits, no error
+    model = MaskedLM(cfg)
+    out = model(ids, labels=torch.full_like(ids, IGNORE))
+    assert out.logits.shape == (0, cfg.vocab_size) and out.n_predicted.item() == 0

@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -125,9 +125,14 @@ class Rotary(nn.Module):
         self.register_buffer("cos", angles.cos(), persistent=False)
         self.register_buffer("sin", angles.sin(), persistent=False)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: [B, heads, L, head_dim]
-        length = x.shape[-2]
-        cos, sin = self.cos[:length].to(x.dtype), self.sin[:length].to(x.dtype)
+    def forward(self, x: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
+        """x: [B, heads, L, head_dim] (positions 0..L-1), or [N, heads, head_dim] at ``positions`` [N]."""
+        if positions is None:
+            length = x.shape[-2]
+            cos, sin = self.cos[:length], self.sin[:length]
+        else:
+            cos, sin = self.cos[positions][:, None], self.sin[positions][:, None]
+        cos, sin = cos.to(x.dtype), sin.to(x.dtype)
         x1, x2 = x[..., 0::2], x[..., 1::2]
         return torch.stack((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1).flatten(-2)
 
@@ -167,6 +172,31 @@ class Embeddings(nn.Module):
         return self.dropout(self.norm(x))
 
 
+class Selection(NamedTuple):
+    """The positions whose block output is needed (sparse prediction), built by ``select_positions``.
+
+    ``flat`` [N]: their indices in the flattened ``[B * L]`` positions, row-major (as ``x[keep]``);
+    ``slots`` [N]: their indices in a ``[B * M]`` query layout, M = the largest count in a row;
+    ``valid`` [B, M]: which query slots are real (its shape gives B and M).
+    """
+
+    flat: torch.Tensor
+    slots: torch.Tensor
+    valid: torch.Tensor
+
+
+def select_positions(keep: torch.Tensor) -> Selection:
+    """[B, L] bool of wanted positions -> ``Selection`` (each row's queries packed to the left)."""
+    counts = keep.sum(1)
+    width = int(counts.max())
+    rank = keep.long().cumsum(1) - 1  # a position's slot within its row
+    flat = keep.reshape(-1).nonzero().squeeze(1)
+    row = torch.div(flat, keep.shape[1], rounding_mode="floor")
+    slots = row * width + rank.reshape(-1)[flat]
+    valid = torch.arange(width, device=keep.device)[None, :] < counts[:, None]
+    return Selection(flat, slots, valid)
+
+
 class Attention(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
@@ -177,7 +207,13 @@ class Attention(nn.Module):
             Rotary(cfg.head_dim, cfg.max_position, cfg.rope_base) if cfg.position == "rope" else None
         )
 
-    def forward(self, x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, mask: torch.Tensor | None, select: Selection | None = None
+    ) -> torch.Tensor:
+        """[B, L, hidden] -> [B, L, hidden]; with ``select``, queries (and the output, [N, hidden]) only
+        at the selected positions, keys and values at all of them."""
+        if select is not None:
+            return self._selected(x, mask, select)
         batch, length, _ = x.shape
         q, k, v = (
             self.qkv(x)
@@ -190,6 +226,28 @@ class Attention(nn.Module):
         p = self.cfg.attention_dropout if self.training else 0.0
         y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p)
         return self.out(y.transpose(1, 2).reshape(batch, length, self.cfg.hidden))
+
+    def _selected(self, x: torch.Tensor, mask: torch.Tensor | None, select: Selection) -> torch.Tensor:
+        batch, length, hidden = x.shape
+        heads, head_dim = self.cfg.heads, self.cfg.head_dim
+        w, b = self.qkv.weight, self.qkv.bias  # rows: queries, keys, values
+        k, v = (
+            F.linear(x, w[hidden:], None if b is None else b[hidden:])
+            .view(batch, length, 2, heads, head_dim)
+            .permute(2, 0, 3, 1, 4)
+            .unbind(0)
+        )
+        xq = x.reshape(-1, hidden).index_select(0, select.flat)
+        q = F.linear(xq, w[:hidden], None if b is None else b[:hidden]).view(-1, heads, head_dim)
+        if self.rotary is not None:
+            q, k = self.rotary(q, select.flat % length), self.rotary(k)
+        width = select.valid.shape[1]  # queries packed per row, padded with zeros (outputs dropped)
+        q = q.new_zeros(batch * width, heads, head_dim).index_copy(0, select.slots, q)
+        q = q.view(batch, width, heads, head_dim).transpose(1, 2)
+        p = self.cfg.attention_dropout if self.training else 0.0
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p)
+        y = y.transpose(1, 2).reshape(batch * width, hidden).index_select(0, select.slots)
+        return self.out(y)
 
 
 class MLP(nn.Module):
@@ -223,11 +281,22 @@ class Block(nn.Module):
         self.mlp = MLP(cfg)
         self.dropout = nn.Dropout(cfg.dropout)
 
-    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, mask: torch.Tensor | None = None, select: Selection | None = None
+    ) -> torch.Tensor:
+        """[B, L, hidden] -> [B, L, hidden]; with ``select``, only the selected positions' outputs
+        ([N, hidden], row-major): keys and values still see every position."""
+        if select is None:
+            if self.pre:
+                x = x + self.dropout(self.attn(self.norm_attn(x), mask))
+                return x + self.dropout(self.mlp(self.norm_mlp(x)))
+            x = self.norm_attn(self.alpha * x + self.dropout(self.attn(x, mask)))
+            return self.norm_mlp(self.alpha * x + self.dropout(self.mlp(x)))
+        residual = x.reshape(-1, x.shape[-1]).index_select(0, select.flat)
         if self.pre:
-            x = x + self.dropout(self.attn(self.norm_attn(x), mask))
+            x = residual + self.dropout(self.attn(self.norm_attn(x), mask, select))
             return x + self.dropout(self.mlp(self.norm_mlp(x)))
-        x = self.norm_attn(self.alpha * x + self.dropout(self.attn(x, mask)))
+        x = self.norm_attn(self.alpha * residual + self.dropout(self.attn(x, mask, select)))
         return self.norm_mlp(self.alpha * x + self.dropout(self.mlp(x)))
 
 
@@ -253,14 +322,21 @@ class Encoder(nn.Module):
         input_ids: torch.Tensor,
         attention_mask: torch.Tensor | None = None,
         token_type_ids: torch.Tensor | None = None,
+        select: torch.Tensor | None = None,
     ) -> torch.Tensor:
+        """Hidden states ``[B, L, hidden]``; with ``select`` ([B, L] bool, at least one True), only those
+        positions' ``[N, hidden]`` (row-major, as ``hidden[select]``), the last block computing its
+        queries, MLP and norms only there (sparse prediction: the same values, less work)."""
         x = self.embeddings(input_ids, token_type_ids)
         mask = _mask_for(attention_mask, x.dtype)
-        for block in self.layers:
+        chosen = select_positions(select) if select is not None else None
+        last = len(self.layers) - 1
+        for i, block in enumerate(self.layers):
+            sel = chosen if i == last else None
             if self.cfg.gradient_checkpointing and self.training:
-                x = checkpoint(block, x, mask, use_reentrant=False)
+                x = checkpoint(block, x, mask, sel, use_reentrant=False)
             else:
-                x = block(x, mask)
+                x = block(x, mask, sel)
         return self.final_norm(x)
 
 

@@ -56,15 +56,17 @@ class MaskedLM(nn.Module):
         attention_mask: torch.Tensor | None = None,
         token_type_ids: torch.Tensor | None = None,
     ) -> MLMOutput:
-        hidden = self.encoder(input_ids, attention_mask, token_type_ids)
         if labels is None:
-            logits = self.head(hidden)
+            logits = self.head(self.encoder(input_ids, attention_mask, token_type_ids))
             return MLMOutput(logits.new_zeros(()), logits, logits.new_zeros((), dtype=torch.long))
-        labels = labels.reshape(-1)
-        # sparse prediction: never compute vocabulary logits for positions that are thrown away
-        keep = labels != IGNORE
-        hidden = hidden.reshape(-1, hidden.shape[-1])[keep]
-        targets = labels[keep]
+        # sparse prediction: never compute what is thrown away; the last block and the vocabulary
+        # logits only at the predicted positions
+        keep = labels.reshape(input_ids.shape) != IGNORE
+        if bool(keep.any()):
+            hidden = self.encoder(input_ids, attention_mask, token_type_ids, select=keep)
+        else:  # nothing predicted: empty logits (the loss is NaN, as a mean over nothing)
+            hidden = self.encoder(input_ids, attention_mask, token_type_ids)[keep]
+        targets = labels.reshape(-1)[keep.reshape(-1)]
         logits = self.head(hidden)
         loss = F.cross_entropy(logits.float(), targets, reduction="mean")
         return MLMOutput(loss, logits, keep.sum())

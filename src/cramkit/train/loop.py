@@ -245,7 +245,11 @@ def train(
     eval_every = parse_every(tcfg.eval_every, "train.eval_every")
     deterministic = _auto(tcfg.deterministic, device.type == "cpu")
     was_deterministic = torch.are_deterministic_algorithms_enabled()
+    was_filling = torch.utils.deterministic.fill_uninitialized_memory
     torch.use_deterministic_algorithms(deterministic, warn_only=True)
+    # deterministic mode also fills every new tensor with NaN (to expose reads of uninitialised memory):
+    # pure overhead here, as no kernel we run reads memory it did not write
+    torch.utils.deterministic.fill_uninitialized_memory = False
 
     # model and optimizer, seeded: the same seed gives the same weights on every rank
     torch.manual_seed(tcfg.seed)
@@ -456,6 +460,7 @@ def train(
         bar.close()
         log.close()
         torch.use_deterministic_algorithms(was_deterministic)
+        torch.utils.deterministic.fill_uninitialized_memory = was_filling
         if ctx.is_main:
             with contextlib.suppress(Exception):
                 plot_losses(run)

@@ -126,3 +126,46 @@ def test_missing_special_tokens_and_empty_corpus(tmp_path):
         train_tokenizer(iter([]), 1000)
     with pytest.raises(CramkitError, match="too small"):
         train_tokenizer(["text"], 3)
+
+
+_TRAIN_AND_PRINT_VOCAB = """
+import sys
+from cramkit.text.sources import iter_documents
+from cramkit.text.tokenizer import train_tokenizer
+tok = train_tokenizer(lambda: iter_documents([sys.argv[1]]), 3000)
+v = tok.get_vocab()
+print("\\n".join(sorted(v, key=v.get)))
+"""
+
+
+def test_training_is_deterministic_across_processes(wikitext_dir):
+    # HF's WordPiece trainer alone gives a different vocabulary (or ids) from run to run on this file
+    # (huggingface/tokenizers#1794); ours must not
+    import subprocess
+    import sys
+
+    src = str(wikitext_dir / "wiki.valid.tokens")
+    runs = [
+        subprocess.run(
+            [sys.executable, "-c", _TRAIN_AND_PRINT_VOCAB, src], capture_output=True, text=True, check=True
+        ).stdout
+        for _ in range(3)
+    ]
+    assert len(runs[0].splitlines()) == 3000
+    assert runs[0] == runs[1] == runs[2]
+    vocab = runs[0].splitlines()
+    assert vocab[:5] == ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+    assert "##s" in vocab and "the" in vocab
+
+
+def test_continuation_symbols_are_ordinary_tokens(wikitext_dir):
+    from cramkit.text.sources import iter_documents
+    from cramkit.text.tokenizer import train_tokenizer
+
+    tok = train_tokenizer(list(iter_documents([str(wikitext_dir / "wiki.valid.tokens")]))[:200], 1500)
+    # only BERT's five special tokens are special: "##x" in the text is ordinary text, not a token
+    enc = tok.encode("##e walking", add_special_tokens=False)
+    assert enc.tokens[0] != "##e" and enc.offsets[0] == (0, 1)
+    assert sorted(t.content for t in tok.get_added_tokens_decoder().values()) == sorted(
+        ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+    )

@@ -102,9 +102,8 @@ def cmd_tokenizer_train(args: argparse.Namespace) -> int:
 
     t0 = time.time()
     stats: dict = {}
-    docs = iter_documents(args.sources, stats=stats, **_source_kwargs(args))
     tok = train_tokenizer(
-        docs,
+        lambda: iter_documents(args.sources, stats=stats, **_source_kwargs(args)),
         args.vocab_size,
         lowercase=not args.no_lowercase,
         strip_accents=not args.keep_accents,

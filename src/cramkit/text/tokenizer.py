@@ -12,7 +12,8 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from collections.abc import Iterable
+import unicodedata
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -51,14 +52,22 @@ def _bert_template(tok: tokenizers.Tokenizer) -> None:
 
 
 def train_tokenizer(
-    documents: Iterable[str],
+    documents: Iterable[str] | Callable[[], Iterable[str]],
     vocab_size: int = 32768,
     *,
     lowercase: bool = True,
     strip_accents: bool = True,
     min_frequency: int = 2,
 ) -> tokenizers.Tokenizer:
-    """Train a BERT WordPiece tokenizer on ``documents``; the special tokens get ids 0..4."""
+    """Train a BERT WordPiece tokenizer on ``documents``; the special tokens get ids 0..4.
+
+    Deterministic: the same documents give the same vocabulary and ids in every process. Hugging Face's
+    trainer alone is not (huggingface/tokenizers#1794: it numbers the "##" continuation symbols in
+    hash-map order, and those numbers break ties between equally frequent merges), so a first pass
+    collects the characters that can continue a word and registers their "##" forms up front, in
+    sorted order. ``documents`` may be a function returning a fresh iterable (read twice, nothing held
+    in memory), a sequence, or a one-shot iterator (then held in memory for the two passes).
+    """
     from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 
     if vocab_size < len(SPECIAL_TOKENS) + 1:
@@ -67,34 +76,67 @@ def train_tokenizer(
         )
     if min_frequency < 1:
         raise CramkitError(f"--min-frequency {min_frequency} must be at least 1")
-    tok = Tokenizer(
-        models.WordPiece(unk_token="[UNK]", continuing_subword_prefix="##", max_input_chars_per_word=100)
-    )
-    tok.normalizer = normalizers.BertNormalizer(
+    if callable(documents):
+        passes = documents
+    else:
+        if iter(documents) is documents:  # a generator: keep it for the second pass
+            documents = list(documents)
+        passes = lambda: documents  # noqa: E731
+
+    normalizer = normalizers.BertNormalizer(
         clean_text=True, handle_chinese_chars=True, strip_accents=strip_accents, lowercase=lowercase
     )
-    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
-    tok.decoder = decoders.WordPiece(prefix="##")
+    chars: set[str] = set()
+    count = 0
+    for doc in passes():
+        count += 1
+        chars.update(normalizer.normalize_str(doc))
+    if count == 0:
+        raise CramkitError("the corpus holds no documents (all files empty?); give sources with text in them")
+    continuations = [f"##{c}" for c in sorted(c for c in chars if _can_continue_word(c))]
+
     trainer = trainers.WordPieceTrainer(
         vocab_size=vocab_size,
         min_frequency=min_frequency,
-        special_tokens=list(SPECIAL_TOKENS),
+        special_tokens=[*SPECIAL_TOKENS, *continuations],
         continuing_subword_prefix="##",
         show_progress=False,
     )
-    count = 0
+    bare = Tokenizer(models.WordPiece(unk_token="[UNK]", continuing_subword_prefix="##"))
+    bare.normalizer = normalizer
+    bare.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    bare.train_from_iterator(passes(), trainer=trainer)
 
-    def counted() -> Iterable[str]:
-        nonlocal count
-        for doc in documents:
-            count += 1
-            yield doc
-
-    tok.train_from_iterator(counted(), trainer=trainer)
-    if count == 0:
-        raise CramkitError("the corpus holds no documents (all files empty?); give sources with text in them")
+    # the "##" forms were registered as special tokens only to fix their ids: rebuild the tokenizer
+    # with them as ordinary vocabulary entries and only BERT's five special tokens
+    vocab = bare.get_vocab(with_added_tokens=True)
+    tok = Tokenizer(
+        models.WordPiece(
+            vocab, unk_token="[UNK]", continuing_subword_prefix="##", max_input_chars_per_word=100
+        )
+    )
+    tok.normalizer = normalizer
+    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    tok.decoder = decoders.WordPiece(prefix="##")
+    tok.add_special_tokens(list(SPECIAL_TOKENS))
     _bert_template(tok)
     return tok
+
+
+def _can_continue_word(c: str) -> bool:
+    """Can ``c`` stand inside a word after BERT's pre-tokenizer (not space, punctuation or CJK)?"""
+    if c.isspace():
+        return False
+    cp = ord(c)
+    if 33 <= cp <= 47 or 58 <= cp <= 64 or 91 <= cp <= 96 or 123 <= cp <= 126:
+        return False
+    if unicodedata.category(c).startswith("P"):
+        return False
+    cjk = (
+        (0x4E00, 0x9FFF), (0x3400, 0x4DBF), (0x20000, 0x2A6DF), (0x2A700, 0x2B73F),
+        (0x2B740, 0x2B81F), (0x2B820, 0x2CEAF), (0xF900, 0xFAFF), (0x2F800, 0x2FA1F),
+    )  # fmt: skip
+    return not any(lo <= cp <= hi for lo, hi in cjk)
 
 
 def _normalizer_settings(tok: tokenizers.Tokenizer) -> dict:

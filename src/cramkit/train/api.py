@@ -83,7 +83,7 @@ def _tokenizer_for(run: Path, cfg: RunConfig, sources: list[str], tokenizer: str
 
             expand_sources(sources)  # a missing path fails here, before any work is announced
         print(f"cramkit: training a WordPiece tokenizer (vocabulary {t.vocab_size}) on {_describe(sources)}")
-        tok = train_tokenizer(iter_documents(sources or None), t.vocab_size, lowercase=t.lowercase,
+        tok = train_tokenizer(lambda: iter_documents(sources or None), t.vocab_size, lowercase=t.lowercase,
                               strip_accents=t.strip_accents, min_frequency=t.min_frequency)  # fmt: skip
     tmp = run / ".tokenizer.tmp"
     shutil.rmtree(tmp, ignore_errors=True)

@@ -139,6 +139,9 @@ def run(args: argparse.Namespace) -> int:
     fmt = json.loads((out / "cramkit_export.json").read_text(encoding="utf-8"))["format"]
     how = "transformers.AutoModel.from_pretrained(DIR)"
     if fmt == "cramkit":
-        how = "transformers.AutoModel.from_pretrained(DIR, trust_remote_code=True)"
+        how = (
+            "transformers.AutoModel.from_pretrained(DIR, trust_remote_code=True) and "
+            "AutoTokenizer.from_pretrained(DIR, trust_remote_code=True)"
+        )
     print(f"exported {ckpt} -> {out} ({fmt} format; load with {how})")
     return 0

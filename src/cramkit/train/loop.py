@@ -451,7 +451,7 @@ def train(
         if ctx.is_main and val_loss is not None:
             bar.note(
                 f"cramkit: done: {p.step} steps, {p.tokens:,} tokens in {format_seconds(p.elapsed)}; "
-                f"validation MLM loss {val_loss:.4f}; run directory {run}"
+                f"validation MLM loss {val_loss:.4f}"
             )
         return TrainResult(run, p.step, p.tokens, p.elapsed, val_loss, final, history)
     finally:

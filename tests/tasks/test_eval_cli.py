@@ -6,24 +6,10 @@ import json
 from pathlib import Path
 
 import pytest
-import torch
 
 from cramkit.cli import main
 
-from .test_finetune import make_tiny_run, sst2_sentences
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
-@pytest.fixture(scope="module")
-def tiny_run(glue_dir: Path, tmp_path_factory) -> Path:
-    return make_tiny_run(tmp_path_factory.mktemp("run"), sst2_sentences(glue_dir))
+from .test_finetune import sst2_sentences
 
 
 def _head(src: Path, dst: Path, n: int) -> None:

@@ -69,20 +69,6 @@ def subset_task(task: Task, n_train: int, n_dev: int) -> Task:
     )
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """One intra-op thread: tiny matrices gain nothing from more, and the suite shares 2 cores."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
-@pytest.fixture(scope="module")
-def tiny_run(glue_dir: Path, tmp_path_factory) -> Path:
-    return make_tiny_run(tmp_path_factory.mktemp("run"), sst2_sentences(glue_dir))
-
-
 @pytest.fixture(scope="module")
 def sst2(glue_dir: Path) -> Task:
     return get_task("glue/sst2", data_dir=glue_dir)

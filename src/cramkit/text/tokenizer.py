@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import sys
 import unicodedata
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -100,7 +101,7 @@ def train_tokenizer(
         min_frequency=min_frequency,
         special_tokens=[*SPECIAL_TOKENS, *continuations],
         continuing_subword_prefix="##",
-        show_progress=False,
+        show_progress=sys.stderr.isatty(),  # HF's own progress bar in a terminal
     )
     bare = Tokenizer(models.WordPiece(unk_token="[UNK]", continuing_subword_prefix="##"))
     bare.normalizer = normalizer

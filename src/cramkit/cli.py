@@ -16,7 +16,7 @@ from cramkit.errors import CramkitError
 
 # modules under cramkit.commands, each with `register(subparsers)`; missing ones are skipped so the
 # command stays usable while an area is being built.
-COMMAND_MODULES = ("data", "pretrain", "tasks", "export")
+COMMAND_MODULES = ("data", "pretrain", "tasks", "predict", "export", "distill", "serve", "embed", "index")
 
 
 def build_parser() -> argparse.ArgumentParser:

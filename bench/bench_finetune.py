@@ -37,7 +37,8 @@ def minilm_dir() -> Path:
 
 
 def run_ours(task, loaded, cfg, seed: int) -> dict:
-    from cramkit.tasks.finetune import encode_examples, predict, resolve_device, train_one_seed
+    from cramkit.data.batching import encode_examples
+    from cramkit.tasks.finetune import predict, resolve_device, train_one_seed
 
     train_rows = task.examples("train")[: cfg.max_train_examples]
     t0 = time.perf_counter()
@@ -64,7 +65,7 @@ def run_ours(task, loaded, cfg, seed: int) -> dict:
 
 def padded_tokens(lengths: np.ndarray, batch_size: int, chunk: int, seed: int) -> float:
     """Fraction of the batch tokens that are padding (first epoch); chunk=0: random batches, as HF's."""
-    from cramkit.tasks.finetune import bucketed_batches
+    from cramkit.data.batching import bucketed_batches
 
     batches = bucketed_batches(lengths, batch_size, chunk, np.random.default_rng(seed))
     total = sum(len(b) * lengths[b].max() for b in batches)
@@ -172,13 +173,14 @@ def main() -> int:
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
 
-    from cramkit.tasks.finetune import FinetuneConfig, _load_source, config_from
+    from cramkit.load import load
+    from cramkit.tasks.finetune import FinetuneConfig, config_from
     from cramkit.tasks.registry import get_task
 
     task = get_task("glue/sst2", data_dir=args.glue_dir)
     seeds = [int(s) for s in args.seeds.split(",")]
     cfg = FinetuneConfig(epochs=args.epochs, max_train_examples=args.n_train, device="cpu")
-    loaded = _load_source(f"hf:{minilm_dir()}")
+    loaded = load(f"hf:{minilm_dir()}")
     print(
         f"SST-2: first {args.n_train} train examples, {args.epochs:g} epoch(s), full dev "
         f"({len(task.examples('dev'))}); all-MiniLM-L6-v2; torch {torch.__version__}, "

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -88,3 +90,28 @@ def tok(tok_dir):
     from cramkit.text.tokenizer import load_tokenizer
 
     return load_tokenizer(tok_dir)
+
+
+TINY_MODEL_SETS = [
+    "model.hidden=64", "model.layers=2", "model.heads=2", "model.intermediate=128",
+    "train.micro_batch=8", "train.batch_size=8", "train.log_every=5",
+]  # fmt: skip
+
+
+def run_pretrain(out: Path, *args: str, steps: int = 10, nproc: int = 1, timeout: float = 300) -> Path:
+    """A run directory made by the real `cramkit pretrain` (a tiny model, ``steps`` optimizer steps)."""
+    cmd = [sys.executable, "-m", "cramkit", "pretrain", *args, "--budget", f"{steps}steps", "--out", str(out)]
+    for item in TINY_MODEL_SETS:
+        cmd += ["--set", item]
+    if nproc > 1:
+        cmd += ["--nproc", str(nproc)]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
+    assert proc.returncode == 0, f"cramkit pretrain failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}"
+    return out
+
+
+@pytest.fixture(scope="session")
+def pretrained_run(tmp_path_factory, tok_dir) -> Path:
+    """`cramkit pretrain` on the built-in corpus, one process: a real run directory to load and fine-tune."""
+    return run_pretrain(tmp_path_factory.mktemp("pretrained") / "run", "--tokenizer", str(tok_dir))

@@ -9,9 +9,10 @@ from __future__ import annotations
 from typing import Any
 
 from cramkit.errors import CramkitError
+from cramkit.load import LoadedModel, load  # the function shadows the module name `cramkit.load`
 
 __version__ = "0.1.0"
-__all__ = ["CramkitError", "__version__", "pretrain"]
+__all__ = ["CramkitError", "__version__", "LoadedModel", "load", "pretrain"]
 
 
 def pretrain(*args: Any, **kwargs: Any) -> Any:

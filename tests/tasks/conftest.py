@@ -21,4 +21,4 @@ def one_thread():
 
 @pytest.fixture(scope="module")
 def tiny_run(glue_dir: Path, tmp_path_factory) -> Path:
-    return make_tiny_run(tmp_path_factory.mktemp("run"), sst2_sentences(glue_dir))
+    return make_tiny_run(tmp_path_factory.mktemp("tiny") / "run", sst2_sentences(glue_dir))

@@ -8,47 +8,22 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from safetensors.torch import save_file
 
+from cramkit.data.batching import bucketed_batches, collate, encode_examples
 from cramkit.errors import CramkitError
-from cramkit.tasks.finetune import (
-    FinetuneConfig,
-    bucketed_batches,
-    collate,
-    config_from,
-    encode_examples,
-    finetune,
-    load_encoder_for_finetune,
-)
+from cramkit.load import load
+from cramkit.tasks.finetune import FinetuneConfig, config_from, finetune
 from cramkit.tasks.registry import Example, Task, get_task
 
-TINY_MODEL = {"hidden": 64, "layers": 2, "heads": 2, "intermediate": 128, "max_position": 128}
 
+def make_tiny_run(root: Path, sentences: list[str], *, vocab_size: int = 1500) -> Path:
+    """A run directory made by the real `cramkit pretrain` on ``sentences`` (tiny model, 10 steps)."""
+    from conftest import run_pretrain
 
-def make_tiny_run(
-    root: Path, sentences: list[str], *, vocab_size: int = 1500, model: dict | None = None
-) -> Path:
-    """A cramkit run directory as `cramkit pretrain` writes it, with a random tiny MaskedLM."""
-    import yaml
-
-    from cramkit.model.encoder import ModelConfig
-    from cramkit.model.heads import MaskedLM
-    from cramkit.text.tokenizer import save_tokenizer, train_tokenizer
-
-    tok = train_tokenizer(sentences, vocab_size=vocab_size)
-    save_tokenizer(tok, root / "tokenizer")
-    section = {"vocab_size": tok.get_vocab_size(), **TINY_MODEL, **(model or {})}
-    (root / "config.yaml").write_text(yaml.safe_dump({"model": section}), encoding="utf-8")
-    torch.manual_seed(0)
-    mlm = MaskedLM(ModelConfig(**section))
-    ckpt = root / "checkpoints" / "step-000010"
-    ckpt.mkdir(parents=True)
-    save_file(
-        {k: v.detach().clone().contiguous() for k, v in mlm.state_dict().items()},
-        str(ckpt / "model.safetensors"),
-    )
-    (root / "checkpoints" / "latest").write_text("step-000010\n", encoding="utf-8")
-    return root
+    root.mkdir(parents=True, exist_ok=True)
+    text = root.parent / f"{root.name}-corpus.txt"
+    text.write_text("\n\n".join(sentences) + "\n", encoding="utf-8")
+    return run_pretrain(root, str(text), "--set", f"tokenizer.vocab_size={vocab_size}")
 
 
 def sst2_sentences(glue_dir: Path, n: int = 3000) -> list[str]:
@@ -75,12 +50,16 @@ def sst2(glue_dir: Path) -> Task:
 
 
 def test_load_run_and_checkpoint_dir(tiny_run: Path) -> None:
-    cfg, state, tok = load_encoder_for_finetune(tiny_run)
-    assert cfg.hidden == 64 and cfg.vocab_size == tok.get_vocab_size()
+    m = load(tiny_run)
+    cfg, tok = m.config, m.tokenizer
+    assert m.kind == "mlm" and cfg.hidden == 64 and cfg.vocab_size == tok.get_vocab_size()
+    state = m.encoder.state_dict()
     assert state["embeddings.word.weight"].shape == (cfg.vocab_size, 64)
-    assert not any(k.startswith(("encoder.", "head.")) for k in state)
-    cfg2, state2, _ = load_encoder_for_finetune(tiny_run / "checkpoints" / "step-000010")
-    assert cfg2 == cfg and torch.equal(state2["layers.0.attn.qkv.weight"], state["layers.0.attn.qkv.weight"])
+    m2 = load(tiny_run / "checkpoints" / "step-000010")
+    state2 = m2.encoder.state_dict()
+    assert m2.config == cfg and torch.equal(
+        state2["layers.0.attn.qkv.weight"], state["layers.0.attn.qkv.weight"]
+    )
 
 
 def test_vocab_mismatch_is_a_clear_error(tiny_run: Path, glue_dir: Path, tmp_path: Path) -> None:
@@ -95,11 +74,11 @@ def test_vocab_mismatch_is_a_clear_error(tiny_run: Path, glue_dir: Path, tmp_pat
     (other / "checkpoints" / "step-000010").symlink_to(tiny_run / "checkpoints" / "step-000010")
     save_tokenizer(train_tokenizer(sst2_sentences(glue_dir, 500), vocab_size=400), other / "tokenizer")
     with pytest.raises(CramkitError, match="different vocabularies"):
-        load_encoder_for_finetune(other)
+        load(other)
 
 
 def test_pair_encoding_truncation_and_padding(tiny_run: Path) -> None:
-    _, _, tok = load_encoder_for_finetune(tiny_run)
+    tok = load(tiny_run).tokenizer
     cls, sep = tok.token_to_id("[CLS]"), tok.token_to_id("[SEP]")
     long = " ".join(["the film is good"] * 20)
     rows = [Example("a good film", "it is bad", 1, 0), Example(long, long, 0, 1), Example("fine", None, 1, 2)]

@@ -82,11 +82,20 @@ class ClassifierConfig:
 
 
 class SequenceClassifier(nn.Module):
-    """Encoder + pooling + classifier; ``num_labels == 1`` means regression (MSE loss)."""
+    """Encoder + pooling + classifier; ``num_labels == 1`` means regression (MSE loss); ``multilabel``:
+    independent sigmoid per label (BCE loss, labels a 0/1 matrix)."""
 
-    def __init__(self, cfg: ModelConfig, num_labels: int, head: ClassifierConfig | None = None) -> None:
+    def __init__(
+        self,
+        cfg: ModelConfig,
+        num_labels: int,
+        head: ClassifierConfig | None = None,
+        *,
+        multilabel: bool = False,
+    ) -> None:
         super().__init__()
         self.cfg, self.head_cfg, self.num_labels = cfg, head or ClassifierConfig(), num_labels
+        self.multilabel = multilabel
         self.encoder = Encoder(cfg)
         self.pooler = nn.Linear(cfg.hidden, cfg.hidden) if self.head_cfg.pooler_dense else None
         self.dropout = nn.Dropout(self.head_cfg.dropout)
@@ -117,6 +126,8 @@ class SequenceClassifier(nn.Module):
         if labels is not None:
             if self.num_labels == 1:
                 loss = F.mse_loss(logits.squeeze(-1).float(), labels.float())
+            elif self.multilabel:
+                loss = F.binary_cross_entropy_with_logits(logits.float(), labels.float())
             else:
                 loss = F.cross_entropy(logits.float(), labels.long())
         return loss, logits

@@ -11,7 +11,8 @@ from pathlib import Path
 from typing import Any
 
 from cramkit.errors import CramkitError
-from cramkit.tasks.finetune import FinetuneConfig, _load_source, finetune, write_json
+from cramkit.load import load
+from cramkit.tasks.finetune import FinetuneConfig, finetune, write_json
 
 PathLike = str | os.PathLike
 
@@ -43,7 +44,7 @@ def evaluate_suite(
     mixture = get_mixture(suite, data_dir, skip_bad_rows=skip_bad_rows)
     present = {t.name for t in mixture.tasks}
     skipped = [f"glue/{k}" for k in GLUE_TASKS if f"glue/{k}" not in present]
-    loaded = _load_source(source)  # once for all tasks
+    loaded = load(source)  # once for all tasks
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
 

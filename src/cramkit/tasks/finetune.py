@@ -24,8 +24,10 @@ from typing import Any, Literal
 import numpy as np
 
 from cramkit.config import from_dict, to_dict
+from cramkit.data.batching import Encoded, bucketed_batches, collate, encode_examples
 from cramkit.errors import CramkitError
-from cramkit.tasks.registry import Example, Task
+from cramkit.load import LoadedModel
+from cramkit.tasks.registry import Task
 
 PathLike = str | os.PathLike
 
@@ -81,256 +83,6 @@ class FinetuneConfig:
 
 
 # ---------------------------------------------------------------------------------------------------
-# Loading an encoder (cramkit run / checkpoint directory, or a Hugging Face BERT directory)
-
-
-@dataclass
-class LoadedEncoder:
-    cfg: Any  # ModelConfig
-    state: dict[str, Any]  # Encoder state_dict
-    tokenizer: Any  # tokenizers.Tokenizer
-    pooler_state: dict[str, Any] | None = None  # BERT pooler (dense) weights, when the source has them
-    source: str = ""
-
-
-def load_encoder_for_finetune(source: PathLike) -> tuple[Any, dict[str, Any], Any]:
-    """(ModelConfig, encoder state_dict, tokenizer) from a cramkit run / checkpoint dir or an HF dir.
-
-    source: a run directory (config.yaml, tokenizer/, checkpoints/latest), one of its checkpoint
-    directories (RUN/checkpoints/step-N), or a Hugging Face BERT directory (``hf:PATH`` or any
-    directory holding config.json). The tokenizer's vocabulary must fit the model's embedding rows.
-    """
-    loaded = _load_source(source)
-    return loaded.cfg, loaded.state, loaded.tokenizer
-
-
-def _load_source(source: PathLike) -> LoadedEncoder:
-    text = str(source)
-    is_hf = text.startswith("hf:")
-    path = Path(text[3:] if is_hf else text).expanduser()
-    if not path.exists():
-        raise CramkitError(
-            f"--from {text}: no such directory; give a cramkit run directory (with config.yaml and "
-            "checkpoints/) or a Hugging Face BERT directory (hf:PATH, with config.json)"
-        )
-    if not path.is_dir():
-        raise CramkitError(f"--from {text}: is a file; give the directory that holds it")
-    if is_hf or ((path / "config.json").exists() and not (path / "config.yaml").exists()):
-        loaded = _load_hf(path)
-    else:
-        loaded = _load_run(path)
-    loaded.source = text
-    _check_vocab(loaded, text)
-    _prepare_tokenizer(loaded.tokenizer)
-    return loaded
-
-
-def _load_hf(path: Path) -> LoadedEncoder:
-    from cramkit.model.hf import load_hf_config, load_hf_encoder_state
-
-    if not (path / "config.json").exists():
-        raise CramkitError(f"--from hf:{path}: no config.json there; give a Hugging Face BERT directory")
-    cfg = load_hf_config(path)
-    full = load_hf_encoder_state(path, cfg)
-    state = {k: v for k, v in full.items() if not k.startswith(("head.", "pooler.", "classifier."))}
-    # BERT's pooler (dense + tanh over [CLS]) is reused by BertForSequenceClassification: keep it too
-    pooler = {k.removeprefix("pooler."): v for k, v in full.items() if k.startswith("pooler.")} or None
-    return LoadedEncoder(cfg, state, _load_tokenizer(path, f"hf:{path}"), pooler)
-
-
-def _load_run(path: Path) -> LoadedEncoder:
-    from safetensors.torch import load_file
-
-    from cramkit.config import load_yaml
-    from cramkit.model.encoder import ModelConfig
-
-    # a checkpoint directory (RUN/checkpoints/step-N) or the run directory itself
-    if (path / "model.safetensors").exists() and not (path / "config.yaml").exists():
-        ckpt, run = path, path.parent.parent
-    else:
-        run = path
-        if not (run / "config.yaml").exists():
-            raise CramkitError(
-                f"--from {path}: not a cramkit run (no config.yaml) nor a Hugging Face directory "
-                "(no config.json); give the directory `cramkit pretrain` wrote, or hf:PATH"
-            )
-        latest = run / "checkpoints" / "latest"
-        if not latest.exists():
-            raise CramkitError(
-                f"--from {path}: the run has no checkpoint yet ({latest} is missing); "
-                "pretrain until a checkpoint is saved, or name a checkpoint directory"
-            )
-        ckpt = run / "checkpoints" / latest.read_text(encoding="utf-8").strip()
-    weights = ckpt / "model.safetensors"
-    if not weights.exists():
-        raise CramkitError(f"--from {path}: checkpoint {ckpt} has no model.safetensors")
-    if not (run / "config.yaml").exists():
-        raise CramkitError(f"--from {path}: {run / 'config.yaml'} is missing (the run's resolved config)")
-    model_section = load_yaml(run / "config.yaml").get("model") or {}
-    cfg = from_dict(ModelConfig, model_section, "model")
-    full = load_file(str(weights))
-    state = {k.removeprefix("encoder."): v for k, v in full.items() if k.startswith("encoder.")}
-    if not state:
-        raise CramkitError(f"{weights}: holds no encoder.* weights; is it a cramkit MaskedLM checkpoint?")
-    return LoadedEncoder(cfg, state, _load_tokenizer(run / "tokenizer", str(run)))
-
-
-def _load_tokenizer(directory: Path, what: str):
-    """The HF tokenizers.Tokenizer saved beside the weights (tokenizer.json, else vocab.txt)."""
-    from cramkit.text.tokenizer import load_tokenizer
-
-    if not directory.is_dir():
-        raise CramkitError(
-            f"{what}: no tokenizer directory {directory}; it should hold tokenizer.json or vocab.txt"
-        )
-    return load_tokenizer(directory)
-
-
-def _check_vocab(loaded: LoadedEncoder, what: str) -> None:
-    rows = (
-        int(loaded.state["embeddings.word.weight"].shape[0])
-        if "embeddings.word.weight" in loaded.state
-        else 0
-    )
-    if rows and rows != loaded.cfg.vocab_size:
-        raise CramkitError(
-            f"--from {what}: the checkpoint's embedding has {rows} rows but its config says "
-            f"vocab_size={loaded.cfg.vocab_size}; the checkpoint and its config disagree"
-        )
-    rows = rows or loaded.cfg.vocab_size
-    vocab = loaded.tokenizer.get_vocab_size(with_added_tokens=True)
-    # equal sizes, or model rows padded up to a multiple of 64 for speed (fewer than 128 extra rows)
-    if not (vocab == rows or (vocab < rows < vocab + 128 and rows % 64 == 0)):
-        raise CramkitError(
-            f"--from {what}: the tokenizer has {vocab} tokens but the model's embedding has {rows} rows; "
-            "the tokenizer and checkpoint come from different vocabularies. Use the tokenizer saved "
-            "with this checkpoint (RUN/tokenizer, or the HF directory's tokenizer.json / vocab.txt)"
-        )
-    for token in ("[CLS]", "[SEP]"):
-        tid = loaded.tokenizer.token_to_id(token)
-        if tid is None or tid >= rows:
-            raise CramkitError(
-                f"--from {what}: the tokenizer has no usable {token} token; fine-tuning needs a BERT-style "
-                "vocabulary with [CLS] and [SEP] (and [PAD])"
-            )
-
-
-def _prepare_tokenizer(tok) -> None:
-    # we add [CLS]/[SEP], truncate and pad ourselves
-    tok.no_truncation()
-    tok.no_padding()
-
-
-# ---------------------------------------------------------------------------------------------------
-# Tokenisation and batching
-
-
-@dataclass
-class Encoded:
-    """Tokenised examples: ids per example (with [CLS]/[SEP]), where segment B starts, labels, idx."""
-
-    ids: list[np.ndarray]
-    b_start: np.ndarray  # first position of segment B (== length when single sentence)
-    lengths: np.ndarray
-    labels: np.ndarray | None
-    idx: np.ndarray
-
-    def __len__(self) -> int:
-        return len(self.ids)
-
-
-def _truncate_pair(la: int, lb: int, budget: int) -> tuple[int, int]:
-    """Longest-first truncation of two segments to at most ``budget`` tokens together."""
-    if la + lb <= budget:
-        return la, lb
-    half = budget // 2
-    if la <= half:
-        return la, budget - la
-    if lb <= half:
-        return budget - lb, lb
-    return budget - half, half
-
-
-def encode_examples(
-    tokenizer, examples: Sequence[Example], max_length: int, *, regression: bool = False
-) -> Encoded:
-    """[CLS] a [SEP] (b [SEP]) per example, truncated longest-first to max_length tokens."""
-    cls_id, sep_id = tokenizer.token_to_id("[CLS]"), tokenizer.token_to_id("[SEP]")
-    enc_a = tokenizer.encode_batch([e.text_a or "" for e in examples], add_special_tokens=False)
-    pair_pos = [i for i, e in enumerate(examples) if e.text_b is not None]
-    enc_b = dict(
-        zip(
-            pair_pos,
-            tokenizer.encode_batch([examples[i].text_b for i in pair_pos], add_special_tokens=False),
-            strict=True,
-        )
-    )
-    ids, b_start = [], np.empty(len(examples), dtype=np.int64)
-    for i, ea in enumerate(enc_a):
-        a = ea.ids
-        if i in enc_b:
-            b = enc_b[i].ids
-            na, nb = _truncate_pair(len(a), len(b), max_length - 3)
-            seq = [cls_id, *a[:na], sep_id, *b[:nb], sep_id]
-            b_start[i] = na + 2
-        else:
-            seq = [cls_id, *a[: max_length - 2], sep_id]
-            b_start[i] = len(seq)
-        ids.append(np.asarray(seq, dtype=np.int64))
-    labels = None
-    if examples and all(e.label is not None for e in examples):
-        labels = np.asarray([e.label for e in examples], dtype=np.float32 if regression else np.int64)
-    return Encoded(
-        ids=ids,
-        b_start=b_start,
-        lengths=np.asarray([len(s) for s in ids], dtype=np.int64),
-        labels=labels,
-        idx=np.asarray([e.idx for e in examples], dtype=np.int64),
-    )
-
-
-def bucketed_batches(
-    lengths: np.ndarray, batch_size: int, chunk: int, rng: np.random.Generator
-) -> list[np.ndarray]:
-    """One epoch of batches: shuffle, sort by length within chunks of ``chunk`` batches, shuffle batches.
-
-    Examples of similar length land in the same batch (little padding) while the order stays random.
-    chunk=0 turns bucketing off (plain shuffled batches).
-    """
-    order = rng.permutation(len(lengths))
-    if chunk > 0:
-        span = batch_size * chunk
-        parts = []
-        for s in range(0, len(order), span):
-            part = order[s : s + span]
-            parts.append(part[np.argsort(lengths[part], kind="stable")])
-        order = np.concatenate(parts) if parts else order
-    batches = [order[s : s + batch_size] for s in range(0, len(order), batch_size)]
-    if chunk > 0:
-        batches = [batches[i] for i in rng.permutation(len(batches))]
-    return batches
-
-
-def collate(enc: Encoded, batch: np.ndarray, pad_id: int, with_types: bool) -> dict[str, Any]:
-    """Pad a batch to its longest member: input_ids, attention_mask (None if nothing is padded), types."""
-    import torch
-
-    lengths = enc.lengths[batch]
-    width = int(lengths.max())
-    ids = np.full((len(batch), width), pad_id, dtype=np.int64)
-    for row, i in enumerate(batch):
-        ids[row, : lengths[row]] = enc.ids[i]
-    out: dict[str, Any] = {"input_ids": torch.from_numpy(ids), "attention_mask": None, "token_type_ids": None}
-    if (lengths != width).any():
-        out["attention_mask"] = torch.from_numpy(np.arange(width)[None, :] < lengths[:, None])
-    if with_types:
-        positions = np.arange(width)[None, :]
-        types = (positions >= enc.b_start[batch][:, None]) & (positions < lengths[:, None])
-        out["token_type_ids"] = torch.from_numpy(types.astype(np.int64))
-    return out
-
-
-# ---------------------------------------------------------------------------------------------------
 # Training and evaluation
 
 
@@ -366,27 +118,29 @@ def lr_factor(step: int, total: int, warmup: int, schedule: str) -> float:
     return max(0.0, 0.5 * (1.0 + math.cos(math.pi * progress)))
 
 
-def build_model(loaded: LoadedEncoder, num_labels: int, cfg: FinetuneConfig):
-    """SequenceClassifier with the pretrained encoder (and pooler) weights loaded."""
+def build_model(loaded: LoadedModel, num_labels: int, cfg: FinetuneConfig, *, multilabel: bool = False):
+    """A SequenceClassifier on the loaded model's encoder (and BERT pooler, when it has one)."""
     import torch
 
     from cramkit.model.heads import ClassifierConfig, SequenceClassifier
 
-    model_cfg = loaded.cfg.replace(dropout=cfg.dropout, attention_dropout=cfg.attention_dropout)
-    head = ClassifierConfig(pooling=cfg.pooling, pooler_dense=cfg.pooler_dense, dropout=cfg.dropout)
-    model = SequenceClassifier(model_cfg, num_labels, head)
-    try:
-        model.encoder.load_state_dict(loaded.state, strict=True)
-    except RuntimeError as exc:
-        first = str(exc).splitlines()[0]
+    encoder = loaded.encoder
+    if encoder is None:
         raise CramkitError(
-            f"--from {loaded.source}: its weights do not fit the encoder its config describes ({first}); "
-            "the checkpoint and its config.yaml disagree"
-        ) from None
-    if loaded.pooler_state is not None and model.pooler is not None and cfg.pooling == "first":
+            f"--from {loaded.source}: a {loaded.architecture} model has no transformer encoder to fine-tune"
+        )
+    model_cfg = loaded.config.replace(
+        dropout=cfg.dropout, attention_dropout=cfg.attention_dropout, gradient_checkpointing=False
+    )
+    head = ClassifierConfig(pooling=cfg.pooling, pooler_dense=cfg.pooler_dense, dropout=cfg.dropout)
+    model = SequenceClassifier(model_cfg, num_labels, head, multilabel=multilabel)
+    model.encoder.load_state_dict(encoder.state_dict(), strict=True)
+    pooler = getattr(loaded.model, "pooler", None)
+    pooler_state = pooler.state_dict() if pooler is not None else loaded.pooler_state
+    if pooler_state is not None and model.pooler is not None and cfg.pooling == "first":
         with torch.no_grad():
-            model.pooler.weight.copy_(loaded.pooler_state["weight"])
-            model.pooler.bias.copy_(loaded.pooler_state["bias"])
+            model.pooler.weight.copy_(pooler_state["weight"])
+            model.pooler.bias.copy_(pooler_state["bias"])
     return model
 
 
@@ -438,7 +192,7 @@ def _autocast(cfg: FinetuneConfig, device):
 
 
 def train_one_seed(
-    loaded: LoadedEncoder,
+    loaded: LoadedModel,
     train: Encoded,
     num_labels: int,
     cfg: FinetuneConfig,
@@ -461,8 +215,8 @@ def train_one_seed(
     warmup = int(cfg.warmup * total)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_factor(s, total, warmup, cfg.schedule))
     rng = np.random.default_rng(seed)
-    pad_id = loaded.cfg.pad_token_id
-    with_types = loaded.cfg.type_vocab_size > 0
+    pad_id = loaded.pad_id
+    with_types = loaded.with_types
     labels = torch.from_numpy(train.labels)
     amp = _autocast(cfg, device)
 
@@ -516,7 +270,7 @@ def _curve(losses: list[float], points: int = 100) -> list[float]:
 
 def finetune(
     task: Task,
-    source: PathLike | LoadedEncoder,
+    source: PathLike | LoadedModel,
     cfg: FinetuneConfig | None = None,
     out_dir: PathLike | None = None,
     *,
@@ -531,10 +285,10 @@ def finetune(
     predicted by the same model (GLUE's diagnostic set AX by the MNLI model).
     """
     cfg = cfg or FinetuneConfig()
-    loaded = source if isinstance(source, LoadedEncoder) else _load_source(source)
-    max_length = cfg.max_length
-    if loaded.cfg.position != "rope" and max_length > loaded.cfg.max_position:
-        max_length = loaded.cfg.max_position
+    from cramkit.load import load
+
+    loaded = source if isinstance(source, LoadedModel) else load(source)
+    max_length = min(cfg.max_length, loaded.max_length)
     tok = loaded.tokenizer
     regression = task.is_regression
 
@@ -565,8 +319,8 @@ def finetune(
         tests.update(_test_splits(other, tok, max_length, regression))
 
     device = resolve_device(cfg.device)
-    pad_id, with_types = loaded.cfg.pad_token_id, loaded.cfg.type_vocab_size > 0
-    per_seed, test_logits = [], []
+    pad_id, with_types = loaded.pad_id, loaded.with_types
+    per_seed, test_logits, states = [], [], []
     for seed in cfg.seeds:
         model, stats = train_one_seed(
             loaded, train, task.num_labels, cfg, seed, progress=progress, desc=f"{task.name} seed {seed}"
@@ -581,6 +335,8 @@ def finetune(
             {s: predict(model, enc, cfg, device, pad_id, with_types) for s, enc in tests.items()}
         )
         per_seed.append(stats)
+        if out_dir is not None:  # kept on the CPU until the median seed is known
+            states.append({k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()})
         del model
 
     results: dict[str, Any] = {
@@ -607,13 +363,15 @@ def finetune(
     if skipped:
         results["skipped_rows"] = skipped
 
+    # the seed whose dev score is the (lower) median: its model is kept, its test predictions written
+    scores = [float(np.mean([r["dev"][s]["score"] for s in dev])) if dev else 0.0 for r in per_seed]
+    pick = sorted(range(len(scores)), key=lambda i: scores[i])[(len(scores) - 1) // 2]
+    results["kept_seed"] = cfg.seeds[pick]
     if out_dir is not None:
         out = Path(out_dir)
         out.mkdir(parents=True, exist_ok=True)
+        _save_model(loaded, task, cfg, max_length, states[pick], cfg.seeds[pick], out)
         if tests and dev:
-            # predictions of the seed whose dev score is the (lower) median
-            scores = [float(np.mean([r["dev"][s]["score"] for s in dev])) for r in per_seed]
-            pick = sorted(range(len(scores)), key=lambda i: scores[i])[(len(scores) - 1) // 2]
             results["test_predictions"] = {"seed": cfg.seeds[pick], "files": {}}
             owners = {t.name: t for t in [task, *predict_also]}
             for (name, split), enc in tests.items():
@@ -627,6 +385,30 @@ def finetune(
                 results["test_predictions"]["files"][key] = str(path)
         write_json(out / "results.json", results)
     return results
+
+
+def _save_model(
+    loaded: LoadedModel, task: Task, cfg: FinetuneConfig, max_length: int, state: dict, seed: int, out: Path
+) -> None:
+    """The fine-tuned classifier as a model directory (``cramkit.load(out)``)."""
+    from cramkit.load import LoadedModel as Saved
+
+    model = build_model(loaded, task.num_labels, cfg)
+    model.load_state_dict(state)
+    kind = "regression" if task.is_regression else "classifier"
+    Saved(
+        model=model,
+        kind=kind,
+        config=model.cfg,
+        tokenizer=loaded.tokenizer,
+        labels=None if task.is_regression else [str(x) for x in task.labels],
+        task=task.name,
+        max_length=max_length,
+        pooling="cls" if cfg.pooling == "first" else "mean",
+        with_types=loaded.with_types,
+        head=to_dict(model.head_cfg),
+        extra={"finetuned_from": loaded.source, "seed": seed},
+    ).save(out)
 
 
 def _test_splits(task: Task, tok, max_length: int, regression: bool) -> dict[tuple[str, str], Encoded]:

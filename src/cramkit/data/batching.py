@@ -1,0 +1,162 @@
+"""Batches for tasks and inference: [CLS] a [SEP] (b [SEP]) encoding, length bucketing, token budgets.
+
+Pretraining packs sequences (``cramkit.data.mlm``); here every example is its own sequence, so batches
+are padded to their longest member only, and examples of similar length are batched together.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+
+@dataclass
+class Encoded:
+    """Tokenised examples: ids per example (with [CLS]/[SEP]), where segment B starts, labels, idx."""
+
+    ids: list[np.ndarray]
+    b_start: np.ndarray  # first position of segment B (== length when single sentence)
+    lengths: np.ndarray
+    labels: np.ndarray | None
+    idx: np.ndarray
+    truncated: np.ndarray  # bool per example: cut to max_length
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+
+def truncate_pair(la: int, lb: int, budget: int) -> tuple[int, int]:
+    """Longest-first truncation of two segments to at most ``budget`` tokens together."""
+    if la + lb <= budget:
+        return la, lb
+    half = budget // 2
+    if la <= half:
+        return la, budget - la
+    if lb <= half:
+        return budget - lb, lb
+    return budget - half, half
+
+
+def encode_texts(
+    tokenizer: Any,
+    texts_a: Sequence[str],
+    texts_b: Sequence[str | None] | None = None,
+    max_length: int = 128,
+    *,
+    labels: np.ndarray | None = None,
+    idx: np.ndarray | None = None,
+) -> Encoded:
+    """``[CLS] a [SEP]`` or ``[CLS] a [SEP] b [SEP]`` per example, cut longest-first to max_length."""
+    cls_id, sep_id = tokenizer.token_to_id("[CLS]"), tokenizer.token_to_id("[SEP]")
+    enc_a = tokenizer.encode_batch([t or "" for t in texts_a], add_special_tokens=False)
+    pair_pos = [i for i, t in enumerate(texts_b or []) if t is not None]
+    enc_b = {}
+    if pair_pos:
+        got = tokenizer.encode_batch([texts_b[i] for i in pair_pos], add_special_tokens=False)
+        enc_b = dict(zip(pair_pos, got, strict=True))
+    ids, b_start = [], np.empty(len(enc_a), dtype=np.int64)
+    truncated = np.zeros(len(enc_a), dtype=bool)
+    for i, ea in enumerate(enc_a):
+        a = ea.ids
+        if i in enc_b:
+            b = enc_b[i].ids
+            na, nb = truncate_pair(len(a), len(b), max_length - 3)
+            seq = [cls_id, *a[:na], sep_id, *b[:nb], sep_id]
+            b_start[i] = na + 2
+            truncated[i] = na < len(a) or nb < len(b)
+        else:
+            seq = [cls_id, *a[: max_length - 2], sep_id]
+            b_start[i] = len(seq)
+            truncated[i] = len(a) > max_length - 2
+        ids.append(np.asarray(seq, dtype=np.int64))
+    return Encoded(
+        ids=ids,
+        b_start=b_start,
+        lengths=np.asarray([len(s) for s in ids], dtype=np.int64),
+        labels=labels,
+        idx=idx if idx is not None else np.arange(len(ids), dtype=np.int64),
+        truncated=truncated,
+    )
+
+
+def encode_examples(
+    tokenizer: Any, examples: Sequence[Any], max_length: int, *, regression: bool = False
+) -> Encoded:
+    """:func:`encode_texts` over task examples (``text_a``, ``text_b``, ``label``, ``idx``)."""
+    labels = None
+    if examples and all(e.label is not None for e in examples):
+        labels = np.asarray([e.label for e in examples], dtype=np.float32 if regression else np.int64)
+    return encode_texts(
+        tokenizer,
+        [e.text_a or "" for e in examples],
+        [e.text_b for e in examples],
+        max_length,
+        labels=labels,
+        idx=np.asarray([e.idx for e in examples], dtype=np.int64),
+    )
+
+
+def bucketed_batches(
+    lengths: np.ndarray, batch_size: int, chunk: int, rng: np.random.Generator
+) -> list[np.ndarray]:
+    """One epoch of batches: shuffle, sort by length within chunks of ``chunk`` batches, shuffle batches.
+
+    Examples of similar length land in the same batch (little padding) while the order stays random.
+    chunk=0 turns bucketing off (plain shuffled batches).
+    """
+    order = rng.permutation(len(lengths))
+    if chunk > 0:
+        span = batch_size * chunk
+        parts = []
+        for s in range(0, len(order), span):
+            part = order[s : s + span]
+            parts.append(part[np.argsort(lengths[part], kind="stable")])
+        order = np.concatenate(parts) if parts else order
+    batches = [order[s : s + batch_size] for s in range(0, len(order), batch_size)]
+    if chunk > 0:
+        batches = [batches[i] for i in rng.permutation(len(batches))]
+    return batches
+
+
+def token_budget_batches(lengths: np.ndarray, max_tokens: int, max_rows: int = 1024) -> list[np.ndarray]:
+    """Length-sorted batches whose padded size (rows x longest) stays within ``max_tokens``.
+
+    Inference batches: a count cap alone lets one batch of long inputs take all memory; a token cap keeps
+    every batch's memory the same whatever the lengths. A single input longer than the budget is a batch
+    of its own.
+    """
+    order = np.argsort(lengths, kind="stable")
+    batches: list[np.ndarray] = []
+    start = 0
+    n = len(order)
+    while start < n:
+        end = start + 1
+        while (
+            end < n and end - start < max_rows and (end - start + 1) * int(lengths[order[end]]) <= max_tokens
+        ):
+            end += 1
+        batches.append(order[start:end])
+        start = end
+    return batches
+
+
+def collate(enc: Encoded, batch: np.ndarray, pad_id: int, with_types: bool) -> dict[str, Any]:
+    """Pad a batch to its longest member: input_ids, attention_mask (None if nothing is padded), types."""
+    import torch
+
+    lengths = enc.lengths[batch]
+    width = int(lengths.max())
+    ids = np.full((len(batch), width), pad_id, dtype=np.int64)
+    for row, i in enumerate(batch):
+        ids[row, : lengths[row]] = enc.ids[i]
+    out: dict[str, Any] = {"input_ids": torch.from_numpy(ids), "attention_mask": None, "token_type_ids": None}
+    if (lengths != width).any():
+        out["attention_mask"] = torch.from_numpy(np.arange(width)[None, :] < lengths[:, None])
+    if with_types:
+        positions = np.arange(width)[None, :]
+        types = (positions >= enc.b_start[batch][:, None]) & (positions < lengths[:, None])
+        out["token_type_ids"] = torch.from_numpy(types.astype(np.int64))
+    return out

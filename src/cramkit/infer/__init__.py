@@ -1,0 +1,5 @@
+"""Fast inference: the batched engine (torch), and the ONNX Runtime backend (``cramkit.infer.onnx``)."""
+
+from cramkit.infer.engine import ClassifyResult, Engine, resolve_device
+
+__all__ = ["ClassifyResult", "Engine", "resolve_device"]

@@ -1,0 +1,91 @@
+"""Atomic files and directories: the one copy of "write to a temporary name, then rename".
+
+A crash (or Ctrl-C, or a full disk) while writing never leaves a half-written file under the final name:
+the reader sees the old content or the new, never a mix. Files keep the user's umask (0644 under the
+usual 022), unlike ``tempfile.mkstemp``'s private 0600.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+
+def _umask_mode(base: int) -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return base & ~mask
+
+
+def write_text_atomic(path: str | os.PathLike, text: str) -> Path:
+    """Write ``text`` (UTF-8) to ``path`` through a temporary file in the same directory."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, _umask_mode(0o666))
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return path
+
+
+def write_json_atomic(path: str | os.PathLike, data: Any) -> Path:
+    return write_text_atomic(path, json.dumps(data, indent=2) + "\n")
+
+
+@contextlib.contextmanager
+def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
+    """Yield a temporary sibling of ``path`` (file or directory) to write; on success it replaces
+    ``path`` (an old directory there is removed); on any failure it is deleted."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    _remove(tmp)
+    try:
+        yield tmp
+        if path.is_dir() and not path.is_symlink():
+            old = path.with_name(f".{path.name}.old-{os.getpid()}")
+            os.replace(path, old)
+            os.replace(tmp, path)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.replace(tmp, path)
+    finally:
+        _remove(tmp)
+
+
+def _remove(p: Path) -> None:
+    if p.is_dir() and not p.is_symlink():
+        shutil.rmtree(p, ignore_errors=True)
+    elif p.exists() or p.is_symlink():
+        p.unlink(missing_ok=True)
+
+
+def sha256_file(path: str | os.PathLike, chunk: int = 1 << 22) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()
+
+
+def inside(root: str | os.PathLike, name: str) -> Path:
+    """``root / name`` if it stays inside ``root`` (no absolute path, no ``..``, no escaping link), else
+    a ValueError; for names read from files."""
+    root_r = Path(root).resolve()
+    target = (root_r / name).resolve()
+    if Path(name).is_absolute() or (target != root_r and root_r not in target.parents):
+        raise ValueError(f"{name!r} points outside {root}")
+    return target

@@ -1,0 +1,526 @@
+"""``cramkit.load``: the one door every later stage comes through.
+
+    m = cramkit.load("runs/tiny")            # a pretraining run: its latest checkpoint (any world size)
+    m = cramkit.load("runs/tiny/checkpoints/step-000300")
+    m = cramkit.load("out/sst2")             # a fine-tuned model (cramkit finetune --out), a student, ...
+    m = cramkit.load("hf:path/to/bert")      # a Hugging Face BERT directory (safetensors only)
+
+The result carries the model (eval mode, on the CPU), its tokenizer, config and head: masked-LM,
+classification (label names in logit order), multi-label, regression, or a bare encoder.
+
+A *model directory* is what :meth:`LoadedModel.save` writes and what fine-tuning and distillation
+produce: ``cramkit-model.json`` (what to build, labels, task, limits; written last, so its presence means
+the directory is complete; with the weights' SHA-256), ``model.safetensors`` and ``tokenizer/``.
+Nothing here executes code found in a directory: weights are safetensors, metadata JSON, and the model
+class comes from a fixed table, never from the file.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from cramkit.errors import CramkitError
+
+if TYPE_CHECKING:  # torch is imported by the functions that need it: `cramkit --help` stays instant
+    import torch
+    from torch import nn
+
+MODEL_FILE = "cramkit-model.json"
+MODEL_FORMAT = "cramkit-model-1"
+KINDS = ("mlm", "classifier", "multilabel", "regression", "encoder")
+# architecture name -> "module:function(meta) -> nn.Module"; a fixed table, never read from a file
+ARCHITECTURES = {"bilstm": "cramkit.model.students:build_from_meta"}
+
+PathLike = str | os.PathLike
+
+
+@dataclass
+class LoadedModel:
+    """A model ready for inference, with everything needed to feed it and read its output."""
+
+    model: nn.Module
+    kind: str
+    config: Any  # ModelConfig, or a student's config dict
+    tokenizer: Any  # tokenizers.Tokenizer (no truncation or padding set)
+    labels: list[str] | None = None
+    task: str | None = None
+    max_length: int = 512
+    pooling: str = "mean"
+    normalize: bool = False
+    with_types: bool = False
+    source: str = ""
+    architecture: str = "encoder"
+    head: dict[str, Any] | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+    # BERT's pooler (dense + tanh over [CLS]) of a checkpoint whose model holds none (an HF BertModel):
+    # fine-tuning starts its classifier's pooler from it, as BertForSequenceClassification does
+    pooler_state: dict[str, Any] | None = None
+
+    @property
+    def encoder(self) -> nn.Module | None:
+        from cramkit.model.encoder import Encoder
+
+        if isinstance(self.model, Encoder):
+            return self.model
+        enc = getattr(self.model, "encoder", None)
+        return enc if isinstance(enc, Encoder) else None
+
+    @property
+    def num_labels(self) -> int | None:
+        if self.kind in ("classifier", "multilabel"):
+            return len(self.labels or []) or getattr(self.model, "num_labels", None)
+        return 1 if self.kind == "regression" else None
+
+    @property
+    def pad_id(self) -> int:
+        pad = self.tokenizer.token_to_id("[PAD]")
+        return int(pad) if pad is not None else int(getattr(self.config, "pad_token_id", 0) or 0)
+
+    def to(self, device: str | torch.device) -> LoadedModel:
+        self.model.to(device)
+        return self
+
+    def meta(self) -> dict[str, Any]:
+        """The JSON written to ``cramkit-model.json`` (without the weights' checksum)."""
+        cfg = self.config
+        if hasattr(cfg, "__dataclass_fields__"):
+            import dataclasses
+
+            cfg = dataclasses.asdict(cfg)
+            cfg["gradient_checkpointing"] = False
+        return {
+            "format": MODEL_FORMAT,
+            "architecture": self.architecture,
+            "kind": self.kind,
+            "model": cfg,
+            "head": self.head,
+            "num_labels": self.num_labels,
+            "labels": self.labels,
+            "task": self.task,
+            "max_length": int(self.max_length),
+            "pooling": self.pooling,
+            "normalize": self.normalize,
+            "with_types": self.with_types,
+            "extra": self.extra,
+        }
+
+    def save(self, out: PathLike) -> Path:
+        """Write a model directory at ``out`` (other files already there are kept).
+
+        ``cramkit-model.json`` goes first out and last in: a crash midway leaves no file that claims a
+        complete model."""
+        from safetensors.torch import save_file
+
+        from cramkit.io import atomic_path, sha256_file, write_json_atomic
+        from cramkit.text.tokenizer import save_tokenizer
+
+        out = Path(out)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / MODEL_FILE).unlink(missing_ok=True)
+        state = _unique_tensors(self.model.state_dict())
+        with atomic_path(out / "model.safetensors") as tmp:
+            save_file(
+                {k: v.detach().to("cpu").contiguous() for k, v in state.items()},
+                str(tmp),
+                metadata={"format": MODEL_FORMAT},
+            )
+        with atomic_path(out / "tokenizer") as tmp:
+            save_tokenizer(self.tokenizer, tmp)
+        meta = self.meta() | {"sha256": {"model.safetensors": sha256_file(out / "model.safetensors")}}
+        write_json_atomic(out / MODEL_FILE, meta)
+        return out
+
+
+def _unique_tensors(sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Drop aliases of tied weights (safetensors refuses shared storage); the first name is kept."""
+    out, seen = {}, set()
+    for name, t in sd.items():
+        key = (t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape))
+        if key in seen:
+            continue
+        seen.add(key)
+        out[name] = t
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------
+
+
+def load(
+    source: PathLike, *, step: int | None = None, device: str | torch.device | None = None
+) -> LoadedModel:
+    """Load any model cramkit knows: a run, a checkpoint, a model directory or ``hf:DIR``.
+
+    step: with a run directory, that checkpoint (``step-N``) instead of the latest.
+    """
+    text = str(source)
+    if text.startswith("hf:"):
+        loaded = _load_hf(text[3:], text)
+    else:
+        path = Path(text).expanduser()
+        if not path.exists():
+            raise CramkitError(
+                f"{text}: no such file or directory; give a run directory, a checkpoint, a model directory "
+                "(cramkit finetune --out) or hf:DIR"
+            )
+        if not path.is_dir():
+            raise CramkitError(f"{text} is a file; give the directory that holds it")
+        if (path / MODEL_FILE).is_file():
+            loaded = _load_model_dir(path)
+        elif (path / "config.yaml").is_file() or _is_checkpoint(path):
+            loaded = _load_run(path, step)
+        elif (path / "config.json").is_file():
+            loaded = _load_hf(text, text)
+        else:
+            raise CramkitError(
+                f"{text}: not a cramkit run (config.yaml), model directory ({MODEL_FILE}) nor a Hugging Face "
+                "directory (config.json); give the directory `cramkit pretrain --out` or `cramkit finetune --out` "
+                "wrote, or hf:DIR"
+            )
+        if step is not None and not ((path / "config.yaml").is_file()):
+            raise CramkitError(f"--step applies to a run directory; {text} is not one")
+    loaded.source = text
+    _check_vocab(loaded)
+    loaded.tokenizer.no_truncation()
+    loaded.tokenizer.no_padding()
+    loaded.model.eval()
+    if device is not None:
+        loaded.to(device)
+    return loaded
+
+
+# ------------------------------------------------------------------------------------------ runs
+
+
+def _is_checkpoint(path: Path) -> bool:
+    return path.parent.name == "checkpoints" and (path.parent.parent / "config.yaml").is_file()
+
+
+def resolve_run_checkpoint(path: Path, step: int | None = None) -> tuple[Path, Path]:
+    """(run directory, checkpoint directory) for a run (its latest, or ``step``) or a checkpoint path."""
+    from cramkit.train import checkpoint as ckpt
+
+    if _is_checkpoint(path):
+        if step is not None:
+            raise CramkitError(f"--step applies to a run directory; {path} is already a checkpoint")
+        if not ckpt.is_complete(path):
+            raise CramkitError(f"{path} is an incomplete checkpoint; use a complete step-* directory")
+        return path.parent.parent, path
+    run = path
+    if step is not None:
+        found = ckpt.checkpoints_dir(run) / f"step-{step:06d}"
+        if not (found.is_dir() and ckpt.is_complete(found)):
+            have = [p.name for p in ckpt.list_checkpoints(run)]
+            raise CramkitError(
+                f"{run}: no complete checkpoint for --step {step}; available: {', '.join(have) or 'none'}"
+            )
+        return run, found
+    found = ckpt.find_latest(run)
+    if found is None:
+        raise CramkitError(
+            f"{run}: the run has no complete checkpoint yet; pretrain until one is saved "
+            "(train.checkpoint_every) or give a checkpoint directory"
+        )
+    return run, found
+
+
+def _checkpoint_weights(checkpoint: Path) -> dict[str, torch.Tensor]:
+    """The model's weights from a checkpoint of either format, through the checkpoint module."""
+    from cramkit.model.hf import read_weights
+    from cramkit.train import checkpoint as ckpt
+
+    finder = getattr(ckpt, "model_weights_file", None)
+    file = finder(checkpoint) if finder is not None else checkpoint / "model.safetensors"
+    if file is not None and Path(file).is_file():
+        return read_weights(Path(file))
+    if (checkpoint / ".metadata").is_file():  # an older sharded checkpoint without a full weights file
+        from cramkit.train import dcp
+
+        return dcp.load_model_state(checkpoint)
+    raise CramkitError(f"checkpoint {checkpoint} has no model weights (model.safetensors); is it complete?")
+
+
+def _load_run(path: Path, step: int | None) -> LoadedModel:
+    from cramkit.config import from_dict, load_yaml
+    from cramkit.model.encoder import ModelConfig
+    from cramkit.model.heads import MaskedLM
+
+    run, checkpoint = resolve_run_checkpoint(path, step)
+    try:
+        section = load_yaml(run / "config.yaml").get("model")
+    except CramkitError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - a corrupt YAML file
+        raise CramkitError(
+            f"{run / 'config.yaml'} is not valid YAML ({exc}); restore the run's config"
+        ) from None
+    if not isinstance(section, dict):
+        raise CramkitError(f"{run / 'config.yaml'} has no 'model:' section; is it a cramkit run?")
+    cfg = from_dict(ModelConfig, section, "model")
+    state = _checkpoint_weights(checkpoint)
+    state = {k.replace("_orig_mod.", "").removeprefix("module."): v for k, v in state.items()}
+    model = MaskedLM(cfg.replace(gradient_checkpointing=False))
+    _load_state(model, state, f"checkpoint {checkpoint}", tied=cfg.tie_embeddings)
+    from cramkit.text.tokenizer import load_tokenizer
+
+    if not (run / "tokenizer").is_dir():
+        raise CramkitError(f"{run}: no tokenizer/ directory; the run is incomplete")
+    return LoadedModel(
+        model=model,
+        kind="mlm",
+        config=cfg,
+        tokenizer=load_tokenizer(run / "tokenizer"),
+        max_length=_max_length(cfg),
+        pooling="mean",
+        with_types=cfg.type_vocab_size > 0,
+        extra={"run": str(run), "checkpoint": checkpoint.name},
+    )
+
+
+def _load_state(model: nn.Module, state: dict[str, torch.Tensor], what: str, *, tied: bool = False) -> None:
+    if tied:  # tied weights may be stored under either name only
+        word, decoder = "encoder.embeddings.word.weight", "head.decoder.weight"
+        if decoder not in state and word in state:
+            state[decoder] = state[word]
+        elif word not in state and decoder in state:
+            state[word] = state[decoder]
+    expected = model.state_dict()
+    missing = [k for k in expected if k not in state]
+    unexpected = [k for k in state if k not in expected]
+    if missing or unexpected:
+        raise CramkitError(
+            f"{what}: the weights do not fit the model its config describes (missing {missing[:3]}, "
+            f"unexpected {unexpected[:3]}); the weights and the config come from different models"
+        )
+    for k, ref in expected.items():
+        if tuple(state[k].shape) != tuple(ref.shape):
+            raise CramkitError(
+                f"{what}: weight {k} has shape {tuple(state[k].shape)} but the config implies {tuple(ref.shape)}; "
+                "the weights and the config come from different models"
+            )
+    model.load_state_dict(state, strict=True)
+
+
+def _max_length(cfg: Any) -> int:
+    return 512 if cfg.position == "rope" else int(cfg.max_position)
+
+
+# ------------------------------------------------------------------------------------ model dirs
+
+
+def _load_model_dir(path: Path) -> LoadedModel:
+    from cramkit.io import sha256_file
+    from cramkit.model.hf import read_weights
+    from cramkit.text.tokenizer import load_tokenizer
+
+    file = path / MODEL_FILE
+    try:
+        meta = json.loads(file.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise CramkitError(f"{file} is not valid JSON ({exc}); the model directory is damaged") from None
+    if not isinstance(meta, dict) or meta.get("format") != MODEL_FORMAT:
+        raise CramkitError(f"{file}: not a cramkit model description (format {MODEL_FORMAT} expected)")
+    kind, arch = meta.get("kind"), meta.get("architecture", "encoder")
+    if kind not in KINDS:
+        raise CramkitError(f"{file}: unknown kind {kind!r}; expected one of {', '.join(KINDS)}")
+    weights = path / "model.safetensors"
+    if not weights.is_file():
+        raise CramkitError(f"{path}: model.safetensors is missing; the model directory is incomplete")
+    want = (meta.get("sha256") or {}).get("model.safetensors")
+    if want and sha256_file(weights) != want:
+        raise CramkitError(
+            f"{weights} is corrupt (its SHA-256 differs from the one recorded in {MODEL_FILE}); "
+            "copy or write the model directory again"
+        )
+    state = read_weights(weights)
+    labels = meta.get("labels")
+    if labels is not None and not (isinstance(labels, list) and all(isinstance(x, str) for x in labels)):
+        raise CramkitError(f"{file}: 'labels' must be a list of strings")
+    if arch == "encoder":
+        model, cfg = _build_encoder_model(meta, file)
+        _load_state(model, state, str(weights), tied=kind == "mlm" and cfg.tie_embeddings)
+    elif arch in ARCHITECTURES:
+        module, func = ARCHITECTURES[arch].split(":")
+        try:
+            builder = getattr(importlib.import_module(module), func)
+        except (ImportError, AttributeError):
+            raise CramkitError(f"{file}: architecture {arch!r} is not available in this cramkit") from None
+        model = builder(meta)
+        cfg = meta.get("model")
+        _load_state(model, state, str(weights))
+    else:
+        raise CramkitError(
+            f"{file}: unknown architecture {arch!r}; known: encoder, {', '.join(sorted(ARCHITECTURES))}"
+        )
+    tok_dir = path / "tokenizer"
+    if not tok_dir.is_dir():
+        raise CramkitError(f"{path}: tokenizer/ is missing; the model directory is incomplete")
+    return LoadedModel(
+        model=model,
+        kind=kind,
+        config=cfg,
+        tokenizer=load_tokenizer(tok_dir),
+        labels=labels,
+        task=meta.get("task"),
+        max_length=int(meta.get("max_length") or 512),
+        pooling=meta.get("pooling") or "mean",
+        normalize=bool(meta.get("normalize", False)),
+        with_types=bool(meta.get("with_types", False)),
+        architecture=arch,
+        head=meta.get("head"),
+        extra=meta.get("extra") or {},
+    )
+
+
+def _build_encoder_model(meta: dict[str, Any], file: Path) -> tuple[nn.Module, Any]:
+    from cramkit.config import from_dict
+    from cramkit.model.encoder import Encoder, ModelConfig
+    from cramkit.model.heads import ClassifierConfig, MaskedLM, SequenceClassifier
+
+    cfg = from_dict(ModelConfig, meta.get("model") or {}, "model")
+    kind = meta["kind"]
+    if kind == "mlm":
+        return MaskedLM(cfg), cfg
+    if kind == "encoder":
+        return Encoder(cfg), cfg
+    head = from_dict(ClassifierConfig, meta.get("head") or {}, "head")
+    n = meta.get("num_labels") or len(meta.get("labels") or [])
+    if kind == "regression":
+        n = 1
+    if not isinstance(n, int) or n < 1:
+        raise CramkitError(f"{file}: a {kind} model needs num_labels or labels")
+    return SequenceClassifier(cfg, n, head, multilabel=kind == "multilabel"), cfg
+
+
+# ------------------------------------------------------------------------------------- Hugging Face
+
+
+def _st_pooling(root: Path) -> tuple[str | None, bool, int | None]:
+    """sentence-transformers' pooling ("mean"/"cls"), whether it normalises, its max_seq_length."""
+    from cramkit.io import inside
+
+    pooling, normalize, max_len = None, False, None
+    modules = root / "modules.json"
+    try:
+        if modules.is_file():
+            for mod in json.loads(modules.read_text(encoding="utf-8")):
+                kind = str(mod.get("type", ""))
+                if kind.endswith("Pooling"):
+                    conf = inside(root, str(mod.get("path", ""))) / "config.json"
+                    if conf.is_file():
+                        c = json.loads(conf.read_text(encoding="utf-8"))
+                        if c.get("pooling_mode_cls_token"):
+                            pooling = "cls"
+                        elif c.get("pooling_mode_mean_tokens"):
+                            pooling = "mean"
+                elif kind.endswith("Normalize"):
+                    normalize = True
+        st = root / "sentence_bert_config.json"
+        if st.is_file():
+            max_len = int(json.loads(st.read_text(encoding="utf-8")).get("max_seq_length") or 0) or None
+    except (ValueError, OSError, TypeError, AttributeError) as exc:
+        raise CramkitError(f"{root}: sentence-transformers files are malformed ({exc})") from None
+    return pooling, normalize, max_len
+
+
+def _load_hf(name: str, text: str) -> LoadedModel:
+    from cramkit.model.encoder import Encoder
+    from cramkit.model.heads import ClassifierConfig, MaskedLM, SequenceClassifier
+    from cramkit.model.hf import _read_hf_config, _resolve, load_hf_config, load_hf_encoder_state
+    from cramkit.text.tokenizer import load_tokenizer
+
+    root = _resolve(name)
+    cfg = load_hf_config(root)
+    _, hf = _read_hf_config(root)
+    state = load_hf_encoder_state(root, cfg)
+    enc_state = {k: v for k, v in state.items() if not k.startswith(("head.", "pooler.", "classifier."))}
+    arch = (hf.get("architectures") or ["BertModel"])[0]
+    labels = None
+    head = None
+    if arch == "BertForSequenceClassification" or "classifier.weight" in state:
+        problem = hf.get("problem_type")
+        id2label = hf.get("id2label") or {}
+        n = int(hf.get("num_labels") or len(id2label) or state["classifier.weight"].shape[0])
+        kind = "regression" if problem == "regression" or n == 1 else "classifier"
+        if problem == "multi_label_classification":
+            kind = "multilabel"
+        if kind != "regression":
+            labels = [str(id2label.get(str(i), id2label.get(i, f"LABEL_{i}"))) for i in range(n)]
+        dropout = hf.get("classifier_dropout")
+        head_cfg = ClassifierConfig(pooling="first", pooler_dense=True, dropout=float(dropout or cfg.dropout))
+        model: nn.Module = SequenceClassifier(cfg, n, head_cfg, multilabel=kind == "multilabel")
+        if "classifier.weight" not in state or "pooler.weight" not in state:
+            raise CramkitError(f"hf:{root}: a sequence classifier without classifier/pooler weights")
+        full = {f"encoder.{k}": v for k, v in enc_state.items()}
+        full |= {k: v for k, v in state.items() if k.startswith(("pooler.", "classifier."))}
+        _load_state(model, full, f"hf:{root}")
+        head = {"pooling": "first", "pooler_dense": True, "dropout": head_cfg.dropout}
+    elif any(k.startswith("head.") for k in state) and "head.transform.0.weight" in state:
+        kind = "mlm"
+        model = MaskedLM(cfg)
+        full = {f"encoder.{k}": v for k, v in enc_state.items()}
+        full |= {k: v for k, v in state.items() if k.startswith("head.")}
+        _load_state(model, full, f"hf:{root}", tied=cfg.tie_embeddings)
+    else:
+        kind = "encoder"
+        model = Encoder(cfg)
+        _load_state(model, dict(enc_state), f"hf:{root}")
+    if not any((root / f).is_file() for f in ("tokenizer.json", "vocab.txt")):
+        raise CramkitError(f"hf:{root}: no tokenizer.json or vocab.txt beside the weights")
+    pooling, normalize, st_max = _st_pooling(root)
+    max_length = _max_length(cfg)
+    if st_max:
+        max_length = min(max_length, st_max)
+    return LoadedModel(
+        model=model,
+        kind=kind,
+        config=cfg,
+        tokenizer=load_tokenizer(root),
+        labels=labels,
+        max_length=max_length,
+        pooling=pooling or ("cls" if kind == "classifier" else "mean"),
+        normalize=normalize,
+        with_types=cfg.type_vocab_size > 0,
+        head=head,
+        extra={"hf_architecture": arch},
+        pooler_state=None
+        if isinstance(model, SequenceClassifier) or "pooler.weight" not in state
+        else {"weight": state["pooler.weight"], "bias": state["pooler.bias"]},
+    )
+
+
+# ------------------------------------------------------------------------------------------ checks
+
+
+def _check_vocab(loaded: LoadedModel) -> None:
+    cfg = loaded.config
+    rows = getattr(cfg, "vocab_size", None)
+    if rows is None:
+        return
+    vocab = loaded.tokenizer.get_vocab_size(with_added_tokens=True)
+    # equal sizes, or model rows padded up to a multiple of 64 for speed (fewer than 128 extra rows)
+    if not (vocab == rows or (vocab < rows < vocab + 128 and rows % 64 == 0)):
+        raise CramkitError(
+            f"{loaded.source}: the tokenizer has {vocab} tokens but the model's embedding has {rows} rows; "
+            "the tokenizer and weights come from different vocabularies. Keep the tokenizer saved with them"
+        )
+    for token in ("[CLS]", "[SEP]"):
+        tid = loaded.tokenizer.token_to_id(token)
+        if tid is None or tid >= rows:
+            raise CramkitError(
+                f"{loaded.source}: the tokenizer has no usable {token} token; cramkit needs a BERT-style "
+                "vocabulary with [CLS], [SEP] and [PAD]"
+            )
+
+
+def remove_model_files(out: Path) -> None:
+    """Delete what :meth:`LoadedModel.save` wrote in ``out`` (for an aborted save)."""
+    for name in (MODEL_FILE, "model.safetensors"):
+        (out / name).unlink(missing_ok=True)
+    shutil.rmtree(out / "tokenizer", ignore_errors=True)

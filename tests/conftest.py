@@ -100,9 +100,10 @@ TINY_MODEL_SETS = [
 
 def run_pretrain(out: Path, *args: str, steps: int = 10, nproc: int = 1, timeout: float = 300) -> Path:
     """A run directory made by the real `cramkit pretrain` (a tiny model, ``steps`` optimizer steps)."""
-    cmd = [sys.executable, "-m", "cramkit", "pretrain", *args, "--budget", f"{steps}steps", "--out", str(out)]
+    cmd = [sys.executable, "-m", "cramkit", "pretrain", "--budget", f"{steps}steps", "--out", str(out)]
     for item in TINY_MODEL_SETS:
         cmd += ["--set", item]
+    cmd += args  # after the defaults: a --set here wins
     if nproc > 1:
         cmd += ["--nproc", str(nproc)]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}

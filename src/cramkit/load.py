@@ -329,6 +329,10 @@ def _load_model_dir(path: Path) -> LoadedModel:
     kind, arch = meta.get("kind"), meta.get("architecture", "encoder")
     if kind not in KINDS:
         raise CramkitError(f"{file}: unknown kind {kind!r}; expected one of {', '.join(KINDS)}")
+    if arch != "encoder" and arch not in ARCHITECTURES:
+        raise CramkitError(
+            f"{file}: unknown architecture {arch!r}; known: encoder, {', '.join(sorted(ARCHITECTURES))}"
+        )
     weights = path / "model.safetensors"
     if not weights.is_file():
         raise CramkitError(f"{path}: model.safetensors is missing; the model directory is incomplete")

@@ -1,14 +1,13 @@
-"""`cramkit export RUN_OR_CHECKPOINT --out DIR [--step N]`: a Hugging Face model directory.
+"""`cramkit export MODEL --out DIR [--format hf|onnx]`: a Hugging Face (or ONNX) model directory.
 
-A run directory holds ``config.yaml`` (its ``model:`` section), ``tokenizer/`` and
-``checkpoints/{latest,step-NNNNNN/}``; a checkpoint directory inside ``checkpoints/`` works too.
+MODEL is anything ``cramkit.load`` takes: a run (its latest checkpoint, or ``--step N``), a checkpoint of
+either world size, a fine-tuned model or student directory, or ``hf:DIR``.
 """
 
 from __future__ import annotations
 
 import argparse
 from pathlib import Path
-from typing import Any
 
 from cramkit.errors import CramkitError
 
@@ -16,132 +15,94 @@ from cramkit.errors import CramkitError
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "export",
-        help="write a run's checkpoint as a Hugging Face model directory",
-        description="Write a checkpoint as a Hugging Face directory. BERT-shaped models (post-LN, learned "
-        "positions, biases, GELU) load with transformers.AutoModel; other architectures ship "
-        "modeling_cramkit.py and load with trust_remote_code=True.",
+        help="write a model as a Hugging Face directory (or ONNX for ONNX Runtime)",
+        description="Write a model as a Hugging Face directory. BERT-shaped models (post-LN, learned positions, "
+        "biases, GELU; e.g. --preset bert-base, or any hf: import) become plain BertForMaskedLM / BertModel / "
+        "BertForSequenceClassification that transformers loads with no custom code; other architectures ship "
+        "modeling_cramkit.py and load with trust_remote_code=True. --format onnx writes an ONNX Runtime model.",
     )
-    p.add_argument("source", metavar="RUN_OR_CHECKPOINT", help="a run directory or one of its checkpoints")
+    p.add_argument(
+        "source", metavar="MODEL", help="a run, a checkpoint, a model directory (finetune --out) or hf:DIR"
+    )
     p.add_argument("--out", required=True, help="the directory to write (replaced atomically)")
-    p.add_argument("--step", type=int, default=None, help="export checkpoint step-N instead of the latest")
+    p.add_argument("--format", choices=["hf", "onnx"], default="hf", help="hf (default) or onnx")
+    p.add_argument(
+        "--quantize", choices=["int8"], default=None, help="with --format onnx: dynamic int8 weights"
+    )
+    p.add_argument(
+        "--step", type=int, default=None, help="export checkpoint step-N of a run instead of the latest"
+    )
     p.add_argument("--no-mlm-head", action="store_true", help="export the encoder only (BertModel)")
     p.add_argument("--force", action="store_true", help="replace --out even if it is not a previous export")
     p.set_defaults(func=run)
 
 
-def resolve_checkpoint(source: Path, step: int | None) -> tuple[Path, Path]:
-    """(run directory, checkpoint directory) for a run or a checkpoint path."""
-    if not source.exists():
+def check_out(out: Path, source: str) -> None:
+    """Refuse an --out that is, contains or lies inside the source (replacing it would destroy the source)."""
+    src = Path(source[3:] if source.startswith("hf:") else source).expanduser().resolve()
+    dst = out.expanduser().resolve()
+    if dst == src or dst in src.parents or src in dst.parents:
         raise CramkitError(
-            f"{source} does not exist; give a run directory (with config.yaml) or a checkpoint"
+            f"--out {out} is, contains or lies inside the model being exported ({src}); writing it would "
+            "destroy the source. Choose a directory outside it"
         )
-    if (source / "config.yaml").exists():
-        run_dir = source
-        ckpts = run_dir / "checkpoints"
-        if step is not None:
-            ckpt = ckpts / f"step-{step:06d}"
-            if not ckpt.is_dir():
-                have = sorted(p.name for p in ckpts.glob("step-*")) if ckpts.is_dir() else []
-                raise CramkitError(
-                    f"{run_dir}: no checkpoint for --step {step} ({ckpt.name}); available: {', '.join(have) or 'none'}"
-                )
-            return run_dir, ckpt
-        latest = ckpts / "latest"
-        if not latest.exists():
-            raise CramkitError(f"{run_dir}: no checkpoints/latest; has the run saved a checkpoint yet?")
-        name = latest.read_text(encoding="utf-8").strip()
-        ckpt = ckpts / name
-        if not name or not ckpt.is_dir():
-            raise CramkitError(f"{latest} names {name!r}, which is not a checkpoint directory in {ckpts}")
-        return run_dir, ckpt
-    if source.parent.name == "checkpoints" and (source.parent.parent / "config.yaml").exists():
-        if step is not None:
-            raise CramkitError(f"--step applies to a run directory; {source} is already a checkpoint")
-        return source.parent.parent, source
-    raise CramkitError(
-        f"{source}: neither a run directory (config.yaml) nor a checkpoint inside RUN/checkpoints/"
-    )
-
-
-def _hook(module_name: str):
-    """``module_name.load_model_state`` if that trainer module exists, else None."""
-    import importlib
-
-    try:
-        module = importlib.import_module(module_name)
-    except ModuleNotFoundError as exc:
-        if exc.name is None or not module_name.startswith(exc.name):
-            raise  # the module exists but is broken: show it
-        return None
-    return getattr(module, "load_model_state", None)
-
-
-def load_model_state(ckpt: Path) -> dict[str, Any]:
-    """The model's state dict: through the trainer's loader when it has one
-    (``cramkit.train.checkpoint.load_model_state``; DCP-sharded checkpoints through
-    ``cramkit.train.dcp.load_model_state``), else from ``model.safetensors``."""
-    loader = _hook("cramkit.train.checkpoint")
-    if loader is None and (ckpt / ".metadata").is_file():
-        loader = _hook("cramkit.train.dcp")
-    if loader is not None:
-        return loader(ckpt)
-    from cramkit.model.hf import read_weights
-
-    file = ckpt / "model.safetensors"
-    if not file.exists():
-        raise CramkitError(f"{ckpt}: no model.safetensors; is the checkpoint complete?")
-    return read_weights(file)
-
-
-def build_model(run_dir: Path, ckpt: Path):  # -> tuple[MaskedLM, ModelConfig]
-    from cramkit.config import from_dict, load_yaml
-    from cramkit.model import MaskedLM, ModelConfig
-
-    section = load_yaml(run_dir / "config.yaml").get("model")
-    if not isinstance(section, dict):
-        raise CramkitError(f"{run_dir / 'config.yaml'} has no 'model:' section")
-    cfg = from_dict(ModelConfig, section, "model")
-    state = load_model_state(ckpt)
-    # wrappers' prefixes (torch.compile, DDP), if a trainer ever saves them
-    state = {k.replace("_orig_mod.", "").removeprefix("module."): v for k, v in state.items()}
-    model = MaskedLM(cfg)
-    if cfg.tie_embeddings:  # tied weights may be stored under either name only
-        word, decoder = "encoder.embeddings.word.weight", "head.decoder.weight"
-        if decoder not in state and word in state:
-            state[decoder] = state[word]
-        elif word not in state and decoder in state:
-            state[word] = state[decoder]
-    missing, unexpected = model.load_state_dict(state, strict=False)
-    if missing or unexpected:
+    if dst == Path.cwd().resolve() or dst == Path(dst.anchor):
         raise CramkitError(
-            f"{ckpt}: the weights do not fit the model in {run_dir / 'config.yaml'} "
-            f"(missing {missing[:3]}, unexpected {unexpected[:3]})"
+            f"--out {out} is the current or root directory; choose a new directory for the export"
         )
-    return model.eval(), cfg
 
 
 def run(args: argparse.Namespace) -> int:
-    from cramkit.model.hf import export_hf
-
-    run_dir, ckpt = resolve_checkpoint(Path(args.source), args.step)
-    model, cfg = build_model(run_dir, ckpt)
-    tok = run_dir / "tokenizer"
-    out = export_hf(
-        model,
-        cfg,
-        Path(args.out),
-        tokenizer_dir=tok if tok.is_dir() else None,
-        mlm_head=not args.no_mlm_head,
-        force=args.force,
-    )
     import json
+    import tempfile
 
-    fmt = json.loads((out / "cramkit_export.json").read_text(encoding="utf-8"))["format"]
-    how = "transformers.AutoModel.from_pretrained(DIR)"
-    if fmt == "cramkit":
-        how = (
-            "transformers.AutoModel.from_pretrained(DIR, trust_remote_code=True) and "
-            "AutoTokenizer.from_pretrained(DIR, trust_remote_code=True)"
+    from cramkit.load import load
+
+    out = Path(args.out)
+    check_out(out, args.source)
+    if args.quantize and args.format != "onnx":
+        raise CramkitError("--quantize int8 applies to --format onnx")
+    loaded = load(args.source, step=args.step)
+    if args.format == "onnx":
+        try:
+            from cramkit.infer.onnx import export_onnx
+        except ImportError as exc:
+            raise CramkitError(
+                f"ONNX export needs onnx and onnxruntime ({exc}): pip install 'cramkit[onnx]'"
+            ) from None
+        done = export_onnx(loaded, out, args.quantize, args.force)
+        print(
+            f"exported {loaded.source} -> {done} (ONNX{' int8' if args.quantize else ''}; cramkit serve {done} --backend onnx)"
         )
-    print(f"exported {ckpt} -> {out} ({fmt} format; load with {how})")
+        return 0
+    if loaded.encoder is None:
+        raise CramkitError(
+            f"{loaded.source}: a {loaded.architecture} model has no Hugging Face equivalent; use --format onnx"
+        )
+    from cramkit.model.hf import export_hf
+    from cramkit.text.tokenizer import save_tokenizer
+
+    with tempfile.TemporaryDirectory() as tmp:
+        tok_dir = save_tokenizer(loaded.tokenizer, Path(tmp) / "tokenizer")
+        done = export_hf(
+            loaded.model,
+            loaded.config,
+            out,
+            tokenizer_dir=tok_dir,
+            mlm_head=not args.no_mlm_head,
+            force=args.force,
+            labels=loaded.labels,
+        )
+    fmt = json.loads((done / "cramkit_export.json").read_text(encoding="utf-8"))
+    how = "transformers.AutoModel.from_pretrained(DIR)"
+    if fmt["architecture"] == "BertForSequenceClassification":
+        how = "transformers.AutoModelForSequenceClassification.from_pretrained(DIR)"
+    if fmt["format"] == "cramkit":
+        how = "transformers.AutoModel.from_pretrained(DIR, trust_remote_code=True); its tokenizer: AutoTokenizer.from_pretrained(DIR)"
+    print(f"exported {loaded.source} -> {done} ({fmt['architecture']}; load with {how})")
+    if fmt["format"] == "cramkit" and loaded.kind in ("classifier", "regression", "multilabel"):
+        print(
+            "note: this architecture is not BERT's, so the classifier head is not in the HF export; "
+            "use --format onnx or cramkit serve for the whole classifier"
+        )
     return 0

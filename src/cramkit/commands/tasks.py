@@ -33,15 +33,19 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--from",
         dest="source",
-        required=True,
-        metavar="RUN_OR_HF",
-        help="cramkit run / checkpoint directory, or hf:PATH (a Hugging Face BERT directory)",
+        metavar="MODEL",
+        help="cramkit run / checkpoint directory, a model directory, or hf:PATH (a Hugging Face BERT directory)",
     )
     p.add_argument("--task", help="registered task name, e.g. glue/sst2 (see --list-tasks)")
+    p.add_argument("--list-tasks", action="store_true", help="list the registered task names and exit")
     p.add_argument(
         "--data-dir", help="GLUE root folder (DIR/SST-2/train.tsv, ...); default $CRAMKIT_GLUE_DIR"
     )
-    p.add_argument("--out", help="output directory (default: finetune-TASK)")
+    p.add_argument(
+        "--out",
+        help="output directory: the fine-tuned model (median seed; cramkit.load / predict / export / serve), "
+        "results.json, test predictions (default: finetune-TASK)",
+    )
     p.add_argument("--seeds", help="comma-separated seeds, e.g. 0,1,2 (the median is reported)")
     p.add_argument(
         "--set",
@@ -59,7 +63,15 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     g = p.add_argument_group("a task from your own files (instead of --task)")
     g.add_argument("--train", help="training file (.csv, .tsv or .jsonl with a header / named fields)")
-    g.add_argument("--dev", help="dev file, scored after training")
+    g.add_argument(
+        "--dev", help="dev file, scored after training (default: hold out --dev-fraction of --train)"
+    )
+    g.add_argument(
+        "--dev-fraction",
+        type=float,
+        default=0.1,
+        help="without --dev: this fraction of the shuffled train rows is held out for scoring (default 0.1)",
+    )
     g.add_argument("--test", help="test file (labels optional); predictions are written")
     g.add_argument("--text-a", help="column with the (first) text")
     g.add_argument("--text-b", help="column with the second text of a pair")
@@ -128,9 +140,7 @@ def _resolve_task(args: argparse.Namespace):
             raise CramkitError(
                 "--train needs --text-a COLUMN (and --label COLUMN, --text-b COLUMN for pairs)"
             )
-        if not args.dev:
-            raise CramkitError("--train needs --dev FILE: the split that is scored after training")
-        return task_from_file(
+        task = task_from_file(
             args.name or Path(args.train).stem,
             args.train,
             args.dev,
@@ -141,6 +151,11 @@ def _resolve_task(args: argparse.Namespace):
             regression=args.regression,
             skip_bad_rows=args.skip_bad_rows,
         )
+        if not args.dev:
+            from cramkit.tasks.registry import hold_out
+
+            task = hold_out(task, args.dev_fraction)
+        return task
     if not args.task:
         raise CramkitError(
             "name a task with --task (e.g. --task glue/sst2) or give your files with --train/--dev"
@@ -152,6 +167,18 @@ def _resolve_task(args: argparse.Namespace):
 
 
 def run_finetune(args: argparse.Namespace) -> int:
+    if args.list_tasks:
+        from cramkit.tasks.registry import list_tasks
+
+        print("\n".join(list_tasks()))
+        print(
+            "(or your own files: --train FILE [--dev FILE] --text-a COLUMN [--text-b COLUMN] --label COLUMN)"
+        )
+        return 0
+    if not args.source:
+        raise CramkitError(
+            "cramkit finetune needs --from MODEL (a run directory, a model directory or hf:DIR)"
+        )
     cfg = _config(args)
     task = _resolve_task(args)
     _check_source(args.source)
@@ -167,6 +194,10 @@ def run_finetune(args: argparse.Namespace) -> int:
         print(f"{task.name} {split}: {metrics} (median of {len(cfg.seeds)} seed(s))")
     rate = sum(r["examples_per_s"] for r in res["seeds"]) / len(res["seeds"])
     print(f"training: {rate:.1f} examples/s; results in {out / 'results.json'}")
+    print(
+        f"model (seed {res['kept_seed']}, the median) saved in {out}: cramkit predict --from {out} FILE; "
+        f"cramkit export {out} --out DIR"
+    )
     if res.get("skipped_rows"):
         print(f"skipped bad rows: {json.dumps(res['skipped_rows'])}", file=sys.stderr)
     return 0

@@ -427,7 +427,14 @@ def _bert_weights(
     return out
 
 
-def _bert_config(cfg: ModelConfig, arch: str, dtype: torch.dtype, num_labels: int | None) -> dict[str, Any]:
+def _bert_config(
+    cfg: ModelConfig,
+    arch: str,
+    dtype: torch.dtype,
+    num_labels: int | None,
+    labels: list[str] | None = None,
+    multilabel: bool = False,
+) -> dict[str, Any]:
     config: dict[str, Any] = {
         "architectures": [arch],
         "model_type": "bert",
@@ -449,10 +456,14 @@ def _bert_config(cfg: ModelConfig, arch: str, dtype: torch.dtype, num_labels: in
         "torch_dtype": str(dtype).removeprefix("torch."),
     }
     if num_labels is not None:
-        config["id2label"] = {str(i): f"LABEL_{i}" for i in range(num_labels)}
-        config["label2id"] = {f"LABEL_{i}": i for i in range(num_labels)}
+        names = labels if labels is not None and len(labels) == num_labels else None
+        names = names or [f"LABEL_{i}" for i in range(num_labels)]
+        config["id2label"] = {str(i): n for i, n in enumerate(names)}
+        config["label2id"] = {n: i for i, n in enumerate(names)}
         if num_labels == 1:
             config["problem_type"] = "regression"
+        elif multilabel:
+            config["problem_type"] = "multi_label_classification"
     return config
 
 
@@ -490,7 +501,7 @@ def _write_tokenizer(tokenizer_dir: Path, out: Path, cfg: ModelConfig) -> None:
             vocab = set((tok.get("model") or {}).get("vocab") or {}) | {
                 t["content"] for t in tok.get("added_tokens", [])
             }
-            klass = "PreTrainedTokenizerFast"
+            klass = "BertTokenizerFast"  # plain BERT: loads without remote code or a prompt
         else:
             vocab = set((tokenizer_dir / "vocab.txt").read_text(encoding="utf-8").split("\n"))
             klass = "BertTokenizer"
@@ -519,6 +530,7 @@ def export_hf(
     tokenizer_dir: str | Path | None = None,
     mlm_head: bool = True,
     force: bool = False,
+    labels: list[str] | None = None,
 ) -> Path:
     """Write a Hugging Face model directory (config.json, model.safetensors, tokenizer files).
 
@@ -567,7 +579,14 @@ def export_hf(
         )
         prefix = "" if arch == "BertModel" else "bert."
         weights = _bert_weights(enc, head, clf, cfg, prefix)
-        config = _bert_config(cfg, arch, dtype, clf.num_labels if clf is not None else None)
+        config = _bert_config(
+            cfg,
+            arch,
+            dtype,
+            clf.num_labels if clf is not None else None,
+            labels,
+            bool(getattr(clf, "multilabel", False)),
+        )
     else:
         fmt = "cramkit"
         arch = "CramkitForMaskedLM" if head is not None else "CramkitModel"

@@ -291,3 +291,37 @@ def get_mixture(name: str, data_dir: PathLike | None = None, *, skip_bad_rows: b
     if isinstance(entry, Mixture):
         return entry
     return entry(data_dir=data_dir, skip_bad_rows=skip_bad_rows)
+
+
+def hold_out(task: Task, fraction: float = 0.1, seed: int = 0) -> Task:
+    """``task`` with a dev split held out of its train split: ``fraction`` of the rows, shuffled with
+    ``seed`` (the same rows every time); the rest is the new train split."""
+    import dataclasses
+
+    import numpy as np
+
+    if not 0.0 < fraction < 1.0:
+        raise CramkitError(f"--dev-fraction must be between 0 and 1 (exclusive), got {fraction}")
+    cache: dict[str, list[Example]] = {}
+
+    def part(name: str) -> Callable[[], list[Example]]:
+        def load() -> list[Example]:
+            if not cache:
+                rows = task.examples(task.train_split)
+                order = np.random.default_rng(seed).permutation(len(rows))
+                n_dev = max(1, round(len(rows) * fraction))
+                if len(rows) - n_dev < 1:
+                    raise CramkitError(
+                        f"task {task.name}: {len(rows)} training rows are too few to hold out a dev split; "
+                        "give --dev FILE"
+                    )
+                cache["dev"] = [rows[i] for i in sorted(order[:n_dev])]
+                cache["train"] = [rows[i] for i in sorted(order[n_dev:])]
+            return cache[name]
+
+        load.source = f"{task.source(task.train_split)} ({'held out' if name == 'dev' else 'rest'})"  # type: ignore[attr-defined]
+        return load
+
+    splits = {k: v for k, v in task.splits.items() if k != task.train_split}
+    splits |= {task.train_split: part("train"), "dev": part("dev")}
+    return dataclasses.replace(task, splits=splits, dev_splits=["dev"], _cache={})

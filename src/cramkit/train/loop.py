@@ -36,7 +36,7 @@ from cramkit.train.budget import format_seconds, parse_budget, parse_every
 from cramkit.train.config import RunConfig, TrainConfig
 from cramkit.train.metrics import MetricsLog, Progress, peak_flops, plot_losses
 from cramkit.train.optim import build_optimizer
-from cramkit.train.schedule import accumulation_steps, lr_factor
+from cramkit.train.schedule import accumulation_steps, lr_factor, split_batch
 
 
 class TrainData(Protocol):
@@ -262,7 +262,10 @@ def train(
     )
     writer = _sharded_writer(cfg, run, ctx)  # None: single-file checkpoints written by rank 0
     scaler = torch.amp.GradScaler(device.type) if precision == "fp16" else None
-    loader = data.train_loader(tcfg.micro_batch, rank=ctx.rank, world=ctx.world)
+    # the global batch is exactly train.batch_size on any number of processes: each takes an equal share in
+    # micro-batches of at most train.micro_batch sequences
+    micro, target_accum = split_batch(tcfg.batch_size, tcfg.micro_batch, ctx.world)
+    loader = data.train_loader(micro, rank=ctx.rank, world=ctx.world)
     log = MetricsLog(run, enabled=ctx.is_main)
     p = Progressed()
     last_ckpt: Path | None = None
@@ -299,8 +302,7 @@ def train(
         compile_model(model)
     train_model.train()
 
-    world, micro = ctx.world, tcfg.micro_batch
-    target_accum = max(1, math.ceil(tcfg.batch_size / (micro * world)))
+    world = ctx.world
     seq_len = cfg.data.seq_len
     flops_tok = flops_per_token(cfg.model, seq_len, predicted_fraction=cfg.data.mask_rate)
     peak = peak_flops(device) if precision in ("bf16", "fp16") else None
@@ -332,7 +334,7 @@ def train(
 
     def run_eval() -> float | None:
         nonlocal val_loss
-        val_loss = evaluate(train_model, data, micro, tcfg.eval_batches, ctx, precision)
+        val_loss = evaluate(train_model, data, tcfg.micro_batch, tcfg.eval_batches, ctx, precision)
         p.last_eval = (p.elapsed, p.step)
         if val_loss is not None:
             rec = {"step": p.step, "tokens": p.tokens, "elapsed": round(p.elapsed, 3), "val_loss": val_loss}

@@ -70,3 +70,25 @@ def accumulation_steps(fraction: float, target: int, ramp: float) -> int:
     if ramp <= 0 or fraction >= ramp:
         return target
     return max(1, min(target, 1 + math.floor((target - 1) * fraction / ramp)))
+
+
+def split_batch(batch_size: int, micro_cap: int, world: int) -> tuple[int, int]:
+    """(per-process micro-batch, accumulation steps) that make the global batch exactly ``batch_size``.
+
+    Each of ``world`` processes takes ``batch_size / world`` sequences per step, in the fewest
+    micro-batches of at most ``micro_cap`` sequences that divide it evenly. A batch that does not divide
+    by the world size is an error: changing it silently would change the training (1 and N processes must
+    follow the same curve).
+    """
+    from cramkit.errors import CramkitError
+
+    if batch_size % world:
+        raise CramkitError(
+            f"train.batch_size={batch_size} does not divide evenly over {world} processes; use a multiple of "
+            f"{world} (e.g. {batch_size + world - batch_size % world}) so every process takes the same share"
+        )
+    share = batch_size // world
+    accum = max(1, -(-share // micro_cap))
+    while share % accum:
+        accum += 1
+    return share // accum, accum

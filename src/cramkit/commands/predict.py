@@ -1,0 +1,55 @@
+"""`cramkit predict --from MODEL FILE --out PRED`: batched inference over a file's rows."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "predict",
+        help="predict the rows of a CSV/TSV/JSONL/text file with a fine-tuned model (or fill [MASK]s)",
+        description="Classify (or score) each row of FILE with a fine-tuned model, a distilled student or an HF "
+        "classifier; with a pretraining run, fill each [MASK]. Inputs are batched by length. With a label column "
+        "in FILE the metric is printed too.",
+    )
+    p.add_argument(
+        "file", metavar="FILE", help=".csv, .tsv, .jsonl (a header / named fields) or .txt (one per line)"
+    )
+    p.add_argument("--from", dest="source", required=True, metavar="MODEL",
+                   help="a model directory (cramkit finetune --out), a run, a checkpoint or hf:DIR")  # fmt: skip
+    p.add_argument(
+        "--out", help="predictions file: .jsonl (default), .csv or .tsv (default: FILE.predictions.jsonl)"
+    )
+    p.add_argument("--text-a", help="the text column (default: text, sentence, sentence1, ...)")
+    p.add_argument("--text-b", help="the second text of a pair (default: text_b or sentence2 when present)")
+    p.add_argument("--label", default="label", help="gold label column, scored when present ('none': ignore)")
+    p.add_argument("--top-k", type=int, default=5, help="fill-mask: candidates per [MASK] (default 5)")
+    p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N")
+    p.add_argument(
+        "--max-batch-tokens", type=int, default=16384, help="padded tokens per batch (default 16384)"
+    )
+    p.add_argument(
+        "--max-length", type=int, default=None, help="cut inputs to this many tokens (default: the model's)"
+    )
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from cramkit.predict import predict
+
+    out = args.out or str(Path(args.file).with_suffix("")) + ".predictions.jsonl"
+    label = None if args.label.lower() == "none" else args.label
+    res = predict(
+        args.source, args.file, out, text_a=args.text_a, text_b=args.text_b, label=label, top_k=args.top_k,
+        device=args.device, max_batch_tokens=args.max_batch_tokens, max_length=args.max_length,
+    )  # fmt: skip
+    line = f"predicted {res['rows']} rows in {res['seconds']:.2f}s ({res['examples_per_s']:,.1f} examples/s)"
+    if res["truncated"]:
+        line += f"; {res['truncated']} inputs truncated to the model's limit"
+    print(line + f" -> {res['out']}")
+    if res.get("metrics"):
+        print("metrics: " + ", ".join(f"{k} {v:.2f}" for k, v in res["metrics"].items()))
+    return 0

@@ -1,0 +1,225 @@
+"""``cramkit.predict``: a model over the rows of a CSV / TSV / JSONL / text file, written to a file.
+
+A classifier writes each row's label and probabilities (a regressor its score); with a label column in
+the input the metric is computed too. A masked-LM model (a pretraining run) fills each ``[MASK]``.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from cramkit.errors import CramkitError
+
+TEXT_COLUMNS = ("text", "sentence", "text_a", "sentence1", "question", "review")
+PAIR_COLUMNS = ("text_b", "sentence2")
+
+
+@dataclass
+class Rows:
+    """Texts read from a file, with the label column's values when it has one."""
+
+    texts_a: list[str]
+    texts_b: list[str] | None
+    gold: list[str] | None
+    columns: list[str] = field(default_factory=list)
+
+
+def read_rows(
+    path: str | os.PathLike, text_a: str | None = None, text_b: str | None = None, label: str | None = "label"
+) -> Rows:
+    """Rows of a .csv / .tsv / .jsonl file (header / named fields) or a .txt file (one text per line)."""
+    from cramkit.tasks.files import _format, _records
+
+    path = Path(path)
+    if not path.is_file():
+        raise CramkitError(
+            f"{path} does not exist (or is not a file); give a .csv, .tsv, .jsonl or .txt file"
+        )
+    if path.suffix.lower() == ".txt":
+        try:
+            lines = path.read_text(encoding="utf-8-sig").splitlines()
+        except UnicodeDecodeError as exc:
+            raise CramkitError(
+                f"{path} is not valid UTF-8 (byte {exc.start}); convert it to UTF-8 (e.g. iconv -f latin1 -t utf-8)"
+            ) from None
+        texts = [t for t in lines if t.strip()]
+        if not texts:
+            raise CramkitError(f"{path} holds no text; give one input per line")
+        return Rows(texts, None, None, ["text"])
+    fmt = _format(path, None)
+    a_col, b_col = text_a, text_b
+    texts_a: list[str] = []
+    texts_b: list[str] = []
+    gold: list[str] = []
+    has_label = False
+    columns: list[str] = []
+    try:
+        for lineno, rec, problem in _records(path, fmt, None):
+            if rec is None:
+                raise CramkitError(f"{path} line {lineno}: {problem}; fix the row (or remove it)")
+            if "__header__" in rec:
+                columns = rec["__header__"]
+                continue
+            if not columns:
+                columns = list(rec)
+            if a_col is None:
+                a_col = next((c for c in TEXT_COLUMNS if c in rec), None)
+                if a_col is None:
+                    raise CramkitError(
+                        f"{path}: no text column among {', '.join(columns)}; name it with --text-a COLUMN"
+                    )
+                if b_col is None:
+                    b_col = next((c for c in PAIR_COLUMNS if c in rec and c != a_col), None)
+                has_label = label is not None and label in rec
+            if a_col not in rec or (b_col is not None and b_col not in rec):
+                missing = a_col if a_col not in rec else b_col
+                raise CramkitError(
+                    f"{path} line {lineno}: no column {missing!r}; its columns: {', '.join(map(str, rec))}"
+                )
+            va, vb = rec[a_col], rec.get(b_col) if b_col else None
+            if not isinstance(va, str) or (b_col and not isinstance(vb, str)):
+                raise CramkitError(
+                    f"{path} line {lineno}: the text column holds {type(va).__name__}, not text"
+                )
+            texts_a.append(va)
+            if b_col:
+                texts_b.append(vb)
+            if has_label:
+                gold.append(str(rec.get(label, "")).strip())
+    except UnicodeDecodeError as exc:
+        raise CramkitError(
+            f"{path} is not valid UTF-8 (byte {exc.start}); convert it to UTF-8 (e.g. iconv -f latin1 -t utf-8)"
+        ) from None
+    if not texts_a:
+        raise CramkitError(f"{path} has no rows to predict")
+    return Rows(texts_a, texts_b if b_col else None, gold if has_label else None, columns)
+
+
+def predict(
+    model: Any,
+    input_file: str | os.PathLike,
+    out: str | os.PathLike | None = None,
+    *,
+    text_a: str | None = None,
+    text_b: str | None = None,
+    label: str | None = "label",
+    top_k: int = 5,
+    device: str = "auto",
+    max_batch_tokens: int = 16384,
+    max_length: int | None = None,
+) -> dict[str, Any]:
+    """Predict every row of ``input_file`` with ``model`` (anything ``cramkit.load`` takes, or a loaded
+    model); write them to ``out`` (.jsonl, .csv or .tsv); return a summary (rows, examples/s, metrics)."""
+    from cramkit.infer import Engine
+    from cramkit.load import LoadedModel, load
+
+    loaded = model if isinstance(model, LoadedModel) else load(model)
+    rows = read_rows(input_file, text_a, text_b, label)
+    engine = Engine(loaded, device=device, max_batch_tokens=max_batch_tokens, max_length=max_length)
+    inputs = rows.texts_a if rows.texts_b is None else list(zip(rows.texts_a, rows.texts_b, strict=True))
+    start = time.perf_counter()
+    records: list[dict[str, Any]] = []
+    summary: dict[str, Any] = {"model": loaded.source, "kind": loaded.kind, "rows": len(inputs)}
+    if loaded.kind == "mlm":
+        filled = engine.fill_mask(rows.texts_a, top_k=top_k)
+        for i, masks in enumerate(filled):
+            records.append(
+                {
+                    "row": i,
+                    "masks": [
+                        [{"token": c["token"], "score": round(c["score"], 6)} for c in m] for m in masks
+                    ],
+                }
+            )
+        summary["masks"] = sum(len(m) for m in filled)
+    elif loaded.kind == "encoder":
+        raise CramkitError(
+            f"{loaded.source} is a bare encoder (no head): fine-tune it first (cramkit finetune ... --out DIR), "
+            "or take embeddings with `cramkit embed`"
+        )
+    else:
+        res = engine.classify(inputs)
+        for i in range(len(inputs)):
+            rec: dict[str, Any] = {"row": i}
+            if res.scores is not None:
+                rec["score"] = float(res.scores[i])
+            else:
+                rec["label"] = res.labels[i]
+                names = loaded.labels or [str(j) for j in range(res.probs.shape[1])]
+                rec["probabilities"] = {
+                    n: round(float(p), 6) for n, p in zip(names, res.probs[i], strict=True)
+                }
+            if res.truncated[i]:
+                rec["truncated"] = True
+            records.append(rec)
+        if rows.gold is not None:
+            summary["metrics"] = _metrics(loaded, res, rows.gold)
+    elapsed = time.perf_counter() - start
+    summary["seconds"] = round(elapsed, 3)
+    summary["examples_per_s"] = round(len(inputs) / max(elapsed, 1e-9), 1)
+    summary["truncated"] = int(engine.truncated.sum())
+    if out is not None:
+        summary["out"] = str(write_predictions(records, out))
+    return summary
+
+
+def _metrics(loaded: Any, res: Any, gold: list[str]) -> dict[str, float]:
+    from cramkit.tasks.metrics import compute_metrics
+
+    if loaded.kind == "regression":
+        try:
+            y = np.asarray([float(g) for g in gold], dtype=np.float64)
+        except ValueError:
+            raise CramkitError(
+                "the label column holds non-numbers; a regression model needs numeric labels"
+            ) from None
+        return compute_metrics(["pearson", "spearman"], res.scores, y)
+    if loaded.kind == "multilabel":
+        return {}
+    names = loaded.labels or []
+    index = {n: i for i, n in enumerate(names)}
+    unknown = sorted({g for g in gold if g not in index})
+    if unknown:
+        raise CramkitError(
+            f"the label column holds {unknown[:5]}, which the model does not know (its labels: {names}); "
+            "give --label the right column, or --label none to predict without scoring"
+        )
+    y = np.asarray([index[g] for g in gold])
+    metrics = ["accuracy", "f1"] if len(names) == 2 else ["accuracy"]
+    return compute_metrics(metrics, res.logits, y)
+
+
+def write_predictions(records: list[dict[str, Any]], out: str | os.PathLike) -> Path:
+    """``records`` as JSON Lines (default), CSV or TSV by ``out``'s extension, written atomically."""
+    from cramkit.io import atomic_path
+
+    out = Path(out)
+    ext = out.suffix.lower()
+    with atomic_path(out) as tmp, open(tmp, "w", encoding="utf-8", newline="") as f:
+        if ext in (".csv", ".tsv"):
+            flat = [_flatten(r) for r in records]
+            fields = list(dict.fromkeys(k for r in flat for k in r))
+            writer = csv.DictWriter(f, fieldnames=fields, delimiter="\t" if ext == ".tsv" else ",")
+            writer.writeheader()
+            writer.writerows(flat)
+        else:
+            for r in records:
+                f.write(json.dumps(r, ensure_ascii=False) + "\n")
+    return out
+
+
+def _flatten(rec: dict[str, Any]) -> dict[str, Any]:
+    flat = {k: v for k, v in rec.items() if k not in ("probabilities", "masks")}
+    for name, p in (rec.get("probabilities") or {}).items():
+        flat[f"p_{name}"] = p
+    for i, cands in enumerate(rec.get("masks") or []):
+        flat[f"mask{i}"] = " ".join(c["token"] for c in cands)
+    return flat

@@ -61,7 +61,8 @@ def test_two_process_run_loads_finetunes_predicts_and_exports(tmp_path, tok_dir,
     m2, m1 = cramkit.load(run2), cramkit.load(one)
     assert m2.kind == "mlm" and m2.tokenizer.get_vocab_size() == m1.tokenizer.get_vocab_size()
     diff = max(
-        float((p - q).detach().abs().max()) for p, q in zip(m1.model.parameters(), m2.model.parameters(), strict=True)
+        float((p - q).detach().abs().max())
+        for p, q in zip(m1.model.parameters(), m2.model.parameters(), strict=True)
     )
     assert diff < 1e-4
     # fine-tune from it (no --dev: 10% of train held out), keep the model, predict with it, export it

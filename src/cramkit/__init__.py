@@ -1,18 +1,40 @@
 """cramkit: train BERT-style encoders on a budget.
 
 Raw text -> WordPiece tokenizer -> memory-mapped token store -> budgeted masked-LM pretraining
-(the Cramming recipe) -> fine-tuning and evaluation -> Hugging Face export.
+(the Cramming recipe) -> fine-tuning and evaluation -> a kept model to predict with, export, serve,
+distil and index. The Python API mirrors the command line::
+
+    run = cramkit.pretrain(["corpus/"], preset="tiny-cpu", budget="5m", out="runs/x")
+    res = cramkit.finetune(run, task="glue/sst2", data_dir="glue", out="ft/sst2", seeds=[0, 1, 2])
+    model = cramkit.load("ft/sst2")
+    cramkit.predict("ft/sst2", "reviews.csv", "reviews.predictions.jsonl")
+    cramkit.export("ft/sst2", "hf/sst2")
 """
 
 from __future__ import annotations
 
+import os
+from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from cramkit.errors import CramkitError
 from cramkit.load import LoadedModel, load  # the function shadows the module name `cramkit.load`
 
 __version__ = "0.1.0"
-__all__ = ["CramkitError", "__version__", "LoadedModel", "load", "pretrain"]
+__all__ = [
+    "CramkitError",
+    "LoadedModel",
+    "__version__",
+    "evaluate",
+    "export",
+    "finetune",
+    "load",
+    "predict",
+    "pretrain",
+]
+
+PathLike = str | os.PathLike
 
 
 def pretrain(*args: Any, **kwargs: Any) -> Any:
@@ -20,3 +42,94 @@ def pretrain(*args: Any, **kwargs: Any) -> Any:
     from cramkit.train.api import pretrain as _pretrain
 
     return _pretrain(*args, **kwargs)
+
+
+def finetune(
+    source: PathLike,
+    *,
+    task: str | None = None,
+    data_dir: PathLike | None = None,
+    train: PathLike | None = None,
+    dev: PathLike | None = None,
+    test: PathLike | None = None,
+    text_a: str | None = None,
+    text_b: str | None = None,
+    label: str = "label",
+    regression: bool = False,
+    dev_fraction: float = 0.1,
+    out: PathLike | None = None,
+    progress: bool = True,
+    **settings: Any,
+) -> dict[str, Any]:
+    """Fine-tune ``source`` (anything :func:`load` takes) on a registered ``task`` or on your files
+    (``train``, optional ``dev``: else ``dev_fraction`` of train is held out). ``settings`` are
+    FinetuneConfig fields (lr=2e-5, epochs=3, seeds=[0, 1, 2], ...). With ``out`` the model of the
+    median seed is saved there (``cramkit.load(out)``). Returns the results (also out/results.json)."""
+    from cramkit.tasks.finetune import config_from
+    from cramkit.tasks.finetune import finetune as _finetune
+    from cramkit.tasks.registry import get_task, hold_out
+
+    if (task is None) == (train is None):
+        raise CramkitError(
+            "give either task='glue/sst2' or train='train.csv' (your own files), not both or neither"
+        )
+    if task is not None:
+        the_task = get_task(task, data_dir=data_dir)
+    else:
+        from cramkit.tasks.files import task_from_file
+
+        if text_a is None:
+            raise CramkitError("train= needs text_a='COLUMN' (and label=, text_b= for pairs)")
+        the_task = task_from_file(
+            Path(train).stem,
+            train,
+            dev,
+            test,
+            text_a=text_a,
+            text_b=text_b,
+            label=label,
+            regression=regression,
+        )
+        if dev is None:
+            the_task = hold_out(the_task, dev_fraction)
+    return _finetune(the_task, source, config_from(settings), out, progress=progress)
+
+
+def evaluate(
+    source: PathLike,
+    data_dir: PathLike | None = None,
+    out: PathLike = "eval-glue",
+    *,
+    tasks: Sequence[str] | None = None,
+    progress: bool = True,
+    **settings: Any,
+) -> dict[str, Any]:
+    """Fine-tune and score ``source`` on every GLUE task in ``data_dir`` (or only ``tasks``)."""
+    from cramkit.tasks.evaluate import evaluate_suite
+    from cramkit.tasks.finetune import config_from
+
+    return evaluate_suite(
+        "glue", source, data_dir, out, config_from(settings), tasks=tasks, progress=progress
+    )
+
+
+def predict(
+    model: PathLike | LoadedModel, file: PathLike, out: PathLike | None = None, **options: Any
+) -> dict[str, Any]:
+    """Predict every row of a CSV/TSV/JSONL/text file; see :func:`cramkit.infer.predict.predict`."""
+    from cramkit.infer.predict import predict as _predict
+
+    return _predict(model, file, out, **options)
+
+
+def export(model: PathLike, out: PathLike, *, step: int | None = None, force: bool = False) -> Path:
+    """Write ``model`` as a Hugging Face directory (the same as ``cramkit export MODEL --out OUT``)."""
+    import argparse
+
+    from cramkit.commands.export import run
+
+    args = argparse.Namespace(
+        source=str(model), out=str(out), format="hf", quantize=None, step=step, no_mlm_head=False, force=force
+    )
+    run(args)
+    return Path(out)

@@ -7,6 +7,7 @@ libraries (torch, tokenizers) only inside the functions they run, so ``cramkit -
 from __future__ import annotations
 
 import argparse
+import difflib
 import importlib
 import os
 import sys
@@ -38,16 +39,43 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _suggest_flags(parser: argparse.ArgumentParser, argv: list[str]) -> str | None:
+    """For an unknown ``--flag``: the verb's closest flag ("did you mean --budget?")."""
+    sub = next((a for a in parser._actions if isinstance(a, argparse._SubParsersAction)), None)
+    verb = next((a for a in argv if not a.startswith("-")), None)
+    target = sub.choices.get(verb) if sub is not None and verb else None
+    target = target or parser
+    known = [o for a in target._actions for o in a.option_strings if o.startswith("--")]
+    for arg in argv:
+        if arg.startswith("--") and arg.split("=")[0] not in known:
+            flag = arg.split("=")[0]
+            close = difflib.get_close_matches(flag, known, n=1)
+            hint = (
+                f"; did you mean {close[0]}?"
+                if close
+                else f"; see cramkit {verb or ''} --help".replace("  ", " ")
+            )
+            return f"unknown option {flag}{hint}"
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    raw = sys.argv[1:] if argv is None else list(argv)
+    if not raw:  # bare `cramkit`: what it can do (the demo is `cramkit pretrain` with no arguments)
+        parser.print_help()
+        return 0
+    try:
+        args, extra = parser.parse_known_args(raw)
+    except SystemExit as exc:
+        return int(exc.code or 0)
+    if extra:
+        message = _suggest_flags(parser, raw) or f"unrecognised arguments: {' '.join(extra)}"
+        print(f"cramkit: error: {message}", file=sys.stderr)
+        return 2
     if not getattr(args, "func", None):
-        # no verb at all: the README's main job (pretrain tiny-cpu on the built-in corpus)
-        if argv is None and len(sys.argv) <= 1 or argv == []:
-            args = parser.parse_args(["pretrain"])
-        else:
-            parser.print_help()
-            return 2
+        parser.print_help()
+        return 2
     try:
         result = args.func(args)
     except CramkitError as exc:

@@ -235,3 +235,27 @@ def test_bad_row_stops_or_is_skipped(tiny_run: Path, small_glue: Path, tmp_path:
     rc, _, err = _run([*argv, "--skip-bad-rows"], capsys)
     assert rc == 0 and '"train": 1' in err
     assert json.loads((tmp_path / "o" / "results.json").read_text())["skipped_rows"] == {"train": 1}
+
+
+def test_eval_tasks_filter_missing_split_and_resume(
+    tiny_run: Path, small_glue: Path, tmp_path: Path, capsys
+) -> None:
+    import shutil
+
+    data = tmp_path / "glue"
+    shutil.copytree(small_glue, data)
+    (data / "MRPC" / "train.tsv").unlink()  # a task folder with dev/test only: skipped with a note
+    out = tmp_path / "eval"
+    argv = ["eval", "glue", "--from", str(tiny_run), "--data-dir", str(data), "--out", str(out),
+            "--tasks", "sst2,mrpc", "--set", "epochs=1", "--set", "max_length=64", "--no-progress"]  # fmt: skip
+    rc, stdout, err = _run(argv, capsys)
+    assert rc == 0, err
+    res = json.loads((out / "results.json").read_text())
+    assert list(res["tasks"]) == ["glue/sst2"]
+    assert res["skipped"] == {"glue/mrpc": "no train split in --data-dir"}
+    assert "[1/1] glue/sst2" in err and "partial" in stdout and "x100" in stdout
+    first = (out / "sst2" / "results.json").read_text()
+    rc, _, err = _run(argv, capsys)  # a rerun (after an interruption) reuses finished tasks
+    assert rc == 0 and "already done" in err and (out / "sst2" / "results.json").read_text() == first
+    rc, _, err = _run([*argv[:-7], "--tasks", "nope"], capsys)
+    assert rc == 2 and "unknown GLUE task" in err

@@ -38,7 +38,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from cramkit.predict import predict
+    from cramkit.infer.predict import predict
 
     out = args.out or str(Path(args.file).with_suffix("")) + ".predictions.jsonl"
     label = None if args.label.lower() == "none" else args.label

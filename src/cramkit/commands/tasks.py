@@ -97,6 +97,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     e.add_argument("--data-dir", help="GLUE root folder; default $CRAMKIT_GLUE_DIR")
     e.add_argument("--out", help="output directory (default: eval-glue)")
     e.add_argument("--seeds", help="comma-separated seeds (median reported per task)")
+    e.add_argument("--tasks", help="only these tasks, comma-separated, e.g. rte,stsb (default: every task present)")
     e.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
     e.add_argument("--skip-bad-rows", action="store_true")
     e.add_argument("--no-progress", action="store_true")
@@ -217,8 +218,10 @@ def run_eval(args: argparse.Namespace) -> int:
         cfg,
         skip_bad_rows=args.skip_bad_rows,
         progress=not args.no_progress,
+        tasks=[t.strip() for t in args.tasks.split(",") if t.strip()] if args.tasks else None,
     )
     print((out / "results.md").read_text(encoding="utf-8"))
     if res["skipped"]:
-        print(f"note: skipped (no data in --data-dir): {', '.join(res['skipped'])}", file=sys.stderr)
+        notes = "; ".join(f"{k} ({v})" for k, v in res["skipped"].items())
+        print(f"note: skipped: {notes}", file=sys.stderr)
     return 0

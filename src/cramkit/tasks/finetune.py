@@ -10,11 +10,9 @@ bucketing), so almost no compute is spent on padding; evaluation runs on length-
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import statistics
-import tempfile
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -428,8 +426,9 @@ def _test_splits(task: Task, tok, max_length: int, regression: bool) -> dict[tup
 
 def write_json(path: Path, data: Any) -> None:
     """Write JSON to a temporary name, then rename (a crash never leaves half a file)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    _atomic_text(path, json.dumps(data, indent=2) + "\n")
+    from cramkit.io import write_json_atomic
+
+    write_json_atomic(path, data)
 
 
 def config_from(
@@ -439,16 +438,3 @@ def config_from(
     data = to_dict(base) if base is not None else {}
     data.update(overrides or {})
     return from_dict(FinetuneConfig, data, "finetune")
-
-
-def _atomic_text(path: Path, text: str) -> None:
-    """Write text to a temporary name, then rename."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=path.name, suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise

@@ -480,6 +480,11 @@ def make_glue_task(key: str, data_dir: PathLike | None = None, skip_bad_rows: bo
 def glue_mixture(
     data_dir: PathLike | None = None, skip_bad_rows: bool = False, cap: int | None = None
 ) -> Mixture:
+    """Every GLUE task whose folder is present, as a mixture (see :func:`glue_tasks`)."""
+    return Mixture("glue", glue_tasks(data_dir, skip_bad_rows), cap=cap)
+
+
+def glue_tasks(data_dir: PathLike | None = None, skip_bad_rows: bool = False) -> list[Task]:
     """Every GLUE task whose folder is present (all nine from the hub when none is and `datasets` is)."""
     root = glue_dir(data_dir)
     present = [k for k in GLUE_TASKS if _task_folder(SPECS[k], root).is_dir()]
@@ -491,8 +496,7 @@ def glue_mixture(
                 "Put the official GLUE download there, or point --data-dir (or $CRAMKIT_GLUE_DIR) at it."
             )
         present = list(GLUE_TASKS)
-    tasks = [make_glue_task(k, data_dir, skip_bad_rows) for k in present]
-    return Mixture("glue", tasks, cap=cap)
+    return [make_glue_task(k, data_dir, skip_bad_rows) for k in present]
 
 
 def _factory(key: str):

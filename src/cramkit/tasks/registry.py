@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import difflib
 import os
-import tempfile
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -162,17 +161,9 @@ class Task:
         out = Path(out_path)
         if out.suffix != ".tsv":
             out = out / self.leaderboard_file(split)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=out.name, suffix=".tmp", dir=out.parent)
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as f:
-                f.write("index\tprediction\n")
-                f.writelines(f"{i}\t{p}\n" for i, p in rows)
-            os.replace(tmp, out)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
-        return out
+        from cramkit.io import write_text_atomic
+
+        return write_text_atomic(out, "index\tprediction\n" + "".join(f"{i}\t{p}\n" for i, p in rows))
 
 
 @dataclass

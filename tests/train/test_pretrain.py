@@ -191,7 +191,6 @@ def test_cli_resume_of_a_foreign_directory(tmp_path: Path, capsys: pytest.Captur
     assert "not a cramkit run directory" in capsys.readouterr().err
 
 
-@pytest.mark.slow
 def test_compile_on_cpu_runs(tmp_path: Path, tiny: list[str], small_store: Path) -> None:
     run = pretrain(
         str(small_store), budget="3steps", out=tmp_path / "c", overrides=[*tiny, "train.compile=true"]

@@ -97,7 +97,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     e.add_argument("--data-dir", help="GLUE root folder; default $CRAMKIT_GLUE_DIR")
     e.add_argument("--out", help="output directory (default: eval-glue)")
     e.add_argument("--seeds", help="comma-separated seeds (median reported per task)")
-    e.add_argument("--tasks", help="only these tasks, comma-separated, e.g. rte,stsb (default: every task present)")
+    e.add_argument(
+        "--tasks", help="only these tasks, comma-separated, e.g. rte,stsb (default: every task present)"
+    )
     e.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
     e.add_argument("--skip-bad-rows", action="store_true")
     e.add_argument("--no-progress", action="store_true")

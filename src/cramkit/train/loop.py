@@ -101,13 +101,6 @@ def _auto(value: bool | str, default: bool) -> bool:
     return default if value == "auto" else bool(value)
 
 
-def compile_model(model: MaskedLM) -> None:
-    """torch.compile each encoder block in place (static shapes; parameter names unchanged). The sparse
-    MLM head stays eager: the number of predicted positions changes from batch to batch."""
-    for block in model.encoder.layers:
-        block.compile()
-
-
 # ---------------------------------------------------------------- JSON-safe loader state
 
 
@@ -256,7 +249,9 @@ def train(
     np.random.seed(tcfg.seed % 2**32)
     model = MaskedLM(cfg.model).to(device)
     # DDP wraps the model, FSDP2 shards it in place: the optimizer is built on the (sharded) parameters
-    train_model = parallel.apply_parallel(model, cfg.parallel, ctx, precision)
+    # compile each block, then DDP / FSDP2 (torchtitan's order)
+    compile_on = _auto(tcfg.compile, device.type == "cuda")
+    train_model = parallel.parallelize(model, cfg.parallel, ctx, precision, compile=compile_on)
     optimizer = build_optimizer(
         model, tcfg.optimizer, tcfg.lr, tcfg.betas, tcfg.eps, tcfg.weight_decay, device
     )
@@ -298,8 +293,6 @@ def train(
         if ctx.is_main:
             print(f"cramkit: resuming {run} from {found.name} (step {p.step}, {p.tokens:,} tokens)")
 
-    if _auto(tcfg.compile, device.type == "cuda"):
-        compile_model(model)
     train_model.train()
 
     world = ctx.world

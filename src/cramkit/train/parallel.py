@@ -187,6 +187,16 @@ def apply_fsdp(model: nn.Module, cfg: ParallelConfig, ctx: DistContext, precisio
     return model
 
 
+def parallelize(
+    model: nn.Module, cfg: ParallelConfig, ctx: DistContext, precision: str = "auto", *, compile: bool = False
+) -> nn.Module:
+    """The module to train, in torchtitan's order: per-block ``torch.compile`` first (when ``compile``),
+    then DDP or FSDP2 (see :func:`apply_parallel`)."""
+    if compile:
+        apply_compile(model)
+    return apply_parallel(model, cfg, ctx, precision)
+
+
 def apply_parallel(
     model: nn.Module, cfg: ParallelConfig, ctx: DistContext, precision: str = "auto"
 ) -> nn.Module:

@@ -85,11 +85,14 @@ class Lamb(torch.optim.Optimizer):
                     state["exp_avg"] = torch.zeros_like(p, dtype=dtype)
                     state["exp_avg_sq"] = torch.zeros_like(p, dtype=dtype)
                 state["step"] += 1
-                t = state["step"].item()
+                # bias corrections as 0-dim tensors: no .item(), so no host sync per parameter
+                t = state["step"]
                 m, v = state["exp_avg"], state["exp_avg_sq"]
                 m.mul_(beta1).add_(grad, alpha=1 - beta1)
                 v.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
-                update = (m / (1 - beta1**t)) / ((v / (1 - beta2**t)).sqrt_().add_(group["eps"]))
+                tt = t.to(torch.float64)
+                bc1, bc2 = 1 - torch.pow(beta1, tt), 1 - torch.pow(beta2, tt)
+                update = (m / bc1) / ((v / bc2).sqrt_().add_(group["eps"]))
                 x = p.to(dtype)
                 if group["weight_decay"]:
                     update.add_(x, alpha=group["weight_decay"])

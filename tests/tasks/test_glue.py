@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from cramkit.errors import CramkitError
-from cramkit.tasks import get_mixture, get_task
+from cramkit.tasks import get_task
 from cramkit.tasks import glue as glue_mod
 
 # ---------------------------------------------------------------------------------------------------
@@ -96,13 +96,8 @@ def test_real_test_splits_unlabelled_with_indices(glue_dir, name, tmp_path):
     assert not (tmp_path / "partial").exists() or not any((tmp_path / "partial").iterdir())
 
 
-def test_glue_mixture_of_present_tasks(glue_dir):
-    m = get_mixture("glue", glue_dir)
-    assert m.task_names == ["glue/cola", "glue/sst2", "glue/mrpc"]
-    sizes = [8551, 67349, 3668]
-    assert m.rates == pytest.approx([s / sum(sizes) for s in sizes])
-    capped = glue_mod.glue_mixture(glue_dir, cap=5000)
-    assert capped.rates == pytest.approx([5000 / 13668, 5000 / 13668, 3668 / 13668])
+def test_glue_tasks_of_present_folders(glue_dir):
+    assert [t.name for t in glue_mod.glue_tasks(glue_dir)] == ["glue/cola", "glue/sst2", "glue/mrpc"]
 
 
 def test_data_dir_from_env_and_task_folder(glue_dir, monkeypatch):
@@ -412,7 +407,7 @@ def test_ax_diagnostic(fake_glue, tmp_path):
     assert (out.name, out.read_text()) == ("AX.tsv", "index\tprediction\n0\tcontradiction\n1\tentailment\n")
 
 
-def test_mixture_over_all_nine(fake_glue):
+def test_glue_tasks_over_all_nine(fake_glue):
     for task in ("CoLA", "SST-2", "MRPC"):  # add the three real-data tasks as tiny fixtures
         (fake_glue / task).mkdir()
     (fake_glue / "CoLA/train.tsv").write_text("gj04\t1\t\tA fine sentence.\ngj04\t0\t*\tSentence bad a.\n")
@@ -420,21 +415,10 @@ def test_mixture_over_all_nine(fake_glue):
     (fake_glue / "MRPC/train.tsv").write_text(
         "\ufeffQuality\t#1 ID\t#2 ID\t#1 String\t#2 String\n1\t1\t2\tA .\tB .\n"
     )
-    m = get_mixture("glue", fake_glue)
-    assert [n.split("/")[1] for n in m.task_names] == glue_mod.GLUE_TASKS
+    tasks = glue_mod.glue_tasks(fake_glue)
+    assert [t.name.split("/")[1] for t in tasks] == glue_mod.GLUE_TASKS
     sizes = {"cola": 2, "sst2": 1, "mrpc": 1, "stsb": 3, "qqp": 3, "mnli": 4, "qnli": 3, "rte": 4, "wnli": 4}
-    total = sum(sizes.values())
-    assert m.rates == pytest.approx([sizes[k] / total for k in glue_mod.GLUE_TASKS])
-    draws = [i for i, _ in zip(m.sampler(seed=7), range(20000), strict=False)]
-    freq = Counter(draws)
-    for i, rate in enumerate(m.rates):
-        assert abs(freq[i] / len(draws) - rate) < 0.015
-    assert draws[:200] == [i for i, _ in zip(m.sampler(seed=7), range(200), strict=False)]
-    assert draws[:200] != [i for i, _ in zip(m.sampler(seed=8), range(200), strict=False)]
-
-
-# ---------------------------------------------------------------------------------------------------
-# Bad input
+    assert {t.name.split("/")[1]: len(t.examples("train")) for t in tasks} == sizes
 
 
 def test_wrong_column_count_names_file_and_line(fake_glue):
@@ -501,7 +485,7 @@ def test_missing_split_file_and_folder(fake_glue, monkeypatch):
     ):
         get_task("glue/cola", data_dir=fake_glue / "nowhere")
     with pytest.raises(CramkitError, match=r"none of the GLUE task folders .* is in .*nowhere"):
-        get_mixture("glue", fake_glue / "nowhere")
+        glue_mod.glue_tasks(fake_glue / "nowhere")
 
 
 def test_wrong_layout_header(tmp_path):

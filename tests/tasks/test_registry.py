@@ -1,4 +1,4 @@
-"""The registry: Task and Mixture objects, registration, lookup, predictions files."""
+"""The registry: Task objects, registration, lookup, predictions files."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 
 from cramkit.errors import CramkitError
 from cramkit.tasks import registry
-from cramkit.tasks.registry import Example, Mixture, Task, get_mixture, get_task, list_tasks
+from cramkit.tasks.registry import Example, Task, get_task, list_tasks
 
 
 @pytest.fixture(autouse=True)
@@ -16,7 +16,6 @@ def _private_registry(monkeypatch):
     """Each test registers into a copy, so nothing leaks into other tests."""
     registry._ensure_builtins()
     monkeypatch.setattr(registry, "_TASKS", dict(registry._TASKS))
-    monkeypatch.setattr(registry, "_MIXTURES", dict(registry._MIXTURES))
 
 
 def _toy(name="toy/sentiment", n=10, labels=("neg", "pos")):
@@ -93,26 +92,16 @@ def test_write_predictions_generic_name_and_atomic(tmp_path):
     ]  # no temp files
 
 
-def test_mixture_rates_and_sampler():
-    a, _ = _toy("toy/a", n=30)
-    b, _ = _toy("toy/b", n=10)
-    m = Mixture("ab", [a, b])
-    assert m.rates == pytest.approx([0.75, 0.25])
-    assert Mixture("ab", [a, b], cap=10).rates == pytest.approx([0.5, 0.5])
-    assert Mixture("ab", [a, b], rates=[1, 3]).rates == pytest.approx([0.25, 0.75])
-    s1, s2 = m.sampler(seed=0), m.sampler(seed=0)
-    first = [next(s1) for _ in range(5000)]
-    assert first == [next(s2) for _ in range(5000)]
-    assert abs(first.count(0) / 5000 - 0.75) < 0.03
-    registry.register_mixture(m)
-    assert get_mixture("ab") is m
-    for rates, msg in (([1.0], "1 rates for 2 tasks"), ([0.0, 0.0], "positive sum"), ([-1.0, 2.0], ">= 0")):
-        with pytest.raises(CramkitError, match=msg):
-            Mixture("bad", [a, b], rates=rates)
-    with pytest.raises(CramkitError, match="has no tasks"):
-        Mixture("empty", [])
-    with pytest.raises(CramkitError, match=r"unknown mixture 'glu'\. Did you mean 'glue'\?"):
-        get_mixture("glu")
+def test_hold_out_is_deterministic_and_disjoint():
+    t, _ = _toy("toy/holdout", n=50)
+    held = registry.hold_out(t, 0.2)
+    again = registry.hold_out(t, 0.2)
+    dev, train = held.examples("dev"), held.examples("train")
+    assert len(dev) == 10 and len(train) == 40 and held.dev_splits == ["dev"]
+    assert [e.idx for e in dev] == [e.idx for e in again.examples("dev")]
+    assert not {e.idx for e in dev} & {e.idx for e in train}
+    with pytest.raises(CramkitError, match="dev-fraction"):
+        registry.hold_out(t, 1.5)
 
 
 def test_factories_and_unknown_names():

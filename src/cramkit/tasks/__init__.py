@@ -10,28 +10,20 @@ from cramkit.tasks.files import task_from_file
 from cramkit.tasks.metrics import compute_metrics, glue_average, glue_scores
 from cramkit.tasks.registry import (
     Example,
-    Mixture,
     Task,
-    get_mixture,
     get_task,
-    list_mixtures,
     list_tasks,
-    register_mixture,
     register_task,
 )
 
 __all__ = [
     "Example",
-    "Mixture",
     "Task",
     "compute_metrics",
-    "get_mixture",
     "get_task",
     "glue_average",
     "glue_scores",
-    "list_mixtures",
     "list_tasks",
-    "register_mixture",
     "register_task",
     "task_from_file",
 ]

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from cramkit.errors import CramkitError
-from cramkit.tasks.registry import Example, Mixture, PathLike, Task, register_mixture, register_task
+from cramkit.tasks.registry import Example, PathLike, Task, register_task
 
 log = logging.getLogger("cramkit.tasks")
 
@@ -477,13 +477,6 @@ def make_glue_task(key: str, data_dir: PathLike | None = None, skip_bad_rows: bo
     )
 
 
-def glue_mixture(
-    data_dir: PathLike | None = None, skip_bad_rows: bool = False, cap: int | None = None
-) -> Mixture:
-    """Every GLUE task whose folder is present, as a mixture (see :func:`glue_tasks`)."""
-    return Mixture("glue", glue_tasks(data_dir, skip_bad_rows), cap=cap)
-
-
 def glue_tasks(data_dir: PathLike | None = None, skip_bad_rows: bool = False) -> list[Task]:
     """Every GLUE task whose folder is present (all nine from the hub when none is and `datasets` is)."""
     root = glue_dir(data_dir)
@@ -509,4 +502,3 @@ def _factory(key: str):
 
 for _key in SPECS:
     register_task(_factory(_key), name=f"glue/{_key}")
-register_mixture(glue_mixture, name="glue")

@@ -1,8 +1,7 @@
 """Tasks and mixtures, registered once by name (seqio's shape, without its machinery).
 
 A :class:`Task` is a name, a loader per split returning :class:`Example` rows (text_a, text_b, label),
-its labels (None for regression) and its metrics. A :class:`Mixture` is tasks with sampling rates for
-multi-task fine-tuning. Built-in tasks (``glue/*``) are registered as factories, because where their
+its labels (None for regression) and its metrics. Built-in tasks (``glue/*``) are registered as factories, because where their
 files live (``data_dir``) is only known when they are asked for; user tasks are registered as objects.
 """
 
@@ -10,7 +9,7 @@ from __future__ import annotations
 
 import difflib
 import os
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -166,53 +165,9 @@ class Task:
         return write_text_atomic(out, "index\tprediction\n" + "".join(f"{i}\t{p}\n" for i, p in rows))
 
 
-@dataclass
-class Mixture:
-    """Tasks sampled by rate for multi-task fine-tuning.
-
-    rates default to each task's train size (capped at ``cap`` examples, T5's "examples-proportional
-    mixing with an artificial limit"); they are normalised to sum to 1.
-    """
-
-    name: str
-    tasks: list[Task]
-    rates: list[float] | None = None
-    cap: int | None = None
-
-    def __post_init__(self) -> None:
-        if not self.tasks:
-            raise CramkitError(f"mixture {self.name} has no tasks")
-        if self.rates is None:
-            sizes = [len(t.examples(t.train_split)) for t in self.tasks]
-            self.rates = [float(min(n, self.cap) if self.cap else n) for n in sizes]
-        if len(self.rates) != len(self.tasks):
-            raise CramkitError(
-                f"mixture {self.name}: {len(self.rates)} rates for {len(self.tasks)} tasks; give one per task"
-            )
-        if any(r < 0 for r in self.rates) or sum(self.rates) <= 0:
-            raise CramkitError(f"mixture {self.name}: rates {self.rates} must be >= 0 with a positive sum")
-        total = float(sum(self.rates))
-        self.rates = [r / total for r in self.rates]
-
-    @property
-    def task_names(self) -> list[str]:
-        return [t.name for t in self.tasks]
-
-    def sampler(self, seed: int, block: int = 4096) -> Iterator[int]:
-        """An endless, seeded stream of task indices drawn by rate (same seed, same stream)."""
-        rng = np.random.default_rng(seed)
-        p = np.asarray(self.rates, dtype=np.float64)
-        while True:
-            yield from rng.choice(len(p), size=block, p=p).tolist()
-
-
-# ---------------------------------------------------------------------------------------------------
-# The registry
-
 TaskFactory = Callable[..., Task]  # factory(data_dir=..., skip_bad_rows=...) -> Task
 
 _TASKS: dict[str, Task | TaskFactory] = {}
-_MIXTURES: dict[str, Mixture | Callable[..., Mixture]] = {}
 
 
 def _ensure_builtins() -> None:
@@ -232,22 +187,9 @@ def register_task(
     return task
 
 
-def register_mixture(mixture: Mixture | Callable[..., Mixture], name: str | None = None) -> None:
-    """Register a Mixture (or a factory ``f(data_dir=None, skip_bad_rows=False) -> Mixture``)."""
-    key = name or getattr(mixture, "name", None)
-    if not key:
-        raise CramkitError("register_mixture: a factory needs an explicit name")
-    _MIXTURES[key] = mixture
-
-
 def list_tasks() -> list[str]:
     _ensure_builtins()
     return sorted(_TASKS)
-
-
-def list_mixtures() -> list[str]:
-    _ensure_builtins()
-    return sorted(_MIXTURES)
 
 
 def _unknown(kind: str, name: str, known: Sequence[str]) -> CramkitError:
@@ -273,23 +215,10 @@ def get_task(name: str, *, data_dir: PathLike | None = None, skip_bad_rows: bool
     return entry(data_dir=data_dir, skip_bad_rows=skip_bad_rows)
 
 
-def get_mixture(name: str, data_dir: PathLike | None = None, *, skip_bad_rows: bool = False) -> Mixture:
-    """The mixture registered as ``name`` ("glue": every GLUE task whose files are present)."""
-    _ensure_builtins()
-    if name not in _MIXTURES:
-        raise _unknown("mixture", name, sorted(_MIXTURES))
-    entry = _MIXTURES[name]
-    if isinstance(entry, Mixture):
-        return entry
-    return entry(data_dir=data_dir, skip_bad_rows=skip_bad_rows)
-
-
 def hold_out(task: Task, fraction: float = 0.1, seed: int = 0) -> Task:
     """``task`` with a dev split held out of its train split: ``fraction`` of the rows, shuffled with
     ``seed`` (the same rows every time); the rest is the new train split."""
     import dataclasses
-
-    import numpy as np
 
     if not 0.0 < fraction < 1.0:
         raise CramkitError(f"--dev-fraction must be between 0 and 1 (exclusive), got {fraction}")

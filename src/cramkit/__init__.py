@@ -65,9 +65,9 @@ def finetune(
     (``train``, optional ``dev``: else ``dev_fraction`` of train is held out). ``settings`` are
     FinetuneConfig fields (lr=2e-5, epochs=3, seeds=[0, 1, 2], ...). With ``out`` the model of the
     median seed is saved there (``cramkit.load(out)``). Returns the results (also out/results.json)."""
-    from cramkit.tasks.finetune import config_from
-    from cramkit.tasks.finetune import finetune as _finetune
     from cramkit.tasks.registry import get_task, hold_out
+    from cramkit.train.finetune import config_from
+    from cramkit.train.finetune import finetune as _finetune
 
     if (task is None) == (train is None):
         raise CramkitError(
@@ -105,8 +105,8 @@ def evaluate(
     **settings: Any,
 ) -> dict[str, Any]:
     """Fine-tune and score ``source`` on every GLUE task in ``data_dir`` (or only ``tasks``)."""
-    from cramkit.tasks.evaluate import evaluate_suite
-    from cramkit.tasks.finetune import config_from
+    from cramkit.train.evaluate import evaluate_suite
+    from cramkit.train.finetune import config_from
 
     return evaluate_suite(
         "glue", source, data_dir, out, config_from(settings), tasks=tasks, progress=progress

@@ -163,8 +163,8 @@ def test_eval_mnli_both_dev_sets_ax_and_stsb_regression(
 ) -> None:
     """Tasks whose data we lack, from small files in the official layout: MNLI (two dev sets, two test
     files, and the AX diagnostic predicted by the MNLI model) and STS-B (regression)."""
-    from cramkit.tasks.evaluate import evaluate_suite
-    from cramkit.tasks.finetune import FinetuneConfig
+    from cramkit.train.evaluate import evaluate_suite
+    from cramkit.train.finetune import FinetuneConfig
 
     sents = sst2_sentences(glue_dir, 400)
     labels = ["entailment", "neutral", "contradiction"]

@@ -108,7 +108,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def _config(args: argparse.Namespace):
     from cramkit.config import parse_overrides
-    from cramkit.tasks.finetune import config_from
+    from cramkit.train.finetune import config_from
 
     overrides = parse_overrides(args.overrides)
     if isinstance(overrides.get("finetune"), dict):  # accept --set finetune.lr=... too
@@ -188,7 +188,7 @@ def run_finetune(args: argparse.Namespace) -> int:
     # load every split the run will need before any training starts: a missing split fails fast
     for split in [task.train_split, *task.dev_splits]:
         task.examples(split)
-    from cramkit.tasks.finetune import finetune
+    from cramkit.train.finetune import finetune
 
     out = Path(args.out or f"finetune-{task.name.replace('/', '-')}")
     res = finetune(task, args.source, cfg, out, progress=not args.no_progress)
@@ -209,7 +209,7 @@ def run_finetune(args: argparse.Namespace) -> int:
 def run_eval(args: argparse.Namespace) -> int:
     cfg = _config(args)
     _check_source(args.source)
-    from cramkit.tasks.evaluate import evaluate_suite
+    from cramkit.train.evaluate import evaluate_suite
 
     out = Path(args.out or f"eval-{args.suite}")
     res = evaluate_suite(

@@ -16,7 +16,7 @@ from typing import Any
 
 from cramkit.errors import CramkitError
 from cramkit.load import load
-from cramkit.tasks.finetune import FinetuneConfig, finetune, write_json
+from cramkit.train.finetune import FinetuneConfig, finetune, write_json
 
 PathLike = str | os.PathLike
 

@@ -136,7 +136,16 @@ def test_fill_mask_and_predict_from_a_pretraining_run(pretrained_run, tmp_path) 
 def test_bad_inputs_get_one_line(pretrained_run, tmp_path) -> None:
     (tmp_path / "bin.csv").write_bytes(b"text,label\n\xff\xfe\x00bad,1\n")
     proc = cli("predict", "--from", str(pretrained_run), str(tmp_path / "bin.csv"))
-    assert proc.returncode == 2 and "not valid UTF-8" in proc.stderr and "Traceback" not in proc.stderr
+    assert proc.returncode == 2 and "binary file" in proc.stderr and "Traceback" not in proc.stderr
+    proc = cli(
+        "finetune", "--from", str(pretrained_run), "--train", str(tmp_path / "bin.csv"), "--text-a", "text"
+    )
+    assert proc.returncode == 2 and "binary file" in proc.stderr and "Traceback" not in proc.stderr
+    (tmp_path / "latin.csv").write_bytes(b"text,label\ncaf\xe9,1\nthe,0\n")
+    proc = cli(
+        "finetune", "--from", str(pretrained_run), "--train", str(tmp_path / "latin.csv"), "--text-a", "text"
+    )
+    assert proc.returncode == 2 and "not valid UTF-8" in proc.stderr and "iconv" in proc.stderr
     proc = cli("predict", "--from", str(tmp_path / "nope"), str(tmp_path / "bin.csv"))
     assert proc.returncode == 2 and "no such file or directory" in proc.stderr
     proc = cli("finetune", "--list-tasks")

@@ -43,7 +43,21 @@ def _format(path: Path, delimiter: str | None) -> str:
 
 
 def _records(path: Path, fmt: str, delimiter: str | None) -> Iterator[tuple[int, dict | None, str]]:
-    """(line number, record or None when the row is malformed, problem) for each row after the header."""
+    """(line number, record or None when the row is malformed, problem) for each row after the header;
+    a binary or non-UTF-8 file is one CramkitError naming it."""
+    with open(path, "rb") as f:
+        if b"\0" in f.read(8192):
+            raise CramkitError(f"{path} is a binary file, not {fmt.upper()} text; give a UTF-8 text file")
+    try:
+        yield from _records_of(path, fmt, delimiter)
+    except UnicodeDecodeError as exc:
+        raise CramkitError(
+            f"{path} is not valid UTF-8 (bad byte {exc.object[exc.start : exc.start + 1]!r}); convert it, "
+            "e.g. iconv -f latin1 -t utf-8 FILE > FILE.utf8"
+        ) from None
+
+
+def _records_of(path: Path, fmt: str, delimiter: str | None) -> Iterator[tuple[int, dict | None, str]]:
     if fmt == "jsonl":
         with open(path, encoding="utf-8-sig") as f:
             for lineno, line in enumerate(f, 1):

@@ -98,11 +98,9 @@ def run(args: argparse.Namespace) -> int:
     if fmt["architecture"] == "BertForSequenceClassification":
         how = "transformers.AutoModelForSequenceClassification.from_pretrained(DIR)"
     if fmt["format"] == "cramkit":
-        how = "transformers.AutoModel.from_pretrained(DIR, trust_remote_code=True); its tokenizer: AutoTokenizer.from_pretrained(DIR)"
-    print(f"exported {loaded.source} -> {done} ({fmt['architecture']}; load with {how})")
-    if fmt["format"] == "cramkit" and loaded.kind in ("classifier", "regression", "multilabel"):
-        print(
-            "note: this architecture is not BERT's, so the classifier head is not in the HF export; "
-            "use --format onnx or cramkit serve for the whole classifier"
+        auto = (
+            "AutoModelForSequenceClassification" if "Classification" in fmt["architecture"] else "AutoModel"
         )
+        how = f"transformers.{auto}.from_pretrained(DIR, trust_remote_code=True); its tokenizer: AutoTokenizer.from_pretrained(DIR)"
+    print(f"exported {loaded.source} -> {done} ({fmt['architecture']}; load with {how})")
     return 0

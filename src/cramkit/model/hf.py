@@ -474,6 +474,8 @@ def _cramkit_config(cfg: ModelConfig, arch: str, dtype: torch.dtype) -> dict[str
     auto_map = {"AutoConfig": "modeling_cramkit.CramkitConfig", "AutoModel": "modeling_cramkit.CramkitModel"}
     if arch == "CramkitForMaskedLM":
         auto_map["AutoModelForMaskedLM"] = "modeling_cramkit.CramkitForMaskedLM"
+    if arch == "CramkitForSequenceClassification":
+        auto_map["AutoModelForSequenceClassification"] = "modeling_cramkit.CramkitForSequenceClassification"
     return {
         "architectures": [arch],
         "model_type": "cramkit",
@@ -556,18 +558,8 @@ def export_hf(
     if head is None and "head_transform=false" in problems:
         problems.remove("head_transform=false")
     if clf is not None and (clf.head_cfg.pooling != "first" or clf.pooler is None):
-        if not problems:
-            warnings.warn(
-                "the classifier head is not BERT's (first-token pooler): exporting the encoder only",
-                stacklevel=2,
-            )
-        clf = None
-    if clf is not None and problems:
-        warnings.warn(
-            "a cramkit-format export carries no classifier head: exporting the encoder only", stacklevel=2
-        )
-        clf = None
-
+        # not BertForSequenceClassification's head: the self-contained cramkit format carries it
+        problems = [*problems, f"classifier pooling={clf.head_cfg.pooling} pooler={clf.pooler is not None}"]
     if not problems:
         fmt = "bert"
         arch = (
@@ -589,13 +581,29 @@ def export_hf(
         )
     else:
         fmt = "cramkit"
-        arch = "CramkitForMaskedLM" if head is not None else "CramkitModel"
+        if clf is not None:
+            arch = "CramkitForSequenceClassification"
+        else:
+            arch = "CramkitForMaskedLM" if head is not None else "CramkitModel"
         weights = {f"encoder.{k}": _t(v) for k, v in enc.state_dict().items()}
-        if head is not None:
+        if clf is not None:
+            weights |= {f"classifier.{k}": _t(v) for k, v in clf.classifier.state_dict().items()}
+            if clf.pooler is not None:
+                weights |= {f"pooler.{k}": _t(v) for k, v in clf.pooler.state_dict().items()}
+        elif head is not None:
             weights |= {f"head.{k}": _t(v) for k, v in head.state_dict().items()}
             if cfg.tie_embeddings:
                 weights.pop("head.decoder.weight", None)
         config = _cramkit_config(cfg, arch, dtype)
+        if clf is not None:
+            labels_cfg = _bert_config(
+                cfg, arch, dtype, clf.num_labels, labels, bool(getattr(clf, "multilabel", False))
+            )
+            for key in ("id2label", "label2id", "problem_type"):
+                if key in labels_cfg:
+                    config[key] = labels_cfg[key]
+            config["classifier_pooling"] = clf.head_cfg.pooling
+            config["classifier_pooler_dense"] = clf.pooler is not None
 
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))

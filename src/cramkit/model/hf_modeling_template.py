@@ -19,7 +19,7 @@ import torch.nn.functional as F
 import transformers
 from torch import nn
 from transformers import PretrainedConfig, PreTrainedModel
-from transformers.modeling_outputs import BaseModelOutput, MaskedLMOutput
+from transformers.modeling_outputs import BaseModelOutput, MaskedLMOutput, SequenceClassifierOutput
 
 _TRANSFORMERS_5 = int(transformers.__version__.split(".")[0]) >= 5
 
@@ -341,3 +341,55 @@ class CramkitForMaskedLM(CramkitPreTrainedModel):
         if return_dict is False:
             return tuple(t for t in (loss, logits, out.hidden_states) if t is not None)
         return MaskedLMOutput(loss=loss, logits=logits, hidden_states=out.hidden_states)
+
+
+class CramkitForSequenceClassification(CramkitPreTrainedModel):
+    """Encoder + pooling (first token or mean) + optional dense/tanh pooler + linear classifier.
+
+    ``config.num_labels == 1`` is regression (MSE); ``problem_type == "multi_label_classification"`` uses
+    BCE; otherwise cross-entropy. Matches cramkit's ``SequenceClassifier`` parameter for parameter."""
+
+    def __init__(self, config: CramkitConfig) -> None:
+        super().__init__(config)
+        self.encoder = CramkitModel(config)
+        dense = getattr(config, "classifier_pooler_dense", True)
+        self.pooler = nn.Linear(config.hidden, config.hidden) if dense else None
+        self.classifier = nn.Linear(config.hidden, config.num_labels)
+        self.post_init()
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        token_type_ids: torch.Tensor | None = None,
+        labels: torch.Tensor | None = None,
+        output_hidden_states: bool | None = None,
+        return_dict: bool | None = None,
+        **kwargs,
+    ) -> SequenceClassifierOutput | tuple:
+        out = self.encoder(
+            input_ids, attention_mask, token_type_ids, output_hidden_states=output_hidden_states
+        )
+        hidden = out.last_hidden_state
+        if getattr(self.config, "classifier_pooling", "first") == "mean":
+            if attention_mask is None:
+                pooled = hidden.mean(dim=1)
+            else:
+                w = attention_mask.to(hidden.dtype)[..., None]
+                pooled = (hidden * w).sum(1) / w.sum(1).clamp_min(1.0)
+        else:
+            pooled = hidden[:, 0]
+        if self.pooler is not None:
+            pooled = torch.tanh(self.pooler(pooled))
+        logits = self.classifier(pooled)
+        loss = None
+        if labels is not None:
+            if self.config.num_labels == 1:
+                loss = F.mse_loss(logits.squeeze(-1).float(), labels.float())
+            elif self.config.problem_type == "multi_label_classification":
+                loss = F.binary_cross_entropy_with_logits(logits.float(), labels.float())
+            else:
+                loss = F.cross_entropy(logits.float(), labels.long())
+        if return_dict is False:
+            return tuple(t for t in (loss, logits, out.hidden_states) if t is not None)
+        return SequenceClassifierOutput(loss=loss, logits=logits, hidden_states=out.hidden_states)

@@ -1,0 +1,169 @@
+"""`cramkit index build|query|info|add|neighbours`: a retrieval index over a corpus with our encoder."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "index",
+        help="build and query a retrieval index (Faiss) over a corpus; RETRO neighbours of a token store",
+        description="Chunk a corpus (text files or a token store), embed the chunks with an encoder, build a "
+        "Faiss index tuned to a target recall@10 against exact search, and query it.",
+    )
+    verbs = p.add_subparsers(dest="index_command", metavar="VERB")
+
+    b = verbs.add_parser("build", help="chunk, embed and index a corpus (resumes an interrupted build)")
+    b.add_argument("source", metavar="SOURCE_OR_STORE", nargs="?", default=None,
+                   help="text files, a directory, a glob, or a token store; none: the built-in corpus")  # fmt: skip
+    b.add_argument("--encoder", required=True, metavar="MODEL", help="a run, model directory or hf:DIR")
+    b.add_argument("--out", required=True, metavar="IDX", help="the index directory to write")
+    b.add_argument("--mode", choices=("passages", "retro"), default="passages",
+                   help="passages (search) or retro (64-token chunks of a token store)")  # fmt: skip
+    b.add_argument("--chunk-tokens", type=int, default=None,
+                   help="tokens per chunk (default: 128 for passages, 64 for retro)")  # fmt: skip
+    b.add_argument(
+        "--overlap", type=int, default=None, help="tokens shared by consecutive passages (default 16)"
+    )
+    b.add_argument("--doc-split", default="auto", help="text documents: auto, file, blank or wikitext")
+    b.add_argument("--memory", default="4GB", help="RAM budget for the index (default 4GB)")
+    b.add_argument("--target-recall", type=float, default=0.95,
+                   help="recall@10 against exact search to tune for (default 0.95)")  # fmt: skip
+    b.add_argument("--kind", default="auto", choices=("auto", "flat", "hnsw", "ivfpq"),
+                   help="index type (default: chosen from the count and --memory)")  # fmt: skip
+    b.add_argument("--pooling", choices=("mean", "cls"), default=None, help="default: the encoder's")
+    b.add_argument(
+        "--store-tokenizer", default=None, help="the token store's tokenizer, when not the encoder's"
+    )
+    b.add_argument("--overwrite", action="store_true", help="replace an index already at --out")
+    _common(b)
+    b.set_defaults(func=run_build)
+
+    q = verbs.add_parser("query", help="the k nearest chunks of a text")
+    q.add_argument("index", metavar="IDX")
+    q.add_argument("texts", metavar="TEXT", nargs="+")
+    q.add_argument("-k", type=int, default=10, help="results per query (default 10)")
+    q.add_argument("--encoder", default=None, help="the encoder (default: the index's own copy); must match")
+    q.add_argument("--json", action="store_true", help="print JSON lines")
+    q.add_argument("--device", default="cpu")
+    q.set_defaults(func=run_query)
+
+    i = verbs.add_parser("info", help="size, kind, parameters and measured recall of an index")
+    i.add_argument("index", metavar="IDX")
+    i.add_argument("--json", action="store_true")
+    i.set_defaults(func=run_info)
+
+    a = verbs.add_parser("add", help="chunk, embed and add more text (or another store) to an index")
+    a.add_argument("index", metavar="IDX")
+    a.add_argument("source", metavar="SOURCE_OR_STORE")
+    a.add_argument("--store-tokenizer", default=None)
+    _common(a)
+    a.set_defaults(func=run_add)
+
+    n = verbs.add_parser("neighbours", help="RETRO: k nearest chunks (other documents) of every store chunk")
+    n.add_argument("index", metavar="IDX")
+    n.add_argument("--store", required=True, help="the token store whose 64-token chunks get neighbours")
+    n.add_argument("--out", required=True, metavar="DIR")
+    n.add_argument("-k", type=int, default=2, help="neighbours per chunk (default 2)")
+    n.add_argument("--store-tokenizer", default=None)
+    _common(n, batch=False)
+    n.set_defaults(func=run_neighbours)
+    p.set_defaults(func=lambda args: (p.print_help(), 2)[1])
+
+
+def _common(p: argparse.ArgumentParser, batch: bool = True) -> None:
+    p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N")
+    if batch:
+        p.add_argument("--max-batch-tokens", type=int, default=16384, help="padded tokens per forward pass")
+    p.add_argument("--block", type=int, default=1024, help="chunks embedded between progress commits")
+
+
+def run_build(args: argparse.Namespace) -> int:
+    from cramkit.index import build_index
+
+    m = build_index(
+        args.source, args.encoder, args.out, mode=args.mode, chunk_tokens=args.chunk_tokens,
+        overlap=args.overlap, doc_split=args.doc_split, memory=args.memory, target_recall=args.target_recall,
+        kind=args.kind, pooling=args.pooling, store_tokenizer=args.store_tokenizer, device=args.device,
+        max_batch_tokens=args.max_batch_tokens, block=args.block, overwrite=args.overwrite,
+    )  # fmt: skip
+    if m is None:
+        return 0
+    b = m["build"]
+    print(
+        f"indexed {m['count']} chunks of {m['documents']} documents in {b['seconds']:.1f}s "
+        f"({b['chunks_per_s']:,.1f} chunks/s; embedding {b['embed_seconds']:.1f}s): {m['plan']['kind']}, "
+        f"recall@10 {m['recall']['recall_at_10']:.3f} vs exact -> {args.out}"
+    )
+    return 0
+
+
+def run_query(args: argparse.Namespace) -> int:
+    import cramkit.index
+
+    idx = cramkit.index.open(args.index, encoder=args.encoder, device=args.device)
+    results = idx.search(args.texts, args.k)
+    for text, hits, cut in zip(args.texts, results, idx.last_truncated, strict=True):
+        if cut:
+            print(f"note: the query was cut to the encoder's limit of {idx.engine().max_length} tokens",
+                  file=sys.stderr)  # fmt: skip
+        if args.json:
+            print(json.dumps({"query": text, "truncated": cut, "hits": hits}, ensure_ascii=False))
+            continue
+        if len(args.texts) > 1:
+            print(f"== {text}")
+        for r, h in enumerate(hits, 1):
+            snippet = " ".join(h["text"].split())
+            snippet = snippet if len(snippet) <= 200 else snippet[:197] + "..."
+            print(f"{r:3d}. {h['score']:.4f}  [doc {h['doc']}, chunk {h['chunk']}, {h['source']}]  {snippet}")
+    return 0
+
+
+def run_info(args: argparse.Namespace) -> int:
+    import cramkit.index
+
+    info = cramkit.index.open(args.index).info()
+    if args.json:
+        print(json.dumps(info, indent=2))
+        return 0
+    rec = info["recall"] or {}
+    print(f"index      {info['path']} ({info['mode']})")
+    print(f"size       {info['count']} chunks x {info['dim']} dims, {info['documents']} documents, "
+          f"{info['bytes_on_disk'] / 2**20:.1f} MiB on disk")  # fmt: skip
+    print(f"kind       {info['kind']}: {info['factory']} ({info['why']})")
+    print(f"params     {json.dumps(info['params'])}; faiss memory-mapped: {info['faiss_memory_mapped']}")
+    print(f"recall@10  {rec.get('recall_at_10')} vs exact on {rec.get('queries')} held-out queries "
+          f"(target {rec.get('target')}{'' if rec.get('reached', True) else ', NOT reached'})")  # fmt: skip
+    print(f"encoder    {info['encoder']} (pooling {info['pooling']}, vectors L2-normalised)")
+    print(f"chunking   {json.dumps(info['chunking'])}")
+    b = info.get("build") or {}
+    print(
+        f"build      {b.get('seconds')}s, {b.get('chunks_per_s')} chunks/s, peak RSS {b.get('peak_rss_mb')} MiB"
+    )
+    return 0
+
+
+def run_add(args: argparse.Namespace) -> int:
+    from cramkit.index import add_to_index
+
+    m = add_to_index(
+        args.index, args.source, store_tokenizer=args.store_tokenizer, device=args.device,
+        max_batch_tokens=args.max_batch_tokens, block=args.block,
+    )  # fmt: skip
+    print(f"index now holds {m['count']} chunks; recall@10 {m['recall']['recall_at_10']:.3f} -> {args.index}")
+    return 0
+
+
+def run_neighbours(args: argparse.Namespace) -> int:
+    from cramkit.index import retro_neighbours
+
+    info = retro_neighbours(
+        args.index, args.store, args.out, k=args.k, store_tokenizer=args.store_tokenizer, device=args.device,
+        block=args.block,
+    )  # fmt: skip
+    print(f"neighbours of {info['chunks']} chunks (k={info['k']}) -> {args.out}/neighbours.npy"
+          + (f"; {info['missing']} slots empty" if info["missing"] else ""))  # fmt: skip
+    return 0

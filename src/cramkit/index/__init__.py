@@ -1,0 +1,10 @@
+"""Retrieval over a corpus with our encoder: chunking, embedding to a memory map, a tuned Faiss index,
+search, and RETRO neighbours for a token store.
+
+    idx = cramkit.index.build_index("corpus/", "out/model", "idx")      # or `cramkit index build`
+    hits = cramkit.index.open("idx").search(["a question"], k=5)         # [[{score, text, doc, source, chunk}]]
+"""
+
+from cramkit.index.core import Index, add_to_index, build_index, open, retro_neighbours
+
+__all__ = ["Index", "add_to_index", "build_index", "open", "retro_neighbours"]

@@ -1,0 +1,291 @@
+"""The Faiss side: choose an index from the vector count and a memory budget, train it, tune it to a target
+recall@10 measured against exact search, search it (inner product on normalised vectors).
+
+Kinds:
+
+``flat``   exact search (``faiss.knn``) straight over the memory-mapped vectors: no index file at all.
+``hnsw``   ``HNSW32,Flat``; ``efSearch`` tuned.
+``ivfpq``  ``IVF{nlist},PQ{d/2}x4fs`` (4-bit fast-scan codes) trained on a sample; the candidates it
+           returns (``k * refine``) are re-scored exactly against the memory-mapped float vectors, so
+           the raw vectors never need to be in RAM; ``nprobe`` and ``refine`` tuned.
+
+Recall is measured on held-out queries: ``queries`` vectors drawn from the corpus, each searched against
+the whole index with its own entry left out of both the exact and the approximate top-k.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from cramkit.errors import CramkitError
+
+FLAT_MAX = 50_000  # below this many vectors exact search is fast enough
+HNSW_MAX = 300_000  # above this HNSW takes too long to build on a few cores
+HNSW_M = 32
+KINDS = ("auto", "flat", "hnsw", "ivfpq")
+
+
+def parse_memory(text: str | int | float) -> int:
+    """'4GB', '512MB', '1.5G', 1000000 -> bytes."""
+    if isinstance(text, (int, float)):
+        return int(text)
+    s = str(text).strip().upper().removesuffix("B").removesuffix("I")
+    mult = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+    try:
+        if s and s[-1] in mult:
+            return int(float(s[:-1]) * mult[s[-1]])
+        return int(float(s))
+    except ValueError:
+        raise CramkitError(f"--memory {text!r} is not a size; use e.g. 4GB, 512MB") from None
+
+
+def plan_index(n: int, d: int, memory: int, kind: str = "auto") -> dict[str, Any]:
+    """The index for ``n`` vectors of dimension ``d`` within ``memory`` bytes of RAM, with the reason."""
+    if kind not in KINDS:
+        raise CramkitError(f"unknown index kind {kind!r}; use one of {', '.join(KINDS)}")
+    raw = n * d * 4
+    hnsw_bytes = raw + n * HNSW_M * 2 * 4
+    if kind == "auto":
+        if n <= FLAT_MAX and raw <= memory:
+            kind, why = "flat", f"{n} vectors <= {FLAT_MAX}: exact search"
+        elif n <= HNSW_MAX and hnsw_bytes <= memory:
+            kind, why = (
+                "hnsw",
+                f"{n} vectors: HNSW graph + vectors ({hnsw_bytes / 2**20:.0f} MiB) fit the budget",
+            )
+        else:
+            kind, why = (
+                "ivfpq",
+                (
+                    f"{n} vectors: IVF-PQ codes in RAM, re-scored from the memory-mapped vectors "
+                    f"({raw / 2**20:.0f} MiB on disk)"
+                ),
+            )
+    else:
+        why = "chosen with --kind"
+    plan: dict[str, Any] = {"kind": kind, "why": why, "dim": d}
+    if kind == "hnsw":
+        plan.update(M=HNSW_M, efConstruction=80, factory=f"HNSW{HNSW_M},Flat")
+    elif kind == "ivfpq":
+        nlist = int(2 ** round(math.log2(max(16.0, 2 * math.sqrt(n)))))
+        nlist = max(1, min(nlist, n // 39 or 1))
+        m = _pq_m(d)
+        plan.update(nlist=nlist, m=m, factory=f"IVF{nlist},PQ{m}x4fs")
+    return plan
+
+
+def _pq_m(d: int) -> int:
+    """Sub-quantisers: about d/2 (two dimensions per 4-bit code), even, dividing d when possible."""
+    for m in range(max(2, d // 2), 1, -1):
+        if d % m == 0 and m % 2 == 0:
+            return m
+    return 2 if d >= 2 else 1
+
+
+def _faiss() -> Any:
+    try:
+        import faiss
+    except ImportError:
+        raise CramkitError("the index needs faiss: pip install 'cramkit[index]' (faiss-cpu)") from None
+    return faiss
+
+
+def build(vectors: np.ndarray, plan: dict[str, Any], *, seed: int = 0, log: Any = None) -> Any:
+    """Train (on a sample) and fill the Faiss index ``plan`` describes; None for ``flat``."""
+    faiss = _faiss()
+    log = log or (lambda s: print(s, file=sys.stderr, flush=True))
+    n, d = vectors.shape
+    kind = plan["kind"]
+    if kind == "flat":
+        return None
+    index = faiss.index_factory(d, plan["factory"], faiss.METRIC_INNER_PRODUCT)
+    if kind == "hnsw":
+        index.hnsw.efConstruction = plan["efConstruction"]
+    else:
+        rng = np.random.default_rng(seed)
+        n_train = min(n, max(64 * plan["nlist"], 20_000), 200_000)
+        sample = np.sort(rng.choice(n, n_train, replace=False))
+        t0 = time.perf_counter()
+        index.train(np.ascontiguousarray(vectors[sample], dtype=np.float32))
+        log(f"trained {plan['factory']} on {n_train} vectors in {time.perf_counter() - t0:.1f}s")
+    t0 = time.perf_counter()
+    add(index, vectors, log=log)
+    log(f"added {n} vectors in {time.perf_counter() - t0:.1f}s")
+    return index
+
+
+def add(index: Any, vectors: np.ndarray, *, log: Any = None, block: int = 65536) -> None:
+    n = len(vectors)
+    for i in range(0, n, block):
+        index.add(np.ascontiguousarray(vectors[i : i + block], dtype=np.float32))
+        if log is not None and n > block and (i // block) % 8 == 7:
+            log(f"  {min(i + block, n)}/{n} vectors added")
+
+
+def exact_search(vectors: np.ndarray, queries: np.ndarray, k: int, block: int = 262_144) -> tuple:
+    """Exact top-k by inner product over (memory-mapped) ``vectors``, streamed in row blocks."""
+    faiss = _faiss()
+    q = np.ascontiguousarray(queries, dtype=np.float32)
+    n = len(vectors)
+    best_d = np.full((len(q), k), -np.inf, dtype=np.float32)
+    best_i = np.full((len(q), k), -1, dtype=np.int64)
+    for a in range(0, n, block):
+        part = np.ascontiguousarray(vectors[a : a + block], dtype=np.float32)
+        kk = min(k, len(part))
+        dd, ii = faiss.knn(q, part, kk, metric=faiss.METRIC_INNER_PRODUCT)
+        dd = np.concatenate([best_d, dd], axis=1)
+        ii = np.concatenate([best_i, ii + a], axis=1)
+        order = np.argsort(-dd, axis=1, kind="stable")[:, :k]
+        best_d = np.take_along_axis(dd, order, axis=1)
+        best_i = np.take_along_axis(ii, order, axis=1)
+    return best_d, best_i
+
+
+def set_params(index: Any, plan: dict[str, Any], params: dict[str, Any], k: int) -> None:
+    faiss = _faiss()
+    if plan["kind"] == "hnsw":
+        faiss.downcast_index(index).hnsw.efSearch = max(int(params["efSearch"]), k)
+    elif plan["kind"] == "ivfpq":
+        faiss.extract_index_ivf(index).nprobe = int(params["nprobe"])
+
+
+def search(
+    index: Any, vectors: np.ndarray, plan: dict[str, Any], params: dict[str, Any], queries: np.ndarray, k: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """(scores, ids) [nq, k], best first; ids -1 where fewer than k were found."""
+    q = np.ascontiguousarray(queries, dtype=np.float32)
+    if plan["kind"] == "flat" or index is None:
+        return exact_search(vectors, q, min(k, len(vectors)))
+    set_params(index, plan, params, k)
+    if plan["kind"] == "hnsw":
+        return index.search(q, k)
+    kk = min(len(vectors), k * int(params.get("refine", 1)))
+    _, cand = index.search(q, kk)
+    return rerank(vectors, q, cand, k)
+
+
+def rerank(vectors: np.ndarray, q: np.ndarray, cand: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """Exact scores of the candidate ids against the (memory-mapped) vectors; the best k of them."""
+    nq, kk = cand.shape
+    out_d = np.full((nq, k), -np.inf, dtype=np.float32)
+    out_i = np.full((nq, k), -1, dtype=np.int64)
+    step = max(1, 65536 // max(kk, 1))
+    for a in range(0, nq, step):
+        c = cand[a : a + step]
+        valid = c >= 0
+        flat = np.where(valid, c, 0).reshape(-1)
+        uniq, inv = np.unique(flat, return_inverse=True)
+        vecs = np.asarray(vectors[uniq], dtype=np.float32)
+        sc = np.einsum("qkd,qd->qk", vecs[inv.reshape(c.shape)], q[a : a + step])
+        sc = np.where(valid, sc, -np.inf)
+        m = min(k, kk)
+        top = np.argsort(-sc, axis=1, kind="stable")[:, :m]
+        out_d[a : a + step, :m] = np.take_along_axis(sc, top, axis=1)
+        out_i[a : a + step, :m] = np.where(
+            np.isfinite(out_d[a : a + step, :m]), np.take_along_axis(c, top, axis=1), -1
+        )
+    return out_d, out_i
+
+
+def recall_at(found: np.ndarray, truth: np.ndarray, k: int) -> float:
+    """Mean over queries of |found[:k] & truth[:k]| / k."""
+    hits = [len(set(f[:k].tolist()) & set(t[:k].tolist()) - {-1}) for f, t in zip(found, truth, strict=True)]
+    return float(np.mean(hits)) / k if hits else 1.0
+
+
+def tune(
+    index: Any,
+    vectors: np.ndarray,
+    plan: dict[str, Any],
+    *,
+    target: float = 0.95,
+    k: int = 10,
+    queries: int = 1000,
+    seed: int = 1,
+    log: Any = None,
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The cheapest search parameters reaching recall@k >= ``target`` on held-out corpus queries (each one's
+    own entry excluded), and the measurement: ``{"recall_at_10", "queries", "target", "qps", "reached"}``."""
+    log = log or (lambda s: print(s, file=sys.stderr, flush=True))
+    n = len(vectors)
+    kk = min(k, n - 1)
+    if plan["kind"] == "flat" or kk < 1:
+        return {}, {"recall_at_10": 1.0, "queries": 0, "target": target, "exact": True, "reached": True}
+    rng = np.random.default_rng(seed)
+    qids = np.sort(rng.choice(n, min(queries, n), replace=False))
+    q = np.ascontiguousarray(vectors[qids], dtype=np.float32)
+    _, truth = exact_search(vectors, q, kk + 1)
+    truth = _drop_self(truth, qids, kk)
+    if plan["kind"] == "hnsw":
+        grid = [{"efSearch": e} for e in (16, 32, 64, 128, 256, 512, 1024)]
+    else:
+        probes = [p for p in (1, 2, 4, 8, 16, 32, 64, 128, 256, 512) if p <= plan["nlist"]]
+        if plan["nlist"] not in probes:
+            probes.append(plan["nlist"])
+        grid = [{"nprobe": p, "refine": r} for r in (2, 4, 8, 16, 32, 64) for p in probes]
+    best: tuple[float, dict, dict] | None = None
+    fallback: tuple[float, dict, dict] | None = None
+    skip_refine: set[int] = set()
+    last: dict[int, float] = {}
+    for params in grid:
+        r = params.get("refine")
+        if r in skip_refine:
+            continue
+        t0 = time.perf_counter()
+        _, ids = search(index, vectors, plan, params, q, kk + 1)
+        dt = time.perf_counter() - t0
+        rec = recall_at(_drop_self(ids, qids, kk), truth, kk)
+        qps = len(q) / dt if dt > 0 else float("inf")
+        meas = {"recall_at_10": round(rec, 4), "queries": len(q), "target": target, "qps": round(qps, 1)}
+        if fallback is None or rec > fallback[0]:
+            fallback = (rec, params, meas)
+        if r is not None:
+            if rec < target and params["nprobe"] >= 16 and rec - last.get(r, -1.0) < 0.002:
+                skip_refine.add(r)  # a plateau: more probes will not help this refine factor
+            last[r] = rec
+        if rec >= target:
+            if best is None or qps > best[0]:
+                best = (qps, params, meas)
+            if r is not None:
+                skip_refine.add(r)  # more probes only cost time
+            else:
+                break
+    if best is None:
+        rec, params, meas = fallback  # type: ignore[misc]
+        log(f"warning: recall@10 {rec:.3f} is below the target {target} at the most thorough setting tried")
+        return params, meas | {"reached": False}
+    _, params, meas = best
+    return params, meas | {"reached": True}
+
+
+def _drop_self(ids: np.ndarray, qids: np.ndarray, k: int) -> np.ndarray:
+    out = np.full((len(ids), k), -1, dtype=np.int64)
+    for r, (row, own) in enumerate(zip(ids, qids, strict=True)):
+        kept = row[row != own][:k]
+        out[r, : len(kept)] = kept
+    return out
+
+
+def write(index: Any, path: Path) -> None:
+    _faiss().write_index(index, str(path))
+
+
+def read(path: Path, *, mmap: bool = True) -> tuple[Any, bool]:
+    """(index, memory-mapped?) - memory-mapped where Faiss allows it for the index type."""
+    faiss = _faiss()
+    if mmap:
+        try:
+            return faiss.read_index(str(path), faiss.IO_FLAG_MMAP | faiss.IO_FLAG_READ_ONLY), True
+        except RuntimeError:
+            pass
+    try:
+        return faiss.read_index(str(path)), False
+    except RuntimeError as exc:
+        msg = str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__
+        raise CramkitError(f"{path} is not a readable Faiss index ({msg}); rebuild the index") from None

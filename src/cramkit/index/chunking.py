@@ -1,0 +1,275 @@
+"""Chunks of a corpus and their metadata, kept in memory-mapped arrays so search results come back as text.
+
+Two sources:
+
+* raw text (``cramkit.text.sources``): each document is tokenised with the encoder's tokenizer and cut into
+  passages of ``chunk_tokens`` word pieces, consecutive passages sharing ``overlap`` of them; a passage's text
+  is the document's characters from its first to its last piece.
+* a token store (``cramkit.data.tokenstore``): each sequence is cut into chunks of ``chunk_tokens`` store
+  tokens (RETRO: 64, no overlap, the last chunk of a sequence shorter), decoded to text with the store's
+  tokenizer. In RETRO mode a chunk's continuation is the next chunk of the same sequence.
+
+On disk (a directory, all ``.npy`` written with ``np.lib.format.open_memmap`` and read with
+``np.load(mmap_mode="r")``, never pickled):
+
+``chunks.npy``        int64 [n, 7]: document, sequence, token start, token end, source, char start, char end
+``text_offsets.npy``  int64 [n + 1]: byte offsets of each chunk's UTF-8 text in ``texts.bin``
+``texts.bin``         the chunk texts back to back
+``doc_hash.npy``      uint64 [documents]: a hash of each document's tokens (RETRO leak checks), token stores only
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from cramkit.errors import CramkitError
+
+COLUMNS = ("doc", "seq", "tok_start", "tok_end", "source", "char_start", "char_end")
+RETRO_CHUNK = 64
+
+
+@dataclass
+class Chunks:
+    """Chunks in memory, before they are written: texts plus one ``COLUMNS`` row each."""
+
+    texts: list[str] = field(default_factory=list)
+    rows: list[tuple[int, ...]] = field(default_factory=list)
+    sources: list[str] = field(default_factory=list)
+    doc_hash: list[int] = field(default_factory=list)
+    num_docs: int = 0
+    truncated_docs: int = 0
+
+    def __len__(self) -> int:
+        return len(self.texts)
+
+
+def _check_sizes(chunk_tokens: int, overlap: int, max_tokens: int | None) -> None:
+    if chunk_tokens < 1:
+        raise CramkitError(f"--chunk-tokens must be positive, got {chunk_tokens}")
+    if not 0 <= overlap < chunk_tokens:
+        raise CramkitError(f"--overlap must be in [0, --chunk-tokens), got {overlap} with {chunk_tokens}")
+    if max_tokens is not None and chunk_tokens > max_tokens:
+        raise CramkitError(
+            f"--chunk-tokens {chunk_tokens} exceeds the encoder's limit of {max_tokens} word pieces per input "
+            f"({max_tokens + 2} with [CLS]/[SEP]); use --chunk-tokens {max_tokens} or less"
+        )
+
+
+def _windows(n: int, size: int, overlap: int) -> Iterator[tuple[int, int]]:
+    step = size - overlap
+    start = 0
+    while True:
+        end = min(start + size, n)
+        yield start, end
+        if end >= n:
+            return
+        start += step
+
+
+def chunk_text_sources(
+    sources: Sequence[str] | None,
+    tokenizer: Any,
+    *,
+    chunk_tokens: int = 128,
+    overlap: int = 16,
+    doc_split: str = "auto",
+    max_tokens: int | None = None,
+) -> Chunks:
+    """Passages of ``chunk_tokens`` word pieces (``overlap`` shared) from files, directories or globs
+    (None: the built-in corpus); the source of each passage is the file it came from."""
+    from cramkit.text.sources import expand_sources, iter_documents
+
+    _check_sizes(chunk_tokens, overlap, max_tokens)
+    out = Chunks()
+    files = expand_sources(list(sources)) if sources else [None]
+    for src_id, file in enumerate(files):
+        out.sources.append(file if file is not None else "builtin")
+        batch: list[str] = []
+        docs = iter_documents([file] if file is not None else None, doc_split=doc_split)
+        for doc in docs:
+            batch.append(doc)
+            if len(batch) >= 256:
+                _add_passages(out, batch, src_id, tokenizer, chunk_tokens, overlap)
+                batch = []
+        if batch:
+            _add_passages(out, batch, src_id, tokenizer, chunk_tokens, overlap)
+    return out
+
+
+def _add_passages(out: Chunks, docs: list[str], src_id: int, tokenizer: Any, size: int, overlap: int) -> None:
+    for doc, enc in zip(docs, tokenizer.encode_batch(docs, add_special_tokens=False), strict=True):
+        offsets = enc.offsets
+        if not offsets:
+            continue
+        d = out.num_docs
+        out.num_docs += 1
+        for s, e in _windows(len(offsets), size, overlap):
+            c0, c1 = offsets[s][0], offsets[e - 1][1]
+            out.texts.append(doc[c0:c1])
+            out.rows.append((d, d, s, e, src_id, c0, c1))
+
+
+def store_chunk_spans(store: Any, chunk_tokens: int = RETRO_CHUNK) -> np.ndarray:
+    """int64 [n, 3] (sequence, token start, token end): every sequence cut into ``chunk_tokens`` pieces,
+    the last one shorter; the order of the store (the alignment of ``index neighbours``)."""
+    sizes = np.asarray(store.sizes, dtype=np.int64)
+    per = (sizes + chunk_tokens - 1) // chunk_tokens
+    seq = np.repeat(np.arange(len(sizes), dtype=np.int64), per)
+    first = np.concatenate([[0], np.cumsum(per)[:-1]]) if len(per) else np.zeros(0, np.int64)
+    start = (np.arange(len(seq), dtype=np.int64) - np.repeat(first, per)) * chunk_tokens
+    end = np.minimum(start + chunk_tokens, sizes[seq]) if len(seq) else start
+    return np.stack([seq, start, end], axis=1)
+
+
+def store_documents(store: Any) -> np.ndarray:
+    """int64 [sequences]: the document of each sequence (from the store's document index)."""
+    n = len(store)
+    if store.num_documents == 0:
+        return np.arange(n, dtype=np.int64)
+    return np.searchsorted(np.asarray(store.doc_idx), np.arange(n), side="right").astype(np.int64) - 1
+
+
+def document_hashes(store: Any, seq_doc: np.ndarray) -> np.ndarray:
+    """uint64 per document: a hash of its token ids (same document in two stores -> same hash)."""
+    n_docs = int(seq_doc.max()) + 1 if len(seq_doc) else 0
+    hashers = [hashlib.blake2b(digest_size=8) for _ in range(n_docs)]
+    for s in range(len(store)):
+        hashers[seq_doc[s]].update(np.ascontiguousarray(store[s], dtype="<i4").tobytes())
+    return np.array([int.from_bytes(h.digest(), "little") for h in hashers], dtype=np.uint64)
+
+
+def decode_spans(store: Any, tokenizer: Any, spans: np.ndarray, batch: int = 4096) -> Iterator[str]:
+    """The text of each (sequence, start, end) span of ``store``, decoded with ``tokenizer``."""
+    for i in range(0, len(spans), batch):
+        part = spans[i : i + batch]
+        ids = [store[int(s)][int(a) : int(b)].astype(np.int64).tolist() for s, a, b in part]
+        yield from tokenizer.decode_batch(ids, skip_special_tokens=True)
+
+
+def store_tokenizer(store: Any, encoder_tokenizer: Any, given: str | None) -> Any:
+    """The tokenizer that decodes the store: ``given``; else the encoder's when the store was built with
+    it; else the copy the store keeps beside itself (``tokenizer_file``, checked against its hash)."""
+    from tokenizers import Tokenizer
+
+    from cramkit.io import inside
+    from cramkit.text.tokenizer import load_tokenizer, tokenizer_hash
+
+    want = store.meta.get("tokenizer_hash")
+    if given:
+        tok = load_tokenizer(given)
+        if want and tokenizer_hash(tok) != want:
+            raise CramkitError(
+                f"--store-tokenizer {given} is not the tokenizer token store {store.prefix} was built with; "
+                f"give the one it records ({store.meta.get('tokenizer_path') or 'see its .json'})"
+            )
+        return tok
+    if want is None or tokenizer_hash(encoder_tokenizer) == want:
+        return encoder_tokenizer
+    copy = store.meta.get("tokenizer_file")
+    if isinstance(copy, str) and copy:
+        try:
+            path = inside(store.prefix.parent, copy)
+            tok = Tokenizer.from_file(str(path)) if path.is_file() else None
+        except (ValueError, Exception):  # noqa: BLE001 - a damaged or foreign file: fall through to the error
+            tok = None
+        if tok is not None and tokenizer_hash(tok) == want:
+            return tok
+    raise CramkitError(
+        f"token store {store.prefix} was built with another tokenizer than the encoder's; give it with "
+        f"--store-tokenizer {store.meta.get('tokenizer_path') or 'DIR'} so its chunks can be decoded to text"
+    )
+
+
+def chunk_store(store: Any, tokenizer: Any, *, chunk_tokens: int = RETRO_CHUNK) -> Chunks:
+    """Chunks of ``chunk_tokens`` store tokens (no overlap) decoded to text, with document hashes."""
+    _check_sizes(chunk_tokens, 0, None)
+    spans = store_chunk_spans(store, chunk_tokens)
+    seq_doc = store_documents(store)
+    out = Chunks(sources=[str(store.prefix)])
+    out.num_docs = int(seq_doc.max()) + 1 if len(seq_doc) else 0
+    out.doc_hash = document_hashes(store, seq_doc).tolist()
+    out.texts = list(decode_spans(store, tokenizer, spans))
+    out.rows = [(int(seq_doc[s]), int(s), int(a), int(b), 0, -1, -1) for s, a, b in spans]
+    return out
+
+
+# ------------------------------------------------------------------------------------------ on disk
+
+
+def write_chunks(directory: str | os.PathLike, chunks: Chunks) -> None:
+    """Write ``chunks`` into ``directory`` (see the module docstring for the files)."""
+    d = Path(directory)
+    d.mkdir(parents=True, exist_ok=True)
+    n = len(chunks)
+    table = np.lib.format.open_memmap(d / "chunks.npy", mode="w+", dtype=np.int64, shape=(n, len(COLUMNS)))
+    if n:
+        table[:] = np.asarray(chunks.rows, dtype=np.int64)
+    table.flush()
+    del table
+    offsets = np.zeros(n + 1, dtype=np.int64)
+    with open(d / "texts.bin", "wb") as fh:
+        pos = 0
+        for i, t in enumerate(chunks.texts):
+            b = t.encode("utf-8", "surrogatepass")
+            fh.write(b)
+            pos += len(b)
+            offsets[i + 1] = pos
+    np.save(d / "text_offsets.npy", offsets)
+    np.save(d / "doc_hash.npy", np.asarray(chunks.doc_hash, dtype=np.uint64))
+
+
+def append_chunks(
+    directory: str | os.PathLike, old: ChunkTable, chunks: Chunks, doc_base: int, source_base: int
+) -> None:
+    """Write ``old`` followed by ``chunks`` (documents and sources renumbered after the old ones)."""
+    rows = []
+    for d, s, a, b, src, c0, c1 in chunks.rows:
+        rows.append((d + doc_base, s + doc_base if c0 >= 0 else s, a, b, src + source_base, c0, c1))
+    new = Chunks(
+        texts=[old.text(i) for i in range(len(old))] + chunks.texts,
+        rows=[tuple(r) for r in np.asarray(old.table).tolist()] + rows,
+        doc_hash=np.asarray(old.doc_hash).tolist() + list(chunks.doc_hash),
+    )
+    write_chunks(directory, new)
+
+
+class ChunkTable:
+    """The chunk files of an index, memory-mapped; ``text(i)`` and ``row(i)`` read one chunk."""
+
+    def __init__(self, directory: str | os.PathLike) -> None:
+        d = Path(directory)
+        try:
+            self.table = np.load(d / "chunks.npy", mmap_mode="r", allow_pickle=False)
+            self.offsets = np.load(d / "text_offsets.npy", mmap_mode="r", allow_pickle=False)
+            self.doc_hash = np.load(d / "doc_hash.npy", mmap_mode="r", allow_pickle=False)
+            size = (d / "texts.bin").stat().st_size
+        except (OSError, ValueError, EOFError) as exc:
+            raise CramkitError(
+                f"{d}: the chunk files are missing or damaged ({exc}); rebuild the index"
+            ) from None
+        n = len(self.table)
+        if (
+            self.table.ndim != 2
+            or self.table.shape[1] != len(COLUMNS)
+            or self.offsets.shape != (n + 1,)
+            or (n and int(self.offsets[-1]) != size)
+        ):
+            raise CramkitError(f"{d}: the chunk files do not agree with each other; rebuild the index")
+        self.texts = np.memmap(d / "texts.bin", dtype=np.uint8, mode="r") if size else np.zeros(0, np.uint8)
+
+    def __len__(self) -> int:
+        return len(self.table)
+
+    def text(self, i: int) -> str:
+        a, b = int(self.offsets[i]), int(self.offsets[i + 1])
+        return bytes(self.texts[a:b]).decode("utf-8", "replace")
+
+    def row(self, i: int) -> dict[str, int]:
+        return dict(zip(COLUMNS, (int(x) for x in self.table[i]), strict=True))

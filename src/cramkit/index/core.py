@@ -1,0 +1,664 @@
+"""Build, open, search and grow a retrieval index; RETRO neighbours of a token store.
+
+An index directory::
+
+    IDX/index.json        the manifest, written last (its presence means the index is complete)
+    IDX/encoder/          a copy of the encoder (a model directory): queries are embedded with exactly it
+    IDX/data-NNN/         vectors.npy (float32 [n, dim], L2-normalised), faiss.index (none for exact
+                          search), chunks.npy, text_offsets.npy, texts.bin, doc_hash.npy
+    IDX/.build/, .add/    work in progress (embeddings being written, resumable); never read by ``open``
+
+``index add`` writes a new ``data-NNN`` next to the old one and switches the manifest to it in one atomic
+rename, so a crash at any point leaves the previous, complete index. Paths in the manifest must stay inside
+IDX; files are checked against the sizes it records.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from cramkit.errors import CramkitError
+from cramkit.index import ann
+from cramkit.index.chunking import (
+    RETRO_CHUNK,
+    Chunks,
+    ChunkTable,
+    append_chunks,
+    chunk_store,
+    chunk_text_sources,
+    decode_spans,
+    document_hashes,
+    store_chunk_spans,
+    store_documents,
+    store_tokenizer,
+    write_chunks,
+)
+from cramkit.index.embedding import dist_info, embed_to_memmap, encoder_fingerprint, texts_key
+from cramkit.io import atomic_path, inside, write_json_atomic
+
+MANIFEST = "index.json"
+FORMAT = "cramkit-index-1"
+MODES = ("passages", "retro")
+DATA_FILES = ("vectors.npy", "chunks.npy", "text_offsets.npy", "texts.bin", "doc_hash.npy")
+
+
+def _log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def is_store(source: str) -> bool:
+    """Whether ``source`` names a token store (PREFIX, PREFIX.bin/.idx, or a directory holding one)."""
+    p = Path(source)
+    if p.suffix in (".idx", ".bin") and p.with_suffix(".idx").is_file():
+        return True
+    if p.is_dir():
+        return any(p.glob("*.idx")) and not any(
+            f.suffix in (".txt", ".jsonl", ".tokens", ".parquet") for f in p.iterdir()
+        )
+    return p.parent.joinpath(p.name + ".idx").is_file()
+
+
+def load_encoder(source: str, device: str = "auto") -> Any:
+    import cramkit
+
+    loaded = cramkit.load(source)
+    if loaded.encoder is None:
+        raise CramkitError(
+            f"{source}: this model ({loaded.architecture}) has no transformer encoder to take embeddings "
+            "from; index with an encoder, a pretraining run or a fine-tuned model"
+        )
+    return loaded
+
+
+def make_chunks(
+    source: str | None,
+    loaded: Any,
+    *,
+    mode: str,
+    chunk_tokens: int | None,
+    overlap: int | None,
+    doc_split: str = "auto",
+    tokenizer: str | None = None,
+) -> tuple[Chunks, dict[str, Any]]:
+    """The chunks of ``source`` (text files or a token store) and the parameters used."""
+    if mode not in MODES:
+        raise CramkitError(f"unknown --mode {mode!r}; use passages or retro")
+    limit = int(loaded.max_length) - 2
+    if source is not None and is_store(source):
+        from cramkit.data.tokenstore import TokenStore
+
+        if overlap:
+            raise CramkitError("--overlap applies to text sources; a token store is cut without overlap")
+        store = TokenStore(source)
+        size = chunk_tokens or RETRO_CHUNK
+        chunks = chunk_store(store, store_tokenizer(store, loaded.tokenizer, tokenizer), chunk_tokens=size)
+        params = {"chunk_tokens": size, "overlap": 0, "store": True}
+    else:
+        if mode == "retro":
+            raise CramkitError(
+                f"--mode retro needs a token store (cramkit data build), not text files: {source or 'builtin'}"
+            )
+        size = chunk_tokens or min(128, limit)
+        ov = 16 if overlap is None else overlap
+        ov = min(ov, size - 1) if overlap is None else ov
+        chunks = chunk_text_sources(
+            [source] if source else None,
+            loaded.tokenizer,
+            chunk_tokens=size,
+            overlap=ov,
+            doc_split=doc_split,
+            max_tokens=limit,
+        )
+        params = {"chunk_tokens": size, "overlap": ov, "doc_split": doc_split, "store": False}
+    if len(chunks) == 0:
+        raise CramkitError(
+            f"{source or 'the built-in corpus'}: no text to index (0 chunks); check the source"
+        )
+    return chunks, params
+
+
+def _engine(loaded: Any, device: str, max_batch_tokens: int) -> Any:
+    from cramkit.infer import Engine
+
+    return Engine(loaded, device=device, max_batch_tokens=max_batch_tokens)
+
+
+def _file_sizes(d: Path) -> dict[str, int]:
+    return {f.name: f.stat().st_size for f in sorted(d.iterdir()) if f.is_file()}
+
+
+def _peak_rss_mb() -> float | None:
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return round(int(line.split()[1]) / 1024, 1)
+    except OSError:
+        pass
+    return None
+
+
+# ---------------------------------------------------------------------------------------------- build
+
+
+def build_index(
+    source: str | None,
+    encoder: str,
+    out: str | os.PathLike,
+    *,
+    mode: str = "passages",
+    chunk_tokens: int | None = None,
+    overlap: int | None = None,
+    doc_split: str = "auto",
+    memory: str | int = "4GB",
+    target_recall: float = 0.95,
+    kind: str = "auto",
+    pooling: str | None = None,
+    store_tokenizer: str | None = None,
+    device: str = "auto",
+    max_batch_tokens: int = 16384,
+    block: int = 1024,
+    overwrite: bool = False,
+    progress: bool | str = "auto",
+) -> dict[str, Any] | None:
+    """Chunk ``source``, embed the chunks with ``encoder`` (resuming an interrupted build), build and tune
+    the Faiss index, write ``out``; the manifest (None on torchrun ranks other than 0)."""
+    if not 0.0 < target_recall <= 1.0:
+        raise CramkitError(f"--target-recall must be in (0, 1], got {target_recall}")
+    budget = ann.parse_memory(memory)
+    if kind not in ann.KINDS:
+        raise CramkitError(f"unknown --kind {kind!r}; use one of {', '.join(ann.KINDS)}")
+    out = Path(out)
+    rank, _ = dist_info()
+    if (out / MANIFEST).is_file() and not overwrite:
+        raise CramkitError(
+            f"{out} already holds an index; grow it with `cramkit index add`, pick another --out or pass --overwrite"
+        )
+    if out.exists() and not out.is_dir():
+        raise CramkitError(f"--out {out} is a file; give a directory")
+    t_start = time.perf_counter()
+    loaded = load_encoder(encoder)
+    pooling = pooling or loaded.pooling
+    if pooling not in ("mean", "cls"):
+        raise CramkitError(f"--pooling must be mean or cls, got {pooling!r}")
+    chunks, cparams = make_chunks(
+        source, loaded, mode=mode, chunk_tokens=chunk_tokens, overlap=overlap, doc_split=doc_split,
+        tokenizer=store_tokenizer,
+    )  # fmt: skip
+    t_chunk = time.perf_counter() - t_start
+    if rank == 0:
+        _log(f"{len(chunks)} chunks from {chunks.num_docs} documents ({t_chunk:.1f}s)")
+    fp = encoder_fingerprint(loaded)
+    work = out / ".build"
+    key = texts_key(chunks.texts, fp, pooling, "normalized")
+    engine = _engine(loaded, device, max_batch_tokens)
+    rec = embed_to_memmap(
+        chunks.texts, engine, work / "embed", key=key, pooling=pooling, normalize=True, block=block,
+        progress=progress, desc="embedding chunks",
+    )  # fmt: skip
+    if rank != 0:
+        return None
+    t_embed = time.perf_counter()
+    data = work / "data"
+    shutil.rmtree(data, ignore_errors=True)
+    data.mkdir(parents=True)
+    write_chunks(data, chunks)
+    vectors = np.load(work / "embed" / "embeddings.npy", mmap_mode="r", allow_pickle=False)
+    plan = ann.plan_index(len(vectors), vectors.shape[1], budget, kind)
+    _log(f"index: {plan['kind']} ({plan['why']})")
+    index = ann.build(vectors, plan, log=_log)
+    params, recall = ann.tune(index, vectors, plan, target=target_recall, log=_log)
+    if index is not None:
+        ann.write(index, data / "faiss.index")
+    del index
+    t_index = time.perf_counter() - t_embed
+    os.replace(work / "embed" / "embeddings.npy", data / "vectors.npy")
+    del vectors
+    if (out / "encoder").is_dir() and _dir_fingerprint(out / "encoder") == fp:
+        pass
+    else:
+        with atomic_path(out / "encoder") as tmp:
+            loaded.save(tmp)
+    (out / MANIFEST).unlink(missing_ok=True)
+    old = [p for p in out.glob("data-*") if p.is_dir()]
+    gen = out / "data-000"
+    shutil.rmtree(gen, ignore_errors=True)
+    os.replace(data, gen)
+    seconds = time.perf_counter() - t_start
+    manifest = {
+        "format": FORMAT,
+        "mode": mode,
+        "data": gen.name,
+        "count": len(chunks),
+        "dim": int(rec["dim"]),
+        "documents": chunks.num_docs,
+        "sources": chunks.sources,
+        "chunking": cparams,
+        "encoder": {
+            "dir": "encoder",
+            "source": str(encoder),
+            "fingerprint": fp,
+            "pooling": pooling,
+            "normalize": True,
+            "max_length": int(loaded.max_length),
+        },
+        "plan": plan,
+        "params": params,
+        "recall": recall,
+        "files": _file_sizes(gen),
+        "build": {
+            "seconds": round(seconds, 2),
+            "chunk_seconds": round(t_chunk, 2),
+            "embed_seconds": rec["seconds"],
+            "index_seconds": round(t_index, 2),
+            "chunks_per_s": round(len(chunks) / seconds, 2),
+            "resumed_rows": rec.get("resumed_rows", 0),
+            "peak_rss_mb": _peak_rss_mb(),
+            "memory_budget": budget,
+        },
+        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+    write_json_atomic(out / MANIFEST, manifest)
+    for p in old:
+        if p != gen:
+            shutil.rmtree(p, ignore_errors=True)
+    shutil.rmtree(work, ignore_errors=True)
+    return manifest
+
+
+def _dir_fingerprint(d: Path) -> str | None:
+    try:
+        return encoder_fingerprint(load_encoder(str(d)))
+    except CramkitError:
+        return None
+
+
+# ----------------------------------------------------------------------------------------------- open
+
+
+def _read_manifest(root: Path) -> dict[str, Any]:
+    file = root / MANIFEST
+    if not root.is_dir():
+        raise CramkitError(f"{root}: no such index directory; build one with `cramkit index build`")
+    if not file.is_file():
+        hint = " (an interrupted build: rerun it to resume)" if (root / ".build").exists() else ""
+        raise CramkitError(f"{root} is not a finished index: {MANIFEST} is missing{hint}")
+    try:
+        m = json.loads(file.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise CramkitError(f"{file} is not valid JSON ({exc}); the index is damaged, rebuild it") from None
+    if not isinstance(m, dict) or m.get("format") != FORMAT:
+        raise CramkitError(f"{file}: not a cramkit index manifest (format {FORMAT} expected)")
+    for name, typ in (("data", str), ("count", int), ("dim", int), ("mode", str), ("plan", dict),
+                      ("encoder", dict), ("files", dict)):  # fmt: skip
+        if not isinstance(m.get(name), typ):
+            raise CramkitError(
+                f"{file}: field {name!r} is missing or not a {typ.__name__}; rebuild the index"
+            )
+    if m["mode"] not in MODES or m["plan"].get("kind") not in ann.KINDS[1:]:
+        raise CramkitError(f"{file}: unknown mode or index kind; rebuild the index")
+    return m
+
+
+def _inside(root: Path, name: Any, what: str) -> Path:
+    if not isinstance(name, str) or not name:
+        raise CramkitError(f"{root / MANIFEST}: {what} is not a path name; rebuild the index")
+    try:
+        return inside(root, name)
+    except ValueError:
+        raise CramkitError(
+            f"{root / MANIFEST}: {what} {name!r} points outside the index directory; refusing to read it"
+        ) from None
+
+
+class Index:
+    """An opened index. ``search(texts, k)`` -> per query a list of ``{score, text, doc, source, chunk}``
+    (RETRO indexes add ``continuation``). The encoder is loaded at the first search."""
+
+    def __init__(
+        self, path: str | os.PathLike, *, encoder: str | None = None, device: str = "cpu", mmap: bool = True
+    ) -> None:
+        self.path = Path(path)
+        self.manifest = m = _read_manifest(self.path)
+        self.data_dir = _inside(self.path, m["data"], "'data'")
+        self.encoder_dir = _inside(self.path, m["encoder"].get("dir"), "'encoder.dir'")
+        for name, size in m["files"].items():
+            f = _inside(self.data_dir, name, "file")
+            if not f.is_file():
+                raise CramkitError(f"{f} is missing; the index is incomplete, rebuild it")
+            if f.stat().st_size != size:
+                raise CramkitError(
+                    f"{f} is {'truncated' if f.stat().st_size < size else 'longer than recorded'} "
+                    f"({f.stat().st_size} bytes, the manifest says {size}); the index is damaged, rebuild it"
+                )
+        self.chunks = ChunkTable(self.data_dir)
+        try:
+            self.vectors = np.load(self.data_dir / "vectors.npy", mmap_mode="r", allow_pickle=False)
+        except (OSError, ValueError) as exc:
+            raise CramkitError(
+                f"{self.data_dir / 'vectors.npy'} is damaged ({exc}); rebuild the index"
+            ) from None
+        if self.vectors.shape != (m["count"], m["dim"]) or len(self.chunks) != m["count"]:
+            raise CramkitError(
+                f"{self.path}: the data files do not match the manifest's count; rebuild the index"
+            )
+        self.plan = m["plan"]
+        self.params = m.get("params") or {}
+        self.index = None
+        self.mmapped = False
+        if self.plan["kind"] != "flat":
+            self.index, self.mmapped = ann.read(self.data_dir / "faiss.index", mmap=mmap)
+            if self.index.ntotal != m["count"] or self.index.d != m["dim"]:
+                raise CramkitError(
+                    f"{self.data_dir / 'faiss.index'} does not match the manifest; rebuild the index"
+                )
+        self._encoder_arg = encoder
+        self.device = device
+        self._engine: Any = None
+        self.last_truncated: list[bool] = []
+
+    # ------------------------------------------------------------------ metadata
+
+    @property
+    def encoder_source(self) -> str:
+        """The encoder the index was built with (as given at build time; a copy lives in IDX/encoder)."""
+        return str(self.manifest["encoder"].get("source"))
+
+    def __len__(self) -> int:
+        return int(self.manifest["count"])
+
+    def info(self) -> dict[str, Any]:
+        m = self.manifest
+        return {
+            "path": str(self.path),
+            "mode": m["mode"],
+            "count": m["count"],
+            "dim": m["dim"],
+            "documents": m.get("documents"),
+            "kind": self.plan["kind"],
+            "factory": self.plan.get("factory", "exact (memory-mapped vectors)"),
+            "why": self.plan.get("why"),
+            "params": self.params,
+            "recall": m.get("recall"),
+            "encoder": self.encoder_source,
+            "pooling": m["encoder"].get("pooling"),
+            "chunking": m.get("chunking"),
+            "sources": m.get("sources"),
+            "bytes_on_disk": int(sum(m["files"].values())),
+            "faiss_memory_mapped": self.mmapped,
+            "build": m.get("build"),
+            "created": m.get("created"),
+        }
+
+    # ------------------------------------------------------------------ search
+
+    def engine(self) -> Any:
+        if self._engine is None:
+            want = self.manifest["encoder"].get("fingerprint")
+            if self._encoder_arg is not None:
+                loaded = load_encoder(self._encoder_arg)
+                if encoder_fingerprint(loaded) != want:
+                    raise CramkitError(
+                        f"{self._encoder_arg} is not the encoder index {self.path} was built with "
+                        f"({self.encoder_source}); query with that encoder (or none: the index keeps a copy)"
+                    )
+            else:
+                if not (self.encoder_dir / "cramkit-model.json").is_file():
+                    raise CramkitError(
+                        f"{self.encoder_dir}: the index's encoder copy is missing; rebuild the index"
+                    )
+                loaded = load_encoder(str(self.encoder_dir))
+                if encoder_fingerprint(loaded) != want:
+                    raise CramkitError(
+                        f"{self.encoder_dir} differs from the encoder the index was built with; rebuild the index"
+                    )
+            self._engine = _engine(loaded, self.device, 16384)
+        return self._engine
+
+    def embed(self, texts: Sequence[str]) -> np.ndarray:
+        if isinstance(texts, str) or not all(isinstance(t, str) for t in texts):
+            raise CramkitError("queries must be a list of strings")
+        if not texts:
+            raise CramkitError("no queries given")
+        if any(not t.strip() for t in texts):
+            raise CramkitError("a query is empty; give some text")
+        eng = self.engine()
+        vec = eng.embed(list(texts), pooling=self.manifest["encoder"]["pooling"], normalize=True)
+        self.last_truncated = [bool(x) for x in eng.truncated]
+        return vec
+
+    def _check_k(self, k: int) -> int:
+        if not isinstance(k, (int, np.integer)) or isinstance(k, bool) or k < 1:
+            raise CramkitError(f"k must be a positive integer, got {k!r}")
+        if k > len(self):
+            raise CramkitError(f"k={k} is larger than the index ({len(self)} chunks); use k <= {len(self)}")
+        return int(k)
+
+    def search_vectors(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """(scores, chunk ids) [nq, k] for normalised query vectors."""
+        k = self._check_k(k)
+        return ann.search(self.index, self.vectors, self.plan, self.params, queries, k)
+
+    def search(self, texts: Sequence[str], k: int = 10) -> list[list[dict[str, Any]]]:
+        """The ``k`` best chunks per query text, best first. Queries longer than the encoder's limit are
+        truncated to it (``last_truncated`` says which)."""
+        k = self._check_k(k)
+        scores, ids = self.search_vectors(self.embed(texts), k)
+        return [[self.hit(int(i), float(s)) for s, i in zip(sr, ir, strict=True) if i >= 0]
+                for sr, ir in zip(scores, ids, strict=True)]  # fmt: skip
+
+    def hit(self, i: int, score: float) -> dict[str, Any]:
+        row = self.chunks.row(i)
+        sources = self.manifest.get("sources") or []
+        src = sources[row["source"]] if 0 <= row["source"] < len(sources) else str(row["source"])
+        out = {"score": score, "text": self.chunks.text(i), "doc": row["doc"], "source": src, "chunk": i,
+               "span": [row["tok_start"], row["tok_end"]]}  # fmt: skip
+        if self.manifest["mode"] == "retro":
+            nxt = i + 1
+            same = nxt < len(self) and self.chunks.row(nxt)["seq"] == row["seq"] and (
+                self.chunks.row(nxt)["source"] == row["source"])  # fmt: skip
+            out["continuation"] = self.chunks.text(nxt) if same else ""
+        return out
+
+
+def open(path: str | os.PathLike, *, encoder: str | None = None, device: str = "cpu") -> Index:  # noqa: A001
+    """Open the index at ``path`` (memory-mapped); ``encoder``, when given, must be the one it was built with."""
+    return Index(path, encoder=encoder, device=device)
+
+
+# ------------------------------------------------------------------------------------------------ add
+
+
+def add_to_index(
+    path: str | os.PathLike,
+    source: str | None,
+    *,
+    store_tokenizer: str | None = None,
+    device: str = "auto",
+    max_batch_tokens: int = 16384,
+    block: int = 1024,
+    progress: bool | str = "auto",
+) -> dict[str, Any]:
+    """Chunk and embed ``source`` like the index's build, add it, re-measure recall; the new manifest."""
+    root = Path(path)
+    idx = Index(root, mmap=False)
+    m = idx.manifest
+    loaded = idx.engine().loaded
+    cp = m.get("chunking") or {}
+    chunks, _ = make_chunks(
+        source, loaded, mode=m["mode"], chunk_tokens=cp.get("chunk_tokens"),
+        overlap=cp.get("overlap") if not cp.get("store") and source and not is_store(source) else None,
+        doc_split=cp.get("doc_split", "auto"), tokenizer=store_tokenizer,
+    )  # fmt: skip
+    if bool(cp.get("store")) != (source is not None and is_store(source)):
+        raise CramkitError(
+            f"{source}: the index was built from {'a token store' if cp.get('store') else 'text files'}; "
+            "add the same kind of source"
+        )
+    work = root / ".add"
+    pooling = m["encoder"]["pooling"]
+    key = texts_key(chunks.texts, m["encoder"]["fingerprint"], pooling, "normalized", m["data"])
+    rec = embed_to_memmap(
+        chunks.texts, idx.engine(), work / "embed", key=key, pooling=pooling, normalize=True, block=block,
+        progress=progress, desc="embedding new chunks",
+    )  # fmt: skip
+    new_vec = np.load(work / "embed" / "embeddings.npy", mmap_mode="r", allow_pickle=False)
+    n_old, d = idx.vectors.shape
+    data = work / "data"
+    shutil.rmtree(data, ignore_errors=True)
+    data.mkdir(parents=True)
+    vec = np.lib.format.open_memmap(
+        data / "vectors.npy", mode="w+", dtype=np.float32, shape=(n_old + len(chunks), d)
+    )
+    for a in range(0, n_old, 65536):
+        vec[a : a + 65536] = idx.vectors[a : a + 65536]
+    vec[n_old:] = new_vec
+    vec.flush()
+    append_chunks(data, idx.chunks, chunks, int(m.get("documents") or 0), len(m.get("sources") or []))
+    params, recall = idx.params, m.get("recall")
+    if idx.index is not None:
+        ann.add(idx.index, new_vec, log=_log)
+        params, recall = ann.tune(
+            idx.index, vec, idx.plan, target=float(recall.get("target", 0.95)), log=_log
+        )
+        ann.write(idx.index, data / "faiss.index")
+    del vec, new_vec
+    gen_no = int(m["data"].rsplit("-", 1)[-1]) + 1 if m["data"].rsplit("-", 1)[-1].isdigit() else 1
+    gen = root / f"data-{gen_no:03d}"
+    shutil.rmtree(gen, ignore_errors=True)
+    os.replace(data, gen)
+    manifest = dict(m)
+    manifest.update(
+        data=gen.name,
+        count=n_old + len(chunks),
+        documents=int(m.get("documents") or 0) + chunks.num_docs,
+        sources=list(m.get("sources") or []) + chunks.sources,
+        params=params,
+        recall=recall,
+        files=_file_sizes(gen),
+        added=list(m.get("added") or [])
+        + [{"source": source, "chunks": len(chunks), "embed_seconds": rec["seconds"]}],
+    )
+    old = idx.data_dir
+    del idx
+    write_json_atomic(root / MANIFEST, manifest)
+    if old != gen:
+        shutil.rmtree(old, ignore_errors=True)
+    shutil.rmtree(work, ignore_errors=True)
+    return manifest
+
+
+# ----------------------------------------------------------------------------------------- neighbours
+
+
+def retro_neighbours(
+    path: str | os.PathLike,
+    store: str,
+    out: str | os.PathLike,
+    *,
+    k: int = 2,
+    store_tokenizer: str | None = None,
+    device: str = "auto",
+    block: int = 1024,
+    progress: bool | str = "auto",
+) -> dict[str, Any]:
+    """For every ``chunk_tokens`` chunk of ``store``: its ``k`` nearest index chunks from other documents.
+
+    Writes ``OUT/neighbours.npy`` (int32 [n_chunks, k], index chunk ids, -1 where none), ``OUT/chunks.npy``
+    (int64 [n_chunks, 3]: sequence, token start, token end in the store) and ``OUT/neighbours.json`` (last).
+    A neighbour is from the same document when its document's token hash equals the query chunk's."""
+    from cramkit.data.tokenstore import TokenStore
+
+    idx = Index(path)
+    m = idx.manifest
+    if m["mode"] != "retro":
+        raise CramkitError(
+            f"{path} is a {m['mode']} index; RETRO neighbours need one built with --mode retro"
+        )
+    k = idx._check_k(k)
+    ts = TokenStore(store)
+    size = int((m.get("chunking") or {}).get("chunk_tokens") or RETRO_CHUNK)
+    spans = store_chunk_spans(ts, size)
+    if len(spans) == 0:
+        raise CramkitError(f"token store {store} is empty; nothing to find neighbours for")
+    seq_doc = store_documents(ts)
+    q_hash = document_hashes(ts, seq_doc)[seq_doc[spans[:, 0]]]
+    idx_hash = np.asarray(idx.chunks.doc_hash)
+    if len(idx_hash) == 0:
+        raise CramkitError(f"{path}: the index has no document hashes; rebuild it from a token store")
+    chunk_doc = np.asarray(idx.chunks.table[:, 0])
+    cand_hash = idx_hash[chunk_doc]
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "neighbours.json").unlink(missing_ok=True)
+    pooling = m["encoder"]["pooling"]
+    same_store = (
+        len(idx) == len(spans)
+        and np.array_equal(np.asarray(idx.chunks.table[:, 1:4]), spans)
+        and np.array_equal(cand_hash, q_hash)
+    )
+    if same_store:  # the index was built from this very store: its vectors are the queries
+        q = idx.vectors
+    else:
+        tok = store_tokenizer_for(ts, idx.engine().loaded, store_tokenizer)
+        texts = list(decode_spans(ts, tok, spans))
+        key = texts_key(texts, m["encoder"]["fingerprint"], pooling, "normalized")
+        embed_to_memmap(
+            texts, idx.engine(), out / ".embed", key=key, pooling=pooling, normalize=True, block=block,
+            progress=progress, desc="embedding store chunks",
+        )  # fmt: skip
+        q = np.load(out / ".embed" / "embeddings.npy", mmap_mode="r", allow_pickle=False)
+    result = np.lib.format.open_memmap(
+        out / ".neighbours.npy", mode="w+", dtype=np.int32, shape=(len(spans), k)
+    )
+    t0 = time.perf_counter()
+    leaks_avoided = 0
+    for a in range(0, len(spans), 4096):
+        qa = np.ascontiguousarray(q[a : a + 4096])
+        want = min(len(idx), k * 4 + 8)
+        pending = np.arange(len(qa))
+        rows = np.full((len(qa), k), -1, dtype=np.int32)
+        while len(pending):
+            _, ids = idx.search_vectors(qa[pending], want)
+            retry = []
+            for r, row in zip(pending, ids, strict=True):
+                ok = row[(row >= 0)]
+                same = cand_hash[ok] == q_hash[a + r]
+                leaks_avoided += int(same.sum())
+                keep = ok[~same][:k]
+                if len(keep) < k and want < len(idx):
+                    retry.append(r)
+                rows[r, : len(keep)] = keep
+            pending = np.asarray(retry, dtype=np.int64)
+            want = min(len(idx), want * 4)
+        result[a : a + 4096] = rows
+    result.flush()
+    del result
+    np.save(out / "chunks.npy", spans)
+    os.replace(out / ".neighbours.npy", out / "neighbours.npy")
+    info = {
+        "index": str(path),
+        "store": str(ts.prefix),
+        "chunks": int(len(spans)),
+        "k": k,
+        "chunk_tokens": size,
+        "missing": int((np.load(out / "neighbours.npy", mmap_mode="r") < 0).sum()),
+        "same_document_candidates_dropped": leaks_avoided,
+        "search_seconds": round(time.perf_counter() - t0, 2),
+        "reused_index_vectors": bool(same_store),
+    }
+    write_json_atomic(out / "neighbours.json", info)
+    shutil.rmtree(out / ".embed", ignore_errors=True)
+    return info
+
+
+def store_tokenizer_for(ts: Any, loaded: Any, given: str | None) -> Any:
+    return store_tokenizer(ts, loaded.tokenizer, given)

@@ -1,0 +1,105 @@
+"""``cramkit embed``: the rows of a file, or the sequences (or chunks) of a token store, to a memory map."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from cramkit.errors import CramkitError
+from cramkit.index.embedding import (
+    DONE_FILE,
+    dist_info,
+    embed_to_memmap,
+    encoder_fingerprint,
+    finished,
+    texts_key,
+)
+
+
+def read_inputs(
+    source: str, loaded: Any, *, text_col: str | None, chunk_tokens: int | None, store_tokenizer: str | None
+) -> tuple[list[str], np.ndarray, dict[str, Any]]:
+    """(texts, row ids, what they are) of ``source``."""
+    from cramkit.index.core import is_store
+
+    if is_store(source):
+        from cramkit.data.tokenstore import TokenStore
+        from cramkit.index.chunking import decode_spans, store_chunk_spans
+        from cramkit.index.chunking import store_tokenizer as pick
+
+        ts = TokenStore(source)
+        tok = pick(ts, loaded.tokenizer, store_tokenizer)
+        if chunk_tokens:
+            spans = store_chunk_spans(ts, chunk_tokens)
+        else:
+            sizes = np.asarray(ts.sizes, dtype=np.int64)
+            spans = np.stack([np.arange(len(sizes)), np.zeros(len(sizes), np.int64), sizes], axis=1)
+        texts = list(decode_spans(ts, tok, spans))
+        ids = np.arange(len(spans), dtype=np.int64)
+        return texts, ids, {"kind": "store", "rows": "chunks" if chunk_tokens else "sequences",
+                            "chunk_tokens": chunk_tokens}  # fmt: skip
+    if chunk_tokens:
+        raise CramkitError("--chunk-tokens applies to a token store; a file is embedded row by row")
+    from cramkit.infer.predict import read_rows
+
+    rows = read_rows(source, text_a=text_col, label=None)
+    if rows.texts_b is not None:
+        texts = [f"{a} {b}" for a, b in zip(rows.texts_a, rows.texts_b, strict=True)]
+    else:
+        texts = rows.texts_a
+    return texts, np.arange(len(texts), dtype=np.int64), {"kind": "file"}
+
+
+def embed_source(
+    source: str,
+    model: str,
+    out: str | os.PathLike,
+    *,
+    text_col: str | None = None,
+    pooling: str | None = None,
+    normalize: bool | None = None,
+    chunk_tokens: int | None = None,
+    store_tokenizer: str | None = None,
+    overwrite: bool = False,
+    device: str = "auto",
+    max_batch_tokens: int = 16384,
+    block: int = 1024,
+) -> dict[str, Any] | None:
+    """Embed ``source`` into ``out`` (resuming an unfinished run of the same job); the ``embed.json`` record."""
+    from cramkit.index.core import load_encoder
+    from cramkit.infer import Engine
+
+    out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise CramkitError(f"--out {out} is a file; give a directory")
+    loaded = load_encoder(model)
+    pooling = pooling or loaded.pooling
+    normalize = loaded.normalize if normalize is None else normalize
+    texts, ids, what = read_inputs(
+        source, loaded, text_col=text_col, chunk_tokens=chunk_tokens, store_tokenizer=store_tokenizer
+    )
+    if not texts:
+        raise CramkitError(f"{source}: nothing to embed (0 rows)")
+    key = texts_key(texts, encoder_fingerprint(loaded), pooling, str(bool(normalize)))
+    done = finished(out, key)
+    if done is not None:
+        return done | {"resumed_rows": done["rows"], "seconds": 0.0, "examples_per_s": None}
+    if finished(out) is not None:
+        if not overwrite:
+            raise CramkitError(
+                f"{out} holds finished embeddings of other inputs or another model; pick another --out or "
+                "pass --overwrite"
+            )
+        rank, _ = dist_info()
+        if rank == 0:
+            (out / DONE_FILE).unlink(missing_ok=True)
+            shutil.rmtree(out, ignore_errors=True)
+    engine = Engine(loaded, device=device, max_batch_tokens=max_batch_tokens)
+    return embed_to_memmap(
+        texts, engine, out, key=key, pooling=pooling, normalize=bool(normalize), ids=ids, block=block,
+        desc="embedding", meta={"source": str(source), "model": str(model), **what},
+    )  # fmt: skip

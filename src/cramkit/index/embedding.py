@@ -1,0 +1,213 @@
+"""Embeddings streamed to a memory-mapped matrix: resumable after a kill, sharded across torchrun processes.
+
+``OUT/embeddings.npy`` float32 [n, dim] and ``OUT/ids.npy`` int64 [n] (row ids) are created first at their
+full size; rows are written block by block, and after each block (flushed to disk) the committed-row
+counter ``OUT/progress-RANK.json`` is replaced atomically, so a killed job restarts after its last committed
+block. ``OUT/state.json`` records what is being embedded (a key over the inputs, the encoder and the pooling);
+a different key starts over. ``OUT/embed.json`` is written last: its presence means every row is there.
+
+Under torchrun each process embeds a contiguous range of the rows into the same files (disjoint regions of
+one memory map: nothing to merge afterwards); rank 0 writes ``embed.json`` after a barrier.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from cramkit.errors import CramkitError
+from cramkit.io import write_json_atomic
+
+DONE_FILE = "embed.json"
+
+
+def encoder_fingerprint(loaded: Any) -> str:
+    """A hash of what decides an embedding: the tokenizer and every encoder weight."""
+    import torch
+
+    from cramkit.text.tokenizer import tokenizer_hash
+
+    h = hashlib.blake2b(digest_size=16)
+    h.update(tokenizer_hash(loaded.tokenizer).encode())
+    for name, t in sorted(loaded.encoder.state_dict().items()):
+        h.update(name.encode())
+        h.update(str(tuple(t.shape)).encode())
+        h.update(t.detach().to("cpu").contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()
+
+
+def texts_key(texts: Sequence[str], *parts: str) -> str:
+    h = hashlib.blake2b(digest_size=16)
+    for p in parts:
+        h.update(p.encode() + b"\0")
+    h.update(str(len(texts)).encode())
+    for t in texts:
+        h.update(t.encode("utf-8", "surrogatepass") + b"\0")
+    return h.hexdigest()
+
+
+def dist_info() -> tuple[int, int]:
+    """(rank, world size) from torchrun's environment; (0, 1) otherwise."""
+    return int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+
+
+def _barrier(world: int) -> None:
+    if world <= 1:
+        return
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        dist.init_process_group("gloo")
+    dist.barrier()
+
+
+def _read_json(path: Path) -> dict | None:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def finished(out: str | os.PathLike, key: str | None = None) -> dict | None:
+    """The ``embed.json`` of a complete embedding in ``out`` (with that key, when given), else None."""
+    done = _read_json(Path(out) / DONE_FILE)
+    if done is None or (key is not None and done.get("key") != key):
+        return None
+    return done
+
+
+def embed_to_memmap(
+    texts: Sequence[str],
+    engine: Any,
+    out: str | os.PathLike,
+    *,
+    key: str,
+    pooling: str,
+    normalize: bool,
+    ids: np.ndarray | None = None,
+    block: int = 1024,
+    progress: bool | str = "auto",
+    desc: str = "embed",
+    meta: dict | None = None,
+) -> dict:
+    """Embed ``texts`` into ``out/embeddings.npy`` (resuming a matching unfinished job); the ``embed.json``
+    record (rows, dim, seconds, examples/s). Every torchrun process calls it; all get the record."""
+    out = Path(out)
+    rank, world = dist_info()
+    n = len(texts)
+    dim = int(engine.loaded.encoder.cfg.hidden)
+    done = finished(out, key)
+    if done is not None:
+        return done
+    state = {"key": key, "rows": n, "dim": dim, "world_size": world}
+    if rank == 0:
+        out.mkdir(parents=True, exist_ok=True)
+        (out / DONE_FILE).unlink(missing_ok=True)
+        old = _read_json(out / "state.json")
+        if old is not None and {k: old.get(k) for k in state} == state and (out / "embeddings.npy").is_file():
+            pass  # resume
+        else:
+            if old is not None and old.get("key") == key and old.get("world_size") != world:
+                print(
+                    f"{out}: the unfinished embedding ran on {old.get('world_size')} processes, now {world}; "
+                    "starting it over",
+                    file=sys.stderr,
+                )
+            for p in out.glob("progress-*.json"):
+                p.unlink()
+            (out / "state.json").unlink(missing_ok=True)
+            mm = np.lib.format.open_memmap(
+                out / "embeddings.npy", mode="w+", dtype=np.float32, shape=(n, dim)
+            )
+            del mm
+            np.save(
+                out / "ids.npy", np.arange(n, dtype=np.int64) if ids is None else np.asarray(ids, np.int64)
+            )
+            write_json_atomic(out / "state.json", state)
+    _barrier(world)
+    start, end = n * rank // world, n * (rank + 1) // world
+    prog_file = out / f"progress-{rank}.json"
+    prog = _read_json(prog_file) or {}
+    committed = int(prog.get("committed", 0)) if prog.get("start") == start and prog.get("end") == end else 0
+    committed = max(0, min(committed, end - start))
+    mm = np.load(out / "embeddings.npy", mmap_mode="r+", allow_pickle=False)
+    if mm.shape != (n, dim):
+        raise CramkitError(
+            f"{out / 'embeddings.npy'} has shape {mm.shape}, expected {(n, dim)}; remove {out}"
+        )
+    t0 = time.perf_counter()
+    resumed = committed
+    bar = _Bar(progress and rank == 0, desc, end - start, committed)
+    pos = start + committed
+    truncated = 0
+    while pos < end:
+        b = min(pos + block, end)
+        vecs = engine.embed(list(texts[pos:b]), pooling=pooling, normalize=normalize)
+        mm[pos:b] = vecs
+        truncated += int(np.asarray(engine.truncated).sum())
+        mm.flush()
+        pos = b
+        write_json_atomic(prog_file, {"start": start, "end": end, "committed": pos - start})
+        bar.update(pos - start, pos - start - resumed, time.perf_counter() - t0)
+    bar.close()
+    del mm
+    seconds = time.perf_counter() - t0
+    _barrier(world)
+    record = {
+        "key": key,
+        "rows": n,
+        "dim": dim,
+        "pooling": pooling,
+        "normalize": bool(normalize),
+        "world_size": world,
+        "resumed_rows": int(resumed) * world if world > 1 else int(resumed),
+        "seconds": round(seconds, 3),
+        "truncated": truncated,
+        "examples_per_s": round((end - start - resumed) * world / seconds, 2) if seconds > 0 else None,
+        **(meta or {}),
+    }
+    if rank == 0:
+        write_json_atomic(out / DONE_FILE, record)
+    _barrier(world)
+    return record
+
+
+class _Bar:
+    """tqdm in a terminal (rate and ETA), a line every 10 s otherwise."""
+
+    def __init__(self, enabled: bool | str, desc: str, total: int, initial: int) -> None:
+        self.tty = sys.stderr.isatty() if enabled == "auto" else bool(enabled)
+        self.enabled = bool(enabled)
+        self.total, self.desc, self.last = total, desc, time.perf_counter()
+        self.bar = None
+        if self.enabled and self.tty:
+            from tqdm.auto import tqdm
+
+            self.bar = tqdm(total=total, initial=initial, desc=desc, unit="ex", dynamic_ncols=True)
+
+    def update(self, done: int, new: int, seconds: float) -> None:
+        if self.bar is not None:
+            self.bar.update(done - self.bar.n)
+        elif self.enabled and (time.perf_counter() - self.last > 10 or done == self.total):
+            self.last = time.perf_counter()
+            rate = new / seconds if seconds > 0 else 0.0
+            eta = (self.total - done) / rate if rate > 0 else float("nan")
+            print(
+                f"{self.desc}: {done}/{self.total} ({100 * done / max(self.total, 1):.1f}%) "
+                f"{rate:,.1f} examples/s, ETA {eta:,.0f}s",
+                file=sys.stderr,
+                flush=True,
+            )
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()

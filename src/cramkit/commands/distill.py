@@ -1,0 +1,116 @@
+"""`cramkit distill`: a fine-tuned teacher -> a small, fast student (BiLSTM or small encoder)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from cramkit.errors import CramkitError
+
+EPILOG = """\
+examples:
+  cramkit distill --teacher out/sst2 --task glue/sst2 --data-dir glue --student bilstm --out out/sst2-bilstm
+  cramkit distill --teacher out/sst2 --task glue/sst2 --student encoder --set layers=2 --out out/sst2-l2
+  cramkit distill --teacher out/rev --train train.csv --dev dev.csv --text-a review --label stars \\
+      --student bilstm --unlabelled more_reviews.txt --out out/rev-bilstm
+
+the transfer set follows Tang et al. 2019 (p_mask 0.1, p_pos 0.1, p_ng 0.25, n_iter 20 / 10 for pairs);
+the loss is MSE on the logits (--set loss=kl --set temperature=2 --set alpha=0.5 for KL mixed with the
+labels). Settings: --set KEY=VALUE with the keys of cramkit.distill.DistillConfig. The transfer set and the
+teacher's logits are cached in --cache (default OUT/cache): reuse it across students and reruns.
+POS replacement needs NLTK's tagger: python -c "import nltk; nltk.download('averaged_perceptron_tagger_eng')".
+"""
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "distill",
+        help="distil a fine-tuned model into a small fast student (BiLSTM or small encoder)",
+        description="Distil a fine-tuned teacher into a BiLSTM (Tang et al. 2019) or a small encoder on an "
+        "augmented transfer set; write the student (cramkit.load / predict / export) with report.json and "
+        "report.md: teacher, student and labels-only scores, parameters, CPU examples/s.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--teacher", required=True, metavar="MODEL",
+                   help="a fine-tuned model directory (cramkit finetune --out) or hf:DIR with a classification head")  # fmt: skip
+    p.add_argument("--student", required=True, metavar="NAME", help="bilstm or encoder")
+    p.add_argument("--out", required=True, help="output directory: the student model, report.json, report.md")
+    p.add_argument("--task", help="registered task name, e.g. glue/sst2")
+    p.add_argument("--data-dir", help="GLUE root folder; default $CRAMKIT_GLUE_DIR")
+    p.add_argument("--train", help="training file (.csv, .tsv or .jsonl with a header)")
+    p.add_argument("--dev", help="dev file, scored for teacher and student")
+    p.add_argument("--text-a", help="column with the (first) text")
+    p.add_argument("--text-b", help="column with the second text of a pair")
+    p.add_argument("--label", default="label", help="label column (default: label)")
+    p.add_argument("--regression", action="store_true", help="the label is a number")
+    p.add_argument("--unlabelled", help="extra text for the transfer set: a .txt file, one text per line")
+    p.add_argument("--cache", help="folder for the transfer set and teacher logits (default OUT/cache)")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="a distillation setting, e.g. --set epochs=5 --set layers=2 --set p_pos=0")  # fmt: skip
+    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    p.set_defaults(func=run)
+
+
+def _task(args: argparse.Namespace):
+    if args.task and args.train:
+        raise CramkitError("give either --task NAME or --train FILE --dev FILE, not both")
+    if args.train:
+        from cramkit.tasks.files import task_from_file
+
+        if not args.text_a:
+            raise CramkitError(
+                "--train needs --text-a COLUMN (and --label COLUMN, --text-b COLUMN for pairs)"
+            )
+        if not args.dev:
+            raise CramkitError("--train needs --dev FILE: teacher and student are scored on it")
+        return task_from_file(Path(args.train).stem, args.train, args.dev, None, text_a=args.text_a,
+                              text_b=args.text_b, label=args.label, regression=args.regression)  # fmt: skip
+    if not args.task:
+        raise CramkitError("name a task with --task (e.g. --task glue/sst2) or give --train FILE --dev FILE")
+    from cramkit.tasks.registry import get_task
+
+    return get_task(args.task, data_dir=args.data_dir)
+
+
+def _unlabelled(path: str | None) -> list[str] | None:
+    if not path:
+        return None
+    p = Path(path)
+    if not p.is_file():
+        raise CramkitError(f"--unlabelled {path}: no such file; give a text file with one text per line")
+    try:
+        return [line.strip() for line in p.read_text(encoding="utf-8").splitlines() if line.strip()]
+    except UnicodeDecodeError:
+        raise CramkitError(f"--unlabelled {path} is not UTF-8 text; convert it (iconv -t utf-8)") from None
+
+
+def run(args: argparse.Namespace) -> int:
+    from cramkit.config import parse_overrides
+    from cramkit.distill.core import STUDENTS, config_from
+
+    if args.student not in STUDENTS:
+        import difflib
+
+        close = difflib.get_close_matches(args.student, STUDENTS, n=1)
+        hint = f" (did you mean {close[0]}?)" if close else ""
+        raise CramkitError(
+            f"--student {args.student!r}: unknown student{hint}; choose one of {', '.join(STUDENTS)}"
+        )
+    cfg = config_from(parse_overrides(args.overrides))
+    task = _task(args)
+    for split in [task.train_split, *task.dev_splits]:
+        task.examples(split)  # a missing or malformed file fails before any work
+    unlabelled = _unlabelled(args.unlabelled)
+    src = Path(args.teacher[3:] if args.teacher.startswith("hf:") else args.teacher).expanduser()
+    if not src.exists():
+        raise CramkitError(
+            f"--teacher {args.teacher}: no such directory; give cramkit finetune's --out or hf:DIR"
+        )
+    from cramkit.distill.core import distill
+
+    rep = distill(args.teacher, task, args.student, cfg, args.out, cache=args.cache, unlabelled=unlabelled,
+                  progress=not args.no_progress)  # fmt: skip
+    print((Path(args.out) / "report.md").read_text(encoding="utf-8"))
+    print(f"student saved in {rep['out']}: cramkit predict --from {rep['out']} FILE")
+    return 0

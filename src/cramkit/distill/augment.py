@@ -1,0 +1,373 @@
+"""The transfer set of Tang et al. 2019 ("Distilling Task-Specific Knowledge from BERT into Simple Neural
+Networks", arXiv 1903.12136, section 3.3): the training sentences plus ``n_iter`` edited copies of each.
+
+Per word, X ~ U[0, 1]: X < p_mask -> the word is masked (``MASK``: the teacher reads ``[MASK]``, a student
+``[UNK]``); p_mask <= X < p_mask + p_pos -> the word is replaced by a word with the same part-of-speech
+tag, drawn from the training set's unigram distribution within that tag. Then, with probability p_ng, the
+example is cut to a random n-gram, n uniform in 1..max_ngram. For a sentence pair each copy edits the
+first text, the second or both (uniformly). Copies equal to an example already in the set are dropped.
+
+POS tags come from NLTK's averaged perceptron tagger. Every example draws from its own random stream
+(seed, example index), so the set is the same for a seed whatever the number of worker processes; the
+workers' results are written in example order, streamed to a JSON-lines file that is renamed into place
+when complete (with a manifest written last).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import time
+from collections import Counter
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from cramkit.errors import CramkitError
+
+MASK = "[MASK]"  # what a masked word is stored as; students read STUDENT_MASK instead
+STUDENT_MASK = "[UNK]"
+TAGGER = "averaged_perceptron_tagger_eng"
+WORD_RE = re.compile(r"\w+(?:['\-]\w+)*|[^\w\s]")
+
+
+@dataclass
+class AugmentConfig:
+    """Tang et al.'s defaults; ``n_iter`` 0 means 20 for single sentences, 10 for pairs."""
+
+    p_mask: float = 0.1
+    p_pos: float = 0.1
+    p_ng: float = 0.25
+    n_iter: int = 0
+    max_ngram: int = 5
+    seed: int = 0
+    workers: int = 0  # 0 = every core this process may use
+
+    def validate(self) -> None:
+        for name in ("p_mask", "p_pos", "p_ng"):
+            v = getattr(self, name)
+            if not 0.0 <= v <= 1.0:
+                raise CramkitError(f"{name} is a probability in [0, 1], got {v}")
+        if self.p_mask + self.p_pos > 1.0:
+            raise CramkitError(f"p_mask + p_pos must be at most 1, got {self.p_mask + self.p_pos}")
+        if self.n_iter < 0 or self.max_ngram < 1 or self.workers < 0:
+            raise CramkitError("n_iter and workers must be >= 0 and max_ngram >= 1")
+
+    def copies(self, pairs: bool) -> int:
+        return self.n_iter or (10 if pairs else 20)
+
+
+def words(text: str) -> list[str]:
+    """Words and punctuation marks of ``text`` (what is tagged and edited)."""
+    return WORD_RE.findall(text or "")
+
+
+def cpu_count() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
+# ------------------------------------------------------------------------------------------ the tagger
+
+
+def load_tagger() -> Any:
+    """NLTK's averaged perceptron tagger; CramkitError saying how to install it when absent."""
+    try:
+        import nltk
+        from nltk.tag import PerceptronTagger
+    except ImportError:
+        raise CramkitError(
+            "distillation's POS-guided replacement needs NLTK: pip install 'cramkit[distill]'"
+        ) from None
+    try:
+        nltk.data.find(f"taggers/{TAGGER}/")
+        return PerceptronTagger(lang="eng")
+    except (LookupError, OSError, ValueError):
+        raise CramkitError(
+            f"NLTK's POS tagger ({TAGGER}) is not installed: run python -c \"import nltk; "
+            f"nltk.download('{TAGGER}')\" (or point NLTK_DATA at a folder that holds taggers/{TAGGER}/); "
+            "or turn POS replacement off with --set p_pos=0"
+        ) from None
+
+
+# ------------------------------------------------------------------------------ the POS distribution
+
+
+class PosTable:
+    """Per POS tag: the words seen with it in the training set and their cumulative frequencies."""
+
+    def __init__(self, tagged: Sequence[Sequence[tuple[str, str]]]) -> None:
+        counts: dict[str, Counter] = {}
+        for sentence in tagged:
+            for word, tag in sentence:
+                counts.setdefault(tag, Counter())[word] += 1
+        self.words: dict[str, list[str]] = {}
+        self.cum: dict[str, np.ndarray] = {}
+        for tag, c in counts.items():
+            items = sorted(c.items())  # sorted: the table is the same whatever order it was built in
+            self.words[tag] = [w for w, _ in items]
+            freq = np.asarray([n for _, n in items], dtype=np.float64)
+            self.cum[tag] = np.cumsum(freq) / freq.sum()
+
+    def sample(self, tag: str, u: float) -> str | None:
+        cum = self.cum.get(tag)
+        if cum is None:
+            return None
+        return self.words[tag][min(int(np.searchsorted(cum, u, side="right")), len(cum) - 1)]
+
+
+# ------------------------------------------------------------------------------------------ editing
+
+
+def edit(
+    tokens: Sequence[str],
+    tags: Sequence[str],
+    table: PosTable | None,
+    cfg: AugmentConfig,
+    rng: np.random.Generator,
+) -> list[str]:
+    """One edited copy of a tagged sentence (mask, POS replacement, then n-gram sampling)."""
+    n = len(tokens)
+    x = rng.random(n)
+    u = rng.random(n)
+    out = list(tokens)
+    for i in range(n):
+        if x[i] < cfg.p_mask:
+            out[i] = MASK
+        elif x[i] < cfg.p_mask + cfg.p_pos and table is not None:
+            out[i] = table.sample(tags[i], u[i]) or out[i]
+    if n > 1 and rng.random() < cfg.p_ng:
+        k = int(rng.integers(1, cfg.max_ngram + 1))
+        if k < n:
+            start = int(rng.integers(0, n - k + 1))
+            out = out[start : start + k]
+    return out
+
+
+# the workers' shared state (set once per process by _init; forked workers inherit it)
+_STATE: dict[str, Any] = {}
+
+
+def _init(table: PosTable | None, cfg: AugmentConfig, pairs: bool) -> None:
+    _STATE.update(table=table, cfg=cfg, pairs=pairs)
+
+
+def _tag_chunk(chunk: list[list[str]]) -> list[list[str]]:
+    tagger = _STATE.get("tagger")
+    if tagger is None:
+        tagger = _STATE["tagger"] = load_tagger()
+    return [[t for _, t in tagged] for tagged in tagger.tag_sents(chunk)]
+
+
+def _augment_chunk(job: tuple[int, list[tuple]]) -> list[list[tuple[str, str | None]]]:
+    """For each example (i, words_a, tags_a, words_b, tags_b): its distinct edited copies."""
+    _, rows = job
+    table, cfg, pairs = _STATE["table"], _STATE["cfg"], _STATE["pairs"]
+    copies = cfg.copies(pairs)
+    out = []
+    for i, wa, ta, wb, tb in rows:
+        rng = np.random.default_rng([cfg.seed, i])
+        seen = {(" ".join(wa), " ".join(wb) if wb is not None else None)}
+        mine = []
+        for _ in range(copies):
+            which = int(rng.integers(0, 3)) if wb is not None else 0  # 0: first, 1: second, 2: both
+            a = edit(wa, ta, table, cfg, rng) if which in (0, 2) else list(wa)
+            b = (edit(wb, tb, table, cfg, rng) if which in (1, 2) else list(wb)) if wb is not None else None
+            key = (" ".join(a), " ".join(b) if b is not None else None)
+            if key in seen or not key[0]:
+                continue
+            seen.add(key)
+            mine.append(key)
+        out.append(mine)
+    return out
+
+
+def _chunks(items: Sequence[Any], size: int) -> Iterator[tuple[int, list[Any]]]:
+    for s in range(0, len(items), size):
+        yield s, list(items[s : s + size])
+
+
+def _pool(workers: int, table: PosTable | None, cfg: AugmentConfig, pairs: bool):
+    import multiprocessing as mp
+
+    ctx = mp.get_context("fork" if "fork" in mp.get_all_start_methods() else "spawn")
+    return ctx.Pool(workers, initializer=_init, initargs=(table, cfg, pairs))
+
+
+# ------------------------------------------------------------------------------------------ the set
+
+
+@dataclass
+class TransferSet:
+    """The transfer set on disk: ``transfer.jsonl`` rows ``[a, b, label, orig]`` and its manifest."""
+
+    root: Path
+    texts_a: list[str]
+    texts_b: list[str | None]
+    labels: list[Any]  # the original's label for originals, None for copies and unlabelled text
+    orig: np.ndarray  # bool: an original training example
+    manifest: dict[str, Any]
+
+    def __len__(self) -> int:
+        return len(self.texts_a)
+
+    def rendered(self, mask_token: str) -> tuple[list[str], list[str | None]]:
+        """Texts with masked words written as ``mask_token`` ([MASK] for the teacher, [UNK] for a
+        word-level student)."""
+        if mask_token == MASK:
+            return self.texts_a, self.texts_b
+
+        def r(t: str | None) -> str | None:
+            return t.replace(MASK, mask_token) if t is not None else None
+
+        return [r(t) for t in self.texts_a], [r(t) for t in self.texts_b]
+
+
+MANIFEST = "manifest.json"
+ROWS = "transfer.jsonl"
+
+
+def read_transfer(root: Path) -> TransferSet:
+    """A complete transfer set written by :func:`build_transfer` (CramkitError when incomplete)."""
+    root = Path(root)
+    if not (root / MANIFEST).is_file() or not (root / ROWS).is_file():
+        raise CramkitError(f"{root}: no complete transfer set (manifest.json written last is missing)")
+    manifest = json.loads((root / MANIFEST).read_text(encoding="utf-8"))
+    a, b, labels, orig = [], [], [], []
+    with open(root / ROWS, encoding="utf-8") as f:
+        for line in f:
+            ta, tb, label, o = json.loads(line)
+            a.append(ta)
+            b.append(tb)
+            labels.append(label)
+            orig.append(bool(o))
+    if len(a) != manifest.get("rows"):
+        raise CramkitError(
+            f"{root / ROWS} has {len(a)} rows, its manifest says {manifest.get('rows')}; delete {root}"
+        )
+    return TransferSet(root, a, b, labels, np.asarray(orig, dtype=bool), manifest)
+
+
+def build_transfer(
+    out: Path,
+    texts_a: Sequence[str],
+    texts_b: Sequence[str | None] | None,
+    labels: Sequence[Any],
+    cfg: AugmentConfig,
+    *,
+    unlabelled: Sequence[str] = (),
+    progress: bool = True,
+) -> TransferSet:
+    """Write the transfer set for these training examples to ``out`` (reused when already complete).
+
+    Originals come first (with their labels), then each example's copies in example order; then the
+    unlabelled texts (as they are, no label). Returns the set read back.
+    """
+    from tqdm import tqdm
+
+    from cramkit.io import write_json_atomic
+
+    out = Path(out)
+    if (out / MANIFEST).is_file():
+        return read_transfer(out)
+    cfg.validate()
+    n = len(texts_a)
+    b = list(texts_b) if texts_b is not None else [None] * n
+    pairs = any(t is not None for t in b)
+    workers = cfg.workers or cpu_count()
+    wa = [words(t) for t in texts_a]
+    wb = [words(t) if t is not None else None for t in b]
+    t0 = time.perf_counter()
+    if cfg.p_pos > 0:  # loaded once here (the forked workers share it); fails early with how to install it
+        _STATE["tagger"] = load_tagger()
+    small = n < 500 or workers == 1  # not worth starting processes for
+    pool = _pool(workers, None, cfg, pairs) if not small else None
+    try:
+        # 1. POS tags of every training sentence (in parallel), then the per-tag unigram table
+        table = None
+        ta: list[list[str]] = [[""] * len(w) for w in wa]
+        tb: list[list[str] | None] = [[""] * len(w) if w is not None else None for w in wb]
+        if cfg.p_pos > 0:
+            sents = wa + [w for w in wb if w is not None]
+            tags: list[list[str]] = []
+            size = 512
+            with tqdm(total=len(sents), desc="POS tagging", unit="sent", disable=not progress) as bar:
+                parts = [c for _, c in _chunks(sents, size)]
+                for got in pool.imap(_tag_chunk, parts) if pool else map(_tag_chunk, parts):
+                    tags.extend(got)
+                    bar.update(len(got))
+            ta = tags[:n]
+            it = iter(tags[n:])
+            tb = [next(it) if w is not None else None for w in wb]
+            tagged = [list(zip(w, t, strict=True)) for w, t in zip(wa, ta, strict=True)]
+            tagged += [list(zip(w, t, strict=True)) for w, t in zip(wb, tb, strict=True) if w is not None]
+            table = PosTable(tagged)
+        t_tag = time.perf_counter() - t0
+    finally:
+        if pool is not None:
+            pool.terminate()
+    # 2. the copies, in parallel, written in example order as they come
+    out.mkdir(parents=True, exist_ok=True)
+    tmp = out / f".{ROWS}.tmp-{os.getpid()}"
+    rows = [(i, wa[i], ta[i], wb[i], tb[i]) for i in range(n)]
+    seen: set[int] = set()
+    count = copies = dup = 0
+    t1 = time.perf_counter()
+    _init(table, cfg, pairs)
+    pool = _pool(workers, table, cfg, pairs) if not small else None
+    try:
+        with open(tmp, "w", encoding="utf-8") as f:
+
+            def put(a: str, bb: str | None, label: Any, orig: bool) -> bool:
+                nonlocal count
+                key = hash((a, bb))
+                if key in seen:
+                    return False
+                seen.add(key)
+                f.write(json.dumps([a, bb, label, orig], ensure_ascii=False) + "\n")
+                count += 1
+                return True
+
+            for i in range(n):
+                put(texts_a[i], b[i], labels[i], True)
+            per = cfg.copies(pairs)
+            with tqdm(total=n * per, desc="augmenting", unit="ex", disable=not progress) as bar:
+                jobs = _chunks(rows, 64)
+                for got in pool.imap(_augment_chunk, jobs) if pool else map(_augment_chunk, jobs):
+                    for mine in got:
+                        for a, bb in mine:
+                            if put(a, bb, None, False):
+                                copies += 1
+                            else:
+                                dup += 1
+                        bar.update(per)
+            for t in unlabelled:
+                if t and t.strip():
+                    put(t, None, None, False)
+        t_aug = time.perf_counter() - t1
+        os.replace(tmp, out / ROWS)
+    finally:
+        if pool is not None:
+            pool.terminate()
+        tmp.unlink(missing_ok=True)
+    manifest = {
+        "rows": count,
+        "originals": n,
+        "copies": copies,
+        "duplicates_dropped": dup,
+        "unlabelled": count - n - copies,
+        "pairs": pairs,
+        "config": {**cfg.__dict__, "n_iter": cfg.copies(pairs)},
+        "workers": 1 if small else workers,
+        "seconds_tagging": round(t_tag, 3),
+        "seconds_augmenting": round(t_aug, 3),
+        "examples_per_s": round((n * cfg.copies(pairs)) / max(1e-9, t_aug), 1),
+    }
+    write_json_atomic(out / MANIFEST, manifest)
+    return read_transfer(out)

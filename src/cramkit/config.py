@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 import types
 import typing
 from collections.abc import Iterable, Mapping
@@ -97,9 +98,12 @@ def _coerce(value: Any, tp: Any, where: str) -> Any:
         if isinstance(value, bool):
             raise CramkitError(f"{where}: expected a number, got {value!r}")
         try:
-            return float(value)
+            number = float(value)
         except (TypeError, ValueError):
             raise CramkitError(f"{where}: expected a number, got {value!r}") from None
+        if not math.isfinite(number):
+            raise CramkitError(f"{where}: expected a finite number, got {value!r}; give e.g. {where}=1e-3")
+        return number
     if tp is str:
         if isinstance(value, (str, int, float)) and not isinstance(value, bool):
             return str(value)

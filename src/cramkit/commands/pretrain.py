@@ -24,6 +24,18 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="override a setting, e.g. --set train.lr=1e-3 (repeatable)")  # fmt: skip
     p.add_argument("--resume", metavar="RUN", help="continue the run in RUN from its latest checkpoint")
     p.add_argument("--tokenizer", metavar="DIR", help="use this tokenizer instead of training one")
+    p.add_argument("--encoding", default=None,
+                   help="text encoding of the source files (default UTF-8; e.g. latin-1, cp1252)")  # fmt: skip
+    p.add_argument("--errors", default="strict", choices=["strict", "replace", "ignore"],
+                   help="bytes invalid in the encoding: stop with an error (default), replace or ignore them")  # fmt: skip
+    p.add_argument("--text-field", default="text",
+                   help="JSON Lines field / Parquet column holding the text (default: text)")  # fmt: skip
+    p.add_argument("--doc-split", default="auto", choices=["auto", "file", "blank", "wikitext"],
+                   help="where documents end in text files: a file each, blank lines, WikiText ' = Title = ' "
+                   "headings, or auto (WikiText headings if present, else blank lines)")  # fmt: skip
+    p.add_argument(
+        "--no-progress", action="store_true", help="no progress bar (same as --set train.progress=false)"
+    )
     p.add_argument("--nproc", type=int, default=1, metavar="N",
                    help="processes on this machine (starts torchrun; one per GPU)")  # fmt: skip
     p.add_argument("--nnodes", type=int, default=1, help="machines taking part (with --nproc; torchrun c10d)")
@@ -34,6 +46,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.no_progress:
+        args.overrides = [*args.overrides, "train.progress=false"]
     if args.nproc != 1 or args.nnodes != 1:
         return _launch(args)
     from cramkit.train.api import pretrain
@@ -42,7 +56,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         run_dir = pretrain(
             args.inputs or None, preset=args.preset, budget=args.budget, out=args.out,
-            overrides=args.overrides, resume=args.resume, tokenizer=args.tokenizer,
+            overrides=args.overrides, resume=args.resume, tokenizer=args.tokenizer, encoding=args.encoding,
+            errors=args.errors, text_field=args.text_field, doc_split=args.doc_split,
         )  # fmt: skip
     except TrainingInterrupted as exc:
         print(f"cramkit: {exc}", file=sys.stderr)
@@ -73,7 +88,8 @@ def _launch(args: argparse.Namespace) -> int:
         out = str(default_out(args.preset))  # chosen once, so every process writes into the same run
     argv = ["pretrain", *args.inputs, "--preset", args.preset]
     for flag, value in (("--budget", args.budget), ("--out", out), ("--resume", args.resume),
-                        ("--tokenizer", args.tokenizer)):  # fmt: skip
+                        ("--tokenizer", args.tokenizer), ("--encoding", args.encoding), ("--errors", args.errors),
+                        ("--text-field", args.text_field), ("--doc-split", args.doc_split)):  # fmt: skip
         if value is not None:
             argv += [flag, str(value)]
     for item in args.overrides:

@@ -112,6 +112,7 @@ class PretrainData:
         self.cfg = cfg.validate()
         self.special = special
         self.vocab_size = int(vocab_size)
+        store.check_ids(self.vocab_size)
         start, length = document_spans(store)
         keep = length > 0
         start, length = start[keep], length[keep]
@@ -128,6 +129,11 @@ class PretrainData:
         if n_val:
             score = splitmix64(np.arange(n_docs, dtype=np.uint64) ^ np.uint64(_SPLIT_SALT))
             is_val[np.argpartition(score, n_val - 1)[:n_val]] = True
+            content = cfg.seq_len - int(cfg.add_cls)
+            if int((length[is_val] + 1).sum()) < content:
+                # too short for one packed sequence (no validation loss at all): take more documents, in
+                # the same order, up to a tenth of the corpus
+                n_val = _enlarge_validation(is_val, score, length, content, max(n_val, n_docs // 10))
         cls = special.cls if cfg.add_cls else None
         tokens = np.asarray(store.tokens)
         self.train = PackedSequences(tokens, start[~is_val], length[~is_val], cfg.seq_len, special.sep, cls)
@@ -192,6 +198,34 @@ class PretrainData:
                 ids = parts[rank]
             yield self.masked(self.val, ids, seed, ids)
             b, start = b + 1, start + step
+
+
+def _enlarge_validation(
+    is_val: np.ndarray, score: np.ndarray, length: np.ndarray, content: int, cap: int
+) -> int:
+    """Mark validation documents in ``score`` order until they fill one sequence (or ``cap`` is reached)."""
+    order = np.argsort(score, kind="stable")[:cap]
+    need = np.searchsorted(np.cumsum(length[order] + 1), content) + 1  # documents to fill one sequence
+    n_val = int(min(need, cap))
+    is_val[:] = False
+    is_val[order[:n_val]] = True
+    if _is_main():
+        filled = int((length[is_val] + 1).sum()) >= content
+        print(
+            f"cramkit: note: the validation split was enlarged to {n_val} documents to fill one sequence of "
+            f"{content} tokens"
+            if filled
+            else f"cramkit: note: the corpus is too small for a validation split of one {content}-token sequence "
+            "(within a tenth of the documents): no validation loss will be reported; add text, lower "
+            "data.seq_len, or set data.validation_fraction=0"
+        )
+    return n_val
+
+
+def _is_main() -> bool:
+    import os
+
+    return os.environ.get("RANK", "0") == "0"
 
 
 def _check_shard(micro_batch: int, rank: int, world: int) -> None:

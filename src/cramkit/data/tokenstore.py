@@ -13,6 +13,7 @@ import contextlib
 import json
 import os
 import struct
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -125,6 +126,7 @@ class TokenStore:
             self.tokens = np.memmap(bin_path, dtype=self.dtype.newbyteorder("<"), mode="r")
         else:
             self.tokens = np.zeros(0, dtype=self.dtype)
+        self._max_id: int | None = None
         meta_path = _with(self.prefix, ".json")
         self.meta: dict = {}
         if meta_path.is_file():
@@ -132,6 +134,8 @@ class TokenStore:
                 self.meta = json.loads(meta_path.read_text(encoding="utf-8"))
             except (ValueError, OSError) as exc:
                 raise CramkitError(f"{meta_path} is not valid JSON ({exc}); rebuild the store") from None
+            if not isinstance(self.meta, dict):
+                raise CramkitError(f"{meta_path} does not hold a JSON object; rebuild the store")
 
     def __len__(self) -> int:
         return len(self.sizes)
@@ -149,18 +153,67 @@ class TokenStore:
         start = int(self.pointers[i]) // self.dtype.itemsize
         return self.tokens[start : start + int(self.sizes[i])]
 
-    def check_tokenizer(self, tok) -> None:
-        """CramkitError when the store was built with a different tokenizer than ``tok``."""
+    def check_tokenizer(self, tok, *, explicit: bool = True) -> None:
+        """CramkitError when the store was built with a different tokenizer than ``tok``.
+
+        A store without its manifest (NAME.json: an interrupted build, or a store from another tool) records
+        no tokenizer: it is refused unless the tokenizer was named by the user (``explicit``), and then
+        used with a warning (its ids are still checked against the vocabulary by `check_ids`).
+        """
         from cramkit.text.tokenizer import tokenizer_hash
 
         want = self.meta.get("tokenizer_hash")
         if want is None:
-            return  # a foreign (Megatron) store: nothing recorded to compare
+            manifest = _with(self.prefix, ".json")
+            what = (
+                f"has no manifest {manifest.name}"
+                if not self.meta
+                else f"{manifest.name} records no tokenizer"
+            )
+            if not explicit:
+                raise CramkitError(
+                    f"token store {self.prefix} {what}, so nothing says which tokenizer built it (an "
+                    "interrupted build, or a store from another tool); rebuild it with `cramkit data build`, or "
+                    "name the tokenizer it was built with: --tokenizer DIR"
+                )
+            print(
+                f"cramkit: warning: token store {self.prefix} {what}; trusting the tokenizer you named "
+                "(a different one would train on garbage)",
+                file=sys.stderr,
+            )
+            return
         have = tokenizer_hash(tok)
         if have != want:
             raise CramkitError(
                 f"token store {self.prefix} was built with another tokenizer (hash {want}, given {have}); "
                 f"use the tokenizer it was built with ({self.meta.get('tokenizer_path', 'see its .json')}) "
+                "or rebuild the store with `cramkit data build ... --tokenizer YOURS`"
+            )
+
+    def max_token_id(self) -> int:
+        """The largest token id in the store (read in chunks; -1 when empty). Cached."""
+        if self._max_id is None:
+            top, low, chunk = -1, 0, 1 << 26
+            for lo in range(0, len(self.tokens), chunk):
+                part = self.tokens[lo : lo + chunk]
+                top = max(top, int(part.max()))
+                if self.dtype.kind == "i":
+                    low = min(low, int(part.min()))
+            if low < 0:
+                raise CramkitError(
+                    f"token store {self.prefix} holds a negative token id ({low}); the store is damaged, "
+                    "rebuild it with `cramkit data build`"
+                )
+            self._max_id = top
+        return self._max_id
+
+    def check_ids(self, vocab_size: int, tokenizer_name: str = "the tokenizer") -> None:
+        """CramkitError when a token id is outside ``range(vocab_size)`` (another tokenizer, or damage)."""
+        top = self.max_token_id()
+        if top >= vocab_size:
+            raise CramkitError(
+                f"token store {self.prefix} holds token id {top}, beyond the {vocab_size:,} entries of "
+                f"{tokenizer_name}; it was built with a larger vocabulary: use the tokenizer it was built with, "
                 "or rebuild the store with `cramkit data build ... --tokenizer YOURS`"
             )
 

@@ -176,9 +176,9 @@ def _weight_files(root: Path) -> list[Path]:
     if index.exists():
         try:
             shards = sorted(set(json.loads(index.read_text(encoding="utf-8"))["weight_map"].values()))
-        except (json.JSONDecodeError, KeyError, AttributeError) as exc:
+        except (json.JSONDecodeError, KeyError, AttributeError, TypeError, UnicodeDecodeError) as exc:
             raise CramkitError(f"{index} is not a valid safetensors index ({exc}); re-download it") from None
-        return [root / s for s in shards]
+        return [_shard_path(root, index, s) for s in shards]
     legacy = root / "pytorch_model.bin"
     if legacy.exists():
         return [legacy]
@@ -186,6 +186,23 @@ def _weight_files(root: Path) -> list[Path]:
         f"{root}: no model.safetensors (or model.safetensors.index.json, pytorch_model.bin); "
         "give a Hugging Face model directory with its weights"
     )
+
+
+def _shard_path(root: Path, index: Path, name: object) -> Path:
+    """A shard named in the index, which must be a plain file name inside the model folder.
+
+    Checked by name, not by resolving links: a Hugging Face cache snapshot links its files to blobs
+    elsewhere, which is fine; a name that climbs out (``../``) or is absolute is not.
+    """
+    if not isinstance(name, str) or not name:
+        raise CramkitError(f"{index}: a shard name is {name!r}, not a file name; re-download the model")
+    parts = Path(name).parts
+    if Path(name).is_absolute() or ".." in parts or "\\" in name or "\x00" in name:
+        raise CramkitError(
+            f"{index} names the weight file {name!r}, which lies outside the model folder {root}; the index "
+            "is malformed or malicious: re-download the model from a source you trust"
+        )
+    return root / name
 
 
 def read_weights(file: Path) -> dict[str, torch.Tensor]:
@@ -494,30 +511,44 @@ def _write_tokenizer(tokenizer_dir: Path, out: Path, cfg: ModelConfig) -> None:
         raise CramkitError(f"{tokenizer_dir}: no tokenizer.json or vocab.txt to export")
     for f in copied:
         shutil.copyfile(tokenizer_dir / f, out / f)
-    if "tokenizer_config.json" not in copied:
-        # what AutoTokenizer needs to load tokenizer.json: a class, the special tokens, the max length
-        specials = {}
-        vocab = set()
-        if (tokenizer_dir / "tokenizer.json").exists():
-            tok = json.loads((tokenizer_dir / "tokenizer.json").read_text(encoding="utf-8"))
-            vocab = set((tok.get("model") or {}).get("vocab") or {}) | {
-                t["content"] for t in tok.get("added_tokens", [])
-            }
-            klass = "BertTokenizerFast"  # plain BERT: loads without remote code or a prompt
-        else:
-            vocab = set((tokenizer_dir / "vocab.txt").read_text(encoding="utf-8").split("\n"))
-            klass = "BertTokenizer"
+    # tokenizer_config.json names the plain BERT class, so that BertTokenizerFast.from_pretrained(DIR) and
+    # AutoTokenizer (given trust_remote_code=True for a remote-code export, whose config.json needs it)
+    # load the tokenizer as BERT's own, never through remote code
+    tok_cfg: dict[str, Any] = {}
+    if "tokenizer_config.json" in copied:
+        try:
+            tok_cfg = json.loads((out / "tokenizer_config.json").read_text(encoding="utf-8"))
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise CramkitError(
+                f"{tokenizer_dir / 'tokenizer_config.json'} is not valid JSON ({exc}); re-save the tokenizer"
+            ) from None
+        if not isinstance(tok_cfg, dict):
+            tok_cfg = {}
+    for key in ("auto_map", "tokenizer_file"):  # never remote code; tokenizer.json sits beside it
+        tok_cfg.pop(key, None)
+    vocab: set[str] = set()
+    if (tokenizer_dir / "tokenizer.json").exists():
+        tok = json.loads((tokenizer_dir / "tokenizer.json").read_text(encoding="utf-8"))
+        vocab = set((tok.get("model") or {}).get("vocab") or {}) | {
+            t["content"] for t in tok.get("added_tokens", [])
+        }
+        klass = "BertTokenizerFast"  # plain BERT: loads without remote code
+    else:
+        vocab = set((tokenizer_dir / "vocab.txt").read_text(encoding="utf-8").split("\n"))
+        klass = "BertTokenizer"
+    specials = {
+        key: token
         for key, token in (
             ("unk_token", "[UNK]"),
             ("sep_token", "[SEP]"),
             ("pad_token", "[PAD]"),
             ("cls_token", "[CLS]"),
             ("mask_token", "[MASK]"),
-        ):
-            if token in vocab:
-                specials[key] = token
-        tok_cfg = {"tokenizer_class": klass, "model_max_length": cfg.max_position, **specials}
-        (out / "tokenizer_config.json").write_text(json.dumps(tok_cfg, indent=2) + "\n", encoding="utf-8")
+        )
+        if token in vocab
+    }
+    tok_cfg = {**tok_cfg, "tokenizer_class": klass, "model_max_length": cfg.max_position, **specials}
+    (out / "tokenizer_config.json").write_text(json.dumps(tok_cfg, indent=2) + "\n", encoding="utf-8")
 
 
 def _is_previous_export(path: Path) -> bool:

@@ -239,6 +239,9 @@ class CramkitPreTrainedModel(PreTrainedModel):
 class CramkitModel(CramkitPreTrainedModel):
     """Token ids -> hidden states ``[batch, length, hidden]`` (``last_hidden_state``)."""
 
+    # the encoder of an MLM or classifier export: its head's weights are expected, not a loading problem
+    _keys_to_ignore_on_load_unexpected = [r"^head\.", r"^classifier\.", r"^pooler\."]
+
     def __init__(self, config: CramkitConfig) -> None:
         super().__init__(config)
         self.embeddings = Embeddings(config)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import ast
 import codecs
+import errno
 import glob
 import gzip
 import hashlib
@@ -20,6 +21,7 @@ import io
 import json
 import os
 import re
+import stat
 import sys
 import sysconfig
 import unicodedata
@@ -65,15 +67,7 @@ def iter_documents(
     """
     if isinstance(sources, (str, os.PathLike)):
         sources = [str(sources)]
-    if doc_split not in DOC_SPLITS:
-        raise CramkitError(f"unknown document split {doc_split!r}; use one of {', '.join(DOC_SPLITS)}")
-    if errors not in ("strict", "replace", "ignore"):
-        raise CramkitError(f"unknown --errors {errors!r}; use strict, replace or ignore")
-    if encoding is not None:
-        try:
-            codecs.lookup(encoding)
-        except LookupError:
-            raise CramkitError(f"unknown encoding {encoding!r}; use e.g. utf-8, latin-1 or cp1252") from None
+    check_source_options(doc_split=doc_split, errors=errors, encoding=encoding, text_field=text_field)
     if normalize is not None and normalize not in ("NFC", "NFD", "NFKC", "NFKD"):
         raise CramkitError(f"unknown Unicode normal form {normalize!r}; use NFC, NFKC, NFD, NFKD or none")
     stats = stats if stats is not None else {}
@@ -95,6 +89,49 @@ def iter_documents(
                 seen.add(key)
             stats["documents"] += 1
             yield piece
+
+
+def check_source_options(
+    *, doc_split: str = "auto", errors: str = "strict", encoding: str | None = None, text_field: str = "text"
+) -> None:
+    """CramkitError naming the option when a reading option is not one cramkit knows."""
+    if doc_split not in DOC_SPLITS:
+        raise CramkitError(
+            f"unknown document split {doc_split!r} (--doc-split); use one of {', '.join(DOC_SPLITS)}"
+        )
+    if errors not in ("strict", "replace", "ignore"):
+        raise CramkitError(f"unknown --errors {errors!r}; use strict, replace or ignore")
+    if encoding is not None:
+        try:
+            codecs.lookup(encoding)
+        except LookupError:
+            raise CramkitError(
+                f"unknown encoding {encoding!r} (--encoding); use e.g. utf-8, latin-1 or cp1252"
+            ) from None
+    if not isinstance(text_field, str) or not text_field:
+        raise CramkitError(f"--text-field {text_field!r} must name a field, e.g. --text-field text")
+
+
+def _not_a_file(src: str) -> str | None:
+    """Why ``src`` (which exists or is a link) is not a readable regular file or directory, else None."""
+    if os.path.islink(src) and not os.path.exists(src):
+        try:
+            os.stat(src)
+        except OSError as exc:
+            if exc.errno == errno.ELOOP:
+                return "is a symbolic link loop (it points back at itself)"
+        return f"is a broken symbolic link (to {os.readlink(src)!r}, which does not exist)"
+    try:
+        mode = os.stat(src).st_mode
+    except OSError as exc:
+        return f"cannot be read ({exc.strerror})"
+    if stat.S_ISFIFO(mode):
+        return "is a named pipe (FIFO), which can be read only once; save the text to a file first"
+    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
+        return "is a device, not a text file"
+    if stat.S_ISSOCK(mode):
+        return "is a socket, not a text file"
+    return None
 
 
 def expand_sources(sources: Sequence[str]) -> list[str]:
@@ -120,6 +157,8 @@ def expand_sources(sources: Sequence[str]) -> list[str]:
             out.extend(found)
         elif os.path.isfile(src):
             out.append(src)
+        elif os.path.lexists(src) and (why := _not_a_file(src)):
+            raise CramkitError(f"source {src} {why}; give a text file, a directory or a glob")
         elif glob.has_magic(src):
             found = sorted(p for p in glob.glob(src, recursive=True) if os.path.isfile(p))
             if not found:
@@ -398,6 +437,17 @@ def _parquet_documents(path: str, field: str) -> Iterator[str]:
     if field not in names:
         raise CramkitError(
             f"{path} has no column {field!r} (columns: {', '.join(names)}); name it with --text-field"
+        )
+    import pyarrow as pa
+
+    kind = pf.schema_arrow.field(field).type
+    if not (pa.types.is_string(kind) or pa.types.is_large_string(kind) or pa.types.is_string_view(kind)):
+        text_cols = [
+            f.name for f in pf.schema_arrow if pa.types.is_string(f.type) or pa.types.is_large_string(f.type)
+        ]
+        hint = f" (text columns: {', '.join(text_cols)})" if text_cols else " (it has no text column)"
+        raise CramkitError(
+            f"{path}: column {field!r} holds {kind}, not text; name the text column with --text-field{hint}"
         )
     for batch in pf.iter_batches(columns=[field], batch_size=4096):
         for value in batch.column(0).to_pylist():

@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     import tokenizers
 
 SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
+MAX_VOCAB_SIZE = 1 << 20  # HF's trainer aborts the process on absurd sizes; no encoder needs more
 
 
 @dataclass(frozen=True)
@@ -74,6 +75,11 @@ def train_tokenizer(
     if vocab_size < len(SPECIAL_TOKENS) + 1:
         raise CramkitError(
             f"--vocab-size {vocab_size} is too small; use at least a few hundred (32768 is usual)"
+        )
+    if vocab_size > MAX_VOCAB_SIZE:
+        raise CramkitError(
+            f"--vocab-size {vocab_size:,} is too large; use at most {MAX_VOCAB_SIZE:,} (32768 is usual, BERT "
+            "uses 30522, multilingual models 250,000)"
         )
     if min_frequency < 1:
         raise CramkitError(f"--min-frequency {min_frequency} must be at least 1")

@@ -19,9 +19,10 @@ from typing import Any
 
 import yaml
 
+from cramkit.config import load_yaml
 from cramkit.errors import CramkitError
 from cramkit.train import checkpoint as ckpt
-from cramkit.train.config import RunConfig, build_config, resolve_config
+from cramkit.train.config import RunConfig, build_config, check_fits, resolve_config
 
 RUN_FILE = "run.json"
 
@@ -40,7 +41,7 @@ def _is_store(path: str) -> bool:
     return base.with_suffix(".idx").is_file() and base.with_suffix(".bin").is_file()
 
 
-def _sources_key(sources: Sequence[str], tok_hash: str, cfg: RunConfig) -> str:
+def _sources_key(sources: Sequence[str], tok_hash: str, cfg: RunConfig, source_options: dict) -> str:
     """Cache key of a store built from raw text: the files (path, size, mtime) and the tokenizer."""
     from cramkit.text.sources import expand_sources
 
@@ -49,11 +50,21 @@ def _sources_key(sources: Sequence[str], tok_hash: str, cfg: RunConfig) -> str:
         p = Path(s)
         stat = p.stat() if p.exists() else None
         files.append([s, stat.st_size if stat else None, stat.st_mtime_ns if stat else None])
-    blob = json.dumps({"files": files, "tokenizer": tok_hash}, sort_keys=True)
+    key: dict[str, Any] = {"files": files, "tokenizer": tok_hash}
+    if source_options:  # only non-default reading options (keeps the keys of earlier runs valid)
+        key["options"] = source_options
+    blob = json.dumps(key, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:24]
 
 
-def _tokenizer_for(run: Path, cfg: RunConfig, sources: list[str], tokenizer: str | None, store: str | None):
+def _tokenizer_for(
+    run: Path,
+    cfg: RunConfig,
+    sources: list[str],
+    tokenizer: str | None,
+    store: str | None,
+    source_options: dict,
+):
     """The run's tokenizer: RUN/tokenizer if cached, else --tokenizer, the store's own, or trained."""
     from cramkit.text.sources import iter_documents
     from cramkit.text.tokenizer import load_tokenizer, save_tokenizer, train_tokenizer
@@ -62,6 +73,8 @@ def _tokenizer_for(run: Path, cfg: RunConfig, sources: list[str], tokenizer: str
     key_file = tok_dir / "cramkit-source.json"
     want = {"tokenizer": str(tokenizer) if tokenizer else None, "store": store, "sources": sources,
             "settings": cfg.to_dict()["tokenizer"]}  # fmt: skip
+    if source_options:
+        want["source_options"] = source_options
     cached = (tok_dir / "tokenizer.json").is_file() and key_file.is_file()
     if cached and json.loads(key_file.read_text(encoding="utf-8")) == want:
         return load_tokenizer(tok_dir)
@@ -83,8 +96,15 @@ def _tokenizer_for(run: Path, cfg: RunConfig, sources: list[str], tokenizer: str
 
             expand_sources(sources)  # a missing path fails here, before any work is announced
         print(f"cramkit: training a WordPiece tokenizer (vocabulary {t.vocab_size}) on {_describe(sources)}")
-        tok = train_tokenizer(lambda: iter_documents(sources or None), t.vocab_size, lowercase=t.lowercase,
-                              strip_accents=t.strip_accents, min_frequency=t.min_frequency)  # fmt: skip
+        tok = train_tokenizer(lambda: iter_documents(sources or None, **source_options), t.vocab_size,
+                              lowercase=t.lowercase, strip_accents=t.strip_accents,
+                              min_frequency=t.min_frequency)  # fmt: skip
+        got = tok.get_vocab_size(with_added_tokens=True)
+        if got < t.vocab_size:
+            print(
+                f"cramkit: note: the corpus yields only {got:,} of the {t.vocab_size:,} vocabulary entries asked "
+                f"for (every word in it is whole); the model uses {got:,} (more text gives a larger vocabulary)"
+            )
     tmp = run / ".tokenizer.tmp"
     shutil.rmtree(tmp, ignore_errors=True)
     save_tokenizer(tok, tmp)
@@ -106,7 +126,15 @@ def _describe(sources: list[str]) -> str:
     return ", ".join(sources[:3]) + (f" and {len(sources) - 3} more" if len(sources) > 3 else "")
 
 
-def _store_for(run: Path, cfg: RunConfig, sources: list[str], store: str | None, tok) -> Any:
+def _store_for(
+    run: Path,
+    cfg: RunConfig,
+    sources: list[str],
+    store: str | None,
+    tok,
+    source_options: dict,
+    explicit_tok: bool,
+) -> Any:
     """The TokenStore to train on: the given one (tokenizer checked) or RUN/data built from sources."""
     from cramkit.data.build import build_store
     from cramkit.data.tokenstore import TokenStore
@@ -114,10 +142,10 @@ def _store_for(run: Path, cfg: RunConfig, sources: list[str], store: str | None,
 
     if store:
         ts = TokenStore(store)
-        ts.check_tokenizer(tok)
+        ts.check_tokenizer(tok, explicit=explicit_tok)
         return ts
     data_dir = run / "data"
-    key = _sources_key(sources, tokenizer_hash(tok), cfg)
+    key = _sources_key(sources, tokenizer_hash(tok), cfg, source_options)
     key_file = data_dir / "cramkit-source.json"
     if key_file.is_file() and json.loads(key_file.read_text(encoding="utf-8")).get("key") == key:
         try:
@@ -127,7 +155,7 @@ def _store_for(run: Path, cfg: RunConfig, sources: list[str], store: str | None,
     print(f"cramkit: building the token store from {_describe(sources)}")
     tmp = run / ".data.tmp"
     shutil.rmtree(tmp, ignore_errors=True)
-    build_store(sources or None, tok, tmp, name="train")
+    build_store(sources or None, tok, tmp, name="train", **source_options)
     (tmp / "cramkit-source.json").write_text(json.dumps({"key": key, "sources": sources}), encoding="utf-8")
     shutil.rmtree(data_dir, ignore_errors=True)
     os.replace(tmp, data_dir)
@@ -149,6 +177,10 @@ def pretrain(
     overrides: Sequence[str] = (),
     resume: str | os.PathLike | None = None,
     tokenizer: str | os.PathLike | None = None,
+    encoding: str | None = None,
+    errors: str = "strict",
+    text_field: str = "text",
+    doc_split: str = "auto",
 ) -> Path:
     """Pretrain a masked-LM encoder within ``budget``; returns the run directory.
 
@@ -158,11 +190,14 @@ def pretrain(
     budget: ``"5m"``, ``"24h"``, ``"2e9tok"``, ``"1000steps"`` (default: the preset's).
     resume: a run directory to continue from its latest checkpoint (its saved config is used; overrides
       and budget still apply, e.g. to extend the budget).
+    encoding, errors, text_field, doc_split: how raw text sources are read (see
+      ``cramkit.text.iter_documents``): e.g. ``encoding="cp1252"``, ``errors="replace"``,
+      ``text_field="body"`` for JSON Lines / Parquet, ``doc_split="file"``.
     """
     from cramkit.data.loader import PretrainData
     from cramkit.text.tokenizer import special_ids
     from cramkit.train.loop import train
-    from cramkit.train.parallel import fault_guard, init_distributed, main_first, shutdown
+    from cramkit.train.parallel import fault_guard, shutdown
 
     overrides = list(overrides) + ([f"train.budget={budget}"] if budget else [])
     if isinstance(sources_or_store, (str, os.PathLike)):
@@ -170,17 +205,22 @@ def pretrain(
     else:
         inputs = [str(s) for s in sources_or_store or []]
 
+    source_options = _source_options(
+        encoding=encoding, errors=errors, text_field=text_field, doc_split=doc_split
+    )
+    created = None  # the run directory, when this call made it (removed again if preparation fails)
     if resume is not None:
         run = ckpt.require_run_dir(resume)
-        saved = yaml.safe_load((run / "config.yaml").read_text(encoding="utf-8"))
+        saved = load_yaml(run / "config.yaml")
         cfg = resolve_config(base=saved, overrides=overrides)
-        info = json.loads((run / RUN_FILE).read_text(encoding="utf-8")) if (run / RUN_FILE).is_file() else {}
+        info = _read_run_info(run)
         if inputs and inputs != info.get("inputs"):
             raise CramkitError(
                 f"--resume {run}: the run was started on {info.get('inputs') or 'the built-in corpus'}, not "
                 f"{inputs}; resume without naming the data (or start a new run)"
             )
         inputs = info.get("inputs", [])
+        source_options = source_options or info.get("source_options", {})
         tokenizer = None
     else:
         cfg = resolve_config(preset, overrides)
@@ -195,7 +235,52 @@ def pretrain(
                 f"--out {run} already holds a run with checkpoints; continue it with --resume {run} or "
                 "choose another --out"
             )
+        # the model must fit before anything is written (the exact vocabulary is checked again below)
+        check_fits(cfg, min(cfg.model.vocab_size, cfg.tokenizer.vocab_size))
+        if not run.exists() and int(os.environ.get("WORLD_SIZE", "1")) == 1:
+            created = run
         run.mkdir(parents=True, exist_ok=True)
+    try:
+        cfg, ts, tok, vocab, ctx = _prepare(
+            run, cfg, inputs, tokenizer, resume, preset, source_options, saved if resume is not None else None
+        )
+        data = PretrainData(ts, cfg.data, special_ids(tok), vocab)
+    except BaseException:
+        if created is not None and created.is_dir() and ckpt.find_latest(created) is None:
+            shutil.rmtree(created, ignore_errors=True)  # a failed first attempt leaves no empty run behind
+        raise
+
+    with fault_guard(ctx):  # a dead or hung peer: one clear error on every surviving rank
+        train(cfg, run, data, resume=resume is not None, ctx=ctx)
+    shutdown(ctx)
+    return run
+
+
+def _source_options(**given: Any) -> dict[str, Any]:
+    """The reading options that differ from the defaults, checked (an unknown encoding fails here)."""
+    from cramkit.text.sources import check_source_options
+
+    check_source_options(**given)
+    defaults = {"encoding": None, "errors": "strict", "text_field": "text", "doc_split": "auto"}
+    return {k: v for k, v in given.items() if v != defaults[k]}
+
+
+def _read_run_info(run: Path) -> dict[str, Any]:
+    path = run / RUN_FILE
+    if not path.is_file():
+        return {}
+    try:
+        info = json.loads(path.read_text(encoding="utf-8"))
+    except (ValueError, OSError) as exc:
+        raise CramkitError(f"{path} is not valid JSON ({exc}); the run directory is damaged") from None
+    if not isinstance(info, dict):
+        raise CramkitError(f"{path} does not hold a JSON object; the run directory is damaged")
+    return info
+
+
+def _prepare(run, cfg, inputs, tokenizer, resume, preset, source_options, saved):
+    """Tokenizer, token store and final config of the run (rank 0 first, the others then read them)."""
+    from cramkit.train.parallel import init_distributed, main_first
 
     store = None
     if len(inputs) == 1 and _is_store(inputs[0]):
@@ -205,28 +290,30 @@ def pretrain(
     sources = [] if store else inputs
 
     ctx = init_distributed(cfg.train.device, cfg.parallel)
+    explicit_tok = tokenizer is not None or resume is not None  # a resumed run's store was checked at start
     # with several processes rank 0 trains the tokenizer and builds the store; the others then read them
     with main_first(ctx, "preparing the tokenizer and token store"):
         if resume is None or not (run / "tokenizer" / "tokenizer.json").is_file():
-            tok = _tokenizer_for(run, cfg, sources, str(tokenizer) if tokenizer else None, store)
+            tok = _tokenizer_for(
+                run, cfg, sources, str(tokenizer) if tokenizer else None, store, source_options
+            )
         else:
             from cramkit.text.tokenizer import load_tokenizer
 
             tok = load_tokenizer(run / "tokenizer")
-        ts = _store_for(run, cfg, sources, store, tok)
         vocab = tok.get_vocab_size(with_added_tokens=True)
+        check_fits(cfg, vocab)
+        ts = _store_for(run, cfg, sources, store, tok, source_options, explicit_tok)
+        ts.check_ids(vocab, tokenizer_name=str(tokenizer or run / "tokenizer"))
         cfg = cfg.replace(model=cfg.model.replace(vocab_size=vocab))
         if not resume:
             if ctx.is_main:
                 _write_config(run, cfg)
             info = {"inputs": inputs, "store": str(ts.prefix), "preset": preset, "tokenizer": "tokenizer"}
+            if source_options:
+                info["source_options"] = source_options
             if ctx.is_main:
                 (run / RUN_FILE).write_text(json.dumps(info, indent=1), encoding="utf-8")
         elif ctx.is_main and cfg.to_dict() != build_config(saved).to_dict():
             _write_config(run, cfg)  # e.g. an extended budget: part of the run from now on
-
-    data = PretrainData(ts, cfg.data, special_ids(tok), vocab)
-    with fault_guard(ctx):  # a dead or hung peer: one clear error on every surviving rank
-        train(cfg, run, data, resume=resume is not None, ctx=ctx)
-    shutdown(ctx)
-    return run
+    return cfg, ts, tok, vocab, ctx

@@ -7,6 +7,7 @@ builds every section strictly (an unknown key lists the valid ones; an unknown p
 from __future__ import annotations
 
 import dataclasses
+import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -15,6 +16,7 @@ from cramkit.config import from_dict, load_preset, merge, parse_overrides, to_di
 from cramkit.data.mlm import DataConfig
 from cramkit.errors import CramkitError
 from cramkit.model.encoder import ModelConfig
+from cramkit.text.tokenizer import MAX_VOCAB_SIZE
 from cramkit.train.budget import parse_budget, parse_every
 from cramkit.train.parallel import ParallelConfig
 from cramkit.train.schedule import SCHEDULES
@@ -30,8 +32,13 @@ class TokenizerConfig:
     min_frequency: int = 2
 
     def validate(self) -> None:
-        if self.vocab_size < 100:
-            raise CramkitError(f"tokenizer.vocab_size must be at least 100, got {self.vocab_size}")
+        if not 100 <= self.vocab_size <= MAX_VOCAB_SIZE:
+            raise CramkitError(
+                f"tokenizer.vocab_size must be between 100 and {MAX_VOCAB_SIZE:,}, got {self.vocab_size:,} "
+                "(32768 is usual; BERT uses 30522)"
+            )
+        if self.min_frequency < 1:
+            raise CramkitError(f"tokenizer.min_frequency must be at least 1, got {self.min_frequency}")
 
 
 @dataclass
@@ -71,7 +78,28 @@ class TrainConfig:
         parse_every(self.checkpoint_every, "train.checkpoint_every")
         parse_every(self.eval_every, "train.eval_every")
         if self.micro_batch <= 0 or self.batch_size <= 0:
-            raise CramkitError("train.micro_batch and train.batch_size must be positive")
+            raise CramkitError(
+                f"train.micro_batch ({self.micro_batch}) and train.batch_size ({self.batch_size}) must be positive"
+            )
+        if not 0.0 < self.lr <= 1.0:
+            raise CramkitError(
+                f"train.lr must be a positive learning rate of at most 1, got {self.lr} (1e-3 is usual)"
+            )
+        if len(self.betas) != 2 or not all(0.0 <= b < 1.0 for b in self.betas):
+            raise CramkitError(
+                f"train.betas must be two numbers in [0, 1), got {list(self.betas)} (0.9,0.98 is usual)"
+            )
+        if not 0.0 < self.eps < 1.0:
+            raise CramkitError(f"train.eps must be a small positive number, got {self.eps} (1e-12 is usual)")
+        if not 0.0 <= self.weight_decay < 1.0:
+            raise CramkitError(
+                f"train.weight_decay must be in [0, 1), got {self.weight_decay} (0.01 is usual)"
+            )
+        if self.grad_clip < 0:
+            raise CramkitError(f"train.grad_clip must be 0 (off) or a positive norm, got {self.grad_clip}")
+        for name, low in (("log_every", 1), ("eval_batches", 1), ("threads", 0), ("seed", 0)):
+            if getattr(self, name) < low:
+                raise CramkitError(f"train.{name} must be at least {low}, got {getattr(self, name)}")
         if self.batch_size < self.micro_batch:
             raise CramkitError(
                 f"train.batch_size ({self.batch_size}) is smaller than train.micro_batch ({self.micro_batch}); "
@@ -129,3 +157,78 @@ def resolve_config(
     data = dict(base) if base is not None else load_preset(preset)
     data = merge(data, parse_overrides(list(overrides)))
     return build_config(data)
+
+
+# bytes per parameter while training in fp32 with Adam/LAMB: weights 4, gradients 4, two moments 8
+TRAIN_BYTES_PER_PARAM = 16
+
+
+def count_parameters(m: ModelConfig) -> int:
+    """Parameters of ``MaskedLM(m)``, computed from the sizes (nothing allocated; exact for our encoder)."""
+    h, i, v = m.hidden, m.intermediate, m.vocab_size
+    norm = h * (2 if m.norm == "layernorm" and m.bias else 1)
+    b = 1 if m.bias else 0
+    glu = m.activation in ("gelu_glu", "swiglu")
+    attn = h * 3 * h + 3 * h * b + h * h + h * b
+    mlp = h * i + i * b + (i // 2 if glu else i) * h + h * b
+    block = attn + mlp + 2 * norm
+    emb = v * h + (m.max_position * h if m.position == "learned" else 1 if m.position == "sinusoidal" else 0)
+    emb += m.type_vocab_size * h + (norm if m.embedding_norm else 0)
+    final = norm if m.final_norm and m.norm_position == "pre" else 0
+    head = (h * h + h * b + norm if m.head_transform else 0) + (0 if m.tie_embeddings else v * h) + v * b
+    return emb + m.layers * block + final + head
+
+
+def estimate_training_bytes(cfg: RunConfig, vocab_size: int | None = None) -> tuple[int, int]:
+    """(parameters, bytes) a pretraining process needs at least: fp32 weights, gradients and optimizer
+    state, plus the activations of one micro-batch kept for the backward pass (a lower bound)."""
+    m = cfg.model if vocab_size is None else cfg.model.replace(vocab_size=vocab_size)
+    params = count_parameters(m)
+    tokens = cfg.train.micro_batch * cfg.data.seq_len
+    act_bytes = 4 if cfg.train.precision == "fp32" else 2  # auto may pick bf16: count the least
+    per_layer = tokens * (6 * m.hidden + m.intermediate) * act_bytes
+    layers_kept = 1 if m.gradient_checkpointing else m.layers
+    buffers = m.max_position * m.hidden * 4 if m.position == "sinusoidal" else 0
+    return params, params * TRAIN_BYTES_PER_PARAM + layers_kept * per_layer + buffers
+
+
+def _machine_memory(device: str) -> tuple[int | None, str]:
+    """(bytes, what) of the memory training will use: the GPU's when CUDA is used, else the RAM's."""
+    if device != "cpu":
+        try:
+            import torch
+
+            if torch.cuda.is_available():
+                index = torch.device(device).index if device.startswith("cuda") else None
+                props = torch.cuda.get_device_properties(index or 0)
+                return int(props.total_memory), f"GPU memory ({props.name})"
+        except Exception:  # noqa: BLE001 - no usable GPU: the RAM decides
+            pass
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"), "RAM"
+    except (ValueError, OSError, AttributeError):
+        return None, "RAM"
+
+
+def _count(n: int) -> str:
+    return f"{n / 1e9:,.1f} billion" if n >= 1e9 else f"{n / 1e6:,.1f} million"
+
+
+def _gib(n: float) -> str:
+    return f"{n / 2**30:,.1f} GiB"
+
+
+def check_fits(cfg: RunConfig, vocab_size: int | None = None) -> None:
+    """CramkitError, before anything is allocated, when the model cannot train in this machine's memory."""
+    params, need = estimate_training_bytes(cfg, vocab_size)
+    have, what = _machine_memory(cfg.train.device)
+    if cfg.parallel.strategy == "fsdp":  # FSDP shards weights, gradients and optimizer state over ranks
+        need -= params * TRAIN_BYTES_PER_PARAM * (1 - 1 / max(int(os.environ.get("WORLD_SIZE", "1")), 1))
+    if have is not None and need > have:
+        m = cfg.model
+        raise CramkitError(
+            f"model.layers={m.layers} model.hidden={m.hidden} model.intermediate={m.intermediate}: about "
+            f"{_count(params)} parameters, needing at least {_gib(need)} to train, but this machine has "
+            f"{_gib(have)} of {what}; choose smaller model settings (tiny-cpu: hidden 256, 4 layers) or "
+            "train.micro_batch"
+        )

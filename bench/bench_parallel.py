@@ -5,7 +5,7 @@
     python bench/bench_parallel.py           # both
 
 Stall: the time the training loop is blocked by a checkpoint of the model and its AdamW state.
-The synchronous baseline (``dcp.save`` through the same ShardedCheckpointer, finalized and fsynced)
+The synchronous baseline (the same Checkpointer writing synchronously: shards, weights file, checksums)
 is measured in the same run, on the same state, as the asynchronous save (host copy overlapped with
 forward/backward, write in a background thread). Scaling: optimizer steps of the same global batch
 with 1 process (2 threads) and 2 processes (1 thread each), synthetic batches.
@@ -27,7 +27,7 @@ import torch
 
 from cramkit.model.encoder import ModelConfig, count_parameters
 from cramkit.model.heads import IGNORE, MaskedLM
-from cramkit.train import dcp
+from cramkit.train import checkpoint as ckpt
 from cramkit.train import parallel as P
 
 CRAMMED = dict(vocab_size=32768, hidden=768, layers=16, heads=12, intermediate=3072, max_position=128)
@@ -73,7 +73,7 @@ def bench_stall(rounds: int, micro: int, root: Path) -> dict:
     update()
     t_step = min(plain)
 
-    sync = dcp.ShardedCheckpointer(root / "sync", ctx, keep=1, async_save=False)
+    sync = ckpt.Checkpointer(root / "sync", ctx, keep=1, async_save=False)
     sync_times = []
     for r in range(rounds):
         t0 = time.perf_counter()
@@ -82,7 +82,7 @@ def bench_stall(rounds: int, micro: int, root: Path) -> dict:
     sync.close()
 
     # async write, host copy on the loop's thread (what a loop that never calls before_update gets)
-    plain_async = dcp.ShardedCheckpointer(root / "async-plain", ctx, keep=1, async_save=True)
+    plain_async = ckpt.Checkpointer(root / "async-plain", ctx, keep=1, async_save=True, overlap_staging=False)
     copy_stalls = []
     for r in range(rounds):
         t0 = time.perf_counter()
@@ -91,7 +91,7 @@ def bench_stall(rounds: int, micro: int, root: Path) -> dict:
         plain_async.wait()
     plain_async.close()
 
-    writer = dcp.ShardedCheckpointer(root / "async", ctx, keep=1, async_save=True, overlap_staging=True)
+    writer = ckpt.Checkpointer(root / "async", ctx, keep=1, async_save=True, overlap_staging=True)
     stalls, writes, busy_steps = [], [], []
     for r in range(rounds):
         t0 = time.perf_counter()
@@ -108,7 +108,7 @@ def bench_stall(rounds: int, micro: int, root: Path) -> dict:
         writer.wait()  # (measured apart: the write's remaining time, normally hidden behind training)
         writes.append(time.perf_counter() - t2 + t_fb + t_staging_wait)
     writer.close()
-    assert dcp.latest_checkpoint(root / "async").name == f"step-{200 + rounds - 1:06d}"
+    assert ckpt.find_latest(root / "async").name == f"step-{200 + rounds - 1:06d}"
     best_sync, best_stall = min(sync_times), min(stalls)
     return {
         "parameters": n_params,
@@ -212,7 +212,7 @@ def main() -> None:
               f"model + AdamW state {r['state_GB']:.2f} GB, 1 process, best of {args.rounds}")  # fmt: skip
         print("| save | loop blocked (s) | ratio to sync |")
         print("|---|---:|---:|")
-        print(f"| synchronous dcp.save (baseline) | {r['sync_save_s']:.2f} | 1.00 |")
+        print(f"| synchronous save (baseline) | {r['sync_save_s']:.2f} | 1.00 |")
         print(f"| async_save, host copy on the loop thread | {r['copy_stall_s']:.2f} | "
               f"{r['copy_stall_s'] / r['sync_save_s']:.3f} |")  # fmt: skip
         print(f"| async_save, host copy overlapped with forward/backward | {r['async_stall_s']:.2f} | "

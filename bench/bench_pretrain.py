@@ -136,7 +136,7 @@ def quality(args: argparse.Namespace) -> None:
     from cramkit.model import MaskedLM
     from cramkit.text.sources import iter_documents
     from cramkit.text.tokenizer import load_tokenizer, save_tokenizer, special_ids, train_tokenizer
-    from cramkit.train.checkpoint import find_latest, load_checkpoint
+    from cramkit.train.checkpoint import find_latest, model_weights, read_state
     from cramkit.train.config import resolve_config
 
     torch.set_num_threads(args.threads)
@@ -174,7 +174,7 @@ def quality(args: argparse.Namespace) -> None:
         model = MaskedLM(
             resolve_config(base=__import__("yaml").safe_load((run / "config.yaml").read_text())).model
         )
-        sd, _, state = load_checkpoint(find_latest(run))
+        sd, state = model_weights(find_latest(run)), read_state(find_latest(run))["trainer"]
         model.load_state_dict(sd, strict=False)
         model.eval()
         results.setdefault("ours", []).append(

@@ -231,19 +231,10 @@ def resolve_run_checkpoint(path: Path, step: int | None = None) -> tuple[Path, P
 
 
 def _checkpoint_weights(checkpoint: Path) -> dict[str, torch.Tensor]:
-    """The model's weights from a checkpoint of either format, through the checkpoint module."""
-    from cramkit.model.hf import read_weights
+    """The model's weights of a checkpoint (any world size): its model.safetensors, checksum verified."""
     from cramkit.train import checkpoint as ckpt
 
-    finder = getattr(ckpt, "model_weights_file", None)
-    file = finder(checkpoint) if finder is not None else checkpoint / "model.safetensors"
-    if file is not None and Path(file).is_file():
-        return read_weights(Path(file))
-    if (checkpoint / ".metadata").is_file():  # an older sharded checkpoint without a full weights file
-        from cramkit.train import dcp
-
-        return dcp.load_model_state(checkpoint)
-    raise CramkitError(f"checkpoint {checkpoint} has no model weights (model.safetensors); is it complete?")
+    return ckpt.model_weights(checkpoint)
 
 
 def _load_run(path: Path, step: int | None) -> LoadedModel:

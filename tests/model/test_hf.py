@@ -380,7 +380,7 @@ VARIANTS = {
 }  # fmt: skip
 
 
-def test_exports_load_in_transformers_without_cramkit(tmp_path: Path) -> None:
+def test_exports_load_in_transformers_without_cramkit(tmp_path: Path, pretrained_run: Path) -> None:
     """Every variant (and the `cramkit export` CLI on a run directory) loads in a process with no cramkit."""
     ids, mask = _inputs(TINY.vocab_size)
     save_file({"ids": ids, "mask": mask}, tmp_path / "inputs.safetensors")
@@ -405,9 +405,11 @@ def test_exports_load_in_transformers_without_cramkit(tmp_path: Path) -> None:
     jobs.append({"dir": str(tmp_path / "bert"), "remote": False})
     expected.append(bert)
 
-    # `cramkit export RUN --out DIR` on a run directory in the trainer's layout
-    run, run_model = _fake_run(tmp_path / "run", TINY.replace(type_vocab_size=2), seed=5)
-    assert cli_main(["export", str(run), "--out", str(tmp_path / "from-run")]) == 0
+    # `cramkit export RUN --out DIR` on a run directory made by the real `cramkit pretrain`
+    import cramkit
+
+    run_model = cramkit.load(pretrained_run).model
+    assert cli_main(["export", str(pretrained_run), "--out", str(tmp_path / "from-run")]) == 0
     jobs.append({"dir": str(tmp_path / "from-run"), "remote": True, "tokenizer": True})
     expected.append(run_model)
 
@@ -437,12 +439,22 @@ def test_exports_load_in_transformers_without_cramkit(tmp_path: Path) -> None:
             assert "cramkit" not in entry["module"].split(".")[0] or "modeling_cramkit" in entry["module"]
         else:
             assert (entry["base"], entry["mlm"]) == ("BertModel", "BertForMaskedLM")
-    # the run's tokenizer came along and loads with AutoTokenizer: [CLS] the cat ##s sat [SEP]
-    assert report[-1]["tokens"] == [2, 5, 6, 20, 7, 3]
+    # the run's tokenizer came along and loads with AutoTokenizer, encoding as cramkit's own does
+    from tokenizers import Tokenizer
+
+    ours = Tokenizer.from_file(str(pretrained_run / "tokenizer" / "tokenizer.json"))
+    assert report[-1]["tokens"] == ours.encode("the cats sat").ids
 
 
-def test_export_cli_steps_and_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    run, _ = _fake_run(tmp_path / "run", TINY, seed=3)
+def test_export_cli_steps_and_errors(
+    tmp_path: Path, tok_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from conftest import run_pretrain
+
+    run = run_pretrain(
+        tmp_path / "run", "--tokenizer", str(tok_dir), "--set", "train.checkpoint_every=3steps",
+        "--set", "train.keep_checkpoints=3", steps=7,
+    )  # fmt: skip
     # an older step, and a checkpoint directory given directly, export the same weights
     assert cli_main(["export", str(run), "--out", str(tmp_path / "s3"), "--step", "3"]) == 0
     assert "step-000003" in capsys.readouterr().out
@@ -451,43 +463,26 @@ def test_export_cli_steps_and_errors(tmp_path: Path, capsys: pytest.CaptureFixtu
     a, b = load_file(tmp_path / "s3" / "model.safetensors"), load_file(tmp_path / "c3" / "model.safetensors")
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     assert "head.decoder.weight" not in a  # tied: stored once, as HF does
+    latest = load_file(run / "checkpoints" / "step-000007" / "model.safetensors")
+    assert not torch.equal(a["encoder.embeddings.word.weight"], latest["encoder.embeddings.word.weight"])
     # the exported dir can be re-exported over; errors are one line, exit status 2
     assert cli_main(["export", str(run), "--out", str(tmp_path / "s3")]) == 0
     capsys.readouterr()
     assert cli_main(["export", str(run), "--out", str(tmp_path / "x"), "--step", "5"]) == 2
     err = capsys.readouterr().err
-    assert "--step 5" in err and "step-000003, step-000007" in err and "Traceback" not in err
+    assert "--step 5" in err and "step-000003, step-000006, step-000007" in err and "Traceback" not in err
     assert cli_main(["export", str(tmp_path / "nope"), "--out", str(tmp_path / "x")]) == 2
-    assert "does not exist" in capsys.readouterr().err
+    assert "no such file or directory" in capsys.readouterr().err
     (run / "run-notes.txt").write_text("x")
-    assert cli_main(["export", str(tmp_path / "run" / "checkpoints" / "step-000007"), "--out", str(run)]) == 2
-    assert "not a previous cramkit export" in capsys.readouterr().err
-    # a corrupt checkpoint: a clear error, and nothing written
-    (run / "checkpoints" / "step-000007" / "model.safetensors").write_bytes(b"garbage")
+    assert cli_main(["export", str(run / "checkpoints" / "step-000007"), "--out", str(run)]) == 2
+    assert "destroy the source" in capsys.readouterr().err
+    assert (run / "run-notes.txt").is_file() and (run / "checkpoints" / "step-000007").is_dir()
+    # a corrupt checkpoint (one flipped bit in its weights): a clear error, and nothing written
+    weights = run / "checkpoints" / "step-000007" / "model.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    weights.write_bytes(bytes(data))
     assert cli_main(["export", str(run), "--out", str(tmp_path / "y")]) == 2
-    assert "not a valid safetensors file" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "does not match its checksum" in err and "Traceback" not in err
     assert not (tmp_path / "y").exists()
-
-
-def test_export_uses_the_trainers_loader_when_present(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Sharded checkpoints go through cramkit.train.checkpoint.load_model_state when the trainer has one."""
-    import importlib
-
-    run, model = _fake_run(tmp_path / "run", TINY, seed=4)
-    ckpt = run / "checkpoints" / "step-000007"
-    (ckpt / "model.safetensors").unlink()  # e.g. a DCP checkpoint: no single file
-    state = {k: v for k, v in model.state_dict().items() if k != "encoder.embeddings.word.weight"}
-    calls = []
-
-    def fake_loader(path: Path) -> dict[str, torch.Tensor]:
-        calls.append(Path(path))
-        return state  # tied weight under the decoder's name only
-
-    module = importlib.import_module("cramkit.train.checkpoint")
-    monkeypatch.setattr(module, "load_model_state", fake_loader, raising=False)
-    assert cli_main(["export", str(run), "--out", str(tmp_path / "out")]) == 0
-    assert calls == [ckpt]
-    exported = load_file(tmp_path / "out" / "model.safetensors")
-    assert torch.equal(exported["encoder.embeddings.word.weight"], model.encoder.embeddings.word.weight)

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from cramkit.train import dcp
+from cramkit.train import checkpoint as dcp
 from cramkit.train.metrics import read_metrics
 
 from .conftest import _env
@@ -100,9 +100,9 @@ def test_ddp_two_processes_follow_one_and_resume_on_one(store, reference, tmp_pa
     run = tmp_path / "ddp"
     _close(pretrain(2, store, run), losses(reference))
     # two processes write sharded checkpoints (DCP): each rank its part, then metadata
-    ckpt = dcp.latest_checkpoint(run / "checkpoints")
-    assert ckpt.name == f"step-{STEPS:06d}" and (ckpt / ".metadata").is_file()
-    assert dcp.read_trainer_state(ckpt)["trainer"]["world"] == 2
+    ckpt = dcp.find_latest(run)
+    assert ckpt.name == f"step-{STEPS:06d}" and (ckpt / "metadata.json").is_file()
+    assert dcp.read_state(ckpt)["trainer"]["world"] == 2
     # consolidated into one safetensors file, the weights equal the single-process run's
     from safetensors.torch import load_file
 
@@ -129,7 +129,7 @@ def test_fsdp_through_nproc_from_a_single_process_checkpoint(store, reference, t
     _rewind(run, 3)
     cramkit(2, "pretrain", "--resume", str(run), "--set", "parallel.strategy=fsdp", launcher="nproc")
     _close(losses(run), losses(reference))
-    assert (dcp.latest_checkpoint(run / "checkpoints") / "__1_0.distcp").is_file()
+    assert (dcp.find_latest(run) / "__1_0.distcp").is_file()
     # and a fresh FSDP2 run started with --nproc follows the single-process curve
     fresh = tmp_path / "fsdp"
     _close(pretrain(2, store, fresh, "--set", "parallel.strategy=fsdp", launcher="nproc"), losses(reference))

@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from cramkit.train import dcp
+from cramkit.train import checkpoint as dcp
 
 from .conftest import TOY, _env, torchrun, toy
 
@@ -37,9 +37,15 @@ def test_two_processes_follow_the_one_process_curve(tmp_path, toy_reference, str
 @pytest.mark.slow
 def test_resume_fsdp_two_processes_on_one(tmp_path, toy_reference):
     toy(2, tmp_path, "--steps", "3", "--save-every", "3", "--strategy", "fsdp")
-    ckpt = dcp.latest_checkpoint(tmp_path / "checkpoints")
+    ckpt = dcp.find_latest(tmp_path)
     assert ckpt is not None and ckpt.name == "step-000003"
-    assert {p.name for p in ckpt.iterdir()} >= {".metadata", "__0_0.distcp", "__1_0.distcp", dcp.STATE_FILE}
+    assert {p.name for p in ckpt.iterdir()} >= {
+        "metadata.json",
+        "model.safetensors",
+        "__0_0.distcp",
+        "__1_0.distcp",
+        dcp.STATE_FILE,
+    }
     resumed = toy(1, tmp_path, "--steps", "6", "--resume")
     _close(resumed, {s: v for s, v in toy_reference.items() if s >= 3})
 
@@ -75,7 +81,7 @@ exec(open({str(TOY)!r}).read())
     # a torn pointer (naming the unfinished checkpoint) is not trusted either
     (root / "latest").write_text("step-000006\n")
     (root / "step-000009").mkdir()  # a directory without metadata is no checkpoint
-    assert dcp.latest_checkpoint(root) == root / "step-000003"
+    assert dcp.find_latest(tmp_path) == root / "step-000003"
     resumed = toy(1, tmp_path, "--steps", "6", "--resume")
     _close(resumed, {s: v for s, v in toy_reference.items() if s >= 3})
     shutil.rmtree(root / "step-000009")

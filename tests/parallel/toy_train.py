@@ -1,4 +1,4 @@
-"""A tiny MaskedLM trained on synthetic batches through cramkit.train.parallel and dcp.
+"""A tiny MaskedLM trained on synthetic batches through cramkit.train.parallel and cramkit.train.checkpoint.
 
 Run by the tests under torchrun (or plainly, as one process). Each step's global batch is a function
 of the step index only; rank r trains on its slice, so any world size sees the same global batches.
@@ -17,7 +17,7 @@ import torch
 
 from cramkit.model.encoder import ModelConfig
 from cramkit.model.heads import IGNORE, MaskedLM
-from cramkit.train import dcp
+from cramkit.train import checkpoint
 from cramkit.train import parallel as P
 
 VOCAB, LENGTH, GLOBAL_BATCH, MICRO = 96, 16, 8, 2
@@ -53,10 +53,10 @@ def main() -> None:
     )
     model = P.apply_parallel(model, cfg, ctx)
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.01)
-    ckpt = dcp.ShardedCheckpointer(out / "checkpoints", ctx, keep=2, async_save=not args.sync_save)
+    ckpt = checkpoint.Checkpointer(out, ctx, keep=2, async_save=not args.sync_save)
     start = 0
     if args.resume:
-        state = dcp.load(out, model, optimizer, ctx, process_group=ckpt.pg)
+        state = checkpoint.load(out, model, optimizer, process_group=ckpt.pg)
         start = state["next_step"]
     losses: dict[int, float] = {}
     per_rank = GLOBAL_BATCH // ctx.world

@@ -120,7 +120,7 @@ def test_sigterm_saves_and_resume_is_bit_exact(tmp_path: Path, tiny: list[str], 
             stopped / "checkpoints" / (stopped / "checkpoints" / "latest").read_text().strip() / "state.json"
         ).read_text()
     )
-    assert 5 <= saved["step"] < 150 and saved["reason"] == "signal 15"
+    assert 5 <= saved["step"] < 150 and saved["trainer"]["reason"] == "signal 15"
 
     # resume it to the end, in this process
     assert pretrain(resume=stopped) == stopped

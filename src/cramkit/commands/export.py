@@ -102,5 +102,6 @@ def run(args: argparse.Namespace) -> int:
             "AutoModelForSequenceClassification" if "Classification" in fmt["architecture"] else "AutoModel"
         )
         how = f"transformers.{auto}.from_pretrained(DIR, trust_remote_code=True); its tokenizer: AutoTokenizer.from_pretrained(DIR)"
-    print(f"exported {loaded.source} -> {done} ({fmt['architecture']}; load with {how})")
+    which = f" ({loaded.extra['checkpoint']})" if loaded.extra.get("checkpoint") else ""
+    print(f"exported {loaded.source}{which} -> {done} ({fmt['architecture']}; load with {how})")
     return 0

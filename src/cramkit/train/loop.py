@@ -31,7 +31,7 @@ from cramkit.errors import CramkitError
 from cramkit.model.encoder import flops_per_token
 from cramkit.model.heads import IGNORE, MaskedLM
 from cramkit.train import checkpoint as ckpt
-from cramkit.train import dcp, parallel
+from cramkit.train import parallel
 from cramkit.train.budget import format_seconds, parse_budget, parse_every
 from cramkit.train.config import RunConfig, TrainConfig
 from cramkit.train.metrics import MetricsLog, Progress, peak_flops, plot_losses
@@ -255,7 +255,9 @@ def train(
     optimizer = build_optimizer(
         model, tcfg.optimizer, tcfg.lr, tcfg.betas, tcfg.eps, tcfg.weight_decay, device
     )
-    writer = _sharded_writer(cfg, run, ctx)  # None: single-file checkpoints written by rank 0
+    writer = ckpt.Checkpointer(
+        run, ctx, keep=tcfg.keep_checkpoints, async_save=cfg.parallel.async_checkpoint, overlap_staging=True
+    )
     scaler = torch.amp.GradScaler(device.type) if precision == "fp16" else None
     # the global batch is exactly train.batch_size on any number of processes: each takes an equal share in
     # micro-batches of at most train.micro_batch sequences
@@ -271,14 +273,8 @@ def train(
             raise CramkitError(
                 f"--resume {run}: the run has no complete checkpoint yet; start it again without --resume"
             )
-        if dcp.is_sharded_checkpoint(found):  # written by N processes: resharded to this world size
-            state = dcp.load(found, model, optimizer, process_group=writer.pg if writer else None)
-        else:
-            model_sd, optim_sd, state = ckpt.load_checkpoint(found)
-            if parallel.is_fsdp(model):
-                dcp.load_full(model, optimizer, model_sd, optim_sd)
-            else:
-                ckpt.apply_state(model, optimizer, model_sd, optim_sd, found)
+        # written by any number of processes: resharded to this world size, checksums verified first
+        state = ckpt.load(found, model, optimizer, process_group=writer.pg)
         if scaler is not None and state.get("scaler"):
             scaler.load_state_dict(state["scaler"])
         loader.load_state_dict(_from_json(state["loader"]))
@@ -315,13 +311,8 @@ def train(
             "loader": _to_json(loader.state_dict()), "rng": ckpt.encode_rng(),
             "scaler": scaler.state_dict() if scaler is not None else None,
         }  # fmt: skip
-        if writer is not None:  # every rank writes its shards; in the background unless stopping
-            last_ckpt = writer.save(p.step, model, optimizer, state, block=reason != "periodic")
-        elif ctx.is_main:
-            model_sd, optim_sd = ckpt.gather_state(model, optimizer)
-            last_ckpt = ckpt.save_checkpoint(
-                run, p.step, model_sd, optim_sd, state, keep=tcfg.keep_checkpoints
-            )
+        # every rank writes its shards; in the background unless stopping
+        last_ckpt = writer.save(p.step, model, optimizer, state, block=reason != "periodic")
         p.last_ckpt = (p.elapsed, p.step)
         return last_ckpt
 
@@ -352,8 +343,7 @@ def train(
                     scaler.unscale_(optimizer)
                 grad_norm = _clip(train_model, tcfg.grad_clip)
                 finite = math.isfinite(loss) and (scaler is not None or math.isfinite(grad_norm))
-                if writer is not None:
-                    writer.before_update()  # a checkpoint's host copy must be complete before the update
+                writer.before_update()  # a checkpoint's host copy must be complete before the update
                 if finite:
                     if scaler is not None:
                         scaler.step(optimizer)
@@ -450,8 +440,7 @@ def train(
             )
         return TrainResult(run, p.step, p.tokens, p.elapsed, val_loss, final, history)
     finally:
-        if writer is not None:
-            writer.close(wait=sys.exc_info()[0] is None)
+        writer.close(wait=sys.exc_info()[0] is None)
         bar.close()
         log.close()
         torch.use_deterministic_algorithms(was_deterministic)
@@ -459,23 +448,6 @@ def train(
         if ctx.is_main:
             with contextlib.suppress(Exception):
                 plot_losses(run)
-
-
-def _sharded_writer(cfg: RunConfig, run: Path, ctx: parallel.DistContext) -> dcp.ShardedCheckpointer | None:
-    """The sharded (DCP) checkpoint writer when the run uses sharded checkpoints, else None."""
-    mode = cfg.parallel.checkpoint
-    sharded = mode == "sharded" or (mode == "auto" and ctx.distributed)
-    if not sharded:
-        if ctx.distributed and cfg.parallel.strategy == "fsdp":
-            raise CramkitError(
-                "parallel.checkpoint=full cannot save FSDP-sharded weights from one rank; use "
-                "parallel.checkpoint=sharded (or auto), and `cramkit export` to get one weights file"
-            )
-        return None
-    return dcp.ShardedCheckpointer(
-        ckpt.checkpoints_dir(run), ctx, keep=cfg.train.keep_checkpoints,
-        async_save=cfg.parallel.async_checkpoint, overlap_staging=True,
-    )  # fmt: skip
 
 
 def _clip(model: torch.nn.Module, max_norm: float) -> float:

@@ -35,10 +35,7 @@ class ParallelConfig:
     strategy: Literal["ddp", "fsdp"] = "ddp"  # used when the world size is above 1
     cpu_offload: bool = False  # FSDP2: keep parameters, gradients and optimizer state in host memory
     reshard_after_forward: bool = True  # FSDP2: free gathered parameters after forward
-    # checkpoint format: "auto" = sharded (torch.distributed.checkpoint) when the world size is above 1
-    # or the strategy is fsdp, single-file safetensors otherwise; "sharded" forces DCP everywhere.
-    checkpoint: Literal["auto", "sharded", "full"] = "auto"
-    async_checkpoint: bool = True  # sharded checkpoints are written in the background
+    async_checkpoint: bool = True  # checkpoints are written in the background (train/checkpoint.py)
     # seconds a collective may wait for the other ranks before the job stops with an error (a rank that
     # died usually fails the collective at once; this bounds the case of a rank that hangs)
     timeout: float = 600.0

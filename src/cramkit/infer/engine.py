@@ -1,26 +1,38 @@
-"""Batched inference for any model ``cramkit.load`` accepts: embeddings, classification, fill-mask.
+"""Batched inference for any model ``cramkit.load`` accepts (torch) or ``cramkit export --format onnx``
+wrote (ONNX Runtime): embeddings, classification, fill-mask.
 
 Inputs are sorted by length and cut into batches by a token budget (rows x longest row), not a row
 count, so memory is the same for short and long inputs; each batch is padded to its own longest member
-only; results come back in the caller's order. ``torch.inference_mode`` always; bf16 autocast on CUDA.
-Inputs longer than the model's limit are truncated (on by default) and reported in ``truncated``.
+only; results come back in the caller's order. torch: ``torch.inference_mode`` always, bf16 autocast on
+CUDA. Inputs longer than the model's limit are truncated (on by default) and reported per input in
+``truncated``; with ``truncate=False`` they are an error instead.
+
+The ``*_encoded`` methods take already tokenised inputs (:meth:`Engine.tokenize`): the server tokenises
+each request on its own and merges many requests into one call.
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
 
-from cramkit.data.batching import Encoded, collate, encode_texts, token_budget_batches
+from cramkit.data.batching import Encoded, encode_texts, token_budget_batches
 from cramkit.errors import CramkitError
-from cramkit.load import LoadedModel
+
+if TYPE_CHECKING:
+    import torch
+
+    from cramkit.infer.onnx import OnnxModel
+    from cramkit.load import LoadedModel
 
 TextOrPair = str | tuple[str, str] | list[str]
+BACKENDS = ("auto", "torch", "onnx")
 
 
 @dataclass
@@ -35,6 +47,8 @@ class ClassifyResult:
 
 
 def resolve_device(name: str | torch.device | None) -> torch.device:
+    import torch
+
     if name is None or str(name) == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     try:
@@ -46,44 +60,228 @@ def resolve_device(name: str | torch.device | None) -> torch.device:
     return device
 
 
-class Engine:
-    """Batched inference over a :class:`~cramkit.load.LoadedModel`.
+def cpu_cores() -> int:
+    """The CPU cores this process may run on (its affinity), at least 1."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return max(1, os.cpu_count() or 1)
 
-    max_batch_tokens: padded tokens per forward pass (rows x longest row); max_length: cut inputs to this
-    many tokens ([CLS]/[SEP] included), default the model's limit.
-    """
 
-    def __init__(
-        self,
-        loaded: LoadedModel,
-        *,
-        device: str | torch.device | None = "auto",
-        max_batch_tokens: int = 16384,
-        max_length: int | None = None,
-        precision: str = "auto",
-    ) -> None:
-        if max_batch_tokens < 1:
-            raise CramkitError(f"max_batch_tokens must be positive, got {max_batch_tokens}")
+def probabilities(kind: str, logits: np.ndarray) -> np.ndarray | None:
+    """softmax (classifier) or sigmoid (multilabel) of logits; None for regression."""
+    if kind == "regression":
+        return None
+    if kind == "multilabel":
+        return 1.0 / (1.0 + np.exp(-logits))
+    z = logits - logits.max(axis=1, keepdims=True)
+    p = np.exp(z)
+    return p / p.sum(axis=1, keepdims=True)
+
+
+# ---------------------------------------------------------------------------------------- backends
+
+
+class _TorchRunner:
+    """Forward passes of a torch model on numpy batches."""
+
+    name = "torch"
+
+    def __init__(self, loaded: LoadedModel, device: Any, precision: str) -> None:
+        import torch
+
+        self.torch = torch
         self.loaded = loaded
         self.device = resolve_device(device)
         self.model = loaded.model.to(self.device).eval()
-        self.max_batch_tokens = int(max_batch_tokens)
-        limit = loaded.max_length
-        self.max_length = min(int(max_length), limit) if max_length else limit
-        if self.max_length < 3:
-            raise CramkitError(f"max_length must be at least 3 tokens, got {self.max_length}")
+        if precision not in ("auto", "fp32", "bf16"):
+            raise CramkitError(f"precision must be auto, fp32 or bf16, got {precision!r}")
         use_bf16 = precision == "bf16" or (precision == "auto" and self.device.type == "cuda")
+        self.precision = "bf16" if use_bf16 else "fp32"
         self._amp = (
             (lambda: torch.autocast(self.device.type, dtype=torch.bfloat16))
             if use_bf16
             else contextlib.nullcontext
         )
+
+    def _inputs(self, x: dict[str, np.ndarray | None]) -> tuple[Any, Any, Any]:
+        t = self.torch
+        ids = t.from_numpy(x["input_ids"]).to(self.device, non_blocking=True)
+        mask = x["attention_mask"]
+        mask = None if mask is None else t.from_numpy(mask).to(self.device, non_blocking=True)
+        types = x["token_type_ids"]
+        types = None if types is None else t.from_numpy(types).to(self.device, non_blocking=True)
+        return ids, mask, types
+
+    def pooled(self, x: dict[str, np.ndarray | None]) -> tuple[np.ndarray, np.ndarray]:
+        encoder = self.loaded.encoder
+        ids, mask, types = self._inputs(x)
+        with self.torch.inference_mode(), self._amp():
+            hidden = encoder(ids, mask, types).float()
+            cls = hidden[:, 0]
+            if mask is None:
+                mean = hidden.mean(1)
+            else:
+                w = mask.to(hidden.dtype)[..., None]
+                mean = (hidden * w).sum(1) / w.sum(1).clamp_min(1.0)
+            return mean.cpu().numpy(), cls.cpu().numpy()
+
+    def logits(self, x: dict[str, np.ndarray | None]) -> np.ndarray:
+        ids, mask, types = self._inputs(x)
+        with self.torch.inference_mode(), self._amp():
+            _, logits = self.model(ids, mask, types)
+            return logits.float().cpu().numpy()
+
+    def mask_topk(self, x: dict[str, np.ndarray | None], where: np.ndarray, k: int) -> tuple[Any, Any]:
+        ids, mask, types = self._inputs(x)
+        sel = self.torch.from_numpy(where).to(self.device)
+        with self.torch.inference_mode(), self._amp():
+            hidden = self.model.encoder(ids, mask, types)
+            probs = self.model.head(hidden[sel]).float().softmax(-1)
+            p, t = probs.topk(k, dim=-1)
+            return p.cpu().numpy(), t.cpu().numpy()
+
+
+class _OnnxRunner:
+    """Forward passes of an exported ONNX model (``cramkit.infer.onnx``) on numpy batches."""
+
+    name = "onnx"
+    precision = "fp32"
+
+    def __init__(self, model: OnnxModel) -> None:
+        self.model = model
+        self.precision = model.manifest.get("quantize") or "fp32"
+
+    def _feed(self, x: dict[str, np.ndarray | None]) -> dict[str, np.ndarray]:
+        ids = x["input_ids"]
+        mask = x["attention_mask"]
+        feed = {"input_ids": ids, "attention_mask": np.ones_like(ids) if mask is None else mask}
+        if "token_type_ids" in self.model.input_names:
+            types = x["token_type_ids"]
+            feed["token_type_ids"] = np.zeros_like(ids) if types is None else types
+        return feed
+
+    def pooled(self, x: dict[str, np.ndarray | None]) -> tuple[np.ndarray, np.ndarray]:
+        mean, cls = self.model.session.run(["mean", "cls"], self._feed(x))
+        return mean, cls
+
+    def logits(self, x: dict[str, np.ndarray | None]) -> np.ndarray:
+        return self.model.session.run(["logits"], self._feed(x))[0]
+
+    def mask_topk(self, x: dict[str, np.ndarray | None], where: np.ndarray, k: int) -> tuple[Any, Any]:
+        hidden = self.model.session.run(["hidden"], self._feed(x))[0]
+        logits = self.model.head_session.run(None, {"hidden": np.ascontiguousarray(hidden[where])})[0]
+        z = np.exp(logits - logits.max(-1, keepdims=True))
+        probs = z / z.sum(-1, keepdims=True)
+        top = np.argsort(-probs, axis=-1, kind="stable")[:, :k]
+        return np.take_along_axis(probs, top, -1), top
+
+
+# ------------------------------------------------------------------------------------------ engine
+
+
+class Engine:
+    """Batched inference over a model: a :class:`~cramkit.load.LoadedModel`, an
+    :class:`~cramkit.infer.onnx.OnnxModel`, or a path (anything ``cramkit.load`` takes, or an ONNX export).
+
+    backend: ``torch``, ``onnx`` or ``auto`` (ONNX Runtime for an ONNX export, torch otherwise); asking for
+    ``onnx`` with a torch model exports it (fp32) to a temporary directory first.
+    max_batch_tokens: padded tokens per forward pass (rows x longest row); max_length: cut inputs to this
+    many tokens ([CLS]/[SEP] included), default the model's limit; threads: CPU threads of ONNX Runtime
+    (default: the cores this process may use; torch keeps its own setting).
+    """
+
+    def __init__(
+        self,
+        model: LoadedModel | OnnxModel | str | os.PathLike,
+        *,
+        backend: str = "auto",
+        device: str | torch.device | None = "auto",
+        max_batch_tokens: int = 16384,
+        max_length: int | None = None,
+        precision: str = "auto",
+        threads: int | None = None,
+    ) -> None:
+        if backend not in BACKENDS:
+            raise CramkitError(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
+        if max_batch_tokens < 1:
+            raise CramkitError(f"max_batch_tokens must be positive, got {max_batch_tokens}")
+        from cramkit.infer import onnx as onnx_mod
+        from cramkit.load import LoadedModel, load
+
+        self._tmp: Any = None
+        if isinstance(model, (str, os.PathLike)):
+            if onnx_mod.is_onnx_dir(model):
+                if backend == "torch":
+                    raise CramkitError(
+                        f"{model} is an ONNX export; serve it with backend onnx, or give the torch model "
+                        "it was exported from"
+                    )
+                model = onnx_mod.load_onnx(model, threads=threads)
+            else:
+                model = load(model)
+        if isinstance(model, LoadedModel) and backend == "onnx":
+            import tempfile
+
+            self._tmp = tempfile.TemporaryDirectory(prefix="cramkit-onnx-")
+            out = onnx_mod.export_onnx(model, Path(self._tmp.name) / "model", None, False, progress=False)
+            model = onnx_mod.load_onnx(out, threads=threads)
+        if isinstance(model, LoadedModel):
+            self.loaded: LoadedModel | None = model
+            self.onnx: OnnxModel | None = None
+            self.runner: _TorchRunner | _OnnxRunner = _TorchRunner(model, device, precision)
+            self.device = self.runner.device
+            self.model = self.runner.model
+            src = model
+        else:
+            self.loaded, self.onnx = None, model
+            self.runner = _OnnxRunner(model)
+            self.device = "cpu"
+            src = model
+        self.backend = self.runner.name
+        self.kind: str = src.kind
+        self.labels: list[str] | None = src.labels
+        self.tokenizer = src.tokenizer
+        self.pooling: str = src.pooling
+        self.normalize: bool = src.normalize
+        self.with_types: bool = src.with_types
+        self.source: str = str(src.source)
+        self.pad_id: int = src.pad_id
+        self.model_max_length: int = int(src.max_length)
+        self.max_batch_tokens = int(max_batch_tokens)
+        self.max_length = min(int(max_length), self.model_max_length) if max_length else self.model_max_length
+        if self.max_length < 3:
+            raise CramkitError(f"max_length must be at least 3 tokens, got {self.max_length}")
         self.truncated = np.zeros(0, dtype=bool)
+
+    # ------------------------------------------------------------------------------ what it can do
+
+    @property
+    def can_embed(self) -> bool:
+        return self.onnx is not None or (self.loaded is not None and self.loaded.encoder is not None)
+
+    @property
+    def can_classify(self) -> bool:
+        return self.kind in ("classifier", "multilabel", "regression")
+
+    @property
+    def can_fill_mask(self) -> bool:
+        return self.kind == "mlm" and self.tokenizer.token_to_id("[MASK]") is not None
+
+    @property
+    def hidden_size(self) -> int | None:
+        if self.onnx is not None:
+            return self.onnx.hidden
+        cfg = getattr(self.loaded, "config", None)
+        return getattr(cfg, "hidden", None)
 
     # ------------------------------------------------------------------------------ tokenisation
 
-    def tokenize(self, inputs: Sequence[TextOrPair], max_length: int | None = None) -> Encoded:
-        """Encode texts or (text_a, text_b) pairs; CramkitError naming the first bad input."""
+    def tokenize(
+        self, inputs: Sequence[TextOrPair], max_length: int | None = None, *, truncate: bool = True
+    ) -> Encoded:
+        """Encode texts or (text_a, text_b) pairs; CramkitError naming the first bad input (or, with
+        ``truncate=False``, the first one longer than the limit)."""
         a: list[str] = []
         b: list[str | None] = []
         for i, x in enumerate(inputs):
@@ -95,122 +293,189 @@ class Engine:
                 b.append(x[1])
             else:
                 raise CramkitError(f"input {i} is a {type(x).__name__}; give a string or a pair of strings")
-        enc = encode_texts(self.loaded.tokenizer, a, b, max_length or self.max_length)
+        limit = max_length or self.max_length
+        enc = encode_texts(self.tokenizer, a, b if any(s is not None for s in b) else None, limit)
+        if not truncate and enc.truncated.any():
+            i = int(np.flatnonzero(enc.truncated)[0])
+            raise CramkitError(
+                f"input {i} is longer than the model's limit of {limit} tokens; shorten it or allow truncation"
+            )
         self.truncated = enc.truncated
         return enc
 
-    def _batches(self, enc: Encoded) -> Any:
-        with_types = self.loaded.with_types
-        pad = self.loaded.pad_id
-        for batch in token_budget_batches(enc.lengths, self.max_batch_tokens):
-            inputs = collate(enc, batch, pad, with_types)
-            yield batch, {k: (v.to(self.device) if v is not None else None) for k, v in inputs.items()}
+    def _pad(self, enc: Encoded, batch: np.ndarray) -> dict[str, np.ndarray | None]:
+        """A batch padded to its longest member: input_ids, attention_mask (None if nothing is padded),
+        token_type_ids (None for models without them)."""
+        lengths = enc.lengths[batch]
+        width = int(lengths.max())
+        ids = np.full((len(batch), width), self.pad_id, dtype=np.int64)
+        for row, i in enumerate(batch):
+            ids[row, : lengths[row]] = enc.ids[i]
+        mask = None
+        if (lengths != width).any():
+            mask = (np.arange(width)[None, :] < lengths[:, None]).astype(np.int64)
+        types = None
+        if self.with_types:
+            pos = np.arange(width)[None, :]
+            types = ((pos >= enc.b_start[batch][:, None]) & (pos < lengths[:, None])).astype(np.int64)
+        return {"input_ids": ids, "attention_mask": mask, "token_type_ids": types}
+
+    def batches(self, enc: Encoded) -> list[np.ndarray]:
+        """Length-sorted index batches within the token budget."""
+        return token_budget_batches(enc.lengths, self.max_batch_tokens)
 
     # ------------------------------------------------------------------------------ embeddings
 
+    def _need_embed(self) -> None:
+        if not self.can_embed:
+            raise CramkitError(
+                f"{self.source}: this model has no transformer encoder to take embeddings from; use an "
+                "encoder, a pretraining run or a fine-tuned model"
+            )
+
+    def embed_encoded(self, enc: Encoded) -> tuple[np.ndarray, np.ndarray]:
+        """(mean-pooled, first-token) last hidden states [n, hidden] float32, not normalised."""
+        self._need_embed()
+        n = len(enc)
+        mean = cls = None
+        for batch in self.batches(enc):
+            m, c = self.runner.pooled(self._pad(enc, batch))
+            if mean is None:
+                mean = np.zeros((n, m.shape[1]), dtype=np.float32)
+                cls = np.zeros((n, c.shape[1]), dtype=np.float32)
+            mean[batch] = m
+            cls[batch] = c
+        if mean is None:
+            h = self.hidden_size or 0
+            return np.zeros((0, h), np.float32), np.zeros((0, h), np.float32)
+        return mean, cls
+
+    def check_pooling(self, pooling: str | None) -> str:
+        pooling = pooling or self.pooling
+        if pooling not in ("mean", "cls"):
+            raise CramkitError(f"pooling must be 'mean' or 'cls', got {pooling!r}")
+        return pooling
+
+    @staticmethod
+    def finish_embeddings(pooled: np.ndarray, normalize: bool) -> np.ndarray:
+        if normalize:
+            norm = np.linalg.norm(pooled, axis=1, keepdims=True)
+            pooled = pooled / np.maximum(norm, 1e-12)
+        return pooled.astype(np.float32, copy=False)
+
     def embed(
-        self, texts: Sequence[TextOrPair], pooling: str | None = None, normalize: bool | None = None
+        self,
+        texts: Sequence[TextOrPair],
+        pooling: str | None = None,
+        normalize: bool | None = None,
+        *,
+        truncate: bool = True,
     ) -> np.ndarray:
         """Sentence embeddings [n, hidden] (float32): mean of the last hidden states over real tokens,
         or the first ([CLS]) token's; L2-normalised when ``normalize`` (default: the model's own)."""
-        encoder = self.loaded.encoder
-        if encoder is None:
-            raise CramkitError(
-                f"{self.loaded.source}: this model ({self.loaded.architecture}) has no transformer encoder to "
-                "take embeddings from; use an encoder, a pretraining run or a fine-tuned model"
-            )
-        pooling = pooling or self.loaded.pooling
-        if pooling not in ("mean", "cls"):
-            raise CramkitError(f"pooling must be 'mean' or 'cls', got {pooling!r}")
-        normalize = self.loaded.normalize if normalize is None else normalize
-        enc = self.tokenize(texts)
-        out = np.zeros((len(enc), encoder.cfg.hidden if hasattr(encoder, "cfg") else 0), dtype=np.float32)
-        with torch.inference_mode():
-            for batch, x in self._batches(enc):
-                with self._amp():
-                    hidden = encoder(x["input_ids"], x["attention_mask"], x["token_type_ids"])
-                hidden = hidden.float()
-                if pooling == "cls":
-                    pooled = hidden[:, 0]
-                elif x["attention_mask"] is None:
-                    pooled = hidden.mean(1)
-                else:
-                    w = x["attention_mask"].to(hidden.dtype)[..., None]
-                    pooled = (hidden * w).sum(1) / w.sum(1).clamp_min(1.0)
-                if normalize:
-                    pooled = torch.nn.functional.normalize(pooled, dim=-1)
-                out[batch] = pooled.cpu().numpy()
-        return out
+        self._need_embed()
+        pooling = self.check_pooling(pooling)
+        normalize = self.normalize if normalize is None else normalize
+        enc = self.tokenize(texts, truncate=truncate)
+        mean, cls = self.embed_encoded(enc)
+        return self.finish_embeddings(mean if pooling == "mean" else cls, normalize)
 
     # ------------------------------------------------------------------------------ classification
 
-    def logits(self, inputs: Sequence[TextOrPair]) -> np.ndarray:
-        """The classification/regression head's raw outputs [n, C] for texts or pairs."""
-        if self.loaded.kind not in ("classifier", "multilabel", "regression"):
+    def _need_head(self) -> None:
+        if not self.can_classify:
             raise CramkitError(
-                f"{self.loaded.source} is a {self.loaded.kind} model without a classification head; fine-tune "
+                f"{self.source} is a {self.kind} model without a classification head; fine-tune "
                 "it first (cramkit finetune ... --out DIR) and predict with DIR"
             )
-        enc = self.tokenize(inputs)
-        n_out = self.loaded.num_labels or 1
-        out = np.zeros((len(enc), n_out), dtype=np.float32)
-        with torch.inference_mode():
-            for batch, x in self._batches(enc):
-                with self._amp():
-                    _, logits = self.model(x["input_ids"], x["attention_mask"], x["token_type_ids"])
-                out[batch] = logits.float().cpu().numpy()
+
+    def logits_encoded(self, enc: Encoded) -> np.ndarray:
+        """The classification/regression head's raw outputs [n, C] for tokenised inputs."""
+        self._need_head()
+        out: np.ndarray | None = None
+        for batch in self.batches(enc):
+            logits = self.runner.logits(self._pad(enc, batch))
+            if out is None:
+                out = np.zeros((len(enc), logits.shape[1]), dtype=np.float32)
+            out[batch] = logits
+        if out is None:
+            out = np.zeros((0, len(self.labels or []) or 1), dtype=np.float32)
         return out
 
-    def classify(self, inputs: Sequence[TextOrPair]) -> ClassifyResult:
-        logits = self.logits(inputs)
-        kind, names = self.loaded.kind, self.loaded.labels
+    def logits(self, inputs: Sequence[TextOrPair], *, truncate: bool = True) -> np.ndarray:
+        """The classification/regression head's raw outputs [n, C] for texts or pairs."""
+        self._need_head()
+        return self.logits_encoded(self.tokenize(inputs, truncate=truncate))
+
+    def classify_logits(self, logits: np.ndarray, truncated: np.ndarray) -> ClassifyResult:
+        kind, names = self.kind, self.labels
+        probs = probabilities(kind, logits)
         if kind == "regression":
-            return ClassifyResult(logits, None, None, logits[:, 0].copy(), self.truncated)
+            return ClassifyResult(logits, None, None, logits[:, 0].copy(), truncated)
         if kind == "multilabel":
-            probs = 1.0 / (1.0 + np.exp(-logits))
             labels = [[names[j] if names else str(j) for j in np.flatnonzero(p >= 0.5)] for p in probs]
-            return ClassifyResult(logits, probs, labels, None, self.truncated)
-        z = logits - logits.max(axis=1, keepdims=True)
-        probs = np.exp(z)
-        probs /= probs.sum(axis=1, keepdims=True)
+            return ClassifyResult(logits, probs, labels, None, truncated)
         top = probs.argmax(axis=1)
-        labels = [names[j] if names else str(j) for j in top]
-        return ClassifyResult(logits, probs, labels, None, self.truncated)
+        return ClassifyResult(logits, probs, [names[j] if names else str(j) for j in top], None, truncated)
+
+    def classify(self, inputs: Sequence[TextOrPair], *, truncate: bool = True) -> ClassifyResult:
+        logits = self.logits(inputs, truncate=truncate)
+        return self.classify_logits(logits, self.truncated)
 
     # ------------------------------------------------------------------------------ fill-mask
 
-    def fill_mask(self, texts: Sequence[str], top_k: int = 5) -> list[list[list[dict[str, Any]]]]:
-        """For each text, for each [MASK] in it, the ``top_k`` tokens with their probabilities."""
-        from cramkit.model.heads import MaskedLM
-
-        if not isinstance(self.model, MaskedLM):
+    def _need_mlm(self) -> int:
+        if self.kind != "mlm":
             raise CramkitError(
-                f"{self.loaded.source} has no masked-LM head; fill-mask needs a pretraining run or an MLM model"
+                f"{self.source} has no masked-LM head; fill-mask needs a pretraining run or an MLM model"
             )
-        tok = self.loaded.tokenizer
-        mask_id = tok.token_to_id("[MASK]")
+        mask_id = self.tokenizer.token_to_id("[MASK]")
         if mask_id is None:
-            raise CramkitError(f"{self.loaded.source}: the tokenizer has no [MASK] token")
-        enc = self.tokenize(list(texts))
+            raise CramkitError(f"{self.source}: the tokenizer has no [MASK] token")
+        return int(mask_id)
+
+    def fill_mask_encoded(self, enc: Encoded, top_k: int = 5) -> list[list[list[dict[str, Any]]]]:
+        mask_id = self._need_mlm()
+        tok = self.tokenizer
         results: list[list[list[dict[str, Any]]]] = [[] for _ in range(len(enc))]
-        k = max(1, min(int(top_k), self.loaded.config.vocab_size))
-        with torch.inference_mode():
-            for batch, x in self._batches(enc):
-                ids = x["input_ids"]
-                where = ids == mask_id
-                if not bool(where.any()):
-                    continue
-                with self._amp():
-                    hidden = self.model.encoder(ids, x["attention_mask"], x["token_type_ids"])
-                    logits = self.model.head(hidden[where])
-                probs = logits.float().softmax(-1)
-                p, t = probs.topk(k, dim=-1)
-                rows = where.nonzero()[:, 0].tolist()
-                for row, pr, tk in zip(rows, p.tolist(), t.tolist(), strict=True):
-                    results[int(batch[row])].append(
-                        [
-                            {"token": tok.id_to_token(i), "id": i, "score": s}
-                            for s, i in zip(pr, tk, strict=True)
-                        ]
-                    )
+        vocab = tok.get_vocab_size(with_added_tokens=True)
+        k = max(1, min(int(top_k), vocab))
+        for batch in self.batches(enc):
+            x = self._pad(enc, batch)
+            where = x["input_ids"] == mask_id
+            if not where.any():
+                continue
+            p, t = self.runner.mask_topk(x, where, k)
+            rows = np.nonzero(where)[0].tolist()
+            for row, pr, tk in zip(rows, p.tolist(), t.tolist(), strict=True):
+                results[int(batch[row])].append(
+                    [{"token": tok.id_to_token(i), "id": i, "score": s} for s, i in zip(pr, tk, strict=True)]
+                )
         return results
+
+    def fill_mask(
+        self, texts: Sequence[str], top_k: int = 5, *, truncate: bool = True
+    ) -> list[list[list[dict[str, Any]]]]:
+        """For each text, for each [MASK] in it, the ``top_k`` tokens with their probabilities."""
+        self._need_mlm()
+        return self.fill_mask_encoded(self.tokenize(list(texts), truncate=truncate), top_k)
+
+    # ------------------------------------------------------------------------------ description
+
+    def info(self) -> dict[str, Any]:
+        return {
+            "source": self.source,
+            "kind": self.kind,
+            "backend": self.backend,
+            "precision": self.runner.precision,
+            "device": str(self.device),
+            "labels": self.labels,
+            "max_length": self.max_length,
+            "max_batch_tokens": self.max_batch_tokens,
+            "pooling": self.pooling,
+            "normalize": self.normalize,
+            "hidden_size": self.hidden_size,
+            "embed": self.can_embed,
+            "classify": self.can_classify,
+            "fill_mask": self.can_fill_mask,
+        }

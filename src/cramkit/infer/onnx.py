@@ -1,0 +1,551 @@
+"""ONNX Runtime backend: export any loadable model to an ONNX directory, and load it for serving.
+
+``cramkit export MODEL --format onnx [--quantize int8] --out DIR`` writes::
+
+    DIR/model.onnx          the network (torch's ONNX exporter, dynamic batch and length), with ONNX
+                            Runtime's transformer fusions where they apply; int8: dynamic quantization
+                            of the matrix multiplies (per-channel int8 weights, activations quantised on the fly)
+    DIR/head.onnx           masked-LM models only: the vocabulary head on [n, hidden] hidden states
+    DIR/tokenizer/          the model's tokenizer (tokenizer.json, vocab.txt)
+    DIR/cramkit-onnx.json   what it is (kind, labels, max_length, pooling, ...), the files' SHA-256, and the
+                            export's check against the torch model on real text; written last
+
+The graph's inputs are ``input_ids``, ``attention_mask`` (int64, [batch, length]) and, for models with
+token types, ``token_type_ids``; its outputs ``mean`` and ``cls`` (pooled last hidden states, [batch,
+hidden]), ``logits`` ([batch, labels]) for classifiers and regressors, ``hidden`` ([batch, length, hidden])
+for masked-LM models. Loading reads the manifest (JSON), checks every file's SHA-256 and hands ONNX Runtime
+the model's bytes, so no path in a file can make it read anything outside the directory.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import platform
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from cramkit.errors import CramkitError
+
+if TYPE_CHECKING:
+    from cramkit.load import LoadedModel
+
+MANIFEST = "cramkit-onnx.json"
+FORMAT = "cramkit-onnx-1"
+KINDS = ("mlm", "classifier", "multilabel", "regression", "encoder")
+QUANTIZE = (None, "int8")
+# the largest difference from the torch model an fp32 export may show (relative to the output's scale)
+FP32_TOLERANCE = 1e-3
+
+
+def is_onnx_dir(path: str | os.PathLike) -> bool:
+    """Whether ``path`` is a directory written by :func:`export_onnx`."""
+    text = str(path)
+    if text.startswith("hf:"):
+        return False
+    return (Path(text).expanduser() / MANIFEST).is_file()
+
+
+@dataclass
+class OnnxModel:
+    """An exported model, opened with ONNX Runtime: what :class:`~cramkit.infer.Engine` needs."""
+
+    path: Path
+    manifest: dict[str, Any]
+    session: Any  # onnxruntime.InferenceSession
+    tokenizer: Any
+    head_session: Any = None
+    input_names: list[str] = field(default_factory=list)
+
+    @property
+    def kind(self) -> str:
+        return self.manifest["kind"]
+
+    @property
+    def labels(self) -> list[str] | None:
+        return self.manifest.get("labels")
+
+    @property
+    def max_length(self) -> int:
+        return int(self.manifest["max_length"])
+
+    @property
+    def pooling(self) -> str:
+        return self.manifest.get("pooling") or "mean"
+
+    @property
+    def normalize(self) -> bool:
+        return bool(self.manifest.get("normalize"))
+
+    @property
+    def with_types(self) -> bool:
+        return bool(self.manifest.get("with_types"))
+
+    @property
+    def pad_id(self) -> int:
+        return int(self.manifest.get("pad_id") or 0)
+
+    @property
+    def hidden(self) -> int | None:
+        return self.manifest.get("hidden")
+
+    @property
+    def source(self) -> str:
+        return str(self.path)
+
+
+# ------------------------------------------------------------------------------------------- export
+
+
+def _export_module(loaded: LoadedModel) -> tuple[Any, list[str]]:
+    """A module whose forward is the graph to export, and its output names."""
+    import torch
+    from torch import nn
+
+    from cramkit.model.encoder import additive_mask
+
+    kind = loaded.kind
+    encoder = loaded.encoder
+    model = loaded.model
+
+    if encoder is None:  # another architecture (a student): its logits only
+
+        class Logits(nn.Module):
+            def __init__(self) -> None:
+                super().__init__()
+                self.model = model
+
+            def forward(self, input_ids, attention_mask, token_type_ids=None):  # noqa: ANN001, ANN201
+                _, logits = self.model(input_ids, attention_mask, token_type_ids)
+                return logits.float()
+
+        if kind not in ("classifier", "multilabel", "regression"):
+            raise CramkitError(
+                f"{loaded.source}: a {loaded.architecture} {kind} model cannot be exported to ONNX; "
+                "export a classifier or an encoder model"
+            )
+        return Logits().eval(), ["logits"]
+
+    outputs = ["mean", "cls"]
+    if kind in ("classifier", "multilabel", "regression"):
+        outputs.append("logits")
+    if kind == "mlm":
+        outputs.append("hidden")
+
+    class Graph(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.model = model
+            self.encoder = encoder
+
+        def forward(self, input_ids, attention_mask, token_type_ids=None):  # noqa: ANN001, ANN201
+            enc = self.encoder
+            x = enc.embeddings(input_ids, token_type_ids)
+            mask = additive_mask(attention_mask, x.dtype)  # always a mask: no data-dependent branch
+            for block in enc.layers:
+                x = block(x, mask)
+            hidden = enc.final_norm(x)
+            w = attention_mask.to(hidden.dtype)[..., None]
+            out = [(hidden * w).sum(1) / w.sum(1).clamp_min(1.0), hidden[:, 0]]
+            if "logits" in outputs:
+                out.append(self.model.classifier(self.model.pool(hidden, attention_mask)))
+            if "hidden" in outputs:
+                out.append(hidden)
+            return tuple(out)
+
+    del torch
+    return Graph().eval(), outputs
+
+
+def _torch_export(loaded: LoadedModel, path: Path, opset: int) -> tuple[list[str], list[str]]:
+    import torch
+
+    module, outputs = _export_module(loaded)
+    names = ["input_ids", "attention_mask"] + (["token_type_ids"] if loaded.with_types else [])
+    cfg = loaded.config
+    longest = int(getattr(cfg, "max_position", 0) or loaded.max_length)
+    if getattr(cfg, "position", None) == "rope":
+        longest = max(longest, loaded.max_length)
+    longest = max(longest, 17)
+    batch, length = torch.export.Dim("batch", min=1), torch.export.Dim("length", min=1, max=longest)
+    gen = torch.Generator().manual_seed(0)
+    vocab = int(getattr(cfg, "vocab_size", 0) or loaded.tokenizer.get_vocab_size())
+    ids = torch.randint(5, max(6, vocab), (3, 16), generator=gen)
+    mask = torch.ones(3, 16, dtype=torch.long)
+    mask[1, 11:] = 0
+    args: tuple[Any, ...] = (ids, mask)
+    if loaded.with_types:
+        types = torch.zeros(3, 16, dtype=torch.long)
+        types[2, 8:] = 1
+        args = (*args, types)
+    dynamic = {n: {0: batch, 1: length} for n in names}
+    import warnings
+
+    with warnings.catch_warnings(), torch.inference_mode(False), torch.no_grad():
+        warnings.simplefilter("ignore")
+        program = torch.onnx.export(
+            module,
+            args,
+            dynamo=True,
+            input_names=names,
+            output_names=outputs,
+            dynamic_shapes=dynamic,
+            opset_version=opset,
+            optimize=True,
+            verbose=False,
+        )
+        program.save(str(path), external_data=False)
+    return names, outputs
+
+
+def _head_export(loaded: LoadedModel, path: Path, opset: int) -> None:
+    import warnings
+
+    import torch
+    from torch import nn
+
+    head = loaded.model.head
+
+    class Head(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.head = head
+
+        def forward(self, hidden):  # noqa: ANN001, ANN201
+            return self.head(hidden)
+
+    n = torch.export.Dim("n", min=1)
+    x = torch.randn(5, loaded.config.hidden)
+    with warnings.catch_warnings(), torch.no_grad():
+        warnings.simplefilter("ignore")
+        program = torch.onnx.export(
+            Head().eval(), (x,), dynamo=True, input_names=["hidden"], output_names=["logits"],
+            dynamic_shapes={"hidden": {0: n}}, opset_version=opset, optimize=True, verbose=False,
+        )  # fmt: skip
+        program.save(str(path), external_data=False)
+
+
+def _fuse(src: Path, dst: Path, loaded: LoadedModel) -> dict[str, Any]:
+    """ONNX Runtime's transformer fusions (LayerNorm, SkipLayerNorm, BiasGelu, Attention, ...) where they
+    apply; the counts of fused operators, or why none were applied (the plain graph is kept)."""
+    import logging
+
+    cfg = loaded.config
+    try:
+        from onnxruntime.transformers.optimizer import optimize_model
+
+        logging.getLogger("onnxruntime.transformers").setLevel(logging.ERROR)
+        opt = optimize_model(
+            str(src), model_type="bert", num_heads=int(cfg.heads), hidden_size=int(cfg.hidden), opt_level=0
+        )
+        stats = {k: int(v) for k, v in opt.get_fused_operator_statistics().items() if v}
+        opt.save_model_to_file(str(dst))
+        return {"applied": stats}
+    except Exception as exc:  # noqa: BLE001 - fusions are an optimisation: keep the plain graph
+        os.replace(src, dst)
+        return {"applied": {}, "skipped": f"{type(exc).__name__}: {exc}"[:300]}
+
+
+def _quantize(src: Path, dst: Path) -> dict[str, Any]:
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    quantize_dynamic(
+        str(src),
+        str(dst),
+        weight_type=QuantType.QInt8,
+        per_channel=True,
+        op_types_to_quantize=["MatMul"],
+    )
+    return {"weights": "int8 per-channel", "activations": "uint8 dynamic", "ops": ["MatMul"]}
+
+
+def check_texts(n: int = 96) -> list[str]:
+    """Real text of mixed length for the export's check: pieces of the built-in corpus (stdlib docstrings)."""
+    from cramkit.text.sources import iter_documents
+
+    texts: list[str] = []
+    sizes = itertools.cycle([3, 8, 14, 25, 40, 70, 120, 300])
+    for doc in itertools.islice(iter_documents(), 400):
+        words = doc.split()
+        size = next(sizes)
+        if len(words) >= min(size, 3):
+            texts.append(" ".join(words[:size]))
+        if len(texts) >= n:
+            break
+    return texts
+
+
+def _compare(ref: Any, got: Any, loaded: LoadedModel, texts: list[Any]) -> dict[str, Any]:
+    """The largest differences between two engines' outputs on ``texts``."""
+    res: dict[str, Any] = {"texts": len(texts)}
+    if ref.can_embed:
+        enc = ref.tokenize(texts)
+        for name, a, b in zip(("mean", "cls"), ref.embed_encoded(enc), got.embed_encoded(enc), strict=True):
+            res[f"max_abs_diff_{name}"] = float(np.abs(a - b).max())
+            res[f"scale_{name}"] = float(np.abs(a).max())
+            cos = (a * b).sum(1) / np.maximum(np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1), 1e-12)
+            res[f"cosine_{name}_mean"] = float(cos.mean())
+            res[f"cosine_{name}_min"] = float(cos.min())
+    if ref.can_classify:
+        enc = ref.tokenize(texts)
+        a, b = ref.logits_encoded(enc), got.logits_encoded(enc)
+        res["max_abs_diff_logits"] = float(np.abs(a - b).max())
+        res["scale_logits"] = float(np.abs(a).max())
+        if loaded.kind != "regression":
+            res["label_agreement"] = float((a.argmax(1) == b.argmax(1)).mean())
+    if ref.can_fill_mask:
+        masked = [" ".join(t.split()[:6] + ["[MASK]"] + t.split()[6:12]) for t in texts[:32] if isinstance(t, str)]
+        ra, ga = ref.fill_mask(masked, top_k=1), got.fill_mask(masked, top_k=1)
+        pa = [m[0]["id"] for r in ra for m in r[:1]]
+        pb = [m[0]["id"] for r in ga for m in r[:1]]
+        sa = np.asarray([m[0]["score"] for r in ra for m in r[:1]])
+        sb = np.asarray([m[0]["score"] for r in ga for m in r[:1]])
+        res["fill_mask_top1_agreement"] = float(np.mean([x == y for x, y in zip(pa, pb, strict=True)]))
+        res["max_abs_diff_fill_mask_top1_prob"] = float(np.abs(sa - sb).max()) if len(sa) else 0.0
+    return res
+
+
+def _worst_relative(check: dict[str, Any]) -> tuple[str, float]:
+    worst, name = 0.0, ""
+    for key, value in check.items():
+        if key.startswith("max_abs_diff_") and not key.endswith("_prob"):
+            out = key.removeprefix("max_abs_diff_")
+            rel = value / max(1.0, check.get(f"scale_{out}", 1.0))
+            if rel >= worst:
+                worst, name = rel, out
+    return name, worst
+
+
+def export_onnx(
+    loaded: LoadedModel,
+    out: str | os.PathLike,
+    quantize: str | None = None,
+    force: bool = False,
+    *,
+    texts: list[Any] | None = None,
+    opset: int = 18,
+    progress: bool = True,
+) -> Path:
+    """Export ``loaded`` to an ONNX directory at ``out`` (atomically) and check it against the torch model.
+
+    quantize: None (fp32) or "int8" (dynamic quantization). texts: the check's inputs (default: real text
+    from the built-in corpus). A non-empty ``out`` that is not a previous export is refused unless ``force``.
+    """
+    if quantize not in QUANTIZE:
+        raise CramkitError(f"quantize must be int8 or none, got {quantize!r}")
+    try:
+        import onnxruntime  # noqa: F401
+    except ImportError as exc:
+        raise CramkitError(f"ONNX export needs onnxruntime ({exc}): pip install 'cramkit[onnx]'") from None
+    import torch
+
+    from cramkit.infer.engine import Engine
+    from cramkit.io import atomic_path, sha256_file, write_json_atomic
+    from cramkit.text.tokenizer import save_tokenizer
+
+    out = Path(out)
+    if out.exists() and (
+        not out.is_dir() or (any(out.iterdir()) and not (out / MANIFEST).is_file() and not force)
+    ):
+        raise CramkitError(
+            f"{out} exists and is not a previous ONNX export; choose another --out or pass --force to replace it"
+        )
+
+    def say(msg: str) -> None:
+        if progress:
+            print(f"[onnx] {msg}", file=sys.stderr, flush=True)
+
+    start = time.perf_counter()
+    loaded.model.to("cpu").eval()
+    texts = texts or check_texts()
+    if loaded.kind in ("classifier", "multilabel", "regression") and loaded.with_types:
+        texts = [*texts, *[(texts[i], texts[i + 1]) for i in range(0, min(len(texts) - 1, 32), 2)]]
+    with atomic_path(out) as tmp:
+        tmp.mkdir(parents=True)
+        say(f"exporting {loaded.source} ({loaded.kind}) with torch.onnx (dynamo, opset {opset})")
+        try:
+            inputs, outputs = _torch_export(loaded, tmp / "raw.onnx", opset)
+            if loaded.kind == "mlm":
+                _head_export(loaded, tmp / "head.onnx", opset)
+        except CramkitError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - name the model and the exporter's reason
+            raise CramkitError(
+                f"{loaded.source}: torch's ONNX exporter failed ({type(exc).__name__}: {str(exc)[:300]}); "
+                "export with --format hf instead, or report the model's architecture"
+            ) from None
+        say("applying ONNX Runtime's transformer fusions")
+        fusions = _fuse(tmp / "raw.onnx", tmp / "fused.onnx", loaded)
+        (tmp / "raw.onnx").unlink(missing_ok=True)
+        quant = None
+        if quantize == "int8":
+            say("quantizing the matrix multiplies to int8 (dynamic)")
+            quant = _quantize(tmp / "fused.onnx", tmp / "model.onnx")
+            (tmp / "fused.onnx").unlink()
+        else:
+            os.replace(tmp / "fused.onnx", tmp / "model.onnx")
+        save_tokenizer(loaded.tokenizer, tmp / "tokenizer")
+        files = ["model.onnx"] + (["head.onnx"] if loaded.kind == "mlm" else [])
+        manifest: dict[str, Any] = {
+            "format": FORMAT,
+            "kind": loaded.kind,
+            "labels": loaded.labels,
+            "task": loaded.task,
+            "max_length": int(loaded.max_length),
+            "pooling": loaded.pooling,
+            "normalize": bool(loaded.normalize),
+            "with_types": bool(loaded.with_types),
+            "pad_id": int(loaded.pad_id),
+            "hidden": getattr(loaded.config, "hidden", None),
+            "architecture": loaded.architecture,
+            "source": str(loaded.source),
+            "inputs": inputs,
+            "outputs": outputs,
+            "quantize": quantize,
+            "quantization": quant,
+            "opset": opset,
+            "fusions": fusions,
+            "files": {name: sha256_file(tmp / name) for name in files},
+            "tokenizer": "tokenizer",
+            "versions": _versions(),
+        }
+        say(f"checking against the torch model on {len(texts)} real texts")
+        ref = Engine(loaded, backend="torch", device="cpu", max_batch_tokens=4096)
+        got = Engine(_open(tmp, manifest, threads=None), max_batch_tokens=4096)
+        with torch.inference_mode():
+            check = _compare(ref, got, loaded, texts)
+        name, worst = _worst_relative(check)
+        check["worst_output"], check["worst_relative_diff"] = name, worst
+        if quantize is None and worst > FP32_TOLERANCE:
+            raise CramkitError(
+                f"{loaded.source}: the ONNX export differs from the torch model by {worst:.2e} (relative, "
+                f"output {name}) on real text, more than {FP32_TOLERANCE:g}; the export is not kept. "
+                "Report the model's architecture"
+            )
+        manifest["check"] = check
+        manifest["seconds"] = round(time.perf_counter() - start, 1)
+        write_json_atomic(tmp / MANIFEST, manifest)
+    say(f"done in {time.perf_counter() - start:.1f}s: {_summary(manifest)}")
+    return out
+
+
+def _summary(manifest: dict[str, Any]) -> str:
+    check = manifest["check"]
+    parts = [f"largest difference {check['worst_relative_diff']:.2e} ({check['worst_output']})"]
+    for key in ("cosine_mean_mean", "label_agreement", "fill_mask_top1_agreement"):
+        if key in check:
+            parts.append(f"{key} {check[key]:.4f}")
+    fused = manifest["fusions"].get("applied") or {}
+    if fused:
+        parts.append("fused " + ", ".join(f"{k} x{v}" for k, v in fused.items()))
+    return "; ".join(parts)
+
+
+def _versions() -> dict[str, str]:
+    import onnx
+    import onnxruntime
+    import torch
+
+    return {
+        "torch": torch.__version__,
+        "onnx": onnx.__version__,
+        "onnxruntime": onnxruntime.__version__,
+        "python": platform.python_version(),
+    }
+
+
+# --------------------------------------------------------------------------------------------- load
+
+
+def _read_manifest(path: Path) -> dict[str, Any]:
+    file = path / MANIFEST
+    try:
+        meta = json.loads(file.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise CramkitError(f"{file} is not valid JSON ({exc}); export the model again") from None
+    if not isinstance(meta, dict) or meta.get("format") != FORMAT:
+        raise CramkitError(f"{file}: not a cramkit ONNX manifest (format {FORMAT} expected)")
+    if meta.get("kind") not in KINDS:
+        raise CramkitError(f"{file}: unknown kind {meta.get('kind')!r}; expected one of {', '.join(KINDS)}")
+    labels = meta.get("labels")
+    if labels is not None and not (isinstance(labels, list) and all(isinstance(x, str) for x in labels)):
+        raise CramkitError(f"{file}: 'labels' must be a list of strings")
+    if not isinstance(meta.get("max_length"), int) or meta["max_length"] < 3:
+        raise CramkitError(f"{file}: 'max_length' must be an integer of at least 3")
+    files = meta.get("files")
+    if not isinstance(files, dict) or "model.onnx" not in files:
+        raise CramkitError(f"{file}: 'files' must list model.onnx with its SHA-256")
+    return meta
+
+
+def _file_bytes(root: Path, name: str, want: Any) -> bytes:
+    from cramkit.io import inside
+
+    try:
+        target = inside(root, name)
+    except ValueError:
+        raise CramkitError(
+            f"{root / MANIFEST}: file {name!r} points outside the directory; the manifest is not trustworthy"
+        ) from None
+    if not target.is_file():
+        raise CramkitError(f"{root}: {name} is missing; the ONNX export is incomplete, export it again")
+    data = target.read_bytes()
+    import hashlib
+
+    if not isinstance(want, str) or hashlib.sha256(data).hexdigest() != want:
+        raise CramkitError(
+            f"{target} is corrupt (its SHA-256 differs from the one in {MANIFEST}); export the model again"
+        )
+    return data
+
+
+def _open(path: Path, meta: dict[str, Any], threads: int | None) -> OnnxModel:
+    import onnxruntime as ort
+
+    from cramkit.infer.engine import cpu_cores
+    from cramkit.io import inside
+    from cramkit.text.tokenizer import load_tokenizer
+
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = int(threads or cpu_cores())
+    opts.inter_op_num_threads = 1
+    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    opts.log_severity_level = 3
+
+    def session(name: str) -> Any:
+        data = _file_bytes(path, name, meta["files"].get(name))
+        try:  # bytes, not a path: external data (a path inside the model) cannot be resolved
+            return ort.InferenceSession(data, opts, providers=["CPUExecutionProvider"])
+        except Exception as exc:  # noqa: BLE001 - a damaged or crafted model file
+            raise CramkitError(
+                f"{path / name}: ONNX Runtime cannot load it ({str(exc)[:200]}); export the model again"
+            ) from None
+
+    main = session("model.onnx")
+    head = session("head.onnx") if meta["kind"] == "mlm" and "head.onnx" in meta["files"] else None
+    try:
+        tok_dir = inside(path, str(meta.get("tokenizer") or "tokenizer"))
+    except ValueError:
+        raise CramkitError(f"{path / MANIFEST}: the tokenizer path points outside the directory") from None
+    tokenizer = load_tokenizer(tok_dir)
+    tokenizer.no_truncation()
+    tokenizer.no_padding()
+    names = [i.name for i in main.get_inputs()]
+    if names[:2] != ["input_ids", "attention_mask"]:
+        raise CramkitError(f"{path / 'model.onnx'}: inputs {names}, expected input_ids, attention_mask, ...")
+    return OnnxModel(path, meta, main, tokenizer, head, names)
+
+
+def load_onnx(path: str | os.PathLike, *, threads: int | None = None) -> OnnxModel:
+    """Open a directory written by :func:`export_onnx` (threads: ONNX Runtime's intra-op threads,
+    default every core this process may use)."""
+    path = Path(path).expanduser()
+    if not (path / MANIFEST).is_file():
+        raise CramkitError(f"{path}: no {MANIFEST}; export the model with cramkit export --format onnx")
+    return _open(path, _read_manifest(path), threads)

@@ -10,9 +10,11 @@ Finalisation is atomic (see `TokenStoreWriter`).
 
 from __future__ import annotations
 
+import errno
 import itertools
 import multiprocessing as mp
 import os
+import shutil
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
@@ -158,6 +160,7 @@ def build_store(
     counts = {"dropped_quality": 0, "dropped_empty": 0}
     tok_json = tokenizer.to_str()
     created = not out.exists()
+    tmp_tok: Path | None = None
     writer = TokenStoreWriter(out / name, dtype)
 
     def write(result) -> None:
@@ -194,9 +197,9 @@ def build_store(
                 "raise --quality-cutoff or check the tokenizer"
             )
         tok_copy = out / f"{name}.tokenizer.json"
-        tmp = out / f".{name}.tokenizer.json.tmp{os.getpid()}"
-        tmp.write_text(tok_json, encoding="utf-8")
-        os.replace(tmp, tok_copy)
+        tmp_tok = out / f".{name}.tokenizer.json.tmp{os.getpid()}"
+        tmp_tok.write_text(tok_json, encoding="utf-8")
+        os.replace(tmp_tok, tok_copy)
         meta = {
             "tokenizer_hash": tokenizer_hash(tokenizer),
             "tokenizer_path": tok_path,
@@ -218,8 +221,15 @@ def build_store(
             },
         }
         return writer.finalize(meta)
-    except BaseException:
+    except BaseException as exc:
         writer.abort()
-        if created and out.is_dir() and not any(out.iterdir()):
-            out.rmdir()
+        if tmp_tok is not None:
+            tmp_tok.unlink(missing_ok=True)
+        if created and out.is_dir():
+            shutil.rmtree(out, ignore_errors=True)  # nothing of a failed build is left behind
+        if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
+            raise CramkitError(
+                f"--out {out}: the disk is full ({exc.strerror}) while writing the token store; nothing was "
+                "kept (no partial store); free space there or give another --out"
+            ) from None
         raise

@@ -187,16 +187,22 @@ class FileSplit:
 def _infer_labels(split: FileSplit) -> list[str]:
     """The label values seen in the train file, sorted (numerically when all are integers)."""
     seen: set[str] = set()
-    for _, rec, _ in _records(split.path, split.fmt, split.delimiter):
-        if rec is None or "__header__" in rec:
-            if rec is not None:
-                split._check_header(rec["__header__"])
+    label_col = split.columns[2]
+    for lineno, rec, problem in _records(split.path, split.fmt, split.delimiter):
+        if rec is not None and "__header__" in rec:
+            split._check_header(rec["__header__"])
             continue
-        v = rec.get(split.columns[2])
-        if v is not None and str(v).strip() != "":
+        # a malformed row is named here, where the labels are gathered (it may hold the only other label)
+        if rec is None or rec.get(label_col) is None:
+            if split.skip_bad_rows:
+                continue
+            why = problem if rec is None else f"no value for the label '{label_col}'"
+            raise CramkitError(f"{split.path}, line {lineno}: {why}. {SKIP_HINT}")
+        v = rec.get(label_col)
+        if str(v).strip() != "":
             seen.add(str(v).lower() if isinstance(v, bool) else str(v).strip())
     if not seen:
-        raise CramkitError(f"{split.path}: no labels found in column '{split.columns[2]}'")
+        raise CramkitError(f"{split.path}: no labels found in column '{label_col}'")
     if all(s.lstrip("-").isdigit() for s in seen):
         return sorted(seen, key=int)
     return sorted(seen)
@@ -249,7 +255,11 @@ def task_from_file(
     if not regression:
         labels = [str(x) for x in labels] if labels is not None else _infer_labels(splits["train"])
         if len(labels) < 2:
-            raise CramkitError(f"task {full}: a classification task needs at least two labels, got {labels}")
+            where = f" in {splits['train'].path} (column '{label}')" if "train" in splits else ""
+            raise CramkitError(
+                f"task {full}: a classification task needs at least two labels, found only {labels}{where}; "
+                "give rows of every class (or --regression for numeric targets)"
+            )
     for s in splits.values():
         s.labels = labels
     if metrics is None:

@@ -120,7 +120,7 @@ def _not_a_file(src: str) -> str | None:
         except OSError as exc:
             if exc.errno == errno.ELOOP:
                 return "is a symbolic link loop (it points back at itself)"
-        return f"is a broken symbolic link (to {os.readlink(src)!r}, which does not exist)"
+        return f"is a broken symbolic link (its target {os.readlink(src)!r} is missing)"
     try:
         mode = os.stat(src).st_mode
     except OSError as exc:

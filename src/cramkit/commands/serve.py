@@ -1,0 +1,65 @@
+"""`cramkit serve MODEL [MODEL ...]`: an HTTP server for embeddings, classification and fill-mask."""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "serve",
+        help="serve models over HTTP (embeddings, classification, fill-mask; TEI-compatible routes)",
+        description="Serve one or more models over HTTP with FastAPI on uvicorn: POST /embed, /predict, "
+        "/v1/embeddings, /fill-mask (and /search with --index), GET /info, /health, /metrics, /docs. A batcher "
+        "merges concurrent requests into token-budgeted batches. MODEL is anything cramkit.load takes or an "
+        "ONNX export (cramkit export --format onnx); NAME=MODEL names it (requests pick a model by name).",
+    )
+    p.add_argument(
+        "models", nargs="+", metavar="MODEL", help="a model (or NAME=MODEL); several are served by name"
+    )
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=8080, help="port (default 8080; 0 picks a free one)")
+    p.add_argument("--backend", choices=["auto", "torch", "onnx"], default="auto",
+                   help="auto (default): ONNX Runtime for an ONNX export, torch otherwise; onnx exports a torch "
+                   "model at startup")  # fmt: skip
+    p.add_argument("--device", default="auto", help="torch backend: auto, cpu, cuda, cuda:N")
+    p.add_argument("--max-batch-tokens", type=int, default=16384, help="padded tokens per forward pass")
+    p.add_argument("--max-wait-ms", type=float, default=5.0, help="how long a batch waits for more requests")
+    p.add_argument("--max-length", type=int, default=None, help="cut inputs to this many tokens")
+    p.add_argument("--max-inputs", type=int, default=1024, help="inputs per request (default 1024)")
+    p.add_argument("--max-input-chars", type=int, default=50_000, help="characters per input")
+    p.add_argument("--max-payload-bytes", type=int, default=2_000_000, help="request body size")
+    p.add_argument("--max-queue", type=int, default=8192, help="inputs waiting per model before 429")
+    p.add_argument(
+        "--timeout", type=float, default=30.0, help="seconds a request may wait for its answer (503)"
+    )
+    p.add_argument("--threads", type=int, default=None, help="CPU threads for inference (default: all cores)")
+    p.add_argument("--api-key", default=None,
+                   help="require 'Authorization: Bearer KEY' (default: $CRAMKIT_API_KEY if set)")  # fmt: skip
+    p.add_argument("--index", default=None, help="a retrieval index (cramkit index): adds POST /search")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from cramkit.errors import CramkitError
+    from cramkit.serve import Limits, serve
+
+    for flag in ("max_batch_tokens", "max_inputs", "max_input_chars", "max_payload_bytes", "max_queue"):
+        if getattr(args, flag) < 1:
+            raise CramkitError(f"--{flag.replace('_', '-')} must be positive, got {getattr(args, flag)}")
+    if args.timeout <= 0 or args.max_wait_ms < 0:
+        raise CramkitError("--timeout must be positive and --max-wait-ms at least 0")
+    if not 0 <= args.port < 65536:
+        raise CramkitError(f"--port must be 0..65535, got {args.port}")
+    limits = Limits(
+        max_payload_bytes=args.max_payload_bytes, max_inputs=args.max_inputs, max_input_chars=args.max_input_chars,
+        max_queue=args.max_queue, request_timeout_s=args.timeout,
+    )  # fmt: skip
+    serve(
+        args.models, host=args.host, port=args.port, backend=args.backend, device=args.device,
+        max_batch_tokens=args.max_batch_tokens, max_wait_ms=args.max_wait_ms, max_length=args.max_length,
+        limits=limits, api_key=args.api_key or os.environ.get("CRAMKIT_API_KEY"), index=args.index,
+        threads=args.threads,
+    )  # fmt: skip
+    return 0

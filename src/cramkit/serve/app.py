@@ -1,0 +1,700 @@
+"""The HTTP server: FastAPI routes compatible with text-embeddings-inference (TEI) where they overlap.
+
+Routes: ``POST /embed`` (TEI), ``POST /predict`` (TEI), ``POST /v1/embeddings`` (OpenAI-shaped),
+``POST /fill-mask``, ``POST /search`` (with an index), ``GET /info``, ``GET /health``, ``GET /metrics``
+(Prometheus), ``/docs`` (OpenAPI). Several models are served by name: a ``"model"`` field in the body or a
+``?model=`` query parameter picks one (default: the first).
+
+Every refusal is JSON ``{"error": "...", "error_type": "..."}`` with a 4xx/5xx status: 400 malformed JSON
+or invalid UTF-8, 401 a missing or wrong API key, 404 an unknown model or route, 408 a client that sends its
+body too slowly, 413 a payload, input count or input length over the limits, 422 wrong types or an empty
+list, 429 a full queue (with Retry-After), 503 a request that waited longer than the timeout or a server
+that is shutting down.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import hmac
+import json
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from starlette.requests import Request
+from starlette.responses import Response
+
+from cramkit.errors import CramkitError
+from cramkit.serve.batcher import Batcher, Job, QueueFull, Stopped
+from cramkit.serve.metrics import Metrics
+
+ROUTES = ("/embed", "/predict", "/v1/embeddings", "/fill-mask", "/search", "/info", "/health", "/metrics")
+OPEN_ROUTES = ("/health", "/docs", "/openapi.json", "/docs/oauth2-redirect", "/redoc")
+# requests this small are tokenised on the event loop; larger ones in a worker thread
+INLINE_CHARS = 4000
+
+
+@dataclass
+class Limits:
+    """What one request may ask for, and how long it may take."""
+
+    max_payload_bytes: int = 2_000_000
+    max_inputs: int = 1024
+    max_input_chars: int = 50_000
+    max_queue: int = 8192  # inputs waiting per model; beyond: 429
+    request_timeout_s: float = 30.0  # waiting for the model; beyond: 503
+    body_timeout_s: float = 10.0  # receiving the body; beyond: 408
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, message: str, error_type: str, headers: dict[str, str] | None = None):
+        super().__init__(message)
+        self.status, self.message, self.error_type, self.headers = status, message, error_type, headers or {}
+
+
+def _error_body(message: str, error_type: str) -> bytes:
+    return json.dumps({"error": message, "error_type": error_type}).encode()
+
+
+def dumps(obj: Any) -> bytes:
+    return json.dumps(obj, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+
+
+def _floats(a: np.ndarray) -> list:
+    """float32 rows as JSON-friendly lists (7 decimals: short JSON, far below float32 model noise)."""
+    return np.round(a.astype(np.float64), 7).tolist()
+
+
+# ------------------------------------------------------------------------------------------ gate
+
+
+class Gate:
+    """ASGI middleware: API key, payload limit, slow-body timeout, request metrics.
+
+    The body of a POST is read here in full (bounded by ``max_payload_bytes`` and ``body_timeout_s``)
+    before any route sees it."""
+
+    def __init__(self, app: Any, state: ServerState) -> None:
+        self.app = app
+        self.state = state
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        state = self.state
+        start = time.perf_counter()
+        path = scope.get("path", "")
+        route = path if path in ROUTES or path in OPEN_ROUTES else "other"
+        status = [500]
+
+        async def send_wrapped(message: dict) -> None:
+            if message["type"] == "http.response.start":
+                status[0] = message["status"]
+            await send(message)
+
+        try:
+            headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
+            if state.api_key and path not in OPEN_ROUTES:
+                given = headers.get("x-api-key") or ""
+                auth = headers.get("authorization", "")
+                if auth.lower().startswith("bearer "):
+                    given = auth[7:].strip()
+                if not hmac.compare_digest(given.encode(), state.api_key.encode()):
+                    state.metrics.rejected.labels("api_key").inc()
+                    await _send_error(
+                        send_wrapped,
+                        401,
+                        "missing or wrong API key: send 'Authorization: Bearer KEY'",
+                        "Unauthorized",
+                    )
+                    return
+            if scope.get("method") == "POST":
+                limit = state.limits.max_payload_bytes
+                declared = headers.get("content-length")
+                if declared is not None and (not declared.isdigit() or int(declared) > limit):
+                    state.metrics.rejected.labels("payload").inc()
+                    await _send_error(send_wrapped, 413, f"payload of {declared} bytes is over the limit of {limit} bytes; send fewer or shorter inputs", "Validation")  # fmt: skip
+                    return
+                body = bytearray()
+                more = True
+                while more:
+                    try:
+                        message = await asyncio.wait_for(receive(), state.limits.body_timeout_s)
+                    except TimeoutError:
+                        state.metrics.rejected.labels("slow_client").inc()
+                        await _send_error(send_wrapped, 408, f"the request body did not arrive within {state.limits.body_timeout_s:g}s", "Validation")  # fmt: skip
+                        return
+                    if message["type"] == "http.disconnect":
+                        status[0] = 499
+                        return
+                    body += message.get("body", b"")
+                    more = message.get("more_body", False)
+                    if len(body) > limit:
+                        state.metrics.rejected.labels("payload").inc()
+                        await _send_error(send_wrapped, 413, f"payload over the limit of {limit} bytes; send fewer or shorter inputs", "Validation")  # fmt: skip
+                        return
+                replayed = False
+
+                async def replay() -> dict:
+                    nonlocal replayed
+                    if not replayed:
+                        replayed = True
+                        return {"type": "http.request", "body": bytes(body), "more_body": False}
+                    return await receive()
+
+                await self.app(scope, replay, send_wrapped)
+            else:
+                await self.app(scope, receive, send_wrapped)
+        finally:
+            state.metrics.observe(route, status[0], time.perf_counter() - start)
+
+
+async def _send_error(
+    send: Any, status: int, message: str, error_type: str, headers: dict | None = None
+) -> None:
+    body = _error_body(message, error_type)
+    raw = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    raw += [(k.encode(), v.encode()) for k, v in (headers or {}).items()]
+    await send({"type": "http.response.start", "status": status, "headers": raw})
+    await send({"type": "http.response.body", "body": body})
+
+
+# ------------------------------------------------------------------------------------------ state
+
+
+class ServerState:
+    """The engines, their batchers, the limits and the metrics of one app."""
+
+    def __init__(
+        self,
+        engines: dict[str, Any],
+        *,
+        max_batch_tokens: int,
+        max_wait_ms: float,
+        limits: Limits,
+        api_key: str | None,
+        index: Any,
+        index_path: str | None,
+    ) -> None:
+        if not engines:
+            raise CramkitError("give at least one model to serve")
+        self.engines = engines
+        self.default = next(iter(engines))
+        self.limits = limits
+        self.api_key = api_key or None
+        self.index, self.index_path = index, index_path
+        self.metrics = Metrics()
+        self.max_batch_tokens = int(max_batch_tokens)
+        self.batchers = {
+            name: Batcher(
+                eng,
+                name,
+                max_batch_tokens=max_batch_tokens,
+                max_wait_ms=max_wait_ms,
+                max_queue=limits.max_queue,
+                metrics=self.metrics,
+            )  # fmt: skip
+            for name, eng in engines.items()
+        }
+        self.started = time.time()
+        self.shutting_down = False
+
+    def pick(self, body: dict, request: Any) -> tuple[str, Any, Batcher]:
+        name = body.get("model") if isinstance(body, dict) else None
+        if name is None:
+            name = request.query_params.get("model")
+        if name is None:
+            name = self.default
+        if not isinstance(name, str) or name not in self.engines:
+            raise ApiError(
+                404, f"unknown model {name!r}; this server has {', '.join(sorted(self.engines))}", "NotFound"
+            )
+        return name, self.engines[name], self.batchers[name]
+
+
+# ------------------------------------------------------------------------------------------ parsing
+
+
+async def _json(request: Any) -> dict:
+    raw = await request.body()
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ApiError(
+            400, f"the body is not valid UTF-8 (byte {exc.start}); send UTF-8 JSON", "Validation"
+        ) from None
+    try:
+        body = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ApiError(
+            400, f"the body is not valid JSON ({exc.msg} at position {exc.pos})", "Validation"
+        ) from None
+    if not isinstance(body, dict):
+        raise ApiError(422, f"the body must be a JSON object, not {type(body).__name__}", "Validation")
+    return body
+
+
+def _inputs(body: dict, limits: Limits, key: str = "inputs", pairs: bool = False) -> list[Any]:
+    """``inputs``: a string or a list of them (with ``pairs``: a [a, b] pair, or a list of strings and
+    pairs, as TEI's /predict reads it)."""
+    if key not in body:
+        raise ApiError(422, f"missing field '{key}': give a string or a list of strings", "Validation")
+    x = body[key]
+    if isinstance(x, str):
+        items: list[Any] = [x]
+    elif isinstance(x, list):
+        if not x:
+            raise ApiError(422, f"'{key}' is an empty list; give at least one input", "Empty")
+        if pairs and len(x) == 2 and all(isinstance(s, str) for s in x):
+            items = [(x[0], x[1])]  # TEI: ["a", "b"] is one pair
+        else:
+            items = x
+    else:
+        raise ApiError(422, f"'{key}' must be a string or a list of strings, not {_type(x)}", "Validation")
+    if len(items) > limits.max_inputs:
+        raise ApiError(
+            413,
+            f"{len(items)} inputs in one request; the limit is {limits.max_inputs}: split the request",
+            "Validation",
+        )
+    out: list[Any] = []
+    for i, it in enumerate(items):
+        if isinstance(it, str):
+            out.append(it)
+        elif (
+            pairs
+            and isinstance(it, (list, tuple))
+            and 1 <= len(it) <= 2
+            and all(isinstance(s, str) for s in it)
+        ):
+            out.append(it[0] if len(it) == 1 else (it[0], it[1]))
+        else:
+            want = "a string or a [text, text] pair" if pairs else "a string"
+            raise ApiError(422, f"{key}[{i}] is {_type(it)}; each input must be {want}", "Validation")
+        chars = len(it) if isinstance(it, str) else sum(len(s) for s in it)
+        if chars > limits.max_input_chars:
+            raise ApiError(
+                413,
+                f"{key}[{i}] has {chars} characters; the limit is {limits.max_input_chars} per input",
+                "Validation",
+            )
+    return out
+
+
+def _type(x: Any) -> str:
+    return {
+        str: "a string",
+        int: "a number",
+        float: "a number",
+        bool: "a boolean",
+        list: "a list",
+        dict: "an object",
+    }.get(type(x), "null" if x is None else type(x).__name__)
+
+
+def _flag(body: dict, key: str, default: bool) -> bool:
+    v = body.get(key, default)
+    if v is None:
+        return default
+    if not isinstance(v, bool):
+        raise ApiError(422, f"'{key}' must be true or false, not {_type(v)}", "Validation")
+    return v
+
+
+def _int(body: dict, key: str, default: int, lo: int, hi: int) -> int:
+    v = body.get(key, default)
+    if v is None:
+        return default
+    if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
+        raise ApiError(422, f"'{key}' must be an integer from {lo} to {hi}", "Validation")
+    return v
+
+
+# ------------------------------------------------------------------------------------------ running
+
+
+async def _tokenize(engine: Any, items: list[Any], truncate: bool) -> Any:
+    chars = sum(len(x) if isinstance(x, str) else len(x[0]) + len(x[1]) for x in items)
+    try:
+        if chars <= INLINE_CHARS:
+            return engine.tokenize(items, truncate=truncate)
+        from starlette.concurrency import run_in_threadpool
+
+        return await run_in_threadpool(lambda: engine.tokenize(items, truncate=truncate))
+    except CramkitError as exc:
+        raise ApiError(413 if "longer than" in str(exc) else 422, str(exc), "Validation") from None
+
+
+async def _run(state: ServerState, name: str, batcher: Batcher, task: str, enc: Any, top_k: int = 5) -> Any:
+    if state.shutting_down:
+        raise ApiError(503, "the server is shutting down; retry on another replica", "Unhealthy")
+    loop = asyncio.get_running_loop()
+    fut = loop.create_future()
+    state.metrics.inputs.labels(name, task).inc(len(enc))
+    try:
+        batcher.submit(Job(task, enc, fut, loop, top_k))
+    except QueueFull:
+        state.metrics.rejected.labels("queue_full").inc()
+        raise ApiError(
+            429, f"the queue of model {name!r} is full ({batcher.max_queue} inputs); retry shortly", "Overloaded",
+            {"Retry-After": "1"},
+        ) from None  # fmt: skip
+    except Stopped:
+        raise ApiError(503, "the server is shutting down; retry on another replica", "Unhealthy") from None
+    try:
+        return await asyncio.wait_for(fut, state.limits.request_timeout_s)
+    except TimeoutError:
+        state.metrics.rejected.labels("timeout").inc()
+        raise ApiError(
+            503, f"no answer within {state.limits.request_timeout_s:g}s (the server is overloaded); retry later",
+            "Overloaded", {"Retry-After": "1"},
+        ) from None  # fmt: skip
+    except CramkitError as exc:
+        raise ApiError(422, str(exc), "Validation") from None
+    except ApiError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - the model failed: say so, keep serving
+        raise ApiError(
+            500, f"the model failed on this input ({type(exc).__name__}: {exc})", "Backend"
+        ) from None
+
+
+def _response(payload: Any, truncated: np.ndarray | None = None, status: int = 200) -> Response:
+    headers = {}
+    if truncated is not None and truncated.any():
+        idx = np.flatnonzero(truncated)
+        headers["x-truncated-inputs"] = ",".join(map(str, idx[:100].tolist()))
+    return Response(dumps(payload), status_code=status, media_type="application/json", headers=headers)
+
+
+# ------------------------------------------------------------------------------------------ the app
+
+
+def create_app(
+    engines: dict[str, Any],
+    *,
+    max_batch_tokens: int = 16384,
+    max_wait_ms: float = 5.0,
+    limits: Limits | None = None,
+    api_key: str | None = None,
+    index: Any = None,
+    index_path: str | None = None,
+) -> Any:
+    """A FastAPI app serving ``engines`` (name -> :class:`cramkit.infer.Engine`); batchers start with it."""
+    from fastapi import FastAPI
+    from fastapi.exceptions import RequestValidationError
+    from starlette.exceptions import HTTPException as StarletteHTTPException
+
+    import cramkit
+
+    state = ServerState(
+        engines, max_batch_tokens=max_batch_tokens, max_wait_ms=max_wait_ms, limits=limits or Limits(),
+        api_key=api_key, index=index, index_path=index_path,
+    )  # fmt: skip
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Any) -> AsyncIterator[None]:
+        for b in state.batchers.values():
+            b.start()
+        yield
+        state.shutting_down = True
+        for b in state.batchers.values():  # finish what is queued
+            await asyncio.to_thread(b.stop)
+
+    app = FastAPI(
+        title="cramkit serve",
+        version=cramkit.__version__,
+        description="Embeddings, classification and fill-mask; routes compatible with text-embeddings-inference.",
+        lifespan=lifespan,
+    )
+    app.state.cramkit = state
+
+    @app.exception_handler(ApiError)
+    async def _api_error(request: Request, exc: ApiError) -> Response:
+        return Response(_error_body(exc.message, exc.error_type), exc.status, exc.headers, "application/json")
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(request: Request, exc: StarletteHTTPException) -> Response:
+        kind = "NotFound" if exc.status_code == 404 else "Validation"
+        message = f"{request.method} {request.url.path}: {exc.detail}"
+        if exc.status_code == 404:
+            message += f"; routes: {', '.join(ROUTES)}, /docs"
+        return Response(
+            _error_body(message, kind), exc.status_code, getattr(exc, "headers", None), "application/json"
+        )
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation(request: Request, exc: RequestValidationError) -> Response:
+        return Response(_error_body(str(exc.errors())[:500], "Validation"), 422, None, "application/json")
+
+    @app.exception_handler(Exception)
+    async def _internal(request: Request, exc: Exception) -> Response:
+        return Response(
+            _error_body(f"internal error: {type(exc).__name__}", "Backend"), 500, None, "application/json"
+        )
+
+    def schema(props: dict[str, Any], required: list[str]) -> dict[str, Any]:
+        body = {"type": "object", "properties": props, "required": required}
+        return {"requestBody": {"required": True, "content": {"application/json": {"schema": body}}}}
+
+    text_or_list = {"oneOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}}]}
+    model_field = {"type": "string", "description": "the model's name (default: the first one served)"}
+
+    # ------------------------------------------------------------------ embeddings
+
+    @app.post(
+        "/embed",
+        summary="Sentence embeddings (TEI's /embed): [[float, ...], ...] in input order",
+        openapi_extra=schema(
+            {
+                "inputs": text_or_list,
+                "normalize": {"type": "boolean", "default": True},
+                "truncate": {
+                    "type": "boolean",
+                    "default": True,
+                    "description": "cut inputs to the model's limit",
+                },
+                "pooling": {"type": "string", "enum": ["mean", "cls"], "description": "default: the model's"},
+                "model": model_field,
+            },
+            ["inputs"],
+        ),
+    )
+    async def embed(request: Request) -> Response:
+        body = await _json(request)
+        name, engine, batcher = state.pick(body, request)
+        _need(engine.can_embed, name, "embeddings")
+        items = _inputs(body, state.limits)
+        normalize = _flag(body, "normalize", True)
+        truncate = _flag(body, "truncate", True)
+        pooling = _pooling(engine, body.get("pooling"))
+        enc = await _tokenize(engine, items, truncate)
+        mean, cls = await _run(state, name, batcher, "embed", enc)
+        vectors = engine.finish_embeddings(mean if pooling == "mean" else cls, normalize)
+        return _response(await _encode_floats(vectors), enc.truncated)
+
+    @app.post(
+        "/v1/embeddings",
+        summary="OpenAI-shaped embeddings",
+        openapi_extra=schema(
+            {
+                "input": text_or_list,
+                "model": model_field,
+                "encoding_format": {"type": "string", "enum": ["float", "base64"], "default": "float"},
+            },
+            ["input"],
+        ),
+    )
+    async def openai_embeddings(request: Request) -> Response:
+        body = await _json(request)
+        name, engine, batcher = state.pick(body, request)
+        _need(engine.can_embed, name, "embeddings")
+        items = _inputs(body, state.limits, key="input")
+        fmt = body.get("encoding_format") or "float"
+        if fmt not in ("float", "base64"):
+            raise ApiError(422, "'encoding_format' must be 'float' or 'base64'", "Validation")
+        dims = body.get("dimensions")
+        if dims is not None and dims != engine.hidden_size:
+            raise ApiError(
+                422, f"'dimensions' must be {engine.hidden_size} (this model's size) or absent", "Validation"
+            )
+        enc = await _tokenize(engine, items, True)
+        mean, cls = await _run(state, name, batcher, "embed", enc)
+        vectors = engine.finish_embeddings(mean if engine.pooling == "mean" else cls, True)
+        if fmt == "base64":
+            data = [
+                {
+                    "object": "embedding",
+                    "index": i,
+                    "embedding": base64.b64encode(v.astype("<f4").tobytes()).decode(),
+                }
+                for i, v in enumerate(vectors)
+            ]
+        else:
+            rows = await _encode_floats(vectors)
+            data = [{"object": "embedding", "index": i, "embedding": r} for i, r in enumerate(rows)]
+        tokens = int(enc.lengths.sum())
+        payload = {
+            "object": "list",
+            "data": data,
+            "model": name,
+            "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
+        }
+        return _response(payload, enc.truncated)
+
+    # ------------------------------------------------------------------ classification
+
+    @app.post(
+        "/predict",
+        summary="Classification (TEI's /predict): per input, every label with its score, best first",
+        openapi_extra=schema(
+            {
+                "inputs": {
+                    "description": "a text, a [text, text] pair, or a list of texts and pairs",
+                    "oneOf": [{"type": "string"}, {"type": "array"}],
+                },
+                "raw_scores": {
+                    "type": "boolean",
+                    "default": False,
+                    "description": "logits instead of probabilities",
+                },
+                "truncate": {"type": "boolean", "default": True},
+                "model": model_field,
+            },
+            ["inputs"],
+        ),
+    )
+    async def predict(request: Request) -> Response:
+        body = await _json(request)
+        name, engine, batcher = state.pick(body, request)
+        _need(engine.can_classify, name, "classification (/predict); it is a " + engine.kind + " model")
+        single = isinstance(body.get("inputs"), str) or (
+            isinstance(body.get("inputs"), list)
+            and len(body["inputs"]) == 2
+            and all(isinstance(s, str) for s in body["inputs"])
+        )
+        items = _inputs(body, state.limits, pairs=True)
+        raw = _flag(body, "raw_scores", False)
+        truncate = _flag(body, "truncate", True)
+        enc = await _tokenize(engine, items, truncate)
+        logits = await _run(state, name, batcher, "classify", enc)
+        out = _predictions(engine, logits, raw)
+        return _response(out[0] if single else out, enc.truncated)
+
+    # ------------------------------------------------------------------ fill-mask
+
+    @app.post(
+        "/fill-mask",
+        summary="For each [MASK] in each input, the top_k tokens with their probabilities",
+        openapi_extra=schema(
+            {
+                "inputs": text_or_list,
+                "top_k": {"type": "integer", "default": 5},
+                "truncate": {"type": "boolean"},
+                "model": model_field,
+            },
+            ["inputs"],
+        ),
+    )
+    async def fill_mask(request: Request) -> Response:
+        body = await _json(request)
+        name, engine, batcher = state.pick(body, request)
+        _need(engine.can_fill_mask, name, "fill-mask (it needs a masked-LM model)")
+        items = _inputs(body, state.limits)
+        top_k = _int(body, "top_k", 5, 1, 100)
+        truncate = _flag(body, "truncate", True)
+        enc = await _tokenize(engine, items, truncate)
+        filled = await _run(state, name, batcher, "fill_mask", enc, top_k)
+        out = [
+            [
+                [{"token": c["token"], "id": c["id"], "score": round(float(c["score"]), 7)} for c in m]
+                for m in masks
+            ]
+            for masks in filled
+        ]
+        return _response(out[0] if isinstance(body["inputs"], str) else out, enc.truncated)
+
+    # ------------------------------------------------------------------ search
+
+    @app.post(
+        "/search",
+        summary="Nearest passages of the index (cramkit serve --index IDX): per query, [{score, text, doc, source}]",
+        openapi_extra=schema({"inputs": text_or_list, "k": {"type": "integer", "default": 10}}, ["inputs"]),
+    )
+    async def search(request: Request) -> Response:
+        body = await _json(request)
+        if state.index is None:
+            raise ApiError(
+                404, "this server has no index; start it with cramkit serve ... --index IDX", "NotFound"
+            )
+        items = _inputs(body, state.limits)
+        k = _int(body, "k", 10, 1, 1000)
+        from starlette.concurrency import run_in_threadpool
+
+        try:
+            hits = await run_in_threadpool(state.index.search, items, k)
+        except CramkitError as exc:
+            raise ApiError(422, str(exc), "Validation") from None
+        return _response(hits[0] if isinstance(body["inputs"], str) else hits)
+
+    # ------------------------------------------------------------------ about
+
+    @app.get("/info", summary="The models served, their limits and the server's")
+    async def info() -> Response:
+        first = state.engines[state.default]
+        model_type: dict[str, Any]
+        if first.can_classify and first.labels:
+            model_type = {
+                "classifier": {
+                    "id2label": dict(enumerate(first.labels)),
+                    "label2id": {n: i for i, n in enumerate(first.labels)},
+                }
+            }
+        else:
+            model_type = {"embedding": {"pooling": first.pooling}}
+        payload = {
+            "model_id": state.default,
+            "model_type": model_type,
+            "model_dtype": first.runner.precision,
+            "max_input_length": first.max_length,
+            "max_batch_tokens": state.max_batch_tokens,
+            "max_client_batch_size": state.limits.max_inputs,
+            "max_concurrent_requests": state.limits.max_queue,
+            "limits": vars(state.limits),
+            "version": cramkit.__version__,
+            "models": {n: e.info() for n, e in state.engines.items()},
+            "index": state.index_path,
+        }
+        return _response(payload)
+
+    @app.get("/health", summary="200 while every model's batcher runs")
+    async def health() -> Response:
+        dead = [n for n, b in state.batchers.items() if not b.alive]
+        if dead or state.shutting_down:
+            return _response({"status": "unhealthy", "stopped": dead}, status=503)
+        return _response({"status": "ok", "models": list(state.engines)})
+
+    @app.get("/metrics", summary="Prometheus metrics")
+    async def metrics() -> Response:
+        data, ctype = state.metrics.render()
+        return Response(data, media_type=ctype)
+
+    return Gate(app, state)
+
+
+def _need(ok: bool, name: str, what: str) -> None:
+    if not ok:
+        raise ApiError(422, f"model {name!r} cannot do {what}", "Validation")
+
+
+def _pooling(engine: Any, value: Any) -> str:
+    if value is not None and value not in ("mean", "cls"):
+        raise ApiError(422, "'pooling' must be 'mean' or 'cls'", "Validation")
+    return value or engine.pooling
+
+
+async def _encode_floats(vectors: np.ndarray) -> list:
+    if vectors.size > 200_000:  # a big answer: build it off the event loop
+        from starlette.concurrency import run_in_threadpool
+
+        return await run_in_threadpool(_floats, vectors)
+    return _floats(vectors)
+
+
+def _predictions(engine: Any, logits: np.ndarray, raw: bool) -> list[list[dict[str, Any]]]:
+    from cramkit.infer.engine import probabilities
+
+    if engine.kind == "regression":
+        return [[{"label": "score", "score": float(v)}] for v in logits[:, 0]]
+    scores = logits if raw else probabilities(engine.kind, logits)
+    names = engine.labels or [str(j) for j in range(logits.shape[1])]
+    out = []
+    for row in scores:
+        order = np.argsort(-row, kind="stable")
+        out.append([{"label": names[j], "score": round(float(row[j]), 7)} for j in order])
+    return out

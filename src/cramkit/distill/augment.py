@@ -76,24 +76,40 @@ def cpu_count() -> int:
 # ------------------------------------------------------------------------------------------ the tagger
 
 
-def load_tagger() -> Any:
-    """NLTK's averaged perceptron tagger; CramkitError saying how to install it when absent."""
+_TAGGERS: dict[str, Any] = {}
+
+
+def find_tagger() -> str:
+    """Where NLTK's tagger is (cheap: nothing is loaded); CramkitError saying how to install it when absent."""
     try:
         import nltk
-        from nltk.tag import PerceptronTagger
     except ImportError:
         raise CramkitError(
             "distillation's POS-guided replacement needs NLTK: pip install 'cramkit[distill]'"
         ) from None
     try:
-        nltk.data.find(f"taggers/{TAGGER}/")
-        return PerceptronTagger(lang="eng")
+        return str(nltk.data.find(f"taggers/{TAGGER}/"))
     except (LookupError, OSError, ValueError):
         raise CramkitError(
             f"NLTK's POS tagger ({TAGGER}) is not installed: run python -c \"import nltk; "
             f"nltk.download('{TAGGER}')\" (or point NLTK_DATA at a folder that holds taggers/{TAGGER}/); "
             "or turn POS replacement off with --set p_pos=0"
         ) from None
+
+
+def load_tagger() -> Any:
+    """NLTK's averaged perceptron tagger (loaded once per process); CramkitError when absent."""
+    key = find_tagger()
+    if key not in _TAGGERS:  # loading its weights takes seconds
+        from nltk.tag import PerceptronTagger
+
+        try:
+            _TAGGERS[key] = PerceptronTagger(lang="eng")
+        except (LookupError, OSError, ValueError) as exc:
+            raise CramkitError(
+                f"NLTK's POS tagger in {key} cannot be read ({exc}); install it again"
+            ) from None
+    return _TAGGERS[key]
 
 
 # ------------------------------------------------------------------------------ the POS distribution
@@ -341,6 +357,7 @@ def build_transfer(
                 jobs = _chunks(rows, 64)
                 for got in pool.imap(_augment_chunk, jobs) if pool else map(_augment_chunk, jobs):
                     for mine in got:
+                        dup += per - len(mine)  # copies equal to the original or to an earlier copy
                         for a, bb in mine:
                             if put(a, bb, None, False):
                                 copies += 1

@@ -548,6 +548,10 @@ def distill(
     t_start = time.perf_counter()
     cfg = (cfg or DistillConfig()).resolved(student)
     cfg.validate()
+    if cfg.augment and cfg.p_pos > 0:
+        from cramkit.distill.augment import find_tagger
+
+        find_tagger()  # before anything slow: a missing tagger is the first thing said
     out = Path(out)
     t = teacher if isinstance(teacher, LoadedModel) else load(teacher)
     kind = check_teacher(t, task)

@@ -43,7 +43,15 @@ def teacher_key(teacher: LoadedModel, max_length: int) -> str:
 
 def load_cached(root: Path, key: str) -> np.ndarray | None:
     path = Path(root) / f"teacher-{key}.npy"
-    return np.load(path, mmap_mode="r", allow_pickle=False) if path.is_file() else None
+    if not path.is_file():
+        return None
+    try:
+        arr = np.load(path, mmap_mode="r", allow_pickle=False)
+    except (ValueError, OSError) as exc:  # a damaged or crafted file (object arrays would need pickle)
+        raise CramkitError(f"{path} is not a float32 .npy array ({exc}); delete it to recompute") from None
+    if arr.dtype != np.float32 or arr.ndim != 2:
+        raise CramkitError(f"{path} holds {arr.dtype} {arr.shape}, not float32 [rows, outputs]; delete it")
+    return arr
 
 
 def teacher_logits(

@@ -4,13 +4,13 @@ recall@10 measured against exact search, search it (inner product on normalised 
 Kinds:
 
 ``flat``   exact search (``faiss.knn``) straight over the memory-mapped vectors: no index file at all.
-``hnsw``   ``HNSW32,Flat``; ``efSearch`` tuned.
+``hnsw``   ``IDMap2,HNSW32,Flat``; ``efSearch`` tuned.
 ``ivfpq``  ``IVF{nlist},PQ{d/2}x4fs`` (4-bit fast-scan codes) trained on a sample; the candidates it
            returns (``k * refine``) are re-scored exactly against the memory-mapped float vectors, so
            the raw vectors never need to be in RAM; ``nprobe`` and ``refine`` tuned.
 
-Recall is measured on held-out queries: ``queries`` vectors drawn from the corpus, each searched against
-the whole index with its own entry left out of both the exact and the approximate top-k.
+Recall is measured on held-out queries: up to 1000 corpus vectors kept out of the index while the search
+parameters are tuned against exact search over the rest, added afterwards.
 """
 
 from __future__ import annotations
@@ -71,7 +71,7 @@ def plan_index(n: int, d: int, memory: int, kind: str = "auto") -> dict[str, Any
         why = "chosen with --kind"
     plan: dict[str, Any] = {"kind": kind, "why": why, "dim": d}
     if kind == "hnsw":
-        plan.update(M=HNSW_M, efConstruction=80, factory=f"HNSW{HNSW_M},Flat")
+        plan.update(M=HNSW_M, efConstruction=80, factory=f"IDMap2,HNSW{HNSW_M},Flat")
     elif kind == "ivfpq":
         nlist = int(2 ** round(math.log2(max(16.0, 2 * math.sqrt(n)))))
         nlist = max(1, min(nlist, n // 39 or 1))
@@ -96,61 +96,103 @@ def _faiss() -> Any:
     return faiss
 
 
-def build(vectors: np.ndarray, plan: dict[str, Any], *, seed: int = 0, log: Any = None) -> Any:
-    """Train (on a sample) and fill the Faiss index ``plan`` describes; None for ``flat``."""
+def build_and_tune(
+    vectors: np.ndarray,
+    plan: dict[str, Any],
+    *,
+    target: float = 0.95,
+    index: Any = None,
+    start: int = 0,
+    k: int = 10,
+    queries: int = 1000,
+    seed: int = 0,
+    log: Any = None,
+) -> tuple[Any, dict[str, Any], dict[str, Any]]:
+    """(index, search params, recall measurement) for ``vectors`` (rows ``start:`` are new; ``index``, when
+    given, already holds the rows before ``start``). None for ``flat``.
+
+    A random sample of the new rows is held out: the others are added, the search parameters are tuned until
+    the held-out queries reach recall@k >= ``target`` against exact search over what the index holds, and
+    then the held-out rows are added too (row number = id)."""
     faiss = _faiss()
     log = log or (lambda s: print(s, file=sys.stderr, flush=True))
     n, d = vectors.shape
     kind = plan["kind"]
     if kind == "flat":
-        return None
-    index = faiss.index_factory(d, plan["factory"], faiss.METRIC_INNER_PRODUCT)
-    if kind == "hnsw":
-        index.hnsw.efConstruction = plan["efConstruction"]
-    else:
-        rng = np.random.default_rng(seed)
-        n_train = min(n, max(64 * plan["nlist"], 20_000), 200_000)
-        sample = np.sort(rng.choice(n, n_train, replace=False))
-        t0 = time.perf_counter()
-        index.train(np.ascontiguousarray(vectors[sample], dtype=np.float32))
-        log(f"trained {plan['factory']} on {n_train} vectors in {time.perf_counter() - t0:.1f}s")
+        return None, {}, {"recall_at_10": 1.0, "queries": 0, "target": target, "exact": True, "reached": True}
+    rng = np.random.default_rng(seed)
+    new = n - start
+    qids = np.sort(rng.choice(new, min(queries, max(1, new // 10)), replace=False)) + start
+    if index is None:
+        index = faiss.index_factory(d, plan["factory"], faiss.METRIC_INNER_PRODUCT)
+        if kind == "hnsw":
+            _hnsw(index).efConstruction = plan["efConstruction"]
+        else:
+            n_train = min(n, max(40 * plan["nlist"], 20_000), 200_000)
+            faiss.extract_index_ivf(index).cp.niter = 12  # k-means: 12 iterations are enough for coarse cells
+            sample = np.sort(rng.choice(n, n_train, replace=False))
+            t0 = time.perf_counter()
+            index.train(np.ascontiguousarray(vectors[sample], dtype=np.float32))
+            log(f"trained {plan['factory']} on {n_train} vectors in {time.perf_counter() - t0:.1f}s")
+    keep = np.ones(new, dtype=bool)
+    keep[qids - start] = False
     t0 = time.perf_counter()
-    add(index, vectors, log=log)
-    log(f"added {n} vectors in {time.perf_counter() - t0:.1f}s")
-    return index
+    add(index, vectors, np.flatnonzero(keep) + start, log=log)
+    log(f"added {int(keep.sum())} vectors in {time.perf_counter() - t0:.1f}s")
+    params, meas = tune(index, vectors, plan, qids, target=target, k=k, log=log)
+    add(index, vectors, qids)
+    return index, params, meas
 
 
-def add(index: Any, vectors: np.ndarray, *, log: Any = None, block: int = 65536) -> None:
-    n = len(vectors)
-    for i in range(0, n, block):
-        index.add(np.ascontiguousarray(vectors[i : i + block], dtype=np.float32))
-        if log is not None and n > block and (i // block) % 8 == 7:
-            log(f"  {min(i + block, n)}/{n} vectors added")
+def _hnsw(index: Any) -> Any:
+    faiss = _faiss()
+    inner = faiss.downcast_index(index)
+    if hasattr(inner, "index"):  # IndexIDMap2 around the HNSW index
+        inner = faiss.downcast_index(inner.index)
+    return inner.hnsw
 
 
-def exact_search(vectors: np.ndarray, queries: np.ndarray, k: int, block: int = 262_144) -> tuple:
-    """Exact top-k by inner product over (memory-mapped) ``vectors``, streamed in row blocks."""
+def add(index: Any, vectors: np.ndarray, rows: np.ndarray, *, log: Any = None, block: int = 65536) -> None:
+    """Add ``vectors[rows]`` with their row numbers as ids."""
+    rows = np.asarray(rows, dtype=np.int64)
+    for i in range(0, len(rows), block):
+        r = rows[i : i + block]
+        index.add_with_ids(np.ascontiguousarray(vectors[r], dtype=np.float32), r)
+        if log is not None and len(rows) > block and (i // block) % 8 == 7:
+            log(f"  {min(i + block, len(rows))}/{len(rows)} vectors added")
+
+
+def exact_search(
+    vectors: np.ndarray, queries: np.ndarray, k: int, block: int = 262_144, exclude: np.ndarray | None = None
+) -> tuple:
+    """Exact top-k by inner product over (memory-mapped) ``vectors``, streamed in row blocks; rows in the
+    sorted array ``exclude`` are left out."""
     faiss = _faiss()
     q = np.ascontiguousarray(queries, dtype=np.float32)
     n = len(vectors)
     best_d = np.full((len(q), k), -np.inf, dtype=np.float32)
     best_i = np.full((len(q), k), -1, dtype=np.int64)
+    extra = 0 if exclude is None else len(exclude)
     for a in range(0, n, block):
         part = np.ascontiguousarray(vectors[a : a + block], dtype=np.float32)
-        kk = min(k, len(part))
+        kk = min(k + extra, len(part))
         dd, ii = faiss.knn(q, part, kk, metric=faiss.METRIC_INNER_PRODUCT)
+        ii = ii + a
+        if extra:
+            dd = np.where(np.isin(ii, exclude), -np.inf, dd)
         dd = np.concatenate([best_d, dd], axis=1)
-        ii = np.concatenate([best_i, ii + a], axis=1)
+        ii = np.concatenate([best_i, ii], axis=1)
         order = np.argsort(-dd, axis=1, kind="stable")[:, :k]
         best_d = np.take_along_axis(dd, order, axis=1)
         best_i = np.take_along_axis(ii, order, axis=1)
+    best_i = np.where(np.isfinite(best_d), best_i, -1)
     return best_d, best_i
 
 
 def set_params(index: Any, plan: dict[str, Any], params: dict[str, Any], k: int) -> None:
     faiss = _faiss()
     if plan["kind"] == "hnsw":
-        faiss.downcast_index(index).hnsw.efSearch = max(int(params["efSearch"]), k)
+        _hnsw(index).efSearch = max(int(params["efSearch"]), k)
     elif plan["kind"] == "ivfpq":
         faiss.extract_index_ivf(index).nprobe = int(params["nprobe"])
 
@@ -163,10 +205,17 @@ def search(
     if plan["kind"] == "flat" or index is None:
         return exact_search(vectors, q, min(k, len(vectors)))
     set_params(index, plan, params, k)
-    if plan["kind"] == "hnsw":
-        return index.search(q, k)
-    kk = min(len(vectors), k * int(params.get("refine", 1)))
-    _, cand = index.search(q, kk)
+    faiss = _faiss()
+    threads = faiss.omp_get_max_threads()
+    if len(q) < 4:  # a handful of queries: OpenMP's fork/join costs more than it saves (worse on busy cores)
+        faiss.omp_set_num_threads(1)
+    try:
+        if plan["kind"] == "hnsw":
+            return index.search(q, k)
+        kk = min(int(index.ntotal), k * int(params.get("refine", 1)))
+        _, cand = index.search(q, kk)
+    finally:
+        faiss.omp_set_num_threads(threads)
     return rerank(vectors, q, cand, k)
 
 
@@ -194,38 +243,36 @@ def rerank(vectors: np.ndarray, q: np.ndarray, cand: np.ndarray, k: int) -> tupl
 
 
 def recall_at(found: np.ndarray, truth: np.ndarray, k: int) -> float:
-    """Mean over queries of |found[:k] & truth[:k]| / k."""
-    hits = [len(set(f[:k].tolist()) & set(t[:k].tolist()) - {-1}) for f, t in zip(found, truth, strict=True)]
-    return float(np.mean(hits)) / k if hits else 1.0
+    """Mean over queries of |found[:k] & truth[:k]| / |truth[:k]| (ids -1 ignored)."""
+    vals = []
+    for f, t in zip(found, truth, strict=True):
+        want = set(t[:k].tolist()) - {-1}
+        if want:
+            vals.append(len(set(f[:k].tolist()) & want) / len(want))
+    return float(np.mean(vals)) if vals else 1.0
 
 
 def tune(
     index: Any,
     vectors: np.ndarray,
     plan: dict[str, Any],
+    qids: np.ndarray,
     *,
     target: float = 0.95,
     k: int = 10,
-    queries: int = 1000,
-    seed: int = 1,
     log: Any = None,
 ) -> tuple[dict[str, Any], dict[str, Any]]:
-    """The cheapest search parameters reaching recall@k >= ``target`` on held-out corpus queries (each one's
-    own entry excluded), and the measurement: ``{"recall_at_10", "queries", "target", "qps", "reached"}``."""
+    """The fastest search parameters whose recall@k on the held-out rows ``qids`` (not in ``index``) reaches
+    ``target`` against exact search over the rows the index holds; and ``{"recall_at_10", "queries",
+    "target", "qps", "reached"}``."""
     log = log or (lambda s: print(s, file=sys.stderr, flush=True))
-    n = len(vectors)
-    kk = min(k, n - 1)
-    if plan["kind"] == "flat" or kk < 1:
-        return {}, {"recall_at_10": 1.0, "queries": 0, "target": target, "exact": True, "reached": True}
-    rng = np.random.default_rng(seed)
-    qids = np.sort(rng.choice(n, min(queries, n), replace=False))
+    kk = max(1, min(k, int(index.ntotal)))
     q = np.ascontiguousarray(vectors[qids], dtype=np.float32)
-    _, truth = exact_search(vectors, q, kk + 1)
-    truth = _drop_self(truth, qids, kk)
+    _, truth = exact_search(vectors, q, kk, exclude=qids)
     if plan["kind"] == "hnsw":
-        grid = [{"efSearch": e} for e in (16, 32, 64, 128, 256, 512, 1024)]
+        grid = [{"efSearch": e} for e in (16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 1024)]
     else:
-        probes = [p for p in (1, 2, 4, 8, 16, 32, 64, 128, 256, 512) if p <= plan["nlist"]]
+        probes = [p for p in (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128, 256, 512) if p <= plan["nlist"]]
         if plan["nlist"] not in probes:
             probes.append(plan["nlist"])
         grid = [{"nprobe": p, "refine": r} for r in (2, 4, 8, 16, 32, 64) for p in probes]
@@ -238,38 +285,29 @@ def tune(
         if r in skip_refine:
             continue
         t0 = time.perf_counter()
-        _, ids = search(index, vectors, plan, params, q, kk + 1)
+        _, ids = search(index, vectors, plan, params, q, kk)
         dt = time.perf_counter() - t0
-        rec = recall_at(_drop_self(ids, qids, kk), truth, kk)
+        rec = recall_at(ids, truth, kk)
         qps = len(q) / dt if dt > 0 else float("inf")
         meas = {"recall_at_10": round(rec, 4), "queries": len(q), "target": target, "qps": round(qps, 1)}
         if fallback is None or rec > fallback[0]:
             fallback = (rec, params, meas)
-        if r is not None:
-            if rec < target and params["nprobe"] >= 16 and rec - last.get(r, -1.0) < 0.002:
-                skip_refine.add(r)  # a plateau: more probes will not help this refine factor
-            last[r] = rec
         if rec >= target:
             if best is None or qps > best[0]:
                 best = (qps, params, meas)
-            if r is not None:
-                skip_refine.add(r)  # more probes only cost time
-            else:
+            if r is None:
                 break
+            skip_refine.add(r)  # more probes only cost time
+        elif r is not None:
+            if params["nprobe"] >= 16 and rec - last.get(r, -1.0) < 0.002:
+                skip_refine.add(r)  # a plateau: more probes will not help this refine factor
+            last[r] = rec
     if best is None:
         rec, params, meas = fallback  # type: ignore[misc]
         log(f"warning: recall@10 {rec:.3f} is below the target {target} at the most thorough setting tried")
         return params, meas | {"reached": False}
     _, params, meas = best
     return params, meas | {"reached": True}
-
-
-def _drop_self(ids: np.ndarray, qids: np.ndarray, k: int) -> np.ndarray:
-    out = np.full((len(ids), k), -1, dtype=np.int64)
-    for r, (row, own) in enumerate(zip(ids, qids, strict=True)):
-        kept = row[row != own][:k]
-        out[r, : len(kept)] = kept
-    return out
 
 
 def write(index: Any, path: Path) -> None:

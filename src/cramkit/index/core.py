@@ -214,8 +214,7 @@ def build_index(
     vectors = np.load(work / "embed" / "embeddings.npy", mmap_mode="r", allow_pickle=False)
     plan = ann.plan_index(len(vectors), vectors.shape[1], budget, kind)
     _log(f"index: {plan['kind']} ({plan['why']})")
-    index = ann.build(vectors, plan, log=_log)
-    params, recall = ann.tune(index, vectors, plan, target=target_recall, log=_log)
+    index, params, recall = ann.build_and_tune(vectors, plan, target=target_recall, log=_log)
     if index is not None:
         ann.write(index, data / "faiss.index")
     del index
@@ -519,15 +518,16 @@ def add_to_index(
         data / "vectors.npy", mode="w+", dtype=np.float32, shape=(n_old + len(chunks), d)
     )
     for a in range(0, n_old, 65536):
-        vec[a : a + 65536] = idx.vectors[a : a + 65536]
+        b = min(a + 65536, n_old)
+        vec[a:b] = idx.vectors[a:b]
     vec[n_old:] = new_vec
     vec.flush()
     append_chunks(data, idx.chunks, chunks, int(m.get("documents") or 0), len(m.get("sources") or []))
     params, recall = idx.params, m.get("recall")
     if idx.index is not None:
-        ann.add(idx.index, new_vec, log=_log)
-        params, recall = ann.tune(
-            idx.index, vec, idx.plan, target=float(recall.get("target", 0.95)), log=_log
+        target = float((recall or {}).get("target", 0.95))
+        _, params, recall = ann.build_and_tune(
+            vec, idx.plan, target=target, index=idx.index, start=n_old, log=_log, seed=n_old
         )
         ann.write(idx.index, data / "faiss.index")
     del vec, new_vec

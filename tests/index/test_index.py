@@ -1,0 +1,341 @@
+"""cramkit index / cramkit embed through the real commands, on real text, with real encoders."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import cramkit
+from cramkit.cli import main
+from cramkit.index import ann
+
+ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "cramkit", *args], capture_output=True, text=True, timeout=timeout, env=ENV
+    )
+
+
+def fails(capsys, *args: str) -> str:
+    """Run the CLI in-process; it must fail with one `cramkit: error:` line, exit 2, no traceback."""
+    capsys.readouterr()
+    code = main(list(args))
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert err.startswith("cramkit: error: ") and "Traceback" not in err, err
+    return err
+
+
+def write_docs(path: Path, docs: list[str]) -> Path:
+    path.write_text("\n\n".join(d.replace("\n\n", "\n") for d in docs) + "\n", encoding="utf-8")
+    return path
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory, builtin_docs) -> Path:
+    """60 real documents (standard-library docstrings), blank-line separated."""
+    return write_docs(tmp_path_factory.mktemp("corpus") / "docs.txt", builtin_docs[300:360])
+
+
+@pytest.fixture(scope="module")
+def tiny_index(tmp_path_factory, corpus, pretrained_run) -> Path:
+    out = tmp_path_factory.mktemp("idx") / "flat"
+    res = cli("index", "build", str(corpus), "--encoder", str(pretrained_run), "--out", str(out),
+              "--chunk-tokens", "48", "--overlap", "8", "--device", "cpu")  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    assert "recall@10 1.000" in res.stdout
+    return out
+
+
+def test_build_query_info(tiny_index, corpus, capsys):
+    m = json.loads((tiny_index / "index.json").read_text())
+    assert m["plan"]["kind"] == "flat" and m["count"] > 60 and m["dim"] == 64
+    assert not (tiny_index / ".build").exists()
+    idx = cramkit.index.open(tiny_index)
+    # every chunk's text is a verbatim span of the corpus, and chunks overlap by 8 tokens within a document
+    text = corpus.read_text(encoding="utf-8")
+    assert all(idx.chunks.text(i) in text for i in range(0, len(idx), 7))
+    rows = np.asarray(idx.chunks.table)
+    same = rows[1:, 0] == rows[:-1, 0]
+    assert np.all(rows[1:, 2][same] == rows[:-1, 3][same] - 8)
+    # a chunk's own text finds itself first, with cosine 1
+    probe = [idx.chunks.text(i) for i in (3, 40)]
+    hits = idx.search(probe, k=3)
+    assert [h[0]["text"] for h in hits] == probe
+    assert hits[0][0]["score"] == pytest.approx(1.0, abs=1e-4)
+    assert set(hits[0][0]) >= {"score", "text", "doc", "source", "chunk"} and hits[0][0]["source"] == str(
+        corpus
+    )
+    assert idx.encoder_source == str(idx.manifest["encoder"]["source"]) and idx.info()["count"] == len(idx)
+    assert main(["index", "query", str(tiny_index), probe[1], "-k", "2", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out.splitlines()[0])
+    assert len(out["hits"]) == 2 and out["hits"][0]["text"] == probe[1]
+    assert main(["index", "info", str(tiny_index)]) == 0
+    assert "recall@10" in capsys.readouterr().out
+
+
+def test_recall_against_numpy(tmp_path, corpus, pretrained_run, tiny_index):
+    """HNSW over the same chunks: its measured recall and an independent numpy exact search agree."""
+    out = tmp_path / "hnsw"
+    res = cli("index", "build", str(corpus), "--encoder", str(pretrained_run), "--out", str(out),
+              "--chunk-tokens", "16", "--overlap", "0", "--kind", "hnsw", "--device", "cpu")  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    idx = cramkit.index.open(out)
+    assert idx.info()["kind"] == "hnsw" and idx.manifest["recall"]["queries"] > 0
+    vec = np.load(out / idx.manifest["data"] / "vectors.npy")  # independent copy, not memory-mapped
+    assert np.allclose(np.linalg.norm(vec, axis=1), 1.0, atol=1e-4)
+    q = idx.embed(["Return a new list of the items.", "socket connection timeout", "parse the arguments"])
+    _, got = idx.search_vectors(q, 10)
+    truth = np.argsort(-(q @ vec.T), axis=1)[:, :10]
+    rec = np.mean([len(set(a) & set(b)) / 10 for a, b in zip(got.tolist(), truth.tolist(), strict=True)])
+    assert rec >= 0.9
+
+
+def test_ivfpq_recall_synthetic():
+    """IVF-PQ with exact re-ranking reaches the target on held-out queries; numpy agrees on fresh ones."""
+    rng = np.random.default_rng(0)
+    centers = rng.normal(size=(50, 16)).astype(np.float32)
+    proj = rng.normal(size=(16, 32)).astype(np.float32)
+    z = centers[rng.integers(0, 50, 12000)] + 0.5 * rng.normal(size=(12000, 16)).astype(np.float32)
+    x = z @ proj
+    x /= np.linalg.norm(x, axis=1, keepdims=True)
+    data, fresh = x[:11000], x[11000:11200]
+    plan = ann.plan_index(len(data), 32, 1 << 30, "ivfpq")
+    index, params, meas = ann.build_and_tune(data, plan, target=0.95, log=lambda s: None)
+    assert meas["reached"] and meas["recall_at_10"] >= 0.95 and index.ntotal == len(data)
+    _, got = ann.search(index, data, plan, params, fresh, 10)
+    truth = np.argsort(-(fresh @ data.T), axis=1)[:, :10]
+    assert ann.recall_at(got, truth, 10) >= 0.9
+
+
+def test_add(tmp_path, tiny_index, builtin_docs):
+    idx_dir = tmp_path / "grow"
+    shutil.copytree(tiny_index, idx_dir)
+    more = write_docs(tmp_path / "more.txt", builtin_docs[400:410])
+    before = json.loads((idx_dir / "index.json").read_text())
+    assert main(["index", "add", str(idx_dir), str(more), "--device", "cpu"]) == 0
+    after = json.loads((idx_dir / "index.json").read_text())
+    assert after["count"] > before["count"] and after["data"] != before["data"]
+    assert not (idx_dir / before["data"]).exists() and after["sources"][-1] == str(more)
+    idx = cramkit.index.open(idx_dir)
+    new = idx.chunks.text(after["count"] - 1)
+    assert new in more.read_text(encoding="utf-8")
+    hit = idx.search([new], k=1)[0][0]
+    assert hit["text"] == new and hit["source"] == str(more) and hit["doc"] >= before["documents"]
+
+
+# ---------------------------------------------------------------------------------------------- RETRO
+
+
+@pytest.fixture(scope="module")
+def small_store(tmp_path_factory, builtin_docs, tok_dir) -> Path:
+    d = tmp_path_factory.mktemp("store")
+    src = write_docs(d / "docs.txt", builtin_docs[500:540])
+    assert (
+        main(["data", "build", str(src), "--tokenizer", str(tok_dir), "--out", str(d / "store"), "--quiet"])
+        == 0
+    )
+    return d / "store"
+
+
+def test_retro_neighbours(tmp_path, small_store, pretrained_run, capsys):
+    from cramkit.data.tokenstore import TokenStore
+
+    out = tmp_path / "retro"
+    assert main(["index", "build", str(small_store), "--encoder", str(pretrained_run), "--mode", "retro",
+                 "--out", str(out), "--device", "cpu"]) == 0  # fmt: skip
+    nb_dir = tmp_path / "nb"
+    assert (
+        main(["index", "neighbours", str(out), "--store", str(small_store), "--out", str(nb_dir), "-k", "2"])
+        == 0
+    )
+    store = TokenStore(small_store)
+    nb = np.load(nb_dir / "neighbours.npy", allow_pickle=False)
+    n_chunks = int(np.sum((np.asarray(store.sizes) + 63) // 64))
+    assert nb.dtype == np.int32 and nb.shape == (n_chunks, 2) and (nb >= 0).all()
+    # the document of every query chunk, from the store's own index, never equals its neighbours'
+    seq_of_chunk = np.repeat(np.arange(len(store)), (np.asarray(store.sizes) + 63) // 64)
+    doc_of_seq = np.searchsorted(store.doc_idx, np.arange(len(store)), side="right") - 1
+    q_doc = doc_of_seq[seq_of_chunk]
+    idx_rows = np.load(out / json.loads((out / "index.json").read_text())["data"] / "chunks.npy")
+    assert (idx_rows[nb, 0] != q_doc[:, None]).all()
+    # and without the exclusion the nearest chunk would mostly be from the same document: the check is real
+    idx = cramkit.index.open(out)
+    _, plain = idx.search_vectors(np.asarray(idx.vectors[:200]), 2)
+    assert (idx_rows[plain[:, 1], 0] == q_doc[:200]).mean() > 0.2
+    # results carry the 64-token continuation: the next chunk of the same sequence, decoded
+    i = int(np.flatnonzero(idx_rows[1:, 1] == idx_rows[:-1, 1])[0])  # a chunk followed by one of its sequence
+    seq, start = int(idx_rows[i, 1]), int(idx_rows[i, 2])
+    hit = idx.search([idx.chunks.text(i)], k=1)[0][0]
+    assert hit["chunk"] == i and hit["continuation"] == idx.chunks.text(i + 1)
+    tok = idx.engine().loaded.tokenizer
+    assert hit["continuation"] == tok.decode(store[seq][start + 64 : start + 128].astype(int).tolist())
+    last = int(np.flatnonzero(idx_rows[1:, 1] != idx_rows[:-1, 1])[0])  # the last chunk of a sequence
+    assert idx.hit(last, 0.0)["continuation"] == ""
+
+
+# ----------------------------------------------------------------------------------------- kill, resume
+
+
+def _kill_when_committed(proc: subprocess.Popen, progress: Path, timeout: float = 120) -> None:
+    t0 = time.time()
+    while time.time() - t0 < timeout:
+        if progress.is_file() and json.loads(progress.read_text() or "{}").get("committed", 0) > 0:
+            proc.send_signal(signal.SIGKILL)
+            proc.wait()
+            return
+        if proc.poll() is not None:
+            pytest.fail(f"finished before it could be killed: {proc.stderr.read()}")
+        time.sleep(0.01)
+    proc.kill()
+    pytest.fail("no progress committed in time")
+
+
+def test_killed_embed_resumes(tmp_path, builtin_docs, pretrained_run):
+    lines = [" ".join(d.split())[:300] for d in builtin_docs[:1500]]
+    src = tmp_path / "lines.txt"
+    src.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    out = tmp_path / "emb"
+    cmd = [sys.executable, "-m", "cramkit", "embed", str(src), "--from", str(pretrained_run), "--out", str(out),
+           "--block", "16", "--device", "cpu"]  # fmt: skip
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV)
+    _kill_when_committed(proc, out / "progress-0.json")
+    assert not (out / "embed.json").exists()  # killed: nothing claims to be finished
+    done_before = json.loads((out / "progress-0.json").read_text())["committed"]
+    res = subprocess.run(cmd, capture_output=True, text=True, env=ENV, timeout=300)
+    assert res.returncode == 0, res.stderr
+    assert f"resumed after {done_before}" in res.stdout
+    emb = np.load(out / "embeddings.npy", allow_pickle=False)
+    ids = np.load(out / "ids.npy", allow_pickle=False)
+    from cramkit.infer import Engine
+
+    ref = Engine(cramkit.load(str(pretrained_run)), device="cpu").embed(lines)
+    assert emb.shape == ref.shape and np.array_equal(ids, np.arange(len(lines)))
+    assert np.allclose(emb, ref, atol=1e-5)
+
+
+def test_killed_build_is_not_an_index_then_resumes(tmp_path, corpus, pretrained_run, capsys):
+    out = tmp_path / "idx"
+    cmd = [sys.executable, "-m", "cramkit", "index", "build", str(corpus), "--encoder", str(pretrained_run),
+           "--out", str(out), "--chunk-tokens", "8", "--overlap", "0", "--block", "32", "--device", "cpu"]  # fmt: skip
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV)
+    _kill_when_committed(proc, out / ".build" / "embed" / "progress-0.json")
+    assert "interrupted build" in fails(capsys, "index", "info", str(out))
+    res = subprocess.run(cmd, capture_output=True, text=True, env=ENV, timeout=300)
+    assert res.returncode == 0, res.stderr
+    m = json.loads((out / "index.json").read_text())
+    assert m["build"]["resumed_rows"] > 0 and not (out / ".build").exists()
+
+
+# ------------------------------------------------------------------------------------------ bad input
+
+
+def test_bad_inputs(tmp_path, tiny_index, corpus, pretrained_run, capsys):
+    q = ["index", "query", str(tiny_index)]
+    n = json.loads((tiny_index / "index.json").read_text())["count"]
+    assert "larger than the index" in fails(capsys, *q, "hello", "-k", str(n + 1))
+    assert "already holds an index" in fails(capsys, "index", "build", str(corpus), "--encoder",
+                                             str(pretrained_run), "--out", str(tiny_index))  # fmt: skip
+    empty = tmp_path / "empty.txt"
+    empty.write_text("\n\n  \n", encoding="utf-8")
+    assert "no text to index" in fails(capsys, "index", "build", str(empty), "--encoder", str(pretrained_run),
+                                       "--out", str(tmp_path / "e"))  # fmt: skip
+    assert not (tmp_path / "e" / "index.json").exists()
+    assert "needs a token store" in fails(capsys, "index", "build", str(corpus), "--encoder", str(pretrained_run),
+                                          "--mode", "retro", "--out", str(tmp_path / "r"))  # fmt: skip
+    assert "exceeds the encoder's limit" in fails(capsys, "index", "build", str(corpus), "--encoder",
+                                                  str(pretrained_run), "--chunk-tokens", "100000",
+                                                  "--out", str(tmp_path / "c"))  # fmt: skip
+    assert "not a finished index" in fails(capsys, *["index", "query", str(tmp_path), "x"])
+    # a query longer than the encoder's limit is cut to it, and the CLI says so
+    capsys.readouterr()
+    assert main([*q, "word " * 2000, "-k", "1"]) == 0
+    assert "cut to the encoder's limit" in capsys.readouterr().err
+
+
+def _copy(src: Path, dst: Path) -> tuple[Path, dict]:
+    shutil.copytree(src, dst)
+    return dst, json.loads((dst / "index.json").read_text())
+
+
+def test_damaged_and_crafted_indexes(tmp_path, tiny_index, capsys):
+    # truncated vectors
+    d, m = _copy(tiny_index, tmp_path / "trunc")
+    f = d / m["data"] / "vectors.npy"
+    f.write_bytes(f.read_bytes()[:-100])
+    assert "truncated" in fails(capsys, "index", "info", str(d))
+    # a manifest pointing outside the index directory: data, a file entry, the encoder copy
+    for i, (field, value) in enumerate(
+        [("data", "../.."), ("files", {"../../../../etc/passwd": 1}), ("encoder", {"dir": "/tmp"})]
+    ):
+        d, m = _copy(tiny_index, tmp_path / f"crafted{i}")
+        if field == "encoder":
+            m["encoder"] = {**m["encoder"], **value}
+        else:
+            m[field] = value
+        (d / "index.json").write_text(json.dumps(m))
+        assert "outside the index directory" in fails(capsys, "index", "query", str(d), "x")
+    # not JSON
+    d, m = _copy(tiny_index, tmp_path / "notjson")
+    (d / "index.json").write_text("{not json")
+    assert "not valid JSON" in fails(capsys, "index", "info", str(d))
+
+
+def test_damaged_faiss_file(tmp_path, small_store, pretrained_run, capsys):
+    out = tmp_path / "h"
+    assert main(["index", "build", str(small_store), "--encoder", str(pretrained_run), "--kind", "hnsw",
+                 "--out", str(out), "--device", "cpu"]) == 0  # fmt: skip
+    m = json.loads((out / "index.json").read_text())
+    f = out / m["data"] / "faiss.index"
+    f.write_bytes(b"\x00" * f.stat().st_size)  # same size, garbage
+    assert "not a readable Faiss index" in fails(capsys, "index", "info", str(out))
+
+
+def test_other_encoder_at_query_time(tiny_index, minilm_dir, capsys):
+    err = fails(capsys, "index", "query", str(tiny_index), "hello", "--encoder", f"hf:{minilm_dir}")
+    assert "is not the encoder index" in err
+
+
+# -------------------------------------------------------------------------------------------- quality
+
+
+def test_minilm_mrpc_paraphrases(tmp_path, glue_dir, minilm_dir):
+    """A few MRPC paraphrase pairs: index the second sentences, query with the first."""
+    import csv
+
+    pairs = []
+    with open(glue_dir / "MRPC" / "dev.tsv", encoding="utf-8-sig", newline="") as f:
+        for row in csv.DictReader(f, delimiter="\t", quoting=csv.QUOTE_NONE):
+            if row["Quality"] == "1":
+                pairs.append((row["#1 String"].strip(), row["#2 String"].strip()))
+    pairs = pairs[:40]
+    src = write_docs(tmp_path / "second.txt", [b for _, b in pairs])
+    out = tmp_path / "mrpc"
+    assert main(["index", "build", str(src), "--encoder", f"hf:{minilm_dir}", "--out", str(out),
+                 "--doc-split", "blank", "--device", "cpu"]) == 0  # fmt: skip
+    idx = cramkit.index.open(out)
+    assert len(idx) == len(pairs)
+    hits = idx.search([a for a, _ in pairs], k=10)
+    ranks = [next((r for r, h in enumerate(hs, 1) if h["doc"] == i), 99) for i, hs in enumerate(hits)]
+    assert np.mean([r == 1 for r in ranks]) >= 0.8
+    assert np.mean([r <= 10 for r in ranks]) >= 0.95

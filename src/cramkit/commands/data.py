@@ -208,6 +208,12 @@ def cmd_data_inspect(args: argparse.Namespace) -> int:
         tok = load_tokenizer(tok_path)
         if args.tokenizer:
             store.check_tokenizer(tok)
+        vocab = tok.get_vocab_size(with_added_tokens=True)
+        if store.max_token_id() >= vocab:
+            print(
+                f"warning: the store holds token id {store.max_token_id()}, beyond the {vocab:,} entries of the "
+                "tokenizer (another tokenizer built it, or it is damaged); decoded text below is not reliable"
+            )
     if args.samples > 0 and len(store):
         rng = np.random.default_rng(0)
         picks = sorted(rng.choice(len(store), size=min(args.samples, len(store)), replace=False).tolist())

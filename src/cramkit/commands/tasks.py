@@ -53,7 +53,9 @@ def register(sub: argparse._SubParsersAction) -> None:
         action="append",
         default=[],
         metavar="KEY=VALUE",
-        help="override a fine-tuning setting, e.g. --set lr=2e-5 --set epochs=3",
+        help="override a fine-tuning setting, e.g. --set lr=2e-5 --set epochs=3; others: batch_size, "
+        "max_length, warmup, weight_decay, dropout, pooling (first|mean), max_train_examples (use only the "
+        "first N training rows; 0 = all), device, precision (an unknown key lists them all)",
     )
     p.add_argument(
         "--skip-bad-rows",
@@ -100,7 +102,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     e.add_argument(
         "--tasks", help="only these tasks, comma-separated, e.g. rte,stsb (default: every task present)"
     )
-    e.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    e.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a fine-tuning setting for every task, e.g. --set epochs=3 --set "
+                   "max_train_examples=2000 (as in cramkit finetune)")  # fmt: skip
     e.add_argument("--skip-bad-rows", action="store_true")
     e.add_argument("--no-progress", action="store_true")
     e.set_defaults(func=run_eval)

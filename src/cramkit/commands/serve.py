@@ -34,6 +34,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--timeout", type=float, default=30.0, help="seconds a request may wait for its answer (503)"
     )
+    p.add_argument("--body-timeout", type=float, default=10.0, help="seconds to receive a request body (408)")
     p.add_argument("--threads", type=int, default=None, help="CPU threads for inference (default: all cores)")
     p.add_argument("--api-key", default=None,
                    help="require 'Authorization: Bearer KEY' (default: $CRAMKIT_API_KEY if set)")  # fmt: skip
@@ -48,13 +49,13 @@ def run(args: argparse.Namespace) -> int:
     for flag in ("max_batch_tokens", "max_inputs", "max_input_chars", "max_payload_bytes", "max_queue"):
         if getattr(args, flag) < 1:
             raise CramkitError(f"--{flag.replace('_', '-')} must be positive, got {getattr(args, flag)}")
-    if args.timeout <= 0 or args.max_wait_ms < 0:
-        raise CramkitError("--timeout must be positive and --max-wait-ms at least 0")
+    if args.timeout <= 0 or args.body_timeout <= 0 or args.max_wait_ms < 0:
+        raise CramkitError("--timeout and --body-timeout must be positive, --max-wait-ms at least 0")
     if not 0 <= args.port < 65536:
         raise CramkitError(f"--port must be 0..65535, got {args.port}")
     limits = Limits(
         max_payload_bytes=args.max_payload_bytes, max_inputs=args.max_inputs, max_input_chars=args.max_input_chars,
-        max_queue=args.max_queue, request_timeout_s=args.timeout,
+        max_queue=args.max_queue, request_timeout_s=args.timeout, body_timeout_s=args.body_timeout,
     )  # fmt: skip
     serve(
         args.models, host=args.host, port=args.port, backend=args.backend, device=args.device,

@@ -1,0 +1,106 @@
+"""ONNX export (`cramkit export --format onnx`) and the ONNX Runtime backend, checked against torch."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import numpy as np
+import onnx
+import pytest
+
+import cramkit
+from cramkit.errors import CramkitError
+from cramkit.infer import Engine
+from cramkit.infer.onnx import MANIFEST, load_onnx
+
+from .models import cli, sst2
+
+
+def test_fp32_export_matches_torch_on_unseen_text(ft_model, ft_onnx, glue_dir) -> None:
+    man = json.loads((ft_onnx / MANIFEST).read_text())
+    assert man["kind"] == "classifier" and man["labels"] == ["0", "1"] and man["quantize"] is None
+    assert man["check"]["worst_relative_diff"] < 1e-3 and man["check"]["label_agreement"] == 1.0
+    assert man["check"]["texts"] >= 64 and set(man["files"]) == {"model.onnx"}
+    dev = [s for s, _ in sst2(glue_dir, "dev")[:200]]  # never seen by training nor by the export's check
+    ref = Engine(ft_model, device="cpu")
+    got = Engine(ft_onnx, threads=1)
+    assert got.backend == "onnx" and got.kind == "classifier" and got.labels == ["0", "1"]
+    a, b = ref.logits(dev), got.logits(dev)
+    assert np.abs(a - b).max() < 1e-4 * max(1.0, np.abs(a).max())
+    ea, eb = ref.embed(dev[:50]), got.embed(dev[:50])
+    assert np.abs(ea - eb).max() < 1e-4
+    assert ref.classify(dev).labels == got.classify(dev).labels
+
+
+def test_int8_export_records_what_it_cost(ft_model, ft_onnx, ft_onnx_int8, glue_dir) -> None:
+    man = json.loads((ft_onnx_int8 / MANIFEST).read_text())
+    check = man["check"]
+    assert man["quantize"] == "int8" and man["quantization"]["weights"].startswith("int8")
+    assert 0.8 <= check["label_agreement"] <= 1.0 and check["cosine_mean_mean"] > 0.95
+    assert check["max_abs_diff_logits"] > 0  # it really is quantized
+    ops = {n.op_type for n in onnx.load(str(ft_onnx_int8 / "model.onnx")).graph.node}
+    assert {"DynamicQuantizeLinear", "MatMulInteger"} <= ops, ops
+    rows = sst2(glue_dir, "dev")
+    dev, gold = [s for s, _ in rows], np.asarray([int(y) for _, y in rows])
+    acc32 = (Engine(ft_onnx, threads=1).logits(dev).argmax(1) == gold).mean()
+    acc8 = (Engine(ft_onnx_int8, threads=1).logits(dev).argmax(1) == gold).mean()
+    assert abs(acc32 - acc8) < 0.05, (acc32, acc8)
+
+
+@pytest.mark.slow
+def test_mlm_export_fills_masks_like_torch(pretrained_run) -> None:
+    # backend="onnx" on a torch model exports it to a temporary directory first
+    got = Engine(pretrained_run, backend="onnx", threads=1)
+    ref = Engine(cramkit.load(pretrained_run), device="cpu")
+    assert got.backend == "onnx" and got.can_fill_mask
+    man = got.onnx.manifest
+    assert (
+        set(man["files"]) == {"model.onnx", "head.onnx"} and man["check"]["fill_mask_top1_agreement"] == 1.0
+    )
+    texts = ["return the [MASK] of the list", "an [MASK] is raised when the [MASK] is empty"]
+    a, b = ref.fill_mask(texts, top_k=3), got.fill_mask(texts, top_k=3)
+    assert [[c["id"] for c in m] for r in a for m in r] == [[c["id"] for c in m] for r in b for m in r]
+    pa = np.asarray([c["score"] for r in a for m in r for c in m])
+    pb = np.asarray([c["score"] for r in b for m in r for c in m])
+    assert np.abs(pa - pb).max() < 1e-4
+
+
+def test_crafted_or_damaged_exports_are_refused(ft_onnx, tmp_path) -> None:
+    bad = tmp_path / "bad"
+    shutil.copytree(ft_onnx, bad)
+    man = json.loads((bad / MANIFEST).read_text())
+    # a path outside the directory
+    (bad / MANIFEST).write_text(json.dumps(dict(man, tokenizer="../../etc")))
+    with pytest.raises(CramkitError, match="outside the directory"):
+        load_onnx(bad)
+    # a model file that is not the one exported
+    (bad / MANIFEST).write_text(json.dumps(man))
+    with open(bad / "model.onnx", "r+b") as f:
+        f.seek(100)
+        f.write(b"\x00\x01\x02")
+    with pytest.raises(CramkitError, match="corrupt"):
+        load_onnx(bad)
+    # not JSON, wrong format, wrong kind
+    (bad / MANIFEST).write_text("{not json")
+    with pytest.raises(CramkitError, match="not valid JSON"):
+        load_onnx(bad)
+    (bad / MANIFEST).write_text(json.dumps(dict(man, kind="rce")))
+    with pytest.raises(CramkitError, match="unknown kind"):
+        load_onnx(bad)
+    # through the command line: one line, exit 2
+    proc = cli("serve", str(bad), "--port", "0")
+    assert proc.returncode == 2 and "unknown kind" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_export_refuses_to_overwrite_what_is_not_an_export(ft_model, tmp_path) -> None:
+    out = tmp_path / "taken"
+    out.mkdir()
+    (out / "notes.txt").write_text("mine")
+    proc = cli("export", str(ft_model), "--format", "onnx", "--out", str(out))
+    assert (
+        proc.returncode == 2
+        and "not a previous ONNX export" in proc.stderr
+        and "Traceback" not in proc.stderr
+    )
+    assert (out / "notes.txt").read_text() == "mine"

@@ -220,3 +220,52 @@ def test_missing_tagger_through_the_cli(teacher, sst_csv, tmp_path):
     assert p.returncode == 2 and "nltk.download('averaged_perceptron_tagger_eng')" in p.stderr, p.stderr
     assert "Traceback" not in p.stderr and len(p.stderr.strip().splitlines()) == 1
     assert not (tmp_path / "o" / MODEL_FILE).exists()
+
+
+def _small_cfg(**kw):
+    from cramkit.distill.core import DistillConfig
+
+    base = dict(
+        n_iter=2, epochs=1, baseline_epochs=1, speed_seconds=0.05, lstm_hidden=16, fc_hidden=16, device="cpu"
+    )
+    return DistillConfig(**(base | kw))
+
+
+def test_multilabel_teacher_with_kl_alpha_and_unlabelled_text(teacher, sst_csv, nltk_data, tmp_path):
+    """A multi-label teacher (sigmoid outputs): BCE-with-temperature soft targets mixed with one-hot labels;
+    unlabelled text joins the transfer set."""
+    from cramkit.distill import distill
+    from cramkit.tasks.files import task_from_file
+
+    t = cramkit.load(teacher)
+    t.kind = "multilabel"
+    t.model.multilabel = True
+    t.save(tmp_path / "ml-teacher")
+    task = task_from_file("ml", sst_csv["train"], sst_csv["dev"], text_a="sentence")
+    extra = ["an unlabelled sentence about a film", "another one , with words", "  "]
+    rep = distill(tmp_path / "ml-teacher", task, "bilstm", _small_cfg(loss="kl", temperature=2.0, alpha=0.5),
+                  tmp_path / "st", unlabelled=extra, progress=False)  # fmt: skip
+    assert rep["kind"] == "multilabel" and rep["transfer_set"]["unlabelled"] == 2
+    st = cramkit.load(tmp_path / "st")
+    assert st.kind == "multilabel" and st.model.multilabel
+    from cramkit.infer.engine import Engine
+
+    res = Engine(st, device="cpu").classify(_dev(sst_csv)[:5])
+    assert res.probs.shape == (5, 2) and all(isinstance(x, list) for x in res.labels)
+
+
+@pytest.mark.slow
+def test_regression_teacher(pretrained_run, sst_csv, nltk_data, tmp_path):
+    """A regression task end to end: finetune --regression, then distil (MSE on the one output)."""
+    from cramkit.distill import distill
+    from cramkit.tasks.files import task_from_file
+
+    proc = run_cli("finetune", "--from", str(pretrained_run), "--train", str(sst_csv["train"]), "--dev",
+                   str(sst_csv["dev"]), "--text-a", "sentence", "--regression", "--out", str(tmp_path / "t"),
+                   "--no-progress", "--set", "epochs=1")  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    task = task_from_file("reg", sst_csv["train"], sst_csv["dev"], text_a="sentence", regression=True)
+    rep = distill(tmp_path / "t", task, "encoder", _small_cfg(layers=1), tmp_path / "st", progress=False)
+    assert rep["kind"] == "regression" and "pearson" in rep["scores"]["student"]["metrics"]
+    st = cramkit.load(tmp_path / "st")
+    assert st.kind == "regression" and st.num_labels == 1

@@ -461,6 +461,19 @@ def _train(student, enc, targets, labels, labelled, cfg, epochs, teacher, progre
             "last_loss": float(np.mean(losses[-max(1, len(losses) // 10):])) if losses else None}  # fmt: skip
 
 
+def _targets(kind: str, labels: list[Any], n: int) -> np.ndarray:
+    """Hard labels as the loss wants them: scores (regression), ids (classifier), 0/1 rows (multi-label;
+    a task with one label per example gives one-hot rows)."""
+    if kind == "regression":
+        return np.asarray(labels, dtype=np.float32)
+    if kind == "multilabel":
+        out = np.zeros((len(labels), n), dtype=np.float32)
+        for i, v in enumerate(labels):
+            out[i, list(v) if isinstance(v, (list, tuple)) else int(v)] = 1.0
+        return out
+    return np.asarray(labels, dtype=np.int64)
+
+
 def _device(name: str):
     from cramkit.infer.engine import resolve_device
 
@@ -609,9 +622,7 @@ def distill(
     sa, sb = transfer.rendered(mask_tok)
     enc = encode_texts(st.tokenizer, sa, sb, max_length)
     regression = kind == "regression"
-    ylab = np.asarray(
-        [v if v is not None else 0 for v in transfer.labels], dtype=np.float32 if regression else np.int64
-    )
+    ylab = _targets(kind, [v if v is not None else 0 for v in transfer.labels], t.num_labels or 1)
     dstats = train_student(st, enc, np.asarray(logits), ylab, transfer.orig, cfg, cfg.epochs, teacher=t,
                            progress=progress, desc=f"distil {student}")  # fmt: skip
 
@@ -619,7 +630,7 @@ def distill(
     bstats = None
     if base_model is not None:
         enc0 = encode_texts(base_model.tokenizer, a, b, max_length)
-        y0 = np.asarray(y_train, dtype=np.float32 if regression else np.int64)
+        y0 = _targets(kind, y_train, t.num_labels or 1)
         bstats = train_student(base_model, enc0, None, y0, np.ones(len(a), dtype=bool), cfg, cfg.baseline_epochs,
                                progress=progress, desc=f"{student} on labels only")  # fmt: skip
 

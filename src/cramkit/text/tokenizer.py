@@ -198,7 +198,14 @@ def save_tokenizer(tok: tokenizers.Tokenizer, out_dir: str | os.PathLike) -> Pat
     }
     for name, text in files.items():
         tmp = out / f".{name}.tmp{os.getpid()}"
-        tmp.write_text(text, encoding="utf-8")
+        try:
+            tmp.write_text(text, encoding="utf-8")
+        except OSError as exc:
+            tmp.unlink(missing_ok=True)
+            raise CramkitError(
+                f"cannot write the tokenizer into {out}: {exc.strerror or exc}; free space there (or fix its "
+                "permissions) or choose another output directory"
+            ) from None
         os.replace(tmp, out / name)
     return out
 

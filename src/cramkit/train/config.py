@@ -200,7 +200,9 @@ def _machine_memory(device: str) -> tuple[int | None, str]:
 
             if torch.cuda.is_available():
                 index = torch.device(device).index if device.startswith("cuda") else None
-                props = torch.cuda.get_device_properties(index or 0)
+                if index is None:  # under torchrun each process uses its local rank's GPU
+                    index = int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count()
+                props = torch.cuda.get_device_properties(index)
                 return int(props.total_memory), f"GPU memory ({props.name})"
         except Exception:  # noqa: BLE001 - no usable GPU: the RAM decides
             pass

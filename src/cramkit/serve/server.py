@@ -95,11 +95,11 @@ def serve(
         raise CramkitError(
             f"cannot listen on {host}:{port} ({exc.strerror}); choose another --port or --host"
         ) from None
+    idx = open_index(index) if index else None
     engines = build_engines(
         sources, backend=backend, device=device, max_batch_tokens=max_batch_tokens, max_length=max_length,
         threads=threads,
     )  # fmt: skip
-    idx = open_index(index) if index else None
     app = create_app(
         engines, max_batch_tokens=max_batch_tokens, max_wait_ms=max_wait_ms, limits=limits, api_key=api_key,
         index=idx, index_path=index,

@@ -259,3 +259,55 @@ def test_eval_tasks_filter_missing_split_and_resume(
     assert rc == 0 and "already done" in err and (out / "sst2" / "results.json").read_text() == first
     rc, _, err = _run([*argv[:-7], "--tasks", "nope"], capsys)
     assert rc == 2 and "unknown GLUE task" in err
+
+
+def test_finetune_killed_midway_resumes_to_the_same_result(
+    tiny_run: Path, small_glue: Path, tmp_path: Path
+) -> None:
+    """`cramkit finetune --out` killed (SIGKILL) after a checkpoint: the same command resumes the seed from
+    its checkpoint, keeps the finished seed, and ends with what an uninterrupted run gives, bit for bit."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    def argv(out: Path) -> list[str]:
+        return [sys.executable, "-m", "cramkit", "finetune", "--task", "glue/sst2", "--data-dir", str(small_glue),
+                "--from", str(tiny_run), "--out", str(out), "--seeds", "0,1", "--no-progress", "--set", "epochs=3",
+                "--set", "checkpoint_every=4steps", "--set", "batch_size=8"]  # fmt: skip
+
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    killed = tmp_path / "killed"
+    proc = subprocess.Popen(argv(killed), stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+    seed1 = killed / "seeds" / "seed-1" / "checkpoints"
+    deadline = time.time() + 240
+    while time.time() < deadline and proc.poll() is None and not (seed1 / "latest").is_file():
+        time.sleep(0.05)
+    assert proc.poll() is None, proc.communicate()[1][-2000:]
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert (killed / "seeds" / "seed-0" / "result.json").is_file()  # seed 0 finished before the kill
+    resumed = subprocess.run(argv(killed), capture_output=True, text=True, env=env, timeout=300)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert "resuming" in resumed.stderr and "seed-1" in resumed.stderr
+    straight = subprocess.run(
+        argv(tmp_path / "straight"), capture_output=True, text=True, env=env, timeout=300
+    )
+    assert straight.returncode == 0, straight.stderr[-2000:]
+    a = json.loads((killed / "results.json").read_text())
+    b = json.loads((tmp_path / "straight" / "results.json").read_text())
+    for key in ("median", "kept_seed", "score"):
+        assert a[key] == b[key], key
+    assert [s["loss_curve"] for s in a["seeds"]] == [s["loss_curve"] for s in b["seeds"]]
+    # the seeds' checkpoints are gone once the kept model is saved; it loads and matches
+    assert not (killed / "seeds" / "seed-1" / "checkpoints").exists()
+    from safetensors.torch import load_file
+
+    wa, wb = load_file(killed / "model.safetensors"), load_file(tmp_path / "straight" / "model.safetensors")
+    assert wa.keys() == wb.keys() and all(bool((wa[k] == wb[k]).all()) for k in wa)
+    # a different setting on the same --out is refused, not mixed in
+    other = subprocess.run(
+        argv(killed)[:-2] + ["--set", "batch_size=4"], capture_output=True, text=True, env=env
+    )
+    assert other.returncode == 2 and "other settings" in other.stderr and "Traceback" not in other.stderr

@@ -10,10 +10,12 @@ bucketing), so almost no compute is spent on padding; evaluation runs on length-
 
 from __future__ import annotations
 
+import contextlib
+import json
 import math
 import os
+import shutil
 import statistics
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -60,8 +62,11 @@ class FinetuneConfig:
     eval_batch_size: int = 128
     bucket_chunk: int = 50  # batches per chunk sorted by length (length bucketing); 0 = no bucketing
     max_train_examples: int = 0  # use only the first N training examples (0 = all)
-    device: str = "auto"  # auto | cpu | cuda | cuda:1 | mps
+    micro_batch: int = 0  # examples per forward/backward on each process (0: the whole share of a batch)
+    device: str = "auto"  # auto | cpu | cuda | cuda:1
     precision: Literal["auto", "fp32", "bf16"] = "auto"  # auto = bf16 autocast on CUDA, fp32 elsewhere
+    compile: bool = False  # torch.compile each block (batches vary in length: recompiles cost)
+    checkpoint_every: str = "5m"  # a run killed midway resumes from its last checkpoint ('never': off)
 
     def validate(self) -> None:
         for name in ("lr", "batch_size", "epochs", "max_length", "eval_batch_size"):
@@ -73,6 +78,13 @@ class FinetuneConfig:
             raise CramkitError(f"finetune.betas needs two numbers, e.g. [0.9, 0.98]; got {self.betas}")
         if not self.seeds:
             raise CramkitError("finetune.seeds is empty; give at least one seed, e.g. --seeds 0")
+        if self.micro_batch < 0:
+            raise CramkitError(
+                f"finetune.micro_batch must be 0 (whole batch) or positive, got {self.micro_batch}"
+            )
+        from cramkit.train.budget import parse_every
+
+        parse_every(self.checkpoint_every, "finetune.checkpoint_every")
         if self.max_length < 3:
             raise CramkitError(f"finetune.max_length must be at least 3, got {self.max_length}")
         for name in ("dropout", "attention_dropout"):
@@ -82,38 +94,6 @@ class FinetuneConfig:
 
 # ---------------------------------------------------------------------------------------------------
 # Training and evaluation
-
-
-def resolve_device(name: str):
-    import torch
-
-    if name == "auto":
-        if torch.cuda.is_available():
-            return torch.device("cuda")
-        if getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available():
-            return torch.device("mps")
-        return torch.device("cpu")
-    try:
-        device = torch.device(name)
-    except RuntimeError:
-        raise CramkitError(
-            f"finetune.device: unknown device '{name}'; use auto, cpu, cuda or cuda:N"
-        ) from None
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise CramkitError("finetune.device=cuda but no CUDA device is available; use device=cpu or auto")
-    return device
-
-
-def lr_factor(step: int, total: int, warmup: int, schedule: str) -> float:
-    """Multiplier of the peak learning rate at ``step``: linear warmup, then cosine/linear decay to 0."""
-    if step < warmup:
-        return step / max(1, warmup)
-    if schedule == "constant":
-        return 1.0
-    progress = (step - warmup) / max(1, total - warmup)
-    if schedule == "linear":
-        return max(0.0, 1.0 - progress)
-    return max(0.0, 0.5 * (1.0 + math.cos(math.pi * progress)))
 
 
 def build_model(loaded: LoadedModel, num_labels: int, cfg: FinetuneConfig, *, multilabel: bool = False):
@@ -142,29 +122,25 @@ def build_model(loaded: LoadedModel, num_labels: int, cfg: FinetuneConfig, *, mu
     return model
 
 
-def _optimizer(model, cfg: FinetuneConfig, device):
-    import torch
+def resolve_device(name: str):
+    """The torch device for ``finetune.device`` (auto: CUDA when present, else CPU)."""
+    from cramkit.train.parallel import resolve_device as _resolve
 
-    decay = [p for p in model.parameters() if p.requires_grad and p.ndim >= 2]
-    no_decay = [p for p in model.parameters() if p.requires_grad and p.ndim < 2]
-    groups = [
-        {"params": decay, "weight_decay": cfg.weight_decay},
-        {"params": no_decay, "weight_decay": 0.0},
-    ]
-    kwargs = {"lr": cfg.lr, "betas": tuple(cfg.betas), "eps": cfg.eps}
-    if device.type in ("cuda", "cpu"):
-        kwargs["fused"] = True  # one kernel over all parameters instead of a Python loop
-    return torch.optim.AdamW(groups, **kwargs)
+    return _resolve(name)
 
 
 def predict(model, enc: Encoded, cfg: FinetuneConfig, device, pad_id: int, with_types: bool) -> np.ndarray:
     """Logits for every example (in the given order), computed on length-sorted batches."""
     import torch
 
+    from cramkit.train.loop import autocast
+
     model.eval()
     order = np.argsort(enc.lengths, kind="stable")
     out = np.zeros((len(enc), model.num_labels), dtype=np.float32)
-    amp = _autocast(cfg, device)
+    precision = (
+        "bf16" if cfg.precision == "bf16" or (cfg.precision == "auto" and device.type == "cuda") else "fp32"
+    )
     with torch.inference_mode():
         for s in range(0, len(order), cfg.eval_batch_size):
             batch = order[s : s + cfg.eval_batch_size]
@@ -172,21 +148,122 @@ def predict(model, enc: Encoded, cfg: FinetuneConfig, device, pad_id: int, with_
                 k: (v.to(device) if v is not None else None)
                 for k, v in collate(enc, batch, pad_id, with_types).items()
             }
-            with amp:
+            with autocast(precision, device):
                 _, logits = model(**inputs)
             out[batch] = logits.float().cpu().numpy()
     return out
 
 
-def _autocast(cfg: FinetuneConfig, device):
-    import contextlib
+class ClassifierObjective:
+    """Fine-tuning for the engine (train/loop.py): a SequenceClassifier on length-bucketed batches.
 
-    import torch
+    Every global batch of ``batch_size`` examples is split evenly over the processes, then into the same
+    number of micro-batches on each; the loss is the mean over the batch's examples. The batch order is a
+    function of (seed, epoch), so a resumed run continues with the very batches it would have seen."""
 
-    use_bf16 = cfg.precision == "bf16" or (cfg.precision == "auto" and device.type == "cuda")
-    if use_bf16:
-        return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
-    return contextlib.nullcontext()
+    def __init__(
+        self, loaded: LoadedModel, train: Encoded, num_labels: int, cfg: FinetuneConfig, seed: int, title: str,
+        resume_hint: str, multilabel: bool = False,
+    ) -> None:  # fmt: skip
+        self.loaded, self.train, self.num_labels, self.cfg, self.seed = loaded, train, num_labels, cfg, seed
+        self.multilabel = multilabel
+        self.title, self.resume_hint = title, resume_hint
+        self.flops_per_token = None
+
+    def build_model(self):
+        return build_model(self.loaded, self.num_labels, self.cfg, multilabel=self.multilabel)
+
+    def train_loader(self, micro: int, *, rank: int = 0, world: int = 1) -> _BatchLoader:
+        return _BatchLoader(self, micro, rank, world)
+
+    def count(self, batch: dict) -> int:
+        return int(batch["count"])
+
+    def tokens(self, batch: dict) -> int:
+        mask = batch.get("attention_mask")
+        return int(mask.sum()) if mask is not None else batch["input_ids"].numel()
+
+    def loss(self, model, batch: dict, device):
+        inputs = {
+            k: (v.to(device) if v is not None else None)
+            for k, v in batch.items()
+            if k not in ("count", "labels")
+        }
+        loss, _ = model(**inputs, labels=batch["labels"].to(device))
+        return loss
+
+    def evaluate(self, model, ctx, precision: str) -> None:
+        return None  # dev metrics are computed by finetune() on the finished model
+
+
+class _BatchLoader:
+    """Micro-batches of one process, endlessly, epoch after epoch; resumable from its state_dict."""
+
+    def __init__(self, objective: ClassifierObjective, micro: int, rank: int, world: int) -> None:
+        from cramkit.train.schedule import split_batch
+
+        self.o, self.rank, self.world = objective, rank, world
+        self.accum = split_batch(objective.cfg.batch_size, micro, world)[1]
+        self.epoch, self.index, self.part = 0, 0, 0
+        self._batches: list[np.ndarray] | None = None
+        self._labels = None
+
+    def _epoch_batches(self) -> list[np.ndarray]:
+        if self._batches is None:
+            rng = np.random.default_rng([self.o.seed, self.epoch])
+            self._batches = bucketed_batches(
+                self.o.train.lengths, self.o.cfg.batch_size, self.o.cfg.bucket_chunk, rng
+            )
+        return self._batches
+
+    def __iter__(self) -> _BatchLoader:
+        return self
+
+    def __next__(self) -> dict:
+        import torch
+
+        batches = self._epoch_batches()
+        batch = batches[self.index]
+        share = np.array_split(batch, self.world)[self.rank]
+        part = np.array_split(share, self.accum)[self.part]
+        count = len(part)
+        if count == 0:  # an uneven last batch: a stand-in row whose loss is weighted by 0
+            part = share[:1] if len(share) else batch[:1]
+        enc = self.o.train
+        out = dict(collate(enc, part, self.o.loaded.pad_id, self.o.loaded.with_types))
+        if self._labels is None:
+            self._labels = torch.from_numpy(enc.labels)
+        out["labels"] = self._labels[part]
+        out["count"] = count
+        self.part += 1
+        if self.part == self.accum:
+            self.part, self.index = 0, self.index + 1
+            if self.index == len(batches):
+                self.epoch, self.index, self._batches = self.epoch + 1, 0, None
+        return out
+
+    def state_dict(self) -> dict[str, int]:
+        return {"epoch": self.epoch, "index": self.index, "part": self.part}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.epoch, self.index, self.part = int(state["epoch"]), int(state["index"]), int(state["part"])
+        self._batches = None
+
+
+def train_config(cfg: FinetuneConfig, seed: int, steps: int, progress: bool | str = False):
+    """The engine's TrainConfig for one fine-tuning run of ``steps`` optimizer steps."""
+    from cramkit.train.config import TrainConfig
+
+    warmup = cfg.warmup
+    return TrainConfig(
+        budget=f"{steps}steps", optimizer="adamw", lr=cfg.lr, betas=(cfg.betas[0], cfg.betas[1]), eps=cfg.eps,
+        weight_decay=cfg.weight_decay, schedule=cfg.schedule, warmup=warmup,
+        cooldown=0.0 if cfg.schedule == "constant" else 1.0 - warmup, lr_start=0.0 if warmup > 0 else 1.0,
+        micro_batch=cfg.micro_batch or cfg.batch_size, batch_size=cfg.batch_size, batch_ramp=0.0,
+        grad_clip=cfg.grad_clip, precision=cfg.precision, compile=cfg.compile, device=cfg.device, seed=seed,
+        checkpoint_every=cfg.checkpoint_every, keep_checkpoints=1, eval_every="never", log_every=1,
+        progress=progress,
+    )  # fmt: skip
 
 
 def train_one_seed(
@@ -198,63 +275,50 @@ def train_one_seed(
     *,
     progress: bool = True,
     desc: str = "finetune",
+    run: PathLike | None = None,
+    multilabel: bool = False,
+    resume_hint: str = "rerun the same command",
+    ctx: Any = None,
 ):
-    """Train a fresh classifier on ``train`` with ``seed``; returns (model, stats)."""
-    import torch
-    from tqdm import tqdm
+    """Train a fresh classifier on ``train`` with ``seed`` through the training engine; returns (model,
+    stats). With ``run`` (a directory) checkpoints go there and a run killed midway resumes from them."""
+    import tempfile
 
-    device = resolve_device(cfg.device)
-    torch.manual_seed(seed)
-    model = build_model(loaded, num_labels, cfg).to(device)
-    model.train()
-    opt = _optimizer(model, cfg, device)
+    from cramkit.load import _load_state
+    from cramkit.train import checkpoint as ckpt
+    from cramkit.train.loop import fit
+    from cramkit.train.parallel import ParallelConfig
+
     steps_per_epoch = math.ceil(len(train) / cfg.batch_size)
     total = max(1, math.ceil(cfg.epochs * steps_per_epoch))
-    warmup = int(cfg.warmup * total)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_factor(s, total, warmup, cfg.schedule))
-    rng = np.random.default_rng(seed)
-    pad_id = loaded.pad_id
-    with_types = loaded.with_types
-    labels = torch.from_numpy(train.labels)
-    amp = _autocast(cfg, device)
+    objective = ClassifierObjective(loaded, train, num_labels, cfg, seed, desc, resume_hint, multilabel)
+    tcfg = train_config(cfg, seed, total, progress="auto" if progress else False)
+    with contextlib.ExitStack() as stack:
+        if run is None:
+            run = stack.enter_context(tempfile.TemporaryDirectory(prefix="cramkit-finetune-"))
+        run = Path(run)
+        resume = ckpt.find_latest(run) is not None
+        result = fit(objective, tcfg, ParallelConfig(), run, resume=resume, ctx=ctx)
+        # the finished weights from the final checkpoint: whole on every strategy (DDP, FSDP2) and world size
+        model = objective.build_model()
+        _load_state(model, ckpt.model_weights(result.checkpoint), f"checkpoint {result.checkpoint}")
+        model.to(resolve_device(cfg.device))
+        from cramkit.train.metrics import read_metrics
 
-    losses: list[float] = []
-    seen, step, start = 0, 0, time.perf_counter()
-    bar = tqdm(total=total, desc=desc, unit="step", disable=not progress, dynamic_ncols=True, leave=False)
-    while step < total:
-        for batch in bucketed_batches(train.lengths, cfg.batch_size, cfg.bucket_chunk, rng):
-            if step >= total:
-                break
-            inputs = {
-                k: (v.to(device) if v is not None else None)
-                for k, v in collate(train, batch, pad_id, with_types).items()
-            }
-            with amp:
-                loss, _ = model(**inputs, labels=labels[batch].to(device))
-            loss.backward()
-            if cfg.grad_clip > 0:
-                torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
-            opt.step()
-            sched.step()
-            opt.zero_grad(set_to_none=True)
-            step += 1
-            seen += len(batch)
-            losses.append(loss.item())
-            if progress and (step % 10 == 0 or step == total):
-                rate = seen / max(1e-9, time.perf_counter() - start)
-                bar.set_postfix(loss=f"{np.mean(losses[-50:]):.4f}", ex_s=f"{rate:.0f}")
-                bar.update(step - bar.n)
-    bar.close()
-    elapsed = time.perf_counter() - start
+        history = read_metrics(run) or result.history  # the whole run's, also when it resumed midway
+    losses = [r["loss"] for r in history if isinstance(r.get("loss"), float) and math.isfinite(r["loss"])]
+    seen = (result.step // steps_per_epoch) * len(train) + min(
+        (result.step % steps_per_epoch) * cfg.batch_size, len(train)
+    )
     stats = {
         "seed": seed,
-        "steps": step,
+        "steps": result.step,
         "examples_seen": seen,
-        "train_seconds": round(elapsed, 3),
-        "examples_per_s": round(seen / max(1e-9, elapsed), 2),
+        "train_seconds": round(result.elapsed, 3),
+        "examples_per_s": round(seen / max(1e-9, result.elapsed), 2),
         "loss_curve": _curve(losses),
-        "first_loss": losses[0],
-        "last_loss": float(np.mean(losses[-max(1, len(losses) // 10) :])),
+        "first_loss": losses[0] if losses else float("nan"),
+        "last_loss": float(np.mean(losses[-max(1, len(losses) // 10) :])) if losses else float("nan"),
     }
     return model, stats
 
@@ -318,22 +382,35 @@ def finetune(
 
     device = resolve_device(cfg.device)
     pad_id, with_types = loaded.pad_id, loaded.with_types
+    seeds_dir = _claim(Path(out_dir), task, loaded, cfg) if out_dir is not None else None
+    hint = "rerun the same command (finished seeds are kept; this one resumes from its checkpoint)"
     per_seed, test_logits, states = [], [], []
     for seed in cfg.seeds:
+        run = seeds_dir / f"seed-{seed}" if seeds_dir is not None else None
+        done = _finished_seed(run, tests) if run is not None else None
+        if done is not None:  # finished by an earlier, interrupted invocation
+            stats, logits, state = done
+            per_seed.append(stats)
+            test_logits.append(logits)
+            states.append(state)
+            continue
         model, stats = train_one_seed(
-            loaded, train, task.num_labels, cfg, seed, progress=progress, desc=f"{task.name} seed {seed}"
-        )
+            loaded, train, task.num_labels, cfg, seed, progress=progress, desc=f"{task.name} seed {seed}",
+            run=run, resume_hint=hint,
+        )  # fmt: skip
         stats["dev"] = {}
         for split, enc in dev.items():
             logits = predict(model, enc, cfg, device, pad_id, with_types)
             preds = logits[:, 0] if regression else logits
             metrics = task.compute_metrics(preds, enc.labels)
             stats["dev"][split] = {"metrics": metrics, "score": task.score(metrics)}
-        test_logits.append(
-            {s: predict(model, enc, cfg, device, pad_id, with_types) for s, enc in tests.items()}
-        )
+        logits = {s: predict(model, enc, cfg, device, pad_id, with_types) for s, enc in tests.items()}
+        test_logits.append(logits)
         per_seed.append(stats)
-        if out_dir is not None:  # kept on the CPU until the median seed is known
+        if run is not None:
+            _finish_seed(run, stats, logits)
+            states.append(None)  # its weights stay in its final checkpoint until the median is known
+        else:
             states.append({k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()})
         del model
 
@@ -368,7 +445,21 @@ def finetune(
     if out_dir is not None:
         out = Path(out_dir)
         out.mkdir(parents=True, exist_ok=True)
-        _save_model(loaded, task, cfg, max_length, states[pick], cfg.seeds[pick], out)
+        state = states[pick]
+        if state is None:
+            from cramkit.load import MODEL_FILE
+            from cramkit.train import checkpoint as ckpt
+
+            found = ckpt.find_latest(seeds_dir / f"seed-{cfg.seeds[pick]}")
+            if found is not None:
+                state = ckpt.model_weights(found)
+            elif not (out / MODEL_FILE).is_file():
+                raise CramkitError(
+                    f"{out}: seed {cfg.seeds[pick]} finished earlier but neither its checkpoint nor the kept model "
+                    f"is there any more; delete {out} and fine-tune again"
+                )
+        if state is not None:  # (else: every seed was reused and the kept model is already saved)
+            _save_model(loaded, task, cfg, max_length, state, cfg.seeds[pick], out)
         if tests and dev:
             results["test_predictions"] = {"seed": cfg.seeds[pick], "files": {}}
             owners = {t.name: t for t in [task, *predict_also]}
@@ -382,7 +473,64 @@ def finetune(
                 key = split if owner is task else f"{owner.name}:{split}"
                 results["test_predictions"]["files"][key] = str(path)
         write_json(out / "results.json", results)
+        for seed in cfg.seeds:  # the kept model is saved: the seeds' checkpoints are no longer needed
+            shutil.rmtree(seeds_dir / f"seed-{seed}" / "checkpoints", ignore_errors=True)
     return results
+
+
+SETTINGS_FILE = "finetune.json"
+
+
+def _claim(out: Path, task: Task, loaded: LoadedModel, cfg: FinetuneConfig) -> Path:
+    """``out/seeds``, after checking that ``out`` holds no fine-tuning with other settings."""
+    from cramkit.io import write_json_atomic
+
+    settings = {"task": task.name, "source": loaded.source, "config": to_dict(cfg)}
+    file = out / SETTINGS_FILE
+    if file.is_file():
+        try:
+            before = json.loads(file.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+            before = None
+        if before != json.loads(json.dumps(settings)):
+            raise CramkitError(
+                f"--out {out} holds a fine-tuning with other settings ({file}); choose another --out, or delete "
+                f"{out} to start over"
+            )
+    else:
+        out.mkdir(parents=True, exist_ok=True)
+        write_json_atomic(file, settings)
+    return out / "seeds"
+
+
+def _finish_seed(run: Path, stats: dict[str, Any], logits: dict[tuple[str, str], np.ndarray]) -> None:
+    """A finished seed's results (its test logits as .npy), written last so a rerun can reuse them."""
+    from cramkit.io import write_json_atomic
+
+    files = {}
+    for i, ((name, split), values) in enumerate(sorted(logits.items())):
+        files[f"{name}|{split}"] = f"test-{i}.npy"
+        np.save(run / f"test-{i}.npy", values, allow_pickle=False)
+    write_json_atomic(run / "result.json", {"stats": stats, "test_logits": files})
+
+
+def _finished_seed(run: Path, tests: dict) -> tuple[dict, dict, None] | None:
+    file = run / "result.json"
+    if not file.is_file():
+        return None
+    try:
+        data = json.loads(file.read_text(encoding="utf-8"))
+        logits = {}
+        for key, name in data["test_logits"].items():
+            task_name, split = key.split("|", 1)
+            if "/" in name or "\\" in name or not name.endswith(".npy"):
+                raise ValueError(f"bad file name {name!r}")
+            logits[(task_name, split)] = np.load(run / name, allow_pickle=False)
+        if set(logits) != set(tests):
+            return None
+        return data["stats"], logits, None
+    except (OSError, ValueError, KeyError, TypeError, json.JSONDecodeError):
+        return None  # damaged: train this seed again
 
 
 def _save_model(

@@ -1,15 +1,18 @@
-"""The pretraining loop: budget-keyed schedules, gradient accumulation, checkpoints, clean stops.
+"""The training engine: one loop for pretraining, fine-tuning and distillation.
 
 One optimizer step::
 
     fraction = budget spent (time, tokens or steps)        -> lr, micro-batches per step (batch ramp)
-    for each micro-batch: forward, backward of its share  -> gradients of the mean over ALL predicted
-                                                             tokens of the global batch
+    for each micro-batch: forward, backward of its share  -> gradients of the mean over ALL items of
+                                                             the global batch (predicted tokens, examples)
     clip, optimizer step (skipped if the loss or gradient is not finite)
 
-The loss of a global batch is the mean cross-entropy over every predicted token of every micro-batch
-on every rank: micro-batch losses are weighted by their number of predicted tokens and the count is
-summed over ranks, so 1 and N processes (and any accumulation) follow the same curve.
+What is trained is an :class:`Objective` (a recipe: the model, its batches, its loss, its evaluation);
+everything else is the engine's: device, precision, seeding and determinism, ``parallelize()`` (compile,
+then DDP or FSDP2), parameter groups and optimizer, budget-keyed schedules, progress and metrics,
+checkpoints (train/checkpoint.py) and resume, SIGINT/SIGTERM. The loss of a global batch is the mean
+over every item of every micro-batch on every rank: micro-batch losses are weighted by their item count
+and the count is summed over ranks, so 1 and N processes (and any accumulation) follow the same curve.
 """
 
 from __future__ import annotations
@@ -64,6 +67,7 @@ class TrainResult:
     val_loss: float | None
     checkpoint: Path | None
     history: list[dict[str, Any]] = field(default_factory=list)
+    model: torch.nn.Module | None = None  # the trained model (plain: not compiled, wrapped or sharded)
 
 
 @dataclass
@@ -134,10 +138,12 @@ def _from_json(value: Any) -> Any:
 
 
 class StopFlag:
-    """SIGINT/SIGTERM set a flag; the loop finishes its step, saves and exits. A second SIGINT kills."""
+    """SIGINT/SIGTERM set a flag; the loop finishes its step, saves and exits. A second SIGINT aborts at
+    once, without saving (what is already on disk stays intact: a checkpoint is complete or ignored)."""
 
-    def __init__(self) -> None:
+    def __init__(self, announce: bool = True) -> None:
         self.signum: int | None = None
+        self.announce = announce
         self._old: dict[int, Any] = {}
 
     def __enter__(self) -> StopFlag:
@@ -150,36 +156,47 @@ class StopFlag:
         if self.signum is not None and signum == signal.SIGINT:
             raise KeyboardInterrupt
         self.signum = signum
+        if self.announce:
+            print(
+                f"\ncramkit: {signal.Signals(signum).name}: finishing this step and saving a checkpoint; "
+                "press Ctrl-C again to abort without saving",
+                file=sys.stderr,
+                flush=True,
+            )
 
     def __exit__(self, *exc: Any) -> None:
         for sig, old in self._old.items():
             signal.signal(sig, old)
 
 
-# ---------------------------------------------------------------- the loop
+# ---------------------------------------------------------------- what is trained
 
 
-def evaluate(
-    model: torch.nn.Module, data: TrainData, micro_batch: int, max_batches: int, ctx: parallel.DistContext,
-    precision: str,
-) -> float | None:  # fmt: skip
-    """Mean MLM loss over all predicted tokens of the held-out batches (the same batches every time)."""
-    was_training = model.training
-    model.eval()
-    total = torch.zeros(2, dtype=torch.float64, device=ctx.device)
-    with torch.no_grad():
-        for batch in data.val_batches(micro_batch, max_batches, rank=ctx.rank, world=ctx.world):
-            ids = batch["input_ids"].to(ctx.device, non_blocking=True)
-            labels = batch["labels"].to(ctx.device, non_blocking=True)
-            with autocast(precision, ctx.device):
-                out = model(ids, labels)
-            n = out.n_predicted.to(torch.float64)
-            if n > 0:
-                total[0] += out.loss.double() * n
-                total[1] += n
-    model.train(was_training)
-    parallel.all_reduce(total, ctx)
-    return float(total[0] / total[1]) if total[1] > 0 else None
+class Objective(Protocol):
+    """A recipe for the engine: the model, its batches, its loss and its evaluation."""
+
+    title: str  # progress bar title, e.g. "pretrain 3m" or "sst2 seed 0"
+    resume_hint: str  # the command that continues an interrupted run
+    flops_per_token: float | None  # for MFU; None when unknown
+
+    def build_model(self) -> torch.nn.Module: ...
+
+    def train_loader(self, micro: int, *, rank: int = 0, world: int = 1) -> Any:
+        """An endless iterator of micro-batches with ``state_dict()`` / ``load_state_dict()``."""
+
+    def count(self, batch: dict[str, torch.Tensor]) -> int:
+        """Items the loss of ``batch`` averages over (predicted tokens, examples)."""
+
+    def tokens(self, batch: dict[str, torch.Tensor]) -> int:
+        """Tokens ``batch`` feeds the model (for tokens/s)."""
+
+    def loss(
+        self, model: torch.nn.Module, batch: dict[str, torch.Tensor], device: torch.device
+    ) -> torch.Tensor:
+        """Mean loss over the batch's ``count`` items (any finite graph when count is 0)."""
+
+    def evaluate(self, model: torch.nn.Module, ctx: parallel.DistContext, precision: str) -> float | None:
+        """A held-out loss (lower is better), or None when the recipe evaluates elsewhere."""
 
 
 def forward_backward(
@@ -188,33 +205,85 @@ def forward_backward(
     ctx: parallel.DistContext,
     precision: str = "fp32",
     scaler: torch.amp.GradScaler | None = None,
+    objective: Objective | None = None,
 ) -> tuple[float, int]:
     """Accumulate the gradient of one global batch; returns (its loss, its tokens over all ranks).
 
-    The loss is the mean cross-entropy over every predicted token of the global batch: each micro-batch
-    contributes ``loss_i * n_i / N`` with N the predicted tokens summed over micro-batches and ranks (times
-    the world size, as DDP averages gradients over ranks). Gradients are reduced on the last micro-batch.
+    The loss is the mean over every item of the global batch: each micro-batch contributes
+    ``loss_i * n_i / N`` with N the items summed over micro-batches and ranks (times the world size, as
+    DDP averages gradients over ranks). Gradients are reduced on the last micro-batch only.
     """
+    objective = objective or MLMObjective()
     device, world = ctx.device, ctx.world
-    n_local = [int((b["labels"] != IGNORE).sum()) for b in batches]
+    n_local = [objective.count(b) for b in batches]
     counts = torch.tensor([float(sum(n_local))], dtype=torch.float64)
     n_global = max(float(parallel.all_reduce(counts.to(device), ctx).item()), 1.0)
     loss_sum = torch.zeros((), dtype=torch.float64, device=device)
     tokens = 0
     for i, batch in enumerate(batches):
-        ids = batch["input_ids"].to(device, non_blocking=True)
-        labels = batch["labels"].to(device, non_blocking=True)
-        tokens += ids.numel() * world
+        tokens += objective.tokens(batch) * world
         with parallel.sync_gradients(model, i == len(batches) - 1):
             with autocast(precision, device):
-                out = model(ids, labels)
-            if n_local[i] == 0:  # nothing predicted: no contribution (but keep the graph for DDP)
-                share = out.logits.sum() * 0.0
+                loss = objective.loss(model, batch, device)
+            if n_local[i] == 0:  # nothing to learn from: no contribution (but keep the graph for DDP)
+                share = loss * 0.0
             else:
-                share = out.loss * (n_local[i] * world / n_global)
-                loss_sum += out.loss.detach().double() * n_local[i]
+                share = loss * (n_local[i] * world / n_global)
+                loss_sum += loss.detach().double() * n_local[i]
             (scaler.scale(share) if scaler is not None else share).backward()
     return float(parallel.all_reduce(loss_sum, ctx).item()) / n_global, tokens
+
+
+class MLMObjective:
+    """Masked-LM pretraining (the Cramming recipe): loss over the masked positions only."""
+
+    def __init__(self, cfg: RunConfig | None = None, data: TrainData | None = None) -> None:
+        self.cfg, self.data = cfg, data
+        if cfg is not None:
+            self.title = f"pretrain {parse_budget(cfg.train.budget).describe()}"
+            self.flops_per_token = flops_per_token(
+                cfg.model, cfg.data.seq_len, predicted_fraction=cfg.data.mask_rate
+            )
+        self.resume_hint = "cramkit pretrain --resume {run}"
+
+    def build_model(self) -> torch.nn.Module:
+        return MaskedLM(self.cfg.model)
+
+    def train_loader(self, micro: int, *, rank: int = 0, world: int = 1) -> Any:
+        return self.data.train_loader(micro, rank=rank, world=world)
+
+    def count(self, batch: dict[str, torch.Tensor]) -> int:
+        return int((batch["labels"] != IGNORE).sum())
+
+    def tokens(self, batch: dict[str, torch.Tensor]) -> int:
+        return batch["input_ids"].numel()
+
+    def loss(
+        self, model: torch.nn.Module, batch: dict[str, torch.Tensor], device: torch.device
+    ) -> torch.Tensor:
+        ids = batch["input_ids"].to(device, non_blocking=True)
+        labels = batch["labels"].to(device, non_blocking=True)
+        out = model(ids, labels)
+        return out.loss if out.n_predicted > 0 else out.logits.sum() * 0.0
+
+    def evaluate(self, model: torch.nn.Module, ctx: parallel.DistContext, precision: str) -> float | None:
+        """Mean MLM loss over all predicted tokens of the held-out batches (the same batches every time)."""
+        tcfg = self.cfg.train
+        total = torch.zeros(2, dtype=torch.float64, device=ctx.device)
+        with torch.no_grad():
+            for batch in self.data.val_batches(
+                tcfg.micro_batch, tcfg.eval_batches, rank=ctx.rank, world=ctx.world
+            ):
+                ids = batch["input_ids"].to(ctx.device, non_blocking=True)
+                labels = batch["labels"].to(ctx.device, non_blocking=True)
+                with autocast(precision, ctx.device):
+                    out = model(ids, labels)
+                n = out.n_predicted.to(torch.float64)
+                if n > 0:
+                    total[0] += out.loss.double() * n
+                    total[1] += n
+        parallel.all_reduce(total, ctx)
+        return float(total[0] / total[1]) if total[1] > 0 else None
 
 
 def train(
@@ -226,7 +295,23 @@ def train(
     ctx: parallel.DistContext | None = None,
 ) -> TrainResult:
     """Pretrain ``MaskedLM(cfg.model)`` on ``data`` into run directory ``run`` until the budget is spent."""
-    tcfg = cfg.train
+    return fit(MLMObjective(cfg, data), cfg.train, cfg.parallel, run, resume=resume, ctx=ctx)
+
+
+# ---------------------------------------------------------------- the engine
+
+
+def fit(
+    objective: Objective,
+    tcfg: TrainConfig,
+    pcfg: parallel.ParallelConfig,
+    run: Path,
+    *,
+    resume: bool = False,
+    ctx: parallel.DistContext | None = None,
+) -> TrainResult:
+    """Train ``objective.build_model()`` into run directory ``run`` (checkpoints, metrics, plots) until
+    ``tcfg.budget`` is spent; with ``resume``, continue from the run's latest checkpoint."""
     run = Path(run)
     ctx = ctx or parallel.init_distributed(tcfg.device)
     device = ctx.device
@@ -247,31 +332,32 @@ def train(
     # model and optimizer, seeded: the same seed gives the same weights on every rank
     torch.manual_seed(tcfg.seed)
     np.random.seed(tcfg.seed % 2**32)
-    model = MaskedLM(cfg.model).to(device)
-    # DDP wraps the model, FSDP2 shards it in place: the optimizer is built on the (sharded) parameters
-    # compile each block, then DDP / FSDP2 (torchtitan's order)
+    model = objective.build_model().to(device)
+    # compile each block, then DDP / FSDP2 (torchtitan's order); the optimizer is built on the (sharded)
+    # parameters
     compile_on = _auto(tcfg.compile, device.type == "cuda")
-    train_model = parallel.parallelize(model, cfg.parallel, ctx, precision, compile=compile_on)
+    train_model = parallel.parallelize(model, pcfg, ctx, precision, compile=compile_on)
     optimizer = build_optimizer(
         model, tcfg.optimizer, tcfg.lr, tcfg.betas, tcfg.eps, tcfg.weight_decay, device
     )
     writer = ckpt.Checkpointer(
-        run, ctx, keep=tcfg.keep_checkpoints, async_save=cfg.parallel.async_checkpoint, overlap_staging=True
+        run, ctx, keep=tcfg.keep_checkpoints, async_save=pcfg.async_checkpoint, overlap_staging=True
     )
     scaler = torch.amp.GradScaler(device.type) if precision == "fp16" else None
     # the global batch is exactly train.batch_size on any number of processes: each takes an equal share in
-    # micro-batches of at most train.micro_batch sequences
+    # micro-batches of at most train.micro_batch
     micro, target_accum = split_batch(tcfg.batch_size, tcfg.micro_batch, ctx.world)
-    loader = data.train_loader(micro, rank=ctx.rank, world=ctx.world)
+    loader = objective.train_loader(micro, rank=ctx.rank, world=ctx.world)
     log = MetricsLog(run, enabled=ctx.is_main)
     p = Progressed()
     last_ckpt: Path | None = None
+    hint = objective.resume_hint.format(run=run)
 
     if resume:
         found = ckpt.find_latest(run)
         if found is None:
             raise CramkitError(
-                f"--resume {run}: the run has no complete checkpoint yet; start it again without --resume"
+                f"{run}: the run has no complete checkpoint yet; start it again without resuming"
             )
         # written by any number of processes: resharded to this world size, checksums verified first
         state = ckpt.load(found, model, optimizer, process_group=writer.pg)
@@ -287,15 +373,17 @@ def train(
         log.truncate_after(p.step)
         last_ckpt = found
         if ctx.is_main:
-            print(f"cramkit: resuming {run} from {found.name} (step {p.step}, {p.tokens:,} tokens)")
+            print(
+                f"cramkit: resuming {run} from {found.name} (step {p.step}, {p.tokens:,} tokens)",
+                file=sys.stderr,
+            )
 
     train_model.train()
 
     world = ctx.world
-    seq_len = cfg.data.seq_len
-    flops_tok = flops_per_token(cfg.model, seq_len, predicted_fraction=cfg.data.mask_rate)
+    flops_tok = objective.flops_per_token
     peak = peak_flops(device) if precision in ("bf16", "fp16") else None
-    bar = Progress(tcfg.progress if ctx.is_main else False, f"pretrain {budget.describe()}", budget.fraction(
+    bar = Progress(tcfg.progress if ctx.is_main else False, objective.title, budget.fraction(
         p.elapsed, p.tokens, p.step))  # fmt: skip
     history: list[dict[str, Any]] = []
     window: list[float] = []
@@ -318,7 +406,10 @@ def train(
 
     def run_eval() -> float | None:
         nonlocal val_loss
-        val_loss = evaluate(train_model, data, tcfg.micro_batch, tcfg.eval_batches, ctx, precision)
+        was_training = train_model.training
+        train_model.eval()
+        val_loss = objective.evaluate(train_model, ctx, precision)
+        train_model.train(was_training)
         p.last_eval = (p.elapsed, p.step)
         if val_loss is not None:
             rec = {"step": p.step, "tokens": p.tokens, "elapsed": round(p.elapsed, 3), "val_loss": val_loss}
@@ -327,7 +418,7 @@ def train(
         return val_loss
 
     try:
-        with StopFlag() as stop:
+        with StopFlag(announce=ctx.is_main) as stop:
             while not budget.done(p.elapsed, p.tokens, p.step):
                 t0 = time.perf_counter()
                 fraction = budget.fraction(p.elapsed, p.tokens, p.step)
@@ -337,7 +428,7 @@ def train(
                     group["lr"] = lr
 
                 batches = [next(loader) for _ in range(accum)]
-                loss, step_tokens = forward_backward(train_model, batches, ctx, precision, scaler)
+                loss, step_tokens = forward_backward(train_model, batches, ctx, precision, scaler, objective)
 
                 if scaler is not None:
                     scaler.unscale_(optimizer)
@@ -382,7 +473,7 @@ def train(
                         )
                         raise CramkitError(
                             f"the training loss was not finite for {p.nan_streak} steps in a row (step {p.step}); "
-                            f"stopped; {prev}. Lower train.lr, raise train.warmup, use train.precision=fp32, or "
+                            f"stopped; {prev}. Lower the learning rate, raise the warmup, use fp32 precision, or "
                             "check the data"
                         )
                 else:
@@ -392,7 +483,7 @@ def train(
                 done = budget.done(p.elapsed, p.tokens, p.step)
                 if p.step % tcfg.log_every == 0 or p.step == 1 or done or stop_now:
                     tps = window_tokens / max(window_time, 1e-9)
-                    mfu = flops_tok * tps / (peak * world) if peak else None
+                    mfu = flops_tok * tps / (peak * world) if peak and flops_tok else None
                     rec = {
                         "step": p.step, "tokens": p.tokens, "elapsed": round(p.elapsed, 3),
                         "loss": sum(window) / len(window) if window else float("nan"), "lr": lr,
@@ -426,19 +517,20 @@ def train(
                     name = signal.Signals(signum).name
                     raise TrainingInterrupted(
                         f"stopped by {name} at step {p.step} ({p.tokens:,} tokens); checkpoint saved to {saved}; "
-                        f"continue with `cramkit pretrain --resume {run}`",
+                        f"continue with `{hint}`",
                         signum,
                     )
 
         if p.last_eval[1] != p.step or val_loss is None:
             run_eval()
         final = save("end")
-        if ctx.is_main and val_loss is not None:
+        if ctx.is_main:
+            what = f"; validation loss {val_loss:.4f}" if val_loss is not None else ""
             bar.note(
-                f"cramkit: done: {p.step} steps, {p.tokens:,} tokens in {format_seconds(p.elapsed)}; "
-                f"validation MLM loss {val_loss:.4f}"
+                f"cramkit: {objective.title}: done: {p.step} steps, {p.tokens:,} tokens in "
+                f"{format_seconds(p.elapsed)}{what}"
             )
-        return TrainResult(run, p.step, p.tokens, p.elapsed, val_loss, final, history)
+        return TrainResult(run, p.step, p.tokens, p.elapsed, val_loss, final, history, model)
     finally:
         writer.close(wait=sys.exc_info()[0] is None)
         bar.close()

@@ -9,6 +9,7 @@ fall to ``end`` over the last ``cooldown`` of the budget.
   cosine decay to ~0.
 - ``linear`` (Hugging Face's run_mlm): linear warmup from 0 over 6%, linear decay to 0.
 - ``constant``: optional linear warmup, then the peak to the end.
+- ``cosine`` (fine-tuning): linear warmup from 0 over 10%, cosine decay to 0.
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ SCHEDULES: dict[str, tuple[float, float, float, float, str]] = {
     "one-cycle": (0.3, 0.7, 0.04, 0.0, "cosine"),
     "linear": (0.06, 0.94, 0.0, 0.0, "linear"),
     "constant": (0.0, 0.0, 1.0, 1.0, "linear"),
+    # fine-tuning (Cramming's GLUE recipe): linear warmup from 0 over 10%, cosine decay to 0
+    "cosine": (0.1, 0.9, 0.0, 0.0, "warmup-cosine"),
 }
 
 
@@ -54,8 +57,10 @@ def lr_factor(
     w, c, s, e, shape = schedule_params(name, warmup, cooldown, start)
     f = min(1.0, max(0.0, fraction))
     decay_from = 1.0 - c
+    up_shape = "linear" if shape == "warmup-cosine" else shape
+    shape = "cosine" if shape == "warmup-cosine" else shape
     if w > 0 and f < w:
-        up = _ramp(f / w, s, 1.0, shape)
+        up = _ramp(f / w, s, 1.0, up_shape)
         if c > 0 and f > decay_from:  # warmup and cooldown overlap (a triangle): take the lower
             return min(up, _ramp((f - decay_from) / c, 1.0, e, shape))
         return up

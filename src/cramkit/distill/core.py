@@ -70,7 +70,8 @@ class DistillConfig:
     device: str = "auto"
     precision: Literal["auto", "fp32", "bf16"] = "auto"
     threads: int = 0  # torch threads while training (0: 1 for the BiLSTM, whose steps are too small to split)
-    speed_seconds: float = 2.0  # examples/s: time each model for at least this long on the dev inputs
+    speed_seconds: float = 2.0
+    speed_examples: int = 0  # examples/s: time on the first N dev inputs (0: all), at least speed_seconds
     # bilstm student
     embedding_dim: int = 0  # 0: the teacher's width when init_embeddings, else 300
     lstm_hidden: int = 150
@@ -645,6 +646,8 @@ def distill(
             task, kind, dev_logits(base_model, da, db, max_length, cfg.device), y_dev
         )
     inputs = [x if z is None else (x, z) for x, z in zip(da, db, strict=True)]
+    if cfg.speed_examples:
+        inputs = inputs[: cfg.speed_examples]
     threads = torch.get_num_threads()
     speed, speed1 = {}, {}
     for name, m in (("teacher", t), ("student", st)):

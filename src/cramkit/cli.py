@@ -76,6 +76,7 @@ def main(argv: list[str] | None = None) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
+    args.argv = raw  # what was typed, for verbs that relaunch themselves (finetune --nproc)
     try:
         result = args.func(args)
     except CramkitError as exc:

@@ -63,6 +63,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="skip (and count) malformed rows instead of stopping at the first one",
     )
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--nproc", type=int, default=1, metavar="N",
+                   help="processes on this machine (starts torchrun; DDP, one per GPU); needs --out")  # fmt: skip
     g = p.add_argument_group("a task from your own files (instead of --task)")
     g.add_argument("--train", help="training file (.csv, .tsv or .jsonl with a header / named fields)")
     g.add_argument(
@@ -186,6 +188,8 @@ def run_finetune(args: argparse.Namespace) -> int:
         raise CramkitError(
             "cramkit finetune needs --from MODEL (a run directory, a model directory or hf:DIR)"
         )
+    if args.nproc != 1:
+        return _launch_finetune(args)
     cfg = _config(args)
     task = _resolve_task(args)
     _check_source(args.source)
@@ -196,6 +200,8 @@ def run_finetune(args: argparse.Namespace) -> int:
 
     out = Path(args.out or f"finetune-{task.name.replace('/', '-')}")
     res = finetune(task, args.source, cfg, out, progress=not args.no_progress)
+    if not res:  # under torchrun, a rank other than 0: rank 0 reports
+        return 0
     for split, med in res["median"].items():
         metrics = ", ".join(f"{m} {v:.2f}" for m, v in med["metrics"].items())
         print(f"{task.name} {split}: {metrics} (median of {len(cfg.seeds)} seed(s))")
@@ -208,6 +214,27 @@ def run_finetune(args: argparse.Namespace) -> int:
     if res.get("skipped_rows"):
         print(f"skipped bad rows: {json.dumps(res['skipped_rows'])}", file=sys.stderr)
     return 0
+
+
+def _launch_finetune(args: argparse.Namespace) -> int:
+    """``--nproc N``: the same command, without --nproc, on N processes started by torchrun."""
+    import os
+
+    from cramkit.train.launch import launch
+
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        raise CramkitError("--nproc given inside a torchrun job; use one or the other")
+    if not args.out:
+        raise CramkitError("--nproc needs --out DIR: every process writes into the same directory")
+    argv, skip = [], False
+    for item in args.argv:
+        if skip:
+            skip = False
+        elif item == "--nproc":
+            skip = True
+        elif not item.startswith("--nproc="):
+            argv.append(item)
+    return launch(args.nproc, argv)
 
 
 def run_eval(args: argparse.Namespace) -> int:

@@ -509,6 +509,7 @@ class Checkpointer:
                 done.set_exception(exc)
             self._done(done, tmp, final, state)
             self._raise()
+            self._barrier()  # a blocking save returns on every rank once the checkpoint is complete
         return final
 
     def before_update(self) -> None:

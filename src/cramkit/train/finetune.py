@@ -302,7 +302,7 @@ def train_one_seed(
         # the finished weights from the final checkpoint: whole on every strategy (DDP, FSDP2) and world size
         model = objective.build_model()
         _load_state(model, ckpt.model_weights(result.checkpoint), f"checkpoint {result.checkpoint}")
-        model.to(resolve_device(cfg.device))
+        model.to(ctx.device if ctx is not None else resolve_device(cfg.device))
         from cramkit.train.metrics import read_metrics
 
         history = read_metrics(run) or result.history  # the whole run's, also when it resumed midway
@@ -380,9 +380,31 @@ def finetune(
             )
         tests.update(_test_splits(other, tok, max_length, regression))
 
-    device = resolve_device(cfg.device)
+    from cramkit.train.parallel import fault_guard, init_distributed, shutdown
+
+    ctx = init_distributed(cfg.device)  # under torchrun: one process group for every seed
+    if ctx.distributed and out_dir is None:
+        raise CramkitError("under torchrun give --out DIR: every process must write into the same directory")
+    try:
+        with fault_guard(ctx):
+            return _finetune_seeds(task, loaded, cfg, out_dir, ctx, train, dev, tests, predict_also, progress)
+    finally:
+        shutdown(ctx)
+
+
+def _finetune_seeds(
+    task, loaded, cfg, out_dir, ctx, train, dev, tests, predict_also, progress
+) -> dict[str, Any]:
+    from cramkit.train.parallel import main_first
+
+    max_length = min(cfg.max_length, loaded.max_length)
+    regression = task.is_regression
+    device = ctx.device
     pad_id, with_types = loaded.pad_id, loaded.with_types
-    seeds_dir = _claim(Path(out_dir), task, loaded, cfg) if out_dir is not None else None
+    seeds_dir = None
+    if out_dir is not None:
+        with main_first(ctx, "checking --out"):
+            seeds_dir = _claim(Path(out_dir), task, loaded, cfg) if ctx.is_main else Path(out_dir) / "seeds"
     hint = "rerun the same command (finished seeds are kept; this one resumes from its checkpoint)"
     per_seed, test_logits, states = [], [], []
     for seed in cfg.seeds:
@@ -396,8 +418,10 @@ def finetune(
             continue
         model, stats = train_one_seed(
             loaded, train, task.num_labels, cfg, seed, progress=progress, desc=f"{task.name} seed {seed}",
-            run=run, resume_hint=hint,
+            run=run, resume_hint=hint, ctx=ctx,
         )  # fmt: skip
+        if not ctx.is_main:  # rank 0 scores and writes; the others go on to the next seed's training
+            continue
         stats["dev"] = {}
         for split, enc in dev.items():
             logits = predict(model, enc, cfg, device, pad_id, with_types)
@@ -414,6 +438,8 @@ def finetune(
             states.append({k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()})
         del model
 
+    if not ctx.is_main:
+        return {}
     results: dict[str, Any] = {
         "task": task.name,
         "source": loaded.source,

@@ -97,9 +97,8 @@ def test_build_query_info(tiny_index, corpus, capsys):
 def test_recall_against_numpy(tmp_path, corpus, pretrained_run, tiny_index):
     """HNSW over the same chunks: its measured recall and an independent numpy exact search agree."""
     out = tmp_path / "hnsw"
-    res = cli("index", "build", str(corpus), "--encoder", str(pretrained_run), "--out", str(out),
-              "--chunk-tokens", "16", "--overlap", "0", "--kind", "hnsw", "--device", "cpu")  # fmt: skip
-    assert res.returncode == 0, res.stderr
+    assert main(["index", "build", str(corpus), "--encoder", str(pretrained_run), "--out", str(out),
+                 "--chunk-tokens", "24", "--overlap", "0", "--kind", "hnsw", "--device", "cpu"]) == 0  # fmt: skip
     idx = cramkit.index.open(out)
     assert idx.info()["kind"] == "hnsw" and idx.manifest["recall"]["queries"] > 0
     vec = np.load(out / idx.manifest["data"] / "vectors.npy")  # independent copy, not memory-mapped
@@ -111,8 +110,10 @@ def test_recall_against_numpy(tmp_path, corpus, pretrained_run, tiny_index):
     assert rec >= 0.9
 
 
-def test_ivfpq_recall_synthetic():
-    """IVF-PQ with exact re-ranking reaches the target on held-out queries; numpy agrees on fresh ones."""
+@pytest.mark.parametrize("kind", ["ivfsq8", "ivfpq"])
+def test_ivf_recall_synthetic(kind):
+    """IVF (8-bit or PQ codes) with exact re-ranking reaches the target on held-out queries; numpy agrees
+    on fresh ones."""
     rng = np.random.default_rng(0)
     centers = rng.normal(size=(50, 16)).astype(np.float32)
     proj = rng.normal(size=(16, 32)).astype(np.float32)
@@ -120,9 +121,12 @@ def test_ivfpq_recall_synthetic():
     x = z @ proj
     x /= np.linalg.norm(x, axis=1, keepdims=True)
     data, fresh = x[:11000], x[11000:11200]
-    plan = ann.plan_index(len(data), 32, 1 << 30, "ivfpq")
+    plan = ann.plan_index(len(data), 32, 1 << 30, kind)
     index, params, meas = ann.build_and_tune(data, plan, target=0.95, log=lambda s: None)
     assert meas["reached"] and meas["recall_at_10"] >= 0.95 and index.ntotal == len(data)
+    assert ann.plan_index(len(data), 32, 1 << 30)["kind"] == "flat"
+    assert ann.plan_index(10**6, 384, 4 << 30)["kind"] == "ivfsq8"
+    assert ann.plan_index(10**6, 384, 200 << 20)["kind"] == "ivfpq"
     _, got = ann.search(index, data, plan, params, fresh, 10)
     truth = np.argsort(-(fresh @ data.T), axis=1)[:, :10]
     assert ann.recall_at(got, truth, 10) >= 0.9
@@ -212,12 +216,12 @@ def _kill_when_committed(proc: subprocess.Popen, progress: Path, timeout: float 
 
 
 def test_killed_embed_resumes(tmp_path, builtin_docs, pretrained_run):
-    lines = [" ".join(d.split())[:300] for d in builtin_docs[:1500]]
+    lines = [" ".join(d.split())[:200] for d in builtin_docs[:600]]
     src = tmp_path / "lines.txt"
     src.write_text("\n".join(lines) + "\n", encoding="utf-8")
     out = tmp_path / "emb"
     cmd = [sys.executable, "-m", "cramkit", "embed", str(src), "--from", str(pretrained_run), "--out", str(out),
-           "--block", "16", "--device", "cpu"]  # fmt: skip
+           "--block", "8", "--device", "cpu"]  # fmt: skip
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV)
     _kill_when_committed(proc, out / "progress-0.json")
     assert not (out / "embed.json").exists()  # killed: nothing claims to be finished
@@ -234,10 +238,33 @@ def test_killed_embed_resumes(tmp_path, builtin_docs, pretrained_run):
     assert np.allclose(emb, ref, atol=1e-5)
 
 
+@pytest.mark.slow
+def test_torchrun_embed_matches_one_process(tmp_path, builtin_docs, pretrained_run):
+    """Two torchrun processes share the rows of one memory map; the result equals one process's."""
+    src = tmp_path / "lines.txt"
+    src.write_text("\n".join(" ".join(d.split())[:200] for d in builtin_docs[:300]) + "\n", encoding="utf-8")
+    outs = {}
+    for nproc in (1, 2):
+        out = tmp_path / f"e{nproc}"
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc), "-m", "cramkit",
+               "embed", str(src), "--from", str(pretrained_run), "--out", str(out), "--block", "32",
+               "--device", "cpu"]  # fmt: skip
+        res = subprocess.run(cmd, capture_output=True, text=True, env=ENV, timeout=300)
+        assert res.returncode == 0, res.stderr
+        assert res.stdout.count("embedded 300 rows") == 1
+        outs[nproc] = np.load(out / "embeddings.npy", allow_pickle=False)
+        assert json.loads((out / "embed.json").read_text())["world_size"] == nproc
+    assert sorted(p.name for p in (tmp_path / "e2").glob("progress-*.json")) == [
+        "progress-0.json",
+        "progress-1.json",
+    ]
+    assert np.allclose(outs[1], outs[2], atol=1e-5)
+
+
 def test_killed_build_is_not_an_index_then_resumes(tmp_path, corpus, pretrained_run, capsys):
     out = tmp_path / "idx"
     cmd = [sys.executable, "-m", "cramkit", "index", "build", str(corpus), "--encoder", str(pretrained_run),
-           "--out", str(out), "--chunk-tokens", "8", "--overlap", "0", "--block", "32", "--device", "cpu"]  # fmt: skip
+           "--out", str(out), "--chunk-tokens", "32", "--overlap", "0", "--block", "8", "--device", "cpu"]  # fmt: skip
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV)
     _kill_when_committed(proc, out / ".build" / "embed" / "progress-0.json")
     assert "interrupted build" in fails(capsys, "index", "info", str(out))

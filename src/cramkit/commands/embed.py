@@ -46,7 +46,9 @@ def run(args: argparse.Namespace) -> int:
         normalize=args.normalize, chunk_tokens=args.chunk_tokens, store_tokenizer=args.store_tokenizer,
         overwrite=args.overwrite, device=args.device, max_batch_tokens=args.max_batch_tokens, block=args.block,
     )  # fmt: skip
-    if rec is None:
+    from cramkit.index.embedding import dist_info
+
+    if rec is None or dist_info()[0] != 0:
         return 0
     line = f"embedded {rec['rows']} rows x {rec['dim']} dims"
     if rec.get("examples_per_s"):

@@ -32,7 +32,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     b.add_argument("--memory", default="4GB", help="RAM budget for the index (default 4GB)")
     b.add_argument("--target-recall", type=float, default=0.95,
                    help="recall@10 against exact search to tune for (default 0.95)")  # fmt: skip
-    b.add_argument("--kind", default="auto", choices=("auto", "flat", "hnsw", "ivfpq"),
+    b.add_argument("--kind", default="auto", choices=("auto", "flat", "hnsw", "ivfsq8", "ivfpq"),
                    help="index type (default: chosen from the count and --memory)")  # fmt: skip
     b.add_argument("--pooling", choices=("mean", "cls"), default=None, help="default: the encoder's")
     b.add_argument(

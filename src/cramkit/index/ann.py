@@ -5,9 +5,11 @@ Kinds:
 
 ``flat``   exact search (``faiss.knn``) straight over the memory-mapped vectors: no index file at all.
 ``hnsw``   ``IDMap2,HNSW32,Flat``; ``efSearch`` tuned.
-``ivfpq``  ``IVF{nlist},PQ{d/2}x4fs`` (4-bit fast-scan codes) trained on a sample; the candidates it
-           returns (``k * refine``) are re-scored exactly against the memory-mapped float vectors, so
-           the raw vectors never need to be in RAM; ``nprobe`` and ``refine`` tuned.
+``ivfsq8`` ``IVF{nlist},SQ8`` (8-bit scalar codes, d bytes a vector) when those fit the budget, else
+``ivfpq``  ``IVF{nlist},PQ{m}x4fs`` (4-bit fast-scan codes, m <= d/2 sized to the budget); both trained on a
+           sample, and the candidates they return (``k * refine``) re-scored exactly against the
+           memory-mapped float vectors, so the raw vectors never need to be in RAM; ``nprobe`` and
+           ``refine`` tuned.
 
 Recall is measured on held-out queries: up to 1000 corpus vectors kept out of the index while the search
 parameters are tuned against exact search over the rest, added afterwards.
@@ -28,7 +30,8 @@ from cramkit.errors import CramkitError
 FLAT_MAX = 50_000  # below this many vectors exact search is fast enough
 HNSW_MAX = 300_000  # above this HNSW takes too long to build on a few cores
 HNSW_M = 32
-KINDS = ("auto", "flat", "hnsw", "ivfpq")
+KINDS = ("auto", "flat", "hnsw", "ivfsq8", "ivfpq")
+IVF_KINDS = ("ivfsq8", "ivfpq")
 
 
 def parse_memory(text: str | int | float) -> int:
@@ -51,6 +54,7 @@ def plan_index(n: int, d: int, memory: int, kind: str = "auto") -> dict[str, Any
         raise CramkitError(f"unknown index kind {kind!r}; use one of {', '.join(KINDS)}")
     raw = n * d * 4
     hnsw_bytes = raw + n * HNSW_M * 2 * 4
+    sq8_bytes = n * (d + 8)
     if kind == "auto":
         if n <= FLAT_MAX and raw <= memory:
             kind, why = "flat", f"{n} vectors <= {FLAT_MAX}: exact search"
@@ -59,12 +63,20 @@ def plan_index(n: int, d: int, memory: int, kind: str = "auto") -> dict[str, Any
                 "hnsw",
                 f"{n} vectors: HNSW graph + vectors ({hnsw_bytes / 2**20:.0f} MiB) fit the budget",
             )
+        elif sq8_bytes <= memory:
+            kind, why = (
+                "ivfsq8",
+                (
+                    f"{n} vectors: 8-bit IVF codes ({sq8_bytes / 2**20:.0f} MiB) fit the budget; candidates re-scored "
+                    f"from the memory-mapped vectors ({raw / 2**20:.0f} MiB on disk)"
+                ),
+            )
         else:
             kind, why = (
                 "ivfpq",
                 (
-                    f"{n} vectors: IVF-PQ codes in RAM, re-scored from the memory-mapped vectors "
-                    f"({raw / 2**20:.0f} MiB on disk)"
+                    f"{n} vectors: 8-bit codes ({sq8_bytes / 2**20:.0f} MiB) exceed the budget; 4-bit IVF-PQ codes, "
+                    f"candidates re-scored from the memory-mapped vectors ({raw / 2**20:.0f} MiB on disk)"
                 ),
             )
     else:
@@ -72,17 +84,22 @@ def plan_index(n: int, d: int, memory: int, kind: str = "auto") -> dict[str, Any
     plan: dict[str, Any] = {"kind": kind, "why": why, "dim": d}
     if kind == "hnsw":
         plan.update(M=HNSW_M, efConstruction=80, factory=f"IDMap2,HNSW{HNSW_M},Flat")
-    elif kind == "ivfpq":
+    elif kind in IVF_KINDS:
         nlist = int(2 ** round(math.log2(max(16.0, 2 * math.sqrt(n)))))
         nlist = max(1, min(nlist, n // 39 or 1))
-        m = _pq_m(d)
-        plan.update(nlist=nlist, m=m, factory=f"IVF{nlist},PQ{m}x4fs")
+        if kind == "ivfsq8":
+            plan.update(nlist=nlist, factory=f"IVF{nlist},SQ8")
+        else:
+            m = _pq_m(d, n, memory)
+            plan.update(nlist=nlist, m=m, factory=f"IVF{nlist},PQ{m}x4fs")
     return plan
 
 
-def _pq_m(d: int) -> int:
-    """Sub-quantisers: about d/2 (two dimensions per 4-bit code), even, dividing d when possible."""
-    for m in range(max(2, d // 2), 1, -1):
+def _pq_m(d: int, n: int, memory: int) -> int:
+    """Sub-quantisers of 4 bits: about d/2 (two dimensions each), fewer when the codes would not fit
+    ``memory``; even and dividing d when possible."""
+    most = max(2, min(d // 2, int(2 * memory / max(n, 1))))
+    for m in range(most, 1, -1):
         if d % m == 0 and m % 2 == 0:
             return m
     return 2 if d >= 2 else 1
@@ -172,14 +189,25 @@ def exact_search(
     n = len(vectors)
     best_d = np.full((len(q), k), -np.inf, dtype=np.float32)
     best_i = np.full((len(q), k), -1, dtype=np.int64)
-    extra = 0 if exclude is None else len(exclude)
+    extra = 0 if exclude is None else min(len(exclude), 32)
     for a in range(0, n, block):
         part = np.ascontiguousarray(vectors[a : a + block], dtype=np.float32)
         kk = min(k + extra, len(part))
         dd, ii = faiss.knn(q, part, kk, metric=faiss.METRIC_INNER_PRODUCT)
         ii = ii + a
         if extra:
-            dd = np.where(np.isin(ii, exclude), -np.inf, dd)
+            masked = np.isin(ii, exclude)
+            short = np.flatnonzero(masked.sum(1) > extra)  # rare: more excluded rows than the margin
+            if len(short) and kk < len(part):
+                kf = min(k + len(exclude), len(part))
+                d2, i2 = faiss.knn(q[short], part, kf, metric=faiss.METRIC_INNER_PRODUCT)
+                i2 = i2 + a
+                d2 = np.where(np.isin(i2, exclude), -np.inf, d2)
+                order = np.argsort(-d2, axis=1, kind="stable")[:, :kk]
+                dd[short] = np.take_along_axis(d2, order, axis=1)
+                ii[short] = np.take_along_axis(i2, order, axis=1)
+                masked[short] = ~np.isfinite(dd[short])
+            dd = np.where(masked, -np.inf, dd)
         dd = np.concatenate([best_d, dd], axis=1)
         ii = np.concatenate([best_i, ii], axis=1)
         order = np.argsort(-dd, axis=1, kind="stable")[:, :k]
@@ -193,7 +221,7 @@ def set_params(index: Any, plan: dict[str, Any], params: dict[str, Any], k: int)
     faiss = _faiss()
     if plan["kind"] == "hnsw":
         _hnsw(index).efSearch = max(int(params["efSearch"]), k)
-    elif plan["kind"] == "ivfpq":
+    elif plan["kind"] in IVF_KINDS:
         faiss.extract_index_ivf(index).nprobe = int(params["nprobe"])
 
 
@@ -275,7 +303,8 @@ def tune(
         probes = [p for p in (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128, 256, 512) if p <= plan["nlist"]]
         if plan["nlist"] not in probes:
             probes.append(plan["nlist"])
-        grid = [{"nprobe": p, "refine": r} for r in (2, 4, 8, 16, 32, 64) for p in probes]
+        refines = (1, 2, 4, 8) if plan["kind"] == "ivfsq8" else (2, 4, 8, 16, 32, 64)
+        grid = [{"nprobe": p, "refine": r} for r in refines for p in probes]
     best: tuple[float, dict, dict] | None = None
     fallback: tuple[float, dict, dict] | None = None
     skip_refine: set[int] = set()

@@ -53,8 +53,10 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--teacher", help="a teacher made earlier by cramkit finetune --out (default: make one)")
     p.add_argument("--teacher-train", type=int, default=20000, help="SST-2 rows the teacher is fine-tuned on")
+    p.add_argument("--teacher-epochs", type=float, default=1.0)
     p.add_argument("--train-examples", type=int, default=4000, help="SST-2 training sentences to distil on")
     p.add_argument("--work", default="bench-distill-work", help="working folder (students, cache)")
+    p.add_argument("--set", dest="common_set", action="append", default=[], help="extra --set for both runs")
     p.add_argument("--bilstm-set", action="append", default=[], help="extra --set for the BiLSTM run")
     p.add_argument("--encoder-set", action="append", default=[], help="extra --set for the encoder run")
     args = p.parse_args()
@@ -65,11 +67,11 @@ def main() -> None:
     if not (teacher / "cramkit-model.json").is_file():
         t_teacher = cramkit("finetune", "--task", "glue/sst2", "--data-dir", str(GLUE), "--from",
                             f"hf:{minilm_dir()}", "--out", str(teacher), "--no-progress",
-                            "--set", f"max_train_examples={args.teacher_train}", "--set", "epochs=1",
+                            "--set", f"max_train_examples={args.teacher_train}", "--set", f"epochs={args.teacher_epochs}",
                             "--set", "batch_size=32", "--set", "lr=5e-5", "--set", "max_length=64")  # fmt: skip
     common = ["--teacher", str(teacher), "--task", "glue/sst2", "--data-dir", str(GLUE), "--cache",
               str(work / "cache"), "--set", f"max_train_examples={args.train_examples}", "--set", "max_length=64",
-              "--set", "workers=2"]  # fmt: skip
+              "--set", "workers=2", *[x for kv in args.common_set for x in ("--set", kv)]]  # fmt: skip
     runs = {}
     for student, extra in (("bilstm", args.bilstm_set), ("encoder", ["layers=2", *args.encoder_set])):
         out = work / student

@@ -16,8 +16,13 @@ examples:
 
 the transfer set follows Tang et al. 2019 (p_mask 0.1, p_pos 0.1, p_ng 0.25, n_iter 20 / 10 for pairs);
 the loss is MSE on the logits (--set loss=kl --set temperature=2 --set alpha=0.5 for KL mixed with the
-labels). Settings: --set KEY=VALUE with the keys of cramkit.distill.DistillConfig. The transfer set and the
-teacher's logits are cached in --cache (default OUT/cache): reuse it across students and reruns.
+labels). The transfer set and the teacher's logits are cached in --cache (default OUT/cache): reuse
+it across students and reruns; an interrupted teacher pass resumes where it stopped.
+settings (--set KEY=VALUE): augment, p_mask, p_pos, p_ng, n_iter, max_ngram, workers, max_train_examples,
+loss, temperature, alpha, hidden_weight, epochs, lr, batch_size, weight_decay, schedule, max_length,
+baseline, baseline_epochs, seed, device, precision, threads, speed_seconds, speed_examples, embedding_dim,
+lstm_hidden, fc_hidden, dropout, init_embeddings, layers, hidden, layer_map, init
+
 POS replacement needs NLTK's tagger: python -c "import nltk; nltk.download('averaged_perceptron_tagger_eng')".
 """
 

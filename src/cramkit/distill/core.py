@@ -657,6 +657,8 @@ def distill(
     # 6. the student's model directory, then the report
     st.extra = {**st.extra, "distilled_from": t.source, "student": student, "transfer_rows": len(transfer)}
     st.task = task.name
+    for name in ("report.json", "report.md"):  # an old report must not describe the new model
+        (out / name).unlink(missing_ok=True)
     st.save(out)
     report = {
         "task": task.name,

@@ -196,3 +196,55 @@ def test_compile_on_cpu_runs(tmp_path: Path, tiny: list[str], small_store: Path)
         str(small_store), budget="3steps", out=tmp_path / "c", overrides=[*tiny, "train.compile=true"]
     )
     assert [r["step"] for r in read_metrics(run) if "loss" in r] == [1, 2, 3]
+
+
+def test_second_process_on_the_same_run_is_refused(
+    tiny: list[str], tmp_path: Path, small_store: Path
+) -> None:
+    """Two `cramkit pretrain` on one --out: the second gets one line and touches nothing (issue 12, item 5)."""
+    run = tmp_path / "run"
+    cmd = [
+        sys.executable,
+        "-m",
+        "cramkit",
+        "pretrain",
+        str(small_store),
+        "--budget",
+        "10m",
+        "--out",
+        str(run),
+    ]
+    for s in tiny:
+        cmd += ["--set", s]
+    first = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.time() + 120
+        while time.time() < deadline and not (run / "metrics.jsonl").exists():
+            time.sleep(0.05)
+        assert first.poll() is None
+        second = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+        assert second.returncode == 2 and "in use by another cramkit process" in second.stderr
+        assert "Traceback" not in second.stderr and len(second.stderr.strip().splitlines()) == 1
+        resume = subprocess.run([*cmd[:4], "--resume", str(run)], capture_output=True, text=True, timeout=120)
+        assert resume.returncode == 2 and "in use by another cramkit process" in resume.stderr
+    finally:
+        first.send_signal(signal.SIGTERM)
+        first.communicate(timeout=120)
+    assert first.returncode == 128 + signal.SIGTERM  # the first run was not disturbed: it saved and stopped
+    assert not list((run / "checkpoints").glob("*.tmp"))
+
+
+def test_resume_of_a_finished_run_says_so_and_extending_explains_the_schedule(
+    tiny: list[str], tmp_path: Path, small_store: Path
+) -> None:
+    run = pretrain(str(small_store), budget="4steps", out=tmp_path / "run", overrides=tiny)
+    cmd = [sys.executable, "-m", "cramkit", "pretrain", "--resume", str(run)]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and "already spent its budget of 4steps" in done.stderr
+    assert "--budget 8steps" in done.stderr and "resuming" not in done.stderr
+    more = subprocess.run([*cmd, "--budget", "6steps"], capture_output=True, text=True, timeout=300)
+    assert more.returncode == 0, more.stderr
+    assert (
+        "budget 4steps -> 6steps" in more.stderr and "schedule" in more.stderr and "resuming" in more.stderr
+    )
+    assert max(r["step"] for r in read_metrics(run) if "loss" in r) == 6

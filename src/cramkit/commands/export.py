@@ -94,14 +94,20 @@ def run(args: argparse.Namespace) -> int:
             labels=loaded.labels,
         )
     fmt = json.loads((done / "cramkit_export.json").read_text(encoding="utf-8"))
-    how = "transformers.AutoModel.from_pretrained(DIR)"
-    if fmt["architecture"] == "BertForSequenceClassification":
-        how = "transformers.AutoModelForSequenceClassification.from_pretrained(DIR)"
-    if fmt["format"] == "cramkit":
-        auto = (
-            "AutoModelForSequenceClassification" if "Classification" in fmt["architecture"] else "AutoModel"
+    arch = fmt["architecture"]
+    auto = (
+        "AutoModelForSequenceClassification"
+        if "Classification" in arch
+        else "AutoModelForMaskedLM"
+        if arch.endswith("ForMaskedLM")
+        else "AutoModel"
+    )
+    how = f"transformers.{auto}.from_pretrained(DIR)"
+    if fmt["format"] == "cramkit":  # transformers' AutoTokenizer would prompt for the remote-code config
+        how = (
+            f"transformers.{auto}.from_pretrained(DIR, trust_remote_code=True); its tokenizer (plain BERT): "
+            "BertTokenizerFast.from_pretrained(DIR)"
         )
-        how = f"transformers.{auto}.from_pretrained(DIR, trust_remote_code=True); its tokenizer: AutoTokenizer.from_pretrained(DIR)"
     which = f" ({loaded.extra['checkpoint']})" if loaded.extra.get("checkpoint") else ""
     print(f"exported {loaded.source}{which} -> {done} ({fmt['architecture']}; load with {how})")
     return 0

@@ -8,10 +8,12 @@ the run's tokenizer. Given nothing, the built-in corpus (stdlib docstrings) is u
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
 import shutil
+import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -213,6 +215,8 @@ def pretrain(
         run = ckpt.require_run_dir(resume)
         saved = load_yaml(run / "config.yaml")
         cfg = resolve_config(base=saved, overrides=overrides)
+        if not _resume_plan(run, cfg):
+            return run
         info = _read_run_info(run)
         if inputs and inputs != info.get("inputs"):
             raise CramkitError(
@@ -240,20 +244,90 @@ def pretrain(
         if not run.exists() and int(os.environ.get("WORLD_SIZE", "1")) == 1:
             created = run
         run.mkdir(parents=True, exist_ok=True)
-    try:
-        cfg, ts, tok, vocab, ctx = _prepare(
-            run, cfg, inputs, tokenizer, resume, preset, source_options, saved if resume is not None else None
-        )
-        data = PretrainData(ts, cfg.data, special_ids(tok), vocab)
-    except BaseException:
-        if created is not None and created.is_dir() and ckpt.find_latest(created) is None:
-            shutil.rmtree(created, ignore_errors=True)  # a failed first attempt leaves no empty run behind
-        raise
+    with _lock_run(run, "--resume" if resume is not None else "--out"):
+        if resume is None and ckpt.find_latest(run) is not None:  # another process got there first
+            raise CramkitError(
+                f"--out {run} already holds a run with checkpoints; continue it with --resume {run} or "
+                "choose another --out"
+            )
+        try:
+            cfg, ts, tok, vocab, ctx = _prepare(
+                run,
+                cfg,
+                inputs,
+                tokenizer,
+                resume,
+                preset,
+                source_options,
+                saved if resume is not None else None,
+            )
+            data = PretrainData(ts, cfg.data, special_ids(tok), vocab)
+        except BaseException:
+            if created is not None and created.is_dir() and ckpt.find_latest(created) is None:
+                shutil.rmtree(
+                    created, ignore_errors=True
+                )  # a failed first attempt leaves no empty run behind
+            raise
 
-    with fault_guard(ctx):  # a dead or hung peer: one clear error on every surviving rank
-        train(cfg, run, data, resume=resume is not None, ctx=ctx)
-    shutdown(ctx)
+        with fault_guard(ctx):  # a dead or hung peer: one clear error on every surviving rank
+            train(cfg, run, data, resume=resume is not None, ctx=ctx)
+        shutdown(ctx)
     return run
+
+
+def _lock_run(run: Path, what: str) -> contextlib.AbstractContextManager:
+    """The run directory's lock, taken by one process (rank 0 under torchrun)."""
+    from cramkit.io import dir_lock
+
+    if int(os.environ.get("RANK", "0")) != 0:
+        return contextlib.nullcontext()
+    return dir_lock(run, what)
+
+
+def _resume_plan(run: Path, cfg: RunConfig) -> bool:
+    """Say what resuming ``run`` under ``cfg.train.budget`` will do; False when there is nothing left to do."""
+    from cramkit.train.budget import parse_budget
+    from cramkit.train.schedule import lr_factor
+
+    found = ckpt.find_latest(run)
+    if found is None:
+        return True  # the engine says there is no checkpoint to resume from
+    state = ckpt.read_state(found).get("trainer", {})
+    step, tokens, elapsed = state.get("step", 0), state.get("tokens", 0), state.get("elapsed", 0.0)
+    before = state.get("budget")
+    budget = parse_budget(cfg.train.budget)
+    fraction = budget.fraction(elapsed, tokens, step)
+    quiet = int(os.environ.get("RANK", "0")) != 0
+    if fraction >= 1.0:
+        if not quiet:
+            print(
+                f"cramkit: {run} already spent its budget of {cfg.train.budget} ({step} steps, {tokens:,} tokens); "
+                f"nothing to do. To train further, resume with a larger --budget (e.g. --budget "
+                f"{_larger(cfg.train.budget)}); the learning-rate schedule is keyed to the fraction of the budget "
+                "spent, so it is stretched over the new budget",
+                file=sys.stderr,
+            )
+        return False
+    if before and before != cfg.train.budget and not quiet:
+        t = cfg.train
+        old_lr = t.lr * lr_factor(parse_budget(before).fraction(elapsed, tokens, step), t.schedule, t.warmup,
+                                  t.cooldown, t.lr_start)  # fmt: skip
+        new_lr = t.lr * lr_factor(fraction, t.schedule, t.warmup, t.cooldown, t.lr_start)
+        print(
+            f"cramkit: budget {before} -> {cfg.train.budget}: the run has spent {fraction:.0%} of the new budget; "
+            f"the learning-rate schedule ({t.schedule}) is keyed to that fraction, so the learning rate goes "
+            f"from {old_lr:.2e} to {new_lr:.2e} and follows the {cfg.train.budget} schedule from here "
+            "(for a plain continuation at a fixed rate, add --set train.schedule=constant)",
+            file=sys.stderr,
+        )
+    return True
+
+
+def _larger(budget: str) -> str:
+    import re
+
+    m = re.fullmatch(r"([0-9.eE+]+)(\D*)", budget.strip())
+    return f"{float(m.group(1)) * 2:g}{m.group(2)}" if m else budget
 
 
 def _source_options(**given: Any) -> dict[str, Any]:

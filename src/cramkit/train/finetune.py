@@ -385,8 +385,11 @@ def finetune(
     ctx = init_distributed(cfg.device)  # under torchrun: one process group for every seed
     if ctx.distributed and out_dir is None:
         raise CramkitError("under torchrun give --out DIR: every process must write into the same directory")
+    from cramkit.io import dir_lock
+
+    lock = dir_lock(out_dir, "--out") if out_dir is not None and ctx.is_main else contextlib.nullcontext()
     try:
-        with fault_guard(ctx):
+        with lock, fault_guard(ctx):
             return _finetune_seeds(task, loaded, cfg, out_dir, ctx, train, dev, tests, predict_also, progress)
     finally:
         shutdown(ctx)

@@ -104,3 +104,16 @@ def test_export_refuses_to_overwrite_what_is_not_an_export(ft_model, tmp_path) -
         and "Traceback" not in proc.stderr
     )
     assert (out / "notes.txt").read_text() == "mine"
+
+
+def test_predict_command_runs_an_onnx_export(ft_model, ft_onnx, glue_dir, tmp_path) -> None:
+    rows = sst2(glue_dir, "dev")[:40]
+    (tmp_path / "dev.tsv").write_text(
+        "sentence\tlabel\n" + "".join(f"{s}\t{y}\n" for s, y in rows), encoding="utf-8"
+    )
+    said = cli(
+        "predict", "--from", str(ft_onnx), str(tmp_path / "dev.tsv"), "--out", str(tmp_path / "p.jsonl")
+    )
+    assert said.returncode == 0 and "accuracy" in said.stdout, said.stderr
+    got = [json.loads(line)["label"] for line in (tmp_path / "p.jsonl").read_text().splitlines()]
+    assert got == Engine(ft_model, device="cpu").classify([s for s, _ in rows]).labels

@@ -115,15 +115,22 @@ def predict(
     device: str = "auto",
     max_batch_tokens: int = 16384,
     max_length: int | None = None,
+    backend: str = "auto",
 ) -> dict[str, Any]:
-    """Predict every row of ``input_file`` with ``model`` (anything ``cramkit.load`` takes, or a loaded
-    model); write them to ``out`` (.jsonl, .csv or .tsv); return a summary (rows, examples/s, metrics)."""
+    """Predict every row of ``input_file`` with ``model`` (anything ``cramkit.load`` takes, an ONNX export,
+    or a loaded model); write them to ``out`` (.jsonl, .csv or .tsv); return a summary (rows, examples/s,
+    metrics). backend: auto (ONNX Runtime for an ONNX export, torch otherwise), torch or onnx."""
     from cramkit.infer import Engine
+    from cramkit.infer.onnx import is_onnx_dir
     from cramkit.load import LoadedModel, load
 
-    loaded = model if isinstance(model, LoadedModel) else load(model)
+    if not isinstance(model, LoadedModel) and not is_onnx_dir(model):
+        model = load(model)
     rows = read_rows(input_file, text_a, text_b, label)
-    engine = Engine(loaded, device=device, max_batch_tokens=max_batch_tokens, max_length=max_length)
+    engine = Engine(
+        model, backend=backend, device=device, max_batch_tokens=max_batch_tokens, max_length=max_length
+    )
+    loaded = engine  # kind, labels and source, whichever the backend
     inputs = rows.texts_a if rows.texts_b is None else list(zip(rows.texts_a, rows.texts_b, strict=True))
     start = time.perf_counter()
     records: list[dict[str, Any]] = []

@@ -1,0 +1,77 @@
+"""The app in-process (starlette's TestClient): /search with an index, and the batcher's merging."""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+from starlette.testclient import TestClient
+
+from cramkit.errors import CramkitError
+from cramkit.infer import Engine
+from cramkit.serve import Limits, create_app
+
+
+class StubIndex:
+    """What cramkit.index.open(IDX) returns: search(texts, k) -> per query a list of hits."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[list[str], int]] = []
+
+    def search(self, texts: list[str], k: int) -> list[list[dict]]:
+        if any(not t.strip() for t in texts):
+            raise CramkitError("an empty query; give text to search for")
+        self.calls.append((texts, k))
+        return [
+            [{"score": 1.0 / (i + 1), "text": f"{t} {i}", "doc": i, "source": "stub"} for i in range(k)]
+            for t in texts
+        ]
+
+
+@pytest.fixture(scope="module")
+def engine(ft_model):
+    return Engine(ft_model, device="cpu")
+
+
+def test_search_route_calls_the_index(engine) -> None:
+    index = StubIndex()
+    with TestClient(create_app({"ft": engine}, index=index, index_path="IDX")) as client:
+        r = client.post("/search", json={"inputs": ["good film", "bad film"], "k": 3})
+        assert r.status_code == 200 and [len(h) for h in r.json()] == [3, 3]
+        assert r.json()[0][0] == {"score": 1.0, "text": "good film 0", "doc": 0, "source": "stub"}
+        assert index.calls == [(["good film", "bad film"], 3)]
+        assert client.post("/search", json={"inputs": "one"}).json()[0]["source"] == "stub"  # k=10 default
+        r = client.post("/search", json={"inputs": " "})
+        assert r.status_code == 422 and "empty query" in r.json()["error"]
+        assert client.post("/search", json={"inputs": "a", "k": 0}).status_code == 422
+        assert client.get("/info").json()["index"] == "IDX"
+
+
+def test_concurrent_requests_are_merged_and_answered_in_order(engine) -> None:
+    texts = [f"review number {i} of a film that was {'good' if i % 2 else 'bad'}" for i in range(64)]
+    ref = engine.embed(texts, normalize=True)
+    app = create_app({"ft": engine}, max_wait_ms=50, limits=Limits(max_queue=10_000))
+    out: dict[int, list] = {}
+    with TestClient(app) as client:
+
+        def one(i: int) -> None:
+            out[i] = client.post("/embed", json={"inputs": texts[i : i + 4]}).json()
+
+        threads = [threading.Thread(target=one, args=(i,)) for i in range(0, 64, 4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        metrics = client.get("/metrics").text
+    got = np.concatenate([np.asarray(out[i]) for i in range(0, 64, 4)])
+    assert np.abs(got - ref).max() < 1e-5
+    # 16 requests arrived within the 50 ms wait: fewer forward calls than requests
+    calls = float(
+        next(
+            line.split()[-1]
+            for line in metrics.splitlines()
+            if line.startswith("cramkit_batch_requests_count")
+        )
+    )
+    assert calls < 16, metrics

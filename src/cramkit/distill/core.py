@@ -404,6 +404,8 @@ def _train(student, enc, targets, labels, labelled, cfg, epochs, teacher, progre
     y = torch.from_numpy(labels) if labels is not None else None
     lab = torch.from_numpy(labelled.astype(bool))
     bar = Progress("auto" if progress else False, desc)
+    if progress and bar.bar is None:
+        bar.note(f"{desc}: {len(enc):,} examples, {epochs:g} epochs, {total:,} steps of {cfg.batch_size}")
     losses: list[float] = []
     step = seen = 0
     t0 = time.perf_counter()

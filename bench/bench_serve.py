@@ -102,7 +102,7 @@ async def load(host: str, port: int, requests: list[list[str]], clients: int) ->
 def start_server(model: str, args: argparse.Namespace) -> tuple[subprocess.Popen, str, int]:
     cmd = [sys.executable, "-m", "cramkit", "serve", model, "--port", "0", "--threads", str(args.threads),
            "--backend", args.backend, "--max-wait-ms", str(args.max_wait_ms),
-           "--max-batch-tokens", str(args.max_batch_tokens)]  # fmt: skip
+           "--max-batch-tokens", str(args.max_batch_tokens), "--timeout", str(args.timeout)]  # fmt: skip
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     while True:
         line = proc.stdout.readline()
@@ -123,6 +123,8 @@ def main() -> None:
     p.add_argument("--backend", choices=["torch", "onnx"], default="torch")
     p.add_argument("--max-wait-ms", type=float, default=5.0)
     p.add_argument("--max-batch-tokens", type=int, default=16384)
+    p.add_argument("--timeout", type=float, default=300.0,
+                   help="the server's --timeout: 64 clients x 16 sentences queued at ~40 sentences/s wait ~25 s")  # fmt: skip
     args = p.parse_args()
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     import torch
@@ -194,7 +196,7 @@ def main() -> None:
 
     print(f"# cramkit serve ({args.backend} backend), all-MiniLM-L6-v2, {len(data)} sentences (SST-2 dev + MRPC dev); "
           f"{args.clients} concurrent clients (asyncio, keep-alive), load generator on the same machine; "
-          f"server threads={args.threads}, --max-wait-ms {args.max_wait_ms:g}")  # fmt: skip
+          f"server threads={args.threads}, --max-wait-ms {args.max_wait_ms:g}, --timeout {args.timeout:g}")  # fmt: skip
     print(f"# {header}")
     print(
         "| what | sentences/s | vs in-process | p50 ms | p99 ms | inputs per forward call | failed requests |"

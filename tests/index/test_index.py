@@ -261,6 +261,7 @@ def test_torchrun_embed_matches_one_process(tmp_path, builtin_docs, pretrained_r
     assert np.allclose(outs[1], outs[2], atol=1e-5)
 
 
+@pytest.mark.slow
 def test_killed_build_is_not_an_index_then_resumes(tmp_path, corpus, pretrained_run, capsys):
     out = tmp_path / "idx"
     cmd = [sys.executable, "-m", "cramkit", "index", "build", str(corpus), "--encoder", str(pretrained_run),
@@ -336,6 +337,22 @@ def test_damaged_faiss_file(tmp_path, small_store, pretrained_run, capsys):
     f = out / m["data"] / "faiss.index"
     f.write_bytes(b"\x00" * f.stat().st_size)  # same size, garbage
     assert "not a readable Faiss index" in fails(capsys, "index", "info", str(out))
+
+
+def test_model_without_an_encoder(tmp_path, tok, corpus, capsys):
+    """A distilled BiLSTM student has no transformer encoder to take embeddings from."""
+    from cramkit.load import LoadedModel
+    from cramkit.model.students import BiLSTMConfig, BiLSTMStudent, bilstm_meta
+
+    cfg = BiLSTMConfig(vocab_size=tok.get_vocab_size(), embedding_dim=8, lstm_hidden=8, fc_hidden=8)
+    student = LoadedModel(BiLSTMStudent(cfg, 2), kind="classifier", config=bilstm_meta(cfg), tokenizer=tok,
+                          labels=["a", "b"], architecture="bilstm")  # fmt: skip
+    student.save(tmp_path / "student")
+    err = fails(capsys, "index", "build", str(corpus), "--encoder", str(tmp_path / "student"), "--out",
+                str(tmp_path / "i"))  # fmt: skip
+    assert "no transformer encoder" in err
+    assert "no transformer encoder" in fails(capsys, "embed", str(corpus), "--from", str(tmp_path / "student"),
+                                             "--out", str(tmp_path / "e"))  # fmt: skip
 
 
 def test_other_encoder_at_query_time(tiny_index, minilm_dir, capsys):

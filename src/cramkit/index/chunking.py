@@ -260,6 +260,7 @@ class ChunkTable:
             or self.table.shape[1] != len(COLUMNS)
             or self.offsets.shape != (n + 1,)
             or (n and int(self.offsets[-1]) != size)
+            or (n and (int(self.offsets[0]) != 0 or bool(np.any(np.diff(self.offsets) < 0))))
         ):
             raise CramkitError(f"{d}: the chunk files do not agree with each other; rebuild the index")
         self.texts = np.memmap(d / "texts.bin", dtype=np.uint8, mode="r") if size else np.zeros(0, np.uint8)

@@ -106,7 +106,7 @@ def embed_to_memmap(
     n = len(texts)
     dim = int(engine.loaded.encoder.cfg.hidden)
     done = finished(out, key)
-    if done is not None:
+    if done is not None and (out / "embeddings.npy").is_file():
         return done
     state = {"key": key, "rows": n, "dim": dim, "world_size": world}
     if rank == 0:

@@ -16,7 +16,7 @@ recall@10 >= 0.95 on held-out corpus vectors; recall here is measured independen
 plain loop of the same model's forward (HF-style: batches of 32 in corpus order, padded to the longest,
 mean pooling) over the same chunk texts.
 
-``mrpc``: the second sentences of all MRPC pairs labelled paraphrase (train+dev+test) indexed as passages; each
+``mrpc``: the second sentences of all MRPC pairs labelled paraphrase (train+dev; test is unlabelled) indexed; each
 first sentence queried; recall@1/@10 = how often its own paraphrase comes first / in the top 10.
 """
 
@@ -285,7 +285,13 @@ def part_mrpc(args: argparse.Namespace) -> list[tuple]:
         ranks.append(found[0] + 1 if found else 99)
     ranks = np.array(ranks)
     return [
-        ("mrpc", "pairs (label 1, train+dev+test)", f"{len(pairs)}", "", f"{idx.info()['kind']} index"),
+        (
+            "mrpc",
+            "pairs labelled 1 (train+dev; test.tsv is unlabelled)",
+            f"{len(pairs)}",
+            "",
+            f"{idx.info()['kind']} index",
+        ),
         ("mrpc", "recall@1", f"{(ranks == 1).mean():.4f}", "", ""),
         (
             "mrpc",

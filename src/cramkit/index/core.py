@@ -19,6 +19,7 @@ import json
 import os
 import shutil
 import sys
+import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -363,6 +364,7 @@ class Index:
         self.device = device
         self._engine: Any = None
         self.last_truncated: list[bool] = []
+        self._lock = threading.Lock()  # search from several threads (a server): one at a time
 
     # ------------------------------------------------------------------ metadata
 
@@ -448,9 +450,10 @@ class Index:
 
     def search(self, texts: Sequence[str], k: int = 10) -> list[list[dict[str, Any]]]:
         """The ``k`` best chunks per query text, best first. Queries longer than the encoder's limit are
-        truncated to it (``last_truncated`` says which)."""
+        truncated to it (``last_truncated`` says which). Safe to call from several threads."""
         k = self._check_k(k)
-        scores, ids = self.search_vectors(self.embed(texts), k)
+        with self._lock:
+            scores, ids = self.search_vectors(self.embed(texts), k)
         return [[self.hit(int(i), float(s)) for s, i in zip(sr, ir, strict=True) if i >= 0]
                 for sr, ir in zip(scores, ids, strict=True)]  # fmt: skip
 

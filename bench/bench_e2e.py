@@ -208,15 +208,9 @@ def main() -> None:
             raise SystemExit(f"a pretraining job failed: {j.args}")
     no_pretraining(work)
     losses = val_losses(work)
-    ours_tokens = json.loads(
-        (
-            work
-            / "ours"
-            / "checkpoints"
-            / (work / "ours" / "checkpoints" / "latest").read_text().strip()
-            / "state.json"
-        ).read_text()
-    ).get("tokens")
+    from cramkit.train import checkpoint as ckpt
+
+    ours_tokens = ckpt.read_state(ckpt.find_latest(work / "ours"))["trainer"]["tokens"]
     hf_tokens = json.loads((work / "hf" / "bench.json").read_text())["tokens"]
     seeds = [int(s) for s in args.seeds.split(",")]
     scores = finetune_all(work, SHARED / "glue", args.train_examples, args.epochs, seeds)

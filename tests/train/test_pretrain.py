@@ -248,3 +248,46 @@ def test_resume_of_a_finished_run_says_so_and_extending_explains_the_schedule(
         "budget 4steps -> 6steps" in more.stderr and "schedule" in more.stderr and "resuming" in more.stderr
     )
     assert max(r["step"] for r in read_metrics(run) if "loss" in r) == 6
+
+
+def test_second_ctrl_c_aborts_without_damaging_what_is_saved(
+    tiny: list[str], tmp_path: Path, small_store: Path
+) -> None:
+    """First Ctrl-C: said at once (saving); a second one aborts; earlier checkpoints stay complete (item 6)."""
+    run = tmp_path / "run"
+    cmd = [
+        sys.executable,
+        "-m",
+        "cramkit",
+        "pretrain",
+        str(small_store),
+        "--budget",
+        "10m",
+        "--out",
+        str(run),
+    ]
+    for s in [*tiny, "train.checkpoint_every=3steps", "train.keep_checkpoints=5"]:
+        cmd += ["--set", s]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 120
+    while time.time() < deadline and not (run / "checkpoints" / "latest").is_file():
+        time.sleep(0.02)
+    assert proc.poll() is None
+    proc.send_signal(signal.SIGINT)
+    time.sleep(0.01)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert "press Ctrl-C again to abort without saving" in err
+    assert proc.returncode in (130, 128 + signal.SIGINT), err
+    assert "Traceback" not in err
+    from cramkit import load
+    from cramkit.train import checkpoint as ckpt
+
+    latest = ckpt.find_latest(run)
+    assert latest is not None  # (an aborted save may leave a .tmp: never chosen, removed on the next start)
+    ckpt.verify(latest)  # every file of the newest complete checkpoint matches its checksum
+    assert load(run).kind == "mlm"
+    resumed = subprocess.run([*cmd[:4], "--resume", str(run), "--budget", "12steps"], capture_output=True,
+                             text=True, timeout=300)  # fmt: skip
+    assert resumed.returncode == 0, resumed.stderr
+    assert not list((run / "checkpoints").glob("*.tmp"))

@@ -198,24 +198,19 @@ def test_compile_on_cpu_runs(tmp_path: Path, tiny: list[str], small_store: Path)
     assert [r["step"] for r in read_metrics(run) if "loss" in r] == [1, 2, 3]
 
 
+def _command(store: Path, out: Path, budget: str, settings: list[str]) -> list[str]:
+    cmd = [sys.executable, "-m", "cramkit", "pretrain", str(store), "--budget", budget, "--out", str(out)]
+    for item in settings:
+        cmd += ["--set", item]
+    return cmd
+
+
 def test_second_process_on_the_same_run_is_refused(
     tiny: list[str], tmp_path: Path, small_store: Path
 ) -> None:
     """Two `cramkit pretrain` on one --out: the second gets one line and touches nothing (issue 12, item 5)."""
     run = tmp_path / "run"
-    cmd = [
-        sys.executable,
-        "-m",
-        "cramkit",
-        "pretrain",
-        str(small_store),
-        "--budget",
-        "10m",
-        "--out",
-        str(run),
-    ]
-    for s in tiny:
-        cmd += ["--set", s]
+    cmd = _command(small_store, run, "10m", tiny)
     first = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.time() + 120
@@ -255,19 +250,9 @@ def test_second_ctrl_c_aborts_without_damaging_what_is_saved(
 ) -> None:
     """First Ctrl-C: said at once (saving); a second one aborts; earlier checkpoints stay complete (item 6)."""
     run = tmp_path / "run"
-    cmd = [
-        sys.executable,
-        "-m",
-        "cramkit",
-        "pretrain",
-        str(small_store),
-        "--budget",
-        "10m",
-        "--out",
-        str(run),
-    ]
-    for s in [*tiny, "train.checkpoint_every=3steps", "train.keep_checkpoints=5"]:
-        cmd += ["--set", s]
+    cmd = _command(
+        small_store, run, "10m", [*tiny, "train.checkpoint_every=3steps", "train.keep_checkpoints=5"]
+    )
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.time() + 120
     while time.time() < deadline and not (run / "checkpoints" / "latest").is_file():

@@ -33,6 +33,7 @@ def test_fp32_export_matches_torch_on_unseen_text(ft_model, ft_onnx, glue_dir) -
     assert ref.classify(dev).labels == got.classify(dev).labels
 
 
+@pytest.mark.slow
 def test_int8_export_records_what_it_cost(ft_model, ft_onnx, ft_onnx_int8, glue_dir) -> None:
     man = json.loads((ft_onnx_int8 / MANIFEST).read_text())
     check = man["check"]

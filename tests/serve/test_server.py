@@ -69,9 +69,9 @@ def start(*args: str, timeout: float = 120) -> tuple[subprocess.Popen, str]:
 
 
 @pytest.fixture(scope="module")
-def server(ft_model, ft_onnx_int8, pretrained_run):
+def server(ft_model, ft_onnx, pretrained_run):
     proc, url = start(
-        f"ft={ft_model}", f"int8={ft_onnx_int8}", f"mlm={pretrained_run}", "--api-key", KEY,
+        f"ft={ft_model}", f"onnx={ft_onnx}", f"mlm={pretrained_run}", "--api-key", KEY,
         "--max-queue", "200", "--max-inputs", "1000", "--body-timeout", "1", "--max-wait-ms", "2",
     )  # fmt: skip
     srv = Server(proc, url)
@@ -81,7 +81,7 @@ def server(ft_model, ft_onnx_int8, pretrained_run):
         proc.wait(30)
 
 
-def test_answers_match_the_in_process_engine(server, ft_model, ft_onnx_int8, glue_dir) -> None:
+def test_answers_match_the_in_process_engine(server, ft_model, ft_onnx, glue_dir) -> None:
     dev = [s for s, _ in sst2(glue_dir, "dev")[:64]]
     r = server.post("/predict", {"inputs": dev, "model": "ft"})
     assert r.status_code == 200, r.text
@@ -93,13 +93,13 @@ def test_answers_match_the_in_process_engine(server, ft_model, ft_onnx_int8, glu
     r = server.post("/embed", {"inputs": dev[:10], "model": "ft", "normalize": False, "pooling": "cls"})
     ref = Engine(cramkit.load(ft_model), device="cpu").embed(dev[:10], pooling="cls", normalize=False)
     assert np.abs(np.asarray(r.json()) - ref).max() < 1e-5
-    # the ONNX int8 model by query parameter, OpenAI-shaped
-    r = server.post("/v1/embeddings?model=int8", {"input": dev[:3]})
+    # the ONNX export by query parameter, OpenAI-shaped
+    r = server.post("/v1/embeddings?model=onnx", {"input": dev[:3]})
     body = r.json()
-    assert r.status_code == 200 and body["object"] == "list" and body["model"] == "int8"
+    assert r.status_code == 200 and body["object"] == "list" and body["model"] == "onnx"
     vec = np.asarray([d["embedding"] for d in body["data"]])
     assert np.allclose(np.linalg.norm(vec, axis=1), 1, atol=1e-5) and body["usage"]["prompt_tokens"] > 3
-    ref8 = Engine(ft_onnx_int8, threads=1).embed(dev[:3], normalize=True)
+    ref8 = Engine(ft_onnx, threads=1).embed(dev[:3], normalize=True)
     assert np.abs(vec - ref8).max() < 1e-5
     # a pair, as TEI reads ["a", "b"]; fill-mask from the pretraining run
     assert len(server.post("/predict", {"inputs": ["a film", "a movie"], "model": "ft"}).json()) == 2
@@ -198,8 +198,8 @@ def test_a_flood_past_the_queue_gets_429_and_the_rest_succeed(server, glue_dir) 
 
 def test_info_health_metrics_docs(server) -> None:
     info = server.http.get("/info").json()
-    assert info["model_id"] == "ft" and set(info["models"]) == {"ft", "int8", "mlm"}
-    assert info["models"]["int8"]["backend"] == "onnx" and info["models"]["int8"]["precision"] == "int8"
+    assert info["model_id"] == "ft" and set(info["models"]) == {"ft", "onnx", "mlm"}
+    assert info["models"]["onnx"]["backend"] == "onnx" and info["models"]["onnx"]["precision"] == "fp32"
     assert info["model_type"]["classifier"]["id2label"] == {"0": "0", "1": "1"}
     assert httpx.get(server.url + "/health").json()["status"] == "ok"  # open without the key
     m = server.http.get("/metrics").text

@@ -1,4 +1,5 @@
-"""Shared fixtures: the real data in ../shared/data (skipped with a reason when absent)."""
+"""Shared fixtures: the real data in ../shared/data (skipped with a reason when absent), one torch thread
+per test, real runs and models made by the real commands."""
 
 from __future__ import annotations
 
@@ -116,3 +117,42 @@ def run_pretrain(out: Path, *args: str, steps: int = 10, nproc: int = 1, timeout
 def pretrained_run(tmp_path_factory, tok_dir) -> Path:
     """`cramkit pretrain` on the built-in corpus, one process: a real run directory to load and fine-tune."""
     return run_pretrain(tmp_path_factory.mktemp("pretrained") / "run", "--tokenizer", str(tok_dir))
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """One intra-op thread per test: tiny matrices gain nothing from more, and the suite shares 2 cores."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="session")
+def models_base(tmp_path_factory) -> Path:
+    return tmp_path_factory.getbasetemp() / "infer-models"
+
+
+@pytest.fixture(scope="session")
+def ft_model(models_base, pretrained_run, glue_dir) -> Path:
+    """A classifier made by the real `cramkit finetune --out` from the real `pretrained_run`."""
+    from infer.models import finetuned
+
+    models_base.mkdir(exist_ok=True)
+    return finetuned(models_base, pretrained_run, glue_dir)
+
+
+@pytest.fixture(scope="session")
+def ft_onnx(models_base, ft_model) -> Path:
+    from infer.models import onnx_export
+
+    return onnx_export(models_base, ft_model, quantize=False)
+
+
+@pytest.fixture(scope="session")
+def ft_onnx_int8(models_base, ft_model) -> Path:
+    from infer.models import onnx_export
+
+    return onnx_export(models_base, ft_model, quantize=True)

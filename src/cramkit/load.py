@@ -171,6 +171,12 @@ def load(
             )
         if not path.is_dir():
             raise CramkitError(f"{text} is a file; give the directory that holds it")
+        if (path / "cramkit-onnx.json").is_file():
+            raise CramkitError(
+                f"{text} is an ONNX export (cramkit export --format onnx): run it with "
+                f"cramkit.infer.Engine({text!r}), `cramkit predict --from {text}` or `cramkit serve {text}`; "
+                "cramkit.load reads the torch model it was exported from"
+            )
         if (path / MODEL_FILE).is_file():
             loaded = _load_model_dir(path)
         elif (path / "config.yaml").is_file() or _is_checkpoint(path):

@@ -9,19 +9,10 @@ import sys
 from pathlib import Path
 
 import pytest
-import torch
 
 from conftest import _need
 
 TRAIN_ROWS, DEV_ROWS = 300, 100
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="session")

@@ -13,21 +13,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
 
 import cramkit
 from cramkit.cli import main
 from cramkit.index import ann
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 def cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:

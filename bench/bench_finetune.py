@@ -47,7 +47,7 @@ def run_ours(task, loaded, cfg, seed: int) -> dict:
     tok_s = time.perf_counter() - t0
     model, stats = train_one_seed(loaded, train, 2, cfg, seed, progress=False)
     t0 = time.perf_counter()
-    logits = predict(model, dev, cfg, resolve_device("cpu"), loaded.cfg.pad_token_id, True)
+    logits = predict(model, dev, cfg, resolve_device("cpu"), loaded.pad_id, loaded.with_types)
     eval_s = time.perf_counter() - t0
     acc = float((logits.argmax(-1) == dev.labels).mean() * 100)
     padded = padded_tokens(train.lengths, cfg.batch_size, cfg.bucket_chunk, seed)

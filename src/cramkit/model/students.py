@@ -21,6 +21,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from cramkit.errors import CramkitError
+from cramkit.model.heads import classification_loss
 
 
 @dataclass
@@ -105,14 +106,11 @@ class BiLSTMStudent(nn.Module):
             h1, h2 = h[:b], h[b:]
             feats = torch.cat([h1, h2, h1 * h2, (h1 - h2).abs()], dim=-1)
         logits = self.classifier(self.dropout(F.relu(self.hidden(feats))))
-        loss = None
-        if labels is not None:
-            if self.num_labels == 1:
-                loss = F.mse_loss(logits.squeeze(-1).float(), labels.float())
-            elif self.multilabel:
-                loss = F.binary_cross_entropy_with_logits(logits.float(), labels.float())
-            else:
-                loss = F.cross_entropy(logits.float(), labels.long())
+        loss = (
+            classification_loss(logits, labels, self.num_labels, self.multilabel)
+            if labels is not None
+            else None
+        )
         return loss, logits
 
 

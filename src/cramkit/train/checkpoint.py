@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import datetime
 import errno
-import hashlib
 import json
 import os
 import re
@@ -43,6 +42,7 @@ import torch
 from torch import nn
 
 from cramkit.errors import CramkitError
+from cramkit.io import sha256_file, write_text_atomic
 from cramkit.train.parallel import DistContext
 
 # a single-process save/load is what we mean when no process group exists: not worth a warning each time
@@ -152,14 +152,6 @@ def read_state(path: str | os.PathLike) -> dict[str, Any]:
             "cramkit or another tool wrote it); start a new run, or export it with the cramkit that wrote it"
         )
     return state
-
-
-def sha256_file(path: Path, chunk: int = 1 << 22) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(chunk):
-            h.update(block)
-    return h.hexdigest()
 
 
 def verify(path: str | os.PathLike, files: list[str] | None = None) -> dict[str, Any]:
@@ -311,7 +303,7 @@ def _writer(path: Path) -> Any:
             for result in results:
                 storage.update({wr.index: wr.storage_data for wr in result})
             metadata.storage_data = storage
-            _write_atomic(Path(self.path) / META_FILE, json.dumps(_metadata_to_json(metadata)))
+            write_text_atomic(Path(self.path) / META_FILE, json.dumps(_metadata_to_json(metadata)))
 
     return JsonMetadataWriter(str(path), single_file_per_rank=True, sync_files=True)
 
@@ -570,7 +562,8 @@ class Checkpointer:
                     shutil.rmtree(final)
                 os.replace(tmp, final)
                 _fsync_dir(self.root)
-                _write_atomic(self.root / LATEST, final.name + "\n")
+                write_text_atomic(self.root / LATEST, final.name + "\n")
+                _fsync_dir(self.root)
                 self._prune(final)
         except BaseException as exc:  # noqa: BLE001 - reported by wait()
             if self.ctx.is_main:
@@ -629,13 +622,6 @@ def _write_synced(path: Path, text: str) -> None:
         f.write(text)
         f.flush()
         os.fsync(f.fileno())
-
-
-def _write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp-write")
-    _write_synced(tmp, text)
-    os.replace(tmp, path)
-    _fsync_dir(path.parent)
 
 
 def _fsync_dir(path: Path) -> None:

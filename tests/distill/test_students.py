@@ -59,3 +59,26 @@ def test_bilstm_student_exports_to_onnx(distilled, tmp_path):
         main(["export", str(distilled["bilstm"][0]), "--format", "onnx", "--out", str(tmp_path / "x")]) == 0
     )
     assert (tmp_path / "x").is_dir()
+
+
+def test_principal_components_keep_the_geometry_of_a_low_rank_table():
+    """A table whose rows vary along 5 directions, reduced to 5 dims: distances between rows are kept
+    (up to the rescaling to the original root-mean-square value); fewer dims lose them."""
+    from cramkit.distill.core import principal_components
+
+    g = torch.Generator().manual_seed(0)
+    table = torch.randn(200, 5, generator=g) @ torch.randn(5, 32, generator=g) + torch.randn(32, generator=g)
+    out = principal_components(table, 5)
+    assert out.shape == (200, 5) and out.dtype == table.dtype
+
+    def dist(x):
+        return torch.cdist(x, x, compute_mode="donot_use_mm_for_euclid_dist")
+
+    d_in, d_out = dist(table), dist(out)
+    ratio = d_out[d_in > 0] / d_in[d_in > 0]
+    assert torch.allclose(ratio, ratio.mean().expand_as(ratio), rtol=1e-4)
+    centred = table - table.mean(0)
+    assert torch.isclose(out.pow(2).mean(), centred.pow(2).mean(), rtol=1e-4)
+    low = principal_components(table, 2)
+    ratio2 = dist(low)[d_in > 0] / d_in[d_in > 0]
+    assert ratio2.std() > 0.05  # two dims cannot keep five dims' distances

@@ -333,7 +333,7 @@ def build_transfer(
     tmp = out / f".{ROWS}.tmp-{os.getpid()}"
     rows = [(i, wa[i], ta[i], wb[i], tb[i]) for i in range(n)]
     seen: set[int] = set()
-    count = copies = dup = 0
+    count = copies = dup = originals = extra = 0
     t1 = time.perf_counter()
     _init(table, cfg, pairs)
     pool = _pool(workers, table, cfg, pairs) if not small else None
@@ -350,8 +350,8 @@ def build_transfer(
                 count += 1
                 return True
 
-            for i in range(n):
-                put(texts_a[i], b[i], labels[i], True)
+            for i in range(n):  # an original repeated in the training set is kept once
+                originals += put(texts_a[i], b[i], labels[i], True)
             per = cfg.copies(pairs)
             with tqdm(total=n * per, desc="augmenting", unit="ex", disable=not progress) as bar:
                 jobs = _chunks(rows, 64)
@@ -366,7 +366,7 @@ def build_transfer(
                         bar.update(per)
             for t in unlabelled:
                 if t and t.strip():
-                    put(t, None, None, False)
+                    extra += put(t, None, None, False)
         t_aug = time.perf_counter() - t1
         os.replace(tmp, out / ROWS)
     finally:
@@ -375,10 +375,11 @@ def build_transfer(
         tmp.unlink(missing_ok=True)
     manifest = {
         "rows": count,
-        "originals": n,
+        "originals": originals,
+        "repeated_originals": n - originals,
         "copies": copies,
         "duplicates_dropped": dup,
-        "unlabelled": count - n - copies,
+        "unlabelled": extra,
         "pairs": pairs,
         "config": {**cfg.__dict__, "n_iter": cfg.copies(pairs)},
         "workers": 1 if small else workers,

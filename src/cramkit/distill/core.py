@@ -73,7 +73,7 @@ class DistillConfig:
     speed_seconds: float = 2.0
     speed_examples: int = 0  # examples/s: time on the first N dev inputs (0: all), at least speed_seconds
     # bilstm student
-    embedding_dim: int = 0  # 0: the teacher's width when init_embeddings, else 300
+    embedding_dim: int = 0  # 0: 128 when init_embeddings (the teacher's, by PCA), else 300
     lstm_hidden: int = 150
     fc_hidden: int = 200
     dropout: float = 0.1
@@ -175,12 +175,14 @@ def build_student(student: str, teacher: LoadedModel, cfg: DistillConfig, *, pai
 
         tok = teacher.tokenizer
         word = _teacher_word_embeddings(teacher) if cfg.init_embeddings else None
-        dim = cfg.embedding_dim or (word.shape[1] if word is not None else 300)
-        if word is not None and dim != word.shape[1]:
+        dim = cfg.embedding_dim or (min(128, word.shape[1]) if word is not None else 300)
+        if word is not None and dim > word.shape[1]:
             raise CramkitError(
-                f"embedding_dim={dim} but the teacher's token embeddings are {word.shape[1]}-d; drop embedding_dim "
-                "or set init_embeddings=false"
+                f"embedding_dim={dim} but the teacher's token embeddings are {word.shape[1]}-d; choose at most "
+                f"{word.shape[1]} (fewer keeps their top principal components) or set init_embeddings=false"
             )
+        if word is not None and dim < word.shape[1]:
+            word = principal_components(word, dim)
         scfg = BiLSTMConfig(
             vocab_size=tok.get_vocab_size(with_added_tokens=True) if word is None else word.shape[0],
             embedding_dim=dim, lstm_hidden=cfg.lstm_hidden, fc_hidden=cfg.fc_hidden, dropout=cfg.dropout,
@@ -203,6 +205,19 @@ def _teacher_word_embeddings(teacher: LoadedModel):
             "set init_embeddings=false"
         )
     return enc.embeddings.word.weight.detach().clone()
+
+
+def principal_components(table: Any, dim: int) -> Any:
+    """``table`` [V, D] projected on its top ``dim`` principal components, rescaled to the original's
+    root-mean-square value: the BiLSTM's embedding starts from what the teacher's token embeddings
+    vary along most, at a width the LSTM reads much faster (its input projection dominates its cost)."""
+    import torch
+
+    centred = table.double() - table.double().mean(0, keepdim=True)
+    _, _, vt = torch.linalg.svd(centred, full_matrices=False)
+    out = centred @ vt[:dim].T
+    out *= centred.pow(2).mean().sqrt() / out.pow(2).mean().sqrt().clamp_min(1e-12)
+    return out.to(table.dtype)
 
 
 def _pick_layers(have: int, want: int, layer_map: list[int], what: str) -> list[int]:

@@ -118,3 +118,25 @@ def dir_lock(directory: str | os.PathLike, what: str = "--out") -> Iterator[None
         yield
     finally:
         os.close(fd)  # releases the lock
+
+
+def claim_dir(directory: str | os.PathLike, file_name: str, settings: Any, what: str) -> bool:
+    """Record ``settings`` (JSON) in ``directory/file_name``, or check that they equal those recorded there,
+    so that a rerun continues the work of the same settings and never mixes another's into it. Returns
+    whether they were recorded before; a CramkitError naming the fix when they differ."""
+    directory = Path(directory)
+    file = directory / file_name
+    if not file.is_file():
+        directory.mkdir(parents=True, exist_ok=True)
+        write_json_atomic(file, settings)
+        return False
+    try:
+        before = json.loads(file.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        before = None
+    if before != json.loads(json.dumps(settings)):
+        raise CramkitError(
+            f"--out {directory} holds {what} with other settings ({file}); choose another --out, or delete "
+            f"{directory} to start over"
+        )
+    return True

@@ -17,11 +17,14 @@ examples:
 the transfer set follows Tang et al. 2019 (p_mask 0.1, p_pos 0.1, p_ng 0.25, n_iter 20 / 10 for pairs);
 the loss is MSE on the logits (--set loss=kl --set temperature=2 --set alpha=0.5 for KL mixed with the
 labels). The transfer set and the teacher's logits are cached in --cache (default OUT/cache): reuse
-it across students and reruns; an interrupted teacher pass resumes where it stopped.
+it across students and reruns; an interrupted teacher pass resumes where it stopped. Each student trains
+in OUT/runs/distilled and OUT/runs/labels-only (checkpoints every checkpoint_every, metrics.jsonl,
+loss.png): the same command run again after a kill or Ctrl-C resumes from the latest checkpoint, and
+finished work is not redone; other settings on the same --out are refused (use another --out).
 settings (--set KEY=VALUE): augment, p_mask, p_pos, p_ng, n_iter, max_ngram, workers, max_train_examples,
 loss, temperature, alpha, hidden_weight, epochs, lr, batch_size, weight_decay, schedule, max_length,
-baseline, baseline_epochs, seed, device, precision, threads, speed_seconds, speed_examples, embedding_dim,
-lstm_hidden, fc_hidden, dropout, init_embeddings, layers, hidden, layer_map, init
+baseline, baseline_epochs, seed, device, precision, threads, checkpoint_every, speed_seconds, speed_examples,
+embedding_dim, lstm_hidden, fc_hidden, dropout, init_embeddings, layers, hidden, layer_map, init
 
 POS replacement needs NLTK's tagger: python -c "import nltk; nltk.download('averaged_perceptron_tagger_eng')".
 """
@@ -54,6 +57,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="a distillation setting, e.g. --set epochs=5 --set layers=2 --set p_pos=0")  # fmt: skip
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    p.add_argument("--nproc", type=int, default=1, metavar="N",
+                   help="training processes on this machine (starts torchrun; DDP, one per GPU)")  # fmt: skip
     p.set_defaults(func=run)
 
 
@@ -103,6 +108,10 @@ def run(args: argparse.Namespace) -> int:
             f"--student {args.student!r}: unknown student{hint}; choose one of {', '.join(STUDENTS)}"
         )
     cfg = config_from(parse_overrides(args.overrides))
+    if args.nproc != 1:
+        from cramkit.train.launch import relaunch
+
+        return relaunch(args.nproc, args.argv)
     task = _task(args)
     for split in [task.train_split, *task.dev_splits]:
         task.examples(split)  # a missing or malformed file fails before any work
@@ -116,6 +125,8 @@ def run(args: argparse.Namespace) -> int:
 
     rep = distill(args.teacher, task, args.student, cfg, args.out, cache=args.cache, unlabelled=unlabelled,
                   progress=not args.no_progress)  # fmt: skip
+    if not rep:  # under torchrun, a rank other than 0: rank 0 reports
+        return 0
     print((Path(args.out) / "report.md").read_text(encoding="utf-8"))
     print(f"student saved in {rep['out']}: cramkit predict --from {rep['out']} FILE")
     return 0

@@ -218,23 +218,11 @@ def run_finetune(args: argparse.Namespace) -> int:
 
 def _launch_finetune(args: argparse.Namespace) -> int:
     """``--nproc N``: the same command, without --nproc, on N processes started by torchrun."""
-    import os
+    from cramkit.train.launch import relaunch
 
-    from cramkit.train.launch import launch
-
-    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
-        raise CramkitError("--nproc given inside a torchrun job; use one or the other")
     if not args.out:
         raise CramkitError("--nproc needs --out DIR: every process writes into the same directory")
-    argv, skip = [], False
-    for item in args.argv:
-        if skip:
-            skip = False
-        elif item == "--nproc":
-            skip = True
-        elif not item.startswith("--nproc="):
-            argv.append(item)
-    return launch(args.nproc, argv)
+    return relaunch(args.nproc, args.argv)
 
 
 def run_eval(args: argparse.Namespace) -> int:

@@ -12,21 +12,24 @@
    the CPU measured in the same run: ``report.json`` and ``report.md`` beside the student's model
    directory (``cramkit.load`` / ``cramkit predict`` / ``cramkit export``).
 
-The training loop is small and built from the engine's parts: ``train.optim.build_optimizer`` (weight
-decay on matrices only), ``train.schedule.lr_factor``, ``train.loop.resolve_precision``/``autocast`` and
-``train.metrics.Progress``.
+Both students train through the engine (``cramkit.distill.objective``: ``train.loop.fit``), each in its
+run directory ``OUT/runs/distilled`` and ``OUT/runs/labels-only`` (checkpoints, metrics.jsonl, loss.png).
+The same command run again continues where it stopped: a training killed midway resumes from its latest
+checkpoint, a finished one is reused, a finished distillation only prints its report. ``OUT/distill.json``
+records the settings; a run with other settings on the same ``--out`` is refused, never mixed in.
+Under torchrun (``cramkit distill --nproc N``) rank 0 builds the transfer set and the teacher's logits
+(the others wait, then read them from the cache), every rank trains, rank 0 scores and writes.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import math
 import os
+import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any, Literal
 
 import numpy as np
@@ -70,6 +73,7 @@ class DistillConfig:
     device: str = "auto"
     precision: Literal["auto", "fp32", "bf16"] = "auto"
     threads: int = 0  # torch threads while training (0: 1 for the BiLSTM, whose steps are too small to split)
+    checkpoint_every: str = "5m"  # a training killed midway resumes from its last checkpoint ('never': off)
     speed_seconds: float = 2.0
     speed_examples: int = 0  # examples/s: time on the first N dev inputs (0: all), at least speed_seconds
     # bilstm student
@@ -94,6 +98,9 @@ class DistillConfig:
                 raise CramkitError(f"{name} must be >= 0, got {getattr(self, name)}")
         if self.max_length < 3:
             raise CramkitError(f"max_length must be at least 3, got {self.max_length}")
+        from cramkit.train.budget import parse_every
+
+        parse_every(self.checkpoint_every, "checkpoint_every")
 
     def augment_config(self):
         from cramkit.distill.augment import AugmentConfig
@@ -332,153 +339,6 @@ def parameter_counts(model: Any) -> dict[str, int]:
 # ------------------------------------------------------------------------------------------ training
 
 
-def _losses(kind: str, cfg: DistillConfig):
-    import torch.nn.functional as F
-
-    def soft(s, t):
-        if cfg.loss == "mse" or kind == "regression":
-            return F.mse_loss(s, t)
-        temp = cfg.temperature
-        if kind == "multilabel":
-            return F.binary_cross_entropy_with_logits(s / temp, (t / temp).sigmoid()) * temp * temp
-        return F.kl_div(F.log_softmax(s / temp, -1), F.log_softmax(t / temp, -1), log_target=True,
-                        reduction="batchmean") * temp * temp  # fmt: skip
-
-    def hard(s, y):
-        if kind == "regression":
-            return F.mse_loss(s.squeeze(-1), y.float())
-        if kind == "multilabel":
-            return F.binary_cross_entropy_with_logits(s, y.float())
-        return F.cross_entropy(s, y.long())
-
-    return soft, hard
-
-
-def train_student(
-    student: LoadedModel,
-    enc: Any,
-    targets: np.ndarray | None,
-    labels: np.ndarray | None,
-    labelled: np.ndarray,
-    cfg: DistillConfig,
-    epochs: float,
-    *,
-    teacher: LoadedModel | None = None,
-    progress: bool = True,
-    desc: str = "student",
-) -> dict[str, Any]:
-    """Train ``student.model`` in place on ``enc`` against the teacher's ``targets`` (MSE/KL), mixed by
-    ``alpha`` with ``labels`` where ``labelled``; with targets None, on the labels alone."""
-    import torch
-
-    from cramkit.train.loop import resolve_precision
-
-    device = _device(cfg.device)
-    precision = resolve_precision(SimpleNamespace(precision=cfg.precision), device)
-    threads = torch.get_num_threads()
-    want = cfg.threads or (1 if student.architecture == "bilstm" else threads)
-    torch.set_num_threads(want)
-    try:
-        return _train(student, enc, targets, labels, labelled, cfg, epochs, teacher, progress, desc, device,
-                      precision)  # fmt: skip
-    finally:
-        torch.set_num_threads(threads)
-
-
-def _train(student, enc, targets, labels, labelled, cfg, epochs, teacher, progress, desc, device, precision):
-    import torch
-    from torch import nn
-
-    from cramkit.data.batching import bucketed_batches, collate
-    from cramkit.train.loop import autocast
-    from cramkit.train.metrics import Progress
-    from cramkit.train.optim import build_optimizer
-    from cramkit.train.schedule import lr_factor
-
-    torch.manual_seed(cfg.seed)
-    model = student.model.to(device).train()
-    kind = student.kind
-    soft, hard = _losses(kind, cfg)
-    proj = None
-    if cfg.hidden_weight > 0 and targets is not None:
-        if teacher is None or teacher.encoder is None or student.encoder is None:
-            raise CramkitError("hidden_weight needs an encoder student and a transformer teacher")
-        if student.tokenizer.get_vocab() != teacher.tokenizer.get_vocab():
-            raise CramkitError(
-                "hidden_weight needs the student to share the teacher's tokenizer (init=teacher)"
-            )
-        proj = nn.Linear(student.encoder.cfg.hidden, teacher.encoder.cfg.hidden).to(device)
-        teacher.model.to(device).eval()
-        holder = nn.ModuleDict({"student": model, "proj": proj})
-    else:
-        holder = model
-    opt = build_optimizer(holder, "adamw", cfg.lr, (0.9, 0.98), 1e-6, cfg.weight_decay, device)
-    total = max(1, math.ceil(epochs * len(enc) / cfg.batch_size))
-    rng = np.random.default_rng(cfg.seed)
-    tgt = torch.from_numpy(np.array(targets, dtype=np.float32)) if targets is not None else None
-    y = torch.from_numpy(labels) if labels is not None else None
-    lab = torch.from_numpy(labelled.astype(bool))
-    bar = Progress("auto" if progress else False, desc)
-    if progress and bar.bar is None:
-        bar.note(f"{desc}: {len(enc):,} examples, {epochs:g} epochs, {total:,} steps of {cfg.batch_size}")
-    losses: list[float] = []
-    step = seen = 0
-    t0 = time.perf_counter()
-    pad = student.pad_id
-    while step < total:
-        for batch in bucketed_batches(enc.lengths, cfg.batch_size, 50, rng):
-            if step >= total:
-                break
-            for g in opt.param_groups:
-                g["lr"] = cfg.lr * lr_factor(step / total, cfg.schedule)
-            x = {
-                k: (v.to(device) if v is not None else None)
-                for k, v in collate(enc, batch, pad, student.with_types).items()
-            }
-            idx = torch.from_numpy(batch)
-            with autocast(precision, device):
-                if proj is not None:
-                    hidden = model.encoder(x["input_ids"], x["attention_mask"], x["token_type_ids"])
-                    logits = model.classifier(model.dropout(model.pool(hidden, x["attention_mask"])))
-                else:
-                    _, logits = model(**x)
-            logits = logits.float()
-            loss = logits.new_zeros(())
-            if tgt is not None:
-                loss = loss + (1.0 - cfg.alpha) * soft(logits, tgt[idx].to(device))
-            use_hard = y is not None and (tgt is None or cfg.alpha > 0)
-            rows = lab[idx].to(device)
-            if use_hard and bool(rows.any()):
-                w = 1.0 if tgt is None else cfg.alpha
-                loss = loss + w * hard(logits[rows], y[idx].to(device)[rows])
-            if proj is not None:
-                with torch.inference_mode():
-                    th = teacher.encoder(x["input_ids"], x["attention_mask"], x["token_type_ids"]).float()
-                m = x["attention_mask"]
-                diff = (proj(hidden.float()) - th.clone()).pow(2).mean(-1)
-                hl = diff.mean() if m is None else (diff * m).sum() / m.sum()
-                loss = loss + cfg.hidden_weight * hl
-            loss.backward()
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-            step += 1
-            seen += len(batch)
-            losses.append(float(loss.detach()))
-            if step % 20 == 0 or step == total:
-                el = time.perf_counter() - t0
-                eta = el / step * (total - step)
-                bar.update(step / total, {"loss": f"{np.mean(losses[-50:]):.4f}", "ex/s": f"{seen / el:.0f}",
-                                          "eta": f"{eta:.0f}s"})  # fmt: skip
-    bar.close()
-    model.eval().to("cpu")
-    if teacher is not None:
-        teacher.model.to("cpu")
-    el = time.perf_counter() - t0
-    return {"steps": step, "epochs": epochs, "examples": len(enc), "examples_seen": seen, "seconds": round(el, 2),
-            "examples_per_s": round(seen / max(el, 1e-9), 1), "first_loss": losses[0] if losses else None,
-            "last_loss": float(np.mean(losses[-max(1, len(losses) // 10):])) if losses else None}  # fmt: skip
-
-
 def _targets(kind: str, labels: list[Any], n: int) -> np.ndarray:
     """Hard labels as the loss wants them: scores (regression), ids (classifier), 0/1 rows (multi-label;
     a task with one label per example gives one-hot rows)."""
@@ -490,12 +350,6 @@ def _targets(kind: str, labels: list[Any], n: int) -> np.ndarray:
             out[i, list(v) if isinstance(v, (list, tuple)) else int(v)] = 1.0
         return out
     return np.asarray(labels, dtype=np.int64)
-
-
-def _device(name: str):
-    from cramkit.infer.engine import resolve_device
-
-    return resolve_device(name)
 
 
 # ------------------------------------------------------------------------------------------ scoring
@@ -567,14 +421,20 @@ def distill(
     progress: bool = True,
 ) -> dict[str, Any]:
     """Distil ``teacher`` into a ``student`` (bilstm | encoder) on ``task``; write the student's model
-    directory, report.json and report.md to ``out``; returns the report."""
+    directory, report.json and report.md to ``out``; returns the report (under torchrun: on rank 0; {}
+    on the others)."""
+    import contextlib
+    import shutil
+
     import torch
 
     from cramkit.data.batching import encode_texts
-    from cramkit.distill.augment import MASK, STUDENT_MASK, build_transfer
-    from cramkit.distill.teacher import teacher_logits
-    from cramkit.io import write_json_atomic, write_text_atomic
-    from cramkit.load import load
+    from cramkit.distill.augment import MASK, STUDENT_MASK
+    from cramkit.distill.objective import train_student
+    from cramkit.distill.teacher import teacher_key, teacher_logits
+    from cramkit.io import claim_dir, dir_lock, write_json_atomic, write_text_atomic
+    from cramkit.load import MODEL_FILE, load
+    from cramkit.train.parallel import broadcast_object, fault_guard, init_distributed, main_first, shutdown
 
     t_start = time.perf_counter()
     cfg = (cfg or DistillConfig()).resolved(student)
@@ -605,104 +465,149 @@ def distill(
         )
     pairs = any(r.text_b is not None for r in train_rows)
     max_length = min(cfg.max_length, t.max_length)
+    cache = Path(cache) if cache is not None else out / "cache"
     # the student is built first: a config that cannot start from the teacher fails before any work
     st = build_student(student, t, cfg, pairs=pairs)
     base_model = build_student(student, t, cfg, pairs=pairs) if cfg.baseline else None
-    cache = Path(cache) if cache is not None else out / "cache"
-
-    # 1. transfer set
-    acfg = cfg.augment_config()
+    if cfg.hidden_weight > 0 and st.tokenizer.get_vocab() != t.tokenizer.get_vocab():
+        raise CramkitError("hidden_weight needs the student to share the teacher's tokenizer (init=teacher)")
     a = [r.text_a for r in train_rows]
     b = [r.text_b for r in train_rows]
     y_train = [r.label for r in train_rows]
+    settings = {
+        "task": task.name, "teacher": t.source, "teacher_weights": teacher_key(t, max_length), "student": student,
+        "train": _fingerprint(a, b, y_train, unlabelled or []),
+        "dev": _fingerprint([[r.text_a, r.text_b, r.label] for r in dev_rows]),
+        # (settings that cannot change the result may change between reruns)
+        "config": {k: v for k, v in asdict(cfg).items() if k not in ("workers", "checkpoint_every")},
+    }  # fmt: skip
+
+    ctx = init_distributed(cfg.device)  # under torchrun: rank 0 prepares, scores and writes; all train
+    with contextlib.ExitStack() as stack:
+        stack.callback(shutdown, ctx)
+        if ctx.is_main:
+            stack.enter_context(dir_lock(out, "--out"))
+        stack.enter_context(fault_guard(ctx))
+        with main_first(ctx, "checking --out"):
+            done = False
+            if ctx.is_main:
+                claimed = claim_dir(out, SETTINGS_FILE, settings, "a distillation")
+                done = claimed and (out / "report.json").is_file() and (out / MODEL_FILE).is_file()
+        if broadcast_object(done, ctx):  # finished earlier with these very settings
+            if not ctx.is_main:
+                return {}
+            print(f"cramkit: {out}: distilled earlier with the same settings; its report is kept (delete "
+                  f"{out} to distil again)", file=sys.stderr)  # fmt: skip
+            return json.loads((out / "report.json").read_text(encoding="utf-8"))
+        # 1. transfer set and 2. teacher logits, cached (the other ranks read rank 0's)
+        with main_first(ctx, "building the transfer set and the teacher's logits"):
+            show = progress and ctx.is_main
+            transfer = _transfer_set(cfg, cache, a, b, y_train, unlabelled or [], show)
+            ta, tb = transfer.rendered(MASK)
+            logits, tstats = teacher_logits(t, ta, tb, transfer.root, max_length=max_length, device=cfg.device,
+                                            progress=show)  # fmt: skip
+
+        # 3. the student on the transfer set, 4. the same student on the labels only
+        runs = out / "runs"
+        sa, sb = transfer.rendered(STUDENT_MASK if student == "bilstm" else MASK)
+        enc = encode_texts(st.tokenizer, sa, sb, max_length)
+        ylab = _targets(kind, [v if v is not None else 0 for v in transfer.labels], t.num_labels or 1)
+        training: dict[str, Any] = {}
+        training["distilled"] = train_student(st, enc, np.asarray(logits), ylab, transfer.orig, cfg, cfg.epochs,
+                                              runs / RUNS["distilled"], teacher=t, desc=f"distil {student}",
+                                              progress=progress, ctx=ctx)  # fmt: skip
+        training["labels_only"] = None
+        if base_model is not None:
+            enc0 = encode_texts(base_model.tokenizer, a, b, max_length)
+            y0 = _targets(kind, y_train, t.num_labels or 1)
+            training["labels_only"] = train_student(base_model, enc0, None, y0, np.ones(len(a), dtype=bool), cfg,
+                                                    cfg.baseline_epochs, runs / RUNS["labels_only"],
+                                                    desc=f"{student} on labels only", progress=progress, ctx=ctx)  # fmt: skip
+        if not ctx.is_main:
+            return {}
+
+        # 5. scores and speed
+        regression = kind == "regression"
+        da = [r.text_a for r in dev_rows]
+        db = [r.text_b for r in dev_rows]
+        y_dev = np.asarray([r.label for r in dev_rows], dtype=np.float32 if regression else np.int64)
+        scores = {"teacher": score(task, kind, dev_logits(t, da, db, max_length, cfg.device), y_dev),
+                  "student": score(task, kind, dev_logits(st, da, db, max_length, cfg.device), y_dev)}  # fmt: skip
+        if base_model is not None:
+            scores["labels_only"] = score(
+                task, kind, dev_logits(base_model, da, db, max_length, cfg.device), y_dev
+            )
+        inputs = [x if z is None else (x, z) for x, z in zip(da, db, strict=True)]
+        if cfg.speed_examples:
+            inputs = inputs[: cfg.speed_examples]
+        threads = torch.get_num_threads()
+        speed, speed1 = {}, {}
+        for name, m in (("teacher", t), ("student", st)):
+            speed[name] = cpu_speed(m, inputs, max_length, cfg.speed_seconds, threads)
+            speed1[name] = (
+                cpu_speed(m, inputs, max_length, cfg.speed_seconds, 1) if threads > 1 else speed[name]
+            )
+
+        # 6. the student's model directory, then the report
+        st.extra |= {"distilled_from": t.source, "student": student, "transfer_rows": len(transfer)}
+        st.task = task.name
+        for name in ("report.json", "report.md"):  # an old report must not describe the new model
+            (out / name).unlink(missing_ok=True)
+        st.save(out)
+        report = {
+            "task": task.name,
+            "teacher": t.source,
+            "student": student,
+            "out": str(out),
+            "kind": kind,
+            "main_metric": task.main_metric,
+            "dev_split": task.dev_splits[0],
+            "dev_examples": len(dev_rows),
+            "scores": scores,
+            "parameters": {"teacher": parameter_counts(t.model), "student": parameter_counts(st.model)},
+            "cpu_examples_per_s": {k: round(v, 1) for k, v in speed.items()},
+            "speedup": round(speed["student"] / speed["teacher"], 2),
+            "cpu_examples_per_s_1_thread": {k: round(v, 1) for k, v in speed1.items()},
+            "speedup_1_thread": round(speed1["student"] / speed1["teacher"], 2),
+            "cpu_threads": threads,
+            "transfer_set": {k: v for k, v in transfer.manifest.items() if k != "config"}
+            | {"root": str(transfer.root)},
+            "teacher_logits": tstats,
+            "training": training,
+            "config": asdict(cfg),
+            "seconds_total": round(time.perf_counter() - t_start, 1),
+        }
+        write_json_atomic(out / "report.json", report)
+        write_text_atomic(out / "report.md", report_md(report))
+        for name in RUNS.values():  # the student is saved: the trainings' checkpoints are no longer needed
+            shutil.rmtree(runs / name / "checkpoints", ignore_errors=True)
+        return report
+
+
+SETTINGS_FILE = "distill.json"
+RUNS = {"distilled": "distilled", "labels_only": "labels-only"}  # report key -> run directory in OUT/runs
+
+
+def _transfer_set(
+    cfg: DistillConfig, cache: Path, a: list, b: list, y: list, unlabelled: list[str], progress: bool
+):
+    """The transfer set: the training examples and their edited copies (Tang et al.), then the
+    unlabelled texts; cached under ``cache`` by a fingerprint of its inputs."""
+    from cramkit.distill.augment import TransferSet, build_transfer
+
+    acfg = cfg.augment_config()
     if cfg.augment:
-        key = _fingerprint(asdict(acfg) | {"workers": 0}, a, b, y_train, unlabelled or [])
-        transfer = build_transfer(cache / f"transfer-{key}", a, b, y_train, acfg, unlabelled=unlabelled or [],
-                                  progress=progress)  # fmt: skip
-    else:
-        from cramkit.distill.augment import TransferSet
-
-        key = _fingerprint("plain", a, b, y_train, unlabelled or [])
-        extra = [x for x in (unlabelled or []) if x and x.strip()]
-        root = cache / f"transfer-{key}"
-        root.mkdir(parents=True, exist_ok=True)
-        transfer = TransferSet(root, a + extra, b + [None] * len(extra), y_train + [None] * len(extra),
-                               np.asarray([True] * len(a) + [False] * len(extra)), {"rows": len(a) + len(extra),
-                               "originals": len(a), "copies": 0, "unlabelled": len(extra)})  # fmt: skip
-
-    # 2. teacher logits, cached and resumable
-    ta, tb = transfer.rendered(MASK)
-    logits, tstats = teacher_logits(t, ta, tb, transfer.root, max_length=max_length, device=cfg.device,
-                                    progress=progress)  # fmt: skip
-
-    # 3. the student on the transfer set
-    mask_tok = STUDENT_MASK if student == "bilstm" else MASK
-    sa, sb = transfer.rendered(mask_tok)
-    enc = encode_texts(st.tokenizer, sa, sb, max_length)
-    regression = kind == "regression"
-    ylab = _targets(kind, [v if v is not None else 0 for v in transfer.labels], t.num_labels or 1)
-    dstats = train_student(st, enc, np.asarray(logits), ylab, transfer.orig, cfg, cfg.epochs, teacher=t,
-                           progress=progress, desc=f"distil {student}")  # fmt: skip
-
-    # 4. the same student on the labels only
-    bstats = None
-    if base_model is not None:
-        enc0 = encode_texts(base_model.tokenizer, a, b, max_length)
-        y0 = _targets(kind, y_train, t.num_labels or 1)
-        bstats = train_student(base_model, enc0, None, y0, np.ones(len(a), dtype=bool), cfg, cfg.baseline_epochs,
-                               progress=progress, desc=f"{student} on labels only")  # fmt: skip
-
-    # 5. scores and speed
-    da = [r.text_a for r in dev_rows]
-    db = [r.text_b for r in dev_rows]
-    y_dev = np.asarray([r.label for r in dev_rows], dtype=np.float32 if regression else np.int64)
-    scores = {"teacher": score(task, kind, dev_logits(t, da, db, max_length, cfg.device), y_dev),
-              "student": score(task, kind, dev_logits(st, da, db, max_length, cfg.device), y_dev)}  # fmt: skip
-    if base_model is not None:
-        scores["labels_only"] = score(
-            task, kind, dev_logits(base_model, da, db, max_length, cfg.device), y_dev
+        key = _fingerprint(asdict(acfg) | {"workers": 0}, a, b, y, unlabelled)
+        return build_transfer(
+            cache / f"transfer-{key}", a, b, y, acfg, unlabelled=unlabelled, progress=progress
         )
-    inputs = [x if z is None else (x, z) for x, z in zip(da, db, strict=True)]
-    if cfg.speed_examples:
-        inputs = inputs[: cfg.speed_examples]
-    threads = torch.get_num_threads()
-    speed, speed1 = {}, {}
-    for name, m in (("teacher", t), ("student", st)):
-        speed[name] = cpu_speed(m, inputs, max_length, cfg.speed_seconds, threads)
-        speed1[name] = cpu_speed(m, inputs, max_length, cfg.speed_seconds, 1) if threads > 1 else speed[name]
-
-    # 6. the student's model directory, then the report
-    st.extra = {**st.extra, "distilled_from": t.source, "student": student, "transfer_rows": len(transfer)}
-    st.task = task.name
-    for name in ("report.json", "report.md"):  # an old report must not describe the new model
-        (out / name).unlink(missing_ok=True)
-    st.save(out)
-    report = {
-        "task": task.name,
-        "teacher": t.source,
-        "student": student,
-        "out": str(out),
-        "kind": kind,
-        "main_metric": task.main_metric,
-        "dev_split": task.dev_splits[0],
-        "dev_examples": len(dev_rows),
-        "scores": scores,
-        "parameters": {"teacher": parameter_counts(t.model), "student": parameter_counts(st.model)},
-        "cpu_examples_per_s": {k: round(v, 1) for k, v in speed.items()},
-        "speedup": round(speed["student"] / speed["teacher"], 2),
-        "cpu_examples_per_s_1_thread": {k: round(v, 1) for k, v in speed1.items()},
-        "speedup_1_thread": round(speed1["student"] / speed1["teacher"], 2),
-        "cpu_threads": threads,
-        "transfer_set": {k: v for k, v in transfer.manifest.items() if k != "config"}
-        | {"root": str(transfer.root)},
-        "teacher_logits": tstats,
-        "training": {"distilled": dstats, "labels_only": bstats},
-        "config": asdict(cfg),
-        "seconds_total": round(time.perf_counter() - t_start, 1),
-    }
-    write_json_atomic(out / "report.json", report)
-    write_text_atomic(out / "report.md", report_md(report))
-    return report
+    key = _fingerprint("plain", a, b, y, unlabelled)
+    extra = [x for x in unlabelled if x and x.strip()]
+    root = cache / f"transfer-{key}"
+    root.mkdir(parents=True, exist_ok=True)
+    return TransferSet(root, a + extra, b + [None] * len(extra), y + [None] * len(extra),
+                       np.asarray([True] * len(a) + [False] * len(extra)), {"rows": len(a) + len(extra),
+                       "originals": len(a), "copies": 0, "unlabelled": len(extra)})  # fmt: skip
 
 
 def report_md(r: dict[str, Any]) -> str:

@@ -173,8 +173,12 @@ class ClassifierObjective:
     def build_model(self):
         return build_model(self.loaded, self.num_labels, self.cfg, multilabel=self.multilabel)
 
-    def train_loader(self, micro: int, *, rank: int = 0, world: int = 1) -> _BatchLoader:
-        return _BatchLoader(self, micro, rank, world)
+    def train_loader(self, micro: int, *, rank: int = 0, world: int = 1) -> BatchLoader:
+        import torch
+
+        return BatchLoader(self.train, self.cfg.batch_size, micro, rank, world, seed=self.seed,
+                           chunk=self.cfg.bucket_chunk, pad_id=self.loaded.pad_id, with_types=self.loaded.with_types,
+                           columns={"labels": torch.from_numpy(self.train.labels)})  # fmt: skip
 
     def count(self, batch: dict) -> int:
         return int(batch["count"])
@@ -196,32 +200,38 @@ class ClassifierObjective:
         return None  # dev metrics are computed by finetune() on the finished model
 
 
-class _BatchLoader:
-    """Micro-batches of one process, endlessly, epoch after epoch; resumable from its state_dict."""
+class BatchLoader:
+    """Micro-batches of one process, endlessly, epoch after epoch; resumable from its state_dict.
 
-    def __init__(self, objective: ClassifierObjective, micro: int, rank: int, world: int) -> None:
+    One epoch is ``enc`` in length-bucketed batches of ``batch_size`` (``bucketed_batches`` with ``chunk``)
+    in an order that is a function of (seed, epoch), so a resumed run continues with the very batches it
+    would have seen. Every batch is split evenly over the ``world`` processes, then into the same number of
+    micro-batches of at most ``micro`` on each. A micro-batch is the collated inputs, ``count`` (its
+    examples) and each of ``columns`` (per-example tensors: labels, targets) at its examples."""
+
+    def __init__(
+        self, enc: Encoded, batch_size: int, micro: int, rank: int, world: int, *, seed: int, chunk: int,
+        pad_id: int, with_types: bool, columns: dict[str, Any],
+    ) -> None:  # fmt: skip
         from cramkit.train.schedule import split_batch
 
-        self.o, self.rank, self.world = objective, rank, world
-        self.accum = split_batch(objective.cfg.batch_size, micro, world)[1]
+        self.enc, self.batch_size, self.rank, self.world = enc, batch_size, rank, world
+        self.seed, self.chunk, self.columns = seed, chunk, columns
+        self.pad_id, self.with_types = pad_id, with_types
+        self.accum = split_batch(batch_size, micro, world)[1]
         self.epoch, self.index, self.part = 0, 0, 0
         self._batches: list[np.ndarray] | None = None
-        self._labels = None
 
     def _epoch_batches(self) -> list[np.ndarray]:
         if self._batches is None:
-            rng = np.random.default_rng([self.o.seed, self.epoch])
-            self._batches = bucketed_batches(
-                self.o.train.lengths, self.o.cfg.batch_size, self.o.cfg.bucket_chunk, rng
-            )
+            rng = np.random.default_rng([self.seed, self.epoch])
+            self._batches = bucketed_batches(self.enc.lengths, self.batch_size, self.chunk, rng)
         return self._batches
 
-    def __iter__(self) -> _BatchLoader:
+    def __iter__(self) -> BatchLoader:
         return self
 
     def __next__(self) -> dict:
-        import torch
-
         batches = self._epoch_batches()
         batch = batches[self.index]
         share = np.array_split(batch, self.world)[self.rank]
@@ -229,11 +239,8 @@ class _BatchLoader:
         count = len(part)
         if count == 0:  # an uneven last batch: a stand-in row whose loss is weighted by 0
             part = share[:1] if len(share) else batch[:1]
-        enc = self.o.train
-        out = dict(collate(enc, part, self.o.loaded.pad_id, self.o.loaded.with_types))
-        if self._labels is None:
-            self._labels = torch.from_numpy(enc.labels)
-        out["labels"] = self._labels[part]
+        out = dict(collate(self.enc, part, self.pad_id, self.with_types))
+        out.update({name: column[part] for name, column in self.columns.items()})
         out["count"] = count
         self.part += 1
         if self.part == self.accum:
@@ -512,23 +519,10 @@ SETTINGS_FILE = "finetune.json"
 
 def _claim(out: Path, task: Task, loaded: LoadedModel, cfg: FinetuneConfig) -> Path:
     """``out/seeds``, after checking that ``out`` holds no fine-tuning with other settings."""
-    from cramkit.io import write_json_atomic
+    from cramkit.io import claim_dir
 
     settings = {"task": task.name, "source": loaded.source, "config": to_dict(cfg)}
-    file = out / SETTINGS_FILE
-    if file.is_file():
-        try:
-            before = json.loads(file.read_text(encoding="utf-8"))
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError):
-            before = None
-        if before != json.loads(json.dumps(settings)):
-            raise CramkitError(
-                f"--out {out} holds a fine-tuning with other settings ({file}); choose another --out, or delete "
-                f"{out} to start over"
-            )
-    else:
-        out.mkdir(parents=True, exist_ok=True)
-        write_json_atomic(file, settings)
+    claim_dir(out, SETTINGS_FILE, settings, "a fine-tuning")
     return out / "seeds"
 
 

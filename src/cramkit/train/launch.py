@@ -84,3 +84,19 @@ def launch(nproc: int, cramkit_args: Sequence[str], **kwargs: object) -> int:
     if received and code != 0:  # stopped on request (each worker saved a checkpoint): say so by the code
         return 128 + received[0]
     return code
+
+
+def relaunch(nproc: int, argv: Sequence[str]) -> int:
+    """``cramkit VERB ... --nproc N``: the same command as typed (``argv``), without --nproc, on ``nproc``
+    processes through torchrun."""
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        raise CramkitError("--nproc given inside a torchrun job; use one or the other")
+    args, skip = [], False
+    for item in argv:
+        if skip:
+            skip = False
+        elif item == "--nproc":
+            skip = True
+        elif not item.startswith("--nproc="):
+            args.append(item)
+    return launch(nproc, args)

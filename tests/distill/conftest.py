@@ -90,7 +90,7 @@ def distilled(teacher: Path, sst_csv, nltk_data, tmp_path_factory):
     cache = root / "cache"
     done = {}
     for student, extra in (("bilstm", ["--set", "lstm_hidden=32", "--set", "fc_hidden=32"]),
-                           ("encoder", ["--set", "layers=1", "--set", "hidden_weight=0.5"])):  # fmt: skip
+                           ("encoder", ["--set", "layers=1", "--set", "hidden_weight=0.5", "--set", "batch_size=32"])):  # fmt: skip
         out = root / student
         proc = cramkit("distill", "--teacher", str(teacher), "--train", str(sst_csv["train"]), "--dev",
                        str(sst_csv["dev"]), "--text-a", "sentence", "--student", student, "--out", str(out),

@@ -269,3 +269,30 @@ def test_regression_teacher(pretrained_run, sst_csv, nltk_data, tmp_path):
     assert rep["kind"] == "regression" and "pearson" in rep["scores"]["student"]["metrics"]
     st = cramkit.load(tmp_path / "st")
     assert st.kind == "regression" and st.num_labels == 1
+
+
+def test_unlabelled_sentences_from_a_token_store(teacher, pretrained_run, sst_csv, nltk_data, tmp_path):
+    """--unlabelled STORE: the documents of a token store (here the one `cramkit pretrain` built) are decoded
+    with the tokenizer beside it, cut into sentences and join the transfer set, at most max_unlabelled."""
+    from cramkit.distill.unlabelled import read_unlabelled
+
+    store = pretrained_run / "data"
+    taken = read_unlabelled(store, limit=40, seed=0)
+    assert len(taken) == 40 and all(3 <= len(t.split()) <= 60 for t in taken)
+    assert read_unlabelled(store, limit=40, seed=0) == taken  # seeded
+    out = tmp_path / "st"
+    proc = run_cli("distill", "--teacher", str(teacher), "--train", str(sst_csv["train"]), "--dev",
+                   str(sst_csv["dev"]), "--text-a", "sentence", "--student", "bilstm", "--out", str(out),
+                   "--unlabelled", str(store), "--no-progress", *SMALL, "--set", "max_unlabelled=40",
+                   "--set", "baseline=false", "--set", "lstm_hidden=16", "--set", "fc_hidden=16")  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    ts = json.loads((out / "report.json").read_text(encoding="utf-8"))["transfer_set"]
+    assert 35 <= ts["unlabelled"] <= 40  # a sentence equal to a training example is kept once
+    rows = [
+        json.loads(x) for x in (Path(ts["root"]) / "transfer.jsonl").read_text(encoding="utf-8").splitlines()
+    ]
+    assert {r[0] for r in rows[-ts["unlabelled"] :]} <= set(taken)
+    bad = run_cli("distill", "--teacher", str(teacher), "--train", str(sst_csv["train"]), "--dev",
+                  str(sst_csv["dev"]), "--text-a", "sentence", "--student", "bilstm", "--out", str(tmp_path / "x"),
+                  "--unlabelled", str(tmp_path / "nope"))  # fmt: skip
+    assert bad.returncode == 2 and "--unlabelled" in bad.stderr and "Traceback" not in bad.stderr

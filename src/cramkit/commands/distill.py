@@ -22,7 +22,7 @@ in OUT/runs/distilled and OUT/runs/labels-only (checkpoints every checkpoint_eve
 loss.png): the same command run again after a kill or Ctrl-C resumes from the latest checkpoint, and
 finished work is not redone; other settings on the same --out are refused (use another --out).
 settings (--set KEY=VALUE): augment, p_mask, p_pos, p_ng, n_iter, max_ngram, workers, max_train_examples,
-loss, temperature, alpha, hidden_weight, epochs, lr, batch_size, weight_decay, schedule, max_length,
+max_unlabelled, loss, temperature, alpha, hidden_weight, epochs, lr, batch_size, weight_decay, schedule, max_length,
 baseline, baseline_epochs, seed, device, precision, threads, checkpoint_every, speed_seconds, speed_examples,
 embedding_dim, lstm_hidden, fc_hidden, dropout, init_embeddings, layers, hidden, layer_map, init
 
@@ -52,7 +52,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--text-b", help="column with the second text of a pair")
     p.add_argument("--label", default="label", help="label column (default: label)")
     p.add_argument("--regression", action="store_true", help="the label is a number")
-    p.add_argument("--unlabelled", help="extra text for the transfer set: a .txt file, one text per line")
+    p.add_argument("--unlabelled", metavar="FILE_OR_STORE",
+                   help="extra text for the transfer set: a UTF-8 text file (one text per line) or a token store "
+                   "(its documents, decoded and cut into sentences; --set max_unlabelled=N)")  # fmt: skip
     p.add_argument("--cache", help="folder for the transfer set and teacher logits (default OUT/cache)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="a distillation setting, e.g. --set epochs=5 --set layers=2 --set p_pos=0")  # fmt: skip
@@ -83,16 +85,14 @@ def _task(args: argparse.Namespace):
     return get_task(args.task, data_dir=args.data_dir)
 
 
-def _unlabelled(path: str | None) -> list[str] | None:
+def _unlabelled(path: str | None, limit: int, seed: int) -> list[str] | None:
     if not path:
         return None
-    p = Path(path)
-    if not p.is_file():
-        raise CramkitError(f"--unlabelled {path}: no such file; give a text file with one text per line")
-    try:
-        return [line.strip() for line in p.read_text(encoding="utf-8").splitlines() if line.strip()]
-    except UnicodeDecodeError:
-        raise CramkitError(f"--unlabelled {path} is not UTF-8 text; convert it (iconv -t utf-8)") from None
+    from cramkit.distill.unlabelled import STORE_DEFAULT_LIMIT, is_text_file, read_unlabelled
+
+    if not limit and not is_text_file(path):
+        limit = STORE_DEFAULT_LIMIT
+    return read_unlabelled(path, limit=limit, seed=seed)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -115,7 +115,7 @@ def run(args: argparse.Namespace) -> int:
     task = _task(args)
     for split in [task.train_split, *task.dev_splits]:
         task.examples(split)  # a missing or malformed file fails before any work
-    unlabelled = _unlabelled(args.unlabelled)
+    unlabelled = _unlabelled(args.unlabelled, cfg.max_unlabelled, cfg.seed)
     src = Path(args.teacher[3:] if args.teacher.startswith("hf:") else args.teacher).expanduser()
     if not src.exists():
         raise CramkitError(

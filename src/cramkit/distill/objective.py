@@ -191,8 +191,7 @@ def train_student(
         if stats is None:
             resume = ckpt.find_latest(run) is not None
             if not resume:  # what an attempt stopped before its first checkpoint (or an older run) left
-                for name in ("metrics.jsonl", RESULT_FILE):
-                    (run / name).unlink(missing_ok=True)
+                (run / RESULT_FILE).unlink(missing_ok=True)
             result = fit(objective, tcfg, ParallelConfig(), run, resume=resume, ctx=ctx)
             # the whole run's records, also when it resumed midway
             history = read_metrics(run) or result.history

@@ -349,6 +349,8 @@ def fit(
     micro, target_accum = split_batch(tcfg.batch_size, tcfg.micro_batch, ctx.world)
     loader = objective.train_loader(micro, rank=ctx.rank, world=ctx.world)
     log = MetricsLog(run, enabled=ctx.is_main)
+    if not resume:  # records an attempt left before its first checkpoint are not part of this run
+        log.truncate_after(0)
     p = Progressed()
     last_ckpt: Path | None = None
     hint = objective.resume_hint.format(run=run)

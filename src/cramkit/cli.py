@@ -39,20 +39,49 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _setting_keys(verb: str | None) -> list[str]:
+    """The ``--set`` keys of a verb that has them (a mistyped flag is often one of them)."""
+    from dataclasses import fields
+
+    if verb == "pretrain":
+        from cramkit.train.config import RunConfig
+
+        return [f"{sec.name}.{f.name}" for sec in fields(RunConfig) for f in fields(sec.default_factory())]
+    if verb == "finetune":
+        from cramkit.train.finetune import FinetuneConfig
+
+        return [f.name for f in fields(FinetuneConfig)]
+    if verb == "distill":
+        from cramkit.distill.core import DistillConfig
+
+        return [f.name for f in fields(DistillConfig)]
+    return []
+
+
 def _suggest_flags(parser: argparse.ArgumentParser, argv: list[str]) -> str | None:
-    """For an unknown ``--flag``: the verb's closest flag ("did you mean --budget?")."""
+    """For an unknown ``--flag``: the verb's closest flag ("did you mean --budget?"), or the closest
+    ``--set`` key when that is nearer ("--epocs 3": "did you mean --set epochs=3?")."""
     sub = next((a for a in parser._actions if isinstance(a, argparse._SubParsersAction)), None)
     verb = next((a for a in argv if not a.startswith("-")), None)
     target = sub.choices.get(verb) if sub is not None and verb else None
     target = target or parser
     known = [o for a in target._actions for o in a.option_strings if o.startswith("--")]
-    for arg in argv:
+    for i, arg in enumerate(argv):
         if arg.startswith("--") and arg.split("=")[0] not in known:
             flag = arg.split("=")[0]
-            close = difflib.get_close_matches(flag, known, n=1)
+            value = arg.split("=", 1)[1] if "=" in arg else None
+            if value is None and i + 1 < len(argv) and not argv[i + 1].startswith("-"):
+                value = argv[i + 1]
+            name = flag[2:].replace("-", "_")
+            scored = [(difflib.SequenceMatcher(None, flag, k).ratio(), k) for k in known]
+            scored += [
+                (difflib.SequenceMatcher(None, name, key.rsplit(".", 1)[-1]).ratio(), f"--set {key}={value or 'VALUE'}")
+                for key in _setting_keys(verb if target is not parser else None)
+            ]  # fmt: skip
+            best = max(scored, default=(0.0, ""))
             hint = (
-                f"; did you mean {close[0]}?"
-                if close
+                f"; did you mean {best[1]}?"
+                if best[0] >= 0.6
                 else f"; see cramkit {verb or ''} --help".replace("  ", " ")
             )
             return f"unknown option {flag}{hint}"

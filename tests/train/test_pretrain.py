@@ -175,6 +175,14 @@ def test_nan_steps_are_skipped_then_stop(
         (["pretrain", "--set", "modle.layers=2"], "did you mean 'model'"),
         (["pretrain", "--budget", "5 minutes"], "write it as '30s', '5m'"),
         (["pretrain", "--set", "train.optimizer=sgd"], "'adamw', 'lamb'"),
+        # a setting typed as a flag: the --set form, with its value
+        (["pretrain", "--lr", "1e-3"], "unknown option --lr; did you mean --set train.lr=1e-3?"),
+        (["finetune", "--epocs=3"], "unknown option --epocs; did you mean --set epochs=3?"),
+        (
+            ["distill", "--teacher", "t", "--student", "bilstm", "--n-iter", "5"],
+            "did you mean --set n_iter=5?",
+        ),
+        (["pretrain", "--budgt", "5m"], "unknown option --budgt; did you mean --budget?"),
     ],
 )
 def test_cli_config_errors(

@@ -1,6 +1,6 @@
 """`python -m cramkit` (also what `torchrun -m cramkit` runs)."""
 
-from cramkit.cli import main
+from cramkit.cli import entry
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    entry()

@@ -113,6 +113,8 @@ def main(argv: list[str] | None = None) -> int:
         return exc.exit_code
     except KeyboardInterrupt:
         print("cramkit: interrupted", file=sys.stderr)
+        global _aborted
+        _aborted = True
         return 130
     except OSError as exc:
         # a full disk, a permission problem, ...: name the file and stop without a traceback
@@ -122,3 +124,22 @@ def main(argv: list[str] | None = None) -> int:
         print(f"cramkit: error: {exc.strerror or exc}{where}", file=sys.stderr)
         return 2
     return int(result or 0)
+
+
+_aborted = False  # a KeyboardInterrupt (a second Ctrl-C) ended the command
+
+
+def entry() -> None:
+    """The ``cramkit`` console script and ``python -m cramkit``. After an abort the process exits at once:
+    background checkpoint writers are not waited for (interpreter shutdown would join their threads, which
+    may wait forever on work the abort cut short). What is on disk stays intact: an unfinished checkpoint is
+    a ``.tmp`` directory that is never loaded and is removed on the next start."""
+    from cramkit import errors
+
+    errors.ABORT_AT_ONCE = True
+    code = main()
+    if _aborted:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    raise SystemExit(code)

@@ -12,3 +12,8 @@ class CramkitError(Exception):
     """A user-facing error: the message names the input, the problem and the fix."""
 
     exit_code = 2
+
+
+# Set by the command line (cli.entry): a second Ctrl-C during training ends the process at once
+# (train.loop.StopFlag); called as a library, training raises KeyboardInterrupt instead.
+ABORT_AT_ONCE = False

@@ -269,7 +269,12 @@ def test_second_ctrl_c_aborts_without_damaging_what_is_saved(
     proc.send_signal(signal.SIGINT)
     time.sleep(0.01)
     proc.send_signal(signal.SIGINT)
-    _, err = proc.communicate(timeout=120)
+    try:
+        _, err = proc.communicate(timeout=120)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        _, err = proc.communicate()
+        pytest.fail(f"two Ctrl-C did not end the run within 120 s; its stderr:\n{err[-3000:]}")
     assert "press Ctrl-C again to abort without saving" in err
     assert proc.returncode in (130, 128 + signal.SIGINT), err
     assert "Traceback" not in err

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
 import signal
 import sys
 import threading
@@ -30,6 +31,7 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 
+from cramkit import errors
 from cramkit.errors import CramkitError
 from cramkit.model.encoder import flops_per_token
 from cramkit.model.heads import IGNORE, MaskedLM
@@ -154,6 +156,14 @@ class StopFlag:
 
     def _handle(self, signum: int, frame: Any) -> None:
         if self.signum is not None and signum == signal.SIGINT:
+            # the command line ends the process at once, wherever the main thread is (a KeyboardInterrupt
+            # raised inside a checkpoint writer's critical section could leave a lock held and the process
+            # waiting forever); a library caller gets a KeyboardInterrupt instead
+            if errors.ABORT_AT_ONCE:
+                print("\ncramkit: interrupted again: stopping now; the checkpoints already saved are intact",
+                      file=sys.stderr, flush=True)  # fmt: skip
+                sys.stdout.flush()
+                os._exit(128 + signal.SIGINT)
             raise KeyboardInterrupt
         self.signum = signum
         if self.announce:

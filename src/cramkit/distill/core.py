@@ -599,14 +599,16 @@ def _transfer_set(
 ):
     """The transfer set: the training examples and their edited copies (Tang et al.), then the
     unlabelled texts; cached under ``cache`` by a fingerprint of its inputs."""
-    from cramkit.distill.augment import TransferSet, build_transfer
+    from cramkit.distill.augment import MANIFEST, TransferSet, build_transfer
 
     acfg = cfg.augment_config()
     if cfg.augment:
         key = _fingerprint(asdict(acfg) | {"workers": 0}, a, b, y, unlabelled)
-        return build_transfer(
-            cache / f"transfer-{key}", a, b, y, acfg, unlabelled=unlabelled, progress=progress
-        )
+        root = cache / f"transfer-{key}"
+        cached = (root / MANIFEST).is_file()
+        ts = build_transfer(root, a, b, y, acfg, unlabelled=unlabelled, progress=progress)
+        ts.manifest = {**ts.manifest, "cached": cached}
+        return ts
     key = _fingerprint("plain", a, b, y, unlabelled)
     extra = [x for x in unlabelled if x and x.strip()]
     root = cache / f"transfer-{key}"
@@ -656,5 +658,10 @@ def report_md(r: dict[str, Any]) -> str:
         lines.append(
             f"; augmentation {ts['examples_per_s']:,.0f} examples/s on {ts.get('workers')} processes"
         )
+        spent = ts.get("seconds_tagging", 0) + ts.get("seconds_augmenting", 0)
+        if ts.get("cached"):
+            lines.append(" (built by an earlier run, reused)")
+        elif r["seconds_total"] > 0:
+            lines.append(f", {spent:.0f} s = {100 * spent / r['seconds_total']:.1f}% of the total time")
     lines.append(f". Total time {r['seconds_total']:.0f} s.\n")
     return "".join(lines)

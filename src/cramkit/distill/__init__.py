@@ -3,6 +3,7 @@ logits, BiLSTM and small-encoder students. See :func:`cramkit.distill.core.disti
 
 from cramkit.distill.augment import AugmentConfig, build_transfer, read_transfer
 from cramkit.distill.core import DistillConfig, build_student, config_from, distill
+from cramkit.distill.unlabelled import read_unlabelled
 
 __all__ = [
     "AugmentConfig",
@@ -12,4 +13,5 @@ __all__ = [
     "config_from",
     "distill",
     "read_transfer",
+    "read_unlabelled",
 ]

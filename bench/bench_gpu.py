@@ -17,7 +17,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import subprocess
@@ -127,34 +126,27 @@ def step_bench(args: argparse.Namespace) -> None:
 
 
 def engine_bench(args: argparse.Namespace) -> None:
-    work = Path(args.work)
-    work.mkdir(parents=True, exist_ok=True)
-    common = ["--preset", "crammed-bert", "--budget", f"{args.steps}steps", "--no-progress",
-              "--set", "train.eval_every=never", "--set", "train.checkpoint_every=never",
-              "--set", f"train.batch_size={args.batch_size}", "--set", "train.log_every=20"]  # fmt: skip
-    results = {}
-    # one GPU: DDP/FSDP2 need two or more (NCCL refuses two ranks on one device); a world of one trains
-    # the plain compiled model, which is what this measures
-    runs = [("cramkit pretrain, 1 GPU", [sys.executable, "-m", "cramkit", "pretrain"], [])]
-    for name, cmd, extra in runs:
-        out = work / "crammed"
-        t0 = time.perf_counter()  # the tokenizer and store are built once, then reused from the cache
-        proc = subprocess.run([*cmd, *args.corpus, *common, *extra, "--out", str(out)], env=os.environ)
-        if proc.returncode:
-            raise SystemExit(f"{name}: cramkit pretrain failed ({proc.returncode})")
-        recs = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines() if x.strip()]
-        recs = [r for r in recs if r.get("tokens_per_s") and r["step"] > args.steps // 2]
-        results[name] = (statistics.median(r["tokens_per_s"] for r in recs),
-                         statistics.median(r["mfu"] for r in recs if r.get("mfu") is not None),
-                         time.perf_counter() - t0)  # fmt: skip
-        print(f"{name}: {results[name]}", file=sys.stderr, flush=True)
-    print(
-        f"\n# cramkit pretrain --preset crammed-bert --budget {args.steps}steps, batch {args.batch_size}; "
-        "median over the second half of the run"
-    )
+    """One GPU: DDP/FSDP2 need two or more (NCCL refuses two ranks on one device); a world of one trains
+    the plain compiled model, which is what this measures."""
+    from cramkit.train.metrics import read_metrics
+
+    out = Path(args.work) / "crammed"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
+    proc = subprocess.run([sys.executable, "-m", "cramkit", "pretrain", *args.corpus, "--preset", "crammed-bert",
+                           "--budget", f"{args.steps}steps", "--no-progress", "--set", "train.eval_every=never",
+                           "--set", "train.checkpoint_every=never", "--set", f"train.batch_size={args.batch_size}",
+                           "--set", "train.log_every=20", "--out", str(out)], env=os.environ)  # fmt: skip
+    if proc.returncode:
+        raise SystemExit(f"cramkit pretrain failed ({proc.returncode})")
+    wall = time.perf_counter() - t0
+    recs = [r for r in read_metrics(out) if r.get("tokens_per_s") and r["step"] > args.steps // 2]
+    tps = statistics.median(r["tokens_per_s"] for r in recs)
+    mfu = statistics.median(r["mfu"] for r in recs if r.get("mfu") is not None)
+    print(f"\n# cramkit pretrain --preset crammed-bert --budget {args.steps}steps, batch {args.batch_size}; "
+          "median over the second half of the run")  # fmt: skip
     print("| run | tokens/s | MFU | wall s (with start-up, compile) |\n|---|---:|---:|---:|")
-    for name, (tps, mfu, wall) in results.items():
-        print(f"| {name} | {tps:,.0f} | {mfu:.1%} | {wall:.0f} |")
+    print(f"| cramkit pretrain, 1 GPU | {tps:,.0f} | {mfu:.1%} | {wall:.0f} |")
 
 
 def main() -> None:

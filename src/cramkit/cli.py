@@ -12,7 +12,7 @@ import importlib
 import os
 import sys
 
-from cramkit import __version__
+from cramkit import __version__, errors
 from cramkit.errors import CramkitError
 
 # modules under cramkit.commands, each with `register(subparsers)`; missing ones are skipped so the
@@ -113,8 +113,10 @@ def main(argv: list[str] | None = None) -> int:
         return exc.exit_code
     except KeyboardInterrupt:
         print("cramkit: interrupted", file=sys.stderr)
-        global _aborted
-        _aborted = True
+        if errors.ABORT_AT_ONCE:  # the command line (entry): exit now, see entry()
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(130)
         return 130
     except OSError as exc:
         # a full disk, a permission problem, ...: name the file and stop without a traceback
@@ -126,20 +128,11 @@ def main(argv: list[str] | None = None) -> int:
     return int(result or 0)
 
 
-_aborted = False  # a KeyboardInterrupt (a second Ctrl-C) ended the command
-
-
 def entry() -> None:
-    """The ``cramkit`` console script and ``python -m cramkit``. After an abort the process exits at once:
-    background checkpoint writers are not waited for (interpreter shutdown would join their threads, which
-    may wait forever on work the abort cut short). What is on disk stays intact: an unfinished checkpoint is
-    a ``.tmp`` directory that is never loaded and is removed on the next start."""
-    from cramkit import errors
-
+    """The ``cramkit`` console script and ``python -m cramkit``. After an abort (Ctrl-C; a second one during
+    training) the process exits at once: background checkpoint writers are not waited for (interpreter
+    shutdown would join their threads, which may wait forever on work the abort cut short). What is on disk
+    stays intact: an unfinished checkpoint is a ``.tmp`` directory that is never loaded and is removed on
+    the next start."""
     errors.ABORT_AT_ONCE = True
-    code = main()
-    if _aborted:
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(code)
-    raise SystemExit(code)
+    raise SystemExit(main())

@@ -63,7 +63,9 @@ def _from_store(path: Path, limit: int, seed: int, max_words: int) -> list[str]:
     order = np.random.default_rng(seed).permutation(max(len(docs) - 1, 0))
     for d in order:
         lo, hi = int(docs[d]), int(docs[d + 1])
-        ids = [int(t) for i in range(lo, hi) for t in store[i]]
+        if hi <= lo:
+            continue
+        ids = np.concatenate([store[i] for i in range(lo, hi)]).tolist()
         text = tok.decode(ids, skip_special_tokens=True)
         for sent in _SENTENCE_END.split(text):
             words = sent.split()

@@ -208,6 +208,9 @@ class Objective(Protocol):
     def evaluate(self, model: torch.nn.Module, ctx: parallel.DistContext, precision: str) -> float | None:
         """A held-out loss (lower is better), or None when the recipe evaluates elsewhere."""
 
+    # optional: ``begin_step(fraction) -> dict | None`` is called before each optimizer step with the
+    # fraction of the budget spent (e.g. a loss weight that decays with it); what it returns is logged
+
 
 def forward_backward(
     model: torch.nn.Module,
@@ -438,6 +441,7 @@ def fit(
                 lr = tcfg.lr * lr_factor(fraction, tcfg.schedule, tcfg.warmup, tcfg.cooldown, tcfg.lr_start)
                 for group in optimizer.param_groups:
                     group["lr"] = lr
+                step_info = objective.begin_step(fraction) if hasattr(objective, "begin_step") else None
 
                 batches = [next(loader) for _ in range(accum)]
                 loss, step_tokens = forward_backward(train_model, batches, ctx, precision, scaler, objective)
@@ -502,7 +506,7 @@ def fit(
                         "tokens_per_s": round(tps, 1), "batch_size": accum * micro * world,
                         "grad_norm": grad_norm if math.isfinite(grad_norm) else str(grad_norm), "mfu": mfu,
                         "skipped": p.skipped or None,
-                    }  # fmt: skip
+                    } | (step_info or {})  # fmt: skip
                     log.write(rec)
                     history.append(rec)
                     fraction = budget.fraction(p.elapsed, p.tokens, p.step)

@@ -24,6 +24,9 @@ SMALL = [
 ]  # fmt: skip
 
 
+STUDENT = ["model.hidden=64", "model.layers=2", "model.heads=2", "model.intermediate=128"]
+
+
 def pretrain_cli(*args: str, sets: list[str] = SMALL, check: bool = True, env: dict | None = None):
     cmd = [sys.executable, "-m", "cramkit", "pretrain", *args]
     for s in sets:
@@ -114,12 +117,22 @@ def test_continue_keeps_the_model_and_exports_as_plain_bert(
     torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
 
 
-def test_continue_resumes_bit_exact_after_sigterm(tmp_path: Path, corpus: Path, minilm_dir: Path) -> None:
-    sets = [*SMALL, "data.seq_len=32", "train.micro_batch=2", "train.batch_size=2", "train.eval_every=5steps",
-            "train.checkpoint_every=never", "data.masking=whole_word"]  # fmt: skip
-    args = [str(corpus), "--from", f"hf:{minilm_dir}", "--budget", "16steps"]
+def stopped_resumed_equals_uninterrupted(
+    tmp_path: Path, args: list[str], sets: list[str], steps: int
+) -> None:
+    """SIGTERM a run part-way, resume it to the end: its curve equals an uninterrupted run's, bit for bit."""
     stopped = tmp_path / "stopped"
-    cmd = [sys.executable, "-m", "cramkit", "pretrain", *args, "--out", str(stopped)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "cramkit",
+        "pretrain",
+        *args,
+        "--budget",
+        f"{steps}steps",
+        "--out",
+        str(stopped),
+    ]
     for s in sets:
         cmd += ["--set", s]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}  # as pretrain_cli: the same threads, the same sums
@@ -133,17 +146,29 @@ def test_continue_resumes_bit_exact_after_sigterm(tmp_path: Path, corpus: Path, 
     proc.send_signal(signal.SIGTERM)
     _, err = proc.communicate(timeout=300)
     assert proc.returncode == 128 + signal.SIGTERM, err
-
+    flag = "--from" if "--from" in args else "--inherit"
     # resuming with another starting model is refused; then the real resume goes to the end
-    other = pretrain_cli("--resume", str(stopped), "--from", "hf:elsewhere", sets=[], check=False)
-    one_line_error(other, "--from", "resume without --from")
+    other = pretrain_cli("--resume", str(stopped), flag, "hf:elsewhere", sets=[], check=False)
+    one_line_error(other, flag, f"resume without {flag}")
     pretrain_cli("--resume", str(stopped), sets=[])
     reference = tmp_path / "reference"
-    pretrain_cli(*args, "--out", str(reference), sets=sets)
-    keys = ("step", "tokens", "loss", "lr", "grad_norm", "val_loss")
+    pretrain_cli(*args, "--budget", f"{steps}steps", "--out", str(reference), sets=sets)
+    keys = ("step", "tokens", "loss", "lr", "grad_norm", "val_loss", "inherit_alpha")
     curve = [{k: r[k] for k in keys if k in r} for r in read_metrics(stopped)]
     assert curve == [{k: r[k] for k in keys if k in r} for r in read_metrics(reference)]
-    assert curve[-1]["step"] == 16
+    assert curve[-1]["step"] == steps
+
+
+def test_continue_resumes_bit_exact_after_sigterm(tmp_path: Path, corpus: Path, minilm_dir: Path) -> None:
+    sets = [*SMALL, "data.seq_len=32", "train.micro_batch=2", "train.batch_size=2", "train.eval_every=5steps",
+            "train.checkpoint_every=never", "data.masking=whole_word"]  # fmt: skip
+    stopped_resumed_equals_uninterrupted(tmp_path, [str(corpus), "--from", f"hf:{minilm_dir}"], sets, 16)
+
+
+def test_inherit_resumes_bit_exact_after_sigterm(tmp_path: Path, corpus: Path, continued: Path) -> None:
+    sets = [*SMALL, *STUDENT, "data.seq_len=32", "train.micro_batch=2", "train.batch_size=2",
+            "train.eval_every=5steps", "train.checkpoint_every=never", "inherit.until=0.9"]  # fmt: skip
+    stopped_resumed_equals_uninterrupted(tmp_path, [str(corpus), "--inherit", str(continued)], sets, 16)
 
 
 def test_extend_vocab_grows_tokenizer_embeddings_and_export(
@@ -205,8 +230,7 @@ def test_new_embeddings_start_as_the_mean_of_their_pieces(minilm_dir: Path) -> N
 
 def test_inherit_decays_then_releases_the_teacher(tmp_path: Path, corpus: Path, continued: Path) -> None:
     run = tmp_path / "student"
-    sets = [*SMALL, "model.hidden=64", "model.layers=2", "model.heads=2", "model.intermediate=128",
-            "inherit.until=0.5", "inherit.alpha=0.8"]  # fmt: skip
+    sets = [*SMALL, *STUDENT, "inherit.until=0.5", "inherit.alpha=0.8"]
     proc = pretrain_cli(
         str(corpus), "--inherit", str(continued), "--budget", "8steps", "--out", str(run), sets=sets
     )

@@ -9,6 +9,7 @@ the run's tokenizer. Given nothing, the built-in corpus (stdlib docstrings) is u
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import json
 import os
@@ -540,6 +541,8 @@ def _prepare(run, cfg, inputs, tokenizer, resume, preset, source_options, saved,
             ) from None
         ts.check_ids(vocab, tokenizer_name=str(tokenizer or run / "tokenizer"))
         cfg = cfg.replace(model=cfg.model.replace(vocab_size=vocab))
+        if begin is not None:  # the model's tokenizer, not one trained to tokenizer.vocab_size
+            cfg = cfg.replace(tokenizer=dataclasses.replace(cfg.tokenizer, vocab_size=vocab))
         if not resume:
             if ctx.is_main:
                 _write_config(run, cfg)

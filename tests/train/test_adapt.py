@@ -361,3 +361,20 @@ def test_bad_inputs_are_one_line_each(
         str(store), "--from", hf, "--budget", "2steps", "--out", str(tmp_path / "o"), check=False
     )
     one_line_error(proc, "another tokenizer", "--from")
+
+
+def test_a_fresh_head_gets_its_own_learning_rate() -> None:
+    from cramkit.model.encoder import ModelConfig
+    from cramkit.model.heads import MaskedLM
+    from cramkit.train.optim import build_optimizer
+
+    model = MaskedLM(
+        ModelConfig(vocab_size=50, hidden=16, layers=1, heads=2, intermediate=32, max_position=16)
+    )
+    opt = build_optimizer(model, "adamw", 1e-4, (0.9, 0.98), 1e-6, 0.01, torch.device("cpu"), {"head.": 10.0})
+    scaled = {id(p) for g in opt.param_groups if g["lr_scale"] == 10.0 for p in g["params"]}
+    head = {id(p) for n, p in model.named_parameters() if n.startswith("head.")}
+    assert scaled == head and id(model.head.transform[0].weight) in scaled
+    # the tied decoder is the encoder's embedding: it learns at the encoder's rate
+    assert id(model.encoder.embeddings.word.weight) not in scaled
+    assert sum(len(g["params"]) for g in opt.param_groups) == len(list(model.parameters()))

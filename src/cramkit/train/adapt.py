@@ -152,14 +152,22 @@ def initial_state(start: Start, model: MaskedLM, extension: Extension | None) ->
 class ContinueObjective(MLMObjective):
     """Masked-LM pretraining that starts from an existing model's weights (``pretrain --from``)."""
 
-    def __init__(self, cfg: RunConfig, data: Any, start: Start, extension: Extension | None) -> None:
+    def __init__(
+        self, cfg: RunConfig, data: Any, start: Start | None, extension: Extension | None, *, fresh_head: bool
+    ) -> None:
         super().__init__(cfg, data)
-        self.start, self.extension = start, extension
+        self.start, self.extension = (
+            start,
+            extension,
+        )  # start: None when resuming (weights from the checkpoint)
+        # a fresh head learns faster than the encoder (a tied decoder's weights are the encoder's embeddings)
+        self.lr_scales = {"head.": cfg.train.fresh_head_lr_scale} if fresh_head else None
 
     def build_model(self) -> torch.nn.Module:
         model = MaskedLM(self.cfg.model)
-        model.load_state_dict(initial_state(self.start, model, self.extension))
-        self.start = None  # type: ignore[assignment]  # the copy of the weights is no longer needed
+        if self.start is not None:
+            model.load_state_dict(initial_state(self.start, model, self.extension))
+            self.start = None  # the copy of the weights is no longer needed
         return model
 
 

@@ -239,6 +239,7 @@ def pretrain(
         if extend_vocab and extend_vocab != info.get("extend_vocab", 0):
             raise CramkitError(f"--resume {run}: --extend-vocab applies when a run starts; resume without it")
         init, inherit, extend_vocab = info.get("from"), info.get("inherit"), 0
+        fresh_head = bool(info.get("fresh_head"))
         if not _resume_plan(run, cfg):
             return run
         if inputs and inputs != info.get("inputs"):
@@ -251,6 +252,7 @@ def pretrain(
         tokenizer = None
     else:
         cfg, begin = _start_config(preset, overrides, init, inherit, tokenizer, extend_vocab)
+        fresh_head = bool(init) and begin.head_state is None
         preset = preset or ("continue" if init else "tiny-cpu")
         if out is None and int(os.environ.get("WORLD_SIZE", "1")) > 1:
             raise CramkitError(
@@ -285,11 +287,24 @@ def pretrain(
                 source_options,
                 saved if resume is not None else None,
                 begin=begin,
-                adapt_info={"from": init, "inherit": inherit, "extend_vocab": extend_vocab},
+                adapt_info={
+                    "from": init,
+                    "inherit": inherit,
+                    "extend_vocab": extend_vocab,
+                    "fresh_head": fresh_head,
+                },
             )
             words = WordBoundaries(tok) if cfg.data.masking == "whole_word" else None
             data = PretrainData(ts, cfg.data, special_ids(tok), vocab, words)
-            objective = _objective(cfg, data, begin, extension, inherit, resume is not None)
+            objective = _objective(
+                cfg,
+                data,
+                begin,
+                extension,
+                inherit,
+                resume is not None,
+                {"from": init, "fresh_head": fresh_head},
+            )
         except BaseException:
             if created is not None and created.is_dir() and ckpt.find_latest(created) is None:
                 shutil.rmtree(
@@ -402,7 +417,9 @@ def _model_tokenizer(
     return tok, ext
 
 
-def _objective(cfg: RunConfig, data: Any, begin: Any, extension: Any, inherit: str | None, resumed: bool):
+def _objective(
+    cfg: RunConfig, data: Any, begin: Any, extension: Any, inherit: str | None, resumed: bool, init_info: dict
+):
     """What the engine trains: plain MLM, MLM from a model's weights (--from), or with a teacher (--inherit)."""
     from cramkit.train.loop import MLMObjective
 
@@ -411,10 +428,11 @@ def _objective(cfg: RunConfig, data: Any, begin: Any, extension: Any, inherit: s
 
         teacher = begin.teacher if begin is not None else None
         return InheritObjective(cfg, data, inherit, teacher, init=not resumed)
-    if begin is not None and not resumed:
+    if init_info.get("from"):
         from cramkit.train.adapt import ContinueObjective
 
-        return ContinueObjective(cfg, data, begin, extension)
+        fresh = bool(init_info.get("fresh_head"))
+        return ContinueObjective(cfg, data, None if resumed else begin, extension, fresh_head=fresh)
     return MLMObjective(cfg, data)
 
 

@@ -72,6 +72,9 @@ class TrainConfig:
     max_nan_steps: int = 5  # stop after this many non-finite losses in a row
     progress: bool | str = "auto"  # tqdm progress bar; auto: when stderr is a terminal
     threads: int = 0  # torch CPU threads (0 = PyTorch's default)
+    # pretrain --from a model without an MLM head: the fresh head learns at this multiple of train.lr (the
+    # encoder at train.lr), so that it catches up before its random gradients move the encoder far
+    fresh_head_lr_scale: float = 10.0
 
     def validate(self) -> None:
         parse_budget(self.budget)
@@ -114,6 +117,10 @@ class TrainConfig:
         for name in ("compile", "deterministic", "progress"):
             if isinstance(getattr(self, name), str) and getattr(self, name) != "auto":
                 raise CramkitError(f"train.{name} must be true, false or auto, got {getattr(self, name)!r}")
+        if not 0.0 < self.fresh_head_lr_scale <= 1000.0:
+            raise CramkitError(
+                f"train.fresh_head_lr_scale must be in (0, 1000], got {self.fresh_head_lr_scale}"
+            )
         if self.keep_checkpoints < 1:
             raise CramkitError(f"train.keep_checkpoints must be at least 1, got {self.keep_checkpoints}")
         if self.max_nan_steps < 1:

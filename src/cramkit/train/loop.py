@@ -208,7 +208,8 @@ class Objective(Protocol):
     def evaluate(self, model: torch.nn.Module, ctx: parallel.DistContext, precision: str) -> float | None:
         """A held-out loss (lower is better), or None when the recipe evaluates elsewhere."""
 
-    # optional: ``begin_step(fraction) -> dict | None`` is called before each optimizer step with the
+    # optional: ``lr_scales``, a dict of parameter-name prefix -> learning-rate multiplier (e.g. a fresh head
+    # on a pretrained encoder); ``begin_step(fraction) -> dict | None`` is called before each optimizer step with the
     # fraction of the budget spent (e.g. a loss weight that decays with it); what it returns is logged
 
 
@@ -351,7 +352,14 @@ def fit(
     compile_on = _auto(tcfg.compile, device.type == "cuda")
     train_model = parallel.parallelize(model, pcfg, ctx, precision, compile=compile_on)
     optimizer = build_optimizer(
-        model, tcfg.optimizer, tcfg.lr, tcfg.betas, tcfg.eps, tcfg.weight_decay, device
+        model,
+        tcfg.optimizer,
+        tcfg.lr,
+        tcfg.betas,
+        tcfg.eps,
+        tcfg.weight_decay,
+        device,
+        getattr(objective, "lr_scales", None),
     )
     writer = ckpt.Checkpointer(
         run, ctx, keep=tcfg.keep_checkpoints, async_save=pcfg.async_checkpoint, overlap_staging=True
@@ -440,7 +448,7 @@ def fit(
                 accum = accumulation_steps(fraction, target_accum, tcfg.batch_ramp)
                 lr = tcfg.lr * lr_factor(fraction, tcfg.schedule, tcfg.warmup, tcfg.cooldown, tcfg.lr_start)
                 for group in optimizer.param_groups:
-                    group["lr"] = lr
+                    group["lr"] = lr * group.get("lr_scale", 1.0)
                 step_info = objective.begin_step(fraction) if hasattr(objective, "begin_step") else None
 
                 batches = [next(loader) for _ in range(accum)]

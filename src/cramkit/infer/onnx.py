@@ -13,8 +13,10 @@
 The graph's inputs are ``input_ids``, ``attention_mask`` (int64, [batch, length]) and, for models with
 token types, ``token_type_ids``; its outputs ``mean`` and ``cls`` (pooled last hidden states, [batch,
 hidden]), ``logits`` ([batch, labels]) for classifiers and regressors, ``hidden`` ([batch, length, hidden])
-for masked-LM models. Loading reads the manifest (JSON), checks every file's SHA-256 and hands ONNX Runtime
-the model's bytes, so no path in a file can make it read anything outside the directory.
+for masked-LM models. Loading reads the manifest (JSON), checks every file's SHA-256, refuses any tensor
+stored as external data (a file ``location``: given a model as bytes, ONNX Runtime would resolve it against
+the current working directory, so a crafted export could read e.g. ``.env`` and return it as scores), then
+hands ONNX Runtime the model's bytes. An export written by cramkit keeps every tensor inside the file.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import os
 import platform
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -536,6 +539,53 @@ def _file_bytes(root: Path, name: str, want: Any) -> bytes:
     return data
 
 
+def _graph_tensors(graph: Any) -> Iterator[Any]:
+    """Every TensorProto of ``graph`` and of its subgraphs (initializers, sparse ones, node attributes)."""
+    yield from graph.initializer
+    for sparse in graph.sparse_initializer:
+        yield from (sparse.values, sparse.indices)
+    yield from _node_tensors(graph.node)
+
+
+def _node_tensors(nodes: Any) -> Iterator[Any]:
+    for node in nodes:
+        for attr in node.attribute:
+            if attr.HasField("t"):
+                yield attr.t
+            yield from attr.tensors
+            for sparse in [attr.sparse_tensor, *attr.sparse_tensors]:
+                yield from (sparse.values, sparse.indices)
+            if attr.HasField("g"):
+                yield from _graph_tensors(attr.g)
+            for sub in attr.graphs:
+                yield from _graph_tensors(sub)
+
+
+def _refuse_external_data(file: Path, data: bytes) -> None:
+    """A CramkitError when any tensor of the model (graph, subgraphs, functions) lives in an external file."""
+    try:
+        import onnx
+        from google.protobuf.message import DecodeError
+    except ImportError as exc:
+        raise CramkitError(
+            f"loading an ONNX export needs onnx ({exc}): pip install 'cramkit[onnx]'"
+        ) from None
+    model = onnx.ModelProto()
+    try:
+        model.ParseFromString(data)
+    except DecodeError as exc:
+        raise CramkitError(f"{file} is not an ONNX model ({exc}); export the model again") from None
+    tensors = itertools.chain(_graph_tensors(model.graph), *(_node_tensors(f.node) for f in model.functions))
+    for t in tensors:
+        if t.data_location == onnx.TensorProto.EXTERNAL or len(t.external_data):
+            where = next((e.value for e in t.external_data if e.key == "location"), "?")
+            raise CramkitError(
+                f"{file}: tensor {t.name!r} keeps its data in an external file ({where!r}); cramkit exports "
+                "hold every tensor inside the model, so this one was not written by cramkit. Refusing to load "
+                "it: export the model again"
+            )
+
+
 def _open(path: Path, meta: dict[str, Any], threads: int | None) -> OnnxModel:
     import onnxruntime as ort
 
@@ -551,7 +601,8 @@ def _open(path: Path, meta: dict[str, Any], threads: int | None) -> OnnxModel:
 
     def session(name: str) -> Any:
         data = _file_bytes(path, name, meta["files"].get(name))
-        try:  # bytes, not a path: external data (a path inside the model) cannot be resolved
+        _refuse_external_data(path / name, data)
+        try:
             return ort.InferenceSession(data, opts, providers=["CPUExecutionProvider"])
         except Exception as exc:  # noqa: BLE001 - a damaged or crafted model file
             raise CramkitError(

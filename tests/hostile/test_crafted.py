@@ -92,3 +92,62 @@ def test_external_data_in_a_subgraph_or_function_is_refused(ft_onnx, tmp_path) -
         _rehash(bad, "model.onnx")
         with pytest.raises(CramkitError, match="external file"):
             load_onnx(bad)
+
+
+def _limited(*args: str, cwd: Path | None = None):
+    """`cramkit ARGS` with its address space capped at 16 GiB: a regression that does allocate what a
+    crafted file asks for fails at once instead of swapping the machine."""
+    import os
+    import resource
+    import subprocess
+    import sys
+
+    def cap() -> None:
+        resource.setrlimit(resource.RLIMIT_AS, (16 << 30, 16 << 30))
+
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    return subprocess.run(
+        [sys.executable, "-m", "cramkit", *args], capture_output=True, text=True, timeout=300, env=env,
+        cwd=cwd, preexec_fn=cap,
+    )  # fmt: skip
+
+
+def _one_line_error(proc, *needles: str) -> None:
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "Traceback" not in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    for needle in needles:
+        assert needle in proc.stderr, proc.stderr
+
+
+def test_model_config_asking_for_terabytes_is_refused_before_allocating(ft_model, tmp_path) -> None:
+    bad = tmp_path / "huge"
+    shutil.copytree(ft_model, bad)
+    meta = json.loads((bad / "cramkit-model.json").read_text())
+    meta["model"].update(hidden=16384, heads=16, layers=200, intermediate=65536)
+    (bad / "cramkit-model.json").write_text(json.dumps(meta))
+    rows = tmp_path / "rows.txt"
+    rows.write_text("a fine film\n")
+    proc = _limited("predict", "--from", str(bad), str(rows), "--out", str(tmp_path / "p.jsonl"))
+    _one_line_error(proc, "cramkit-model.json", "parameters", "GiB")
+
+
+def test_model_directory_links_to_files_outside_are_refused(ft_model, tmp_path) -> None:
+    rows = tmp_path / "rows.txt"
+    rows.write_text("a fine film\n")
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    # the vocabulary (a file outside, e.g. ~/.env, whose lines would come back as tokens)
+    bad = tmp_path / "vocab-link"
+    shutil.copytree(ft_model, bad)
+    (bad / "tokenizer" / "tokenizer.json").unlink()
+    shutil.move(bad / "tokenizer" / "vocab.txt", outside / "vocab.txt")
+    (bad / "tokenizer" / "vocab.txt").symlink_to(outside / "vocab.txt")
+    proc = _limited("predict", "--from", str(bad), str(rows), "--out", str(tmp_path / "p.jsonl"))
+    _one_line_error(proc, "vocab.txt", "outside")
+    # the weights
+    bad = tmp_path / "weights-link"
+    shutil.copytree(ft_model, bad)
+    shutil.move(bad / "model.safetensors", outside / "model.safetensors")
+    (bad / "model.safetensors").symlink_to(outside / "model.safetensors")
+    proc = _limited("predict", "--from", str(bad), str(rows), "--out", str(tmp_path / "p.jsonl"))
+    _one_line_error(proc, "model.safetensors", "outside")

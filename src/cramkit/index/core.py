@@ -10,7 +10,7 @@ An index directory::
 
 ``index add`` writes a new ``data-NNN`` next to the old one and switches the manifest to it in one atomic
 rename, so a crash at any point leaves the previous, complete index. Paths in the manifest must stay inside
-IDX; files are checked against the sizes it records.
+IDX; every file opened must be recorded there and is checked against the size recorded.
 """
 
 from __future__ import annotations
@@ -330,10 +330,16 @@ class Index:
         self.manifest = m = _read_manifest(self.path)
         self.data_dir = _inside(self.path, m["data"], "'data'")
         self.encoder_dir = _inside(self.path, m["encoder"].get("dir"), "'encoder.dir'")
-        for name, size in m["files"].items():
+        # every file opened below, listed or not, must be recorded and stay inside the index (a symlinked
+        # texts.bin left out of 'files' would otherwise serve an outside file's text as search hits)
+        opened = [*DATA_FILES, *(["faiss.index"] if m["plan"]["kind"] != "flat" else [])]
+        for name in dict.fromkeys([*m["files"], *opened]):
             f = _inside(self.data_dir, name, "file")
-            if not f.is_file():
-                raise CramkitError(f"{f} is missing; the index is incomplete, rebuild it")
+            size = m["files"].get(name)
+            if not f.is_file() or not isinstance(size, int):
+                raise CramkitError(
+                    f"{f} is missing (or not recorded in {MANIFEST}); the index is incomplete, rebuild it"
+                )
             if f.stat().st_size != size:
                 raise CramkitError(
                     f"{f} is {'truncated' if f.stat().st_size < size else 'longer than recorded'} "

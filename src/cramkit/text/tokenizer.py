@@ -224,6 +224,12 @@ def load_tokenizer(path: str | os.PathLike) -> tokenizers.Tokenizer:
             raise CramkitError(
                 f"{path} holds no tokenizer.json or vocab.txt; train one with `cramkit tokenizer train ... --out {path}`"
             )
+        from cramkit.io import inside
+
+        try:  # a tokenizer directory's files stay inside it (a vocab.txt linked to ~/.env would leak as tokens)
+            inside(path, p.name)
+        except ValueError:
+            raise CramkitError(f"{p} is a link to a file outside {path}; refusing to read it") from None
     if not p.is_file():
         raise CramkitError(
             f"tokenizer {path} does not exist; give a directory with tokenizer.json or vocab.txt"

@@ -1,4 +1,5 @@
-"""Atomic files and directories: the one copy of "write to a temporary name, then rename".
+"""Atomic files and directories: the one copy of "write to a temporary name, then rename"; the one rule for
+what a command may write over (:func:`check_out`, :func:`check_out_file`).
 
 A crash (or Ctrl-C, or a full disk) while writing never leaves a half-written file under the final name:
 the reader sees the old content or the new, never a mix. Files keep the user's umask (0644 under the
@@ -12,7 +13,7 @@ import hashlib
 import json
 import os
 import shutil
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -57,6 +58,8 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     _remove(tmp)
     try:
         yield tmp
+        if path.is_dir() and not path.is_symlink() and not tmp.is_dir():
+            raise CramkitError(f"{path} is a directory; it is never replaced by a file (it is kept)")
         if path.is_dir() and not path.is_symlink():
             old = path.with_name(f".{path.name}.old-{os.getpid()}")
             os.replace(path, old)
@@ -123,8 +126,10 @@ def dir_lock(directory: str | os.PathLike, what: str = "--out") -> Iterator[None
 def claim_dir(directory: str | os.PathLike, file_name: str, settings: Any, what: str) -> bool:
     """Record ``settings`` (JSON) in ``directory/file_name``, or check that they equal those recorded there,
     so that a rerun continues the work of the same settings and never mixes another's into it. Returns
-    whether they were recorded before; a CramkitError naming the fix when they differ."""
+    whether they were recorded before; a CramkitError naming the fix when they differ, or when ``directory``
+    holds another command's product (:func:`check_out`)."""
     directory = Path(directory)
+    check_out(directory, own=(file_name,))
     file = directory / file_name
     if not file.is_file():
         directory.mkdir(parents=True, exist_ok=True)
@@ -140,3 +145,100 @@ def claim_dir(directory: str | os.PathLike, file_name: str, settings: Any, what:
             f"{directory} to start over"
         )
     return True
+
+
+# a file or folder that marks a directory as something cramkit made (the first one present names it)
+PRODUCTS = (
+    ("config.yaml", "a pretraining run"),
+    ("checkpoints", "a pretraining run"),
+    ("cramkit-model.json", "a model directory"),
+    ("cramkit-onnx.json", "an ONNX export"),
+    ("cramkit_export.json", "a Hugging Face export"),
+    ("config.json", "a Hugging Face model"),
+    ("index.json", "an index"),
+    ("embed.json", "embeddings"),
+    ("finetune.json", "a fine-tuning"),
+    ("distill.json", "a distillation"),
+    ("neighbours.json", "RETRO neighbours"),
+)
+
+
+def holds(directory: str | os.PathLike) -> str | None:
+    """What cramkit product ``directory`` holds ("a pretraining run (config.yaml)"), or None."""
+    d = Path(directory)
+    return next((f"{what} ({name})" for name, what in PRODUCTS if (d / name).exists()), None)
+
+
+def _source_path(source: Any) -> Path | None:
+    text = str(getattr(source, "source", source) or "")
+    path = Path(text[3:] if text.startswith("hf:") else text).expanduser()
+    return path.resolve() if text and path.exists() else None
+
+
+def _refuse_inputs(out: Path, inputs: Iterable[Any], replace: bool) -> None:
+    dst = out.expanduser().resolve()
+    for source in inputs:
+        src = _source_path(source)
+        if src is None:
+            continue
+        if dst == src or src in dst.parents or (replace and dst in src.parents):
+            rel = "is" if dst == src else "lies inside" if src in dst.parents else "contains"
+            raise CramkitError(
+                f"--out {out} {rel} this command's input {src}; writing it would destroy the input. Choose "
+                "an --out outside it"
+            )
+
+
+def check_out(
+    out: str | os.PathLike,
+    *,
+    inputs: Iterable[Any] = (),
+    own: Iterable[str] = (),
+    replace: bool = False,
+    force: bool = False,
+) -> list[str]:
+    """The rule for every command that writes a directory ``out``; a CramkitError naming the fix, else the
+    entries of ``out`` that will be removed (only with ``replace`` and ``force``: the caller says so).
+
+    - never into its own input: ``out`` is not, and does not lie inside, any of ``inputs`` (paths, ``hf:DIR``
+      or loaded models; with ``replace``, it does not contain one either);
+    - never over a file, and never ``.`` or ``/`` when it replaces ``out`` as a whole;
+    - never over another product: a directory holding a run, a model, an export, an index... without any of
+      ``own`` (the marker files of this command's own earlier output, which it resumes or replaces) is
+      refused, naming what it holds, unless ``replace`` and ``force``;
+    - ``replace`` (the command swaps in a new ``out``): any other non-empty directory needs ``force`` too.
+    """
+    out = Path(out)
+    _refuse_inputs(out, inputs, replace)
+    if out.exists() and not out.is_dir():
+        raise CramkitError(f"--out {out} is a file; give a directory (the file is kept)")
+    if not out.is_dir():
+        return []
+    dst = out.resolve()
+    if replace and (dst == Path.cwd().resolve() or dst == Path(dst.anchor)):
+        raise CramkitError(f"--out {out} is the current or root directory; choose a new directory")
+    if any((out / name).exists() for name in own):
+        return []
+    entries = sorted(p.name for p in out.iterdir() if p.name != ".lock")
+    product = holds(out)
+    if product is None and not (replace and entries):
+        return []
+    if not force or not replace:
+        also = "pass --force to replace it, " if replace else ""
+        raise CramkitError(
+            f"--out {out} holds {product or 'other files (' + ', '.join(entries[:5]) + ')'}; writing there "
+            f"would replace it. Choose another --out ({also}or delete {out} yourself)"
+        )
+    return entries
+
+
+def check_out_file(out: str | os.PathLike, *, inputs: Iterable[Any] = ()) -> None:
+    """The rule for a command that writes one file ``out``: never a directory (it is never replaced by a
+    file), never one of its inputs, never inside an input directory."""
+    out = Path(out)
+    if out.is_dir():
+        raise CramkitError(
+            f"--out {out} is a directory; give a file name (e.g. {out / 'predictions.jsonl'}); the directory "
+            "is kept"
+        )
+    _refuse_inputs(out, inputs, replace=False)

@@ -44,7 +44,7 @@ from cramkit.index.chunking import (
     write_chunks,
 )
 from cramkit.index.embedding import dist_info, embed_to_memmap, encoder_fingerprint, texts_key
-from cramkit.io import atomic_path, inside, write_json_atomic
+from cramkit.io import atomic_path, check_out, inside, write_json_atomic
 
 MANIFEST = "index.json"
 FORMAT = "cramkit-index-1"
@@ -183,8 +183,7 @@ def build_index(
         raise CramkitError(
             f"{out} already holds an index; grow it with `cramkit index add`, pick another --out or pass --overwrite"
         )
-    if out.exists() and not out.is_dir():
-        raise CramkitError(f"--out {out} is a file; give a directory")
+    check_out(out, inputs=[source, encoder], own=[MANIFEST, ".build"])
     t_start = time.perf_counter()
     loaded = load_encoder(encoder)
     pooling = pooling or loaded.pooling
@@ -606,6 +605,7 @@ def retro_neighbours(
     chunk_doc = np.asarray(idx.chunks.table[:, 0])
     cand_hash = idx_hash[chunk_doc]
     out = Path(out)
+    check_out(out, inputs=[path, store], own=["neighbours.json", "neighbours.npy", ".embed"])
     out.mkdir(parents=True, exist_ok=True)
     (out / "neighbours.json").unlink(missing_ok=True)
     pooling = m["encoder"]["pooling"]

@@ -18,6 +18,7 @@ from cramkit.index.embedding import (
     finished,
     texts_key,
 )
+from cramkit.io import check_out
 
 
 def read_inputs(
@@ -74,8 +75,7 @@ def embed_source(
     from cramkit.infer import Engine
 
     out = Path(out)
-    if out.exists() and not out.is_dir():
-        raise CramkitError(f"--out {out} is a file; give a directory")
+    check_out(out, inputs=[source, model], own=[DONE_FILE, "state.json"])
     loaded = load_encoder(model)
     pooling = pooling or loaded.pooling
     normalize = loaded.normalize if normalize is None else normalize

@@ -380,16 +380,11 @@ def export_onnx(
     import torch
 
     from cramkit.infer.engine import Engine
-    from cramkit.io import atomic_path, sha256_file, write_json_atomic
+    from cramkit.io import atomic_path, check_out, sha256_file, write_json_atomic
     from cramkit.text.tokenizer import save_tokenizer
 
     out = Path(out)
-    if out.exists() and (
-        not out.is_dir() or (any(out.iterdir()) and not (out / MANIFEST).is_file() and not force)
-    ):
-        raise CramkitError(
-            f"{out} exists and is not a previous ONNX export; choose another --out or pass --force to replace it"
-        )
+    check_out(out, inputs=[loaded], own=[MANIFEST], replace=True, force=force)
 
     def say(msg: str) -> None:
         if progress:

@@ -12,6 +12,7 @@ import contextlib
 import hashlib
 import json
 import os
+import re
 import shutil
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -26,10 +27,36 @@ def _umask_mode(base: int) -> int:
     return base & ~mask
 
 
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
+
+
+def clean_stale(path: str | os.PathLike) -> None:
+    """Remove what a killed process (kill -9: no cleanup ran) left beside ``path``: the temporary names
+    ``.NAME.tmp-PID[-...]`` and ``.NAME.old-PID`` that this module's writers use, where PID no longer runs."""
+    path = Path(path)
+    pattern = re.compile(rf"\.{re.escape(path.name)}\.(?:tmp|old)-(\d+)(?:-\w*)?")
+    try:
+        siblings = list(path.parent.iterdir())
+    except OSError:
+        return
+    for p in siblings:
+        m = pattern.fullmatch(p.name)
+        if m and int(m.group(1)) != os.getpid() and not _alive(int(m.group(1))):
+            _remove(p)
+
+
 def write_text_atomic(path: str | os.PathLike, text: str) -> Path:
     """Write ``text`` (UTF-8) to ``path`` through a temporary file in the same directory."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
+    clean_stale(path)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
         with open(tmp, "w", encoding="utf-8") as f:
@@ -54,6 +81,7 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     ``path`` (an old directory there is removed); on any failure it is deleted."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
+    clean_stale(path)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     _remove(tmp)
     try:
@@ -184,8 +212,8 @@ def _refuse_inputs(out: Path, inputs: Iterable[Any], replace: bool) -> None:
         if dst == src or src in dst.parents or (replace and dst in src.parents):
             rel = "is" if dst == src else "lies inside" if src in dst.parents else "contains"
             raise CramkitError(
-                f"--out {out} {rel} this command's input {src}; writing it would destroy the input. Choose "
-                "an --out outside it"
+                f"--out {out} {rel} {src}, which this command reads; writing it would destroy the source. "
+                "Choose an --out outside it"
             )
 
 

@@ -570,7 +570,7 @@ def export_hf(
     """
     from safetensors.torch import save_file
 
-    from cramkit.io import check_out
+    from cramkit.io import check_out, clean_stale
 
     out = Path(out_dir)
     check_out(out, own=[EXPORT_MARKER], replace=True, force=force)
@@ -630,7 +630,8 @@ def export_hf(
             config["classifier_pooler_dense"] = clf.pooler is not None
 
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    clean_stale(out)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-{os.getpid()}-", dir=out.parent))
     try:
         os.chmod(tmp, 0o755)  # mkdtemp makes it private; an export is meant to be shared
         save_file(weights, str(tmp / "model.safetensors"), metadata={"format": "pt"})

@@ -196,8 +196,11 @@ def save_tokenizer(tok: tokenizers.Tokenizer, out_dir: str | os.PathLike) -> Pat
         "tokenizer_config.json": json.dumps(config, indent=2) + "\n",
         "special_tokens_map.json": json.dumps(specials, indent=2) + "\n",
     }
+    from cramkit.io import clean_stale
+
     for name, text in files.items():
-        tmp = out / f".{name}.tmp{os.getpid()}"
+        clean_stale(out / name)
+        tmp = out / f".{name}.tmp-{os.getpid()}"
         try:
             tmp.write_text(text, encoding="utf-8")
         except OSError as exc:

@@ -9,6 +9,7 @@ usual 022), unlike ``tempfile.mkstemp``'s private 0600.
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import json
 import os
@@ -270,3 +271,71 @@ def check_out_file(out: str | os.PathLike, *, inputs: Iterable[Any] = ()) -> Non
             "is kept"
         )
     _refuse_inputs(out, inputs, replace=False)
+
+
+# write errors that are the disk's, not cramkit's: each becomes one line naming the path and the fix
+_DISK = {errno.ENOSPC: "no space left on the device", errno.EROFS: "read-only file system"}
+if hasattr(errno, "EDQUOT"):
+    _DISK[errno.EDQUOT] = "disk quota exceeded"
+_DISK_TEXT = ("No space left on device", "Disk quota exceeded", "Read-only file system", "os error 28")
+
+
+def disk_problem(exc: BaseException) -> str | None:
+    """What is wrong when ``exc`` (or an exception it wraps: torch's exporter, safetensors' Rust errors) is
+    a full disk, an exceeded quota or a read-only file system; None for any other error."""
+    seen: set[int] = set()
+    cur: BaseException | None = exc
+    while cur is not None and id(cur) not in seen:
+        seen.add(id(cur))
+        if isinstance(cur, OSError) and cur.errno in _DISK:
+            return f"{cur.filename}: {_DISK[cur.errno]}" if cur.filename else _DISK[cur.errno]
+        text = str(cur)
+        for needle in _DISK_TEXT:
+            if needle in text:
+                return "no space left on the device" if needle == "os error 28" else needle.lower()
+        cur = cur.__cause__ or cur.__context__
+    return None
+
+
+@contextlib.contextmanager
+def disk_errors(out: str | os.PathLike) -> Iterator[None]:
+    """Turn a full disk, an exceeded quota or a read-only file system met while writing ``out`` into one
+    CramkitError (every other error passes unchanged)."""
+    try:
+        yield
+    except CramkitError:
+        raise
+    except Exception as exc:
+        problem = disk_problem(exc)
+        if problem is None:
+            raise
+        raise CramkitError(
+            f"cannot write {out}: {problem}; free space there (or choose another --out) and run the command "
+            "again: what was finished is kept"
+        ) from None
+
+
+def open_memmap(path: str | os.PathLike, dtype: Any, shape: tuple[int, ...]) -> Any:
+    """A new ``.npy`` file opened as a writable memory map, its blocks allocated for real (posix_fallocate):
+    a full disk fails here, at the start, as one CramkitError, never as a SIGBUS when a sparse page is
+    first written hours later."""
+    import numpy as np
+
+    path = Path(path)
+    try:
+        mm = np.lib.format.open_memmap(path, mode="w+", dtype=dtype, shape=shape)
+        with open(path, "r+b") as f:
+            try:
+                os.posix_fallocate(f.fileno(), 0, os.fstat(f.fileno()).st_size)
+            except OSError as exc:  # (a file system without fallocate: its blocks come as they are written)
+                if exc.errno not in (errno.EOPNOTSUPP, errno.EINVAL):
+                    raise
+    except OSError as exc:
+        path.unlink(missing_ok=True)
+        problem = disk_problem(exc) or exc.strerror or str(exc)
+        need = int(np.prod(shape)) * np.dtype(dtype).itemsize
+        raise CramkitError(
+            f"cannot allocate {path} ({need / 2**20:,.1f} MiB): {problem}; free space there (or choose another "
+            "--out) and run the command again"
+        ) from None
+    return mm

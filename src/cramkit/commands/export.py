@@ -43,7 +43,7 @@ def run(args: argparse.Namespace) -> int:
     import tempfile
 
     from cramkit.infer.onnx import MANIFEST
-    from cramkit.io import check_out
+    from cramkit.io import check_out, disk_errors
     from cramkit.load import load
     from cramkit.model.hf import EXPORT_MARKER
 
@@ -64,7 +64,8 @@ def run(args: argparse.Namespace) -> int:
             raise CramkitError(
                 f"ONNX export needs onnx and onnxruntime ({exc}): pip install 'cramkit[onnx]'"
             ) from None
-        done = export_onnx(loaded, out, args.quantize, args.force)
+        with disk_errors(out):
+            done = export_onnx(loaded, out, args.quantize, args.force)
         print(
             f"exported {loaded.source} -> {done} (ONNX{' int8' if args.quantize else ''}; cramkit serve {done} --backend onnx)"
         )
@@ -76,7 +77,7 @@ def run(args: argparse.Namespace) -> int:
     from cramkit.model.hf import export_hf
     from cramkit.text.tokenizer import save_tokenizer
 
-    with tempfile.TemporaryDirectory() as tmp:
+    with tempfile.TemporaryDirectory() as tmp, disk_errors(out):
         tok_dir = save_tokenizer(loaded.tokenizer, Path(tmp) / "tokenizer")
         done = export_hf(
             loaded.model,

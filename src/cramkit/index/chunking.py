@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 
 from cramkit.errors import CramkitError
+from cramkit.io import open_memmap
 
 COLUMNS = ("doc", "seq", "tok_start", "tok_end", "source", "char_start", "char_end")
 RETRO_CHUNK = 64
@@ -208,7 +209,7 @@ def write_chunks(directory: str | os.PathLike, chunks: Chunks) -> None:
     d = Path(directory)
     d.mkdir(parents=True, exist_ok=True)
     n = len(chunks)
-    table = np.lib.format.open_memmap(d / "chunks.npy", mode="w+", dtype=np.int64, shape=(n, len(COLUMNS)))
+    table = open_memmap(d / "chunks.npy", np.int64, (n, len(COLUMNS)))
     if n:
         table[:] = np.asarray(chunks.rows, dtype=np.int64)
     table.flush()

@@ -45,7 +45,7 @@ from cramkit.index.chunking import (
     write_chunks,
 )
 from cramkit.index.embedding import dist_info, embed_to_memmap, encoder_fingerprint, texts_key
-from cramkit.io import atomic_path, check_out, dir_lock, inside, write_json_atomic
+from cramkit.io import atomic_path, check_out, dir_lock, inside, open_memmap, write_json_atomic
 
 MANIFEST = "index.json"
 FORMAT = "cramkit-index-1"
@@ -526,9 +526,7 @@ def add_to_index(
         data = work / "data"
         shutil.rmtree(data, ignore_errors=True)
         data.mkdir(parents=True)
-        vec = np.lib.format.open_memmap(
-            data / "vectors.npy", mode="w+", dtype=np.float32, shape=(n_old + len(chunks), d)
-        )
+        vec = open_memmap(data / "vectors.npy", np.float32, (n_old + len(chunks), d))
         for a in range(0, n_old, 65536):
             b = min(a + 65536, n_old)
             vec[a:b] = idx.vectors[a:b]
@@ -630,9 +628,7 @@ def retro_neighbours(
                 progress=progress, desc="embedding store chunks",
             )  # fmt: skip
             q = np.load(out / ".embed" / "embeddings.npy", mmap_mode="r", allow_pickle=False)
-        result = np.lib.format.open_memmap(
-            out / ".neighbours.npy", mode="w+", dtype=np.int32, shape=(len(spans), k)
-        )
+        result = open_memmap(out / ".neighbours.npy", np.int32, (len(spans), k))
         t0 = time.perf_counter()
         leaks_avoided = 0
         for a in range(0, len(spans), 4096):

@@ -253,6 +253,10 @@ def _fuse(src: Path, dst: Path, loaded: LoadedModel) -> dict[str, Any]:
         opt.save_model_to_file(str(dst))
         return {"applied": stats}
     except Exception as exc:  # noqa: BLE001 - fusions are an optimisation: keep the plain graph
+        from cramkit.io import disk_problem
+
+        if disk_problem(exc):
+            raise
         os.replace(src, dst)
         return {"applied": {}, "skipped": f"{type(exc).__name__}: {exc}"[:300]}
 
@@ -380,7 +384,7 @@ def export_onnx(
     import torch
 
     from cramkit.infer.engine import Engine
-    from cramkit.io import atomic_path, check_out, sha256_file, write_json_atomic
+    from cramkit.io import atomic_path, check_out, disk_problem, sha256_file, write_json_atomic
     from cramkit.text.tokenizer import save_tokenizer
 
     out = Path(out)
@@ -405,6 +409,8 @@ def export_onnx(
         except CramkitError:
             raise
         except Exception as exc:  # noqa: BLE001 - name the model and the exporter's reason
+            if disk_problem(exc):
+                raise
             raise CramkitError(
                 f"{loaded.source}: torch's ONNX exporter failed ({type(exc).__name__}: {str(exc)[:300]}); "
                 "export with --format hf instead, or report the model's architecture"

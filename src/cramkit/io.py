@@ -339,3 +339,26 @@ def open_memmap(path: str | os.PathLike, dtype: Any, shape: tuple[int, ...]) -> 
             "--out) and run the command again"
         ) from None
     return mm
+
+
+def check_fields(meta: dict[str, Any], types: dict[str, Any], file: str | os.PathLike, fix: str) -> None:
+    """A CramkitError naming the first field of ``meta`` (a manifest read from ``file``) whose value is not of
+    its type in ``types`` (a type, a tuple of types, or a tuple of allowed strings); absent fields and nulls
+    pass. ``fix`` ends the message ("export the model again")."""
+    for name, want in types.items():
+        value = meta.get(name)
+        if value is None:
+            continue
+        if isinstance(want, tuple) and all(isinstance(w, str) for w in want):
+            ok, what = value in want, "one of " + ", ".join(want)
+        else:
+            ok = isinstance(value, want) and not (isinstance(value, bool) and want is int)
+            what = "a JSON " + {
+                int: "integer",
+                str: "string",
+                bool: "boolean",
+                dict: "object",
+                list: "array",
+            }.get(want, getattr(want, "__name__", str(want)))
+        if not ok:
+            raise CramkitError(f"{file}: field {name!r} must be {what}, got {json.dumps(value)[:60]}; {fix}")

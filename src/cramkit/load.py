@@ -38,6 +38,10 @@ KINDS = ("mlm", "classifier", "multilabel", "regression", "encoder")
 ARCHITECTURES = {"bilstm": "cramkit.model.students:build_from_meta"}
 
 PathLike = str | os.PathLike
+# the fields of cramkit-model.json and their types: a crafted file gets one line, never a traceback
+META_FIELDS = {"architecture": str, "model": dict, "head": dict, "num_labels": int, "labels": list, "task": str,
+               "max_length": int, "pooling": ("mean", "cls"), "normalize": bool, "with_types": bool,
+               "extra": dict, "sha256": dict}  # fmt: skip
 
 
 @dataclass
@@ -324,7 +328,7 @@ def _max_length(cfg: Any) -> int:
 
 
 def _load_model_dir(path: Path) -> LoadedModel:
-    from cramkit.io import inside, sha256_file
+    from cramkit.io import check_fields, inside, sha256_file
     from cramkit.model.hf import read_weights
     from cramkit.text.tokenizer import load_tokenizer
 
@@ -335,6 +339,7 @@ def _load_model_dir(path: Path) -> LoadedModel:
         raise CramkitError(f"{file} is not valid JSON ({exc}); the model directory is damaged") from None
     if not isinstance(meta, dict) or meta.get("format") != MODEL_FORMAT:
         raise CramkitError(f"{file}: not a cramkit model description (format {MODEL_FORMAT} expected)")
+    check_fields(meta, META_FIELDS, file, "the model directory is damaged or crafted: write it again")
     kind, arch = meta.get("kind"), meta.get("architecture", "encoder")
     if kind not in KINDS:
         raise CramkitError(f"{file}: unknown kind {kind!r}; expected one of {', '.join(KINDS)}")

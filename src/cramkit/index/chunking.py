@@ -31,6 +31,7 @@ import numpy as np
 
 from cramkit.errors import CramkitError
 from cramkit.io import open_memmap
+from cramkit.text.tokenizer import encode_batch
 
 COLUMNS = ("doc", "seq", "tok_start", "tok_end", "source", "char_start", "char_end")
 RETRO_CHUNK = 64
@@ -105,7 +106,7 @@ def chunk_text_sources(
 
 
 def _add_passages(out: Chunks, docs: list[str], src_id: int, tokenizer: Any, size: int, overlap: int) -> None:
-    for doc, enc in zip(docs, tokenizer.encode_batch(docs, add_special_tokens=False), strict=True):
+    for doc, enc in zip(docs, encode_batch(tokenizer, docs, add_special_tokens=False), strict=True):
         offsets = enc.offsets
         if not offsets:
             continue

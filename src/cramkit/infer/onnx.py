@@ -498,7 +498,14 @@ def _versions() -> dict[str, str]:
 # --------------------------------------------------------------------------------------------- load
 
 
+# the manifest's fields read when loading, and their types: a crafted file gets one line, never a traceback
+MANIFEST_FIELDS = {"pooling": ("mean", "cls"), "normalize": bool, "with_types": bool, "pad_id": int,
+                   "hidden": int, "tokenizer": str, "quantize": ("int8",)}  # fmt: skip
+
+
 def _read_manifest(path: Path) -> dict[str, Any]:
+    from cramkit.io import check_fields
+
     file = path / MANIFEST
     try:
         meta = json.loads(file.read_text(encoding="utf-8"))
@@ -506,6 +513,7 @@ def _read_manifest(path: Path) -> dict[str, Any]:
         raise CramkitError(f"{file} is not valid JSON ({exc}); export the model again") from None
     if not isinstance(meta, dict) or meta.get("format") != FORMAT:
         raise CramkitError(f"{file}: not a cramkit ONNX manifest (format {FORMAT} expected)")
+    check_fields(meta, MANIFEST_FIELDS, file, "export the model again")
     if meta.get("kind") not in KINDS:
         raise CramkitError(f"{file}: unknown kind {meta.get('kind')!r}; expected one of {', '.join(KINDS)}")
     labels = meta.get("labels")

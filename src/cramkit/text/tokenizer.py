@@ -17,7 +17,7 @@ import unicodedata
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from cramkit.errors import CramkitError
 
@@ -211,6 +211,20 @@ def save_tokenizer(tok: tokenizers.Tokenizer, out_dir: str | os.PathLike) -> Pat
             ) from None
         os.replace(tmp, out / name)
     return out
+
+
+def encode_batch(tokenizer: tokenizers.Tokenizer, texts: list[str], **kwargs: Any) -> list[Any]:
+    """``tokenizer.encode_batch(texts)``, with a Rust panic (a crafted tokenizer's regex hitting Oniguruma's
+    backtracking limit panics instead of failing) turned into one CramkitError."""
+    try:
+        return tokenizer.encode_batch(texts, **kwargs)
+    except BaseException as exc:
+        if type(exc).__name__ != "PanicException":  # pyo3's, not importable by name
+            raise
+        raise CramkitError(
+            f"the tokenizer failed on this input ({str(exc).splitlines()[0][:200]}); its pre-tokenizer or "
+            "normalizer regex is unusable (catastrophic backtracking): use a tokenizer saved by cramkit"
+        ) from None
 
 
 def load_tokenizer(path: str | os.PathLike) -> tokenizers.Tokenizer:

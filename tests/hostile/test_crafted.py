@@ -131,6 +131,21 @@ def test_model_config_asking_for_terabytes_is_refused_before_allocating(ft_model
     _one_line_error(proc, "cramkit-model.json", "parameters", "GiB")
 
 
+def test_student_config_asking_for_terabytes_is_refused_before_allocating(tmp_path) -> None:
+    from safetensors.numpy import save_file
+
+    bad = tmp_path / "student"
+    bad.mkdir()
+    save_file({}, str(bad / "model.safetensors"))
+    meta = {"format": "cramkit-model-1", "architecture": "bilstm", "kind": "classifier", "labels": ["0", "1"],
+            "model": {"vocab_size": 2_000_000_000, "embedding_dim": 4096}}  # fmt: skip
+    (bad / "cramkit-model.json").write_text(json.dumps(meta))
+    rows = tmp_path / "rows.txt"
+    rows.write_text("a fine film\n")
+    proc = _limited("predict", "--from", str(bad), str(rows), "--out", str(tmp_path / "p.jsonl"))
+    _one_line_error(proc, "cramkit-model.json", "parameters", "GiB")
+
+
 def test_model_directory_links_to_files_outside_are_refused(ft_model, tmp_path) -> None:
     rows = tmp_path / "rows.txt"
     rows.write_text("a fine film\n")

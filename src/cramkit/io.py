@@ -1,4 +1,5 @@
-"""Atomic files and directories: the one copy of "write to a temporary name, then rename".
+"""Atomic files and directories: the one copy of "write to a temporary name, then rename"; the one rule for
+what a command may write over (:func:`check_out`, :func:`check_out_file`).
 
 A crash (or Ctrl-C, or a full disk) while writing never leaves a half-written file under the final name:
 the reader sees the old content or the new, never a mix. Files keep the user's umask (0644 under the
@@ -8,11 +9,13 @@ usual 022), unlike ``tempfile.mkstemp``'s private 0600.
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import json
 import os
+import re
 import shutil
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -25,10 +28,36 @@ def _umask_mode(base: int) -> int:
     return base & ~mask
 
 
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
+
+
+def clean_stale(path: str | os.PathLike) -> None:
+    """Remove what a killed process (kill -9: no cleanup ran) left beside ``path``: the temporary names
+    ``.NAME.tmp-PID[-...]`` and ``.NAME.old-PID`` that this module's writers use, where PID no longer runs."""
+    path = Path(path)
+    pattern = re.compile(rf"\.{re.escape(path.name)}\.(?:tmp|old)-(\d+)(?:-\w*)?")
+    try:
+        siblings = list(path.parent.iterdir())
+    except OSError:
+        return
+    for p in siblings:
+        m = pattern.fullmatch(p.name)
+        if m and int(m.group(1)) != os.getpid() and not _alive(int(m.group(1))):
+            _remove(p)
+
+
 def write_text_atomic(path: str | os.PathLike, text: str) -> Path:
     """Write ``text`` (UTF-8) to ``path`` through a temporary file in the same directory."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
+    clean_stale(path)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
         with open(tmp, "w", encoding="utf-8") as f:
@@ -53,10 +82,13 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     ``path`` (an old directory there is removed); on any failure it is deleted."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
+    clean_stale(path)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     _remove(tmp)
     try:
         yield tmp
+        if path.is_dir() and not path.is_symlink() and not tmp.is_dir():
+            raise CramkitError(f"{path} is a directory; it is never replaced by a file (it is kept)")
         if path.is_dir() and not path.is_symlink():
             old = path.with_name(f".{path.name}.old-{os.getpid()}")
             os.replace(path, old)
@@ -123,8 +155,10 @@ def dir_lock(directory: str | os.PathLike, what: str = "--out") -> Iterator[None
 def claim_dir(directory: str | os.PathLike, file_name: str, settings: Any, what: str) -> bool:
     """Record ``settings`` (JSON) in ``directory/file_name``, or check that they equal those recorded there,
     so that a rerun continues the work of the same settings and never mixes another's into it. Returns
-    whether they were recorded before; a CramkitError naming the fix when they differ."""
+    whether they were recorded before; a CramkitError naming the fix when they differ, or when ``directory``
+    holds another command's product (:func:`check_out`)."""
     directory = Path(directory)
+    check_out(directory, own=(file_name,))
     file = directory / file_name
     if not file.is_file():
         directory.mkdir(parents=True, exist_ok=True)
@@ -140,3 +174,191 @@ def claim_dir(directory: str | os.PathLike, file_name: str, settings: Any, what:
             f"{directory} to start over"
         )
     return True
+
+
+# a file or folder that marks a directory as something cramkit made (the first one present names it)
+PRODUCTS = (
+    ("config.yaml", "a pretraining run"),
+    ("checkpoints", "a pretraining run"),
+    ("cramkit-model.json", "a model directory"),
+    ("cramkit-onnx.json", "an ONNX export"),
+    ("cramkit_export.json", "a Hugging Face export"),
+    ("config.json", "a Hugging Face model"),
+    ("index.json", "an index"),
+    ("embed.json", "embeddings"),
+    ("finetune.json", "a fine-tuning"),
+    ("distill.json", "a distillation"),
+    ("neighbours.json", "RETRO neighbours"),
+)
+
+
+def holds(directory: str | os.PathLike) -> str | None:
+    """What cramkit product ``directory`` holds ("a pretraining run (config.yaml)"), or None."""
+    d = Path(directory)
+    return next((f"{what} ({name})" for name, what in PRODUCTS if (d / name).exists()), None)
+
+
+def _source_path(source: Any) -> Path | None:
+    text = str(getattr(source, "source", source) or "")
+    path = Path(text[3:] if text.startswith("hf:") else text).expanduser()
+    return path.resolve() if text and path.exists() else None
+
+
+def _refuse_inputs(out: Path, inputs: Iterable[Any], replace: bool) -> None:
+    dst = out.expanduser().resolve()
+    for source in inputs:
+        src = _source_path(source)
+        if src is None:
+            continue
+        if dst == src or src in dst.parents or (replace and dst in src.parents):
+            rel = "is" if dst == src else "lies inside" if src in dst.parents else "contains"
+            raise CramkitError(
+                f"--out {out} {rel} {src}, which this command reads; writing it would destroy the source. "
+                "Choose an --out outside it"
+            )
+
+
+def check_out(
+    out: str | os.PathLike,
+    *,
+    inputs: Iterable[Any] = (),
+    own: Iterable[str] = (),
+    replace: bool = False,
+    force: bool = False,
+) -> list[str]:
+    """The rule for every command that writes a directory ``out``; a CramkitError naming the fix, else the
+    entries of ``out`` that will be removed (only with ``replace`` and ``force``: the caller says so).
+
+    - never into its own input: ``out`` is not, and does not lie inside, any of ``inputs`` (paths, ``hf:DIR``
+      or loaded models; with ``replace``, it does not contain one either);
+    - never over a file, and never ``.`` or ``/`` when it replaces ``out`` as a whole;
+    - never over another product: a directory holding a run, a model, an export, an index... without any of
+      ``own`` (the marker files of this command's own earlier output, which it resumes or replaces) is
+      refused, naming what it holds, unless ``replace`` and ``force``;
+    - ``replace`` (the command swaps in a new ``out``): any other non-empty directory needs ``force`` too.
+    """
+    out = Path(out)
+    _refuse_inputs(out, inputs, replace)
+    if out.exists() and not out.is_dir():
+        raise CramkitError(f"--out {out} is a file; give a directory (the file is kept)")
+    if not out.is_dir():
+        return []
+    dst = out.resolve()
+    if replace and (dst == Path.cwd().resolve() or dst == Path(dst.anchor)):
+        raise CramkitError(f"--out {out} is the current or root directory; choose a new directory")
+    if any((out / name).exists() for name in own):
+        return []
+    entries = sorted(p.name for p in out.iterdir() if p.name != ".lock")
+    product = holds(out)
+    if product is None and not (replace and entries):
+        return []
+    if not force or not replace:
+        also = "pass --force to replace it, " if replace else ""
+        raise CramkitError(
+            f"--out {out} holds {product or 'other files (' + ', '.join(entries[:5]) + ')'}; writing there "
+            f"would replace it. Choose another --out ({also}or delete {out} yourself)"
+        )
+    return entries
+
+
+def check_out_file(out: str | os.PathLike, *, inputs: Iterable[Any] = ()) -> None:
+    """The rule for a command that writes one file ``out``: never a directory (it is never replaced by a
+    file), never one of its inputs, never inside an input directory."""
+    out = Path(out)
+    if out.is_dir():
+        raise CramkitError(
+            f"--out {out} is a directory; give a file name (e.g. {out / 'predictions.jsonl'}); the directory "
+            "is kept"
+        )
+    _refuse_inputs(out, inputs, replace=False)
+
+
+# write errors that are the disk's, not cramkit's: each becomes one line naming the path and the fix
+_DISK = {errno.ENOSPC: "no space left on the device", errno.EROFS: "read-only file system"}
+if hasattr(errno, "EDQUOT"):
+    _DISK[errno.EDQUOT] = "disk quota exceeded"
+_DISK_TEXT = ("No space left on device", "Disk quota exceeded", "Read-only file system", "os error 28")
+
+
+def disk_problem(exc: BaseException) -> str | None:
+    """What is wrong when ``exc`` (or an exception it wraps: torch's exporter, safetensors' Rust errors) is
+    a full disk, an exceeded quota or a read-only file system; None for any other error."""
+    seen: set[int] = set()
+    cur: BaseException | None = exc
+    while cur is not None and id(cur) not in seen:
+        seen.add(id(cur))
+        if isinstance(cur, OSError) and cur.errno in _DISK:
+            return f"{cur.filename}: {_DISK[cur.errno]}" if cur.filename else _DISK[cur.errno]
+        text = str(cur)
+        for needle in _DISK_TEXT:
+            if needle in text:
+                return "no space left on the device" if needle == "os error 28" else needle.lower()
+        cur = cur.__cause__ or cur.__context__
+    return None
+
+
+@contextlib.contextmanager
+def disk_errors(out: str | os.PathLike) -> Iterator[None]:
+    """Turn a full disk, an exceeded quota or a read-only file system met while writing ``out`` into one
+    CramkitError (every other error passes unchanged)."""
+    try:
+        yield
+    except CramkitError:
+        raise
+    except Exception as exc:
+        problem = disk_problem(exc)
+        if problem is None:
+            raise
+        raise CramkitError(
+            f"cannot write {out}: {problem}; free space there (or choose another --out) and run the command "
+            "again: what was finished is kept"
+        ) from None
+
+
+def open_memmap(path: str | os.PathLike, dtype: Any, shape: tuple[int, ...]) -> Any:
+    """A new ``.npy`` file opened as a writable memory map, its blocks allocated for real (posix_fallocate):
+    a full disk fails here, at the start, as one CramkitError, never as a SIGBUS when a sparse page is
+    first written hours later."""
+    import numpy as np
+
+    path = Path(path)
+    try:
+        mm = np.lib.format.open_memmap(path, mode="w+", dtype=dtype, shape=shape)
+        with open(path, "r+b") as f:
+            try:
+                os.posix_fallocate(f.fileno(), 0, os.fstat(f.fileno()).st_size)
+            except OSError as exc:  # (a file system without fallocate: its blocks come as they are written)
+                if exc.errno not in (errno.EOPNOTSUPP, errno.EINVAL):
+                    raise
+    except OSError as exc:
+        path.unlink(missing_ok=True)
+        problem = disk_problem(exc) or exc.strerror or str(exc)
+        need = int(np.prod(shape)) * np.dtype(dtype).itemsize
+        raise CramkitError(
+            f"cannot allocate {path} ({need / 2**20:,.1f} MiB): {problem}; free space there (or choose another "
+            "--out) and run the command again"
+        ) from None
+    return mm
+
+
+def check_fields(meta: dict[str, Any], types: dict[str, Any], file: str | os.PathLike, fix: str) -> None:
+    """A CramkitError naming the first field of ``meta`` (a manifest read from ``file``) whose value is not of
+    its type in ``types`` (a type, a tuple of types, or a tuple of allowed strings); absent fields and nulls
+    pass. ``fix`` ends the message ("export the model again")."""
+    for name, want in types.items():
+        value = meta.get(name)
+        if value is None:
+            continue
+        if isinstance(want, tuple) and all(isinstance(w, str) for w in want):
+            ok, what = value in want, "one of " + ", ".join(want)
+        else:
+            ok = isinstance(value, want) and not (isinstance(value, bool) and want is int)
+            what = "a JSON " + {
+                int: "integer",
+                str: "string",
+                bool: "boolean",
+                dict: "object",
+                list: "array",
+            }.get(want, getattr(want, "__name__", str(want)))
+        if not ok:
+            raise CramkitError(f"{file}: field {name!r} must be {what}, got {json.dumps(value)[:60]}; {fix}")

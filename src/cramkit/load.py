@@ -38,6 +38,10 @@ KINDS = ("mlm", "classifier", "multilabel", "regression", "encoder")
 ARCHITECTURES = {"bilstm": "cramkit.model.students:build_from_meta"}
 
 PathLike = str | os.PathLike
+# the fields of cramkit-model.json and their types: a crafted file gets one line, never a traceback
+META_FIELDS = {"architecture": str, "model": dict, "head": dict, "num_labels": int, "labels": list, "task": str,
+               "max_length": int, "pooling": ("mean", "cls"), "normalize": bool, "with_types": bool,
+               "extra": dict, "sha256": dict}  # fmt: skip
 
 
 @dataclass
@@ -260,6 +264,7 @@ def _load_run(path: Path, step: int | None) -> LoadedModel:
     if not isinstance(section, dict):
         raise CramkitError(f"{run / 'config.yaml'} has no 'model:' section; is it a cramkit run?")
     cfg = from_dict(ModelConfig, section, "model")
+    _check_size(cfg, run / "config.yaml")
     state = _checkpoint_weights(checkpoint)
     state = {k.replace("_orig_mod.", "").removeprefix("module."): v for k, v in state.items()}
     model = MaskedLM(cfg.replace(gradient_checkpointing=False))
@@ -304,6 +309,17 @@ def _load_state(model: nn.Module, state: dict[str, torch.Tensor], what: str, *, 
     model.load_state_dict(state, strict=True)
 
 
+def _check_size(cfg: Any, file: Path) -> None:
+    """Refuse, before allocating, a model (its config, or a module built on the meta device) too big for
+    this machine's memory: the same parameter count pretraining's check uses."""
+    from cramkit.train.config import check_loadable, count_parameters
+
+    params = (
+        count_parameters(cfg) if not hasattr(cfg, "parameters") else sum(p.numel() for p in cfg.parameters())
+    )
+    check_loadable(params, str(file))
+
+
 def _max_length(cfg: Any) -> int:
     return 512 if cfg.position == "rope" else int(cfg.max_position)
 
@@ -312,7 +328,7 @@ def _max_length(cfg: Any) -> int:
 
 
 def _load_model_dir(path: Path) -> LoadedModel:
-    from cramkit.io import sha256_file
+    from cramkit.io import check_fields, inside, sha256_file
     from cramkit.model.hf import read_weights
     from cramkit.text.tokenizer import load_tokenizer
 
@@ -323,6 +339,7 @@ def _load_model_dir(path: Path) -> LoadedModel:
         raise CramkitError(f"{file} is not valid JSON ({exc}); the model directory is damaged") from None
     if not isinstance(meta, dict) or meta.get("format") != MODEL_FORMAT:
         raise CramkitError(f"{file}: not a cramkit model description (format {MODEL_FORMAT} expected)")
+    check_fields(meta, META_FIELDS, file, "the model directory is damaged or crafted: write it again")
     kind, arch = meta.get("kind"), meta.get("architecture", "encoder")
     if kind not in KINDS:
         raise CramkitError(f"{file}: unknown kind {kind!r}; expected one of {', '.join(KINDS)}")
@@ -330,7 +347,12 @@ def _load_model_dir(path: Path) -> LoadedModel:
         raise CramkitError(
             f"{file}: unknown architecture {arch!r}; known: encoder, {', '.join(sorted(ARCHITECTURES))}"
         )
-    weights = path / "model.safetensors"
+    try:  # the directory's files stay inside it: no link may make it read elsewhere
+        weights, tok_dir = inside(path, "model.safetensors"), inside(path, "tokenizer")
+    except ValueError as exc:
+        raise CramkitError(
+            f"{path}: {exc}; refusing to read it (a model directory's files stay inside it)"
+        ) from None
     if not weights.is_file():
         raise CramkitError(f"{path}: model.safetensors is missing; the model directory is incomplete")
     want = (meta.get("sha256") or {}).get("model.safetensors")
@@ -352,6 +374,10 @@ def _load_model_dir(path: Path) -> LoadedModel:
             builder = getattr(importlib.import_module(module), func)
         except (ImportError, AttributeError):
             raise CramkitError(f"{file}: architecture {arch!r} is not available in this cramkit") from None
+        import torch
+
+        with torch.device("meta"):  # its size first, allocating nothing
+            _check_size(builder(meta), file)
         model = builder(meta)
         cfg = meta.get("model")
         _load_state(model, state, str(weights))
@@ -359,7 +385,6 @@ def _load_model_dir(path: Path) -> LoadedModel:
         raise CramkitError(
             f"{file}: unknown architecture {arch!r}; known: encoder, {', '.join(sorted(ARCHITECTURES))}"
         )
-    tok_dir = path / "tokenizer"
     if not tok_dir.is_dir():
         raise CramkitError(f"{path}: tokenizer/ is missing; the model directory is incomplete")
     return LoadedModel(
@@ -385,6 +410,7 @@ def _build_encoder_model(meta: dict[str, Any], file: Path) -> tuple[nn.Module, A
     from cramkit.model.heads import ClassifierConfig, MaskedLM, SequenceClassifier
 
     cfg = from_dict(ModelConfig, meta.get("model") or {}, "model")
+    _check_size(cfg, file)
     kind = meta["kind"]
     if kind == "mlm":
         return MaskedLM(cfg), cfg
@@ -438,6 +464,7 @@ def _load_hf(name: str, text: str) -> LoadedModel:
 
     root = _resolve(name)
     cfg = load_hf_config(root)
+    _check_size(cfg, root / "config.json")
     _, hf = _read_hf_config(root)
     state = load_hf_encoder_state(root, cfg)
     enc_state = {k: v for k, v in state.items() if not k.startswith(("head.", "pooler.", "classifier."))}

@@ -320,6 +320,30 @@ def test_damaged_and_crafted_indexes(tmp_path, tiny_index, capsys):
     assert "not valid JSON" in fails(capsys, "index", "info", str(d))
 
 
+def test_symlinked_data_file_left_out_of_the_manifest_is_refused(tmp_path, tiny_index, capsys):
+    """texts.bin a symlink to a file outside, index.json's 'files' silent about it, the offsets made to fit:
+    the outside file's text must not come back as a hit."""
+    secret = tmp_path / "secret.txt"
+    secret.write_text("SECRET-TOKEN-" * 4000)
+    d, m = _copy(tiny_index, tmp_path / "link")
+    data = d / m["data"]
+    offsets = np.load(data / "text_offsets.npy")
+    np.save(data / "text_offsets.npy", np.linspace(0, secret.stat().st_size, len(offsets)).astype(np.int64))
+    (data / "texts.bin").unlink()
+    (data / "texts.bin").symlink_to(secret)
+    m["files"].pop("texts.bin")
+    (d / "index.json").write_text(json.dumps(m))
+    capsys.readouterr()
+    code = main(["index", "query", str(d), "secret token", "-k", "3"])
+    out, err = capsys.readouterr()
+    assert "SECRET-TOKEN" not in out, out
+    assert code == 2 and "texts.bin" in err and "Traceback" not in err, out + err
+    # recorded but pointing outside: refused as well
+    m["files"]["texts.bin"] = secret.stat().st_size
+    (d / "index.json").write_text(json.dumps(m))
+    assert "outside the index directory" in fails(capsys, "index", "query", str(d), "x")
+
+
 def test_damaged_faiss_file(tmp_path, small_store, pretrained_run, capsys):
     out = tmp_path / "h"
     assert main(["index", "build", str(small_store), "--encoder", str(pretrained_run), "--kind", "hnsw",

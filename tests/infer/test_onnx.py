@@ -101,7 +101,8 @@ def test_export_refuses_to_overwrite_what_is_not_an_export(ft_model, tmp_path) -
     proc = cli("export", str(ft_model), "--format", "onnx", "--out", str(out))
     assert (
         proc.returncode == 2
-        and "not a previous ONNX export" in proc.stderr
+        and "holds other files (notes.txt)" in proc.stderr
+        and "--force" in proc.stderr
         and "Traceback" not in proc.stderr
     )
     assert (out / "notes.txt").read_text() == "mine"

@@ -271,7 +271,7 @@ def test_export_refuses_foreign_directory(tmp_path: Path) -> None:
     foreign = tmp_path / "mine"
     foreign.mkdir()
     (foreign / "notes.txt").write_text("keep me")
-    with pytest.raises(CramkitError, match="not a previous cramkit export"):
+    with pytest.raises(CramkitError, match=r"holds other files \(notes.txt\)"):
         export_hf(model, TINY, foreign)
     assert (foreign / "notes.txt").read_text() == "keep me" and len(list(foreign.iterdir())) == 1
     export_hf(model, TINY, foreign, force=True)

@@ -122,9 +122,11 @@ def run(args: argparse.Namespace) -> int:
             f"--teacher {args.teacher}: no such directory; give cramkit finetune's --out or hf:DIR"
         )
     from cramkit.distill.core import distill
+    from cramkit.io import disk_errors
 
-    rep = distill(args.teacher, task, args.student, cfg, args.out, cache=args.cache, unlabelled=unlabelled,
-                  progress=not args.no_progress)  # fmt: skip
+    with disk_errors(args.out):
+        rep = distill(args.teacher, task, args.student, cfg, args.out, cache=args.cache, unlabelled=unlabelled,
+                      progress=not args.no_progress)  # fmt: skip
     if not rep:  # under torchrun, a rank other than 0: rank 0 reports
         return 0
     print((Path(args.out) / "report.md").read_text(encoding="utf-8"))

@@ -40,12 +40,15 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from cramkit.index.embed_cli import embed_source
+    from cramkit.io import disk_errors
 
-    rec = embed_source(
-        args.source, args.model, args.out, text_col=args.text_col, pooling=args.pooling,
-        normalize=args.normalize, chunk_tokens=args.chunk_tokens, store_tokenizer=args.store_tokenizer,
-        overwrite=args.overwrite, device=args.device, max_batch_tokens=args.max_batch_tokens, block=args.block,
-    )  # fmt: skip
+    with disk_errors(args.out):
+        rec = embed_source(
+            args.source, args.model, args.out, text_col=args.text_col, pooling=args.pooling,
+            normalize=args.normalize, chunk_tokens=args.chunk_tokens, store_tokenizer=args.store_tokenizer,
+            overwrite=args.overwrite, device=args.device, max_batch_tokens=args.max_batch_tokens,
+            block=args.block,
+        )  # fmt: skip
     from cramkit.index.embedding import dist_info
 
     if rec is None or dist_info()[0] != 0:

@@ -37,29 +37,23 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
-def check_out(out: Path, source: str) -> None:
-    """Refuse an --out that is, contains or lies inside the source (replacing it would destroy the source)."""
-    src = Path(source[3:] if source.startswith("hf:") else source).expanduser().resolve()
-    dst = out.expanduser().resolve()
-    if dst == src or dst in src.parents or src in dst.parents:
-        raise CramkitError(
-            f"--out {out} is, contains or lies inside the model being exported ({src}); writing it would "
-            "destroy the source. Choose a directory outside it"
-        )
-    if dst == Path.cwd().resolve() or dst == Path(dst.anchor):
-        raise CramkitError(
-            f"--out {out} is the current or root directory; choose a new directory for the export"
-        )
-
-
 def run(args: argparse.Namespace) -> int:
     import json
+    import sys
     import tempfile
 
+    from cramkit.infer.onnx import MANIFEST
+    from cramkit.io import check_out, disk_errors
     from cramkit.load import load
+    from cramkit.model.hf import EXPORT_MARKER
 
     out = Path(args.out)
-    check_out(out, args.source)
+    marker = MANIFEST if args.format == "onnx" else EXPORT_MARKER
+    removed = check_out(out, inputs=[args.source], own=[marker], replace=True, force=args.force)
+    if removed:
+        shown = ", ".join(removed[:20]) + (f" and {len(removed) - 20} more" if len(removed) > 20 else "")
+        print(f"cramkit: --force: {out} will be replaced; removing its {len(removed)} entries: {shown}",
+              file=sys.stderr)  # fmt: skip
     if args.quantize and args.format != "onnx":
         raise CramkitError("--quantize int8 applies to --format onnx")
     loaded = load(args.source, step=args.step)
@@ -70,7 +64,8 @@ def run(args: argparse.Namespace) -> int:
             raise CramkitError(
                 f"ONNX export needs onnx and onnxruntime ({exc}): pip install 'cramkit[onnx]'"
             ) from None
-        done = export_onnx(loaded, out, args.quantize, args.force)
+        with disk_errors(out):
+            done = export_onnx(loaded, out, args.quantize, args.force)
         print(
             f"exported {loaded.source} -> {done} (ONNX{' int8' if args.quantize else ''}; cramkit serve {done} --backend onnx)"
         )
@@ -82,7 +77,7 @@ def run(args: argparse.Namespace) -> int:
     from cramkit.model.hf import export_hf
     from cramkit.text.tokenizer import save_tokenizer
 
-    with tempfile.TemporaryDirectory() as tmp:
+    with tempfile.TemporaryDirectory() as tmp, disk_errors(out):
         tok_dir = save_tokenizer(loaded.tokenizer, Path(tmp) / "tokenizer")
         done = export_hf(
             loaded.model,

@@ -83,13 +83,16 @@ def _common(p: argparse.ArgumentParser, batch: bool = True) -> None:
 
 def run_build(args: argparse.Namespace) -> int:
     from cramkit.index import build_index
+    from cramkit.io import disk_errors
 
-    m = build_index(
-        args.source, args.encoder, args.out, mode=args.mode, chunk_tokens=args.chunk_tokens,
-        overlap=args.overlap, doc_split=args.doc_split, memory=args.memory, target_recall=args.target_recall,
-        kind=args.kind, pooling=args.pooling, store_tokenizer=args.store_tokenizer, device=args.device,
-        max_batch_tokens=args.max_batch_tokens, block=args.block, overwrite=args.overwrite,
-    )  # fmt: skip
+    with disk_errors(args.out):
+        m = build_index(
+            args.source, args.encoder, args.out, mode=args.mode, chunk_tokens=args.chunk_tokens,
+            overlap=args.overlap, doc_split=args.doc_split, memory=args.memory,
+            target_recall=args.target_recall, kind=args.kind, pooling=args.pooling,
+            store_tokenizer=args.store_tokenizer, device=args.device, max_batch_tokens=args.max_batch_tokens,
+            block=args.block, overwrite=args.overwrite,
+        )  # fmt: skip
     if m is None:
         return 0
     b = m["build"]
@@ -148,22 +151,26 @@ def run_info(args: argparse.Namespace) -> int:
 
 def run_add(args: argparse.Namespace) -> int:
     from cramkit.index import add_to_index
+    from cramkit.io import disk_errors
 
-    m = add_to_index(
-        args.index, args.source, store_tokenizer=args.store_tokenizer, device=args.device,
-        max_batch_tokens=args.max_batch_tokens, block=args.block,
-    )  # fmt: skip
+    with disk_errors(args.index):
+        m = add_to_index(
+            args.index, args.source, store_tokenizer=args.store_tokenizer, device=args.device,
+            max_batch_tokens=args.max_batch_tokens, block=args.block,
+        )  # fmt: skip
     print(f"index now holds {m['count']} chunks; recall@10 {m['recall']['recall_at_10']:.3f} -> {args.index}")
     return 0
 
 
 def run_neighbours(args: argparse.Namespace) -> int:
     from cramkit.index import retro_neighbours
+    from cramkit.io import disk_errors
 
-    info = retro_neighbours(
-        args.index, args.store, args.out, k=args.k, store_tokenizer=args.store_tokenizer, device=args.device,
-        block=args.block,
-    )  # fmt: skip
+    with disk_errors(args.out):
+        info = retro_neighbours(
+            args.index, args.store, args.out, k=args.k, store_tokenizer=args.store_tokenizer,
+            device=args.device, block=args.block,
+        )  # fmt: skip
     print(f"neighbours of {info['chunks']} chunks (k={info['k']}) -> {args.out}/neighbours.npy"
           + (f"; {info['missing']} slots empty" if info["missing"] else ""))  # fmt: skip
     return 0

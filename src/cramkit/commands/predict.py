@@ -42,10 +42,14 @@ def run(args: argparse.Namespace) -> int:
 
     out = args.out or str(Path(args.file).with_suffix("")) + ".predictions.jsonl"
     label = None if args.label.lower() == "none" else args.label
-    res = predict(
-        args.source, args.file, out, text_a=args.text_a, text_b=args.text_b, label=label, top_k=args.top_k,
-        device=args.device, max_batch_tokens=args.max_batch_tokens, max_length=args.max_length,
-    )  # fmt: skip
+    from cramkit.io import disk_errors
+
+    with disk_errors(out):
+        res = predict(
+            args.source, args.file, out, text_a=args.text_a, text_b=args.text_b, label=label,
+            top_k=args.top_k, device=args.device, max_batch_tokens=args.max_batch_tokens,
+            max_length=args.max_length,
+        )  # fmt: skip
     line = f"predicted {res['rows']} rows in {res['seconds']:.2f}s ({res['examples_per_s']:,.1f} examples/s)"
     if res["truncated"]:
         line += f"; {res['truncated']} inputs truncated to the model's limit"

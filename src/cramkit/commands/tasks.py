@@ -196,10 +196,13 @@ def run_finetune(args: argparse.Namespace) -> int:
     # load every split the run will need before any training starts: a missing split fails fast
     for split in [task.train_split, *task.dev_splits]:
         task.examples(split)
-    from cramkit.train.finetune import finetune
+    from cramkit.io import check_out, disk_errors
+    from cramkit.train.finetune import SETTINGS_FILE, finetune
 
     out = Path(args.out or f"finetune-{task.name.replace('/', '-')}")
-    res = finetune(task, args.source, cfg, out, progress=not args.no_progress)
+    check_out(out, inputs=[args.source], own=[SETTINGS_FILE])
+    with disk_errors(out):
+        res = finetune(task, args.source, cfg, out, progress=not args.no_progress)
     if not res:  # under torchrun, a rank other than 0: rank 0 reports
         return 0
     for split, med in res["median"].items():

@@ -12,6 +12,8 @@ from typing import Any
 
 import numpy as np
 
+from cramkit.text.tokenizer import encode_batch
+
 
 @dataclass
 class Encoded:
@@ -51,11 +53,11 @@ def encode_texts(
 ) -> Encoded:
     """``[CLS] a [SEP]`` or ``[CLS] a [SEP] b [SEP]`` per example, cut longest-first to max_length."""
     cls_id, sep_id = tokenizer.token_to_id("[CLS]"), tokenizer.token_to_id("[SEP]")
-    enc_a = tokenizer.encode_batch([t or "" for t in texts_a], add_special_tokens=False)
+    enc_a = encode_batch(tokenizer, [t or "" for t in texts_a], add_special_tokens=False)
     pair_pos = [i for i, t in enumerate(texts_b or []) if t is not None]
     enc_b = {}
     if pair_pos:
-        got = tokenizer.encode_batch([texts_b[i] for i in pair_pos], add_special_tokens=False)
+        got = encode_batch(tokenizer, [texts_b[i] for i in pair_pos], add_special_tokens=False)
         enc_b = dict(zip(pair_pos, got, strict=True))
     ids, b_start = [], np.empty(len(enc_a), dtype=np.int64)
     truncated = np.zeros(len(enc_a), dtype=bool)

@@ -287,7 +287,7 @@ def build_transfer(
     """
     from tqdm import tqdm
 
-    from cramkit.io import write_json_atomic
+    from cramkit.io import clean_stale, write_json_atomic
 
     out = Path(out)
     if (out / MANIFEST).is_file():
@@ -330,6 +330,7 @@ def build_transfer(
             pool.terminate()
     # 2. the copies, in parallel, written in example order as they come
     out.mkdir(parents=True, exist_ok=True)
+    clean_stale(out / ROWS)
     tmp = out / f".{ROWS}.tmp-{os.getpid()}"
     rows = [(i, wa[i], ta[i], wb[i], tb[i]) for i in range(n)]
     seen: set[int] = set()

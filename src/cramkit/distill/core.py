@@ -438,18 +438,19 @@ def distill(
     from cramkit.distill.augment import MASK, STUDENT_MASK
     from cramkit.distill.objective import train_student
     from cramkit.distill.teacher import teacher_key, teacher_logits
-    from cramkit.io import claim_dir, dir_lock, write_json_atomic, write_text_atomic
+    from cramkit.io import check_out, claim_dir, dir_lock, write_json_atomic, write_text_atomic
     from cramkit.load import MODEL_FILE, load
     from cramkit.train.parallel import broadcast_object, fault_guard, init_distributed, main_first, shutdown
 
     t_start = time.perf_counter()
     cfg = (cfg or DistillConfig()).resolved(student)
     cfg.validate()
+    out = Path(out)
+    check_out(out, inputs=[teacher], own=[SETTINGS_FILE])
     if cfg.augment and cfg.p_pos > 0:
         from cramkit.distill.augment import find_tagger
 
         find_tagger()  # before anything slow: a missing tagger is the first thing said
-    out = Path(out)
     t = teacher if isinstance(teacher, LoadedModel) else load(teacher)
     kind = check_teacher(t, task)
     train_rows = task.examples(task.train_split)

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from cramkit.errors import CramkitError
-from cramkit.io import sha256_file, write_json_atomic
+from cramkit.io import open_memmap, sha256_file, write_json_atomic
 from cramkit.load import MODEL_FILE, LoadedModel
 
 
@@ -98,7 +98,7 @@ def teacher_logits(
         except (OSError, ValueError):
             start = 0
     if start == 0:
-        arr = np.lib.format.open_memmap(part, mode="w+", dtype=np.float32, shape=(n, outputs))
+        arr = open_memmap(part, np.float32, (n, outputs))
         write_json_atomic(state_path, {"done": 0, "rows": n})
     engine = Engine(teacher, device=device, max_length=max_length)
     t0 = time.perf_counter()

@@ -30,6 +30,8 @@ from typing import Any
 import numpy as np
 
 from cramkit.errors import CramkitError
+from cramkit.io import open_memmap
+from cramkit.text.tokenizer import encode_batch
 
 COLUMNS = ("doc", "seq", "tok_start", "tok_end", "source", "char_start", "char_end")
 RETRO_CHUNK = 64
@@ -104,7 +106,7 @@ def chunk_text_sources(
 
 
 def _add_passages(out: Chunks, docs: list[str], src_id: int, tokenizer: Any, size: int, overlap: int) -> None:
-    for doc, enc in zip(docs, tokenizer.encode_batch(docs, add_special_tokens=False), strict=True):
+    for doc, enc in zip(docs, encode_batch(tokenizer, docs, add_special_tokens=False), strict=True):
         offsets = enc.offsets
         if not offsets:
             continue
@@ -208,7 +210,7 @@ def write_chunks(directory: str | os.PathLike, chunks: Chunks) -> None:
     d = Path(directory)
     d.mkdir(parents=True, exist_ok=True)
     n = len(chunks)
-    table = np.lib.format.open_memmap(d / "chunks.npy", mode="w+", dtype=np.int64, shape=(n, len(COLUMNS)))
+    table = open_memmap(d / "chunks.npy", np.int64, (n, len(COLUMNS)))
     if n:
         table[:] = np.asarray(chunks.rows, dtype=np.int64)
     table.flush()

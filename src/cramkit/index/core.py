@@ -10,11 +10,12 @@ An index directory::
 
 ``index add`` writes a new ``data-NNN`` next to the old one and switches the manifest to it in one atomic
 rename, so a crash at any point leaves the previous, complete index. Paths in the manifest must stay inside
-IDX; files are checked against the sizes it records.
+IDX; every file opened must be recorded there and is checked against the size recorded.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -44,7 +45,7 @@ from cramkit.index.chunking import (
     write_chunks,
 )
 from cramkit.index.embedding import dist_info, embed_to_memmap, encoder_fingerprint, texts_key
-from cramkit.io import atomic_path, inside, write_json_atomic
+from cramkit.io import atomic_path, check_out, dir_lock, inside, open_memmap, write_json_atomic
 
 MANIFEST = "index.json"
 FORMAT = "cramkit-index-1"
@@ -183,95 +184,96 @@ def build_index(
         raise CramkitError(
             f"{out} already holds an index; grow it with `cramkit index add`, pick another --out or pass --overwrite"
         )
-    if out.exists() and not out.is_dir():
-        raise CramkitError(f"--out {out} is a file; give a directory")
-    t_start = time.perf_counter()
-    loaded = load_encoder(encoder)
-    pooling = pooling or loaded.pooling
-    if pooling not in ("mean", "cls"):
-        raise CramkitError(f"--pooling must be mean or cls, got {pooling!r}")
-    chunks, cparams = make_chunks(
-        source, loaded, mode=mode, chunk_tokens=chunk_tokens, overlap=overlap, doc_split=doc_split,
-        tokenizer=store_tokenizer,
-    )  # fmt: skip
-    t_chunk = time.perf_counter() - t_start
-    if rank == 0:
-        _log(f"{len(chunks)} chunks from {chunks.num_docs} documents ({t_chunk:.1f}s)")
-    fp = encoder_fingerprint(loaded)
-    work = out / ".build"
-    key = texts_key(chunks.texts, fp, pooling, "normalized")
-    engine = _engine(loaded, device, max_batch_tokens)
-    rec = embed_to_memmap(
-        chunks.texts, engine, work / "embed", key=key, pooling=pooling, normalize=True, block=block,
-        progress=progress, desc="embedding chunks",
-    )  # fmt: skip
-    if rank != 0:
-        return None
-    t_embed = time.perf_counter()
-    data = work / "data"
-    shutil.rmtree(data, ignore_errors=True)
-    data.mkdir(parents=True)
-    write_chunks(data, chunks)
-    vectors = np.load(work / "embed" / "embeddings.npy", mmap_mode="r", allow_pickle=False)
-    plan = ann.plan_index(len(vectors), vectors.shape[1], budget, kind)
-    _log(f"index: {plan['kind']} ({plan['why']})")
-    index, params, recall = ann.build_and_tune(vectors, plan, target=target_recall, log=_log)
-    if index is not None:
-        ann.write(index, data / "faiss.index")
-    del index
-    t_index = time.perf_counter() - t_embed
-    os.replace(work / "embed" / "embeddings.npy", data / "vectors.npy")
-    del vectors
-    if (out / "encoder").is_dir() and _dir_fingerprint(out / "encoder") == fp:
-        pass
-    else:
-        with atomic_path(out / "encoder") as tmp:
-            loaded.save(tmp)
-    (out / MANIFEST).unlink(missing_ok=True)
-    old = [p for p in out.glob("data-*") if p.is_dir()]
-    gen = out / "data-000"
-    shutil.rmtree(gen, ignore_errors=True)
-    os.replace(data, gen)
-    seconds = time.perf_counter() - t_start
-    manifest = {
-        "format": FORMAT,
-        "mode": mode,
-        "data": gen.name,
-        "count": len(chunks),
-        "dim": int(rec["dim"]),
-        "documents": chunks.num_docs,
-        "sources": chunks.sources,
-        "chunking": cparams,
-        "encoder": {
-            "dir": "encoder",
-            "source": str(encoder),
-            "fingerprint": fp,
-            "pooling": pooling,
-            "normalize": True,
-            "max_length": int(loaded.max_length),
-        },
-        "plan": plan,
-        "params": params,
-        "recall": recall,
-        "files": _file_sizes(gen),
-        "build": {
-            "seconds": round(seconds, 2),
-            "chunk_seconds": round(t_chunk, 2),
-            "embed_seconds": rec["seconds"],
-            "index_seconds": round(t_index, 2),
-            "chunks_per_s": round(len(chunks) / seconds, 2),
-            "resumed_rows": rec.get("resumed_rows", 0),
-            "peak_rss_mb": _peak_rss_mb(),
-            "memory_budget": budget,
-        },
-        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-    }
-    write_json_atomic(out / MANIFEST, manifest)
-    for p in old:
-        if p != gen:
-            shutil.rmtree(p, ignore_errors=True)
-    shutil.rmtree(work, ignore_errors=True)
-    return manifest
+    check_out(out, inputs=[source, encoder], own=[MANIFEST, ".build"])
+    lock = dir_lock(out, "--out") if rank == 0 else contextlib.nullcontext()
+    with lock:  # a second process on the same --out would truncate this one's memory map (SIGBUS)
+        t_start = time.perf_counter()
+        loaded = load_encoder(encoder)
+        pooling = pooling or loaded.pooling
+        if pooling not in ("mean", "cls"):
+            raise CramkitError(f"--pooling must be mean or cls, got {pooling!r}")
+        chunks, cparams = make_chunks(
+            source, loaded, mode=mode, chunk_tokens=chunk_tokens, overlap=overlap, doc_split=doc_split,
+            tokenizer=store_tokenizer,
+        )  # fmt: skip
+        t_chunk = time.perf_counter() - t_start
+        if rank == 0:
+            _log(f"{len(chunks)} chunks from {chunks.num_docs} documents ({t_chunk:.1f}s)")
+        fp = encoder_fingerprint(loaded)
+        work = out / ".build"
+        key = texts_key(chunks.texts, fp, pooling, "normalized")
+        engine = _engine(loaded, device, max_batch_tokens)
+        rec = embed_to_memmap(
+            chunks.texts, engine, work / "embed", key=key, pooling=pooling, normalize=True, block=block,
+            progress=progress, desc="embedding chunks",
+        )  # fmt: skip
+        if rank != 0:
+            return None
+        t_embed = time.perf_counter()
+        data = work / "data"
+        shutil.rmtree(data, ignore_errors=True)
+        data.mkdir(parents=True)
+        write_chunks(data, chunks)
+        vectors = np.load(work / "embed" / "embeddings.npy", mmap_mode="r", allow_pickle=False)
+        plan = ann.plan_index(len(vectors), vectors.shape[1], budget, kind)
+        _log(f"index: {plan['kind']} ({plan['why']})")
+        index, params, recall = ann.build_and_tune(vectors, plan, target=target_recall, log=_log)
+        if index is not None:
+            ann.write(index, data / "faiss.index")
+        del index
+        t_index = time.perf_counter() - t_embed
+        os.replace(work / "embed" / "embeddings.npy", data / "vectors.npy")
+        del vectors
+        if (out / "encoder").is_dir() and _dir_fingerprint(out / "encoder") == fp:
+            pass
+        else:
+            with atomic_path(out / "encoder") as tmp:
+                loaded.save(tmp)
+        (out / MANIFEST).unlink(missing_ok=True)
+        old = [p for p in out.glob("data-*") if p.is_dir()]
+        gen = out / "data-000"
+        shutil.rmtree(gen, ignore_errors=True)
+        os.replace(data, gen)
+        seconds = time.perf_counter() - t_start
+        manifest = {
+            "format": FORMAT,
+            "mode": mode,
+            "data": gen.name,
+            "count": len(chunks),
+            "dim": int(rec["dim"]),
+            "documents": chunks.num_docs,
+            "sources": chunks.sources,
+            "chunking": cparams,
+            "encoder": {
+                "dir": "encoder",
+                "source": str(encoder),
+                "fingerprint": fp,
+                "pooling": pooling,
+                "normalize": True,
+                "max_length": int(loaded.max_length),
+            },
+            "plan": plan,
+            "params": params,
+            "recall": recall,
+            "files": _file_sizes(gen),
+            "build": {
+                "seconds": round(seconds, 2),
+                "chunk_seconds": round(t_chunk, 2),
+                "embed_seconds": rec["seconds"],
+                "index_seconds": round(t_index, 2),
+                "chunks_per_s": round(len(chunks) / seconds, 2),
+                "resumed_rows": rec.get("resumed_rows", 0),
+                "peak_rss_mb": _peak_rss_mb(),
+                "memory_budget": budget,
+            },
+            "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        }
+        write_json_atomic(out / MANIFEST, manifest)
+        for p in old:
+            if p != gen:
+                shutil.rmtree(p, ignore_errors=True)
+        shutil.rmtree(work, ignore_errors=True)
+        return manifest
 
 
 def _dir_fingerprint(d: Path) -> str | None:
@@ -330,10 +332,16 @@ class Index:
         self.manifest = m = _read_manifest(self.path)
         self.data_dir = _inside(self.path, m["data"], "'data'")
         self.encoder_dir = _inside(self.path, m["encoder"].get("dir"), "'encoder.dir'")
-        for name, size in m["files"].items():
+        # every file opened below, listed or not, must be recorded and stay inside the index (a symlinked
+        # texts.bin left out of 'files' would otherwise serve an outside file's text as search hits)
+        opened = [*DATA_FILES, *(["faiss.index"] if m["plan"]["kind"] != "flat" else [])]
+        for name in dict.fromkeys([*m["files"], *opened]):
             f = _inside(self.data_dir, name, "file")
-            if not f.is_file():
-                raise CramkitError(f"{f} is missing; the index is incomplete, rebuild it")
+            size = m["files"].get(name)
+            if not f.is_file() or not isinstance(size, int):
+                raise CramkitError(
+                    f"{f} is missing (or not recorded in {MANIFEST}); the index is incomplete, rebuild it"
+                )
             if f.stat().st_size != size:
                 raise CramkitError(
                     f"{f} is {'truncated' if f.stat().st_size < size else 'longer than recorded'} "
@@ -491,72 +499,71 @@ def add_to_index(
 ) -> dict[str, Any]:
     """Chunk and embed ``source`` like the index's build, add it, re-measure recall; the new manifest."""
     root = Path(path)
-    idx = Index(root, mmap=False)
-    m = idx.manifest
-    loaded = idx.engine().loaded
-    cp = m.get("chunking") or {}
-    chunks, _ = make_chunks(
-        source, loaded, mode=m["mode"], chunk_tokens=cp.get("chunk_tokens"),
-        overlap=cp.get("overlap") if not cp.get("store") and source and not is_store(source) else None,
-        doc_split=cp.get("doc_split", "auto"), tokenizer=store_tokenizer,
-    )  # fmt: skip
-    if bool(cp.get("store")) != (source is not None and is_store(source)):
-        raise CramkitError(
-            f"{source}: the index was built from {'a token store' if cp.get('store') else 'text files'}; "
-            "add the same kind of source"
+    with dir_lock(root, "index"):  # one writer at a time: a second would truncate the first one's memory map
+        idx = Index(root, mmap=False)
+        m = idx.manifest
+        loaded = idx.engine().loaded
+        cp = m.get("chunking") or {}
+        chunks, _ = make_chunks(
+            source, loaded, mode=m["mode"], chunk_tokens=cp.get("chunk_tokens"),
+            overlap=cp.get("overlap") if not cp.get("store") and source and not is_store(source) else None,
+            doc_split=cp.get("doc_split", "auto"), tokenizer=store_tokenizer,
+        )  # fmt: skip
+        if bool(cp.get("store")) != (source is not None and is_store(source)):
+            raise CramkitError(
+                f"{source}: the index was built from {'a token store' if cp.get('store') else 'text files'}; "
+                "add the same kind of source"
+            )
+        work = root / ".add"
+        pooling = m["encoder"]["pooling"]
+        key = texts_key(chunks.texts, m["encoder"]["fingerprint"], pooling, "normalized", m["data"])
+        rec = embed_to_memmap(
+            chunks.texts, idx.engine(), work / "embed", key=key, pooling=pooling, normalize=True, block=block,
+            progress=progress, desc="embedding new chunks",
+        )  # fmt: skip
+        new_vec = np.load(work / "embed" / "embeddings.npy", mmap_mode="r", allow_pickle=False)
+        n_old, d = idx.vectors.shape
+        data = work / "data"
+        shutil.rmtree(data, ignore_errors=True)
+        data.mkdir(parents=True)
+        vec = open_memmap(data / "vectors.npy", np.float32, (n_old + len(chunks), d))
+        for a in range(0, n_old, 65536):
+            b = min(a + 65536, n_old)
+            vec[a:b] = idx.vectors[a:b]
+        vec[n_old:] = new_vec
+        vec.flush()
+        append_chunks(data, idx.chunks, chunks, int(m.get("documents") or 0), len(m.get("sources") or []))
+        params, recall = idx.params, m.get("recall")
+        if idx.index is not None:
+            target = float((recall or {}).get("target", 0.95))
+            _, params, recall = ann.build_and_tune(
+                vec, idx.plan, target=target, index=idx.index, start=n_old, log=_log, seed=n_old
+            )
+            ann.write(idx.index, data / "faiss.index")
+        del vec, new_vec
+        gen_no = int(m["data"].rsplit("-", 1)[-1]) + 1 if m["data"].rsplit("-", 1)[-1].isdigit() else 1
+        gen = root / f"data-{gen_no:03d}"
+        shutil.rmtree(gen, ignore_errors=True)
+        os.replace(data, gen)
+        manifest = dict(m)
+        manifest.update(
+            data=gen.name,
+            count=n_old + len(chunks),
+            documents=int(m.get("documents") or 0) + chunks.num_docs,
+            sources=list(m.get("sources") or []) + chunks.sources,
+            params=params,
+            recall=recall,
+            files=_file_sizes(gen),
+            added=list(m.get("added") or [])
+            + [{"source": source, "chunks": len(chunks), "embed_seconds": rec["seconds"]}],
         )
-    work = root / ".add"
-    pooling = m["encoder"]["pooling"]
-    key = texts_key(chunks.texts, m["encoder"]["fingerprint"], pooling, "normalized", m["data"])
-    rec = embed_to_memmap(
-        chunks.texts, idx.engine(), work / "embed", key=key, pooling=pooling, normalize=True, block=block,
-        progress=progress, desc="embedding new chunks",
-    )  # fmt: skip
-    new_vec = np.load(work / "embed" / "embeddings.npy", mmap_mode="r", allow_pickle=False)
-    n_old, d = idx.vectors.shape
-    data = work / "data"
-    shutil.rmtree(data, ignore_errors=True)
-    data.mkdir(parents=True)
-    vec = np.lib.format.open_memmap(
-        data / "vectors.npy", mode="w+", dtype=np.float32, shape=(n_old + len(chunks), d)
-    )
-    for a in range(0, n_old, 65536):
-        b = min(a + 65536, n_old)
-        vec[a:b] = idx.vectors[a:b]
-    vec[n_old:] = new_vec
-    vec.flush()
-    append_chunks(data, idx.chunks, chunks, int(m.get("documents") or 0), len(m.get("sources") or []))
-    params, recall = idx.params, m.get("recall")
-    if idx.index is not None:
-        target = float((recall or {}).get("target", 0.95))
-        _, params, recall = ann.build_and_tune(
-            vec, idx.plan, target=target, index=idx.index, start=n_old, log=_log, seed=n_old
-        )
-        ann.write(idx.index, data / "faiss.index")
-    del vec, new_vec
-    gen_no = int(m["data"].rsplit("-", 1)[-1]) + 1 if m["data"].rsplit("-", 1)[-1].isdigit() else 1
-    gen = root / f"data-{gen_no:03d}"
-    shutil.rmtree(gen, ignore_errors=True)
-    os.replace(data, gen)
-    manifest = dict(m)
-    manifest.update(
-        data=gen.name,
-        count=n_old + len(chunks),
-        documents=int(m.get("documents") or 0) + chunks.num_docs,
-        sources=list(m.get("sources") or []) + chunks.sources,
-        params=params,
-        recall=recall,
-        files=_file_sizes(gen),
-        added=list(m.get("added") or [])
-        + [{"source": source, "chunks": len(chunks), "embed_seconds": rec["seconds"]}],
-    )
-    old = idx.data_dir
-    del idx
-    write_json_atomic(root / MANIFEST, manifest)
-    if old != gen:
-        shutil.rmtree(old, ignore_errors=True)
-    shutil.rmtree(work, ignore_errors=True)
-    return manifest
+        old = idx.data_dir
+        del idx
+        write_json_atomic(root / MANIFEST, manifest)
+        if old != gen:
+            shutil.rmtree(old, ignore_errors=True)
+        shutil.rmtree(work, ignore_errors=True)
+        return manifest
 
 
 # ----------------------------------------------------------------------------------------- neighbours
@@ -600,67 +607,67 @@ def retro_neighbours(
     chunk_doc = np.asarray(idx.chunks.table[:, 0])
     cand_hash = idx_hash[chunk_doc]
     out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "neighbours.json").unlink(missing_ok=True)
-    pooling = m["encoder"]["pooling"]
-    same_store = (
-        len(idx) == len(spans)
-        and np.array_equal(np.asarray(idx.chunks.table[:, 1:4]), spans)
-        and np.array_equal(cand_hash, q_hash)
-    )
-    if same_store:  # the index was built from this very store: its vectors are the queries
-        q = idx.vectors
-    else:
-        tok = store_tokenizer_for(ts, idx.engine().loaded, store_tokenizer)
-        texts = list(decode_spans(ts, tok, spans))
-        key = texts_key(texts, m["encoder"]["fingerprint"], pooling, "normalized")
-        embed_to_memmap(
-            texts, idx.engine(), out / ".embed", key=key, pooling=pooling, normalize=True, block=block,
-            progress=progress, desc="embedding store chunks",
-        )  # fmt: skip
-        q = np.load(out / ".embed" / "embeddings.npy", mmap_mode="r", allow_pickle=False)
-    result = np.lib.format.open_memmap(
-        out / ".neighbours.npy", mode="w+", dtype=np.int32, shape=(len(spans), k)
-    )
-    t0 = time.perf_counter()
-    leaks_avoided = 0
-    for a in range(0, len(spans), 4096):
-        qa = np.ascontiguousarray(q[a : a + 4096])
-        want = min(len(idx), k * 4 + 8)
-        pending = np.arange(len(qa))
-        rows = np.full((len(qa), k), -1, dtype=np.int32)
-        while len(pending):
-            _, ids = idx.search_vectors(qa[pending], want)
-            retry = []
-            for r, row in zip(pending, ids, strict=True):
-                ok = row[(row >= 0)]
-                same = cand_hash[ok] == q_hash[a + r]
-                leaks_avoided += int(same.sum())
-                keep = ok[~same][:k]
-                if len(keep) < k and want < len(idx):
-                    retry.append(r)
-                rows[r, : len(keep)] = keep
-            pending = np.asarray(retry, dtype=np.int64)
-            want = min(len(idx), want * 4)
-        result[a : a + 4096] = rows
-    result.flush()
-    del result
-    np.save(out / "chunks.npy", spans)
-    os.replace(out / ".neighbours.npy", out / "neighbours.npy")
-    info = {
-        "index": str(path),
-        "store": str(ts.prefix),
-        "chunks": int(len(spans)),
-        "k": k,
-        "chunk_tokens": size,
-        "missing": int((np.load(out / "neighbours.npy", mmap_mode="r") < 0).sum()),
-        "same_document_candidates_dropped": leaks_avoided,
-        "search_seconds": round(time.perf_counter() - t0, 2),
-        "reused_index_vectors": bool(same_store),
-    }
-    write_json_atomic(out / "neighbours.json", info)
-    shutil.rmtree(out / ".embed", ignore_errors=True)
-    return info
+    check_out(out, inputs=[path, store], own=["neighbours.json", "neighbours.npy", ".embed"])
+    with dir_lock(out, "--out"):
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "neighbours.json").unlink(missing_ok=True)
+        pooling = m["encoder"]["pooling"]
+        same_store = (
+            len(idx) == len(spans)
+            and np.array_equal(np.asarray(idx.chunks.table[:, 1:4]), spans)
+            and np.array_equal(cand_hash, q_hash)
+        )
+        if same_store:  # the index was built from this very store: its vectors are the queries
+            q = idx.vectors
+        else:
+            tok = store_tokenizer_for(ts, idx.engine().loaded, store_tokenizer)
+            texts = list(decode_spans(ts, tok, spans))
+            key = texts_key(texts, m["encoder"]["fingerprint"], pooling, "normalized")
+            embed_to_memmap(
+                texts, idx.engine(), out / ".embed", key=key, pooling=pooling, normalize=True, block=block,
+                progress=progress, desc="embedding store chunks",
+            )  # fmt: skip
+            q = np.load(out / ".embed" / "embeddings.npy", mmap_mode="r", allow_pickle=False)
+        result = open_memmap(out / ".neighbours.npy", np.int32, (len(spans), k))
+        t0 = time.perf_counter()
+        leaks_avoided = 0
+        for a in range(0, len(spans), 4096):
+            qa = np.ascontiguousarray(q[a : a + 4096])
+            want = min(len(idx), k * 4 + 8)
+            pending = np.arange(len(qa))
+            rows = np.full((len(qa), k), -1, dtype=np.int32)
+            while len(pending):
+                _, ids = idx.search_vectors(qa[pending], want)
+                retry = []
+                for r, row in zip(pending, ids, strict=True):
+                    ok = row[(row >= 0)]
+                    same = cand_hash[ok] == q_hash[a + r]
+                    leaks_avoided += int(same.sum())
+                    keep = ok[~same][:k]
+                    if len(keep) < k and want < len(idx):
+                        retry.append(r)
+                    rows[r, : len(keep)] = keep
+                pending = np.asarray(retry, dtype=np.int64)
+                want = min(len(idx), want * 4)
+            result[a : a + 4096] = rows
+        result.flush()
+        del result
+        np.save(out / "chunks.npy", spans)
+        os.replace(out / ".neighbours.npy", out / "neighbours.npy")
+        info = {
+            "index": str(path),
+            "store": str(ts.prefix),
+            "chunks": int(len(spans)),
+            "k": k,
+            "chunk_tokens": size,
+            "missing": int((np.load(out / "neighbours.npy", mmap_mode="r") < 0).sum()),
+            "same_document_candidates_dropped": leaks_avoided,
+            "search_seconds": round(time.perf_counter() - t0, 2),
+            "reused_index_vectors": bool(same_store),
+        }
+        write_json_atomic(out / "neighbours.json", info)
+        shutil.rmtree(out / ".embed", ignore_errors=True)
+        return info
 
 
 def store_tokenizer_for(ts: Any, loaded: Any, given: str | None) -> Any:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 from pathlib import Path
@@ -18,6 +19,7 @@ from cramkit.index.embedding import (
     finished,
     texts_key,
 )
+from cramkit.io import check_out, dir_lock
 
 
 def read_inputs(
@@ -74,32 +76,36 @@ def embed_source(
     from cramkit.infer import Engine
 
     out = Path(out)
-    if out.exists() and not out.is_dir():
-        raise CramkitError(f"--out {out} is a file; give a directory")
-    loaded = load_encoder(model)
-    pooling = pooling or loaded.pooling
-    normalize = loaded.normalize if normalize is None else normalize
-    texts, ids, what = read_inputs(
-        source, loaded, text_col=text_col, chunk_tokens=chunk_tokens, store_tokenizer=store_tokenizer
-    )
-    if not texts:
-        raise CramkitError(f"{source}: nothing to embed (0 rows)")
-    key = texts_key(texts, encoder_fingerprint(loaded), pooling, str(bool(normalize)))
-    done = finished(out, key)
-    if done is not None:
-        return done | {"resumed_rows": done["rows"], "seconds": 0.0, "examples_per_s": None}
-    if finished(out) is not None:
-        if not overwrite:
-            raise CramkitError(
-                f"{out} holds finished embeddings of other inputs or another model; pick another --out or "
-                "pass --overwrite"
-            )
-        rank, _ = dist_info()
-        if rank == 0:
-            (out / DONE_FILE).unlink(missing_ok=True)
-            shutil.rmtree(out, ignore_errors=True)
-    engine = Engine(loaded, device=device, max_batch_tokens=max_batch_tokens)
-    return embed_to_memmap(
-        texts, engine, out, key=key, pooling=pooling, normalize=bool(normalize), ids=ids, block=block,
-        desc="embedding", meta={"source": str(source), "model": str(model), **what},
-    )  # fmt: skip
+    check_out(out, inputs=[source, model], own=[DONE_FILE, "state.json"])
+    lock = dir_lock(out, "--out") if dist_info()[0] == 0 else contextlib.nullcontext()
+    with lock:  # a second process on the same --out would truncate this one's memory map (SIGBUS)
+        loaded = load_encoder(model)
+        pooling = pooling or loaded.pooling
+        normalize = loaded.normalize if normalize is None else normalize
+        texts, ids, what = read_inputs(
+            source, loaded, text_col=text_col, chunk_tokens=chunk_tokens, store_tokenizer=store_tokenizer
+        )
+        if not texts:
+            raise CramkitError(f"{source}: nothing to embed (0 rows)")
+        key = texts_key(texts, encoder_fingerprint(loaded), pooling, str(bool(normalize)))
+        done = finished(out, key)
+        if done is not None:
+            return done | {"resumed_rows": done["rows"], "seconds": 0.0, "examples_per_s": None}
+        if finished(out) is not None:
+            if not overwrite:
+                raise CramkitError(
+                    f"{out} holds finished embeddings of other inputs or another model; pick another --out or "
+                    "pass --overwrite"
+                )
+            if dist_info()[0] == 0:
+                (out / DONE_FILE).unlink(missing_ok=True)
+                for p in out.iterdir():
+                    if p.is_dir():
+                        shutil.rmtree(p)
+                    elif p.name != ".lock":  # the lock stays: this process holds it
+                        p.unlink()
+        engine = Engine(loaded, device=device, max_batch_tokens=max_batch_tokens)
+        return embed_to_memmap(
+            texts, engine, out, key=key, pooling=pooling, normalize=bool(normalize), ids=ids, block=block,
+            desc="embedding", meta={"source": str(source), "model": str(model), **what},
+        )  # fmt: skip

@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from cramkit.errors import CramkitError
-from cramkit.io import write_json_atomic
+from cramkit.io import open_memmap, write_json_atomic
 
 DONE_FILE = "embed.json"
 
@@ -125,9 +125,7 @@ def embed_to_memmap(
             for p in out.glob("progress-*.json"):
                 p.unlink()
             (out / "state.json").unlink(missing_ok=True)
-            mm = np.lib.format.open_memmap(
-                out / "embeddings.npy", mode="w+", dtype=np.float32, shape=(n, dim)
-            )
+            mm = open_memmap(out / "embeddings.npy", np.float32, (n, dim))
             del mm
             np.save(
                 out / "ids.npy", np.arange(n, dtype=np.int64) if ids is None else np.asarray(ids, np.int64)

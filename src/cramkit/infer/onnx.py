@@ -13,8 +13,10 @@
 The graph's inputs are ``input_ids``, ``attention_mask`` (int64, [batch, length]) and, for models with
 token types, ``token_type_ids``; its outputs ``mean`` and ``cls`` (pooled last hidden states, [batch,
 hidden]), ``logits`` ([batch, labels]) for classifiers and regressors, ``hidden`` ([batch, length, hidden])
-for masked-LM models. Loading reads the manifest (JSON), checks every file's SHA-256 and hands ONNX Runtime
-the model's bytes, so no path in a file can make it read anything outside the directory.
+for masked-LM models. Loading reads the manifest (JSON), checks every file's SHA-256, refuses any tensor
+stored as external data (a file ``location``: given a model as bytes, ONNX Runtime would resolve it against
+the current working directory, so a crafted export could read e.g. ``.env`` and return it as scores), then
+hands ONNX Runtime the model's bytes. An export written by cramkit keeps every tensor inside the file.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import os
 import platform
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -250,6 +253,10 @@ def _fuse(src: Path, dst: Path, loaded: LoadedModel) -> dict[str, Any]:
         opt.save_model_to_file(str(dst))
         return {"applied": stats}
     except Exception as exc:  # noqa: BLE001 - fusions are an optimisation: keep the plain graph
+        from cramkit.io import disk_problem
+
+        if disk_problem(exc):
+            raise
         os.replace(src, dst)
         return {"applied": {}, "skipped": f"{type(exc).__name__}: {exc}"[:300]}
 
@@ -377,16 +384,11 @@ def export_onnx(
     import torch
 
     from cramkit.infer.engine import Engine
-    from cramkit.io import atomic_path, sha256_file, write_json_atomic
+    from cramkit.io import atomic_path, check_out, disk_problem, sha256_file, write_json_atomic
     from cramkit.text.tokenizer import save_tokenizer
 
     out = Path(out)
-    if out.exists() and (
-        not out.is_dir() or (any(out.iterdir()) and not (out / MANIFEST).is_file() and not force)
-    ):
-        raise CramkitError(
-            f"{out} exists and is not a previous ONNX export; choose another --out or pass --force to replace it"
-        )
+    check_out(out, inputs=[loaded], own=[MANIFEST], replace=True, force=force)
 
     def say(msg: str) -> None:
         if progress:
@@ -407,6 +409,8 @@ def export_onnx(
         except CramkitError:
             raise
         except Exception as exc:  # noqa: BLE001 - name the model and the exporter's reason
+            if disk_problem(exc):
+                raise
             raise CramkitError(
                 f"{loaded.source}: torch's ONNX exporter failed ({type(exc).__name__}: {str(exc)[:300]}); "
                 "export with --format hf instead, or report the model's architecture"
@@ -494,7 +498,14 @@ def _versions() -> dict[str, str]:
 # --------------------------------------------------------------------------------------------- load
 
 
+# the manifest's fields read when loading, and their types: a crafted file gets one line, never a traceback
+MANIFEST_FIELDS = {"pooling": ("mean", "cls"), "normalize": bool, "with_types": bool, "pad_id": int,
+                   "hidden": int, "tokenizer": str, "quantize": ("int8",)}  # fmt: skip
+
+
 def _read_manifest(path: Path) -> dict[str, Any]:
+    from cramkit.io import check_fields
+
     file = path / MANIFEST
     try:
         meta = json.loads(file.read_text(encoding="utf-8"))
@@ -502,6 +513,7 @@ def _read_manifest(path: Path) -> dict[str, Any]:
         raise CramkitError(f"{file} is not valid JSON ({exc}); export the model again") from None
     if not isinstance(meta, dict) or meta.get("format") != FORMAT:
         raise CramkitError(f"{file}: not a cramkit ONNX manifest (format {FORMAT} expected)")
+    check_fields(meta, MANIFEST_FIELDS, file, "export the model again")
     if meta.get("kind") not in KINDS:
         raise CramkitError(f"{file}: unknown kind {meta.get('kind')!r}; expected one of {', '.join(KINDS)}")
     labels = meta.get("labels")
@@ -536,6 +548,53 @@ def _file_bytes(root: Path, name: str, want: Any) -> bytes:
     return data
 
 
+def _graph_tensors(graph: Any) -> Iterator[Any]:
+    """Every TensorProto of ``graph`` and of its subgraphs (initializers, sparse ones, node attributes)."""
+    yield from graph.initializer
+    for sparse in graph.sparse_initializer:
+        yield from (sparse.values, sparse.indices)
+    yield from _node_tensors(graph.node)
+
+
+def _node_tensors(nodes: Any) -> Iterator[Any]:
+    for node in nodes:
+        for attr in node.attribute:
+            if attr.HasField("t"):
+                yield attr.t
+            yield from attr.tensors
+            for sparse in [attr.sparse_tensor, *attr.sparse_tensors]:
+                yield from (sparse.values, sparse.indices)
+            if attr.HasField("g"):
+                yield from _graph_tensors(attr.g)
+            for sub in attr.graphs:
+                yield from _graph_tensors(sub)
+
+
+def _refuse_external_data(file: Path, data: bytes) -> None:
+    """A CramkitError when any tensor of the model (graph, subgraphs, functions) lives in an external file."""
+    try:
+        import onnx
+        from google.protobuf.message import DecodeError
+    except ImportError as exc:
+        raise CramkitError(
+            f"loading an ONNX export needs onnx ({exc}): pip install 'cramkit[onnx]'"
+        ) from None
+    model = onnx.ModelProto()
+    try:
+        model.ParseFromString(data)
+    except DecodeError as exc:
+        raise CramkitError(f"{file} is not an ONNX model ({exc}); export the model again") from None
+    tensors = itertools.chain(_graph_tensors(model.graph), *(_node_tensors(f.node) for f in model.functions))
+    for t in tensors:
+        if t.data_location == onnx.TensorProto.EXTERNAL or len(t.external_data):
+            where = next((e.value for e in t.external_data if e.key == "location"), "?")
+            raise CramkitError(
+                f"{file}: tensor {t.name!r} keeps its data in an external file ({where!r}); cramkit exports "
+                "hold every tensor inside the model, so this one was not written by cramkit. Refusing to load "
+                "it: export the model again"
+            )
+
+
 def _open(path: Path, meta: dict[str, Any], threads: int | None) -> OnnxModel:
     import onnxruntime as ort
 
@@ -551,7 +610,8 @@ def _open(path: Path, meta: dict[str, Any], threads: int | None) -> OnnxModel:
 
     def session(name: str) -> Any:
         data = _file_bytes(path, name, meta["files"].get(name))
-        try:  # bytes, not a path: external data (a path inside the model) cannot be resolved
+        _refuse_external_data(path / name, data)
+        try:
             return ort.InferenceSession(data, opts, providers=["CPUExecutionProvider"])
         except Exception as exc:  # noqa: BLE001 - a damaged or crafted model file
             raise CramkitError(

@@ -122,8 +122,11 @@ def predict(
     metrics). backend: auto (ONNX Runtime for an ONNX export, torch otherwise), torch or onnx."""
     from cramkit.infer import Engine
     from cramkit.infer.onnx import is_onnx_dir
+    from cramkit.io import check_out_file
     from cramkit.load import LoadedModel, load
 
+    if out is not None:
+        check_out_file(out, inputs=[model, input_file])
     if not isinstance(model, LoadedModel) and not is_onnx_dir(model):
         model = load(model)
     rows = read_rows(input_file, text_a, text_b, label)

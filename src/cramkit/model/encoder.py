@@ -54,6 +54,9 @@ class ModelConfig:
     gradient_checkpointing: bool = False
 
     def validate(self) -> None:
+        for name in ("vocab_size", "hidden", "layers", "heads", "intermediate", "max_position"):
+            if getattr(self, name) <= 0:
+                raise CramkitError(f"model.{name} must be positive, got {getattr(self, name)}")
         if self.hidden % self.heads:
             raise CramkitError(
                 f"model.hidden ({self.hidden}) must be divisible by model.heads ({self.heads})"
@@ -62,9 +65,6 @@ class ModelConfig:
             raise CramkitError(f"model.intermediate ({self.intermediate}) must be even with a GLU activation")
         if self.position == "rope" and (self.hidden // self.heads) % 2:
             raise CramkitError("model.position=rope needs an even head dimension (hidden / heads)")
-        for name in ("vocab_size", "hidden", "layers", "heads", "intermediate", "max_position"):
-            if getattr(self, name) <= 0:
-                raise CramkitError(f"model.{name} must be positive, got {getattr(self, name)}")
         for name in ("dropout", "attention_dropout"):
             if not 0.0 <= getattr(self, name) < 1.0:
                 raise CramkitError(f"model.{name} must be in [0, 1), got {getattr(self, name)}")

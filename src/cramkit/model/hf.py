@@ -551,10 +551,6 @@ def _write_tokenizer(tokenizer_dir: Path, out: Path, cfg: ModelConfig) -> None:
     (out / "tokenizer_config.json").write_text(json.dumps(tok_cfg, indent=2) + "\n", encoding="utf-8")
 
 
-def _is_previous_export(path: Path) -> bool:
-    return (path / EXPORT_MARKER).exists()
-
-
 def export_hf(
     model_or_encoder: nn.Module,
     cfg: ModelConfig,
@@ -574,13 +570,10 @@ def export_hf(
     """
     from safetensors.torch import save_file
 
+    from cramkit.io import check_out, clean_stale
+
     out = Path(out_dir)
-    if out.exists() and (
-        not out.is_dir() or (any(out.iterdir()) and not _is_previous_export(out) and not force)
-    ):
-        raise CramkitError(
-            f"{out} exists and is not a previous cramkit export; choose another --out or pass --force to replace it"
-        )
+    check_out(out, own=[EXPORT_MARKER], replace=True, force=force)
     enc, head, clf = _parts(model_or_encoder)
     if not mlm_head:
         head = None
@@ -637,7 +630,8 @@ def export_hf(
             config["classifier_pooler_dense"] = clf.pooler is not None
 
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    clean_stale(out)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-{os.getpid()}-", dir=out.parent))
     try:
         os.chmod(tmp, 0o755)  # mkdtemp makes it private; an export is meant to be shared
         save_file(weights, str(tmp / "model.safetensors"), metadata={"format": "pt"})

@@ -21,6 +21,9 @@ from cramkit.errors import CramkitError
 from cramkit.tasks.glue import SKIP_HINT, BadRow, parse_label, read_tsv_lines
 from cramkit.tasks.registry import Example, PathLike, Task, register_task
 
+# the csv module refuses a field over 131,072 characters by default; a long document is a fine field, so
+# the limit is raised to 64 Mi characters (beyond that: one line naming the file and the row)
+CSV_FIELD_LIMIT = 1 << 26
 CSV_EXT = {".csv"}
 TSV_EXT = {".tsv", ".tab"}
 JSONL_EXT = {".jsonl", ".ndjson", ".json"}
@@ -48,8 +51,15 @@ def _records(path: Path, fmt: str, delimiter: str | None) -> Iterator[tuple[int,
     with open(path, "rb") as f:
         if b"\0" in f.read(8192):
             raise CramkitError(f"{path} is a binary file, not {fmt.upper()} text; give a UTF-8 text file")
+    if csv.field_size_limit() < CSV_FIELD_LIMIT:
+        csv.field_size_limit(CSV_FIELD_LIMIT)
     try:
         yield from _records_of(path, fmt, delimiter)
+    except csv.Error as exc:
+        raise CramkitError(
+            f"{path}: {exc} (a field over {CSV_FIELD_LIMIT:,} characters, or an unclosed quote); split the text "
+            "or fix the quoting"
+        ) from None
     except UnicodeDecodeError as exc:
         raise CramkitError(
             f"{path} is not valid UTF-8 (bad byte {exc.object[exc.start : exc.start + 1]!r}); convert it, "

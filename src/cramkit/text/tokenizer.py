@@ -17,7 +17,7 @@ import unicodedata
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from cramkit.errors import CramkitError
 
@@ -205,8 +205,11 @@ def save_tokenizer(tok: tokenizers.Tokenizer, out_dir: str | os.PathLike) -> Pat
         "tokenizer_config.json": json.dumps(config, indent=2) + "\n",
         "special_tokens_map.json": json.dumps(specials, indent=2) + "\n",
     }
+    from cramkit.io import clean_stale
+
     for name, text in files.items():
-        tmp = out / f".{name}.tmp{os.getpid()}"
+        clean_stale(out / name)
+        tmp = out / f".{name}.tmp-{os.getpid()}"
         try:
             tmp.write_text(text, encoding="utf-8")
         except OSError as exc:
@@ -217,6 +220,20 @@ def save_tokenizer(tok: tokenizers.Tokenizer, out_dir: str | os.PathLike) -> Pat
             ) from None
         os.replace(tmp, out / name)
     return out
+
+
+def encode_batch(tokenizer: tokenizers.Tokenizer, texts: list[str], **kwargs: Any) -> list[Any]:
+    """``tokenizer.encode_batch(texts)``, with a Rust panic (a crafted tokenizer's regex hitting Oniguruma's
+    backtracking limit panics instead of failing) turned into one CramkitError."""
+    try:
+        return tokenizer.encode_batch(texts, **kwargs)
+    except BaseException as exc:
+        if type(exc).__name__ != "PanicException":  # pyo3's, not importable by name
+            raise
+        raise CramkitError(
+            f"the tokenizer failed on this input ({str(exc).splitlines()[0][:200]}); its pre-tokenizer or "
+            "normalizer regex is unusable (catastrophic backtracking): use a tokenizer saved by cramkit"
+        ) from None
 
 
 def load_tokenizer(path: str | os.PathLike) -> tokenizers.Tokenizer:
@@ -233,6 +250,12 @@ def load_tokenizer(path: str | os.PathLike) -> tokenizers.Tokenizer:
             raise CramkitError(
                 f"{path} holds no tokenizer.json or vocab.txt; train one with `cramkit tokenizer train ... --out {path}`"
             )
+        from cramkit.io import inside
+
+        try:  # a tokenizer directory's files stay inside it (a vocab.txt linked to ~/.env would leak as tokens)
+            inside(path, p.name)
+        except ValueError:
+            raise CramkitError(f"{p} is a link to a file outside {path}; refusing to read it") from None
     if not p.is_file():
         raise CramkitError(
             f"tokenizer {path} does not exist; give a directory with tokenizer.json or vocab.txt"

@@ -260,3 +260,17 @@ def check_fits(cfg: RunConfig, vocab_size: int | None = None) -> None:
             f"{_gib(have)} of {what}; choose smaller model settings (tiny-cpu: hidden 256, 4 layers) or "
             "train.micro_batch"
         )
+
+
+def check_loadable(params: int, what: str) -> None:
+    """CramkitError, before anything is allocated, when a model of ``params`` parameters cannot hold even its
+    fp32 weights in this machine's RAM: a config read from a file (``cramkit-model.json``, a run's
+    config.yaml, an HF config.json) may ask for any size."""
+    have, where = _machine_memory("cpu")
+    need = params * 4
+    if have is not None and need > have:
+        raise CramkitError(
+            f"{what} describes a model of about {_count(params)} parameters, needing at least {_gib(need)} "
+            f"to load, but this machine has {_gib(have)} of {where}; the file is damaged or crafted, or the "
+            "model is too big for this machine"
+        )

@@ -14,6 +14,6 @@ class CramkitError(Exception):
     exit_code = 2
 
 
-# Set by the command line (cli.entry): an abort (Ctrl-C; a second one during training, train.loop.StopFlag)
+# Set by the command line (cli.entry): an abort (Ctrl-C; a second one during training, runtime.StopFlag)
 # ends the process at once; called as a library, KeyboardInterrupt is raised instead.
 ABORT_AT_ONCE = False

@@ -36,6 +36,7 @@ import numpy as np
 
 from cramkit.errors import CramkitError
 from cramkit.load import LoadedModel
+from cramkit.runtime import Precision
 
 PathLike = str | os.PathLike
 STUDENTS = ("bilstm", "encoder")
@@ -76,7 +77,7 @@ class DistillConfig:
     )
     seed: int = 0
     device: str = "auto"
-    precision: Literal["auto", "fp32", "bf16"] = "auto"
+    precision: Precision = "auto"  # cramkit.runtime's rule
     threads: int = 0  # torch threads while training (0: 1 for the BiLSTM, whose steps are too small to split)
     checkpoint_every: str = "5m"  # a training killed midway resumes from its last checkpoint ('never': off)
     speed_seconds: float = 2.0

@@ -7,7 +7,6 @@ either world size, a fine-tuned model or student directory, or ``hf:DIR``.
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
 from cramkit.errors import CramkitError
 
@@ -37,77 +36,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
-def check_out(out: Path, source: str) -> None:
-    """Refuse an --out that is, contains or lies inside the source (replacing it would destroy the source)."""
-    src = Path(source[3:] if source.startswith("hf:") else source).expanduser().resolve()
-    dst = out.expanduser().resolve()
-    if dst == src or dst in src.parents or src in dst.parents:
-        raise CramkitError(
-            f"--out {out} is, contains or lies inside the model being exported ({src}); writing it would "
-            "destroy the source. Choose a directory outside it"
-        )
-    if dst == Path.cwd().resolve() or dst == Path(dst.anchor):
-        raise CramkitError(
-            f"--out {out} is the current or root directory; choose a new directory for the export"
-        )
-
-
 def run(args: argparse.Namespace) -> int:
-    import json
-    import tempfile
+    from cramkit.infer.export import export
 
-    from cramkit.load import load
-
-    out = Path(args.out)
-    check_out(out, args.source)
     if args.quantize and args.format != "onnx":
         raise CramkitError("--quantize int8 applies to --format onnx")
-    loaded = load(args.source, step=args.step)
-    if args.format == "onnx":
-        try:
-            from cramkit.infer.onnx import export_onnx
-        except ImportError as exc:
-            raise CramkitError(
-                f"ONNX export needs onnx and onnxruntime ({exc}): pip install 'cramkit[onnx]'"
-            ) from None
-        done = export_onnx(loaded, out, args.quantize, args.force)
-        print(
-            f"exported {loaded.source} -> {done} (ONNX{' int8' if args.quantize else ''}; cramkit serve {done} --backend onnx)"
-        )
-        return 0
-    if loaded.encoder is None:
-        raise CramkitError(
-            f"{loaded.source}: a {loaded.architecture} model has no Hugging Face equivalent; use --format onnx"
-        )
-    from cramkit.model.hf import export_hf
-    from cramkit.text.tokenizer import save_tokenizer
-
-    with tempfile.TemporaryDirectory() as tmp:
-        tok_dir = save_tokenizer(loaded.tokenizer, Path(tmp) / "tokenizer")
-        done = export_hf(
-            loaded.model,
-            loaded.config,
-            out,
-            tokenizer_dir=tok_dir,
-            mlm_head=not args.no_mlm_head,
-            force=args.force,
-            labels=loaded.labels,
-        )
-    fmt = json.loads((done / "cramkit_export.json").read_text(encoding="utf-8"))
-    arch = fmt["architecture"]
-    auto = (
-        "AutoModelForSequenceClassification"
-        if "Classification" in arch
-        else "AutoModelForMaskedLM"
-        if arch.endswith("ForMaskedLM")
-        else "AutoModel"
-    )
-    how = f"transformers.{auto}.from_pretrained(DIR)"
-    if fmt["format"] == "cramkit":  # transformers' AutoTokenizer would prompt for the remote-code config
-        how = (
-            f"transformers.{auto}.from_pretrained(DIR, trust_remote_code=True); its tokenizer (plain BERT): "
-            "BertTokenizerFast.from_pretrained(DIR)"
-        )
-    which = f" ({loaded.extra['checkpoint']})" if loaded.extra.get("checkpoint") else ""
-    print(f"exported {loaded.source}{which} -> {done} ({fmt['architecture']}; load with {how})")
+    done = export(args.source, args.out, format=args.format, quantize=args.quantize, step=args.step,
+                  mlm_head=not args.no_mlm_head, force=args.force)  # fmt: skip
+    print(done.summary)
     return 0

@@ -1,4 +1,4 @@
-"""Atomic files and directories: the one copy of "write to a temporary name, then rename".
+"""Files and directories: atomic writes (a temporary name, then a rename), checksums, paths kept inside a directory, locks.
 
 A crash (or Ctrl-C, or a full disk) while writing never leaves a half-written file under the final name:
 the reader sees the old content or the new, never a mix. Files keep the user's umask (0644 under the

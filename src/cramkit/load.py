@@ -71,6 +71,18 @@ class LoadedModel:
     # BERT's pooler (dense + tanh over [CLS]) of a checkpoint whose model holds none (an HF BertModel):
     # fine-tuning starts its classifier's pooler from it, as BertForSequenceClassification does
     pooler_state: dict[str, Any] | None = None
+    # the one safetensors file the weights were read from (None: a checkpoint, sharded files, ...) and its
+    # SHA-256 when one was recorded beside it
+    weights_file: Path | None = None
+    weights_sha256: str | None = None
+
+    def weights_digest(self) -> str | None:
+        """The SHA-256 of the weights file (the recorded one, else computed now); None without one file."""
+        if self.weights_sha256 is None and self.weights_file is not None:
+            from cramkit.io import sha256_file
+
+            self.weights_sha256 = sha256_file(self.weights_file)
+        return self.weights_sha256
 
     @property
     def encoder(self) -> nn.Module | None:
@@ -400,6 +412,8 @@ def _load_model_dir(path: Path) -> LoadedModel:
         architecture=arch,
         head=meta.get("head"),
         extra=meta.get("extra") or {},
+        weights_file=weights,
+        weights_sha256=want or None,
     )
 
 
@@ -516,10 +530,16 @@ def _load_hf(name: str, text: str) -> LoadedModel:
         with_types=cfg.type_vocab_size > 0,
         head=head,
         extra={"hf_architecture": arch},
+        weights_file=_single_weights_file(root),
         pooler_state=None
         if isinstance(model, SequenceClassifier) or "pooler.weight" not in state
         else {"weight": state["pooler.weight"], "bias": state["pooler.bias"]},
     )
+
+
+def _single_weights_file(root: Path) -> Path | None:
+    file = root / "model.safetensors"
+    return file if file.is_file() else None
 
 
 def _load_cramkit_export(root: Path, hf: dict[str, Any]) -> LoadedModel:
@@ -571,6 +591,7 @@ def _load_cramkit_export(root: Path, hf: dict[str, Any]) -> LoadedModel:
     return LoadedModel(
         model=model, kind=kind, config=cfg, tokenizer=load_tokenizer(root), labels=labels,
         max_length=_max_length(cfg), pooling="cls" if head and head["pooling"] == "first" else "mean", with_types=cfg.type_vocab_size > 0, head=head, extra={"hf_architecture": arch},
+        weights_file=_single_weights_file(root),
     )  # fmt: skip
 
 

@@ -66,18 +66,23 @@ def test_a_non_finite_step_changes_nothing(tmp_path: Path) -> None:
         toy = _Toy()
         trainer = _trainer(tmp_path / optimizer, toy, optimizer)
         facts = trainer.step()
+        assert isinstance(facts["loss"], torch.Tensor)  # on the device until the host needs it
+        trainer.settle()
         assert facts["finite"] and facts["accum"] == 2 and facts["tokens"] == 4
         before = {k: v.clone() for k, v in trainer.model.state_dict().items()}
         moments = {k: v.clone() for k, v in trainer.optimizer.state_dict()["state"][0].items()}
         toy.poison = True
         facts = trainer.step()
+        trainer.settle()
         assert not facts["finite"] and trainer.state.nan_streak == trainer.state.skipped == 1
         after = trainer.model.state_dict()
         assert all(torch.equal(before[k], after[k]) for k in before), optimizer
         state = trainer.optimizer.state_dict()["state"][0]
         assert all(torch.equal(moments[k], state[k]) for k in moments), optimizer
         toy.poison = False
-        assert trainer.step()["finite"] and trainer.state.nan_streak == 0
+        facts = trainer.step()
+        trainer.settle()
+        assert facts["finite"] and trainer.state.nan_streak == 0
         trainer.writer.close()
 
 

@@ -15,8 +15,9 @@ SIGINT/SIGTERM. The loss of a global batch is the mean over every item of every 
 rank: micro-batch losses are weighted by their item count and the count is summed over ranks, so 1 and
 N processes (and any accumulation) follow the same curve.
 
-Item counts, the loss and its finiteness stay on the device during the step; the host reads them once
-per step, in one copy, after the update (a fused AdamW skips a non-finite update by itself).
+Item counts, the loss, the gradient norm and their finiteness stay on the device: a fused AdamW skips
+a non-finite update by itself, and the host reads the steps' values in one copy when it needs them
+(:meth:`Trainer.settle`: a logged step, a checkpoint due, the end), not at every step.
 
     trainer = Trainer(objective, tcfg, pcfg, run)
     trainer.resume()          # optional: continue from the run's latest checkpoint
@@ -225,8 +226,9 @@ class Trainer:
         self._resumed = False
         self._peak = peak_flops(device) if self.precision in ("bf16", "fp16") else None
         self._window: list[float] = []
+        self._unsettled: list[dict[str, Any]] = []  # steps whose device values the host has not read yet
         self._window_tokens, self._window_time = 0, 0.0
-        self._bar: Progress | None = None
+        self._bar = Progress(False, objective.title)  # notes only; run() shows the bar
 
     # ------------------------------------------------------------ resume
 
@@ -252,7 +254,8 @@ class Trainer:
     # ------------------------------------------------------------ one optimizer step
 
     def step(self, stop: runtime.StopFlag | None = None) -> dict[str, Any]:
-        """One optimizer step over one global batch; returns the step's facts, read by the host at once."""
+        """One optimizer step over one global batch; returns the step's facts (loss, grad_norm and finite
+        are device tensors until :meth:`settle`)."""
         tcfg, s, opt = self.tcfg, self.state, self.optimizer
         t0 = time.perf_counter()
         fraction = self.budget.fraction(s.elapsed, s.tokens, s.step)
@@ -277,8 +280,6 @@ class Trainer:
         self._update(finite)
         opt.zero_grad(set_to_none=True)
 
-        # the one host read of the step: loss, gradient norm, finiteness (waits for the step to finish)
-        loss_h, norm_h, finite_h = torch.stack([loss, grad_norm.to(loss), finite.to(loss)]).tolist()
         dt = time.perf_counter() - t0
         # every rank uses rank 0's clock (time budgets must give the same schedule everywhere) and stops
         # when any rank was signalled
@@ -288,12 +289,37 @@ class Trainer:
         )
         dt, stop_now = parallel.all_reduce(agreed, self.ctx).tolist()
         s.step, s.tokens, s.elapsed = s.step + 1, s.tokens + tokens, s.elapsed + dt
-        if finite_h:
-            s.nan_streak = 0
-        else:
+        facts = {"step": s.step, "loss": loss, "grad_norm": grad_norm, "finite": finite, "lr": lr, "accum": accum,
+                 "tokens": tokens, "dt": dt, "stop": stop_now > 0, "info": info}  # fmt: skip
+        self._unsettled.append(facts)
+        return facts
+
+    def settle(self) -> None:
+        """Read the device values of the steps run since the last read (one copy to the host), and count
+        their non-finite losses: the skipped steps, the streak, the stop after ``train.max_nan_steps``."""
+        pending, self._unsettled = self._unsettled, []
+        if not pending:
+            return
+        values = torch.stack([torch.stack([f["loss"], f["grad_norm"].to(f["loss"]), f["finite"].to(f["loss"])])
+                              for f in pending]).tolist()  # fmt: skip
+        s = self.state
+        for facts, (loss, norm, finite) in zip(pending, values, strict=True):
+            facts.update(loss=loss, grad_norm=norm, finite=bool(finite))
+            if facts["finite"]:
+                s.nan_streak = 0
+                self._window.append(loss)
+                continue
             s.nan_streak, s.skipped = s.nan_streak + 1, s.skipped + 1
-        return {"loss": loss_h, "grad_norm": norm_h, "finite": bool(finite_h), "lr": lr, "accum": accum,
-                "tokens": tokens, "dt": dt, "stop": stop_now > 0, "info": info}  # fmt: skip
+            self._bar.note(f"cramkit: step {facts['step']}: loss {loss} / gradient norm {norm} not finite; update "
+                           f"skipped ({s.nan_streak} in a row)")  # fmt: skip
+            if s.nan_streak >= self.tcfg.max_nan_steps:
+                prev = f"the last good checkpoint is {self.last_checkpoint}" if self.last_checkpoint else (
+                    "no checkpoint was saved")  # fmt: skip
+                raise CramkitError(
+                    f"the training loss was not finite for {s.nan_streak} steps in a row (step {facts['step']}); "
+                    f"stopped; {prev}. Lower the learning rate, raise the warmup, use fp32 precision, or "
+                    "check the data"
+                )
 
     def _update(self, finite: torch.Tensor) -> None:
         """The optimizer step, skipped when ``finite`` is false."""
@@ -321,7 +347,10 @@ class Trainer:
         """Due by ``train.checkpoint_every``, never during a run of non-finite losses (the latest checkpoint
         stays a good one)."""
         s = self.state
-        return s.nan_streak == 0 and self.ckpt_every.due(s.last_ckpt[0], s.elapsed, s.last_ckpt[1], s.step)
+        if not self.ckpt_every.due(s.last_ckpt[0], s.elapsed, s.last_ckpt[1], s.step):
+            return False
+        self.settle()
+        return s.nan_streak == 0
 
     def evaluate(self) -> float | None:
         """The objective's held-out loss, logged."""
@@ -345,6 +374,7 @@ class Trainer:
     def save(self, reason: str) -> Path | None:
         """A checkpoint of everything a resume needs (every rank writes its shards; in the background
         unless ``reason`` is not "periodic")."""
+        self.settle()
         s = self.state
         trainer_state = {
             "step": s.step, "tokens": s.tokens, "elapsed": s.elapsed, "nan_streak": s.nan_streak,
@@ -360,22 +390,6 @@ class Trainer:
         return self.last_checkpoint
 
     # ------------------------------------------------------------ progress
-
-    def _check_finite(self, facts: dict[str, Any]) -> None:
-        s = self.state
-        if facts["finite"]:
-            self._window.append(facts["loss"])
-            return
-        self._bar.note(f"cramkit: step {s.step}: loss {facts['loss']} / gradient norm {facts['grad_norm']} not "
-                       f"finite; update skipped ({s.nan_streak} in a row)")  # fmt: skip
-        if s.nan_streak >= self.tcfg.max_nan_steps:
-            prev = f"the last good checkpoint is {self.last_checkpoint}" if self.last_checkpoint else (
-                "no checkpoint was saved")  # fmt: skip
-            raise CramkitError(
-                f"the training loss was not finite for {s.nan_streak} steps in a row (step {s.step}); "
-                f"stopped; {prev}. Lower the learning rate, raise the warmup, use fp32 precision, or "
-                "check the data"
-            )
 
     def _log_step(self, facts: dict[str, Any]) -> None:
         s, world = self.state, self.ctx.world
@@ -426,9 +440,9 @@ class Trainer:
                     facts = self.step(stop)
                     self._window_tokens += facts["tokens"]
                     self._window_time += facts["dt"]
-                    self._check_finite(facts)
                     done = self.budget.done(s.elapsed, s.tokens, s.step)
                     if s.step % tcfg.log_every == 0 or s.step == 1 or done or facts["stop"]:
+                        self.settle()
                         self._log_step(facts)
                     if done:
                         break
@@ -464,6 +478,7 @@ class Trainer:
         """The final evaluation (unless one was just made) and checkpoint; the result with the finished
         plain model, whole (read back from the final checkpoint when training sharded it)."""
         s = self.state
+        self.settle()
         if s.last_eval[1] != s.step or self.val_loss is None:
             self.evaluate()
         final = self.save("end")

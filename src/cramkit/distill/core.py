@@ -12,7 +12,7 @@
    the CPU measured in the same run: ``report.json`` and ``report.md`` beside the student's model
    directory (``cramkit.load`` / ``cramkit predict`` / ``cramkit export``).
 
-Both students train through the engine (``cramkit.distill.objective``: ``train.loop.fit``), each in its
+Both students train through the engine (``cramkit.distill.objective``: ``train.epochs.train_epochs``), each in its
 run directory ``OUT/runs/distilled`` and ``OUT/runs/labels-only`` (checkpoints, metrics.jsonl, loss.png).
 The same command run again continues where it stopped: a training killed midway resumes from its latest
 checkpoint, a finished one is reused, a finished distillation only prints its report. ``OUT/distill.json``

@@ -170,7 +170,10 @@ def test_nan_steps_are_skipped_then_stop(
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
-        (["pretrain", "--preset", "tiny-gpu"], "known presets: bert-base, bert-lamb, crammed-bert, tiny-cpu"),
+        (
+            ["pretrain", "--preset", "tiny-gpu"],
+            "known presets: bert-base, bert-lamb, continue, crammed-bert, tiny-cpu",
+        ),
         (["pretrain", "--set", "train.learning_rate=1"], "valid settings in 'train': "),
         (["pretrain", "--set", "modle.layers=2"], "did you mean 'model'"),
         (["pretrain", "--budget", "5 minutes"], "write it as '30s', '5m'"),

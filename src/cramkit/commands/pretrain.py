@@ -18,7 +18,18 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("inputs", nargs="*", metavar="SOURCE_OR_STORE",
                    help="text files, directories, globs or hf:dataset sources; or one token store directory "
                    "(default: the built-in corpus)")  # fmt: skip
-    p.add_argument("--preset", default="tiny-cpu", help="tiny-cpu, crammed-bert, bert-base or a YAML file")
+    p.add_argument("--preset", default=None,
+                   help="tiny-cpu (the default), crammed-bert, bert-base, bert-lamb, continue (the default with "
+                   "--from) or a YAML file")  # fmt: skip
+    p.add_argument("--from", dest="init", metavar="MODEL",
+                   help="continue this model on the text (domain/task adaptation): a run, checkpoint, model "
+                   "directory or hf:DIR; its tokenizer, architecture and masking are kept")  # fmt: skip
+    p.add_argument("--inherit", metavar="MODEL",
+                   help="train a new model (the preset's shape) on MODEL's tokenizer that learns from MODEL's "
+                   "predictions early in the run (knowledge inheritance; --set inherit.alpha/until/init)")  # fmt: skip
+    p.add_argument("--extend-vocab", type=int, default=0, metavar="N",
+                   help="with --from: add the N most frequent words of the text that the tokenizer splits "
+                   "into pieces (new embeddings start as the mean of their pieces')")  # fmt: skip
     p.add_argument("--budget", help="training budget: 30s, 5m, 24h (time), 2e9tok (tokens), 1000steps")
     p.add_argument("--out", help="run directory (default: runs/<preset>-<timestamp>)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
@@ -58,7 +69,8 @@ def run(args: argparse.Namespace) -> int:
         run_dir = pretrain(
             args.inputs or None, preset=args.preset, budget=args.budget, out=args.out,
             overrides=args.overrides, resume=args.resume, tokenizer=args.tokenizer, encoding=args.encoding,
-            errors=args.errors, text_field=args.text_field, doc_split=args.doc_split,
+            errors=args.errors, text_field=args.text_field, doc_split=args.doc_split, init=args.init,
+            inherit=args.inherit, extend_vocab=args.extend_vocab,
         )  # fmt: skip
     except TrainingInterrupted as exc:
         print(f"cramkit: {exc}", file=sys.stderr)
@@ -84,11 +96,14 @@ def _launch(args: argparse.Namespace) -> int:
     if out is None and args.resume is None:
         from cramkit.train.api import default_out
 
-        out = str(default_out(args.preset))  # chosen once, so every process writes into the same run
-    argv = ["pretrain", *args.inputs, "--preset", args.preset]
-    for flag, value in (("--budget", args.budget), ("--out", out), ("--resume", args.resume),
-                        ("--tokenizer", args.tokenizer), ("--encoding", args.encoding), ("--errors", args.errors),
-                        ("--text-field", args.text_field), ("--doc-split", args.doc_split)):  # fmt: skip
+        preset = args.preset or ("continue" if args.init else "tiny-cpu")
+        out = str(default_out(preset))  # chosen once, so every process writes into the same run
+    argv = ["pretrain", *args.inputs]
+    for flag, value in (("--preset", args.preset), ("--budget", args.budget), ("--out", out),
+                        ("--resume", args.resume), ("--tokenizer", args.tokenizer), ("--encoding", args.encoding),
+                        ("--errors", args.errors), ("--text-field", args.text_field),
+                        ("--doc-split", args.doc_split), ("--from", args.init), ("--inherit", args.inherit),
+                        ("--extend-vocab", args.extend_vocab or None)):  # fmt: skip
         if value is not None:
             argv += [flag, str(value)]
     for item in args.overrides:

@@ -19,6 +19,7 @@ from cramkit.data.mlm import DataConfig, PackedSequences, mask_tokens, splitmix6
 from cramkit.data.tokenstore import TokenStore
 from cramkit.errors import CramkitError
 from cramkit.text.tokenizer import SpecialIds
+from cramkit.text.words import WordBoundaries
 
 _SPLIT_SALT = 0xC0FFEE5EED  # the validation split does not depend on the training seed
 _VAL_SALT = 0x7A11DA7E
@@ -107,12 +108,25 @@ def document_spans(store: TokenStore) -> tuple[np.ndarray, np.ndarray]:
 class PretrainData:
     """A token store as packed train/validation sequences (validation split by document, before packing)."""
 
-    def __init__(self, store: TokenStore, cfg: DataConfig, special: SpecialIds, vocab_size: int):
+    def __init__(
+        self,
+        store: TokenStore,
+        cfg: DataConfig,
+        special: SpecialIds,
+        vocab_size: int,
+        words: WordBoundaries | None = None,
+    ):
         self.store = store
         self.cfg = cfg.validate()
         self.special = special
         self.vocab_size = int(vocab_size)
         store.check_ids(self.vocab_size)
+        self.words = words if cfg.masking == "whole_word" else None
+        if cfg.masking == "whole_word":
+            if words is None:
+                raise CramkitError("data.masking=whole_word needs the tokenizer's word boundaries")
+            if words.needs_segmenter(np.asarray(store.tokens[: 1 << 20])):  # Chinese text: jieba, now
+                words.require_segmenter()
         start, length = document_spans(store)
         keep = length > 0
         start, length = start[keep], length[keep]
@@ -160,13 +174,15 @@ class PretrainData:
     def masked(self, packed: PackedSequences, seq_ids: np.ndarray, seed: int, offsets: np.ndarray) -> dict:
         import torch
 
+        ids = packed.gather(seq_ids)
         inp, labels = mask_tokens(
-            packed.gather(seq_ids),
+            ids,
             seed=seed,
             offsets=offsets,
             cfg=self.cfg,
             special=self.special,
             vocab_size=self.vocab_size,
+            word_start=self.words.starts(ids) if self.words is not None else None,
         )
         return {"input_ids": torch.from_numpy(inp), "labels": torch.from_numpy(labels)}
 

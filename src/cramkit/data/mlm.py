@@ -2,13 +2,16 @@
 
 Both are vectorised numpy. Masking is counter-based: the random numbers for a token are a splitmix64
 hash of (seed, global sample index, position), so a sample is masked the same way whatever the batch
-size, the number of ranks, or where a run was resumed.
+size, the number of ranks, or where a run was resumed. Whole-word masking (``masking=whole_word``)
+takes the "predicted" draw of a word's first token for all of its tokens, so a word is predicted whole
+or not at all; how each chosen token is corrupted (80/10/10) stays a per-token draw, as in BERT's wwm.
 """
 
 from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
+from typing import Literal
 
 import numpy as np
 
@@ -31,6 +34,9 @@ class DataConfig:
     mask_token_frac: float = 0.8  # of those: replaced by [MASK]
     random_token_frac: float = 0.1  # of those: replaced by a random token (the rest stay unchanged)
     add_cls: bool = False  # put [CLS] first in each packed sequence (Cramming: no)
+    # wordpiece: each token is chosen on its own; whole_word: all pieces of a word together (words from
+    # WordPiece's "##" continuations; Chinese words from jieba, as Chinese-BERT-wwm)
+    masking: Literal["wordpiece", "whole_word"] = "wordpiece"
     validation_fraction: float = 0.01  # of documents, chosen deterministically, before packing
     min_validation_docs: int = 1
     seed: int = 0
@@ -48,6 +54,8 @@ class DataConfig:
                 raise bad(f, "must be between 0 and 1")
         if self.mask_token_frac + self.random_token_frac > 1.0 + 1e-9:
             raise bad("random_token_frac", f"plus mask_token_frac ({self.mask_token_frac}) must be at most 1")
+        if self.masking not in ("wordpiece", "whole_word"):
+            raise bad("masking", "must be wordpiece or whole_word")
         if not 0.0 <= self.validation_fraction < 1.0:
             raise bad("validation_fraction", "must be in [0, 1) (0.01 is usual; 0 means no validation split)")
         if not isinstance(self.min_validation_docs, int) or self.min_validation_docs < 0:
@@ -93,12 +101,15 @@ def mask_tokens(
     cfg: DataConfig,
     special: SpecialIds,
     vocab_size: int,
+    word_start: np.ndarray | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Mask a [B, L] batch -> (masked input int64, labels int64 with -100 where nothing is predicted).
 
     offsets[b] is row b's global sample index. Each non-special token is chosen with probability
     cfg.mask_rate; a chosen token becomes [MASK] (mask_token_frac), a random non-special token
-    (random_token_frac) or stays; special tokens are never chosen.
+    (random_token_frac) or stays; special tokens are never chosen. With ``word_start`` ([B, L] bool, True
+    where a word begins), a token is chosen when its word's first token is: whole words are predicted,
+    and the expected share of predicted tokens is still mask_rate.
     """
     ids = np.asarray(input_ids)
     if ids.ndim != 2:
@@ -108,6 +119,10 @@ def mask_tokens(
     keys = row_keys(seed, offsets).reshape(B, 1)
     h = splitmix64(keys + _positions(L))
     hi = (h >> _S32).astype(np.uint32)  # decides "predicted"
+    if word_start is not None:  # every token takes the draw of its word's first token
+        first = np.where(np.asarray(word_start, dtype=bool), np.arange(L), 0)
+        np.maximum.accumulate(first, axis=1, out=first)
+        hi = np.take_along_axis(hi, first, axis=1)
     lo = h.astype(np.uint32)  # decides how the input is corrupted
     chosen = hi < np.uint32(min(cfg.mask_rate * _U32, _U32 - 1))
     chosen &= not_special.take(ids, mode="clip")

@@ -139,11 +139,20 @@ def _can_continue_word(c: str) -> bool:
         return False
     if unicodedata.category(c).startswith("P"):
         return False
-    cjk = (
-        (0x4E00, 0x9FFF), (0x3400, 0x4DBF), (0x20000, 0x2A6DF), (0x2A700, 0x2B73F),
-        (0x2B740, 0x2B81F), (0x2B820, 0x2CEAF), (0xF900, 0xFAFF), (0x2F800, 0x2FA1F),
-    )  # fmt: skip
-    return not any(lo <= cp <= hi for lo, hi in cjk)
+    return not is_cjk_char(c)
+
+
+# the CJK blocks BERT's normaliser splits into single characters (BertNormalizer's handle_chinese_chars)
+_CJK = (
+    (0x4E00, 0x9FFF), (0x3400, 0x4DBF), (0x20000, 0x2A6DF), (0x2A700, 0x2B73F),
+    (0x2B740, 0x2B81F), (0x2B820, 0x2CEAF), (0xF900, 0xFAFF), (0x2F800, 0x2FA1F),
+)  # fmt: skip
+
+
+def is_cjk_char(c: str) -> bool:
+    """Is ``c`` a CJK ideograph (a token of its own after BERT's normaliser)?"""
+    cp = ord(c)
+    return any(lo <= cp <= hi for lo, hi in _CJK)
 
 
 def _normalizer_settings(tok: tokenizers.Tokenizer) -> dict:
@@ -230,11 +239,16 @@ def load_tokenizer(path: str | os.PathLike) -> tokenizers.Tokenizer:
         )
     if p.suffix == ".json":
         try:
-            return Tokenizer.from_file(str(p))
+            tok = Tokenizer.from_file(str(p))
         except Exception as exc:
             raise CramkitError(
                 f"{p} is not a valid tokenizer.json ({exc}); re-create it with `cramkit tokenizer train`"
             ) from None
+        # a tokenizer.json saved by transformers may truncate and pad (all-MiniLM-L6-v2's cuts at 128):
+        # building a token store with it would keep 128 tokens of every document; cramkit sets both itself
+        tok.no_truncation()
+        tok.no_padding()
+        return tok
     return _from_vocab_txt(p)
 
 

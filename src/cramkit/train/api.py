@@ -9,6 +9,7 @@ the run's tokenizer. Given nothing, the built-in corpus (stdlib docstrings) is u
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import json
 import os
@@ -174,7 +175,7 @@ def _write_config(run: Path, cfg: RunConfig) -> None:
 def pretrain(
     sources_or_store: str | os.PathLike | Sequence[str | os.PathLike] | None = None,
     *,
-    preset: str = "tiny-cpu",
+    preset: str | None = None,
     budget: str | None = None,
     out: str | os.PathLike | None = None,
     overrides: Sequence[str] = (),
@@ -184,22 +185,32 @@ def pretrain(
     errors: str = "strict",
     text_field: str = "text",
     doc_split: str = "auto",
+    init: str | os.PathLike | None = None,
+    inherit: str | os.PathLike | None = None,
+    extend_vocab: int = 0,
 ) -> Path:
     """Pretrain a masked-LM encoder within ``budget``; returns the run directory.
 
     sources_or_store: text files / directories / globs / ``hf:`` datasets, or one token store
       directory; None: the built-in corpus.
-    preset: ``tiny-cpu``, ``crammed-bert``, ``bert-base`` or a YAML path; overrides: ``["train.lr=1e-3"]``.
+    preset: ``tiny-cpu`` (the default), ``crammed-bert``, ``bert-base``, ``continue`` (the default with
+      ``init``) or a YAML path; overrides: ``["train.lr=1e-3"]``.
     budget: ``"5m"``, ``"24h"``, ``"2e9tok"``, ``"1000steps"`` (default: the preset's).
     resume: a run directory to continue from its latest checkpoint (its saved config is used; overrides
       and budget still apply, e.g. to extend the budget).
     encoding, errors, text_field, doc_split: how raw text sources are read (see
       ``cramkit.text.iter_documents``): e.g. ``encoding="cp1252"``, ``errors="replace"``,
       ``text_field="body"`` for JSON Lines / Parquet, ``doc_split="file"``.
+    init: continue this model (``pretrain --from``): anything ``cramkit.load`` reads that has an encoder
+      (a run, a checkpoint, a model directory, ``hf:DIR``); its tokenizer, architecture and masking are kept.
+    inherit: a masked-LM teacher for knowledge inheritance (``pretrain --inherit``): the new model (the
+      preset's shape) uses its tokenizer and learns from its predictions early in the run (``inherit.*``).
+    extend_vocab: with ``init``, add this many frequent words of the corpus that the tokenizer splits.
     """
     from cramkit.data.loader import PretrainData
     from cramkit.text.tokenizer import special_ids
-    from cramkit.train.loop import train
+    from cramkit.text.words import WordBoundaries
+    from cramkit.train.loop import fit
     from cramkit.train.parallel import fault_guard, shutdown
 
     overrides = list(overrides) + ([f"train.budget={budget}"] if budget else [])
@@ -211,14 +222,26 @@ def pretrain(
     source_options = _source_options(
         encoding=encoding, errors=errors, text_field=text_field, doc_split=doc_split
     )
+    init = str(init) if init is not None else None
+    inherit = str(inherit) if inherit is not None else None
+    begin = None  # what the run starts from: adapt.Start (--from), the teacher (--inherit)
     created = None  # the run directory, when this call made it (removed again if preparation fails)
     if resume is not None:
         run = ckpt.require_run_dir(resume)
         saved = load_yaml(run / "config.yaml")
         cfg = resolve_config(base=saved, overrides=overrides)
+        info = _read_run_info(run)
+        for flag, given, key in (("--from", init, "from"), ("--inherit", inherit, "inherit")):
+            if given is not None and given != info.get(key):
+                raise CramkitError(
+                    f"--resume {run}: the run was started {f'{flag} {info[key]}' if info.get(key) else f'without {flag}'}"
+                    f", not {flag} {given}; resume without {flag} (or start a new run)"
+                )
+        if extend_vocab and extend_vocab != info.get("extend_vocab", 0):
+            raise CramkitError(f"--resume {run}: --extend-vocab applies when a run starts; resume without it")
+        init, inherit, extend_vocab = info.get("from"), info.get("inherit"), 0
         if not _resume_plan(run, cfg):
             return run
-        info = _read_run_info(run)
         if inputs and inputs != info.get("inputs"):
             raise CramkitError(
                 f"--resume {run}: the run was started on {info.get('inputs') or 'the built-in corpus'}, not "
@@ -228,7 +251,8 @@ def pretrain(
         source_options = source_options or info.get("source_options", {})
         tokenizer = None
     else:
-        cfg = resolve_config(preset, overrides)
+        cfg, begin = _start_config(preset, overrides, init, inherit, tokenizer, extend_vocab)
+        preset = preset or ("continue" if init else "tiny-cpu")
         if out is None and runtime.torchrun().world > 1:
             raise CramkitError(
                 "under torchrun give --out RUN: every process must write into the same run directory "
@@ -252,7 +276,7 @@ def pretrain(
                 "choose another --out"
             )
         try:
-            cfg, ts, tok, vocab, ctx = _prepare(
+            cfg, ts, tok, vocab, ctx, extension = _prepare(
                 run,
                 cfg,
                 inputs,
@@ -261,8 +285,12 @@ def pretrain(
                 preset,
                 source_options,
                 saved if resume is not None else None,
+                begin=begin,
+                adapt_info={"from": init, "inherit": inherit, "extend_vocab": extend_vocab},
             )
-            data = PretrainData(ts, cfg.data, special_ids(tok), vocab)
+            words = WordBoundaries(tok) if cfg.data.masking == "whole_word" else None
+            data = PretrainData(ts, cfg.data, special_ids(tok), vocab, words)
+            objective = _objective(cfg, data, begin, extension, inherit, resume is not None)
         except BaseException:
             if created is not None and created.is_dir() and ckpt.find_latest(created) is None:
                 shutil.rmtree(
@@ -271,9 +299,124 @@ def pretrain(
             raise
 
         with fault_guard(ctx):  # a dead or hung peer: one clear error on every surviving rank
-            train(cfg, run, data, resume=resume is not None, ctx=ctx)
+            fit(objective, cfg.train, cfg.parallel, run, resume=resume is not None, ctx=ctx)
         shutdown(ctx)
     return run
+
+
+def _start_config(
+    preset: str | None,
+    overrides: list[str],
+    init: str | None,
+    inherit: str | None,
+    tokenizer: Any,
+    extend_vocab: int,
+) -> tuple[RunConfig, Any]:
+    """The config of a new run, and what it starts from (``adapt.Start``) with --from / --inherit."""
+    from cramkit.config import load_preset
+
+    if init and inherit:
+        raise CramkitError(
+            "give --from MODEL (continue that model) or --inherit MODEL (train a new model that learns from "
+            "it), not both"
+        )
+    if (init or inherit) and tokenizer:
+        raise CramkitError(
+            f"--tokenizer cannot be combined with {'--from' if init else '--inherit'}: the run uses that "
+            "model's tokenizer (extend it with --extend-vocab N)"
+        )
+    if not isinstance(extend_vocab, int) or extend_vocab < 0:
+        raise CramkitError(f"--extend-vocab must be a count of words (0 or more), got {extend_vocab!r}")
+    if extend_vocab and not init:
+        raise CramkitError("--extend-vocab grows an existing model's vocabulary: use it with --from MODEL")
+    if preset == "continue" and not init:
+        raise CramkitError(
+            "the continue preset continues a model: add --from MODEL (a run, model directory or hf:DIR)"
+        )
+    if not init and not inherit:
+        return resolve_config(preset or "tiny-cpu", overrides), None
+    from cramkit.train import adapt
+
+    if init:
+        begin = adapt.start_from(init)
+        base = load_preset(preset or "continue")
+        base["model"] = adapt.config_dict(begin.config)
+        base["data"] = {**(base.get("data") or {}), **begin.masking}
+        cfg = resolve_config(base=base, overrides=overrides)
+        adapt.check_architecture(begin, cfg.model)
+    else:
+        begin = adapt.teacher_start(inherit)
+        base = load_preset(preset or "tiny-cpu")
+        base["data"] = {**(base.get("data") or {}), "add_cls": begin.masking.get("add_cls", False)}
+        cfg = resolve_config(base=base, overrides=overrides)
+        adapt.check_teacher_fits(begin, cfg)
+    return cfg, begin
+
+
+def _model_tokenizer(
+    run: Path, begin: Any, extend: int, sources: list[str], source_options: dict
+) -> tuple[Any, Any]:
+    """The tokenizer of a run that starts from a model: the model's, extended by ``extend`` words of the
+    corpus (cached in RUN/tokenizer with RUN/vocab-extension.json)."""
+    from cramkit.text.extend import Extension, check_extensible, count_words, extend_vocabulary
+    from cramkit.text.sources import iter_documents
+    from cramkit.text.tokenizer import load_tokenizer, save_tokenizer, tokenizer_hash
+
+    tok_dir, ext_file = run / "tokenizer", run / "vocab-extension.json"
+    key_file = tok_dir / "cramkit-source.json"
+    want: dict[str, Any] = {"model": begin.source, "model_tokenizer": tokenizer_hash(begin.tokenizer)}
+    if extend:
+        want |= {"extend_vocab": extend, "sources": sources, "source_options": source_options}
+    cached = (
+        (tok_dir / "tokenizer.json").is_file() and key_file.is_file() and (ext_file.is_file() or not extend)
+    )
+    if cached and json.loads(key_file.read_text(encoding="utf-8")) == want:
+        ext = None
+        if extend:
+            saved = json.loads(ext_file.read_text(encoding="utf-8"))
+            ext = Extension(saved["words"], saved["pieces"], saved["first_id"], saved["words_counted"],
+                            saved["split_share_before"], saved["split_share_after"])  # fmt: skip
+        return load_tokenizer(tok_dir), ext
+    tok, ext = begin.tokenizer, None
+    if extend:
+        check_extensible(tok, begin.source)
+        before = tok.get_vocab_size(with_added_tokens=True)
+        print(f"cramkit: counting the words of {_describe(sources)} to extend the vocabulary by {extend:,}")
+        counts = count_words(tok, iter_documents(sources or None, **source_options))
+        tok, ext = extend_vocabulary(tok, counts, extend)
+        print(
+            f"cramkit: vocabulary {before:,} -> {tok.get_vocab_size(with_added_tokens=True):,} tokens (+"
+            f"{len(ext.words):,} words: {', '.join(ext.words[:8])}, ...); words split into pieces: "
+            f"{ext.split_before:.1%} -> {ext.split_after:.1%} of the {ext.words_counted:,} words counted "
+            f"(details: {ext_file})"
+        )
+    tmp = run / ".tokenizer.tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    save_tokenizer(tok, tmp)
+    (tmp / "cramkit-source.json").write_text(json.dumps(want, indent=1), encoding="utf-8")
+    if ext is not None:
+        from cramkit.io import write_json_atomic
+
+        write_json_atomic(ext_file, ext.to_json())
+    shutil.rmtree(tok_dir, ignore_errors=True)
+    os.replace(tmp, tok_dir)
+    return tok, ext
+
+
+def _objective(cfg: RunConfig, data: Any, begin: Any, extension: Any, inherit: str | None, resumed: bool):
+    """What the engine trains: plain MLM, MLM from a model's weights (--from), or with a teacher (--inherit)."""
+    from cramkit.train.loop import MLMObjective
+
+    if inherit:
+        from cramkit.train.adapt import InheritObjective
+
+        teacher = begin.teacher if begin is not None else None
+        return InheritObjective(cfg, data, inherit, teacher, init=not resumed)
+    if begin is not None and not resumed:
+        from cramkit.train.adapt import ContinueObjective
+
+        return ContinueObjective(cfg, data, begin, extension)
+    return MLMObjective(cfg, data)
 
 
 def _lock_run(run: Path, what: str) -> contextlib.AbstractContextManager:
@@ -353,7 +496,7 @@ def _read_run_info(run: Path) -> dict[str, Any]:
     return info
 
 
-def _prepare(run, cfg, inputs, tokenizer, resume, preset, source_options, saved):
+def _prepare(run, cfg, inputs, tokenizer, resume, preset, source_options, saved, *, begin, adapt_info):
     """Tokenizer, token store and final config of the run (rank 0 first, the others then read them)."""
     from cramkit.train.parallel import init_distributed, main_first
 
@@ -367,28 +510,49 @@ def _prepare(run, cfg, inputs, tokenizer, resume, preset, source_options, saved)
     ctx = init_distributed(cfg.train.device, cfg.parallel)
     explicit_tok = tokenizer is not None or resume is not None  # a resumed run's store was checked at start
     # with several processes rank 0 trains the tokenizer and builds the store; the others then read them
+    extension = None
     with main_first(ctx, "preparing the tokenizer and token store"):
-        if resume is None or not (run / "tokenizer" / "tokenizer.json").is_file():
-            tok = _tokenizer_for(
-                run, cfg, sources, str(tokenizer) if tokenizer else None, store, source_options
-            )
-        else:
+        if resume is not None and (run / "tokenizer" / "tokenizer.json").is_file():
             from cramkit.text.tokenizer import load_tokenizer
 
             tok = load_tokenizer(run / "tokenizer")
+        elif begin is not None:  # --from / --inherit: the model's tokenizer (extended with --extend-vocab)
+            if store and adapt_info["extend_vocab"]:
+                raise CramkitError(
+                    "--extend-vocab changes the tokenizer, so the token store must be built with the new one: "
+                    "give the raw text instead of a store"
+                )
+            tok, extension = _model_tokenizer(run, begin, adapt_info["extend_vocab"], sources, source_options)
+        else:
+            tok = _tokenizer_for(
+                run, cfg, sources, str(tokenizer) if tokenizer else None, store, source_options
+            )
         vocab = tok.get_vocab_size(with_added_tokens=True)
         check_fits(cfg, vocab)
-        ts = _store_for(run, cfg, sources, store, tok, source_options, explicit_tok)
+        try:
+            ts = _store_for(run, cfg, sources, store, tok, source_options, explicit_tok)
+        except CramkitError as exc:
+            if begin is None or "another tokenizer" not in str(exc):
+                raise
+            flag = "--from" if adapt_info["from"] else "--inherit"
+            raise CramkitError(
+                f"token store {store} was built with another tokenizer than {flag} {begin.source}'s, which this "
+                f"run must use; give raw text (the store is then built with it), or build the store with that "
+                f"tokenizer: `cramkit data build CORPUS --tokenizer DIR --out STORE`"
+            ) from None
         ts.check_ids(vocab, tokenizer_name=str(tokenizer or run / "tokenizer"))
         cfg = cfg.replace(model=cfg.model.replace(vocab_size=vocab))
+        if begin is not None:  # the model's tokenizer, not one trained to tokenizer.vocab_size
+            cfg = cfg.replace(tokenizer=dataclasses.replace(cfg.tokenizer, vocab_size=vocab))
         if not resume:
             if ctx.is_main:
                 _write_config(run, cfg)
             info = {"inputs": inputs, "store": str(ts.prefix), "preset": preset, "tokenizer": "tokenizer"}
+            info |= {k: v for k, v in adapt_info.items() if v}
             if source_options:
                 info["source_options"] = source_options
             if ctx.is_main:
                 (run / RUN_FILE).write_text(json.dumps(info, indent=1), encoding="utf-8")
         elif ctx.is_main and cfg.to_dict() != build_config(saved).to_dict():
             _write_config(run, cfg)  # e.g. an extended budget: part of the run from now on
-    return cfg, ts, tok, vocab, ctx
+    return cfg, ts, tok, vocab, ctx, extension

@@ -124,12 +124,31 @@ class TrainConfig:
 
 
 @dataclass
+class InheritConfig:
+    """Knowledge inheritance (``pretrain --inherit TEACHER``): loss = (1 - a) MLM + a KL(teacher || student)."""
+
+    alpha: float = 0.5  # the teacher's weight at the start; falls linearly to 0 at ``until``
+    until: float = 0.3  # fraction of the budget after which the teacher is released
+    temperature: float = 1.0  # softening of both distributions in the KL term
+    init: Literal["none", "teacher"] = "none"  # teacher: copy its weights (same width; layers repeated)
+
+    def validate(self) -> None:
+        if not 0.0 <= self.alpha <= 1.0:
+            raise CramkitError(f"inherit.alpha must be in [0, 1], got {self.alpha} (0.5 is usual)")
+        if not 0.0 < self.until <= 1.0:
+            raise CramkitError(f"inherit.until must be in (0, 1], a fraction of the budget; got {self.until}")
+        if not 0.0 < self.temperature <= 100.0:
+            raise CramkitError(f"inherit.temperature must be positive, got {self.temperature} (1 is usual)")
+
+
+@dataclass
 class RunConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)
     data: DataConfig = field(default_factory=DataConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    inherit: InheritConfig = field(default_factory=InheritConfig)
 
     def to_dict(self) -> dict[str, Any]:
         return _plain(to_dict(self))

@@ -1,0 +1,313 @@
+"""Starting from what exists: continued pretraining (``--from``) and knowledge inheritance (``--inherit``).
+
+``pretrain --from MODEL`` keeps MODEL's tokenizer and architecture and starts from its weights (its MLM
+head where it has one; otherwise a fresh head, tied to the embeddings when the model ties them), with
+the masking MODEL was trained with (a cramkit run's own settings; BERT's 15%, 80/10/10, [CLS] first for
+a Hugging Face model). ``--extend-vocab N`` grows the vocabulary first (:mod:`cramkit.text.extend`): a new
+word's embedding (and output bias) starts as the mean of its old pieces'.
+
+``pretrain --inherit TEACHER`` trains a new model of any shape on TEACHER's tokenizer with the loss
+``(1 - a) * MLM + a * T^2 * KL(teacher || student)`` over the masked positions, ``a`` falling linearly from
+``inherit.alpha`` to 0 at ``inherit.until`` of the budget (Knowledge Inheritance, Qin et al., NAACL 2022);
+the teacher's logits are computed on the fly without gradients, and the teacher is released at
+``inherit.until``: from there on the run is an ordinary one. ``inherit.init=teacher`` also starts the
+student from the teacher where the shapes allow: the same width, and depth grown by repeating the
+teacher's layers in order (StackBERT-style).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import gc
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.nn.functional as F
+
+from cramkit.errors import CramkitError
+from cramkit.model.heads import MaskedLM
+from cramkit.train.loop import MLMObjective
+
+if TYPE_CHECKING:
+    from cramkit.load import LoadedModel
+    from cramkit.model.encoder import ModelConfig
+    from cramkit.text.extend import Extension
+    from cramkit.train.config import RunConfig
+
+# BERT's masking (Devlin et al.): what a Hugging Face model was trained with
+BERT_MASKING = {"mask_rate": 0.15, "mask_token_frac": 0.8, "random_token_frac": 0.1, "add_cls": True}
+# settings of the model section a continued run may change (everything else is the starting model's)
+FREE_MODEL_KEYS = ("dropout", "attention_dropout", "gradient_checkpointing")
+MASKING_KEYS = ("mask_rate", "mask_token_frac", "random_token_frac", "add_cls", "masking")
+
+
+@dataclass
+class Start:
+    """A model to start from: its architecture, weights, tokenizer and the masking it was trained with."""
+
+    source: str
+    config: ModelConfig
+    encoder_state: dict[str, torch.Tensor]
+    head_state: dict[str, torch.Tensor] | None  # the MLM head's, when the model has one
+    tokenizer: Any
+    masking: dict[str, Any]
+    teacher: LoadedModel | None = None  # --inherit: the loaded teacher
+
+
+def config_dict(cfg: ModelConfig) -> dict[str, Any]:
+    """A ModelConfig as the plain dict a preset's ``model:`` section holds."""
+    return {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(cfg).items()}
+
+
+def training_masking(loaded: LoadedModel) -> dict[str, Any]:
+    """The masking ``loaded`` was trained with: a cramkit run's own settings, else BERT's."""
+    from cramkit.config import load_yaml
+
+    run = loaded.extra.get("run")
+    if run:
+        data = load_yaml(Path(run) / "config.yaml").get("data") or {}
+        return {k: data[k] for k in MASKING_KEYS if k in data} or dict(BERT_MASKING)
+    return dict(BERT_MASKING)
+
+
+def open_model(source: str, flag: str) -> LoadedModel:
+    """``cramkit.load(source)`` with the errors said in terms of ``flag`` (--from / --inherit)."""
+    from cramkit.load import load
+
+    path = Path(source)
+    if not source.startswith("hf:") and (path / "cramkit-onnx.json").is_file():
+        raise CramkitError(
+            f"{flag} {source}: an ONNX export holds no trainable weights; give the model it was exported from "
+            "(a run, a model directory or hf:DIR)"
+        )
+    try:
+        loaded = load(source)
+    except CramkitError as exc:
+        raise CramkitError(f"{flag} {source}: {exc}") from None
+    if loaded.encoder is None:
+        raise CramkitError(
+            f"{flag} {source}: a {loaded.architecture} model has no transformer encoder to continue; give a "
+            "pretraining run, a fine-tuned encoder's model directory or hf:DIR (a BERT-style model)"
+        )
+    return loaded
+
+
+def start_from(source: str) -> Start:
+    """What ``pretrain --from source`` starts with."""
+    loaded = open_model(source, "--from")
+    masking = training_masking(loaded)
+    head = None
+    if isinstance(loaded.model, MaskedLM):
+        head = {k: v.detach().clone() for k, v in loaded.model.head.state_dict().items()}
+    enc = {k: v.detach().clone() for k, v in loaded.encoder.state_dict().items()}
+    cfg = dataclasses.replace(loaded.config, gradient_checkpointing=False)
+    return Start(source, cfg, enc, head, loaded.tokenizer, masking)
+
+
+def check_architecture(start: Start, model: ModelConfig) -> None:
+    """A continued run keeps the starting model's architecture: only dropout and checkpointing may change."""
+    want = dataclasses.asdict(start.config)
+    got = dataclasses.asdict(model)
+    changed = [k for k in want if k not in FREE_MODEL_KEYS + ("vocab_size",) and want[k] != got[k]]
+    if changed:
+        k = changed[0]
+        raise CramkitError(
+            f"--from {start.source} keeps that model's architecture, so model.{k} cannot be set ({got[k]!r} vs "
+            f"its {want[k]!r}); only model.{', model.'.join(FREE_MODEL_KEYS)} may change. To train a new shape "
+            f"from it, use --inherit {start.source}"
+        )
+
+
+def grow_rows(weight: torch.Tensor, rows: int, pieces: list[list[int]]) -> torch.Tensor:
+    """``weight``'s first ``rows`` rows (or entries), then one per new word: the mean of its pieces'."""
+    old = weight[:rows]
+    new = torch.stack([weight[p].float().mean(0).to(weight.dtype) for p in pieces])
+    return torch.cat([old, new])
+
+
+def initial_state(start: Start, model: MaskedLM, extension: Extension | None) -> dict[str, torch.Tensor]:
+    """The starting model's weights in ``model``'s names; the embedding (and untied decoder, and output
+    bias) grown by the vocabulary extension; a fresh MLM head (``model``'s own init) when it has none."""
+    state = {f"encoder.{k}": v for k, v in start.encoder_state.items()}
+    fresh = model.state_dict()
+    if start.head_state is not None:
+        state |= {f"head.{k}": v for k, v in start.head_state.items()}
+    else:
+        state |= {k: v.detach().clone() for k, v in fresh.items() if k.startswith("head.")}
+    word = "encoder.embeddings.word.weight"
+    rows = extension.first_id if extension is not None else fresh[word].shape[0]
+    for name in (word, "head.decoder.weight", "head.decoder.bias"):
+        if name in state and state[name].shape[0] != fresh[name].shape[0]:
+            # rows past the tokenizer's vocabulary (padding to a multiple of 64) go; new words come after
+            kept = state[name][:rows]
+            state[name] = grow_rows(kept, rows, extension.pieces) if extension is not None else kept
+    if model.cfg.tie_embeddings:
+        state["head.decoder.weight"] = state[word]
+    return state
+
+
+class ContinueObjective(MLMObjective):
+    """Masked-LM pretraining that starts from an existing model's weights (``pretrain --from``)."""
+
+    def __init__(self, cfg: RunConfig, data: Any, start: Start, extension: Extension | None) -> None:
+        super().__init__(cfg, data)
+        self.start, self.extension = start, extension
+
+    def build_model(self) -> torch.nn.Module:
+        model = MaskedLM(self.cfg.model)
+        model.load_state_dict(initial_state(self.start, model, self.extension))
+        self.start = None  # type: ignore[assignment]  # the copy of the weights is no longer needed
+        return model
+
+
+# ------------------------------------------------------------------------------------ inheritance
+
+
+def open_teacher(source: str) -> LoadedModel:
+    """The teacher of ``--inherit``: a masked-LM (its predictions are what the student learns from)."""
+    loaded = open_model(source, "--inherit")
+    if not isinstance(loaded.model, MaskedLM):
+        raise CramkitError(
+            f"--inherit {source}: the model has no masked-LM head, so it predicts nothing to inherit (a "
+            f"{loaded.kind} model); continue it first, which trains a head: `cramkit pretrain CORPUS --from "
+            f"{source} --budget 10m --out RUN`, then --inherit RUN"
+        )
+    return loaded
+
+
+def teacher_start(source: str) -> Start:
+    """What ``pretrain --inherit source`` starts with: the teacher, its tokenizer and masking."""
+    teacher = open_teacher(source)
+    cfg = teacher.config
+    return Start(source, cfg, {}, None, teacher.tokenizer, training_masking(teacher), teacher=teacher)
+
+
+def check_teacher_fits(begin: Start, cfg: RunConfig) -> None:
+    """The teacher must read the student's sequences."""
+    t = begin.config
+    if t.position != "rope" and cfg.data.seq_len > t.max_position:
+        raise CramkitError(
+            f"--inherit {begin.source}: data.seq_len={cfg.data.seq_len} is longer than the teacher reads "
+            f"(model.max_position={t.max_position}); set data.seq_len={t.max_position} or less"
+        )
+
+
+def teacher_init(student: MaskedLM, teacher: MaskedLM) -> None:
+    """Start ``student`` from ``teacher``: equal width required; layer i from the teacher's i mod depth."""
+    s, t = dataclasses.asdict(student.cfg), dataclasses.asdict(teacher.cfg)
+    skip = ("layers", "dropout", "attention_dropout", "gradient_checkpointing", "init_std")
+    differ = [k for k in s if k not in skip and s[k] != t[k]]
+    if differ:
+        k = differ[0]
+        raise CramkitError(
+            f"inherit.init=teacher copies the teacher's weights, so the student needs its width: model.{k} is "
+            f"{s[k]!r}, the teacher's {t[k]!r}; set model.{k}={t[k]} (only model.layers may differ) or "
+            "inherit.init=none"
+        )
+    depth = teacher.cfg.layers
+    src = teacher.state_dict()
+    state = {}
+    for name in student.state_dict():
+        if name.startswith("encoder.layers."):
+            _, _, i, rest = name.split(".", 3)
+            state[name] = src[f"encoder.layers.{int(i) % depth}.{rest}"].detach().clone()
+        else:
+            state[name] = src[name].detach().clone()
+    student.load_state_dict(state)
+
+
+class InheritObjective(MLMObjective):
+    """Masked-LM with knowledge inheritance from a teacher, weighted by the budget spent."""
+
+    def __init__(
+        self,
+        cfg: RunConfig,
+        data: Any,
+        teacher_source: str,
+        teacher: LoadedModel | None,
+        *,
+        init: bool = True,
+    ) -> None:
+        super().__init__(cfg, data)
+        self.icfg = cfg.inherit
+        self.init_from_teacher = init and cfg.inherit.init == "teacher"  # (a resumed run has its weights)
+        self.source = teacher_source
+        self._teacher = teacher.model if teacher is not None else None
+        self.alpha = 0.0
+        self.released = False
+        self.teacher_seconds = 0.0
+        self._mark: float | None = None  # wall clock at the start of the inheritance phase's first step
+        self.resume_hint = "cramkit pretrain --resume {run}"
+
+    def build_model(self) -> torch.nn.Module:
+        model = super().build_model()
+        if self.init_from_teacher:
+            teacher = self._teacher if self._teacher is not None else open_teacher(self.source).model
+            teacher_init(model, teacher)
+        return model
+
+    def begin_step(self, fraction: float) -> dict[str, Any] | None:
+        until = self.icfg.until
+        if self.released or fraction >= until:
+            if not self.released:
+                self._release(fraction)
+            return None
+        self.alpha = self.icfg.alpha * (1.0 - fraction / until)
+        if self._teacher is None:  # resumed inside the inheritance phase
+            self._teacher = open_teacher(self.source).model
+        if self._mark is None:
+            self._mark = time.perf_counter()
+        share = self.teacher_seconds / max(time.perf_counter() - self._mark, 1e-9)
+        return {"inherit_alpha": round(self.alpha, 6), "teacher_share": round(share, 4)}
+
+    def _release(self, fraction: float) -> None:
+        self.released, self.alpha = True, 0.0
+        if self._teacher is not None and self._mark is not None:
+            share = self.teacher_seconds / max(time.perf_counter() - self._mark, 1e-9)
+            from cramkit.runtime import torchrun
+
+            if torchrun().is_main:
+                print(
+                    f"cramkit: knowledge inheritance ended at {fraction:.0%} of the budget (inherit.until="
+                    f"{self.icfg.until}); the teacher took {share:.1%} of the training time until then; it is "
+                    "released and training goes on alone",
+                    flush=True,
+                )
+        self._teacher = None
+        gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+
+    def loss(
+        self, model: torch.nn.Module, batch: dict[str, torch.Tensor], device: torch.device
+    ) -> torch.Tensor:
+        ids = batch["input_ids"].to(device, non_blocking=True)
+        labels = batch["labels"].to(device, non_blocking=True)
+        out = model(ids, labels)
+        if out.n_predicted == 0:
+            return out.logits.sum() * 0.0
+        if self.alpha <= 0.0 or self._teacher is None:
+            return out.loss
+        teacher = self._teacher
+        if next(teacher.parameters()).device != device:  # bf16 weights on a GPU: half the memory and time
+            teacher.to(device=device, dtype=torch.bfloat16 if device.type == "cuda" else None)
+        t0 = time.perf_counter()
+        with torch.no_grad():
+            t_logits = teacher(ids, labels).logits
+        if device.type == "cuda":  # (only while inheriting) for the teacher's share of the step time
+            torch.cuda.synchronize(device)
+        self.teacher_seconds += time.perf_counter() - t0
+        return (1.0 - self.alpha) * out.loss + self.alpha * inheritance_kl(
+            out.logits, t_logits, self.icfg.temperature
+        )
+
+
+def inheritance_kl(student: torch.Tensor, teacher: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
+    """KL(teacher || student) of the softened distributions, mean over positions, times T^2 (Hinton)."""
+    t = temperature
+    log_s = F.log_softmax(student.float() / t, dim=-1)
+    log_t = F.log_softmax(teacher.float() / t, dim=-1)
+    return F.kl_div(log_s, log_t, log_target=True, reduction="batchmean") * (t * t)

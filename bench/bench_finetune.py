@@ -38,7 +38,8 @@ def minilm_dir() -> Path:
 
 def run_ours(task, loaded, cfg, seed: int) -> dict:
     from cramkit.data.batching import encode_examples
-    from cramkit.train.finetune import predict, resolve_device, train_one_seed
+    from cramkit.runtime import resolve_device
+    from cramkit.train.finetune import predict, train_one_seed
 
     train_rows = task.examples("train")[: cfg.max_train_examples]
     t0 = time.perf_counter()

@@ -90,7 +90,7 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     import cramkit
     from cramkit.infer import Engine
-    from cramkit.infer.onnx import export_onnx
+    from cramkit.infer.export import export
 
     header = machine()
     work = Path(tempfile.mkdtemp(prefix="bench-infer-"))
@@ -100,8 +100,8 @@ def main() -> None:
         return task(args, work, root, header)
     loaded = cramkit.load(f"hf:{root}")
     print(f"exporting ONNX fp32 and int8 to {work}", file=sys.stderr)
-    export_onnx(loaded, work / "onnx", None, progress=False)
-    export_onnx(loaded, work / "onnx-int8", "int8", progress=False)
+    export(loaded, work / "onnx", format="onnx", progress=False)
+    export(loaded, work / "onnx-int8", format="onnx", quantize="int8", progress=False)
 
     from sentence_transformers import SentenceTransformer
 
@@ -154,7 +154,7 @@ def task(args: argparse.Namespace, work: Path, root: Path, header: str) -> None:
     """What int8 costs on a task: SST-2 accuracy of a fine-tuned MiniLM, torch vs ONNX fp32 vs int8."""
     import cramkit
     from cramkit.infer import Engine
-    from cramkit.infer.onnx import export_onnx
+    from cramkit.infer.export import export
 
     lines = (GLUE / "SST-2" / "train.tsv").read_text(encoding="utf-8").splitlines()
     (work / "train.tsv").write_text("\n".join(lines[: args.train_rows + 1]) + "\n", encoding="utf-8")
@@ -164,8 +164,8 @@ def task(args: argparse.Namespace, work: Path, root: Path, header: str) -> None:
     )
     ft_s = time.perf_counter() - t0
     ft = cramkit.load(work / "ft")
-    export_onnx(ft, work / "ft-onnx", None, progress=False)
-    export_onnx(ft, work / "ft-onnx-int8", "int8", progress=False)
+    export(ft, work / "ft-onnx", format="onnx", progress=False)
+    export(ft, work / "ft-onnx-int8", format="onnx", quantize="int8", progress=False)
     rows = [r.split("\t") for r in (GLUE / "SST-2" / "dev.tsv").read_text(encoding="utf-8").splitlines()[1:]]
     dev, gold = [r[0] for r in rows], np.asarray([int(r[1]) for r in rows])
     res = {}

@@ -149,7 +149,8 @@ def scaling_worker(args: argparse.Namespace) -> None:
         P.clip_grad_norm(model, 1.0)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
-        P.barrier(ctx)
+        if ctx.distributed:
+            torch.distributed.barrier()
         if step >= args.warmup:
             times.append(time.perf_counter() - t0)
     if ctx.is_main:

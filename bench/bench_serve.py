@@ -139,10 +139,10 @@ def main() -> None:
     data = texts()
     model = f"hf:{minilm_dir()}"
     if args.backend == "onnx":
-        from cramkit.infer.onnx import export_onnx
+        from cramkit.infer.export import export
 
         out = Path(tempfile.mkdtemp(prefix="bench-serve-")) / "onnx"
-        export_onnx(cramkit.load(model), out, None, progress=False)
+        export(cramkit.load(model), out, format="onnx", progress=False)
         model = str(out)
     engine = Engine(model, backend=args.backend, device="cpu", threads=args.threads)
     engine.embed(data[:64])

@@ -8,7 +8,7 @@ distil and index. The Python API mirrors the command line::
     res = cramkit.finetune(run, task="glue/sst2", data_dir="glue", out="ft/sst2", seeds=[0, 1, 2])
     model = cramkit.load("ft/sst2")
     cramkit.predict("ft/sst2", "reviews.csv", "reviews.predictions.jsonl")
-    cramkit.export("ft/sst2", "hf/sst2")
+    cramkit.export("ft/sst2", "hf/sst2")                  # or format="onnx" for ONNX Runtime
 """
 
 from __future__ import annotations
@@ -122,14 +122,20 @@ def predict(
     return _predict(model, file, out, **options)
 
 
-def export(model: PathLike, out: PathLike, *, step: int | None = None, force: bool = False) -> Path:
-    """Write ``model`` as a Hugging Face directory (the same as ``cramkit export MODEL --out OUT``)."""
-    import argparse
+def export(
+    model: PathLike | LoadedModel,
+    out: PathLike,
+    *,
+    format: str = "hf",
+    quantize: str | None = None,
+    step: int | None = None,
+    mlm_head: bool = True,
+    force: bool = False,
+) -> Path:
+    """Write ``model`` as a Hugging Face directory, or with ``format="onnx"`` an ONNX Runtime one (the same
+    as ``cramkit export MODEL --out OUT [--format onnx]``); see :func:`cramkit.infer.export.export`."""
+    from cramkit.infer.export import export as _export
 
-    from cramkit.commands.export import run
-
-    args = argparse.Namespace(
-        source=str(model), out=str(out), format="hf", quantize=None, step=step, no_mlm_head=False, force=force
-    )
-    run(args)
-    return Path(out)
+    return _export(
+        model, out, format=format, quantize=quantize, step=step, mlm_head=mlm_head, force=force
+    ).path

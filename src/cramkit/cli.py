@@ -111,6 +111,12 @@ def main(argv: list[str] | None = None) -> int:
     except CramkitError as exc:
         print(f"cramkit: error: {exc}", file=sys.stderr)
         return exc.exit_code
+    except ImportError as exc:  # an optional dependency that is not installed: the extra that brings it
+        missing = errors.missing_extra(exc)
+        if missing is None:
+            raise
+        print(f"cramkit: error: {missing}", file=sys.stderr)
+        return missing.exit_code
     except KeyboardInterrupt:
         print("cramkit: interrupted", file=sys.stderr)
         if errors.ABORT_AT_ONCE:  # the command line (entry): exit now, see entry()

@@ -1,7 +1,7 @@
 """Typed configs: dataclasses, YAML presets, dotted ``key=value`` overrides, clear validation errors.
 
 Each layer owns the dataclass of its own settings (``cramkit.model.encoder.ModelConfig``,
-``cramkit.data.mlm.DataConfig``, ``cramkit.train.loop.TrainConfig``, ...); this module only knows how to
+``cramkit.data.mlm.DataConfig``, ``cramkit.train.config.TrainConfig``, ...); this module only knows how to
 build any dataclass from a nested dict, strictly: an unknown key is an error that lists the valid
 ones, a value of the wrong type is an error that names the key.
 """

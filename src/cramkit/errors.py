@@ -14,6 +14,24 @@ class CramkitError(Exception):
     exit_code = 2
 
 
-# Set by the command line (cli.entry): an abort (Ctrl-C; a second one during training, train.loop.StopFlag)
+# Set by the command line (cli.entry): an abort (Ctrl-C; a second one during training, runtime.StopFlag)
 # ends the process at once; called as a library, KeyboardInterrupt is raised instead.
 ABORT_AT_ONCE = False
+
+# optional dependencies -> the extra of pyproject.toml that installs them
+EXTRAS = {
+    "fastapi": "serve", "starlette": "serve", "uvicorn": "serve", "prometheus_client": "serve",
+    "onnx": "onnx", "onnxruntime": "onnx", "onnxscript": "onnx", "faiss": "index", "nltk": "distill",
+    "transformers": "hf", "datasets": "hf", "zstandard": "compress", "pyarrow": "parquet",
+}  # fmt: skip
+
+
+def missing_extra(exc: ImportError) -> CramkitError | None:
+    """The one-line error for an optional dependency that is not installed; None when ``exc`` is not that."""
+    name = (exc.name or "").split(".")[0]
+    extra = EXTRAS.get(name)
+    if extra is None:
+        return None
+    return CramkitError(
+        f"{name} is not installed; install cramkit's [{extra}] extra: pip install 'cramkit[{extra}]'"
+    )

@@ -1,5 +1,5 @@
-"""Atomic files and directories: the one copy of "write to a temporary name, then rename"; the one rule for
-what a command may write over (:func:`check_out`, :func:`check_out_file`).
+"""Files and directories: atomic writes (a temporary name, then a rename), checksums, paths kept inside a
+directory, locks, and the one rule for what a command may write over (:func:`check_out`, :func:`check_out_file`).
 
 A crash (or Ctrl-C, or a full disk) while writing never leaves a half-written file under the final name:
 the reader sees the old content or the new, never a mix. Files keep the user's umask (0644 under the

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from cramkit import rundir
 from cramkit.errors import CramkitError
 
 if TYPE_CHECKING:  # torch is imported by the functions that need it: `cramkit --help` stays instant
@@ -33,7 +34,16 @@ if TYPE_CHECKING:  # torch is imported by the functions that need it: `cramkit -
 
 MODEL_FILE = "cramkit-model.json"
 MODEL_FORMAT = "cramkit-model-1"
+ONNX_MANIFEST = "cramkit-onnx.json"
+# what a model is for (its head), in a model directory and in an ONNX export alike
 KINDS = ("mlm", "classifier", "multilabel", "regression", "encoder")
+# what a directory holds, by the file that marks it, tried in this order: the one table of them
+DIRECTORY_KINDS: tuple[tuple[str, str], ...] = (
+    ("onnx", ONNX_MANIFEST),  # cramkit export --format onnx (run by cramkit.infer's ONNX backend)
+    ("model", MODEL_FILE),  # a fine-tuned model, a student: LoadedModel.save
+    ("run", "config.yaml"),  # a pretraining run (cramkit.rundir)
+    ("hf", "config.json"),  # a Hugging Face model directory (also cramkit export --format hf)
+)
 # architecture name -> "module:function(meta) -> nn.Module"; a fixed table, never read from a file
 ARCHITECTURES = {"bilstm": "cramkit.model.students:build_from_meta"}
 
@@ -65,6 +75,18 @@ class LoadedModel:
     # BERT's pooler (dense + tanh over [CLS]) of a checkpoint whose model holds none (an HF BertModel):
     # fine-tuning starts its classifier's pooler from it, as BertForSequenceClassification does
     pooler_state: dict[str, Any] | None = None
+    # the one safetensors file the weights were read from (None: a checkpoint, sharded files, ...) and its
+    # SHA-256 when one was recorded beside it
+    weights_file: Path | None = None
+    weights_sha256: str | None = None
+
+    def weights_digest(self) -> str | None:
+        """The SHA-256 of the weights file (the recorded one, else computed now); None without one file."""
+        if self.weights_sha256 is None and self.weights_file is not None:
+            from cramkit.io import sha256_file
+
+            self.weights_sha256 = sha256_file(self.weights_file)
+        return self.weights_sha256
 
     @property
     def encoder(self) -> nn.Module | None:
@@ -156,6 +178,21 @@ def _unique_tensors(sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
 # ---------------------------------------------------------------------------------------------------
 
 
+def directory_kind(path: PathLike) -> str | None:
+    """What ``path`` is: onnx, model, run, checkpoint (a run's step directory) or hf (see DIRECTORY_KINDS;
+    ``hf:DIR`` is hf); None when it is none of them."""
+    text = str(path)
+    if text.startswith("hf:"):
+        return "hf"
+    path = Path(text).expanduser()
+    if not path.is_dir():
+        return None
+    for kind, marker in DIRECTORY_KINDS:
+        if (path / marker).is_file():
+            return kind
+    return "checkpoint" if _is_checkpoint(path) else None
+
+
 def load(
     source: PathLike, *, step: int | None = None, device: str | torch.device | None = None
 ) -> LoadedModel:
@@ -175,17 +212,18 @@ def load(
             )
         if not path.is_dir():
             raise CramkitError(f"{text} is a file; give the directory that holds it")
-        if (path / "cramkit-onnx.json").is_file():
+        kind = directory_kind(path)
+        if kind == "onnx":
             raise CramkitError(
                 f"{text} is an ONNX export (cramkit export --format onnx): run it with "
                 f"cramkit.infer.Engine({text!r}), `cramkit predict --from {text}` or `cramkit serve {text}`; "
                 "cramkit.load reads the torch model it was exported from"
             )
-        if (path / MODEL_FILE).is_file():
+        if kind == "model":
             loaded = _load_model_dir(path)
-        elif (path / "config.yaml").is_file() or _is_checkpoint(path):
+        elif kind in ("run", "checkpoint"):
             loaded = _load_run(path, step)
-        elif (path / "config.json").is_file():
+        elif kind == "hf":
             loaded = _load_hf(text, text)
         else:
             raise CramkitError(
@@ -193,7 +231,7 @@ def load(
                 "directory (config.json); give the directory `cramkit pretrain --out` or `cramkit finetune --out` "
                 "wrote, or hf:DIR"
             )
-        if step is not None and not ((path / "config.yaml").is_file()):
+        if step is not None and kind != "run":
             raise CramkitError(f"--step applies to a run directory; {text} is not one")
     loaded.source = text
     _check_vocab(loaded)
@@ -209,29 +247,27 @@ def load(
 
 
 def _is_checkpoint(path: Path) -> bool:
-    return path.parent.name == "checkpoints" and (path.parent.parent / "config.yaml").is_file()
+    return path.parent.name == "checkpoints" and rundir.is_run_dir(path.parent.parent)
 
 
 def resolve_run_checkpoint(path: Path, step: int | None = None) -> tuple[Path, Path]:
     """(run directory, checkpoint directory) for a run (its latest, or ``step``) or a checkpoint path."""
-    from cramkit.train import checkpoint as ckpt
-
     if _is_checkpoint(path):
         if step is not None:
             raise CramkitError(f"--step applies to a run directory; {path} is already a checkpoint")
-        if not ckpt.is_complete(path):
+        if not rundir.is_complete(path):
             raise CramkitError(f"{path} is an incomplete checkpoint; use a complete step-* directory")
         return path.parent.parent, path
     run = path
     if step is not None:
-        found = ckpt.checkpoints_dir(run) / f"step-{step:06d}"
-        if not (found.is_dir() and ckpt.is_complete(found)):
-            have = [p.name for p in ckpt.list_checkpoints(run)]
+        found = rundir.checkpoints_dir(run) / rundir.step_dir_name(step)
+        if not (found.is_dir() and rundir.is_complete(found)):
+            have = [p.name for p in rundir.list_checkpoints(run)]
             raise CramkitError(
                 f"{run}: no complete checkpoint for --step {step}; available: {', '.join(have) or 'none'}"
             )
         return run, found
-    found = ckpt.find_latest(run)
+    found = rundir.find_latest(run)
     if found is None:
         raise CramkitError(
             f"{run}: the run has no complete checkpoint yet; pretrain until one is saved "
@@ -242,9 +278,7 @@ def resolve_run_checkpoint(path: Path, step: int | None = None) -> tuple[Path, P
 
 def _checkpoint_weights(checkpoint: Path) -> dict[str, torch.Tensor]:
     """The model's weights of a checkpoint (any world size): its model.safetensors, checksum verified."""
-    from cramkit.train import checkpoint as ckpt
-
-    return ckpt.model_weights(checkpoint)
+    return rundir.model_weights(checkpoint)
 
 
 def _load_run(path: Path, step: int | None) -> LoadedModel:
@@ -268,7 +302,7 @@ def _load_run(path: Path, step: int | None) -> LoadedModel:
     state = _checkpoint_weights(checkpoint)
     state = {k.replace("_orig_mod.", "").removeprefix("module."): v for k, v in state.items()}
     model = MaskedLM(cfg.replace(gradient_checkpointing=False))
-    _load_state(model, state, f"checkpoint {checkpoint}", tied=cfg.tie_embeddings)
+    load_weights(model, state, f"checkpoint {checkpoint}", tied=cfg.tie_embeddings)
     from cramkit.text.tokenizer import load_tokenizer
 
     if not (run / "tokenizer").is_dir():
@@ -285,7 +319,9 @@ def _load_run(path: Path, step: int | None) -> LoadedModel:
     )
 
 
-def _load_state(model: nn.Module, state: dict[str, torch.Tensor], what: str, *, tied: bool = False) -> None:
+def load_weights(model: nn.Module, state: dict[str, torch.Tensor], what: str, *, tied: bool = False) -> None:
+    """Load ``state`` into ``model``, or a CramkitError naming ``what`` when they do not fit each other;
+    with ``tied``, tied MLM weights stored under one name only are found under either."""
     if tied:  # tied weights may be stored under either name only
         word, decoder = "encoder.embeddings.word.weight", "head.decoder.weight"
         if decoder not in state and word in state:
@@ -367,7 +403,7 @@ def _load_model_dir(path: Path) -> LoadedModel:
         raise CramkitError(f"{file}: 'labels' must be a list of strings")
     if arch == "encoder":
         model, cfg = _build_encoder_model(meta, file)
-        _load_state(model, state, str(weights), tied=kind == "mlm" and cfg.tie_embeddings)
+        load_weights(model, state, str(weights), tied=kind == "mlm" and cfg.tie_embeddings)
     elif arch in ARCHITECTURES:
         module, func = ARCHITECTURES[arch].split(":")
         try:
@@ -380,7 +416,7 @@ def _load_model_dir(path: Path) -> LoadedModel:
             _check_size(builder(meta), file)
         model = builder(meta)
         cfg = meta.get("model")
-        _load_state(model, state, str(weights))
+        load_weights(model, state, str(weights))
     else:
         raise CramkitError(
             f"{file}: unknown architecture {arch!r}; known: encoder, {', '.join(sorted(ARCHITECTURES))}"
@@ -401,6 +437,8 @@ def _load_model_dir(path: Path) -> LoadedModel:
         architecture=arch,
         head=meta.get("head"),
         extra=meta.get("extra") or {},
+        weights_file=weights,
+        weights_sha256=want or None,
     )
 
 
@@ -463,9 +501,11 @@ def _load_hf(name: str, text: str) -> LoadedModel:
     from cramkit.text.tokenizer import load_tokenizer
 
     root = _resolve(name)
+    _, hf = _read_hf_config(root)
+    if hf.get("model_type") == "cramkit":  # cramkit export --format hf of a non-BERT architecture
+        return _load_cramkit_export(root, hf)
     cfg = load_hf_config(root)
     _check_size(cfg, root / "config.json")
-    _, hf = _read_hf_config(root)
     state = load_hf_encoder_state(root, cfg)
     enc_state = {k: v for k, v in state.items() if not k.startswith(("head.", "pooler.", "classifier."))}
     arch = (hf.get("architectures") or ["BertModel"])[0]
@@ -487,18 +527,18 @@ def _load_hf(name: str, text: str) -> LoadedModel:
             raise CramkitError(f"hf:{root}: a sequence classifier without classifier/pooler weights")
         full = {f"encoder.{k}": v for k, v in enc_state.items()}
         full |= {k: v for k, v in state.items() if k.startswith(("pooler.", "classifier."))}
-        _load_state(model, full, f"hf:{root}")
+        load_weights(model, full, f"hf:{root}")
         head = {"pooling": "first", "pooler_dense": True, "dropout": head_cfg.dropout}
     elif any(k.startswith("head.") for k in state) and "head.transform.0.weight" in state:
         kind = "mlm"
         model = MaskedLM(cfg)
         full = {f"encoder.{k}": v for k, v in enc_state.items()}
         full |= {k: v for k, v in state.items() if k.startswith("head.")}
-        _load_state(model, full, f"hf:{root}", tied=cfg.tie_embeddings)
+        load_weights(model, full, f"hf:{root}", tied=cfg.tie_embeddings)
     else:
         kind = "encoder"
         model = Encoder(cfg)
-        _load_state(model, dict(enc_state), f"hf:{root}")
+        load_weights(model, dict(enc_state), f"hf:{root}")
     if not any((root / f).is_file() for f in ("tokenizer.json", "vocab.txt")):
         raise CramkitError(f"hf:{root}: no tokenizer.json or vocab.txt beside the weights")
     pooling, normalize, st_max = _st_pooling(root)
@@ -517,10 +557,70 @@ def _load_hf(name: str, text: str) -> LoadedModel:
         with_types=cfg.type_vocab_size > 0,
         head=head,
         extra={"hf_architecture": arch},
+        weights_file=_single_weights_file(root),
         pooler_state=None
         if isinstance(model, SequenceClassifier) or "pooler.weight" not in state
         else {"weight": state["pooler.weight"], "bias": state["pooler.bias"]},
     )
+
+
+def _single_weights_file(root: Path) -> Path | None:
+    file = root / "model.safetensors"
+    return file if file.is_file() else None
+
+
+def _load_cramkit_export(root: Path, hf: dict[str, Any]) -> LoadedModel:
+    """A Hugging Face directory cramkit wrote with ``model_type: cramkit`` (its architecture has no BERT
+    equivalent): the config's fields are ModelConfig's and the weights carry cramkit's own names. Its
+    ``modeling_cramkit.py`` is never run."""
+    import dataclasses
+
+    from cramkit.config import from_dict
+    from cramkit.model.encoder import Encoder, ModelConfig
+    from cramkit.model.heads import ClassifierConfig, MaskedLM, SequenceClassifier
+    from cramkit.model.hf import _weight_files, read_weights
+    from cramkit.text.tokenizer import load_tokenizer
+
+    fields = {f.name for f in dataclasses.fields(ModelConfig)}
+    values = dict(hf, tie_embeddings=hf.get("tie_word_embeddings", True))
+    cfg = from_dict(ModelConfig, {k: v for k, v in values.items() if k in fields}, f"hf:{root} config.json")
+    _check_size(cfg, root / "config.json")
+    state: dict[str, Any] = {}
+    for file in _weight_files(root):
+        state.update(read_weights(file))
+    arch = (hf.get("architectures") or ["CramkitModel"])[0]
+    labels, head, what = None, None, f"hf:{root}"
+    if arch == "CramkitForSequenceClassification":
+        problem = hf.get("problem_type")
+        id2label = hf.get("id2label") or {}
+        n = int(hf.get("num_labels") or len(id2label) or state["classifier.weight"].shape[0])
+        kind = "regression" if problem == "regression" or n == 1 else "classifier"
+        if problem == "multi_label_classification":
+            kind = "multilabel"
+        if kind != "regression":
+            labels = [str(id2label.get(str(i), id2label.get(i, f"LABEL_{i}"))) for i in range(n)]
+        head_cfg = ClassifierConfig(pooling=hf.get("classifier_pooling", "first"),
+                                    pooler_dense=bool(hf.get("classifier_pooler_dense", True)), dropout=cfg.dropout)  # fmt: skip
+        model: nn.Module = SequenceClassifier(cfg, n, head_cfg, multilabel=kind == "multilabel")
+        load_weights(model, state, what)
+        head = {
+            "pooling": head_cfg.pooling,
+            "pooler_dense": head_cfg.pooler_dense,
+            "dropout": head_cfg.dropout,
+        }
+    elif arch == "CramkitForMaskedLM":
+        kind, model = "mlm", MaskedLM(cfg)
+        load_weights(model, state, what, tied=cfg.tie_embeddings)
+    else:
+        kind, model = "encoder", Encoder(cfg)
+        load_weights(model, {k.removeprefix("encoder."): v for k, v in state.items()}, what)
+    if not any((root / f).is_file() for f in ("tokenizer.json", "vocab.txt")):
+        raise CramkitError(f"hf:{root}: no tokenizer.json or vocab.txt beside the weights")
+    return LoadedModel(
+        model=model, kind=kind, config=cfg, tokenizer=load_tokenizer(root), labels=labels,
+        max_length=_max_length(cfg), pooling="cls" if head and head["pooling"] == "first" else "mean", with_types=cfg.type_vocab_size > 0, head=head, extra={"hf_architecture": arch},
+        weights_file=_single_weights_file(root),
+    )  # fmt: skip
 
 
 # ------------------------------------------------------------------------------------------ checks

@@ -33,6 +33,20 @@ def test_fp32_export_matches_torch_on_unseen_text(ft_model, ft_onnx, glue_dir) -
     assert ref.classify(dev).labels == got.classify(dev).labels
 
 
+def test_python_export_to_onnx_is_the_commands(ft_model, ft_onnx, glue_dir, tmp_path) -> None:
+    """`cramkit.export(MODEL, OUT, format="onnx")` writes what `cramkit export --format onnx` writes."""
+    out = cramkit.export(ft_model, tmp_path / "py-onnx", format="onnx")
+    assert out == tmp_path / "py-onnx"
+    ours, theirs = (json.loads((d / MANIFEST).read_text()) for d in (out, ft_onnx))
+    for key in ("kind", "labels", "max_length", "pooling", "inputs", "outputs", "quantize"):
+        assert ours[key] == theirs[key], key
+    dev = [s for s, _ in sst2(glue_dir, "dev")[:64]]
+    a, b = Engine(out, threads=1).logits(dev), Engine(ft_onnx, threads=1).logits(dev)
+    assert np.abs(a - b).max() < 1e-5
+    with pytest.raises(CramkitError, match="quantize int8 applies to the onnx format"):
+        cramkit.export(ft_model, tmp_path / "hf", quantize="int8")
+
+
 @pytest.mark.slow
 def test_int8_export_records_what_it_cost(ft_model, ft_onnx, ft_onnx_int8, glue_dir) -> None:
     man = json.loads((ft_onnx_int8 / MANIFEST).read_text())

@@ -22,8 +22,9 @@ from safetensors.torch import load_file, save_file
 
 from cramkit.cli import main as cli_main
 from cramkit.errors import CramkitError
+from cramkit.load import load
 from cramkit.model import Encoder, MaskedLM, ModelConfig, SequenceClassifier
-from cramkit.model.hf import export_hf, import_hf, load_hf_config, load_hf_encoder_state
+from cramkit.model.hf import export_hf, load_hf_config, load_hf_encoder_state
 
 os.environ["HF_HUB_OFFLINE"] = "1"
 
@@ -63,6 +64,15 @@ def _maxdiff(a: torch.Tensor, b: torch.Tensor, mask: torch.Tensor) -> float:
     return (a - b)[mask.bool()].abs().max().item()
 
 
+def _write_vocab(root: Path, size: int = TINY.vocab_size) -> Path:
+    """A BERT vocab.txt of ``size`` tokens beside a tiny model's weights (cramkit.load wants its tokenizer)."""
+    root.mkdir(parents=True, exist_ok=True)
+    special = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+    words = [f"w{i}" for i in range(size - len(special))]
+    (root / "vocab.txt").write_text("\n".join(special + words) + "\n", encoding="utf-8")
+    return root
+
+
 def _logits_close(a: torch.Tensor, b: torch.Tensor, mask: torch.Tensor) -> None:
     """Vocabulary logits: a dot product over hidden states that agree within ~1e-6, so a few of the
     million logits (magnitudes of several units) differ by slightly more than 1e-5 in float32."""
@@ -75,8 +85,9 @@ def _logits_close(a: torch.Tensor, b: torch.Tensor, mask: torch.Tensor) -> None:
 def test_import_minilm_matches_transformers(minilm_dir: Path) -> None:
     from transformers import AutoTokenizer, BertModel
 
-    model, tok_dir = import_hf(minilm_dir)
-    assert isinstance(model, Encoder) and tok_dir == minilm_dir
+    loaded = load(f"hf:{minilm_dir}")
+    model, tok_dir = loaded.model, minilm_dir
+    assert isinstance(model, Encoder) and loaded.kind == "encoder"
     cfg = model.cfg
     assert (cfg.hidden, cfg.layers, cfg.heads, cfg.norm_position, cfg.position) == (
         384,
@@ -120,8 +131,8 @@ def test_import_mlm_and_classifier_heads(tmp_path: Path) -> None:
     torch.manual_seed(0)
     hf_mlm = _perturb(BertForMaskedLM(hf_cfg))
     hf_mlm.save_pretrained(tmp_path / "mlm")
-    mlm, tok = import_hf(tmp_path / "mlm", task="mlm")
-    assert isinstance(mlm, MaskedLM) and tok is None and mlm.cfg.activation == "relu"
+    mlm = load(f"hf:{_write_vocab(tmp_path / 'mlm')}").model
+    assert isinstance(mlm, MaskedLM) and mlm.cfg.activation == "relu"
     with torch.no_grad():
         ours = mlm.eval()(ids, attention_mask=mask, token_type_ids=types).logits
         theirs = hf_mlm(input_ids=ids, attention_mask=mask, token_type_ids=types).logits
@@ -139,7 +150,7 @@ def test_import_mlm_and_classifier_heads(tmp_path: Path) -> None:
 
     hf_cls = _perturb(BertForSequenceClassification(hf_cfg))
     hf_cls.save_pretrained(tmp_path / "cls")
-    clf, _ = import_hf(tmp_path / "cls", task="classifier")
+    clf = load(f"hf:{_write_vocab(tmp_path / 'cls')}").model
     assert isinstance(clf, SequenceClassifier) and clf.num_labels == 3
     with torch.no_grad():
         _, ours = clf.eval()(ids, mask, types)
@@ -184,17 +195,17 @@ def _write_config(root: Path, **changes: object) -> Path:
 def test_unsupported_configs_are_named(tmp_path: Path, changes: dict, expected: str) -> None:
     root = _write_config(tmp_path / "m", **changes)
     with pytest.raises(CramkitError, match=expected.replace("(", r"\(")) as info:
-        import_hf(root)
+        load(f"hf:{root}")
     assert str(root) in str(info.value)
 
 
 def test_bad_weights_give_clear_errors(tmp_path: Path) -> None:
     root = _write_config(tmp_path / "m")
     with pytest.raises(CramkitError, match="no model.safetensors"):
-        import_hf(root)
+        load(f"hf:{root}")
     (root / "model.safetensors").write_bytes(b"\x40\x00\x00\x00\x00\x00\x00\x00{not json" + b"\0" * 40)
     with pytest.raises(CramkitError, match="not a valid safetensors file") as info:
-        import_hf(root)
+        load(f"hf:{root}")
     assert "model.safetensors" in str(info.value)
     # a truncated real file
     from transformers import BertConfig, BertModel
@@ -204,27 +215,27 @@ def test_bad_weights_give_clear_errors(tmp_path: Path) -> None:
     data = (tmp_path / "good" / "model.safetensors").read_bytes()
     (root / "model.safetensors").write_bytes(data[: len(data) // 2])
     with pytest.raises(CramkitError, match="corrupt or truncated"):
-        import_hf(root)
+        load(f"hf:{root}")
     # weights of another size than config.json says
     (root / "config.json").write_text(
         json.dumps({**json.loads((root / "config.json").read_text()), "intermediate_size": 96})
     )
     (root / "model.safetensors").write_bytes(data)
     with pytest.raises(CramkitError, match="intermediate|mlp.fc_in"):
-        import_hf(root)
+        load(f"hf:{root}")
     # a layer that is not BERT's
     bad = dict(load_file(tmp_path / "good" / "model.safetensors"))
     bad["encoder.layer.0.attention.self.distance_embedding.weight"] = torch.zeros(3, 32)
     save_file(bad, tmp_path / "good" / "model.safetensors")
     with pytest.raises(CramkitError, match="distance_embedding"):
-        import_hf(tmp_path / "good")
+        load(f"hf:{tmp_path / 'good'}")
 
 
 def test_hub_name_offline_is_a_clear_error() -> None:
     with pytest.raises(CramkitError, match="could not download 'someone/no-such-model'"):
-        import_hf("hf:someone/no-such-model")
+        load("hf:someone/no-such-model")
     with pytest.raises(CramkitError, match="not a model directory"):
-        import_hf("./no/such/dir")
+        load("hf:./no/such/dir")
 
 
 # ----------------------------------------------------------------------------------------------- export
@@ -233,8 +244,7 @@ def test_hub_name_offline_is_a_clear_error() -> None:
 def test_minilm_round_trip_export(minilm_dir: Path, tmp_path: Path) -> None:
     from transformers import AutoModel, AutoModelForMaskedLM, AutoTokenizer, BertModel
 
-    model, tok_dir = import_hf(minilm_dir)
-    model.eval()
+    model, tok_dir = load(f"hf:{minilm_dir}").model, minilm_dir
     out = export_hf(model, model.cfg, tmp_path / "export", tokenizer_dir=tok_dir)
     config = json.loads((out / "config.json").read_text())
     assert config["architectures"] == ["BertModel"] and config["model_type"] == "bert"
@@ -253,8 +263,8 @@ def test_minilm_round_trip_export(minilm_dir: Path, tmp_path: Path) -> None:
     assert _maxdiff(ours, theirs, batch["attention_mask"]) <= TOL
 
     # with an MLM head -> BertForMaskedLM; logits equal ours
-    with pytest.warns(UserWarning, match="no masked-LM head"):
-        mlm, _ = import_hf(minilm_dir, task="mlm")
+    mlm = MaskedLM(model.cfg)
+    mlm.encoder.load_state_dict(model.state_dict())
     _perturb(mlm.head)  # the fresh head's zero bias would hide a mapping error
     out = export_hf(mlm, mlm.cfg, tmp_path / "export")  # replaces the previous export
     assert json.loads((out / "config.json").read_text())["architectures"] == ["BertForMaskedLM"]
@@ -264,6 +274,49 @@ def test_minilm_round_trip_export(minilm_dir: Path, tmp_path: Path) -> None:
         ours = mlm.eval()(batch["input_ids"], attention_mask=batch["attention_mask"]).logits
     _logits_close(ours, theirs, batch["attention_mask"])
     assert not (out / "tokenizer.json").exists()  # the previous export was replaced, not merged
+
+
+def test_hf_reads_back_cramkit_own_export(tmp_path: Path, pretrained_run: Path) -> None:
+    """`cramkit export RUN` of a non-BERT architecture writes model_type "cramkit"; `hf:DIR` reads it back
+    (its weights, config and tokenizer; never its modeling_cramkit.py), and `cramkit predict` runs it."""
+    out = tmp_path / "exported"
+    assert cli_main(["export", str(pretrained_run), "--out", str(out)]) == 0
+    assert json.loads((out / "config.json").read_text())["model_type"] == "cramkit"
+    (out / "modeling_cramkit.py").write_text("raise SystemExit('cramkit ran the remote code')\n")
+    ref, back = load(pretrained_run), load(f"hf:{out}")
+    assert back.kind == ref.kind == "mlm"
+    assert (back.config, back.max_length, back.with_types) == (ref.config, ref.max_length, ref.with_types)
+    ids, mask = _inputs(ref.config.vocab_size)
+    with torch.no_grad():
+        assert torch.equal(
+            back.model(ids, attention_mask=mask).logits, ref.model(ids, attention_mask=mask).logits
+        )
+
+    # as a new user tries it: predict with the export just written
+    (tmp_path / "in.txt").write_text("the cat sat on the [MASK] .\n")
+    proc = subprocess.run(
+        [sys.executable, "-m", "cramkit", "predict", str(tmp_path / "in.txt"), "--from", f"hf:{out}",
+         "--out", str(tmp_path / "pred.jsonl")], capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    (row,) = [json.loads(x) for x in (tmp_path / "pred.jsonl").read_text().splitlines()]
+    assert len(row["masks"]) == 1 and len(row["masks"][0]) == 5
+
+
+def test_a_cramkit_classifier_export_reads_back(tmp_path: Path) -> None:
+    """A fine-tuning head on a non-BERT encoder: labels, pooling and logits come back through hf:DIR."""
+    from cramkit.model.heads import ClassifierConfig
+
+    torch.manual_seed(0)
+    clf = _perturb(SequenceClassifier(TINY, 3, ClassifierConfig(pooling="mean", pooler_dense=False)))
+    out = export_hf(
+        clf, TINY, tmp_path / "clf", tokenizer_dir=_write_vocab(tmp_path / "tok"), labels=["a", "b", "c"]
+    )
+    back = load(f"hf:{out}")
+    assert (back.kind, back.labels, back.pooling) == ("classifier", ["a", "b", "c"], "mean")
+    ids, mask = _inputs(TINY.vocab_size)
+    with torch.no_grad():
+        assert torch.equal(back.model(ids, mask)[1], clf(ids, mask)[1])
 
 
 def test_export_refuses_foreign_directory(tmp_path: Path) -> None:

@@ -12,7 +12,6 @@ from cramkit.tasks import get_task, registry, task_from_file
 
 @pytest.fixture(autouse=True)
 def _private_registry(monkeypatch):
-    registry._ensure_builtins()
     monkeypatch.setattr(registry, "_TASKS", dict(registry._TASKS))
 
 

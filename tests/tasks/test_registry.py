@@ -14,7 +14,6 @@ from cramkit.tasks.registry import Example, Task, get_task, list_tasks
 @pytest.fixture(autouse=True)
 def _private_registry(monkeypatch):
     """Each test registers into a copy, so nothing leaks into other tests."""
-    registry._ensure_builtins()
     monkeypatch.setattr(registry, "_TASKS", dict(registry._TASKS))
 
 

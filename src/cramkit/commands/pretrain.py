@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import argparse
-import os
 import sys
+
+from cramkit import runtime
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -62,7 +63,7 @@ def run(args: argparse.Namespace) -> int:
     if args.nproc != 1 or args.nnodes != 1:
         return _launch(args)
     from cramkit.train.api import pretrain
-    from cramkit.train.loop import TrainingInterrupted
+    from cramkit.train.trainer import TrainingInterrupted
 
     try:
         run_dir = pretrain(
@@ -74,19 +75,17 @@ def run(args: argparse.Namespace) -> int:
     except TrainingInterrupted as exc:
         print(f"cramkit: {exc}", file=sys.stderr)
         return exc.exit_code
-    if os.environ.get("RANK", "0") == "0":  # under torchrun: once, not once per process
+    if runtime.torchrun().is_main:  # under torchrun: once, not once per process
         print(f"cramkit: run directory {run_dir} (metrics.jsonl, loss.png, checkpoints/)")
     return 0
 
 
 def _launch(args: argparse.Namespace) -> int:
     """``--nproc N``: the same command, without --nproc, on N processes started by torchrun."""
-    import os
-
     from cramkit.errors import CramkitError
     from cramkit.train.launch import launch
 
-    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+    if runtime.torchrun().world > 1:
         raise CramkitError("--nproc given inside a torchrun job; use one or the other")
     out = args.out
     if out is None and args.resume is None and args.nnodes > 1:

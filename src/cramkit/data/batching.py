@@ -162,3 +162,60 @@ def collate(enc: Encoded, batch: np.ndarray, pad_id: int, with_types: bool) -> d
         types = (positions >= enc.b_start[batch][:, None]) & (positions < lengths[:, None])
         out["token_type_ids"] = torch.from_numpy(types.astype(np.int64))
     return out
+
+
+class BatchLoader:
+    """Micro-batches of one process, endlessly, epoch after epoch; resumable from its state_dict.
+
+    One epoch is ``enc`` in length-bucketed batches of ``batch_size`` (``bucketed_batches`` with ``chunk``)
+    in an order that is a function of (seed, epoch), so a resumed run continues with the very batches it
+    would have seen. Every batch is split evenly over the ``world`` processes, then into the same number of
+    micro-batches of at most ``micro`` (the engine's) on each. A micro-batch is the collated inputs, ``count`` (its
+    examples) and each of ``columns`` (per-example tensors: labels, targets) at its examples."""
+
+    def __init__(
+        self, enc: Encoded, batch_size: int, micro: int, rank: int, world: int, *, seed: int, chunk: int,
+        pad_id: int, with_types: bool, columns: dict[str, Any],
+    ) -> None:  # fmt: skip
+        self.enc, self.batch_size, self.rank, self.world = enc, batch_size, rank, world
+        self.seed, self.chunk, self.columns = seed, chunk, columns
+        self.pad_id, self.with_types = pad_id, with_types
+        # the engine gives each process micro-batches that split its share evenly
+        # (``train.schedule.split_batch``): the share's number of micro-batches follows
+        self.accum = -(-(batch_size // world) // micro)
+        self.epoch, self.index, self.part = 0, 0, 0
+        self._batches: list[np.ndarray] | None = None
+
+    def _epoch_batches(self) -> list[np.ndarray]:
+        if self._batches is None:
+            rng = np.random.default_rng([self.seed, self.epoch])
+            self._batches = bucketed_batches(self.enc.lengths, self.batch_size, self.chunk, rng)
+        return self._batches
+
+    def __iter__(self) -> BatchLoader:
+        return self
+
+    def __next__(self) -> dict:
+        batches = self._epoch_batches()
+        batch = batches[self.index]
+        share = np.array_split(batch, self.world)[self.rank]
+        part = np.array_split(share, self.accum)[self.part]
+        count = len(part)
+        if count == 0:  # an uneven last batch: a stand-in row whose loss is weighted by 0
+            part = share[:1] if len(share) else batch[:1]
+        out = dict(collate(self.enc, part, self.pad_id, self.with_types))
+        out.update({name: column[part] for name, column in self.columns.items()})
+        out["count"] = count
+        self.part += 1
+        if self.part == self.accum:
+            self.part, self.index = 0, self.index + 1
+            if self.index == len(batches):
+                self.epoch, self.index, self._batches = self.epoch + 1, 0, None
+        return out
+
+    def state_dict(self) -> dict[str, int]:
+        return {"epoch": self.epoch, "index": self.index, "part": self.part}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.epoch, self.index, self.part = int(state["epoch"]), int(state["index"]), int(state["part"])
+        self._batches = None

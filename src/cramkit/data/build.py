@@ -23,16 +23,10 @@ import numpy as np
 
 from cramkit.data.tokenstore import TokenStoreWriter, store_dtype
 from cramkit.errors import CramkitError
+from cramkit.runtime import cpu_cores
 
 BUILTIN_SOURCE = "builtin:stdlib-docstrings"
 _TOK = None  # the tokenizer inside a worker
-
-
-def default_workers() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        return os.cpu_count() or 1
 
 
 def _init_worker(tok_json: str) -> None:
@@ -139,7 +133,7 @@ def build_store(
     special = special_ids(tokenizer)
     vocab_size = tokenizer.get_vocab_size(with_added_tokens=True)
     dtype = store_dtype(vocab_size)
-    workers = default_workers() if workers is None else int(workers)
+    workers = cpu_cores() if workers is None else int(workers)
     if workers < 1:
         raise CramkitError(f"--workers {workers} must be at least 1")
     if quality_cutoff is not None and not quality_cutoff > 0:

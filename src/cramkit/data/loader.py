@@ -239,9 +239,9 @@ def _enlarge_validation(
 
 
 def _is_main() -> bool:
-    import os
+    from cramkit.runtime import torchrun
 
-    return os.environ.get("RANK", "0") == "0"
+    return torchrun().is_main
 
 
 def _check_shard(micro_batch: int, rank: int, world: int) -> None:

@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 
 from cramkit.errors import CramkitError
+from cramkit.runtime import cpu_cores
 
 MASK = "[MASK]"  # what a masked word is stored as; students read STUDENT_MASK instead
 STUDENT_MASK = "[UNK]"
@@ -64,13 +65,6 @@ class AugmentConfig:
 def words(text: str) -> list[str]:
     """Words and punctuation marks of ``text`` (what is tagged and edited)."""
     return WORD_RE.findall(text or "")
-
-
-def cpu_count() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not on Linux
-        return os.cpu_count() or 1
 
 
 # ------------------------------------------------------------------------------------------ the tagger
@@ -296,7 +290,7 @@ def build_transfer(
     n = len(texts_a)
     b = list(texts_b) if texts_b is not None else [None] * n
     pairs = any(t is not None for t in b)
-    workers = cfg.workers or cpu_count()
+    workers = cfg.workers or cpu_cores()
     wa = [words(t) for t in texts_a]
     wb = [words(t) if t is not None else None for t in b]
     t0 = time.perf_counter()

@@ -12,7 +12,7 @@
    the CPU measured in the same run: ``report.json`` and ``report.md`` beside the student's model
    directory (``cramkit.load`` / ``cramkit predict`` / ``cramkit export``).
 
-Both students train through the engine (``cramkit.distill.objective``: ``train.loop.fit``), each in its
+Both students train through the engine (``cramkit.distill.objective``: ``train.epochs.train_epochs``), each in its
 run directory ``OUT/runs/distilled`` and ``OUT/runs/labels-only`` (checkpoints, metrics.jsonl, loss.png).
 The same command run again continues where it stopped: a training killed midway resumes from its latest
 checkpoint, a finished one is reused, a finished distillation only prints its report. ``OUT/distill.json``
@@ -36,6 +36,7 @@ import numpy as np
 
 from cramkit.errors import CramkitError
 from cramkit.load import LoadedModel
+from cramkit.runtime import Precision
 
 PathLike = str | os.PathLike
 STUDENTS = ("bilstm", "encoder")
@@ -76,7 +77,7 @@ class DistillConfig:
     )
     seed: int = 0
     device: str = "auto"
-    precision: Literal["auto", "fp32", "bf16"] = "auto"
+    precision: Precision = "auto"  # cramkit.runtime's rule
     threads: int = 0  # torch threads while training (0: 1 for the BiLSTM, whose steps are too small to split)
     checkpoint_every: str = "5m"  # a training killed midway resumes from its last checkpoint ('never': off)
     speed_seconds: float = 2.0

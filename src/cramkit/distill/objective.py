@@ -1,8 +1,8 @@
-"""Training a student through the engine (``cramkit.train.loop.fit``), as fine-tuning does.
+"""Training a student through the engine (``cramkit.train.epochs.train_epochs``), as fine-tuning does.
 
 :class:`DistillObjective` is the recipe: the student (for hidden-state matching, wrapped with the learned
 projection onto the teacher's width, so both are trained, checkpointed and resumed), length-bucketed
-batches of the transfer set (``train.finetune.BatchLoader``: seeded by (seed, epoch), resumable) and
+batches of the transfer set (``data.batching.BatchLoader``: seeded by (seed, epoch), resumable) and
 the loss of Tang et al.: MSE on the logits (or KL / BCE with a temperature), ``alpha`` times the hard
 labels of the original rows, ``hidden_weight`` times the MSE of the projected last hidden states against
 the frozen teacher's. Everything else (device, precision, threads, schedule, optimizer, checkpoints and
@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from cramkit.data.batching import Encoded
+from cramkit.data.batching import BatchLoader, Encoded
 from cramkit.load import LoadedModel
 from cramkit.model.heads import classification_loss
 
@@ -48,7 +48,7 @@ class HiddenMatch(nn.Module):
 
 
 class DistillObjective:
-    """A student for the engine (train/loop.py), against the teacher's logits ``targets`` mixed by
+    """A student for the engine (train/trainer.py), against the teacher's logits ``targets`` mixed by
     ``cfg.alpha`` with ``labels`` where ``labelled``; with targets None, on the labels alone. The loss
     is the mean over the batch's examples (as the loop before the engine computed it)."""
 
@@ -77,8 +77,6 @@ class DistillObjective:
         return HiddenMatch(self.student.model, proj)
 
     def train_loader(self, micro: int, *, rank: int = 0, world: int = 1):
-        from cramkit.train.finetune import BatchLoader
-
         s = self.student
         return BatchLoader(self.enc, self.cfg.batch_size, micro, rank, world, seed=self.cfg.seed, chunk=50,
                            pad_id=s.pad_id, with_types=s.with_types, columns=self.columns)  # fmt: skip
@@ -172,11 +170,9 @@ def train_student(
     """Train ``student.model`` in place for ``epochs`` over ``enc`` through the engine into run directory
     ``run``; returns what the training did (steps, seconds, examples/s, first and last loss). A run with
     a checkpoint resumes from it; a finished one (its ``result.json``) is loaded, not trained again."""
-    from cramkit.load import _load_state
+    from cramkit.load import load_weights
     from cramkit.train import checkpoint as ckpt
-    from cramkit.train.loop import fit
-    from cramkit.train.metrics import read_metrics
-    from cramkit.train.parallel import ParallelConfig
+    from cramkit.train.epochs import train_epochs
 
     run = Path(run)
     objective = DistillObjective(student, enc, targets, labels, labelled, cfg, teacher=teacher, title=desc,
@@ -189,23 +185,19 @@ def train_student(
     before = torch.get_num_threads()
     try:
         if stats is None:
-            resume = ckpt.find_latest(run) is not None
-            if not resume:  # what an attempt stopped before its first checkpoint (or an older run) left
+            if ckpt.find_latest(run) is None:  # what an attempt stopped before its first checkpoint left
                 (run / RESULT_FILE).unlink(missing_ok=True)
-            result = fit(objective, tcfg, ParallelConfig(), run, resume=resume, ctx=ctx)
-            # the whole run's records, also when it resumed midway
-            history = read_metrics(run) or result.history
-            stats = _stats(history, result.step, result.elapsed, epochs, len(enc), cfg.batch_size)
+            # trains ``objective.build_model()``: the student itself (with its projection, if any)
+            done = train_epochs(objective, tcfg, run, examples=len(enc), batch_size=cfg.batch_size, ctx=ctx)
+            stats = _stats(done.losses, done.steps, done.seconds, epochs, len(enc), done.examples_seen)
             if ctx is None or ctx.is_main:
                 from cramkit.io import write_json_atomic
 
                 write_json_atomic(run / RESULT_FILE, stats)
         else:
             print(f"cramkit: {desc}: trained earlier in {run}; reusing it", file=sys.stderr)
-        # the finished weights from the final checkpoint: whole on every strategy and world size
-        final = ckpt.find_latest(run)
-        model = objective.build_model()
-        _load_state(model, ckpt.model_weights(final), f"checkpoint {final}")
+            final = ckpt.find_latest(run)
+            load_weights(objective.build_model(), ckpt.model_weights(final), f"checkpoint {final}")
     finally:
         torch.set_num_threads(before)
         if teacher is not None:
@@ -228,11 +220,8 @@ def _finished(run: Path) -> dict[str, Any] | None:
 
 
 def _stats(
-    history: list[dict], steps: int, seconds: float, epochs: float, n: int, batch_size: int
+    losses: list[float], steps: int, seconds: float, epochs: float, n: int, seen: int
 ) -> dict[str, Any]:
-    losses = [r["loss"] for r in history if isinstance(r.get("loss"), float) and math.isfinite(r["loss"])]
-    per_epoch = math.ceil(n / batch_size)
-    seen = (steps // per_epoch) * n + min((steps % per_epoch) * batch_size, n)
     return {"steps": steps, "epochs": epochs, "examples": n, "examples_seen": seen, "seconds": round(seconds, 2),
             "examples_per_s": round(seen / max(seconds, 1e-9), 1), "first_loss": losses[0] if losses else None,
             "last_loss": float(np.mean(losses[-max(1, len(losses) // 10):])) if losses else None}  # fmt: skip

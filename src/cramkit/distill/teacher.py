@@ -18,20 +18,13 @@ from typing import Any
 import numpy as np
 
 from cramkit.errors import CramkitError
-from cramkit.io import open_memmap, sha256_file, write_json_atomic
-from cramkit.load import MODEL_FILE, LoadedModel
+from cramkit.io import open_memmap, write_json_atomic
+from cramkit.load import LoadedModel
 
 
 def teacher_key(teacher: LoadedModel, max_length: int) -> str:
     """A short fingerprint of the teacher's weights and the input length it reads."""
-    src = teacher.source[3:] if teacher.source.startswith("hf:") else teacher.source
-    root = Path(src)
-    digest = None
-    meta = root / MODEL_FILE
-    if meta.is_file():
-        digest = (json.loads(meta.read_text(encoding="utf-8")).get("sha256") or {}).get("model.safetensors")
-    if digest is None and (root / "model.safetensors").is_file():
-        digest = sha256_file(root / "model.safetensors")
+    digest = teacher.weights_digest()
     if digest is None:  # weights elsewhere: fingerprint the tensors themselves
         h = hashlib.sha256()
         for name, t in sorted(teacher.model.state_dict().items()):

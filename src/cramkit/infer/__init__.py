@@ -1,5 +1,6 @@
 """Fast inference: the batched engine (torch), and the ONNX Runtime backend (``cramkit.infer.onnx``)."""
 
-from cramkit.infer.engine import ClassifyResult, Engine, resolve_device
+from cramkit.infer.engine import ClassifyResult, Engine
+from cramkit.runtime import resolve_device
 
 __all__ = ["ClassifyResult", "Engine", "resolve_device"]

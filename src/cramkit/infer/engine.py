@@ -3,8 +3,8 @@ wrote (ONNX Runtime): embeddings, classification, fill-mask.
 
 Inputs are sorted by length and cut into batches by a token budget (rows x longest row), not a row
 count, so memory is the same for short and long inputs; each batch is padded to its own longest member
-only; results come back in the caller's order. torch: ``torch.inference_mode`` always, bf16 autocast on
-CUDA. Inputs longer than the model's limit are truncated (on by default) and reported per input in
+only; results come back in the caller's order. torch: ``torch.inference_mode`` always, autocast as
+``cramkit.runtime`` decides (bf16 on CUDA by default). Inputs longer than the model's limit are truncated (on by default) and reported per input in
 ``truncated``; with ``truncate=False`` they are an error instead.
 
 The ``*_encoded`` methods take already tokenised inputs (:meth:`Engine.tokenize`): the server tokenises
@@ -24,6 +24,8 @@ import numpy as np
 
 from cramkit.data.batching import Encoded, encode_texts, token_budget_batches
 from cramkit.errors import CramkitError
+from cramkit.runtime import autocast, resolve_device, resolve_precision
+from cramkit.runtime import cpu_cores as cpu_cores  # (the server's import)
 
 if TYPE_CHECKING:
     import torch
@@ -44,28 +46,6 @@ class ClassifyResult:
     labels: list[str] | list[list[str]] | None  # argmax label name; multilabel: names with p >= 0.5
     scores: np.ndarray | None  # regression: the predicted value per input
     truncated: np.ndarray  # bool per input
-
-
-def resolve_device(name: str | torch.device | None) -> torch.device:
-    import torch
-
-    if name is None or str(name) == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        device = torch.device(name)
-    except RuntimeError:
-        raise CramkitError(f"unknown device {name!r}; use auto, cpu, cuda or cuda:N") from None
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise CramkitError("device cuda asked for, but no CUDA device is available; use --device cpu")
-    return device
-
-
-def cpu_cores() -> int:
-    """The CPU cores this process may run on (its affinity), at least 1."""
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except (AttributeError, OSError):
-        return max(1, os.cpu_count() or 1)
 
 
 def probabilities(kind: str, logits: np.ndarray) -> np.ndarray | None:
@@ -93,16 +73,11 @@ class _TorchRunner:
         self.torch = torch
         self.loaded = loaded
         self.device = resolve_device(device)
+        self.precision = resolve_precision(precision, self.device)
         self.model = loaded.model.to(self.device).eval()
-        if precision not in ("auto", "fp32", "bf16"):
-            raise CramkitError(f"precision must be auto, fp32 or bf16, got {precision!r}")
-        use_bf16 = precision == "bf16" or (precision == "auto" and self.device.type == "cuda")
-        self.precision = "bf16" if use_bf16 else "fp32"
-        self._amp = (
-            (lambda: torch.autocast(self.device.type, dtype=torch.bfloat16))
-            if use_bf16
-            else contextlib.nullcontext
-        )
+
+    def _amp(self) -> contextlib.AbstractContextManager:
+        return autocast(self.precision, self.device)
 
     def _inputs(self, x: dict[str, np.ndarray | None]) -> tuple[Any, Any, Any]:
         t = self.torch
@@ -224,7 +199,9 @@ class Engine:
             import tempfile
 
             self._tmp = tempfile.TemporaryDirectory(prefix="cramkit-onnx-")
-            out = onnx_mod.export_onnx(model, Path(self._tmp.name) / "model", None, False, progress=False)
+            out = onnx_mod.export_onnx(
+                model, Path(self._tmp.name) / "model", compare=compare_outputs, progress=False
+            )
             model = onnx_mod.load_onnx(out, threads=threads)
         if isinstance(model, LoadedModel):
             self.loaded: LoadedModel | None = model
@@ -479,3 +456,47 @@ class Engine:
             "classify": self.can_classify,
             "fill_mask": self.can_fill_mask,
         }
+
+
+def compare_outputs(loaded: LoadedModel, onnx_model: OnnxModel, texts: list[Any]) -> dict[str, Any]:
+    """The largest differences between the torch model's and its ONNX export's outputs on ``texts``
+    (``cramkit.infer.onnx.export_onnx``'s check)."""
+    import torch
+
+    ref = Engine(loaded, backend="torch", device="cpu", max_batch_tokens=4096)
+    got = Engine(onnx_model, max_batch_tokens=4096)
+    res: dict[str, Any] = {"texts": len(texts)}
+    with torch.inference_mode():
+        if ref.can_embed:
+            enc = ref.tokenize(texts)
+            for name, a, b in zip(
+                ("mean", "cls"), ref.embed_encoded(enc), got.embed_encoded(enc), strict=True
+            ):
+                res[f"max_abs_diff_{name}"] = float(np.abs(a - b).max())
+                res[f"scale_{name}"] = float(np.abs(a).max())
+                cos = (a * b).sum(1) / np.maximum(
+                    np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1), 1e-12
+                )
+                res[f"cosine_{name}_mean"] = float(cos.mean())
+                res[f"cosine_{name}_min"] = float(cos.min())
+        if ref.can_classify:
+            enc = ref.tokenize(texts)
+            a, b = ref.logits_encoded(enc), got.logits_encoded(enc)
+            res["max_abs_diff_logits"] = float(np.abs(a - b).max())
+            res["scale_logits"] = float(np.abs(a).max())
+            if loaded.kind != "regression":
+                res["label_agreement"] = float((a.argmax(1) == b.argmax(1)).mean())
+        if ref.can_fill_mask:
+            masked = [
+                " ".join(t.split()[:6] + ["[MASK]"] + t.split()[6:12])
+                for t in texts[:32]
+                if isinstance(t, str)
+            ]
+            ra, ga = ref.fill_mask(masked, top_k=1), got.fill_mask(masked, top_k=1)
+            pa = [m[0]["id"] for r in ra for m in r[:1]]
+            pb = [m[0]["id"] for r in ga for m in r[:1]]
+            sa = np.asarray([m[0]["score"] for r in ra for m in r[:1]])
+            sb = np.asarray([m[0]["score"] for r in ga for m in r[:1]])
+            res["fill_mask_top1_agreement"] = float(np.mean([x == y for x, y in zip(pa, pb, strict=True)]))
+            res["max_abs_diff_fill_mask_top1_prob"] = float(np.abs(sa - sb).max()) if len(sa) else 0.0
+    return res

@@ -27,32 +27,27 @@ import os
 import platform
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
-
 from cramkit.errors import CramkitError
+from cramkit.load import KINDS, ONNX_MANIFEST, directory_kind
 
 if TYPE_CHECKING:
     from cramkit.load import LoadedModel
 
-MANIFEST = "cramkit-onnx.json"
+MANIFEST = ONNX_MANIFEST
 FORMAT = "cramkit-onnx-1"
-KINDS = ("mlm", "classifier", "multilabel", "regression", "encoder")
 QUANTIZE = (None, "int8")
 # the largest difference from the torch model an fp32 export may show (relative to the output's scale)
 FP32_TOLERANCE = 1e-3
 
 
 def is_onnx_dir(path: str | os.PathLike) -> bool:
-    """Whether ``path`` is a directory written by :func:`export_onnx`."""
-    text = str(path)
-    if text.startswith("hf:"):
-        return False
-    return (Path(text).expanduser() / MANIFEST).is_file()
+    """Whether ``path`` is a directory written by :func:`export_onnx` (``cramkit.load``'s kinds table)."""
+    return directory_kind(path) == "onnx"
 
 
 @dataclass
@@ -317,38 +312,6 @@ def check_texts(n: int = 96) -> list[str]:
     return texts
 
 
-def _compare(ref: Any, got: Any, loaded: LoadedModel, texts: list[Any]) -> dict[str, Any]:
-    """The largest differences between two engines' outputs on ``texts``."""
-    res: dict[str, Any] = {"texts": len(texts)}
-    if ref.can_embed:
-        enc = ref.tokenize(texts)
-        for name, a, b in zip(("mean", "cls"), ref.embed_encoded(enc), got.embed_encoded(enc), strict=True):
-            res[f"max_abs_diff_{name}"] = float(np.abs(a - b).max())
-            res[f"scale_{name}"] = float(np.abs(a).max())
-            cos = (a * b).sum(1) / np.maximum(np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1), 1e-12)
-            res[f"cosine_{name}_mean"] = float(cos.mean())
-            res[f"cosine_{name}_min"] = float(cos.min())
-    if ref.can_classify:
-        enc = ref.tokenize(texts)
-        a, b = ref.logits_encoded(enc), got.logits_encoded(enc)
-        res["max_abs_diff_logits"] = float(np.abs(a - b).max())
-        res["scale_logits"] = float(np.abs(a).max())
-        if loaded.kind != "regression":
-            res["label_agreement"] = float((a.argmax(1) == b.argmax(1)).mean())
-    if ref.can_fill_mask:
-        masked = [
-            " ".join(t.split()[:6] + ["[MASK]"] + t.split()[6:12]) for t in texts[:32] if isinstance(t, str)
-        ]
-        ra, ga = ref.fill_mask(masked, top_k=1), got.fill_mask(masked, top_k=1)
-        pa = [m[0]["id"] for r in ra for m in r[:1]]
-        pb = [m[0]["id"] for r in ga for m in r[:1]]
-        sa = np.asarray([m[0]["score"] for r in ra for m in r[:1]])
-        sb = np.asarray([m[0]["score"] for r in ga for m in r[:1]])
-        res["fill_mask_top1_agreement"] = float(np.mean([x == y for x, y in zip(pa, pb, strict=True)]))
-        res["max_abs_diff_fill_mask_top1_prob"] = float(np.abs(sa - sb).max()) if len(sa) else 0.0
-    return res
-
-
 def _worst_relative(check: dict[str, Any]) -> tuple[str, float]:
     worst, name = 0.0, ""
     for key, value in check.items():
@@ -366,14 +329,17 @@ def export_onnx(
     quantize: str | None = None,
     force: bool = False,
     *,
+    compare: Callable[[LoadedModel, OnnxModel, list[Any]], dict[str, Any]],
     texts: list[Any] | None = None,
     opset: int = 18,
     progress: bool = True,
 ) -> Path:
     """Export ``loaded`` to an ONNX directory at ``out`` (atomically) and check it against the torch model.
 
-    quantize: None (fp32) or "int8" (dynamic quantization). texts: the check's inputs (default: real text
-    from the built-in corpus). A non-empty ``out`` that is not a previous export is refused unless ``force``.
+    quantize: None (fp32) or "int8" (dynamic quantization). compare: the check, the largest differences
+    between the torch model and the export on ``texts`` (``cramkit.infer.engine.compare_outputs``: this
+    module knows nothing of the engine). texts: the check's inputs (default: real text from the built-in
+    corpus). A non-empty ``out`` that is not a previous export is refused unless ``force``.
     """
     if quantize not in QUANTIZE:
         raise CramkitError(f"quantize must be int8 or none, got {quantize!r}")
@@ -381,9 +347,7 @@ def export_onnx(
         import onnxruntime  # noqa: F401
     except ImportError as exc:
         raise CramkitError(f"ONNX export needs onnxruntime ({exc}): pip install 'cramkit[onnx]'") from None
-    import torch
 
-    from cramkit.infer.engine import Engine
     from cramkit.io import atomic_path, check_out, disk_problem, sha256_file, write_json_atomic
     from cramkit.text.tokenizer import save_tokenizer
 
@@ -451,10 +415,7 @@ def export_onnx(
             "versions": _versions(),
         }
         say(f"checking against the torch model on {len(texts)} real texts")
-        ref = Engine(loaded, backend="torch", device="cpu", max_batch_tokens=4096)
-        got = Engine(_open(tmp, manifest, threads=None), max_batch_tokens=4096)
-        with torch.inference_mode():
-            check = _compare(ref, got, loaded, texts)
+        check = compare(loaded, _open(tmp, manifest, threads=None), texts)
         name, worst = _worst_relative(check)
         check["worst_output"], check["worst_relative_diff"] = name, worst
         if quantize is None and worst > FP32_TOLERANCE:
@@ -598,8 +559,8 @@ def _refuse_external_data(file: Path, data: bytes) -> None:
 def _open(path: Path, meta: dict[str, Any], threads: int | None) -> OnnxModel:
     import onnxruntime as ort
 
-    from cramkit.infer.engine import cpu_cores
     from cramkit.io import inside
+    from cramkit.runtime import cpu_cores
     from cramkit.text.tokenizer import load_tokenizer
 
     opts = ort.SessionOptions()

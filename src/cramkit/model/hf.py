@@ -4,6 +4,7 @@ Import: a BERT checkpoint (``BertModel``, ``BertForMaskedLM``, ``BertForPreTrain
 ``BertForSequenceClassification``, ...; safetensors) maps parameter for parameter onto our encoder in
 its ``bert-base`` shape (post-LN, learned positions, biases, token types): hidden states equal
 transformers' within float rounding. Query, key and value are concatenated into our fused ``qkv``.
+The door to it is ``cramkit.load("hf:DIR")``, which also reads back our own ``model_type: cramkit`` exports.
 
 Export: a BERT-shaped model becomes a plain ``BertForMaskedLM`` / ``BertModel`` directory that
 ``transformers.AutoModel.from_pretrained`` loads with no custom code. Any other architecture (pre-LN,
@@ -20,7 +21,6 @@ import os
 import re
 import shutil
 import tempfile
-import warnings
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +29,7 @@ from torch import nn
 
 from cramkit.errors import CramkitError
 from cramkit.model.encoder import Encoder, ModelConfig
-from cramkit.model.heads import ClassifierConfig, MaskedLM, SequenceClassifier
+from cramkit.model.heads import MaskedLM, SequenceClassifier
 
 TEMPLATE = Path(__file__).with_name("hf_modeling_template.py")
 EXPORT_MARKER = "cramkit_export.json"
@@ -319,57 +319,6 @@ def _resolve(path: str | Path) -> Path:
             f"{path}: could not download '{name}' from the Hugging Face hub ({type(exc).__name__}: {exc}); "
             "check the name and the network (HF_HUB_OFFLINE=1 forbids downloads), or give a local directory"
         ) from None
-
-
-def import_hf(
-    path: str | Path, *, task: str = "encoder", num_labels: int | None = None
-) -> tuple[nn.Module, Path | None]:
-    """Load a Hugging Face BERT checkpoint as an Encoder (task "encoder"), a MaskedLM ("mlm") or a
-    SequenceClassifier ("classifier"). Returns the model and the directory holding its tokenizer (or None).
-    """
-    root = _resolve(path)
-    cfg = load_hf_config(root)
-    state = load_hf_encoder_state(root, cfg)
-    enc_state = {k: v for k, v in state.items() if not k.startswith(("head.", "pooler.", "classifier."))}
-    if task == "encoder":
-        model: nn.Module = Encoder(cfg)
-        model.load_state_dict(enc_state, strict=True)
-    elif task == "mlm":
-        model = MaskedLM(cfg)
-        head = {k: v for k, v in state.items() if k.startswith("head.")}
-        if not head:
-            warnings.warn(
-                f"{root} has no masked-LM head (cls.predictions.*): the head starts from fresh weights",
-                stacklevel=2,
-            )
-            head = {k: v for k, v in model.head.state_dict().items()}
-            head = {f"head.{k}": v for k, v in head.items()}
-        if cfg.tie_embeddings:
-            head["head.decoder.weight"] = enc_state["embeddings.word.weight"]
-        full = {f"encoder.{k}": v for k, v in enc_state.items()} | head
-        missing, unexpected = model.load_state_dict(full, strict=False)
-        if missing or unexpected:
-            raise CramkitError(
-                f"{root}: MLM head weights do not fit (missing {missing}, unexpected {unexpected})"
-            )
-    elif task == "classifier":
-        _, hf = _read_hf_config(root)
-        labels = num_labels or int(hf.get("num_labels") or len(hf.get("id2label") or {}) or 2)
-        dropout = hf.get("classifier_dropout")
-        head_cfg = ClassifierConfig(
-            pooling="first", pooler_dense=True, dropout=float(dropout if dropout is not None else cfg.dropout)
-        )
-        model = SequenceClassifier(cfg, labels, head_cfg)
-        model.encoder.load_state_dict(enc_state, strict=True)
-        if "pooler.weight" in state:
-            model.pooler.load_state_dict({"weight": state["pooler.weight"], "bias": state["pooler.bias"]})
-        cls_w = state.get("classifier.weight")
-        if cls_w is not None and cls_w.shape[0] == labels:
-            model.classifier.load_state_dict({"weight": cls_w, "bias": state["classifier.bias"]})
-    else:
-        raise CramkitError(f"import_hf: task {task!r} is not one of 'encoder', 'mlm', 'classifier'")
-    tokenizer = root if any((root / f).exists() for f in ("tokenizer.json", "vocab.txt")) else None
-    return model, tokenizer
 
 
 # ----------------------------------------------------------------------------------------------- export

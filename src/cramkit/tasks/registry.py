@@ -1,8 +1,9 @@
-"""Tasks and mixtures, registered once by name (seqio's shape, without its machinery).
+"""Tasks, registered once by name (seqio's shape, without its machinery).
 
 A :class:`Task` is a name, a loader per split returning :class:`Example` rows (text_a, text_b, label),
 its labels (None for regression) and its metrics. Built-in tasks (``glue/*``) are registered as factories, because where their
-files live (``data_dir``) is only known when they are asked for; user tasks are registered as objects.
+files live (``data_dir``) is only known when they are asked for; user tasks are registered as objects. The built-in
+tasks register themselves when ``cramkit.tasks`` is imported (which importing this module does first).
 """
 
 from __future__ import annotations
@@ -170,10 +171,6 @@ TaskFactory = Callable[..., Task]  # factory(data_dir=..., skip_bad_rows=...) ->
 _TASKS: dict[str, Task | TaskFactory] = {}
 
 
-def _ensure_builtins() -> None:
-    import cramkit.tasks.glue  # noqa: F401  (registers glue/*)
-
-
 def register_task(
     task: Task | TaskFactory, name: str | None = None, *, overwrite: bool = True
 ) -> Task | TaskFactory:
@@ -188,7 +185,6 @@ def register_task(
 
 
 def list_tasks() -> list[str]:
-    _ensure_builtins()
     return sorted(_TASKS)
 
 
@@ -206,7 +202,6 @@ def get_task(name: str, *, data_dir: PathLike | None = None, skip_bad_rows: bool
     skip_bad_rows: skip (and count in ``task.skipped``) rows with the wrong number of columns or a
     label outside the label set, instead of stopping with an error naming the file and line.
     """
-    _ensure_builtins()
     if name not in _TASKS:
         raise _unknown("task", name, sorted(_TASKS))
     entry = _TASKS[name]

@@ -275,9 +275,9 @@ class InheritObjective(MLMObjective):
         self.released, self.alpha = True, 0.0
         if self._teacher is not None and self._mark is not None:
             share = self.teacher_seconds / max(time.perf_counter() - self._mark, 1e-9)
-            import os
+            from cramkit.runtime import torchrun
 
-            if os.environ.get("RANK", "0") == "0":
+            if torchrun().is_main:
                 print(
                     f"cramkit: knowledge inheritance ended at {fraction:.0%} of the budget (inherit.until="
                     f"{self.icfg.until}); the teacher took {share:.1%} of the training time until then; it is "

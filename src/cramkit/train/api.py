@@ -22,6 +22,7 @@ from typing import Any
 
 import yaml
 
+from cramkit import runtime
 from cramkit.config import load_yaml
 from cramkit.errors import CramkitError
 from cramkit.train import checkpoint as ckpt
@@ -254,7 +255,7 @@ def pretrain(
         cfg, begin = _start_config(preset, overrides, init, inherit, tokenizer, extend_vocab)
         fresh_head = bool(init) and begin.head_state is None
         preset = preset or ("continue" if init else "tiny-cpu")
-        if out is None and int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        if out is None and runtime.torchrun().world > 1:
             raise CramkitError(
                 "under torchrun give --out RUN: every process must write into the same run directory "
                 "(or use `cramkit pretrain --nproc N`, which picks one)"
@@ -267,7 +268,7 @@ def pretrain(
             )
         # the model must fit before anything is written (the exact vocabulary is checked again below)
         check_fits(cfg, min(cfg.model.vocab_size, cfg.tokenizer.vocab_size))
-        if not run.exists() and int(os.environ.get("WORLD_SIZE", "1")) == 1:
+        if not run.exists() and runtime.torchrun().world == 1:
             created = run
         run.mkdir(parents=True, exist_ok=True)
     with _lock_run(run, "--resume" if resume is not None else "--out"):
@@ -440,7 +441,7 @@ def _lock_run(run: Path, what: str) -> contextlib.AbstractContextManager:
     """The run directory's lock, taken by one process (rank 0 under torchrun)."""
     from cramkit.io import dir_lock
 
-    if int(os.environ.get("RANK", "0")) != 0:
+    if not runtime.torchrun().is_main:
         return contextlib.nullcontext()
     return dir_lock(run, what)
 
@@ -458,7 +459,7 @@ def _resume_plan(run: Path, cfg: RunConfig) -> bool:
     before = state.get("budget")
     budget = parse_budget(cfg.train.budget)
     fraction = budget.fraction(elapsed, tokens, step)
-    quiet = int(os.environ.get("RANK", "0")) != 0
+    quiet = not runtime.torchrun().is_main
     if fraction >= 1.0:
         if not quiet:
             print(

@@ -12,10 +12,12 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from cramkit import runtime
 from cramkit.config import from_dict, load_preset, merge, parse_overrides, to_dict
 from cramkit.data.mlm import DataConfig
 from cramkit.errors import CramkitError
 from cramkit.model.encoder import ModelConfig
+from cramkit.runtime import Precision
 from cramkit.text.tokenizer import MAX_VOCAB_SIZE
 from cramkit.train.budget import parse_budget, parse_every
 from cramkit.train.parallel import ParallelConfig
@@ -59,7 +61,7 @@ class TrainConfig:
     batch_size: int = 8192  # target global batch in sequences (reached through gradient accumulation)
     batch_ramp: float = 0.6  # fraction of the budget at which the global batch reaches batch_size
     grad_clip: float = 0.5  # max global gradient norm (0 = off)
-    precision: Literal["auto", "fp32", "bf16", "fp16"] = "auto"  # auto: bf16 autocast on CUDA, fp32 on CPU
+    precision: Precision = "auto"  # cramkit.runtime's rule: auto is bf16 autocast on CUDA, fp32 on CPU
     compile: bool | str = "auto"  # torch.compile the encoder; auto: on for CUDA, off on CPU
     device: str = "auto"  # auto, cpu, cuda, cuda:1
     seed: int = 0
@@ -227,7 +229,7 @@ def _machine_memory(device: str) -> tuple[int | None, str]:
             if torch.cuda.is_available():
                 index = torch.device(device).index if device.startswith("cuda") else None
                 if index is None:  # under torchrun each process uses its local rank's GPU
-                    index = int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count()
+                    index = runtime.torchrun().local_rank % torch.cuda.device_count()
                 props = torch.cuda.get_device_properties(index)
                 return int(props.total_memory), f"GPU memory ({props.name})"
         except Exception:  # noqa: BLE001 - no usable GPU: the RAM decides
@@ -251,7 +253,7 @@ def check_fits(cfg: RunConfig, vocab_size: int | None = None) -> None:
     params, need = estimate_training_bytes(cfg, vocab_size)
     have, what = _machine_memory(cfg.train.device)
     if cfg.parallel.strategy == "fsdp":  # FSDP shards weights, gradients and optimizer state over ranks
-        need -= params * TRAIN_BYTES_PER_PARAM * (1 - 1 / max(int(os.environ.get("WORLD_SIZE", "1")), 1))
+        need -= params * TRAIN_BYTES_PER_PARAM * (1 - 1 / runtime.torchrun().world)
     if have is not None and need > have:
         m = cfg.model
         raise CramkitError(

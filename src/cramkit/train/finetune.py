@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import math
 import os
 import shutil
 import statistics
@@ -24,9 +23,10 @@ from typing import Any, Literal
 import numpy as np
 
 from cramkit.config import from_dict, to_dict
-from cramkit.data.batching import Encoded, bucketed_batches, collate, encode_examples
+from cramkit.data.batching import BatchLoader, Encoded, collate, encode_examples
 from cramkit.errors import CramkitError
 from cramkit.load import LoadedModel
+from cramkit.runtime import Precision
 from cramkit.tasks.registry import Task
 
 PathLike = str | os.PathLike
@@ -64,7 +64,7 @@ class FinetuneConfig:
     max_train_examples: int = 0  # use only the first N training examples (0 = all)
     micro_batch: int = 0  # examples per forward/backward on each process (0: the whole share of a batch)
     device: str = "auto"  # auto | cpu | cuda | cuda:1
-    precision: Literal["auto", "fp32", "bf16"] = "auto"  # auto = bf16 autocast on CUDA, fp32 elsewhere
+    precision: Precision = "auto"  # cramkit.runtime's rule: auto is bf16 autocast on CUDA, fp32 elsewhere
     compile: bool = False  # torch.compile each block (batches vary in length: recompiles cost)
     checkpoint_every: str = "5m"  # a run killed midway resumes from its last checkpoint ('never': off)
 
@@ -122,25 +122,16 @@ def build_model(loaded: LoadedModel, num_labels: int, cfg: FinetuneConfig, *, mu
     return model
 
 
-def resolve_device(name: str):
-    """The torch device for ``finetune.device`` (auto: CUDA when present, else CPU)."""
-    from cramkit.train.parallel import resolve_device as _resolve
-
-    return _resolve(name)
-
-
 def predict(model, enc: Encoded, cfg: FinetuneConfig, device, pad_id: int, with_types: bool) -> np.ndarray:
     """Logits for every example (in the given order), computed on length-sorted batches."""
     import torch
 
-    from cramkit.train.loop import autocast
+    from cramkit.runtime import autocast, resolve_precision
 
     model.eval()
     order = np.argsort(enc.lengths, kind="stable")
     out = np.zeros((len(enc), model.num_labels), dtype=np.float32)
-    precision = (
-        "bf16" if cfg.precision == "bf16" or (cfg.precision == "auto" and device.type == "cuda") else "fp32"
-    )
+    precision = resolve_precision(cfg.precision, device)
     with torch.inference_mode():
         for s in range(0, len(order), cfg.eval_batch_size):
             batch = order[s : s + cfg.eval_batch_size]
@@ -155,7 +146,7 @@ def predict(model, enc: Encoded, cfg: FinetuneConfig, device, pad_id: int, with_
 
 
 class ClassifierObjective:
-    """Fine-tuning for the engine (train/loop.py): a SequenceClassifier on length-bucketed batches.
+    """Fine-tuning for the engine (train/trainer.py): a SequenceClassifier on length-bucketed batches.
 
     Every global batch of ``batch_size`` examples is split evenly over the processes, then into the same
     number of micro-batches on each; the loss is the mean over the batch's examples. The batch order is a
@@ -200,63 +191,6 @@ class ClassifierObjective:
         return None  # dev metrics are computed by finetune() on the finished model
 
 
-class BatchLoader:
-    """Micro-batches of one process, endlessly, epoch after epoch; resumable from its state_dict.
-
-    One epoch is ``enc`` in length-bucketed batches of ``batch_size`` (``bucketed_batches`` with ``chunk``)
-    in an order that is a function of (seed, epoch), so a resumed run continues with the very batches it
-    would have seen. Every batch is split evenly over the ``world`` processes, then into the same number of
-    micro-batches of at most ``micro`` on each. A micro-batch is the collated inputs, ``count`` (its
-    examples) and each of ``columns`` (per-example tensors: labels, targets) at its examples."""
-
-    def __init__(
-        self, enc: Encoded, batch_size: int, micro: int, rank: int, world: int, *, seed: int, chunk: int,
-        pad_id: int, with_types: bool, columns: dict[str, Any],
-    ) -> None:  # fmt: skip
-        from cramkit.train.schedule import split_batch
-
-        self.enc, self.batch_size, self.rank, self.world = enc, batch_size, rank, world
-        self.seed, self.chunk, self.columns = seed, chunk, columns
-        self.pad_id, self.with_types = pad_id, with_types
-        self.accum = split_batch(batch_size, micro, world)[1]
-        self.epoch, self.index, self.part = 0, 0, 0
-        self._batches: list[np.ndarray] | None = None
-
-    def _epoch_batches(self) -> list[np.ndarray]:
-        if self._batches is None:
-            rng = np.random.default_rng([self.seed, self.epoch])
-            self._batches = bucketed_batches(self.enc.lengths, self.batch_size, self.chunk, rng)
-        return self._batches
-
-    def __iter__(self) -> BatchLoader:
-        return self
-
-    def __next__(self) -> dict:
-        batches = self._epoch_batches()
-        batch = batches[self.index]
-        share = np.array_split(batch, self.world)[self.rank]
-        part = np.array_split(share, self.accum)[self.part]
-        count = len(part)
-        if count == 0:  # an uneven last batch: a stand-in row whose loss is weighted by 0
-            part = share[:1] if len(share) else batch[:1]
-        out = dict(collate(self.enc, part, self.pad_id, self.with_types))
-        out.update({name: column[part] for name, column in self.columns.items()})
-        out["count"] = count
-        self.part += 1
-        if self.part == self.accum:
-            self.part, self.index = 0, self.index + 1
-            if self.index == len(batches):
-                self.epoch, self.index, self._batches = self.epoch + 1, 0, None
-        return out
-
-    def state_dict(self) -> dict[str, int]:
-        return {"epoch": self.epoch, "index": self.index, "part": self.part}
-
-    def load_state_dict(self, state: dict[str, int]) -> None:
-        self.epoch, self.index, self.part = int(state["epoch"]), int(state["index"]), int(state["part"])
-        self._batches = None
-
-
 def train_config(cfg: FinetuneConfig, seed: int, steps: int, progress: bool | str = False):
     """The engine's TrainConfig for one fine-tuning run of ``steps`` optimizer steps."""
     from cramkit.train.config import TrainConfig
@@ -289,45 +223,24 @@ def train_one_seed(
 ):
     """Train a fresh classifier on ``train`` with ``seed`` through the training engine; returns (model,
     stats). With ``run`` (a directory) checkpoints go there and a run killed midway resumes from them."""
-    import tempfile
+    from cramkit.train.epochs import epoch_steps, train_epochs
 
-    from cramkit.load import _load_state
-    from cramkit.train import checkpoint as ckpt
-    from cramkit.train.loop import fit
-    from cramkit.train.parallel import ParallelConfig
-
-    steps_per_epoch = math.ceil(len(train) / cfg.batch_size)
-    total = max(1, math.ceil(cfg.epochs * steps_per_epoch))
     objective = ClassifierObjective(loaded, train, num_labels, cfg, seed, desc, resume_hint, multilabel)
-    tcfg = train_config(cfg, seed, total, progress="auto" if progress else False)
-    with contextlib.ExitStack() as stack:
-        if run is None:
-            run = stack.enter_context(tempfile.TemporaryDirectory(prefix="cramkit-finetune-"))
-        run = Path(run)
-        resume = ckpt.find_latest(run) is not None
-        result = fit(objective, tcfg, ParallelConfig(), run, resume=resume, ctx=ctx)
-        # the finished weights from the final checkpoint: whole on every strategy (DDP, FSDP2) and world size
-        model = objective.build_model()
-        _load_state(model, ckpt.model_weights(result.checkpoint), f"checkpoint {result.checkpoint}")
-        model.to(ctx.device if ctx is not None else resolve_device(cfg.device))
-        from cramkit.train.metrics import read_metrics
-
-        history = read_metrics(run) or result.history  # the whole run's, also when it resumed midway
-    losses = [r["loss"] for r in history if isinstance(r.get("loss"), float) and math.isfinite(r["loss"])]
-    seen = (result.step // steps_per_epoch) * len(train) + min(
-        (result.step % steps_per_epoch) * cfg.batch_size, len(train)
-    )
+    steps = epoch_steps(len(train), cfg.batch_size, cfg.epochs)
+    tcfg = train_config(cfg, seed, steps, progress="auto" if progress else False)
+    done = train_epochs(objective, tcfg, run, examples=len(train), batch_size=cfg.batch_size, ctx=ctx)
+    losses = done.losses
     stats = {
         "seed": seed,
-        "steps": result.step,
-        "examples_seen": seen,
-        "train_seconds": round(result.elapsed, 3),
-        "examples_per_s": round(seen / max(1e-9, result.elapsed), 2),
+        "steps": done.steps,
+        "examples_seen": done.examples_seen,
+        "train_seconds": round(done.seconds, 3),
+        "examples_per_s": round(done.examples_per_s, 2),
         "loss_curve": _curve(losses),
         "first_loss": losses[0] if losses else float("nan"),
         "last_loss": float(np.mean(losses[-max(1, len(losses) // 10) :])) if losses else float("nan"),
     }
-    return model, stats
+    return done.model, stats
 
 
 def _curve(losses: list[float], points: int = 100) -> list[float]:

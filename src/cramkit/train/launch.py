@@ -20,6 +20,7 @@ import subprocess
 import sys
 from collections.abc import Sequence
 
+from cramkit import runtime
 from cramkit.errors import CramkitError
 
 
@@ -63,7 +64,7 @@ def launch(nproc: int, cramkit_args: Sequence[str], **kwargs: object) -> int:
     its step, saves a checkpoint and stops; after 30 s torchrun kills what is left)."""
     cmd = torchrun_command(nproc, cramkit_args, **kwargs)  # type: ignore[arg-type]
     env = dict(os.environ)
-    env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // max(1, nproc))))
+    env.setdefault("OMP_NUM_THREADS", str(max(1, runtime.cpu_cores() // max(1, nproc))))
     # its own session: a Ctrl-C reaches torchrun once, through us, not twice (terminal + forward)
     proc = subprocess.Popen(cmd, env=env, start_new_session=True)
 
@@ -89,7 +90,7 @@ def launch(nproc: int, cramkit_args: Sequence[str], **kwargs: object) -> int:
 def relaunch(nproc: int, argv: Sequence[str]) -> int:
     """``cramkit VERB ... --nproc N``: the same command as typed (``argv``), without --nproc, on ``nproc``
     processes through torchrun."""
-    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+    if runtime.torchrun().world > 1:
         raise CramkitError("--nproc given inside a torchrun job; use one or the other")
     args, skip = [], False
     for item in argv:

@@ -1,8 +1,8 @@
 """Data parallelism through PyTorch's own engine (torchrun, DDP, FSDP2), applied to a plain model.
 
-Contract used by the trainer (``cramkit.train.loop``):
+Contract used by the trainer (``cramkit.train.trainer``):
 
-- ``init_distributed(device, cfg)`` reads torchrun's environment (RANK, WORLD_SIZE, LOCAL_RANK) and
+- ``init_distributed(device, cfg)`` joins torchrun's job (its facts from ``cramkit.runtime``) and
   returns a :class:`DistContext`; without torchrun it is world size 1 and no process group is created.
 - ``apply_parallel(model, cfg, ctx)`` returns the module to train: the model itself (world 1),
   DDP-wrapped, or ``fully_shard``-ed per transformer block (FSDP2). The model code knows nothing of it.
@@ -27,6 +27,7 @@ from typing import Literal
 import torch
 from torch import nn
 
+from cramkit import runtime
 from cramkit.errors import CramkitError
 
 
@@ -62,32 +63,17 @@ class DistContext:
         return self.world > 1
 
 
-def resolve_device(name: str = "auto") -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name.startswith("cuda") and not torch.cuda.is_available():
-        raise CramkitError(
-            f"device '{name}' was asked for but CUDA is not available here; use --set train.device=cpu"
-        )
-    return torch.device(name)
-
-
 def init_distributed(device: str = "auto", cfg: ParallelConfig | None = None) -> DistContext:
     """Join torchrun's process group when launched by torchrun; otherwise a world of one.
 
     NCCL on CUDA (with gloo beside it for CPU collectives such as checkpoint planning), gloo on CPU.
     """
     cfg = cfg or ParallelConfig()
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    dev = resolve_device(device)
-    if world <= 1:
+    job = runtime.torchrun()
+    dev = runtime.resolve_device(device)
+    if job.world <= 1:
         return DistContext(device=dev, timeout=cfg.timeout)
-    if "RANK" not in os.environ or "MASTER_ADDR" not in os.environ:
-        raise CramkitError(
-            "WORLD_SIZE is set but RANK/MASTER_ADDR are not: start multi-process runs with "
-            "`torchrun --nproc_per_node N -m cramkit pretrain ...` or `cramkit pretrain --nproc N ...`"
-        )
-    rank, local_rank = int(os.environ["RANK"]), int(os.environ.get("LOCAL_RANK", "0"))
+    rank, world, local_rank = job.rank, job.world, job.local_rank
     if dev.type == "cuda":
         if local_rank >= torch.cuda.device_count():
             raise CramkitError(
@@ -157,8 +143,8 @@ def apply_fsdp(model: nn.Module, cfg: ParallelConfig, ctx: DistContext, precisio
 
     The root group holds the embeddings, the final norm and the MLM head; the tied word embedding /
     decoder weight therefore lives in exactly one group (sharding the embeddings on their own would
-    split a shared parameter across two groups). With bf16 training (``precision`` "bf16", or "auto" on
-    CUDA) parameters are gathered in bf16 and gradients reduced in fp32 (the sharded master weights
+    split a shared parameter across two groups). With bf16 training (``precision``, resolved by
+    ``runtime.resolve_precision``) parameters are gathered in bf16 and gradients reduced in fp32 (the sharded master weights
     stay fp32); ``cpu_offload`` keeps parameters, gradients and optimizer state in host memory.
     """
     from torch.distributed.device_mesh import init_device_mesh
@@ -167,7 +153,7 @@ def apply_fsdp(model: nn.Module, cfg: ParallelConfig, ctx: DistContext, precisio
     _broadcast_from_rank0(model)  # FSDP shards what each rank holds: make sure they all hold the same
     mesh = init_device_mesh(ctx.device.type, (ctx.world,))
     mp = MixedPrecisionPolicy()
-    if precision == "bf16" or (precision == "auto" and ctx.device.type == "cuda"):
+    if runtime.resolve_precision(precision, ctx.device) == "bf16":
         mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
     offload = CPUOffloadPolicy(pin_memory=ctx.device.type == "cuda") if cfg.cpu_offload else OffloadPolicy()
     # fully_shard cannot shard 0-dim parameters (the scaled-sinusoidal position scale): they stay
@@ -217,12 +203,6 @@ def apply_parallel(
 def unwrap(model: nn.Module) -> nn.Module:
     """The plain model under a DDP wrapper (FSDP2 and compile-in-place keep the model itself)."""
     return getattr(model, "module", model)
-
-
-def is_fsdp(model: nn.Module) -> bool:
-    from torch.distributed.fsdp import FSDPModule
-
-    return isinstance(model, FSDPModule)
 
 
 def _blocks(model: nn.Module) -> list[nn.Module]:
@@ -283,19 +263,16 @@ def clip_grad_norm(model: nn.Module, max_norm: float) -> torch.Tensor:
 
     grads = [p.grad for p in model.parameters() if p.grad is not None]
     sharded = [g for g in grads if isinstance(g, DTensor)]
-    plain = [g for g in grads if not isinstance(g, DTensor)]
     if not sharded:
-        if not plain:
+        if not grads:
             return torch.zeros(())
         params = [p for p in model.parameters() if p.grad is not None]
         return torch.nn.utils.clip_grad_norm_(params, max_norm if max_norm > 0 else float("inf"))
-    norms = []
-    if sharded:  # FSDP2: the norm of all ranks' shards (a DTensor reduced to a full tensor)
-        norms.append(torch.nn.utils.get_total_norm(sharded).full_tensor())
+    # FSDP2: the norm of all ranks' shards (a DTensor reduced to a full tensor) and of the replicated rest
+    norms = [torch.nn.utils.get_total_norm(sharded).full_tensor()]
+    plain = [g for g in grads if not isinstance(g, DTensor)]
     if plain:
-        norms.append(torch.nn.utils.get_total_norm(plain).to(norms[0].device if norms else plain[0].device))
-    if not norms:
-        return torch.zeros(())
+        norms.append(torch.nn.utils.get_total_norm(plain).to(norms[0].device))
     total = torch.linalg.vector_norm(torch.stack(norms))
     if max_norm > 0:
         scale = torch.clamp(max_norm / (total + 1e-6), max=1.0)
@@ -327,13 +304,6 @@ def broadcast_object(obj: object, ctx: DistContext, src: int = 0) -> object:
     box = [obj]
     dist.broadcast_object_list(box, src=src)
     return box[0]
-
-
-def barrier(ctx: DistContext) -> None:
-    if ctx.distributed:
-        import torch.distributed as dist
-
-        dist.barrier()
 
 
 @contextlib.contextmanager

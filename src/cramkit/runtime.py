@@ -1,0 +1,155 @@
+"""Where and how this process computes: the one place that decides it.
+
+- :func:`resolve_device`: ``auto`` is CUDA when present, else the CPU; a CUDA device asked for on a
+  machine without one is an error, not a silent CPU run.
+- :func:`resolve_precision` and :func:`autocast`: one rule for training and inference alike. The
+  allowed values are :data:`PRECISIONS`; ``auto`` is bf16 autocast on CUDA and fp32 on the CPU; fp16
+  needs CUDA (its loss scaling is the trainer's).
+- :func:`torchrun`: the facts torchrun puts in the environment (rank, local rank, world size). Nothing
+  else in cramkit reads ``RANK``, ``LOCAL_RANK`` or ``WORLD_SIZE``.
+- :func:`cpu_cores`: the CPU cores this process may run on.
+- :class:`StopFlag`: SIGINT/SIGTERM become a flag the trainer checks between steps.
+
+torch is imported where it is used, so that the command line starts without it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import sys
+import threading
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal
+
+from cramkit import errors
+from cramkit.errors import CramkitError
+
+if TYPE_CHECKING:
+    import torch
+
+Precision = Literal["auto", "fp32", "bf16", "fp16"]
+PRECISIONS: tuple[str, ...] = ("auto", "fp32", "bf16", "fp16")
+
+
+# ---------------------------------------------------------------------------------- device, precision
+
+
+def resolve_device(name: str | torch.device | None = "auto") -> torch.device:
+    """The torch device for ``name`` (auto | cpu | cuda | cuda:N); auto: CUDA when present, else CPU."""
+    import torch
+
+    if name is None or str(name) == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        device = torch.device(name)
+    except (RuntimeError, ValueError):
+        raise CramkitError(f"unknown device {str(name)!r}; use auto, cpu, cuda or cuda:N") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise CramkitError(
+            f"device {str(name)!r} was asked for but CUDA is not available here; use device cpu"
+        )
+    return device
+
+
+def resolve_precision(asked: str, device: torch.device) -> str:
+    """The precision actually used on ``device`` (fp32, bf16 or fp16) for ``asked`` (one of PRECISIONS)."""
+    if asked not in PRECISIONS:
+        raise CramkitError(f"precision must be one of {', '.join(PRECISIONS)}; got {asked!r}")
+    if asked == "auto":
+        return "bf16" if device.type == "cuda" else "fp32"
+    if asked == "fp16" and device.type != "cuda":
+        raise CramkitError("precision fp16 needs a CUDA device; use fp32 (or bf16) on the CPU")
+    return asked
+
+
+def autocast(precision: str, device: torch.device) -> contextlib.AbstractContextManager:
+    """The autocast context for a resolved ``precision`` (nothing for fp32)."""
+    if precision == "fp32":
+        return contextlib.nullcontext()
+    import torch
+
+    dtype = torch.bfloat16 if precision == "bf16" else torch.float16
+    return torch.autocast(device.type, dtype=dtype)
+
+
+# ---------------------------------------------------------------------------------- torchrun, CPU
+
+
+@dataclass(frozen=True)
+class Torchrun:
+    """This process's place in a torchrun job (rank 0 of a world of 1 when not launched by torchrun)."""
+
+    rank: int = 0
+    local_rank: int = 0
+    world: int = 1
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+def torchrun() -> Torchrun:
+    """Rank, local rank and world size from torchrun's environment."""
+    env = os.environ
+    world = int(env.get("WORLD_SIZE", "1"))
+    if world > 1 and ("RANK" not in env or "MASTER_ADDR" not in env):
+        raise CramkitError(
+            "WORLD_SIZE is set but RANK/MASTER_ADDR are not: start multi-process runs with "
+            "`torchrun --nproc_per_node N -m cramkit pretrain ...` or `cramkit pretrain --nproc N ...`"
+        )
+    return Torchrun(
+        rank=int(env.get("RANK", "0")), local_rank=int(env.get("LOCAL_RANK", "0")), world=max(world, 1)
+    )
+
+
+def cpu_cores() -> int:
+    """The CPU cores this process may run on (its affinity), at least 1."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return max(1, os.cpu_count() or 1)
+
+
+# ---------------------------------------------------------------------------------- signals
+
+
+class StopFlag:
+    """SIGINT/SIGTERM set a flag; the trainer finishes its step, saves and exits. A second SIGINT aborts at
+    once, without saving (what is already on disk stays intact: a checkpoint is complete or ignored)."""
+
+    def __init__(self, announce: bool = True) -> None:
+        self.signum: int | None = None
+        self.announce = announce
+        self._old: dict[int, Any] = {}
+
+    def __enter__(self) -> StopFlag:
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                self._old[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        if self.signum is not None and signum == signal.SIGINT:
+            # the command line ends the process at once, wherever the main thread is (a KeyboardInterrupt
+            # raised inside a checkpoint writer's critical section could leave a lock held and the process
+            # waiting forever); a library caller gets a KeyboardInterrupt instead
+            if errors.ABORT_AT_ONCE:
+                print("\ncramkit: interrupted again: stopping now; the checkpoints already saved are intact",
+                      file=sys.stderr, flush=True)  # fmt: skip
+                sys.stdout.flush()
+                os._exit(128 + signal.SIGINT)
+            raise KeyboardInterrupt
+        self.signum = signum
+        if self.announce:
+            print(
+                f"\ncramkit: {signal.Signals(signum).name}: finishing this step and saving a checkpoint; "
+                "press Ctrl-C again to abort without saving",
+                file=sys.stderr,
+                flush=True,
+            )
+
+    def __exit__(self, *exc: Any) -> None:
+        for sig, old in self._old.items():
+            signal.signal(sig, old)

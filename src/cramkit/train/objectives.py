@@ -1,0 +1,112 @@
+"""What the engine trains: the :class:`Objective` protocol, and masked-LM pretraining (:class:`MLMObjective`).
+
+An objective is a recipe: the model, its batches, its loss and its evaluation. Everything else (device,
+precision, parallelism, optimizer, schedules, checkpoints, resume, metrics) is the engine's
+(``cramkit.train.trainer``). Fine-tuning's objective is ``train.finetune.ClassifierObjective``,
+distillation's ``distill.objective.DistillObjective``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+import torch
+
+from cramkit.model.encoder import flops_per_token
+from cramkit.model.heads import IGNORE, MaskedLM
+from cramkit.runtime import autocast
+from cramkit.train import parallel
+from cramkit.train.budget import parse_budget
+from cramkit.train.config import RunConfig
+
+
+class TrainData(Protocol):
+    """What pretraining needs from the data layer (``cramkit.data.loader.PretrainData``)."""
+
+    def train_loader(self, micro_batch: int, *, rank: int = 0, world: int = 1) -> Any: ...
+
+    def val_batches(self, micro_batch: int, max_batches: int, *, rank: int = 0, world: int = 1) -> Any: ...
+
+
+class Objective(Protocol):
+    """A recipe for the engine: the model, its batches, its loss and its evaluation."""
+
+    title: str  # progress bar title, e.g. "pretrain 3m" or "sst2 seed 0"
+    resume_hint: str  # the command that continues an interrupted run
+    flops_per_token: float | None  # for MFU; None when unknown
+
+    def build_model(self) -> torch.nn.Module: ...
+
+    def train_loader(self, micro: int, *, rank: int = 0, world: int = 1) -> Any:
+        """An endless iterator of micro-batches with ``state_dict()`` / ``load_state_dict()``."""
+
+    def count(self, batch: dict[str, torch.Tensor]) -> int:
+        """Items the loss of ``batch`` averages over (predicted tokens, examples), from the host batch."""
+
+    def tokens(self, batch: dict[str, torch.Tensor]) -> int:
+        """Tokens ``batch`` feeds the model (for tokens/s)."""
+
+    def loss(
+        self, model: torch.nn.Module, batch: dict[str, torch.Tensor], device: torch.device
+    ) -> torch.Tensor:
+        """Mean loss over the batch's ``count`` items (any finite graph when count is 0)."""
+
+    def evaluate(self, model: torch.nn.Module, ctx: parallel.DistContext, precision: str) -> float | None:
+        """A held-out loss (lower is better), or None when the recipe evaluates elsewhere."""
+
+    # optional: ``lr_scales``, a dict of parameter-name prefix -> learning-rate multiplier (e.g. a fresh head
+    # on a pretrained encoder); ``begin_step(fraction) -> dict | None`` is called before each optimizer step with the
+    # fraction of the budget spent (e.g. a loss weight that decays with it); what it returns is logged
+
+
+class MLMObjective:
+    """Masked-LM pretraining (the Cramming recipe): loss over the masked positions only."""
+
+    def __init__(self, cfg: RunConfig | None = None, data: TrainData | None = None) -> None:
+        self.cfg, self.data = cfg, data
+        if cfg is not None:
+            self.title = f"pretrain {parse_budget(cfg.train.budget).describe()}"
+            self.flops_per_token = flops_per_token(
+                cfg.model, cfg.data.seq_len, predicted_fraction=cfg.data.mask_rate
+            )
+        self.resume_hint = "cramkit pretrain --resume {run}"
+
+    def build_model(self) -> torch.nn.Module:
+        return MaskedLM(self.cfg.model)
+
+    def train_loader(self, micro: int, *, rank: int = 0, world: int = 1) -> Any:
+        return self.data.train_loader(micro, rank=rank, world=world)
+
+    def count(self, batch: dict[str, torch.Tensor]) -> int:
+        return int((batch["labels"] != IGNORE).sum())
+
+    def tokens(self, batch: dict[str, torch.Tensor]) -> int:
+        return batch["input_ids"].numel()
+
+    def loss(
+        self, model: torch.nn.Module, batch: dict[str, torch.Tensor], device: torch.device
+    ) -> torch.Tensor:
+        predicted = bool((batch["labels"] != IGNORE).any())  # asked of the host batch: no device sync
+        ids = batch["input_ids"].to(device, non_blocking=True)
+        labels = batch["labels"].to(device, non_blocking=True)
+        out = model(ids, labels)
+        return out.loss if predicted else out.logits.sum() * 0.0
+
+    def evaluate(self, model: torch.nn.Module, ctx: parallel.DistContext, precision: str) -> float | None:
+        """Mean MLM loss over all predicted tokens of the held-out batches (the same batches every time)."""
+        tcfg = self.cfg.train
+        total = torch.zeros(2, dtype=torch.float64, device=ctx.device)
+        with torch.no_grad():
+            for batch in self.data.val_batches(
+                tcfg.micro_batch, tcfg.eval_batches, rank=ctx.rank, world=ctx.world
+            ):
+                ids = batch["input_ids"].to(ctx.device, non_blocking=True)
+                labels = batch["labels"].to(ctx.device, non_blocking=True)
+                with autocast(precision, ctx.device):
+                    out = model(ids, labels)
+                n = out.n_predicted.to(torch.float64)
+                if n > 0:
+                    total[0] += out.loss.double() * n
+                    total[1] += n
+        parallel.all_reduce(total, ctx)
+        return float(total[0] / total[1]) if total[1] > 0 else None

@@ -1,0 +1,94 @@
+"""The Trainer's parts on a toy objective: a step, a skipped non-finite update, finish()."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from cramkit.train.config import TrainConfig
+from cramkit.train.parallel import ParallelConfig
+from cramkit.train.trainer import Trainer
+
+
+class _Loader:
+    def __init__(self, micro: int) -> None:
+        self.micro, self.gen = micro, torch.Generator().manual_seed(0)
+
+    def __iter__(self) -> _Loader:
+        return self
+
+    def __next__(self) -> dict[str, torch.Tensor]:
+        return {"x": torch.randn(self.micro, 4, generator=self.gen)}
+
+    def state_dict(self) -> dict:
+        return {}
+
+    def load_state_dict(self, state: dict) -> None:
+        pass
+
+
+class _Toy:
+    title, resume_hint, flops_per_token = "toy", "rerun", None
+
+    def __init__(self) -> None:
+        self.poison = False
+
+    def build_model(self) -> torch.nn.Module:
+        return torch.nn.Linear(4, 1)
+
+    def train_loader(self, micro: int, *, rank: int = 0, world: int = 1) -> _Loader:
+        return _Loader(micro)
+
+    def count(self, batch: dict) -> int:
+        return batch["x"].shape[0]
+
+    def tokens(self, batch: dict) -> int:
+        return batch["x"].shape[0]
+
+    def loss(self, model: torch.nn.Module, batch: dict, device: torch.device) -> torch.Tensor:
+        loss = model(batch["x"].to(device)).pow(2).mean()
+        return loss * float("nan") if self.poison else loss
+
+    def evaluate(self, model: torch.nn.Module, ctx: object, precision: str) -> None:
+        return None
+
+
+def _trainer(run: Path, objective: _Toy, optimizer: str = "adamw") -> Trainer:
+    tcfg = TrainConfig(budget="4steps", micro_batch=2, batch_size=4, batch_ramp=0.0, log_every=1, progress=False,
+                       threads=1, checkpoint_every="never", eval_every="never", device="cpu", lr=1e-2,
+                       optimizer=optimizer)  # fmt: skip
+    return Trainer(objective, tcfg, ParallelConfig(async_checkpoint=False), run)
+
+
+def test_a_non_finite_step_changes_nothing(tmp_path: Path) -> None:
+    for optimizer in ("adamw", "lamb"):  # skipped on the device (fused AdamW's found_inf) or by the host
+        toy = _Toy()
+        trainer = _trainer(tmp_path / optimizer, toy, optimizer)
+        facts = trainer.step()
+        assert isinstance(facts["loss"], torch.Tensor)  # on the device until the host needs it
+        trainer.settle()
+        assert facts["finite"] and facts["accum"] == 2 and facts["tokens"] == 4
+        before = {k: v.clone() for k, v in trainer.model.state_dict().items()}
+        moments = {k: v.clone() for k, v in trainer.optimizer.state_dict()["state"][0].items()}
+        toy.poison = True
+        facts = trainer.step()
+        trainer.settle()
+        assert not facts["finite"] and trainer.state.nan_streak == trainer.state.skipped == 1
+        after = trainer.model.state_dict()
+        assert all(torch.equal(before[k], after[k]) for k in before), optimizer
+        state = trainer.optimizer.state_dict()["state"][0]
+        assert all(torch.equal(moments[k], state[k]) for k in moments), optimizer
+        toy.poison = False
+        facts = trainer.step()
+        trainer.settle()
+        assert facts["finite"] and trainer.state.nan_streak == 0
+        trainer.writer.close()
+
+
+def test_finish_returns_the_model_and_its_statistics(tmp_path: Path) -> None:
+    result = _trainer(tmp_path / "run", _Toy()).run()
+    assert (result.step, result.tokens) == (4, 16)
+    assert [r["step"] for r in result.history] == [1, 2, 3, 4]
+    assert result.checkpoint is not None and result.checkpoint.name == "step-000004"
+    assert isinstance(result.model, torch.nn.Linear)

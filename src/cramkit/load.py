@@ -347,13 +347,21 @@ def load_weights(model: nn.Module, state: dict[str, torch.Tensor], what: str, *,
 
 def _check_size(cfg: Any, file: Path) -> None:
     """Refuse, before allocating, a model (its config, or a module built on the meta device) too big for
-    this machine's memory: the same parameter count pretraining's check uses."""
-    from cramkit.train.config import check_loadable, count_parameters
+    this machine's RAM to hold even its fp32 weights: a config read from a file (``cramkit-model.json``, a
+    run's config.yaml, an HF config.json) may ask for any size. The parameter count is pretraining's."""
+    from cramkit.model.encoder import config_parameters
+    from cramkit.runtime import machine_memory
 
     params = (
-        count_parameters(cfg) if not hasattr(cfg, "parameters") else sum(p.numel() for p in cfg.parameters())
+        config_parameters(cfg) if not hasattr(cfg, "parameters") else sum(p.numel() for p in cfg.parameters())
     )
-    check_loadable(params, str(file))
+    have, where = machine_memory("cpu")
+    if have is not None and params * 4 > have:
+        raise CramkitError(
+            f"{file} describes a model of about {params / 1e9:,.1f} billion parameters, needing at least "
+            f"{params * 4 / 2**30:,.1f} GiB to load, but this machine has {have / 2**30:,.1f} GiB of {where}; the "
+            "file is damaged or crafted, or the model is too big for this machine"
+        )
 
 
 def _max_length(cfg: Any) -> int:

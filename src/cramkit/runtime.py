@@ -153,3 +153,23 @@ class StopFlag:
     def __exit__(self, *exc: Any) -> None:
         for sig, old in self._old.items():
             signal.signal(sig, old)
+
+
+def machine_memory(device: str) -> tuple[int | None, str]:
+    """(bytes, what) of the memory training will use: the GPU's when CUDA is used, else the RAM's."""
+    if device != "cpu":
+        try:
+            import torch
+
+            if torch.cuda.is_available():
+                index = torch.device(device).index if device.startswith("cuda") else None
+                if index is None:  # under torchrun each process uses its local rank's GPU
+                    index = torchrun().local_rank % torch.cuda.device_count()
+                props = torch.cuda.get_device_properties(index)
+                return int(props.total_memory), f"GPU memory ({props.name})"
+        except Exception:  # noqa: BLE001 - no usable GPU: the RAM decides
+            pass
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"), "RAM"
+    except (ValueError, OSError, AttributeError):
+        return None, "RAM"

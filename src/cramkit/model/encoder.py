@@ -377,6 +377,22 @@ def init_weights(module: nn.Module, cfg: ModelConfig) -> None:
                     nn.init.xavier_normal_(m.fc_out.weight, gain=beta)
 
 
+def config_parameters(m: ModelConfig) -> int:
+    """Parameters of ``MaskedLM(m)``, computed from the sizes (nothing allocated; exact for our encoder)."""
+    h, i, v = m.hidden, m.intermediate, m.vocab_size
+    norm = h * (2 if m.norm == "layernorm" and m.bias else 1)
+    b = 1 if m.bias else 0
+    glu = m.activation in ("gelu_glu", "swiglu")
+    attn = h * 3 * h + 3 * h * b + h * h + h * b
+    mlp = h * i + i * b + (i // 2 if glu else i) * h + h * b
+    block = attn + mlp + 2 * norm
+    emb = v * h + (m.max_position * h if m.position == "learned" else 1 if m.position == "sinusoidal" else 0)
+    emb += m.type_vocab_size * h + (norm if m.embedding_norm else 0)
+    final = norm if m.final_norm and m.norm_position == "pre" else 0
+    head = (h * h + h * b + norm if m.head_transform else 0) + (0 if m.tie_embeddings else v * h) + v * b
+    return emb + m.layers * block + final + head
+
+
 def count_parameters(module: nn.Module, *, exclude_embeddings: bool = False) -> int:
     total = sum(p.numel() for p in module.parameters())
     if exclude_embeddings:

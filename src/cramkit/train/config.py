@@ -7,7 +7,6 @@ builds every section strictly (an unknown key lists the valid ones; an unknown p
 from __future__ import annotations
 
 import dataclasses
-import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -16,7 +15,7 @@ from cramkit import runtime
 from cramkit.config import from_dict, load_preset, merge, parse_overrides, to_dict
 from cramkit.data.mlm import DataConfig
 from cramkit.errors import CramkitError
-from cramkit.model.encoder import ModelConfig
+from cramkit.model.encoder import ModelConfig, config_parameters
 from cramkit.runtime import Precision
 from cramkit.text.tokenizer import MAX_VOCAB_SIZE
 from cramkit.train.budget import parse_budget, parse_every
@@ -191,53 +190,17 @@ def resolve_config(
 TRAIN_BYTES_PER_PARAM = 16
 
 
-def count_parameters(m: ModelConfig) -> int:
-    """Parameters of ``MaskedLM(m)``, computed from the sizes (nothing allocated; exact for our encoder)."""
-    h, i, v = m.hidden, m.intermediate, m.vocab_size
-    norm = h * (2 if m.norm == "layernorm" and m.bias else 1)
-    b = 1 if m.bias else 0
-    glu = m.activation in ("gelu_glu", "swiglu")
-    attn = h * 3 * h + 3 * h * b + h * h + h * b
-    mlp = h * i + i * b + (i // 2 if glu else i) * h + h * b
-    block = attn + mlp + 2 * norm
-    emb = v * h + (m.max_position * h if m.position == "learned" else 1 if m.position == "sinusoidal" else 0)
-    emb += m.type_vocab_size * h + (norm if m.embedding_norm else 0)
-    final = norm if m.final_norm and m.norm_position == "pre" else 0
-    head = (h * h + h * b + norm if m.head_transform else 0) + (0 if m.tie_embeddings else v * h) + v * b
-    return emb + m.layers * block + final + head
-
-
 def estimate_training_bytes(cfg: RunConfig, vocab_size: int | None = None) -> tuple[int, int]:
     """(parameters, bytes) a pretraining process needs at least: fp32 weights, gradients and optimizer
     state, plus the activations of one micro-batch kept for the backward pass (a lower bound)."""
     m = cfg.model if vocab_size is None else cfg.model.replace(vocab_size=vocab_size)
-    params = count_parameters(m)
+    params = config_parameters(m)
     tokens = cfg.train.micro_batch * cfg.data.seq_len
     act_bytes = 4 if cfg.train.precision == "fp32" else 2  # auto may pick bf16: count the least
     per_layer = tokens * (6 * m.hidden + m.intermediate) * act_bytes
     layers_kept = 1 if m.gradient_checkpointing else m.layers
     buffers = m.max_position * m.hidden * 4 if m.position == "sinusoidal" else 0
     return params, params * TRAIN_BYTES_PER_PARAM + layers_kept * per_layer + buffers
-
-
-def _machine_memory(device: str) -> tuple[int | None, str]:
-    """(bytes, what) of the memory training will use: the GPU's when CUDA is used, else the RAM's."""
-    if device != "cpu":
-        try:
-            import torch
-
-            if torch.cuda.is_available():
-                index = torch.device(device).index if device.startswith("cuda") else None
-                if index is None:  # under torchrun each process uses its local rank's GPU
-                    index = runtime.torchrun().local_rank % torch.cuda.device_count()
-                props = torch.cuda.get_device_properties(index)
-                return int(props.total_memory), f"GPU memory ({props.name})"
-        except Exception:  # noqa: BLE001 - no usable GPU: the RAM decides
-            pass
-    try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"), "RAM"
-    except (ValueError, OSError, AttributeError):
-        return None, "RAM"
 
 
 def _count(n: int) -> str:
@@ -251,7 +214,7 @@ def _gib(n: float) -> str:
 def check_fits(cfg: RunConfig, vocab_size: int | None = None) -> None:
     """CramkitError, before anything is allocated, when the model cannot train in this machine's memory."""
     params, need = estimate_training_bytes(cfg, vocab_size)
-    have, what = _machine_memory(cfg.train.device)
+    have, what = runtime.machine_memory(cfg.train.device)
     if cfg.parallel.strategy == "fsdp":  # FSDP shards weights, gradients and optimizer state over ranks
         need -= params * TRAIN_BYTES_PER_PARAM * (1 - 1 / runtime.torchrun().world)
     if have is not None and need > have:
@@ -261,18 +224,4 @@ def check_fits(cfg: RunConfig, vocab_size: int | None = None) -> None:
             f"{_count(params)} parameters, needing at least {_gib(need)} to train, but this machine has "
             f"{_gib(have)} of {what}; choose smaller model settings (tiny-cpu: hidden 256, 4 layers) or "
             "train.micro_batch"
-        )
-
-
-def check_loadable(params: int, what: str) -> None:
-    """CramkitError, before anything is allocated, when a model of ``params`` parameters cannot hold even its
-    fp32 weights in this machine's RAM: a config read from a file (``cramkit-model.json``, a run's
-    config.yaml, an HF config.json) may ask for any size."""
-    have, where = _machine_memory("cpu")
-    need = params * 4
-    if have is not None and need > have:
-        raise CramkitError(
-            f"{what} describes a model of about {_count(params)} parameters, needing at least {_gib(need)} "
-            f"to load, but this machine has {_gib(have)} of {where}; the file is damaged or crafted, or the "
-            "model is too big for this machine"
         )

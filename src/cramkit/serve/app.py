@@ -27,7 +27,7 @@ import re
 import sys
 import time
 import traceback
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -417,6 +417,23 @@ async def _tokenize(engine: Any, items: list[Any], truncate: bool) -> Any:
         raise ApiError(422, str(exc), "Validation") from None
 
 
+def _overloaded(state: ServerState, exc: Overloaded) -> ApiError:
+    state.metrics.rejected.labels("queue_full").inc()
+    return ApiError(429, str(exc), "Overloaded", {"Retry-After": str(exc.retry_after)})
+
+
+@contextlib.contextmanager
+def _reserved(state: ServerState, lane: Lane, n: int) -> Iterator[None]:
+    """Room in ``lane`` for ``n`` inputs while the request is tokenised; 429 at once if there is none."""
+    if state.shutting_down:
+        raise ApiError(503, "the server is shutting down; retry on another replica", "Unhealthy")
+    try:
+        with lane.reserve(n):
+            yield
+    except Overloaded as exc:
+        raise _overloaded(state, exc) from None
+
+
 async def _queued(state: ServerState, lane: Lane, req: Any) -> Any:
     """Submit ``req`` to ``lane`` and wait for its answer; each failure becomes its status."""
     if state.shutting_down:
@@ -424,8 +441,7 @@ async def _queued(state: ServerState, lane: Lane, req: Any) -> Any:
     try:
         lane.submit(req)
     except Overloaded as exc:
-        state.metrics.rejected.labels("queue_full").inc()
-        raise ApiError(429, str(exc), "Overloaded", {"Retry-After": str(exc.retry_after)}) from None
+        raise _overloaded(state, exc) from None
     except Stopped:
         raise ApiError(503, "the server is shutting down; retry on another replica", "Unhealthy") from None
     try:
@@ -491,7 +507,8 @@ async def embed(request: Request) -> Response:
     normalize = _flag(body, "normalize", True)
     truncate = _flag(body, "truncate", True)
     pooling = _pooling(engine, body.get("pooling"))
-    enc = await _tokenize(engine, items, truncate)
+    with _reserved(state, batcher, len(items)):
+        enc = await _tokenize(engine, items, truncate)
     mean, cls = await _run(state, name, batcher, "embed", enc)
     vectors = engine.finish_embeddings(mean if pooling == "mean" else cls, normalize)
     return await _response(lambda: _floats(vectors), vectors.size, enc.truncated)
@@ -511,7 +528,8 @@ async def openai_embeddings(request: Request) -> Response:
         raise ApiError(
             422, f"'dimensions' must be {engine.hidden_size} (this model's size) or absent", "Validation"
         )
-    enc = await _tokenize(engine, items, True)
+    with _reserved(state, batcher, len(items)):
+        enc = await _tokenize(engine, items, True)
     mean, cls = await _run(state, name, batcher, "embed", enc)
     vectors = engine.finish_embeddings(mean if engine.pooling == "mean" else cls, True)
     tokens = int(enc.lengths.sum())
@@ -544,7 +562,8 @@ async def predict(request: Request) -> Response:
     items = _inputs(body, state.limits, pairs=True)
     raw = _flag(body, "raw_scores", False)
     truncate = _flag(body, "truncate", True)
-    enc = await _tokenize(engine, items, truncate)
+    with _reserved(state, batcher, len(items)):
+        enc = await _tokenize(engine, items, truncate)
     logits = await _run(state, name, batcher, "classify", enc)
 
     def payload() -> Any:
@@ -562,7 +581,8 @@ async def fill_mask(request: Request) -> Response:
     items = _inputs(body, state.limits)
     top_k = _int(body, "top_k", 5, 1, 100)
     truncate = _flag(body, "truncate", True)
-    enc = await _tokenize(engine, items, truncate)
+    with _reserved(state, batcher, len(items)):
+        enc = await _tokenize(engine, items, truncate)
     size = _answer_size("fill-mask", engine.count_masks(enc), top_k, "top_k", state.limits.max_answer_items)
     filled = await _run(state, name, batcher, "fill_mask", enc, top_k)
 

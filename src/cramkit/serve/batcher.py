@@ -9,8 +9,10 @@ The engine runs each pass as it is (``*_pass``), and each request's future is an
 once all its inputs are done.
 
 Admission: the queue is bounded in inputs (``max_queue``), and a request that could not be answered within
-``timeout_s`` at the measured rate (tokens per second of the passes so far) is refused at once rather than
-left to time out: :meth:`Lane.submit` raises :class:`Overloaded`, which the server answers with 429.
+half of ``timeout_s`` at the measured rate (tokens per second of the passes so far; half: the rate of a
+shared machine varies) is refused at once rather than left to time out: :meth:`Lane.reserve` (room held
+while the request is tokenised, at the mean cost per input so far) and :meth:`Lane.submit` raise
+:class:`Overloaded`, which the server answers with 429.
 A request whose caller gave up (timed out, disconnected) is dropped from the queue.
 
 :class:`SearchQueue` puts an index's searches under the same bounded admission, one request at a time.
@@ -24,6 +26,7 @@ import contextlib
 import math
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -92,6 +95,10 @@ class Lane:
         self._depth = 0  # inputs queued
         self._cost = 0.0  # their cost
         self.rate = 0.0  # cost per second of the work so far (moving average; 0: not measured yet)
+        self.busy = 0.0  # cost of the work running now
+        self.per_input = 0.0  # mean cost of one input so far
+        self._held = 0  # inputs of requests admitted and not yet submitted (being tokenised)
+        self._held_cost = 0.0
         self._cond = threading.Condition()
         self._stopping = False
         self._thread = threading.Thread(target=self._run, name=f"queue-{name}", daemon=True)
@@ -109,24 +116,43 @@ class Lane:
     def depth(self) -> int:
         return self._depth
 
+    @contextlib.contextmanager
+    def reserve(self, n: int) -> Iterator[None]:
+        """Hold room for a request of ``n`` inputs until it is submitted (:class:`Overloaded` if none)."""
+        cost = n * self.per_input
+        with self._cond:
+            self.admit(n, cost)
+            self._held += n
+            self._held_cost += cost
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._held -= n
+                self._held_cost -= cost
+
+    def admit(self, n: int, cost: float) -> None:
+        """Raise :class:`Overloaded` if ``n`` more inputs of ``cost`` could not be queued and answered in time."""
+        depth = self._depth + self._held
+        if depth and depth + n > self.max_queue:
+            raise Overloaded(
+                f"the queue of {self.name!r} is full ({depth} of {self.max_queue} {self.unit}); retry shortly",
+                1,
+            )
+        if self.rate > 0 and (depth or self.busy):
+            wait = (self.busy + self._cost + self._held_cost + cost) / self.rate
+            if wait > self.timeout_s / 2:
+                raise Overloaded(
+                    f"{self.name!r} has {depth} {self.unit} queued: this request would wait about "
+                    f"{wait:.1f}s, too close to the {self.timeout_s:g}s timeout; retry later",
+                    max(1, math.ceil(wait - self.timeout_s / 2)),
+                )
+
     def submit(self, req: Any) -> None:
         with self._cond:
             if self._stopping:
                 raise Stopped()
-            if self._depth and self._depth + req.n > self.max_queue:
-                raise Overloaded(
-                    f"the queue of {self.name!r} is full ({self._depth} of {self.max_queue} {self.unit}); "
-                    "retry shortly",
-                    1,
-                )
-            if self.rate > 0 and self._depth:
-                wait = (self._cost + req.cost) / self.rate
-                if wait > self.timeout_s:
-                    raise Overloaded(
-                        f"{self.name!r} has {self._depth} {self.unit} queued: this request would wait about "
-                        f"{wait:.0f}s, past the {self.timeout_s:g}s timeout; retry later",
-                        max(1, math.ceil(wait - self.timeout_s)),
-                    )
+            self.admit(req.n, req.cost)
             self._queue.append(req)
             self._add(req.n, req.cost)
             self._cond.notify()
@@ -148,7 +174,9 @@ class Lane:
         if self.metrics is not None:
             self.metrics.queue_depth.labels(self.name).set(self._depth)
 
-    def _measured(self, cost: float, seconds: float) -> None:
+    def _measured(self, n: int, cost: float, seconds: float) -> None:
+        if n:
+            self.per_input = cost / n if self.per_input == 0 else 0.9 * self.per_input + 0.1 * cost / n
         if seconds > 0 and cost > 0:
             now = cost / seconds
             self.rate = now if self.rate == 0 else 0.7 * self.rate + 0.3 * now
@@ -167,6 +195,7 @@ class Lane:
             if work is None:
                 return
             self._work(work)
+            self.busy = 0.0
 
     def _take(self) -> Any:  # pragma: no cover - abstract
         raise NotImplementedError
@@ -290,6 +319,7 @@ class Batcher(Lane):
         job0 = parts[0][0]
         task = job0.task
         enc = merge(parts)
+        self.busy = float(enc.lengths.sum())
         start = time.perf_counter()
         error: BaseException | None = None
         try:
@@ -306,7 +336,7 @@ class Batcher(Lane):
             error = exc
         elapsed = time.perf_counter() - start
         self.batches += 1
-        self._measured(float(enc.lengths.sum()), elapsed)
+        self._measured(len(enc), float(enc.lengths.sum()), elapsed)
         if self.metrics is not None:
             m, name = self.metrics, self.name
             m.inference_seconds.labels(name, task).observe(elapsed)
@@ -388,10 +418,11 @@ class SearchQueue(Lane):
                     return req
 
     def _work(self, req: Search) -> None:
+        self.busy = req.cost
         start = time.perf_counter()
         try:
             hits, error = self.index.search(req.texts, req.k), None
         except BaseException as exc:  # noqa: BLE001 - the caller gets the failure, the worker lives on
             hits, error = None, exc
-        self._measured(req.cost, time.perf_counter() - start)
+        self._measured(req.n, req.cost, time.perf_counter() - start)
         req.answer(hits, error)

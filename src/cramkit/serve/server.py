@@ -23,6 +23,7 @@ from typing import Any
 from cramkit.errors import CramkitError
 
 FD_RESERVE = 64  # file descriptors kept for the model, the log and the threads
+BACKLOG = 2048  # connections waiting to be accepted
 
 
 def model_names(sources: list[str]) -> dict[str, str]:
@@ -74,8 +75,9 @@ def open_index(path: str) -> Any:
     return index_mod.open(path)
 
 
-def connection_limit(wanted: int) -> int:
-    """``wanted``, lowered to fit the open-file limit (raised to its hard maximum first)."""
+def connection_limits(wanted: int) -> tuple[int, int]:
+    """(connections, backlog) that fit the open-file limit (raised to its hard maximum first): asyncio
+    accepts up to ``backlog`` connections at a time before any is closed, so both must fit together."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if hard != resource.RLIM_INFINITY and soft < hard:
         try:
@@ -84,8 +86,9 @@ def connection_limit(wanted: int) -> int:
         except (ValueError, OSError):
             pass
     if soft == resource.RLIM_INFINITY:
-        return wanted
-    return max(1, min(wanted, soft - FD_RESERVE))
+        return wanted, BACKLOG
+    backlog = min(BACKLOG, max(16, (soft - FD_RESERVE) // 4))
+    return max(1, min(wanted, soft - FD_RESERVE - backlog)), backlog
 
 
 def guarded_protocol(header_timeout_s: float, max_connections: int) -> type:
@@ -202,7 +205,7 @@ def serve(
     app = create_app(
         engines, max_wait_ms=max_wait_ms, limits=limits, api_key=api_key, index=idx, index_path=index
     )  # fmt: skip
-    connections = connection_limit(limits.max_connections)
+    connections, backlog = connection_limits(limits.max_connections)
     if connections < limits.max_connections:
         print(
             f"at most {connections} connections (the open-file limit, ulimit -n, allows no more)", flush=True
@@ -217,7 +220,7 @@ def serve(
     print(f"serving on http://{host}:{real_port} (OpenAPI docs: /docs; Ctrl-C stops)", flush=True)
     config = uvicorn.Config(
         app, log_level="warning", access_log=False, timeout_graceful_shutdown=grace_s, lifespan="on",
-        timeout_keep_alive=limits.idle_timeout_s, backlog=2048,
+        timeout_keep_alive=limits.idle_timeout_s, backlog=backlog,
         http=guarded_protocol(limits.header_timeout_s, connections),
     )  # fmt: skip
     logging.getLogger("uvicorn.error").addFilter(_OncePerSecond())

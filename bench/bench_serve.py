@@ -106,7 +106,9 @@ async def load(host: str, port: int, requests: list[list[str]], clients: int) ->
 def start_server(model: str, args: argparse.Namespace) -> tuple[subprocess.Popen, str, int]:
     cmd = [sys.executable, "-m", "cramkit", "serve", model, "--port", "0", "--threads", str(args.threads),
            "--backend", args.backend, "--max-wait-ms", str(args.max_wait_ms),
-           "--max-batch-tokens", str(args.max_batch_tokens), "--timeout", str(args.timeout)]  # fmt: skip
+           "--timeout", str(args.timeout)]  # fmt: skip
+    if args.max_batch_tokens:
+        cmd += ["--max-batch-tokens", str(args.max_batch_tokens)]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     while True:
         line = proc.stdout.readline()
@@ -166,7 +168,7 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--backend", choices=["torch", "onnx"], default="torch")
     p.add_argument("--max-wait-ms", type=float, default=5.0)
-    p.add_argument("--max-batch-tokens", type=int, default=16384)
+    p.add_argument("--max-batch-tokens", type=int, default=None, help="default: the engine's for the device")
     p.add_argument("--timeout", type=float, default=300.0,
                    help="the server's --timeout: 64 clients x 16 sentences queued at ~40 sentences/s wait ~25 s")  # fmt: skip
     p.add_argument("--budgets", default=None, help="comma-separated token budgets: measure those instead")
@@ -193,7 +195,13 @@ def main() -> None:
         out = Path(tempfile.mkdtemp(prefix="bench-serve-")) / "onnx"
         export_onnx(cramkit.load(model), out, None, progress=False)
         model = str(out)
-    engine = Engine(model, backend=args.backend, device="cpu", threads=args.threads)
+    engine = Engine(
+        model,
+        backend=args.backend,
+        device="cpu",
+        threads=args.threads,
+        max_batch_tokens=args.max_batch_tokens,
+    )
     engine.embed(data[:64])
     times = []
     for _ in range(2):

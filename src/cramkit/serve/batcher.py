@@ -35,8 +35,6 @@ import numpy as np
 from cramkit.data.batching import Encoded
 from cramkit.infer.engine import fits
 
-TASKS = ("embed", "classify", "fill_mask")
-
 
 class Overloaded(Exception):
     """The request cannot be queued: the queue is full, or it would wait past the timeout."""
@@ -111,10 +109,6 @@ class Lane:
     @property
     def alive(self) -> bool:
         return self._thread.is_alive() and not self._stopping
-
-    @property
-    def depth(self) -> int:
-        return self._depth
 
     @contextlib.contextmanager
     def reserve(self, n: int) -> Iterator[None]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -110,3 +111,17 @@ def test_the_batcher_forms_each_forward_pass_and_the_engine_runs_it_as_it_is(ft_
     # every pass the batcher formed ran once, as it was: within the budget of padded tokens
     assert len(passes) == formed and all(rows * width <= 256 for rows, width in passes), passes
     assert formed >= 2  # 96 sentences do not fit one pass of 256 tokens
+
+
+def test_the_log_says_one_line_per_kind_per_second(capsys) -> None:
+    from cramkit.serve.app import LogLimiter
+
+    log = LogLimiter(every=0.2)
+    for _ in range(1000):  # a flood of accept errors
+        log("accept", "socket.accept() out of system resource: OSError: [Errno 24] Too many open files")
+    log("other", "a different kind")
+    lines = capsys.readouterr().err.splitlines()
+    assert len(lines) == 2 and "Too many open files" in lines[0] and "a different kind" in lines[1]
+    time.sleep(0.25)
+    log("accept", "socket.accept() out of system resource")
+    assert "and 999 more like it" in capsys.readouterr().err

@@ -141,8 +141,9 @@ def guarded_protocol(header_timeout_s: float, max_connections: int) -> type:
     return Guarded
 
 
-class _OncePerSecond(logging.Filter):
-    """Lets one record per message template through per second (uvicorn's warnings under a flood)."""
+class _ThroughLog(logging.Filter):
+    """Sends uvicorn's records to :data:`cramkit.serve.app.LOG` (one line per kind per second, no traceback)
+    instead of its own handlers."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         from cramkit.serve.app import LOG
@@ -223,7 +224,7 @@ def serve(
         timeout_keep_alive=limits.idle_timeout_s, backlog=backlog,
         http=guarded_protocol(limits.header_timeout_s, connections),
     )  # fmt: skip
-    logging.getLogger("uvicorn.error").addFilter(_OncePerSecond())
+    logging.getLogger("uvicorn.error").addFilter(_ThroughLog())
     server = uvicorn.Server(config)
 
     async def run() -> None:

@@ -227,9 +227,7 @@ def serve(
     logging.getLogger("uvicorn.error").addFilter(_ThroughLog())
     server = uvicorn.Server(config)
 
-    async def run() -> None:
-        asyncio.get_running_loop().set_exception_handler(_loop_errors)
-        await server.serve(sockets=[sock])
-
-    asyncio.run(run())
+    with asyncio.Runner(loop_factory=config.get_loop_factory()) as runner:
+        runner.get_loop().set_exception_handler(_loop_errors)
+        runner.run(server.serve(sockets=[sock]))
     print("server stopped", file=sys.stderr, flush=True)

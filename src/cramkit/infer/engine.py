@@ -5,9 +5,9 @@ Inputs are sorted by length and cut into forward passes by a token budget (rows 
 row count, so memory is the same for short and long inputs; each pass is padded to its own longest member
 only; results come back in the caller's order. The default budget depends on the device: on a CPU a pass
 small enough for the MLP's intermediate activations to stay in cache is fastest (measured in
-bench/RESULTS.md, "Token budget on the CPU"), on CUDA a large one. torch: ``torch.inference_mode`` always, bf16 autocast on
-CUDA. Inputs longer than the model's limit are truncated (on by default) and reported per input in
-``truncated``; with ``truncate=False`` they are an error instead.
+bench/RESULTS.md, "Token budget on the CPU"), on CUDA a large one. torch: ``torch.inference_mode``
+always, bf16 autocast on CUDA. Inputs longer than the model's limit are truncated (on by default) and
+reported per input in ``truncated``; with ``truncate=False`` they are an error instead.
 
 The ``*_encoded`` methods take already tokenised inputs (:meth:`Engine.tokenize`) and cut them into passes;
 the ``*_pass`` methods run given rows as exactly one forward pass: the server's batcher forms the passes
@@ -210,8 +210,8 @@ class Engine:
     backend: ``torch``, ``onnx`` or ``auto`` (ONNX Runtime for an ONNX export, torch otherwise); asking for
     ``onnx`` with a torch model exports it (fp32) to a temporary directory first.
     max_batch_tokens: padded tokens per forward pass (rows x longest row; default from the device:
-    :func:`default_batch_tokens`); max_length: cut inputs to this
-    many tokens ([CLS]/[SEP] included), default the model's limit; threads: CPU threads of ONNX Runtime
+    :func:`default_batch_tokens`); max_length: cut inputs to this many tokens ([CLS]/[SEP] included),
+    default the model's limit; threads: CPU threads of ONNX Runtime
     (default: the cores this process may use; torch keeps its own setting).
     """
 
@@ -328,8 +328,8 @@ class Engine:
         return enc
 
     def _pad(self, enc: Encoded, batch: np.ndarray | None) -> dict[str, np.ndarray | None]:
-        """A batch (default: all of ``enc``) padded to its longest member: input_ids, attention_mask (None if nothing is padded),
-        token_type_ids (None for models without them)."""
+        """A batch (default: all of ``enc``) padded to its longest member: input_ids, attention_mask (None if
+        nothing is padded), token_type_ids (None for models without them)."""
         if batch is None:
             batch = np.arange(len(enc))
         lengths = enc.lengths[batch]

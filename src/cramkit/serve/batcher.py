@@ -185,16 +185,24 @@ class Lane:
 
     def _run(self) -> None:
         while True:
+            backlog = bool(self._queue)
+            start = time.perf_counter()
             work = self._take()
             if work is None:
                 return
-            self._work(work)
+            if not backlog:  # waiting for work is not work
+                start = time.perf_counter()
+            n, cost = self._work(work)
+            self._measured(
+                n, cost, time.perf_counter() - start
+            )  # the worker's whole cycle, not the pass alone
             self.busy = 0.0
 
     def _take(self) -> Any:  # pragma: no cover - abstract
         raise NotImplementedError
 
-    def _work(self, work: Any) -> None:  # pragma: no cover - abstract
+    def _work(self, work: Any) -> tuple[int, float]:  # pragma: no cover - abstract
+        """Run ``work``; (inputs, cost) done."""
         raise NotImplementedError
 
 
@@ -309,7 +317,7 @@ class Batcher(Lane):
             self._cond.wait(left)
         return parts
 
-    def _work(self, parts: list[tuple[Job, np.ndarray]]) -> None:
+    def _work(self, parts: list[tuple[Job, np.ndarray]]) -> tuple[int, float]:
         job0 = parts[0][0]
         task = job0.task
         enc = merge(parts)
@@ -330,7 +338,6 @@ class Batcher(Lane):
             error = exc
         elapsed = time.perf_counter() - start
         self.batches += 1
-        self._measured(len(enc), float(enc.lengths.sum()), elapsed)
         if self.metrics is not None:
             m, name = self.metrics, self.name
             m.inference_seconds.labels(name, task).observe(elapsed)
@@ -351,6 +358,7 @@ class Batcher(Lane):
             job.done += len(rows)
             if job.done == job.n:
                 job.answer(job.result)
+        return len(enc), float(enc.lengths.sum())
 
     def _drop(self, job: Job) -> None:
         """Take a failed job's inputs still queued out of the queue."""
@@ -411,12 +419,11 @@ class SearchQueue(Lane):
                 if not req.gone:
                     return req
 
-    def _work(self, req: Search) -> None:
+    def _work(self, req: Search) -> tuple[int, float]:
         self.busy = req.cost
-        start = time.perf_counter()
         try:
             hits, error = self.index.search(req.texts, req.k), None
         except BaseException as exc:  # noqa: BLE001 - the caller gets the failure, the worker lives on
             hits, error = None, exc
-        self._measured(req.n, req.cost, time.perf_counter() - start)
         req.answer(hits, error)
+        return req.n, req.cost

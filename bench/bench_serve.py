@@ -9,6 +9,10 @@ once, as POST /embed requests of --batch sentences, then as single-sentence requ
 calls in-process, one after another (what a server without batching could do at best).
 
     python bench/bench_serve.py [--clients 64] [--batch 16] [--threads 2] [--backend torch|onnx]
+
+``--budgets 1024,2048,...`` measures instead what the engine's default token budget should be on this CPU:
+the in-process torch engine embeds the 872 short SST-2 dev sentences at 1 and 2 threads with each padded-token
+budget (rounds interleaved, the median of ``--reps``), sentences/s and the ratio to the largest budget.
 """
 
 from __future__ import annotations
@@ -102,7 +106,9 @@ async def load(host: str, port: int, requests: list[list[str]], clients: int) ->
 def start_server(model: str, args: argparse.Namespace) -> tuple[subprocess.Popen, str, int]:
     cmd = [sys.executable, "-m", "cramkit", "serve", model, "--port", "0", "--threads", str(args.threads),
            "--backend", args.backend, "--max-wait-ms", str(args.max_wait_ms),
-           "--max-batch-tokens", str(args.max_batch_tokens), "--timeout", str(args.timeout)]  # fmt: skip
+           "--timeout", str(args.timeout)]  # fmt: skip
+    if args.max_batch_tokens:
+        cmd += ["--max-batch-tokens", str(args.max_batch_tokens)]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     while True:
         line = proc.stdout.readline()
@@ -115,6 +121,46 @@ def start_server(model: str, args: argparse.Namespace) -> tuple[subprocess.Popen
             return proc, m.group(1), int(m.group(2))
 
 
+def budgets(args: argparse.Namespace) -> None:
+    import torch
+
+    from cramkit.infer import Engine
+
+    header = machine()
+    short = texts()[:872]  # SST-2 dev: short sentences
+    engine = Engine(f"hf:{minilm_dir()}", device="cpu")
+    sizes = [int(b) for b in args.budgets.split(",")]
+    rates: dict[tuple[int, int], list[float]] = {}
+    engine.embed(short[:64])
+    for rep in range(args.reps):
+        for threads in (1, 2):
+            torch.set_num_threads(threads)
+            for b in sizes if rep % 2 == 0 else sizes[::-1]:
+                engine.max_batch_tokens = b
+                t0 = time.perf_counter()
+                engine.embed(short)
+                rates.setdefault((threads, b), []).append(len(short) / (time.perf_counter() - t0))
+                print(
+                    f"round {rep}: {threads} threads, budget {b}: {rates[threads, b][-1]:.1f}/s",
+                    file=sys.stderr,
+                )
+    tokens = int(engine.tokenize(short).lengths.sum())
+    print(f"# token budgets, torch fp32, all-MiniLM-L6-v2, {len(short)} SST-2 dev sentences ({tokens:,} tokens), "
+          f"median of {args.reps} interleaved rounds")  # fmt: skip
+    print(f"# {header}; load average {os.getloadavg()[0]:.1f} at the end")
+    print(
+        "| budget (padded tokens) | 1 thread, sentences/s | vs largest | 2 threads, sentences/s | vs largest |"
+    )
+    print("|---:|---:|---:|---:|---:|")
+    top = {t: statistics.median(rates[t, sizes[-1]]) for t in (1, 2)}
+    for b in sizes:
+        cells = []
+        for t in (1, 2):
+            r = statistics.median(rates[t, b])
+            cells += [f"{r:,.1f}", f"{r / top[t]:.2f}x"]
+        print(f"| {b:,} | " + " | ".join(cells) + " |")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--clients", type=int, default=64)
@@ -122,11 +168,16 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--backend", choices=["torch", "onnx"], default="torch")
     p.add_argument("--max-wait-ms", type=float, default=5.0)
-    p.add_argument("--max-batch-tokens", type=int, default=16384)
+    p.add_argument("--max-batch-tokens", type=int, default=None, help="default: the engine's for the device")
     p.add_argument("--timeout", type=float, default=300.0,
                    help="the server's --timeout: 64 clients x 16 sentences queued at ~40 sentences/s wait ~25 s")  # fmt: skip
+    p.add_argument("--budgets", default=None, help="comma-separated token budgets: measure those instead")
+    p.add_argument("--reps", type=int, default=3, help="rounds of the --budgets measurement")
     args = p.parse_args()
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    if args.budgets:
+        budgets(args)
+        return
     import torch
 
     torch.set_num_threads(args.threads)
@@ -144,7 +195,13 @@ def main() -> None:
         out = Path(tempfile.mkdtemp(prefix="bench-serve-")) / "onnx"
         export(cramkit.load(model), out, format="onnx", progress=False)
         model = str(out)
-    engine = Engine(model, backend=args.backend, device="cpu", threads=args.threads)
+    engine = Engine(
+        model,
+        backend=args.backend,
+        device="cpu",
+        threads=args.threads,
+        max_batch_tokens=args.max_batch_tokens,
+    )
     engine.embed(data[:64])
     times = []
     for _ in range(2):

@@ -42,3 +42,14 @@ def test_backend_choice_and_bad_arguments(ft_model, ft_onnx) -> None:
         Engine(ft_onnx).fill_mask(["a [MASK]"])
     with pytest.raises(CramkitError, match="input 1 is a int"):
         Engine(cramkit.load(ft_model)).classify(["ok", 3])
+
+
+def test_the_default_token_budget_depends_on_the_device(ft_model) -> None:
+    from cramkit.infer.engine import CPU_BATCH_TOKENS, default_batch_tokens, fits
+
+    assert Engine(ft_model, device="cpu").max_batch_tokens == CPU_BATCH_TOKENS == 2048  # bench/RESULTS.md
+    assert default_batch_tokens("cuda:0") == 16384 and default_batch_tokens("cpu") == 2048
+    assert Engine(ft_model, device="cpu", max_batch_tokens=300).max_batch_tokens == 300
+    enc = Engine(ft_model, device="cpu", max_batch_tokens=64).tokenize(["a film"] * 10 + ["word " * 60])
+    batches = Engine(ft_model, device="cpu", max_batch_tokens=64).batches(enc)
+    assert all(fits(len(b), int(enc.lengths[b].max()), 64) for b in batches) and len(batches[-1]) == 1

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -75,3 +76,52 @@ def test_concurrent_requests_are_merged_and_answered_in_order(engine) -> None:
         )
     )
     assert calls < 16, metrics
+
+
+def test_the_batcher_forms_each_forward_pass_and_the_engine_runs_it_as_it_is(ft_model, glue_dir) -> None:
+    from infer.models import sst2
+
+    engine = Engine(ft_model, device="cpu", max_batch_tokens=256)
+    passes: list[tuple[int, int]] = []
+    pooled = engine.runner.pooled
+
+    def counted(x: dict) -> tuple:
+        passes.append(x["input_ids"].shape)
+        return pooled(x)
+
+    engine.runner.pooled = counted
+    texts = [s for s, _ in sst2(glue_dir, "dev")[:96]]
+    ref = Engine(ft_model, device="cpu").embed(texts, normalize=True)
+    app = create_app({"ft": engine}, max_wait_ms=50, limits=Limits(max_queue=10_000))
+    out: dict[int, list] = {}
+    with TestClient(app) as client:
+
+        def one(i: int) -> None:
+            out[i] = client.post("/embed", json={"inputs": texts[i : i + 24]}).json()
+
+        threads = [threading.Thread(target=one, args=(i,)) for i in range(0, 96, 24)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        batcher = app.state.batchers["ft"]  # the Gate in front of the app holds the server state
+        formed = batcher.batches
+    got = np.concatenate([np.asarray(out[i]) for i in range(0, 96, 24)])
+    assert np.abs(got - ref).max() < 1e-5
+    # every pass the batcher formed ran once, as it was: within the budget of padded tokens
+    assert len(passes) == formed and all(rows * width <= 256 for rows, width in passes), passes
+    assert formed >= 2  # 96 sentences do not fit one pass of 256 tokens
+
+
+def test_the_log_says_one_line_per_kind_per_second(capsys) -> None:
+    from cramkit.serve.app import LogLimiter
+
+    log = LogLimiter(every=0.2)
+    for _ in range(1000):  # a flood of accept errors
+        log("accept", "socket.accept() out of system resource: OSError: [Errno 24] Too many open files")
+    log("other", "a different kind")
+    lines = capsys.readouterr().err.splitlines()
+    assert len(lines) == 2 and "Too many open files" in lines[0] and "a different kind" in lines[1]
+    time.sleep(0.25)
+    log("accept", "socket.accept() out of system resource")
+    assert "and 999 more like it" in capsys.readouterr().err

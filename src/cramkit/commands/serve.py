@@ -24,13 +24,33 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="auto (default): ONNX Runtime for an ONNX export, torch otherwise; onnx exports a torch "
                    "model at startup")  # fmt: skip
     p.add_argument("--device", default="auto", help="torch backend: auto, cpu, cuda, cuda:N")
-    p.add_argument("--max-batch-tokens", type=int, default=16384, help="padded tokens per forward pass")
+    p.add_argument("--max-batch-tokens", type=int, default=None,
+                   help="padded tokens per forward pass (default: 2048 on a CPU, 16384 on CUDA)")  # fmt: skip
     p.add_argument("--max-wait-ms", type=float, default=5.0, help="how long a batch waits for more requests")
     p.add_argument("--max-length", type=int, default=None, help="cut inputs to this many tokens")
     p.add_argument("--max-inputs", type=int, default=1024, help="inputs per request (default 1024)")
     p.add_argument("--max-input-chars", type=int, default=50_000, help="characters per input")
     p.add_argument("--max-payload-bytes", type=int, default=2_000_000, help="request body size")
     p.add_argument("--max-queue", type=int, default=8192, help="inputs waiting per model before 429")
+    p.add_argument(
+        "--max-answer-items",
+        type=int,
+        default=10_000,
+        help="fill-mask candidates (masks x top_k) or search hits (queries x k) per request (413)",
+    )
+    p.add_argument(
+        "--max-connections",
+        type=int,
+        default=1000,
+        help="open connections (kept below ulimit -n); past it the longest-waiting idle one closes",
+    )
+    p.add_argument(
+        "--header-timeout",
+        type=float,
+        default=10.0,
+        help="seconds for a request's headers to arrive (then the connection closes)",
+    )
+    p.add_argument("--idle-timeout", type=float, default=5.0, help="seconds a keep-alive connection may idle")
     p.add_argument(
         "--timeout", type=float, default=30.0, help="seconds a request may wait for its answer (503)"
     )
@@ -46,16 +66,23 @@ def run(args: argparse.Namespace) -> int:
     from cramkit.errors import CramkitError
     from cramkit.serve import Limits, serve
 
-    for flag in ("max_batch_tokens", "max_inputs", "max_input_chars", "max_payload_bytes", "max_queue"):
-        if getattr(args, flag) < 1:
+    counts = ("max_batch_tokens", "max_inputs", "max_input_chars", "max_payload_bytes", "max_queue",
+              "max_answer_items", "max_connections")  # fmt: skip
+    for flag in counts:
+        if getattr(args, flag) is not None and getattr(args, flag) < 1:
             raise CramkitError(f"--{flag.replace('_', '-')} must be positive, got {getattr(args, flag)}")
-    if args.timeout <= 0 or args.body_timeout <= 0 or args.max_wait_ms < 0:
-        raise CramkitError("--timeout and --body-timeout must be positive, --max-wait-ms at least 0")
+    seconds = ("timeout", "body_timeout", "header_timeout", "idle_timeout")
+    if any(getattr(args, flag) <= 0 for flag in seconds) or args.max_wait_ms < 0:
+        raise CramkitError(
+            "--timeout, --body-timeout, --header-timeout and --idle-timeout must be positive, --max-wait-ms at least 0"
+        )
     if not 0 <= args.port < 65536:
         raise CramkitError(f"--port must be 0..65535, got {args.port}")
     limits = Limits(
         max_payload_bytes=args.max_payload_bytes, max_inputs=args.max_inputs, max_input_chars=args.max_input_chars,
-        max_queue=args.max_queue, request_timeout_s=args.timeout, body_timeout_s=args.body_timeout,
+        max_queue=args.max_queue, max_answer_items=args.max_answer_items, request_timeout_s=args.timeout,
+        body_timeout_s=args.body_timeout, header_timeout_s=args.header_timeout, idle_timeout_s=args.idle_timeout,
+        max_connections=args.max_connections,
     )  # fmt: skip
     serve(
         args.models, host=args.host, port=args.port, backend=args.backend, device=args.device,

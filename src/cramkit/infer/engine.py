@@ -1,14 +1,17 @@
 """Batched inference for any model ``cramkit.load`` accepts (torch) or ``cramkit export --format onnx``
 wrote (ONNX Runtime): embeddings, classification, fill-mask.
 
-Inputs are sorted by length and cut into batches by a token budget (rows x longest row), not a row
-count, so memory is the same for short and long inputs; each batch is padded to its own longest member
-only; results come back in the caller's order. torch: ``torch.inference_mode`` always, autocast as
-``cramkit.runtime`` decides (bf16 on CUDA by default). Inputs longer than the model's limit are truncated (on by default) and reported per input in
-``truncated``; with ``truncate=False`` they are an error instead.
+Inputs are sorted by length and cut into forward passes by a token budget (rows x longest row), not a
+row count, so memory is the same for short and long inputs; each pass is padded to its own longest member
+only; results come back in the caller's order. The default budget depends on the device: on a CPU a pass
+small enough for the MLP's intermediate activations to stay in cache is fastest (measured in
+bench/RESULTS.md, "Token budget on the CPU"), on CUDA a large one. torch: ``torch.inference_mode``
+always, autocast as ``cramkit.runtime`` decides (bf16 on CUDA by default). Inputs longer than the model's limit are truncated (on by default) and
+reported per input in ``truncated``; with ``truncate=False`` they are an error instead.
 
-The ``*_encoded`` methods take already tokenised inputs (:meth:`Engine.tokenize`): the server tokenises
-each request on its own and merges many requests into one call.
+The ``*_encoded`` methods take already tokenised inputs (:meth:`Engine.tokenize`) and cut them into passes;
+the ``*_pass`` methods run given rows as exactly one forward pass: the server's batcher forms the passes
+itself, from many requests, with :func:`fits` (the same rule), and runs each as it is.
 """
 
 from __future__ import annotations
@@ -25,7 +28,11 @@ import numpy as np
 from cramkit.data.batching import Encoded, encode_texts, token_budget_batches
 from cramkit.errors import CramkitError
 from cramkit.runtime import autocast, resolve_device, resolve_precision
-from cramkit.runtime import cpu_cores as cpu_cores  # (the server's import)
+
+# padded tokens per forward pass by default (bench/RESULTS.md, "Token budget on the CPU")
+CPU_BATCH_TOKENS = 2048
+CUDA_BATCH_TOKENS = 16384
+MAX_BATCH_ROWS = 1024  # rows per forward pass, whatever their length
 
 if TYPE_CHECKING:
     import torch
@@ -46,6 +53,21 @@ class ClassifyResult:
     labels: list[str] | list[list[str]] | None  # argmax label name; multilabel: names with p >= 0.5
     scores: np.ndarray | None  # regression: the predicted value per input
     truncated: np.ndarray  # bool per input
+
+
+class InputTooLong(CramkitError):
+    """An input is longer than the model's limit and truncation was refused."""
+
+
+def default_batch_tokens(device: Any) -> int:
+    """The token budget of one forward pass on ``device``: cache-sized on a CPU, large on CUDA."""
+    return CUDA_BATCH_TOKENS if str(device).startswith("cuda") else CPU_BATCH_TOKENS
+
+
+def fits(rows: int, longest: int, budget: int) -> bool:
+    """Whether ``rows`` inputs padded to ``longest`` tokens make one forward pass within ``budget``
+    (one input always does, however long)."""
+    return rows <= 1 or (rows <= MAX_BATCH_ROWS and rows * longest <= budget)
 
 
 def probabilities(kind: str, logits: np.ndarray) -> np.ndarray | None:
@@ -161,8 +183,9 @@ class Engine:
 
     backend: ``torch``, ``onnx`` or ``auto`` (ONNX Runtime for an ONNX export, torch otherwise); asking for
     ``onnx`` with a torch model exports it (fp32) to a temporary directory first.
-    max_batch_tokens: padded tokens per forward pass (rows x longest row); max_length: cut inputs to this
-    many tokens ([CLS]/[SEP] included), default the model's limit; threads: CPU threads of ONNX Runtime
+    max_batch_tokens: padded tokens per forward pass (rows x longest row; default from the device:
+    :func:`default_batch_tokens`); max_length: cut inputs to this many tokens ([CLS]/[SEP] included),
+    default the model's limit; threads: CPU threads of ONNX Runtime
     (default: the cores this process may use; torch keeps its own setting).
     """
 
@@ -172,14 +195,14 @@ class Engine:
         *,
         backend: str = "auto",
         device: str | torch.device | None = "auto",
-        max_batch_tokens: int = 16384,
+        max_batch_tokens: int | None = None,
         max_length: int | None = None,
         precision: str = "auto",
         threads: int | None = None,
     ) -> None:
         if backend not in BACKENDS:
             raise CramkitError(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
-        if max_batch_tokens < 1:
+        if max_batch_tokens is not None and max_batch_tokens < 1:
             raise CramkitError(f"max_batch_tokens must be positive, got {max_batch_tokens}")
         from cramkit.infer import onnx as onnx_mod
         from cramkit.load import LoadedModel, load
@@ -225,7 +248,7 @@ class Engine:
         self.source: str = str(src.source)
         self.pad_id: int = src.pad_id
         self.model_max_length: int = int(src.max_length)
-        self.max_batch_tokens = int(max_batch_tokens)
+        self.max_batch_tokens = int(max_batch_tokens or default_batch_tokens(self.device))
         self.max_length = min(int(max_length), self.model_max_length) if max_length else self.model_max_length
         if self.max_length < 3:
             raise CramkitError(f"max_length must be at least 3 tokens, got {self.max_length}")
@@ -274,15 +297,17 @@ class Engine:
         enc = encode_texts(self.tokenizer, a, b if any(s is not None for s in b) else None, limit)
         if not truncate and enc.truncated.any():
             i = int(np.flatnonzero(enc.truncated)[0])
-            raise CramkitError(
+            raise InputTooLong(
                 f"input {i} is longer than the model's limit of {limit} tokens; shorten it or allow truncation"
             )
         self.truncated = enc.truncated
         return enc
 
-    def _pad(self, enc: Encoded, batch: np.ndarray) -> dict[str, np.ndarray | None]:
-        """A batch padded to its longest member: input_ids, attention_mask (None if nothing is padded),
-        token_type_ids (None for models without them)."""
+    def _pad(self, enc: Encoded, batch: np.ndarray | None) -> dict[str, np.ndarray | None]:
+        """A batch (default: all of ``enc``) padded to its longest member: input_ids, attention_mask (None if
+        nothing is padded), token_type_ids (None for models without them)."""
+        if batch is None:
+            batch = np.arange(len(enc))
         lengths = enc.lengths[batch]
         width = int(lengths.max())
         ids = np.full((len(batch), width), self.pad_id, dtype=np.int64)
@@ -298,8 +323,8 @@ class Engine:
         return {"input_ids": ids, "attention_mask": mask, "token_type_ids": types}
 
     def batches(self, enc: Encoded) -> list[np.ndarray]:
-        """Length-sorted index batches within the token budget."""
-        return token_budget_batches(enc.lengths, self.max_batch_tokens)
+        """Length-sorted index batches within the token budget (each one :func:`fits`)."""
+        return token_budget_batches(enc.lengths, self.max_batch_tokens, MAX_BATCH_ROWS)
 
     # ------------------------------------------------------------------------------ embeddings
 
@@ -316,7 +341,7 @@ class Engine:
         n = len(enc)
         mean = cls = None
         for batch in self.batches(enc):
-            m, c = self.runner.pooled(self._pad(enc, batch))
+            m, c = self.embed_pass(enc, batch)
             if mean is None:
                 mean = np.zeros((n, m.shape[1]), dtype=np.float32)
                 cls = np.zeros((n, c.shape[1]), dtype=np.float32)
@@ -326,6 +351,11 @@ class Engine:
             h = self.hidden_size or 0
             return np.zeros((0, h), np.float32), np.zeros((0, h), np.float32)
         return mean, cls
+
+    def embed_pass(self, enc: Encoded, rows: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """(mean-pooled, first-token) states of ``rows`` (default: all of ``enc``) in one forward pass."""
+        self._need_embed()
+        return self.runner.pooled(self._pad(enc, rows))
 
     def check_pooling(self, pooling: str | None) -> str:
         pooling = pooling or self.pooling
@@ -371,13 +401,18 @@ class Engine:
         self._need_head()
         out: np.ndarray | None = None
         for batch in self.batches(enc):
-            logits = self.runner.logits(self._pad(enc, batch))
+            logits = self.logits_pass(enc, batch)
             if out is None:
                 out = np.zeros((len(enc), logits.shape[1]), dtype=np.float32)
             out[batch] = logits
         if out is None:
             out = np.zeros((0, len(self.labels or []) or 1), dtype=np.float32)
         return out
+
+    def logits_pass(self, enc: Encoded, rows: np.ndarray | None = None) -> np.ndarray:
+        """The head's outputs for ``rows`` (default: all of ``enc``) in one forward pass."""
+        self._need_head()
+        return self.runner.logits(self._pad(enc, rows))
 
     def logits(self, inputs: Sequence[TextOrPair], *, truncate: bool = True) -> np.ndarray:
         """The classification/regression head's raw outputs [n, C] for texts or pairs."""
@@ -412,23 +447,36 @@ class Engine:
         return int(mask_id)
 
     def fill_mask_encoded(self, enc: Encoded, top_k: int = 5) -> list[list[list[dict[str, Any]]]]:
+        self._need_mlm()
+        results: list[list[list[dict[str, Any]]]] = [[] for _ in range(len(enc))]
+        for batch in self.batches(enc):
+            for i, masks in zip(batch.tolist(), self.fill_mask_pass(enc, batch, top_k), strict=True):
+                results[i] = masks
+        return results
+
+    def fill_mask_pass(
+        self, enc: Encoded, rows: np.ndarray | None = None, top_k: int = 5
+    ) -> list[list[list[dict[str, Any]]]]:
+        """Per row of ``rows`` (default: all of ``enc``), per [MASK], the ``top_k`` tokens: one forward pass."""
         mask_id = self._need_mlm()
         tok = self.tokenizer
-        results: list[list[list[dict[str, Any]]]] = [[] for _ in range(len(enc))]
-        vocab = tok.get_vocab_size(with_added_tokens=True)
-        k = max(1, min(int(top_k), vocab))
-        for batch in self.batches(enc):
-            x = self._pad(enc, batch)
-            where = x["input_ids"] == mask_id
-            if not where.any():
-                continue
-            p, t = self.runner.mask_topk(x, where, k)
-            rows = np.nonzero(where)[0].tolist()
-            for row, pr, tk in zip(rows, p.tolist(), t.tolist(), strict=True):
-                results[int(batch[row])].append(
-                    [{"token": tok.id_to_token(i), "id": i, "score": s} for s, i in zip(pr, tk, strict=True)]
-                )
+        x = self._pad(enc, rows)
+        results: list[list[list[dict[str, Any]]]] = [[] for _ in range(len(x["input_ids"]))]
+        where = x["input_ids"] == mask_id
+        if not where.any():
+            return results
+        k = max(1, min(int(top_k), tok.get_vocab_size(with_added_tokens=True)))
+        p, t = self.runner.mask_topk(x, where, k)
+        for row, pr, tk in zip(np.nonzero(where)[0].tolist(), p.tolist(), t.tolist(), strict=True):
+            results[row].append(
+                [{"token": tok.id_to_token(i), "id": i, "score": s} for s, i in zip(pr, tk, strict=True)]
+            )
         return results
+
+    def count_masks(self, enc: Encoded) -> int:
+        """How many [MASK] tokens the tokenised inputs hold (0 without a [MASK] token)."""
+        mask_id = self.tokenizer.token_to_id("[MASK]")
+        return 0 if mask_id is None else sum(int((np.asarray(a) == mask_id).sum()) for a in enc.ids)
 
     def fill_mask(
         self, texts: Sequence[str], top_k: int = 5, *, truncate: bool = True

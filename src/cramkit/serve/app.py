@@ -5,37 +5,50 @@ Routes: ``POST /embed`` (TEI), ``POST /predict`` (TEI), ``POST /v1/embeddings`` 
 (Prometheus), ``/docs`` (OpenAPI). Several models are served by name: a ``"model"`` field in the body or a
 ``?model=`` query parameter picks one (default: the first).
 
-Every refusal is JSON ``{"error": "...", "error_type": "..."}`` with a 4xx/5xx status: 400 malformed JSON
-or invalid UTF-8, 401 a missing or wrong API key, 404 an unknown model or route, 408 a client that sends its
-body too slowly, 413 a payload, input count or input length over the limits, 422 wrong types or an empty
-list, 429 a full queue (with Retry-After), 503 a request that waited longer than the timeout or a server
-that is shutting down.
+Every refusal is JSON ``{"error": "...", "error_type": "..."}`` with a 4xx/5xx status: 400 malformed JSON,
+invalid UTF-8 or JSON Python cannot take as text (a lone surrogate escape, nesting too deep, an integer of
+thousands of digits), 401 a missing or wrong API key, 404 an unknown model or route, 408 a client that
+sends its body too slowly, 413 a payload, input count, input length or answer size over the limits, 422
+wrong types or an empty list, 429 a full queue or one that could not answer before the timeout (with
+Retry-After), 503 a request that waited longer than the timeout or a server that is shutting down. Statuses
+follow the exception's type, never its message. A 400 or a 5xx logs one line (rate-limited), never a
+traceback.
 """
 
 from __future__ import annotations
 
 import asyncio
 import base64
+import collections
 import contextlib
 import hmac
 import json
+import re
+import sys
 import time
-from collections.abc import AsyncIterator
+import traceback
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import Response
 
 from cramkit.errors import CramkitError
-from cramkit.serve.batcher import Batcher, Job, QueueFull, Stopped
+from cramkit.infer.engine import InputTooLong
+from cramkit.serve.batcher import Batcher, Job, Lane, Overloaded, Search, SearchQueue, Stopped
 from cramkit.serve.metrics import Metrics
 
 ROUTES = ("/embed", "/predict", "/v1/embeddings", "/fill-mask", "/search", "/info", "/health", "/metrics")
 OPEN_ROUTES = ("/health", "/docs", "/openapi.json", "/docs/oauth2-redirect", "/redoc")
 # requests this small are tokenised on the event loop; larger ones in a worker thread
 INLINE_CHARS = 4000
+# answers with more items than this (floats, candidates, hits) are built and serialised in a worker thread
+INLINE_ITEMS = 20_000
+# an escaped UTF-16 surrogate in the raw body: the parsed text may hold a lone one
+SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
 
 
 @dataclass
@@ -46,8 +59,34 @@ class Limits:
     max_inputs: int = 1024
     max_input_chars: int = 50_000
     max_queue: int = 8192  # inputs waiting per model; beyond: 429
-    request_timeout_s: float = 30.0  # waiting for the model; beyond: 503
-    body_timeout_s: float = 10.0  # receiving the body; beyond: 408
+    max_answer_items: int = 10_000  # fill-mask candidates (masks x top_k) or search hits (queries x k); 413
+    request_timeout_s: float = 30.0  # waiting for the model; beyond: 503 (admission refuses earlier: 429)
+    body_timeout_s: float = 10.0  # receiving the whole body; beyond: 408
+    header_timeout_s: float = 10.0  # receiving a request's headers (from connecting or the last answer)
+    idle_timeout_s: float = 5.0  # a keep-alive connection with no request
+    max_connections: int = 1000  # open connections; beyond, the longest-waiting one without a request goes
+
+
+class LogLimiter:
+    """One line to stderr per kind at most every ``every`` seconds, saying how many like it were left out."""
+
+    def __init__(self, every: float = 1.0) -> None:
+        self.every = every
+        self._last: dict[str, float] = {}
+        self._skipped: collections.Counter[str] = collections.Counter()
+
+    def __call__(self, kind: str, line: str) -> None:
+        now = time.monotonic()
+        if now - self._last.get(kind, -self.every) < self.every:
+            self._skipped[kind] += 1
+            return
+        self._last[kind] = now
+        skipped = self._skipped.pop(kind, 0)
+        more = f" (and {skipped} more like it in the last {self.every:g}s)" if skipped else ""
+        print(f"cramkit serve: {line}{more}", file=sys.stderr, flush=True)
+
+
+LOG = LogLimiter()
 
 
 class ApiError(Exception):
@@ -58,6 +97,12 @@ class ApiError(Exception):
 
 def _error_body(message: str, error_type: str) -> bytes:
     return json.dumps({"error": message, "error_type": error_type}).encode()
+
+
+def _where(exc: BaseException) -> str:
+    """file:line of the innermost frame of an exception's traceback."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    return f"{frames[-1].filename}:{frames[-1].lineno}" if frames else "?"
 
 
 def dumps(obj: Any) -> bytes:
@@ -122,9 +167,10 @@ class Gate:
                     return
                 body = bytearray()
                 more = True
+                deadline = time.monotonic() + state.limits.body_timeout_s  # for the whole body
                 while more:
                     try:
-                        message = await asyncio.wait_for(receive(), state.limits.body_timeout_s)
+                        message = await asyncio.wait_for(receive(), max(0.0, deadline - time.monotonic()))
                     except TimeoutError:
                         state.metrics.rejected.labels("slow_client").inc()
                         await _send_error(send_wrapped, 408, f"the request body did not arrive within {state.limits.body_timeout_s:g}s", "Validation")  # fmt: skip
@@ -147,11 +193,19 @@ class Gate:
                         return {"type": "http.request", "body": bytes(body), "more_body": False}
                     return await receive()
 
-                await self.app(scope, replay, send_wrapped)
+                await self._call(scope, replay, send_wrapped)
             else:
-                await self.app(scope, receive, send_wrapped)
+                await self._call(scope, receive, send_wrapped)
         finally:
             state.metrics.observe(route, status[0], time.perf_counter() - start)
+
+    async def _call(self, scope: dict, receive: Any, send: Any) -> None:
+        """The app; an exception it lets out (Starlette has answered 500 already) becomes one log line."""
+        try:
+            await self.app(scope, receive, send)
+        except Exception as exc:  # noqa: BLE001 - one line, not a traceback; the server keeps serving
+            LOG("internal", f"500 {scope.get('method')} {scope.get('path')}: {type(exc).__name__}: {exc} "
+                f"(at {_where(exc)})")  # fmt: skip
 
 
 async def _send_error(
@@ -168,13 +222,12 @@ async def _send_error(
 
 
 class ServerState:
-    """The engines, their batchers, the limits and the metrics of one app."""
+    """The engines, their batchers, the index's search queue, the limits and the metrics of one app."""
 
     def __init__(
         self,
         engines: dict[str, Any],
         *,
-        max_batch_tokens: int,
         max_wait_ms: float,
         limits: Limits,
         api_key: str | None,
@@ -189,23 +242,23 @@ class ServerState:
         self.api_key = api_key or None
         self.index, self.index_path = index, index_path
         self.metrics = Metrics()
-        self.max_batch_tokens = int(max_batch_tokens)
-        self.batchers = {
-            name: Batcher(
-                eng,
-                name,
-                max_batch_tokens=max_batch_tokens,
-                max_wait_ms=max_wait_ms,
-                max_queue=limits.max_queue,
-                metrics=self.metrics,
-            )  # fmt: skip
-            for name, eng in engines.items()
+        queue = {
+            "max_queue": limits.max_queue,
+            "timeout_s": limits.request_timeout_s,
+            "metrics": self.metrics,
         }
+        self.batchers = {
+            name: Batcher(eng, name, max_wait_ms=max_wait_ms, **queue) for name, eng in engines.items()
+        }
+        self.lanes: list[Lane] = list(self.batchers.values())
+        self.search = SearchQueue(index, **queue) if index is not None else None
+        if self.search is not None:
+            self.lanes.append(self.search)
         self.started = time.time()
         self.shutting_down = False
 
     def pick(self, body: dict, request: Any) -> tuple[str, Any, Batcher]:
-        name = body.get("model") if isinstance(body, dict) else None
+        name = body.get("model")
         if name is None:
             name = request.query_params.get("model")
         if name is None:
@@ -217,7 +270,29 @@ class ServerState:
         return name, self.engines[name], self.batchers[name]
 
 
+def _state(request: Request) -> ServerState:
+    return request.app.state.cramkit
+
+
 # ------------------------------------------------------------------------------------------ parsing
+
+
+def _lone_surrogate(obj: Any) -> bool:
+    """Whether any string in a parsed JSON value (keys included) holds a lone UTF-16 surrogate."""
+    stack = [obj]
+    while stack:
+        x = stack.pop()
+        if isinstance(x, str):
+            try:
+                x.encode("utf-8")
+            except UnicodeEncodeError:
+                return True
+        elif isinstance(x, list):
+            stack.extend(x)
+        elif isinstance(x, dict):
+            stack.extend(x)
+            stack.extend(x.values())
+    return False
 
 
 async def _json(request: Any) -> dict:
@@ -234,6 +309,18 @@ async def _json(request: Any) -> dict:
         raise ApiError(
             400, f"the body is not valid JSON ({exc.msg} at position {exc.pos})", "Validation"
         ) from None
+    except RecursionError:
+        raise ApiError(400, "the body's JSON nests too deep to read; send flat JSON", "Validation") from None
+    except ValueError:  # the only other failure of json.loads: an integer over Python's digit limit
+        raise ApiError(
+            400, f"the body holds an integer of over {sys.get_int_max_str_digits()} digits; send ordinary numbers",
+            "Validation",
+        ) from None  # fmt: skip
+    if SURROGATE_ESCAPE.search(text) and _lone_surrogate(body):
+        raise ApiError(
+            400, "the body holds a lone UTF-16 surrogate escape (such as \\ud800), which is not text; send "
+            "valid Unicode", "Validation",
+        )  # fmt: skip
     if not isinstance(body, dict):
         raise ApiError(422, f"the body must be a JSON object, not {type(body).__name__}", "Validation")
     return body
@@ -323,53 +410,335 @@ async def _tokenize(engine: Any, items: list[Any], truncate: bool) -> Any:
     try:
         if chars <= INLINE_CHARS:
             return engine.tokenize(items, truncate=truncate)
-        from starlette.concurrency import run_in_threadpool
-
         return await run_in_threadpool(lambda: engine.tokenize(items, truncate=truncate))
+    except InputTooLong as exc:
+        raise ApiError(413, str(exc), "Validation") from None
     except CramkitError as exc:
-        raise ApiError(413 if "longer than" in str(exc) else 422, str(exc), "Validation") from None
+        raise ApiError(422, str(exc), "Validation") from None
 
 
-async def _run(state: ServerState, name: str, batcher: Batcher, task: str, enc: Any, top_k: int = 5) -> Any:
+def _overloaded(state: ServerState, exc: Overloaded) -> ApiError:
+    state.metrics.rejected.labels("queue_full").inc()
+    return ApiError(429, str(exc), "Overloaded", {"Retry-After": str(exc.retry_after)})
+
+
+@contextlib.contextmanager
+def _reserved(state: ServerState, lane: Lane, n: int) -> Iterator[None]:
+    """Room in ``lane`` for ``n`` inputs while the request is tokenised; 429 at once if there is none."""
     if state.shutting_down:
         raise ApiError(503, "the server is shutting down; retry on another replica", "Unhealthy")
-    loop = asyncio.get_running_loop()
-    fut = loop.create_future()
-    state.metrics.inputs.labels(name, task).inc(len(enc))
     try:
-        batcher.submit(Job(task, enc, fut, loop, top_k))
-    except QueueFull:
-        state.metrics.rejected.labels("queue_full").inc()
-        raise ApiError(
-            429, f"the queue of model {name!r} is full ({batcher.max_queue} inputs); retry shortly", "Overloaded",
-            {"Retry-After": "1"},
-        ) from None  # fmt: skip
+        with lane.reserve(n):
+            yield
+    except Overloaded as exc:
+        raise _overloaded(state, exc) from None
+
+
+async def _queued(state: ServerState, lane: Lane, req: Any) -> Any:
+    """Submit ``req`` to ``lane`` and wait for its answer; each failure becomes its status."""
+    if state.shutting_down:
+        raise ApiError(503, "the server is shutting down; retry on another replica", "Unhealthy")
+    try:
+        lane.submit(req)
+    except Overloaded as exc:
+        raise _overloaded(state, exc) from None
     except Stopped:
         raise ApiError(503, "the server is shutting down; retry on another replica", "Unhealthy") from None
     try:
-        return await asyncio.wait_for(fut, state.limits.request_timeout_s)
+        return await asyncio.wait_for(req.future, state.limits.request_timeout_s)
     except TimeoutError:
         state.metrics.rejected.labels("timeout").inc()
         raise ApiError(
             503, f"no answer within {state.limits.request_timeout_s:g}s (the server is overloaded); retry later",
             "Overloaded", {"Retry-After": "1"},
         ) from None  # fmt: skip
+    except InputTooLong as exc:
+        raise ApiError(413, str(exc), "Validation") from None
     except CramkitError as exc:
         raise ApiError(422, str(exc), "Validation") from None
-    except ApiError:
-        raise
     except Exception as exc:  # noqa: BLE001 - the model failed: say so, keep serving
         raise ApiError(
             500, f"the model failed on this input ({type(exc).__name__}: {exc})", "Backend"
         ) from None
 
 
-def _response(payload: Any, truncated: np.ndarray | None = None, status: int = 200) -> Response:
+async def _run(state: ServerState, name: str, batcher: Batcher, task: str, enc: Any, top_k: int = 5) -> Any:
+    loop = asyncio.get_running_loop()
+    state.metrics.inputs.labels(name, task).inc(len(enc))
+    return await _queued(state, batcher, Job.make(task, enc, loop.create_future(), loop, top_k))
+
+
+def _answer_size(what: str, n: int, per: int, per_name: str, limit: int) -> int:
+    """``n`` x ``per`` answer items, or 413 beyond ``limit``."""
+    if n * per > limit:
+        raise ApiError(
+            413, f"{what}: {n} x {per_name} {per} = {n * per} answer items; the limit is {limit} per request: "
+            f"split the request or ask for a smaller {per_name}", "Validation",
+        )  # fmt: skip
+    return n * per
+
+
+async def _response(
+    build: Any, size: int, truncated: np.ndarray | None = None, status: int = 200
+) -> Response:
+    """JSON of ``build()`` (a payload or a function making one); built and serialised in a worker thread
+    when the answer holds more than ``INLINE_ITEMS`` items, so that the event loop keeps answering."""
+
+    def body() -> bytes:
+        return dumps(build() if callable(build) else build)
+
+    data = await run_in_threadpool(body) if size > INLINE_ITEMS else body()
     headers = {}
     if truncated is not None and truncated.any():
         idx = np.flatnonzero(truncated)
         headers["x-truncated-inputs"] = ",".join(map(str, idx[:100].tolist()))
-    return Response(dumps(payload), status_code=status, media_type="application/json", headers=headers)
+    return Response(data, status_code=status, media_type="application/json", headers=headers)
+
+
+# ------------------------------------------------------------------------------------------ routes
+
+
+async def embed(request: Request) -> Response:
+    state = _state(request)
+    body = await _json(request)
+    name, engine, batcher = state.pick(body, request)
+    _need(engine.can_embed, name, "embeddings")
+    items = _inputs(body, state.limits)
+    normalize = _flag(body, "normalize", True)
+    truncate = _flag(body, "truncate", True)
+    pooling = _pooling(engine, body.get("pooling"))
+    with _reserved(state, batcher, len(items)):
+        enc = await _tokenize(engine, items, truncate)
+    mean, cls = await _run(state, name, batcher, "embed", enc)
+    vectors = engine.finish_embeddings(mean if pooling == "mean" else cls, normalize)
+    return await _response(lambda: _floats(vectors), vectors.size, enc.truncated)
+
+
+async def openai_embeddings(request: Request) -> Response:
+    state = _state(request)
+    body = await _json(request)
+    name, engine, batcher = state.pick(body, request)
+    _need(engine.can_embed, name, "embeddings")
+    items = _inputs(body, state.limits, key="input")
+    fmt = body.get("encoding_format") or "float"
+    if fmt not in ("float", "base64"):
+        raise ApiError(422, "'encoding_format' must be 'float' or 'base64'", "Validation")
+    dims = body.get("dimensions")
+    if dims is not None and dims != engine.hidden_size:
+        raise ApiError(
+            422, f"'dimensions' must be {engine.hidden_size} (this model's size) or absent", "Validation"
+        )
+    with _reserved(state, batcher, len(items)):
+        enc = await _tokenize(engine, items, True)
+    mean, cls = await _run(state, name, batcher, "embed", enc)
+    vectors = engine.finish_embeddings(mean if engine.pooling == "mean" else cls, True)
+    tokens = int(enc.lengths.sum())
+
+    def payload() -> dict[str, Any]:
+        if fmt == "base64":
+            rows: list[Any] = [base64.b64encode(v.astype("<f4").tobytes()).decode() for v in vectors]
+        else:
+            rows = _floats(vectors)
+        return {
+            "object": "list",
+            "data": [{"object": "embedding", "index": i, "embedding": r} for i, r in enumerate(rows)],
+            "model": name,
+            "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
+        }
+
+    return await _response(payload, vectors.size, enc.truncated)
+
+
+async def predict(request: Request) -> Response:
+    state = _state(request)
+    body = await _json(request)
+    name, engine, batcher = state.pick(body, request)
+    _need(engine.can_classify, name, "classification (/predict); it is a " + engine.kind + " model")
+    single = isinstance(body.get("inputs"), str) or (
+        isinstance(body.get("inputs"), list)
+        and len(body["inputs"]) == 2
+        and all(isinstance(s, str) for s in body["inputs"])
+    )
+    items = _inputs(body, state.limits, pairs=True)
+    raw = _flag(body, "raw_scores", False)
+    truncate = _flag(body, "truncate", True)
+    with _reserved(state, batcher, len(items)):
+        enc = await _tokenize(engine, items, truncate)
+    logits = await _run(state, name, batcher, "classify", enc)
+
+    def payload() -> Any:
+        out = _predictions(engine, logits, raw)
+        return out[0] if single else out
+
+    return await _response(payload, logits.size, enc.truncated)
+
+
+async def fill_mask(request: Request) -> Response:
+    state = _state(request)
+    body = await _json(request)
+    name, engine, batcher = state.pick(body, request)
+    _need(engine.can_fill_mask, name, "fill-mask (it needs a masked-LM model)")
+    items = _inputs(body, state.limits)
+    top_k = _int(body, "top_k", 5, 1, 100)
+    truncate = _flag(body, "truncate", True)
+    with _reserved(state, batcher, len(items)):
+        enc = await _tokenize(engine, items, truncate)
+    size = _answer_size("fill-mask", engine.count_masks(enc), top_k, "top_k", state.limits.max_answer_items)
+    filled = await _run(state, name, batcher, "fill_mask", enc, top_k)
+
+    def payload() -> Any:
+        out = [
+            [
+                [{"token": c["token"], "id": c["id"], "score": round(float(c["score"]), 7)} for c in m]
+                for m in masks
+            ]
+            for masks in filled
+        ]
+        return out[0] if isinstance(body["inputs"], str) else out
+
+    return await _response(payload, size, enc.truncated)
+
+
+async def search(request: Request) -> Response:
+    state = _state(request)
+    body = await _json(request)
+    if state.search is None:
+        raise ApiError(
+            404, "this server has no index; start it with cramkit serve ... --index IDX", "NotFound"
+        )
+    items = _inputs(body, state.limits)
+    k = _int(body, "k", 10, 1, 1000)
+    size = _answer_size("search", len(items), k, "k", state.limits.max_answer_items)
+    loop = asyncio.get_running_loop()
+    req = Search(future=loop.create_future(), loop=loop, n=len(items), cost=len(items), texts=items, k=k)
+    hits = await _queued(state, state.search, req)
+    return await _response(lambda: hits[0] if isinstance(body["inputs"], str) else hits, size)
+
+
+async def info(request: Request) -> Response:
+    import cramkit
+
+    state = _state(request)
+    first = state.engines[state.default]
+    model_type: dict[str, Any]
+    if first.can_classify and first.labels:
+        model_type = {
+            "classifier": {
+                "id2label": dict(enumerate(first.labels)),
+                "label2id": {n: i for i, n in enumerate(first.labels)},
+            }
+        }
+    else:
+        model_type = {"embedding": {"pooling": first.pooling}}
+    payload = {
+        "model_id": state.default,
+        "model_type": model_type,
+        "model_dtype": first.runner.precision,
+        "max_input_length": first.max_length,
+        "max_batch_tokens": first.max_batch_tokens,
+        "max_client_batch_size": state.limits.max_inputs,
+        "max_concurrent_requests": state.limits.max_queue,
+        "limits": vars(state.limits),
+        "version": cramkit.__version__,
+        "models": {n: e.info() for n, e in state.engines.items()},
+        "index": state.index_path,
+    }
+    return await _response(payload, 0)
+
+
+async def health(request: Request) -> Response:
+    state = _state(request)
+    dead = [lane.name for lane in state.lanes if not lane.alive]
+    if dead or state.shutting_down:
+        return await _response({"status": "unhealthy", "stopped": dead}, 0, status=503)
+    return await _response({"status": "ok", "models": list(state.engines)}, 0)
+
+
+async def metrics(request: Request) -> Response:
+    data, ctype = _state(request).metrics.render()
+    return Response(data, media_type=ctype)
+
+
+async def _api_error(request: Request, exc: ApiError) -> Response:
+    if exc.status == 400 or exc.status >= 500:
+        LOG(f"status {exc.status}", f"{exc.status} {request.method} {request.url.path}: {exc.message}")
+    return Response(_error_body(exc.message, exc.error_type), exc.status, exc.headers, "application/json")
+
+
+async def _http_error(request: Request, exc: Any) -> Response:
+    kind = "NotFound" if exc.status_code == 404 else "Validation"
+    message = f"{request.method} {request.url.path}: {exc.detail}"
+    if exc.status_code == 404:
+        message += f"; routes: {', '.join(ROUTES)}, /docs"
+    return Response(
+        _error_body(message, kind), exc.status_code, getattr(exc, "headers", None), "application/json"
+    )
+
+
+async def _validation(request: Request, exc: Any) -> Response:
+    return Response(_error_body(str(exc.errors())[:500], "Validation"), 422, None, "application/json")
+
+
+async def _internal(request: Request, exc: Exception) -> Response:
+    return Response(
+        _error_body(f"internal error: {type(exc).__name__}", "Backend"), 500, None, "application/json"
+    )
+
+
+def _schema(props: dict[str, Any], required: list[str]) -> dict[str, Any]:
+    body = {"type": "object", "properties": props, "required": required}
+    return {"requestBody": {"required": True, "content": {"application/json": {"schema": body}}}}
+
+
+TEXT_OR_LIST = {"oneOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}}]}
+MODEL_FIELD = {"type": "string", "description": "the model's name (default: the first one served)"}
+
+POST_ROUTES: list[tuple[str, Any, str, dict[str, Any]]] = [
+    ("/embed", embed, "Sentence embeddings (TEI's /embed): [[float, ...], ...] in input order", _schema(
+        {
+            "inputs": TEXT_OR_LIST,
+            "normalize": {"type": "boolean", "default": True},
+            "truncate": {"type": "boolean", "default": True, "description": "cut inputs to the model's limit"},
+            "pooling": {"type": "string", "enum": ["mean", "cls"], "description": "default: the model's"},
+            "model": MODEL_FIELD,
+        },
+        ["inputs"],
+    )),
+    ("/v1/embeddings", openai_embeddings, "OpenAI-shaped embeddings", _schema(
+        {
+            "input": TEXT_OR_LIST,
+            "model": MODEL_FIELD,
+            "encoding_format": {"type": "string", "enum": ["float", "base64"], "default": "float"},
+        },
+        ["input"],
+    )),
+    ("/predict", predict, "Classification (TEI's /predict): per input, every label with its score, best first",
+     _schema(
+        {
+            "inputs": {
+                "description": "a text, a [text, text] pair, or a list of texts and pairs",
+                "oneOf": [{"type": "string"}, {"type": "array"}],
+            },
+            "raw_scores": {"type": "boolean", "default": False, "description": "logits instead of probabilities"},
+            "truncate": {"type": "boolean", "default": True},
+            "model": MODEL_FIELD,
+        },
+        ["inputs"],
+    )),
+    ("/fill-mask", fill_mask, "For each [MASK] in each input, the top_k tokens with their probabilities", _schema(
+        {"inputs": TEXT_OR_LIST, "top_k": {"type": "integer", "default": 5}, "truncate": {"type": "boolean"},
+         "model": MODEL_FIELD},
+        ["inputs"],
+    )),
+    ("/search", search,
+     "Nearest passages of the index (cramkit serve --index IDX): per query, [{score, text, doc, source}]",
+     _schema({"inputs": TEXT_OR_LIST, "k": {"type": "integer", "default": 10}}, ["inputs"])),
+]  # fmt: skip
+GET_ROUTES: list[tuple[str, Any, str]] = [
+    ("/info", info, "The models served, their limits and the server's"),
+    ("/health", health, "200 while every model's batcher runs"),
+    ("/metrics", metrics, "Prometheus metrics"),
+]
 
 
 # ------------------------------------------------------------------------------------------ the app
@@ -378,14 +747,14 @@ def _response(payload: Any, truncated: np.ndarray | None = None, status: int = 2
 def create_app(
     engines: dict[str, Any],
     *,
-    max_batch_tokens: int = 16384,
     max_wait_ms: float = 5.0,
     limits: Limits | None = None,
     api_key: str | None = None,
     index: Any = None,
     index_path: str | None = None,
 ) -> Any:
-    """A FastAPI app serving ``engines`` (name -> :class:`cramkit.infer.Engine`); batchers start with it."""
+    """A FastAPI app serving ``engines`` (name -> :class:`cramkit.infer.Engine`, each batching under its own
+    ``max_batch_tokens``); the batchers start with it."""
     from fastapi import FastAPI
     from fastapi.exceptions import RequestValidationError
     from starlette.exceptions import HTTPException as StarletteHTTPException
@@ -393,18 +762,18 @@ def create_app(
     import cramkit
 
     state = ServerState(
-        engines, max_batch_tokens=max_batch_tokens, max_wait_ms=max_wait_ms, limits=limits or Limits(),
-        api_key=api_key, index=index, index_path=index_path,
+        engines, max_wait_ms=max_wait_ms, limits=limits or Limits(), api_key=api_key, index=index,
+        index_path=index_path,
     )  # fmt: skip
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Any) -> AsyncIterator[None]:
-        for b in state.batchers.values():
-            b.start()
+        for lane in state.lanes:
+            lane.start()
         yield
         state.shutting_down = True
-        for b in state.batchers.values():  # finish what is queued
-            await asyncio.to_thread(b.stop)
+        for lane in state.lanes:  # finish what is queued
+            await asyncio.to_thread(lane.stop)
 
     app = FastAPI(
         title="cramkit serve",
@@ -413,257 +782,14 @@ def create_app(
         lifespan=lifespan,
     )
     app.state.cramkit = state
-
-    @app.exception_handler(ApiError)
-    async def _api_error(request: Request, exc: ApiError) -> Response:
-        return Response(_error_body(exc.message, exc.error_type), exc.status, exc.headers, "application/json")
-
-    @app.exception_handler(StarletteHTTPException)
-    async def _http_error(request: Request, exc: StarletteHTTPException) -> Response:
-        kind = "NotFound" if exc.status_code == 404 else "Validation"
-        message = f"{request.method} {request.url.path}: {exc.detail}"
-        if exc.status_code == 404:
-            message += f"; routes: {', '.join(ROUTES)}, /docs"
-        return Response(
-            _error_body(message, kind), exc.status_code, getattr(exc, "headers", None), "application/json"
-        )
-
-    @app.exception_handler(RequestValidationError)
-    async def _validation(request: Request, exc: RequestValidationError) -> Response:
-        return Response(_error_body(str(exc.errors())[:500], "Validation"), 422, None, "application/json")
-
-    @app.exception_handler(Exception)
-    async def _internal(request: Request, exc: Exception) -> Response:
-        return Response(
-            _error_body(f"internal error: {type(exc).__name__}", "Backend"), 500, None, "application/json"
-        )
-
-    def schema(props: dict[str, Any], required: list[str]) -> dict[str, Any]:
-        body = {"type": "object", "properties": props, "required": required}
-        return {"requestBody": {"required": True, "content": {"application/json": {"schema": body}}}}
-
-    text_or_list = {"oneOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}}]}
-    model_field = {"type": "string", "description": "the model's name (default: the first one served)"}
-
-    # ------------------------------------------------------------------ embeddings
-
-    @app.post(
-        "/embed",
-        summary="Sentence embeddings (TEI's /embed): [[float, ...], ...] in input order",
-        openapi_extra=schema(
-            {
-                "inputs": text_or_list,
-                "normalize": {"type": "boolean", "default": True},
-                "truncate": {
-                    "type": "boolean",
-                    "default": True,
-                    "description": "cut inputs to the model's limit",
-                },
-                "pooling": {"type": "string", "enum": ["mean", "cls"], "description": "default: the model's"},
-                "model": model_field,
-            },
-            ["inputs"],
-        ),
-    )
-    async def embed(request: Request) -> Response:
-        body = await _json(request)
-        name, engine, batcher = state.pick(body, request)
-        _need(engine.can_embed, name, "embeddings")
-        items = _inputs(body, state.limits)
-        normalize = _flag(body, "normalize", True)
-        truncate = _flag(body, "truncate", True)
-        pooling = _pooling(engine, body.get("pooling"))
-        enc = await _tokenize(engine, items, truncate)
-        mean, cls = await _run(state, name, batcher, "embed", enc)
-        vectors = engine.finish_embeddings(mean if pooling == "mean" else cls, normalize)
-        return _response(await _encode_floats(vectors), enc.truncated)
-
-    @app.post(
-        "/v1/embeddings",
-        summary="OpenAI-shaped embeddings",
-        openapi_extra=schema(
-            {
-                "input": text_or_list,
-                "model": model_field,
-                "encoding_format": {"type": "string", "enum": ["float", "base64"], "default": "float"},
-            },
-            ["input"],
-        ),
-    )
-    async def openai_embeddings(request: Request) -> Response:
-        body = await _json(request)
-        name, engine, batcher = state.pick(body, request)
-        _need(engine.can_embed, name, "embeddings")
-        items = _inputs(body, state.limits, key="input")
-        fmt = body.get("encoding_format") or "float"
-        if fmt not in ("float", "base64"):
-            raise ApiError(422, "'encoding_format' must be 'float' or 'base64'", "Validation")
-        dims = body.get("dimensions")
-        if dims is not None and dims != engine.hidden_size:
-            raise ApiError(
-                422, f"'dimensions' must be {engine.hidden_size} (this model's size) or absent", "Validation"
-            )
-        enc = await _tokenize(engine, items, True)
-        mean, cls = await _run(state, name, batcher, "embed", enc)
-        vectors = engine.finish_embeddings(mean if engine.pooling == "mean" else cls, True)
-        if fmt == "base64":
-            data = [
-                {
-                    "object": "embedding",
-                    "index": i,
-                    "embedding": base64.b64encode(v.astype("<f4").tobytes()).decode(),
-                }
-                for i, v in enumerate(vectors)
-            ]
-        else:
-            rows = await _encode_floats(vectors)
-            data = [{"object": "embedding", "index": i, "embedding": r} for i, r in enumerate(rows)]
-        tokens = int(enc.lengths.sum())
-        payload = {
-            "object": "list",
-            "data": data,
-            "model": name,
-            "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
-        }
-        return _response(payload, enc.truncated)
-
-    # ------------------------------------------------------------------ classification
-
-    @app.post(
-        "/predict",
-        summary="Classification (TEI's /predict): per input, every label with its score, best first",
-        openapi_extra=schema(
-            {
-                "inputs": {
-                    "description": "a text, a [text, text] pair, or a list of texts and pairs",
-                    "oneOf": [{"type": "string"}, {"type": "array"}],
-                },
-                "raw_scores": {
-                    "type": "boolean",
-                    "default": False,
-                    "description": "logits instead of probabilities",
-                },
-                "truncate": {"type": "boolean", "default": True},
-                "model": model_field,
-            },
-            ["inputs"],
-        ),
-    )
-    async def predict(request: Request) -> Response:
-        body = await _json(request)
-        name, engine, batcher = state.pick(body, request)
-        _need(engine.can_classify, name, "classification (/predict); it is a " + engine.kind + " model")
-        single = isinstance(body.get("inputs"), str) or (
-            isinstance(body.get("inputs"), list)
-            and len(body["inputs"]) == 2
-            and all(isinstance(s, str) for s in body["inputs"])
-        )
-        items = _inputs(body, state.limits, pairs=True)
-        raw = _flag(body, "raw_scores", False)
-        truncate = _flag(body, "truncate", True)
-        enc = await _tokenize(engine, items, truncate)
-        logits = await _run(state, name, batcher, "classify", enc)
-        out = _predictions(engine, logits, raw)
-        return _response(out[0] if single else out, enc.truncated)
-
-    # ------------------------------------------------------------------ fill-mask
-
-    @app.post(
-        "/fill-mask",
-        summary="For each [MASK] in each input, the top_k tokens with their probabilities",
-        openapi_extra=schema(
-            {
-                "inputs": text_or_list,
-                "top_k": {"type": "integer", "default": 5},
-                "truncate": {"type": "boolean"},
-                "model": model_field,
-            },
-            ["inputs"],
-        ),
-    )
-    async def fill_mask(request: Request) -> Response:
-        body = await _json(request)
-        name, engine, batcher = state.pick(body, request)
-        _need(engine.can_fill_mask, name, "fill-mask (it needs a masked-LM model)")
-        items = _inputs(body, state.limits)
-        top_k = _int(body, "top_k", 5, 1, 100)
-        truncate = _flag(body, "truncate", True)
-        enc = await _tokenize(engine, items, truncate)
-        filled = await _run(state, name, batcher, "fill_mask", enc, top_k)
-        out = [
-            [
-                [{"token": c["token"], "id": c["id"], "score": round(float(c["score"]), 7)} for c in m]
-                for m in masks
-            ]
-            for masks in filled
-        ]
-        return _response(out[0] if isinstance(body["inputs"], str) else out, enc.truncated)
-
-    # ------------------------------------------------------------------ search
-
-    @app.post(
-        "/search",
-        summary="Nearest passages of the index (cramkit serve --index IDX): per query, [{score, text, doc, source}]",
-        openapi_extra=schema({"inputs": text_or_list, "k": {"type": "integer", "default": 10}}, ["inputs"]),
-    )
-    async def search(request: Request) -> Response:
-        body = await _json(request)
-        if state.index is None:
-            raise ApiError(
-                404, "this server has no index; start it with cramkit serve ... --index IDX", "NotFound"
-            )
-        items = _inputs(body, state.limits)
-        k = _int(body, "k", 10, 1, 1000)
-        from starlette.concurrency import run_in_threadpool
-
-        try:
-            hits = await run_in_threadpool(state.index.search, items, k)
-        except CramkitError as exc:
-            raise ApiError(422, str(exc), "Validation") from None
-        return _response(hits[0] if isinstance(body["inputs"], str) else hits)
-
-    # ------------------------------------------------------------------ about
-
-    @app.get("/info", summary="The models served, their limits and the server's")
-    async def info() -> Response:
-        first = state.engines[state.default]
-        model_type: dict[str, Any]
-        if first.can_classify and first.labels:
-            model_type = {
-                "classifier": {
-                    "id2label": dict(enumerate(first.labels)),
-                    "label2id": {n: i for i, n in enumerate(first.labels)},
-                }
-            }
-        else:
-            model_type = {"embedding": {"pooling": first.pooling}}
-        payload = {
-            "model_id": state.default,
-            "model_type": model_type,
-            "model_dtype": first.runner.precision,
-            "max_input_length": first.max_length,
-            "max_batch_tokens": state.max_batch_tokens,
-            "max_client_batch_size": state.limits.max_inputs,
-            "max_concurrent_requests": state.limits.max_queue,
-            "limits": vars(state.limits),
-            "version": cramkit.__version__,
-            "models": {n: e.info() for n, e in state.engines.items()},
-            "index": state.index_path,
-        }
-        return _response(payload)
-
-    @app.get("/health", summary="200 while every model's batcher runs")
-    async def health() -> Response:
-        dead = [n for n, b in state.batchers.items() if not b.alive]
-        if dead or state.shutting_down:
-            return _response({"status": "unhealthy", "stopped": dead}, status=503)
-        return _response({"status": "ok", "models": list(state.engines)})
-
-    @app.get("/metrics", summary="Prometheus metrics")
-    async def metrics() -> Response:
-        data, ctype = state.metrics.render()
-        return Response(data, media_type=ctype)
-
+    app.add_exception_handler(ApiError, _api_error)
+    app.add_exception_handler(StarletteHTTPException, _http_error)
+    app.add_exception_handler(RequestValidationError, _validation)
+    app.add_exception_handler(Exception, _internal)
+    for path, endpoint, summary, extra in POST_ROUTES:
+        app.add_api_route(path, endpoint, methods=["POST"], summary=summary, openapi_extra=extra)
+    for path, endpoint, summary in GET_ROUTES:
+        app.add_api_route(path, endpoint, methods=["GET"], summary=summary)
     return Gate(app, state)
 
 
@@ -676,14 +802,6 @@ def _pooling(engine: Any, value: Any) -> str:
     if value is not None and value not in ("mean", "cls"):
         raise ApiError(422, "'pooling' must be 'mean' or 'cls'", "Validation")
     return value or engine.pooling
-
-
-async def _encode_floats(vectors: np.ndarray) -> list:
-    if vectors.size > 200_000:  # a big answer: build it off the event loop
-        from starlette.concurrency import run_in_threadpool
-
-        return await run_in_threadpool(_floats, vectors)
-    return _floats(vectors)
 
 
 def _predictions(engine: Any, logits: np.ndarray, raw: bool) -> list[list[dict[str, Any]]]:

@@ -1,12 +1,21 @@
-"""The dynamic batcher: one thread per model merges queued requests into token-budgeted forward passes.
+"""The server's queues: one worker thread per model forms the forward passes from queued requests.
 
-Requests arrive tokenised (:meth:`cramkit.infer.Engine.tokenize`). The worker takes the oldest request,
-then keeps taking queued ones until their tokens fill ``max_batch_tokens`` or ``max_wait_ms`` has passed
-since the oldest arrived (no wait at all when the queue already holds a full budget), runs them as one
-call of the engine (which sorts the inputs by length and cuts token-budget batches), and answers each
-request's future on its event loop. The queue is bounded in inputs: :meth:`Batcher.submit` refuses with
-:class:`QueueFull` beyond it, which the server answers with 429. A request whose caller gave up (timed
-out) is skipped.
+Requests arrive tokenised (:meth:`cramkit.infer.Engine.tokenize`), their inputs sorted by length. The worker
+forms each forward pass itself, as text-embeddings-inference's queue does: it takes inputs from the oldest
+request on, in order, while the pass still fits the engine's token budget (rows x longest row,
+:func:`cramkit.infer.engine.fits`), waiting up to ``max_wait_ms`` after the oldest arrived for more (no wait
+once the budget is full). A request larger than one pass is answered over several; small ones share a pass.
+The engine runs each pass as it is (``*_pass``), and each request's future is answered on its event loop
+once all its inputs are done.
+
+Admission: the queue is bounded in inputs (``max_queue``), and a request that could not be answered within
+half of ``timeout_s`` at the measured rate (tokens per second of the passes so far; half: the rate of a
+shared machine varies) is refused at once rather than left to time out: :meth:`Lane.reserve` (room held
+while the request is tokenised, at the mean cost per input so far) and :meth:`Lane.submit` raise
+:class:`Overloaded`, which the server answers with 429.
+A request whose caller gave up (timed out, disconnected) is dropped from the queue.
+
+:class:`SearchQueue` puts an index's searches under the same bounded admission, one request at a time.
 """
 
 from __future__ import annotations
@@ -14,57 +23,29 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import math
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from cramkit.data.batching import Encoded
+from cramkit.infer.engine import fits
 
-TASKS = ("embed", "classify", "fill_mask")
 
+class Overloaded(Exception):
+    """The request cannot be queued: the queue is full, or it would wait past the timeout."""
 
-class QueueFull(Exception):
-    """The queue holds ``max_queue`` inputs already."""
+    def __init__(self, message: str, retry_after: int) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
 
 
 class Stopped(Exception):
-    """The batcher is shutting down."""
-
-
-@dataclass
-class Job:
-    task: str
-    enc: Encoded
-    future: asyncio.Future
-    loop: asyncio.AbstractEventLoop
-    top_k: int = 5
-    enqueued: float = field(default_factory=time.perf_counter)
-
-    @property
-    def n(self) -> int:
-        return len(self.enc)
-
-    @property
-    def tokens(self) -> int:
-        return int(self.enc.lengths.sum())
-
-
-def merge(encs: list[Encoded]) -> Encoded:
-    """Several tokenised requests as one."""
-    if len(encs) == 1:
-        return encs[0]
-    ids = [a for e in encs for a in e.ids]
-    return Encoded(
-        ids=ids,
-        b_start=np.concatenate([e.b_start for e in encs]),
-        lengths=np.concatenate([e.lengths for e in encs]),
-        labels=None,
-        idx=np.arange(len(ids), dtype=np.int64),
-        truncated=np.concatenate([e.truncated for e in encs]),
-    )
+    """The queue is shutting down."""
 
 
 def _set(fut: asyncio.Future, result: Any, error: BaseException | None) -> None:
@@ -76,32 +57,49 @@ def _set(fut: asyncio.Future, result: Any, error: BaseException | None) -> None:
         fut.set_result(result)
 
 
-class Batcher:
-    """Merges concurrent requests for one engine; ``submit`` from the event loop, answers come back there."""
+@dataclass(eq=False)
+class Request:
+    """One queued request: ``n`` inputs of ``cost`` work units, answered through ``future``."""
 
-    def __init__(
-        self,
-        engine: Any,
-        name: str,
-        *,
-        max_batch_tokens: int,
-        max_wait_ms: float,
-        max_queue: int,
-        metrics: Any = None,
-    ) -> None:
-        self.engine = engine
+    future: asyncio.Future
+    loop: asyncio.AbstractEventLoop
+    n: int
+    cost: float
+    enqueued: float = field(default_factory=time.perf_counter)
+
+    def answer(self, result: Any, error: BaseException | None = None) -> None:
+        with contextlib.suppress(RuntimeError):  # RuntimeError: the loop is closed (shutdown)
+            self.loop.call_soon_threadsafe(_set, self.future, result, error)
+
+    @property
+    def gone(self) -> bool:
+        return self.future.done()
+
+
+class Lane:
+    """A bounded queue with one worker thread; ``submit`` from the event loop, answers come back there.
+
+    Subclasses say how the worker takes (:meth:`_take`) and runs (:meth:`_work`) what is queued; the
+    worker's measured rate (cost units per second) feeds admission."""
+
+    unit = "inputs"
+
+    def __init__(self, name: str, *, max_queue: int, timeout_s: float, metrics: Any = None) -> None:
         self.name = name
-        self.max_batch_tokens = int(max_batch_tokens)
-        self.max_wait = max(0.0, float(max_wait_ms)) / 1000.0
         self.max_queue = int(max_queue)
+        self.timeout_s = float(timeout_s)
         self.metrics = metrics
-        self._queue: collections.deque[Job] = collections.deque()
+        self._queue: collections.deque[Any] = collections.deque()
         self._depth = 0  # inputs queued
+        self._cost = 0.0  # their cost
+        self.rate = 0.0  # cost per second of the work so far (moving average; 0: not measured yet)
+        self.busy = 0.0  # cost of the work running now
+        self.per_input = 0.0  # mean cost of one input so far
+        self._held = 0  # inputs of requests admitted and not yet submitted (being tokenised)
+        self._held_cost = 0.0
         self._cond = threading.Condition()
         self._stopping = False
-        self._thread = threading.Thread(target=self._run, name=f"batcher-{name}", daemon=True)
-        self.batches = 0
-        self.busy = 0  # inputs in the forward pass now
+        self._thread = threading.Thread(target=self._run, name=f"queue-{name}", daemon=True)
 
     # ---------------------------------------------------------------------------- event-loop side
 
@@ -112,19 +110,45 @@ class Batcher:
     def alive(self) -> bool:
         return self._thread.is_alive() and not self._stopping
 
-    @property
-    def depth(self) -> int:
-        return self._depth
+    @contextlib.contextmanager
+    def reserve(self, n: int) -> Iterator[None]:
+        """Hold room for a request of ``n`` inputs until it is submitted (:class:`Overloaded` if none)."""
+        cost = n * self.per_input
+        with self._cond:
+            self.admit(n, cost)
+            self._held += n
+            self._held_cost += cost
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._held -= n
+                self._held_cost -= cost
 
-    def submit(self, job: Job) -> None:
+    def admit(self, n: int, cost: float) -> None:
+        """Raise :class:`Overloaded` if ``n`` more inputs of ``cost`` could not be queued and answered in time."""
+        depth = self._depth + self._held
+        if depth and depth + n > self.max_queue:
+            raise Overloaded(
+                f"the queue of {self.name!r} is full ({depth} of {self.max_queue} {self.unit}); retry shortly",
+                1,
+            )
+        if self.rate > 0 and (depth or self.busy):
+            wait = (self.busy + self._cost + self._held_cost + cost) / self.rate
+            if wait > self.timeout_s / 2:
+                raise Overloaded(
+                    f"{self.name!r} has {depth} {self.unit} queued: this request would wait about "
+                    f"{wait:.1f}s, too close to the {self.timeout_s:g}s timeout; retry later",
+                    max(1, math.ceil(wait - self.timeout_s / 2)),
+                )
+
+    def submit(self, req: Any) -> None:
         with self._cond:
             if self._stopping:
                 raise Stopped()
-            if self._depth and self._depth + job.n > self.max_queue:
-                raise QueueFull()
-            self._queue.append(job)
-            self._depth += job.n
-            self._gauge()
+            self.admit(req.n, req.cost)
+            self._queue.append(req)
+            self._add(req.n, req.cost)
             self._cond.notify()
 
     def stop(self, timeout: float = 30.0) -> None:
@@ -137,88 +161,269 @@ class Batcher:
 
     # ---------------------------------------------------------------------------- worker side
 
-    def _gauge(self) -> None:
+    def _add(self, n: int, cost: float) -> None:
+        """Account for inputs entering (positive) or leaving (negative) the queue; call under the lock."""
+        self._depth += n
+        self._cost = max(0.0, self._cost + cost)
         if self.metrics is not None:
             self.metrics.queue_depth.labels(self.name).set(self._depth)
 
-    def _take(self) -> list[Job] | None:
-        """The next group of jobs (None: stopping and nothing left)."""
-        with self._cond:
-            while not self._queue:
-                if self._stopping:
-                    return None
-                self._cond.wait()
-            jobs = [self._queue.popleft()]
-            tokens = jobs[0].tokens
-            deadline = jobs[0].enqueued + self.max_wait
-            while tokens < self.max_batch_tokens:
-                if self._queue:
-                    nxt = self._queue[0]
-                    if tokens + nxt.tokens > self.max_batch_tokens:
-                        break
-                    jobs.append(self._queue.popleft())
-                    tokens += nxt.tokens
-                    continue
-                left = deadline - time.perf_counter()
-                if left <= 0 or self._stopping:
-                    break
-                self._cond.wait(left)
-            self._depth -= sum(j.n for j in jobs)
-            self._gauge()
-            return jobs
+    def _measured(self, n: int, cost: float, seconds: float) -> None:
+        if n:
+            self.per_input = cost / n if self.per_input == 0 else 0.9 * self.per_input + 0.1 * cost / n
+        if seconds > 0 and cost > 0:
+            now = cost / seconds
+            self.rate = now if self.rate == 0 else 0.7 * self.rate + 0.3 * now
+
+    def _wait_for_work(self) -> bool:
+        """Wait (under the lock) until something is queued; False: stopping and nothing left."""
+        while not self._queue:
+            if self._stopping:
+                return False
+            self._cond.wait()
+        return True
 
     def _run(self) -> None:
         while True:
-            jobs = self._take()
-            if jobs is None:
+            backlog = bool(self._queue)
+            start = time.perf_counter()
+            work = self._take()
+            if work is None:
                 return
-            live = [j for j in jobs if not j.future.done()]  # callers that timed out are gone
-            by_task: dict[tuple[str, int], list[Job]] = {}
-            for j in live:
-                by_task.setdefault((j.task, j.top_k if j.task == "fill_mask" else 0), []).append(j)
-            for (task, top_k), group in by_task.items():
-                self._process(task, top_k, group)
+            if not backlog:  # waiting for work is not work
+                start = time.perf_counter()
+            n, cost = self._work(work)
+            self._measured(
+                n, cost, time.perf_counter() - start
+            )  # the worker's whole cycle, not the pass alone
+            self.busy = 0.0
 
-    def _process(self, task: str, top_k: int, group: list[Job]) -> None:
-        enc = merge([j.enc for j in group])
-        self.busy = len(enc)
+    def _take(self) -> Any:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def _work(self, work: Any) -> tuple[int, float]:  # pragma: no cover - abstract
+        """Run ``work``; (inputs, cost) done."""
+        raise NotImplementedError
+
+
+@dataclass(eq=False)
+class Job(Request):
+    """A tokenised request for one model: ``task`` over ``enc``; its inputs leave the queue shortest first."""
+
+    task: str = "embed"
+    enc: Encoded | None = None
+    top_k: int = 5
+    order: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    taken: int = 0  # inputs of ``order`` handed to a pass
+    done: int = 0  # inputs answered
+    result: Any = None
+    failed: bool = False
+
+    @classmethod
+    def make(
+        cls, task: str, enc: Encoded, future: asyncio.Future, loop: asyncio.AbstractEventLoop, top_k: int = 5
+    ) -> Job:
+        return cls(
+            future=future, loop=loop, n=len(enc), cost=float(enc.lengths.sum()), task=task, enc=enc, top_k=top_k,
+            order=np.argsort(enc.lengths, kind="stable"),
+        )  # fmt: skip
+
+    @property
+    def key(self) -> tuple[str, int]:
+        return self.task, self.top_k if self.task == "fill_mask" else 0
+
+    @property
+    def left(self) -> int:
+        return self.n - self.taken
+
+
+def merge(parts: list[tuple[Job, np.ndarray]]) -> Encoded:
+    """The inputs ``rows`` of each job, as one tokenised batch in that order."""
+    ids = [job.enc.ids[i] for job, rows in parts for i in rows.tolist()]
+    return Encoded(
+        ids=ids,
+        b_start=np.concatenate([job.enc.b_start[rows] for job, rows in parts]),
+        lengths=np.concatenate([job.enc.lengths[rows] for job, rows in parts]),
+        labels=None,
+        idx=np.arange(len(ids), dtype=np.int64),
+        truncated=np.concatenate([job.enc.truncated[rows] for job, rows in parts]),
+    )
+
+
+class Batcher(Lane):
+    """Forms the forward passes of one engine from its queued jobs (see the module's docstring)."""
+
+    def __init__(
+        self,
+        engine: Any,
+        name: str,
+        *,
+        max_wait_ms: float,
+        max_queue: int,
+        timeout_s: float,
+        metrics: Any = None,
+    ) -> None:
+        super().__init__(name, max_queue=max_queue, timeout_s=timeout_s, metrics=metrics)
+        self.engine = engine
+        self.max_batch_tokens = int(engine.max_batch_tokens)
+        self.max_wait = max(0.0, float(max_wait_ms)) / 1000.0
+        self.batches = 0
+
+    def _take(self) -> list[tuple[Job, np.ndarray]] | None:
+        """The next forward pass: (job, its rows) pieces (None: stopping and nothing left)."""
+        with self._cond:
+            while self._wait_for_work():
+                parts = self._form()
+                if parts:
+                    return parts
+            return None
+
+    def _form(self) -> list[tuple[Job, np.ndarray]]:
+        """Take a forward pass's inputs from the queue (under the lock; empty if every caller gave up)."""
+        parts: list[tuple[Job, np.ndarray]] = []
+        rows = longest = 0
+        key = None
+        at = 0  # the next job of the queue to look at
+        deadline = self._queue[0].enqueued + self.max_wait
+        while True:
+            while at < len(self._queue):
+                job = self._queue[at]
+                if job.gone:  # the caller gave up
+                    del self._queue[at]
+                    self._add(-job.left, -float(job.enc.lengths[job.order[job.taken :]].sum()))
+                    continue
+                if key is None:
+                    key = job.key
+                if job.key != key:
+                    break
+                take = 0
+                while take < job.left:
+                    length = int(job.enc.lengths[job.order[job.taken + take]])
+                    if not fits(rows + 1, max(longest, length), self.max_batch_tokens):
+                        break
+                    rows, longest, take = rows + 1, max(longest, length), take + 1
+                if take:
+                    piece = job.order[job.taken : job.taken + take]
+                    parts.append((job, piece))
+                    job.taken += take
+                    self._add(-take, -float(job.enc.lengths[piece].sum()))
+                if job.left:
+                    break  # the pass is full
+                del self._queue[at]
+            full = at < len(self._queue) or not fits(rows + 1, longest, self.max_batch_tokens)
+            left = deadline - time.perf_counter()
+            if full or left <= 0 or self._stopping or (not parts and not self._queue):
+                break
+            self._cond.wait(left)
+        return parts
+
+    def _work(self, parts: list[tuple[Job, np.ndarray]]) -> tuple[int, float]:
+        job0 = parts[0][0]
+        task = job0.task
+        enc = merge(parts)
+        self.busy = float(enc.lengths.sum())
         start = time.perf_counter()
+        error: BaseException | None = None
         try:
             if task == "embed":
-                mean, cls = self.engine.embed_encoded(enc)
-                results: list[Any] = []
-                at = 0
-                for j in group:
-                    results.append((mean[at : at + j.n], cls[at : at + j.n]))
-                    at += j.n
+                mean, cls = self.engine.embed_pass(enc)
+                out: Any = (mean, cls)
             elif task == "classify":
-                logits = self.engine.logits_encoded(enc)
-                results = []
-                at = 0
-                for j in group:
-                    results.append(logits[at : at + j.n])
-                    at += j.n
+                out = self.engine.logits_pass(enc)
             elif task == "fill_mask":
-                filled = self.engine.fill_mask_encoded(enc, top_k)
-                results = []
-                at = 0
-                for j in group:
-                    results.append(filled[at : at + j.n])
-                    at += j.n
+                out = self.engine.fill_mask_pass(enc, None, job0.top_k)
             else:  # pragma: no cover - the routes only submit known tasks
                 raise ValueError(f"unknown task {task}")
-            error: BaseException | None = None
         except BaseException as exc:  # noqa: BLE001 - every caller gets the failure, the worker lives on
-            results, error = [None] * len(group), exc
-        finally:
-            self.busy = 0
+            error = exc
         elapsed = time.perf_counter() - start
         self.batches += 1
         if self.metrics is not None:
-            self.metrics.inference_seconds.labels(self.name, task).observe(elapsed)
-            self.metrics.batch_tokens.labels(self.name).observe(int(enc.lengths.sum()))
-            self.metrics.batch_inputs.labels(self.name).observe(len(enc))
-            self.metrics.batch_requests.labels(self.name).observe(len(group))
-        for j, res in zip(group, results, strict=True):
-            with contextlib.suppress(RuntimeError):  # RuntimeError: the loop is closed (shutdown)
-                j.loop.call_soon_threadsafe(_set, j.future, res, error)
+            m, name = self.metrics, self.name
+            m.inference_seconds.labels(name, task).observe(elapsed)
+            m.batch_tokens.labels(name).observe(len(enc) * int(enc.lengths.max()))
+            m.batch_inputs.labels(name).observe(len(enc))
+            m.batch_requests.labels(name).observe(len({id(job) for job, _ in parts}))
+        at = 0
+        for job, rows in parts:
+            if job.failed:
+                continue
+            if error is not None:
+                job.failed = True
+                self._drop(job)
+                job.answer(None, error)
+                continue
+            self._scatter(job, rows, out, at)
+            at += len(rows)
+            job.done += len(rows)
+            if job.done == job.n:
+                job.answer(job.result)
+        return len(enc), float(enc.lengths.sum())
+
+    def _drop(self, job: Job) -> None:
+        """Take a failed job's inputs still queued out of the queue."""
+        with self._cond:
+            if job in self._queue:
+                self._queue.remove(job)
+                self._add(-job.left, -float(job.enc.lengths[job.order[job.taken :]].sum()))
+                job.taken = job.n
+
+    @staticmethod
+    def _scatter(job: Job, rows: np.ndarray, out: Any, at: int) -> None:
+        """Put a pass's outputs for ``rows`` of ``job`` (at ``at`` in the pass) in the job's result."""
+        end = at + len(rows)
+        if job.task == "embed":
+            mean, cls = out
+            if job.result is None:
+                job.result = (
+                    np.zeros((job.n, mean.shape[1]), np.float32),
+                    np.zeros((job.n, cls.shape[1]), np.float32),
+                )
+            job.result[0][rows] = mean[at:end]
+            job.result[1][rows] = cls[at:end]
+        elif job.task == "classify":
+            if job.result is None:
+                job.result = np.zeros((job.n, out.shape[1]), np.float32)
+            job.result[rows] = out[at:end]
+        else:
+            if job.result is None:
+                job.result = [[] for _ in range(job.n)]
+            for i, masks in zip(rows.tolist(), out[at:end], strict=True):
+                job.result[i] = masks
+
+
+@dataclass(eq=False)
+class Search(Request):
+    """A search request: the ``k`` nearest passages of each of ``texts``."""
+
+    texts: list[str] = field(default_factory=list)
+    k: int = 10
+
+
+class SearchQueue(Lane):
+    """An index's searches, one request at a time, under bounded admission (cost: queries)."""
+
+    unit = "queries"
+
+    def __init__(self, index: Any, *, max_queue: int, timeout_s: float, metrics: Any = None) -> None:
+        super().__init__("search", max_queue=max_queue, timeout_s=timeout_s, metrics=metrics)
+        self.index = index
+
+    def _take(self) -> Search | None:
+        with self._cond:
+            while True:
+                if not self._wait_for_work():
+                    return None
+                req = self._queue.popleft()
+                self._add(-req.n, -req.cost)
+                if not req.gone:
+                    return req
+
+    def _work(self, req: Search) -> tuple[int, float]:
+        self.busy = req.cost
+        try:
+            hits, error = self.index.search(req.texts, req.k), None
+        except BaseException as exc:  # noqa: BLE001 - the caller gets the failure, the worker lives on
+            hits, error = None, exc
+        req.answer(hits, error)
+        return req.n, req.cost

@@ -1,14 +1,29 @@
-"""Start the server: engines for the models named on the command line, the app, uvicorn on a socket."""
+"""Start the server: engines for the models named on the command line, the app, uvicorn on a socket.
+
+Connections are guarded below the app (:func:`guarded_protocol`): each request's headers must arrive within
+``header_timeout_s`` of connecting or of the previous answer (slowloris), an idle keep-alive connection is
+closed after ``idle_timeout_s``, and at most ``max_connections`` are open (kept below the open-file limit):
+a new one past it closes the longest-waiting connection that has no request in progress, or, if every one
+has, itself. Errors of the event loop (such as accept() out of file descriptors) and uvicorn's warnings
+are logged one line per kind per second.
+"""
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import os
+import resource
 import socket
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
 from cramkit.errors import CramkitError
+
+FD_RESERVE = 64  # file descriptors kept for the model, the log and the threads
+BACKLOG = 2048  # connections waiting to be accepted
 
 
 def model_names(sources: list[str]) -> dict[str, str]:
@@ -32,7 +47,7 @@ def build_engines(
     *,
     backend: str = "auto",
     device: str = "auto",
-    max_batch_tokens: int = 16384,
+    max_batch_tokens: int | None = None,
     max_length: int | None = None,
     threads: int | None = None,
 ) -> dict[str, Any]:
@@ -60,6 +75,92 @@ def open_index(path: str) -> Any:
     return index_mod.open(path)
 
 
+def connection_limits(wanted: int) -> tuple[int, int]:
+    """(connections, backlog) that fit the open-file limit (raised to its hard maximum first): asyncio
+    accepts up to ``backlog`` connections at a time before any is closed, so both must fit together."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and soft < hard:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+            soft = hard
+        except (ValueError, OSError):
+            pass
+    if soft == resource.RLIM_INFINITY:
+        return wanted, BACKLOG
+    backlog = min(BACKLOG, max(16, (soft - FD_RESERVE) // 4))
+    return max(1, min(wanted, soft - FD_RESERVE - backlog)), backlog
+
+
+def guarded_protocol(header_timeout_s: float, max_connections: int) -> type:
+    """uvicorn's h11 protocol with a deadline for each request's headers and a cap on connections."""
+    from uvicorn.protocols.http.h11_impl import H11Protocol
+
+    class Guarded(H11Protocol):
+        def connection_made(self, transport: Any) -> None:
+            super().connection_made(transport)
+            self._deadline: asyncio.TimerHandle | None = None
+            self._seen: Any = None  # the request cycle whose headers arrived last
+            self.waiting_since: float | None = None  # no request in progress since then
+            self._wait(header_timeout_s)
+            if len(self.connections) > max_connections:
+                idle = [c for c in self.connections if c is not self and getattr(c, "waiting_since", None)]
+                victim = min(idle, key=lambda c: c.waiting_since) if idle else self
+                victim.transport.close()
+
+        def _wait(self, seconds: float) -> None:
+            """No request in progress: its headers must arrive within ``seconds``."""
+            self.waiting_since = time.monotonic()
+            if self._deadline is not None:
+                self._deadline.cancel()
+            self._deadline = self.loop.call_later(seconds, self._expire)
+
+        def _expire(self) -> None:
+            if self.waiting_since is not None and not self.transport.is_closing():
+                self.transport.close()
+
+        def handle_events(self) -> None:
+            super().handle_events()
+            if self.cycle is not None and self.cycle is not self._seen:  # headers are in: a request runs
+                self._seen = self.cycle
+                self.waiting_since = None
+                if self._deadline is not None:
+                    self._deadline.cancel()
+
+        def on_response_complete(self) -> None:
+            seen = self._seen
+            super().on_response_complete()
+            if self._seen is seen and not self.transport.is_closing():  # no pipelined request started
+                self._wait(self.timeout_keep_alive + header_timeout_s)
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            if self._deadline is not None:
+                self._deadline.cancel()
+            self.waiting_since = None
+            super().connection_lost(exc)
+
+    return Guarded
+
+
+class _ThroughLog(logging.Filter):
+    """Sends uvicorn's records to :data:`cramkit.serve.app.LOG` (one line per kind per second, no traceback)
+    instead of its own handlers."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        from cramkit.serve.app import LOG
+
+        LOG(f"uvicorn {record.msg}", record.getMessage())
+        return False
+
+
+def _loop_errors(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+    """The event loop's error handler: one line per kind per second instead of a traceback each."""
+    from cramkit.serve.app import LOG
+
+    exc = context.get("exception")
+    message = context.get("message", "event loop error")
+    LOG(f"loop {message}", f"{message}" + (f": {type(exc).__name__}: {exc}" if exc else ""))
+
+
 def serve(
     sources: list[str],
     *,
@@ -67,7 +168,7 @@ def serve(
     port: int = 8080,
     backend: str = "auto",
     device: str = "auto",
-    max_batch_tokens: int = 16384,
+    max_batch_tokens: int | None = None,
     max_wait_ms: float = 5.0,
     max_length: int | None = None,
     limits: Any = None,
@@ -81,8 +182,10 @@ def serve(
     import torch
     import uvicorn
 
-    from cramkit.infer.engine import cpu_cores
-    from cramkit.serve.app import create_app
+    from cramkit.runtime import cpu_cores
+    from cramkit.serve.app import Limits, create_app
+
+    limits = limits or Limits()
 
     threads = threads or cpu_cores()
     torch.set_num_threads(threads)
@@ -101,21 +204,30 @@ def serve(
         threads=threads,
     )  # fmt: skip
     app = create_app(
-        engines, max_batch_tokens=max_batch_tokens, max_wait_ms=max_wait_ms, limits=limits, api_key=api_key,
-        index=idx, index_path=index,
+        engines, max_wait_ms=max_wait_ms, limits=limits, api_key=api_key, index=idx, index_path=index
     )  # fmt: skip
+    connections, backlog = connection_limits(limits.max_connections)
+    if connections < limits.max_connections:
+        print(
+            f"at most {connections} connections (the open-file limit, ulimit -n, allows no more)", flush=True
+        )
     real_port = sock.getsockname()[1]
     for name, eng in engines.items():
         print(
             f"model {name}: {eng.kind}, {eng.backend} ({eng.runner.precision}) on {eng.device}, "
-            f"max_length {eng.max_length} <- {eng.source}",
+            f"max_length {eng.max_length}, {eng.max_batch_tokens} tokens per forward pass <- {eng.source}",
             flush=True,
         )
     print(f"serving on http://{host}:{real_port} (OpenAPI docs: /docs; Ctrl-C stops)", flush=True)
     config = uvicorn.Config(
         app, log_level="warning", access_log=False, timeout_graceful_shutdown=grace_s, lifespan="on",
-        timeout_keep_alive=30, backlog=2048,
+        timeout_keep_alive=limits.idle_timeout_s, backlog=backlog,
+        http=guarded_protocol(limits.header_timeout_s, connections),
     )  # fmt: skip
+    logging.getLogger("uvicorn.error").addFilter(_ThroughLog())
     server = uvicorn.Server(config)
-    server.run(sockets=[sock])
+
+    with asyncio.Runner(loop_factory=config.get_loop_factory()) as runner:
+        runner.get_loop().set_exception_handler(_loop_errors)
+        runner.run(server.serve(sockets=[sock]))
     print("server stopped", file=sys.stderr, flush=True)

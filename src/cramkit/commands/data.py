@@ -6,44 +6,18 @@ import argparse
 import sys
 import time
 
+from cramkit.commands.reading import add_reading_args, reading_kwargs
+
 
 def _source_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "sources",
         nargs="*",
         metavar="SOURCE",
-        help="text files, directories, globs, .jsonl/.parquet, .gz/.zst, or hf:NAME:CONFIG:SPLIT "
-        "(none: the built-in corpus, this Python's standard-library docstrings)",
+        help="text files, directories, globs, .jsonl/.json (JSON Lines)/.parquet, .gz/.zst, or "
+        "hf:NAME:CONFIG:SPLIT (none: the built-in corpus, this Python's standard-library docstrings)",
     )
-    p.add_argument(
-        "--encoding", default=None, help="text encoding of the files (default UTF-8; e.g. latin-1, cp1252)"
-    )
-    p.add_argument(
-        "--errors",
-        default="strict",
-        choices=["strict", "replace", "ignore"],
-        help="what to do with bytes invalid in the encoding (default: stop with an error)",
-    )
-    p.add_argument(
-        "--doc-split",
-        default="auto",
-        choices=["auto", "file", "blank", "wikitext"],
-        help="where documents end: a file each, blank lines, WikiText ' = Title = ' headings, "
-        "or auto (WikiText headings if present, else blank lines)",
-    )
-    p.add_argument("--text-field", default="text", help="JSON Lines field / Parquet column holding the text")
-    p.add_argument("--normalize", default="NFC", help="Unicode normal form (NFC, NFKC, ... or none)")
-
-
-def _source_kwargs(args: argparse.Namespace) -> dict:
-    norm = None if str(args.normalize).lower() == "none" else args.normalize
-    return dict(
-        doc_split=args.doc_split,
-        text_field=args.text_field,
-        encoding=args.encoding,
-        errors=args.errors,
-        normalize=norm,
-    )
+    add_reading_args(p, normalize=True)
 
 
 def register(sub) -> None:
@@ -103,7 +77,7 @@ def cmd_tokenizer_train(args: argparse.Namespace) -> int:
     t0 = time.time()
     stats: dict = {}
     tok = train_tokenizer(
-        lambda: iter_documents(args.sources, stats=stats, **_source_kwargs(args)),
+        lambda: iter_documents(args.sources, stats=stats, **reading_kwargs(args)),
         args.vocab_size,
         lowercase=not args.no_lowercase,
         strip_accents=not args.keep_accents,
@@ -148,7 +122,7 @@ def cmd_data_build(args: argparse.Namespace) -> int:
         quality_cutoff=args.quality_cutoff,
         dedup=args.dedup,
         progress=progress,
-        **_source_kwargs(args),
+        **reading_kwargs(args),
     )
     if not args.quiet and sys.stderr.isatty() and last[0] != t0:
         print(file=sys.stderr)

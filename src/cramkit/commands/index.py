@@ -6,6 +6,8 @@ import argparse
 import json
 import sys
 
+from cramkit.commands.reading import add_reading_args, reading_kwargs
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
@@ -28,7 +30,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     b.add_argument(
         "--overlap", type=int, default=None, help="tokens shared by consecutive passages (default 16)"
     )
-    b.add_argument("--doc-split", default="auto", help="text documents: auto, file, blank or wikitext")
     b.add_argument("--memory", default="4GB", help="RAM budget for the index (default 4GB)")
     b.add_argument("--target-recall", type=float, default=0.95,
                    help="recall@10 against exact search to tune for (default 0.95)")  # fmt: skip
@@ -39,6 +40,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--store-tokenizer", default=None, help="the token store's tokenizer, when not the encoder's"
     )
     b.add_argument("--overwrite", action="store_true", help="replace an index already at --out")
+    add_reading_args(b)
     _common(b)
     b.set_defaults(func=run_build)
 
@@ -59,7 +61,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     a = verbs.add_parser("add", help="chunk, embed and add more text (or another store) to an index")
     a.add_argument("index", metavar="IDX")
     a.add_argument("source", metavar="SOURCE_OR_STORE")
-    a.add_argument("--store-tokenizer", default=None)
+    a.add_argument(
+        "--store-tokenizer", default=None, help="the token store's tokenizer, when not the encoder's"
+    )
+    add_reading_args(a, doc_split=False)
     _common(a)
     a.set_defaults(func=run_add)
 
@@ -86,7 +91,7 @@ def run_build(args: argparse.Namespace) -> int:
 
     m = build_index(
         args.source, args.encoder, args.out, mode=args.mode, chunk_tokens=args.chunk_tokens,
-        overlap=args.overlap, doc_split=args.doc_split, memory=args.memory, target_recall=args.target_recall,
+        overlap=args.overlap, reading=reading_kwargs(args), memory=args.memory, target_recall=args.target_recall,
         kind=args.kind, pooling=args.pooling, store_tokenizer=args.store_tokenizer, device=args.device,
         max_batch_tokens=args.max_batch_tokens, block=args.block, overwrite=args.overwrite,
     )  # fmt: skip
@@ -150,8 +155,8 @@ def run_add(args: argparse.Namespace) -> int:
     from cramkit.index import add_to_index
 
     m = add_to_index(
-        args.index, args.source, store_tokenizer=args.store_tokenizer, device=args.device,
-        max_batch_tokens=args.max_batch_tokens, block=args.block,
+        args.index, args.source, store_tokenizer=args.store_tokenizer, reading=reading_kwargs(args),
+        device=args.device, max_batch_tokens=args.max_batch_tokens, block=args.block,
     )  # fmt: skip
     print(f"index now holds {m['count']} chunks; recall@10 {m['recall']['recall_at_10']:.3f} -> {args.index}")
     return 0

@@ -6,6 +6,8 @@ import argparse
 import os
 import sys
 
+from cramkit.commands.reading import add_reading_args, reading_kwargs
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
@@ -35,15 +37,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="override a setting, e.g. --set train.lr=1e-3 (repeatable)")  # fmt: skip
     p.add_argument("--resume", metavar="RUN", help="continue the run in RUN from its latest checkpoint")
     p.add_argument("--tokenizer", metavar="DIR", help="use this tokenizer instead of training one")
-    p.add_argument("--encoding", default=None,
-                   help="text encoding of the source files (default UTF-8; e.g. latin-1, cp1252)")  # fmt: skip
-    p.add_argument("--errors", default="strict", choices=["strict", "replace", "ignore"],
-                   help="bytes invalid in the encoding: stop with an error (default), replace or ignore them")  # fmt: skip
-    p.add_argument("--text-field", default="text",
-                   help="JSON Lines field / Parquet column holding the text (default: text)")  # fmt: skip
-    p.add_argument("--doc-split", default="auto", choices=["auto", "file", "blank", "wikitext"],
-                   help="where documents end in text files: a file each, blank lines, WikiText ' = Title = ' "
-                   "headings, or auto (WikiText headings if present, else blank lines)")  # fmt: skip
+    add_reading_args(p)
     p.add_argument(
         "--no-progress", action="store_true", help="no progress bar (same as --set train.progress=false)"
     )
@@ -67,9 +61,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         run_dir = pretrain(
             args.inputs or None, preset=args.preset, budget=args.budget, out=args.out,
-            overrides=args.overrides, resume=args.resume, tokenizer=args.tokenizer, encoding=args.encoding,
-            errors=args.errors, text_field=args.text_field, doc_split=args.doc_split, init=args.init,
-            inherit=args.inherit, extend_vocab=args.extend_vocab,
+            overrides=args.overrides, resume=args.resume, tokenizer=args.tokenizer, init=args.init,
+            inherit=args.inherit, extend_vocab=args.extend_vocab, **reading_kwargs(args),
         )  # fmt: skip
     except TrainingInterrupted as exc:
         print(f"cramkit: {exc}", file=sys.stderr)

@@ -33,11 +33,20 @@ class Rows:
 
 
 def read_rows(
-    path: str | os.PathLike, text_a: str | None = None, text_b: str | None = None, label: str | None = "label"
+    path: str | os.PathLike,
+    text_a: str | None = None,
+    text_b: str | None = None,
+    label: str | None = "label",
+    *,
+    encoding: str | None = None,
+    errors: str = "strict",
 ) -> Rows:
-    """Rows of a .csv / .tsv / .jsonl file (header / named fields) or a .txt file (one text per line)."""
+    """Rows of a .csv / .tsv / .jsonl file (header / named fields) or a .txt file (one text per line),
+    decoded with ``encoding`` (default UTF-8) and ``errors`` (strict, replace or ignore)."""
     from cramkit.tasks.files import _format, _records
+    from cramkit.text.sources import check_source_options
 
+    check_source_options(encoding=encoding, errors=errors)
     path = Path(path)
     if not path.is_file():
         raise CramkitError(
@@ -45,10 +54,11 @@ def read_rows(
         )
     if path.suffix.lower() == ".txt":
         try:
-            lines = path.read_text(encoding="utf-8-sig").splitlines()
+            lines = path.read_text(encoding=encoding or "utf-8-sig", errors=errors).splitlines()
         except UnicodeDecodeError as exc:
             raise CramkitError(
-                f"{path} is not valid UTF-8 (byte {exc.start}); convert it to UTF-8 (e.g. iconv -f latin1 -t utf-8)"
+                f"{path} is not valid {encoding or 'UTF-8'} (byte {exc.start}); name its encoding "
+                "(e.g. --encoding latin-1 or cp1252) or pass --errors replace"
             ) from None
         texts = [t for t in lines if t.strip()]
         if not texts:
@@ -61,43 +71,36 @@ def read_rows(
     gold: list[str] = []
     has_label = False
     columns: list[str] = []
-    try:
-        for lineno, rec, problem in _records(path, fmt, None):
-            if rec is None:
-                raise CramkitError(f"{path} line {lineno}: {problem}; fix the row (or remove it)")
-            if "__header__" in rec:
-                columns = rec["__header__"]
-                continue
-            if not columns:
-                columns = list(rec)
+    for lineno, rec, problem in _records(path, fmt, None, encoding, errors):
+        if rec is None:
+            raise CramkitError(f"{path} line {lineno}: {problem}; fix the row (or remove it)")
+        if "__header__" in rec:
+            columns = rec["__header__"]
+            continue
+        if not columns:
+            columns = list(rec)
+        if a_col is None:
+            a_col = next((c for c in TEXT_COLUMNS if c in rec), None)
             if a_col is None:
-                a_col = next((c for c in TEXT_COLUMNS if c in rec), None)
-                if a_col is None:
-                    raise CramkitError(
-                        f"{path}: no text column among {', '.join(columns)}; name it with --text-a COLUMN"
-                    )
-                if b_col is None:
-                    b_col = next((c for c in PAIR_COLUMNS if c in rec and c != a_col), None)
-                has_label = label is not None and label in rec
-            if a_col not in rec or (b_col is not None and b_col not in rec):
-                missing = a_col if a_col not in rec else b_col
                 raise CramkitError(
-                    f"{path} line {lineno}: no column {missing!r}; its columns: {', '.join(map(str, rec))}"
+                    f"{path}: no text column among {', '.join(columns)}; name it with --text-a COLUMN"
                 )
-            va, vb = rec[a_col], rec.get(b_col) if b_col else None
-            if not isinstance(va, str) or (b_col and not isinstance(vb, str)):
-                raise CramkitError(
-                    f"{path} line {lineno}: the text column holds {type(va).__name__}, not text"
-                )
-            texts_a.append(va)
-            if b_col:
-                texts_b.append(vb)
-            if has_label:
-                gold.append(str(rec.get(label, "")).strip())
-    except UnicodeDecodeError as exc:
-        raise CramkitError(
-            f"{path} is not valid UTF-8 (byte {exc.start}); convert it to UTF-8 (e.g. iconv -f latin1 -t utf-8)"
-        ) from None
+            if b_col is None:
+                b_col = next((c for c in PAIR_COLUMNS if c in rec and c != a_col), None)
+            has_label = label is not None and label in rec
+        if a_col not in rec or (b_col is not None and b_col not in rec):
+            missing = a_col if a_col not in rec else b_col
+            raise CramkitError(
+                f"{path} line {lineno}: no column {missing!r}; its columns: {', '.join(map(str, rec))}"
+            )
+        va, vb = rec[a_col], rec.get(b_col) if b_col else None
+        if not isinstance(va, str) or (b_col and not isinstance(vb, str)):
+            raise CramkitError(f"{path} line {lineno}: the text column holds {type(va).__name__}, not text")
+        texts_a.append(va)
+        if b_col:
+            texts_b.append(vb)
+        if has_label:
+            gold.append(str(rec.get(label, "")).strip())
     if not texts_a:
         raise CramkitError(f"{path} has no rows to predict")
     return Rows(texts_a, texts_b if b_col else None, gold if has_label else None, columns)

@@ -1,0 +1,148 @@
+"""A new user's first hours (issue 22): CLUE's .json files, text options on every verb that reads text,
+the flag a user mistyped, hub ids, the [UNK] rate before fine-tuning, predict's label column and the
+smaller edges of the tour. Through the real commands, on the real FewCLUE data where it matters."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1"}
+
+
+def cli(*args: object, timeout: float = 300) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "cramkit", *map(str, args)],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=ENV,
+        stdin=subprocess.DEVNULL,
+    )
+
+
+def one_line(proc: subprocess.CompletedProcess, *needles: str) -> str:
+    """The single error line of a failed command; it must contain every needle."""
+    err = proc.stderr.strip()
+    assert proc.returncode == 2, f"exit {proc.returncode}\nstdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("cramkit: error:"), err
+    for needle in needles:
+        assert needle in lines[0], f"{needle!r} not in: {lines[0]}"
+    return lines[0]
+
+
+def ok(proc: subprocess.CompletedProcess) -> subprocess.CompletedProcess:
+    assert proc.returncode == 0, f"exit {proc.returncode}\nstdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
+    return proc
+
+
+@pytest.fixture(scope="session")
+def iflytek(shared_data: Path) -> Path:
+    path = shared_data / "fewclue" / "iflytek"
+    if not path.is_dir():
+        pytest.skip(f"needs FewCLUE at {path}")
+    return path
+
+
+# ------------------------------------------------------------------ 1. JSON Lines in a .json file
+
+
+def test_clue_json_is_read_as_json_lines(tmp_path, iflytek):
+    train = iflytek / "train_0.json"
+    rows = [json.loads(line) for line in train.read_text(encoding="utf-8").splitlines() if line.strip()]
+    res = ok(cli("tokenizer", "train", train, "--text-field", "sentence", "--vocab-size", "3000",
+                 "--out", tmp_path / "tok"))  # fmt: skip
+    assert f"from {len(rows)} documents" in res.stdout
+    vocab = set((tmp_path / "tok" / "vocab.txt").read_text(encoding="utf-8").split())
+    assert not vocab & {"sentence", "label_des", "keywords"}, "the JSON field names were read as text"
+    # without --text-field: the default field `text` is missing, and the error lists the fields there are
+    one_line(cli("tokenizer", "train", train, "--out", tmp_path / "t2"), "no field 'text'", "sentence")
+    # data build reads it the same way: one document per row
+    res = ok(cli("data", "build", train, "--text-field", "sentence", "--tokenizer", tmp_path / "tok",
+                 "--out", tmp_path / "store", "--quiet"))  # fmt: skip
+    assert f"{len(rows):,} documents" in res.stdout
+
+
+def test_json_that_is_not_json_lines_and_fields_on_plain_text(tmp_path):
+    from cramkit.text.sources import iter_documents
+
+    (tmp_path / "array.json").write_text('[{"text": "a b c"}, {"text": "d e f"}]\n', encoding="utf-8")
+    one_line(
+        cli("tokenizer", "train", tmp_path / "array.json", "--out", tmp_path / "t"),
+        "array.json",
+        "JSON array",
+    )
+    (tmp_path / "pretty.json").write_text('{\n  "text": "a b c"\n}\n', encoding="utf-8")
+    one_line(
+        cli("pretrain", tmp_path / "pretty.json", "--out", tmp_path / "run"), "pretty.json", "not JSON Lines"
+    )
+    (tmp_path / "plain.txt").write_text("some words here\n", encoding="utf-8")
+    one_line(cli("tokenizer", "train", tmp_path / "plain.txt", "--text-field", "sentence", "--out", tmp_path / "t"),
+             "--text-field sentence", "plain.txt", "no fields")  # fmt: skip
+    # in a directory, .json files that hold JSON Lines are read, other .json files (configs) skipped
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    (corpus / "rows.json").write_text('{"text": "first row"}\n{"text": "second row"}\n', encoding="utf-8")
+    (corpus / "config.json").write_text('{\n  "vocab": 3\n}\n', encoding="utf-8")
+    assert list(iter_documents([str(corpus)])) == ["first row", "second row"]
+
+
+# ------------------------------------------------------------------ 2. reading options everywhere
+
+
+def test_every_text_verb_takes_the_reading_options():
+    for verb in (["tokenizer", "train"], ["data", "build"], ["pretrain"], ["index", "build"], ["index", "add"],
+                 ["embed"]):  # fmt: skip
+        out = ok(cli(*verb, "--help")).stdout
+        for flag in ("--encoding", "--errors", "--text-field"):
+            assert flag in out, f"cramkit {' '.join(verb)} lacks {flag}"
+        assert "reading text:" in out
+
+
+def test_latin1_corpus_is_indexed_and_embedded(tmp_path, minilm_dir):
+    latin = tmp_path / "latin.txt"
+    latin.write_bytes(
+        "Le café est très bon.\n\nUne crème brûlée à Noël.\n\nLe garçon mange.\n".encode("latin-1")
+    )
+    one_line(cli("index", "build", latin, "--encoder", minilm_dir, "--out", tmp_path / "i0", "--device", "cpu"),
+             "latin.txt", "not valid UTF-8", "--encoding")  # fmt: skip
+    res = ok(cli("index", "build", latin, "--encoder", minilm_dir, "--out", tmp_path / "idx", "--device", "cpu",
+                 "--encoding", "latin-1"))  # fmt: skip
+    assert "3 documents" in res.stdout
+    res = ok(cli("index", "query", tmp_path / "idx", "crème brûlée", "-k", "1", "--json"))
+    assert "crème brûlée" in json.loads(res.stdout)["hits"][0]["text"]
+    more = tmp_path / "more.txt"
+    more.write_bytes("Der Bär schläft.\n".encode("cp1252"))
+    one_line(cli("index", "add", tmp_path / "idx", more, "--device", "cpu"), "more.txt", "--encoding")
+    res = ok(cli("index", "add", tmp_path / "idx", more, "--device", "cpu", "--encoding", "cp1252"))
+    assert "holds 4 chunks" in res.stdout
+    one_line(cli("embed", latin, "--from", minilm_dir, "--out", tmp_path / "e0", "--device", "cpu"),
+             "latin.txt", "--encoding")  # fmt: skip
+    ok(cli("embed", latin, "--from", minilm_dir, "--out", tmp_path / "emb", "--device", "cpu", "--encoding",
+           "latin-1"))  # fmt: skip
+    assert json.loads((tmp_path / "emb" / "embed.json").read_text())["rows"] == 3
+
+
+# ------------------------------------------------------------------ 3. the flag the user typed
+
+
+@pytest.mark.parametrize(
+    "argv, typed, meant",
+    [
+        (["tokenizer", "train", "x.txt", "--vocab-sz", "8000", "--out", "t"], "--vocab-sz", "--vocab-size"),
+        (["data", "build", "x.txt", "--tokenizer", "t", "--out", "s", "--wrokers", "2"], "--wrokers", "--workers"),
+        (["data", "inspect", "s", "--smaples", "2"], "--smaples", "--samples"),
+        (["index", "build", "x.txt", "--encoder", "m", "--out", "i", "--chunk-size", "64"], "--chunk-size",
+         "--chunk-tokens"),
+        (["index", "add", "i", "x.txt", "--blok", "8"], "--blok", "--block"),
+        (["index", "query", "i", "text", "--jsn"], "--jsn", "--json"),
+    ],
+)  # fmt: skip
+def test_unknown_flag_of_a_two_level_verb_is_the_one_typed(argv, typed, meant):
+    one_line(cli(*argv), f"unknown option {typed}; did you mean {meant}?")

@@ -146,3 +146,72 @@ def test_latin1_corpus_is_indexed_and_embedded(tmp_path, minilm_dir):
 )  # fmt: skip
 def test_unknown_flag_of_a_two_level_verb_is_the_one_typed(argv, typed, meant):
     one_line(cli(*argv), f"unknown option {typed}; did you mean {meant}?")
+
+
+# ------------------------------------------------------------------ 4. hub ids, 5. [UNK] rate
+
+
+def hub_cache(root: Path, repo: str, model_dir: Path) -> Path:
+    """A Hugging Face hub cache (the layout huggingface_hub writes) holding ``model_dir`` as ``repo``."""
+    commit = "0123456789abcdef0123456789abcdef01234567"
+    entry = root / f"models--{repo.replace('/', '--')}"
+    snap = entry / "snapshots" / commit
+    snap.mkdir(parents=True)
+    for f in model_dir.iterdir():
+        if f.is_file():
+            (snap / f.name).symlink_to(f)
+    (entry / "refs").mkdir()
+    (entry / "refs" / "main").write_text(commit)
+    return root
+
+
+def test_hub_id_offline_is_one_line_about_the_network_for_every_verb(tmp_path):
+    data = tmp_path / "d.csv"
+    data.write_text("text,label\ngood film,1\nbad film,0\n", encoding="utf-8")
+    for argv in (
+        ["finetune", "--from", "hf:no-org/no-model", "--train", data, "--dev", data, "--text-a", "text"],
+        ["eval", "glue", "--from", "hf:no-org/no-model", "--data-dir", tmp_path],
+        ["distill", "--teacher", "hf:no-org/no-model", "--student", "bilstm", "--train", data, "--dev", data,
+         "--text-a", "text",
+         "--out", tmp_path / "s"],
+        ["predict", "--from", "hf:no-org/no-model", data],
+        ["embed", data, "--from", "hf:no-org/no-model", "--out", tmp_path / "e"],
+    ):  # fmt: skip
+        line = one_line(
+            cli(*argv), "hf:no-org/no-model", "not in the local Hugging Face cache", "HF_HUB_OFFLINE"
+        )
+        assert "no such directory" not in line
+
+
+def test_chinese_task_on_an_english_vocabulary_warns_before_training(tmp_path, shared_data, minilm_dir):
+    """hf:ORG/NAME from the local hub cache (offline) for finetune, and the [UNK] warning: FewCLUE's
+    EPRSTMT (Chinese reviews) with all-MiniLM-L6-v2's English vocabulary."""
+    eprstmt = shared_data / "fewclue" / "eprstmt"
+    if not eprstmt.is_dir():
+        pytest.skip(f"needs FewCLUE at {eprstmt}")
+    cache = hub_cache(tmp_path / "hub", "test-org/minilm", minilm_dir)
+    proc = subprocess.run(
+        [sys.executable, "-m", "cramkit", "finetune", "--from", "hf:test-org/minilm",
+         "--train", str(eprstmt / "train_0.json"), "--dev", str(eprstmt / "dev_0.json"), "--text-a", "sentence",
+         "--set", "epochs=1", "--set", "max_length=64", "--no-progress", "--out", str(tmp_path / "ft")],
+        capture_output=True, text=True, timeout=600, env={**ENV, "HF_HUB_CACHE": str(cache)},
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    warning = next(line for line in proc.stderr.splitlines() if line.startswith("warning:"))
+    rate = float(warning.split("%")[0].split()[-1])
+    assert rate > 20, warning
+    assert "[UNK]" in warning and "hf:test-org/minilm" in warning and "cramkit pretrain --from" in warning
+    assert "dev" in proc.stdout  # it trained and scored
+
+
+def test_unk_rate_of_english_text_on_an_english_vocabulary(minilm_dir, capsys):
+    from cramkit.load import load
+    from cramkit.text.coverage import unk_rate, unk_report
+
+    tok = load(minilm_dir).tokenizer
+    english = ["The film was a delight from start to finish.", "A dull, lifeless remake."] * 10
+    rate, pieces = unk_rate(tok, english)
+    assert rate == 0.0 and pieces > 100
+    assert unk_report(tok, english, "m", verbose=False) == 0.0
+    assert capsys.readouterr().err == ""
+    assert unk_rate(tok, ["物流很快，早上下单，下午就到了。"])[0] > 0.5

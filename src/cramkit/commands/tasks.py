@@ -128,12 +128,17 @@ def _config(args: argparse.Namespace):
     return config_from(overrides)
 
 
-def _check_source(source: str) -> None:
-    path = Path(source[3:] if source.startswith("hf:") else source).expanduser()
-    if not path.exists():
+def check_model_source(source: str, flag: str = "--from") -> None:
+    """Fail before any data is read when the model cannot be had: a path that does not exist, or an
+    ``hf:`` hub id that cannot be downloaded (resolved, and cached, as ``cramkit.load`` resolves it)."""
+    if source.startswith("hf:"):
+        from cramkit.model.hf import _resolve
+
+        _resolve(source)
+    elif not Path(source).expanduser().exists():
         raise CramkitError(
-            f"--from {source}: no such directory; give a cramkit run directory (with config.yaml and "
-            "checkpoints/) or a Hugging Face BERT directory (hf:PATH, with config.json)"
+            f"{flag} {source}: no such directory; give a cramkit run directory (with config.yaml and "
+            "checkpoints/), a model directory, a Hugging Face directory or hf:ORG/NAME (a hub id)"
         )
 
 
@@ -192,7 +197,7 @@ def run_finetune(args: argparse.Namespace) -> int:
         return _launch_finetune(args)
     cfg = _config(args)
     task = _resolve_task(args)
-    _check_source(args.source)
+    check_model_source(args.source)
     # load every split the run will need before any training starts: a missing split fails fast
     for split in [task.train_split, *task.dev_splits]:
         task.examples(split)
@@ -227,7 +232,7 @@ def _launch_finetune(args: argparse.Namespace) -> int:
 
 def run_eval(args: argparse.Namespace) -> int:
     cfg = _config(args)
-    _check_source(args.source)
+    check_model_source(args.source)
     from cramkit.train.evaluate import evaluate_suite
 
     out = Path(args.out or f"eval-{args.suite}")

@@ -368,6 +368,11 @@ def finetune(
         raise CramkitError(
             f"task {task.name}: the {task.train_split} split is empty; nothing to fine-tune on"
         )
+    if os.environ.get("RANK", "0") == "0":  # under torchrun: once
+        from cramkit.text.coverage import unk_report
+
+        texts = [t for e in train_rows for t in (e.text_a, e.text_b) if t]
+        unk_report(tok, texts, str(loaded.source), verbose=progress)
     train = encode_examples(tok, train_rows, max_length, regression=regression)
     if train.labels is None:
         raise CramkitError(f"task {task.name}: some {task.train_split} examples have no label")

@@ -183,25 +183,60 @@ def test_hub_id_offline_is_one_line_about_the_network_for_every_verb(tmp_path):
         assert "no such directory" not in line
 
 
-def test_chinese_task_on_an_english_vocabulary_warns_before_training(tmp_path, shared_data, minilm_dir):
-    """hf:ORG/NAME from the local hub cache (offline) for finetune, and the [UNK] warning: FewCLUE's
-    EPRSTMT (Chinese reviews) with all-MiniLM-L6-v2's English vocabulary."""
-    eprstmt = shared_data / "fewclue" / "eprstmt"
-    if not eprstmt.is_dir():
-        pytest.skip(f"needs FewCLUE at {eprstmt}")
-    cache = hub_cache(tmp_path / "hub", "test-org/minilm", minilm_dir)
+@pytest.fixture(scope="module")
+def iflytek_model(tmp_path_factory, iflytek, minilm_dir) -> tuple[subprocess.CompletedProcess, Path, Path]:
+    """all-MiniLM-L6-v2 as hf:test-org/minilm from a local hub cache (offline), fine-tuned for one short
+    epoch on 32 rows of FewCLUE's IFLYTEK (Chinese app descriptions) with the label column label_des:
+    (the finetune process, the model directory, the data file)."""
+    tmp = tmp_path_factory.mktemp("iflytek")
+    data = tmp / "iflytek32.json"
+    lines = (iflytek / "train_0.json").read_text(encoding="utf-8").splitlines()[:32]
+    data.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    cache = hub_cache(tmp / "hub", "test-org/minilm", minilm_dir)
     proc = subprocess.run(
-        [sys.executable, "-m", "cramkit", "finetune", "--from", "hf:test-org/minilm",
-         "--train", str(eprstmt / "train_0.json"), "--dev", str(eprstmt / "dev_0.json"), "--text-a", "sentence",
-         "--set", "epochs=1", "--set", "max_length=64", "--no-progress", "--out", str(tmp_path / "ft")],
+        [sys.executable, "-m", "cramkit", "finetune", "--from", "hf:test-org/minilm", "--train", str(data),
+         "--dev", str(data), "--text-a", "sentence", "--label", "label_des", "--set", "epochs=1",
+         "--set", "max_length=32", "--no-progress", "--out", str(tmp / "ft")],
         capture_output=True, text=True, timeout=600, env={**ENV, "HF_HUB_CACHE": str(cache)},
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
+    return proc, tmp / "ft", data
+
+
+def test_chinese_task_on_an_english_vocabulary_warns_before_training(iflytek_model):
+    """finetune --from hf:ORG/NAME (from the hub cache), and the [UNK] warning before training."""
+    proc = iflytek_model[0]
     warning = next(line for line in proc.stderr.splitlines() if line.startswith("warning:"))
     rate = float(warning.split("%")[0].split()[-1])
     assert rate > 20, warning
     assert "[UNK]" in warning and "hf:test-org/minilm" in warning and "cramkit pretrain --from" in warning
-    assert "dev" in proc.stdout  # it trained and scored
+    assert "user/iflytek32 dev: accuracy" in proc.stdout  # it trained and scored
+
+
+# ------------------------------------------------------------------ 7. predict's label column
+
+
+def test_predict_scores_the_column_the_model_was_trained_on(iflytek_model, tmp_path):
+    _, model, data = iflytek_model
+    res = ok(cli("predict", "--from", model, data, "--out", tmp_path / "p.jsonl", "--keep-text"))
+    assert "metrics: accuracy" in res.stdout  # label_des, without --label
+    rows = [json.loads(line) for line in (tmp_path / "p.jsonl").read_text(encoding="utf-8").splitlines()]
+    first = json.loads(data.read_text(encoding="utf-8").splitlines()[0])
+    assert rows[0]["sentence"] == first["sentence"] and rows[0]["label"] in rows[0]["probabilities"]
+    ok(cli("predict", "--from", model, data, "--out", tmp_path / "q.jsonl"))
+    assert "sentence" not in (tmp_path / "q.jsonl").read_text(encoding="utf-8").splitlines()[0]
+
+
+def test_predict_checks_the_label_column_before_predicting(iflytek_model, tmp_path):
+    _, model, data = iflytek_model
+    out = tmp_path / "p.jsonl"
+    line = one_line(cli("predict", "--from", model, data, "--out", out, "--label", "label"),
+                    "column 'label'", "the model does not know", "--label none")  # fmt: skip
+    assert "its labels:" in line
+    assert not out.exists()
+    one_line(cli("predict", "--from", model, data, "--out", out, "--label", "stars"), "no column 'stars'")
+    res = ok(cli("predict", "--from", model, data, "--out", out, "--label", "none"))
+    assert "metrics" not in res.stdout and out.is_file()
 
 
 def test_unk_rate_of_english_text_on_an_english_vocabulary(minilm_dir, capsys):

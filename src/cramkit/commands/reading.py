@@ -4,16 +4,17 @@ from __future__ import annotations
 
 import argparse
 
-DOC_SPLITS = (
-    "auto",
-    "file",
-    "blank",
-    "wikitext",
-)  # as cramkit.text.sources (not imported: --help stays instant)
+# as cramkit.text.sources.DOC_SPLITS (not imported from there: `cramkit --help` stays instant)
+DOC_SPLITS = ("auto", "file", "blank", "wikitext")
 
 
 def add_reading_args(
-    p: argparse.ArgumentParser, *, doc_split: bool = True, normalize: bool = False, text_field_help: str = ""
+    p: argparse.ArgumentParser,
+    *,
+    doc_split: bool = True,
+    normalize: bool = False,
+    text_field: bool = True,
+    text_field_help: str = "",
 ) -> None:
     """Add --encoding, --errors, --text-field (and --doc-split, --normalize where the verb uses them)."""
     g = p.add_argument_group("reading text")
@@ -26,12 +27,13 @@ def add_reading_args(
         choices=["strict", "replace", "ignore"],
         help="bytes invalid in the encoding: stop with an error (default), replace or ignore them",
     )
-    g.add_argument(
-        "--text-field",
-        default=None,
-        help=text_field_help
-        or "JSON Lines (.jsonl, .json) field / Parquet column holding the text (default: text)",
-    )
+    if text_field:
+        g.add_argument(
+            "--text-field",
+            default=None,
+            help=text_field_help
+            or "JSON Lines (.jsonl, .json) field / Parquet column holding the text (default: text)",
+        )
     if doc_split:
         g.add_argument(
             "--doc-split",
@@ -46,7 +48,9 @@ def add_reading_args(
 
 def reading_kwargs(args: argparse.Namespace) -> dict:
     """The reading options given, as keyword arguments of `cramkit.text.sources.iter_documents`."""
-    out = dict(encoding=args.encoding, errors=args.errors, text_field=args.text_field or "text")
+    out = dict(encoding=args.encoding, errors=args.errors)
+    if hasattr(args, "text_field"):
+        out["text_field"] = args.text_field or "text"
     if hasattr(args, "doc_split"):
         out["doc_split"] = args.doc_split
     if hasattr(args, "normalize"):

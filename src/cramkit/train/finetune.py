@@ -581,8 +581,14 @@ def _save_model(
         pooling="cls" if cfg.pooling == "first" else "mean",
         with_types=loaded.with_types,
         head=to_dict(model.head_cfg),
-        extra={"finetuned_from": loaded.source, "seed": seed},
+        extra={"finetuned_from": loaded.source, "seed": seed, **_columns(task)},
     ).save(out)
+
+
+def _columns(task: Task) -> dict[str, Any]:
+    """The columns of a task from files (``predict`` reads the same ones by default), else nothing."""
+    cols = getattr(task.splits.get(task.train_split), "columns", None)
+    return {"columns": dict(zip(("text_a", "text_b", "label"), cols[:3], strict=True))} if cols else {}
 
 
 def _test_splits(task: Task, tok, max_length: int, regression: bool) -> dict[tuple[str, str], Encoded]:

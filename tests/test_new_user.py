@@ -115,6 +115,8 @@ def test_latin1_corpus_is_indexed_and_embedded(tmp_path, minilm_dir):
     res = ok(cli("index", "build", latin, "--encoder", minilm_dir, "--out", tmp_path / "idx", "--device", "cpu",
                  "--encoding", "latin-1"))  # fmt: skip
     assert "3 documents" in res.stdout
+    info = ok(cli("index", "info", tmp_path / "idx")).stdout
+    assert "exact search" in info and "0 held-out" not in info  # a flat index: nothing was measured
     res = ok(cli("index", "query", tmp_path / "idx", "crème brûlée", "-k", "1", "--json"))
     assert "crème brûlée" in json.loads(res.stdout)["hits"][0]["text"]
     more = tmp_path / "more.txt"
@@ -250,3 +252,79 @@ def test_unk_rate_of_english_text_on_an_english_vocabulary(minilm_dir, capsys):
     assert unk_report(tok, english, "m", verbose=False) == 0.0
     assert capsys.readouterr().err == ""
     assert unk_rate(tok, ["物流很快，早上下单，下午就到了。"])[0] > 0.5
+
+
+# ------------------------------------------------------------------ 8. the smaller edges
+
+
+def test_tokenizer_and_store_are_not_overwritten_silently(tmp_path):
+    corpus = tmp_path / "c.txt"
+    corpus.write_text("the cat sat on the mat\n\nthe dog sat on the log\n" * 20, encoding="utf-8")
+    tok = tmp_path / "tok"
+    ok(cli("tokenizer", "train", corpus, "--vocab-size", "200", "--out", tok))
+    before = (tok / "vocab.txt").read_bytes()
+    one_line(
+        cli("tokenizer", "train", corpus, "--vocab-size", "150", "--out", tok), "already holds", "--force"
+    )
+    assert (tok / "vocab.txt").read_bytes() == before
+    ok(cli("tokenizer", "train", corpus, "--vocab-size", "150", "--out", tok, "--force"))
+    ok(cli("data", "build", corpus, "--tokenizer", tok, "--out", tmp_path / "s", "--quiet"))
+    one_line(
+        cli("data", "build", corpus, "--tokenizer", tok, "--out", tmp_path / "s"), "train.bin", "--force"
+    )
+    ok(
+        cli(
+            "data", "build", corpus, "--tokenizer", tok, "--out", tmp_path / "s", "--name", "other", "--quiet"
+        )
+    )
+    ok(cli("data", "build", corpus, "--tokenizer", tok, "--out", tmp_path / "s", "--force", "--quiet"))
+
+
+def test_help_names_every_preset_and_every_option() -> None:
+    import argparse
+
+    from cramkit.cli import build_parser
+    from cramkit.config import list_presets
+
+    missing = []
+
+    def walk(parser: argparse.ArgumentParser, words: list[str]) -> None:
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                for name, sub in action.choices.items():
+                    walk(sub, [*words, name])
+            elif action.option_strings and action.help is None:
+                missing.append(f"cramkit {' '.join(words)} {action.option_strings[0]}")
+
+    walk(build_parser(), [])
+    assert not missing, f"options without a help text: {missing}"
+    out = ok(cli("pretrain", "--help")).stdout
+    assert all(preset in out for preset in list_presets()) and "bert-lamb" in out
+    out = ok(cli("eval", "glue", "--help")).stdout
+    assert out.startswith("usage: cramkit eval glue") and "--data-dir" in out
+
+
+def test_nproc_with_a_mistyped_setting_fails_once_before_torchrun(tmp_path):
+    one_line(cli("pretrain", "--nproc", "2", "--set", "parallel.tpx=2", "--out", tmp_path / "r"),
+             "unknown setting 'parallel.tpx'")  # fmt: skip
+    assert not (tmp_path / "r").exists()
+    one_line(cli("finetune", "--nproc", "2", "--from", tmp_path, "--set", "epocs=2", "--out", tmp_path / "f"),
+             "unknown setting", "epochs")  # fmt: skip
+
+
+def test_onnx_export_says_when_fusions_were_skipped(pretrained_run, tmp_path, monkeypatch, capsys):
+    pytest.importorskip("onnxruntime")
+    import onnxruntime.transformers.optimizer as optimizer
+
+    from cramkit.infer.onnx import export_onnx
+    from cramkit.load import load
+
+    def broken(*args, **kwargs):
+        raise IndexError("list index out of range")
+
+    monkeypatch.setattr(optimizer, "optimize_model", broken)
+    out = export_onnx(load(pretrained_run), tmp_path / "onnx", texts=["a short text", "another one"])
+    err = capsys.readouterr().err
+    manifest = json.loads((out / "cramkit-onnx.json").read_text(encoding="utf-8"))
+    assert manifest["fusions"]["skipped"].startswith("IndexError")
+    assert "applying" not in err and "no fusions applied (IndexError: list index out of range)" in err

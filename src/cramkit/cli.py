@@ -47,7 +47,7 @@ def _setting_keys(verb: str | None) -> list[str]:
         from cramkit.train.config import RunConfig
 
         return [f"{sec.name}.{f.name}" for sec in fields(RunConfig) for f in fields(sec.default_factory())]
-    if verb == "finetune":
+    if verb in ("finetune", "eval glue"):
         from cramkit.train.finetune import FinetuneConfig
 
         return [f.name for f in fields(FinetuneConfig)]
@@ -119,7 +119,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         result = args.func(args)
     except CramkitError as exc:
-        print(f"cramkit: error: {exc}", file=sys.stderr)
+        # exit status 128+N: stopped by signal N as asked (Ctrl-C, SIGTERM), work saved; not an error
+        kind = "" if exc.exit_code > 128 else "error: "
+        print(f"cramkit: {kind}{exc}", file=sys.stderr)
         return exc.exit_code
     except KeyboardInterrupt:
         print("cramkit: interrupted", file=sys.stderr)

@@ -20,7 +20,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--from", dest="model", required=True, metavar="MODEL", help="a run, model directory or hf:DIR"
     )
-    p.add_argument("--out", required=True, metavar="DIR")
+    p.add_argument(
+        "--out", required=True, metavar="DIR", help="directory for embeddings.npy, ids.npy, embed.json"
+    )
     add_reading_args(p, doc_split=False, text_field_help="the text column of a .csv/.tsv/.jsonl/.json file")
     p.add_argument("--text", dest="text_field", help=argparse.SUPPRESS)  # the earlier name of --text-field
     p.add_argument("--pooling", choices=("mean", "cls"), default=None, help="default: the model's")

@@ -50,12 +50,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     q.add_argument("-k", type=int, default=10, help="results per query (default 10)")
     q.add_argument("--encoder", default=None, help="the encoder (default: the index's own copy); must match")
     q.add_argument("--json", action="store_true", help="print JSON lines")
-    q.add_argument("--device", default="cpu")
+    q.add_argument("--device", default="cpu", help="cpu (default), cuda, cuda:N or auto")
     q.set_defaults(func=run_query)
 
     i = verbs.add_parser("info", help="size, kind, parameters and measured recall of an index")
     i.add_argument("index", metavar="IDX")
-    i.add_argument("--json", action="store_true")
+    i.add_argument("--json", action="store_true", help="print the information as JSON")
     i.set_defaults(func=run_info)
 
     a = verbs.add_parser("add", help="chunk, embed and add more text (or another store) to an index")
@@ -71,9 +71,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     n = verbs.add_parser("neighbours", help="RETRO: k nearest chunks (other documents) of every store chunk")
     n.add_argument("index", metavar="IDX")
     n.add_argument("--store", required=True, help="the token store whose 64-token chunks get neighbours")
-    n.add_argument("--out", required=True, metavar="DIR")
+    n.add_argument("--out", required=True, metavar="DIR", help="directory for neighbours.npy")
     n.add_argument("-k", type=int, default=2, help="neighbours per chunk (default 2)")
-    n.add_argument("--store-tokenizer", default=None)
+    n.add_argument(
+        "--store-tokenizer", default=None, help="the token store's tokenizer, when not the encoder's"
+    )
     _common(n, batch=False)
     n.set_defaults(func=run_neighbours)
     p.set_defaults(func=lambda args: (p.print_help(), 2)[1])
@@ -140,8 +142,11 @@ def run_info(args: argparse.Namespace) -> int:
           f"{info['bytes_on_disk'] / 2**20:.1f} MiB on disk")  # fmt: skip
     print(f"kind       {info['kind']}: {info['factory']} ({info['why']})")
     print(f"params     {json.dumps(info['params'])}; faiss memory-mapped: {info['faiss_memory_mapped']}")
-    print(f"recall@10  {rec.get('recall_at_10')} vs exact on {rec.get('queries')} held-out queries "
-          f"(target {rec.get('target')}{'' if rec.get('reached', True) else ', NOT reached'})")  # fmt: skip
+    if rec.get("exact"):
+        print("recall@10  exact search (a flat index compares every query with every chunk; nothing to tune)")
+    else:
+        print(f"recall@10  {rec.get('recall_at_10')} vs exact on {rec.get('queries')} held-out queries "
+              f"(target {rec.get('target')}{'' if rec.get('reached', True) else ', NOT reached'})")  # fmt: skip
     print(f"encoder    {info['encoder']} (pooling {info['pooling']}, vectors L2-normalised)")
     print(f"chunking   {json.dumps(info['chunking'])}")
     b = info.get("build") or {}

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 
 from cramkit.commands.reading import add_reading_args, reading_kwargs
 
@@ -56,17 +55,12 @@ def run(args: argparse.Namespace) -> int:
     if args.nproc != 1 or args.nnodes != 1:
         return _launch(args)
     from cramkit.train.api import pretrain
-    from cramkit.train.loop import TrainingInterrupted
 
-    try:
-        run_dir = pretrain(
-            args.inputs or None, preset=args.preset, budget=args.budget, out=args.out,
-            overrides=args.overrides, resume=args.resume, tokenizer=args.tokenizer, init=args.init,
-            inherit=args.inherit, extend_vocab=args.extend_vocab, **reading_kwargs(args),
-        )  # fmt: skip
-    except TrainingInterrupted as exc:
-        print(f"cramkit: {exc}", file=sys.stderr)
-        return exc.exit_code
+    run_dir = pretrain(
+        args.inputs or None, preset=args.preset, budget=args.budget, out=args.out,
+        overrides=args.overrides, resume=args.resume, tokenizer=args.tokenizer, init=args.init,
+        inherit=args.inherit, extend_vocab=args.extend_vocab, **reading_kwargs(args),
+    )  # fmt: skip
     if os.environ.get("RANK", "0") == "0":  # under torchrun: once, not once per process
         print(f"cramkit: run directory {run_dir} (metrics.jsonl, loss.png, checkpoints/)")
     return 0
@@ -81,6 +75,10 @@ def _launch(args: argparse.Namespace) -> int:
 
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:
         raise CramkitError("--nproc given inside a torchrun job; use one or the other")
+    if args.resume is None and args.init is None:  # a mistyped setting: one message here, not one per process
+        from cramkit.train.config import resolve_config
+
+        resolve_config(args.preset or "tiny-cpu", args.overrides)
     out = args.out
     if out is None and args.resume is None and args.nnodes > 1:
         raise CramkitError(

@@ -84,13 +84,19 @@ def register(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--name", help="name of the task (default: the train file's stem)")
     p.set_defaults(func=run_finetune)
 
-    e = sub.add_parser(
+    ev = sub.add_parser(
         "eval",
         help="fine-tune and score on every task of a suite (GLUE) present in --data-dir",
+        description="Fine-tune and score on every task of a suite: cramkit eval glue --from MODEL ...",
+    )
+    suites = ev.add_subparsers(dest="suite", metavar="SUITE")
+    ev.set_defaults(func=lambda args: (ev.print_help(sys.stderr), 2)[1])
+    e = suites.add_parser(
+        "glue",
+        help="the GLUE benchmark: every GLUE task found in --data-dir",
         description="Fine-tune on every GLUE task found in --data-dir (one recipe for all), then write "
         "results.json, results.md (task by task + GLUE average) and scores.png.",
     )
-    e.add_argument("suite", choices=["glue"], help="the suite to run")
     e.add_argument(
         "--from",
         dest="source",
@@ -107,8 +113,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     e.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="override a fine-tuning setting for every task, e.g. --set epochs=3 --set "
                    "max_train_examples=2000 (as in cramkit finetune)")  # fmt: skip
-    e.add_argument("--skip-bad-rows", action="store_true")
-    e.add_argument("--no-progress", action="store_true")
+    e.add_argument(
+        "--skip-bad-rows", action="store_true", help="skip (and count) malformed rows instead of stopping"
+    )
+    e.add_argument("--no-progress", action="store_true", help="no progress bar")
     e.set_defaults(func=run_eval)
 
 
@@ -193,9 +201,9 @@ def run_finetune(args: argparse.Namespace) -> int:
         raise CramkitError(
             "cramkit finetune needs --from MODEL (a run directory, a model directory or hf:DIR)"
         )
+    cfg = _config(args)  # a mistyped setting fails here, before --nproc starts the processes
     if args.nproc != 1:
         return _launch_finetune(args)
-    cfg = _config(args)
     task = _resolve_task(args)
     check_model_source(args.source)
     # load every split the run will need before any training starts: a missing split fails fast

@@ -284,7 +284,7 @@ def train_one_seed(
     desc: str = "finetune",
     run: PathLike | None = None,
     multilabel: bool = False,
-    resume_hint: str = "rerun the same command",
+    resume_hint: str = "rerun the same command to continue",
     ctx: Any = None,
 ):
     """Train a fresh classifier on ``train`` with ``seed`` through the training engine; returns (model,
@@ -420,7 +420,9 @@ def _finetune_seeds(
     if out_dir is not None:
         with main_first(ctx, "checking --out"):
             seeds_dir = _claim(Path(out_dir), task, loaded, cfg) if ctx.is_main else Path(out_dir) / "seeds"
-    hint = "rerun the same command (finished seeds are kept; this one resumes from its checkpoint)"
+    hint = (
+        "rerun the same command to continue (finished seeds are kept; this one resumes from its checkpoint)"
+    )
     per_seed, test_logits, states = [], [], []
     for seed in cfg.seeds:
         run = seeds_dir / f"seed-{seed}" if seeds_dir is not None else None

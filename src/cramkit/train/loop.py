@@ -186,7 +186,9 @@ class Objective(Protocol):
     """A recipe for the engine: the model, its batches, its loss and its evaluation."""
 
     title: str  # progress bar title, e.g. "pretrain 3m" or "sst2 seed 0"
-    resume_hint: str  # the command that continues an interrupted run
+    resume_hint: (
+        str  # what continues an interrupted run, e.g. "continue with `cramkit pretrain --resume RUN`"
+    )
     flops_per_token: float | None  # for MFU; None when unknown
 
     def build_model(self) -> torch.nn.Module: ...
@@ -258,7 +260,7 @@ class MLMObjective:
             self.flops_per_token = flops_per_token(
                 cfg.model, cfg.data.seq_len, predicted_fraction=cfg.data.mask_rate
             )
-        self.resume_hint = "cramkit pretrain --resume {run}"
+        self.resume_hint = "continue with `cramkit pretrain --resume {run}`"
 
     def build_model(self) -> torch.nn.Module:
         return MaskedLM(self.cfg.model)
@@ -540,8 +542,7 @@ def fit(
                     signum = stop.signum or signal.SIGTERM
                     name = signal.Signals(signum).name
                     raise TrainingInterrupted(
-                        f"stopped by {name} at step {p.step} ({p.tokens:,} tokens); checkpoint saved to {saved}; "
-                        f"continue with `{hint}`",
+                        f"stopped by {name} at step {p.step} ({p.tokens:,} tokens); checkpoint saved to {saved}; {hint}",
                         signum,
                     )
 

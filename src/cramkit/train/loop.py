@@ -186,9 +186,7 @@ class Objective(Protocol):
     """A recipe for the engine: the model, its batches, its loss and its evaluation."""
 
     title: str  # progress bar title, e.g. "pretrain 3m" or "sst2 seed 0"
-    resume_hint: (
-        str  # what continues an interrupted run, e.g. "continue with `cramkit pretrain --resume RUN`"
-    )
+    resume_hint: str  # the stop message's last words: how to continue the run
     flops_per_token: float | None  # for MFU; None when unknown
 
     def build_model(self) -> torch.nn.Module: ...

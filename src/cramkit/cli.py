@@ -47,7 +47,7 @@ def _setting_keys(verb: str | None) -> list[str]:
         from cramkit.train.config import RunConfig
 
         return [f"{sec.name}.{f.name}" for sec in fields(RunConfig) for f in fields(sec.default_factory())]
-    if verb == "finetune":
+    if verb in ("finetune", "eval glue"):
         from cramkit.train.finetune import FinetuneConfig
 
         return [f.name for f in fields(FinetuneConfig)]
@@ -58,34 +58,44 @@ def _setting_keys(verb: str | None) -> list[str]:
     return []
 
 
-def _suggest_flags(parser: argparse.ArgumentParser, argv: list[str]) -> str | None:
-    """For an unknown ``--flag``: the verb's closest flag ("did you mean --budget?"), or the closest
-    ``--set`` key when that is nearer ("--epocs 3": "did you mean --set epochs=3?")."""
-    sub = next((a for a in parser._actions if isinstance(a, argparse._SubParsersAction)), None)
-    verb = next((a for a in argv if not a.startswith("-")), None)
-    target = sub.choices.get(verb) if sub is not None and verb else None
-    target = target or parser
+def _verb_parser(
+    parser: argparse.ArgumentParser, argv: list[str]
+) -> tuple[argparse.ArgumentParser, list[str]]:
+    """The parser of the verb ``argv`` names, two-level verbs included (``tokenizer train``), and its words."""
+    words: list[str] = []
+    for arg in argv:
+        if arg.startswith("-"):
+            continue
+        sub = next((a for a in parser._actions if isinstance(a, argparse._SubParsersAction)), None)
+        if sub is None or arg not in sub.choices:
+            break  # a positional argument: the verb ends before it
+        parser = sub.choices[arg]
+        words.append(arg)
+    return parser, words
+
+
+def _suggest_flags(parser: argparse.ArgumentParser, argv: list[str], extra: list[str]) -> str | None:
+    """For an unknown ``--flag`` (the first of ``extra``): the verb's closest flag ("did you mean
+    --budget?"), or the closest ``--set`` key when that is nearer ("--epocs 3": "did you mean --set epochs=3?")."""
+    target, words = _verb_parser(parser, argv)
+    flag_arg = next((a for a in extra if a.startswith("--")), None)
+    if flag_arg is None:
+        return None
     known = [o for a in target._actions for o in a.option_strings if o.startswith("--")]
-    for i, arg in enumerate(argv):
-        if arg.startswith("--") and arg.split("=")[0] not in known:
-            flag = arg.split("=")[0]
-            value = arg.split("=", 1)[1] if "=" in arg else None
-            if value is None and i + 1 < len(argv) and not argv[i + 1].startswith("-"):
-                value = argv[i + 1]
-            name = flag[2:].replace("-", "_")
-            scored = [(difflib.SequenceMatcher(None, flag, k).ratio(), k) for k in known]
-            scored += [
-                (difflib.SequenceMatcher(None, name, key.rsplit(".", 1)[-1]).ratio(), f"--set {key}={value or 'VALUE'}")
-                for key in _setting_keys(verb if target is not parser else None)
-            ]  # fmt: skip
-            best = max(scored, default=(0.0, ""))
-            hint = (
-                f"; did you mean {best[1]}?"
-                if best[0] >= 0.6
-                else f"; see cramkit {verb or ''} --help".replace("  ", " ")
-            )
-            return f"unknown option {flag}{hint}"
-    return None
+    flag, _, value = flag_arg.partition("=")
+    if not value and flag_arg in argv:
+        i = argv.index(flag_arg)
+        if i + 1 < len(argv) and not argv[i + 1].startswith("-"):
+            value = argv[i + 1]
+    name = flag[2:].replace("-", "_")
+    scored = [(difflib.SequenceMatcher(None, flag, k).ratio(), k) for k in known]
+    scored += [
+        (difflib.SequenceMatcher(None, name, key.rsplit(".", 1)[-1]).ratio(), f"--set {key}={value or 'VALUE'}")
+        for key in _setting_keys(" ".join(words))
+    ]  # fmt: skip
+    best = max(scored, default=(0.0, ""))
+    hint = f"; did you mean {best[1]}?" if best[0] >= 0.6 else f"; see {' '.join(['cramkit', *words])} --help"
+    return f"unknown option {flag}{hint}"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -99,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
     except SystemExit as exc:
         return int(exc.code or 0)
     if extra:
-        message = _suggest_flags(parser, raw) or f"unrecognised arguments: {' '.join(extra)}"
+        message = _suggest_flags(parser, raw, extra) or f"unrecognised arguments: {' '.join(extra)}"
         print(f"cramkit: error: {message}", file=sys.stderr)
         return 2
     if not getattr(args, "func", None):
@@ -109,7 +119,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         result = args.func(args)
     except CramkitError as exc:
-        print(f"cramkit: error: {exc}", file=sys.stderr)
+        # exit status 128+N: stopped by signal N as asked (Ctrl-C, SIGTERM), work saved; not an error
+        kind = "" if exc.exit_code > 128 else "error: "
+        print(f"cramkit: {kind}{exc}", file=sys.stderr)
         return exc.exit_code
     except ImportError as exc:  # an optional dependency that is not installed: the extra that brings it
         missing = errors.missing_extra(exc)

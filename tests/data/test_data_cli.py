@@ -106,12 +106,13 @@ def test_bad_inputs_exit_2_with_one_clear_message(tmp_path, corpus, capsys, tok_
         capsys, ["tokenizer", "train", str(tmp_path / "empty.txt"), "--out", str(tmp_path / "t")]
     )
     assert "no documents" in _error(
-        capsys, ["data", "build", str(tmp_path / "empty.txt"), "--tokenizer", str(tok_dir), "--out", out]
+        capsys,
+        ["data", "build", str(tmp_path / "empty.txt"), "--tokenizer", str(tok_dir), "--out", out, "--force"],
     )
     assert "holds no tokenizer.json or vocab.txt" in _error(
-        capsys, ["data", "build", str(corpus), "--tokenizer", str(corpus), "--out", out]
+        capsys, ["data", "build", str(corpus), "--tokenizer", str(corpus), "--out", out, "--force"]
     )
-    # the store built above is intact after all these failures
+    # the store built above is intact after all these failures (even with --force)
     assert len(TokenStore(out)) == 2
     idx = tmp_path / "s" / "train.idx"
     idx.write_bytes(idx.read_bytes()[:-5])

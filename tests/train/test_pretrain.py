@@ -115,6 +115,7 @@ def test_sigterm_saves_and_resume_is_bit_exact(tmp_path: Path, tiny: list[str], 
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == 128 + signal.SIGTERM, err
     assert "stopped by SIGTERM" in err and "--resume" in err and "Traceback" not in err
+    assert "error" not in err  # a stop asked for is not an error
     saved = json.loads(
         (
             stopped / "checkpoints" / (stopped / "checkpoints" / "latest").read_text().strip() / "state.json"

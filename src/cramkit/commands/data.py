@@ -5,6 +5,10 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from pathlib import Path
+
+from cramkit.commands.reading import add_reading_args, reading_kwargs
+from cramkit.errors import CramkitError
 
 
 def _source_args(p: argparse.ArgumentParser) -> None:
@@ -12,38 +16,10 @@ def _source_args(p: argparse.ArgumentParser) -> None:
         "sources",
         nargs="*",
         metavar="SOURCE",
-        help="text files, directories, globs, .jsonl/.parquet, .gz/.zst, or hf:NAME:CONFIG:SPLIT "
-        "(none: the built-in corpus, this Python's standard-library docstrings)",
+        help="text files, directories, globs, .jsonl/.json (JSON Lines)/.parquet, .gz/.zst, or "
+        "hf:NAME:CONFIG:SPLIT (none: the built-in corpus, this Python's standard-library docstrings)",
     )
-    p.add_argument(
-        "--encoding", default=None, help="text encoding of the files (default UTF-8; e.g. latin-1, cp1252)"
-    )
-    p.add_argument(
-        "--errors",
-        default="strict",
-        choices=["strict", "replace", "ignore"],
-        help="what to do with bytes invalid in the encoding (default: stop with an error)",
-    )
-    p.add_argument(
-        "--doc-split",
-        default="auto",
-        choices=["auto", "file", "blank", "wikitext"],
-        help="where documents end: a file each, blank lines, WikiText ' = Title = ' headings, "
-        "or auto (WikiText headings if present, else blank lines)",
-    )
-    p.add_argument("--text-field", default="text", help="JSON Lines field / Parquet column holding the text")
-    p.add_argument("--normalize", default="NFC", help="Unicode normal form (NFC, NFKC, ... or none)")
-
-
-def _source_kwargs(args: argparse.Namespace) -> dict:
-    norm = None if str(args.normalize).lower() == "none" else args.normalize
-    return dict(
-        doc_split=args.doc_split,
-        text_field=args.text_field,
-        encoding=args.encoding,
-        errors=args.errors,
-        normalize=norm,
-    )
+    add_reading_args(p, normalize=True)
 
 
 def register(sub) -> None:
@@ -51,11 +27,19 @@ def register(sub) -> None:
     tsub = tok.add_subparsers(dest="tokenizer_command", metavar="VERB")
     train = tsub.add_parser("train", help="train a BERT WordPiece tokenizer on text")
     _source_args(train)
-    train.add_argument("--vocab-size", type=int, default=32768)
+    train.add_argument(
+        "--vocab-size", type=int, default=32768, help="tokens in the vocabulary (default 32768)"
+    )
     train.add_argument("--out", required=True, help="directory for tokenizer.json, vocab.txt, ...")
+    train.add_argument("--force", action="store_true", help="replace a tokenizer already in --out")
     train.add_argument("--no-lowercase", action="store_true", help="keep case")
     train.add_argument("--keep-accents", action="store_true", help="do not strip accents")
-    train.add_argument("--min-frequency", type=int, default=2)
+    train.add_argument(
+        "--min-frequency",
+        type=int,
+        default=2,
+        help="times a piece must occur to enter the vocabulary (default 2)",
+    )
     train.set_defaults(func=cmd_tokenizer_train)
     tok.set_defaults(func=lambda a: _help(tok))
 
@@ -70,6 +54,7 @@ def register(sub) -> None:
     )
     build.add_argument("--out", required=True, help="directory for NAME.bin, NAME.idx, NAME.json")
     build.add_argument("--name", default="train", help="store name inside --out (default: train)")
+    build.add_argument("--force", action="store_true", help="replace a store of that --name already in --out")
     build.add_argument("--workers", type=int, default=None, help="encoding processes (default: all cores)")
     build.add_argument("--dedup", action="store_true", help="drop exact duplicate documents")
     build.add_argument(
@@ -86,7 +71,7 @@ def register(sub) -> None:
     inspect.add_argument(
         "--tokenizer", default=None, help="tokenizer to decode with (default: the store's copy)"
     )
-    inspect.add_argument("--samples", type=int, default=3)
+    inspect.add_argument("--samples", type=int, default=3, help="documents decoded and shown (default 3)")
     inspect.set_defaults(func=cmd_data_inspect)
     data.set_defaults(func=lambda a: _help(data))
 
@@ -96,14 +81,24 @@ def _help(parser: argparse.ArgumentParser) -> int:
     return 2
 
 
+def _refuse_overwrite(out: str, names: list[str], force: bool) -> None:
+    """CramkitError when ``out`` already holds one of ``names`` and ``force`` is not given."""
+    found = [n for n in names if (Path(out) / n).exists()]
+    if found and not force:
+        raise CramkitError(
+            f"--out {out} already holds {', '.join(found)}; choose another --out or pass --force to replace it"
+        )
+
+
 def cmd_tokenizer_train(args: argparse.Namespace) -> int:
     from cramkit.text.sources import iter_documents
     from cramkit.text.tokenizer import save_tokenizer, train_tokenizer
 
+    _refuse_overwrite(args.out, ["tokenizer.json", "vocab.txt"], args.force)
     t0 = time.time()
     stats: dict = {}
     tok = train_tokenizer(
-        lambda: iter_documents(args.sources, stats=stats, **_source_kwargs(args)),
+        lambda: iter_documents(args.sources, stats=stats, **reading_kwargs(args)),
         args.vocab_size,
         lowercase=not args.no_lowercase,
         strip_accents=not args.keep_accents,
@@ -125,6 +120,7 @@ def cmd_data_build(args: argparse.Namespace) -> int:
     from cramkit.data.build import build_store
     from cramkit.data.tokenstore import TokenStore
 
+    _refuse_overwrite(args.out, [f"{args.name}.bin", f"{args.name}.idx"], args.force)
     t0 = time.time()
     last = [t0]
 
@@ -148,7 +144,7 @@ def cmd_data_build(args: argparse.Namespace) -> int:
         quality_cutoff=args.quality_cutoff,
         dedup=args.dedup,
         progress=progress,
-        **_source_kwargs(args),
+        **reading_kwargs(args),
     )
     if not args.quiet and sys.stderr.isatty() and last[0] != t0:
         print(file=sys.stderr)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from cramkit.commands.tasks import check_model_source
 from cramkit.errors import CramkitError
 
 EPILOG = """\
@@ -116,11 +117,7 @@ def run(args: argparse.Namespace) -> int:
     for split in [task.train_split, *task.dev_splits]:
         task.examples(split)  # a missing or malformed file fails before any work
     unlabelled = _unlabelled(args.unlabelled, cfg.max_unlabelled, cfg.seed)
-    src = Path(args.teacher[3:] if args.teacher.startswith("hf:") else args.teacher).expanduser()
-    if not src.exists():
-        raise CramkitError(
-            f"--teacher {args.teacher}: no such directory; give cramkit finetune's --out or hf:DIR"
-        )
+    check_model_source(args.teacher, "--teacher")
     from cramkit.distill.core import distill
     from cramkit.io import disk_errors
 

@@ -6,6 +6,8 @@ import argparse
 import json
 import sys
 
+from cramkit.commands.reading import add_reading_args, reading_kwargs
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
@@ -28,7 +30,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     b.add_argument(
         "--overlap", type=int, default=None, help="tokens shared by consecutive passages (default 16)"
     )
-    b.add_argument("--doc-split", default="auto", help="text documents: auto, file, blank or wikitext")
     b.add_argument("--memory", default="4GB", help="RAM budget for the index (default 4GB)")
     b.add_argument("--target-recall", type=float, default=0.95,
                    help="recall@10 against exact search to tune for (default 0.95)")  # fmt: skip
@@ -39,6 +40,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--store-tokenizer", default=None, help="the token store's tokenizer, when not the encoder's"
     )
     b.add_argument("--overwrite", action="store_true", help="replace an index already at --out")
+    add_reading_args(b)
     _common(b)
     b.set_defaults(func=run_build)
 
@@ -48,27 +50,32 @@ def register(sub: argparse._SubParsersAction) -> None:
     q.add_argument("-k", type=int, default=10, help="results per query (default 10)")
     q.add_argument("--encoder", default=None, help="the encoder (default: the index's own copy); must match")
     q.add_argument("--json", action="store_true", help="print JSON lines")
-    q.add_argument("--device", default="cpu")
+    q.add_argument("--device", default="cpu", help="cpu (default), cuda, cuda:N or auto")
     q.set_defaults(func=run_query)
 
     i = verbs.add_parser("info", help="size, kind, parameters and measured recall of an index")
     i.add_argument("index", metavar="IDX")
-    i.add_argument("--json", action="store_true")
+    i.add_argument("--json", action="store_true", help="print the information as JSON")
     i.set_defaults(func=run_info)
 
     a = verbs.add_parser("add", help="chunk, embed and add more text (or another store) to an index")
     a.add_argument("index", metavar="IDX")
     a.add_argument("source", metavar="SOURCE_OR_STORE")
-    a.add_argument("--store-tokenizer", default=None)
+    a.add_argument(
+        "--store-tokenizer", default=None, help="the token store's tokenizer, when not the encoder's"
+    )
+    add_reading_args(a, doc_split=False)
     _common(a)
     a.set_defaults(func=run_add)
 
     n = verbs.add_parser("neighbours", help="RETRO: k nearest chunks (other documents) of every store chunk")
     n.add_argument("index", metavar="IDX")
     n.add_argument("--store", required=True, help="the token store whose 64-token chunks get neighbours")
-    n.add_argument("--out", required=True, metavar="DIR")
+    n.add_argument("--out", required=True, metavar="DIR", help="directory for neighbours.npy")
     n.add_argument("-k", type=int, default=2, help="neighbours per chunk (default 2)")
-    n.add_argument("--store-tokenizer", default=None)
+    n.add_argument(
+        "--store-tokenizer", default=None, help="the token store's tokenizer, when not the encoder's"
+    )
     _common(n, batch=False)
     n.set_defaults(func=run_neighbours)
     p.set_defaults(func=lambda args: (p.print_help(), 2)[1])
@@ -88,10 +95,9 @@ def run_build(args: argparse.Namespace) -> int:
     with disk_errors(args.out):
         m = build_index(
             args.source, args.encoder, args.out, mode=args.mode, chunk_tokens=args.chunk_tokens,
-            overlap=args.overlap, doc_split=args.doc_split, memory=args.memory,
-            target_recall=args.target_recall, kind=args.kind, pooling=args.pooling,
-            store_tokenizer=args.store_tokenizer, device=args.device, max_batch_tokens=args.max_batch_tokens,
-            block=args.block, overwrite=args.overwrite,
+            overlap=args.overlap, reading=reading_kwargs(args), memory=args.memory, target_recall=args.target_recall,
+            kind=args.kind, pooling=args.pooling, store_tokenizer=args.store_tokenizer, device=args.device,
+            max_batch_tokens=args.max_batch_tokens, block=args.block, overwrite=args.overwrite,
         )  # fmt: skip
     if m is None:
         return 0
@@ -138,8 +144,11 @@ def run_info(args: argparse.Namespace) -> int:
           f"{info['bytes_on_disk'] / 2**20:.1f} MiB on disk")  # fmt: skip
     print(f"kind       {info['kind']}: {info['factory']} ({info['why']})")
     print(f"params     {json.dumps(info['params'])}; faiss memory-mapped: {info['faiss_memory_mapped']}")
-    print(f"recall@10  {rec.get('recall_at_10')} vs exact on {rec.get('queries')} held-out queries "
-          f"(target {rec.get('target')}{'' if rec.get('reached', True) else ', NOT reached'})")  # fmt: skip
+    if rec.get("exact"):
+        print("recall@10  exact search (a flat index compares every query with every chunk; nothing to tune)")
+    else:
+        print(f"recall@10  {rec.get('recall_at_10')} vs exact on {rec.get('queries')} held-out queries "
+              f"(target {rec.get('target')}{'' if rec.get('reached', True) else ', NOT reached'})")  # fmt: skip
     print(f"encoder    {info['encoder']} (pooling {info['pooling']}, vectors L2-normalised)")
     print(f"chunking   {json.dumps(info['chunking'])}")
     b = info.get("build") or {}
@@ -155,8 +164,8 @@ def run_add(args: argparse.Namespace) -> int:
 
     with disk_errors(args.index):
         m = add_to_index(
-            args.index, args.source, store_tokenizer=args.store_tokenizer, device=args.device,
-            max_batch_tokens=args.max_batch_tokens, block=args.block,
+            args.index, args.source, store_tokenizer=args.store_tokenizer, reading=reading_kwargs(args),
+            device=args.device, max_batch_tokens=args.max_batch_tokens, block=args.block,
         )  # fmt: skip
     print(f"index now holds {m['count']} chunks; recall@10 {m['recall']['recall_at_10']:.3f} -> {args.index}")
     return 0

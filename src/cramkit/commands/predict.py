@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 
+from cramkit.commands.reading import add_reading_args, reading_kwargs
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
@@ -23,7 +25,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--text-a", help="the text column (default: text, sentence, sentence1, ...)")
     p.add_argument("--text-b", help="the second text of a pair (default: text_b or sentence2 when present)")
-    p.add_argument("--label", default="label", help="gold label column, scored when present ('none': ignore)")
+    p.add_argument("--label", default="auto",
+                   help="gold label column, scored when present, its values checked against the model's labels "
+                   "first (default: the column the model was trained on, else label; 'none': no scoring)")  # fmt: skip
+    p.add_argument("--keep-text", action="store_true", help="copy each row's input text into the predictions")
     p.add_argument("--top-k", type=int, default=5, help="fill-mask: candidates per [MASK] (default 5)")
     p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N")
     p.add_argument(
@@ -32,6 +37,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--max-length", type=int, default=None, help="cut inputs to this many tokens (default: the model's)"
     )
+    add_reading_args(p, doc_split=False, text_field=False)
     p.set_defaults(func=run)
 
 
@@ -47,8 +53,8 @@ def run(args: argparse.Namespace) -> int:
     with disk_errors(out):
         res = predict(
             args.source, args.file, out, text_a=args.text_a, text_b=args.text_b, label=label,
-            top_k=args.top_k, device=args.device, max_batch_tokens=args.max_batch_tokens,
-            max_length=args.max_length,
+            keep_text=args.keep_text, top_k=args.top_k, device=args.device, max_batch_tokens=args.max_batch_tokens,
+            max_length=args.max_length, **reading_kwargs(args),
         )  # fmt: skip
     line = f"predicted {res['rows']} rows in {res['seconds']:.2f}s ({res['examples_per_s']:,.1f} examples/s)"
     if res["truncated"]:

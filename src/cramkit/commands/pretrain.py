@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import argparse
-import sys
 
 from cramkit import runtime
+from cramkit.commands.reading import add_reading_args, reading_kwargs
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -36,15 +36,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="override a setting, e.g. --set train.lr=1e-3 (repeatable)")  # fmt: skip
     p.add_argument("--resume", metavar="RUN", help="continue the run in RUN from its latest checkpoint")
     p.add_argument("--tokenizer", metavar="DIR", help="use this tokenizer instead of training one")
-    p.add_argument("--encoding", default=None,
-                   help="text encoding of the source files (default UTF-8; e.g. latin-1, cp1252)")  # fmt: skip
-    p.add_argument("--errors", default="strict", choices=["strict", "replace", "ignore"],
-                   help="bytes invalid in the encoding: stop with an error (default), replace or ignore them")  # fmt: skip
-    p.add_argument("--text-field", default="text",
-                   help="JSON Lines field / Parquet column holding the text (default: text)")  # fmt: skip
-    p.add_argument("--doc-split", default="auto", choices=["auto", "file", "blank", "wikitext"],
-                   help="where documents end in text files: a file each, blank lines, WikiText ' = Title = ' "
-                   "headings, or auto (WikiText headings if present, else blank lines)")  # fmt: skip
+    add_reading_args(p)
     p.add_argument(
         "--no-progress", action="store_true", help="no progress bar (same as --set train.progress=false)"
     )
@@ -63,18 +55,12 @@ def run(args: argparse.Namespace) -> int:
     if args.nproc != 1 or args.nnodes != 1:
         return _launch(args)
     from cramkit.train.api import pretrain
-    from cramkit.train.trainer import TrainingInterrupted
 
-    try:
-        run_dir = pretrain(
-            args.inputs or None, preset=args.preset, budget=args.budget, out=args.out,
-            overrides=args.overrides, resume=args.resume, tokenizer=args.tokenizer, encoding=args.encoding,
-            errors=args.errors, text_field=args.text_field, doc_split=args.doc_split, init=args.init,
-            inherit=args.inherit, extend_vocab=args.extend_vocab,
-        )  # fmt: skip
-    except TrainingInterrupted as exc:
-        print(f"cramkit: {exc}", file=sys.stderr)
-        return exc.exit_code
+    run_dir = pretrain(
+        args.inputs or None, preset=args.preset, budget=args.budget, out=args.out,
+        overrides=args.overrides, resume=args.resume, tokenizer=args.tokenizer, init=args.init,
+        inherit=args.inherit, extend_vocab=args.extend_vocab, **reading_kwargs(args),
+    )  # fmt: skip
     if runtime.torchrun().is_main:  # under torchrun: once, not once per process
         print(f"cramkit: run directory {run_dir} (metrics.jsonl, loss.png, checkpoints/)")
     return 0
@@ -87,6 +73,10 @@ def _launch(args: argparse.Namespace) -> int:
 
     if runtime.torchrun().world > 1:
         raise CramkitError("--nproc given inside a torchrun job; use one or the other")
+    if args.resume is None and args.init is None:  # a mistyped setting: one message here, not one per process
+        from cramkit.train.config import resolve_config
+
+        resolve_config(args.preset or "tiny-cpu", args.overrides)
     out = args.out
     if out is None and args.resume is None and args.nnodes > 1:
         raise CramkitError(

@@ -84,13 +84,19 @@ def register(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--name", help="name of the task (default: the train file's stem)")
     p.set_defaults(func=run_finetune)
 
-    e = sub.add_parser(
+    ev = sub.add_parser(
         "eval",
         help="fine-tune and score on every task of a suite (GLUE) present in --data-dir",
+        description="Fine-tune and score on every task of a suite: cramkit eval glue --from MODEL ...",
+    )
+    suites = ev.add_subparsers(dest="suite", metavar="SUITE")
+    ev.set_defaults(func=lambda args: (ev.print_help(sys.stderr), 2)[1])
+    e = suites.add_parser(
+        "glue",
+        help="the GLUE benchmark: every GLUE task found in --data-dir",
         description="Fine-tune on every GLUE task found in --data-dir (one recipe for all), then write "
         "results.json, results.md (task by task + GLUE average) and scores.png.",
     )
-    e.add_argument("suite", choices=["glue"], help="the suite to run")
     e.add_argument(
         "--from",
         dest="source",
@@ -107,8 +113,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     e.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="override a fine-tuning setting for every task, e.g. --set epochs=3 --set "
                    "max_train_examples=2000 (as in cramkit finetune)")  # fmt: skip
-    e.add_argument("--skip-bad-rows", action="store_true")
-    e.add_argument("--no-progress", action="store_true")
+    e.add_argument(
+        "--skip-bad-rows", action="store_true", help="skip (and count) malformed rows instead of stopping"
+    )
+    e.add_argument("--no-progress", action="store_true", help="no progress bar")
     e.set_defaults(func=run_eval)
 
 
@@ -128,12 +136,17 @@ def _config(args: argparse.Namespace):
     return config_from(overrides)
 
 
-def _check_source(source: str) -> None:
-    path = Path(source[3:] if source.startswith("hf:") else source).expanduser()
-    if not path.exists():
+def check_model_source(source: str, flag: str = "--from") -> None:
+    """Fail before any data is read when the model cannot be had: a path that does not exist, or an
+    ``hf:`` hub id that cannot be downloaded (resolved, and cached, as ``cramkit.load`` resolves it)."""
+    if source.startswith("hf:"):
+        from cramkit.model.hf import _resolve
+
+        _resolve(source)
+    elif not Path(source).expanduser().exists():
         raise CramkitError(
-            f"--from {source}: no such directory; give a cramkit run directory (with config.yaml and "
-            "checkpoints/) or a Hugging Face BERT directory (hf:PATH, with config.json)"
+            f"{flag} {source}: no such directory; give a cramkit run directory (with config.yaml and "
+            "checkpoints/), a model directory, a Hugging Face directory or hf:ORG/NAME (a hub id)"
         )
 
 
@@ -188,11 +201,11 @@ def run_finetune(args: argparse.Namespace) -> int:
         raise CramkitError(
             "cramkit finetune needs --from MODEL (a run directory, a model directory or hf:DIR)"
         )
+    cfg = _config(args)  # a mistyped setting fails here, before --nproc starts the processes
     if args.nproc != 1:
         return _launch_finetune(args)
-    cfg = _config(args)
     task = _resolve_task(args)
-    _check_source(args.source)
+    check_model_source(args.source)
     # load every split the run will need before any training starts: a missing split fails fast
     for split in [task.train_split, *task.dev_splits]:
         task.examples(split)
@@ -230,7 +243,7 @@ def _launch_finetune(args: argparse.Namespace) -> int:
 
 def run_eval(args: argparse.Namespace) -> int:
     cfg = _config(args)
-    _check_source(args.source)
+    check_model_source(args.source)
     from cramkit.train.evaluate import evaluate_suite
 
     out = Path(args.out or f"eval-{args.suite}")

@@ -176,7 +176,7 @@ def train_student(
 
     run = Path(run)
     objective = DistillObjective(student, enc, targets, labels, labelled, cfg, teacher=teacher, title=desc,
-                                 resume_hint="rerun the same cramkit distill command")  # fmt: skip
+                                 resume_hint="rerun the same cramkit distill command to continue")  # fmt: skip
     steps = max(1, math.ceil(epochs * len(enc) / cfg.batch_size))
     # the BiLSTM's steps are too small to split over threads: 1 unless asked (an encoder: PyTorch's default)
     threads = cfg.threads or (1 if student.architecture == "bilstm" else 0)

@@ -81,11 +81,12 @@ def chunk_text_sources(
     *,
     chunk_tokens: int = 128,
     overlap: int = 16,
-    doc_split: str = "auto",
     max_tokens: int | None = None,
+    **reading: Any,
 ) -> Chunks:
     """Passages of ``chunk_tokens`` word pieces (``overlap`` shared) from files, directories or globs
-    (None: the built-in corpus); the source of each passage is the file it came from."""
+    (None: the built-in corpus); the source of each passage is the file it came from. ``reading``: how the
+    files are read (doc_split, encoding, errors, text_field: see ``cramkit.text.iter_documents``)."""
     from cramkit.text.sources import expand_sources, iter_documents
 
     _check_sizes(chunk_tokens, overlap, max_tokens)
@@ -94,7 +95,7 @@ def chunk_text_sources(
     for src_id, file in enumerate(files):
         out.sources.append(file if file is not None else "builtin")
         batch: list[str] = []
-        docs = iter_documents([file] if file is not None else None, doc_split=doc_split)
+        docs = iter_documents([file] if file is not None else None, **reading)
         for doc in docs:
             batch.append(doc)
             if len(batch) >= 256:

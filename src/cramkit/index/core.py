@@ -88,10 +88,11 @@ def make_chunks(
     mode: str,
     chunk_tokens: int | None,
     overlap: int | None,
-    doc_split: str = "auto",
+    reading: dict[str, Any] | None = None,
     tokenizer: str | None = None,
 ) -> tuple[Chunks, dict[str, Any]]:
-    """The chunks of ``source`` (text files or a token store) and the parameters used."""
+    """The chunks of ``source`` (text files or a token store) and the parameters used; ``reading``: how
+    text files are read (keyword arguments of ``cramkit.text.iter_documents``: doc_split, encoding, ...)."""
     if mode not in MODES:
         raise CramkitError(f"unknown --mode {mode!r}; use passages or retro")
     limit = int(loaded.max_length) - 2
@@ -117,9 +118,10 @@ def make_chunks(
             loaded.tokenizer,
             chunk_tokens=size,
             overlap=ov,
-            doc_split=doc_split,
             max_tokens=limit,
+            **(reading or {}),
         )
+        doc_split = (reading or {}).get("doc_split", "auto")
         params = {"chunk_tokens": size, "overlap": ov, "doc_split": doc_split, "store": False}
     if len(chunks) == 0:
         raise CramkitError(
@@ -159,7 +161,7 @@ def build_index(
     mode: str = "passages",
     chunk_tokens: int | None = None,
     overlap: int | None = None,
-    doc_split: str = "auto",
+    reading: dict[str, Any] | None = None,
     memory: str | int = "4GB",
     target_recall: float = 0.95,
     kind: str = "auto",
@@ -193,7 +195,7 @@ def build_index(
         if pooling not in ("mean", "cls"):
             raise CramkitError(f"--pooling must be mean or cls, got {pooling!r}")
         chunks, cparams = make_chunks(
-            source, loaded, mode=mode, chunk_tokens=chunk_tokens, overlap=overlap, doc_split=doc_split,
+            source, loaded, mode=mode, chunk_tokens=chunk_tokens, overlap=overlap, reading=reading,
             tokenizer=store_tokenizer,
         )  # fmt: skip
         t_chunk = time.perf_counter() - t_start
@@ -492,12 +494,15 @@ def add_to_index(
     source: str | None,
     *,
     store_tokenizer: str | None = None,
+    reading: dict[str, Any] | None = None,
     device: str = "auto",
     max_batch_tokens: int = 16384,
     block: int = 1024,
     progress: bool | str = "auto",
 ) -> dict[str, Any]:
-    """Chunk and embed ``source`` like the index's build, add it, re-measure recall; the new manifest."""
+    """Chunk and embed ``source`` like the index's build (its document split; ``reading``: the encoding
+    and other options of ``cramkit.text.iter_documents`` for these files), add it, re-measure recall; the
+    new manifest."""
     root = Path(path)
     with dir_lock(root, "index"):  # one writer at a time: a second would truncate the first one's memory map
         idx = Index(root, mmap=False)
@@ -507,7 +512,7 @@ def add_to_index(
         chunks, _ = make_chunks(
             source, loaded, mode=m["mode"], chunk_tokens=cp.get("chunk_tokens"),
             overlap=cp.get("overlap") if not cp.get("store") and source and not is_store(source) else None,
-            doc_split=cp.get("doc_split", "auto"), tokenizer=store_tokenizer,
+            reading={**(reading or {}), "doc_split": cp.get("doc_split", "auto")}, tokenizer=store_tokenizer,
         )  # fmt: skip
         if bool(cp.get("store")) != (source is not None and is_store(source)):
             raise CramkitError(

@@ -23,9 +23,16 @@ from cramkit.io import check_out, dir_lock
 
 
 def read_inputs(
-    source: str, loaded: Any, *, text_col: str | None, chunk_tokens: int | None, store_tokenizer: str | None
+    source: str,
+    loaded: Any,
+    *,
+    text_col: str | None,
+    chunk_tokens: int | None,
+    store_tokenizer: str | None,
+    encoding: str | None = None,
+    errors: str = "strict",
 ) -> tuple[list[str], np.ndarray, dict[str, Any]]:
-    """(texts, row ids, what they are) of ``source``."""
+    """(texts, row ids, what they are) of ``source``; a file is decoded with ``encoding`` and ``errors``."""
     from cramkit.index.core import is_store
 
     if is_store(source):
@@ -48,7 +55,7 @@ def read_inputs(
         raise CramkitError("--chunk-tokens applies to a token store; a file is embedded row by row")
     from cramkit.infer.predict import read_rows
 
-    rows = read_rows(source, text_a=text_col, label=None)
+    rows = read_rows(source, text_a=text_col, label=None, encoding=encoding, errors=errors)
     if rows.texts_b is not None:
         texts = [f"{a} {b}" for a, b in zip(rows.texts_a, rows.texts_b, strict=True)]
     else:
@@ -62,6 +69,8 @@ def embed_source(
     out: str | os.PathLike,
     *,
     text_col: str | None = None,
+    encoding: str | None = None,
+    errors: str = "strict",
     pooling: str | None = None,
     normalize: bool | None = None,
     chunk_tokens: int | None = None,
@@ -83,8 +92,9 @@ def embed_source(
         pooling = pooling or loaded.pooling
         normalize = loaded.normalize if normalize is None else normalize
         texts, ids, what = read_inputs(
-            source, loaded, text_col=text_col, chunk_tokens=chunk_tokens, store_tokenizer=store_tokenizer
-        )
+            source, loaded, text_col=text_col, chunk_tokens=chunk_tokens, store_tokenizer=store_tokenizer,
+            encoding=encoding, errors=errors,
+        )  # fmt: skip
         if not texts:
             raise CramkitError(f"{source}: nothing to embed (0 rows)")
         key = texts_key(texts, encoder_fingerprint(loaded), pooling, str(bool(normalize)))

@@ -379,8 +379,10 @@ def export_onnx(
                 f"{loaded.source}: torch's ONNX exporter failed ({type(exc).__name__}: {str(exc)[:300]}); "
                 "export with --format hf instead, or report the model's architecture"
             ) from None
-        say("applying ONNX Runtime's transformer fusions")
+        say("optimising the graph (ONNX Runtime's transformer fusions, where they apply)")
         fusions = _fuse(tmp / "raw.onnx", tmp / "fused.onnx", loaded)
+        if fusions.get("skipped"):
+            say(f"no fusions applied ({fusions['skipped']}); the plain graph is kept")
         (tmp / "raw.onnx").unlink(missing_ok=True)
         quant = None
         if quantize == "int8":

@@ -30,14 +30,25 @@ class Rows:
     texts_b: list[str] | None
     gold: list[str] | None
     columns: list[str] = field(default_factory=list)
+    text_columns: tuple[str, str | None] = ("text", None)  # the columns texts_a, texts_b came from
+    label_column: str | None = None  # the column gold came from
 
 
 def read_rows(
-    path: str | os.PathLike, text_a: str | None = None, text_b: str | None = None, label: str | None = "label"
+    path: str | os.PathLike,
+    text_a: str | None = None,
+    text_b: str | None = None,
+    label: str | None = "label",
+    *,
+    encoding: str | None = None,
+    errors: str = "strict",
 ) -> Rows:
-    """Rows of a .csv / .tsv / .jsonl file (header / named fields) or a .txt file (one text per line)."""
+    """Rows of a .csv / .tsv / .jsonl file (header / named fields) or a .txt file (one text per line),
+    decoded with ``encoding`` (default UTF-8) and ``errors`` (strict, replace or ignore)."""
     from cramkit.tasks.files import _format, _records
+    from cramkit.text.sources import check_source_options
 
+    check_source_options(encoding=encoding, errors=errors)
     path = Path(path)
     if not path.is_file():
         raise CramkitError(
@@ -45,10 +56,11 @@ def read_rows(
         )
     if path.suffix.lower() == ".txt":
         try:
-            lines = path.read_text(encoding="utf-8-sig").splitlines()
+            lines = path.read_text(encoding=encoding or "utf-8-sig", errors=errors).splitlines()
         except UnicodeDecodeError as exc:
             raise CramkitError(
-                f"{path} is not valid UTF-8 (byte {exc.start}); convert it to UTF-8 (e.g. iconv -f latin1 -t utf-8)"
+                f"{path} is not valid {encoding or 'UTF-8'} (byte {exc.start}); name its encoding "
+                "(e.g. --encoding latin-1 or cp1252) or pass --errors replace"
             ) from None
         texts = [t for t in lines if t.strip()]
         if not texts:
@@ -61,46 +73,43 @@ def read_rows(
     gold: list[str] = []
     has_label = False
     columns: list[str] = []
-    try:
-        for lineno, rec, problem in _records(path, fmt, None):
-            if rec is None:
-                raise CramkitError(f"{path} line {lineno}: {problem}; fix the row (or remove it)")
-            if "__header__" in rec:
-                columns = rec["__header__"]
-                continue
-            if not columns:
-                columns = list(rec)
+    for lineno, rec, problem in _records(path, fmt, None, encoding, errors):
+        if rec is None:
+            raise CramkitError(f"{path} line {lineno}: {problem}; fix the row (or remove it)")
+        if "__header__" in rec:
+            columns = rec["__header__"]
+            continue
+        if not columns:
+            columns = list(rec)
+        if a_col is None:
+            a_col = next((c for c in TEXT_COLUMNS if c in rec), None)
             if a_col is None:
-                a_col = next((c for c in TEXT_COLUMNS if c in rec), None)
-                if a_col is None:
-                    raise CramkitError(
-                        f"{path}: no text column among {', '.join(columns)}; name it with --text-a COLUMN"
-                    )
-                if b_col is None:
-                    b_col = next((c for c in PAIR_COLUMNS if c in rec and c != a_col), None)
-                has_label = label is not None and label in rec
-            if a_col not in rec or (b_col is not None and b_col not in rec):
-                missing = a_col if a_col not in rec else b_col
                 raise CramkitError(
-                    f"{path} line {lineno}: no column {missing!r}; its columns: {', '.join(map(str, rec))}"
+                    f"{path}: no text column among {', '.join(columns)}; name it with --text-a COLUMN"
                 )
-            va, vb = rec[a_col], rec.get(b_col) if b_col else None
-            if not isinstance(va, str) or (b_col and not isinstance(vb, str)):
-                raise CramkitError(
-                    f"{path} line {lineno}: the text column holds {type(va).__name__}, not text"
-                )
-            texts_a.append(va)
-            if b_col:
-                texts_b.append(vb)
-            if has_label:
-                gold.append(str(rec.get(label, "")).strip())
-    except UnicodeDecodeError as exc:
-        raise CramkitError(
-            f"{path} is not valid UTF-8 (byte {exc.start}); convert it to UTF-8 (e.g. iconv -f latin1 -t utf-8)"
-        ) from None
+            if b_col is None:
+                b_col = next((c for c in PAIR_COLUMNS if c in rec and c != a_col), None)
+        if not texts_a:
+            has_label = label is not None and label in rec
+        if a_col not in rec or (b_col is not None and b_col not in rec):
+            missing = a_col if a_col not in rec else b_col
+            raise CramkitError(
+                f"{path} line {lineno}: no column {missing!r}; its columns: {', '.join(map(str, rec))}"
+            )
+        va, vb = rec[a_col], rec.get(b_col) if b_col else None
+        if not isinstance(va, str) or (b_col and not isinstance(vb, str)):
+            raise CramkitError(f"{path} line {lineno}: the text column holds {type(va).__name__}, not text")
+        texts_a.append(va)
+        if b_col:
+            texts_b.append(vb)
+        if has_label:
+            gold.append(str(rec.get(label, "")).strip())
     if not texts_a:
         raise CramkitError(f"{path} has no rows to predict")
-    return Rows(texts_a, texts_b if b_col else None, gold if has_label else None, columns)
+    return Rows(
+        texts_a, texts_b if b_col else None, gold if has_label else None, columns, (a_col, b_col),
+        label if has_label else None,
+    )  # fmt: skip
 
 
 def predict(
@@ -110,16 +119,23 @@ def predict(
     *,
     text_a: str | None = None,
     text_b: str | None = None,
-    label: str | None = "label",
+    label: str | None = "auto",
+    keep_text: bool = False,
     top_k: int = 5,
     device: str = "auto",
     max_batch_tokens: int = 16384,
     max_length: int | None = None,
     backend: str = "auto",
+    encoding: str | None = None,
+    errors: str = "strict",
 ) -> dict[str, Any]:
     """Predict every row of ``input_file`` with ``model`` (anything ``cramkit.load`` takes, an ONNX export,
     or a loaded model); write them to ``out`` (.jsonl, .csv or .tsv); return a summary (rows, examples/s,
-    metrics). backend: auto (ONNX Runtime for an ONNX export, torch otherwise), torch or onnx."""
+    metrics). backend: auto (ONNX Runtime for an ONNX export, torch otherwise), torch or onnx.
+
+    label: the gold label column, scored when the file has it ("auto": the column the model was trained
+    on, else ``label``; None: no scoring); its values are checked against the model's labels before any
+    row is predicted. keep_text: copy each row's input text(s) into its prediction."""
     from cramkit.infer import Engine
     from cramkit.infer.onnx import is_onnx_dir
     from cramkit.io import check_out_file
@@ -129,11 +145,22 @@ def predict(
         check_out_file(out, inputs=[model, input_file])
     if not isinstance(model, LoadedModel) and not is_onnx_dir(model):
         model = load(model)
-    rows = read_rows(input_file, text_a, text_b, label)
+    given = label not in ("auto", None)
+    if label == "auto":
+        trained = model.extra.get("columns") if isinstance(model, LoadedModel) else None
+        label = (trained or {}).get("label") or "label"
+    rows = read_rows(input_file, text_a, text_b, label, encoding=encoding, errors=errors)
+    if given and rows.label_column is None:
+        raise CramkitError(
+            f"{input_file} has no column {label!r} (--label; its columns: {', '.join(rows.columns)}); name the "
+            "gold label column, or --label none to predict without scoring"
+        )
     engine = Engine(
         model, backend=backend, device=device, max_batch_tokens=max_batch_tokens, max_length=max_length
     )
     loaded = engine  # kind, labels and source, whichever the backend
+    if rows.gold is not None and loaded.kind in ("classifier", "regression"):
+        _check_gold(loaded, rows.gold, f"{input_file} column {rows.label_column!r}")
     inputs = rows.texts_a if rows.texts_b is None else list(zip(rows.texts_a, rows.texts_b, strict=True))
     start = time.perf_counter()
     records: list[dict[str, Any]] = []
@@ -150,6 +177,8 @@ def predict(
                 }
             )
         summary["masks"] = sum(len(m) for m in filled)
+        if keep_text:
+            _add_texts(records, rows)
     elif loaded.kind == "encoder":
         raise CramkitError(
             f"{loaded.source} is a bare encoder (no head): fine-tune it first (cramkit finetune ... --out DIR), "
@@ -170,6 +199,8 @@ def predict(
             if res.truncated[i]:
                 rec["truncated"] = True
             records.append(rec)
+        if keep_text:
+            _add_texts(records, rows)
         if rows.gold is not None:
             summary["metrics"] = _metrics(loaded, res, rows.gold)
     elapsed = time.perf_counter() - start
@@ -181,27 +212,52 @@ def predict(
     return summary
 
 
+def _check_gold(loaded: Any, gold: list[str], where: str) -> None:
+    """CramkitError (before any row is predicted) when the gold labels cannot be scored by the model."""
+    hint = "give --label the right column, or --label none to predict without scoring"
+    if loaded.kind == "regression":
+        bad = [g for g in gold if not _is_number(g)]
+        if bad:
+            raise CramkitError(f"{where} holds non-numbers ({bad[:3]}), but the model is a regressor; {hint}")
+        return
+    names = set(loaded.labels or [])
+    unknown = sorted({g for g in gold if g not in names})
+    if unknown:
+        raise CramkitError(
+            f"{where} holds {unknown[:5]}{' ...' if len(unknown) > 5 else ''}, which the model does not know "
+            f"(its labels: {loaded.labels}); {hint}"
+        )
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
+
+
+def _add_texts(records: list[dict[str, Any]], rows: Rows) -> None:
+    """Each row's input text(s) into its record, under the input's column names (``input_`` in front of a
+    name the record already uses)."""
+    for col, texts in ((rows.text_columns[0], rows.texts_a), (rows.text_columns[1], rows.texts_b)):
+        if texts is None:
+            continue
+        for rec, text in zip(records, texts, strict=True):
+            rec[f"input_{col}" if col in rec else col] = text
+
+
 def _metrics(loaded: Any, res: Any, gold: list[str]) -> dict[str, float]:
+    """The metrics of the predictions against ``gold`` (checked by `_check_gold` before predicting)."""
     from cramkit.tasks.metrics import compute_metrics
 
     if loaded.kind == "regression":
-        try:
-            y = np.asarray([float(g) for g in gold], dtype=np.float64)
-        except ValueError:
-            raise CramkitError(
-                "the label column holds non-numbers; a regression model needs numeric labels"
-            ) from None
+        y = np.asarray([float(g) for g in gold], dtype=np.float64)
         return compute_metrics(["pearson", "spearman"], res.scores, y)
     if loaded.kind == "multilabel":
         return {}
     names = loaded.labels or []
     index = {n: i for i, n in enumerate(names)}
-    unknown = sorted({g for g in gold if g not in index})
-    if unknown:
-        raise CramkitError(
-            f"the label column holds {unknown[:5]}, which the model does not know (its labels: {names}); "
-            "give --label the right column, or --label none to predict without scoring"
-        )
     y = np.asarray([index[g] for g in gold])
     metrics = ["accuracy", "f1"] if len(names) == 2 else ["accuracy"]
     return compute_metrics(metrics, res.logits, y)

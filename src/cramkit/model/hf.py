@@ -306,7 +306,8 @@ def _resolve(path: str | Path) -> Path:
             f"{path}: not a model directory; give a directory with config.json and model.safetensors"
         )
     try:
-        from huggingface_hub import snapshot_download
+        from huggingface_hub import constants, snapshot_download
+        from huggingface_hub.utils import LocalEntryNotFoundError, RepositoryNotFoundError
     except ImportError:
         raise CramkitError(
             f"{path}: downloading from the Hugging Face hub needs huggingface_hub: pip install 'cramkit[hf]'"
@@ -314,10 +315,25 @@ def _resolve(path: str | Path) -> Path:
     patterns = ["config.json", "model.safetensors", "model.safetensors.index.json", "model-*.safetensors"]
     try:
         return Path(snapshot_download(name, allow_patterns=patterns + list(TOKENIZER_FILES)))
-    except Exception as exc:  # noqa: BLE001 - offline, unknown repo, gated repo, network error
+    except LocalEntryNotFoundError:  # not cached, and offline or no network
+        why = (
+            "downloads are off (HF_HUB_OFFLINE=1)"
+            if constants.HF_HUB_OFFLINE
+            else "the hub cannot be reached"
+        )
         raise CramkitError(
-            f"{path}: could not download '{name}' from the Hugging Face hub ({type(exc).__name__}: {exc}); "
-            "check the name and the network (HF_HUB_OFFLINE=1 forbids downloads), or give a local directory"
+            f"hf:{name}: not in the local Hugging Face cache and {why}; connect to the network (and unset "
+            "HF_HUB_OFFLINE), or download the model where there is one and give its directory"
+        ) from None
+    except RepositoryNotFoundError:
+        raise CramkitError(
+            f"hf:{name}: no such model on the Hugging Face hub (or it is private); check the name"
+        ) from None
+    except Exception as exc:  # noqa: BLE001 - gated repo, server error, ...
+        first = (str(exc).strip().splitlines() or [""])[0]
+        raise CramkitError(
+            f"hf:{name}: could not download it from the Hugging Face hub ({type(exc).__name__}: {first}); "
+            "check the name and the network, or give a local directory"
         ) from None
 
 

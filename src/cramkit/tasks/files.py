@@ -12,6 +12,7 @@ need a header row naming the columns. The label column may be absent from a test
 
 from __future__ import annotations
 
+import codecs
 import csv
 import json
 from collections.abc import Iterator
@@ -45,31 +46,41 @@ def _format(path: Path, delimiter: str | None) -> str:
     )
 
 
-def _records(path: Path, fmt: str, delimiter: str | None) -> Iterator[tuple[int, dict | None, str]]:
+def _records(
+    path: Path, fmt: str, delimiter: str | None, encoding: str | None = None, errors: str | None = None
+) -> Iterator[tuple[int, dict | None, str]]:
     """(line number, record or None when the row is malformed, problem) for each row after the header;
-    a binary or non-UTF-8 file is one CramkitError naming it."""
+    a binary file or one not valid in ``encoding`` (default UTF-8) is one CramkitError naming it. A caller
+    that passes ``errors`` offers its user --encoding and --errors, and the error names them."""
     with open(path, "rb") as f:
         if b"\0" in f.read(8192):
             raise CramkitError(f"{path} is a binary file, not {fmt.upper()} text; give a UTF-8 text file")
     if csv.field_size_limit() < CSV_FIELD_LIMIT:
         csv.field_size_limit(CSV_FIELD_LIMIT)
+    enc = encoding or "utf-8"
+    if codecs.lookup(enc).name == "utf-8":
+        enc = "utf-8-sig"
     try:
-        yield from _records_of(path, fmt, delimiter)
+        yield from _records_of(path, fmt, delimiter, enc, errors or "strict")
     except csv.Error as exc:
         raise CramkitError(
             f"{path}: {exc} (a field over {CSV_FIELD_LIMIT:,} characters, or an unclosed quote); split the text "
             "or fix the quoting"
         ) from None
     except UnicodeDecodeError as exc:
+        fix = "convert it, e.g. iconv -f latin1 -t utf-8 FILE > FILE.utf8"
+        if errors is not None:
+            fix = "name its encoding (e.g. --encoding latin-1 or cp1252) or pass --errors replace"
         raise CramkitError(
-            f"{path} is not valid UTF-8 (bad byte {exc.object[exc.start : exc.start + 1]!r}); convert it, "
-            "e.g. iconv -f latin1 -t utf-8 FILE > FILE.utf8"
+            f"{path} is not valid {encoding or 'UTF-8'} (bad byte {exc.object[exc.start : exc.start + 1]!r}); {fix}"
         ) from None
 
 
-def _records_of(path: Path, fmt: str, delimiter: str | None) -> Iterator[tuple[int, dict | None, str]]:
+def _records_of(
+    path: Path, fmt: str, delimiter: str | None, encoding: str, errors: str
+) -> Iterator[tuple[int, dict | None, str]]:
     if fmt == "jsonl":
-        with open(path, encoding="utf-8-sig") as f:
+        with open(path, encoding=encoding, errors=errors) as f:
             for lineno, line in enumerate(f, 1):
                 if not line.strip():
                     continue
@@ -88,9 +99,9 @@ def _records_of(path: Path, fmt: str, delimiter: str | None) -> Iterator[tuple[i
                 yield lineno, rec, ""
         return
     if fmt == "tsv":
-        lines = read_tsv_lines(path)
+        lines = read_tsv_lines(path, encoding, errors)
     else:
-        f = open(path, encoding="utf-8-sig", newline="")  # noqa: SIM115 (closed below)
+        f = open(path, encoding=encoding, errors=errors, newline="")  # noqa: SIM115 (closed below)
         reader = csv.reader(f, delimiter=delimiter or ",")
         lines = ((reader.line_num, row) for row in reader if any(c.strip() for c in row))
     try:

@@ -262,13 +262,13 @@ def _datasets_available() -> bool:
 # Reading the official files
 
 
-def read_tsv_lines(path: Path):
+def read_tsv_lines(path: Path, encoding: str = "utf-8-sig", errors: str = "strict"):
     """(line number, fields) for each non-blank line; tabs split fields, quotes are plain text.
 
     Lines end only at ``\\n`` (a stray ``\\r`` inside a sentence does not split a row); a byte-order mark
     at the start of the file is dropped.
     """
-    with open(path, encoding="utf-8-sig", newline="\n") as f:
+    with open(path, encoding=encoding, errors=errors, newline="\n") as f:
         for lineno, line in enumerate(f, 1):
             line = line.rstrip("\r\n")
             if line.strip():

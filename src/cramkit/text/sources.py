@@ -1,5 +1,9 @@
 """Documents from text sources: files, directories, globs, JSON Lines, Parquet, HF datasets, built-in.
 
+A ``.json`` file is read as JSON Lines when its first line is one JSON object (CLUE ships its data so);
+any other ``.json`` file is refused (and skipped inside a directory). ``text_field`` names the field of
+JSON Lines / the column of Parquet; naming another than ``text`` for a plain-text file is an error.
+
 `iter_documents` yields one ``str`` per document. Reading streams in bounded chunks, so memory stays
 bounded whatever the file size: a document longer than ``max_doc_chars`` (a single line of hundreds of
 megabytes, say) is cut at whitespace into consecutive documents of at most that size.
@@ -33,6 +37,7 @@ from cramkit.errors import CramkitError
 DOC_SPLITS = ("auto", "file", "blank", "wikitext")
 TEXT_SUFFIXES = {".txt", ".text", ".tokens", ".raw"}
 JSONL_SUFFIXES = {".jsonl", ".ndjson"}
+JSON_SUFFIXES = {".json"}  # JSON Lines (as CLUE ships it) or one JSON document: told apart by content
 PARQUET_SUFFIXES = {".parquet"}
 COMPRESSED_SUFFIXES = {".gz", ".zst"}
 CHUNK_BYTES = 1 << 20
@@ -57,7 +62,8 @@ def iter_documents(
 ) -> Iterator[str]:
     """Yield documents (non-empty, stripped strings) from ``sources`` in a deterministic order.
 
-    sources: paths, directories (recursive; text/jsonl/parquet files, optionally .gz/.zst), globs, or
+    sources: paths, directories (recursive; text/jsonl/parquet files, .json files holding JSON Lines,
+      optionally .gz/.zst), globs, or
       ``hf:name[:config[:split]]``; None or [] means the built-in corpus (stdlib docstrings).
     doc_split: "file" (a file is a document), "blank" (blank-line separated), "wikitext"
       (" = Title = " headings) or "auto" (wikitext for *.tokens and files with such headings, else blank).
@@ -148,6 +154,7 @@ def expand_sources(sources: Sequence[str]) -> list[str]:
                 if p.is_file()
                 and not any(part.startswith(".") for part in p.relative_to(src).parts)
                 and _kind(str(p)) is not None
+                and (_kind(str(p)) != "json" or _json_problem(str(p)) is None)
             )
             if not found:
                 raise CramkitError(
@@ -177,6 +184,8 @@ def _kind(path: str) -> str | None:
     suffix = os.path.splitext(name)[1]
     if suffix in JSONL_SUFFIXES:
         return "jsonl"
+    if suffix in JSON_SUFFIXES:
+        return "json"
     if suffix in PARQUET_SUFFIXES:
         return "parquet"
     if suffix in TEXT_SUFFIXES:
@@ -195,11 +204,18 @@ def _raw_documents(sources: list[str], opts: dict, stats: dict) -> Iterator[str]
             yield from _hf_documents(src, opts)
             continue
         kind = _kind(src) or "text"  # a file named explicitly is text unless its suffix says otherwise
+        if kind == "json" and (problem := _json_problem(src)):
+            raise CramkitError(f"{src} {problem}")
         if kind == "parquet":
             yield from _parquet_documents(src, opts["text_field"])
-        elif kind == "jsonl":
+        elif kind in ("jsonl", "json"):
             yield from _jsonl_documents(src, opts)
         else:
+            if opts["text_field"] != "text":
+                raise CramkitError(
+                    f"--text-field {opts['text_field']} given, but {src} is plain text, which has no fields; "
+                    "drop --text-field, or give JSON Lines (.jsonl, .json) or Parquet files"
+                )
             lines = _read_lines(src, opts["encoding"], opts["errors"])
             yield from _split(lines, opts["doc_split"], src)
 
@@ -288,6 +304,27 @@ def _read_lines(path: str, encoding: str | None, errors: str) -> Iterator[str]:
             rest = rest[MAX_DOC_CHARS:]
     if rest:
         yield rest
+
+
+def _json_problem(path: str) -> str | None:
+    """None when the ``.json`` file ``path`` is JSON Lines (its first line one JSON object), else why not."""
+    try:
+        head = next(_read_text_chunks(path, None, "replace"), "")
+    except CramkitError:
+        return "is not a text file; give JSON Lines (one JSON object per line)"
+    first = next((line for line in head.split("\n") if line.strip()), "")
+    try:
+        if isinstance(json.loads(first), dict):
+            return None
+    except ValueError:
+        pass
+    if first.lstrip().startswith("["):
+        return (
+            "holds a JSON array, not JSON Lines (one JSON object per line); rewrite it, e.g. jq -c '.[]' FILE"
+        )
+    return (
+        "is not JSON Lines (one JSON object per line, as CLUE ships .json files); write one object per line"
+    )
 
 
 # ------------------------------------------------------------------------------------- document splits

@@ -248,7 +248,7 @@ class InheritObjective(MLMObjective):
         self.released = False
         self.teacher_seconds = 0.0
         self._mark: float | None = None  # wall clock at the start of the inheritance phase's first step
-        self.resume_hint = "cramkit pretrain --resume {run}"
+        self.resume_hint = "continue with `cramkit pretrain --resume {run}`"
 
     def build_model(self) -> torch.nn.Module:
         model = super().build_model()

@@ -218,7 +218,7 @@ def train_one_seed(
     desc: str = "finetune",
     run: PathLike | None = None,
     multilabel: bool = False,
-    resume_hint: str = "rerun the same command",
+    resume_hint: str = "rerun the same command to continue",
     ctx: Any = None,
 ):
     """Train a fresh classifier on ``train`` with ``seed`` through the training engine; returns (model,
@@ -281,6 +281,11 @@ def finetune(
         raise CramkitError(
             f"task {task.name}: the {task.train_split} split is empty; nothing to fine-tune on"
         )
+    if os.environ.get("RANK", "0") == "0":  # under torchrun: once
+        from cramkit.text.coverage import unk_report
+
+        texts = [t for e in train_rows for t in (e.text_a, e.text_b) if t]
+        unk_report(tok, texts, str(loaded.source), verbose=progress)
     train = encode_examples(tok, train_rows, max_length, regression=regression)
     if train.labels is None:
         raise CramkitError(f"task {task.name}: some {task.train_split} examples have no label")
@@ -328,7 +333,9 @@ def _finetune_seeds(
     if out_dir is not None:
         with main_first(ctx, "checking --out"):
             seeds_dir = _claim(Path(out_dir), task, loaded, cfg) if ctx.is_main else Path(out_dir) / "seeds"
-    hint = "rerun the same command (finished seeds are kept; this one resumes from its checkpoint)"
+    hint = (
+        "rerun the same command to continue (finished seeds are kept; this one resumes from its checkpoint)"
+    )
     per_seed, test_logits, states = [], [], []
     for seed in cfg.seeds:
         run = seeds_dir / f"seed-{seed}" if seeds_dir is not None else None
@@ -489,8 +496,14 @@ def _save_model(
         pooling="cls" if cfg.pooling == "first" else "mean",
         with_types=loaded.with_types,
         head=to_dict(model.head_cfg),
-        extra={"finetuned_from": loaded.source, "seed": seed},
+        extra={"finetuned_from": loaded.source, "seed": seed, **_columns(task)},
     ).save(out)
+
+
+def _columns(task: Task) -> dict[str, Any]:
+    """The columns of a task from files (``predict`` reads the same ones by default), else nothing."""
+    cols = getattr(task.splits.get(task.train_split), "columns", None)
+    return {"columns": dict(zip(("text_a", "text_b", "label"), cols[:3], strict=True))} if cols else {}
 
 
 def _test_splits(task: Task, tok, max_length: int, regression: bool) -> dict[tuple[str, str], Encoded]:

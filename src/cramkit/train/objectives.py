@@ -32,7 +32,7 @@ class Objective(Protocol):
     """A recipe for the engine: the model, its batches, its loss and its evaluation."""
 
     title: str  # progress bar title, e.g. "pretrain 3m" or "sst2 seed 0"
-    resume_hint: str  # the command that continues an interrupted run
+    resume_hint: str  # the stop message's last words: how to continue the run
     flops_per_token: float | None  # for MFU; None when unknown
 
     def build_model(self) -> torch.nn.Module: ...
@@ -69,7 +69,7 @@ class MLMObjective:
             self.flops_per_token = flops_per_token(
                 cfg.model, cfg.data.seq_len, predicted_fraction=cfg.data.mask_rate
             )
-        self.resume_hint = "cramkit pretrain --resume {run}"
+        self.resume_hint = "continue with `cramkit pretrain --resume {run}`"
 
     def build_model(self) -> torch.nn.Module:
         return MaskedLM(self.cfg.model)

@@ -477,7 +477,7 @@ class Trainer:
         hint = self.objective.resume_hint.format(run=self.run_dir)
         raise TrainingInterrupted(
             f"stopped by {signal.Signals(signum).name} at step {s.step} ({s.tokens:,} tokens); checkpoint saved "
-            f"to {saved}; continue with `{hint}`",
+            f"to {saved}; {hint}",
             signum,
         )
 

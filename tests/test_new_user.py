@@ -4,9 +4,11 @@ smaller edges of the tour. Through the real commands, on the real FewCLUE data w
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -160,9 +162,12 @@ def hub_cache(root: Path, repo: str, model_dir: Path) -> Path:
     entry = root / f"models--{repo.replace('/', '--')}"
     snap = entry / "snapshots" / commit
     snap.mkdir(parents=True)
+    (entry / "blobs").mkdir()
     for f in model_dir.iterdir():
-        if f.is_file():
-            (snap / f.name).symlink_to(f)
+        if f.is_file():  # as huggingface_hub lays it out: the file in blobs/, a relative link in the snapshot
+            blob = entry / "blobs" / hashlib.sha256(f.name.encode()).hexdigest()
+            shutil.copy(f, blob)
+            (snap / f.name).symlink_to(Path("..") / ".." / "blobs" / blob.name)
     (entry / "refs").mkdir()
     (entry / "refs" / "main").write_text(commit)
     return root

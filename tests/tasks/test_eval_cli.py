@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -128,9 +129,9 @@ def test_vocab_mismatch_from_the_command_line(
     # a HF directory whose tokenizer is not the model's own (the tiny run's)
     mixed = tmp_path / "mixed"
     mixed.mkdir()
-    for name in ("config.json", "model.safetensors"):
-        (mixed / name).symlink_to(minilm_dir / name)
-    (mixed / "tokenizer.json").symlink_to(tiny_run / "tokenizer" / "tokenizer.json")
+    for name in ("config.json", "model.safetensors"):  # copies: a link out of the directory is refused
+        shutil.copy(minilm_dir / name, mixed / name)
+    shutil.copy(tiny_run / "tokenizer" / "tokenizer.json", mixed / "tokenizer.json")
     argv = ["finetune", "--task", "glue/sst2", "--data-dir", str(small_glue), "--from", f"hf:{mixed}"]
     rc, _, err = _run(argv, capsys)
     assert rc == 2 and "different vocabularies" in err and "30522" in err

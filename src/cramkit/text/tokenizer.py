@@ -252,8 +252,12 @@ def load_tokenizer(path: str | os.PathLike) -> tokenizers.Tokenizer:
             )
         from cramkit.io import inside
 
+        root, name = Path(path).resolve(), p.name
+        if root.parent.name == "snapshots" and (root.parent.parent / "blobs").is_dir():
+            # the Hugging Face hub cache: a snapshot's files are links into its repository's blobs/
+            root, name = root.parent.parent, f"snapshots/{root.name}/{p.name}"
         try:  # a tokenizer directory's files stay inside it (a vocab.txt linked to ~/.env would leak as tokens)
-            inside(path, p.name)
+            inside(root, name)
         except ValueError:
             raise CramkitError(f"{p} is a link to a file outside {path}; refusing to read it") from None
     if not p.is_file():

@@ -502,6 +502,20 @@ def _st_pooling(root: Path) -> tuple[str | None, bool, int | None]:
     return pooling, normalize, max_len
 
 
+def _hf_labels(hf: dict[str, Any], state: dict[str, Any]) -> tuple[str, int, list[str] | None]:
+    """(kind, number of outputs, label names in logit order) of a Hugging Face sequence classifier."""
+    problem = hf.get("problem_type")
+    id2label = hf.get("id2label") or {}
+    n = int(hf.get("num_labels") or len(id2label) or state["classifier.weight"].shape[0])
+    kind = "regression" if problem == "regression" or n == 1 else "classifier"
+    if problem == "multi_label_classification":
+        kind = "multilabel"
+    labels = None
+    if kind != "regression":
+        labels = [str(id2label.get(str(i), id2label.get(i, f"LABEL_{i}"))) for i in range(n)]
+    return kind, n, labels
+
+
 def _load_hf(name: str, text: str) -> LoadedModel:
     from cramkit.model.encoder import Encoder
     from cramkit.model.heads import ClassifierConfig, MaskedLM, SequenceClassifier
@@ -520,14 +534,7 @@ def _load_hf(name: str, text: str) -> LoadedModel:
     labels = None
     head = None
     if arch == "BertForSequenceClassification" or "classifier.weight" in state:
-        problem = hf.get("problem_type")
-        id2label = hf.get("id2label") or {}
-        n = int(hf.get("num_labels") or len(id2label) or state["classifier.weight"].shape[0])
-        kind = "regression" if problem == "regression" or n == 1 else "classifier"
-        if problem == "multi_label_classification":
-            kind = "multilabel"
-        if kind != "regression":
-            labels = [str(id2label.get(str(i), id2label.get(i, f"LABEL_{i}"))) for i in range(n)]
+        kind, n, labels = _hf_labels(hf, state)
         dropout = hf.get("classifier_dropout")
         head_cfg = ClassifierConfig(pooling="first", pooler_dense=True, dropout=float(dropout or cfg.dropout))
         model: nn.Module = SequenceClassifier(cfg, n, head_cfg, multilabel=kind == "multilabel")
@@ -599,14 +606,7 @@ def _load_cramkit_export(root: Path, hf: dict[str, Any]) -> LoadedModel:
     arch = (hf.get("architectures") or ["CramkitModel"])[0]
     labels, head, what = None, None, f"hf:{root}"
     if arch == "CramkitForSequenceClassification":
-        problem = hf.get("problem_type")
-        id2label = hf.get("id2label") or {}
-        n = int(hf.get("num_labels") or len(id2label) or state["classifier.weight"].shape[0])
-        kind = "regression" if problem == "regression" or n == 1 else "classifier"
-        if problem == "multi_label_classification":
-            kind = "multilabel"
-        if kind != "regression":
-            labels = [str(id2label.get(str(i), id2label.get(i, f"LABEL_{i}"))) for i in range(n)]
+        kind, n, labels = _hf_labels(hf, state)
         head_cfg = ClassifierConfig(pooling=hf.get("classifier_pooling", "first"),
                                     pooler_dense=bool(hf.get("classifier_pooler_dense", True)), dropout=cfg.dropout)  # fmt: skip
         model: nn.Module = SequenceClassifier(cfg, n, head_cfg, multilabel=kind == "multilabel")

@@ -71,7 +71,7 @@ def _tokenizer_for(
 ):
     """The run's tokenizer: RUN/tokenizer if cached, else --tokenizer, the store's own, or trained."""
     from cramkit.text.sources import iter_documents
-    from cramkit.text.tokenizer import load_tokenizer, save_tokenizer, train_tokenizer
+    from cramkit.text.tokenizer import load_tokenizer, train_tokenizer
 
     tok_dir = run / "tokenizer"
     key_file = tok_dir / "cramkit-source.json"
@@ -109,13 +109,20 @@ def _tokenizer_for(
                 f"cramkit: note: the corpus yields only {got:,} of the {t.vocab_size:,} vocabulary entries asked "
                 f"for (every word in it is whole); the model uses {got:,} (more text gives a larger vocabulary)"
             )
-    tmp = run / ".tokenizer.tmp"
+    _save_run_tokenizer(run, tok, want)
+    return tok
+
+
+def _save_run_tokenizer(run: Path, tok: Any, key: dict[str, Any]) -> None:
+    """RUN/tokenizer, with the key it was made for (cramkit-source.json), replaced atomically."""
+    from cramkit.text.tokenizer import save_tokenizer
+
+    tmp, tok_dir = run / ".tokenizer.tmp", run / "tokenizer"
     shutil.rmtree(tmp, ignore_errors=True)
     save_tokenizer(tok, tmp)
-    (tmp / "cramkit-source.json").write_text(json.dumps(want, indent=1), encoding="utf-8")
+    (tmp / "cramkit-source.json").write_text(json.dumps(key, indent=1), encoding="utf-8")
     shutil.rmtree(tok_dir, ignore_errors=True)
     os.replace(tmp, tok_dir)
-    return tok
 
 
 def _store_prefix(store: str) -> Path:
@@ -375,7 +382,7 @@ def _model_tokenizer(
     corpus (cached in RUN/tokenizer with RUN/vocab-extension.json)."""
     from cramkit.text.extend import Extension, check_extensible, count_words, extend_vocabulary
     from cramkit.text.sources import iter_documents
-    from cramkit.text.tokenizer import load_tokenizer, save_tokenizer, tokenizer_hash
+    from cramkit.text.tokenizer import load_tokenizer, tokenizer_hash
 
     tok_dir, ext_file = run / "tokenizer", run / "vocab-extension.json"
     key_file = tok_dir / "cramkit-source.json"
@@ -405,16 +412,11 @@ def _model_tokenizer(
             f"{ext.split_before:.1%} -> {ext.split_after:.1%} of the {ext.words_counted:,} words counted "
             f"(details: {ext_file})"
         )
-    tmp = run / ".tokenizer.tmp"
-    shutil.rmtree(tmp, ignore_errors=True)
-    save_tokenizer(tok, tmp)
-    (tmp / "cramkit-source.json").write_text(json.dumps(want, indent=1), encoding="utf-8")
     if ext is not None:
         from cramkit.io import write_json_atomic
 
         write_json_atomic(ext_file, ext.to_json())
-    shutil.rmtree(tok_dir, ignore_errors=True)
-    os.replace(tmp, tok_dir)
+    _save_run_tokenizer(run, tok, want)
     return tok, ext
 
 

@@ -55,8 +55,11 @@ def texts_key(texts: Sequence[str], *parts: str) -> str:
 
 
 def dist_info() -> tuple[int, int]:
-    """(rank, world size) from torchrun's environment; (0, 1) otherwise."""
-    return int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+    """(rank, world size) under torchrun (``cramkit.runtime``); (0, 1) otherwise."""
+    from cramkit.runtime import torchrun
+
+    t = torchrun()
+    return t.rank, t.world
 
 
 def _barrier(world: int) -> None:

@@ -26,7 +26,7 @@ from cramkit.config import from_dict, to_dict
 from cramkit.data.batching import BatchLoader, Encoded, collate, encode_examples
 from cramkit.errors import CramkitError
 from cramkit.load import LoadedModel
-from cramkit.runtime import Precision
+from cramkit.runtime import Precision, torchrun
 from cramkit.tasks.registry import Task
 
 PathLike = str | os.PathLike
@@ -281,7 +281,7 @@ def finetune(
         raise CramkitError(
             f"task {task.name}: the {task.train_split} split is empty; nothing to fine-tune on"
         )
-    if os.environ.get("RANK", "0") == "0":  # under torchrun: once
+    if torchrun().is_main:  # under torchrun: once
         from cramkit.text.coverage import unk_report
 
         texts = [t for e in train_rows for t in (e.text_a, e.text_b) if t]

@@ -10,20 +10,28 @@ from cramkit.tasks.files import task_from_file
 from cramkit.tasks.metrics import compute_metrics, glue_average, glue_scores
 from cramkit.tasks.registry import (
     Example,
+    Suite,
     Task,
+    get_suite,
     get_task,
+    list_suites,
     list_tasks,
+    register_suite,
     register_task,
 )
 
 __all__ = [
     "Example",
+    "Suite",
     "Task",
     "compute_metrics",
+    "get_suite",
     "get_task",
     "glue_average",
     "glue_scores",
+    "list_suites",
     "list_tasks",
+    "register_suite",
     "register_task",
     "task_from_file",
 ]

@@ -87,6 +87,8 @@ def spearman(predictions, labels) -> float:
     return pearson(rankdata(_as_scores(predictions)), rankdata(labels))
 
 
+GROUPED: set[str] = set()  # metrics called as f(predictions, labels, groups)
+
 _FUNCS = {
     "accuracy": accuracy,
     "f1": f1_binary,
@@ -96,11 +98,12 @@ _FUNCS = {
 }
 
 
-def compute_metrics(names: Sequence[str], predictions, labels) -> dict[str, float]:
+def compute_metrics(names: Sequence[str], predictions, labels, groups=None) -> dict[str, float]:
     """Compute the named metrics (each 0..100) of predictions against labels.
 
     predictions: label ids (n,) or logits (n, num_labels) for accuracy / f1 / mcc; scores (n,) or (n, 1)
-    for pearson / spearman. labels: label ids or gold scores (n,).
+    for pearson / spearman. labels: label ids or gold scores (n,). groups: a group id per row, for the
+    metrics in ``GROUPED`` (scored per group, e.g. MultiRC's exact match over one question's answers).
     """
     n_pred, n_lab = len(np.asarray(predictions)), len(np.asarray(labels).reshape(-1))
     if n_pred != n_lab:
@@ -111,7 +114,12 @@ def compute_metrics(names: Sequence[str], predictions, labels) -> dict[str, floa
     for name in names:
         if name not in _FUNCS:
             raise CramkitError(f"unknown metric '{name}'; known metrics: {', '.join(METRICS)}")
-        out[name] = _FUNCS[name](predictions, labels)
+        if name in GROUPED:
+            if groups is None:
+                raise CramkitError(f"metric '{name}' is computed per group, and these rows have no groups")
+            out[name] = _FUNCS[name](predictions, labels, groups)
+        else:
+            out[name] = _FUNCS[name](predictions, labels)
     return out
 
 

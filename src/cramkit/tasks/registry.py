@@ -1,7 +1,9 @@
-"""Tasks, registered once by name (seqio's shape, without its machinery).
+"""Tasks, registered once by name (seqio's shape, without its machinery), and the suites they form.
 
-A :class:`Task` is a name, a loader per split returning :class:`Example` rows (text_a, text_b, label),
-its labels (None for regression) and its metrics. Built-in tasks (``glue/*``) are registered as factories, because where their
+A :class:`Task` is a name, a loader per split returning :class:`Example` rows (text_a, text_b, label;
+or a context and its choices), its kind (classification, regression or multiple choice), labels and
+metrics. A :class:`Suite` (GLUE, CLUE, SuperGLUE) is a named set of tasks read from one data folder,
+scored together by ``cramkit eval SUITE``. Built-in tasks (``glue/*``) are registered as factories, because where their
 files live (``data_dir``) is only known when they are asked for; user tasks are registered as objects. The built-in
 tasks register themselves when ``cramkit.tasks`` is imported (which importing this module does first).
 """
@@ -9,6 +11,7 @@ tasks register themselves when ``cramkit.tasks`` is imported (which importing th
 from __future__ import annotations
 
 import difflib
+import json
 import os
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -19,6 +22,8 @@ import numpy as np
 from cramkit.errors import CramkitError
 
 PathLike = str | os.PathLike
+TASK_KINDS = ("classification", "regression", "multiple_choice")
+PREDICTION_FORMATS = ("glue", "clue", "superglue")
 
 
 @dataclass(frozen=True)
@@ -27,17 +32,32 @@ class Example:
 
     idx is the row's index in the official file (the ``index`` / ``id`` column where the file has one,
     else the row number from 0); leaderboard files are keyed by it.
+
+    A multiple-choice row has ``choices``: the model scores each pair (text_a, choice) (text_b, when
+    present, is joined to text_a's side by the task's own preprocessing, never here) and label is the
+    index of the right choice. ``group`` ties rows that are scored together (MultiRC's answers to one
+    question: exact match per group); ``meta`` keeps what a task's metric or submission file needs
+    beyond the label (never compared).
     """
 
     text_a: str
     text_b: str | None
     label: int | float | None
     idx: int
+    choices: tuple[str, ...] | None = None
+    group: int | None = None
+    meta: dict | None = field(default=None, compare=False, hash=False)
 
 
 @dataclass
 class Task:
-    """A named task: splits (name -> loader), labels (None => regression), metrics.
+    """A named task: splits (name -> loader), kind, labels, metrics.
+
+    kind: "classification" (labels: the label strings), "regression" (labels None, one score) or
+    "multiple_choice" (labels None; each Example has choices and its label is the right one's index).
+    Left empty it follows from labels. prediction_format: how test predictions are written for the
+    benchmark's leaderboard: "glue" (index<TAB>prediction TSV), "clue" (JSON lines {"id", "label"}) or
+    "superglue" (JSON lines {"idx", "label"}).
 
     A loader is any callable returning ``list[Example]``; one may also carry ``source`` (a description of
     the file it reads, used in messages) and, after being called, ``skipped`` (bad rows skipped).
@@ -56,11 +76,28 @@ class Task:
     label_names: list[str] | None = None  # readable names, e.g. ["unacceptable", "acceptable"] for "0"/"1"
     description: str = ""
     skipped: dict[str, int] = field(default_factory=dict)  # split -> bad rows skipped when loading it
+    kind: str = ""  # classification | regression | multiple_choice ("" : from labels)
+    prediction_format: str = "glue"  # glue | clue | superglue
     _cache: dict[str, list[Example]] = field(default_factory=dict, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         from cramkit.tasks.metrics import METRICS
 
+        if not self.kind:
+            self.kind = "regression" if self.labels is None else "classification"
+        if self.kind not in TASK_KINDS:
+            raise CramkitError(
+                f"task {self.name}: unknown kind '{self.kind}'; known: {', '.join(TASK_KINDS)}"
+            )
+        if self.kind != "classification" and self.labels is not None:
+            raise CramkitError(f"task {self.name}: a {self.kind} task has no label set (labels=None)")
+        if self.kind == "classification" and not self.labels:
+            raise CramkitError(f"task {self.name}: a classification task needs its labels")
+        if self.prediction_format not in PREDICTION_FORMATS:
+            raise CramkitError(
+                f"task {self.name}: unknown prediction_format '{self.prediction_format}'; "
+                f"known: {', '.join(PREDICTION_FORMATS)}"
+            )
         if self.main_metric is None:
             self.main_metric = self.metrics[0] if self.metrics else None
         for m in [*self.metrics, self.main_metric]:
@@ -78,12 +115,16 @@ class Task:
 
     @property
     def is_regression(self) -> bool:
-        return self.labels is None
+        return self.kind == "regression"
+
+    @property
+    def is_multiple_choice(self) -> bool:
+        return self.kind == "multiple_choice"
 
     @property
     def num_labels(self) -> int:
-        """Outputs of the head: the number of labels, or 1 for regression."""
-        return 1 if self.labels is None else len(self.labels)
+        """Outputs of the head: the number of labels, or 1 (regression's score, a choice's score)."""
+        return len(self.labels) if self.labels is not None else 1
 
     def examples(self, split: str) -> list[Example]:
         """The split's examples (loaded once, then cached). CramkitError on an unknown or absent split."""
@@ -110,19 +151,29 @@ class Task:
             raise CramkitError(f"task {self.name}: results lack its main metric '{self.main_metric}'")
         return float(metric_values[self.main_metric])
 
-    def compute_metrics(self, predictions, labels) -> dict[str, float]:
+    def compute_metrics(self, predictions, labels, examples=None) -> dict[str, float]:
+        """The task's metrics (0..100). examples: the scored rows in the same order, for metrics that
+        need more than the label (groups for exact match, meta for answer strings)."""
         from cramkit.tasks.metrics import compute_metrics
 
-        return compute_metrics(self.metrics, predictions, labels)
+        groups = None
+        if examples is not None and any(e.group is not None for e in examples):
+            groups = [e.group for e in examples]
+        return compute_metrics(self.metrics, predictions, labels, groups=groups)
 
     def leaderboard_file(self, split: str) -> str:
-        """File name for a split's predictions: the GLUE leaderboard's name, else TASK-SPLIT.tsv."""
+        """File name for a split's predictions: the leaderboard's name (e.g. RTE.tsv, tnews_predict.json),
+        else TASK-SPLIT.tsv (.jsonl for the JSON formats)."""
         if split in self.leaderboard_files:
             return self.leaderboard_files[split]
-        return f"{self.name.replace('/', '-')}-{split}.tsv"
+        ext = ".tsv" if self.prediction_format == "glue" else ".jsonl"
+        return f"{self.name.replace('/', '-')}-{split}{ext}"
 
     def format_prediction(self, pred) -> str:
-        """A prediction as the leaderboard writes it: the label string, or the score with 3 decimals."""
+        """A prediction as the leaderboard writes it: the label string, the score with 3 decimals, or the
+        index of the chosen choice."""
+        if self.is_multiple_choice:
+            return str(int(pred))
         if self.labels is None:
             return f"{float(pred):.3f}"
         if isinstance(pred, str):
@@ -159,11 +210,30 @@ class Task:
                 f"unknown {extra[:5]}{'...' if len(extra) > 5 else ''}); predict every example of the split"
             )
         out = Path(out_path)
-        if out.suffix != ".tsv":
+        if out.suffix not in (".tsv", ".json", ".jsonl"):
             out = out / self.leaderboard_file(split)
         from cramkit.io import write_text_atomic
 
-        return write_text_atomic(out, "index\tprediction\n" + "".join(f"{i}\t{p}\n" for i, p in rows))
+        if self.prediction_format == "glue":
+            text = "index\tprediction\n" + "".join(f"{i}\t{p}\n" for i, p in rows)
+        else:  # CLUE: {"id": 0, "label": "..."}; SuperGLUE: {"idx": 0, "label": ...}, one object a line
+            key = "id" if self.prediction_format == "clue" else "idx"
+            text = "".join(
+                json.dumps({key: i, "label": self.submission_value(p)}, ensure_ascii=False) + "\n"
+                for i, p in rows
+            )
+        return write_text_atomic(out, text)
+
+    def submission_value(self, formatted: str) -> object:
+        """A formatted prediction as a JSON submission holds it: SuperGLUE's booleans (``true``/``false``
+        labels) as JSON booleans, a chosen choice as its index, other labels as strings."""
+        if self.is_multiple_choice:
+            return int(formatted)
+        if self.prediction_format == "superglue" and formatted in ("true", "false"):
+            return formatted == "true"
+        if self.is_regression:
+            return float(formatted)
+        return formatted
 
 
 TaskFactory = Callable[..., Task]  # factory(data_dir=..., skip_bad_rows=...) -> Task
@@ -240,3 +310,42 @@ def hold_out(task: Task, fraction: float = 0.1, seed: int = 0) -> Task:
     splits = {k: v for k, v in task.splits.items() if k != task.train_split}
     splits |= {task.train_split: part("train"), "dev": part("dev")}
     return dataclasses.replace(task, splits=splits, dev_splits=["dev"], _cache={})
+
+
+# --------------------------------------------------------------------------------------------- suites
+
+
+@dataclass(frozen=True)
+class Suite:
+    """A benchmark scored by ``cramkit eval NAME``: its task names, how to build the tasks whose data is
+    in a folder, and the one average that stands for it.
+
+    tasks(data_dir, skip_bad_rows) returns the tasks whose files are present (raising CramkitError with a
+    hint when none is); average(entries) takes {"TASK" or "TASK:SPLIT": metric values} and returns the
+    suite's average (None when nothing present enters it); average_note says how it is computed.
+    """
+
+    name: str
+    task_names: tuple[str, ...]
+    tasks: Callable[..., list[Task]]
+    average: Callable[[dict[str, dict[str, float]]], float | None]
+    average_note: str = ""
+    data_hint: str = ""  # where the data comes from, for messages
+
+
+_SUITES: dict[str, Suite] = {}
+
+
+def register_suite(suite: Suite) -> Suite:
+    _SUITES[suite.name] = suite
+    return suite
+
+
+def list_suites() -> list[str]:
+    return sorted(_SUITES)
+
+
+def get_suite(name: str) -> Suite:
+    if name not in _SUITES:
+        raise _unknown("suite", name, sorted(_SUITES))
+    return _SUITES[name]

@@ -356,7 +356,7 @@ def _finetune_seeds(
         for split, enc in dev.items():
             logits = predict(model, enc, cfg, device, pad_id, with_types)
             preds = logits[:, 0] if regression else logits
-            metrics = task.compute_metrics(preds, enc.labels)
+            metrics = task.compute_metrics(preds, enc.labels, task.examples(split))
             stats["dev"][split] = {"metrics": metrics, "score": task.score(metrics)}
         logits = {s: predict(model, enc, cfg, device, pad_id, with_types) for s, enc in tests.items()}
         test_logits.append(logits)

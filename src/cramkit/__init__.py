@@ -98,18 +98,28 @@ def finetune(
 def evaluate(
     source: PathLike,
     data_dir: PathLike | None = None,
-    out: PathLike = "eval-glue",
+    out: PathLike | None = None,
     *,
+    suite: str = "glue",
     tasks: Sequence[str] | None = None,
+    fewshot_splits: Sequence[str] | None = None,
     progress: bool = True,
     **settings: Any,
 ) -> dict[str, Any]:
-    """Fine-tune and score ``source`` on every GLUE task in ``data_dir`` (or only ``tasks``)."""
+    """Fine-tune and score ``source`` on every task of ``suite`` (glue, clue, ...) in ``data_dir`` (or only
+    ``tasks``); out defaults to eval-SUITE. fewshot_splits: FewCLUE's splits (e.g. ["0", "1"])."""
     from cramkit.train.evaluate import evaluate_suite
     from cramkit.train.finetune import config_from
 
     return evaluate_suite(
-        "glue", source, data_dir, out, config_from(settings), tasks=tasks, progress=progress
+        suite,
+        source,
+        data_dir,
+        out or f"eval-{suite}",
+        config_from(settings),
+        tasks=tasks,
+        progress=progress,
+        fewshot_splits=fewshot_splits,
     )
 
 

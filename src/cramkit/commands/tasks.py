@@ -1,4 +1,4 @@
-"""`cramkit finetune` (one task) and `cramkit eval` (a suite: GLUE). Heavy imports stay inside functions."""
+"""`cramkit finetune` (one task) and `cramkit eval` (a suite: GLUE, CLUE, ...). Heavy imports stay inside functions."""
 
 from __future__ import annotations
 
@@ -18,6 +18,16 @@ examples:
 defaults (Cramming's GLUE-sane recipe, one for all tasks): lr 4e-5, batch 16, 5 epochs, AdamW
 (0.9, 0.98, eps 1e-6, weight decay 0.01), 10% linear warmup then cosine decay, max_length 128,
 dropout 0.1, first-token pooling. Override any with --set KEY=VALUE (keys of FinetuneConfig).
+
+FewCLUE (a task folder in FewCLUE's layout): --fewshot-splits 0-4 trains on train_K for each K, scores
+on test_public, and reports each split with the mean and standard deviation (FewCLUE's protocol).
+"""
+
+EVAL_EPILOG = """\
+examples:
+  cramkit eval glue --from runs/tiny --data-dir glue_data
+  cramkit eval clue --from runs/tiny-zh --data-dir clue_data --tasks afqmc,tnews
+  cramkit eval clue --from runs/tiny-zh --data-dir FewCLUE/datasets --fewshot-splits 0-4
 """
 
 
@@ -39,7 +49,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--task", help="registered task name, e.g. glue/sst2 (see --list-tasks)")
     p.add_argument("--list-tasks", action="store_true", help="list the registered task names and exit")
     p.add_argument(
-        "--data-dir", help="GLUE root folder (DIR/SST-2/train.tsv, ...); default $CRAMKIT_GLUE_DIR"
+        "--data-dir",
+        help="the suite's root folder (GLUE: DIR/SST-2/train.tsv, default $CRAMKIT_GLUE_DIR; CLUE: "
+        "DIR/tnews/train.json or FewCLUE's DIR/eprstmt/train_0.json, default $CRAMKIT_CLUE_DIR)",
     )
     p.add_argument(
         "--out",
@@ -65,6 +77,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--nproc", type=int, default=1, metavar="N",
                    help="processes on this machine (starts torchrun; DDP, one per GPU); needs --out")  # fmt: skip
+    p.add_argument(
+        "--fewshot-splits",
+        metavar="SPLITS",
+        help="a task in FewCLUE's layout: FewCLUE's protocol over these splits, e.g. 0-4, 0,2 or few_all "
+        "(train on train_K, score on test_public; each split in --out/split-K, the mean and spread in --out)",
+    )
     g = p.add_argument_group("a task from your own files (instead of --task)")
     g.add_argument("--train", help="training file (.csv, .tsv or .jsonl with a header / named fields)")
     g.add_argument(
@@ -84,19 +102,16 @@ def register(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--name", help="name of the task (default: the train file's stem)")
     p.set_defaults(func=run_finetune)
 
-    ev = sub.add_parser(
+    e = sub.add_parser(
         "eval",
-        help="fine-tune and score on every task of a suite (GLUE) present in --data-dir",
-        description="Fine-tune and score on every task of a suite: cramkit eval glue --from MODEL ...",
+        help="fine-tune and score on every task of a suite (glue, clue, ...) present in --data-dir",
+        description="Fine-tune on every task of a suite found in --data-dir (one recipe for all), then write "
+        "results.json, results.md (task by task + the suite's average), scores.png and submission/ (the test "
+        "predictions in the leaderboard's file names). Tasks in FewCLUE's layout follow FewCLUE's protocol.",
+        epilog=EVAL_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    suites = ev.add_subparsers(dest="suite", metavar="SUITE")
-    ev.set_defaults(func=lambda args: (ev.print_help(sys.stderr), 2)[1])
-    e = suites.add_parser(
-        "glue",
-        help="the GLUE benchmark: every GLUE task found in --data-dir",
-        description="Fine-tune on every GLUE task found in --data-dir (one recipe for all), then write "
-        "results.json, results.md (task by task + GLUE average) and scores.png.",
-    )
+    e.add_argument("suite", metavar="SUITE", help="the benchmark: glue, clue (every registered suite)")
     e.add_argument(
         "--from",
         dest="source",
@@ -104,11 +119,21 @@ def register(sub: argparse._SubParsersAction) -> None:
         metavar="RUN_OR_HF",
         help="cramkit run / checkpoint directory, or hf:PATH",
     )
-    e.add_argument("--data-dir", help="GLUE root folder; default $CRAMKIT_GLUE_DIR")
-    e.add_argument("--out", help="output directory (default: eval-glue)")
+    e.add_argument(
+        "--data-dir",
+        help="the suite's root folder (DIR/TASK/...); default $CRAMKIT_GLUE_DIR or ./glue_data for glue, "
+        "$CRAMKIT_CLUE_DIR or ./clue_data for clue",
+    )
+    e.add_argument("--out", help="output directory (default: eval-SUITE)")
     e.add_argument("--seeds", help="comma-separated seeds (median reported per task)")
     e.add_argument(
         "--tasks", help="only these tasks, comma-separated, e.g. rte,stsb (default: every task present)"
+    )
+    e.add_argument(
+        "--fewshot-splits",
+        metavar="SPLITS",
+        help="tasks in FewCLUE's layout: the splits to train on, e.g. 0-4 (FewCLUE's protocol), 0,2 or "
+        "few_all (the default); each is scored on test_public, reported with the mean and spread",
     )
     e.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="override a fine-tuning setting for every task, e.g. --set epochs=3 --set "
@@ -202,6 +227,8 @@ def run_finetune(args: argparse.Namespace) -> int:
             "cramkit finetune needs --from MODEL (a run directory, a model directory or hf:DIR)"
         )
     cfg = _config(args)  # a mistyped setting fails here, before --nproc starts the processes
+    if args.fewshot_splits:
+        return _finetune_fewshot(args, cfg)
     if args.nproc != 1:
         return _launch_finetune(args)
     task = _resolve_task(args)
@@ -232,6 +259,57 @@ def run_finetune(args: argparse.Namespace) -> int:
     return 0
 
 
+def _finetune_fewshot(args: argparse.Namespace, cfg) -> int:
+    """``--fewshot-splits``: FewCLUE's protocol on one task; each split in OUT/split-K, the summary in OUT."""
+    from cramkit.tasks.clue import fewshot_task, parse_fewshot_splits
+
+    if args.nproc != 1:
+        raise CramkitError("--fewshot-splits runs in one process; leave out --nproc")
+    ks = parse_fewshot_splits(args.fewshot_splits)
+    task = _resolve_task(args)
+    for k in ks:  # every split is there and reads before anything is trained
+        view = fewshot_task(task, k)
+        for split in (view.train_split, *view.dev_splits):
+            view.examples(split)
+    check_model_source(args.source)
+    from cramkit.io import check_out, disk_errors
+    from cramkit.train.evaluate import (
+        SUBMISSION_DIR,
+        _collect_submission,
+        _prediction_files,
+        _summary,
+        finetune_fewshot,
+        write_report,
+    )
+
+    out = Path(args.out or f"finetune-{task.name.replace('/', '-')}-fewshot")
+    check_out(out, inputs=[args.source], own=[f"split-{k}" for k in ks])
+    with disk_errors(out):
+        res = finetune_fewshot(task, args.source, cfg, out, ks, progress=not args.no_progress)
+        report = {
+            "source": str(args.source),
+            "tasks": {task.name: _summary(res)},
+            "submission": _collect_submission(
+                out / SUBMISSION_DIR, {task.name: _prediction_files(task, res, None)}
+            ),
+        }
+        write_report(
+            out, report, title=f"{task.name} FewCLUE splits {','.join(ks)}", average_name="", total=1
+        )
+    few = res["fewshot"]
+    for k, one in few["per_split"].items():
+        print(
+            f"{task.name} split {k}: test_public {res['main_metric']} {one['score']:.2f} (dev_{k} {one['dev']['score']:.2f})"
+        )
+    print(
+        f"{task.name}: test_public {res['main_metric']} {few['mean']:.2f} ± {few['std']:.2f} over FewCLUE splits "
+        f"{','.join(ks)}; results in {out / 'results.json'}, test.json predictions in {out / SUBMISSION_DIR}"
+    )
+    if res.get("skipped_rows"):
+        print(f"skipped bad rows: {json.dumps(res['skipped_rows'])}", file=sys.stderr)
+    return 0
+
+
 def _launch_finetune(args: argparse.Namespace) -> int:
     """``--nproc N``: the same command, without --nproc, on N processes started by torchrun."""
     from cramkit.train.launch import relaunch
@@ -242,13 +320,21 @@ def _launch_finetune(args: argparse.Namespace) -> int:
 
 
 def run_eval(args: argparse.Namespace) -> int:
+    from cramkit.tasks.registry import get_suite
+
+    suite = get_suite(args.suite.lower())  # an unknown suite: did-you-mean, before anything else
     cfg = _config(args)
+    fewshot = None
+    if args.fewshot_splits:
+        from cramkit.tasks.clue import parse_fewshot_splits
+
+        fewshot = parse_fewshot_splits(args.fewshot_splits)
     check_model_source(args.source)
     from cramkit.train.evaluate import evaluate_suite
 
-    out = Path(args.out or f"eval-{args.suite}")
+    out = Path(args.out or f"eval-{suite.name}")
     res = evaluate_suite(
-        args.suite,
+        suite.name,
         args.source,
         args.data_dir,
         out,
@@ -256,6 +342,7 @@ def run_eval(args: argparse.Namespace) -> int:
         skip_bad_rows=args.skip_bad_rows,
         progress=not args.no_progress,
         tasks=[t.strip() for t in args.tasks.split(",") if t.strip()] if args.tasks else None,
+        fewshot_splits=fewshot,
     )
     print((out / "results.md").read_text(encoding="utf-8"))
     if res["skipped"]:

@@ -1,13 +1,21 @@
-"""Evaluate an encoder on a suite (GLUE): fine-tune on every task present, then one table and one chart.
+"""Evaluate an encoder on a suite (GLUE, CLUE, ...): fine-tune on every task present, then one table and one chart.
 
 evaluate_suite("glue", "runs/tiny", "glue_data", "out/glue")
-# -> out/glue/results.json, results.md (task by task + GLUE average), scores.png, TASK/results.json
+# -> out/glue/results.json, results.md (task by task + the suite's average), scores.png, TASK/results.json,
+#    submission/ (every task's test predictions, in the leaderboard's file names and format)
+
+A task in FewCLUE's layout follows FewCLUE's protocol (:func:`finetune_fewshot`): for each split K asked
+for, train on train_K, score on test_public; its score is the mean over the splits, reported with their
+standard deviation (without ``fewshot_splits``: the one split ``few_all``).
 """
 
 from __future__ import annotations
 
+import difflib
 import json
 import os
+import shutil
+import statistics
 import sys
 import time
 from collections.abc import Sequence
@@ -15,10 +23,12 @@ from pathlib import Path
 from typing import Any
 
 from cramkit.errors import CramkitError
-from cramkit.load import load
+from cramkit.load import LoadedModel, load
+from cramkit.tasks.registry import Suite, Task, get_suite
 from cramkit.train.finetune import FinetuneConfig, finetune, write_json
 
 PathLike = str | os.PathLike
+SUBMISSION_DIR = "submission"
 
 
 def evaluate_suite(
@@ -31,113 +41,272 @@ def evaluate_suite(
     skip_bad_rows: bool = False,
     progress: bool = True,
     tasks: Sequence[str] | None = None,
+    fewshot_splits: Sequence[str] | None = None,
 ) -> dict[str, Any]:
-    """Fine-tune and score ``source`` on every task of ``suite`` whose data is in data_dir.
+    """Fine-tune and score ``source`` on every task of ``suite`` (a registered :class:`Suite`) whose data
+    is in data_dir.
 
     Absent tasks are skipped with a note (in results.json and results.md). Writes results.json,
-    results.md and scores.png to out_dir, and each task's own results and test predictions to
-    out_dir/<task>/.
+    results.md and scores.png to out_dir, each task's own results and test predictions to
+    out_dir/<task>/, and the test predictions of every task to out_dir/submission/. fewshot_splits
+    (e.g. ["0", "1", "few_all"]): the FewCLUE splits to run for tasks in FewCLUE's layout.
     """
-    from cramkit.tasks.metrics import glue_average
+    from cramkit.config import to_dict
+    from cramkit.tasks.clue import fewshot_task, is_fewclue
 
-    if suite != "glue":
-        raise CramkitError(f"cramkit eval: unknown suite '{suite}'; known suites: glue")
-    from cramkit.tasks.glue import GLUE_TASKS
-
+    spec = get_suite(suite)
     cfg = cfg or FinetuneConfig()
-    from cramkit.tasks.glue import glue_tasks
-
-    all_tasks = glue_tasks(data_dir, skip_bad_rows)
-    wanted = None
-    if tasks:
-        wanted = {t if t.startswith("glue/") else f"glue/{t.lower()}" for t in tasks}
-        unknown = sorted(w for w in wanted if w.removeprefix("glue/") not in GLUE_TASKS)
-        if unknown:
-            raise CramkitError(
-                f"--tasks: unknown GLUE task(s) {', '.join(unknown)}; known: {', '.join(GLUE_TASKS)}"
-            )
+    wanted = _wanted(spec, tasks)
+    all_tasks = spec.tasks(data_dir, skip_bad_rows)
     present = {t.name for t in all_tasks}
-    skipped = {f"glue/{k}": "no data in --data-dir" for k in GLUE_TASKS if f"glue/{k}" not in present}
-    todo = []
+    skipped = {name: "no data in --data-dir" for name in spec.task_names if name not in present}
+    todo: list[tuple[Task, list[str] | None]] = []
     for task in all_tasks:
         if wanted is not None and task.name not in wanted:
+            continue
+        if is_fewclue(task):
+            ks = list(fewshot_splits or ["few_all"])
+            for k in ks:  # every split asked for is there and reads, before anything is trained
+                view = fewshot_task(task, k)
+                for split in (view.train_split, *view.dev_splits):
+                    view.examples(split)
+            todo.append((task, ks))
             continue
         missing = [s for s in [task.train_split, *task.dev_splits] if not _split_present(task, s)]
         if missing:
             skipped[task.name] = f"no {', '.join(missing)} split in --data-dir"
             continue
-        todo.append(task)
+        todo.append((task, None))
     if wanted is not None:
         skipped = {k: v for k, v in skipped.items() if k in wanted}
     if not todo:
         raise CramkitError(
-            f"cramkit eval: no GLUE task to run in {data_dir} ({'; '.join(f'{k}: {v}' for k, v in skipped.items())})"
+            f"cramkit eval: no {suite.upper()} task to run in {data_dir} "
+            f"({'; '.join(f'{k}: {v}' for k, v in skipped.items())}). Its data: {spec.data_hint}"
         )
     loaded = load(source)  # once for all tasks
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    from cramkit.config import to_dict
 
-    done_tasks: dict[str, Any] = {}
+    done: dict[str, Any] = {}
     entries: dict[str, dict[str, float]] = {}  # "glue/mnli:dev_matched" -> median metrics
+    submission: dict[
+        str, list[tuple[Task, str, str]]
+    ] = {}  # task -> (task, split, file) of its test predictions
     start = time.perf_counter()
     ran = 0
-    for i, task in enumerate(todo, 1):
+    for i, (task, ks) in enumerate(todo, 1):
         task_dir = out / task.name.split("/")[-1]
-        res = _finished(task_dir, loaded.source, to_dict(cfg))
+        res = _finished(task_dir, loaded.source, to_dict(cfg), ks)
         if res is not None:
             print(
                 f"cramkit: [{i}/{len(todo)}] {task.name}: already done in {task_dir}, reused", file=sys.stderr
             )
         else:
-            print(f"cramkit: [{i}/{len(todo)}] {task.name}: fine-tuning ...", file=sys.stderr, flush=True)
+            what = f"FewCLUE split(s) {','.join(ks)}" if ks else "fine-tuning"
+            print(f"cramkit: [{i}/{len(todo)}] {task.name}: {what} ...", file=sys.stderr, flush=True)
             t0 = time.perf_counter()
-            also = _diagnostic(data_dir) if task.name == "glue/mnli" else []
-            res = finetune(task, loaded, cfg, task_dir, progress=progress, predict_also=also)
+            if ks:
+                res = finetune_fewshot(task, loaded, cfg, task_dir, ks, progress=progress)
+            else:
+                also = _diagnostic(data_dir) if task.name == "glue/mnli" else []
+                res = finetune(task, loaded, cfg, task_dir, progress=progress, predict_also=also)
             ran += 1
             took = time.perf_counter() - t0
             left = (time.perf_counter() - start) / ran * (len(todo) - i)
+            spread = f" ± {res['fewshot']['std']:.2f}" if ks else ""
             print(
-                f"cramkit: [{i}/{len(todo)}] {task.name}: {res['main_metric']} {res['score']:.2f} in {took:.0f}s"
-                f"{f'; about {left / 60:.1f} min left' if i < len(todo) else ''}",
+                f"cramkit: [{i}/{len(todo)}] {task.name}: {res['main_metric']} {res['score']:.2f}{spread} in "
+                f"{took:.0f}s{f'; about {left / 60:.1f} min left' if i < len(todo) else ''}",
                 file=sys.stderr,
                 flush=True,
             )
-        done_tasks[task.name] = {
-            "score": res["score"],
-            "main_metric": res["main_metric"],
-            "median": res["median"],
-            "seeds": [
-                {"seed": r["seed"], "dev": r["dev"], "examples_per_s": r["examples_per_s"]}
-                for r in res["seeds"]
-            ],
-            "train_examples": res["train_examples"],
-        }
+        done[task.name] = _summary(res)
         for split, med in res["median"].items():
             key = task.name if len(res["median"]) == 1 else f"{task.name}:{split}"
             entries[key] = med["metrics"]
-    tasks = done_tasks
+        submission[task.name] = _prediction_files(task, res, data_dir)
 
-    try:
-        average = glue_average(entries)
-    except CramkitError:
-        average = None  # only WNLI present: nothing that enters the average
-    results = {
+    average = spec.average(entries)
+    results: dict[str, Any] = {
         "suite": suite,
         "source": str(source),
         "data_dir": str(data_dir) if data_dir is not None else None,
         "config": to_dict(cfg),
-        "tasks": tasks,
+        "tasks": done,
         "entries": entries,
-        "glue_average": average,
-        "glue_average_over": sorted(entries),
+        "average": average,
+        "average_note": spec.average_note,
         "skipped": skipped,
-        "complete": not skipped and len(entries) >= 9,
+        "complete": not skipped and set(done) == set(spec.task_names),
     }
+    if suite == "glue":  # the names results.json has always had for GLUE
+        results["glue_average"] = average
+        results["glue_average_over"] = sorted(entries)
+    results["submission"] = _collect_submission(out / SUBMISSION_DIR, submission)
     write_json(out / "results.json", results)
-    _write_markdown(out / "results.md", results)
-    _write_chart(out / "scores.png", results)
+    write_report(out, results, title=f"{suite.upper()} results", average_name=f"{suite.upper()} average",
+                 total=len(spec.task_names))  # fmt: skip
     return results
+
+
+def _wanted(spec: Suite, tasks: Sequence[str] | None) -> set[str] | None:
+    """--tasks as full names ("rte" -> "glue/rte"), each one of the suite's (did-you-mean otherwise)."""
+    if not tasks:
+        return None
+    wanted = {t if "/" in t else f"{spec.name}/{t.lower()}" for t in tasks}
+    unknown = sorted(w for w in wanted if w not in spec.task_names)
+    if unknown:
+        short = [n.split("/")[-1] for n in spec.task_names]
+        hints = []
+        for name in unknown:
+            close = difflib.get_close_matches(name.split("/")[-1], short, n=1, cutoff=0.5)
+            if close:
+                hints.append(f"'{name}': did you mean '{close[0]}'?")
+        raise CramkitError(
+            f"--tasks: unknown {spec.name.upper()} task(s) {', '.join(unknown)}"
+            f"{' (' + '; '.join(hints) + ')' if hints else ''}; known: {', '.join(short)}"
+        )
+    return wanted
+
+
+def finetune_fewshot(
+    task: Task,
+    source: PathLike | LoadedModel,
+    cfg: FinetuneConfig,
+    out_dir: PathLike,
+    splits: Sequence[str],
+    *,
+    progress: bool = True,
+) -> dict[str, Any]:
+    """FewCLUE's protocol on one task: for each split K, fine-tune on train_K (dev_K scored alongside) and
+    score on test_public; out_dir/split-K/ holds each run (its model, results, test.json predictions).
+
+    Returns (and writes to out_dir/results.json) each split's test_public metrics, their mean (``score``,
+    ``median``: the mean metrics, so that it reads like one fine-tuning's results) and the standard
+    deviation over the splits (``fewshot.std``; sample standard deviation, 0 for one split).
+    """
+    from cramkit.config import to_dict
+    from cramkit.tasks.clue import fewshot_task
+
+    views = [(k, fewshot_task(task, k)) for k in splits]  # a missing split fails before any training
+    loaded = source if isinstance(source, LoadedModel) else load(source)
+    out = Path(out_dir)
+    per_split: dict[str, Any] = {}
+    files: dict[str, str] = {}
+    for k, view in views:
+        run = out / f"split-{k}"
+        res = _finished(run, loaded.source, to_dict(cfg), None)
+        if res is None:
+            res = finetune(view, loaded, cfg, run, progress=progress)
+        scored = res["median"]["test_public"]
+        per_split[k] = {
+            "score": scored["score"],
+            "metrics": scored["metrics"],
+            "dev": res["median"][f"dev_{k}"],
+            "train_examples": res["train_examples"],
+        }
+        for split, path in res.get("test_predictions", {}).get("files", {}).items():
+            files[f"{k}:{split}"] = path
+    scores = [per_split[k]["score"] for k in splits]
+    mean_metrics = {
+        m: statistics.fmean(per_split[k]["metrics"][m] for k in splits)
+        for m in per_split[splits[0]]["metrics"]
+    }
+    results = {
+        "task": task.name,
+        "source": loaded.source,
+        "config": to_dict(cfg),
+        "main_metric": task.main_metric,
+        "score": statistics.fmean(scores),
+        "median": {"test_public": {"metrics": mean_metrics, "score": statistics.fmean(scores)}},
+        "fewshot": {
+            "splits": list(splits),
+            "per_split": per_split,
+            "mean": statistics.fmean(scores),
+            "std": statistics.stdev(scores) if len(scores) > 1 else 0.0,
+        },
+        "train_examples": {k: per_split[k]["train_examples"] for k in splits},
+        "test_predictions": {"files": files},
+    }
+    skipped = {s: n for s, n in task.skipped.items() if n}
+    if skipped:
+        results["skipped_rows"] = skipped
+    out.mkdir(parents=True, exist_ok=True)
+    write_json(out / "results.json", results)
+    return results
+
+
+def _summary(res: dict[str, Any]) -> dict[str, Any]:
+    """A task's entry in the suite's results.json."""
+    entry = {
+        "score": res["score"],
+        "main_metric": res["main_metric"],
+        "median": res["median"],
+        "train_examples": res["train_examples"],
+    }
+    if "fewshot" in res:
+        entry["fewshot"] = res["fewshot"]
+    else:
+        entry["seeds"] = [
+            {"seed": r["seed"], "dev": r["dev"], "examples_per_s": r["examples_per_s"]} for r in res["seeds"]
+        ]
+    return entry
+
+
+def _prediction_files(
+    task: Task, res: dict[str, Any], data_dir: PathLike | None
+) -> list[tuple[Task, str, str]]:
+    """(task that owns the split, split, file) for every test prediction file of a task's results."""
+    from cramkit.tasks.registry import get_task
+
+    out = []
+    for key, path in res.get("test_predictions", {}).get("files", {}).items():
+        split = key.split(":")[-1]
+        owner = task
+        if ":" in key and "/" in key:  # "glue/ax:test": a test-only task predicted by this task's model
+            owner = get_task(key.split(":")[0], data_dir=data_dir)
+        out.append((owner, split, path))
+    return out
+
+
+def _collect_submission(folder: Path, files: dict[str, list[tuple[Task, str, str]]]) -> dict[str, str]:
+    """Copy every test prediction file into ``folder`` (the leaderboard's names), each checked to hold one
+    prediction per row of its test split. Returns {file name: task}."""
+    out: dict[str, str] = {}
+    for name, entries in files.items():
+        for task, split, path in entries:
+            src = Path(path)
+            n_rows = len({e.idx for e in task.examples(split)})
+            n_pred = _count_predictions(src)
+            if n_pred != n_rows:
+                raise CramkitError(
+                    f"{src}: {n_pred} predictions for the {n_rows} rows of {task.source(split)}; delete "
+                    f"{src.parent.parent} and run again to predict every row"
+                )
+            if src.name in out:
+                raise CramkitError(
+                    f"{src.name}: two tasks write a submission file of this name ({out[src.name]}, {name})"
+                )
+            folder.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(src, folder / src.name)
+            out[src.name] = name
+    return out
+
+
+def _count_predictions(path: Path) -> int:
+    text = path.read_text(encoding="utf-8")
+    if path.suffix == ".tsv":  # GLUE: a header, then index<TAB>prediction
+        return max(0, len(text.splitlines()) - 1)
+    try:
+        whole = json.loads(text)
+    except ValueError:  # JSON lines: one prediction a line
+        return len(
+            {(r.get("id"), r.get("idx")) for r in map(json.loads, filter(str.strip, text.splitlines()))}
+        )
+    if isinstance(whole, dict) and not {"id", "idx"} & set(whole):  # one object (CLUE's CHID): its keys
+        return len(whole)
+    return 1
 
 
 def _split_present(task: Any, split: str) -> bool:
@@ -150,13 +319,17 @@ def _split_present(task: Any, split: str) -> bool:
     return src.startswith("hf:") or Path(src).is_file()
 
 
-def _finished(task_dir: Path, source: str, config: dict[str, Any]) -> dict[str, Any] | None:
-    """The results of a task finished by an earlier (interrupted) run with the same model and settings."""
+def _finished(
+    task_dir: Path, source: str, config: dict[str, Any], splits: Sequence[str] | None
+) -> dict[str, Any] | None:
+    """The results of a task finished by an earlier (interrupted) run with the same model and settings
+    (and, for FewCLUE's protocol, the same splits)."""
     try:
         res = json.loads((task_dir / "results.json").read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
     same = isinstance(res, dict) and res.get("source") == source and res.get("config") == config
+    same = same and (res.get("fewshot") or {}).get("splits") == (list(splits) if splits else None)
     return res if same and res.get("median") else None
 
 
@@ -171,71 +344,119 @@ def _diagnostic(data_dir: PathLike | None) -> list:
     return [ax] if Path(ax.source("test")).is_file() else []  # local file only: no hub call mid-suite
 
 
-def _write_markdown(path: Path, results: dict[str, Any]) -> None:
+# --------------------------------------------------------------------------------------------------- report
+
+
+def write_report(out: Path, results: dict[str, Any], *, title: str, average_name: str, total: int) -> None:
+    """results.md and scores.png for ``results`` (evaluate_suite's shape); total: the suite's task count."""
+    _write_markdown(out / "results.md", results, title, average_name, total)
+    _write_chart(out / "scores.png", results, title, average_name)
+
+
+def _rows(results: dict[str, Any]):
+    """(label for the chart, task, split, metrics, score, spread or None) per scored entry."""
+    for name, res in results["tasks"].items():
+        short = name.split("/")[-1]
+        for split, med in res["median"].items():
+            suffix = {"dev_matched": "m", "dev_mismatched": "mm"}.get(split, split)
+            label = short if len(res["median"]) == 1 else f"{short}-{suffix}"
+            spread = res["fewshot"]["std"] if "fewshot" in res else None
+            yield (
+                f"{label}\n({res.get('main_metric') or 'score'})",
+                name,
+                split,
+                med["metrics"],
+                med["score"],
+                spread,
+            )
+
+
+def _write_markdown(path: Path, results: dict[str, Any], title: str, average_name: str, total: int) -> None:
     from cramkit.io import write_text_atomic
 
     lines = [
-        f"# {results['suite'].upper()} dev results: {results['source']}",
+        f"# {title}: {results['source']}",
         "",
         "| task | split | metrics (median over seeds; x100: accuracy %, F1 %, MCC x100, Pearson/Spearman r x100) | score |",
         "|---|---|---|---:|",
     ]
-    for name, res in results["tasks"].items():
-        for split, med in res["median"].items():
-            metrics = ", ".join(f"{m} {v:.2f}" for m, v in med["metrics"].items())
-            lines.append(f"| {name} | {split} | {metrics} | {med['score']:.2f} |")
-    avg = results["glue_average"]
-    avg_text = f"{avg:.2f}" if avg is not None else "n/a"
-    n = len([e for e in results["entries"] if not e.startswith("glue/wnli")])
-    if n >= 9:
-        lines.append(f"| **GLUE average** | | over all 9 entries (WNLI excluded) | **{avg_text}** |")
-    else:
+    for _, name, split, metrics, score, spread in _rows(results):
+        res = results["tasks"][name]
+        if spread is None:
+            text = ", ".join(f"{m} {v:.2f}" for m, v in metrics.items())
+            lines.append(f"| {name} | {split} | {text} | {score:.2f} |")
+            continue
+        few = res["fewshot"]
+        text = ", ".join(f"{m} {v:.2f}" for m, v in metrics.items())
         lines.append(
-            f"| GLUE average (partial) | | over {n} of 9 entries only: not comparable to published averages | {avg_text} |"
+            f"| {name} | {split}: mean ± sd over FewCLUE splits {', '.join(few['splits'])} | {text} "
+            f"(sd {spread:.2f}) | {score:.2f} ± {spread:.2f} |"
         )
-    if results["skipped"]:
+        for k, one in few["per_split"].items():
+            dev = one["dev"]["score"]
+            lines.append(
+                f"| | split {k}: train_{k} -> {split} (dev_{k} {dev:.2f}) | "
+                + ", ".join(f"{m} {v:.2f}" for m, v in one["metrics"].items())
+                + f" | {one['score']:.2f} |"
+            )
+    avg = results.get("average")
+    avg_text = f"{avg:.2f}" if avg is not None else "n/a"
+    n = len(results["tasks"])
+    if (
+        total > 1 and n >= total and not results.get("skipped")
+    ):  # (one task, finetune --fewshot-splits: no average)
+        lines.append(f"| **{average_name}** | | over all {total} tasks | **{avg_text}** |")
+    elif total > 1:
+        lines.append(
+            f"| {average_name} (partial) | | over {n} of {total} tasks only: not comparable to published averages "
+            f"| {avg_text} |"
+        )
+    if results.get("skipped"):
         lines += ["", "Skipped: " + "; ".join(f"{k} ({v})" for k, v in results["skipped"].items())]
-    lines += ["", "F1 is that of the positive class, label 1 (MRPC: paraphrase; QQP: duplicate)."]
-    lines += [
-        "",
-        "GLUE average as in Cramming (Table 3): mean of MNLI-m/mm accuracy, SST-2 accuracy, STS-B Spearman, "
-        "RTE and QNLI accuracy, QQP and MRPC F1, CoLA MCC. References: BERT-base 80.9, crammed BERT 78.6.",
-    ]
+    if any("f1" in m for _, _, _, m, _, _ in _rows(results)):
+        lines += ["", "F1 is that of the positive class, label 1 (MRPC: paraphrase; QQP: duplicate)."]
+    if any("fewshot" in r for r in results["tasks"].values()):
+        lines += [
+            "",
+            "FewCLUE's protocol: for each split K, fine-tuned on train_K and scored on test_public (dev_K in "
+            "brackets); the task's score is the mean over the splits, ± their sample standard deviation.",
+        ]
+    if results.get("average_note"):
+        lines += ["", results["average_note"]]
     write_text_atomic(path, "\n".join(lines) + "\n")
 
 
-def _write_chart(path: Path, results: dict[str, Any]) -> None:
+def _write_chart(path: Path, results: dict[str, Any], title: str, average_name: str) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    names, scores = [], []
-    for name, res in results["tasks"].items():
-        for split, med in res["median"].items():
-            short = name.split("/")[-1]
-            suffix = {"dev_matched": "m", "dev_mismatched": "mm"}.get(split, split)
-            label = short if len(res["median"]) == 1 else f"{short}-{suffix}"
-            names.append(f"{label}\n({res.get('main_metric') or 'score'})")
-            scores.append(med["score"])
-    if results["glue_average"] is not None:
-        full = len([e for e in results["entries"] if not e.startswith("glue/wnli")]) >= 9
-        names.append("GLUE avg" if full else "GLUE avg\n(partial)")
-        scores.append(results["glue_average"])
+    rows = list(_rows(results))
+    names = [r[0] for r in rows]
+    scores = [r[4] for r in rows]
+    errors = [r[5] or 0.0 for r in rows]
+    avg = results.get("average")
+    if avg is not None:
+        names.append(average_name.replace(" average", " avg"))
+        scores.append(avg)
+        errors.append(0.0)
     fig, ax = plt.subplots(figsize=(max(4.0, 0.9 * len(names) + 1.5), 3.6))
-    colors = ["#4c72b0"] * (len(names) - (results["glue_average"] is not None)) + ["#dd8452"] * (
-        results["glue_average"] is not None
-    )
-    bars = ax.bar(names, scores, color=colors)
-    for bar, s in zip(bars, scores, strict=True):
+    colors = ["#4c72b0"] * len(rows) + ["#dd8452"] * (avg is not None)
+    bars = ax.bar(names, scores, color=colors, yerr=errors if any(errors) else None, capsize=4)
+    for bar, s, e in zip(bars, scores, errors, strict=True):
         ax.annotate(
-            f"{s:.1f}", (bar.get_x() + bar.get_width() / 2, max(s, 0)), ha="center", va="bottom", fontsize=8
+            f"{s:.1f}" + (f"±{e:.1f}" if e else ""),
+            (bar.get_x() + bar.get_width() / 2, max(s + e, 0)),
+            ha="center",
+            va="bottom",
+            fontsize=8,
         )
-    ax.set_ylabel("dev score (main metric)")
+    ax.set_ylabel("score (main metric)")
     ax.set_ylim(min(0.0, min(scores, default=0) - 5), 100)
-    title = str(results["source"])
-    title = title if len(title) <= 60 else "..." + title[-57:]
-    ax.set_title(f"{results['suite'].upper()} dev scores (x100): {title}", fontsize=9)
+    source = str(results["source"])
+    source = source if len(source) <= 60 else "..." + source[-57:]
+    ax.set_title(f"{title} (x100): {source}", fontsize=9)
     plt.setp(ax.get_xticklabels(), rotation=30, ha="right")
     fig.tight_layout()
     tmp = path.with_name(path.name + ".tmp.png")

@@ -269,7 +269,7 @@ class JsonLinesSplit:
         no_gold = 0
         out: list[Example] = []
         n = 0
-        with open(self.path, encoding="utf-8-sig") as f:
+        with open(self.path, encoding="utf-8-sig", newline="\n") as f:  # lines end at newlines only
             for lineno, line in enumerate(f, 1):
                 if not line.strip():
                     continue
@@ -364,6 +364,10 @@ def _chid_parser(labelled: bool, answers: dict | None, answer_file: Path | None)
         out = []
         for j, passage in enumerate(content):
             tags = [m for m in _TAG.finditer(passage) if m.group() != "#idiom#"]
+            if labelled and answers is None and tags:
+                raise CramkitError(
+                    f"{where}: CLUE's CHID passages have their answers in {answer_file}, which does not exist"
+                )
             known = [m for m in tags if answers is not None and m.group() in answers]
             if labelled and len(known) != len(tags):
                 raise BadRow(
@@ -384,8 +388,8 @@ def _chid_parser(labelled: bool, answers: dict | None, answer_file: Path | None)
 def _read_answers(path: Path) -> dict:
     try:
         answers = json.loads(path.read_text(encoding="utf-8-sig"))
-    except OSError:
-        raise CramkitError(f"CHID: the answers need the file {path}, which cannot be read") from None
+    except OSError as e:
+        raise CramkitError(f"CHID: cannot read the answers file {path} ({e.strerror})") from None
     except ValueError as e:
         raise CramkitError(
             f'{path} is not JSON ({e.msg}); it should be one object {{"#idiomN#": answer}}'
@@ -410,7 +414,7 @@ class _ChidCluePart:
 
     def __call__(self) -> list[Example]:
         labelled = self.answer_file is not None
-        answers = _read_answers(self.answer_file) if labelled else None
+        answers = _read_answers(self.answer_file) if labelled and self.answer_file.is_file() else None
         self.split.parse = _chid_parser(labelled, answers, self.answer_file)
         return self.split()
 

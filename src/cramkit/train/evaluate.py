@@ -302,7 +302,7 @@ def _count_predictions(path: Path) -> int:
         whole = json.loads(text)
     except ValueError:  # JSON lines: one prediction a line
         return len(
-            {(r.get("id"), r.get("idx")) for r in map(json.loads, filter(str.strip, text.splitlines()))}
+            {(r.get("id"), r.get("idx")) for r in map(json.loads, filter(str.strip, text.split("\n")))}
         )
     if isinstance(whole, dict) and not {"id", "idx"} & set(whole):  # one object (CLUE's CHID): its keys
         return len(whole)

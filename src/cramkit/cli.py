@@ -47,7 +47,7 @@ def _setting_keys(verb: str | None) -> list[str]:
         from cramkit.train.config import RunConfig
 
         return [f"{sec.name}.{f.name}" for sec in fields(RunConfig) for f in fields(sec.default_factory())]
-    if verb in ("finetune", "eval glue"):
+    if verb in ("finetune", "eval"):
         from cramkit.train.finetune import FinetuneConfig
 
         return [f.name for f in fields(FinetuneConfig)]

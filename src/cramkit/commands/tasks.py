@@ -110,6 +110,10 @@ def register(sub: argparse._SubParsersAction) -> None:
         "predictions in the leaderboard's file names). Tasks in FewCLUE's layout follow FewCLUE's protocol.",
         epilog=EVAL_EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
+        add_help=False,
+    )
+    e.add_argument(
+        "-h", "--help", action=_SuiteHelp, help="show this help (after SUITE: with its tasks) and exit"
     )
     e.add_argument("suite", metavar="SUITE", help="the benchmark: glue, clue (every registered suite)")
     e.add_argument(
@@ -143,6 +147,33 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     e.add_argument("--no-progress", action="store_true", help="no progress bar")
     e.set_defaults(func=run_eval)
+
+
+class _SuiteHelp(argparse.Action):
+    """``cramkit eval SUITE --help``: the help titled for the suite, with its tasks and where its data comes
+    from (the suites are looked up only here, so that building the parser imports no task code)."""
+
+    def __init__(self, option_strings, dest=argparse.SUPPRESS, default=argparse.SUPPRESS, help=None):
+        super().__init__(option_strings, dest=dest, default=default, nargs=0, help=help)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        name = getattr(namespace, "suite", None)
+        if name:
+            from cramkit.tasks.registry import get_suite
+
+            try:
+                suite = get_suite(name.lower())
+            except CramkitError as e:
+                parser.exit(2, f"cramkit: error: {e}\n")
+            tasks = ", ".join(t.split("/")[-1] for t in suite.task_names)
+            parser.prog = f"{parser.prog} {suite.name}"
+            parser.usage = "%(prog)s --from MODEL [--data-dir DIR] [--tasks T1,T2] [options]"
+            parser.epilog = (
+                f"{suite.name}: tasks {tasks}\ndata: {suite.data_hint}\naverage: {suite.average_note}\n\n"
+                + (parser.epilog or "")
+            )
+        parser.print_help()
+        parser.exit()
 
 
 def _config(args: argparse.Namespace):

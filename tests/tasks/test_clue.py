@@ -322,3 +322,16 @@ def test_fewclue_protocol_through_finetune(fewclue: Path, zh_run: Path, tmp_path
         out / "submission" / names[1], root / "eprstmt" / "test.json", {"Positive", "Negative"}
     )
     assert "split few_all" in (out / "results.md").read_text() and (out / "scores.png").is_file()
+    first = (out / "results.json").read_text()
+    rc, _, err = _run(argv, capsys)  # the same command again (after an interruption): finished splits reused
+    assert rc == 0 and "seed 0" not in err and (out / "results.json").read_text() == first
+
+
+def test_fewshot_splits_on_the_clue_layout(clue_layout: Path, tmp_path: Path, capsys) -> None:
+    argv = ["finetune", "--task", "clue/ocnli", "--data-dir", str(clue_layout), "--from", str(tmp_path),
+            "--fewshot-splits", "0"]  # fmt: skip
+    rc, _, err = _run(argv, capsys)
+    assert rc == 2 and "needs FewCLUE's layout" in err
+    argv = ["eval", "clue", "--data-dir", str(clue_layout), "--from", str(tmp_path), "--fewshot-splits", "0"]
+    rc, _, err = _run(argv, capsys)
+    assert rc == 2 and "no task to run" in err and "FewCLUE's layout" in err

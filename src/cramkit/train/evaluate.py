@@ -79,6 +79,15 @@ def evaluate_suite(
         todo.append((task, None))
     if wanted is not None:
         skipped = {k: v for k, v in skipped.items() if k in wanted}
+    if fewshot_splits and todo and not any(ks for _, ks in todo):
+        raise CramkitError(
+            f"--fewshot-splits: no task to run in {data_dir} is in FewCLUE's layout (TASK/train_0.json ... "
+            "test_public.json); leave the option out"
+        )
+    for task, ks in todo:
+        if fewshot_splits and not ks:
+            print(f"cramkit: note: {task.name} is not in FewCLUE's layout: --fewshot-splits does not apply to it",
+                  file=sys.stderr)  # fmt: skip
     if not todo:
         raise CramkitError(
             f"cramkit eval: no {suite.upper()} task to run in {data_dir} "

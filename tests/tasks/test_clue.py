@@ -335,3 +335,21 @@ def test_fewshot_splits_on_the_clue_layout(clue_layout: Path, tmp_path: Path, ca
     argv = ["eval", "clue", "--data-dir", str(clue_layout), "--from", str(tmp_path), "--fewshot-splits", "0"]
     rc, _, err = _run(argv, capsys)
     assert rc == 2 and "no task to run" in err and "FewCLUE's layout" in err
+
+
+def test_eval_clue_on_the_clue_layout(clue_layout: Path, zh_run: Path, tmp_path: Path, capsys) -> None:
+    out = tmp_path / "eval"
+    argv = ["eval", "clue", "--from", str(zh_run), "--data-dir", str(clue_layout), "--out", str(out),
+            "--tasks", "ocnli,cluewsc", "--set", "epochs=1", "--set", "max_length=64", "--no-progress"]  # fmt: skip
+    rc, stdout, err = _run(argv, capsys)
+    assert rc == 0, err
+    res = json.loads((out / "results.json").read_text())
+    assert list(res["tasks"]) == ["clue/ocnli", "clue/cluewsc"] and set(res["entries"]) == set(res["tasks"])
+    accs = [res["entries"][t]["accuracy"] for t in res["tasks"]]
+    assert res["average"] == pytest.approx(sum(accs) / 2) and "glue_average" not in res
+    assert json.loads((out / "ocnli" / "results.json").read_text())["skipped_rows"] == {"train": 1}  # the '-'
+    assert sorted(res["submission"]) == ["cluewsc11_predict.json", "ocnli_50k_predict.json"]
+    for name, key in (("cluewsc11_predict.json", "cluewsc"), ("ocnli_50k_predict.json", "ocnli")):
+        labels = {"true", "false"} if key == "cluewsc" else {"entailment", "neutral", "contradiction"}
+        _submission_ids_cover_test(out / "submission" / name, clue_layout / key / "test.json", labels)
+    assert "CLUE average (partial)" in stdout and "| clue/ocnli | dev |" in stdout

@@ -452,7 +452,8 @@ def _write_chart(path: Path, results: dict[str, Any], title: str, average_name: 
         errors.append(0.0)
     fig, ax = plt.subplots(figsize=(max(4.0, 0.9 * len(names) + 1.5), 3.6))
     colors = ["#4c72b0"] * len(rows) + ["#dd8452"] * (avg is not None)
-    bars = ax.bar(names, scores, color=colors, yerr=errors if any(errors) else None, capsize=4)
+    yerr = [e or float("nan") for e in errors] if any(errors) else None  # no bar for a task without spread
+    bars = ax.bar(names, scores, color=colors, yerr=yerr, capsize=4)
     for bar, s, e in zip(bars, scores, errors, strict=True):
         ax.annotate(
             f"{s:.1f}" + (f"±{e:.1f}" if e else ""),

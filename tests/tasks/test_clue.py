@@ -57,6 +57,8 @@ def _run(argv: list[str], capsys) -> tuple[int, str, str]:
 def test_every_fewclue_task_reads_with_its_counts_labels_and_fields(fewclue: Path) -> None:
     tasks = {t.name: t for t in get_suite("clue").tasks(fewclue)}
     assert set(tasks) == {f"clue/{k}" for k in FEWCLUE_PRESENT}
+    few = [t.name.split("/")[1] for t in get_suite("fewclue").tasks(fewclue)]  # in FewCLUE's own order
+    assert few == ["eprstmt", "csldcp", "iflytek", "ocnli", "chid", "csl", "cluewsc"]
     for name, task in tasks.items():
         folder = fewclue / name.split("/")[1]
         assert task.train_split == "train_few_all" and task.dev_splits == ["dev_few_all", "test_public"]
@@ -225,7 +227,7 @@ def test_unknown_task_and_suite_names(tmp_path: Path, capsys) -> None:
     rc, _, err = _run(["finetune", "--task", "clue/eprstm", "--from", str(tmp_path)], capsys)
     assert rc == 2 and "Did you mean 'clue/eprstmt'?" in err
     rc, _, err = _run(["eval", "clue", "--from", str(tmp_path), "--tasks", "eprstm"], capsys)
-    assert rc == 2 and "unknown CLUE task(s) clue/eprstm" in err and "did you mean 'eprstmt'?" in err
+    assert rc == 2 and "unknown CLUE task(s) eprstm" in err and "did you mean 'eprstmt'?" in err
     rc, _, err = _run(["eval", "cleu", "--from", str(tmp_path)], capsys)
     assert rc == 2 and "unknown suite 'cleu'. Did you mean 'clue'?" in err
     rc, _, err = _run(["eval", "clue", "--from", str(tmp_path), "--fewshot-splits", "0-x"], capsys)

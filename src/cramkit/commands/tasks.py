@@ -104,7 +104,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
     e = sub.add_parser(
         "eval",
-        help="fine-tune and score on every task of a suite (glue, clue, ...) present in --data-dir",
+        help="fine-tune and score on every task of a suite (glue, clue, fewclue, ...) present in --data-dir",
         description="Fine-tune on every task of a suite found in --data-dir (one recipe for all), then write "
         "results.json, results.md (task by task + the suite's average), scores.png and submission/ (the test "
         "predictions in the leaderboard's file names). Tasks in FewCLUE's layout follow FewCLUE's protocol.",
@@ -115,7 +115,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     e.add_argument(
         "-h", "--help", action=_SuiteHelp, help="show this help (after SUITE: with its tasks) and exit"
     )
-    e.add_argument("suite", metavar="SUITE", help="the benchmark: glue, clue (every registered suite)")
+    e.add_argument(
+        "suite", metavar="SUITE", help="the benchmark: glue, clue, fewclue (every registered suite)"
+    )
     e.add_argument(
         "--from",
         dest="source",

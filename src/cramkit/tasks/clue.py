@@ -197,6 +197,8 @@ SPECS: dict[str, ClueSpec] = {
 }
 #: CLUE's classification tasks and CHID, then FewCLUE's own tasks
 CLUE_TASKS = list(SPECS)
+#: FewCLUE's nine tasks, in its README's order
+FEWCLUE_TASKS = ["eprstmt", "csldcp", "tnews", "iflytek", "ocnli", "bustm", "chid", "csl", "cluewsc"]
 
 
 def clue_dir(data_dir: PathLike | None = None) -> Path:
@@ -587,15 +589,41 @@ def _clue_average(entries: dict[str, dict[str, float]]) -> float | None:
     return sum(scores) / len(scores) if scores else None
 
 
+def fewclue_tasks(data_dir: PathLike | None = None, skip_bad_rows: bool = False) -> list[Task]:
+    """Every FewCLUE task whose folder is in data_dir."""
+    by_key = {t.name.split("/")[1]: t for t in clue_tasks(data_dir, skip_bad_rows)}
+    tasks = [by_key[k] for k in FEWCLUE_TASKS if k in by_key]
+    if not tasks:
+        raise CramkitError(
+            f"fewclue: none of FewCLUE's task folders ({', '.join(FEWCLUE_TASKS)}) is in {clue_dir(data_dir)}; "
+            "point --data-dir (or $CRAMKIT_CLUE_DIR) at FewCLUE's datasets/ folder"
+        )
+    return tasks
+
+
+_AVERAGE = (
+    "the mean of the tasks' accuracies (a task in FewCLUE's layout: its test_public accuracy, the mean over "
+    "the splits run). Published scores average fixed sets of tasks (CLUE 1.1's classification score: AFQMC, "
+    "TNEWS, IFLYTEK, OCNLI, CLUEWSC2020, CSL; FewCLUE's score left CHID out): compare over the same tasks."
+)
 register_suite(
     Suite(
         name="clue",
         task_names=tuple(f"clue/{k}" for k in CLUE_TASKS),
         tasks=clue_tasks,
         average=_clue_average,
-        average_note="CLUE's way: the mean of the tasks' accuracies (FewCLUE tasks: on test_public, mean "
-        "over the few-shot splits). Comparable to a published score only over the same tasks.",
+        average_note=f"CLUE's way: {_AVERAGE}",
         data_hint="the CLUE download (DIR/TASK/train.json, dev.json, test.json) or FewCLUE's datasets/ "
         "folder (DIR/TASK/train_0.json ... test_public.json)",
+    )
+)
+register_suite(
+    Suite(
+        name="fewclue",
+        task_names=tuple(f"clue/{k}" for k in FEWCLUE_TASKS),
+        tasks=fewclue_tasks,
+        average=_clue_average,
+        average_note=f"FewCLUE's way: {_AVERAGE} FewCLUE's protocol is --fewshot-splits 0-4.",
+        data_hint="FewCLUE's datasets/ folder (DIR/TASK/train_0.json ... dev_few_all.json, test_public.json)",
     )
 )

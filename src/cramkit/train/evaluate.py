@@ -99,9 +99,8 @@ def evaluate_suite(
 
     done: dict[str, Any] = {}
     entries: dict[str, dict[str, float]] = {}  # "glue/mnli:dev_matched" -> median metrics
-    submission: dict[
-        str, list[tuple[Task, str, str]]
-    ] = {}  # task -> (task, split, file) of its test predictions
+    # task -> (the task owning the split, split, file) of each of its test prediction files
+    submission: dict[str, list[tuple[Task, str, str]]] = {}
     start = time.perf_counter()
     ran = 0
     for i, (task, ks) in enumerate(todo, 1):
@@ -160,21 +159,21 @@ def evaluate_suite(
 
 
 def _wanted(spec: Suite, tasks: Sequence[str] | None) -> set[str] | None:
-    """--tasks as full names ("rte" -> "glue/rte"), each one of the suite's (did-you-mean otherwise)."""
+    """--tasks as the suite's task names ("rte" -> "glue/rte"), each one of them (did-you-mean otherwise)."""
     if not tasks:
         return None
-    wanted = {t if "/" in t else f"{spec.name}/{t.lower()}" for t in tasks}
+    by_short = {n.split("/")[-1]: n for n in spec.task_names}
+    wanted = {t if t in spec.task_names else by_short.get(t.lower(), t) for t in tasks}
     unknown = sorted(w for w in wanted if w not in spec.task_names)
     if unknown:
-        short = [n.split("/")[-1] for n in spec.task_names]
         hints = []
         for name in unknown:
-            close = difflib.get_close_matches(name.split("/")[-1], short, n=1, cutoff=0.5)
+            close = difflib.get_close_matches(name.split("/")[-1].lower(), list(by_short), n=1, cutoff=0.5)
             if close:
                 hints.append(f"'{name}': did you mean '{close[0]}'?")
         raise CramkitError(
             f"--tasks: unknown {spec.name.upper()} task(s) {', '.join(unknown)}"
-            f"{' (' + '; '.join(hints) + ')' if hints else ''}; known: {', '.join(short)}"
+            f"{' (' + '; '.join(hints) + ')' if hints else ''}; known: {', '.join(by_short)}"
         )
     return wanted
 

@@ -202,6 +202,10 @@ def test_a_file_that_is_not_json_lines(tmp_path: Path, capsys) -> None:
     rc, _, err = _run(argv, capsys)
     assert rc == 2 and "train.json, line 1 is not JSON" in err and "JSON Lines" in err
     assert "Traceback" not in err
+    row = {"sentence1": "双十一花呗提额在哪", "sentence2": "里可以提花呗额度", "label": "0"}
+    (tmp_path / "d" / "afqmc" / "train.json").write_bytes(json.dumps(row, ensure_ascii=False).encode("gbk"))
+    rc, _, err = _run(argv, capsys)
+    assert rc == 2 and "is not UTF-8 text" in err and "Traceback" not in err
 
 
 def test_chid_passage_whose_blanks_lack_answers(tmp_path: Path) -> None:

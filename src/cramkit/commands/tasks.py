@@ -322,9 +322,7 @@ def _finetune_fewshot(args: argparse.Namespace, cfg) -> int:
         report = {
             "source": str(args.source),
             "tasks": {task.name: _summary(res)},
-            "submission": _collect_submission(
-                out / SUBMISSION_DIR, {task.name: _prediction_files(task, res, None)}
-            ),
+            "submission": _collect_submission(out / SUBMISSION_DIR, {task.name: _prediction_files(res)}),
         }
         write_report(
             out, report, title=f"{task.name} FewCLUE splits {','.join(ks)}", average_name="", total=1

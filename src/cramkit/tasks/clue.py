@@ -271,32 +271,37 @@ class JsonLinesSplit:
         no_gold = 0
         out: list[Example] = []
         n = 0
-        with open(self.path, encoding="utf-8-sig", newline="\n") as f:  # lines end at newlines only
-            for lineno, line in enumerate(f, 1):
-                if not line.strip():
-                    continue
-                where = f"{self.path}, line {lineno}"
+        try:
+            text = self.path.read_text(encoding="utf-8-sig")
+        except UnicodeDecodeError as e:
+            raise CramkitError(
+                f"{self.path} is not UTF-8 text (byte {e.start}); CLUE files are UTF-8 JSON Lines"
+            ) from None
+        for lineno, line in enumerate(text.split("\n"), 1):  # lines end at newlines only
+            if not line.strip():
+                continue
+            where = f"{self.path}, line {lineno}"
+            try:
                 try:
-                    try:
-                        row = json.loads(line)
-                    except ValueError as e:
-                        raise BadRow(
-                            f"{where} is not JSON ({e.msg}); CLUE files hold one JSON object per line (JSON "
-                            f"Lines). {SKIP_HINT}"
-                        ) from None
-                    if not isinstance(row, dict):
-                        raise BadRow(
-                            f"{where} holds a JSON {type(row).__name__}, not an object; CLUE files hold one "
-                            f"JSON object per line (JSON Lines). {SKIP_HINT}"
-                        )
-                    out.extend(self.parse(row, where, n))
-                except NoGold:
-                    no_gold += 1
-                except BadRow as e:
-                    if not self.skip_bad_rows:
-                        raise CramkitError(str(e)) from None
-                    self.skipped += 1
-                n += 1
+                    row = json.loads(line)
+                except ValueError as e:
+                    raise BadRow(
+                        f"{where} is not JSON ({e.msg}); CLUE files hold one JSON object per line (JSON "
+                        f"Lines). {SKIP_HINT}"
+                    ) from None
+                if not isinstance(row, dict):
+                    raise BadRow(
+                        f"{where} holds a JSON {type(row).__name__}, not an object; CLUE files hold one "
+                        f"JSON object per line (JSON Lines). {SKIP_HINT}"
+                    )
+                out.extend(self.parse(row, where, n))
+            except NoGold:
+                no_gold += 1
+            except BadRow as e:
+                if not self.skip_bad_rows:
+                    raise CramkitError(str(e)) from None
+                self.skipped += 1
+            n += 1
         if no_gold:
             log.info("%s: %d rows of %s have no gold label ('-'): skipped", self.task, no_gold, self.path)
         if self.skipped:
@@ -325,8 +330,9 @@ def _classification_parser(spec: ClueSpec, labelled: bool):
     return parse
 
 
-def _window(text: str, start: int, end: int) -> str:
-    return text[max(0, start - CHID_WINDOW) : start] + "[MASK]" + text[end : end + CHID_WINDOW]
+def _window(before: str, after: str) -> str:
+    """The blank as [MASK] with CHID_WINDOW characters of text on each side."""
+    return before[-CHID_WINDOW:] + "[MASK]" + after[:CHID_WINDOW]
 
 
 def _candidates(row: dict, where: str) -> tuple[str, ...]:
@@ -359,7 +365,7 @@ def _chid_parser(labelled: bool, answers: dict | None, answer_file: Path | None)
                 )
             start = content.index("#idiom#")
             label = label_of(_field(row, "answer", where), "answer") if labelled else None
-            text = _window(content, start, start + len("#idiom#"))
+            text = _window(content[:start], content[start + len("#idiom#") :])
             return [Example(text, None, label, _row_id(row, n, where), choices=cands)]
         if not isinstance(content, list) or not all(isinstance(p, str) for p in content):
             raise BadRow(f"{where}: 'content' must be a text or a list of passages. {SKIP_HINT}")
@@ -377,8 +383,7 @@ def _chid_parser(labelled: bool, answers: dict | None, answer_file: Path | None)
                     f"answer in {answer_file}. {SKIP_HINT}"
                 )
             for m in tags:
-                others = _TAG.sub("[UNK]", passage[: m.start()]), _TAG.sub("[UNK]", passage[m.end() :])
-                text = others[0][-CHID_WINDOW:] + "[MASK]" + others[1][:CHID_WINDOW]
+                text = _window(_TAG.sub("[UNK]", passage[: m.start()]), _TAG.sub("[UNK]", passage[m.end() :]))
                 label = label_of(answers[m.group()], f"the answer to {m.group()}") if labelled else None
                 tag_id = int(m.group()[len("#idiom") : -1])
                 out.append(Example(text, None, label, tag_id, choices=cands, meta={"tag": m.group()}))

@@ -48,7 +48,7 @@ def evaluate_suite(
 
     Absent tasks are skipped with a note (in results.json and results.md). Writes results.json,
     results.md and scores.png to out_dir, each task's own results and test predictions to
-    out_dir/<task>/, and the test predictions of every task to out_dir/submission/. fewshot_splits
+    out_dir/<task>/, and a copy of every task's test predictions to out_dir/submission/. fewshot_splits
     (e.g. ["0", "1", "few_all"]): the FewCLUE splits to run for tasks in FewCLUE's layout.
     """
     from cramkit.config import to_dict
@@ -99,8 +99,7 @@ def evaluate_suite(
 
     done: dict[str, Any] = {}
     entries: dict[str, dict[str, float]] = {}  # "glue/mnli:dev_matched" -> median metrics
-    # task -> (the task owning the split, split, file) of each of its test prediction files
-    submission: dict[str, list[tuple[Task, str, str]]] = {}
+    submission: dict[str, list[str]] = {}  # task -> its test prediction files
     start = time.perf_counter()
     ran = 0
     for i, (task, ks) in enumerate(todo, 1):
@@ -133,7 +132,7 @@ def evaluate_suite(
         for split, med in res["median"].items():
             key = task.name if len(res["median"]) == 1 else f"{task.name}:{split}"
             entries[key] = med["metrics"]
-        submission[task.name] = _prediction_files(task, res, data_dir)
+        submission[task.name] = _prediction_files(res)
 
     average = spec.average(entries)
     results: dict[str, Any] = {
@@ -262,59 +261,30 @@ def _summary(res: dict[str, Any]) -> dict[str, Any]:
     return entry
 
 
-def _prediction_files(
-    task: Task, res: dict[str, Any], data_dir: PathLike | None
-) -> list[tuple[Task, str, str]]:
-    """(task that owns the split, split, file) for every test prediction file of a task's results."""
-    from cramkit.tasks.registry import get_task
-
-    out = []
-    for key, path in res.get("test_predictions", {}).get("files", {}).items():
-        split = key.split(":")[-1]
-        owner = task
-        if ":" in key and "/" in key:  # "glue/ax:test": a test-only task predicted by this task's model
-            owner = get_task(key.split(":")[0], data_dir=data_dir)
-        out.append((owner, split, path))
-    return out
+def _prediction_files(res: dict[str, Any]) -> list[str]:
+    """The test prediction files of a task's results (written, and checked to cover every row of their
+    split, by Task.write_predictions)."""
+    return list(res.get("test_predictions", {}).get("files", {}).values())
 
 
-def _collect_submission(folder: Path, files: dict[str, list[tuple[Task, str, str]]]) -> dict[str, str]:
-    """Copy every test prediction file into ``folder`` (the leaderboard's names), each checked to hold one
-    prediction per row of its test split. Returns {file name: task}."""
+def _collect_submission(folder: Path, files: dict[str, list[str]]) -> dict[str, str]:
+    """Copy every task's test prediction files into ``folder`` (the leaderboard's names). Returns
+    {file name: task}."""
     out: dict[str, str] = {}
-    for name, entries in files.items():
-        for task, split, path in entries:
-            src = Path(path)
-            n_rows = len({e.idx for e in task.examples(split)})
-            n_pred = _count_predictions(src)
-            if n_pred != n_rows:
+    for name, paths in files.items():
+        for path in map(Path, paths):
+            if not path.is_file():
                 raise CramkitError(
-                    f"{src}: {n_pred} predictions for the {n_rows} rows of {task.source(split)}; delete "
-                    f"{src.parent.parent} and run again to predict every row"
+                    f"{path}: the test predictions of {name} are gone; delete {path.parent.parent} and run again"
                 )
-            if src.name in out:
+            if path.name in out:
                 raise CramkitError(
-                    f"{src.name}: two tasks write a submission file of this name ({out[src.name]}, {name})"
+                    f"{path.name}: two tasks write a submission file of this name ({out[path.name]}, {name})"
                 )
             folder.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(src, folder / src.name)
-            out[src.name] = name
+            shutil.copyfile(path, folder / path.name)
+            out[path.name] = name
     return out
-
-
-def _count_predictions(path: Path) -> int:
-    text = path.read_text(encoding="utf-8")
-    if path.suffix == ".tsv":  # GLUE: a header, then index<TAB>prediction
-        return max(0, len(text.splitlines()) - 1)
-    try:
-        whole = json.loads(text)
-    except ValueError:  # JSON lines: one prediction a line
-        return len(
-            {(r.get("id"), r.get("idx")) for r in map(json.loads, filter(str.strip, text.split("\n")))}
-        )
-    if isinstance(whole, dict) and not {"id", "idx"} & set(whole):  # one object (CLUE's CHID): its keys
-        return len(whole)
-    return 1
 
 
 def _split_present(task: Any, split: str) -> bool:

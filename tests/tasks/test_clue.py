@@ -234,6 +234,8 @@ def test_unknown_task_and_suite_names(tmp_path: Path, capsys) -> None:
     assert rc == 2 and "unknown CLUE task(s) eprstm" in err and "did you mean 'eprstmt'?" in err
     rc, _, err = _run(["eval", "cleu", "--from", str(tmp_path)], capsys)
     assert rc == 2 and "unknown suite 'cleu'. Did you mean 'clue'?" in err
+    rc, out, _ = _run(["eval", "fewclue", "--help"], capsys)  # the suite's own help: its tasks, its data
+    assert rc == 0 and out.startswith("usage: cramkit eval fewclue") and "tasks eprstmt, csldcp, tnews" in out
     rc, _, err = _run(["eval", "clue", "--from", str(tmp_path), "--fewshot-splits", "0-x"], capsys)
     assert rc == 2 and "--fewshot-splits '0-x'" in err
 

@@ -36,7 +36,7 @@ MODEL_FILE = "cramkit-model.json"
 MODEL_FORMAT = "cramkit-model-1"
 ONNX_MANIFEST = "cramkit-onnx.json"
 # what a model is for (its head), in a model directory and in an ONNX export alike
-KINDS = ("mlm", "classifier", "multilabel", "regression", "encoder")
+KINDS = ("mlm", "classifier", "multilabel", "regression", "encoder", "multitask")
 # what a directory holds, by the file that marks it, tried in this order: the one table of them
 DIRECTORY_KINDS: tuple[tuple[str, str], ...] = (
     ("onnx", ONNX_MANIFEST),  # cramkit export --format onnx (run by cramkit.infer's ONNX backend)
@@ -194,11 +194,17 @@ def directory_kind(path: PathLike) -> str | None:
 
 
 def load(
-    source: PathLike, *, step: int | None = None, device: str | torch.device | None = None
+    source: PathLike,
+    *,
+    step: int | None = None,
+    device: str | torch.device | None = None,
+    task: str | None = None,
 ) -> LoadedModel:
     """Load any model cramkit knows: a run, a checkpoint, a model directory or ``hf:DIR``.
 
-    step: with a run directory, that checkpoint (``step-N``) instead of the latest.
+    step: with a run directory, that checkpoint (``step-N``) instead of the latest. task: of a model
+    trained on a mixture (one head per task), that task's model (a plain classifier sharing the encoder);
+    of a single-task model, a check that it is the one it was trained on.
     """
     text = str(source)
     if text.startswith("hf:"):
@@ -238,6 +244,8 @@ def load(
     loaded.tokenizer.no_truncation()
     loaded.tokenizer.no_padding()
     loaded.model.eval()
+    if task is not None:
+        loaded = for_task(loaded, task)
     if device is not None:
         loaded.to(device)
     return loaded
@@ -463,12 +471,75 @@ def _build_encoder_model(meta: dict[str, Any], file: Path) -> tuple[nn.Module, A
     if kind == "encoder":
         return Encoder(cfg), cfg
     head = from_dict(ClassifierConfig, meta.get("head") or {}, "head")
+    if kind == "multitask":
+        from cramkit.model.multitask import MultiTaskModel
+
+        return MultiTaskModel(cfg, [h["num_labels"] for h in task_heads(meta, file)], head), cfg
     n = meta.get("num_labels") or len(meta.get("labels") or [])
     if kind == "regression":
         n = 1
     if not isinstance(n, int) or n < 1:
         raise CramkitError(f"{file}: a {kind} model needs num_labels or labels")
     return SequenceClassifier(cfg, n, head, multilabel=kind == "multilabel"), cfg
+
+
+def task_heads(meta: dict[str, Any], file: PathLike) -> list[dict[str, Any]]:
+    """A multitask model's heads (``extra.tasks``: name, kind, num_labels, labels), checked: a crafted file
+    gets one line, never a traceback."""
+    heads = (meta.get("extra") or {}).get("tasks")
+    bad = CramkitError(f"{file}: 'extra.tasks' must list the heads (name, kind, num_labels, labels); the model "
+                       "directory is damaged or crafted: write it again")  # fmt: skip
+    if not isinstance(heads, list) or not heads:
+        raise bad
+    for h in heads:
+        if not (isinstance(h, dict) and isinstance(h.get("name"), str) and h.get("kind") in ("classification", "regression")
+                and isinstance(h.get("num_labels"), int) and 1 <= h["num_labels"] <= 1_000_000):  # fmt: skip
+            raise bad
+        labels = h.get("labels")
+        if labels is not None and not (isinstance(labels, list) and all(isinstance(x, str) for x in labels)
+                                       and len(labels) == h["num_labels"]):  # fmt: skip
+            raise bad
+    if len({h["name"] for h in heads}) != len(heads):
+        raise bad
+    return heads
+
+
+def for_task(loaded: LoadedModel, task: str | None) -> LoadedModel:
+    """The model of one task: a multitask model's head ``task`` as a plain classifier (sharing the weights),
+    or ``loaded`` itself when it is a single model (``task``, when given, must be the one it was trained on)."""
+    if loaded.kind != "multitask":
+        if task is not None and loaded.task is not None and task != loaded.task:
+            raise CramkitError(
+                f"--task {task}: {loaded.source} is a model of {loaded.task}, not of {task}; leave out --task"
+            )
+        return loaded
+    heads = task_heads(loaded.meta(), loaded.source)
+    names = [h["name"] for h in heads]
+    if task is None:
+        raise CramkitError(
+            f"{loaded.source} holds one head per task ({', '.join(names)}); choose one with --task NAME"
+        )
+    short = {n.split("/")[-1]: n for n in names}
+    name = task if task in names else short.get(task)
+    if name is None:
+        import difflib
+
+        close = difflib.get_close_matches(task, names, n=1)
+        hint = f" (did you mean {close[0]}?)" if close else ""
+        raise CramkitError(
+            f"--task {task}: {loaded.source} has no head for it{hint}; its tasks: {', '.join(names)}"
+        )
+    i = names.index(name)
+    h = heads[i]
+    extra = {k: v for k, v in loaded.extra.items() if k != "tasks"}
+    extra.update({k: h[k] for k in ("columns",) if k in h})
+    return LoadedModel(
+        model=loaded.model.single(i).eval(), kind="regression" if h["kind"] == "regression" else "classifier",
+        config=loaded.config, tokenizer=loaded.tokenizer, labels=h.get("labels"), task=name,
+        max_length=loaded.max_length, pooling=loaded.pooling, normalize=loaded.normalize,
+        with_types=loaded.with_types, source=loaded.source, architecture=loaded.architecture,
+        head=loaded.head, extra=extra,
+    )  # fmt: skip
 
 
 # ------------------------------------------------------------------------------------- Hugging Face

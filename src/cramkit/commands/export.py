@@ -31,6 +31,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--step", type=int, default=None, help="export checkpoint step-N of a run instead of the latest"
     )
+    p.add_argument("--task", help="of a model fine-tuned on a mixture: the task whose head to export")
     p.add_argument("--no-mlm-head", action="store_true", help="export the encoder only (BertModel)")
     p.add_argument("--force", action="store_true", help="replace --out even if it is not a previous export")
     p.set_defaults(func=run)
@@ -42,6 +43,6 @@ def run(args: argparse.Namespace) -> int:
     if args.quantize and args.format != "onnx":
         raise CramkitError("--quantize int8 applies to --format onnx")
     done = export(args.source, args.out, format=args.format, quantize=args.quantize, step=args.step,
-                  mlm_head=not args.no_mlm_head, force=args.force)  # fmt: skip
+                  mlm_head=not args.no_mlm_head, force=args.force, task=args.task)  # fmt: skip
     print(done.summary)
     return 0

@@ -218,6 +218,10 @@ class Engine:
                 model = onnx_mod.load_onnx(model, threads=threads)
             else:
                 model = load(model)
+        if isinstance(model, LoadedModel) and model.kind == "multitask":
+            from cramkit.load import for_task
+
+            for_task(model, None)  # one line: choose the task (load(..., task=NAME))
         if isinstance(model, LoadedModel) and backend == "onnx":
             import tempfile
 

@@ -33,11 +33,12 @@ def export(
     mlm_head: bool = True,
     force: bool = False,
     progress: bool = True,
+    task: str | None = None,
 ) -> Exported:
     """Write ``model`` (anything ``cramkit.load`` takes, or a loaded model) to ``out`` as a Hugging Face
     directory (``format="hf"``) or an ONNX Runtime one (``format="onnx"``, ``quantize="int8"`` for
     dynamic int8 weights). ``out`` is replaced atomically; a non-empty ``out`` that is not a previous
-    export is refused unless ``force``."""
+    export is refused unless ``force``. task: the head to export of a model trained on a mixture."""
     if format not in FORMATS:
         raise CramkitError(f"format must be one of {', '.join(FORMATS)}, got {format!r}")
     if quantize and format != "onnx":
@@ -54,7 +55,9 @@ def export(
         shown = ", ".join(removed[:20]) + (f" and {len(removed) - 20} more" if len(removed) > 20 else "")
         print(f"cramkit: --force: {out} will be replaced; removing its {len(removed)} entries: {shown}",
               file=sys.stderr)  # fmt: skip
-    loaded = model if isinstance(model, LoadedModel) else load(model, step=step)
+    from cramkit.load import for_task
+
+    loaded = for_task(model if isinstance(model, LoadedModel) else load(model, step=step), task)
     with disk_errors(out):
         if format == "onnx":
             return _export_onnx(loaded, out, quantize, force, progress)

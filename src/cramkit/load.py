@@ -545,32 +545,67 @@ def for_task(loaded: LoadedModel, task: str | None) -> LoadedModel:
 # ------------------------------------------------------------------------------------- Hugging Face
 
 
+# the module config names sentence-transformers has used for its Transformer module, newest first
+ST_CONFIG_FILES = ("sentence_bert_config.json", "sentence_roberta_config.json", "sentence_distilbert_config.json",
+                   "sentence_camembert_config.json", "sentence_albert_config.json", "sentence_xlm-roberta_config.json")  # fmt: skip
+
+
 def _st_pooling(root: Path) -> tuple[str | None, bool, int | None]:
-    """sentence-transformers' pooling ("mean"/"cls"), whether it normalises, its max_seq_length."""
+    """sentence-transformers' pooling ("mean"/"cls"), whether it normalises, its max_seq_length.
+
+    Both layouts are read: before v5 the pooling is a set of ``pooling_mode_*_tokens`` flags and the
+    length ``max_seq_length`` in ``sentence_bert_config.json``; from v5 the pooling is ``pooling_mode``
+    (a name) and the length the tokenizer's ``model_max_length`` (``tokenizer_config.json``). A pooling
+    cramkit does not compute (max, last token, weighted mean, several at once) is one clear error, never a
+    silently different embedding."""
     from cramkit.io import inside
 
     pooling, normalize, max_len = None, False, None
     modules = root / "modules.json"
+    if not modules.is_file():
+        return pooling, normalize, max_len
     try:
-        if modules.is_file():
-            for mod in json.loads(modules.read_text(encoding="utf-8")):
-                kind = str(mod.get("type", ""))
-                if kind.endswith("Pooling"):
-                    conf = inside(root, str(mod.get("path", ""))) / "config.json"
-                    if conf.is_file():
-                        c = json.loads(conf.read_text(encoding="utf-8"))
-                        if c.get("pooling_mode_cls_token"):
-                            pooling = "cls"
-                        elif c.get("pooling_mode_mean_tokens"):
-                            pooling = "mean"
-                elif kind.endswith("Normalize"):
-                    normalize = True
-        st = root / "sentence_bert_config.json"
-        if st.is_file():
-            max_len = int(json.loads(st.read_text(encoding="utf-8")).get("max_seq_length") or 0) or None
+        for mod in json.loads(modules.read_text(encoding="utf-8")):
+            kind = str(mod.get("type", ""))
+            if kind.endswith("Pooling"):
+                conf = inside(root, str(mod.get("path", ""))) / "config.json"
+                if conf.is_file():
+                    pooling = _st_pooling_mode(json.loads(conf.read_text(encoding="utf-8")), conf)
+            elif kind.endswith("Normalize"):
+                normalize = True
+        for name in ST_CONFIG_FILES:
+            if (root / name).is_file():
+                max_len = (
+                    int(json.loads((root / name).read_text(encoding="utf-8")).get("max_seq_length") or 0)
+                    or None
+                )
+                break
+        tok_conf = root / "tokenizer_config.json"
+        if max_len is None and tok_conf.is_file():
+            value = json.loads(tok_conf.read_text(encoding="utf-8")).get("model_max_length")
+            if isinstance(value, int) and 0 < value < 1_000_000:  # transformers writes 1e30 for "no limit"
+                max_len = value
     except (ValueError, OSError, TypeError, AttributeError) as exc:
         raise CramkitError(f"{root}: sentence-transformers files are malformed ({exc})") from None
     return pooling, normalize, max_len
+
+
+def _st_pooling_mode(conf: dict[str, Any], file: Path) -> str | None:
+    mode = conf.get("pooling_mode")
+    if mode is None:  # before v5: one flag per mode
+        modes = [m for m in ("cls_token", "mean_tokens", "max_tokens", "mean_sqrt_len_tokens", "weightedmean_tokens",
+                             "lasttoken") if conf.get(f"pooling_mode_{m}")]  # fmt: skip
+        mode = [m.removesuffix("_tokens").replace("cls_token", "cls") for m in modes]
+    if isinstance(mode, list) and len(mode) == 1:
+        mode = mode[0]
+    if mode == []:
+        return None
+    if mode in ("cls", "mean"):
+        return mode
+    raise CramkitError(
+        f"{file}: sentence-transformers pooling {mode!r} is not one cramkit computes (cls or mean); its embeddings "
+        "would differ from the model's own"
+    )
 
 
 def _hf_labels(hf: dict[str, Any], state: dict[str, Any]) -> tuple[str, int, list[str] | None]:

@@ -222,3 +222,26 @@ def test_crafted_multitask_directory_is_one_line(mix_dir: Path, tmp_path: Path):
         (bad / "cramkit-model.json").write_text(json.dumps(meta))
         with pytest.raises(CramkitError, match="extra.tasks"):
             cramkit.load(bad)
+
+
+def test_data_dir_per_suite(tmp_path: Path):
+    from cramkit.commands.tasks import data_dir_for
+
+    assert data_dir_for("glue/mrpc", None) is None
+    assert data_dir_for("glue/mrpc", ["g"]) == "g"
+    given = ["glue=/data/glue", "clue=/data/clue"]
+    assert (
+        data_dir_for("glue/mrpc", given) == "/data/glue" and data_dir_for("clue/afqmc", given) == "/data/clue"
+    )
+    assert data_dir_for("superglue/rte", [*given, "/data/other"]) == "/data/other"
+    odd = tmp_path / "a=b"  # a folder whose name holds '=' is a folder, not SUITE=DIR
+    odd.mkdir()
+    assert data_dir_for("glue/mrpc", [str(odd)]) == str(odd)
+    with pytest.raises(CramkitError, match="given twice"):
+        data_dir_for("glue/mrpc", ["x", "y"])
+
+
+def test_mixture_reads_each_suite_from_its_folder(tiny_run: Path, glue_dir: Path, tmp_path: Path):
+    r = cli("finetune", "--mixture", "glue/mrpc,glue/cola", "--from", str(tiny_run), "--data-dir",
+            f"glue={tmp_path / 'nowhere'}", "--out", str(tmp_path / "o"))  # fmt: skip
+    assert r.returncode == 2 and "nowhere" in r.stderr and "Traceback" not in r.stderr

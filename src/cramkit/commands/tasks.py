@@ -46,9 +46,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--list-tasks", action="store_true", help="list the registered tasks and mixtures and exit"
     )
-    p.add_argument(
-        "--data-dir", help="GLUE root folder (DIR/SST-2/train.tsv, ...); default $CRAMKIT_GLUE_DIR"
-    )
+    p.add_argument("--data-dir", action="append", metavar="[SUITE=]DIR",
+                   help="the benchmark's folder (GLUE: DIR/SST-2/train.tsv, ...; default $CRAMKIT_GLUE_DIR); for a "
+                   "mixture across benchmarks, one per suite: --data-dir glue=DIR --data-dir clue=DIR2")  # fmt: skip
     p.add_argument(
         "--out",
         help="output directory: the fine-tuned model (median seed; cramkit.load / predict / export / serve), "
@@ -158,6 +158,24 @@ def check_model_source(source: str, flag: str = "--from") -> None:
         )
 
 
+def data_dir_for(task: str, given: list[str] | None) -> str | None:
+    """The data folder of ``task`` (e.g. glue/mrpc) from ``--data-dir`` values: ``SUITE=DIR`` for its suite,
+    else the one plain ``DIR``; None (the suite's default) when neither is given."""
+    plain, per_suite = None, {}
+    for item in given or []:
+        suite, sep, path = item.partition("=")
+        if sep and suite and "/" not in suite and not Path(item).exists():
+            per_suite[suite] = path
+        elif plain is not None and plain != item:
+            raise CramkitError(
+                f"--data-dir given twice ({plain}, {item}); for tasks of several benchmarks name each: "
+                "--data-dir glue=DIR --data-dir clue=DIR2"
+            )
+        else:
+            plain = item
+    return per_suite.get(task.split("/")[0], plain)
+
+
 def _resolve_task(args: argparse.Namespace):
     from cramkit.tasks.registry import get_task
 
@@ -190,7 +208,9 @@ def _resolve_task(args: argparse.Namespace):
         raise CramkitError(
             "name a task with --task (e.g. --task glue/sst2) or give your files with --train/--dev"
         )
-    task = get_task(args.task, data_dir=args.data_dir, skip_bad_rows=args.skip_bad_rows)
+    task = get_task(
+        args.task, data_dir=data_dir_for(args.task, args.data_dir), skip_bad_rows=args.skip_bad_rows
+    )
     if not task.dev_splits:
         raise CramkitError(f"task {task.name} has no dev split to score; pick a task with labelled dev data")
     return task
@@ -266,7 +286,10 @@ def _run_mixture(args: argparse.Namespace, mixture, cfg) -> int:
     from cramkit.tasks.registry import get_task
     from cramkit.train.multitask import SETTINGS_FILE, finetune_mixture
 
-    tasks = [get_task(n, data_dir=args.data_dir, skip_bad_rows=args.skip_bad_rows) for n in mixture.tasks]
+    tasks = [
+        get_task(n, data_dir=data_dir_for(n, args.data_dir), skip_bad_rows=args.skip_bad_rows)
+        for n in mixture.tasks
+    ]
     check_model_source(args.source)
     for task in tasks:  # every split the run needs, before any training: a missing one fails fast
         for split in [task.train_split, *task.dev_splits]:

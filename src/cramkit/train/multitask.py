@@ -278,9 +278,7 @@ def _train_and_score(mixture, tasks, loaded, cfg, out_dir, ctx, train, dev, test
     if not ctx.is_main:
         return {}
     model = done.model
-    drawn = np.bincount(
-        [draw_task(seed, b, rates) for b in range(done.steps)], minlength=len(tasks)
-    )
+    drawn = np.bincount([draw_task(seed, b, rates) for b in range(done.steps)], minlength=len(tasks))
     results: dict[str, Any] = {
         "mixture": mixture.name, "tasks": {}, "source": loaded.source, "config": to_dict(cfg), "rates_rule": mixture.rates,
         "max_length": max_length, "steps": done.steps, "train_seconds": round(done.seconds, 3),

@@ -187,8 +187,9 @@ def _wsc(row: dict, where: str, test: bool) -> list[Example]:
     if i1 < j2 and i2 < j1:
         raise BadRow(f"{where}: the two target spans overlap. {SKIP_HINT}")
     marked = list(words)
-    marked[i1], marked[j1 - 1] = "[" + marked[i1], marked[j1 - 1] + "]"
-    marked[i2], marked[j2 - 1] = "*" + marked[i2], marked[j2 - 1] + "*"
+    for i, j, left, right in ((i1, j1, "[", "]"), (i2, j2, "*", "*")):
+        marked[i] = left + marked[i]
+        marked[j - 1] += right
     question = f'Does "{pronoun}" refer to "{noun}"?'
     return [Example(" ".join(marked), question, label, _int(row, "idx", where))]
 

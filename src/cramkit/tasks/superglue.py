@@ -107,7 +107,7 @@ def _label(obj: dict, where: str, labels: list[str], test: bool) -> int | None:
             return None
         raise BadRow(f"{where}: the row has no label (only test rows may lack one). {SKIP_HINT}")
     v = obj["label"]
-    if labels is BOOL_LABELS and (isinstance(v, bool) or v in (0, 1)):
+    if labels == BOOL_LABELS and (isinstance(v, bool) or v in (0, 1)):
         return int(v)
     if isinstance(v, str) and v in labels:
         return labels.index(v)

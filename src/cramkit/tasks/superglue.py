@@ -74,8 +74,8 @@ def _fields(obj, where: str, what: str, required: set[str], optional: set[str] =
     for key in obj:
         if key not in known:
             raise BadRow(
-                f"{where}: unknown field '{key}' in {what} (it has: {', '.join(sorted(known))}); "
-                f"this is not the official SuperGLUE layout. {SKIP_HINT}"
+                f"{where}: unknown field '{key}' in {what} (the official fields: {', '.join(sorted(known))}). "
+                + SKIP_HINT
             )
     for key in sorted(required):
         if key not in obj:
@@ -351,6 +351,21 @@ class JsonlSplit:
             )
         self.skipped = 0
         out: list[Example] = []
+        try:
+            self._read(out)
+        except UnicodeDecodeError as e:
+            raise CramkitError(
+                f"{self.path} is not UTF-8 text (byte {e.start} of a line); the SuperGLUE files are UTF-8"
+            ) from None
+        if self.skipped:
+            log.warning("%s: skipped %d bad rows of %s", self.task, self.skipped, self.path)
+        if not out:
+            raise CramkitError(
+                f"{self.path} holds no {self.task} rows; use the file from the SuperGLUE download"
+            )
+        return out
+
+    def _read(self, out: list[Example]) -> None:
         seen: dict[int, int] = {}  # idx -> line
         with open(self.path, encoding="utf-8-sig") as f:
             for lineno, line in enumerate(f, 1):
@@ -376,13 +391,6 @@ class JsonlSplit:
                 for ex in rows:
                     seen[ex.idx] = lineno
                 out.extend(rows)
-        if self.skipped:
-            log.warning("%s: skipped %d bad rows of %s", self.task, self.skipped, self.path)
-        if not out:
-            raise CramkitError(
-                f"{self.path} holds no {self.task} rows; use the file from the SuperGLUE download"
-            )
-        return out
 
 
 class _SuperGlueTask(Task):

@@ -438,7 +438,10 @@ def test_test_predictions_in_the_submission_formats(sg_dir: Path, tmp_path: Path
 
     path = tasks["boolq"].write_predictions("test", [(1, 0), (0, 1)], out)
     assert path.name == "BoolQ.jsonl"
-    assert _lines(path) == [{"idx": 0, "label": True}, {"idx": 1, "label": False}]
+    assert _lines(path) == [
+        {"idx": 0, "label": "true"},
+        {"idx": 1, "label": "false"},
+    ]  # strings, as the grader reads
     assert _lines(tasks["cb"].write_predictions("test", [(0, 2)], out)) == [{"idx": 0, "label": "neutral"}]
     assert _lines(tasks["copa"].write_predictions("test", [(0, 1), (1, 0)], out)) == [
         {"idx": 0, "label": 1},
@@ -447,8 +450,8 @@ def test_test_predictions_in_the_submission_formats(sg_dir: Path, tmp_path: Path
     assert _lines(tasks["rte"].write_predictions("test", [(0, 1)], out)) == [
         {"idx": 0, "label": "not_entailment"}
     ]
-    assert _lines(tasks["wic"].write_predictions("test", [(0, 1)], out)) == [{"idx": 0, "label": True}]
-    assert _lines(tasks["wsc"].write_predictions("test", [(0, 0)], out)) == [{"idx": 0, "label": False}]
+    assert _lines(tasks["wic"].write_predictions("test", [(0, 1)], out)) == [{"idx": 0, "label": "true"}]
+    assert _lines(tasks["wsc"].write_predictions("test", [(0, 0)], out)) == [{"idx": 0, "label": "False"}]
 
     # MultiRC: nested, one line per paragraph, answers' labels 0/1
     path = tasks["multirc"].write_predictions("test", [(20, 1), (21, 0), (22, 1)], out)

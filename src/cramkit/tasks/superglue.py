@@ -420,6 +420,13 @@ class _SuperGlueTask(Task):
         return write_text_atomic(out, "".join(json.dumps(o, ensure_ascii=False) + "\n" for o in objects))
 
 
+class WSCTask(_SuperGlueTask):
+    """WSC's submission labels are "True"/"False" (capitalised, as jiant writes them for the grader)."""
+
+    def submission_value(self, formatted: str) -> object:
+        return formatted.capitalize()
+
+
 class MultiRCTask(_SuperGlueTask):
     """MultiRC: rows are answer options; predictions are written nested, one line per paragraph:
     ``{"idx": P, "passage": {"questions": [{"idx": Q, "answers": [{"idx": A, "label": 0|1}]}]}}``."""
@@ -476,7 +483,7 @@ class RecordTask(_SuperGlueTask):
         return self._write_lines(split, lines, out_path)
 
 
-_TASK_CLASS = {"multirc": MultiRCTask, "record": RecordTask}
+_TASK_CLASS = {"multirc": MultiRCTask, "record": RecordTask, "wsc": WSCTask}
 
 
 def _task_folder(spec: SgSpec, root: Path) -> Path:

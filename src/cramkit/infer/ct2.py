@@ -61,12 +61,12 @@ def is_ct2_dir(path: str | os.PathLike) -> bool:
 
 
 def _ctranslate2() -> Any:
+    from cramkit.errors import missing_extra
+
     try:
         import ctranslate2
     except ImportError as exc:
-        raise CramkitError(
-            f"ctranslate2 is not installed ({exc}); install cramkit's [ct2] extra: pip install 'cramkit[ct2]'"
-        ) from None
+        raise (missing_extra(exc) or exc) from None
     return ctranslate2
 
 

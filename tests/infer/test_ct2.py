@@ -202,3 +202,53 @@ def test_without_ctranslate2_the_export_names_the_extra(minilm_dir, tmp_path) ->
     assert proc.stderr.strip() == (
         "cramkit: error: ctranslate2 is not installed; install cramkit's [ct2] extra: pip install 'cramkit[ct2]'"
     )
+
+
+SHAPES = {
+    "rope, rmsnorm, swiglu": dict(position="rope", norm="rmsnorm", activation="swiglu"),
+    "deepnorm, biases, learned positions": dict(norm_position="deepnorm", bias=True, position="learned"),
+    "pre-LN without final norm, relu, token types": dict(
+        final_norm=False, activation="relu", type_vocab_size=2, embedding_norm=False
+    ),
+}
+
+
+@pytest.mark.parametrize("shape", list(SHAPES))
+def test_every_cramkit_shape_runs_on_ct2(tok, tmp_path, shape) -> None:
+    import torch
+
+    from cramkit.load import LoadedModel
+    from cramkit.model.encoder import ModelConfig
+    from cramkit.model.heads import SequenceClassifier
+
+    torch.manual_seed(0)
+    cfg = ModelConfig(vocab_size=tok.get_vocab_size(), hidden=64, layers=2, heads=2, intermediate=128,
+                      max_position=128, **SHAPES[shape])  # fmt: skip
+    model = SequenceClassifier(cfg, 3).eval()
+    with torch.no_grad():  # away from the init's ones and zeros, so that every norm and bias matters
+        for p in model.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    loaded = LoadedModel(model=model, kind="classifier", config=cfg, tokenizer=tok, labels=["a", "b", "c"],
+                         max_length=128, with_types=cfg.type_vocab_size > 0, source=shape)  # fmt: skip
+    out = cramkit.export(loaded, tmp_path / "ct2", format="ct2")
+    texts = ["return the value of the key", ("a list of items", "is sorted in place"), "x " * 200]
+    ref, got = Engine(loaded, device="cpu"), Engine(out, threads=1)
+    inputs = texts if cfg.type_vocab_size else [t for t in texts if isinstance(t, str)]
+    assert np.abs(ref.logits(inputs) - got.logits(inputs)).max() < 1e-4
+    assert np.abs(ref.embed(inputs) - got.embed(inputs)).max() < 1e-4
+
+
+def test_a_masked_lm_exports_as_its_encoder(tok, tmp_path) -> None:
+    from cramkit.load import LoadedModel
+    from cramkit.model.encoder import ModelConfig
+    from cramkit.model.heads import MaskedLM
+
+    cfg = ModelConfig(vocab_size=tok.get_vocab_size(), hidden=64, layers=2, heads=2, intermediate=128)
+    loaded = LoadedModel(model=MaskedLM(cfg).eval(), kind="mlm", config=cfg, tokenizer=tok, source="mlm")
+    out = cramkit.export(loaded, tmp_path / "ct2", format="ct2")
+    got = Engine(out, threads=1)
+    assert got.kind == "encoder" and not got.can_fill_mask
+    texts = ["return the value of the key", "a list"]
+    assert np.abs(Engine(loaded, device="cpu").embed(texts) - got.embed(texts)).max() < 1e-4
+    with pytest.raises(CramkitError, match="no masked-LM head"):
+        got.fill_mask(["the [MASK] value"])

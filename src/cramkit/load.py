@@ -35,11 +35,13 @@ if TYPE_CHECKING:  # torch is imported by the functions that need it: `cramkit -
 MODEL_FILE = "cramkit-model.json"
 MODEL_FORMAT = "cramkit-model-1"
 ONNX_MANIFEST = "cramkit-onnx.json"
+CT2_MANIFEST = "cramkit-ct2.json"
 # what a model is for (its head), in a model directory and in an ONNX export alike
 KINDS = ("mlm", "classifier", "multilabel", "regression", "encoder", "multitask")
 # what a directory holds, by the file that marks it, tried in this order: the one table of them
 DIRECTORY_KINDS: tuple[tuple[str, str], ...] = (
     ("onnx", ONNX_MANIFEST),  # cramkit export --format onnx (run by cramkit.infer's ONNX backend)
+    ("ct2", CT2_MANIFEST),  # cramkit export --format ct2 (run by cramkit.infer's CTranslate2 backend)
     ("model", MODEL_FILE),  # a fine-tuned model, a student: LoadedModel.save
     ("run", "config.yaml"),  # a pretraining run (cramkit.rundir)
     ("hf", "config.json"),  # a Hugging Face model directory (also cramkit export --format hf)
@@ -179,7 +181,7 @@ def _unique_tensors(sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
 
 
 def directory_kind(path: PathLike) -> str | None:
-    """What ``path`` is: onnx, model, run, checkpoint (a run's step directory) or hf (see DIRECTORY_KINDS;
+    """What ``path`` is: onnx, ct2, model, run, checkpoint (a run's step directory) or hf (see DIRECTORY_KINDS;
     ``hf:DIR`` is hf); None when it is none of them."""
     text = str(path)
     if text.startswith("hf:"):
@@ -219,9 +221,10 @@ def load(
         if not path.is_dir():
             raise CramkitError(f"{text} is a file; give the directory that holds it")
         kind = directory_kind(path)
-        if kind == "onnx":
+        if kind in ("onnx", "ct2"):
+            what = {"onnx": "an ONNX", "ct2": "a CTranslate2"}[kind]
             raise CramkitError(
-                f"{text} is an ONNX export (cramkit export --format onnx): run it with "
+                f"{text} is {what} export (cramkit export --format {kind}): run it with "
                 f"cramkit.infer.Engine({text!r}), `cramkit predict --from {text}` or `cramkit serve {text}`; "
                 "cramkit.load reads the torch model it was exported from"
             )

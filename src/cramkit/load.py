@@ -35,11 +35,13 @@ if TYPE_CHECKING:  # torch is imported by the functions that need it: `cramkit -
 MODEL_FILE = "cramkit-model.json"
 MODEL_FORMAT = "cramkit-model-1"
 ONNX_MANIFEST = "cramkit-onnx.json"
+CT2_MANIFEST = "cramkit-ct2.json"
 # what a model is for (its head), in a model directory and in an ONNX export alike
-KINDS = ("mlm", "classifier", "multilabel", "regression", "encoder")
+KINDS = ("mlm", "classifier", "multilabel", "regression", "encoder", "multitask")
 # what a directory holds, by the file that marks it, tried in this order: the one table of them
 DIRECTORY_KINDS: tuple[tuple[str, str], ...] = (
     ("onnx", ONNX_MANIFEST),  # cramkit export --format onnx (run by cramkit.infer's ONNX backend)
+    ("ct2", CT2_MANIFEST),  # cramkit export --format ct2 (run by cramkit.infer's CTranslate2 backend)
     ("model", MODEL_FILE),  # a fine-tuned model, a student: LoadedModel.save
     ("run", "config.yaml"),  # a pretraining run (cramkit.rundir)
     ("hf", "config.json"),  # a Hugging Face model directory (also cramkit export --format hf)
@@ -179,7 +181,7 @@ def _unique_tensors(sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
 
 
 def directory_kind(path: PathLike) -> str | None:
-    """What ``path`` is: onnx, model, run, checkpoint (a run's step directory) or hf (see DIRECTORY_KINDS;
+    """What ``path`` is: onnx, ct2, model, run, checkpoint (a run's step directory) or hf (see DIRECTORY_KINDS;
     ``hf:DIR`` is hf); None when it is none of them."""
     text = str(path)
     if text.startswith("hf:"):
@@ -194,11 +196,17 @@ def directory_kind(path: PathLike) -> str | None:
 
 
 def load(
-    source: PathLike, *, step: int | None = None, device: str | torch.device | None = None
+    source: PathLike,
+    *,
+    step: int | None = None,
+    device: str | torch.device | None = None,
+    task: str | None = None,
 ) -> LoadedModel:
     """Load any model cramkit knows: a run, a checkpoint, a model directory or ``hf:DIR``.
 
-    step: with a run directory, that checkpoint (``step-N``) instead of the latest.
+    step: with a run directory, that checkpoint (``step-N``) instead of the latest. task: of a model
+    trained on a mixture (one head per task), that task's model (a plain classifier sharing the encoder);
+    of a single-task model, a check that it is the one it was trained on.
     """
     text = str(source)
     if text.startswith("hf:"):
@@ -213,9 +221,10 @@ def load(
         if not path.is_dir():
             raise CramkitError(f"{text} is a file; give the directory that holds it")
         kind = directory_kind(path)
-        if kind == "onnx":
+        if kind in ("onnx", "ct2"):
+            what = {"onnx": "an ONNX", "ct2": "a CTranslate2"}[kind]
             raise CramkitError(
-                f"{text} is an ONNX export (cramkit export --format onnx): run it with "
+                f"{text} is {what} export (cramkit export --format {kind}): run it with "
                 f"cramkit.infer.Engine({text!r}), `cramkit predict --from {text}` or `cramkit serve {text}`; "
                 "cramkit.load reads the torch model it was exported from"
             )
@@ -238,6 +247,8 @@ def load(
     loaded.tokenizer.no_truncation()
     loaded.tokenizer.no_padding()
     loaded.model.eval()
+    if task is not None:
+        loaded = for_task(loaded, task)
     if device is not None:
         loaded.to(device)
     return loaded
@@ -463,6 +474,10 @@ def _build_encoder_model(meta: dict[str, Any], file: Path) -> tuple[nn.Module, A
     if kind == "encoder":
         return Encoder(cfg), cfg
     head = from_dict(ClassifierConfig, meta.get("head") or {}, "head")
+    if kind == "multitask":
+        from cramkit.model.multitask import MultiTaskModel
+
+        return MultiTaskModel(cfg, [h["num_labels"] for h in task_heads(meta, file)], head), cfg
     n = meta.get("num_labels") or len(meta.get("labels") or [])
     if kind == "regression":
         n = 1
@@ -471,35 +486,129 @@ def _build_encoder_model(meta: dict[str, Any], file: Path) -> tuple[nn.Module, A
     return SequenceClassifier(cfg, n, head, multilabel=kind == "multilabel"), cfg
 
 
+def task_heads(meta: dict[str, Any], file: PathLike) -> list[dict[str, Any]]:
+    """A multitask model's heads (``extra.tasks``: name, kind, num_labels, labels), checked: a crafted file
+    gets one line, never a traceback."""
+    heads = (meta.get("extra") or {}).get("tasks")
+    bad = CramkitError(f"{file}: 'extra.tasks' must list the heads (name, kind, num_labels, labels); the model "
+                       "directory is damaged or crafted: write it again")  # fmt: skip
+    if not isinstance(heads, list) or not heads:
+        raise bad
+    for h in heads:
+        if not (isinstance(h, dict) and isinstance(h.get("name"), str) and h.get("kind") in ("classification", "regression")
+                and isinstance(h.get("num_labels"), int) and 1 <= h["num_labels"] <= 1_000_000):  # fmt: skip
+            raise bad
+        labels = h.get("labels")
+        if labels is not None and not (isinstance(labels, list) and all(isinstance(x, str) for x in labels)
+                                       and len(labels) == h["num_labels"]):  # fmt: skip
+            raise bad
+    if len({h["name"] for h in heads}) != len(heads):
+        raise bad
+    return heads
+
+
+def for_task(loaded: LoadedModel, task: str | None) -> LoadedModel:
+    """The model of one task: a multitask model's head ``task`` as a plain classifier (sharing the weights),
+    or ``loaded`` itself when it is a single model (``task``, when given, must be the one it was trained on)."""
+    if loaded.kind != "multitask":
+        if task is not None and loaded.task is not None and task != loaded.task:
+            raise CramkitError(
+                f"--task {task}: {loaded.source} is a model of {loaded.task}, not of {task}; leave out --task"
+            )
+        return loaded
+    heads = task_heads(loaded.meta(), loaded.source)
+    names = [h["name"] for h in heads]
+    if task is None:
+        raise CramkitError(
+            f"{loaded.source} holds one head per task ({', '.join(names)}); choose one with --task NAME"
+        )
+    short = {n.split("/")[-1]: n for n in names}
+    name = task if task in names else short.get(task)
+    if name is None:
+        import difflib
+
+        close = difflib.get_close_matches(task, names, n=1)
+        hint = f" (did you mean {close[0]}?)" if close else ""
+        raise CramkitError(
+            f"--task {task}: {loaded.source} has no head for it{hint}; its tasks: {', '.join(names)}"
+        )
+    i = names.index(name)
+    h = heads[i]
+    extra = {k: v for k, v in loaded.extra.items() if k != "tasks"}
+    extra.update({k: h[k] for k in ("columns",) if k in h})
+    return LoadedModel(
+        model=loaded.model.single(i).eval(), kind="regression" if h["kind"] == "regression" else "classifier",
+        config=loaded.config, tokenizer=loaded.tokenizer, labels=h.get("labels"), task=name,
+        max_length=loaded.max_length, pooling=loaded.pooling, normalize=loaded.normalize,
+        with_types=loaded.with_types, source=loaded.source, architecture=loaded.architecture,
+        head=loaded.head, extra=extra,
+    )  # fmt: skip
+
+
 # ------------------------------------------------------------------------------------- Hugging Face
 
 
+# the module config names sentence-transformers has used for its Transformer module, newest first
+ST_CONFIG_FILES = ("sentence_bert_config.json", "sentence_roberta_config.json", "sentence_distilbert_config.json",
+                   "sentence_camembert_config.json", "sentence_albert_config.json", "sentence_xlm-roberta_config.json")  # fmt: skip
+
+
 def _st_pooling(root: Path) -> tuple[str | None, bool, int | None]:
-    """sentence-transformers' pooling ("mean"/"cls"), whether it normalises, its max_seq_length."""
+    """sentence-transformers' pooling ("mean"/"cls"), whether it normalises, its max_seq_length.
+
+    Both layouts are read: before v5 the pooling is a set of ``pooling_mode_*_tokens`` flags and the
+    length ``max_seq_length`` in ``sentence_bert_config.json``; from v5 the pooling is ``pooling_mode``
+    (a name) and the length the tokenizer's ``model_max_length`` (``tokenizer_config.json``). A pooling
+    cramkit does not compute (max, last token, weighted mean, several at once) is one clear error, never a
+    silently different embedding."""
     from cramkit.io import inside
 
     pooling, normalize, max_len = None, False, None
     modules = root / "modules.json"
+    if not modules.is_file():
+        return pooling, normalize, max_len
     try:
-        if modules.is_file():
-            for mod in json.loads(modules.read_text(encoding="utf-8")):
-                kind = str(mod.get("type", ""))
-                if kind.endswith("Pooling"):
-                    conf = inside(root, str(mod.get("path", ""))) / "config.json"
-                    if conf.is_file():
-                        c = json.loads(conf.read_text(encoding="utf-8"))
-                        if c.get("pooling_mode_cls_token"):
-                            pooling = "cls"
-                        elif c.get("pooling_mode_mean_tokens"):
-                            pooling = "mean"
-                elif kind.endswith("Normalize"):
-                    normalize = True
-        st = root / "sentence_bert_config.json"
-        if st.is_file():
-            max_len = int(json.loads(st.read_text(encoding="utf-8")).get("max_seq_length") or 0) or None
+        for mod in json.loads(modules.read_text(encoding="utf-8")):
+            kind = str(mod.get("type", ""))
+            if kind.endswith("Pooling"):
+                conf = inside(root, str(mod.get("path", ""))) / "config.json"
+                if conf.is_file():
+                    pooling = _st_pooling_mode(json.loads(conf.read_text(encoding="utf-8")), conf)
+            elif kind.endswith("Normalize"):
+                normalize = True
+        for name in ST_CONFIG_FILES:
+            if (root / name).is_file():
+                max_len = (
+                    int(json.loads((root / name).read_text(encoding="utf-8")).get("max_seq_length") or 0)
+                    or None
+                )
+                break
+        tok_conf = root / "tokenizer_config.json"
+        if max_len is None and tok_conf.is_file():
+            value = json.loads(tok_conf.read_text(encoding="utf-8")).get("model_max_length")
+            if isinstance(value, int) and 0 < value < 1_000_000:  # transformers writes 1e30 for "no limit"
+                max_len = value
     except (ValueError, OSError, TypeError, AttributeError) as exc:
         raise CramkitError(f"{root}: sentence-transformers files are malformed ({exc})") from None
     return pooling, normalize, max_len
+
+
+def _st_pooling_mode(conf: dict[str, Any], file: Path) -> str | None:
+    mode = conf.get("pooling_mode")
+    if mode is None:  # before v5: one flag per mode
+        modes = [m for m in ("cls_token", "mean_tokens", "max_tokens", "mean_sqrt_len_tokens", "weightedmean_tokens",
+                             "lasttoken") if conf.get(f"pooling_mode_{m}")]  # fmt: skip
+        mode = [m.removesuffix("_tokens").replace("cls_token", "cls") for m in modes]
+    if isinstance(mode, list) and len(mode) == 1:
+        mode = mode[0]
+    if mode == []:
+        return None
+    if mode in ("cls", "mean"):
+        return mode
+    raise CramkitError(
+        f"{file}: sentence-transformers pooling {mode!r} is not one cramkit computes (cls or mean); its embeddings "
+        "would differ from the model's own"
+    )
 
 
 def _hf_labels(hf: dict[str, Any], state: dict[str, Any]) -> tuple[str, int, list[str] | None]:

@@ -47,7 +47,6 @@ def test_python_export_to_onnx_is_the_commands(ft_model, ft_onnx, glue_dir, tmp_
         cramkit.export(ft_model, tmp_path / "hf", quantize="int8")
 
 
-@pytest.mark.slow
 def test_int8_export_records_what_it_cost(ft_model, ft_onnx, ft_onnx_int8, glue_dir) -> None:
     man = json.loads((ft_onnx_int8 / MANIFEST).read_text())
     check = man["check"]

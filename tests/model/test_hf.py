@@ -539,3 +539,61 @@ def test_export_cli_steps_and_errors(
     err = capsys.readouterr().err
     assert "does not match its checksum" in err and "Traceback" not in err
     assert not (tmp_path / "y").exists()
+
+
+def _st_copy(minilm_dir: Path, out: Path) -> Path:
+    import shutil
+
+    shutil.copytree(minilm_dir, out)
+    return out
+
+
+def test_sentence_transformers_v5_layout_is_read(minilm_dir: Path, tmp_path: Path) -> None:
+    """From sentence-transformers 5 the length is the tokenizer's model_max_length and the pooling one name;
+    a folder saved that way loads with the same length and pooling as the old layout, and a CLS model pools
+    [CLS] (embeddings equal to the hand-computed first token's)."""
+    import json
+
+    import cramkit
+    from cramkit.infer import Engine
+
+    old = cramkit.load(f"hf:{minilm_dir}")
+    new = _st_copy(minilm_dir, tmp_path / "v5")
+    (new / "sentence_bert_config.json").write_text(json.dumps({"do_lower_case": False}))
+    conf = json.loads((new / "tokenizer_config.json").read_text())
+    (new / "tokenizer_config.json").write_text(json.dumps(conf | {"model_max_length": 256}))
+    (new / "1_Pooling" / "config.json").write_text(
+        json.dumps({"embedding_dimension": 384, "pooling_mode": "mean", "include_prompt": True})
+    )
+    m = cramkit.load(f"hf:{new}")
+    assert (
+        (m.max_length, m.pooling, m.normalize)
+        == (old.max_length, old.pooling, old.normalize)
+        == (256, "mean", True)
+    )
+    long_text = "word " * 600
+    a = Engine(old).embed([long_text, "short"])
+    b = Engine(m).embed([long_text, "short"])
+    assert torch.allclose(torch.as_tensor(a), torch.as_tensor(b), atol=1e-6)
+
+    (new / "1_Pooling" / "config.json").write_text(
+        json.dumps({"embedding_dimension": 384, "pooling_mode": ["cls"]})
+    )
+    cls = cramkit.load(f"hf:{new}")
+    assert cls.pooling == "cls"
+    ids = torch.tensor([cls.tokenizer.encode("a short sentence").ids])
+    with torch.no_grad():
+        first = torch.nn.functional.normalize(cls.model(ids)[0, 0], dim=-1)
+    got = torch.as_tensor(Engine(cls).embed(["a short sentence"]))[0]
+    assert torch.allclose(got, first, atol=1e-5)
+    for mode in ("max", "lasttoken", ["mean", "max"]):
+        (new / "1_Pooling" / "config.json").write_text(
+            json.dumps({"embedding_dimension": 384, "pooling_mode": mode})
+        )
+        with pytest.raises(CramkitError, match="not one cramkit computes"):
+            cramkit.load(f"hf:{new}")
+    (new / "1_Pooling" / "config.json").write_text(
+        json.dumps({"word_embedding_dimension": 384, "pooling_mode_max_tokens": True})
+    )
+    with pytest.raises(CramkitError, match="'max'"):
+        cramkit.load(f"hf:{new}")

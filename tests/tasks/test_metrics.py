@@ -86,6 +86,45 @@ def test_degenerate_inputs_count_as_zero():
     assert compute_metrics(["mcc", "f1"], gold, gold) == {"mcc": 100.0, "f1": 100.0}
 
 
+def test_macro_f1_and_f1a_match_sklearn():
+    sk = pytest.importorskip("sklearn.metrics")
+    rng = np.random.default_rng(5)
+    for n, k in ((60, 3), (25, 3), (40, 2)):
+        gold = rng.integers(0, k, n)
+        pred = np.where(rng.random(n) < 0.6, gold, rng.integers(0, k, n))
+        m = compute_metrics(["macro_f1", "f1a"], pred, gold)
+        assert m["macro_f1"] == pytest.approx(100 * sk.f1_score(gold, pred, average="macro"))
+        if k == 2:
+            assert m["f1a"] == pytest.approx(100 * sk.f1_score(gold, pred))
+    # a class never predicted nor gold is not averaged (scikit-learn's labels = those present)
+    gold, pred = [0, 0, 1, 1], [0, 1, 1, 1]  # class 0: F1 2/3, class 1: F1 4/5; class 2 absent
+    assert compute_metrics(["macro_f1"], pred, gold)["macro_f1"] == pytest.approx(100 * (2 / 3 + 4 / 5) / 2)
+    # a class present only in the predictions counts with F1 0 (CB's "neutral" never gold here)
+    assert compute_metrics(["macro_f1"], [0, 2], [0, 1])["macro_f1"] == pytest.approx(100 / 3)
+
+
+def test_exact_match_per_group_by_hand():
+    pred = [1, 0, 1, 1, 0, 0]
+    gold = [1, 0, 0, 1, 0, 1]
+    groups = [7, 7, 7, 9, 4, 4]  # group 7 has a wrong row, 9 is right, 4 has a wrong row
+    assert compute_metrics(["em"], pred, gold, groups=groups) == {"em": pytest.approx(100 / 3)}
+    assert compute_metrics(["em"], gold, gold, groups=groups) == {"em": 100.0}
+    with pytest.raises(CramkitError, match="computed per group"):
+        compute_metrics(["em"], pred, gold)
+
+
+def test_answer_f1_and_em_as_squad_scores_them():
+    preds = ["The Eiffel Tower!", "Barack Obama", "New York", "London"]
+    golds = [["Eiffel Tower"], ["Obama", "President Barack Obama"], ["York"], ["Paris", "Rome"]]
+    m = compute_metrics(["answer_f1", "answer_em"], preds, golds)
+    # 1: equal once normalised (article, case, punctuation); 2: best gold "President Barack Obama",
+    # 2 common tokens, P 1, R 2/3 -> F1 0.8; 3: "new york" vs "york": P 1/2, R 1 -> 2/3; 4: 0
+    assert m["answer_em"] == pytest.approx(25.0)
+    assert m["answer_f1"] == pytest.approx(100 * (1 + 0.8 + 2 / 3 + 0) / 4)
+    with pytest.raises(CramkitError, match="answer strings"):
+        compute_metrics(["answer_f1"], [1, 0], [0, 1])
+
+
 def test_bad_metric_calls():
     with pytest.raises(CramkitError, match="3 predictions for 2 labels"):
         compute_metrics(["accuracy"], [0, 1, 1], [0, 1])

@@ -1,4 +1,4 @@
-"""`cramkit export MODEL --out DIR [--format hf|onnx]`: a Hugging Face (or ONNX) model directory.
+"""`cramkit export MODEL --out DIR [--format hf|onnx|ct2]`: a Hugging Face (or ONNX) model directory.
 
 MODEL is anything ``cramkit.load`` takes: a run (its latest checkpoint, or ``--step N``), a checkpoint of
 either world size, a fine-tuned model or student directory, or ``hf:DIR``.
@@ -18,19 +18,21 @@ def register(sub: argparse._SubParsersAction) -> None:
         description="Write a model as a Hugging Face directory. BERT-shaped models (post-LN, learned positions, "
         "biases, GELU; e.g. --preset bert-base, or any hf: import) become plain BertForMaskedLM / BertModel / "
         "BertForSequenceClassification that transformers loads with no custom code; other architectures ship "
-        "modeling_cramkit.py and load with trust_remote_code=True. --format onnx writes an ONNX Runtime model.",
+        "modeling_cramkit.py and load with trust_remote_code=True. --format onnx writes an ONNX Runtime model, "
+        "--format ct2 a CTranslate2 encoder (ctranslate2.Encoder).",
     )
     p.add_argument(
         "source", metavar="MODEL", help="a run, a checkpoint, a model directory (finetune --out) or hf:DIR"
     )
     p.add_argument("--out", required=True, help="the directory to write (replaced atomically)")
-    p.add_argument("--format", choices=["hf", "onnx"], default="hf", help="hf (default) or onnx")
-    p.add_argument(
-        "--quantize", choices=["int8"], default=None, help="with --format onnx: dynamic int8 weights"
-    )
+    p.add_argument("--format", choices=["hf", "onnx", "ct2"], default="hf", help="hf (default), onnx or ct2")
+    p.add_argument("--quantize", choices=["int8", "int8_float32", "float32", "bfloat16"], default=None,
+                   help="--format onnx: int8 (dynamic int8 weights); --format ct2: the stored weight type "
+                   "(default float32)")  # fmt: skip
     p.add_argument(
         "--step", type=int, default=None, help="export checkpoint step-N of a run instead of the latest"
     )
+    p.add_argument("--task", help="of a model fine-tuned on a mixture: the task whose head to export")
     p.add_argument("--no-mlm-head", action="store_true", help="export the encoder only (BertModel)")
     p.add_argument("--force", action="store_true", help="replace --out even if it is not a previous export")
     p.set_defaults(func=run)
@@ -39,9 +41,11 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from cramkit.infer.export import export
 
-    if args.quantize and args.format != "onnx":
-        raise CramkitError("--quantize int8 applies to --format onnx")
+    if args.quantize and args.format == "hf":
+        raise CramkitError("--quantize applies to --format onnx (int8) and --format ct2")
+    if args.quantize not in (None, "int8") and args.format != "ct2":
+        raise CramkitError(f"--quantize {args.quantize} applies to --format ct2; --format onnx takes int8")
     done = export(args.source, args.out, format=args.format, quantize=args.quantize, step=args.step,
-                  mlm_head=not args.no_mlm_head, force=args.force)  # fmt: skip
+                  mlm_head=not args.no_mlm_head, force=args.force, task=args.task)  # fmt: skip
     print(done.summary)
     return 0

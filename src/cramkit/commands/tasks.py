@@ -47,12 +47,19 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="cramkit run / checkpoint directory, a model directory, or hf:PATH (a Hugging Face BERT directory)",
     )
     p.add_argument("--task", help="registered task name, e.g. glue/sst2 (see --list-tasks)")
-    p.add_argument("--list-tasks", action="store_true", help="list the registered task names and exit")
+    p.add_argument("--mixture", metavar="MIXTURE",
+                   help="train several tasks together, one head each: a registered mixture (see --list-tasks) or "
+                   "task names separated by commas, e.g. glue/mrpc,glue/rte")  # fmt: skip
+    p.add_argument("--rates", metavar="RULE",
+                   help="with --mixture: how often each task's batches are drawn: proportional (default: by size), "
+                   "capped:N (size, at most N), temperature:T, equal, or one weight per task (2,1,1)")  # fmt: skip
     p.add_argument(
-        "--data-dir",
-        help="the suite's root folder (GLUE: DIR/SST-2/train.tsv, default $CRAMKIT_GLUE_DIR; CLUE: "
-        "DIR/tnews/train.json or FewCLUE's DIR/eprstmt/train_0.json, default $CRAMKIT_CLUE_DIR)",
+        "--list-tasks", action="store_true", help="list the registered tasks and mixtures and exit"
     )
+    p.add_argument("--data-dir", action="append", metavar="[SUITE=]DIR",
+                   help="the benchmark's folder (GLUE: DIR/SST-2/train.tsv, ...; default $CRAMKIT_GLUE_DIR; CLUE: DIR/tnews/"
+                   "train.json or FewCLUE's DIR/eprstmt/train_0.json, default $CRAMKIT_CLUE_DIR); for a "
+                   "mixture across benchmarks, one per suite: --data-dir glue=DIR --data-dir clue=DIR2")  # fmt: skip
     p.add_argument(
         "--out",
         help="output directory: the fine-tuned model (median seed; cramkit.load / predict / export / serve), "
@@ -116,7 +123,9 @@ def register(sub: argparse._SubParsersAction) -> None:
         "-h", "--help", action=_SuiteHelp, help="show this help (after SUITE: with its tasks) and exit"
     )
     e.add_argument(
-        "suite", metavar="SUITE", help="the benchmark: glue, clue, fewclue (every registered suite)"
+        "suite",
+        metavar="SUITE",
+        help="the benchmark: glue, superglue, clue, fewclue (every registered suite)",
     )
     e.add_argument(
         "--from",
@@ -208,6 +217,24 @@ def check_model_source(source: str, flag: str = "--from") -> None:
         )
 
 
+def data_dir_for(task: str, given: list[str] | None) -> str | None:
+    """The data folder of ``task`` (e.g. glue/mrpc) from ``--data-dir`` values: ``SUITE=DIR`` for its suite,
+    else the one plain ``DIR``; None (the suite's default) when neither is given."""
+    plain, per_suite = None, {}
+    for item in given or []:
+        suite, sep, path = item.partition("=")
+        if sep and suite and "/" not in suite and not Path(item).exists():
+            per_suite[suite] = path
+        elif plain is not None and plain != item:
+            raise CramkitError(
+                f"--data-dir given twice ({plain}, {item}); for tasks of several benchmarks name each: "
+                "--data-dir glue=DIR --data-dir clue=DIR2"
+            )
+        else:
+            plain = item
+    return per_suite.get(task.split("/")[0], plain)
+
+
 def _resolve_task(args: argparse.Namespace):
     from cramkit.tasks.registry import get_task
 
@@ -240,7 +267,9 @@ def _resolve_task(args: argparse.Namespace):
         raise CramkitError(
             "name a task with --task (e.g. --task glue/sst2) or give your files with --train/--dev"
         )
-    task = get_task(args.task, data_dir=args.data_dir, skip_bad_rows=args.skip_bad_rows)
+    task = get_task(
+        args.task, data_dir=data_dir_for(args.task, args.data_dir), skip_bad_rows=args.skip_bad_rows
+    )
     if not task.dev_splits:
         raise CramkitError(f"task {task.name} has no dev split to score; pick a task with labelled dev data")
     return task
@@ -248,22 +277,43 @@ def _resolve_task(args: argparse.Namespace):
 
 def run_finetune(args: argparse.Namespace) -> int:
     if args.list_tasks:
+        from cramkit.tasks.mixtures import get_mixture, list_mixtures
         from cramkit.tasks.registry import list_tasks
 
         print("\n".join(list_tasks()))
         print(
             "(or your own files: --train FILE [--dev FILE] --text-a COLUMN [--text-b COLUMN] --label COLUMN)"
         )
+        print("\nmixtures (--mixture NAME, or task names separated by commas):")
+        for name in list_mixtures():
+            mix = get_mixture(name)
+            print(
+                f"{name}: {', '.join(mix.tasks)} (rates {mix.rates}){f'; {mix.description}' if mix.description else ''}"
+            )
         return 0
     if not args.source:
         raise CramkitError(
             "cramkit finetune needs --from MODEL (a run directory, a model directory or hf:DIR)"
         )
     cfg = _config(args)  # a mistyped setting fails here, before --nproc starts the processes
+    if args.rates and not args.mixture:
+        raise CramkitError(
+            "--rates applies to --mixture; give the tasks with --mixture glue/mrpc,glue/rte,..."
+        )
+    if args.mixture:
+        from cramkit.tasks.mixtures import resolve_mixture
+
+        if args.task or args.train:
+            raise CramkitError("give either --mixture or --task/--train, not both")
+        mixture = resolve_mixture(
+            args.mixture, args.rates
+        )  # an unknown name or a bad rate fails before --nproc
     if args.fewshot_splits:
         return _finetune_fewshot(args, cfg)
     if args.nproc != 1:
         return _launch_finetune(args)
+    if args.mixture:
+        return _run_mixture(args, mixture, cfg)
     task = _resolve_task(args)
     check_model_source(args.source)
     # load every split the run will need before any training starts: a missing split fails fast
@@ -296,8 +346,8 @@ def _finetune_fewshot(args: argparse.Namespace, cfg) -> int:
     """``--fewshot-splits``: FewCLUE's protocol on one task; each split in OUT/split-K, the summary in OUT."""
     from cramkit.tasks.clue import fewshot_task, parse_fewshot_splits
 
-    if args.nproc != 1:
-        raise CramkitError("--fewshot-splits runs in one process; leave out --nproc")
+    if args.nproc != 1 or args.mixture:
+        raise CramkitError("--fewshot-splits runs one task in one process; leave out --nproc and --mixture")
     ks = parse_fewshot_splits(args.fewshot_splits)
     task = _resolve_task(args)
     for k in ks:  # every split is there and reads before anything is trained
@@ -338,6 +388,35 @@ def _finetune_fewshot(args: argparse.Namespace, cfg) -> int:
     )
     if res.get("skipped_rows"):
         print(f"skipped bad rows: {json.dumps(res['skipped_rows'])}", file=sys.stderr)
+
+
+def _run_mixture(args: argparse.Namespace, mixture, cfg) -> int:
+    from cramkit.io import check_out, disk_errors
+    from cramkit.tasks.registry import get_task
+    from cramkit.train.multitask import SETTINGS_FILE, finetune_mixture
+
+    tasks = [
+        get_task(n, data_dir=data_dir_for(n, args.data_dir), skip_bad_rows=args.skip_bad_rows)
+        for n in mixture.tasks
+    ]
+    check_model_source(args.source)
+    for task in tasks:  # every split the run needs, before any training: a missing one fails fast
+        for split in [task.train_split, *task.dev_splits]:
+            task.examples(split)
+    out = Path(args.out or f"finetune-{mixture.name}")
+    check_out(out, inputs=[args.source], own=[SETTINGS_FILE])
+    with disk_errors(out):
+        res = finetune_mixture(mixture, tasks, args.source, cfg, out, progress=not args.no_progress)
+    if not res:
+        return 0
+    for name, entry in res["tasks"].items():
+        for split, r in entry["dev"].items():
+            metrics = ", ".join(f"{m} {v:.2f}" for m, v in r["metrics"].items())
+            print(f"{name} {split}: {metrics} (rate {entry['rate']:.3f}, {entry['batches']} batches)")
+    if res["score"] is not None:
+        print(f"mean of the tasks' main scores: {res['score']:.2f}")
+    print(f"training: {res['examples_per_s']:.1f} examples/s; results in {out / 'results.json'}")
+    print(f"model (one head per task) saved in {out}: cramkit predict --from {out} --task NAME FILE")
     return 0
 
 

@@ -1,4 +1,5 @@
-"""Fast inference: the batched engine (torch), and the ONNX Runtime backend (``cramkit.infer.onnx``)."""
+"""Fast inference: the batched engine (torch), and the ONNX Runtime (``cramkit.infer.onnx``) and CTranslate2
+(``cramkit.infer.ct2``) backends."""
 
 from cramkit.infer.engine import ClassifyResult, Engine
 from cramkit.runtime import resolve_device

@@ -37,11 +37,12 @@ MAX_BATCH_ROWS = 1024  # rows per forward pass, whatever their length
 if TYPE_CHECKING:
     import torch
 
+    from cramkit.infer.ct2 import Ct2Model
     from cramkit.infer.onnx import OnnxModel
     from cramkit.load import LoadedModel
 
 TextOrPair = str | tuple[str, str] | list[str]
-BACKENDS = ("auto", "torch", "onnx")
+BACKENDS = ("auto", "torch", "onnx", "ct2")
 
 
 @dataclass
@@ -179,19 +180,21 @@ class _OnnxRunner:
 
 class Engine:
     """Batched inference over a model: a :class:`~cramkit.load.LoadedModel`, an
-    :class:`~cramkit.infer.onnx.OnnxModel`, or a path (anything ``cramkit.load`` takes, or an ONNX export).
+    :class:`~cramkit.infer.onnx.OnnxModel`, a :class:`~cramkit.infer.ct2.Ct2Model`, or a path (anything
+    ``cramkit.load`` takes, an ONNX or a CTranslate2 export).
 
-    backend: ``torch``, ``onnx`` or ``auto`` (ONNX Runtime for an ONNX export, torch otherwise); asking for
-    ``onnx`` with a torch model exports it (fp32) to a temporary directory first.
+    backend: ``torch``, ``onnx``, ``ct2`` or ``auto`` (ONNX Runtime for an ONNX export, CTranslate2 for a
+    CTranslate2 one, torch otherwise); asking for ``onnx`` or ``ct2`` with a torch model exports it (fp32) to
+    a temporary directory first.
     max_batch_tokens: padded tokens per forward pass (rows x longest row; default from the device:
     :func:`default_batch_tokens`); max_length: cut inputs to this many tokens ([CLS]/[SEP] included),
-    default the model's limit; threads: CPU threads of ONNX Runtime
+    default the model's limit; threads: CPU threads of ONNX Runtime or CTranslate2 (``intra_threads``)
     (default: the cores this process may use; torch keeps its own setting).
     """
 
     def __init__(
         self,
-        model: LoadedModel | OnnxModel | str | os.PathLike,
+        model: LoadedModel | OnnxModel | Ct2Model | str | os.PathLike,
         *,
         backend: str = "auto",
         device: str | torch.device | None = "auto",
@@ -204,6 +207,7 @@ class Engine:
             raise CramkitError(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
         if max_batch_tokens is not None and max_batch_tokens < 1:
             raise CramkitError(f"max_batch_tokens must be positive, got {max_batch_tokens}")
+        from cramkit.infer import ct2 as ct2_mod
         from cramkit.infer import onnx as onnx_mod
         from cramkit.load import LoadedModel, load
 
@@ -216,8 +220,19 @@ class Engine:
                         "it was exported from"
                     )
                 model = onnx_mod.load_onnx(model, threads=threads)
+            elif ct2_mod.is_ct2_dir(model):
+                if backend not in ("auto", "ct2"):
+                    raise CramkitError(
+                        f"{model} is a CTranslate2 export; run it with backend ct2 (or auto), or give the "
+                        "torch model it was exported from"
+                    )
+                model = ct2_mod.load_ct2(model, threads=threads)
             else:
                 model = load(model)
+        if isinstance(model, LoadedModel) and model.kind == "multitask":
+            from cramkit.load import for_task
+
+            for_task(model, None)  # one line: choose the task (load(..., task=NAME))
         if isinstance(model, LoadedModel) and backend == "onnx":
             import tempfile
 
@@ -226,16 +241,28 @@ class Engine:
                 model, Path(self._tmp.name) / "model", compare=compare_outputs, progress=False
             )
             model = onnx_mod.load_onnx(out, threads=threads)
+        if isinstance(model, LoadedModel) and backend == "ct2":
+            import tempfile
+
+            self._tmp = tempfile.TemporaryDirectory(prefix="cramkit-ct2-")
+            out = ct2_mod.export_ct2(
+                model, Path(self._tmp.name) / "model", compare=compare_outputs, progress=False
+            )
+            model = ct2_mod.load_ct2(out, threads=threads)
         if isinstance(model, LoadedModel):
             self.loaded: LoadedModel | None = model
-            self.onnx: OnnxModel | None = None
-            self.runner: _TorchRunner | _OnnxRunner = _TorchRunner(model, device, precision)
+            self.onnx: OnnxModel | Ct2Model | None = None
+            self.runner: _TorchRunner | _OnnxRunner | ct2_mod.Ct2Runner = _TorchRunner(
+                model, device, precision
+            )
             self.device = self.runner.device
             self.model = self.runner.model
             src = model
         else:
-            self.loaded, self.onnx = None, model
-            self.runner = _OnnxRunner(model)
+            self.loaded, self.onnx = None, model  # an export: ONNX or CTranslate2
+            self.runner = (
+                ct2_mod.Ct2Runner(model) if isinstance(model, ct2_mod.Ct2Model) else _OnnxRunner(model)
+            )
             self.device = "cpu"
             src = model
         self.backend = self.runner.name
@@ -506,9 +533,11 @@ class Engine:
         }
 
 
-def compare_outputs(loaded: LoadedModel, onnx_model: OnnxModel, texts: list[Any]) -> dict[str, Any]:
-    """The largest differences between the torch model's and its ONNX export's outputs on ``texts``
-    (``cramkit.infer.onnx.export_onnx``'s check)."""
+def compare_outputs(
+    loaded: LoadedModel, onnx_model: OnnxModel | Ct2Model, texts: list[Any]
+) -> dict[str, Any]:
+    """The largest differences between the torch model's and its ONNX (or CTranslate2) export's outputs on
+    ``texts`` (``cramkit.infer.onnx.export_onnx``'s and ``cramkit.infer.ct2.export_ct2``'s check)."""
     import torch
 
     ref = Engine(loaded, backend="torch", device="cpu", max_batch_tokens=4096)

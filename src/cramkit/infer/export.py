@@ -12,9 +12,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from cramkit.errors import CramkitError
-from cramkit.load import LoadedModel, load
+from cramkit.load import CT2_MANIFEST, ONNX_MANIFEST, LoadedModel, load
 
-FORMATS = ("hf", "onnx")
+FORMATS = ("hf", "onnx", "ct2")
 
 
 @dataclass
@@ -33,31 +33,39 @@ def export(
     mlm_head: bool = True,
     force: bool = False,
     progress: bool = True,
+    task: str | None = None,
 ) -> Exported:
     """Write ``model`` (anything ``cramkit.load`` takes, or a loaded model) to ``out`` as a Hugging Face
-    directory (``format="hf"``) or an ONNX Runtime one (``format="onnx"``, ``quantize="int8"`` for
-    dynamic int8 weights). ``out`` is replaced atomically; a non-empty ``out`` that is not a previous
-    export is refused unless ``force``."""
+    directory (``format="hf"``), an ONNX Runtime one (``format="onnx"``, ``quantize="int8"`` for
+    dynamic int8 weights) or a CTranslate2 one (``format="ct2"``, ``quantize``: float32 (default), int8,
+    int8_float32 or bfloat16). ``out`` is replaced atomically; a non-empty ``out`` that is not a previous
+    export is refused unless ``force``. task: the head to export of a model trained on a mixture."""
     if format not in FORMATS:
         raise CramkitError(f"format must be one of {', '.join(FORMATS)}, got {format!r}")
-    if quantize and format != "onnx":
-        raise CramkitError("quantize int8 applies to the onnx format")
+    if quantize and format == "hf":
+        raise CramkitError("quantize int8 applies to the onnx format (int8, int8_float32, bfloat16: ct2)")
+    if quantize and format == "onnx" and quantize != "int8":
+        raise CramkitError(f"quantize {quantize} applies to the ct2 format; the onnx format takes int8")
     out = Path(out)
     if isinstance(model, LoadedModel) and step is not None:
         raise CramkitError("step applies to a run directory, not to a loaded model")
     from cramkit.io import check_out, disk_errors
     from cramkit.model.hf import EXPORT_MARKER
 
-    marker = "cramkit-onnx.json" if format == "onnx" else EXPORT_MARKER
+    marker = {"onnx": ONNX_MANIFEST, "ct2": CT2_MANIFEST}.get(format, EXPORT_MARKER)
     removed = check_out(out, inputs=[model], own=[marker], replace=True, force=force)
     if removed:
         shown = ", ".join(removed[:20]) + (f" and {len(removed) - 20} more" if len(removed) > 20 else "")
         print(f"cramkit: --force: {out} will be replaced; removing its {len(removed)} entries: {shown}",
               file=sys.stderr)  # fmt: skip
-    loaded = model if isinstance(model, LoadedModel) else load(model, step=step)
+    from cramkit.load import for_task
+
+    loaded = for_task(model if isinstance(model, LoadedModel) else load(model, step=step), task)
     with disk_errors(out):
         if format == "onnx":
             return _export_onnx(loaded, out, quantize, force, progress)
+        if format == "ct2":
+            return _export_ct2(loaded, out, quantize, force, progress)
         return _export_hf(loaded, out, mlm_head, force)
 
 
@@ -73,6 +81,17 @@ def _export_onnx(
         ) from None
     done = export_onnx(loaded, out, quantize, force, compare=compare_outputs, progress=progress)
     what = f"ONNX{' int8' if quantize else ''}; cramkit serve {done} --backend onnx"
+    return Exported(done, f"exported {loaded.source} -> {done} ({what})")
+
+
+def _export_ct2(
+    loaded: LoadedModel, out: Path, quantize: str | None, force: bool, progress: bool
+) -> Exported:
+    from cramkit.infer.ct2 import export_ct2
+    from cramkit.infer.engine import compare_outputs
+
+    done = export_ct2(loaded, out, quantize, force, compare=compare_outputs, progress=progress)
+    what = f"CTranslate2 {quantize or 'float32'}; cramkit serve {done} --backend ct2"
     return Exported(done, f"exported {loaded.source} -> {done} ({what})")
 
 

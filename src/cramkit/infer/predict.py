@@ -128,23 +128,33 @@ def predict(
     backend: str = "auto",
     encoding: str | None = None,
     errors: str = "strict",
+    task: str | None = None,
 ) -> dict[str, Any]:
     """Predict every row of ``input_file`` with ``model`` (anything ``cramkit.load`` takes, an ONNX export,
     or a loaded model); write them to ``out`` (.jsonl, .csv or .tsv); return a summary (rows, examples/s,
-    metrics). backend: auto (ONNX Runtime for an ONNX export, torch otherwise), torch or onnx.
+    metrics). backend: auto (ONNX Runtime for an ONNX export, CTranslate2 for a CTranslate2 one, torch
+    otherwise), torch, onnx or ct2.
 
     label: the gold label column, scored when the file has it ("auto": the column the model was trained
     on, else ``label``; None: no scoring); its values are checked against the model's labels before any
-    row is predicted. keep_text: copy each row's input text(s) into its prediction."""
+    row is predicted. keep_text: copy each row's input text(s) into its prediction. task: the head of a model
+    trained on a mixture (one head per task)."""
     from cramkit.infer import Engine
+    from cramkit.infer.ct2 import is_ct2_dir
     from cramkit.infer.onnx import is_onnx_dir
     from cramkit.io import check_out_file
-    from cramkit.load import LoadedModel, load
+    from cramkit.load import LoadedModel, for_task, load
 
     if out is not None:
         check_out_file(out, inputs=[model, input_file])
-    if not isinstance(model, LoadedModel) and not is_onnx_dir(model):
+    if not isinstance(model, LoadedModel) and not is_onnx_dir(model) and not is_ct2_dir(model):
         model = load(model)
+    if isinstance(model, LoadedModel):
+        model = for_task(model, task)
+    elif task is not None:
+        raise CramkitError(
+            f"--task applies to a model trained on a mixture; {model} is an export (ONNX or CTranslate2) of one task"
+        )
     given = label not in ("auto", None)
     if label == "auto":
         trained = model.extra.get("columns") if isinstance(model, LoadedModel) else None

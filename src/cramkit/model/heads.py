@@ -81,6 +81,22 @@ class ClassifierConfig:
     dropout: float = 0.1
 
 
+def pool_hidden(
+    hidden: torch.Tensor, attention_mask: torch.Tensor | None, pooling: str, pooler: nn.Module | None
+) -> torch.Tensor:
+    """One vector per sequence: the first token's or the mean over real tokens, then BERT's pooler
+    (dense + tanh) when there is one."""
+    if pooling == "mean":
+        if attention_mask is None:
+            pooled = hidden.mean(dim=1)
+        else:
+            weights = attention_mask.to(hidden.dtype)[..., None]
+            pooled = (hidden * weights).sum(1) / weights.sum(1).clamp_min(1.0)
+    else:
+        pooled = hidden[:, 0]
+    return torch.tanh(pooler(pooled)) if pooler is not None else pooled
+
+
 class SequenceClassifier(nn.Module):
     """Encoder + pooling + classifier; ``num_labels == 1`` means regression (MSE loss); ``multilabel``:
     independent sigmoid per label (BCE loss, labels a 0/1 matrix)."""
@@ -103,15 +119,7 @@ class SequenceClassifier(nn.Module):
         init_weights(self, cfg)
 
     def pool(self, hidden: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.Tensor:
-        if self.head_cfg.pooling == "mean":
-            if attention_mask is None:
-                pooled = hidden.mean(dim=1)
-            else:
-                weights = attention_mask.to(hidden.dtype)[..., None]
-                pooled = (hidden * weights).sum(1) / weights.sum(1).clamp_min(1.0)
-        else:
-            pooled = hidden[:, 0]
-        return torch.tanh(self.pooler(pooled)) if self.pooler is not None else pooled
+        return pool_hidden(hidden, attention_mask, self.head_cfg.pooling, self.pooler)
 
     def forward(
         self,

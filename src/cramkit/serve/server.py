@@ -51,16 +51,38 @@ def build_engines(
     max_length: int | None = None,
     threads: int | None = None,
 ) -> dict[str, Any]:
-    """name -> :class:`cramkit.infer.Engine` for each model (``NAME=MODEL`` or ``MODEL``)."""
+    """name -> :class:`cramkit.infer.Engine` for each model (``NAME=MODEL`` or ``MODEL``). A model trained
+    on a mixture is served once per task, as NAME-TASK (e.g. mix-mrpc), its heads sharing one encoder."""
     from cramkit.infer import Engine
+    from cramkit.load import directory_kind, for_task, load, task_heads
 
     engines = {}
     for name, path in model_names(sources).items():
-        engines[name] = Engine(
-            path, backend=backend, device=device, max_batch_tokens=max_batch_tokens, max_length=max_length,
-            threads=threads,
-        )  # fmt: skip
+        models: dict[str, Any] = {name: path}
+        if directory_kind(path) == "model" and _is_multitask(path):
+            loaded = load(path)
+            heads = [h["name"] for h in task_heads(loaded.meta(), path)]
+            models = {f"{name}-{h.split('/')[-1]}": for_task(loaded, h) for h in heads}
+        for key, model in models.items():
+            if key in engines:
+                raise CramkitError(f"two models are named {key!r}; name them on the command line: NAME=MODEL")
+            engines[key] = Engine(
+                model, backend=backend, device=device, max_batch_tokens=max_batch_tokens, max_length=max_length,
+                threads=threads,
+            )  # fmt: skip
     return engines
+
+
+def _is_multitask(path: str) -> bool:
+    import json
+
+    from cramkit.load import MODEL_FILE
+
+    try:
+        meta = json.loads((Path(path).expanduser() / MODEL_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False  # load() names what is wrong with the file
+    return isinstance(meta, dict) and meta.get("kind") == "multitask"
 
 
 def open_index(path: str) -> Any:

@@ -1,11 +1,15 @@
-"""Tasks for fine-tuning and evaluation: the registry, GLUE, CLUE/FewCLUE, metrics, user tasks from files.
+"""Tasks for fine-tuning and evaluation: the registry, GLUE, SuperGLUE, CLUE/FewCLUE, metrics, user tasks from files.
 
 from cramkit.tasks import get_task
 task = get_task("glue/sst2", data_dir="glue_data")
 task.examples("dev")[0]   # Example(text_a=..., text_b=None, label=1, idx=0)
 """
 
-from cramkit.tasks import clue, glue  # noqa: F401  (registers glue/* and clue/*)
+from cramkit.tasks import (
+    clue,  # noqa: F401  (registers clue/*)
+    glue,  # noqa: F401  (registers glue/*)
+    superglue,  # noqa: F401  (registers superglue/*)
+)
 from cramkit.tasks.files import task_from_file
 from cramkit.tasks.metrics import compute_metrics, glue_average, glue_scores
 from cramkit.tasks.registry import (

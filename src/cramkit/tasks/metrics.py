@@ -1,5 +1,8 @@
 """Task metrics (numpy only) and the GLUE average as the Cramming paper computes it.
 
+Besides GLUE's: macro-F1 (SuperGLUE's CB), F1a and per-question exact match (MultiRC) and SQuAD-style
+answer F1 / EM over answer strings (ReCoRD).
+
 All metric values are on GLUE's 0..100 scale (accuracy 92.3, not 0.923), the way GLUE tables and the
 Cramming and BERT papers report them. A correlation that is undefined (one side constant) counts as 0,
 the convention scikit-learn uses for the Matthews correlation.
@@ -7,13 +10,16 @@ the convention scikit-learn uses for the Matthews correlation.
 
 from __future__ import annotations
 
+import re
+import string
+from collections import Counter
 from collections.abc import Mapping, Sequence
 
 import numpy as np
 
 from cramkit.errors import CramkitError
 
-METRICS = ("accuracy", "f1", "mcc", "pearson", "spearman")
+METRICS = ("accuracy", "f1", "mcc", "pearson", "spearman", "macro_f1", "f1a", "em", "answer_f1", "answer_em")
 
 
 def _as_class_ids(predictions) -> np.ndarray:
@@ -87,7 +93,81 @@ def spearman(predictions, labels) -> float:
     return pearson(rankdata(_as_scores(predictions)), rankdata(labels))
 
 
-GROUPED: set[str] = set()  # metrics called as f(predictions, labels, groups)
+def macro_f1(predictions, labels) -> float:
+    """The unweighted mean of each class's F1 over the classes that occur in the labels or predictions
+    (scikit-learn's ``f1_score(average="macro")``, as SuperGLUE scores CB)."""
+    p, y = _as_class_ids(predictions), np.asarray(labels).reshape(-1)
+    scores = []
+    for k in np.unique(np.concatenate([y, p])):
+        tp = np.sum((p == k) & (y == k))
+        denom = 2 * tp + np.sum((p == k) & (y != k)) + np.sum((p != k) & (y == k))
+        scores.append(2 * tp / denom)
+    return float(100.0 * np.mean(scores))
+
+
+def exact_match_groups(predictions, labels, groups) -> float:
+    """Per-group exact match: the share of groups (MultiRC's questions) whose every row is right."""
+    p, y = _as_class_ids(predictions), np.asarray(labels).reshape(-1)
+    g = np.asarray(groups).reshape(-1)
+    if len(g) != len(y):
+        raise CramkitError(f"got {len(g)} groups for {len(y)} labels; they must be equal in number")
+    ids, inv = np.unique(g, return_inverse=True)
+    wrong = np.zeros(len(ids), dtype=bool)
+    np.logical_or.at(wrong, inv.reshape(-1), p != y)
+    return float(100.0 * np.mean(~wrong))
+
+
+_PUNCTUATION = frozenset(string.punctuation)
+
+
+def normalize_answer(s: str) -> str:
+    """SQuAD's answer normalisation: lower case, no punctuation, no articles (a/an/the), single spaces."""
+    s = "".join(ch for ch in s.lower() if ch not in _PUNCTUATION)
+    s = re.sub(r"\b(a|an|the)\b", " ", s)
+    return " ".join(s.split())
+
+
+def _token_f1(pred: str, gold: str) -> float:
+    p, g = normalize_answer(pred).split(), normalize_answer(gold).split()
+    common = sum((Counter(p) & Counter(g)).values())
+    if common == 0:
+        return 0.0
+    precision, recall = common / len(p), common / len(g)
+    return 2 * precision * recall / (precision + recall)
+
+
+def _answers(predictions, golds) -> list[tuple[str, list[str]]]:
+    rows = list(zip(predictions, golds, strict=True))
+    for pred, gold in rows:
+        if (
+            not isinstance(pred, str)
+            or not isinstance(gold, list | tuple)
+            or not all(isinstance(a, str) for a in gold)
+        ):
+            raise CramkitError(
+                "answer_f1 / answer_em score answer strings: predictions are strings and labels lists of "
+                "gold answer strings"
+            )
+    return rows
+
+
+def answer_f1(predictions, golds) -> float:
+    """ReCoRD's (SQuAD's) F1: token overlap of the normalised answer with the best-matching gold, averaged."""
+    return float(
+        100.0
+        * np.mean([max((_token_f1(p, a) for a in g), default=0.0) for p, g in _answers(predictions, golds)])
+    )
+
+
+def answer_em(predictions, golds) -> float:
+    """ReCoRD's (SQuAD's) exact match: the normalised answer equals one normalised gold, averaged."""
+    rows = _answers(predictions, golds)
+    return float(
+        100.0 * np.mean([any(normalize_answer(p) == normalize_answer(a) for a in g) for p, g in rows])
+    )
+
+
+GROUPED: set[str] = {"em"}  # metrics called as f(predictions, labels, groups)
 
 _FUNCS = {
     "accuracy": accuracy,
@@ -95,6 +175,11 @@ _FUNCS = {
     "mcc": matthews_corrcoef,
     "pearson": pearson,
     "spearman": spearman,
+    "macro_f1": macro_f1,
+    "f1a": f1_binary,  # MultiRC's F1 over all answer options: F1 of the "true" class
+    "em": exact_match_groups,
+    "answer_f1": answer_f1,
+    "answer_em": answer_em,
 }
 
 
@@ -102,10 +187,11 @@ def compute_metrics(names: Sequence[str], predictions, labels, groups=None) -> d
     """Compute the named metrics (each 0..100) of predictions against labels.
 
     predictions: label ids (n,) or logits (n, num_labels) for accuracy / f1 / mcc; scores (n,) or (n, 1)
-    for pearson / spearman. labels: label ids or gold scores (n,). groups: a group id per row, for the
-    metrics in ``GROUPED`` (scored per group, e.g. MultiRC's exact match over one question's answers).
+    for pearson / spearman; answer strings for answer_f1 / answer_em, whose labels are lists of gold
+    strings. labels: label ids or gold scores (n,). groups: a group id per row, for the metrics in
+    ``GROUPED`` (scored per group, e.g. MultiRC's exact match over one question's answers).
     """
-    n_pred, n_lab = len(np.asarray(predictions)), len(np.asarray(labels).reshape(-1))
+    n_pred, n_lab = len(predictions), len(labels)
     if n_pred != n_lab:
         raise CramkitError(f"got {n_pred} predictions for {n_lab} labels; they must be equal in number")
     if n_lab == 0:

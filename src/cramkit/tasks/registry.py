@@ -225,12 +225,11 @@ class Task:
         return write_text_atomic(out, text)
 
     def submission_value(self, formatted: str) -> object:
-        """A formatted prediction as a JSON submission holds it: SuperGLUE's booleans (``true``/``false``
-        labels) as JSON booleans, a chosen choice as its index, other labels as strings."""
+        """A formatted prediction as a JSON submission holds it: a chosen choice as its index, a score as a
+        number, a label as its string (SuperGLUE's grader reads BoolQ's and WiC's "true"/"false" as strings,
+        as jiant writes them)."""
         if self.is_multiple_choice:
             return int(formatted)
-        if self.prediction_format == "superglue" and formatted in ("true", "false"):
-            return formatted == "true"
         if self.is_regression:
             return float(formatted)
         return formatted

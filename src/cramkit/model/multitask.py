@@ -1,0 +1,68 @@
+"""One encoder, one head per task: the model a mixture trains (``cramkit finetune --mixture``).
+
+Each head is a SequenceClassifier's: BERT's pooler (dense + tanh), dropout and a linear layer with the
+task's outputs (labels, or 1 for a regression score). :meth:`MultiTaskModel.single` gives one task's
+model as a plain :class:`~cramkit.model.heads.SequenceClassifier` that shares the encoder and the head's
+parameters (no copy), so everything that runs a classifier (predict, export, serve) runs a task head.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from cramkit.model.encoder import Encoder, ModelConfig, init_weights
+from cramkit.model.heads import ClassifierConfig, SequenceClassifier, classification_loss, pool_hidden
+
+
+class TaskHead(nn.Module):
+    def __init__(self, cfg: ModelConfig, num_labels: int, head: ClassifierConfig) -> None:
+        super().__init__()
+        self.num_labels, self.head_cfg = num_labels, head
+        self.pooler = nn.Linear(cfg.hidden, cfg.hidden) if head.pooler_dense else None
+        self.dropout = nn.Dropout(head.dropout)
+        self.classifier = nn.Linear(cfg.hidden, num_labels)
+
+    def forward(self, hidden: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.Tensor:
+        return self.classifier(
+            self.dropout(pool_hidden(hidden, attention_mask, self.head_cfg.pooling, self.pooler))
+        )
+
+
+class MultiTaskModel(nn.Module):
+    """A shared encoder and ``heads[i]`` for task i (``num_labels[i]`` outputs; 1 is a regression score)."""
+
+    def __init__(self, cfg: ModelConfig, num_labels: list[int], head: ClassifierConfig | None = None) -> None:
+        super().__init__()
+        self.cfg, self.head_cfg = cfg, head or ClassifierConfig()
+        self.encoder = Encoder(cfg)
+        self.heads = nn.ModuleList(TaskHead(cfg, n, self.head_cfg) for n in num_labels)
+        init_weights(self, cfg)
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        token_type_ids: torch.Tensor | None = None,
+        labels: torch.Tensor | None = None,
+        *,
+        task: int,
+    ) -> tuple[torch.Tensor | None, torch.Tensor]:
+        hidden = self.encoder(input_ids, attention_mask, token_type_ids)
+        head = self.heads[task]
+        logits = head(hidden, attention_mask)
+        loss = classification_loss(logits, labels, head.num_labels, False) if labels is not None else None
+        return loss, logits
+
+    def single(self, task: int) -> SequenceClassifier:
+        """Task ``task``'s classifier, sharing this model's parameters."""
+        head = self.heads[task]
+        with torch.device("meta"):  # the view's own modules are replaced below: allocate nothing
+            view = SequenceClassifier(self.cfg, head.num_labels, self.head_cfg)
+        view.encoder, view.pooler, view.dropout, view.classifier = (
+            self.encoder,
+            head.pooler,
+            head.dropout,
+            head.classifier,
+        )
+        return view.train(self.training)

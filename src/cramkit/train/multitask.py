@@ -1,0 +1,358 @@
+"""Fine-tuning on a mixture of tasks: one encoder, one head per task, batches drawn by the mixture's rates.
+
+Every optimizer step trains one task: the task is drawn with the mixture's rates from a generator seeded
+by (seed, step), and its next batch comes from that task's own length-bucketed, resumable loader
+(``data.batching.BatchLoader``). So the sequence of tasks and batches is a function of the seed, and a run
+killed midway resumes with the very batches it would have seen. An epoch of the mixture is
+``Mixture.examples_per_epoch`` examples. After training every task is scored on its own dev split(s)
+with its own head, and the model is saved once (``cramkit.load(out, task=NAME)`` gives a task's model).
+
+    res = finetune_mixture(resolve_mixture("glue/mrpc,glue/rte"), "runs/tiny", FinetuneConfig(), "out/mix")
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import statistics
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from cramkit.config import to_dict
+from cramkit.data.batching import BatchLoader, Encoded, encode_examples
+from cramkit.errors import CramkitError
+from cramkit.load import LoadedModel
+from cramkit.tasks.mixtures import Mixture
+from cramkit.tasks.registry import Task
+from cramkit.train.finetune import (
+    FinetuneConfig,
+    _columns,
+    _curve,
+    _test_splits,
+    predict,
+    train_config,
+    write_json,
+)
+
+PathLike = str | os.PathLike
+SETTINGS_FILE = "mixture.json"
+
+
+def draw_task(seed: int, batch: int, rates: np.ndarray) -> int:
+    """The task of global batch ``batch``: drawn with ``rates`` by a generator seeded by (seed, batch)."""
+    return int(np.random.default_rng([seed, 0x6D6978, batch]).choice(len(rates), p=rates))
+
+
+class MixtureLoader:
+    """Micro-batches of one process: each global batch from one task, drawn by ``rates`` with a generator
+    seeded by (seed, batch number); resumable from its state_dict (the draw count and every task's loader)."""
+
+    def __init__(self, loaders: list[BatchLoader], rates: np.ndarray, seed: int) -> None:
+        self.loaders, self.rates, self.seed = loaders, rates, seed
+        self.accum = loaders[0].accum  # the same for every task: same batch size, micro-batch and world
+        self.batch, self.part, self.current = 0, 0, 0
+
+    def task_of(self, batch: int) -> int:
+        return draw_task(self.seed, batch, self.rates)
+
+    def __iter__(self) -> MixtureLoader:
+        return self
+
+    def __next__(self) -> dict:
+        if self.part == 0:
+            self.current = self.task_of(self.batch)
+        out = next(self.loaders[self.current])
+        out["task"] = self.current
+        self.part += 1
+        if self.part == self.accum:
+            self.part, self.batch = 0, self.batch + 1
+        return out
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"batch": self.batch, "part": self.part, "tasks": [x.state_dict() for x in self.loaders]}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.batch, self.part = int(state["batch"]), int(state["part"])
+        self.current = self.task_of(self.batch)
+        for loader, saved in zip(self.loaders, state["tasks"], strict=True):
+            loader.load_state_dict(saved)
+
+
+class MixtureObjective:
+    """Fine-tuning on a mixture for the engine (train/trainer.py): a MultiTaskModel, a MixtureLoader."""
+
+    def __init__(
+        self, loaded: LoadedModel, tasks: list[Task], train: list[Encoded], rates: np.ndarray, cfg: FinetuneConfig,
+        seed: int, title: str, resume_hint: str,
+    ) -> None:  # fmt: skip
+        self.loaded, self.tasks, self.train, self.rates = loaded, tasks, train, rates
+        self.cfg, self.seed, self.title, self.resume_hint = cfg, seed, title, resume_hint
+        self.flops_per_token = None
+        self.world = 1
+        self.drawn = np.zeros(len(tasks), dtype=np.int64)
+
+    def build_model(self):
+        return build_multitask(self.loaded, [t.num_labels for t in self.tasks], self.cfg)
+
+    def train_loader(self, micro: int, *, rank: int = 0, world: int = 1) -> MixtureLoader:
+        import torch
+
+        self.world = world
+        loaders = [
+            BatchLoader(
+                enc,
+                self.cfg.batch_size,
+                micro,
+                rank,
+                world,
+                seed=self.seed + 1000 * i,
+                chunk=self.cfg.bucket_chunk,
+                pad_id=self.loaded.pad_id,
+                with_types=self.loaded.with_types,
+                columns={"labels": torch.from_numpy(enc.labels)},
+            )  # fmt: skip
+            for i, enc in enumerate(self.train)
+        ]
+        return MixtureLoader(loaders, self.rates, self.seed)
+
+    def count(self, batch: dict) -> int:
+        return int(batch["count"])
+
+    def tokens(self, batch: dict) -> int:
+        mask = batch.get("attention_mask")
+        return int(mask.sum()) if mask is not None else batch["input_ids"].numel()
+
+    def loss(self, model, batch: dict, device):
+        task = int(batch["task"])
+        inputs = {k: (v.to(device) if v is not None else None) for k, v in batch.items()
+                  if k not in ("count", "labels", "task")}  # fmt: skip
+        loss, _ = model(**inputs, labels=batch["labels"].to(device), task=task)
+        if self.world > 1:  # DDP reduces every parameter's gradient: the other heads take part with 0
+            heads = getattr(model, "module", model).heads
+            loss = loss + 0.0 * sum(p.sum() for i, h in enumerate(heads) if i != task for p in h.parameters())
+        return loss
+
+    def evaluate(self, model, ctx, precision: str) -> None:
+        return None  # every task is scored by finetune_mixture() on the finished model
+
+
+def build_multitask(loaded: LoadedModel, num_labels: list[int], cfg: FinetuneConfig):
+    """A MultiTaskModel on the loaded model's encoder; every head's pooler starts from the model's (BERT's
+    pooler) when it has one, as a single-task classifier's does."""
+    import torch
+
+    from cramkit.model.heads import ClassifierConfig
+    from cramkit.model.multitask import MultiTaskModel
+
+    if loaded.encoder is None:
+        raise CramkitError(
+            f"--from {loaded.source}: a {loaded.architecture} model has no transformer encoder to fine-tune"
+        )
+    model_cfg = loaded.config.replace(
+        dropout=cfg.dropout, attention_dropout=cfg.attention_dropout, gradient_checkpointing=False
+    )
+    head = ClassifierConfig(pooling=cfg.pooling, pooler_dense=cfg.pooler_dense, dropout=cfg.dropout)
+    model = MultiTaskModel(model_cfg, num_labels, head)
+    model.encoder.load_state_dict(loaded.encoder.state_dict(), strict=True)
+    pooler = getattr(loaded.model, "pooler", None)
+    pooler_state = pooler.state_dict() if pooler is not None else loaded.pooler_state
+    if pooler_state is not None and cfg.pooler_dense and cfg.pooling == "first":
+        with torch.no_grad():
+            for h in model.heads:
+                h.pooler.weight.copy_(pooler_state["weight"])
+                h.pooler.bias.copy_(pooler_state["bias"])
+    return model
+
+
+def finetune_mixture(
+    mixture: Mixture,
+    tasks: Sequence[Task],
+    source: PathLike | LoadedModel,
+    cfg: FinetuneConfig | None = None,
+    out_dir: PathLike | None = None,
+    *,
+    progress: bool = True,
+) -> dict[str, Any]:
+    """Fine-tune ``source`` on the mixture's ``tasks`` together; score each task on its dev split(s).
+
+    Returns (and writes to out_dir/results.json) each task's dev metrics and main score, their mean, the
+    rates and the steps; the model goes to out_dir (one head per task) and test predictions to
+    out_dir/predictions/TASK/. Trains one seed (the first of cfg.seeds)."""
+    cfg = cfg or FinetuneConfig()
+    tasks = list(tasks)
+    if len(cfg.seeds) != 1:
+        raise CramkitError(
+            f"a mixture trains one model with one seed; got seeds {cfg.seeds}: run once per seed (--seeds N)"
+        )
+    for t in tasks:
+        if t.is_multiple_choice:
+            raise CramkitError(
+                f"task {t.name} is multiple choice; mixtures train classification and regression tasks: "
+                "fine-tune it on its own (cramkit finetune --task ...)"
+            )
+    from cramkit.load import load
+    from cramkit.runtime import torchrun
+    from cramkit.tasks.mixtures import mixture_rates
+
+    loaded = source if isinstance(source, LoadedModel) else load(source)
+    max_length = min(cfg.max_length, loaded.max_length)
+    tok = loaded.tokenizer
+    train, dev, tests = [], [], {}
+    for t in tasks:
+        rows = t.examples(t.train_split)
+        if cfg.max_train_examples:
+            rows = rows[: cfg.max_train_examples]
+        if not rows:
+            raise CramkitError(f"task {t.name}: the {t.train_split} split is empty; nothing to fine-tune on")
+        enc = encode_examples(tok, rows, max_length, regression=t.is_regression)
+        if enc.labels is None:
+            raise CramkitError(f"task {t.name}: some {t.train_split} examples have no label")
+        train.append(enc)
+        dev.append(
+            {
+                s: encode_examples(tok, t.examples(s), max_length, regression=t.is_regression)
+                for s in t.dev_splits
+            }
+        )
+        tests.update(_test_splits(t, tok, max_length, t.is_regression))
+    if torchrun().is_main:
+        from cramkit.text.coverage import unk_report
+
+        texts = [
+            x for t in tasks for e in t.examples(t.train_split)[:2000] for x in (e.text_a, e.text_b) if x
+        ]
+        unk_report(tok, texts, str(loaded.source), verbose=progress)
+    sizes = [len(e) for e in train]
+    rates = mixture_rates(mixture.rates, sizes)
+
+    from cramkit.train.parallel import fault_guard, init_distributed, shutdown
+
+    ctx = init_distributed(cfg.device)
+    if ctx.distributed and out_dir is None:
+        raise CramkitError("under torchrun give --out DIR: every process must write into the same directory")
+    from cramkit.io import dir_lock
+
+    lock = dir_lock(out_dir, "--out") if out_dir is not None and ctx.is_main else contextlib.nullcontext()
+    try:
+        with lock, fault_guard(ctx):
+            return _train_and_score(
+                mixture, tasks, loaded, cfg, out_dir, ctx, train, dev, tests, rates, progress
+            )
+    finally:
+        shutdown(ctx)
+
+
+def _train_and_score(mixture, tasks, loaded, cfg, out_dir, ctx, train, dev, tests, rates, progress):
+    from cramkit.train.epochs import epoch_steps, train_epochs
+    from cramkit.train.parallel import main_first
+
+    seed = cfg.seeds[0]
+    max_length = min(cfg.max_length, loaded.max_length)
+    sizes = [len(e) for e in train]
+    settings = {"mixture": mixture.name, "tasks": [t.name for t in tasks], "rates": mixture.rates,
+                "source": loaded.source, "config": to_dict(cfg)}  # fmt: skip
+    run = None
+    if out_dir is not None:
+        from cramkit.io import claim_dir
+
+        out = Path(out_dir)
+        with main_first(ctx, "checking --out"):
+            if ctx.is_main:
+                claim_dir(out, SETTINGS_FILE, settings, "a mixture fine-tuning")
+        done = _finished(out)
+        if done is not None:
+            return done if ctx.is_main else {}
+        run = out / "run"
+    per_epoch = mixture.examples_per_epoch(sizes)
+    steps = epoch_steps(per_epoch, cfg.batch_size, cfg.epochs)
+    objective = MixtureObjective(
+        loaded, tasks, train, rates, cfg, seed, f"{mixture.name} ({len(tasks)} tasks)",
+        "rerun the same command to continue (the mixture resumes from its checkpoint)",
+    )  # fmt: skip
+    tcfg = train_config(cfg, seed, steps, progress="auto" if progress else False)
+    done = train_epochs(objective, tcfg, run, examples=per_epoch, batch_size=cfg.batch_size, ctx=ctx)
+    if not ctx.is_main:
+        return {}
+    model = done.model
+    drawn = np.bincount([draw_task(seed, b, rates) for b in range(done.steps)], minlength=len(tasks))
+    results: dict[str, Any] = {
+        "mixture": mixture.name, "tasks": {}, "source": loaded.source, "config": to_dict(cfg), "rates_rule": mixture.rates,
+        "max_length": max_length, "steps": done.steps, "train_seconds": round(done.seconds, 3),
+        "examples_per_s": round(done.steps * cfg.batch_size / max(done.seconds, 1e-9), 2),
+        "loss_curve": _curve(done.losses), "seed": seed,
+    }  # fmt: skip
+    device = next(model.parameters()).device
+    for i, t in enumerate(tasks):
+        view = model.single(i)
+        entry: dict[str, Any] = {"train_examples": sizes[i], "rate": round(float(rates[i]), 6),
+                                 "batches": int(drawn[i]), "main_metric": t.main_metric, "dev": {}}  # fmt: skip
+        for split, enc in dev[i].items():
+            if enc.labels is None:
+                continue
+            logits = predict(view, enc, cfg, device, loaded.pad_id, loaded.with_types)
+            preds = logits[:, 0] if t.is_regression else logits
+            metrics = t.compute_metrics(preds, enc.labels, t.examples(split))
+            entry["dev"][split] = {"metrics": metrics, "score": t.score(metrics)}
+        scores = [v["score"] for v in entry["dev"].values()]
+        entry["score"] = float(np.mean(scores)) if scores else None
+        results["tasks"][t.name] = entry
+    scored = [e["score"] for e in results["tasks"].values() if e["score"] is not None]
+    results["score"] = float(statistics.fmean(scored)) if scored else None
+    if out_dir is not None:
+        out = Path(out_dir)
+        files = {}
+        for i, t in enumerate(tasks):
+            view = model.single(i)
+            for (name, split), enc in tests.items():
+                if name != t.name:
+                    continue
+                logits = predict(view, enc, cfg, device, loaded.pad_id, loaded.with_types)
+                preds = logits[:, 0] if t.is_regression else logits.argmax(-1)
+                folder = out / "predictions" / t.name.replace("/", "-")
+                path = t.write_predictions(split, zip(enc.idx.tolist(), preds.tolist(), strict=True), folder)
+                files[f"{t.name}:{split}"] = str(path)
+        if files:
+            results["test_predictions"] = files
+        save_multitask(loaded, mixture, tasks, cfg, max_length, model, seed, out)
+        write_json(out / "results.json", results)
+        import shutil
+
+        shutil.rmtree(out / "run" / "checkpoints", ignore_errors=True)  # the model is saved
+    return results
+
+
+def _finished(out: Path) -> dict[str, Any] | None:
+    """The results of a mixture this directory finished before (same settings: claim_dir checked)."""
+    from cramkit.load import MODEL_FILE
+
+    if not (out / MODEL_FILE).is_file():
+        return None
+    try:
+        res = json.loads((out / "results.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return res if isinstance(res, dict) and "tasks" in res else None
+
+
+def save_multitask(loaded: LoadedModel, mixture: Mixture, tasks: list[Task], cfg: FinetuneConfig, max_length: int,
+                   model, seed: int, out: Path) -> None:  # fmt: skip
+    """The mixture's model as one model directory: kind ``multitask``, each task's labels and columns."""
+    heads = []
+    for t in tasks:
+        entry: dict[str, Any] = {"name": t.name, "kind": t.kind, "num_labels": t.num_labels,
+                                 "labels": None if t.labels is None else [str(x) for x in t.labels]}  # fmt: skip
+        if t.label_names:
+            entry["label_names"] = list(t.label_names)
+        entry.update(_columns(t))
+        heads.append(entry)
+    LoadedModel(
+        model=model.to("cpu"), kind="multitask", config=model.cfg, tokenizer=loaded.tokenizer, labels=None,
+        task=mixture.name, max_length=max_length, pooling="cls" if cfg.pooling == "first" else "mean",
+        with_types=loaded.with_types, head=to_dict(model.head_cfg),
+        extra={"finetuned_from": loaded.source, "seed": seed, "mixture": list(mixture.tasks), "rates": mixture.rates,
+               "tasks": heads},
+    ).save(out)  # fmt: skip

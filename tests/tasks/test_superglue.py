@@ -665,3 +665,25 @@ def test_finetune_cli_on_superglue_rte(tiny_run: Path, tmp_path: Path) -> None:
     preds = _lines(out / "predictions" / "RTE.jsonl")
     assert [p["idx"] for p in preds] == list(range(6))
     assert {p["label"] for p in preds} <= {"entailment", "not_entailment"}
+
+
+def test_eval_superglue_predicts_the_diagnostics_with_the_rte_model(tiny_run: Path, tmp_path: Path) -> None:
+    """`cramkit eval superglue` on RTE also predicts AX-b and AX-g with the RTE model (as GLUE's AX with
+    MNLI's), into the submission folder under the leaderboard's names."""
+    files = {
+        "RTE": {"train": _rte_rows(24, 0), "val": _rte_rows(8, 24), "test": _rte_rows(4, 40, labelled=False)}
+    }
+    files |= {k: FILES[k] for k in ("AX-b", "AX-g")}
+    root = write_superglue(tmp_path / "sg", files)
+    out = tmp_path / "eval"
+    proc = run_cli(
+        "eval", "superglue", "--from", str(tiny_run), "--data-dir", str(root), "--out", str(out),
+        "--set", "epochs=1", "--set", "max_length=32", "--set", "batch_size=8", "--no-progress",
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    sub = out / "submission"
+    assert {p.name for p in sub.iterdir()} >= {"RTE.jsonl", "AX-b.jsonl", "AX-g.jsonl"}
+    for name, folder in (("AX-b.jsonl", "AX-b"), ("AX-g.jsonl", "AX-g")):
+        rows = _lines(sub / name)
+        assert sorted(r["idx"] for r in rows) == sorted(int(r["idx"]) for r in FILES[folder][folder])
+        assert {r["label"] for r in rows} <= {"entailment", "not_entailment"}

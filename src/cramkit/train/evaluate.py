@@ -116,7 +116,7 @@ def evaluate_suite(
             if ks:
                 res = finetune_fewshot(task, loaded, cfg, task_dir, ks, progress=progress)
             else:
-                also = _diagnostic(data_dir) if task.name == "glue/mnli" else []
+                also = _diagnostics(task.name, data_dir)
                 res = finetune(task, loaded, cfg, task_dir, progress=progress, predict_also=also)
             ran += 1
             took = time.perf_counter() - t0
@@ -311,15 +311,25 @@ def _finished(
     return res if same and res.get("median") else None
 
 
-def _diagnostic(data_dir: PathLike | None) -> list:
-    """GLUE's diagnostic set (AX, test only), predicted by the MNLI model, when its file is present."""
+# the diagnostic sets (test only) a task's model also predicts for the leaderboard
+DIAGNOSTICS = {"glue/mnli": ("glue/ax",), "superglue/rte": ("superglue/axb", "superglue/axg")}
+
+
+def _diagnostics(task: str, data_dir: PathLike | None) -> list:
+    """The diagnostic sets ``task``'s model predicts (GLUE's AX by MNLI's, SuperGLUE's AX-b and AX-g by
+    RTE's), those whose file is present."""
     from cramkit.tasks.registry import get_task
 
-    try:
-        ax = get_task("glue/ax", data_dir=data_dir)
-    except CramkitError:
-        return []
-    return [ax] if Path(ax.source("test")).is_file() else []  # local file only: no hub call mid-suite
+    out = []
+    for name in DIAGNOSTICS.get(task, ()):
+        try:
+            ax = get_task(name, data_dir=data_dir)
+            present = Path(ax.source(ax.test_splits[0])).is_file()  # local file only: no hub call mid-suite
+        except (CramkitError, IndexError):
+            continue
+        if present:
+            out.append(ax)
+    return out
 
 
 # --------------------------------------------------------------------------------------------------- report

@@ -33,6 +33,7 @@ def global_batch(step: int) -> tuple[torch.Tensor, torch.Tensor]:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--strategy", default="ddp")
+    ap.add_argument("--tp", type=int, default=1, help="tensor-parallel degree (parallel.tp)")
     ap.add_argument("--steps", type=int, default=6)
     ap.add_argument("--out", required=True)
     ap.add_argument("--save-every", type=int, default=0)
@@ -45,13 +46,14 @@ def main() -> None:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
 
-    cfg = P.ParallelConfig(strategy=args.strategy, timeout=args.timeout)
+    cfg = P.ParallelConfig(strategy=args.strategy, timeout=args.timeout, tp=args.tp)
     ctx = P.init_distributed("cpu", cfg)
     torch.manual_seed(0)
     model = MaskedLM(
         ModelConfig(vocab_size=VOCAB, hidden=32, layers=2, heads=2, intermediate=64, max_position=LENGTH)
     )
-    model = P.apply_parallel(model, cfg, ctx)
+    model = P.parallelize(model, cfg, ctx)
+    data = P.data_context(ctx, cfg)  # the ranks of a tensor-parallel group share their batches
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.01)
     ckpt = checkpoint.Checkpointer(out, ctx, keep=2, async_save=not args.sync_save)
     start = 0
@@ -59,7 +61,7 @@ def main() -> None:
         state = checkpoint.load(out, model, optimizer, process_group=ckpt.pg)
         start = state["next_step"]
     losses: dict[int, float] = {}
-    per_rank = GLOBAL_BATCH // ctx.world
+    per_rank = GLOBAL_BATCH // data.world
     accum = per_rank // MICRO
     with P.fault_guard(ctx):
         for step in range(start, args.steps):
@@ -69,16 +71,16 @@ def main() -> None:
                 time.sleep(3600)
             ids, labels = global_batch(step)
             n_global = (labels != IGNORE).sum()
-            ids, labels = ids[ctx.rank * per_rank :][:per_rank], labels[ctx.rank * per_rank :][:per_rank]
+            ids, labels = ids[data.rank * per_rank :][:per_rank], labels[data.rank * per_rank :][:per_rank]
             total = torch.zeros(())
             for k in range(accum):
                 with P.sync_gradients(model, k == accum - 1):
                     outp = model(ids[k * MICRO : (k + 1) * MICRO], labels[k * MICRO : (k + 1) * MICRO])
-                    # token-weighted mean over the global batch; DDP/FSDP average over ranks, so x world
+                    # token-weighted mean over the global batch; DDP/FSDP average over data ranks, so x world
                     loss = outp.loss * outp.n_predicted / n_global
-                    (loss * ctx.world).backward()
+                    (loss * data.world).backward()
                 total += loss.detach()
-            P.all_reduce(total, ctx)
+            P.all_reduce(total, data)
             P.clip_grad_norm(model, 1.0)
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import sys
 from dataclasses import dataclass
 from typing import Literal, NamedTuple
 
@@ -197,10 +198,20 @@ def select_positions(keep: torch.Tensor) -> Selection:
     return Selection(flat, slots, valid)
 
 
+def local(t: torch.Tensor | None) -> torch.Tensor | None:
+    """The part of a weight this process computes with: the weight itself, or under tensor parallelism
+    (``cramkit.train.parallel.apply_tp``) this rank's shard of it."""
+    dtensor = sys.modules.get(
+        "torch.distributed.tensor"
+    )  # not imported: no DTensor exists (and its import is slow)
+    return t.to_local() if dtensor is not None and isinstance(t, dtensor.DTensor) else t
+
+
 class Attention(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.cfg = cfg
+        self.heads = cfg.heads  # the heads this process computes (cfg.heads / tp under tensor parallelism)
         self.qkv = nn.Linear(cfg.hidden, 3 * cfg.hidden, bias=cfg.bias)
         self.out = nn.Linear(cfg.hidden, cfg.hidden, bias=cfg.bias)
         self.rotary = (
@@ -215,9 +226,10 @@ class Attention(nn.Module):
         if select is not None:
             return self._selected(x, mask, select)
         batch, length, _ = x.shape
+        heads, head_dim = self.heads, self.cfg.head_dim
         q, k, v = (
-            self.qkv(x)
-            .view(batch, length, 3, self.cfg.heads, self.cfg.head_dim)
+            F.linear(x, local(self.qkv.weight), local(self.qkv.bias))
+            .view(batch, length, 3, heads, head_dim)
             .permute(2, 0, 3, 1, 4)
             .unbind(0)
         )
@@ -225,19 +237,20 @@ class Attention(nn.Module):
             q, k = self.rotary(q), self.rotary(k)
         p = self.cfg.attention_dropout if self.training else 0.0
         y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p)
-        return self.out(y.transpose(1, 2).reshape(batch, length, self.cfg.hidden))
+        return self.out(y.transpose(1, 2).reshape(batch, length, heads * head_dim))
 
     def _selected(self, x: torch.Tensor, mask: torch.Tensor | None, select: Selection) -> torch.Tensor:
-        batch, length, hidden = x.shape
-        heads, head_dim = self.cfg.heads, self.cfg.head_dim
-        w, b = self.qkv.weight, self.qkv.bias  # rows: queries, keys, values
+        batch, length, _ = x.shape
+        heads, head_dim = self.heads, self.cfg.head_dim
+        hidden = heads * head_dim  # this process's part of the width
+        w, b = local(self.qkv.weight), local(self.qkv.bias)  # rows: queries, keys, values
         k, v = (
             F.linear(x, w[hidden:], None if b is None else b[hidden:])
             .view(batch, length, 2, heads, head_dim)
             .permute(2, 0, 3, 1, 4)
             .unbind(0)
         )
-        xq = x.reshape(-1, hidden).index_select(0, select.flat)
+        xq = x.reshape(-1, x.shape[-1]).index_select(0, select.flat)
         q = F.linear(xq, w[:hidden], None if b is None else b[:hidden]).view(-1, heads, head_dim)
         if self.rotary is not None:
             q, k = self.rotary(q, select.flat % length), self.rotary(k)
@@ -261,7 +274,7 @@ class MLP(nn.Module):
         )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = self.fc_in(x)
+        h = F.linear(x, local(self.fc_in.weight), local(self.fc_in.bias))
         if self.glu:
             value, gate = h.chunk(2, dim=-1)
             h = value * self.act(gate)

@@ -253,6 +253,33 @@ def get_states(model: nn.Module, optimizer: torch.optim.Optimizer | None) -> tup
     return model_sd, tensors, hparams
 
 
+def _whole(state: dict[str, Any], *, empty: bool = False) -> dict[str, Any]:
+    """``state`` with each tensor-parallel weight split per part (``parallel.split_per_part``: the fused
+    Q/K/V and GLU projections) as one whole tensor: DCP writes a rank's part of a tensor as one block,
+    but such a rank holds several (its rows of Q, of K and of V). Gathered (or, with ``empty``, allocated
+    for loading into); every other tensor is left as it is."""
+    from cramkit.train.parallel import split_per_part
+
+    def whole(v: Any) -> Any:
+        if not split_per_part(v):
+            return v
+        return torch.empty(v.shape, dtype=v.dtype, device=v.to_local().device) if empty else v.full_tensor()
+
+    return {k: whole(v) for k, v in state.items()}
+
+
+def _resplit(loaded: dict[str, Any], like: dict[str, Any]) -> dict[str, Any]:
+    """Loaded whole tensors split again as the tensors of ``like`` (the inverse of :func:`_whole`)."""
+    from torch.distributed.tensor import distribute_tensor
+
+    from cramkit.train.parallel import split_per_part
+
+    return {
+        k: distribute_tensor(v, like[k].device_mesh, like[k].placements) if split_per_part(like[k]) else v
+        for k, v in loaded.items()
+    }
+
+
 def tied_aliases(model: nn.Module) -> list[str]:
     """Parameter names that repeat an earlier parameter (tied weights): stored once in model.safetensors."""
     from cramkit.train.parallel import unwrap
@@ -356,7 +383,7 @@ class Checkpointer:
             except OSError as exc:
                 raise self._write_error(exc) from None
         self._barrier()
-        state_dict = {"model": model_sd, "optim": optim_sd}
+        state_dict = {"model": _whole(model_sd), "optim": _whole(optim_sd)}
         kwargs = dict(storage_writer=_writer(tmp), process_group=self.pg, no_dist=not self.ctx.distributed)
         if self.async_save and not block:
             response = dcp.async_save(state_dict, async_stager=self._stager, **kwargs)
@@ -549,7 +576,7 @@ def load(
     path = resolve_checkpoint(path)
     state = verify(path)
     model_sd, optim_sd, _ = get_states(model, optimizer)
-    state_dict = {"model": model_sd, "optim": optim_sd}
+    state_dict = {"model": _whole(model_sd, empty=True), "optim": _whole(optim_sd, empty=True)}
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
@@ -565,6 +592,10 @@ def load(
             "different model or optimizer configuration (was config.yaml edited?). Resume with the run's own "
             "config, or start a new run"
         ) from None
+    state_dict = {
+        "model": _resplit(state_dict["model"], model_sd),
+        "optim": _resplit(state_dict["optim"], optim_sd),
+    }
     if optimizer is None:
         set_state_dict(
             model, [], model_state_dict=state_dict["model"], optim_state_dict={}, options=_options()

@@ -19,7 +19,7 @@ from cramkit.model.encoder import ModelConfig, config_parameters
 from cramkit.runtime import Precision
 from cramkit.text.tokenizer import MAX_VOCAB_SIZE
 from cramkit.train.budget import parse_budget, parse_every
-from cramkit.train.parallel import ParallelConfig
+from cramkit.train.parallel import ParallelConfig, check_tp
 from cramkit.train.schedule import SCHEDULES
 
 
@@ -155,6 +155,9 @@ class RunConfig:
     train: TrainConfig = field(default_factory=TrainConfig)
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
     inherit: InheritConfig = field(default_factory=InheritConfig)
+
+    def validate(self) -> None:
+        check_tp(self.model, self.parallel.tp)
 
     def to_dict(self) -> dict[str, Any]:
         return _plain(to_dict(self))

@@ -5,9 +5,10 @@ Contract used by the trainer (``cramkit.train.trainer``):
 - ``init_distributed(device, cfg)`` joins torchrun's job (its facts from ``cramkit.runtime``) and
   returns a :class:`DistContext`; without torchrun it is world size 1 and no process group is created.
 - ``apply_parallel(model, cfg, ctx)`` returns the module to train: the model itself (world 1),
-  DDP-wrapped, or ``fully_shard``-ed per transformer block (FSDP2). The model code knows nothing of it.
-  Like torchtitan, each strategy is a separate function on a plain model (``apply_compile``,
-  ``apply_ddp``, ``apply_fsdp``), composed in that order.
+  DDP-wrapped, or ``fully_shard``-ed per transformer block (FSDP2); with ``parallel.tp=T`` first split
+  across T ranks by tensor parallelism (``apply_tp``, on a 2-D ("dp", "tp") mesh). The model code knows
+  nothing of it but its local head count. Like torchtitan, each strategy is a separate function on a
+  plain model (``apply_tp``, ``apply_compile``, ``apply_ddp`` / ``apply_fsdp``), composed in that order.
 - ``sync_gradients(model, enabled)`` is a context manager around forward+backward: gradients are
   reduced across ranks only on the last micro-step of an accumulation.
 - ``all_reduce(tensor, ctx)`` sums a tensor over ranks in place (no-op at world size 1).
@@ -22,7 +23,7 @@ import datetime
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 from torch import nn
@@ -40,10 +41,20 @@ class ParallelConfig:
     # seconds a collective may wait for the other ranks before the job stops with an error (a rank that
     # died usually fails the collective at once; this bounds the case of a rank that hangs)
     timeout: float = 600.0
+    # tensor parallelism: each layer split across this many ranks (attention heads, MLP width, vocabulary);
+    # data parallelism (``strategy``) runs over the world size / tp groups of ranks
+    tp: int = 1
 
     def validate(self) -> None:
         if self.timeout <= 0:
             raise CramkitError(f"parallel.timeout must be a positive number of seconds, got {self.timeout}")
+        if self.tp < 1:
+            raise CramkitError(f"parallel.tp must be at least 1 (1 = no tensor parallelism), got {self.tp}")
+        if self.tp > 1 and self.cpu_offload:
+            raise CramkitError(
+                f"parallel.tp={self.tp} does not work with parallel.cpu_offload; drop one of them (tensor "
+                "parallelism already divides each rank's weights by tp)"
+            )
 
 
 @dataclass
@@ -53,6 +64,7 @@ class DistContext:
     local_rank: int = 0
     device: torch.device = torch.device("cpu")
     timeout: float = 600.0  # seconds a collective waits for the other ranks (ParallelConfig.timeout)
+    group: Any = None  # the process group of these ranks (None: all of them); see ``data_context``
 
     @property
     def is_main(self) -> bool:
@@ -138,29 +150,38 @@ def apply_ddp(model: nn.Module, ctx: DistContext) -> nn.Module:
     return DDP(model, device_ids=device_ids, gradient_as_bucket_view=True, forward_sync_buffers=False)
 
 
-def apply_fsdp(model: nn.Module, cfg: ParallelConfig, ctx: DistContext, precision: str = "auto") -> nn.Module:
-    """FSDP2: ``fully_shard`` each transformer block, then the root.
+def apply_fsdp(
+    model: nn.Module, cfg: ParallelConfig, ctx: DistContext, precision: str, mesh: Any
+) -> nn.Module:
+    """FSDP2: ``fully_shard`` each transformer block, then the root, over ``mesh`` (the data-parallel
+    ranks).
 
     The root group holds the embeddings, the final norm and the MLM head; the tied word embedding /
     decoder weight therefore lives in exactly one group (sharding the embeddings on their own would
     split a shared parameter across two groups). With bf16 training (``precision``, resolved by
     ``runtime.resolve_precision``) parameters are gathered in bf16 and gradients reduced in fp32 (the sharded master weights
     stay fp32); ``cpu_offload`` keeps parameters, gradients and optimizer state in host memory.
+    Over tensor-parallel weights (``apply_tp``) FSDP shards each rank's part: the per-part split Q/K/V and
+    GLU weights along their input dimension (their rows are already split three or two ways).
     """
-    from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
+    from torch.distributed.tensor import Shard
 
     _broadcast_from_rank0(model)  # FSDP shards what each rank holds: make sure they all hold the same
-    mesh = init_device_mesh(ctx.device.type, (ctx.world,))
     mp = MixedPrecisionPolicy()
     if runtime.resolve_precision(precision, ctx.device) == "bf16":
         mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
     offload = CPUOffloadPolicy(pin_memory=ctx.device.type == "cuda") if cfg.cpu_offload else OffloadPolicy()
-    # fully_shard cannot shard 0-dim parameters (the scaled-sinusoidal position scale): they stay
-    # replicated on every rank and their gradients are averaged by ``sync_gradients``
-    scalars = {p for p in model.parameters() if p.dim() == 0}
-    model._cramkit_replicated = [p for p in model.parameters() if p in scalars]
-    kwargs = dict(mesh=mesh, mp_policy=mp, offload_policy=offload, ignored_params=scalars or None)
+    # fully_shard cannot shard 0-dim parameters (the scaled-sinusoidal position scale), nor split again a
+    # bias already split per part: they stay as they are, their gradients averaged by ``sync_gradients``
+    ignored = [p for p in model.parameters() if p.dim() == 0 or (p.dim() == 1 and split_per_part(p))]
+    _average_over(model, ignored, mesh)
+
+    def placement(p: nn.Parameter) -> Any:
+        return Shard(1) if split_per_part(p) else None
+
+    kwargs = dict(mesh=mesh, mp_policy=mp, offload_policy=offload, ignored_params=set(ignored) or None,
+                  shard_placement_fn=placement)  # fmt: skip
     blocks = _blocks(model)
     for i, block in enumerate(blocks):
         # the last block's parameters are needed again at once in backward: keep them gathered
@@ -173,31 +194,218 @@ def apply_fsdp(model: nn.Module, cfg: ParallelConfig, ctx: DistContext, precisio
 def parallelize(
     model: nn.Module, cfg: ParallelConfig, ctx: DistContext, precision: str = "auto", *, compile: bool = False
 ) -> nn.Module:
-    """The module to train, in torchtitan's order: per-block ``torch.compile`` first (when ``compile``),
-    then DDP or FSDP2 (see :func:`apply_parallel`)."""
-    if compile:
-        apply_compile(model)
-    return apply_parallel(model, cfg, ctx, precision)
+    """The module to train, in torchtitan's order: tensor parallelism (``parallel.tp`` > 1), per-block
+    ``torch.compile`` (when ``compile``), then data parallelism over the remaining ranks (DDP or FSDP2).
 
-
-def apply_parallel(
-    model: nn.Module, cfg: ParallelConfig, ctx: DistContext, precision: str = "auto"
-) -> nn.Module:
-    """The module to train: ``model`` itself (world 1), DDP-wrapped, or FSDP2-sharded in place.
-
-    ``precision`` is the trainer's resolved one (fp32, bf16, fp16); it sets FSDP2's mixed precision."""
+    Returns ``model`` itself (world 1, or tensor parallel with DDP-style gradient averaging), DDP-wrapped,
+    or FSDP2-sharded in place. ``precision`` is the trainer's resolved one (fp32, bf16, fp16); it sets
+    FSDP2's mixed precision."""
     if not ctx.distributed:
         if cfg.cpu_offload:
             raise CramkitError(
                 "parallel.cpu_offload needs FSDP across processes; launch with torchrun (or --nproc N) "
                 "and --set parallel.strategy=fsdp, or drop parallel.cpu_offload"
             )
+        if cfg.tp > 1:
+            raise CramkitError(
+                f"parallel.tp={cfg.tp} splits each layer across {cfg.tp} processes, but this is one process; "
+                f"launch with --nproc {cfg.tp} (or a multiple of it), or set parallel.tp=1"
+            )
+        if compile:
+            apply_compile(model)
         return model
-    if cfg.strategy == "fsdp":
-        return apply_fsdp(model, cfg, ctx, precision)
-    if cfg.cpu_offload:
+    if cfg.cpu_offload and cfg.strategy != "fsdp":
         raise CramkitError("parallel.cpu_offload works with parallel.strategy=fsdp only, not ddp")
+    mesh = init_mesh(cfg, ctx)
+    if cfg.tp > 1:
+        check_tp(getattr(unwrap(model), "cfg", None), cfg.tp)
+        _broadcast_from_rank0(model)
+        apply_tp(model, mesh["tp"])
+    if compile:
+        apply_compile(model)
+    dp_mesh = mesh["dp"] if cfg.tp > 1 else mesh
+    if cfg.strategy == "fsdp":
+        return apply_fsdp(model, cfg, ctx, precision, dp_mesh)
+    if cfg.tp > 1:  # DDP does not take DTensor parameters: gradients averaged over the dp group directly
+        _average_over(model, list(model.parameters()), dp_mesh)
+        return model
     return apply_ddp(model, ctx)
+
+
+def init_mesh(cfg: ParallelConfig, ctx: DistContext) -> Any:
+    """The device mesh: 1-D over all ranks, or 2-D ("dp", "tp") with tensor-parallel groups of ``cfg.tp``
+    consecutive ranks (on one node when the node's GPU count is a multiple of tp)."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    if cfg.tp == 1:
+        return init_device_mesh(ctx.device.type, (ctx.world,), mesh_dim_names=("dp",))
+    if ctx.world % cfg.tp:
+        raise CramkitError(
+            f"parallel.tp={cfg.tp} must divide the number of processes ({ctx.world}); launch a multiple of "
+            f"{cfg.tp} processes (--nproc) or change parallel.tp"
+        )
+    return init_device_mesh(ctx.device.type, (ctx.world // cfg.tp, cfg.tp), mesh_dim_names=("dp", "tp"))
+
+
+def data_context(ctx: DistContext, cfg: ParallelConfig) -> DistContext:
+    """The ranks that read different data: all of them, or with tensor parallelism one per tensor-parallel
+    group (the ``tp`` ranks of a group train on the same batch). Its ``rank``/``world`` pick the data shard,
+    its ``all_reduce`` sums over the ranks of this rank's data-parallel group (call on every rank)."""
+    if cfg.tp == 1 or not ctx.distributed:
+        return ctx
+    import torch.distributed as dist
+
+    dp = ctx.world // cfg.tp
+    groups = [dist.new_group([d * cfg.tp + j for d in range(dp)]) for j in range(cfg.tp)]  # as ``init_mesh``
+    return DistContext(rank=ctx.rank // cfg.tp, world=dp, local_rank=ctx.local_rank, device=ctx.device,
+                       timeout=ctx.timeout, group=groups[ctx.rank % cfg.tp])  # fmt: skip
+
+
+def _average_over(model: nn.Module, params: list[nn.Parameter], mesh: Any) -> None:
+    """``sync_gradients`` averages these parameters' gradients (their local parts) over ``mesh``'s ranks."""
+    model._cramkit_dp_sync = (params, mesh.get_group(), mesh.size())
+
+
+# ---------------------------------------------------------------------------------------------------
+# tensor parallelism (Megatron-LM's split, with PyTorch's DTensor)
+
+
+def check_tp(model_cfg: Any, tp: int) -> None:
+    """One clear line when ``tp`` does not divide the attention heads, the MLP width or the vocabulary."""
+    if tp == 1 or model_cfg is None:
+        return
+    glu = model_cfg.activation in ("gelu_glu", "swiglu")
+    sizes = [
+        ("model.heads", model_cfg.heads),
+        ("the MLP width (model.intermediate / 2 with a GLU activation)" if glu else "model.intermediate",
+         model_cfg.intermediate // 2 if glu else model_cfg.intermediate),
+        ("model.vocab_size", model_cfg.vocab_size),
+    ]  # fmt: skip
+    for name, size in sizes:
+        if size % tp:
+            raise CramkitError(
+                f"parallel.tp={tp} must divide {name} ({size}): each of the {tp} ranks takes an equal part; "
+                f"choose a parallel.tp that divides it (or change the model)"
+            )
+
+
+def split_per_part(t: torch.Tensor) -> bool:
+    """Whether ``t`` is a tensor-parallel weight split per part: the fused Q/K/V projection (each rank
+    its heads' rows of Q, K and V) or a GLU input projection (its rows of each half)."""
+    from torch.distributed.tensor import DTensor
+    from torch.distributed.tensor.placement_types import _StridedShard
+
+    if not isinstance(t, DTensor):
+        return False
+    names = t.device_mesh.mesh_dim_names or ()
+    return any(isinstance(p, _StridedShard) and names[i] == "tp" for i, p in enumerate(t.placements))
+
+
+def apply_tp(model: nn.Module, mesh: Any) -> None:
+    """Split a cramkit encoder model across the ranks of the 1-D mesh ``mesh`` (tensor parallelism).
+
+    Megatron-LM's plan in the encoder's names (torchtitan's for Llama): the token embedding row-wise (the
+    vocabulary split, outputs summed), each block's Q/K/V and MLP input projections column-wise (each rank
+    computes its heads, its part of the MLP width), the attention output and MLP output projections
+    row-wise (partial outputs summed: two all-reduces per block forward, two backward), the MLM decoder
+    column-wise (each rank its part of the vocabulary) with torch's loss-parallel cross-entropy over the
+    masked positions (the logits are never gathered). The fused Q/K/V weight is split per part (rank r
+    holds its heads' rows of Q, of K and of V), like a GLU's two halves.
+
+    Everything else (norms, the position table, the MLM head's transform) is replicated, and so are
+    the activations between blocks: no sequence parallelism, because sparse prediction picks the
+    masked positions out of the whole sequence in the last block (a sequence-sharded activation would
+    need a gather there) and the MLM head reads only those positions.
+    """
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+    plain = unwrap(model)
+    tp = mesh.size()
+    plan: dict[str, Any] = {}
+    word = _find(plain, ("encoder.embeddings.word", "embeddings.word"))
+    plan[word] = RowwiseParallel(input_layouts=Replicate(), output_layouts=Replicate())
+    prefix = word.removesuffix("embeddings.word")
+    for i in range(len(_blocks(plain))):
+        plan[f"{prefix}layers.{i}.attn.out"] = RowwiseParallel()
+        plan[f"{prefix}layers.{i}.mlp.fc_out"] = RowwiseParallel()
+    head = getattr(plain, "head", None)
+    decoder = getattr(head, "decoder", None)
+    if decoder is not None:  # logits stay split over the vocabulary for the loss-parallel cross-entropy
+        plan["head.decoder"] = ColwiseParallel(output_layouts=Shard(-1), use_local_output=False)
+    parallelize_module(plain, mesh, plan)
+    for block in _blocks(plain):
+        _split_rows(block.attn.qkv, mesh, 3)
+        _split_rows(block.mlp.fc_in, mesh, 2 if block.mlp.glu else 1)
+        block.attn.heads //= tp
+        block.attn.register_forward_pre_hook(_into_tp_region(mesh))
+        block.mlp.register_forward_pre_hook(_into_tp_region(mesh))
+    if decoder is not None:
+        if plain.cfg.tie_embeddings:  # distributed one module at a time: tie the two again
+            head.decoder.weight = plain.get_submodule(word).weight
+        plain.register_forward_hook(_local_loss)
+        _enable_loss_parallel()
+
+
+def _find(model: nn.Module, names: tuple[str, ...]) -> str:
+    for name in names:
+        try:
+            model.get_submodule(name)
+            return name
+        except AttributeError:
+            continue
+    raise CramkitError(
+        f"{type(model).__name__} has no token embedding at {' or '.join(names)}; tensor parallelism needs a "
+        "cramkit encoder model"
+    )
+
+
+def _split_rows(linear: nn.Linear, mesh: Any, parts: int) -> None:
+    """Shard a projection's output rows over ``mesh``; with ``parts`` > 1 each of its ``parts`` equal
+    blocks of rows (Q, K, V; or a GLU's value and gate) is split, and a rank holds its rows of each."""
+    from torch.distributed.tensor import Shard, distribute_tensor
+    from torch.distributed.tensor.placement_types import _StridedShard
+
+    placement = _StridedShard(0, split_factor=parts) if parts > 1 else Shard(0)
+    for name in ("weight", "bias"):
+        tensor = getattr(linear, name)
+        if tensor is not None:
+            setattr(linear, name, nn.Parameter(distribute_tensor(tensor.detach(), mesh, [placement])))
+
+
+def _into_tp_region(mesh: Any) -> Any:
+    """A forward pre-hook: the replicated input enters a column-split layer unchanged, and its gradient
+    (each rank's part) is summed over the tensor-parallel ranks in backward (Megatron's "f")."""
+    from torch.distributed.tensor import DTensor, Partial, Replicate
+
+    def hook(module: nn.Module, args: tuple[Any, ...]) -> tuple[Any, ...]:
+        x = DTensor.from_local(args[0], mesh, [Replicate()], run_check=False)
+        return (x.to_local(grad_placements=[Partial()]), *args[1:])
+
+    return hook
+
+
+def _local_loss(module: nn.Module, args: tuple[Any, ...], out: Any) -> Any:
+    """The MLM loss (the same on every tensor-parallel rank) as a plain tensor; logits stay split."""
+    from torch.distributed.tensor import DTensor
+
+    loss = getattr(out, "loss", None)
+    return out._replace(loss=loss.to_local()) if isinstance(loss, DTensor) else out
+
+
+_loss_parallel: contextlib.AbstractContextManager | None = None
+
+
+def _enable_loss_parallel() -> None:
+    """Switch on torch's loss parallelism for this process (once): a cross-entropy over logits split on
+    the vocabulary is computed without gathering them, in forward and backward. Its context must enclose
+    the backward too, which runs in the trainer; it only changes cross-entropy on DTensors."""
+    global _loss_parallel
+    if _loss_parallel is None:
+        from torch.distributed.tensor.parallel import loss_parallel
+
+        _loss_parallel = loss_parallel()
+        _loss_parallel.__enter__()
 
 
 def unwrap(model: nn.Module) -> nn.Module:
@@ -234,14 +442,7 @@ def sync_gradients(model: nn.Module, enabled: bool) -> Iterator[None]:
     """Wrap forward+backward of a micro-step; with ``enabled=False`` gradients only accumulate locally."""
     if enabled:
         yield
-        replicated = [p for p in getattr(model, "_cramkit_replicated", ()) if p.grad is not None]
-        if replicated:
-            import torch.distributed as dist
-
-            for p in replicated:
-                dist.all_reduce(p.grad, op=dist.ReduceOp.AVG if p.grad.is_cuda else dist.ReduceOp.SUM)
-                if not p.grad.is_cuda:
-                    p.grad /= dist.get_world_size()
+        _average_gradients(model)
         return
     if hasattr(model, "set_requires_gradient_sync"):  # FSDP2
         model.set_requires_gradient_sync(False)
@@ -257,8 +458,29 @@ def sync_gradients(model: nn.Module, enabled: bool) -> Iterator[None]:
     yield
 
 
+def _average_gradients(model: nn.Module) -> None:
+    """Average the gradients that no wrapper reduces (see ``_average_over``) over their ranks."""
+    params, group, size = getattr(model, "_cramkit_dp_sync", ((), None, 1))
+    if size == 1:
+        return
+    import torch.distributed as dist
+    from torch.distributed.tensor import DTensor
+
+    with torch.no_grad():
+        for p in params:
+            if p.grad is None:
+                continue
+            grad = p.grad.to_local() if isinstance(p.grad, DTensor) else p.grad
+            if grad.is_cuda:
+                dist.all_reduce(grad, op=dist.ReduceOp.AVG, group=group)
+            else:  # gloo has no average
+                dist.all_reduce(grad, op=dist.ReduceOp.SUM, group=group)
+                grad /= size
+
+
 def clip_grad_norm(model: nn.Module, max_norm: float) -> torch.Tensor:
-    """Clip gradients by their global norm (across all ranks' shards under FSDP); returns the norm."""
+    """Clip gradients by their global norm (across all ranks' shards under FSDP or tensor parallelism);
+    returns the norm."""
     from torch.distributed.tensor import DTensor
 
     grads = [p.grad for p in model.parameters() if p.grad is not None]
@@ -268,8 +490,12 @@ def clip_grad_norm(model: nn.Module, max_norm: float) -> torch.Tensor:
             return torch.zeros(())
         params = [p for p in model.parameters() if p.grad is not None]
         return torch.nn.utils.clip_grad_norm_(params, max_norm if max_norm > 0 else float("inf"))
-    # FSDP2: the norm of all ranks' shards (a DTensor reduced to a full tensor) and of the replicated rest
-    norms = [torch.nn.utils.get_total_norm(sharded).full_tensor()]
+    # FSDP2 / TP: the norm of all ranks' shards (DTensors reduced to full tensors, one reduction per kind
+    # of sharding) and of the replicated rest
+    kinds: dict[tuple[Any, ...], list[torch.Tensor]] = {}
+    for g in sharded:
+        kinds.setdefault((g.device_mesh, g.placements), []).append(g)
+    norms = [torch.nn.utils.get_total_norm(same).full_tensor() for same in kinds.values()]
     plain = [g for g in grads if not isinstance(g, DTensor)]
     if plain:
         norms.append(torch.nn.utils.get_total_norm(plain).to(norms[0].device))
@@ -288,10 +514,10 @@ def all_reduce(tensor: torch.Tensor, ctx: DistContext, op: str = "sum") -> torch
 
         ops = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN}
         if op == "avg":
-            dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
+            dist.all_reduce(tensor, op=dist.ReduceOp.SUM, group=ctx.group)
             tensor /= ctx.world
         else:
-            dist.all_reduce(tensor, op=ops[op])
+            dist.all_reduce(tensor, op=ops[op], group=ctx.group)
     return tensor
 
 

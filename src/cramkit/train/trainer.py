@@ -201,6 +201,8 @@ class Trainer:
         # parameters
         compile_on = _auto(tcfg.compile, device.type == "cuda")
         self.train_model = parallel.parallelize(self.model, pcfg, ctx, self.precision, compile=compile_on)
+        # the ranks that read different batches (with tensor parallelism, one per group of parallel.tp ranks)
+        self.data_ctx = parallel.data_context(ctx, pcfg)
         self.optimizer = build_optimizer(
             self.model,
             tcfg.optimizer,
@@ -221,10 +223,11 @@ class Trainer:
             run, ctx, keep=tcfg.keep_checkpoints, async_save=pcfg.async_checkpoint, overlap_staging=True
         )
         self.scaler = torch.amp.GradScaler(device.type) if self.precision == "fp16" else None
-        # the global batch is exactly train.batch_size on any number of processes: each takes an equal share
-        # in micro-batches of at most train.micro_batch
-        self.micro, self.target_accum = split_batch(tcfg.batch_size, tcfg.micro_batch, ctx.world)
-        self.loader = objective.train_loader(self.micro, rank=ctx.rank, world=ctx.world)
+        # the global batch is exactly train.batch_size on any number of processes: each data-parallel rank takes
+        # an equal share in micro-batches of at most train.micro_batch
+        data = self.data_ctx
+        self.micro, self.target_accum = split_batch(tcfg.batch_size, tcfg.micro_batch, data.world)
+        self.loader = objective.train_loader(self.micro, rank=data.rank, world=data.world)
         self.log = MetricsLog(self.run_dir, enabled=ctx.is_main)
         self.state = TrainState()
         self.last_checkpoint: Path | None = None
@@ -274,7 +277,7 @@ class Trainer:
         info = (begin_step(fraction) if begin_step is not None else None) or {}
 
         batches = [next(self.loader) for _ in range(accum)]
-        loss, tokens = forward_backward(self.train_model, batches, self.ctx, self.precision, self.scaler,
+        loss, tokens = forward_backward(self.train_model, batches, self.data_ctx, self.precision, self.scaler,
                                         self.objective)  # fmt: skip
 
         if self.scaler is not None:
@@ -364,7 +367,7 @@ class Trainer:
         s, model = self.state, self.train_model
         was_training = model.training
         model.eval()
-        self.val_loss = self.objective.evaluate(model, self.ctx, self.precision)
+        self.val_loss = self.objective.evaluate(model, self.data_ctx, self.precision)
         model.train(was_training)
         s.last_eval = (s.elapsed, s.step)
         if self.val_loss is not None:
@@ -407,7 +410,7 @@ class Trainer:
         rec = {
             "step": s.step, "tokens": s.tokens, "elapsed": round(s.elapsed, 3),
             "loss": sum(window) / len(window) if window else float("nan"), "lr": facts["lr"],
-            "tokens_per_s": round(tps, 1), "batch_size": facts["accum"] * self.micro * world,
+            "tokens_per_s": round(tps, 1), "batch_size": facts["accum"] * self.micro * self.data_ctx.world,
             "grad_norm": norm if math.isfinite(norm) else str(norm), "mfu": mfu, "skipped": s.skipped or None,
         } | facts["info"]  # fmt: skip
         self.log.write(rec)

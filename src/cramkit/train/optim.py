@@ -17,18 +17,21 @@ def param_groups(
     model: nn.Module, weight_decay: float, lr_scales: dict[str, float] | None = None
 ) -> list[dict[str, Any]]:
     """Weight matrices and embeddings (decayed); biases, norms, scalars (not decayed). ``lr_scales`` maps a
-    parameter-name prefix to a multiplier of the learning rate (its own groups, ``lr_scale``)."""
-    groups: dict[tuple[bool, float], list[nn.Parameter]] = {}
+    parameter-name prefix to a multiplier of the learning rate (its own groups, ``lr_scale``). Tensor-parallel
+    (DTensor) and replicated parameters go to separate groups: a fused step takes one kind or the other."""
+    from torch.distributed.tensor import DTensor
+
+    groups: dict[tuple[bool, float, bool], list[nn.Parameter]] = {}
     seen: set[int] = set()
     for name, p in model.named_parameters():
         if not p.requires_grad or id(p) in seen:
             continue
         seen.add(id(p))
         scale = next((s for prefix, s in (lr_scales or {}).items() if name.startswith(prefix)), 1.0)
-        groups.setdefault((p.ndim >= 2, scale), []).append(p)
+        groups.setdefault((p.ndim >= 2, scale, isinstance(p, DTensor)), []).append(p)
     return [
         {"params": ps, "weight_decay": weight_decay if decay else 0.0, "lr_scale": scale}
-        for (decay, scale), ps in sorted(groups.items(), key=lambda kv: (not kv[0][0], kv[0][1]))
+        for (decay, scale, _), ps in sorted(groups.items(), key=lambda kv: (not kv[0][0], kv[0][1], kv[0][2]))
     ]
 
 

@@ -167,7 +167,6 @@ def apply_fsdp(
     from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
     from torch.distributed.tensor import Shard
 
-    _broadcast_from_rank0(model)  # FSDP shards what each rank holds: make sure they all hold the same
     mp = MixedPrecisionPolicy()
     if runtime.resolve_precision(precision, ctx.device) == "bf16":
         mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
@@ -217,9 +216,11 @@ def parallelize(
     if cfg.cpu_offload and cfg.strategy != "fsdp":
         raise CramkitError("parallel.cpu_offload works with parallel.strategy=fsdp only, not ddp")
     mesh = init_mesh(cfg, ctx)
+    if cfg.tp > 1 or cfg.strategy == "fsdp":  # (DDP broadcasts by itself)
+        # TP and FSDP split what each rank holds: make sure they all hold the same
+        _broadcast_from_rank0(model)
     if cfg.tp > 1:
         check_tp(getattr(unwrap(model), "cfg", None), cfg.tp)
-        _broadcast_from_rank0(model)
         apply_tp(model, mesh["tp"])
     if compile:
         apply_compile(model)

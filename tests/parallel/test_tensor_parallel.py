@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import csv
 import json
+from collections.abc import Callable
 
 import pytest
 import torch
@@ -30,9 +31,21 @@ def _close(a: dict[int, float], b: dict[int, float], tol: float) -> None:
 
 
 @pytest.fixture(scope="module")
-def reference20(tmp_path_factory: pytest.TempPathFactory) -> dict[int, float]:
-    """20 steps of the toy model on one process, never interrupted."""
-    return toy(1, tmp_path_factory.mktemp("tp-ref"), "--steps", str(STEPS))
+def references(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., dict[int, float]]:
+    """20 steps of the toy model (with these extra toy_train.py options) on one process, never interrupted."""
+    done: dict[tuple[str, ...], dict[int, float]] = {}
+
+    def curve(*extra: str) -> dict[int, float]:
+        if extra not in done:
+            done[extra] = toy(1, tmp_path_factory.mktemp("tp-ref"), "--steps", str(STEPS), *extra)
+        return done[extra]
+
+    return curve
+
+
+@pytest.fixture(scope="module")
+def reference20(references) -> dict[int, float]:
+    return references()
 
 
 def _toy_model_and_optimizer() -> tuple[torch.nn.Module, torch.optim.Optimizer]:
@@ -70,24 +83,30 @@ def test_tp2_follows_one_process_and_resumes_on_one(tmp_path, reference20):
 
 
 @pytest.mark.slow
-def test_tp1_checkpoint_resumes_at_tp2(tmp_path, reference20):
+def test_tp1_checkpoint_resumes_at_tp2(tmp_path, references):
+    # BERT's layout (biases: the Q/K/V bias split per part too; no GLU; post-LN; learned positions) and a
+    # vocabulary that tp does not divide (split 48 + 47)
+    model = ("--bert", "--vocab", "95")
+    expected = references(*model)
     run = tmp_path / "one"
-    toy(1, run, "--steps", "10", "--save-every", "10", "--sync-save")
-    resumed = toy(2, run, "--steps", str(STEPS), "--resume", "--tp", "2")
-    _close(resumed, {s: v for s, v in reference20.items() if s >= 10}, 1e-5)
+    toy(1, run, "--steps", "10", "--save-every", "10", "--sync-save", *model)
+    resumed = toy(2, run, "--steps", str(STEPS), "--resume", "--tp", "2", *model)
+    _close(resumed, {s: v for s, v in expected.items() if s >= 10}, 1e-5)
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("strategy", ["fsdp", "ddp"])
-def test_tp2_by_dp2_on_four_processes(tmp_path, reference20, strategy):
+@pytest.mark.parametrize("strategy, model", [("fsdp", "--bert"), ("ddp", None)])
+def test_tp2_by_dp2_on_four_processes(tmp_path, references, strategy, model):
     # a 2-D mesh: two tensor-parallel groups of two ranks, data parallel across the groups
+    extra = (model,) if model else ()
+    expected = references(*extra)
     curve = toy(4, tmp_path, "--steps", str(STEPS), "--tp", "2", "--strategy", strategy, "--save-every", "10",
-                "--sync-save")  # fmt: skip
-    _close(curve, reference20, 1e-5)
-    # and its checkpoint (FSDP shards of tensor-parallel shards) resumes on one process
+                "--sync-save", *extra)  # fmt: skip
+    _close(curve, expected, 1e-5)
+    # and its checkpoint (with FSDP: shards of tensor-parallel shards) resumes on one process
     _rewind(tmp_path, 10)
-    resumed = toy(1, tmp_path, "--steps", str(STEPS), "--resume")
-    _close(resumed, {s: v for s, v in reference20.items() if s >= 10}, 1e-5)
+    resumed = toy(1, tmp_path, "--steps", str(STEPS), "--resume", *extra)
+    _close(resumed, {s: v for s, v in expected.items() if s >= 10}, 1e-5)
 
 
 @pytest.mark.slow

@@ -23,9 +23,9 @@ from cramkit.train import parallel as P
 VOCAB, LENGTH, GLOBAL_BATCH, MICRO = 96, 16, 8, 2
 
 
-def global_batch(step: int) -> tuple[torch.Tensor, torch.Tensor]:
+def global_batch(step: int, vocab: int = VOCAB) -> tuple[torch.Tensor, torch.Tensor]:
     g = torch.Generator().manual_seed(1000 + step)
-    ids = torch.randint(5, VOCAB, (GLOBAL_BATCH, LENGTH), generator=g)
+    ids = torch.randint(5, vocab, (GLOBAL_BATCH, LENGTH), generator=g)
     labels = torch.where(torch.rand(GLOBAL_BATCH, LENGTH, generator=g) < 0.3, ids, IGNORE)
     return ids, labels
 
@@ -35,6 +35,10 @@ def main() -> None:
     ap.add_argument("--strategy", default="ddp")
     ap.add_argument("--tp", type=int, default=1, help="tensor-parallel degree (parallel.tp)")
     ap.add_argument("--steps", type=int, default=6)
+    ap.add_argument(
+        "--bert", action="store_true", help="BERT's layout: biases, post-LN, learned positions, GELU"
+    )
+    ap.add_argument("--vocab", type=int, default=VOCAB)
     ap.add_argument("--out", required=True)
     ap.add_argument("--save-every", type=int, default=0)
     ap.add_argument("--sync-save", action="store_true")
@@ -49,8 +53,11 @@ def main() -> None:
     cfg = P.ParallelConfig(strategy=args.strategy, timeout=args.timeout, tp=args.tp)
     ctx = P.init_distributed("cpu", cfg)
     torch.manual_seed(0)
+    bert = dict(bias=True, norm_position="post", position="learned", activation="gelu") if args.bert else {}
     model = MaskedLM(
-        ModelConfig(vocab_size=VOCAB, hidden=32, layers=2, heads=2, intermediate=64, max_position=LENGTH)
+        ModelConfig(
+            vocab_size=args.vocab, hidden=32, layers=2, heads=2, intermediate=64, max_position=LENGTH, **bert
+        )
     )
     model = P.parallelize(model, cfg, ctx)
     data = P.data_context(ctx, cfg)  # the ranks of a tensor-parallel group share their batches
@@ -69,7 +76,7 @@ def main() -> None:
                 os._exit(3)
             if step == args.hang_at and ctx.rank == 1:
                 time.sleep(3600)
-            ids, labels = global_batch(step)
+            ids, labels = global_batch(step, args.vocab)
             n_global = (labels != IGNORE).sum()
             ids, labels = ids[data.rank * per_rank :][:per_rank], labels[data.rank * per_rank :][:per_rank]
             total = torch.zeros(())

@@ -1,14 +1,17 @@
-"""Data parallelism through PyTorch's own engine (torchrun, DDP, FSDP2), applied to a plain model.
+"""Data and tensor parallelism through PyTorch's own engine (torchrun, DDP, FSDP2, DTensor), applied to a
+plain model.
 
 Contract used by the trainer (``cramkit.train.trainer``):
 
 - ``init_distributed(device, cfg)`` joins torchrun's job (its facts from ``cramkit.runtime``) and
   returns a :class:`DistContext`; without torchrun it is world size 1 and no process group is created.
-- ``apply_parallel(model, cfg, ctx)`` returns the module to train: the model itself (world 1),
+- ``parallelize(model, cfg, ctx)`` returns the module to train: the model itself (world 1),
   DDP-wrapped, or ``fully_shard``-ed per transformer block (FSDP2); with ``parallel.tp=T`` first split
   across T ranks by tensor parallelism (``apply_tp``, on a 2-D ("dp", "tp") mesh). The model code knows
   nothing of it but its local head count. Like torchtitan, each strategy is a separate function on a
   plain model (``apply_tp``, ``apply_compile``, ``apply_ddp`` / ``apply_fsdp``), composed in that order.
+- ``data_context(ctx, cfg)``: the ranks that read different batches (a tensor-parallel group shares
+  its batches), for the data loader, the loss average and evaluation.
 - ``sync_gradients(model, enabled)`` is a context manager around forward+backward: gradients are
   reduced across ranks only on the last micro-step of an accumulation.
 - ``all_reduce(tensor, ctx)`` sums a tensor over ranks in place (no-op at world size 1).
@@ -272,7 +275,8 @@ def _average_over(model: nn.Module, params: list[nn.Parameter], mesh: Any) -> No
 
 
 def check_tp(model_cfg: Any, tp: int) -> None:
-    """One clear line when ``tp`` does not divide the attention heads, the MLP width or the vocabulary."""
+    """One clear line when ``tp`` does not divide the attention heads or the MLP width (a vocabulary that
+    it does not divide is split unevenly)."""
     if tp == 1 or model_cfg is None:
         return
     glu = model_cfg.activation in ("gelu_glu", "swiglu")
@@ -280,7 +284,6 @@ def check_tp(model_cfg: Any, tp: int) -> None:
         ("model.heads", model_cfg.heads),
         ("the MLP width (model.intermediate / 2 with a GLU activation)" if glu else "model.intermediate",
          model_cfg.intermediate // 2 if glu else model_cfg.intermediate),
-        ("model.vocab_size", model_cfg.vocab_size),
     ]  # fmt: skip
     for name, size in sizes:
         if size % tp:

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import math
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -394,7 +395,8 @@ def _local_loss(module: nn.Module, args: tuple[Any, ...], out: Any) -> Any:
     from torch.distributed.tensor import DTensor
 
     loss = getattr(out, "loss", None)
-    return out._replace(loss=loss.to_local()) if isinstance(loss, DTensor) else out
+    # a copy: FSDP2 warns about a view returned by its root module
+    return out._replace(loss=loss.to_local().clone()) if isinstance(loss, DTensor) else out
 
 
 _loss_parallel: contextlib.AbstractContextManager | None = None
@@ -483,27 +485,34 @@ def _average_gradients(model: nn.Module) -> None:
 
 
 def clip_grad_norm(model: nn.Module, max_norm: float) -> torch.Tensor:
-    """Clip gradients by their global norm (across all ranks' shards under FSDP or tensor parallelism);
-    returns the norm."""
+    """Clip gradients by their global norm; returns the norm.
+
+    Sharded gradients (FSDP2, tensor parallelism: DTensors) are summed over all ranks' shards in one
+    all-reduce of the squares (each counted once however many ranks hold a copy), so that every rank
+    gets the same norm and the same clipping."""
     from torch.distributed.tensor import DTensor
 
-    grads = [p.grad for p in model.parameters() if p.grad is not None]
-    sharded = [g for g in grads if isinstance(g, DTensor)]
-    if not sharded:
+    params = [p for p in model.parameters() if p.grad is not None]
+    grads = [p.grad for p in params]
+    if not any(isinstance(g, DTensor) for g in grads):  # one process or DDP: whole, equal gradients
         if not grads:
             return torch.zeros(())
-        params = [p for p in model.parameters() if p.grad is not None]
         return torch.nn.utils.clip_grad_norm_(params, max_norm if max_norm > 0 else float("inf"))
-    # FSDP2 / TP: the norm of all ranks' shards (DTensors reduced to full tensors, one reduction per kind
-    # of sharding) and of the replicated rest
-    kinds: dict[tuple[Any, ...], list[torch.Tensor]] = {}
-    for g in sharded:
-        kinds.setdefault((g.device_mesh, g.placements), []).append(g)
-    norms = [torch.nn.utils.get_total_norm(same).full_tensor() for same in kinds.values()]
-    plain = [g for g in grads if not isinstance(g, DTensor)]
-    if plain:
-        norms.append(torch.nn.utils.get_total_norm(plain).to(norms[0].device))
-    total = torch.linalg.vector_norm(torch.stack(norms))
+    import torch.distributed as dist
+
+    world = dist.get_world_size()
+    squares = []
+    for g in grads:
+        if isinstance(g, DTensor):  # copies: the ranks outside its mesh, and its mesh dims that replicate it
+            mesh = g.device_mesh
+            replicated = [mesh.size(i) for i, p in enumerate(g.placements) if p.is_replicate()]
+            copies, g = world // mesh.size() * math.prod(replicated), g.to_local()
+        else:
+            copies = world
+        squares.append(torch.linalg.vector_norm(g, dtype=torch.float32).square() / copies)
+    total = torch.stack(squares).sum()
+    dist.all_reduce(total)
+    total = total.sqrt()
     if max_norm > 0:
         scale = torch.clamp(max_norm / (total + 1e-6), max=1.0)
         for g in grads:

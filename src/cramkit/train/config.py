@@ -218,8 +218,10 @@ def check_fits(cfg: RunConfig, vocab_size: int | None = None) -> None:
     """CramkitError, before anything is allocated, when the model cannot train in this machine's memory."""
     params, need = estimate_training_bytes(cfg, vocab_size)
     have, what = runtime.machine_memory(cfg.train.device)
-    if cfg.parallel.strategy == "fsdp":  # FSDP shards weights, gradients and optimizer state over ranks
-        need -= params * TRAIN_BYTES_PER_PARAM * (1 - 1 / runtime.torchrun().world)
+    # FSDP shards weights, gradients and optimizer state over all ranks (with TP: 1/tp of each layer,
+    # then FSDP over the groups), tensor parallelism alone over its tp ranks
+    shards = runtime.torchrun().world if cfg.parallel.strategy == "fsdp" else cfg.parallel.tp
+    need -= params * TRAIN_BYTES_PER_PARAM * (1 - 1 / max(1, shards))
     if have is not None and need > have:
         m = cfg.model
         raise CramkitError(

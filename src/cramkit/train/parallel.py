@@ -203,38 +203,37 @@ def parallelize(
     Returns ``model`` itself (world 1, or tensor parallel with DDP-style gradient averaging), DDP-wrapped,
     or FSDP2-sharded in place. ``precision`` is the trainer's resolved one (fp32, bf16, fp16); it sets
     FSDP2's mixed precision."""
-    if not ctx.distributed:
-        if cfg.cpu_offload:
-            raise CramkitError(
-                "parallel.cpu_offload needs FSDP across processes; launch with torchrun (or --nproc N) "
-                "and --set parallel.strategy=fsdp, or drop parallel.cpu_offload"
-            )
-        if cfg.tp > 1:
-            raise CramkitError(
-                f"parallel.tp={cfg.tp} splits each layer across {cfg.tp} processes, but this is one process; "
-                f"launch with --nproc {cfg.tp} (or a multiple of it), or set parallel.tp=1"
-            )
-        if compile:
-            apply_compile(model)
-        return model
+    if not ctx.distributed and cfg.cpu_offload:
+        raise CramkitError(
+            "parallel.cpu_offload needs FSDP across processes; launch with torchrun (or --nproc N) "
+            "and --set parallel.strategy=fsdp, or drop parallel.cpu_offload"
+        )
+    if not ctx.distributed and cfg.tp > 1:
+        raise CramkitError(
+            f"parallel.tp={cfg.tp} splits each layer across {cfg.tp} processes, but this is one process; "
+            f"launch with --nproc {cfg.tp} (or a multiple of it), or set parallel.tp=1"
+        )
     if cfg.cpu_offload and cfg.strategy != "fsdp":
         raise CramkitError("parallel.cpu_offload works with parallel.strategy=fsdp only, not ddp")
-    mesh = init_mesh(cfg, ctx)
-    if cfg.tp > 1 or cfg.strategy == "fsdp":  # (DDP broadcasts by itself)
-        # TP and FSDP split what each rank holds: make sure they all hold the same
-        _broadcast_from_rank0(model)
+    mesh = None
+    if ctx.distributed and (cfg.tp > 1 or cfg.strategy == "fsdp"):  # (DDP makes its own)
+        mesh = init_mesh(cfg, ctx)
+        _broadcast_from_rank0(model)  # TP and FSDP split what each rank holds: make sure all hold the same
     if cfg.tp > 1:
         check_tp(getattr(unwrap(model), "cfg", None), cfg.tp)
         apply_tp(model, mesh["tp"])
     if compile:
         apply_compile(model)
+    if not ctx.distributed:
+        return model
+    if mesh is None:
+        return apply_ddp(model, ctx)
     dp_mesh = mesh["dp"] if cfg.tp > 1 else mesh
     if cfg.strategy == "fsdp":
         return apply_fsdp(model, cfg, ctx, precision, dp_mesh)
-    if cfg.tp > 1:  # DDP does not take DTensor parameters: gradients averaged over the dp group directly
-        _average_over(model, list(model.parameters()), dp_mesh)
-        return model
-    return apply_ddp(model, ctx)
+    # DDP does not take DTensor parameters: the gradients are averaged over the dp group by sync_gradients
+    _average_over(model, list(model.parameters()), dp_mesh)
+    return model
 
 
 def init_mesh(cfg: ParallelConfig, ctx: DistContext) -> Any:

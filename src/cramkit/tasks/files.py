@@ -185,7 +185,7 @@ class FileSplit:
                     missing = text_a if a is None else text_b
                     has = ", ".join(rec)
                     raise BadRow(f"{where}: no value for '{missing}' (the row has: {has}). {SKIP_HINT}")
-                choices = self._choices(rec, where) if self.choices else None
+                choices = read_choices(rec, self.choices, where) if self.choices else None
                 label = None
                 raw = rec.get(label_col) if label_col else None
                 if has_label and (raw is not None or self.label_required):
@@ -216,30 +216,31 @@ class FileSplit:
         return out
 
 
-    def _choices(self, rec: dict, where: str) -> tuple[str, ...]:
-        """A row's choices: one field's list, or one per choice column (empty cells at the end dropped)."""
-        cols = self.choices or ()
-        first = rec.get(cols[0])
-        if len(cols) == 1 and isinstance(first, list):
-            values = first
-        else:
-            missing = [c for c in cols if rec.get(c) is None]
-            if missing:
-                raise BadRow(f"{where}: no value for the choice column '{missing[0]}'. {SKIP_HINT}")
-            values = [rec[c] for c in cols]
-        if not all(isinstance(v, (str, int, float)) and not isinstance(v, bool) for v in values):
-            raise BadRow(f"{where}: the choices must be texts, got {values!r:.80}. {SKIP_HINT}")
-        texts = [str(v).strip() for v in values]
-        while texts and not texts[-1]:
-            texts.pop()
-        if "" in texts:
-            raise BadRow(f"{where}: choice {texts.index('')} is empty. {SKIP_HINT}")
-        if len(texts) < 2:
-            how = "name several choice columns (--choices A,B,...) or a field holding a list"
-            raise BadRow(
-                f"{where}: {len(texts)} choice(s); a multiple-choice row needs at least 2 ({how}). {SKIP_HINT}"
-            )
-        return tuple(texts)
+def read_choices(rec: dict, cols: tuple[str, ...], where: str, hint: str = SKIP_HINT) -> tuple[str, ...]:
+    """A row's choices: one field's list, or one per choice column (empty cells at the end dropped); BadRow
+    naming ``where`` (then ``hint``) for a missing column, a value that is not text, an empty choice, fewer
+    than 2."""
+    first = rec.get(cols[0])
+    if len(cols) == 1 and isinstance(first, list):
+        values = first
+    else:
+        missing = [c for c in cols if rec.get(c) is None]
+        if missing:
+            raise BadRow(f"{where}: no value for the choice column '{missing[0]}'. {hint}")
+        values = [rec[c] for c in cols]
+    if not all(isinstance(v, (str, int, float)) and not isinstance(v, bool) for v in values):
+        raise BadRow(f"{where}: the choices must be texts, got {values!r:.80}. {hint}")
+    texts = [str(v).strip() for v in values]
+    while texts and not texts[-1]:
+        texts.pop()
+    if "" in texts:
+        raise BadRow(f"{where}: choice {texts.index('')} is empty. {hint}")
+    if len(texts) < 2:
+        how = "name several choice columns (--choices A,B,...) or a field holding a list"
+        raise BadRow(
+            f"{where}: {len(texts)} choice(s); a multiple-choice row needs at least 2 ({how}). {hint}"
+        )
+    return tuple(texts)
 
 
 def _choice_index(raw: object, n: int, where: str) -> int:

@@ -362,7 +362,9 @@ class Engine:
         """Encode each context with each of its choices (a pair row per choice); CramkitError naming the
         first bad input (a context that is not a string, fewer than two choices, a choice not a string)."""
         if len(contexts) != len(choices):
-            raise CramkitError(f"{len(contexts)} contexts but {len(choices)} lists of choices; give one per context")
+            raise CramkitError(
+                f"{len(contexts)} contexts but {len(choices)} lists of choices; give one per context"
+            )
         for i, (a, cs) in enumerate(zip(contexts, choices, strict=True)):
             if not isinstance(a, str):
                 raise CramkitError(f"input {i}: the context is a {type(a).__name__}; give a string")

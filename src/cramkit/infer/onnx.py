@@ -399,6 +399,7 @@ def export_onnx(
             "kind": loaded.kind,
             "labels": loaded.labels,
             "task": loaded.task,
+            "columns": loaded.extra.get("columns"),  # what it was fine-tuned on: predict's default columns
             "max_length": int(loaded.max_length),
             "pooling": loaded.pooling,
             "normalize": bool(loaded.normalize),

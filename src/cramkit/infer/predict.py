@@ -61,7 +61,9 @@ def read_rows(
         )
     if path.suffix.lower() == ".txt":
         if choices is not None:
-            raise CramkitError(f"{path}: a multiple-choice model needs rows with choices; give a .jsonl or .csv file")
+            raise CramkitError(
+                f"{path}: a multiple-choice model needs rows with choices; give a .jsonl or .csv file"
+            )
         try:
             lines = path.read_text(encoding=encoding or "utf-8-sig", errors=errors).splitlines()
         except UnicodeDecodeError as exc:
@@ -171,7 +173,7 @@ def predict(
             f"--task applies to a model trained on a mixture; {model} is an export (ONNX or CTranslate2) of one task"
         )
     given = label not in ("auto", None)
-    trained = (model.extra.get("columns") if isinstance(model, LoadedModel) else None) or {}
+    trained = _trained_columns(model)
     if label == "auto":
         label = trained.get("label") or "label"
     engine = Engine(
@@ -215,7 +217,12 @@ def predict(
         chosen = engine.choose(rows.texts_a, rows.choices or [])
         for i, cs in enumerate(rows.choices or []):
             k = int(chosen.chosen[i])
-            rec = {"row": i, "label": k, "answer": cs[k], "probabilities": [round(float(p), 6) for p in chosen.probs[i]]}
+            rec = {
+                "row": i,
+                "label": k,
+                "answer": cs[k],
+                "probabilities": [round(float(p), 6) for p in chosen.probs[i]],
+            }
             if chosen.truncated[i]:
                 rec["truncated"] = True
             records.append(rec)
@@ -257,6 +264,26 @@ def predict(
     if out is not None:
         summary["out"] = str(write_predictions(records, out))
     return summary
+
+
+def _trained_columns(model: Any) -> dict[str, Any]:
+    """The columns the model was fine-tuned on (a model directory's extra, an ONNX export's manifest), the
+    well-formed ones only: column names are strings, choices a list of them."""
+    from cramkit.load import LoadedModel
+
+    if isinstance(model, LoadedModel):
+        cols = model.extra.get("columns")
+    else:
+        from cramkit.infer.onnx import _read_manifest
+
+        cols = _read_manifest(Path(model)).get("columns")
+    if not isinstance(cols, dict):
+        return {}
+    out: dict[str, Any] = {k: v for k, v in cols.items() if k != "choices" and isinstance(v, str)}
+    choices = cols.get("choices")
+    if isinstance(choices, list) and choices and all(isinstance(c, str) for c in choices):
+        out["choices"] = choices
+    return out
 
 
 def _check_gold(

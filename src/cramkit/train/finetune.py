@@ -191,7 +191,11 @@ class ClassifierObjective:
 
     def build_model(self):
         return build_model(
-            self.loaded, self.num_labels, self.cfg, multilabel=self.multilabel, multiple_choice=self.multiple_choice
+            self.loaded,
+            self.num_labels,
+            self.cfg,
+            multilabel=self.multilabel,
+            multiple_choice=self.multiple_choice,
         )
 
     def train_loader(self, micro: int, *, rank: int = 0, world: int = 1) -> BatchLoader:
@@ -321,9 +325,7 @@ def finetune(
     train = encode_task_examples(task, tok, train_rows, max_length)
     if train.labels is None:
         raise CramkitError(f"task {task.name}: some {task.train_split} examples have no label")
-    dev = {
-        s: encode_task_examples(task, tok, task.examples(s), max_length) for s in task.dev_splits
-    }
+    dev = {s: encode_task_examples(task, tok, task.examples(s), max_length) for s in task.dev_splits}
     for split, enc in dev.items():
         if enc.labels is None:
             raise CramkitError(

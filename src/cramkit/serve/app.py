@@ -606,10 +606,13 @@ def _choice_inputs(body: dict, limits: Limits) -> tuple[bool, list[str], list[li
                 422, f"{where} must be an object with a 'text' string and a 'choices' list", "Validation"
             )
         cs = it.get("choices")
-        if not isinstance(cs, list) or not all(isinstance(c, str) for c in cs):
+        if not isinstance(cs, list):
             raise ApiError(
                 422, f"{where}: 'choices' must be a list of strings, not {_type(cs)}", "Validation"
             )
+        bad = next((c for c in cs if not isinstance(c, str)), "")
+        if not isinstance(bad, str):
+            raise ApiError(422, f"{where}: each choice must be a string, not {_type(bad)}", "Validation")
         if len(cs) < 2:
             raise ApiError(422, f"{where} has {len(cs)} choice(s); give at least 2", "Validation")
         if len(cs) > limits.max_choices:

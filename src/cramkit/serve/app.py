@@ -579,7 +579,7 @@ async def predict(request: Request) -> Response:
 def _choice_inputs(body: dict, limits: Limits) -> tuple[bool, list[str], list[list[str]]]:
     """A multiple-choice model's inputs: ``{"text": context, "choices": [...]}`` (the body itself, or its
     ``inputs``) or a list of them -> (single, contexts, choices)."""
-    x = body.get("inputs", body if "choices" in body else None)
+    x = body.get("inputs", body if "text" in body or "choices" in body else None)
     if x is None:
         raise ApiError(
             422, "missing field 'inputs': give {\"text\": context, \"choices\": [choice, ...]} or a list of them",

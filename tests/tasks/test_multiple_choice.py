@@ -292,6 +292,18 @@ def test_onnx_export_scores_the_pairs_as_torch_does(
     assert "accuracy" in text
     labels = [json.loads(line)["label"] for line in (tmp_path / "p.jsonl").read_text().splitlines()]
     assert labels == ref.chosen[:-1].tolist()
+    # a crafted manifest's columns (not names) are ignored: the columns are then asked for, in one line
+    import shutil
+
+    crafted = shutil.copytree(mc_onnx, tmp_path / "crafted")
+    manifest["columns"] = {"text_a": ["premise"], "choices": 5, "label": {"x": 1}}
+    (crafted / "cramkit-onnx.json").write_text(json.dumps(manifest))
+    proc = cli("predict", "--from", str(crafted), str(copa / "val.jsonl"), "--out", str(tmp_path / "c.jsonl"))
+    assert proc.returncode == 2 and "no value for the choice column 'choices'" in proc.stderr, proc.stderr
+    assert "--choices COL" in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1
+    ok("predict", "--from", str(crafted), str(copa / "val.jsonl"), "--text-a", "premise", "--choices", "choice1,choice2",
+       "--out", str(tmp_path / "c.jsonl"))  # fmt: skip
 
 
 def test_hf_export_is_a_bert_for_multiple_choice_with_our_logits(

@@ -22,6 +22,7 @@ from cramkit.errors import CramkitError
 
 TEXT_COLUMNS = ("text", "sentence", "text_a", "sentence1", "question", "review")
 PAIR_COLUMNS = ("text_b", "sentence2")
+CHOICES_HINT = "Fix the row, or name the choice columns with --choices COL[,COL...]."
 
 
 @dataclass
@@ -111,7 +112,7 @@ def read_rows(
             raise CramkitError(f"{path} line {lineno}: the text column holds {type(va).__name__}, not text")
         if choices is not None:
             try:
-                row_choices.append(read_choices(rec, tuple(choices), f"{path} line {lineno}", "Fix the row."))
+                row_choices.append(read_choices(rec, tuple(choices), f"{path} line {lineno}", CHOICES_HINT))
             except BadRow as exc:
                 raise CramkitError(str(exc)) from None
         texts_a.append(va)

@@ -1,8 +1,8 @@
 """The HTTP server: FastAPI routes compatible with text-embeddings-inference (TEI) where they overlap.
 
-Routes: ``POST /embed`` (TEI), ``POST /predict`` (TEI), ``POST /v1/embeddings`` (OpenAI-shaped),
-``POST /fill-mask``, ``POST /search`` (with an index), ``GET /info``, ``GET /health``, ``GET /metrics``
-(Prometheus), ``/docs`` (OpenAPI). Several models are served by name: a ``"model"`` field in the body or a
+Routes: ``POST /embed`` (TEI), ``POST /predict`` (TEI; a multiple-choice model takes ``{"text",
+"choices"}``), ``POST /v1/embeddings`` (OpenAI-shaped), ``POST /fill-mask``, ``POST /search`` (with an
+index), ``GET /info``, ``GET /health``, ``GET /metrics`` (Prometheus), ``/docs`` (OpenAPI). Several models are served by name: a ``"model"`` field in the body or a
 ``?model=`` query parameter picks one (default: the first).
 
 Every refusal is JSON ``{"error": "...", "error_type": "..."}`` with a 4xx/5xx status: 400 malformed JSON,
@@ -37,7 +37,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from cramkit.errors import CramkitError
-from cramkit.infer.engine import InputTooLong
+from cramkit.infer.engine import MIN_CHOICES, InputTooLong
 from cramkit.serve.batcher import Batcher, Job, Lane, Overloaded, Search, SearchQueue, Stopped
 from cramkit.serve.metrics import Metrics
 
@@ -613,8 +613,8 @@ def _choice_inputs(body: dict, limits: Limits) -> tuple[bool, list[str], list[li
         bad = next((c for c in cs if not isinstance(c, str)), "")
         if not isinstance(bad, str):
             raise ApiError(422, f"{where}: each choice must be a string, not {_type(bad)}", "Validation")
-        if len(cs) < 2:
-            raise ApiError(422, f"{where} has {len(cs)} choice(s); give at least 2", "Validation")
+        if len(cs) < MIN_CHOICES:
+            raise ApiError(422, f"{where} has {len(cs)} choice(s); give at least {MIN_CHOICES}", "Validation")
         if len(cs) > limits.max_choices:
             raise ApiError(
                 413, f"{where} has {len(cs)} choices; the limit is {limits.max_choices}", "Validation"
@@ -639,11 +639,14 @@ async def _predict_choices(
     raw = _flag(body, "raw_scores", False)
     truncate = _flag(body, "truncate", True)
     rows = sum(len(c) for c in choices)
+    chars = sum(len(a) * len(cs) + sum(map(len, cs)) for a, cs in zip(contexts, choices, strict=True))
+
+    def tokenize() -> Any:
+        return engine.tokenize_choices(contexts, choices, truncate=truncate)
+
     with _reserved(state, batcher, rows):
         try:
-            enc = await run_in_threadpool(
-                lambda: engine.tokenize_choices(contexts, choices, truncate=truncate)
-            )
+            enc = tokenize() if chars <= INLINE_CHARS else await run_in_threadpool(tokenize)
         except InputTooLong as exc:
             raise ApiError(413, str(exc), "Validation") from None
         except CramkitError as exc:

@@ -158,6 +158,7 @@ def test_finetune_saves_a_multiple_choice_model_that_load_predict_and_the_engine
     got = [json.loads(line) for line in out.read_text().splitlines()]
     rows = [json.loads(line) for line in (copa / "val.jsonl").read_text().splitlines()]
     engine = Engine(loaded, device="cpu")
+    assert engine.choose([], []).chosen.shape == (0,)  # nothing to choose: an empty answer, no error
     chosen = engine.choose([r["premise"] for r in rows], [[r["choice1"], r["choice2"]] for r in rows])
     for g, r, k, p in zip(got, rows, chosen.chosen, chosen.probs, strict=True):
         assert g["label"] == int(k) and g["answer"] == [r["choice1"], r["choice2"]][k]

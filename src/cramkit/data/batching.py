@@ -194,6 +194,8 @@ def scores_to_choices(scores: np.ndarray, offsets: np.ndarray) -> np.ndarray:
 
 def choice_probabilities(grid: np.ndarray) -> np.ndarray:
     """Softmax over each example's choices (the -inf padding gets 0)."""
+    if grid.size == 0:
+        return grid.copy()
     z = np.exp(grid - grid.max(axis=1, keepdims=True))
     return z / z.sum(axis=1, keepdims=True)
 

@@ -307,6 +307,18 @@ def test_onnx_export_scores_the_pairs_as_torch_does(
        "--out", str(tmp_path / "c.jsonl"))  # fmt: skip
 
 
+def test_ct2_export_scores_the_pairs_as_torch_does(mc_model: Path, copa: Path, tmp_path: Path) -> None:
+    pytest.importorskip("ctranslate2")
+    out = tmp_path / "ct2"
+    ok("export", str(mc_model), "--format", "ct2", "--quantize", "float32", "--out", str(out))
+    contexts, choices = val_inputs(copa)
+    ref = Engine(cramkit.load(mc_model), device="cpu").choose(contexts, choices)
+    got = Engine(out).choose(contexts, choices)
+    assert got.chosen.tolist() == ref.chosen.tolist()
+    for a, b in zip(ref.scores, got.scores, strict=True):
+        np.testing.assert_allclose(a, b, atol=1e-4, rtol=0)
+
+
 def test_hf_export_is_a_bert_for_multiple_choice_with_our_logits(
     minilm_dir: Path, copa: Path, pretrained_run: Path, mc_model: Path, tmp_path: Path
 ) -> None:

@@ -174,12 +174,12 @@ def predict(
             f"--task applies to a model trained on a mixture; {model} is an export (ONNX or CTranslate2) of one task"
         )
     given = label not in ("auto", None)
-    trained = _trained_columns(model)
-    if label == "auto":
-        label = trained.get("label") or "label"
     engine = Engine(
         model, backend=backend, device=device, max_batch_tokens=max_batch_tokens, max_length=max_length
     )
+    trained = _trained_columns(engine)
+    if label == "auto":
+        label = trained.get("label") or "label"
     loaded = engine  # kind, labels and source, whichever the backend
     if loaded.kind == "multiple_choice":
         choices = choices or trained.get("choices") or ["choices"]
@@ -267,17 +267,13 @@ def predict(
     return summary
 
 
-def _trained_columns(model: Any) -> dict[str, Any]:
-    """The columns the model was fine-tuned on (a model directory's extra, an ONNX export's manifest), the
-    well-formed ones only: column names are strings, choices a list of them."""
-    from cramkit.load import LoadedModel
-
-    if isinstance(model, LoadedModel):
-        cols = model.extra.get("columns")
+def _trained_columns(engine: Any) -> dict[str, Any]:
+    """The columns the engine's model was fine-tuned on (a model directory's extra, an export's manifest),
+    the well-formed ones only: column names are strings, choices a list of them."""
+    if engine.loaded is not None:
+        cols = engine.loaded.extra.get("columns")
     else:
-        from cramkit.infer.onnx import _read_manifest
-
-        cols = _read_manifest(Path(model)).get("columns")
+        cols = engine.onnx.manifest.get("columns")
     if not isinstance(cols, dict):
         return {}
     out: dict[str, Any] = {k: v for k, v in cols.items() if k != "choices" and isinstance(v, str)}

@@ -6,7 +6,8 @@
     m = cramkit.load("hf:path/to/bert")      # a Hugging Face BERT directory (safetensors only)
 
 The result carries the model (eval mode, on the CPU), its tokenizer, config and head: masked-LM,
-classification (label names in logit order), multi-label, regression, or a bare encoder.
+classification (label names in logit order), multi-label, regression, multiple choice (a score per
+(context, choice) pair), or a bare encoder.
 
 A *model directory* is what :meth:`LoadedModel.save` writes and what fine-tuning and distillation
 produce: ``cramkit-model.json`` (what to build, labels, task, limits; written last, so its presence means
@@ -37,7 +38,9 @@ MODEL_FORMAT = "cramkit-model-1"
 ONNX_MANIFEST = "cramkit-onnx.json"
 CT2_MANIFEST = "cramkit-ct2.json"
 # what a model is for (its head), in a model directory and in an ONNX export alike
-KINDS = ("mlm", "classifier", "multilabel", "regression", "encoder", "multitask")
+KINDS = ("mlm", "classifier", "multilabel", "regression", "multiple_choice", "encoder", "multitask")
+# the kinds whose model ends in a pooled head with logits (a multiple-choice model's: one score per pair row)
+LOGIT_KINDS = ("classifier", "multilabel", "regression", "multiple_choice")
 # what a directory holds, by the file that marks it, tried in this order: the one table of them
 DIRECTORY_KINDS: tuple[tuple[str, str], ...] = (
     ("onnx", ONNX_MANIFEST),  # cramkit export --format onnx (run by cramkit.infer's ONNX backend)
@@ -103,7 +106,7 @@ class LoadedModel:
     def num_labels(self) -> int | None:
         if self.kind in ("classifier", "multilabel"):
             return len(self.labels or []) or getattr(self.model, "num_labels", None)
-        return 1 if self.kind == "regression" else None
+        return 1 if self.kind in ("regression", "multiple_choice") else None
 
     @property
     def pad_id(self) -> int:
@@ -464,7 +467,7 @@ def _load_model_dir(path: Path) -> LoadedModel:
 def _build_encoder_model(meta: dict[str, Any], file: Path) -> tuple[nn.Module, Any]:
     from cramkit.config import from_dict
     from cramkit.model.encoder import Encoder, ModelConfig
-    from cramkit.model.heads import ClassifierConfig, MaskedLM, SequenceClassifier
+    from cramkit.model.heads import ClassifierConfig, MaskedLM, MultipleChoice, SequenceClassifier
 
     cfg = from_dict(ModelConfig, meta.get("model") or {}, "model")
     _check_size(cfg, file)
@@ -478,6 +481,8 @@ def _build_encoder_model(meta: dict[str, Any], file: Path) -> tuple[nn.Module, A
         from cramkit.model.multitask import MultiTaskModel
 
         return MultiTaskModel(cfg, [h["num_labels"] for h in task_heads(meta, file)], head), cfg
+    if kind == "multiple_choice":
+        return MultipleChoice(cfg, head), cfg
     n = meta.get("num_labels") or len(meta.get("labels") or [])
     if kind == "regression":
         n = 1
@@ -627,7 +632,7 @@ def _hf_labels(hf: dict[str, Any], state: dict[str, Any]) -> tuple[str, int, lis
 
 def _load_hf(name: str, text: str) -> LoadedModel:
     from cramkit.model.encoder import Encoder
-    from cramkit.model.heads import ClassifierConfig, MaskedLM, SequenceClassifier
+    from cramkit.model.heads import ClassifierConfig, MaskedLM, MultipleChoice, SequenceClassifier
     from cramkit.model.hf import _read_hf_config, _resolve, load_hf_config, load_hf_encoder_state
     from cramkit.text.tokenizer import load_tokenizer
 
@@ -642,11 +647,15 @@ def _load_hf(name: str, text: str) -> LoadedModel:
     arch = (hf.get("architectures") or ["BertModel"])[0]
     labels = None
     head = None
-    if arch == "BertForSequenceClassification" or "classifier.weight" in state:
-        kind, n, labels = _hf_labels(hf, state)
+    model: nn.Module
+    if arch in ("BertForSequenceClassification", "BertForMultipleChoice") or "classifier.weight" in state:
         dropout = hf.get("classifier_dropout")
         head_cfg = ClassifierConfig(pooling="first", pooler_dense=True, dropout=float(dropout or cfg.dropout))
-        model: nn.Module = SequenceClassifier(cfg, n, head_cfg, multilabel=kind == "multilabel")
+        if arch == "BertForMultipleChoice":
+            kind, model = "multiple_choice", MultipleChoice(cfg, head_cfg)
+        else:
+            kind, n, labels = _hf_labels(hf, state)
+            model = SequenceClassifier(cfg, n, head_cfg, multilabel=kind == "multilabel")
         if "classifier.weight" not in state or "pooler.weight" not in state:
             raise CramkitError(f"hf:{root}: a sequence classifier without classifier/pooler weights")
         full = {f"encoder.{k}": v for k, v in enc_state.items()}
@@ -676,7 +685,7 @@ def _load_hf(name: str, text: str) -> LoadedModel:
         tokenizer=load_tokenizer(root),
         labels=labels,
         max_length=max_length,
-        pooling=pooling or ("cls" if kind == "classifier" else "mean"),
+        pooling=pooling or ("cls" if kind in ("classifier", "multiple_choice") else "mean"),
         normalize=normalize,
         with_types=cfg.type_vocab_size > 0,
         head=head,

@@ -12,7 +12,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "predict",
         help="predict the rows of a CSV/TSV/JSONL/text file with a fine-tuned model (or fill [MASK]s)",
         description="Classify (or score) each row of FILE with a fine-tuned model, a distilled student or an HF "
-        "classifier; with a pretraining run, fill each [MASK]. Inputs are batched by length. With a label column "
+        "classifier; with a multiple-choice model, pick each row's choice; with a pretraining run, fill each [MASK]. Inputs are batched by length. With a label column "
         "in FILE the metric is printed too.",
     )
     p.add_argument(
@@ -25,6 +25,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--text-a", help="the text column (default: text, sentence, sentence1, ...)")
     p.add_argument("--text-b", help="the second text of a pair (default: text_b or sentence2 when present)")
+    p.add_argument("--choices", metavar="COL[,COL...]",
+                   help="multiple-choice model: the choice columns, or one JSONL field holding a list (default: "
+                   "the columns it was trained on, else choices)")  # fmt: skip
     p.add_argument("--label", default="auto",
                    help="gold label column, scored when present, its values checked against the model's labels "
                    "first (default: the column the model was trained on, else label; 'none': no scoring)")  # fmt: skip
@@ -45,6 +48,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
+    from cramkit.commands.tasks import _columns_list
     from cramkit.infer.predict import predict
 
     out = args.out or str(Path(args.file).with_suffix("")) + ".predictions.jsonl"
@@ -55,7 +59,8 @@ def run(args: argparse.Namespace) -> int:
         res = predict(
             args.source, args.file, out, text_a=args.text_a, text_b=args.text_b, label=label,
             keep_text=args.keep_text, top_k=args.top_k, device=args.device, max_batch_tokens=args.max_batch_tokens,
-            max_length=args.max_length, task=args.task, **reading_kwargs(args),
+            max_length=args.max_length, task=args.task, choices=_columns_list(args.choices, "--choices"),
+            **reading_kwargs(args),
         )  # fmt: skip
     line = f"predicted {res['rows']} rows in {res['seconds']:.2f}s ({res['examples_per_s']:,.1f} examples/s)"
     if res["truncated"]:

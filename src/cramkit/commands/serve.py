@@ -30,6 +30,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-length", type=int, default=None, help="cut inputs to this many tokens")
     p.add_argument("--max-inputs", type=int, default=1024, help="inputs per request (default 1024)")
     p.add_argument("--max-input-chars", type=int, default=50_000, help="characters per input")
+    p.add_argument("--max-choices", type=int, default=64, help="choices per input of a multiple-choice model")
     p.add_argument("--max-payload-bytes", type=int, default=2_000_000, help="request body size")
     p.add_argument("--max-queue", type=int, default=8192, help="inputs waiting per model before 429")
     p.add_argument(
@@ -66,8 +67,8 @@ def run(args: argparse.Namespace) -> int:
     from cramkit.errors import CramkitError
     from cramkit.serve import Limits, serve
 
-    counts = ("max_batch_tokens", "max_inputs", "max_input_chars", "max_payload_bytes", "max_queue",
-              "max_answer_items", "max_connections")  # fmt: skip
+    counts = ("max_batch_tokens", "max_inputs", "max_input_chars", "max_choices", "max_payload_bytes",
+              "max_queue", "max_answer_items", "max_connections")  # fmt: skip
     for flag in counts:
         if getattr(args, flag) is not None and getattr(args, flag) < 1:
             raise CramkitError(f"--{flag.replace('_', '-')} must be positive, got {getattr(args, flag)}")
@@ -80,7 +81,7 @@ def run(args: argparse.Namespace) -> int:
         raise CramkitError(f"--port must be 0..65535, got {args.port}")
     limits = Limits(
         max_payload_bytes=args.max_payload_bytes, max_inputs=args.max_inputs, max_input_chars=args.max_input_chars,
-        max_queue=args.max_queue, max_answer_items=args.max_answer_items, request_timeout_s=args.timeout,
+        max_choices=args.max_choices, max_queue=args.max_queue, max_answer_items=args.max_answer_items, request_timeout_s=args.timeout,
         body_timeout_s=args.body_timeout, header_timeout_s=args.header_timeout, idle_timeout_s=args.idle_timeout,
         max_connections=args.max_connections,
     )  # fmt: skip

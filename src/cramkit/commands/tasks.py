@@ -106,6 +106,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--text-b", help="column with the second text of a pair")
     g.add_argument("--label", default="label", help="label column (default: label)")
     g.add_argument("--regression", action="store_true", help="the label is a number (MSE, Pearson/Spearman)")
+    g.add_argument("--choices", metavar="COL[,COL...]",
+                   help="multiple choice: the choice columns (or one JSONL field holding a list); --text-a is the "
+                   "context, --label the right choice's index from 0")  # fmt: skip
     g.add_argument("--name", help="name of the task (default: the train file's stem)")
     p.set_defaults(func=run_finetune)
 
@@ -256,6 +259,7 @@ def _resolve_task(args: argparse.Namespace):
             text_b=args.text_b,
             label=args.label,
             regression=args.regression,
+            choices=_columns_list(args.choices, "--choices"),
             skip_bad_rows=args.skip_bad_rows,
         )
         if not args.dev:
@@ -275,6 +279,16 @@ def _resolve_task(args: argparse.Namespace):
     return task
 
 
+def _columns_list(value: str | None, flag: str) -> list[str] | None:
+    """``A,B,C`` -> ["A", "B", "C"] (None when not given)."""
+    if value is None:
+        return None
+    cols = [c.strip() for c in value.split(",") if c.strip()]
+    if not cols:
+        raise CramkitError(f"{flag} {value!r}: name the column(s), e.g. {flag} choice1,choice2")
+    return cols
+
+
 def run_finetune(args: argparse.Namespace) -> int:
     if args.list_tasks:
         from cramkit.tasks.mixtures import get_mixture, list_mixtures
@@ -282,7 +296,8 @@ def run_finetune(args: argparse.Namespace) -> int:
 
         print("\n".join(list_tasks()))
         print(
-            "(or your own files: --train FILE [--dev FILE] --text-a COLUMN [--text-b COLUMN] --label COLUMN)"
+            "(or your own files: --train FILE [--dev FILE] --text-a COLUMN [--text-b COLUMN | --choices COLS] "
+            "--label COLUMN)"
         )
         print("\nmixtures (--mixture NAME, or task names separated by commas):")
         for name in list_mixtures():

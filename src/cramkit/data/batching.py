@@ -1,7 +1,10 @@
 """Batches for tasks and inference: [CLS] a [SEP] (b [SEP]) encoding, length bucketing, token budgets.
 
 Pretraining packs sequences (``cramkit.data.mlm``); here every example is its own sequence, so batches
-are padded to their longest member only, and examples of similar length are batched together.
+are padded to their longest member only, and examples of similar length are batched together. A
+multiple-choice example is its C pair rows ``[CLS] context [SEP] choice_i [SEP]`` (:class:`EncodedChoices`);
+batches hold whole examples, and a batch's rows are the real choices only (no padding rows): a
+``choice_mask`` [examples, most choices] says where each row's score goes.
 """
 
 from __future__ import annotations
@@ -101,6 +104,102 @@ def encode_examples(
     )
 
 
+@dataclass
+class EncodedChoices:
+    """Multiple-choice examples: example i's choices are the pair rows ``pairs[offsets[i]:offsets[i + 1]]``
+    (context, choice_j) in choice order; labels (the right choice's index) and idx are per example."""
+
+    pairs: Encoded
+    offsets: np.ndarray  # [n + 1] int64
+    labels: np.ndarray | None
+    idx: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.offsets) - 1
+
+    @property
+    def num_choices(self) -> np.ndarray:
+        return np.diff(self.offsets)
+
+    @property
+    def lengths(self) -> np.ndarray:
+        """Per example, its longest row (what its rows are padded to): the length that buckets it."""
+        if not len(self):
+            return np.zeros(0, dtype=np.int64)
+        return np.maximum.reduceat(self.pairs.lengths, self.offsets[:-1])
+
+    @property
+    def truncated(self) -> np.ndarray:
+        """Per example: any of its rows cut to max_length."""
+        if not len(self):
+            return np.zeros(0, dtype=bool)
+        return np.logical_or.reduceat(self.pairs.truncated, self.offsets[:-1])
+
+    def rows(self, batch: np.ndarray) -> np.ndarray:
+        """The pair rows of the examples ``batch``, example after example."""
+        return np.concatenate([np.arange(self.offsets[i], self.offsets[i + 1]) for i in batch])
+
+    def choice_mask(self, batch: np.ndarray) -> np.ndarray:
+        """[len(batch), most choices] bool: True where an example has a choice (its rows, in order)."""
+        n = self.num_choices[batch]
+        return np.arange(int(n.max()))[None, :] < n[:, None]
+
+
+def encode_choices(
+    tokenizer: Any,
+    contexts: Sequence[str],
+    choices: Sequence[Sequence[str]],
+    max_length: int,
+    *,
+    labels: np.ndarray | None = None,
+    idx: np.ndarray | None = None,
+) -> EncodedChoices:
+    """Each context paired with each of its choices (:func:`encode_texts` on the pairs)."""
+    counts = np.asarray([len(c) for c in choices], dtype=np.int64)
+    offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+    pairs = encode_texts(
+        tokenizer,
+        [a or "" for a, cs in zip(contexts, choices, strict=True) for _ in cs],
+        [c for cs in choices for c in cs],
+        max_length,
+    )
+    return EncodedChoices(
+        pairs, offsets, labels, idx if idx is not None else np.arange(len(counts), dtype=np.int64)
+    )
+
+
+def encode_choice_examples(tokenizer: Any, examples: Sequence[Any], max_length: int) -> EncodedChoices:
+    """:func:`encode_choices` over multiple-choice task examples (``text_a``, ``choices``, ``label``, ``idx``)."""
+    labels = None
+    if examples and all(e.label is not None for e in examples):
+        labels = np.asarray([e.label for e in examples], dtype=np.int64)
+    return encode_choices(
+        tokenizer,
+        [e.text_a or "" for e in examples],
+        [e.choices or () for e in examples],
+        max_length,
+        labels=labels,
+        idx=np.asarray([e.idx for e in examples], dtype=np.int64),
+    )
+
+
+def scores_to_choices(scores: np.ndarray, offsets: np.ndarray) -> np.ndarray:
+    """Pair scores [rows] (or [rows, 1]) -> [examples, most choices], -inf where an example has no choice."""
+    scores = np.asarray(scores, dtype=np.float32).reshape(-1)
+    counts = np.diff(offsets)
+    out = np.full((len(counts), int(counts.max()) if len(counts) else 0), -np.inf, dtype=np.float32)
+    out[np.arange(out.shape[1])[None, :] < counts[:, None]] = scores
+    return out
+
+
+def choice_probabilities(grid: np.ndarray) -> np.ndarray:
+    """Softmax over each example's choices (the -inf padding gets 0)."""
+    if grid.size == 0:
+        return grid.copy()
+    z = np.exp(grid - grid.max(axis=1, keepdims=True))
+    return z / z.sum(axis=1, keepdims=True)
+
+
 def bucketed_batches(
     lengths: np.ndarray, batch_size: int, chunk: int, rng: np.random.Generator
 ) -> list[np.ndarray]:
@@ -145,10 +244,17 @@ def token_budget_batches(lengths: np.ndarray, max_tokens: int, max_rows: int = 1
     return batches
 
 
-def collate(enc: Encoded, batch: np.ndarray, pad_id: int, with_types: bool) -> dict[str, Any]:
-    """Pad a batch to its longest member: input_ids, attention_mask (None if nothing is padded), types."""
+def collate(
+    enc: Encoded | EncodedChoices, batch: np.ndarray, pad_id: int, with_types: bool
+) -> dict[str, Any]:
+    """Pad a batch to its longest member: input_ids, attention_mask (None if nothing is padded), types.
+    Multiple choice: the batch's examples' pair rows, and ``choice_mask`` (:meth:`EncodedChoices.choice_mask`)."""
     import torch
 
+    if isinstance(enc, EncodedChoices):
+        out = collate(enc.pairs, enc.rows(batch), pad_id, with_types)
+        out["choice_mask"] = torch.from_numpy(enc.choice_mask(batch))
+        return out
     lengths = enc.lengths[batch]
     width = int(lengths.max())
     ids = np.full((len(batch), width), pad_id, dtype=np.int64)
@@ -166,6 +272,7 @@ def collate(enc: Encoded, batch: np.ndarray, pad_id: int, with_types: bool) -> d
 
 class BatchLoader:
     """Micro-batches of one process, endlessly, epoch after epoch; resumable from its state_dict.
+    Its unit is the example (a multiple-choice example's rows stay together).
 
     One epoch is ``enc`` in length-bucketed batches of ``batch_size`` (``bucketed_batches`` with ``chunk``)
     in an order that is a function of (seed, epoch), so a resumed run continues with the very batches it
@@ -174,7 +281,7 @@ class BatchLoader:
     examples) and each of ``columns`` (per-example tensors: labels, targets) at its examples."""
 
     def __init__(
-        self, enc: Encoded, batch_size: int, micro: int, rank: int, world: int, *, seed: int, chunk: int,
+        self, enc: Encoded | EncodedChoices, batch_size: int, micro: int, rank: int, world: int, *, seed: int, chunk: int,
         pad_id: int, with_types: bool, columns: dict[str, Any],
     ) -> None:  # fmt: skip
         self.enc, self.batch_size, self.rank, self.world = enc, batch_size, rank, world

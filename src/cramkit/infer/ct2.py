@@ -41,7 +41,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from cramkit.errors import CramkitError
-from cramkit.load import CT2_MANIFEST, KINDS, directory_kind
+from cramkit.load import CT2_MANIFEST, KINDS, LOGIT_KINDS, directory_kind
 
 if TYPE_CHECKING:
     from cramkit.load import LoadedModel
@@ -53,7 +53,8 @@ MODEL_FILES = ("model.bin", "config.json", "vocabulary.json")
 HEAD_FILE = "head.safetensors"
 # the largest difference from the torch model a float32 export may show (relative to the output's scale)
 FP32_TOLERANCE = 1e-3
-HEAD_KINDS = ("classifier", "multilabel", "regression")
+# the kinds with a pooler + linear head (run in numpy); a multiple-choice model's scores each pair row
+HEAD_KINDS = LOGIT_KINDS
 
 
 def is_ct2_dir(path: str | os.PathLike) -> bool:

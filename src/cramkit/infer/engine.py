@@ -1,5 +1,5 @@
 """Batched inference for any model ``cramkit.load`` accepts (torch) or ``cramkit export --format onnx``
-wrote (ONNX Runtime): embeddings, classification, fill-mask.
+wrote (ONNX Runtime): embeddings, classification, multiple choice, fill-mask.
 
 Inputs are sorted by length and cut into forward passes by a token budget (rows x longest row), not a
 row count, so memory is the same for short and long inputs; each pass is padded to its own longest member
@@ -25,7 +25,15 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from cramkit.data.batching import Encoded, encode_texts, token_budget_batches
+from cramkit.data.batching import (
+    Encoded,
+    EncodedChoices,
+    choice_probabilities,
+    encode_choices,
+    encode_texts,
+    scores_to_choices,
+    token_budget_batches,
+)
 from cramkit.errors import CramkitError
 from cramkit.runtime import autocast, resolve_device, resolve_precision
 
@@ -54,6 +62,20 @@ class ClassifyResult:
     labels: list[str] | list[list[str]] | None  # argmax label name; multilabel: names with p >= 0.5
     scores: np.ndarray | None  # regression: the predicted value per input
     truncated: np.ndarray  # bool per input
+
+
+@dataclass
+class ChoiceResult:
+    """Per example of a multiple-choice model: the chosen choice's index, and per choice its score and
+    probability (softmax over the example's choices)."""
+
+    chosen: np.ndarray  # [n] int
+    scores: list[np.ndarray]  # per example [its choices] float32
+    probs: list[np.ndarray]
+    truncated: np.ndarray  # bool per example: any of its pairs cut to the limit
+
+
+MIN_CHOICES = 2  # a multiple-choice input needs at least this many choices
 
 
 class InputTooLong(CramkitError):
@@ -292,6 +314,10 @@ class Engine:
         return self.kind in ("classifier", "multilabel", "regression")
 
     @property
+    def can_choose(self) -> bool:
+        return self.kind == "multiple_choice"
+
+    @property
     def can_fill_mask(self) -> bool:
         return self.kind == "mlm" and self.tokenizer.token_to_id("[MASK]") is not None
 
@@ -326,6 +352,32 @@ class Engine:
             i = int(np.flatnonzero(enc.truncated)[0])
             raise InputTooLong(
                 f"input {i} is longer than the model's limit of {limit} tokens; shorten it or allow truncation"
+            )
+        self.truncated = enc.truncated
+        return enc
+
+    def tokenize_choices(
+        self, contexts: Sequence[str], choices: Sequence[Sequence[str]], *, truncate: bool = True
+    ) -> EncodedChoices:
+        """Encode each context with each of its choices (a pair row per choice); CramkitError naming the
+        first bad input (a context that is not a string, fewer than two choices, a choice not a string)."""
+        if len(contexts) != len(choices):
+            raise CramkitError(
+                f"{len(contexts)} contexts but {len(choices)} lists of choices; give one per context"
+            )
+        for i, (a, cs) in enumerate(zip(contexts, choices, strict=True)):
+            if not isinstance(a, str):
+                raise CramkitError(f"input {i}: the context is a {type(a).__name__}; give a string")
+            if not isinstance(cs, (list, tuple)) or not all(isinstance(c, str) for c in cs):
+                raise CramkitError(f"input {i}: the choices must be a list of strings")
+            if len(cs) < MIN_CHOICES:
+                raise CramkitError(f"input {i} has {len(cs)} choice(s); give at least {MIN_CHOICES}")
+        enc = encode_choices(self.tokenizer, contexts, choices, self.max_length)
+        if not truncate and enc.truncated.any():
+            i = int(np.flatnonzero(enc.truncated)[0])
+            raise InputTooLong(
+                f"input {i} (with one of its choices) is longer than the model's limit of {self.max_length} "
+                "tokens; shorten it or allow truncation"
             )
         self.truncated = enc.truncated
         return enc
@@ -417,7 +469,7 @@ class Engine:
     # ------------------------------------------------------------------------------ classification
 
     def _need_head(self) -> None:
-        if not self.can_classify:
+        if not (self.can_classify or self.can_choose):
             raise CramkitError(
                 f"{self.source} is a {self.kind} model without a classification head; fine-tune "
                 "it first (cramkit finetune ... --out DIR) and predict with DIR"
@@ -460,6 +512,36 @@ class Engine:
     def classify(self, inputs: Sequence[TextOrPair], *, truncate: bool = True) -> ClassifyResult:
         logits = self.logits(inputs, truncate=truncate)
         return self.classify_logits(logits, self.truncated)
+
+    # ------------------------------------------------------------------------------ multiple choice
+
+    def _need_choice(self) -> None:
+        if not self.can_choose:
+            raise CramkitError(
+                f"{self.source} is a {self.kind} model, not a multiple-choice one; fine-tune it on a multiple-"
+                "choice task first (cramkit finetune ... --choices COLS --out DIR)"
+            )
+
+    @staticmethod
+    def choice_result(pair_scores: np.ndarray, enc: EncodedChoices) -> ChoiceResult:
+        """Pair rows' scores ([rows, 1], :meth:`logits_encoded` of ``enc.pairs``) regrouped per example."""
+        grid = scores_to_choices(pair_scores, enc.offsets)
+        probs = choice_probabilities(grid)
+        n = enc.num_choices
+        return ChoiceResult(
+            chosen=grid.argmax(axis=1) if len(grid) else np.zeros(0, dtype=np.int64),
+            scores=[grid[i, : n[i]] for i in range(len(n))],
+            probs=[probs[i, : n[i]] for i in range(len(n))],
+            truncated=enc.truncated,
+        )
+
+    def choose(
+        self, contexts: Sequence[str], choices: Sequence[Sequence[str]], *, truncate: bool = True
+    ) -> ChoiceResult:
+        """For each context, the best of its choices (a score per (context, choice) pair, softmax over them)."""
+        self._need_choice()
+        enc = self.tokenize_choices(contexts, choices, truncate=truncate)
+        return self.choice_result(self.logits_encoded(enc.pairs), enc)
 
     # ------------------------------------------------------------------------------ fill-mask
 
@@ -529,6 +611,7 @@ class Engine:
             "hidden_size": self.hidden_size,
             "embed": self.can_embed,
             "classify": self.can_classify,
+            "choose": self.can_choose,
             "fill_mask": self.can_fill_mask,
         }
 
@@ -556,12 +639,12 @@ def compare_outputs(
                 )
                 res[f"cosine_{name}_mean"] = float(cos.mean())
                 res[f"cosine_{name}_min"] = float(cos.min())
-        if ref.can_classify:
+        if ref.can_classify or ref.can_choose:  # multiple choice: the scores of the pairs
             enc = ref.tokenize(texts)
             a, b = ref.logits_encoded(enc), got.logits_encoded(enc)
             res["max_abs_diff_logits"] = float(np.abs(a - b).max())
             res["scale_logits"] = float(np.abs(a).max())
-            if loaded.kind != "regression":
+            if ref.can_classify and loaded.kind != "regression":
                 res["label_agreement"] = float((a.argmax(1) == b.argmax(1)).mean())
         if ref.can_fill_mask:
             masked = [

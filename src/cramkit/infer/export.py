@@ -111,6 +111,8 @@ def _export_hf(loaded: LoadedModel, out: Path, mlm_head: bool, force: bool) -> E
     arch = fmt["architecture"]
     if "Classification" in arch:
         auto = "AutoModelForSequenceClassification"
+    elif arch.endswith("ForMultipleChoice"):
+        auto = "AutoModelForMultipleChoice"
     elif arch.endswith("ForMaskedLM"):
         auto = "AutoModelForMaskedLM"
     else:

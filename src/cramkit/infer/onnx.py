@@ -12,7 +12,8 @@
 
 The graph's inputs are ``input_ids``, ``attention_mask`` (int64, [batch, length]) and, for models with
 token types, ``token_type_ids``; its outputs ``mean`` and ``cls`` (pooled last hidden states, [batch,
-hidden]), ``logits`` ([batch, labels]) for classifiers and regressors, ``hidden`` ([batch, length, hidden])
+hidden]), ``logits`` ([batch, labels]) for classifiers and regressors ([pairs, 1] for a multiple-choice
+model: one score per (context, choice) row; the engine regroups them per example), ``hidden`` ([batch, length, hidden])
 for masked-LM models. Loading reads the manifest (JSON), checks every file's SHA-256, refuses any tensor
 stored as external data (a file ``location``: given a model as bytes, ONNX Runtime would resolve it against
 the current working directory, so a crafted export could read e.g. ``.env`` and return it as scores), then
@@ -33,7 +34,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from cramkit.errors import CramkitError
-from cramkit.load import KINDS, ONNX_MANIFEST, directory_kind
+from cramkit.load import KINDS, LOGIT_KINDS, ONNX_MANIFEST, directory_kind
 
 if TYPE_CHECKING:
     from cramkit.load import LoadedModel
@@ -131,7 +132,7 @@ def _export_module(loaded: LoadedModel) -> tuple[Any, list[str]]:
         return Logits().eval(), ["logits"]
 
     outputs = ["mean", "cls"]
-    if kind in ("classifier", "multilabel", "regression"):
+    if kind in LOGIT_KINDS:
         outputs.append("logits")
     if kind == "mlm":
         outputs.append("hidden")
@@ -361,7 +362,7 @@ def export_onnx(
     start = time.perf_counter()
     loaded.model.to("cpu").eval()
     texts = texts or check_texts()
-    if loaded.kind in ("classifier", "multilabel", "regression") and loaded.with_types:
+    if loaded.kind in LOGIT_KINDS and loaded.with_types:
         texts = [*texts, *[(texts[i], texts[i + 1]) for i in range(0, min(len(texts) - 1, 32), 2)]]
     with atomic_path(out) as tmp:
         tmp.mkdir(parents=True)
@@ -398,6 +399,7 @@ def export_onnx(
             "kind": loaded.kind,
             "labels": loaded.labels,
             "task": loaded.task,
+            "columns": loaded.extra.get("columns"),  # what it was fine-tuned on: predict's default columns
             "max_length": int(loaded.max_length),
             "pooling": loaded.pooling,
             "normalize": bool(loaded.normalize),

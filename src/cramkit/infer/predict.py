@@ -1,7 +1,9 @@
 """``cramkit.predict``: a model over the rows of a CSV / TSV / JSONL / text file, written to a file.
 
-A classifier writes each row's label and probabilities (a regressor its score); with a label column in
-the input the metric is computed too. A masked-LM model (a pretraining run) fills each ``[MASK]``.
+A classifier writes each row's label and probabilities (a regressor its score); a multiple-choice model
+reads a context and its choices per row and writes the chosen choice's index, its text and every choice's
+probability; with a label column in the input the metric is computed too. A masked-LM model (a pretraining
+run) fills each ``[MASK]``.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from cramkit.errors import CramkitError
 
 TEXT_COLUMNS = ("text", "sentence", "text_a", "sentence1", "question", "review")
 PAIR_COLUMNS = ("text_b", "sentence2")
+CHOICES_HINT = "Fix the row, or name the choice columns with --choices COL[,COL...]."
 
 
 @dataclass
@@ -32,6 +35,7 @@ class Rows:
     columns: list[str] = field(default_factory=list)
     text_columns: tuple[str, str | None] = ("text", None)  # the columns texts_a, texts_b came from
     label_column: str | None = None  # the column gold came from
+    choices: list[tuple[str, ...]] | None = None  # per row, its choices (multiple choice)
 
 
 def read_rows(
@@ -40,12 +44,14 @@ def read_rows(
     text_b: str | None = None,
     label: str | None = "label",
     *,
+    choices: list[str] | None = None,
     encoding: str | None = None,
     errors: str = "strict",
 ) -> Rows:
     """Rows of a .csv / .tsv / .jsonl file (header / named fields) or a .txt file (one text per line),
-    decoded with ``encoding`` (default UTF-8) and ``errors`` (strict, replace or ignore)."""
-    from cramkit.tasks.files import _format, _records
+    decoded with ``encoding`` (default UTF-8) and ``errors`` (strict, replace or ignore). choices: the
+    choice columns of a multiple-choice model's rows (one field holding a list, or one column per choice)."""
+    from cramkit.tasks.files import BadRow, _format, _records, read_choices
     from cramkit.text.sources import check_source_options
 
     check_source_options(encoding=encoding, errors=errors)
@@ -55,6 +61,10 @@ def read_rows(
             f"{path} does not exist (or is not a file); give a .csv, .tsv, .jsonl or .txt file"
         )
     if path.suffix.lower() == ".txt":
+        if choices is not None:
+            raise CramkitError(
+                f"{path}: a multiple-choice model needs rows with choices; give a .jsonl or .csv file"
+            )
         try:
             lines = path.read_text(encoding=encoding or "utf-8-sig", errors=errors).splitlines()
         except UnicodeDecodeError as exc:
@@ -71,6 +81,7 @@ def read_rows(
     texts_a: list[str] = []
     texts_b: list[str] = []
     gold: list[str] = []
+    row_choices: list[tuple[str, ...]] = []
     has_label = False
     columns: list[str] = []
     for lineno, rec, problem in _records(path, fmt, None, encoding, errors):
@@ -99,6 +110,11 @@ def read_rows(
         va, vb = rec[a_col], rec.get(b_col) if b_col else None
         if not isinstance(va, str) or (b_col and not isinstance(vb, str)):
             raise CramkitError(f"{path} line {lineno}: the text column holds {type(va).__name__}, not text")
+        if choices is not None:
+            try:
+                row_choices.append(read_choices(rec, tuple(choices), f"{path} line {lineno}", CHOICES_HINT))
+            except BadRow as exc:
+                raise CramkitError(str(exc)) from None
         texts_a.append(va)
         if b_col:
             texts_b.append(vb)
@@ -108,7 +124,7 @@ def read_rows(
         raise CramkitError(f"{path} has no rows to predict")
     return Rows(
         texts_a, texts_b if b_col else None, gold if has_label else None, columns, (a_col, b_col),
-        label if has_label else None,
+        label if has_label else None, row_choices if choices is not None else None,
     )  # fmt: skip
 
 
@@ -126,6 +142,7 @@ def predict(
     max_batch_tokens: int = 16384,
     max_length: int | None = None,
     backend: str = "auto",
+    choices: list[str] | None = None,
     encoding: str | None = None,
     errors: str = "strict",
     task: str | None = None,
@@ -138,7 +155,8 @@ def predict(
     label: the gold label column, scored when the file has it ("auto": the column the model was trained
     on, else ``label``; None: no scoring); its values are checked against the model's labels before any
     row is predicted. keep_text: copy each row's input text(s) into its prediction. task: the head of a model
-    trained on a mixture (one head per task)."""
+    trained on a mixture (one head per task). choices: a multiple-choice model's choice columns (default:
+    those it was trained on, else ``choices``); its context column defaults to the one it was trained on too."""
     from cramkit.infer import Engine
     from cramkit.infer.ct2 import is_ct2_dir
     from cramkit.infer.onnx import is_onnx_dir
@@ -156,21 +174,28 @@ def predict(
             f"--task applies to a model trained on a mixture; {model} is an export (ONNX or CTranslate2) of one task"
         )
     given = label not in ("auto", None)
+    engine = Engine(
+        model, backend=backend, device=device, max_batch_tokens=max_batch_tokens, max_length=max_length
+    )
+    trained = _trained_columns(engine)
     if label == "auto":
-        trained = model.extra.get("columns") if isinstance(model, LoadedModel) else None
-        label = (trained or {}).get("label") or "label"
-    rows = read_rows(input_file, text_a, text_b, label, encoding=encoding, errors=errors)
+        label = trained.get("label") or "label"
+    loaded = engine  # kind, labels and source, whichever the backend
+    if loaded.kind == "multiple_choice":
+        choices = choices or trained.get("choices") or ["choices"]
+        text_a = text_a or trained.get("text_a")
+    elif choices is not None:
+        raise CramkitError(
+            f"--choices applies to a multiple-choice model; {loaded.source} is a {loaded.kind} model"
+        )
+    rows = read_rows(input_file, text_a, text_b, label, choices=choices, encoding=encoding, errors=errors)
     if given and rows.label_column is None:
         raise CramkitError(
             f"{input_file} has no column {label!r} (--label; its columns: {', '.join(rows.columns)}); name the "
             "gold label column, or --label none to predict without scoring"
         )
-    engine = Engine(
-        model, backend=backend, device=device, max_batch_tokens=max_batch_tokens, max_length=max_length
-    )
-    loaded = engine  # kind, labels and source, whichever the backend
-    if rows.gold is not None and loaded.kind in ("classifier", "regression"):
-        _check_gold(loaded, rows.gold, f"{input_file} column {rows.label_column!r}")
+    if rows.gold is not None and loaded.kind in ("classifier", "regression", "multiple_choice"):
+        _check_gold(loaded, rows.gold, f"{input_file} column {rows.label_column!r}", rows.choices)
     inputs = rows.texts_a if rows.texts_b is None else list(zip(rows.texts_a, rows.texts_b, strict=True))
     start = time.perf_counter()
     records: list[dict[str, Any]] = []
@@ -189,6 +214,26 @@ def predict(
         summary["masks"] = sum(len(m) for m in filled)
         if keep_text:
             _add_texts(records, rows)
+    elif loaded.kind == "multiple_choice":
+        chosen = engine.choose(rows.texts_a, rows.choices or [])
+        for i, cs in enumerate(rows.choices or []):
+            k = int(chosen.chosen[i])
+            rec = {
+                "row": i,
+                "label": k,
+                "answer": cs[k],
+                "probabilities": [round(float(p), 6) for p in chosen.probs[i]],
+            }
+            if chosen.truncated[i]:
+                rec["truncated"] = True
+            records.append(rec)
+        if keep_text:
+            _add_texts(records, rows)
+        if rows.gold is not None:
+            from cramkit.tasks.metrics import compute_metrics
+
+            gold = np.asarray([int(g) for g in rows.gold])
+            summary["metrics"] = compute_metrics(["accuracy"], chosen.chosen, gold)
     elif loaded.kind == "encoder":
         raise CramkitError(
             f"{loaded.source} is a bare encoder (no head): fine-tune it first (cramkit finetune ... --out DIR), "
@@ -222,9 +267,35 @@ def predict(
     return summary
 
 
-def _check_gold(loaded: Any, gold: list[str], where: str) -> None:
+def _trained_columns(engine: Any) -> dict[str, Any]:
+    """The columns the engine's model was fine-tuned on (a model directory's extra, an export's manifest),
+    the well-formed ones only: column names are strings, choices a list of them."""
+    if engine.loaded is not None:
+        cols = engine.loaded.extra.get("columns")
+    else:
+        cols = engine.onnx.manifest.get("columns")
+    if not isinstance(cols, dict):
+        return {}
+    out: dict[str, Any] = {k: v for k, v in cols.items() if k != "choices" and isinstance(v, str)}
+    choices = cols.get("choices")
+    if isinstance(choices, list) and choices and all(isinstance(c, str) for c in choices):
+        out["choices"] = choices
+    return out
+
+
+def _check_gold(
+    loaded: Any, gold: list[str], where: str, choices: list[tuple[str, ...]] | None = None
+) -> None:
     """CramkitError (before any row is predicted) when the gold labels cannot be scored by the model."""
     hint = "give --label the right column, or --label none to predict without scoring"
+    if loaded.kind == "multiple_choice":
+        for i, (g, cs) in enumerate(zip(gold, choices or [], strict=True)):
+            if not (g.isdigit() and int(g) < len(cs)):
+                raise CramkitError(
+                    f"{where} row {i}: label {g!r} is not the index of one of its {len(cs)} choices "
+                    f"(0..{len(cs) - 1}); {hint}"
+                )
+        return
     if loaded.kind == "regression":
         bad = [g for g in gold if not _is_number(g)]
         if bad:
@@ -255,6 +326,8 @@ def _add_texts(records: list[dict[str, Any]], rows: Rows) -> None:
             continue
         for rec, text in zip(records, texts, strict=True):
             rec[f"input_{col}" if col in rec else col] = text
+    for rec, cs in zip(records, rows.choices or [], strict=False):
+        rec["choices"] = list(cs)
 
 
 def _metrics(loaded: Any, res: Any, gold: list[str]) -> dict[str, float]:
@@ -293,8 +366,11 @@ def write_predictions(records: list[dict[str, Any]], out: str | os.PathLike) -> 
 
 
 def _flatten(rec: dict[str, Any]) -> dict[str, Any]:
-    flat = {k: v for k, v in rec.items() if k not in ("probabilities", "masks")}
-    for name, p in (rec.get("probabilities") or {}).items():
+    flat = {k: v for k, v in rec.items() if k not in ("probabilities", "masks", "choices")}
+    for j, text in enumerate(rec.get("choices") or []):
+        flat[f"choice_{j}"] = text
+    probs = rec.get("probabilities") or {}
+    for name, p in probs.items() if isinstance(probs, dict) else enumerate(probs):  # a list: per choice
         flat[f"p_{name}"] = p
     for i, cands in enumerate(rec.get("masks") or []):
         flat[f"mask{i}"] = " ".join(c["token"] for c in cands)

@@ -1,4 +1,5 @@
-"""Task heads on top of the encoder: masked-LM with sparse prediction, sequence classification."""
+"""Task heads on top of the encoder: masked-LM with sparse prediction, sequence classification, multiple
+choice."""
 
 from __future__ import annotations
 
@@ -147,3 +148,43 @@ def classification_loss(
     if multilabel:
         return F.binary_cross_entropy_with_logits(logits.float(), labels.float())
     return F.cross_entropy(logits.float(), labels.long())
+
+
+class MultipleChoice(SequenceClassifier):
+    """Encoder + pooling + a 1-output scorer of each (context, choice) pair, softmax over an example's
+    choices. The parameters are a ``SequenceClassifier`` with one output (HF's ``BertForMultipleChoice``
+    layout). Inputs are the pair rows of whole examples, example after example; ``choice_mask`` [examples,
+    most choices] marks each example's choices: the scores come back in that shape, -inf at padding.
+    Without ``choice_mask`` the scores are per row ([rows, 1]): the inference engine regroups them."""
+
+    def __init__(self, cfg: ModelConfig, head: ClassifierConfig | None = None) -> None:
+        super().__init__(cfg, 1, head)
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        token_type_ids: torch.Tensor | None = None,
+        choice_mask: torch.Tensor | None = None,
+        labels: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor | None, torch.Tensor]:
+        _, scores = super().forward(input_ids, attention_mask, token_type_ids)
+        if choice_mask is None:
+            if labels is not None:
+                raise ValueError("multiple choice: a loss needs the choice_mask of the rows' examples")
+            return None, scores
+        grid = choice_grid(scores, choice_mask)
+        return (choice_loss(grid, labels) if labels is not None else None), grid
+
+
+def choice_grid(scores: torch.Tensor, choice_mask: torch.Tensor) -> torch.Tensor:
+    """Pair scores [rows] or [rows, 1] (examples' choices in order) -> [examples, most choices], with -inf
+    where ``choice_mask`` is False (an example with fewer choices): nothing there after the softmax."""
+    grid = scores.new_full(choice_mask.shape, float("-inf"))
+    grid[choice_mask] = scores.reshape(-1)
+    return grid
+
+
+def choice_loss(grid: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Cross-entropy over each example's choices (``choice_grid``'s scores), in fp32."""
+    return F.cross_entropy(grid.float(), labels.long())

@@ -6,11 +6,13 @@ its ``bert-base`` shape (post-LN, learned positions, biases, token types): hidde
 transformers' within float rounding. Query, key and value are concatenated into our fused ``qkv``.
 The door to it is ``cramkit.load("hf:DIR")``, which also reads back our own ``model_type: cramkit`` exports.
 
-Export: a BERT-shaped model becomes a plain ``BertForMaskedLM`` / ``BertModel`` directory that
-``transformers.AutoModel.from_pretrained`` loads with no custom code. Any other architecture (pre-LN,
+Export: a BERT-shaped model becomes a plain ``BertForMaskedLM`` / ``BertModel`` /
+``BertForSequenceClassification`` / ``BertForMultipleChoice`` directory that transformers' Auto classes
+load with no custom code. Any other architecture (pre-LN,
 no biases, sinusoidal or rotary positions, GLU, RMSNorm, DeepNorm) is written with our own parameter
 names and a self-contained ``modeling_cramkit.py`` (a copy of ``hf_modeling_template.py``, depending on
-torch and transformers only), loadable with ``trust_remote_code=True``. Export needs no transformers.
+torch and transformers only), loadable with ``trust_remote_code=True`` (a multiple-choice model of such an
+architecture has no export here: ONNX carries it). Export needs no transformers.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from torch import nn
 
 from cramkit.errors import CramkitError
 from cramkit.model.encoder import Encoder, ModelConfig
-from cramkit.model.heads import MaskedLM, SequenceClassifier
+from cramkit.model.heads import MaskedLM, MultipleChoice, SequenceClassifier
 
 TEMPLATE = Path(__file__).with_name("hf_modeling_template.py")
 EXPORT_MARKER = "cramkit_export.json"
@@ -546,13 +548,22 @@ def export_hf(
     problems = bert_incompatibilities(cfg)
     if head is None and "head_transform=false" in problems:
         problems.remove("head_transform=false")
+    multiple_choice = isinstance(clf, MultipleChoice)
+    if multiple_choice and (problems or clf.head_cfg.pooling != "first" or clf.pooler is None):
+        raise CramkitError(
+            "export_hf: this multiple-choice model has no BertForMultipleChoice equivalent "
+            f"({', '.join(problems) or f'pooling {clf.head_cfg.pooling}, pooler {clf.pooler is not None}'}); "
+            "export it with --format onnx"
+        )
     if clf is not None and (clf.head_cfg.pooling != "first" or clf.pooler is None):
         # not BertForSequenceClassification's head: the self-contained cramkit format carries it
         problems = [*problems, f"classifier pooling={clf.head_cfg.pooling} pooler={clf.pooler is not None}"]
     if not problems:
         fmt = "bert"
         arch = (
-            "BertForSequenceClassification"
+            "BertForMultipleChoice"
+            if multiple_choice
+            else "BertForSequenceClassification"
             if clf is not None
             else "BertForMaskedLM"
             if head is not None
@@ -564,7 +575,7 @@ def export_hf(
             cfg,
             arch,
             dtype,
-            clf.num_labels if clf is not None else None,
+            clf.num_labels if clf is not None and not multiple_choice else None,
             labels,
             bool(getattr(clf, "multilabel", False)),
         )

@@ -1,8 +1,8 @@
 """The HTTP server: FastAPI routes compatible with text-embeddings-inference (TEI) where they overlap.
 
-Routes: ``POST /embed`` (TEI), ``POST /predict`` (TEI), ``POST /v1/embeddings`` (OpenAI-shaped),
-``POST /fill-mask``, ``POST /search`` (with an index), ``GET /info``, ``GET /health``, ``GET /metrics``
-(Prometheus), ``/docs`` (OpenAPI). Several models are served by name: a ``"model"`` field in the body or a
+Routes: ``POST /embed`` (TEI), ``POST /predict`` (TEI; a multiple-choice model takes ``{"text",
+"choices"}``), ``POST /v1/embeddings`` (OpenAI-shaped), ``POST /fill-mask``, ``POST /search`` (with an
+index), ``GET /info``, ``GET /health``, ``GET /metrics`` (Prometheus), ``/docs`` (OpenAPI). Several models are served by name: a ``"model"`` field in the body or a
 ``?model=`` query parameter picks one (default: the first).
 
 Every refusal is JSON ``{"error": "...", "error_type": "..."}`` with a 4xx/5xx status: 400 malformed JSON,
@@ -37,7 +37,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from cramkit.errors import CramkitError
-from cramkit.infer.engine import InputTooLong
+from cramkit.infer.engine import MIN_CHOICES, InputTooLong
 from cramkit.serve.batcher import Batcher, Job, Lane, Overloaded, Search, SearchQueue, Stopped
 from cramkit.serve.metrics import Metrics
 
@@ -58,6 +58,7 @@ class Limits:
     max_payload_bytes: int = 2_000_000
     max_inputs: int = 1024
     max_input_chars: int = 50_000
+    max_choices: int = 64  # choices of one multiple-choice input; beyond: 413
     max_queue: int = 8192  # inputs waiting per model; beyond: 429
     max_answer_items: int = 10_000  # fill-mask candidates (masks x top_k) or search hits (queries x k); 413
     request_timeout_s: float = 30.0  # waiting for the model; beyond: 503 (admission refuses earlier: 429)
@@ -553,6 +554,8 @@ async def predict(request: Request) -> Response:
     state = _state(request)
     body = await _json(request)
     name, engine, batcher = state.pick(body, request)
+    if engine.can_choose:
+        return await _predict_choices(state, body, name, engine, batcher)
     _need(engine.can_classify, name, "classification (/predict); it is a " + engine.kind + " model")
     single = isinstance(body.get("inputs"), str) or (
         isinstance(body.get("inputs"), list)
@@ -571,6 +574,96 @@ async def predict(request: Request) -> Response:
         return out[0] if single else out
 
     return await _response(payload, logits.size, enc.truncated)
+
+
+def _choice_inputs(body: dict, limits: Limits) -> tuple[bool, list[str], list[list[str]]]:
+    """A multiple-choice model's inputs: ``{"text": context, "choices": [...]}`` (the body itself, or its
+    ``inputs``) or a list of them -> (single, contexts, choices)."""
+    x = body.get("inputs", body if "text" in body or "choices" in body else None)
+    if x is None:
+        raise ApiError(
+            422, "missing field 'inputs': give {\"text\": context, \"choices\": [choice, ...]} or a list of them",
+            "Validation",
+        )  # fmt: skip
+    single = isinstance(x, dict)
+    items = [x] if single else x
+    if not isinstance(items, list):
+        raise ApiError(
+            422,
+            f"'inputs' must be an object {{text, choices}} or a list of them, not {_type(x)}",
+            "Validation",
+        )
+    if not items:
+        raise ApiError(422, "'inputs' is an empty list; give at least one input", "Empty")
+    if len(items) > limits.max_inputs:
+        raise ApiError(413, f"{len(items)} inputs in one request; the limit is {limits.max_inputs}: split the request", "Validation")  # fmt: skip
+    contexts: list[str] = []
+    choices: list[list[str]] = []
+    for i, it in enumerate(items):
+        where = "the input" if single else f"inputs[{i}]"
+        if not isinstance(it, dict) or not isinstance(it.get("text"), str):
+            raise ApiError(
+                422, f"{where} must be an object with a 'text' string and a 'choices' list", "Validation"
+            )
+        cs = it.get("choices")
+        if not isinstance(cs, list):
+            raise ApiError(
+                422, f"{where}: 'choices' must be a list of strings, not {_type(cs)}", "Validation"
+            )
+        bad = next((c for c in cs if not isinstance(c, str)), "")
+        if not isinstance(bad, str):
+            raise ApiError(422, f"{where}: each choice must be a string, not {_type(bad)}", "Validation")
+        if len(cs) < MIN_CHOICES:
+            raise ApiError(422, f"{where} has {len(cs)} choice(s); give at least {MIN_CHOICES}", "Validation")
+        if len(cs) > limits.max_choices:
+            raise ApiError(
+                413, f"{where} has {len(cs)} choices; the limit is {limits.max_choices}", "Validation"
+            )
+        chars = len(it["text"]) + sum(len(c) for c in cs)
+        if chars > limits.max_input_chars:
+            raise ApiError(413, f"{where} has {chars} characters; the limit is {limits.max_input_chars} per input", "Validation")  # fmt: skip
+        contexts.append(it["text"])
+        choices.append(cs)
+    rows = sum(len(c) for c in choices)
+    if rows > limits.max_inputs:
+        raise ApiError(413, f"{rows} (context, choice) pairs in one request; the limit is {limits.max_inputs}: split the request", "Validation")  # fmt: skip
+    return single, contexts, choices
+
+
+async def _predict_choices(
+    state: ServerState, body: dict, name: str, engine: Any, batcher: Batcher
+) -> Response:
+    """/predict of a multiple-choice model: per input the chosen choice's index, its text, and every choice's
+    probability (with ``raw_scores``: their scores too)."""
+    single, contexts, choices = _choice_inputs(body, state.limits)
+    raw = _flag(body, "raw_scores", False)
+    truncate = _flag(body, "truncate", True)
+    rows = sum(len(c) for c in choices)
+    chars = sum(len(a) * len(cs) + sum(map(len, cs)) for a, cs in zip(contexts, choices, strict=True))
+
+    def tokenize() -> Any:
+        return engine.tokenize_choices(contexts, choices, truncate=truncate)
+
+    with _reserved(state, batcher, rows):
+        try:
+            enc = tokenize() if chars <= INLINE_CHARS else await run_in_threadpool(tokenize)
+        except InputTooLong as exc:
+            raise ApiError(413, str(exc), "Validation") from None
+        except CramkitError as exc:
+            raise ApiError(422, str(exc), "Validation") from None
+    scores = await _run(state, name, batcher, "classify", enc.pairs)
+    res = engine.choice_result(scores, enc)
+
+    def payload() -> Any:
+        out = []
+        for i, k in enumerate(res.chosen.tolist()):
+            item = {"label": k, "answer": choices[i][k], "probabilities": _floats(res.probs[i])}
+            if raw:
+                item["scores"] = _floats(res.scores[i])
+            out.append(item)
+        return out[0] if single else out
+
+    return await _response(payload, rows, res.truncated)
 
 
 async def fill_mask(request: Request) -> Response:
@@ -621,7 +714,9 @@ async def info(request: Request) -> Response:
     state = _state(request)
     first = state.engines[state.default]
     model_type: dict[str, Any]
-    if first.can_classify and first.labels:
+    if first.can_choose:
+        model_type = {"multiple_choice": {"max_choices": state.limits.max_choices}}
+    elif first.can_classify and first.labels:
         model_type = {
             "classifier": {
                 "id2label": dict(enumerate(first.labels)),
@@ -712,12 +807,15 @@ POST_ROUTES: list[tuple[str, Any, str, dict[str, Any]]] = [
         },
         ["input"],
     )),
-    ("/predict", predict, "Classification (TEI's /predict): per input, every label with its score, best first",
+    ("/predict", predict, "Classification (TEI's /predict): per input, every label with its score, best first; a "
+     "multiple-choice model: per {text, choices} input, the chosen index (label), its text (answer) and every "
+     "choice's probability",
      _schema(
         {
             "inputs": {
-                "description": "a text, a [text, text] pair, or a list of texts and pairs",
-                "oneOf": [{"type": "string"}, {"type": "array"}],
+                "description": "a text, a [text, text] pair, or a list of texts and pairs; multiple choice: "
+                "{text, choices} or a list of them",
+                "oneOf": [{"type": "string"}, {"type": "array"}, {"type": "object"}],
             },
             "raw_scores": {"type": "boolean", "default": False, "description": "logits instead of probabilities"},
             "truncate": {"type": "boolean", "default": True},

@@ -5,9 +5,14 @@ plain text, as in GLUE), ``.jsonl`` / ``.ndjson`` / ``.json`` (one JSON object p
 reads any other text file as CSV with that delimiter (and CSV quoting, also for a TSV). CSV and TSV files
 need a header row naming the columns. The label column may be absent from a test file (no labels).
 
+A multiple-choice task names its choices: one JSONL field holding a list of texts, or several columns
+(one choice each; empty cells at the end of a row are no choices, so rows may have fewer); the label is
+the right choice's index from 0.
+
     task = task_from_file("reviews", "train.csv", "dev.csv", text_a="review", label="stars",
                           labels=["1", "2", "3", "4", "5"])
     get_task("user/reviews")  # registered
+    task_from_file("copa", "train.jsonl", text_a="premise", choices=["choice1", "choice2"])
 """
 
 from __future__ import annotations
@@ -133,17 +138,19 @@ class FileSplit:
         labels: list[str] | None,
         label_required: bool,
         skip_bad_rows: bool,
+        choices: tuple[str, ...] | None = None,
     ):
         self.task, self.path, self.fmt, self.delimiter = task, path, fmt, delimiter
         self.columns, self.labels, self.label_required = columns, labels, label_required
-        self.skip_bad_rows = skip_bad_rows
+        self.skip_bad_rows, self.choices = skip_bad_rows, choices
         self.source = str(path)
         self.skipped = 0
 
     def _check_header(self, header: list[str]) -> bool:
         """Whether the file has the label column; CramkitError if a needed column is absent."""
         text_a, text_b, label, idx = self.columns
-        for role, col in (("text_a", text_a), ("text_b", text_b), ("idx", idx)):
+        named = [("text_a", text_a), ("text_b", text_b), ("idx", idx)]
+        for role, col in [*named, *(("a choice", c) for c in self.choices or ())]:
             if col is not None and col not in header:
                 raise CramkitError(
                     f"{self.path}: no column '{col}' (given as {role}); its columns: {', '.join(header)}"
@@ -178,14 +185,18 @@ class FileSplit:
                     missing = text_a if a is None else text_b
                     has = ", ".join(rec)
                     raise BadRow(f"{where}: no value for '{missing}' (the row has: {has}). {SKIP_HINT}")
+                choices = read_choices(rec, self.choices, where) if self.choices else None
                 label = None
                 raw = rec.get(label_col) if label_col else None
                 if has_label and (raw is not None or self.label_required):
                     if raw is None:
                         raise BadRow(f"{where}: no value for the label '{label_col}'. {SKIP_HINT}")
-                    if isinstance(raw, bool):
-                        raw = str(raw).lower()
-                    label = parse_label(raw, self.labels, where)
+                    if choices is not None:
+                        label = _choice_index(raw, len(choices), where)
+                    else:
+                        if isinstance(raw, bool):
+                            raw = str(raw).lower()
+                        label = parse_label(raw, self.labels, where)
                 idx = len(out)
                 if idx_col:
                     try:
@@ -199,10 +210,50 @@ class FileSplit:
                     self.skipped += 1
                     continue
                 raise CramkitError(str(e)) from None
-            out.append(Example(str(a).strip(), None if b is None else str(b).strip(), label, idx))
+            out.append(Example(str(a).strip(), None if b is None else str(b).strip(), label, idx, choices))
         if not out:
             raise CramkitError(f"{self.path} holds no rows for {self.task}")
         return out
+
+
+def read_choices(rec: dict, cols: tuple[str, ...], where: str, hint: str = SKIP_HINT) -> tuple[str, ...]:
+    """A row's choices: one field's list, or one per choice column (empty cells at the end dropped); BadRow
+    naming ``where`` (then ``hint``) for a missing column, a value that is not text, an empty choice, fewer
+    than 2."""
+    first = rec.get(cols[0])
+    if len(cols) == 1 and isinstance(first, list):
+        values = first
+    else:
+        missing = [c for c in cols if rec.get(c) is None]
+        if missing:
+            raise BadRow(f"{where}: no value for the choice column '{missing[0]}'. {hint}")
+        values = [rec[c] for c in cols]
+    if not all(isinstance(v, (str, int, float)) and not isinstance(v, bool) for v in values):
+        raise BadRow(f"{where}: the choices must be texts, got {values!r:.80}. {hint}")
+    texts = [str(v).strip() for v in values]
+    while texts and not texts[-1]:
+        texts.pop()
+    if "" in texts:
+        raise BadRow(f"{where}: choice {texts.index('')} is empty. {hint}")
+    if len(texts) < 2:
+        how = "name several choice columns (--choices A,B,...) or a field holding a list"
+        raise BadRow(
+            f"{where}: {len(texts)} choice(s); a multiple-choice row needs at least 2 ({how}). {hint}"
+        )
+    return tuple(texts)
+
+
+def _choice_index(raw: object, n: int, where: str) -> int:
+    """A multiple-choice label: the right choice's index, 0..n-1; BadRow otherwise."""
+    try:
+        i = int(str(raw).strip()) if not isinstance(raw, (bool, float)) else None
+    except ValueError:
+        i = None
+    if i is None:
+        raise BadRow(f"{where}: label {raw!r} is not a choice index (0..{n - 1}). {SKIP_HINT}")
+    if not 0 <= i < n:
+        raise BadRow(f"{where}: label {i} is outside the row's {n} choices (0..{n - 1}). {SKIP_HINT}")
+    return i
 
 
 def _infer_labels(split: FileSplit) -> list[str]:
@@ -243,6 +294,7 @@ def task_from_file(
     metrics: list[str] | None = None,
     delimiter: str | None = None,
     idx: str | None = None,
+    choices: list[str] | None = None,
     skip_bad_rows: bool = False,
     register: bool = True,
 ) -> Task:
@@ -251,10 +303,20 @@ def task_from_file(
     labels: the label values in id order; inferred from the train file when omitted (sorted). For
     regression the label column holds numbers. metrics default to accuracy (+ F1 of label id 1 for two
     labels), or Pearson and Spearman for regression. idx names an integer id column (else row numbers).
+    choices: a multiple-choice task: one field holding a list of texts, or several columns, one choice each;
+    text_a is the context, the label the right choice's index from 0 (metric: accuracy).
     """
     full = name if "/" in name else f"user/{name}"
     if regression and labels is not None:
         raise CramkitError(f"task {full}: give labels or regression=True, not both")
+    if choices is not None:
+        if not choices or not all(isinstance(c, str) and c for c in choices):
+            raise CramkitError(f"task {full}: name the choice column(s), e.g. choices=['choice1', 'choice2']")
+        if regression or labels is not None or text_b is not None:
+            raise CramkitError(
+                f"task {full}: a multiple-choice task (choices) has one context column (text_a) and a choice "
+                "index for a label: no text_b, labels or regression"
+            )
     paths = {"train": train, "dev": dev, "test": test}
     splits: dict[str, FileSplit] = {}
     for split, p in paths.items():
@@ -272,8 +334,9 @@ def task_from_file(
             None,
             label_required=split != "test",
             skip_bad_rows=skip_bad_rows,
+            choices=tuple(choices) if choices is not None else None,
         )
-    if not regression:
+    if choices is None and not regression:
         labels = [str(x) for x in labels] if labels is not None else _infer_labels(splits["train"])
         if len(labels) < 2:
             where = f" in {splits['train'].path} (column '{label}')" if "train" in splits else ""
@@ -284,11 +347,12 @@ def task_from_file(
     for s in splits.values():
         s.labels = labels
     if metrics is None:
-        metrics = (
-            ["pearson", "spearman"]
-            if regression
-            else (["accuracy", "f1"] if len(labels) == 2 else ["accuracy"])
-        )
+        if choices is not None:
+            metrics = ["accuracy"]
+        elif regression:
+            metrics = ["pearson", "spearman"]
+        else:
+            metrics = ["accuracy", "f1"] if len(labels) == 2 else ["accuracy"]
     task = Task(
         name=full,
         splits=dict(splits),
@@ -297,6 +361,7 @@ def task_from_file(
         dev_splits=["dev"] if "dev" in splits else [],
         test_splits=["test"] if "test" in splits else [],
         description=f"user task from {Path(train)}",
+        kind="multiple_choice" if choices is not None else "",
     )
     if register:
         register_task(task)

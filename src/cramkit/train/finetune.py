@@ -23,11 +23,19 @@ from typing import Any, Literal
 import numpy as np
 
 from cramkit.config import from_dict, to_dict
-from cramkit.data.batching import BatchLoader, Encoded, collate, encode_examples
+from cramkit.data.batching import (
+    BatchLoader,
+    Encoded,
+    EncodedChoices,
+    collate,
+    encode_choice_examples,
+    encode_examples,
+    scores_to_choices,
+)
 from cramkit.errors import CramkitError
 from cramkit.load import LoadedModel
 from cramkit.runtime import Precision, torchrun
-from cramkit.tasks.registry import Task
+from cramkit.tasks.registry import Example, Task
 
 PathLike = str | os.PathLike
 
@@ -96,11 +104,23 @@ class FinetuneConfig:
 # Training and evaluation
 
 
-def build_model(loaded: LoadedModel, num_labels: int, cfg: FinetuneConfig, *, multilabel: bool = False):
-    """A SequenceClassifier on the loaded model's encoder (and BERT pooler, when it has one)."""
+def encode_task_examples(task: Task, tokenizer: Any, rows: Sequence[Example], max_length: int):
+    """A task's rows as the model takes them: ``Encoded`` (one sequence per row) or, for a multiple-choice
+    task, ``EncodedChoices`` (a pair row per choice)."""
+    if task.is_multiple_choice:
+        return encode_choice_examples(tokenizer, rows, max_length)
+    return encode_examples(tokenizer, rows, max_length, regression=task.is_regression)
+
+
+def build_model(
+    loaded: LoadedModel, num_labels: int, cfg: FinetuneConfig, *, multilabel: bool = False,
+    multiple_choice: bool = False,
+):  # fmt: skip
+    """A SequenceClassifier (a MultipleChoice scorer with ``multiple_choice``) on the loaded model's encoder
+    (and BERT pooler, when it has one)."""
     import torch
 
-    from cramkit.model.heads import ClassifierConfig, SequenceClassifier
+    from cramkit.model.heads import ClassifierConfig, MultipleChoice, SequenceClassifier
 
     encoder = loaded.encoder
     if encoder is None:
@@ -111,7 +131,10 @@ def build_model(loaded: LoadedModel, num_labels: int, cfg: FinetuneConfig, *, mu
         dropout=cfg.dropout, attention_dropout=cfg.attention_dropout, gradient_checkpointing=False
     )
     head = ClassifierConfig(pooling=cfg.pooling, pooler_dense=cfg.pooler_dense, dropout=cfg.dropout)
-    model = SequenceClassifier(model_cfg, num_labels, head, multilabel=multilabel)
+    if multiple_choice:
+        model = MultipleChoice(model_cfg, head)
+    else:
+        model = SequenceClassifier(model_cfg, num_labels, head, multilabel=multilabel)
     model.encoder.load_state_dict(encoder.state_dict(), strict=True)
     pooler = getattr(loaded.model, "pooler", None)
     pooler_state = pooler.state_dict() if pooler is not None else loaded.pooler_state
@@ -122,10 +145,15 @@ def build_model(loaded: LoadedModel, num_labels: int, cfg: FinetuneConfig, *, mu
     return model
 
 
-def predict(model, enc: Encoded, cfg: FinetuneConfig, device, pad_id: int, with_types: bool) -> np.ndarray:
-    """Logits for every example (in the given order), computed on length-sorted batches."""
+def predict(
+    model, enc: Encoded | EncodedChoices, cfg: FinetuneConfig, device, pad_id: int, with_types: bool
+) -> np.ndarray:
+    """Logits for every example (in the given order), computed on length-sorted batches; multiple choice:
+    [examples, most choices] scores, -inf where an example has fewer choices."""
     import torch
 
+    if isinstance(enc, EncodedChoices):
+        return scores_to_choices(predict(model, enc.pairs, cfg, device, pad_id, with_types), enc.offsets)
     from cramkit.runtime import autocast, resolve_precision
 
     model.eval()
@@ -153,16 +181,22 @@ class ClassifierObjective:
     function of (seed, epoch), so a resumed run continues with the very batches it would have seen."""
 
     def __init__(
-        self, loaded: LoadedModel, train: Encoded, num_labels: int, cfg: FinetuneConfig, seed: int, title: str,
-        resume_hint: str, multilabel: bool = False,
+        self, loaded: LoadedModel, train: Encoded | EncodedChoices, num_labels: int, cfg: FinetuneConfig,
+        seed: int, title: str, resume_hint: str, multilabel: bool = False, multiple_choice: bool = False,
     ) -> None:  # fmt: skip
         self.loaded, self.train, self.num_labels, self.cfg, self.seed = loaded, train, num_labels, cfg, seed
-        self.multilabel = multilabel
+        self.multilabel, self.multiple_choice = multilabel, multiple_choice
         self.title, self.resume_hint = title, resume_hint
         self.flops_per_token = None
 
     def build_model(self):
-        return build_model(self.loaded, self.num_labels, self.cfg, multilabel=self.multilabel)
+        return build_model(
+            self.loaded,
+            self.num_labels,
+            self.cfg,
+            multilabel=self.multilabel,
+            multiple_choice=self.multiple_choice,
+        )
 
     def train_loader(self, micro: int, *, rank: int = 0, world: int = 1) -> BatchLoader:
         import torch
@@ -209,7 +243,7 @@ def train_config(cfg: FinetuneConfig, seed: int, steps: int, progress: bool | st
 
 def train_one_seed(
     loaded: LoadedModel,
-    train: Encoded,
+    train: Encoded | EncodedChoices,
     num_labels: int,
     cfg: FinetuneConfig,
     seed: int,
@@ -218,6 +252,7 @@ def train_one_seed(
     desc: str = "finetune",
     run: PathLike | None = None,
     multilabel: bool = False,
+    multiple_choice: bool = False,
     resume_hint: str = "rerun the same command to continue",
     ctx: Any = None,
 ):
@@ -225,7 +260,9 @@ def train_one_seed(
     stats). With ``run`` (a directory) checkpoints go there and a run killed midway resumes from them."""
     from cramkit.train.epochs import epoch_steps, train_epochs
 
-    objective = ClassifierObjective(loaded, train, num_labels, cfg, seed, desc, resume_hint, multilabel)
+    objective = ClassifierObjective(
+        loaded, train, num_labels, cfg, seed, desc, resume_hint, multilabel, multiple_choice
+    )
     steps = epoch_steps(len(train), cfg.batch_size, cfg.epochs)
     tcfg = train_config(cfg, seed, steps, progress="auto" if progress else False)
     done = train_epochs(objective, tcfg, run, examples=len(train), batch_size=cfg.batch_size, ctx=ctx)
@@ -272,7 +309,6 @@ def finetune(
     loaded = source if isinstance(source, LoadedModel) else load(source)
     max_length = min(cfg.max_length, loaded.max_length)
     tok = loaded.tokenizer
-    regression = task.is_regression
 
     train_rows = task.examples(task.train_split)
     if cfg.max_train_examples:
@@ -284,26 +320,24 @@ def finetune(
     if torchrun().is_main:  # under torchrun: once
         from cramkit.text.coverage import unk_report
 
-        texts = [t for e in train_rows for t in (e.text_a, e.text_b) if t]
+        texts = [t for e in train_rows for t in (e.text_a, e.text_b, *(e.choices or ())) if t]
         unk_report(tok, texts, str(loaded.source), verbose=progress)
-    train = encode_examples(tok, train_rows, max_length, regression=regression)
+    train = encode_task_examples(task, tok, train_rows, max_length)
     if train.labels is None:
         raise CramkitError(f"task {task.name}: some {task.train_split} examples have no label")
-    dev = {
-        s: encode_examples(tok, task.examples(s), max_length, regression=regression) for s in task.dev_splits
-    }
+    dev = {s: encode_task_examples(task, tok, task.examples(s), max_length) for s in task.dev_splits}
     for split, enc in dev.items():
         if enc.labels is None:
             raise CramkitError(
                 f"task {task.name}: the {split} split has unlabelled examples; it cannot be scored"
             )
-    tests = _test_splits(task, tok, max_length, regression)
+    tests = _test_splits(task, tok, max_length)
     for other in predict_also:
-        if other.labels != task.labels:
+        if other.labels != task.labels or other.kind != task.kind:
             raise CramkitError(
                 f"task {other.name} has labels {other.labels}, not {task.name}'s {task.labels}"
             )
-        tests.update(_test_splits(other, tok, max_length, regression))
+        tests.update(_test_splits(other, tok, max_length))
 
     from cramkit.train.parallel import fault_guard, init_distributed, shutdown
 
@@ -348,7 +382,7 @@ def _finetune_seeds(
             continue
         model, stats = train_one_seed(
             loaded, train, task.num_labels, cfg, seed, progress=progress, desc=f"{task.name} seed {seed}",
-            run=run, resume_hint=hint, ctx=ctx,
+            run=run, resume_hint=hint, ctx=ctx, multiple_choice=task.is_multiple_choice,
         )  # fmt: skip
         if not ctx.is_main:  # rank 0 scores and writes; the others go on to the next seed's training
             continue
@@ -482,15 +516,15 @@ def _save_model(
     """The fine-tuned classifier as a model directory (``cramkit.load(out)``)."""
     from cramkit.load import LoadedModel as Saved
 
-    model = build_model(loaded, task.num_labels, cfg)
+    model = build_model(loaded, task.num_labels, cfg, multiple_choice=task.is_multiple_choice)
     model.load_state_dict(state)
-    kind = "regression" if task.is_regression else "classifier"
+    kind = {"regression": "regression", "multiple_choice": "multiple_choice"}.get(task.kind, "classifier")
     Saved(
         model=model,
         kind=kind,
         config=model.cfg,
         tokenizer=loaded.tokenizer,
-        labels=None if task.is_regression else [str(x) for x in task.labels],
+        labels=[str(x) for x in task.labels] if task.labels is not None else None,
         task=task.name,
         max_length=max_length,
         pooling="cls" if cfg.pooling == "first" else "mean",
@@ -503,10 +537,14 @@ def _save_model(
 def _columns(task: Task) -> dict[str, Any]:
     """The columns of a task from files (``predict`` reads the same ones by default), else nothing."""
     cols = getattr(task.splits.get(task.train_split), "columns", None)
-    return {"columns": dict(zip(("text_a", "text_b", "label"), cols[:3], strict=True))} if cols else {}
+    if not cols:
+        return {}
+    columns = dict(zip(("text_a", "text_b", "label"), cols[:3], strict=True))
+    choices = getattr(task.splits.get(task.train_split), "choices", None)
+    return {"columns": columns | ({"choices": list(choices)} if choices else {})}
 
 
-def _test_splits(task: Task, tok, max_length: int, regression: bool) -> dict[tuple[str, str], Encoded]:
+def _test_splits(task: Task, tok, max_length: int) -> dict[tuple[str, str], Encoded | EncodedChoices]:
     """Encoded test splits that are present, keyed (task, split); an absent test file is not an error."""
     out = {}
     for split in task.test_splits:
@@ -517,7 +555,7 @@ def _test_splits(task: Task, tok, max_length: int, regression: bool) -> dict[tup
             continue
         rows = task.examples(split)
         if rows:
-            out[(task.name, split)] = encode_examples(tok, rows, max_length, regression=regression)
+            out[(task.name, split)] = encode_task_examples(task, tok, rows, max_length)
     return out
 
 

@@ -218,7 +218,7 @@ def finetune_mixture(
                 for s in t.dev_splits
             }
         )
-        tests.update(_test_splits(t, tok, max_length, t.is_regression))
+        tests.update(_test_splits(t, tok, max_length))
     if torchrun().is_main:
         from cramkit.text.coverage import unk_report
 

@@ -82,6 +82,15 @@ def test_bad_rows_with_and_without_skip(tmp_path):
         t.examples("train")
     t = task_from_file("bad", csv_file, text_a="text", labels=["a", "b"], skip_bad_rows=True)
     assert [e.text_a for e in t.examples("train")] == ["fine", "ok"] and t.skipped["train"] == 2
+    from cramkit.tasks.registry import hold_out
+
+    for first in ("dev", "train"):  # a held-out dev split keeps the count of the rows skipped in the file
+        held = hold_out(
+            task_from_file("bad", csv_file, text_a="text", labels=["a", "b"], skip_bad_rows=True), 0.5
+        )
+        held.examples(first)
+        held.examples("train")
+        assert held.skipped["train"] == 2 and held.skipped.get("dev", 0) == 0
     jl = tmp_path / "j.jsonl"
     jl.write_text('{"text": "a", "label": "x"}\n{not json\n["list"]\n{"label": "x"}\n')
     with pytest.raises(CramkitError, match=r"j.jsonl, line 2: not valid JSON"):

@@ -301,6 +301,8 @@ def hold_out(task: Task, fraction: float = 0.1, seed: int = 0) -> Task:
                     )
                 cache["dev"] = [rows[i] for i in sorted(order[:n_dev])]
                 cache["train"] = [rows[i] for i in sorted(order[n_dev:])]
+            if name == "train":  # the bad rows skipped in the file are counted once, on the train part
+                load.skipped = task.skipped.get(task.train_split, 0)  # type: ignore[attr-defined]
             return cache[name]
 
         load.source = f"{task.source(task.train_split)} ({'held out' if name == 'dev' else 'rest'})"  # type: ignore[attr-defined]

@@ -14,7 +14,8 @@
 
 Everything goes through the CLI (`python -m cramkit`), one process at a time. Each score is appended to
 OUT/scores.jsonl as it comes (a rerun skips what is there), OUT/summary.md and OUT/fewclue.png are
-rewritten after each. OUT/runs.json records each pretraining's tokens, wall time and the load average.
+rewritten after each. OUT/runs.json records each pretraining's tokens, training time (the engine's
+``elapsed``) and the load average. A stopped bench continues where it was when started again.
 """
 
 from __future__ import annotations
@@ -83,14 +84,16 @@ def pretrain(out: Path, corpus: Path, budget: str, log: Path) -> None:
         if name in runs:
             continue
         tok = ["--tokenizer", str(out / "runs" / "wwm" / "tokenizer")] if name != "wwm" else []
-        before, t0 = loadavg(), time.time()
-        cramkit("pretrain", str(corpus), "--out", str(run), "--budget", run_budget, "--no-progress",
-                "--preset", "tiny-zh", *tok, *extra, log=log)  # fmt: skip
-        wall = time.time() - t0
+        before = loadavg()
+        if (run / "checkpoints").is_dir():  # the bench was stopped during this run: continue it
+            cramkit("pretrain", "--resume", str(run), "--no-progress", log=log)
+        else:
+            cramkit("pretrain", str(corpus), "--out", str(run), "--budget", run_budget, "--no-progress",
+                    "--preset", "tiny-zh", *tok, *extra, log=log)  # fmt: skip
         state = read_jsonl(run / "metrics.jsonl")
         last = [r for r in state if "loss" in r][-1]
         evals = [r["val_loss"] for r in state if r.get("val_loss") is not None]
-        runs[name] = {"budget": run_budget, "wall_s": round(wall, 1), "loadavg_before": before,
+        runs[name] = {"budget": run_budget, "train_s": last["elapsed"], "loadavg_before": before,
                       "loadavg_after": loadavg(), "tokens": last["tokens"], "steps": last["step"], "last_lr": last.get("lr"),
                       "val_loss": evals[-1] if evals else None}  # fmt: skip
         runs_file.write_text(json.dumps(runs, indent=1))
@@ -102,9 +105,9 @@ def finetune(out: Path, tasks: list[str], splits: list[int], log: Path) -> None:
     done = set()
     if scores_file.is_file():
         done = {(r["task"], r["model"], r["k"]) for r in read_jsonl(scores_file)}
-    for task in tasks:
-        fields, epochs = TASKS[task]
-        for k in splits:
+    for k in splits:  # every task at split k before the next split: a stopped bench has all tasks
+        for task in tasks:
+            fields, epochs = TASKS[task]
             for model in MODELS:
                 if (task, model, k) in done:
                     continue

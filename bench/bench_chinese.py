@@ -1,6 +1,7 @@
 """Chinese benchmark (issue 18): tiny-zh pretrained on FewCLUE's unlabelled text, scored on FewCLUE.
 
     python bench/bench_chinese.py --out bench-zh [--budget 6e5tok] [--tasks eprstmt ocnli iflytek]
+        [--splits 0-4] [--models random wwm char]   (several at once may share --out)
 
 1. Corpus: FewCLUE's unlabelled text, eprstmt ``sentence`` + chid ``content`` (its ``#idiom#`` gaps
    removed), written as one JSON Lines file.
@@ -70,8 +71,8 @@ def write_corpus(path: Path) -> int:
     return rows
 
 
-def pretrain(out: Path, corpus: Path, budget: str, log: Path) -> None:
-    """The wwm and char runs (same budget) and the random-init one, on one tokenizer."""
+def pretrain(out: Path, corpus: Path, budget: str, models: list[str], log: Path) -> None:
+    """The wwm and char runs (same budget) and the random-init one, on one tokenizer (wwm's)."""
     runs_file = out / "runs.json"
     runs = json.loads(runs_file.read_text()) if runs_file.is_file() else {}
     plan = {
@@ -81,7 +82,7 @@ def pretrain(out: Path, corpus: Path, budget: str, log: Path) -> None:
     }
     for name, (run_budget, extra) in plan.items():
         run = out / "runs" / name
-        if name in runs:
+        if name in runs or (name not in models and name != "wwm"):
             continue
         tok = ["--tokenizer", str(out / "runs" / "wwm" / "tokenizer")] if name != "wwm" else []
         before = loadavg()
@@ -100,16 +101,25 @@ def pretrain(out: Path, corpus: Path, budget: str, log: Path) -> None:
         print(f"pretrained {name}: {runs[name]}", flush=True)
 
 
-def finetune(out: Path, tasks: list[str], splits: list[int], log: Path) -> None:
+def finetune(out: Path, tasks: list[str], splits: list[int], models: list[str], log: Path) -> None:
+    """Each (task, model, k) once; several benches may share OUT (each takes a job by creating
+    OUT/claims/JOB; a stopped bench leaves its claim: delete OUT/claims to redo what is not scored)."""
     scores_file = out / "scores.jsonl"
-    done = set()
-    if scores_file.is_file():
-        done = {(r["task"], r["model"], r["k"]) for r in read_jsonl(scores_file)}
+    (out / "claims").mkdir(exist_ok=True)
     for k in splits:  # every task at split k before the next split: a stopped bench has all tasks
         for task in tasks:
             fields, epochs = TASKS[task]
-            for model in MODELS:
+            for model in models:
+                done = (
+                    {(r["task"], r["model"], r["k"]) for r in read_jsonl(scores_file)}
+                    if scores_file.is_file()
+                    else set()
+                )
                 if (task, model, k) in done:
+                    continue
+                try:
+                    (out / "claims" / f"{task}-{model}-{k}").mkdir()
+                except FileExistsError:
                     continue
                 ft = out / "finetune" / f"{task}-{model}-{k}"
                 t0 = time.time()
@@ -181,6 +191,7 @@ def main() -> None:
     ap.add_argument("--budget", default="6e5tok", help="pretraining budget of wwm and char (default 6e5tok)")
     ap.add_argument("--tasks", nargs="+", default=list(TASKS), choices=list(TASKS))
     ap.add_argument("--splits", default="0-4", help="FewCLUE splits k, e.g. 0-4 or 0,1")
+    ap.add_argument("--models", nargs="+", default=list(MODELS), choices=MODELS, help="(default: all)")
     args = ap.parse_args()
     if "-" in args.splits:
         lo, hi = map(int, args.splits.split("-"))
@@ -192,8 +203,8 @@ def main() -> None:
     corpus = args.out / "corpus.jsonl"
     if not corpus.is_file():
         print(f"corpus: {write_corpus(corpus):,} documents -> {corpus}", flush=True)
-    pretrain(args.out, corpus, args.budget, log)
-    finetune(args.out, args.tasks, splits, log)
+    pretrain(args.out, corpus, args.budget, args.models, log)
+    finetune(args.out, args.tasks, splits, args.models, log)
     print((args.out / "summary.md").read_text())
 
 

@@ -28,7 +28,17 @@ def register(sub) -> None:
     train = tsub.add_parser("train", help="train a BERT WordPiece tokenizer on text")
     _source_args(train)
     train.add_argument(
-        "--vocab-size", type=int, default=32768, help="tokens in the vocabulary (default 32768)"
+        "--vocab-size",
+        type=int,
+        default=None,
+        help="tokens in the vocabulary (default 32768; 21128 for Chinese, as bert-base-chinese)",
+    )
+    train.add_argument(
+        "--lang",
+        default="auto",
+        choices=["auto", "zh", "generic"],
+        help="zh: character-level WordPiece for Chinese (each CJK character a token, Latin words as pieces, "
+        "accents kept); generic: BERT's; auto (default): zh when most letters of a sample are Chinese",
     )
     train.add_argument("--out", required=True, help="directory for tokenizer.json, vocab.txt, ...")
     train.add_argument("--force", action="store_true", help="replace a tokenizer already in --out")
@@ -90,29 +100,38 @@ def _refuse_overwrite(out: str, names: list[str], force: bool) -> None:
         )
 
 
+_LANG_NAMES = {"zh": "Chinese, one token per character", "generic": "generic WordPiece"}
+
+
 def cmd_tokenizer_train(args: argparse.Namespace) -> int:
-    from cramkit.text.sources import iter_documents
-    from cramkit.text.tokenizer import save_tokenizer, train_tokenizer
+    from cramkit.text.sources import detect_language, iter_documents
+    from cramkit.text.tokenizer import ZH_VOCAB_SIZE, save_tokenizer, train_tokenizer
 
     _refuse_overwrite(args.out, ["tokenizer.json", "vocab.txt"], args.force)
     t0 = time.time()
     stats: dict = {}
+    lang = args.lang
+    if lang == "auto":
+        guess = detect_language(iter_documents(args.sources, **reading_kwargs(args)))
+        lang = guess.lang
+        print(f"tokenizer: {guess.describe()}: {_LANG_NAMES[lang]} (--lang to choose)")
+    vocab_size = args.vocab_size or (ZH_VOCAB_SIZE if lang == "zh" else 32768)
     tok = train_tokenizer(
         lambda: iter_documents(args.sources, stats=stats, **reading_kwargs(args)),
-        args.vocab_size,
+        vocab_size,
         lowercase=not args.no_lowercase,
         strip_accents=not args.keep_accents,
         min_frequency=args.min_frequency,
+        lang=lang,
     )
     out = save_tokenizer(tok, args.out)
     n = tok.get_vocab_size()
     print(
-        f"tokenizer: {n} tokens from {stats.get('documents', 0)} documents in {time.time() - t0:.1f}s -> {out}"
+        f"tokenizer: {n} tokens ({_LANG_NAMES[lang]}) from {stats.get('documents', 0)} documents in "
+        f"{time.time() - t0:.1f}s -> {out}"
     )
-    if n < args.vocab_size:
-        print(
-            f"note: the corpus yields only {n} of the {args.vocab_size} tokens asked for (every word is whole)"
-        )
+    if n < vocab_size:
+        print(f"note: the corpus yields only {n} of the {vocab_size} tokens asked for (every word is whole)")
     return 0
 
 

@@ -19,8 +19,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="text files, directories, globs or hf:dataset sources; or one token store directory "
                    "(default: the built-in corpus)")  # fmt: skip
     p.add_argument("--preset", default=None,
-                   help="tiny-cpu (the default), crammed-bert, bert-base, bert-lamb, continue (the default with "
-                   "--from) or a YAML file")  # fmt: skip
+                   help="tiny-cpu (the default), tiny-zh (the default when the text is Chinese), crammed-bert, "
+                   "bert-base, bert-lamb, continue (the default with --from) or a YAML file")  # fmt: skip
     p.add_argument("--from", dest="init", metavar="MODEL",
                    help="continue this model on the text (domain/task adaptation): a run, checkpoint, model "
                    "directory or hf:DIR; its tokenizer, architecture and masking are kept")  # fmt: skip

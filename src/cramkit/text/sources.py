@@ -4,7 +4,7 @@ A ``.json`` file is read as JSON Lines when its first line is one JSON object (C
 any other ``.json`` file is refused (and skipped inside a directory). ``text_field`` names the field of
 JSON Lines / the column of Parquet; naming another than ``text`` for a plain-text file is an error.
 
-`iter_documents` yields one ``str`` per document. Reading streams in bounded chunks, so memory stays
+`iter_documents` yields one ``str`` per document; `detect_language` tells Chinese text from a sample. Reading streams in bounded chunks, so memory stays
 bounded whatever the file size: a document longer than ``max_doc_chars`` (a single line of hundreds of
 megabytes, say) is cut at whitespace into consecutive documents of at most that size.
 
@@ -30,6 +30,7 @@ import sys
 import sysconfig
 import unicodedata
 from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from cramkit.errors import CramkitError
@@ -218,6 +219,45 @@ def _raw_documents(sources: list[str], opts: dict, stats: dict) -> Iterator[str]
                 )
             lines = _read_lines(src, opts["encoding"], opts["errors"])
             yield from _split(lines, opts["doc_split"], src)
+
+
+# ------------------------------------------------------------------------------------ language detection
+
+ZH_SHARE = 0.5  # Chinese when CJK ideographs are at least half of the letters sampled
+SAMPLE_CHARS = 200_000
+
+
+@dataclass(frozen=True)
+class LanguageGuess:
+    lang: str  # "zh" or "generic" (the modes of cramkit.text.tokenizer)
+    cjk_share: float  # CJK ideographs / letters in the sample
+    documents: int  # documents sampled
+    chars: int  # characters sampled
+
+    def describe(self) -> str:
+        return (
+            f"{self.cjk_share:.0%} of the letters in a sample of the text ({self.documents:,} documents, "
+            f"{self.chars:,} characters) are Chinese characters"
+        )
+
+
+def detect_language(documents: Iterable[str], sample_chars: int = SAMPLE_CHARS) -> LanguageGuess:
+    """Chinese ("zh") when CJK ideographs are most of the letters of the first ``sample_chars`` characters
+    of ``documents``, else "generic"."""
+    from cramkit.text.tokenizer import is_cjk_char
+
+    letters = cjk = chars = docs = 0
+    for doc in documents:
+        docs += 1
+        for c in doc[: sample_chars - chars]:
+            if c.isalpha():
+                letters += 1
+                cjk += is_cjk_char(c)
+        chars += min(len(doc), sample_chars - chars)
+        if chars >= sample_chars:
+            break
+    share = cjk / letters if letters else 0.0
+    return LanguageGuess("zh" if share >= ZH_SHARE else "generic", share, docs, chars)
 
 
 # ---------------------------------------------------------------------------------------------- reading

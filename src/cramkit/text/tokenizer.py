@@ -5,6 +5,11 @@ split into single tokens), BertPreTokenizer, WordPiece with "##" continuations, 
 [PAD] [UNK] [CLS] [SEP] [MASK], and BERT's [CLS] x [SEP] template as post-processor, so that
 `transformers.BertTokenizerFast.from_pretrained(dir)` behaves the same. The token store encodes
 documents with ``add_special_tokens=False`` and inserts [SEP]/[CLS] itself when packing.
+
+Two modes (``lang``): "generic", BERT's WordPiece for space-separated text, and "zh", character-level
+WordPiece for Chinese as bert-base-chinese has it: every CJK ideograph is a token of its own (the most
+frequent ones first when they do not all fit), none has a "##" form, Latin words and numbers are word
+pieces, and accents are kept (stripping them decomposes kana and Hangul; lowercasing leaves CJK alone).
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ import json
 import os
 import sys
 import unicodedata
+from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,6 +31,8 @@ if TYPE_CHECKING:
     import tokenizers
 
 SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
+LANGS = ("generic", "zh")
+ZH_VOCAB_SIZE = 21128  # bert-base-chinese's: room for the 20,902 ideographs of the main CJK block
 MAX_VOCAB_SIZE = 1 << 20  # HF's trainer aborts the process on absurd sizes; no encoder needs more
 
 
@@ -60,8 +68,13 @@ def train_tokenizer(
     lowercase: bool = True,
     strip_accents: bool = True,
     min_frequency: int = 2,
+    lang: str = "generic",
 ) -> tokenizers.Tokenizer:
     """Train a BERT WordPiece tokenizer on ``documents``; the special tokens get ids 0..4.
+
+    ``lang="zh"``: character-level for Chinese (see the module's docstring); ``strip_accents`` is not
+    applied. The CJK characters of the corpus enter the vocabulary most frequent first, leaving at least a
+    tenth of it to the rest (Latin word pieces, digits, punctuation); rarer ones are left to [UNK].
 
     Deterministic: the same documents give the same vocabulary and ids in every process. Hugging Face's
     trainer alone is not (huggingface/tokenizers#1794: it numbers the "##" continuation symbols in
@@ -83,6 +96,9 @@ def train_tokenizer(
         )
     if min_frequency < 1:
         raise CramkitError(f"--min-frequency {min_frequency} must be at least 1")
+    if lang not in LANGS:
+        raise CramkitError(f"unknown tokenizer language {lang!r}; use one of {', '.join(LANGS)} (or auto)")
+    zh = lang == "zh"
     if callable(documents):
         passes = documents
     else:
@@ -91,9 +107,12 @@ def train_tokenizer(
         passes = lambda: documents  # noqa: E731
 
     normalizer = normalizers.BertNormalizer(
-        clean_text=True, handle_chinese_chars=True, strip_accents=strip_accents, lowercase=lowercase
+        clean_text=True,
+        handle_chinese_chars=True,
+        strip_accents=False if zh else strip_accents,
+        lowercase=lowercase,
     )
-    chars: set[str] = set()
+    chars: Counter[str] = Counter()
     count = 0
     for doc in passes():
         count += 1
@@ -101,11 +120,14 @@ def train_tokenizer(
     if count == 0:
         raise CramkitError("the corpus holds no documents (all files empty?); give sources with text in them")
     continuations = [f"##{c}" for c in sorted(c for c in chars if _can_continue_word(c))]
+    cjk, dropped = _cjk_characters(chars, vocab_size, len(continuations)) if zh else ([], set())
 
     trainer = trainers.WordPieceTrainer(
-        vocab_size=vocab_size,
+        # the trainer puts every character of the corpus in the vocabulary: the rare CJK ones it adds are
+        # taken out again below, so it may grow by their number
+        vocab_size=vocab_size + len(dropped),
         min_frequency=min_frequency,
-        special_tokens=[*SPECIAL_TOKENS, *continuations],
+        special_tokens=[*SPECIAL_TOKENS, *continuations, *cjk],
         continuing_subword_prefix="##",
         show_progress=sys.stderr.isatty(),  # HF's own progress bar in a terminal
     )
@@ -114,9 +136,12 @@ def train_tokenizer(
     bare.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
     bare.train_from_iterator(passes(), trainer=trainer)
 
-    # the "##" forms were registered as special tokens only to fix their ids: rebuild the tokenizer
-    # with them as ordinary vocabulary entries and only BERT's five special tokens
+    # the "##" forms (and CJK characters) were registered as special tokens only to fix their ids: rebuild
+    # the tokenizer with them as ordinary vocabulary entries and only BERT's five special tokens
     vocab = bare.get_vocab(with_added_tokens=True)
+    if dropped:  # a lone character is never part of a longer entry: take it out and renumber
+        kept = sorted((i, t) for t, i in vocab.items() if t not in dropped)
+        vocab = {t: n for n, (_, t) in enumerate(kept)}
     tok = Tokenizer(
         models.WordPiece(
             vocab, unk_token="[UNK]", continuing_subword_prefix="##", max_input_chars_per_word=100
@@ -128,6 +153,16 @@ def train_tokenizer(
     tok.add_special_tokens(list(SPECIAL_TOKENS))
     _bert_template(tok)
     return tok
+
+
+def _cjk_characters(chars: Counter[str], vocab_size: int, continuations: int) -> tuple[list[str], set[str]]:
+    """The CJK characters of a corpus (``chars``: character counts) that the vocabulary keeps, in code point
+    order, and those it leaves out (the rarest, when they do not all fit)."""
+    found = sorted((c for c in chars if is_cjk_char(c)), key=lambda c: (-chars[c], c))
+    others = len(chars) - len(found)
+    room = vocab_size - len(SPECIAL_TOKENS) - continuations - others - vocab_size // 10
+    keep = found[: max(0, room)]
+    return sorted(keep), set(found[len(keep) :])
 
 
 def _can_continue_word(c: str) -> bool:

@@ -70,7 +70,7 @@ def _tokenizer_for(
     source_options: dict,
 ):
     """The run's tokenizer: RUN/tokenizer if cached, else --tokenizer, the store's own, or trained."""
-    from cramkit.text.sources import iter_documents
+    from cramkit.text.sources import detect_language, iter_documents
     from cramkit.text.tokenizer import load_tokenizer, train_tokenizer
 
     tok_dir = run / "tokenizer"
@@ -99,10 +99,18 @@ def _tokenizer_for(
             from cramkit.text.sources import expand_sources
 
             expand_sources(sources)  # a missing path fails here, before any work is announced
-        print(f"cramkit: training a WordPiece tokenizer (vocabulary {t.vocab_size}) on {_describe(sources)}")
+        lang, why = t.lang, ""
+        if lang == "auto":
+            guess = detect_language(iter_documents(sources or None, **source_options))
+            lang, why = guess.lang, f": {guess.describe()}"
+        kind = "Chinese, one token per character" if lang == "zh" else "generic"
+        print(
+            f"cramkit: training a WordPiece tokenizer (vocabulary {t.vocab_size}; {kind}{why}) on "
+            f"{_describe(sources)}"
+        )
         tok = train_tokenizer(lambda: iter_documents(sources or None, **source_options), t.vocab_size,
                               lowercase=t.lowercase, strip_accents=t.strip_accents,
-                              min_frequency=t.min_frequency)  # fmt: skip
+                              min_frequency=t.min_frequency, lang=lang)  # fmt: skip
         got = tok.get_vocab_size(with_added_tokens=True)
         if got < t.vocab_size:
             print(
@@ -200,7 +208,7 @@ def pretrain(
 
     sources_or_store: text files / directories / globs / ``hf:`` datasets, or one token store
       directory; None: the built-in corpus.
-    preset: ``tiny-cpu`` (the default), ``crammed-bert``, ``bert-base``, ``continue`` (the default with
+    preset: ``tiny-cpu`` (the default; ``tiny-zh`` when the text is Chinese), ``crammed-bert``, ``bert-base``, ``continue`` (the default with
       ``init``) or a YAML path; overrides: ``["train.lr=1e-3"]``.
     budget: ``"5m"``, ``"24h"``, ``"2e9tok"``, ``"1000steps"`` (default: the preset's).
     resume: a run directory to continue from its latest checkpoint (its saved config is used; overrides
@@ -259,7 +267,10 @@ def pretrain(
         source_options = source_options or info.get("source_options", {})
         tokenizer = None
     else:
+        if preset is None and not (init or inherit or tokenizer):
+            preset = _preset_for_text(inputs, source_options)
         cfg, begin = _start_config(preset, overrides, init, inherit, tokenizer, extend_vocab)
+        cfg = _masking_available(cfg, overrides)
         fresh_head = bool(init) and begin.head_state is None
         preset = preset or ("continue" if init else "tiny-cpu")
         if out is None and runtime.torchrun().world > 1:
@@ -324,6 +335,44 @@ def pretrain(
             fit(objective, cfg.train, cfg.parallel, run, resume=resume is not None, ctx=ctx)
         shutdown(ctx)
     return run
+
+
+def _preset_for_text(inputs: list[str], source_options: dict) -> str | None:
+    """tiny-zh when the raw text given is Chinese (said in the log), else None (the default preset)."""
+    if not inputs or any(_is_store(s) for s in inputs):
+        return None
+    from cramkit.text.sources import detect_language, iter_documents
+
+    guess = detect_language(iter_documents(inputs, **source_options))
+    if guess.lang != "zh":
+        return None
+    if runtime.torchrun().is_main:
+        print(
+            f"cramkit: {guess.describe()}: using the tiny-zh preset and a Chinese tokenizer (one token per "
+            "character); give --preset to choose another"
+        )
+    return "tiny-zh"
+
+
+def _masking_available(cfg: RunConfig, overrides: Sequence[str]) -> RunConfig:
+    """Whole-word masking of Chinese needs jieba: when a preset asks for it (not ``--set data.masking``) and
+    jieba is missing, mask WordPiece tokens (Chinese characters) instead, saying how to get jieba."""
+    if cfg.data.masking != "whole_word" or cfg.tokenizer.lang != "zh":
+        return cfg
+    if any(o.replace(" ", "").startswith("data.masking=") for o in overrides):
+        return cfg  # asked for explicitly: the segmenter's absence is an error where it is needed
+    try:
+        import jieba  # noqa: F401
+    except ImportError:
+        from cramkit.text.words import JIEBA_HINT
+
+        if runtime.torchrun().is_main:
+            print(
+                "cramkit: whole-word masking of Chinese needs the word segmenter jieba, which is not installed: "
+                f"masking single characters instead ({JIEBA_HINT} for whole words)"
+            )
+        return cfg.replace(data=dataclasses.replace(cfg.data, masking="wordpiece"))
+    return cfg
 
 
 def _start_config(

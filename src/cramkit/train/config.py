@@ -17,7 +17,7 @@ from cramkit.data.mlm import DataConfig
 from cramkit.errors import CramkitError
 from cramkit.model.encoder import ModelConfig, config_parameters
 from cramkit.runtime import Precision
-from cramkit.text.tokenizer import MAX_VOCAB_SIZE
+from cramkit.text.tokenizer import LANGS, MAX_VOCAB_SIZE
 from cramkit.train.budget import parse_budget, parse_every
 from cramkit.train.parallel import ParallelConfig, check_tp
 from cramkit.train.schedule import SCHEDULES
@@ -31,8 +31,11 @@ class TokenizerConfig:
     lowercase: bool = True
     strip_accents: bool = True
     min_frequency: int = 2
+    lang: str = "auto"  # zh: character-level for Chinese; generic: BERT's; auto: zh when the text is Chinese
 
     def validate(self) -> None:
+        if self.lang not in ("auto", *LANGS):
+            raise CramkitError(f"tokenizer.lang must be auto, {' or '.join(LANGS)}, got {self.lang!r}")
         if not 100 <= self.vocab_size <= MAX_VOCAB_SIZE:
             raise CramkitError(
                 f"tokenizer.vocab_size must be between 100 and {MAX_VOCAB_SIZE:,}, got {self.vocab_size:,} "

@@ -480,7 +480,8 @@ def _build_encoder_model(meta: dict[str, Any], file: Path) -> tuple[nn.Module, A
     if kind == "multitask":
         from cramkit.model.multitask import MultiTaskModel
 
-        return MultiTaskModel(cfg, [h["num_labels"] for h in task_heads(meta, file)], head), cfg
+        heads = task_heads(meta, file)
+        return MultiTaskModel(cfg, [h["num_labels"] for h in heads], head, [h["kind"] for h in heads]), cfg
     if kind == "multiple_choice":
         return MultipleChoice(cfg, head), cfg
     n = meta.get("num_labels") or len(meta.get("labels") or [])
@@ -500,7 +501,8 @@ def task_heads(meta: dict[str, Any], file: PathLike) -> list[dict[str, Any]]:
     if not isinstance(heads, list) or not heads:
         raise bad
     for h in heads:
-        if not (isinstance(h, dict) and isinstance(h.get("name"), str) and h.get("kind") in ("classification", "regression")
+        if not (isinstance(h, dict) and isinstance(h.get("name"), str)
+                and h.get("kind") in ("classification", "regression", "multiple_choice")
                 and isinstance(h.get("num_labels"), int) and 1 <= h["num_labels"] <= 1_000_000):  # fmt: skip
             raise bad
         labels = h.get("labels")
@@ -542,7 +544,7 @@ def for_task(loaded: LoadedModel, task: str | None) -> LoadedModel:
     extra = {k: v for k, v in loaded.extra.items() if k != "tasks"}
     extra.update({k: h[k] for k in ("columns",) if k in h})
     return LoadedModel(
-        model=loaded.model.single(i).eval(), kind="regression" if h["kind"] == "regression" else "classifier",
+        model=loaded.model.single(i).eval(), kind={"classification": "classifier"}.get(h["kind"], h["kind"]),
         config=loaded.config, tokenizer=loaded.tokenizer, labels=h.get("labels"), task=name,
         max_length=loaded.max_length, pooling=loaded.pooling, normalize=loaded.normalize,
         with_types=loaded.with_types, source=loaded.source, architecture=loaded.architecture,

@@ -245,3 +245,49 @@ def test_mixture_reads_each_suite_from_its_folder(tiny_run: Path, glue_dir: Path
     r = cli("finetune", "--mixture", "glue/mrpc,glue/cola", "--from", str(tiny_run), "--data-dir",
             f"glue={tmp_path / 'nowhere'}", "--out", str(tmp_path / "o"))  # fmt: skip
     assert r.returncode == 2 and "nowhere" in r.stderr and "Traceback" not in r.stderr
+
+
+def _copa_rows(n: int, start: int, labelled: bool = True) -> list[dict]:
+    """COPA rows (SuperGLUE's layout) a tiny model can learn: the right choice repeats the premise's noun."""
+    nouns = ["glass", "door", "dog", "car", "lamp", "book"]
+    rows = []
+    for i in range(start, start + n):
+        a, b = nouns[i % len(nouns)], nouns[(i + 1) % len(nouns)]
+        right, wrong = f"The {a} moved.", f"The {b} slept."
+        first = i % 2 == 0
+        row = {"premise": f"Someone pushed the {a}.", "choice1": right if first else wrong,
+               "choice2": wrong if first else right, "question": "effect", "idx": i - start}  # fmt: skip
+        if labelled:
+            row["label"] = 0 if first else 1
+        rows.append(row)
+    return rows
+
+
+def test_a_mixture_of_classification_and_multiple_choice(tiny_run: Path, tmp_path: Path):
+    """superglue/rte (pairs) with superglue/copa (multiple choice): one encoder, an RTE classifier head and a
+    COPA scorer head; each head is its own task's model in load, predict and export."""
+    from tasks.test_superglue import _rte_rows, write_superglue
+
+    root = write_superglue(tmp_path / "sg", {
+        "RTE": {"train": _rte_rows(32, 0), "val": _rte_rows(8, 32), "test": _rte_rows(4, 40, labelled=False)},
+        "COPA": {"train": _copa_rows(32, 0), "val": _copa_rows(8, 32), "test": _copa_rows(4, 40, labelled=False)},
+    })  # fmt: skip
+    out = tmp_path / "mix"
+    r = cli("finetune", "--mixture", "superglue/rte,superglue/copa", "--from", str(tiny_run), "--data-dir", str(root),
+            "--out", str(out), "--set", "epochs=2", "--set", "max_length=32", "--set", "batch_size=8", "--no-progress")  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    res = json.loads((out / "results.json").read_text())
+    assert set(res["tasks"]) == {"superglue/rte", "superglue/copa"}
+    assert all(0 <= e["dev"]["dev"]["metrics"]["accuracy"] <= 100 for e in res["tasks"].values())
+    assert [p.name for p in (out / "predictions").iterdir()] and (
+        out / "predictions" / "superglue-copa" / "COPA.jsonl"
+    ).is_file()
+    copa = cramkit.load(out, task="copa")
+    assert copa.kind == "multiple_choice"
+    from cramkit.infer import Engine
+    from cramkit.tasks import get_task
+
+    rows = get_task("superglue/copa", data_dir=root).examples("dev")
+    got = Engine(copa, max_length=32).choose([e.text_a for e in rows], [list(e.choices) for e in rows])
+    acc = 100 * np.mean(got.chosen == np.array([e.label for e in rows]))
+    assert acc == pytest.approx(res["tasks"]["superglue/copa"]["dev"]["dev"]["metrics"]["accuracy"])

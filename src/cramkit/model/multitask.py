@@ -1,7 +1,8 @@
 """One encoder, one head per task: the model a mixture trains (``cramkit finetune --mixture``).
 
 Each head is a SequenceClassifier's: BERT's pooler (dense + tanh), dropout and a linear layer with the
-task's outputs (labels, or 1 for a regression score). :meth:`MultiTaskModel.single` gives one task's
+task's outputs (labels, 1 for a regression score, 1 for a multiple-choice task's score of each
+(context, choice) pair, softmax over an example's choices). :meth:`MultiTaskModel.single` gives one task's
 model as a plain :class:`~cramkit.model.heads.SequenceClassifier` that shares the encoder and the head's
 parameters (no copy), so everything that runs a classifier (predict, export, serve) runs a task head.
 """
@@ -12,7 +13,15 @@ import torch
 from torch import nn
 
 from cramkit.model.encoder import Encoder, ModelConfig, init_weights
-from cramkit.model.heads import ClassifierConfig, SequenceClassifier, classification_loss, pool_hidden
+from cramkit.model.heads import (
+    ClassifierConfig,
+    MultipleChoice,
+    SequenceClassifier,
+    choice_grid,
+    choice_loss,
+    classification_loss,
+    pool_hidden,
+)
 
 
 class TaskHead(nn.Module):
@@ -30,11 +39,16 @@ class TaskHead(nn.Module):
 
 
 class MultiTaskModel(nn.Module):
-    """A shared encoder and ``heads[i]`` for task i (``num_labels[i]`` outputs; 1 is a regression score)."""
+    """A shared encoder and ``heads[i]`` for task i (``num_labels[i]`` outputs; kinds[i]: classification,
+    regression or multiple_choice)."""
 
-    def __init__(self, cfg: ModelConfig, num_labels: list[int], head: ClassifierConfig | None = None) -> None:
+    def __init__(
+        self, cfg: ModelConfig, num_labels: list[int], head: ClassifierConfig | None = None,
+        kinds: list[str] | None = None,
+    ) -> None:  # fmt: skip
         super().__init__()
         self.cfg, self.head_cfg = cfg, head or ClassifierConfig()
+        self.kinds = list(kinds) if kinds is not None else ["classification"] * len(num_labels)
         self.encoder = Encoder(cfg)
         self.heads = nn.ModuleList(TaskHead(cfg, n, self.head_cfg) for n in num_labels)
         init_weights(self, cfg)
@@ -45,12 +59,16 @@ class MultiTaskModel(nn.Module):
         attention_mask: torch.Tensor | None = None,
         token_type_ids: torch.Tensor | None = None,
         labels: torch.Tensor | None = None,
+        choice_mask: torch.Tensor | None = None,
         *,
         task: int,
     ) -> tuple[torch.Tensor | None, torch.Tensor]:
         hidden = self.encoder(input_ids, attention_mask, token_type_ids)
         head = self.heads[task]
         logits = head(hidden, attention_mask)
+        if self.kinds[task] == "multiple_choice" and choice_mask is not None:
+            grid = choice_grid(logits, choice_mask)
+            return (choice_loss(grid, labels) if labels is not None else None), grid
         loss = classification_loss(logits, labels, head.num_labels, False) if labels is not None else None
         return loss, logits
 
@@ -58,7 +76,10 @@ class MultiTaskModel(nn.Module):
         """Task ``task``'s classifier, sharing this model's parameters."""
         head = self.heads[task]
         with torch.device("meta"):  # the view's own modules are replaced below: allocate nothing
-            view = SequenceClassifier(self.cfg, head.num_labels, self.head_cfg)
+            if self.kinds[task] == "multiple_choice":
+                view = MultipleChoice(self.cfg, self.head_cfg)
+            else:
+                view = SequenceClassifier(self.cfg, head.num_labels, self.head_cfg)
         view.encoder, view.pooler, view.dropout, view.classifier = (
             self.encoder,
             head.pooler,

@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from cramkit.config import to_dict
-from cramkit.data.batching import BatchLoader, Encoded, encode_examples
+from cramkit.data.batching import BatchLoader, Encoded, EncodedChoices
 from cramkit.errors import CramkitError
 from cramkit.load import LoadedModel
 from cramkit.tasks.mixtures import Mixture
@@ -33,6 +33,7 @@ from cramkit.train.finetune import (
     _columns,
     _curve,
     _test_splits,
+    encode_task_examples,
     predict,
     train_config,
     write_json,
@@ -86,8 +87,8 @@ class MixtureObjective:
     """Fine-tuning on a mixture for the engine (train/trainer.py): a MultiTaskModel, a MixtureLoader."""
 
     def __init__(
-        self, loaded: LoadedModel, tasks: list[Task], train: list[Encoded], rates: np.ndarray, cfg: FinetuneConfig,
-        seed: int, title: str, resume_hint: str,
+        self, loaded: LoadedModel, tasks: list[Task], train: list[Encoded | EncodedChoices], rates: np.ndarray,
+        cfg: FinetuneConfig, seed: int, title: str, resume_hint: str,
     ) -> None:  # fmt: skip
         self.loaded, self.tasks, self.train, self.rates = loaded, tasks, train, rates
         self.cfg, self.seed, self.title, self.resume_hint = cfg, seed, title, resume_hint
@@ -96,7 +97,9 @@ class MixtureObjective:
         self.drawn = np.zeros(len(tasks), dtype=np.int64)
 
     def build_model(self):
-        return build_multitask(self.loaded, [t.num_labels for t in self.tasks], self.cfg)
+        return build_multitask(
+            self.loaded, [t.num_labels for t in self.tasks], self.cfg, [t.kind for t in self.tasks]
+        )
 
     def train_loader(self, micro: int, *, rank: int = 0, world: int = 1) -> MixtureLoader:
         import torch
@@ -140,7 +143,9 @@ class MixtureObjective:
         return None  # every task is scored by finetune_mixture() on the finished model
 
 
-def build_multitask(loaded: LoadedModel, num_labels: list[int], cfg: FinetuneConfig):
+def build_multitask(
+    loaded: LoadedModel, num_labels: list[int], cfg: FinetuneConfig, kinds: list[str] | None = None
+):
     """A MultiTaskModel on the loaded model's encoder; every head's pooler starts from the model's (BERT's
     pooler) when it has one, as a single-task classifier's does."""
     import torch
@@ -156,7 +161,7 @@ def build_multitask(loaded: LoadedModel, num_labels: list[int], cfg: FinetuneCon
         dropout=cfg.dropout, attention_dropout=cfg.attention_dropout, gradient_checkpointing=False
     )
     head = ClassifierConfig(pooling=cfg.pooling, pooler_dense=cfg.pooler_dense, dropout=cfg.dropout)
-    model = MultiTaskModel(model_cfg, num_labels, head)
+    model = MultiTaskModel(model_cfg, num_labels, head, kinds)
     model.encoder.load_state_dict(loaded.encoder.state_dict(), strict=True)
     pooler = getattr(loaded.model, "pooler", None)
     pooler_state = pooler.state_dict() if pooler is not None else loaded.pooler_state
@@ -188,12 +193,6 @@ def finetune_mixture(
         raise CramkitError(
             f"a mixture trains one model with one seed; got seeds {cfg.seeds}: run once per seed (--seeds N)"
         )
-    for t in tasks:
-        if t.is_multiple_choice:
-            raise CramkitError(
-                f"task {t.name} is multiple choice; mixtures train classification and regression tasks: "
-                "fine-tune it on its own (cramkit finetune --task ...)"
-            )
     from cramkit.load import load
     from cramkit.runtime import torchrun
     from cramkit.tasks.mixtures import mixture_rates
@@ -208,16 +207,11 @@ def finetune_mixture(
             rows = rows[: cfg.max_train_examples]
         if not rows:
             raise CramkitError(f"task {t.name}: the {t.train_split} split is empty; nothing to fine-tune on")
-        enc = encode_examples(tok, rows, max_length, regression=t.is_regression)
+        enc = encode_task_examples(t, tok, rows, max_length)
         if enc.labels is None:
             raise CramkitError(f"task {t.name}: some {t.train_split} examples have no label")
         train.append(enc)
-        dev.append(
-            {
-                s: encode_examples(tok, t.examples(s), max_length, regression=t.is_regression)
-                for s in t.dev_splits
-            }
-        )
+        dev.append({s: encode_task_examples(t, tok, t.examples(s), max_length) for s in t.dev_splits})
         tests.update(_test_splits(t, tok, max_length))
     if torchrun().is_main:
         from cramkit.text.coverage import unk_report

@@ -542,7 +542,7 @@ def for_task(loaded: LoadedModel, task: str | None) -> LoadedModel:
     i = names.index(name)
     h = heads[i]
     extra = {k: v for k, v in loaded.extra.items() if k != "tasks"}
-    extra.update({k: h[k] for k in ("columns",) if k in h})
+    extra.update({k: h[k] for k in ("columns", "trained_inputs") if k in h})
     return LoadedModel(
         model=loaded.model.single(i).eval(), kind={"classification": "classifier"}.get(h["kind"], h["kind"]),
         config=loaded.config, tokenizer=loaded.tokenizer, labels=h.get("labels"), task=name,

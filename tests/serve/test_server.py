@@ -137,6 +137,16 @@ def test_bad_requests_get_a_json_error_and_the_server_stays_up(server, body, sta
     server.alive_and_correct()
 
 
+def test_two_texts_to_a_single_text_model_are_not_read_as_a_pair(server) -> None:
+    """TEI reads a flat list of two strings as one pair; a model fine-tuned on single texts says so (422)
+    instead of scoring a pair it never saw, and takes the two texts as [["a"], ["b"]]."""
+    r = server.post("/predict", {"inputs": ["a gorgeous film", "a dull film"], "model": "ft"})
+    assert r.status_code == 422 and "fine-tuned on single texts" in r.json()["error"]
+    r = server.post("/predict", {"inputs": [["a gorgeous film"], ["a dull film"]], "model": "ft"})
+    assert r.status_code == 200 and len(r.json()) == 2
+    server.alive_and_correct()
+
+
 def test_limits(server) -> None:
     r = server.post("/embed", {"inputs": "x" * 10_000_000})  # 10 MB string
     assert r.status_code == 413 and "payload" in r.json()["error"]

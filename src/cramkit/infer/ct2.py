@@ -353,6 +353,7 @@ def export_ct2(
             "exported_from_kind": loaded.kind,
             "labels": loaded.labels,
             "task": loaded.task,
+            "trained_inputs": loaded.extra.get("trained_inputs"),  # single texts, pairs or choices
             "max_length": int(loaded.max_length),
             "pooling": loaded.pooling,
             "normalize": bool(loaded.normalize),

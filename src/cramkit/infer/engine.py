@@ -318,6 +318,15 @@ class Engine:
         return self.kind == "multiple_choice"
 
     @property
+    def trained_inputs(self) -> str | None:
+        """What the model was fine-tuned to read: "single" texts, "pairs" or "choices" (None: not recorded)."""
+        if self.loaded is not None:
+            value = self.loaded.extra.get("trained_inputs")
+        else:
+            value = self.onnx.manifest.get("trained_inputs")
+        return value if value in ("single", "pairs", "choices") else None
+
+    @property
     def can_fill_mask(self) -> bool:
         return self.kind == "mlm" and self.tokenizer.token_to_id("[MASK]") is not None
 

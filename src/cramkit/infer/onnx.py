@@ -400,6 +400,7 @@ def export_onnx(
             "labels": loaded.labels,
             "task": loaded.task,
             "columns": loaded.extra.get("columns"),  # what it was fine-tuned on: predict's default columns
+            "trained_inputs": loaded.extra.get("trained_inputs"),  # single texts, pairs or choices
             "max_length": int(loaded.max_length),
             "pooling": loaded.pooling,
             "normalize": bool(loaded.normalize),

@@ -562,6 +562,13 @@ async def predict(request: Request) -> Response:
         and len(body["inputs"]) == 2
         and all(isinstance(s, str) for s in body["inputs"])
     )
+    if single and not isinstance(body["inputs"], str) and engine.trained_inputs == "single":
+        raise ApiError(
+            422,
+            f"model {name} was fine-tuned on single texts, and a flat list of two strings is one text pair (TEI's "
+            'convention): send [["first"], ["second"]] for two texts, or [["text", "text b"]] for a pair',
+            "Validation",
+        )
     items = _inputs(body, state.limits, pairs=True)
     raw = _flag(body, "raw_scores", False)
     truncate = _flag(body, "truncate", True)

@@ -530,8 +530,22 @@ def _save_model(
         pooling="cls" if cfg.pooling == "first" else "mean",
         with_types=loaded.with_types,
         head=to_dict(model.head_cfg),
-        extra={"finetuned_from": loaded.source, "seed": seed, **_columns(task)},
+        extra={
+            "finetuned_from": loaded.source,
+            "seed": seed,
+            "trained_inputs": trained_inputs(task),
+            **_columns(task),
+        },
     ).save(out)
+
+
+def trained_inputs(task: Task) -> str:
+    """What a task's model reads: "choices" (multiple choice), "pairs" (text pairs) or "single" (one text);
+    recorded with the model, so a server can tell a pair from two texts."""
+    if task.is_multiple_choice:
+        return "choices"
+    rows = task.examples(task.train_split)
+    return "pairs" if any(e.text_b is not None for e in rows) else "single"
 
 
 def _columns(task: Task) -> dict[str, Any]:

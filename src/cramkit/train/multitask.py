@@ -36,6 +36,7 @@ from cramkit.train.finetune import (
     encode_task_examples,
     predict,
     train_config,
+    trained_inputs,
     write_json,
 )
 
@@ -341,6 +342,7 @@ def save_multitask(loaded: LoadedModel, mixture: Mixture, tasks: list[Task], cfg
                                  "labels": None if t.labels is None else [str(x) for x in t.labels]}  # fmt: skip
         if t.label_names:
             entry["label_names"] = list(t.label_names)
+        entry["trained_inputs"] = trained_inputs(t)
         entry.update(_columns(t))
         heads.append(entry)
     LoadedModel(

@@ -346,6 +346,14 @@ def run_finetune(args: argparse.Namespace) -> int:
     for split, med in res["median"].items():
         metrics = ", ".join(f"{m} {v:.2f}" for m, v in med["metrics"].items())
         print(f"{task.name} {split}: {metrics} (median of {len(cfg.seeds)} seed(s))")
+    for split, med in res.get("test", {}).items():
+        metrics = ", ".join(f"{m} {v:.2f}" for m, v in med["metrics"].items())
+        print(f"{task.name} {split} (labelled test file): {metrics} (median of {len(cfg.seeds)} seed(s))")
+    if cfg.keep == "best":
+        steps = ", ".join(str(r.get("best_step", "?")) for r in res["seeds"])
+        print(
+            f"kept: the model of the best dev score (step {steps}); that dev score is optimistic, chosen on dev"
+        )
     rate = sum(r["examples_per_s"] for r in res["seeds"]) / len(res["seeds"])
     print(f"training: {rate:.1f} examples/s; results in {out / 'results.json'}")
     print(

@@ -36,6 +36,7 @@ class EpochsResult:
     seconds: float
     examples_seen: int
     losses: list[float] = field(default_factory=list)  # the finite training losses logged, the whole run's
+    evals: list[dict[str, Any]] = field(default_factory=list)  # each evaluation's step and held-out figures
 
     @property
     def examples_per_s(self) -> float:
@@ -61,6 +62,8 @@ def train_epochs(
         )
         history: list[dict[str, Any]] = read_metrics(run) or result.history  # also when it resumed midway
     losses = [r["loss"] for r in history if isinstance(r.get("loss"), float) and math.isfinite(r["loss"])]
+    evals = [{k: v for k, v in r.items() if k == "step" or k == "val_loss" or k.startswith("dev_")}
+             for r in history if "val_loss" in r]  # fmt: skip
     per_epoch = math.ceil(examples / batch_size)
     seen = (result.step // per_epoch) * examples + min((result.step % per_epoch) * batch_size, examples)
-    return EpochsResult(result.model, result.step, result.elapsed, seen, losses)
+    return EpochsResult(result.model, result.step, result.elapsed, seen, losses, evals)

@@ -75,6 +75,8 @@ class FinetuneConfig:
     precision: Precision = "auto"  # cramkit.runtime's rule: auto is bf16 autocast on CUDA, fp32 elsewhere
     compile: bool = False  # torch.compile each block (batches vary in length: recompiles cost)
     checkpoint_every: str = "5m"  # a run killed midway resumes from its last checkpoint ('never': off)
+    eval_every: str = "epoch"  # dev metrics logged during training: 'epoch', a period ('200steps'), 'never'
+    keep: Literal["last", "best"] = "last"  # the kept model: the last, or the one with the best dev score
 
     def validate(self) -> None:
         for name in ("lr", "batch_size", "epochs", "max_length", "eval_batch_size"):
@@ -93,6 +95,14 @@ class FinetuneConfig:
         from cramkit.train.budget import parse_every
 
         parse_every(self.checkpoint_every, "finetune.checkpoint_every")
+        if self.eval_every != "epoch":
+            parse_every(self.eval_every, "finetune.eval_every")
+        if self.keep not in ("last", "best"):
+            raise CramkitError(f"finetune.keep is 'last' or 'best', got {self.keep!r}")
+        if self.keep == "best" and self.eval_every in ("never", "0", "off"):
+            raise CramkitError(
+                "finetune.keep=best picks among the dev evaluations: set eval_every (e.g. 'epoch')"
+            )
         if self.max_length < 3:
             raise CramkitError(f"finetune.max_length must be at least 3, got {self.max_length}")
         for name in ("dropout", "attention_dropout"):
@@ -188,6 +198,12 @@ class ClassifierObjective:
         self.multilabel, self.multiple_choice = multilabel, multiple_choice
         self.title, self.resume_hint = title, resume_hint
         self.flops_per_token = None
+        self.dev: tuple[Task, str, Encoded | EncodedChoices] | None = None  # scored at each evaluation
+        self.best_dir: Path | None = None  # where the best model so far is kept (keep=best), for a resume
+        self.best: tuple[float, dict | None] | None = None  # (dev score, weights when kept in memory)
+        self.plot = {"title": title, "loss_name": "training loss (cross-entropy)", "x": "step"}
+        if num_labels == 1 and not multiple_choice:
+            self.plot["loss_name"] = "training loss (MSE)"
 
     def build_model(self):
         return build_model(
@@ -221,13 +237,85 @@ class ClassifierObjective:
         loss, _ = model(**inputs, labels=batch["labels"].to(device))
         return loss
 
-    def evaluate(self, model, ctx, precision: str) -> None:
-        return None  # dev metrics are computed by finetune() on the finished model
+    def evaluate(self, model, ctx, precision: str) -> dict[str, float] | None:
+        """The dev split's loss and metrics (logged in metrics.jsonl and plotted); with keep=best, the model
+        is kept when its dev score is the best so far."""
+        if self.dev is None:
+            return None
+        import torch
+
+        task, split, enc = self.dev
+        plain = getattr(model, "module", model)  # DDP's module
+        logits = predict(plain, enc, self.cfg, next(plain.parameters()).device, self.loaded.pad_id,
+                         self.loaded.with_types)  # fmt: skip
+        preds = logits[:, 0] if task.is_regression else logits
+        metrics = task.compute_metrics(preds, enc.labels, task.examples(split))
+        score = task.score(metrics)
+        out = torch.from_numpy(logits)
+        labels = torch.from_numpy(np.asarray(enc.labels))
+        if task.is_regression:
+            loss = float(torch.nn.functional.mse_loss(out[:, 0], labels.float()))
+        else:  # multiple choice: -inf at missing choices is 0 after the softmax
+            loss = float(torch.nn.functional.cross_entropy(out, labels.long()))
+        if self.cfg.keep == "best" and (self.best is None or score > self.best[0]):
+            self._keep_best(plain, score)
+        return {"val_loss": loss, "dev_score": score, **{f"dev_{k}": v for k, v in metrics.items()}}
+
+    def _keep_best(self, model, score: float) -> None:
+        state = {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()}
+        if self.best_dir is None:
+            self.best = (score, state)
+            return
+        from safetensors.torch import save_file
+
+        from cramkit.io import atomic_path, write_json_atomic
+        from cramkit.load import _unique_tensors
+
+        with atomic_path(self.best_dir / BEST_WEIGHTS) as tmp:
+            save_file({k: v.contiguous() for k, v in _unique_tensors(state).items()}, str(tmp))
+        write_json_atomic(self.best_dir / BEST_FILE, {"score": score})
+        self.best = (score, None)
+
+    def best_state(self) -> dict | None:
+        """The weights with the best dev score (None: nothing kept)."""
+        if self.best is not None and self.best[1] is not None:
+            return self.best[1]
+        if self.best_dir is not None and (self.best_dir / BEST_FILE).is_file():
+            from cramkit.model.hf import read_weights
+
+            return read_weights(self.best_dir / BEST_WEIGHTS)
+        return None
+
+    def resume_best(self) -> None:
+        """A resumed run knows the best dev score its earlier part kept."""
+        if self.best_dir is None or not (self.best_dir / BEST_FILE).is_file():
+            return
+        try:
+            self.best = (
+                float(json.loads((self.best_dir / BEST_FILE).read_text(encoding="utf-8"))["score"]),
+                None,
+            )
+        except (OSError, ValueError, KeyError, TypeError):
+            self.best = None  # damaged: the next evaluation keeps its model
 
 
-def train_config(cfg: FinetuneConfig, seed: int, steps: int, progress: bool | str = False):
-    """The engine's TrainConfig for one fine-tuning run of ``steps`` optimizer steps."""
+BEST_FILE, BEST_WEIGHTS = "best.json", "best.safetensors"
+
+
+def train_config(
+    cfg: FinetuneConfig,
+    seed: int,
+    steps: int,
+    progress: bool | str = False,
+    steps_per_epoch: int | None = None,
+):
+    """The engine's TrainConfig for one fine-tuning run of ``steps`` optimizer steps; dev evaluations every
+    ``cfg.eval_every`` ('epoch': every ``steps_per_epoch`` steps)."""
     from cramkit.train.config import TrainConfig
+
+    eval_every = cfg.eval_every
+    if eval_every == "epoch":
+        eval_every = f"{steps_per_epoch}steps" if steps_per_epoch else "never"
 
     warmup = cfg.warmup
     return TrainConfig(
@@ -236,7 +324,7 @@ def train_config(cfg: FinetuneConfig, seed: int, steps: int, progress: bool | st
         cooldown=0.0 if cfg.schedule == "constant" else 1.0 - warmup, lr_start=0.0 if warmup > 0 else 1.0,
         micro_batch=cfg.micro_batch or cfg.batch_size, batch_size=cfg.batch_size, batch_ramp=0.0,
         grad_clip=cfg.grad_clip, precision=cfg.precision, compile=cfg.compile, device=cfg.device, seed=seed,
-        checkpoint_every=cfg.checkpoint_every, keep_checkpoints=1, eval_every="never", log_every=1,
+        checkpoint_every=cfg.checkpoint_every, keep_checkpoints=1, eval_every=eval_every, log_every=1,
         progress=progress,
     )  # fmt: skip
 
@@ -255,17 +343,30 @@ def train_one_seed(
     multiple_choice: bool = False,
     resume_hint: str = "rerun the same command to continue",
     ctx: Any = None,
+    dev: tuple[Task, str, Encoded | EncodedChoices] | None = None,
 ):
     """Train a fresh classifier on ``train`` with ``seed`` through the training engine; returns (model,
-    stats). With ``run`` (a directory) checkpoints go there and a run killed midway resumes from them."""
+    stats). With ``run`` (a directory) checkpoints go there and a run killed midway resumes from them.
+    dev: (task, split, encoded) scored at every evaluation (``cfg.eval_every``); with ``cfg.keep == "best"``
+    the model returned is the one with the best dev score."""
     from cramkit.train.epochs import epoch_steps, train_epochs
 
     objective = ClassifierObjective(
         loaded, train, num_labels, cfg, seed, desc, resume_hint, multilabel, multiple_choice
     )
+    objective.dev = dev
+    if run is not None:
+        objective.best_dir = Path(run)
+        Path(run).mkdir(parents=True, exist_ok=True)
+        objective.resume_best()
     steps = epoch_steps(len(train), cfg.batch_size, cfg.epochs)
-    tcfg = train_config(cfg, seed, steps, progress="auto" if progress else False)
+    per_epoch = epoch_steps(len(train), cfg.batch_size, 1)
+    tcfg = train_config(cfg, seed, steps, progress="auto" if progress else False, steps_per_epoch=per_epoch)
     done = train_epochs(objective, tcfg, run, examples=len(train), batch_size=cfg.batch_size, ctx=ctx)
+    if cfg.keep == "best":
+        best = objective.best_state()
+        if best is not None:
+            done.model.load_state_dict(best)
     losses = done.losses
     stats = {
         "seed": seed,
@@ -275,8 +376,11 @@ def train_one_seed(
         "examples_per_s": round(done.examples_per_s, 2),
         "loss_curve": _curve(losses),
         "first_loss": losses[0] if losses else float("nan"),
+        "dev_curve": done.evals,
         "last_loss": float(np.mean(losses[-max(1, len(losses) // 10) :])) if losses else float("nan"),
     }
+    if cfg.keep == "best" and done.evals:
+        stats["best_step"] = max(done.evals, key=lambda r: r.get("dev_score", float("-inf")))["step"]
     return done.model, stats
 
 
@@ -383,6 +487,7 @@ def _finetune_seeds(
         model, stats = train_one_seed(
             loaded, train, task.num_labels, cfg, seed, progress=progress, desc=f"{task.name} seed {seed}",
             run=run, resume_hint=hint, ctx=ctx, multiple_choice=task.is_multiple_choice,
+            dev=(task, next(iter(dev)), next(iter(dev.values()))) if dev else None,
         )  # fmt: skip
         if not ctx.is_main:  # rank 0 scores and writes; the others go on to the next seed's training
             continue
@@ -393,6 +498,11 @@ def _finetune_seeds(
             metrics = task.compute_metrics(preds, enc.labels, task.examples(split))
             stats["dev"][split] = {"metrics": metrics, "score": task.score(metrics)}
         logits = {s: predict(model, enc, cfg, device, pad_id, with_types) for s, enc in tests.items()}
+        for (name, split), enc in tests.items():  # a test file with labels is scored too
+            if name == task.name and enc.labels is not None:
+                preds = logits[(name, split)][:, 0] if regression else logits[(name, split)]
+                metrics = task.compute_metrics(preds, enc.labels, task.examples(split))
+                stats.setdefault("test", {})[split] = {"metrics": metrics, "score": task.score(metrics)}
         test_logits.append(logits)
         per_seed.append(stats)
         if run is not None:
@@ -424,6 +534,13 @@ def _finetune_seeds(
             "score": statistics.median(r["dev"][split]["score"] for r in per_seed),
         }
     results["score"] = float(np.mean([results["median"][s]["score"] for s in dev])) if dev else None
+    scored_tests = sorted({s for r in per_seed for s in r.get("test", {})})
+    for split in scored_tests:  # labelled test files: scored like the dev splits (median over seeds)
+        rows = [r["test"][split] for r in per_seed if split in r.get("test", {})]
+        results.setdefault("test", {})[split] = {
+            "metrics": {m: statistics.median(x["metrics"][m] for x in rows) for m in task.metrics},
+            "score": statistics.median(x["score"] for x in rows),
+        }
     skipped = {s: n for s, n in task.skipped.items() if n}
     if skipped:
         results["skipped_rows"] = skipped
@@ -440,8 +557,13 @@ def _finetune_seeds(
             from cramkit.load import MODEL_FILE
             from cramkit.train import checkpoint as ckpt
 
-            found = ckpt.find_latest(seeds_dir / f"seed-{cfg.seeds[pick]}")
-            if found is not None:
+            seed_dir = seeds_dir / f"seed-{cfg.seeds[pick]}"
+            found = ckpt.find_latest(seed_dir)
+            if cfg.keep == "best" and (seed_dir / BEST_WEIGHTS).is_file():  # the best dev score's weights
+                from cramkit.model.hf import read_weights
+
+                state = read_weights(seed_dir / BEST_WEIGHTS)
+            elif found is not None:
                 state = ckpt.model_weights(found)
             elif not (out / MODEL_FILE).is_file():
                 raise CramkitError(
@@ -465,6 +587,7 @@ def _finetune_seeds(
         write_json(out / "results.json", results)
         for seed in cfg.seeds:  # the kept model is saved: the seeds' checkpoints are no longer needed
             shutil.rmtree(seeds_dir / f"seed-{seed}" / "checkpoints", ignore_errors=True)
+            (seeds_dir / f"seed-{seed}" / BEST_WEIGHTS).unlink(missing_ok=True)
     return results
 
 

@@ -100,11 +100,15 @@ def read_metrics(run: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
 
 
-def plot_losses(run: Path) -> Path | None:
-    """RUN/loss.png: training and validation MLM loss against tokens seen (None if nothing to plot)."""
+def plot_losses(
+    run: Path, *, title: str | None = None, loss_name: str = "masked-LM loss (nats)", x: str = "tokens"
+) -> Path | None:
+    """RUN/loss.png: training and validation loss against ``x`` ("tokens" seen, or "step"), and the dev
+    score at each evaluation when the recipe logs one (fine-tuning: ``dev_score``, on its own axis)."""
     records = read_metrics(run)
-    train = [(r["tokens"], r["loss"]) for r in records if isinstance(r.get("loss"), (int, float))]
-    val = [(r["tokens"], r["val_loss"]) for r in records if isinstance(r.get("val_loss"), (int, float))]
+    train = [(r[x], r["loss"]) for r in records if isinstance(r.get("loss"), (int, float)) and x in r]
+    val = [(r[x], r["val_loss"]) for r in records if isinstance(r.get("val_loss"), (int, float)) and x in r]
+    dev = [(r[x], r["dev_score"]) for r in records if isinstance(r.get("dev_score"), (int, float)) and x in r]
     if not train and not val:
         return None
     import matplotlib
@@ -114,14 +118,23 @@ def plot_losses(run: Path) -> Path | None:
 
     fig, ax = plt.subplots(figsize=(7, 4.2), dpi=100)
     if train:
-        ax.plot(*zip(*train, strict=True), label="train MLM loss", lw=1.2)
+        ax.plot(*zip(*train, strict=True), label=loss_name.split(" (")[0], lw=1.2)
     if val:
-        ax.plot(*zip(*val, strict=True), "o-", label="validation MLM loss", lw=1.5)
-    ax.set_xlabel("tokens seen")
-    ax.set_ylabel("masked-LM loss (nats)")
-    ax.set_title(Path(run).name)
+        ax.plot(*zip(*val, strict=True), "o-", label="validation loss", lw=1.5)
+    ax.set_xlabel("tokens seen" if x == "tokens" else "optimizer step")
+    ax.set_ylabel(loss_name)
+    ax.set_title(title or Path(run).name)
     ax.grid(alpha=0.3)
-    ax.legend()
+    handles, labels = ax.get_legend_handles_labels()
+    if dev:
+        ax2 = ax.twinx()
+        ax2.plot(
+            *zip(*dev, strict=True), "s--", color="#c44e52", label="dev score (main metric, x100)", lw=1.2
+        )
+        ax2.set_ylabel("dev score (x100)")
+        h2, l2 = ax2.get_legend_handles_labels()
+        handles, labels = handles + h2, labels + l2
+    ax.legend(handles, labels, loc="best")
     fig.tight_layout()
     out = Path(run) / "loss.png"
     tmp = out.with_name(".loss.tmp.png")

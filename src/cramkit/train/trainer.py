@@ -367,8 +367,13 @@ class Trainer:
         s, model = self.state, self.train_model
         was_training = model.training
         model.eval()
-        self.val_loss = self.objective.evaluate(model, self.data_ctx, self.precision)
+        result = self.objective.evaluate(model, self.data_ctx, self.precision)
         model.train(was_training)
+        extra: dict[str, Any] = {}
+        if isinstance(result, dict):  # the held-out loss and the recipe's own figures (dev metrics)
+            extra = {k: v for k, v in result.items() if k != "val_loss"}
+            result = result.get("val_loss")
+        self.val_loss = result
         s.last_eval = (s.elapsed, s.step)
         if self.val_loss is not None:
             rec = {
@@ -376,6 +381,7 @@ class Trainer:
                 "tokens": s.tokens,
                 "elapsed": round(s.elapsed, 3),
                 "val_loss": self.val_loss,
+                **extra,
             }
             self.log.write(rec)
             self.history.append(rec)
@@ -471,7 +477,7 @@ class Trainer:
             torch.utils.deterministic.fill_uninitialized_memory = was_filling
             if self.ctx.is_main:
                 with contextlib.suppress(Exception):
-                    plot_losses(self.run_dir)
+                    plot_losses(self.run_dir, **getattr(self.objective, "plot", {}))
 
     def _interrupted(self, stop: runtime.StopFlag) -> None:
         s = self.state

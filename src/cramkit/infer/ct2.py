@@ -41,6 +41,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from cramkit.errors import CramkitError
+from cramkit.infer.onnx import ExportedModel
 from cramkit.load import CT2_MANIFEST, KINDS, LOGIT_KINDS, directory_kind
 
 if TYPE_CHECKING:
@@ -73,7 +74,7 @@ def _ctranslate2() -> Any:
 
 
 @dataclass
-class Ct2Model:
+class Ct2Model(ExportedModel):
     """An exported model, opened with CTranslate2: what :class:`~cramkit.infer.Engine` needs."""
 
     path: Path
@@ -81,42 +82,6 @@ class Ct2Model:
     encoder: Any  # ctranslate2.Encoder
     tokenizer: Any
     head: dict[str, np.ndarray] | None = None  # pooler.weight/bias (optional), classifier.weight/bias
-
-    @property
-    def kind(self) -> str:
-        return self.manifest["kind"]
-
-    @property
-    def labels(self) -> list[str] | None:
-        return self.manifest.get("labels")
-
-    @property
-    def max_length(self) -> int:
-        return int(self.manifest["max_length"])
-
-    @property
-    def pooling(self) -> str:
-        return self.manifest.get("pooling") or "mean"
-
-    @property
-    def normalize(self) -> bool:
-        return bool(self.manifest.get("normalize"))
-
-    @property
-    def with_types(self) -> bool:
-        return bool(self.manifest.get("with_types"))
-
-    @property
-    def pad_id(self) -> int:
-        return int(self.manifest.get("pad_id") or 0)
-
-    @property
-    def hidden(self) -> int | None:
-        return self.manifest.get("hidden")
-
-    @property
-    def source(self) -> str:
-        return str(self.path)
 
 
 class Ct2Runner:

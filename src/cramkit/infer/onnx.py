@@ -51,16 +51,12 @@ def is_onnx_dir(path: str | os.PathLike) -> bool:
     return directory_kind(path) == "onnx"
 
 
-@dataclass
-class OnnxModel:
-    """An exported model, opened with ONNX Runtime: what :class:`~cramkit.infer.Engine` needs."""
+class ExportedModel:
+    """What an export directory's manifest says about its model (kind, labels, limits, pooling): shared by
+    the ONNX and the CTranslate2 exports."""
 
     path: Path
     manifest: dict[str, Any]
-    session: Any  # onnxruntime.InferenceSession
-    tokenizer: Any
-    head_session: Any = None
-    input_names: list[str] = field(default_factory=list)
 
     @property
     def kind(self) -> str:
@@ -97,6 +93,18 @@ class OnnxModel:
     @property
     def source(self) -> str:
         return str(self.path)
+
+
+@dataclass
+class OnnxModel(ExportedModel):
+    """An exported model, opened with ONNX Runtime: what :class:`~cramkit.infer.Engine` needs."""
+
+    path: Path
+    manifest: dict[str, Any]
+    session: Any  # onnxruntime.InferenceSession
+    tokenizer: Any
+    head_session: Any = None
+    input_names: list[str] = field(default_factory=list)
 
 
 # ------------------------------------------------------------------------------------------- export

@@ -36,7 +36,7 @@ from pathlib import Path
 
 from cramkit.errors import CramkitError
 from cramkit.tasks.glue import SKIP_HINT, BadRow, parse_label
-from cramkit.tasks.registry import Example, PathLike, Suite, Task, register_suite, register_task
+from cramkit.tasks.registry import Example, PathLike, Suite, Task, register_family, register_suite
 
 log = logging.getLogger("cramkit.tasks")
 
@@ -577,16 +577,7 @@ def clue_tasks(data_dir: PathLike | None = None, skip_bad_rows: bool = False) ->
     return [make_clue_task(k, data_dir, skip_bad_rows) for k in present]
 
 
-def _factory(key: str):
-    def factory(data_dir: PathLike | None = None, skip_bad_rows: bool = False) -> Task:
-        return make_clue_task(key, data_dir, skip_bad_rows)
-
-    factory.__name__ = f"clue_{key}"
-    return factory
-
-
-for _key in SPECS:
-    register_task(_factory(_key), name=f"clue/{_key}")
+register_family("clue", SPECS, make_clue_task)
 
 
 def _clue_average(entries: dict[str, dict[str, float]]) -> float | None:

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from cramkit.errors import CramkitError
-from cramkit.tasks.registry import Example, PathLike, Suite, Task, register_suite, register_task
+from cramkit.tasks.registry import Example, PathLike, Suite, Task, register_family, register_suite
 
 log = logging.getLogger("cramkit.tasks")
 
@@ -492,16 +492,7 @@ def glue_tasks(data_dir: PathLike | None = None, skip_bad_rows: bool = False) ->
     return [make_glue_task(k, data_dir, skip_bad_rows) for k in present]
 
 
-def _factory(key: str):
-    def factory(data_dir: PathLike | None = None, skip_bad_rows: bool = False) -> Task:
-        return make_glue_task(key, data_dir, skip_bad_rows)
-
-    factory.__name__ = f"glue_{key}"
-    return factory
-
-
-for _key in SPECS:
-    register_task(_factory(_key), name=f"glue/{_key}")
+register_family("glue", SPECS, make_glue_task)
 
 
 def _glue_suite_average(entries: dict[str, dict[str, float]]) -> float | None:

@@ -253,6 +253,18 @@ def register_task(
     return task
 
 
+def register_family(prefix: str, keys: Iterable[str], make: Callable[..., Task]) -> None:
+    """Register ``prefix/KEY`` for each key as a factory ``make(key, data_dir, skip_bad_rows)``: a benchmark's
+    tasks, built when asked for (their files' folder is known only then)."""
+    for key in keys:
+
+        def factory(data_dir: PathLike | None = None, skip_bad_rows: bool = False, key: str = key) -> Task:
+            return make(key, data_dir, skip_bad_rows)
+
+        factory.__name__ = f"{prefix}_{key}"
+        register_task(factory, name=f"{prefix}/{key}")
+
+
 def list_tasks() -> list[str]:
     return sorted(_TASKS)
 

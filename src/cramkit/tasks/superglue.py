@@ -46,7 +46,7 @@ import numpy as np
 
 from cramkit.errors import CramkitError
 from cramkit.tasks.glue import SKIP_HINT, BadRow
-from cramkit.tasks.registry import Example, PathLike, Suite, Task, register_suite, register_task
+from cramkit.tasks.registry import Example, PathLike, Suite, Task, register_family, register_suite
 
 log = logging.getLogger("cramkit.tasks")
 
@@ -542,16 +542,7 @@ def superglue_tasks(data_dir: PathLike | None = None, skip_bad_rows: bool = Fals
     return [make_superglue_task(k, data_dir, skip_bad_rows) for k in present]
 
 
-def _factory(key: str):
-    def factory(data_dir: PathLike | None = None, skip_bad_rows: bool = False) -> Task:
-        return make_superglue_task(key, data_dir, skip_bad_rows)
-
-    factory.__name__ = f"superglue_{key}"
-    return factory
-
-
-for _key in SPECS:
-    register_task(_factory(_key), name=f"superglue/{_key}")
+register_family("superglue", SPECS, make_superglue_task)
 
 #: the metrics whose mean is a task's number in the SuperGLUE score (the others: their one metric)
 SCORE_METRICS: dict[str, tuple[str, ...]] = {

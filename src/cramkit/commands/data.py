@@ -127,7 +127,7 @@ def cmd_tokenizer_train(args: argparse.Namespace) -> int:
     out = save_tokenizer(tok, args.out)
     n = tok.get_vocab_size()
     print(
-        f"tokenizer: {n} tokens ({_LANG_NAMES[lang]}) from {stats.get('documents', 0)} documents in "
+        f"tokenizer: {n} tokens from {stats.get('documents', 0)} documents ({_LANG_NAMES[lang]}) in "
         f"{time.time() - t0:.1f}s -> {out}"
     )
     if n < vocab_size:

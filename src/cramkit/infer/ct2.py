@@ -360,12 +360,11 @@ def export_ct2(
 
 def summary(manifest: dict[str, Any]) -> str:
     """One line: the export's check against torch."""
-    check = manifest["check"]
-    parts = [f"largest difference {check['worst_relative_diff']:.2e} ({check['worst_output']})"]
-    for key in ("cosine_mean_mean", "cosine_mean_min", "label_agreement"):
-        if key in check:
-            parts.append(f"{key} {check[key]:.4f}")
-    return "; ".join(parts)
+    from cramkit.infer.onnx import check_summary
+
+    return "; ".join(
+        check_summary(manifest["check"], ("cosine_mean_mean", "cosine_mean_min", "label_agreement"))
+    )
 
 
 # --------------------------------------------------------------------------------------------- load

@@ -444,12 +444,16 @@ def export_onnx(
     return out
 
 
-def _summary(manifest: dict[str, Any]) -> str:
-    check = manifest["check"]
+def check_summary(check: dict[str, Any], keys: tuple[str, ...]) -> list[str]:
+    """An export's check against torch, in words: the largest difference, then ``keys`` present in it."""
     parts = [f"largest difference {check['worst_relative_diff']:.2e} ({check['worst_output']})"]
-    for key in ("cosine_mean_mean", "label_agreement", "fill_mask_top1_agreement"):
-        if key in check:
-            parts.append(f"{key} {check[key]:.4f}")
+    return parts + [f"{key} {check[key]:.4f}" for key in keys if key in check]
+
+
+def _summary(manifest: dict[str, Any]) -> str:
+    parts = check_summary(
+        manifest["check"], ("cosine_mean_mean", "label_agreement", "fill_mask_top1_agreement")
+    )
     fused = manifest["fusions"].get("applied") or {}
     if fused:
         parts.append("fused " + ", ".join(f"{k} x{v}" for k, v in fused.items()))

@@ -219,11 +219,11 @@ class ClassifierObjective:
 
     def loss(self, model, batch: dict, device):
         inputs = {
-            k: (v.to(device) if v is not None else None)
+            k: (v.to(device, non_blocking=True) if v is not None else None)
             for k, v in batch.items()
             if k not in ("count", "labels")
         }
-        loss, _ = model(**inputs, labels=batch["labels"].to(device))
+        loss, _ = model(**inputs, labels=batch["labels"].to(device, non_blocking=True))
         return loss
 
     def evaluate(self, model, ctx, precision: str) -> dict[str, float] | None:

@@ -3,8 +3,8 @@ from __future__ import annotations
 import torch
 
 from cramkit.model import MaskedLM, ModelConfig
-from cramkit.train.loop import forward_backward
 from cramkit.train.parallel import DistContext
+from cramkit.train.trainer import forward_backward
 
 
 def _batches(n: int, length: int = 16, vocab: int = 64) -> dict[str, torch.Tensor]:

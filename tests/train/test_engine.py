@@ -1,4 +1,4 @@
-"""The engine (train/loop.fit) with a minimal objective: what it leaves in a run directory."""
+"""The engine (train/trainer.fit) with a minimal objective: what it leaves in a run directory."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from pathlib import Path
 import torch
 
 from cramkit.train.config import TrainConfig
-from cramkit.train.loop import fit
 from cramkit.train.parallel import ParallelConfig
+from cramkit.train.trainer import fit
 
 
 class _Loader:

@@ -1,5 +1,5 @@
-"""Fast inference: the batched engine (torch), and the ONNX Runtime (``cramkit.infer.onnx``) and CTranslate2
-(``cramkit.infer.ct2``) backends."""
+"""Fast inference: the batched engine (torch, through ``cramkit.model.forward``), and the ONNX Runtime
+(``cramkit.infer.onnx``) and CTranslate2 (``cramkit.infer.ct2``) backends."""
 
 from cramkit.infer.engine import ClassifyResult, Engine
 from cramkit.runtime import resolve_device

@@ -1,13 +1,12 @@
 """Batched inference for any model ``cramkit.load`` accepts (torch) or ``cramkit export --format onnx``
 wrote (ONNX Runtime): embeddings, classification, multiple choice, fill-mask.
 
-Inputs are sorted by length and cut into forward passes by a token budget (rows x longest row), not a
-row count, so memory is the same for short and long inputs; each pass is padded to its own longest member
-only; results come back in the caller's order. The default budget depends on the device: on a CPU a pass
-small enough for the MLP's intermediate activations to stay in cache is fastest (measured in
-bench/RESULTS.md, "Token budget on the CPU"), on CUDA a large one. torch: ``torch.inference_mode``
-always, autocast as ``cramkit.runtime`` decides (bf16 on CUDA by default). Inputs longer than the model's limit are truncated (on by default) and
-reported per input in ``truncated``; with ``truncate=False`` they are an error instead.
+The passes are ``cramkit.model.forward``'s (the same ones fine-tuning scores with): inputs sorted by length
+and cut into forward passes by a token budget (rows x longest row), each padded to its own longest member,
+results in the caller's order; the default budget is cache-sized on a CPU, large on CUDA. torch:
+``torch.inference_mode`` always, autocast as ``cramkit.runtime`` decides (bf16 on CUDA by default). Inputs
+longer than the model's limit are truncated (on by default) and reported per input in ``truncated``; with
+``truncate=False`` they are an error instead.
 
 The ``*_encoded`` methods take already tokenised inputs (:meth:`Engine.tokenize`) and cut them into passes;
 the ``*_pass`` methods run given rows as exactly one forward pass: the server's batcher forms the passes
@@ -16,7 +15,6 @@ itself, from many requests, with :func:`fits` (the same rule), and runs each as 
 
 from __future__ import annotations
 
-import contextlib
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -32,15 +30,15 @@ from cramkit.data.batching import (
     encode_choices,
     encode_texts,
     scores_to_choices,
-    token_budget_batches,
 )
 from cramkit.errors import CramkitError
-from cramkit.runtime import autocast, resolve_device, resolve_precision
-
-# padded tokens per forward pass by default (bench/RESULTS.md, "Token budget on the CPU")
-CPU_BATCH_TOKENS = 2048
-CUDA_BATCH_TOKENS = 16384
-MAX_BATCH_ROWS = 1024  # rows per forward pass, whatever their length
+from cramkit.model import forward
+from cramkit.model.forward import CPU_BATCH_TOKENS as CPU_BATCH_TOKENS
+from cramkit.model.forward import CUDA_BATCH_TOKENS as CUDA_BATCH_TOKENS
+from cramkit.model.forward import MAX_BATCH_ROWS as MAX_BATCH_ROWS
+from cramkit.model.forward import TorchRunner
+from cramkit.model.forward import default_batch_tokens as default_batch_tokens
+from cramkit.model.forward import fits as fits
 
 if TYPE_CHECKING:
     import torch
@@ -82,17 +80,6 @@ class InputTooLong(CramkitError):
     """An input is longer than the model's limit and truncation was refused."""
 
 
-def default_batch_tokens(device: Any) -> int:
-    """The token budget of one forward pass on ``device``: cache-sized on a CPU, large on CUDA."""
-    return CUDA_BATCH_TOKENS if str(device).startswith("cuda") else CPU_BATCH_TOKENS
-
-
-def fits(rows: int, longest: int, budget: int) -> bool:
-    """Whether ``rows`` inputs padded to ``longest`` tokens make one forward pass within ``budget``
-    (one input always does, however long)."""
-    return rows <= 1 or (rows <= MAX_BATCH_ROWS and rows * longest <= budget)
-
-
 def probabilities(kind: str, logits: np.ndarray) -> np.ndarray | None:
     """softmax (classifier) or sigmoid (multilabel) of logits; None for regression."""
     if kind == "regression":
@@ -105,61 +92,6 @@ def probabilities(kind: str, logits: np.ndarray) -> np.ndarray | None:
 
 
 # ---------------------------------------------------------------------------------------- backends
-
-
-class _TorchRunner:
-    """Forward passes of a torch model on numpy batches."""
-
-    name = "torch"
-
-    def __init__(self, loaded: LoadedModel, device: Any, precision: str) -> None:
-        import torch
-
-        self.torch = torch
-        self.loaded = loaded
-        self.device = resolve_device(device)
-        self.precision = resolve_precision(precision, self.device)
-        self.model = loaded.model.to(self.device).eval()
-
-    def _amp(self) -> contextlib.AbstractContextManager:
-        return autocast(self.precision, self.device)
-
-    def _inputs(self, x: dict[str, np.ndarray | None]) -> tuple[Any, Any, Any]:
-        t = self.torch
-        ids = t.from_numpy(x["input_ids"]).to(self.device, non_blocking=True)
-        mask = x["attention_mask"]
-        mask = None if mask is None else t.from_numpy(mask).to(self.device, non_blocking=True)
-        types = x["token_type_ids"]
-        types = None if types is None else t.from_numpy(types).to(self.device, non_blocking=True)
-        return ids, mask, types
-
-    def pooled(self, x: dict[str, np.ndarray | None]) -> tuple[np.ndarray, np.ndarray]:
-        encoder = self.loaded.encoder
-        ids, mask, types = self._inputs(x)
-        with self.torch.inference_mode(), self._amp():
-            hidden = encoder(ids, mask, types).float()
-            cls = hidden[:, 0]
-            if mask is None:
-                mean = hidden.mean(1)
-            else:
-                w = mask.to(hidden.dtype)[..., None]
-                mean = (hidden * w).sum(1) / w.sum(1).clamp_min(1.0)
-            return mean.cpu().numpy(), cls.cpu().numpy()
-
-    def logits(self, x: dict[str, np.ndarray | None]) -> np.ndarray:
-        ids, mask, types = self._inputs(x)
-        with self.torch.inference_mode(), self._amp():
-            _, logits = self.model(ids, mask, types)
-            return logits.float().cpu().numpy()
-
-    def mask_topk(self, x: dict[str, np.ndarray | None], where: np.ndarray, k: int) -> tuple[Any, Any]:
-        ids, mask, types = self._inputs(x)
-        sel = self.torch.from_numpy(where).to(self.device)
-        with self.torch.inference_mode(), self._amp():
-            hidden = self.model.encoder(ids, mask, types)
-            probs = self.model.head(hidden[sel]).float().softmax(-1)
-            p, t = probs.topk(k, dim=-1)
-            return p.cpu().numpy(), t.cpu().numpy()
 
 
 class _OnnxRunner:
@@ -274,8 +206,8 @@ class Engine:
         if isinstance(model, LoadedModel):
             self.loaded: LoadedModel | None = model
             self.onnx: OnnxModel | Ct2Model | None = None
-            self.runner: _TorchRunner | _OnnxRunner | ct2_mod.Ct2Runner = _TorchRunner(
-                model, device, precision
+            self.runner: TorchRunner | _OnnxRunner | ct2_mod.Ct2Runner = TorchRunner(
+                model.model, device, precision, encoder=model.encoder
             )
             self.device = self.runner.device
             self.model = self.runner.model
@@ -391,28 +323,12 @@ class Engine:
         self.truncated = enc.truncated
         return enc
 
-    def _pad(self, enc: Encoded, batch: np.ndarray | None) -> dict[str, np.ndarray | None]:
-        """A batch (default: all of ``enc``) padded to its longest member: input_ids, attention_mask (None if
-        nothing is padded), token_type_ids (None for models without them)."""
-        if batch is None:
-            batch = np.arange(len(enc))
-        lengths = enc.lengths[batch]
-        width = int(lengths.max())
-        ids = np.full((len(batch), width), self.pad_id, dtype=np.int64)
-        for row, i in enumerate(batch):
-            ids[row, : lengths[row]] = enc.ids[i]
-        mask = None
-        if (lengths != width).any():
-            mask = (np.arange(width)[None, :] < lengths[:, None]).astype(np.int64)
-        types = None
-        if self.with_types:
-            pos = np.arange(width)[None, :]
-            types = ((pos >= enc.b_start[batch][:, None]) & (pos < lengths[:, None])).astype(np.int64)
-        return {"input_ids": ids, "attention_mask": mask, "token_type_ids": types}
+    def _pad(self, enc: Encoded, rows: np.ndarray | None) -> forward.Inputs:
+        return forward.pad(enc, rows, self.pad_id, self.with_types)
 
     def batches(self, enc: Encoded) -> list[np.ndarray]:
         """Length-sorted index batches within the token budget (each one :func:`fits`)."""
-        return token_budget_batches(enc.lengths, self.max_batch_tokens, MAX_BATCH_ROWS)
+        return forward.passes(enc, self.max_batch_tokens)
 
     # ------------------------------------------------------------------------------ embeddings
 
@@ -487,15 +403,8 @@ class Engine:
     def logits_encoded(self, enc: Encoded) -> np.ndarray:
         """The classification/regression head's raw outputs [n, C] for tokenised inputs."""
         self._need_head()
-        out: np.ndarray | None = None
-        for batch in self.batches(enc):
-            logits = self.logits_pass(enc, batch)
-            if out is None:
-                out = np.zeros((len(enc), logits.shape[1]), dtype=np.float32)
-            out[batch] = logits
-        if out is None:
-            out = np.zeros((0, len(self.labels or []) or 1), dtype=np.float32)
-        return out
+        return forward.logits(self.runner, enc, pad_id=self.pad_id, with_types=self.with_types,
+                              max_tokens=self.max_batch_tokens, width=len(self.labels or []) or 1)  # fmt: skip
 
     def logits_pass(self, enc: Encoded, rows: np.ndarray | None = None) -> np.ndarray:
         """The head's outputs for ``rows`` (default: all of ``enc``) in one forward pass."""

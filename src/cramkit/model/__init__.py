@@ -1,4 +1,5 @@
-"""cramkit.model: the encoder, its heads, and Hugging Face import/export."""
+"""cramkit.model: the encoder, its heads, Hugging Face import/export, and batched forward passes for scoring
+(forward.py)."""
 
 from cramkit.model.encoder import Encoder, ModelConfig, count_parameters, flops_per_token
 from cramkit.model.heads import IGNORE, ClassifierConfig, MaskedLM, MLMOutput, SequenceClassifier

@@ -29,7 +29,7 @@ import torch.nn.functional as F
 
 from cramkit.errors import CramkitError
 from cramkit.model.heads import MaskedLM
-from cramkit.train.loop import MLMObjective
+from cramkit.train.objectives import MLMObjective
 
 if TYPE_CHECKING:
     from cramkit.load import LoadedModel
@@ -300,8 +300,11 @@ class InheritObjective(MLMObjective):
         if self.alpha <= 0.0 or self._teacher is None:
             return out.loss
         teacher = self._teacher
-        if next(teacher.parameters()).device != device:  # bf16 weights on a GPU: half the memory and time
-            teacher.to(device=device, dtype=torch.bfloat16 if device.type == "cuda" else None)
+        if next(teacher.parameters()).device != device:
+            # bf16 weights when the step runs in bf16 (the trainer's autocast, as cramkit.runtime decided): half
+            # the memory and time
+            amp = torch.get_autocast_dtype(device.type) if torch.is_autocast_enabled(device.type) else None
+            teacher.to(device=device, dtype=torch.bfloat16 if amp == torch.bfloat16 else None)
         t0 = time.perf_counter()
         with torch.no_grad():
             t_logits = teacher(ids, labels).logits

@@ -225,8 +225,8 @@ def pretrain(
     from cramkit.data.loader import PretrainData
     from cramkit.text.tokenizer import special_ids
     from cramkit.text.words import WordBoundaries
-    from cramkit.train.loop import fit
     from cramkit.train.parallel import fault_guard, shutdown
+    from cramkit.train.trainer import fit
 
     overrides = list(overrides) + ([f"train.budget={budget}"] if budget else [])
     if isinstance(sources_or_store, (str, os.PathLike)):
@@ -473,7 +473,7 @@ def _objective(
     cfg: RunConfig, data: Any, begin: Any, extension: Any, inherit: str | None, resumed: bool, init_info: dict
 ):
     """What the engine trains: plain MLM, MLM from a model's weights (--from), or with a teacher (--inherit)."""
-    from cramkit.train.loop import MLMObjective
+    from cramkit.train.objectives import MLMObjective
 
     if inherit:
         from cramkit.train.adapt import InheritObjective

@@ -27,13 +27,13 @@ from cramkit.data.batching import (
     BatchLoader,
     Encoded,
     EncodedChoices,
-    collate,
     encode_choice_examples,
     encode_examples,
     scores_to_choices,
 )
 from cramkit.errors import CramkitError
 from cramkit.load import LoadedModel
+from cramkit.model import forward
 from cramkit.runtime import Precision, torchrun
 from cramkit.tasks.registry import Example, Task
 
@@ -67,7 +67,9 @@ class FinetuneConfig:
     dropout: float = 0.1  # encoder hidden dropout and classifier dropout
     attention_dropout: float = 0.1
     seeds: list[int] = field(default_factory=lambda: [0])  # several seeds: the median is reported
-    eval_batch_size: int = 128
+    eval_batch_size: int = (
+        128  # examples per scoring pass at most (each also within the device's token budget)
+    )
     bucket_chunk: int = 50  # batches per chunk sorted by length (length bucketing); 0 = no bucketing
     max_train_examples: int = 0  # use only the first N training examples (0 = all)
     micro_batch: int = 0  # examples per forward/backward on each process (0: the whole share of a batch)
@@ -158,29 +160,16 @@ def build_model(
 def predict(
     model, enc: Encoded | EncodedChoices, cfg: FinetuneConfig, device, pad_id: int, with_types: bool
 ) -> np.ndarray:
-    """Logits for every example (in the given order), computed on length-sorted batches; multiple choice:
-    [examples, most choices] scores, -inf where an example has fewer choices."""
-    import torch
-
+    """Logits for every example (in the given order) through ``cramkit.model.forward``, the passes
+    ``cramkit.infer.Engine`` runs: length-sorted, within the device's token budget and at most
+    ``eval_batch_size`` examples each; multiple choice: [examples, most choices] scores, -inf where an
+    example has fewer choices."""
     if isinstance(enc, EncodedChoices):
         return scores_to_choices(predict(model, enc.pairs, cfg, device, pad_id, with_types), enc.offsets)
-    from cramkit.runtime import autocast, resolve_precision
-
-    model.eval()
-    order = np.argsort(enc.lengths, kind="stable")
-    out = np.zeros((len(enc), model.num_labels), dtype=np.float32)
-    precision = resolve_precision(cfg.precision, device)
-    with torch.inference_mode():
-        for s in range(0, len(order), cfg.eval_batch_size):
-            batch = order[s : s + cfg.eval_batch_size]
-            inputs = {
-                k: (v.to(device) if v is not None else None)
-                for k, v in collate(enc, batch, pad_id, with_types).items()
-            }
-            with autocast(precision, device):
-                _, logits = model(**inputs)
-            out[batch] = logits.float().cpu().numpy()
-    return out
+    runner = forward.TorchRunner(model, device, cfg.precision)
+    return forward.logits(runner, enc, pad_id=pad_id, with_types=with_types,
+                          max_tokens=forward.default_batch_tokens(runner.device), max_rows=cfg.eval_batch_size,
+                          width=model.num_labels)  # fmt: skip
 
 
 class ClassifierObjective:
@@ -230,11 +219,11 @@ class ClassifierObjective:
 
     def loss(self, model, batch: dict, device):
         inputs = {
-            k: (v.to(device) if v is not None else None)
+            k: (v.to(device, non_blocking=True) if v is not None else None)
             for k, v in batch.items()
             if k not in ("count", "labels")
         }
-        loss, _ = model(**inputs, labels=batch["labels"].to(device))
+        loss, _ = model(**inputs, labels=batch["labels"].to(device, non_blocking=True))
         return loss
 
     def evaluate(self, model, ctx, precision: str) -> dict[str, float] | None:

@@ -132,9 +132,9 @@ class MixtureObjective:
 
     def loss(self, model, batch: dict, device):
         task = int(batch["task"])
-        inputs = {k: (v.to(device) if v is not None else None) for k, v in batch.items()
+        inputs = {k: (v.to(device, non_blocking=True) if v is not None else None) for k, v in batch.items()
                   if k not in ("count", "labels", "task")}  # fmt: skip
-        loss, _ = model(**inputs, labels=batch["labels"].to(device), task=task)
+        loss, _ = model(**inputs, labels=batch["labels"].to(device, non_blocking=True), task=task)
         if self.world > 1:  # DDP reduces every parameter's gradient: the other heads take part with 0
             heads = getattr(model, "module", model).heads
             loss = loss + 0.0 * sum(p.sum() for i, h in enumerate(heads) if i != task for p in h.parameters())

@@ -38,7 +38,9 @@ class Objective(Protocol):
     def build_model(self) -> torch.nn.Module: ...
 
     def train_loader(self, micro: int, *, rank: int = 0, world: int = 1) -> Any:
-        """An endless iterator of micro-batches with ``state_dict()`` / ``load_state_dict()``."""
+        """An endless iterator of micro-batches with ``state_dict()`` / ``load_state_dict()``. The engine runs it
+        in a thread of its own, ahead of the step (train/prefetch.py): its batches must follow from its state
+        alone (its own seeded generators, no global random state)."""
 
     def count(self, batch: dict[str, torch.Tensor]) -> int:
         """Items the loss of ``batch`` averages over (predicted tokens, examples), from the host batch."""

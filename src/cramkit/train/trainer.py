@@ -17,7 +17,9 @@ N processes (and any accumulation) follow the same curve.
 
 Item counts, the loss, the gradient norm and their finiteness stay on the device: a fused AdamW skips
 a non-finite update by itself, and the host reads the steps' values in one copy when it needs them
-(:meth:`Trainer.settle`: a logged step, a checkpoint due, the end), not at every step.
+(:meth:`Trainer.settle`: a logged step, a checkpoint due, the end), not at every step. The next
+micro-batches are prepared by a thread while the model runs (train/prefetch.py); a checkpoint records the
+loader's state after the batches consumed, not those prepared.
 
     trainer = Trainer(objective, tcfg, pcfg, run)
     trainer.resume()          # optional: continue from the run's latest checkpoint
@@ -47,6 +49,7 @@ from cramkit.train.config import RunConfig, TrainConfig
 from cramkit.train.metrics import MetricsLog, Progress, peak_flops, plot_losses
 from cramkit.train.objectives import MLMObjective, Objective, TrainData
 from cramkit.train.optim import build_optimizer
+from cramkit.train.prefetch import Prefetcher
 from cramkit.train.schedule import accumulation_steps, lr_factor, split_batch
 
 
@@ -227,7 +230,10 @@ class Trainer:
         # an equal share in micro-batches of at most train.micro_batch
         data = self.data_ctx
         self.micro, self.target_accum = split_batch(tcfg.batch_size, tcfg.micro_batch, data.world)
-        self.loader = objective.train_loader(self.micro, rank=data.rank, world=data.world)
+        # a thread prepares the next step's micro-batches while the model runs this one (train/prefetch.py):
+        # a step takes all of its micro-batches before its first forward (their item counts weight the loss)
+        loader = objective.train_loader(self.micro, rank=data.rank, world=data.world)
+        self.loader = Prefetcher(loader, depth=max(2, self.target_accum), device=device)
         self.log = MetricsLog(self.run_dir, enabled=ctx.is_main)
         self.state = TrainState()
         self.last_checkpoint: Path | None = None
@@ -470,6 +476,7 @@ class Trainer:
                         self._interrupted(stop)
             return self.finish()
         finally:
+            self.loader.close()
             self.writer.close(wait=sys.exc_info()[0] is None)
             self._bar.close()
             self.log.close()
@@ -494,6 +501,7 @@ class Trainer:
         """The final evaluation (unless one was just made) and checkpoint; the result with the finished
         plain model, whole (read back from the final checkpoint when training sharded it)."""
         s = self.state
+        self.loader.close()  # no batch is needed any more
         self.settle()
         if s.last_eval[1] != s.step or self.val_loss is None:
             self.evaluate()

@@ -67,9 +67,8 @@ class FinetuneConfig:
     dropout: float = 0.1  # encoder hidden dropout and classifier dropout
     attention_dropout: float = 0.1
     seeds: list[int] = field(default_factory=lambda: [0])  # several seeds: the median is reported
-    eval_batch_size: int = (
-        128  # examples per scoring pass at most (each also within the device's token budget)
-    )
+    # examples per scoring pass at most (each also within the device's token budget)
+    eval_batch_size: int = 128
     bucket_chunk: int = 50  # batches per chunk sorted by length (length bucketing); 0 = no bucketing
     max_train_examples: int = 0  # use only the first N training examples (0 = all)
     micro_batch: int = 0  # examples per forward/backward on each process (0: the whole share of a batch)

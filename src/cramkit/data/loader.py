@@ -16,6 +16,7 @@ from collections.abc import Iterator
 import numpy as np
 
 from cramkit.data.mlm import DataConfig, PackedSequences, mask_tokens, splitmix64
+from cramkit.data.stage import open_store
 from cramkit.data.tokenstore import TokenStore
 from cramkit.errors import CramkitError
 from cramkit.text.tokenizer import SpecialIds
@@ -116,8 +117,11 @@ class PretrainData:
         vocab_size: int,
         words: WordBoundaries | None = None,
     ):
-        self.store = store
         self.cfg = cfg.validate()
+        store = open_store(
+            store, stage_to=cfg.stage, stage_dir=cfg.stage_dir, max_size=cfg.stage_max_size, mmap=cfg.mmap
+        )
+        self.store = store
         self.special = special
         self.vocab_size = int(vocab_size)
         store.check_ids(self.vocab_size)
@@ -149,7 +153,7 @@ class PretrainData:
                 # the same order, up to a tenth of the corpus
                 n_val = _enlarge_validation(is_val, score, length, content, max(n_val, n_docs // 10))
         cls = special.cls if cfg.add_cls else None
-        tokens = np.asarray(store.tokens)
+        tokens = np.asarray(store.tokens) if isinstance(store.tokens, np.ndarray) else store.tokens
         self.train = PackedSequences(tokens, start[~is_val], length[~is_val], cfg.seq_len, special.sep, cls)
         self.val = PackedSequences(tokens, start[is_val], length[is_val], cfg.seq_len, special.sep, cls)
         self.num_train_documents, self.num_val_documents = int(n_docs - n_val), int(n_val)

@@ -132,9 +132,10 @@ def test_staged_and_pread_runs_train_like_in_place(stores, reference, tmp_path):
     first = cramkit(*pretrain_args(one, tmp_path / "staged", "data.stage=local", f"data.stage_dir={cache}"))
     assert "cramkit: staged" in first.stderr and losses(tmp_path / "staged") == reference
     (folder,) = [d for d in cache.iterdir() if d.is_dir()]
-    assert sorted(p.name for p in folder.iterdir() if not p.name.startswith(".")) == [
-        "stage.json", "train.bin", "train.idx", "train.json"
-    ]  # fmt: skip
+    names = sorted(p.name for p in folder.iterdir() if not p.name.startswith("."))
+    assert names[1:] == ["stage.json", "train.bin", "train.idx", "train.json"] and names[0].startswith(
+        "index-"
+    )
     again = cramkit(*pretrain_args(one, tmp_path / "again", "data.stage=local", f"data.stage_dir={cache}"))
     assert "using the staged copy" in again.stderr and "cramkit: staged" not in again.stderr
     assert losses(tmp_path / "again") == reference
@@ -172,6 +173,27 @@ def test_kill_9_during_staging_then_rerun_trains_correctly(stores, reference, tm
     assert "cramkit: staged" in rerun.stderr and losses(tmp_path / "rerun") == reference
     assert not list(cache.rglob("*.part"))
     assert (part.parent / "train.bin").read_bytes() == (one / "train.bin").read_bytes()
+
+
+def test_document_split_is_cached_beside_the_staged_copy(stores, tok_path, tmp_path, monkeypatch):
+    import cramkit.data.loader as loader
+
+    want = batches(TokenStore(stores[0]), tok_path)
+    cfg = {"stage": "local", "stage_dir": str(tmp_path / "cache")}
+    assert all(
+        np.array_equal(x, y)
+        for x, y in zip(want, batches(TokenStore(stores[0]), tok_path, **cfg), strict=True)
+    )
+    (index,) = (tmp_path / "cache").rglob("index-*.npz")
+
+    def no_recompute(*a):
+        raise AssertionError("the split was computed again")
+
+    monkeypatch.setattr(loader, "_split_documents", no_recompute)
+    got = batches(TokenStore(stores[0]), tok_path, **cfg)
+    assert all(np.array_equal(x, y) for x, y in zip(want, got, strict=True))
+    with pytest.raises(AssertionError, match="computed again"):  # other settings: another key
+        batches(TokenStore(stores[0]), tok_path, validation_fraction=0.2, **cfg)
 
 
 def test_corrupted_staged_copy_is_copied_again(stores, tmp_path, capsys):
@@ -242,3 +264,15 @@ def test_crafted_manifest_is_refused(stores, tmp_path, bad):
     (line,) = proc.stderr.strip().splitlines()
     assert f"names shard {bad!r}, which is not a plain file name" in line
     assert "root:" not in proc.stdout  # nothing of /etc/passwd was read
+
+
+@pytest.mark.dist
+def test_two_processes_stage_once_per_node(stores, reference, tmp_path):
+    cache = tmp_path / "cache"
+    proc = cramkit(*pretrain_args(stores[1], tmp_path / "run", "data.stage=local", f"data.stage_dir={cache}"),
+                   "--nproc", "2")  # fmt: skip
+    out = proc.stdout + proc.stderr
+    assert out.count("cramkit: staged") == 1  # local rank 0 copied; rank 1 waited for it, then read the copy
+    assert sorted(losses(tmp_path / "run")) == sorted(reference)
+    for step, loss in losses(tmp_path / "run").items():  # DDP over 2 ranks follows one process
+        assert abs(loss - reference[step]) <= 2e-5 * max(1.0, abs(loss))

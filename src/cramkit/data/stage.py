@@ -28,7 +28,10 @@ import re
 import shutil
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
+
+import numpy as np
 
 from cramkit.data.tokenstore import TokenStore
 from cramkit.errors import CramkitError
@@ -281,6 +284,28 @@ def _stage_files(store, source, folder, root, files, todo, recs, stats, want, ma
     _write_json(folder / RECORD, {**record, "last_used": time.time()})
 
 
+def cached_index(
+    store: TokenStore, key: dict, compute: Callable[[], dict[str, np.ndarray]]
+) -> dict[str, np.ndarray]:
+    """``compute()`` (arrays derived from the store's index), saved beside a staged copy and loaded from
+    there by later runs: keyed by the sha256 of the store's files and ``key`` (the settings it depends on).
+    Computed each time for a store read where it lies."""
+    record = _read_json(store.prefix.parent / RECORD) if store.staged else {}
+    sums = sorted(r.get("sha256", "") for r in record.get("files", {}).values())
+    if not sums:
+        return compute()
+    name = hashlib.sha256(json.dumps([sums, key], sort_keys=True).encode()).hexdigest()[:16]
+    path = store.prefix.parent / f"index-{name}.npz"
+    with contextlib.suppress(OSError, ValueError, KeyError), np.load(path) as saved:
+        return {k: saved[k] for k in saved.files}
+    arrays = compute()
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}.npz")
+    with contextlib.suppress(OSError):  # a cache that cannot be written is only slower
+        np.savez(tmp, **arrays)
+        os.replace(tmp, path)
+    return arrays
+
+
 def open_store(
     store: TokenStore, *, stage_to: str | None, stage_dir: str, max_size: str, mmap: bool
 ) -> TokenStore:
@@ -295,6 +320,7 @@ def open_store(
         limit = parse_size(max_size, "data.stage_max_size") if max_size else None
         staged = TokenStore(stage(store, stage_dir, limit), mmap=mmap, pin_memory=pin)
         staged.verified = bool(store.meta.get("checksums"))
+        staged.staged = True
         return staged
     if mmap and store.mmap:
         return store

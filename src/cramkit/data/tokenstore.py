@@ -44,6 +44,7 @@ DTYPE_CODES = {
 CODE_OF = {np.dtype(v): k for k, v in DTYPE_CODES.items()}
 _SHARD = re.compile(r"(.+)-\d{5}\Z")  # NAME-00000: a shard of the store NAME
 _PLAIN_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*\Z")  # a file name, no folder, not hidden
+_NOTED: set[Path] = set()  # folders whose files could not be memory-mapped (said once)
 
 
 def _with(prefix: Path, suffix: str) -> Path:
@@ -252,7 +253,10 @@ def _open_pair(prefix: Path, mmap: bool, pin_memory: bool):
             f"header promises {expected}; the build was interrupted or the file damaged, rebuild the store"
         )
     dtype = np.dtype(DTYPE_CODES[code])
-    idx = np.memmap(idx_path, dtype=np.uint8, mode="r")
+    try:
+        idx = np.memmap(idx_path, dtype=np.uint8, mode="r")
+    except OSError:  # a file system that cannot memory-map (a FUSE mount with direct_io): read it whole
+        idx = np.fromfile(idx_path, dtype=np.uint8)
     off = HEADER.size
     sizes = np.frombuffer(idx, dtype="<i4", count=n_seq, offset=off)
     off += n_seq * 4
@@ -277,10 +281,21 @@ def _open_pair(prefix: Path, mmap: bool, pin_memory: bool):
     le = dtype.newbyteorder("<")
     if not need:
         tokens = np.zeros(0, dtype=dtype)
-    elif mmap:
-        tokens = np.memmap(bin_path, dtype=le, mode="r")
     else:
-        tokens = PreadTokens(bin_path, le, num_tokens, pin_memory)
+        tokens = None
+        if mmap:
+            try:
+                tokens = np.memmap(bin_path, dtype=le, mode="r")
+            except OSError as exc:
+                if bin_path.parent not in _NOTED:  # once per folder (a sharded store has many files)
+                    _NOTED.add(bin_path.parent)
+                    print(
+                        f"cramkit: note: {bin_path} cannot be memory-mapped on its file system ({exc.strerror}); "
+                        "reading it with pread instead (data.mmap=false)",
+                        file=sys.stderr,
+                    )
+        if tokens is None:
+            tokens = PreadTokens(bin_path, le, num_tokens, pin_memory)
     return dtype, sizes, pointers, doc_idx, tokens
 
 
@@ -336,6 +351,7 @@ class TokenStore:
         self.num_tokens = len(self.tokens)
         self._max_id: int | None = None
         self.verified = False  # True once every file was checked against its recorded sha256 (staging)
+        self.staged = False  # True for a node-local copy made by `cramkit.data.stage` (caches go beside it)
 
     def files(self) -> list[str]:
         """The store's files (names in its folder): the .bin/.idx pairs, then NAME.json when present."""

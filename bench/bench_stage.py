@@ -124,7 +124,8 @@ class SlowMount:
             time.sleep(0.05)
 
     def stop(self) -> None:
-        subprocess.run(["fusermount3", "-u", str(self.mount)], check=False)
+        if os.path.ismount(self.mount):
+            subprocess.run(["fusermount3", "-u", str(self.mount)], check=False)
         if self.proc is not None:
             self.proc.wait(timeout=30)
 
@@ -148,6 +149,8 @@ def measure(
     store: str, tok: str, stats: str, sets: list[str], steps: int, micro_batch: int, seq_len: int
 ) -> None:
     """In a fresh process: time to the first batch, steady tokens/s, bytes read from the mount; one JSON line."""
+    import torch  # noqa: F401 (imported before the clock starts, as in a training process)
+
     from cramkit.data.loader import PretrainData
     from cramkit.data.mlm import DataConfig
     from cramkit.data.tokenstore import TokenStore

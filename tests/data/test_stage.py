@@ -196,6 +196,25 @@ def test_document_split_is_cached_beside_the_staged_copy(stores, tok_path, tmp_p
         batches(TokenStore(stores[0]), tok_path, validation_fraction=0.2, **cfg)
 
 
+def test_store_that_cannot_be_memory_mapped_is_read_with_pread(stores, tok_path, monkeypatch, capsys):
+    import errno
+
+    import cramkit.data.tokenstore as ts
+
+    want = batches(TokenStore(stores[1]), tok_path)
+    real = np.memmap
+
+    def no_mmap(path, *a, **k):  # as a FUSE mount with direct_io answers
+        raise OSError(errno.ENODEV, "No such device")
+
+    monkeypatch.setattr(ts.np, "memmap", no_mmap)
+    store = TokenStore(stores[1])
+    assert isinstance(store.tokens.parts[0], ts.PreadTokens)
+    assert capsys.readouterr().err.count("cannot be memory-mapped on its file system (No such device)") == 1
+    monkeypatch.setattr(ts.np, "memmap", real)
+    assert all(np.array_equal(x, y) for x, y in zip(want, batches(store, tok_path), strict=True))
+
+
 def test_corrupted_staged_copy_is_copied_again(stores, tmp_path, capsys):
     one, _ = stores
     prefix = stage(TokenStore(one), tmp_path / "cache")

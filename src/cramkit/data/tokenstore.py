@@ -347,7 +347,9 @@ class TokenStore:
             self.doc_idx = np.concatenate(
                 [pairs[0][3][:1]] + [p[3][1:] + b for p, b in zip(pairs, seq_base, strict=False)]
             )
-            self.tokens = ShardedTokens([np.asarray(p[4]) if mmap else p[4] for p in pairs])
+            self.tokens = ShardedTokens(
+                [np.asarray(p[4]) if isinstance(p[4], np.ndarray) else p[4] for p in pairs]
+            )
         self.num_tokens = len(self.tokens)
         self._max_id: int | None = None
         self.verified = False  # True once every file was checked against its recorded sha256 (staging)

@@ -195,7 +195,12 @@ def main() -> None:
     ap.add_argument("--measure", nargs="*", help=argparse.SUPPRESS)
     ap.add_argument("--fuse-python", default="/work/venvs/stage-fuse/bin/python")
     ap.add_argument("--latency-ms", type=float, default=2.0, help="sleep per read request of the mount")
-    ap.add_argument("--corpus", nargs="*", default=None, help="text for the store (default: ../shared/data/corpus/english-novels-100)")
+    ap.add_argument(
+        "--corpus",
+        nargs="*",
+        default=None,
+        help="text for the store (default: ../shared/data/corpus/english-novels-100)",
+    )
     ap.add_argument("--steps", type=int, default=100, help="batches timed for steady tokens/s")
     ap.add_argument("--micro-batch", type=int, default=64)
     ap.add_argument("--seq-len", type=int, default=128)
@@ -265,7 +270,9 @@ def report(rows: dict[str, list[dict]], store_bytes: int, args: argparse.Namespa
         tps = med("tokens_per_s", rs)
         start, step = med("start_bytes", rs), med("step_bytes", rs)
         epoch = start + step * rs[0]["epoch_steps"]
-        label = mode + (" (cannot mmap: pread fallback)" if rs[0]["note"] else "")
+        label = mode + (
+            " (cannot mmap: read with pread)" if rs[0]["note"] and mode == "mmap in place" else ""
+        )
         print(f"| {label} | {med('first_s', rs):.2f} | {tps:,.0f} | {tps / base:.2f}x | {start / 1e6:.1f} MB "
               f"({med('start_reads', rs):,} reads) | {step / 1e3:.1f} kB ({med('step_reads', rs):.1f} reads) | "
               f"{epoch / 1e6:.1f} MB = {epoch / store_bytes:.2f}x the store |")  # fmt: skip

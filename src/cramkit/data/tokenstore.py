@@ -111,7 +111,7 @@ class PreadTokens:
     and pinned when ``pin_memory`` (CUDA present).
     """
 
-    GAP = 1 << 15
+    GAP = 2048  # tokens: about a page or two, read through rather than asked for twice
 
     def __init__(self, path: Path, dtype: np.dtype, length: int, pin_memory: bool = False):
         self.path, self.dtype, self.shape, self.ndim = path, dtype, (length,), 1

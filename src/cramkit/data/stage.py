@@ -58,7 +58,11 @@ def default_stage_dir() -> Path:
 
 
 def _gb(n: float) -> str:
-    return f"{n / 1e9:,.2f} GB"
+    """Bytes in GB, or MB / kB when smaller."""
+    for unit, scale in (("GB", 1e9), ("MB", 1e6)):
+        if n >= scale:
+            return f"{n / scale:,.2f} {unit}"
+    return f"{n / 1e3:,.1f} kB"
 
 
 class _Progress:
@@ -146,7 +150,8 @@ def _make_room(root: Path, keep: Path, need: int, max_size: int | None) -> None:
         raise CramkitError(
             f"data.stage_dir {root} is too small for the token store: staging needs {_gb(need)} more, "
             f"{limit}{_gb(free)} free on that disk (other staged stores already removed); free space, "
-            "point data.stage_dir at a larger node-local disk, raise data.stage_max_size, or set data.stage=none"
+            f"point data.stage_dir at a larger node-local disk, {'raise data.stage_max_size, ' if limit else ''}"
+            "or set data.stage=none"
         )
 
 
@@ -203,7 +208,13 @@ def stage(store: TokenStore, stage_dir: str | os.PathLike | None = None, max_siz
             fcntl.flock(lock_file, fcntl.LOCK_EX)
             record = _read_json(folder / RECORD)
             recs = record.get("files", {}) if record.get("source") == str(source) else {}
-            stats = {f: (source.parent / f).stat() for f in files}
+            try:
+                stats = {f: (source.parent / f).stat() for f in files}
+            except FileNotFoundError as exc:
+                raise CramkitError(
+                    f"token store file {exc.filename} disappeared: the shared store changed under this job "
+                    "(rebuilt or removed); rerun when nothing writes to it"
+                ) from None
             todo = [f for f in files if not _fresh(recs.get(f), stats[f], folder / f, want.get(f))]
             if not todo or torchrun().local_rank == 0:
                 break
@@ -215,6 +226,8 @@ def stage(store: TokenStore, stage_dir: str | os.PathLike | None = None, max_siz
         try:
             _stage_files(store, source, folder, root, files, todo, recs, stats, want, max_size)
         except OSError as exc:
+            if exc.filename and not str(exc.filename).startswith(str(root)):
+                raise  # opening a file of the shared store failed: not the cache's fault
             if exc.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
                 raise CramkitError(
                     f"data.stage_dir {root}: the disk filled up while staging {source} ({exc.strerror}); "

@@ -203,12 +203,12 @@ def cmd_data_inspect(args: argparse.Namespace) -> int:
 
     store = TokenStore(args.store, name=args.name)
     meta = store.meta
-    shards = (
-        f", {len(store.shards)} shards {store.shards[0]} ... {store.shards[-1]}"
-        if len(store.shards) > 1
-        else ""
+    files = (
+        f"{store.prefix}.bin/.idx"
+        if len(store.shards) == 1
+        else f"{store.prefix}-*.bin/.idx ({len(store.shards)} shards, {store.shards[0]} ... {store.shards[-1]})"
     )
-    print(f"store      {store.prefix}.bin/.idx (dtype {store.dtype.name}{shards})")
+    print(f"store      {files} (dtype {store.dtype.name})")
     print(f"sequences  {len(store):,}   documents {store.num_documents:,}   tokens {store.num_tokens:,}")
     if meta:
         print(

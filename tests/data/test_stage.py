@@ -123,7 +123,10 @@ def test_sharded_store_pread_and_staged_copy_give_the_same_batches(stores, tok_p
         got = batches(store, tok_path, **cfg)
         assert all(np.array_equal(x, y) for x, y in zip(want, got, strict=True)), cfg
     inspect = cramkit("data", "inspect", str(sharded), "--samples", "1").stdout
-    assert f"({len(manifest['shards'])} shards, {manifest['shards'][0]} ..." in inspect and f"tokens {a.num_tokens:,}" in inspect
+    assert (
+        f"({len(manifest['shards'])} shards, {manifest['shards'][0]} ..." in inspect
+        and f"tokens {a.num_tokens:,}" in inspect
+    )
 
 
 def test_staged_and_pread_runs_train_like_in_place(stores, reference, tmp_path):

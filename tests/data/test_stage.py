@@ -298,3 +298,11 @@ def test_two_processes_stage_once_per_node(stores, reference, tmp_path):
     assert sorted(losses(tmp_path / "run")) == sorted(reference)
     for step, loss in losses(tmp_path / "run").items():  # DDP over 2 ranks follows one process
         assert abs(loss - reference[step]) <= 2e-5 * max(1.0, abs(loss))
+
+
+def test_bad_shard_size_is_one_line(tmp_path, tok_path, wikitext_dir):
+    proc = cramkit("data", "build", str(wikitext_dir / "wiki.valid.tokens"), "--tokenizer", str(tok_path),
+                   "--out", str(tmp_path / "s"), "--shard-size", "1 furlong", check=False)  # fmt: skip
+    assert proc.returncode == 2
+    (line,) = proc.stderr.strip().splitlines()
+    assert "--shard-size '1 furlong' is not a size" in line and not (tmp_path / "s").exists()

@@ -167,9 +167,8 @@ def _fresh(rec: dict | None, src: os.stat_result, copy: Path, want: str | None) 
     )
 
 
-def _copy(src: Path, dst: Path, progress: _Progress) -> str:
-    """Copy ``src`` to ``dst`` through a temporary name in large blocks; the sha256 of what was read."""
-    tmp = dst.with_name(f".{dst.name}.part")
+def _copy(src: Path, tmp: Path, progress: _Progress) -> str:
+    """Copy ``src`` to ``tmp`` in large blocks, flushed to disk; the sha256 of what was read."""
     sha = hashlib.sha256()
     buf = bytearray(BLOCK)
     view = memoryview(buf)
@@ -182,7 +181,6 @@ def _copy(src: Path, dst: Path, progress: _Progress) -> str:
             progress.update(n)
         fout.flush()
         os.fsync(fout.fileno())
-    os.replace(tmp, dst)
     return "sha256:" + sha.hexdigest()
 
 
@@ -224,7 +222,7 @@ def stage(store: TokenStore, stage_dir: str | os.PathLike | None = None, max_siz
                 waited = True
             time.sleep(0.5)
         try:
-            _stage_files(store, source, folder, root, files, todo, recs, stats, want, max_size)
+            _stage_files(store, source, folder, root, todo, recs, stats, want, max_size)
         except OSError as exc:
             if exc.filename and not str(exc.filename).startswith(str(root)):
                 raise  # opening a file of the shared store failed: not the cache's fault
@@ -244,7 +242,18 @@ def stage(store: TokenStore, stage_dir: str | os.PathLike | None = None, max_siz
     return folder / source.name
 
 
-def _stage_files(store, source, folder, root, files, todo, recs, stats, want, max_size) -> None:
+def _stage_files(
+    store: TokenStore,
+    source: Path,
+    folder: Path,
+    root: Path,
+    todo: list[str],
+    recs: dict,
+    stats: dict[str, os.stat_result],
+    want: dict[str, str],
+    max_size: int | None,
+) -> None:
+    """Copy the files in ``todo`` (room made first, each verified), then record the use in stage.json."""
     record = {"source": str(source), "files": recs}
     if todo:
         need = sum(stats[f].st_size for f in todo)
@@ -260,11 +269,10 @@ def _stage_files(store, source, folder, root, files, todo, recs, stats, want, ma
         t0 = time.perf_counter()
         try:
             for f in todo:
-                src = source.parent / f
-                sha = _copy(src, folder / f, progress)
+                src, part = source.parent / f, folder / f".{f}.part"
+                sha = _copy(src, part, progress)
                 after = src.stat()
                 if want.get(f) is not None and sha != want[f]:
-                    (folder / f).unlink()
                     raise CramkitError(
                         f"token store file {src} does not match the checksum its {store.prefix.name}.json records "
                         f"({sha[:20]}... read, {want[f][:20]}... recorded): the shared store changed under this "
@@ -272,11 +280,11 @@ def _stage_files(store, source, folder, root, files, todo, recs, stats, want, ma
                         "or rebuild it with `cramkit data build`"
                     )
                 if (after.st_size, after.st_mtime_ns) != (stats[f].st_size, stats[f].st_mtime_ns):
-                    (folder / f).unlink()
                     raise CramkitError(
                         f"token store file {src} changed while it was being staged (size or mtime): the shared "
                         "store was rewritten under this job; rerun when nothing writes to it"
                     )
+                os.replace(part, folder / f)  # only a complete, verified copy takes the file's name
                 st = (folder / f).stat()
                 recs[f] = {
                     "source": [after.st_size, after.st_mtime_ns],

@@ -28,6 +28,7 @@ import re
 import shutil
 import sys
 import time
+import zipfile
 from collections.abc import Callable
 from pathlib import Path
 
@@ -317,7 +318,7 @@ def cached_index(
         return compute()
     name = hashlib.sha256(json.dumps([sums, key], sort_keys=True).encode()).hexdigest()[:16]
     path = store.prefix.parent / f"index-{name}.npz"
-    with contextlib.suppress(OSError, ValueError, KeyError), np.load(path) as saved:
+    with contextlib.suppress(OSError, ValueError, EOFError, zipfile.BadZipFile), np.load(path) as saved:
         return {k: saved[k] for k in saved.files}
     arrays = compute()
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}.npz")

@@ -73,6 +73,13 @@ def register(sub) -> None:
         default=None,
         help="drop documents with more tokens per character than this (Cramming uses 0.3)",
     )
+    build.add_argument(
+        "--shard-size",
+        default=None,
+        metavar="SIZE",
+        help="split the store into shards of at most SIZE (e.g. 1GB) of tokens, NAME-00000.bin/.idx, ..., listed "
+        "in NAME.json; each stages and opens on its own (default: one .bin/.idx pair)",
+    )
     build.add_argument("--quiet", action="store_true", help="no progress line")
     build.set_defaults(func=cmd_data_build)
     inspect = dsub.add_parser("inspect", help="counts, a length histogram and decoded samples of a store")
@@ -137,9 +144,11 @@ def cmd_tokenizer_train(args: argparse.Namespace) -> int:
 
 def cmd_data_build(args: argparse.Namespace) -> int:
     from cramkit.data.build import build_store
+    from cramkit.data.stage import parse_size
     from cramkit.data.tokenstore import TokenStore
 
-    _refuse_overwrite(args.out, [f"{args.name}.bin", f"{args.name}.idx"], args.force)
+    shard_bytes = parse_size(args.shard_size, "--shard-size") if args.shard_size is not None else None
+    _refuse_overwrite(args.out, [f"{args.name}{ext}" for ext in (".bin", ".idx", ".json")], args.force)
     t0 = time.time()
     last = [t0]
 
@@ -163,6 +172,7 @@ def cmd_data_build(args: argparse.Namespace) -> int:
         quality_cutoff=args.quality_cutoff,
         dedup=args.dedup,
         progress=progress,
+        shard_bytes=shard_bytes,
         **reading_kwargs(args),
     )
     if not args.quiet and sys.stderr.isatty() and last[0] != t0:
@@ -170,8 +180,13 @@ def cmd_data_build(args: argparse.Namespace) -> int:
     store = TokenStore(prefix)
     c = store.meta.get("counts", {})
     dt = time.time() - t0
+    files = (
+        f"{prefix}.bin/.idx"
+        if len(store.shards) == 1
+        else f"{prefix}-*.bin/.idx ({len(store.shards)} shards)"
+    )
     print(
-        f"store {prefix}.bin/.idx: {len(store):,} documents, {store.num_tokens:,} tokens ({store.dtype.name}) "
+        f"store {files}: {len(store):,} documents, {store.num_tokens:,} tokens ({store.dtype.name}) "
         f"in {dt:.1f}s ({store.num_tokens / max(dt, 1e-9):,.0f} tokens/s)"
     )
     dropped = {k: c.get(k, 0) for k in ("duplicates_dropped", "quality_dropped", "empty_dropped") if c.get(k)}
@@ -188,7 +203,12 @@ def cmd_data_inspect(args: argparse.Namespace) -> int:
 
     store = TokenStore(args.store, name=args.name)
     meta = store.meta
-    print(f"store      {store.prefix}.bin/.idx (dtype {store.dtype.name})")
+    files = (
+        f"{store.prefix}.bin/.idx"
+        if len(store.shards) == 1
+        else f"{store.prefix}-*.bin/.idx ({len(store.shards)} shards, {store.shards[0]} ... {store.shards[-1]})"
+    )
+    print(f"store      {files} (dtype {store.dtype.name})")
     print(f"sequences  {len(store):,}   documents {store.num_documents:,}   tokens {store.num_tokens:,}")
     if meta:
         print(

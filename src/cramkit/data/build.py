@@ -113,6 +113,7 @@ def build_store(
     dedup: bool = False,
     batch_chars: int = 1 << 18,
     progress: Callable[[int, int], None] | None = None,
+    shard_bytes: int | None = None,
     **source_kwargs,
 ) -> Path:
     """Tokenise ``sources`` into ``out_dir/NAME.{bin,idx,json}`` (+ ``NAME.tokenizer.json``); returns the prefix.
@@ -122,6 +123,8 @@ def build_store(
     quality_cutoff: drop documents with more than this many tokens per character (Cramming's filter).
     dedup: drop exact duplicate documents. source_kwargs go to `iter_documents` (doc_split, encoding, ...).
     progress: called as progress(documents, tokens) after each batch is written.
+    shard_bytes: split the store into shards of at most this many bytes of tokens (``NAME-00000.bin/.idx``,
+    ... listed in NAME.json), which stage and open independently; None: one .bin/.idx pair.
     """
     from cramkit.text.sources import iter_documents
     from cramkit.text.tokenizer import load_tokenizer, special_ids, tokenizer_hash
@@ -155,7 +158,7 @@ def build_store(
     tok_json = tokenizer.to_str()
     created = not out.exists()
     tmp_tok: Path | None = None
-    writer = TokenStoreWriter(out / name, dtype)
+    writer = TokenStoreWriter(out / name, dtype, shard_bytes)
 
     def write(result) -> None:
         flat, lengths, dq, de = result

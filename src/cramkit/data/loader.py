@@ -16,6 +16,7 @@ from collections.abc import Iterator
 import numpy as np
 
 from cramkit.data.mlm import DataConfig, PackedSequences, mask_tokens, splitmix64
+from cramkit.data.stage import cached_index, open_store
 from cramkit.data.tokenstore import TokenStore
 from cramkit.errors import CramkitError
 from cramkit.text.tokenizer import SpecialIds
@@ -116,8 +117,11 @@ class PretrainData:
         vocab_size: int,
         words: WordBoundaries | None = None,
     ):
-        self.store = store
         self.cfg = cfg.validate()
+        store = open_store(
+            store, stage_to=cfg.stage, stage_dir=cfg.stage_dir, max_size=cfg.stage_max_size, mmap=cfg.mmap
+        )
+        self.store = store
         self.special = special
         self.vocab_size = int(vocab_size)
         store.check_ids(self.vocab_size)
@@ -127,29 +131,11 @@ class PretrainData:
                 raise CramkitError("data.masking=whole_word needs the tokenizer's word boundaries")
             if words.needs_segmenter(np.asarray(store.tokens[: 1 << 20])):  # Chinese text: jieba, now
                 words.require_segmenter()
-        start, length = document_spans(store)
-        keep = length > 0
-        start, length = start[keep], length[keep]
-        n_docs = len(length)
-        n_val = 0
-        if cfg.validation_fraction > 0:
-            n_val = max(cfg.min_validation_docs, round(cfg.validation_fraction * n_docs))
-        if n_docs == 0 or n_val >= n_docs:
-            raise CramkitError(
-                f"token store {store.prefix} has {n_docs} non-empty documents, too few for a validation "
-                f"split of {n_val}; add text or set data.validation_fraction=0"
-            )
-        is_val = np.zeros(n_docs, dtype=bool)
-        if n_val:
-            score = splitmix64(np.arange(n_docs, dtype=np.uint64) ^ np.uint64(_SPLIT_SALT))
-            is_val[np.argpartition(score, n_val - 1)[:n_val]] = True
-            content = cfg.seq_len - int(cfg.add_cls)
-            if int((length[is_val] + 1).sum()) < content:
-                # too short for one packed sequence (no validation loss at all): take more documents, in
-                # the same order, up to a tenth of the corpus
-                n_val = _enlarge_validation(is_val, score, length, content, max(n_val, n_docs // 10))
+        split = cached_index(store, _split_key(cfg), lambda: _split_documents(store, cfg))
+        start, length, is_val = split["start"], split["length"], split["is_val"]
+        n_docs, n_val = len(length), int(is_val.sum())
         cls = special.cls if cfg.add_cls else None
-        tokens = np.asarray(store.tokens)
+        tokens = np.asarray(store.tokens) if isinstance(store.tokens, np.ndarray) else store.tokens
         self.train = PackedSequences(tokens, start[~is_val], length[~is_val], cfg.seq_len, special.sep, cls)
         self.val = PackedSequences(tokens, start[is_val], length[is_val], cfg.seq_len, special.sep, cls)
         self.num_train_documents, self.num_val_documents = int(n_docs - n_val), int(n_val)
@@ -216,9 +202,40 @@ class PretrainData:
             b, start = b + 1, start + step
 
 
+def _split_key(cfg: DataConfig) -> dict:
+    """The settings the document split depends on."""
+    return {f: getattr(cfg, f) for f in ("validation_fraction", "min_validation_docs", "seq_len", "add_cls")}
+
+
+def _split_documents(store: TokenStore, cfg: DataConfig) -> dict[str, np.ndarray]:
+    """The non-empty documents' token starts and lengths, and which are held out for validation."""
+    start, length = document_spans(store)
+    keep = length > 0
+    start, length = start[keep], length[keep]
+    n_docs = len(length)
+    n_val = 0
+    if cfg.validation_fraction > 0:
+        n_val = max(cfg.min_validation_docs, round(cfg.validation_fraction * n_docs))
+    if n_docs == 0 or n_val >= n_docs:
+        raise CramkitError(
+            f"token store {store.prefix} has {n_docs} non-empty documents, too few for a validation "
+            f"split of {n_val}; add text or set data.validation_fraction=0"
+        )
+    is_val = np.zeros(n_docs, dtype=bool)
+    if n_val:
+        score = splitmix64(np.arange(n_docs, dtype=np.uint64) ^ np.uint64(_SPLIT_SALT))
+        is_val[np.argpartition(score, n_val - 1)[:n_val]] = True
+        content = cfg.seq_len - int(cfg.add_cls)
+        if int((length[is_val] + 1).sum()) < content:
+            # too short for one packed sequence (no validation loss at all): take more documents, in
+            # the same order, up to a tenth of the corpus
+            _enlarge_validation(is_val, score, length, content, max(n_val, n_docs // 10))
+    return {"start": start, "length": length, "is_val": is_val}
+
+
 def _enlarge_validation(
     is_val: np.ndarray, score: np.ndarray, length: np.ndarray, content: int, cap: int
-) -> int:
+) -> None:
     """Mark validation documents in ``score`` order until they fill one sequence (or ``cap`` is reached)."""
     order = np.argsort(score, kind="stable")[:cap]
     need = np.searchsorted(np.cumsum(length[order] + 1), content) + 1  # documents to fill one sequence
@@ -235,7 +252,6 @@ def _enlarge_validation(
             "(within a tenth of the documents): no validation loss will be reported; add text, lower "
             "data.seq_len, or set data.validation_fraction=0"
         )
-    return n_val
 
 
 def _is_main() -> bool:

@@ -40,6 +40,12 @@ class DataConfig:
     validation_fraction: float = 0.01  # of documents, chosen deterministically, before packing
     min_validation_docs: int = 1
     seed: int = 0
+    # on a shared file system (Lustre, Ceph, NFS): local copies the store once per node to stage_dir
+    # (checksummed, reused by later runs) and trains on the copy; none reads it where it lies
+    stage: Literal["none", "local"] = "none"
+    stage_dir: str = ""  # node-local cache; "" is $CRAMKIT_STAGE_DIR, else ~/.cache/cramkit/stage
+    stage_max_size: str = ""  # e.g. 500GB: older staged stores are removed beyond it ("" = the disk's room)
+    mmap: bool = True  # false: read the store with pread into buffers instead of memory-map page faults
 
     def validate(self) -> DataConfig:
         def bad(field: str, why: str) -> CramkitError:
@@ -62,6 +68,14 @@ class DataConfig:
             raise bad("min_validation_docs", "must be a non-negative integer")
         if not isinstance(self.seed, int) or self.seed < 0:
             raise bad("seed", "must be a non-negative integer")
+        if self.stage not in ("none", "local"):
+            raise bad(
+                "stage", "must be none (read the store where it lies) or local (copy it to data.stage_dir)"
+            )
+        if self.stage_max_size:
+            from cramkit.data.stage import parse_size
+
+            parse_size(self.stage_max_size, "data.stage_max_size")
         return self
 
 

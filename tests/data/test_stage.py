@@ -144,6 +144,9 @@ def test_staged_and_pread_runs_train_like_in_place(stores, reference, tmp_path):
     assert losses(tmp_path / "again") == reference
     cramkit(*pretrain_args(sharded, tmp_path / "pread", "data.mmap=false"))
     assert losses(tmp_path / "pread") == reference
+    # a sharded store named by its prefix (DIR/train, as a single store's DIR/train.bin would be)
+    cramkit(*pretrain_args(sharded / "train", tmp_path / "prefix"))
+    assert losses(tmp_path / "prefix") == reference
 
 
 def test_kill_9_during_staging_then_rerun_trains_correctly(stores, reference, tmp_path):

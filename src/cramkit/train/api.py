@@ -42,6 +42,8 @@ def _is_store(path: str) -> bool:
     if p.is_dir():
         return any(p.glob("*.idx")) and not any(p.glob("*.txt"))
     base = p.with_suffix("") if p.suffix in (".bin", ".idx") else p
+    if base.with_suffix(".json").is_file() and any(base.parent.glob(f"{base.name}-*.idx")):
+        return True  # a sharded store: NAME.json lists NAME-00000.bin/.idx, ...
     return base.with_suffix(".idx").is_file() and base.with_suffix(".bin").is_file()
 
 

@@ -318,7 +318,10 @@ def cached_index(
         return compute()
     name = hashlib.sha256(json.dumps([sums, key], sort_keys=True).encode()).hexdigest()[:16]
     path = store.prefix.parent / f"index-{name}.npz"
-    with contextlib.suppress(OSError, ValueError, EOFError, zipfile.BadZipFile), np.load(path) as saved:
+    with (
+        contextlib.suppress(OSError, ValueError, EOFError, zipfile.BadZipFile),
+        np.load(path, allow_pickle=False) as saved,
+    ):
         return {k: saved[k] for k in saved.files}
     arrays = compute()
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}.npz")

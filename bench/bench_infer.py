@@ -131,6 +131,11 @@ def main() -> None:
     p.add_argument("--thread-list", type=lambda v: [int(x) for x in v.split(",")], default=[1, 2])
     p.add_argument("--short", type=int, default=1688, help="race: the first N short texts")
     p.add_argument("--long", type=int, default=300, help="race: the first N long texts")
+    p.add_argument(
+        "--parallel-start",
+        action="store_true",
+        help="race: start the contestants' processes at once (when --work already holds their files)",
+    )
     p.add_argument("--worker", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.worker:
@@ -298,7 +303,7 @@ CONTESTANTS = [  # name, tool, variant; the first is the baseline
     ("sentence-transformers ONNX int8 ({isa})", "st", "int8"),
     ("optimum ORTModel O3", "optimum", "O3"),
     ("optimum ORTModel int8 ({isa})", "optimum", "int8"),
-    ("fastembed (optimum's fp32 ONNX export)", "fastembed", "fp32"),
+    ("fastembed (optimum's fp32 ONNX export, cut at 256 tokens)", "fastembed", "fp32"),
     ("ctranslate2.Encoder float32", "ct2", "float32"),
     ("ctranslate2.Encoder int8", "ct2", "int8"),
     ("cramkit Engine torch fp32", "cramkit", "torch"),
@@ -397,10 +402,16 @@ def _contestant(spec: dict[str, Any]) -> Any:
         from fastembed import TextEmbedding
         from fastembed.common.model_description import ModelSource, PoolingType
 
+        home = work / "fastembed"
+        if not (home / "model.onnx").is_file():  # optimum's export, cut at the model's 256 tokens
+            shutil.copytree(work / "optimum" / "plain", home, dirs_exist_ok=True)
+            config = json.loads((home / "tokenizer_config.json").read_text(encoding="utf-8"))
+            config["model_max_length"] = 256  # sentence_bert_config.json's max_seq_length, which it ignores
+            (home / "tokenizer_config.json").write_text(json.dumps(config), encoding="utf-8")
         name = "cramkit-bench/all-MiniLM-L6-v2"
         TextEmbedding.add_custom_model(name, pooling=PoolingType.MEAN, normalization=True,
                                        sources=ModelSource(hf=name), dim=384, model_file="model.onnx")  # fmt: skip
-        model = TextEmbedding(name, specific_model_path=str(work / "optimum" / "plain"), threads=threads)
+        model = TextEmbedding(name, specific_model_path=str(home), threads=threads)
         return lambda data: np.stack(list(model.embed(data)))
     if tool == "ct2":
         return ct2_anchor(root, work / f"ct2-own-{variant}", variant, threads)
@@ -420,8 +431,6 @@ def _contestant(spec: dict[str, Any]) -> Any:
 def worker(spec: dict[str, Any]) -> None:
     """One contestant's process: 'run' embeds the texts and answers the seconds it took; 'done PATH' saves
     the last embeddings to PATH and answers the peak RSS and the versions."""
-    import resource
-
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     data = json.loads(Path(spec["texts"]).read_text(encoding="utf-8"))
     embed = _contestant(spec)
@@ -436,9 +445,23 @@ def worker(spec: dict[str, Any]) -> None:
             print(json.dumps({"seconds": time.perf_counter() - t0}), flush=True)
         elif cmd == "done":
             np.save(arg, out)
-            peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+            peak = _peak_rss_mb()
             print(json.dumps({"peak_rss_mb": peak, "versions": _versions(spec["tool"])}), flush=True)
             return
+
+
+def _ready(name: str, proc: Any) -> None:
+    if not proc.stdout.readline():
+        raise SystemExit(f"{name}: its process ended before it was ready (exit {proc.wait()})")
+
+
+def _peak_rss_mb() -> float:
+    """This process's RSS high-water mark (VmHWM: unlike ru_maxrss it starts afresh at exec, so a worker
+    does not inherit the bench's own)."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
 
 
 def _python(tool: str) -> str:
@@ -519,10 +542,12 @@ def _race_one(args: argparse.Namespace, work: Path, root: Path, isa: str, kind: 
         cmd = [_python(tool), str(Path(__file__).resolve()), "--worker", json.dumps(spec)]
         proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env,
                                 cwd=REPO)  # fmt: skip
-        line = proc.stdout.readline()  # one at a time: the later ones reuse what earlier ones built
-        if not line:
-            raise SystemExit(f"{name}: its process ended before it was ready (exit {proc.wait()})")
+        if not args.parallel_start:  # one at a time: the later ones reuse what earlier ones built
+            _ready(name, proc)
         procs[name.format(isa=isa)] = proc
+    for name, proc in procs.items():
+        if args.parallel_start:
+            _ready(name, proc)
     times: dict[str, list[float]] = {k: [] for k in procs}
     for rep in range(args.reps):
         for name, proc in procs.items():

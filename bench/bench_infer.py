@@ -13,6 +13,11 @@ Quantization's cost on a task: all-MiniLM-L6-v2 is fine-tuned on the first ``--t
 sentences (``cramkit.finetune``, one epoch), exported fp32 and int8, and all three classify SST-2 dev.
 
     python bench/bench_infer.py [--reps 3] [--threads 2] [--texts short|long] [--work DIR] [--train-rows 2000]
+
+``--race``: every contestant in its own process, the anchors in their own virtual environments under
+$BENCH_VENVS (default /work/venvs: onnx-st with sentence-transformers[onnx], onnx-optimum with
+optimum[onnxruntime], onnx-fastembed with fastembed), at each of ``--thread-list`` and on both text sets
+(``--short N``, ``--long N``: the first N of each), with each process's peak RSS (see ``race``).
 """
 
 from __future__ import annotations

@@ -2,13 +2,18 @@
 
 ``cramkit export MODEL --format onnx [--quantize int8] --out DIR`` writes::
 
-    DIR/model.onnx          the network (torch's ONNX exporter, dynamic batch and length), with ONNX
-                            Runtime's transformer fusions where they apply; int8: dynamic quantization
-                            of the matrix multiplies (per-channel int8 weights, activations quantised on the fly)
+    DIR/model.onnx          the network (torch's ONNX exporter, dynamic batch and length), each block's
+                            attention core written as ONNX Runtime's MultiHeadAttention, then its transformer
+                            fusions (SkipLayerNorm, BiasGelu, ...) where they apply; int8: dynamic quantization
+                            of the matrix multiplies (per-channel int8 weights at the range right for the CPU's
+                            instruction set, activations quantised on the fly), every one unless the check
+                            against torch refuses it (then the MLP down-projections stay fp32)
     DIR/head.onnx           masked-LM models only: the vocabulary head on [n, hidden] hidden states
     DIR/tokenizer/          the model's tokenizer (tokenizer.json, vocab.txt)
-    DIR/cramkit-onnx.json   what it is (kind, labels, max_length, pooling, ...), the files' SHA-256, and the
-                            export's check against the torch model on real text; written last
+    DIR/cramkit-onnx.json   what it is (kind, labels, max_length, pooling, ...), the files' SHA-256, whether
+                            the attention is fused (and why not), the fused and int8 operators the graph
+                            holds, the int8 format and instruction set, and the export's check against the
+                            torch model on real text; written last
 
 The graph's inputs are ``input_ids``, ``attention_mask`` (int64, [batch, length]) and, for models with
 token types, ``token_type_ids``; its outputs ``mean`` and ``cls`` (pooled last hidden states, [batch,
@@ -577,6 +582,8 @@ def export_onnx(
             except Exception as exc:  # noqa: BLE001 - the fused attention is an optimisation
                 if why_not is not None or disk_problem(exc):
                     raise
+                while exc.__cause__ is not None:  # the exporter wraps the reason in its own errors
+                    exc = exc.__cause__
                 why_not = f"the exporter failed with it ({type(exc).__name__}: {str(exc)[:200]})"
                 inputs, outputs = _torch_export(loaded, tmp / "raw.onnx", opset, fused=False)
             if loaded.kind == "mlm":

@@ -13,15 +13,22 @@ Quantization's cost on a task: all-MiniLM-L6-v2 is fine-tuned on the first ``--t
 sentences (``cramkit.finetune``, one epoch), exported fp32 and int8, and all three classify SST-2 dev.
 
     python bench/bench_infer.py [--reps 3] [--threads 2] [--texts short|long] [--work DIR] [--train-rows 2000]
+
+``--race``: every contestant in its own process, the anchors in their own virtual environments under
+$BENCH_VENVS (default /work/venvs: onnx-st with sentence-transformers[onnx], onnx-optimum with
+optimum[onnxruntime], onnx-fastembed with fastembed), at each of ``--thread-list`` and on both text sets
+(``--short N``, ``--long N``: the first N of each), with each process's peak RSS (see ``race``).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import json
 import os
 import platform
+import shutil
 import statistics
 import sys
 import tempfile
@@ -123,7 +130,23 @@ def main() -> None:
     p.add_argument("--task-only", action="store_true", help="only the SST-2 accuracy part")
     p.add_argument("--texts", choices=["short", "long"], default="short")
     p.add_argument("--work", type=Path, default=None, help="keep the exports here (reused when present)")
+    p.add_argument(
+        "--race", action="store_true", help="the in-process race: every contestant in its own process"
+    )
+    p.add_argument("--thread-list", type=lambda v: [int(x) for x in v.split(",")], default=[1, 2])
+    p.add_argument("--short", type=int, default=1688, help="race: the first N short texts")
+    p.add_argument("--long", type=int, default=300, help="race: the first N long texts")
+    p.add_argument(
+        "--parallel-start",
+        action="store_true",
+        help="race: start the contestants' processes at once (when --work already holds their files)",
+    )
+    p.add_argument("--worker", help=argparse.SUPPRESS)
     args = p.parse_args()
+    if args.worker:
+        return worker(json.loads(args.worker))
+    if args.race:
+        return race(args)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     import torch
 
@@ -260,6 +283,303 @@ def task(args: argparse.Namespace, work: Path, root: Path, header: str) -> None:
     for name, (acc, speed, lg) in res.items():
         agree = float((lg.argmax(1) == lg0.argmax(1)).mean())
         print(f"| {name} | {acc:.2f} | {acc - acc0:+.2f} | {agree:.4f} | {speed:,.1f} |")
+
+
+# ------------------------------------------------------------------------------ the in-process race
+#
+# Every contestant runs in its own process (an anchor in its own virtual environment), started once per
+# (threads, texts) configuration: it loads its model, builds what it lacks (exports, optimisations,
+# quantizations; not timed), warms up on 64 texts, then embeds all the texts each time the bench says "run",
+# round after round, contestants interleaved. Its peak memory is the process's RSS high-water mark.
+
+VENVS = Path(os.environ.get("BENCH_VENVS", "/work/venvs"))
+TOOLS = {"st": "onnx-st", "fastembed": "onnx-fastembed", "optimum": "onnx-optimum"}
+# what each tool is, for the versions line
+PACKAGES = {
+    "st": ["sentence-transformers", "optimum", "optimum-onnx", "transformers", "onnxruntime", "torch"],
+    "fastembed": ["fastembed", "onnxruntime", "tokenizers"],
+    "optimum": ["optimum", "optimum-onnx", "transformers", "onnxruntime", "torch"],
+    "ct2": ["ctranslate2", "transformers"],
+    "cramkit": ["onnxruntime", "ctranslate2", "torch"],
+}
+CONTESTANTS = [  # name, tool, variant; the first is the baseline
+    ("sentence-transformers encode, torch fp32", "st", "torch"),
+    ("sentence-transformers ONNX O3", "st", "O3"),
+    ("sentence-transformers ONNX int8 ({isa})", "st", "int8"),
+    ("optimum ORTModel O3", "optimum", "O3"),
+    ("optimum ORTModel int8 ({isa})", "optimum", "int8"),
+    ("fastembed (optimum's fp32 ONNX export)", "fastembed", "fp32"),
+    ("ctranslate2.Encoder float32", "ct2", "float32"),
+    ("ctranslate2.Encoder int8", "ct2", "int8"),
+    ("cramkit Engine torch fp32", "cramkit", "torch"),
+    ("cramkit Engine onnx fp32", "cramkit", "onnx"),
+    ("cramkit Engine onnx int8", "cramkit", "onnx-int8"),
+    ("cramkit Engine ct2 int8", "cramkit", "ct2-int8"),
+]
+
+
+def _versions(tool: str) -> dict[str, str]:
+    from importlib import metadata
+
+    out = {}
+    for name in PACKAGES[tool]:
+        with contextlib.suppress(metadata.PackageNotFoundError):
+            out[name] = metadata.version(name)
+    return out
+
+
+def _mean_pooled(tok: Any, forward: Any, data: list[str], batch: int = 32) -> np.ndarray:
+    """Length-sorted batches of ``batch`` texts, mean pooling and normalisation in numpy (how the
+    CTranslate2 and optimum anchors are driven)."""
+    order = np.argsort([len(t) for t in data], kind="stable")
+    res = np.zeros((len(data), 384), np.float32)
+    for i in range(0, len(data), batch):
+        idx = order[i : i + batch]
+        enc = tok([data[j] for j in idx], truncation=True, max_length=256, padding=True, return_tensors="np")
+        h = forward(enc)
+        mask = enc["attention_mask"][..., None].astype(np.float32)
+        mean = (h * mask).sum(1) / mask.sum(1)
+        res[idx] = mean / np.linalg.norm(mean, axis=1, keepdims=True)
+    return res
+
+
+def _contestant(spec: dict[str, Any]) -> Any:
+    """The embed function of one contestant, built in this process (see CONTESTANTS)."""
+    tool, variant, threads, work = spec["tool"], spec["variant"], spec["threads"], Path(spec["work"])
+    root, isa = Path(spec["root"]), spec["isa"]
+    if tool == "st":
+        import torch
+        from sentence_transformers import SentenceTransformer
+
+        torch.set_num_threads(threads)
+        if variant == "torch":
+            st = SentenceTransformer(str(root), device="cpu")
+            return lambda data: st.encode(data, batch_size=32)
+        import onnxruntime as ort
+        from sentence_transformers import export_dynamic_quantized_onnx_model, export_optimized_onnx_model
+
+        home = work / "st-model"
+        if not (home / "onnx" / f"model_qint8_{isa}.onnx").is_file():
+            shutil.rmtree(home, ignore_errors=True)
+            shutil.copytree(root, home)
+            plain = SentenceTransformer(str(home), device="cpu", backend="onnx")  # exports onnx/model.onnx
+            plain.save_pretrained(str(home))
+            export_optimized_onnx_model(plain, "O3", str(home))
+            # int8 of the plain export (the O3 graph's contrib operators defeat the quantizer's shape inference)
+            export_dynamic_quantized_onnx_model(plain, isa, str(home))
+        opts = ort.SessionOptions()
+        opts.intra_op_num_threads, opts.inter_op_num_threads = threads, 1
+        file = "onnx/model_O3.onnx" if variant == "O3" else f"onnx/model_qint8_{isa}.onnx"
+        st = SentenceTransformer(str(home), device="cpu", backend="onnx",
+                                 model_kwargs={"file_name": file, "session_options": opts})  # fmt: skip
+        return lambda data: st.encode(data, batch_size=32)
+    if tool == "optimum":
+        import onnxruntime as ort
+        from optimum.onnxruntime import ORTModelForFeatureExtraction, ORTOptimizer, ORTQuantizer
+        from optimum.onnxruntime.configuration import AutoOptimizationConfig, AutoQuantizationConfig
+        from transformers import AutoTokenizer
+
+        home = work / "optimum"
+        if not (home / "int8" / "model_quantized.onnx").is_file():
+            shutil.rmtree(home, ignore_errors=True)
+            plain = ORTModelForFeatureExtraction.from_pretrained(str(root), export=True)
+            plain.save_pretrained(home / "plain")
+            AutoTokenizer.from_pretrained(str(root)).save_pretrained(home / "plain")
+            ORTOptimizer.from_pretrained(plain).optimize(AutoOptimizationConfig.O3(), save_dir=home / "O3")
+            quantizer = ORTQuantizer.from_pretrained(home / "plain")  # the O3 graph defeats the quantizer
+            config = getattr(AutoQuantizationConfig, isa)(is_static=False)
+            quantizer.quantize(config, save_dir=home / "int8")
+        opts = ort.SessionOptions()
+        opts.intra_op_num_threads, opts.inter_op_num_threads = threads, 1
+        folder, file = ("O3", "model_optimized.onnx") if variant == "O3" else ("int8", "model_quantized.onnx")
+        model = ORTModelForFeatureExtraction.from_pretrained(
+            home / folder, file_name=file, session_options=opts
+        )
+        tok = AutoTokenizer.from_pretrained(str(root))
+
+        def forward(enc: Any) -> np.ndarray:
+            return model(
+                **{k: enc[k] for k in ("input_ids", "attention_mask", "token_type_ids")}
+            ).last_hidden_state
+
+        return lambda data: _mean_pooled(tok, forward, data)
+    if tool == "fastembed":
+        from fastembed import TextEmbedding
+        from fastembed.common.model_description import ModelSource, PoolingType
+
+        home = work / "fastembed"
+        if not (home / "model.onnx").is_file():  # optimum's export, cut at the model's 256 tokens
+            shutil.copytree(work / "optimum" / "plain", home, dirs_exist_ok=True)
+            config = json.loads((home / "tokenizer_config.json").read_text(encoding="utf-8"))
+            # sentence_bert_config.json's max_seq_length, which it ignores: it cuts at the smaller of these
+            # two, and the package's tokenizer_config.json says max_length 128 (the race of 2026-11-24 ran so)
+            config["model_max_length"] = config["max_length"] = 256
+            (home / "tokenizer_config.json").write_text(json.dumps(config), encoding="utf-8")
+        name = "cramkit-bench/all-MiniLM-L6-v2"
+        TextEmbedding.add_custom_model(name, pooling=PoolingType.MEAN, normalization=True,
+                                       sources=ModelSource(hf=name), dim=384, model_file="model.onnx")  # fmt: skip
+        model = TextEmbedding(name, specific_model_path=str(home), threads=threads)
+        return lambda data: np.stack(list(model.embed(data)))
+    if tool == "ct2":
+        return ct2_anchor(root, work / f"ct2-own-{variant}", variant, threads)
+    import torch
+
+    torch.set_num_threads(threads)
+    import cramkit
+    from cramkit.infer import Engine
+
+    if variant == "torch":
+        engine = Engine(cramkit.load(f"hf:{root}"), device="cpu")
+    else:
+        engine = Engine(work / variant, threads=threads)
+    return engine.embed
+
+
+def worker(spec: dict[str, Any]) -> None:
+    """One contestant's process: 'run' embeds the texts and answers the seconds it took; 'done PATH' saves
+    the last embeddings to PATH and answers the peak RSS and the versions."""
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    data = json.loads(Path(spec["texts"]).read_text(encoding="utf-8"))
+    embed = _contestant(spec)
+    embed(data[:64])
+    print(json.dumps({"ready": True}), flush=True)
+    out = None
+    for line in sys.stdin:
+        cmd, _, arg = line.strip().partition(" ")
+        if cmd == "run":
+            t0 = time.perf_counter()
+            out = np.asarray(embed(data), dtype=np.float32)
+            print(json.dumps({"seconds": time.perf_counter() - t0}), flush=True)
+        elif cmd == "done":
+            np.save(arg, out)
+            peak = _peak_rss_mb()
+            print(json.dumps({"peak_rss_mb": peak, "versions": _versions(spec["tool"])}), flush=True)
+            return
+
+
+def _ready(name: str, proc: Any) -> None:
+    if not proc.stdout.readline():
+        raise SystemExit(f"{name}: its process ended before it was ready (exit {proc.wait()})")
+
+
+def _peak_rss_mb() -> float:
+    """This process's RSS high-water mark (VmHWM: unlike ru_maxrss it starts afresh at exec, so a worker
+    does not inherit the bench's own)."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def _python(tool: str) -> str:
+    if tool in TOOLS:
+        exe = VENVS / TOOLS[tool] / "bin" / "python"
+        if not exe.is_file():
+            raise SystemExit(
+                f"{exe} is missing: python3 -m venv {exe.parent.parent} and install {tool} there"
+            )
+        return str(exe)
+    return sys.executable
+
+
+def race(args: argparse.Namespace) -> None:
+    """Every contestant in its own process, at each thread count, on short and long texts."""
+    import cramkit
+    from cramkit.infer.export import export
+    from cramkit.infer.onnx import cpu_isa
+
+    work = args.work or Path(tempfile.mkdtemp(prefix="bench-race-"))
+    work.mkdir(parents=True, exist_ok=True)
+    root, isa = minilm_dir(), cpu_isa()
+    loaded = None
+    for name, fmt, quantize, marker in (
+        ("onnx", "onnx", None, "cramkit-onnx.json"),
+        ("onnx-int8", "onnx", "int8", "cramkit-onnx.json"),
+        ("ct2-int8", "ct2", "int8", "cramkit-ct2.json"),
+    ):
+        if not (work / name / marker).is_file():
+            loaded = loaded or cramkit.load(f"hf:{root}")
+            export(loaded, work / name, format=fmt, quantize=quantize, progress=False)
+    sets = {"short": texts()[: args.short], "long": long_texts()[: args.long]}
+    print(f"# {machine()}; uptime: {_uptime()}")
+    print(f"# int8 anchors quantized for {isa} (this CPU); work {work}")
+    versions: dict[str, dict[str, str]] = {}
+    results: dict[tuple[str, int], dict[str, Any]] = {}
+    for kind, data in sets.items():
+        (work / f"texts-{kind}.json").write_text(json.dumps(data), encoding="utf-8")
+        for threads in args.thread_list:
+            results[kind, threads] = _race_one(args, work, root, isa, kind, threads, versions)
+    print(f"# uptime at end: {_uptime()}")
+    for tool, v in versions.items():
+        print(f"# {tool}: " + ", ".join(f"{k} {x}" for k, x in v.items()))
+    cols = [(kind, t) for kind in sets for t in args.thread_list]
+    print("| contestant | " + " | ".join(f"{k}, {t} thr: sent/s (vs ST)" for k, t in cols)
+          + " | cosine to ST (short): mean / min | (long): mean / min | peak RSS, long (MB) |")  # fmt: skip
+    print("|---|" + "---:|" * (len(cols) + 3))
+    for name, _, _ in CONTESTANTS:
+        label = name.format(isa=isa)
+        cells = []
+        for key in cols:
+            r = results[key]
+            cells.append(f"{r[label]['rate']:,.1f} ({r[label]['rate'] / r['base']:.2f}x)")
+        cos = [results[kind, args.thread_list[0]][label]["cosine"] for kind in sets]
+        peak = max(results["long", t][label]["peak_rss_mb"] for t in args.thread_list)
+        print(f"| {label} | " + " | ".join(cells)
+              + "".join(f" | {c[0]:.4f} / {c[1]:.4f}" for c in cos) + f" | {peak:,.0f} |")  # fmt: skip
+
+
+def _uptime() -> str:
+    return (
+        " ".join(f"{x:.2f}" for x in os.getloadavg()) + f" at {datetime.datetime.now(datetime.UTC):%H:%M} UTC"
+    )
+
+
+def _race_one(args: argparse.Namespace, work: Path, root: Path, isa: str, kind: str, threads: int,
+              versions: dict[str, dict[str, str]]) -> dict[str, Any]:  # fmt: skip
+    import subprocess
+
+    texts_file = work / f"texts-{kind}.json"
+    n = len(json.loads(texts_file.read_text(encoding="utf-8")))
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads),
+               TOKENIZERS_PARALLELISM="false", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")  # fmt: skip
+    procs: dict[str, Any] = {}
+    for name, tool, variant in CONTESTANTS:
+        spec = {"tool": tool, "variant": variant, "threads": threads, "work": str(work), "root": str(root),
+                "isa": isa, "texts": str(texts_file)}  # fmt: skip
+        cmd = [_python(tool), str(Path(__file__).resolve()), "--worker", json.dumps(spec)]
+        proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env,
+                                cwd=REPO)  # fmt: skip
+        if not args.parallel_start:  # one at a time: the later ones reuse what earlier ones built
+            _ready(name, proc)
+        procs[name.format(isa=isa)] = proc
+    for name, proc in procs.items():
+        if args.parallel_start:
+            _ready(name, proc)
+    times: dict[str, list[float]] = {k: [] for k in procs}
+    for rep in range(args.reps):
+        for name, proc in procs.items():
+            proc.stdin.write("run\n")
+            proc.stdin.flush()
+            times[name].append(json.loads(proc.stdout.readline())["seconds"])
+            print(
+                f"{kind} {threads} thr rep {rep + 1}: {name}: {n / times[name][-1]:,.1f}/s", file=sys.stderr
+            )
+    res: dict[str, Any] = {}
+    outs = {}
+    for (name, proc), (_, tool, _) in zip(procs.items(), CONTESTANTS, strict=True):
+        proc.stdin.write(f"done {work / 'last.npy'}\n")
+        proc.stdin.flush()
+        said = json.loads(proc.stdout.readline())
+        proc.wait()
+        versions[tool] = said["versions"]
+        outs[name] = np.load(work / "last.npy")
+        res[name] = {"rate": n / statistics.median(times[name]), "peak_rss_mb": said["peak_rss_mb"]}
+    base = next(iter(outs))
+    res["base"] = res[base]["rate"]
+    for name, out in outs.items():
+        cos = cosine(out, outs[base])
+        res[name]["cosine"] = (float(cos.mean()), float(cos.min()))
+    return res
 
 
 if __name__ == "__main__":

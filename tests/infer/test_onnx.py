@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from pathlib import Path
 
 import numpy as np
 import onnx
@@ -132,3 +133,105 @@ def test_predict_command_runs_an_onnx_export(ft_model, ft_onnx, glue_dir, tmp_pa
     assert said.returncode == 0 and "accuracy" in said.stdout, said.stderr
     got = [json.loads(line)["label"] for line in (tmp_path / "p.jsonl").read_text().splitlines()]
     assert got == Engine(ft_model, device="cpu").classify([s for s, _ in rows]).labels
+
+
+def _tiny(tmp_path_factory, tok_dir, name: str, *sets: str) -> Path:
+    from conftest import run_pretrain
+
+    args = [x for s in sets for x in ("--set", s)]
+    return run_pretrain(tmp_path_factory.mktemp(name) / "run", "--tokenizer", str(tok_dir), *args, steps=2)
+
+
+def _export_and_compare(run: Path, out: Path, **kwargs) -> dict:
+    """`export_onnx` of ``run`` (a masked-LM encoder), its manifest, and its embeddings against torch's."""
+    from cramkit.infer.engine import compare_outputs
+    from cramkit.infer.onnx import export_onnx
+
+    loaded = cramkit.load(run)
+    export_onnx(loaded, out, compare=compare_outputs, progress=False, **kwargs)
+    man = json.loads((out / MANIFEST).read_text())
+    texts = [
+        "the function returns a list of the keys",
+        "a short one",
+        "raise an error when the file is missing " * 2,
+    ]
+    a, b = Engine(loaded, device="cpu").embed(texts), Engine(out, threads=1).embed(texts)
+    man["embed_diff"] = float(np.abs(a - b).max())
+    return man
+
+
+BERT_SHAPE = ("model.norm_position=post", "model.bias=true", "model.position=learned", "model.activation=gelu",
+              "model.type_vocab_size=2", "model.final_norm=false")  # fmt: skip
+
+
+def test_bert_shaped_export_runs_fused_attention(tmp_path_factory, tok_dir, tmp_path) -> None:
+    """A BERT-shaped encoder's attention is one ONNX Runtime MultiHeadAttention per layer (no softmax left),
+    with the same outputs as torch; int8 quantizes its projections for the instruction set it is asked
+    for, and the manifest says which."""
+    run = _tiny(tmp_path_factory, tok_dir, "bert", *BERT_SHAPE)
+    man = _export_and_compare(run, tmp_path / "fp32")
+    assert man["attention"] == {"fused": True}
+    ops = [n.op_type for n in onnx.load(str(tmp_path / "fp32" / "model.onnx")).graph.node]
+    assert ops.count("MultiHeadAttention") == 2 and "Softmax" not in ops, ops
+    assert (
+        man["graph_ops"]["MultiHeadAttention"] == 2 and "MultiHeadAttention" not in man["fusions"]["applied"]
+    )
+    assert man["check"]["worst_relative_diff"] < 1e-4 and man["embed_diff"] < 1e-4
+    # int8, quantized for another CPU than this one: what was chosen is what the manifest says
+    man8 = _export_and_compare(run, tmp_path / "int8", quantize="int8", isa="avx2")
+    quant = man8["quantization"]
+    assert quant["isa"] == "avx2" and quant["reduce_range"] is True and quant["format"] == "U8S8"
+    assert man8["graph_ops"]["MultiHeadAttention"] == 2 and man8["graph_ops"]["MatMulInteger"] >= 6, man8
+    assert man8["check"]["cosine_mean_mean"] > 0.98 and man8["embed_diff"] > 0
+
+
+def test_every_encoder_shape_fuses_its_attention(tmp_path_factory, tok_dir, tmp_path) -> None:
+    """Pre-LN with RMSNorm, rotary positions and a SwiGLU MLP: the rotary embedding stays in the graph,
+    the attention core is fused, the outputs are torch's."""
+    run = _tiny(tmp_path_factory, tok_dir, "rope", "model.position=rope", "model.max_position=512", "model.norm=rmsnorm",
+                "model.activation=swiglu")  # fmt: skip
+    man = _export_and_compare(run, tmp_path / "rope")
+    assert man["attention"] == {"fused": True} and man["graph_ops"]["MultiHeadAttention"] == 2
+    assert man["check"]["worst_relative_diff"] < 1e-4 and man["embed_diff"] < 1e-4
+
+
+def test_export_falls_back_to_the_plain_attention_graph(
+    tmp_path_factory, tok_dir, tmp_path, monkeypatch
+) -> None:
+    """When the fused attention cannot be exported, the plain graph is, and the manifest says why."""
+    from cramkit.infer import onnx as onnx_mod
+
+    real, _ = onnx_mod._attention_op()
+
+    def broken(*args, **kwargs):
+        raise ValueError("no MultiHeadAttention here")
+
+    monkeypatch.setattr(onnx_mod, "_attention_op", lambda: (real, broken))
+    run = _tiny(tmp_path_factory, tok_dir, "plain", *BERT_SHAPE)
+    man = _export_and_compare(run, tmp_path / "plain")
+    assert man["attention"]["fused"] is False and "no MultiHeadAttention here" in man["attention"]["why_not"]
+    assert "MultiHeadAttention" not in man["graph_ops"] and man["graph_ops"]["MatMul"] >= 12
+    assert man["check"]["worst_relative_diff"] < 1e-4 and man["embed_diff"] < 1e-4
+
+
+@pytest.mark.slow
+def test_deepnet_glu_shape_runs_fused_attention(tmp_path_factory, tok_dir, tmp_path) -> None:
+    run = _tiny(tmp_path_factory, tok_dir, "deepnet", "model.norm_position=deepnorm", "model.norm=rmsnorm")
+    man = _export_and_compare(run, tmp_path / "deepnet")
+    assert man["attention"] == {"fused": True} and man["graph_ops"]["MultiHeadAttention"] == 2
+    assert man["check"]["worst_relative_diff"] < 1e-4 and man["embed_diff"] < 1e-4
+
+
+def test_int8_quantizes_for_the_cpu_it_runs_on(ft_onnx, ft_onnx_int8) -> None:
+    from cramkit.infer.onnx import ISA_FORMATS, cpu_isa
+
+    fp32, int8 = (json.loads((d / MANIFEST).read_text()) for d in (ft_onnx, ft_onnx_int8))
+    assert fp32["attention"] == {"fused": True} and fp32["graph_ops"]["MultiHeadAttention"] == 2
+    quant = int8["quantization"]
+    assert quant["isa"] == cpu_isa() and quant["reduce_range"] is ISA_FORMATS[cpu_isa()][0]
+    assert int8["graph_ops"]["MultiHeadAttention"] == 2 and int8["graph_ops"]["MatMulInteger"] >= 4
+    assert cpu_isa({"avx2", "avx512f", "avx512bw", "avx512_vnni"}, "x86_64") == "avx512_vnni"
+    assert cpu_isa({"avx2", "avx512f", "avx512bw"}, "x86_64") == "avx512"
+    assert cpu_isa({"avx2", "avx_vnni"}, "x86_64") == "avx_vnni"
+    assert cpu_isa({"avx2"}, "x86_64") == "avx2" and cpu_isa(set(), "aarch64") == "arm64"
+    assert ISA_FORMATS["avx2"][0] and not ISA_FORMATS["avx512_vnni"][0] and not ISA_FORMATS["arm64"][0]

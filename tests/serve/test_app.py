@@ -125,3 +125,35 @@ def test_the_log_says_one_line_per_kind_per_second(capsys) -> None:
     time.sleep(0.25)
     log("accept", "socket.accept() out of system resource")
     assert "and 999 more like it" in capsys.readouterr().err
+
+
+def test_a_pass_takes_the_oldest_request_first_then_the_shortest_inputs_of_all() -> None:
+    import asyncio
+    import types
+
+    from cramkit.data.batching import Encoded
+    from cramkit.serve.batcher import Batcher, Job
+
+    def enc(lengths: list[int]) -> Encoded:
+        n = len(lengths)
+        return Encoded(
+            ids=[[1] * k for k in lengths], b_start=np.zeros(n, np.int64), lengths=np.asarray(lengths),
+            labels=None, idx=np.arange(n), truncated=np.zeros(n, bool),
+        )  # fmt: skip
+
+    loop = asyncio.new_event_loop()
+    batcher = Batcher(
+        types.SimpleNamespace(max_batch_tokens=200), "m", max_wait_ms=0, max_queue=1000, timeout_s=30
+    )
+    old = Job.make("embed", enc([100, 10]), loop.create_future(), loop)
+    new = Job.make("embed", enc([10] * 8), loop.create_future(), loop)
+    batcher.submit(old)
+    batcher.submit(new)
+    passes = []
+    with batcher._cond:
+        while batcher._queue:
+            passes.append([(job, rows.tolist()) for job, rows in batcher._form()])
+    loop.close()
+    # in arrival order the old request's two inputs would share a pass padded to 100 tokens (200), then the
+    # new one's eight a pass of 80: like lengths together pad 90 + 100 instead
+    assert passes == [[(old, [1]), (new, list(range(8)))], [(old, [0])]], passes

@@ -1,10 +1,11 @@
 """The server's queues: one worker thread per model forms the forward passes from queued requests.
 
 Requests arrive tokenised (:meth:`cramkit.infer.Engine.tokenize`), their inputs sorted by length. The worker
-forms each forward pass itself, as text-embeddings-inference's queue does: it takes inputs from the oldest
-request on, in order, while the pass still fits the engine's token budget (rows x longest row,
+forms each forward pass itself: the oldest request's next input, then the shortest inputs left among all
+queued requests of its task, while the pass still fits the engine's token budget (rows x longest row,
 :func:`cramkit.infer.engine.fits`), waiting up to ``max_wait_ms`` after the oldest arrived for more (no wait
-once the budget is full). A request larger than one pass is answered over several; small ones share a pass.
+once the budget is full). Passes of inputs of like length pad little, and every pass advances the oldest
+request. A request larger than one pass is answered over several; small ones share a pass.
 The engine runs each pass as it is (``*_pass``), and each request's future is answered on its event loop
 once all its inputs are done.
 
@@ -23,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import heapq
 import math
 import threading
 import time
@@ -279,43 +281,56 @@ class Batcher(Lane):
             return None
 
     def _form(self) -> list[tuple[Job, np.ndarray]]:
-        """Take a forward pass's inputs from the queue (under the lock; empty if every caller gave up)."""
-        parts: list[tuple[Job, np.ndarray]] = []
-        rows = longest = 0
-        key = None
-        at = 0  # the next job of the queue to look at
-        deadline = self._queue[0].enqueued + self.max_wait
+        """Take a forward pass's inputs from the queue (under the lock; empty if every caller gave up),
+        waiting up to ``max_wait`` after the oldest job arrived while the pass is not full."""
+        deadline = self._queue[0].enqueued + self.max_wait if self._queue else 0.0
         while True:
-            while at < len(self._queue):
-                job = self._queue[at]
-                if job.gone:  # the caller gave up
-                    del self._queue[at]
-                    self._add(-job.left, -float(job.enc.lengths[job.order[job.taken :]].sum()))
-                    continue
-                if key is None:
-                    key = job.key
-                if job.key != key:
-                    break
-                take = 0
-                while take < job.left:
-                    length = int(job.enc.lengths[job.order[job.taken + take]])
-                    if not fits(rows + 1, max(longest, length), self.max_batch_tokens):
-                        break
-                    rows, longest, take = rows + 1, max(longest, length), take + 1
-                if take:
-                    piece = job.order[job.taken : job.taken + take]
-                    parts.append((job, piece))
-                    job.taken += take
-                    self._add(-take, -float(job.enc.lengths[piece].sum()))
-                if job.left:
-                    break  # the pass is full
-                del self._queue[at]
-            full = at < len(self._queue) or not fits(rows + 1, longest, self.max_batch_tokens)
+            self._prune()
+            if not self._queue:
+                return []
+            takes, full = self._plan()
             left = deadline - time.perf_counter()
-            if full or left <= 0 or self._stopping or (not parts and not self._queue):
+            if full or left <= 0 or self._stopping:
                 break
             self._cond.wait(left)
+        parts: list[tuple[Job, np.ndarray]] = []
+        for job, take in takes.items():
+            piece = job.order[job.taken : job.taken + take]
+            parts.append((job, piece))
+            job.taken += take
+            self._add(-take, -float(job.enc.lengths[piece].sum()))
+            if not job.left:
+                self._queue.remove(job)
         return parts
+
+    def _prune(self) -> None:
+        """Drop the jobs whose callers gave up (timed out, disconnected)."""
+        for job in [j for j in self._queue if j.gone]:
+            self._queue.remove(job)
+            self._add(-job.left, -float(job.enc.lengths[job.order[job.taken :]].sum()))
+
+    def _plan(self) -> tuple[dict[Job, int], bool]:
+        """The next pass: inputs to take per job, and whether the budget is full. The oldest job's next
+        input comes first (every pass advances it, so no job waits behind newer ones), then the shortest
+        inputs left among all queued jobs of its task, each job's in its own length order, while the pass
+        fits: length-sorted passes pad little."""
+        oldest = self._queue[0]
+        jobs = [j for j in self._queue if j.key == oldest.key]
+        lengths = [j.enc.lengths[j.order[j.taken :]] for j in jobs]
+        takes = [1] + [0] * (len(jobs) - 1)
+        rows, longest = 1, int(lengths[0][0])
+        heap = [(int(ls[t]), k) for k, (ls, t) in enumerate(zip(lengths, takes, strict=True)) if t < len(ls)]
+        heapq.heapify(heap)
+        while heap:
+            length, k = heap[0]
+            if not fits(rows + 1, max(longest, length), self.max_batch_tokens):
+                break
+            heapq.heappop(heap)
+            rows, longest = rows + 1, max(longest, length)
+            takes[k] += 1
+            if takes[k] < len(lengths[k]):
+                heapq.heappush(heap, (int(lengths[k][takes[k]]), k))
+        return {j: t for j, t in zip(jobs, takes, strict=True) if t}, bool(heap)
 
     def _work(self, parts: list[tuple[Job, np.ndarray]]) -> tuple[int, float]:
         job0 = parts[0][0]

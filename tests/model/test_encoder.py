@@ -227,3 +227,25 @@ def test_encoder_select_returns_selected_rows_and_rows_without_selection_are_den
     model = MaskedLM(cfg)
     out = model(ids, labels=torch.full_like(ids, IGNORE))
     assert out.logits.shape == (0, cfg.vocab_size) and out.n_predicted.item() == 0
+
+
+def test_rope_model_reads_inputs_longer_than_max_position() -> None:
+    """Rotary models have no position table to outgrow: an input past ``max_position`` (24) is encoded, its
+    first positions exactly as in a shorter input, and the sparse last block agrees with the dense one."""
+    cfg = TINY.replace(position="rope", attention_dropout=0.0, dropout=0.0)
+    torch.manual_seed(0)
+    model = MaskedLM(cfg).eval()
+    ids, mask = _batch(40)
+    with torch.no_grad():
+        long = model.encoder(ids, mask)
+        short = model.encoder(ids[:, :20], mask[:, :20])
+        assert long.shape == (3, 40, cfg.hidden) and torch.isfinite(long).all()
+        rot = model.encoder.layers[0].attn.rotary
+        x = torch.randn(1, 1, 40, cfg.head_dim)
+        assert torch.equal(rot(x)[..., :24, :], rot(x[..., :24, :]))  # the table's rows, then computed ones
+        labels = torch.full_like(ids, IGNORE)
+        labels[:, 30:] = ids[:, 30:]  # predicted positions past max_position: the sparse last block
+        sparse = model(ids, labels=labels, attention_mask=mask).logits
+        dense = model(ids, attention_mask=mask).logits[:, 30:].reshape(-1, cfg.vocab_size)
+    assert torch.allclose(sparse, dense, atol=1e-5)
+    assert short.shape == (3, 20, cfg.hidden)

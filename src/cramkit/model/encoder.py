@@ -122,17 +122,31 @@ class Rotary(nn.Module):
     def __init__(self, head_dim: int, max_position: int, base: float) -> None:
         super().__init__()
         inv_freq = 1.0 / base ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim)
+        self.register_buffer("inv_freq", inv_freq, persistent=False)
         angles = torch.outer(torch.arange(max_position, dtype=torch.float32), inv_freq)
         self.register_buffer("cos", angles.cos(), persistent=False)
         self.register_buffer("sin", angles.sin(), persistent=False)
 
-    def forward(self, x: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
-        """x: [B, heads, L, head_dim] (positions 0..L-1), or [N, heads, head_dim] at ``positions`` [N]."""
+    def _table(self, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos and sin of positions 0..n-1: the precomputed table, or (rotary models take inputs longer
+        than ``max_position``) computed for this call."""
+        if n <= self.cos.shape[0]:
+            return self.cos, self.sin
+        angles = torch.outer(torch.arange(n, dtype=torch.float32, device=self.inv_freq.device), self.inv_freq)
+        return angles.cos(), angles.sin()
+
+    def forward(
+        self, x: torch.Tensor, positions: torch.Tensor | None = None, length: int = 0
+    ) -> torch.Tensor:
+        """x: [B, heads, L, head_dim] (positions 0..L-1), or [N, heads, head_dim] at ``positions`` [N], each
+        below ``length`` (the sequence's length, known on the host: no device read)."""
         if positions is None:
             length = x.shape[-2]
-            cos, sin = self.cos[:length], self.sin[:length]
+            cos, sin = self._table(length)
+            cos, sin = cos[:length], sin[:length]
         else:
-            cos, sin = self.cos[positions][:, None], self.sin[positions][:, None]
+            cos, sin = self._table(length)
+            cos, sin = cos[positions][:, None], sin[positions][:, None]
         cos, sin = cos.to(x.dtype), sin.to(x.dtype)
         x1, x2 = x[..., 0::2], x[..., 1::2]
         return torch.stack((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1).flatten(-2)
@@ -253,7 +267,7 @@ class Attention(nn.Module):
         xq = x.reshape(-1, x.shape[-1]).index_select(0, select.flat)
         q = F.linear(xq, w[:hidden], None if b is None else b[:hidden]).view(-1, heads, head_dim)
         if self.rotary is not None:
-            q, k = self.rotary(q, select.flat % length), self.rotary(k)
+            q, k = self.rotary(q, select.flat % length, length), self.rotary(k)
         width = select.valid.shape[1]  # queries packed per row, padded with zeros (outputs dropped)
         q = q.new_zeros(batch * width, heads, head_dim).index_copy(0, select.slots, q)
         q = q.view(batch, width, heads, head_dim).transpose(1, 2)

@@ -341,6 +341,21 @@ def open_memmap(path: str | os.PathLike, dtype: Any, shape: tuple[int, ...]) -> 
     return mm
 
 
+def read_json_object(path: str | os.PathLike, fix: str) -> dict[str, Any]:
+    """The JSON object in ``path`` ({} when there is no such file); one clear line ending in ``fix`` when it
+    is not valid JSON or not an object."""
+    path = Path(path)
+    if not path.is_file():
+        return {}
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (ValueError, OSError) as exc:
+        raise CramkitError(f"{path} is not valid JSON ({exc}); {fix}") from None
+    if not isinstance(data, dict):
+        raise CramkitError(f"{path} does not hold a JSON object; {fix}")
+    return data
+
+
 def check_fields(meta: dict[str, Any], types: dict[str, Any], file: str | os.PathLike, fix: str) -> None:
     """A CramkitError naming the first field of ``meta`` (a manifest read from ``file``) whose value is not of
     its type in ``types`` (a type, a tuple of types, or a tuple of allowed strings); absent fields and nulls

@@ -119,3 +119,9 @@ def test_bad_inputs_exit_2_with_one_clear_message(tmp_path, corpus, capsys, tok_
     err = _error(capsys, ["data", "inspect", out])
     assert "train.idx is truncated" in err and "rebuild the store" in err
     assert "holds no token store" in _error(capsys, ["data", "inspect", str(corpus)])
+    # a store's metadata that is not a JSON object, or not JSON at all
+    meta = tmp_path / "s" / "train.json"
+    for text, said in (("[1]", "does not hold a JSON object"), ("{nope", "is not valid JSON")):
+        meta.write_text(text)
+        err = _error(capsys, ["data", "inspect", out])
+        assert said in err and "train.json" in err and "rebuild the store" in err

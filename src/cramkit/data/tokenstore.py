@@ -27,6 +27,7 @@ from pathlib import Path
 import numpy as np
 
 from cramkit.errors import CramkitError
+from cramkit.io import read_json_object
 
 MAGIC = b"MMIDIDX\x00\x00"
 VERSION = 1
@@ -300,16 +301,7 @@ def _open_pair(prefix: Path, mmap: bool, pin_memory: bool):
 
 
 def _read_meta(prefix: Path) -> dict:
-    meta_path = _with(prefix, ".json")
-    if not meta_path.is_file():
-        return {}
-    try:
-        meta = json.loads(meta_path.read_text(encoding="utf-8"))
-    except (ValueError, OSError) as exc:
-        raise CramkitError(f"{meta_path} is not valid JSON ({exc}); rebuild the store") from None
-    if not isinstance(meta, dict):
-        raise CramkitError(f"{meta_path} does not hold a JSON object; rebuild the store")
-    return meta
+    return read_json_object(_with(prefix, ".json"), "rebuild the store")
 
 
 class TokenStore:

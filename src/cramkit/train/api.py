@@ -25,6 +25,7 @@ import yaml
 from cramkit import runtime
 from cramkit.config import load_yaml
 from cramkit.errors import CramkitError
+from cramkit.io import read_json_object
 from cramkit.train import checkpoint as ckpt
 from cramkit.train.config import RunConfig, build_config, check_fits, resolve_config
 
@@ -555,16 +556,7 @@ def _source_options(**given: Any) -> dict[str, Any]:
 
 
 def _read_run_info(run: Path) -> dict[str, Any]:
-    path = run / RUN_FILE
-    if not path.is_file():
-        return {}
-    try:
-        info = json.loads(path.read_text(encoding="utf-8"))
-    except (ValueError, OSError) as exc:
-        raise CramkitError(f"{path} is not valid JSON ({exc}); the run directory is damaged") from None
-    if not isinstance(info, dict):
-        raise CramkitError(f"{path} does not hold a JSON object; the run directory is damaged")
-    return info
+    return read_json_object(run / RUN_FILE, "the run directory is damaged")
 
 
 def _prepare(run, cfg, inputs, tokenizer, resume, preset, source_options, saved, *, begin, adapt_info):

@@ -36,7 +36,7 @@ import numpy as np
 
 from cramkit.data.tokenstore import TokenStore
 from cramkit.errors import CramkitError
-from cramkit.runtime import torchrun
+from cramkit.runtime import resolve_device, torchrun
 
 BLOCK = 16 << 20  # bytes per read from the shared file system
 RECORD = "stage.json"
@@ -336,11 +336,7 @@ def open_store(
 ) -> TokenStore:
     """The store to train on: ``store`` itself, or its node-local copy (``stage_to == "local"``),
     memory-mapped or read with pread (pinned buffers when CUDA is present)."""
-    pin = False
-    if not mmap:
-        import torch
-
-        pin = torch.cuda.is_available()
+    pin = not mmap and resolve_device("auto").type == "cuda"  # runtime's rule: CUDA whenever it is there
     if stage_to == "local":
         limit = parse_size(max_size, "data.stage_max_size") if max_size else None
         staged = TokenStore(stage(store, stage_dir, limit), mmap=mmap, pin_memory=pin)

@@ -85,8 +85,8 @@ def pretrain(out: Path, corpus: Path, budget: str, models: list[str], log: Path)
     }
     for name, (run_budget, extra) in plan.items():
         run = out / "runs" / name
-        if name in runs or (name not in models and name != "wwm"):
-            continue
+        if name in runs or (name not in models and (name != "wwm" or (run / "tokenizer").is_dir())):
+            continue  # another worker's run (wwm is run by whoever needs its tokenizer first)
         tok = ["--tokenizer", str(out / "runs" / "wwm" / "tokenizer")] if name != "wwm" else []
         before = loadavg()
         if (run / "checkpoints").is_dir():  # the bench was stopped during this run: continue it

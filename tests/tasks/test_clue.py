@@ -62,6 +62,8 @@ def test_every_fewclue_task_reads_with_its_counts_labels_and_fields(fewclue: Pat
     for name, task in tasks.items():
         folder = fewclue / name.split("/")[1]
         assert task.train_split == "train_few_all" and task.dev_splits == ["dev_few_all", "test_public"]
+        # FewCLUE reports test_public; the dev split (not the test) picks between runs
+        assert task.scored_splits == ["test_public"] and task.selection_splits == ["dev_few_all"]
         for split in ("train_0", "dev_3", "train_few_all", "dev_few_all", "test_public", "test"):
             rows = _lines(folder / f"{split}.json")
             examples = task.examples(split)
@@ -283,6 +285,7 @@ def test_fewclue_protocol_through_eval_clue(fewclue: Path, zh_run: Path, tmp_pat
     assert few["splits"] == ["0", "1"]
     per = [json.loads((out / "eprstmt" / f"split-{k}" / "results.json").read_text()) for k in "01"]
     scores = [p["median"]["test_public"]["metrics"]["accuracy"] for p in per]
+    assert [p["score"] for p in per] == scores  # a run's score is test_public's, not its mean with dev_K's
     assert [few["per_split"][k]["score"] for k in "01"] == scores
     assert few["mean"] == pytest.approx(statistics.mean(scores)) and few["std"] == pytest.approx(
         statistics.stdev(scores)

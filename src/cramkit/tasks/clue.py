@@ -488,7 +488,8 @@ def make_clue_task(key: str, data_dir: PathLike | None = None, skip_bad_rows: bo
         )
         splits[split] = JsonLinesSplit(name, path, parse, skip_bad_rows=skip_bad_rows, hint=hint)
     if kind == "fewclue":
-        roles = {"train_split": "train_few_all", "dev_splits": ["dev_few_all", "test_public"]}
+        roles = {"train_split": "train_few_all", "dev_splits": ["dev_few_all", "test_public"],
+                 "score_splits": ["test_public"]}  # fmt: skip
         files = {"test": f"{spec.fewclue_name}_predict_all.json"}
     else:
         roles = {"train_split": "train", "dev_splits": ["dev"]}
@@ -560,6 +561,7 @@ def fewshot_task(task: Task, k: str) -> Task:
         task,
         train_split=f"train_{k}",
         dev_splits=[f"dev_{k}", "test_public"],
+        score_splits=["test_public"],
         leaderboard_files={"test": f"{stem}_{suffix}.json"},
     )
 

@@ -71,6 +71,9 @@ class Task:
     main_metric: str | None = None
     train_split: str = "train"
     dev_splits: list[str] = field(default_factory=lambda: ["dev"])
+    # the dev splits whose mean is the task's score (None: all of them); FewCLUE: test_public, the split it
+    # reports (its dev split is scored beside it and is what a choice between runs looks at)
+    score_splits: list[str] | None = None
     test_splits: list[str] = field(default_factory=lambda: ["test"])
     leaderboard_files: dict[str, str] = field(default_factory=dict)  # split -> file name, e.g. "RTE.tsv"
     label_names: list[str] | None = None  # readable names, e.g. ["unacceptable", "acceptable"] for "0"/"1"
@@ -125,6 +128,17 @@ class Task:
     def num_labels(self) -> int:
         """Outputs of the head: the number of labels, or 1 (regression's score, a choice's score)."""
         return len(self.labels) if self.labels is not None else 1
+
+    @property
+    def scored_splits(self) -> list[str]:
+        """The dev splits the task's score is the mean of."""
+        return [s for s in self.dev_splits if self.score_splits is None or s in self.score_splits]
+
+    @property
+    def selection_splits(self) -> list[str]:
+        """The dev splits a choice between runs (the kept seed, the best epoch) looks at: those not
+        reported as the score when there are any, so that a reported test split does not pick the run."""
+        return [s for s in self.dev_splits if s not in self.scored_splits] or self.scored_splits
 
     def examples(self, split: str) -> list[Example]:
         """The split's examples (loaded once, then cached). CramkitError on an unknown or absent split."""

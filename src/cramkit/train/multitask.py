@@ -292,7 +292,7 @@ def _train_and_score(mixture, tasks, loaded, cfg, out_dir, ctx, train, dev, test
             preds = logits[:, 0] if t.is_regression else logits
             metrics = t.compute_metrics(preds, enc.labels, t.examples(split))
             entry["dev"][split] = {"metrics": metrics, "score": t.score(metrics)}
-        scores = [v["score"] for v in entry["dev"].values()]
+        scores = [v["score"] for split, v in entry["dev"].items() if split in t.scored_splits]
         entry["score"] = float(np.mean(scores)) if scores else None
         results["tasks"][t.name] = entry
     scored = [e["score"] for e in results["tasks"].values() if e["score"] is not None]

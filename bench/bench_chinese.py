@@ -131,7 +131,7 @@ def finetune(out: Path, tasks: list[str], splits: list[int], models: list[str], 
                 cramkit("finetune", "--from", str(out / "runs" / model), "--train",
                         str(FEWCLUE / task / f"train_{k}.json"), "--dev", str(FEWCLUE / task / "test_public.json"),
                         *fields, "--label", "label", "--name", task, "--out", str(ft), "--no-progress",
-                        "--set", f"lr={LR}", "--set", f"epochs={epochs}", log=log)  # fmt: skip
+                        "--set", f"lr={LR}", "--set", f"epochs={epochs}", "--set", "eval_every=never", log=log)  # fmt: skip
                 res = json.loads((ft / "results.json").read_text())
                 acc = _accuracy(res)
                 row = {"task": task, "model": model, "k": k, "accuracy": acc, "wall_s": round(time.time() - t0, 1),

@@ -127,7 +127,9 @@ def test_the_log_says_one_line_per_kind_per_second(capsys) -> None:
     assert "and 999 more like it" in capsys.readouterr().err
 
 
-def test_a_pass_takes_the_oldest_request_first_then_the_shortest_inputs_of_all() -> None:
+def _formed(budget: int, *requests: list[int]) -> tuple[list, list]:
+    """The passes a batcher with ``budget`` padded tokens forms from requests of these input lengths queued
+    in this order: [[(request number, its rows)]]; and the jobs."""
     import asyncio
     import types
 
@@ -143,17 +145,29 @@ def test_a_pass_takes_the_oldest_request_first_then_the_shortest_inputs_of_all()
 
     loop = asyncio.new_event_loop()
     batcher = Batcher(
-        types.SimpleNamespace(max_batch_tokens=200), "m", max_wait_ms=0, max_queue=1000, timeout_s=30
+        types.SimpleNamespace(max_batch_tokens=budget), "m", max_wait_ms=0, max_queue=1000, timeout_s=30
     )
-    old = Job.make("embed", enc([100, 10]), loop.create_future(), loop)
-    new = Job.make("embed", enc([10] * 8), loop.create_future(), loop)
-    batcher.submit(old)
-    batcher.submit(new)
+    jobs = [Job.make("embed", enc(r), loop.create_future(), loop) for r in requests]
+    for job in jobs:
+        batcher.submit(job)
     passes = []
     with batcher._cond:
         while batcher._queue:
-            passes.append([(job, rows.tolist()) for job, rows in batcher._form()])
+            passes.append([(jobs.index(job), rows.tolist()) for job, rows in batcher._form()])
     loop.close()
+    return passes, jobs
+
+
+def test_a_pass_takes_the_oldest_request_first_then_the_shortest_inputs_of_all() -> None:
+    passes, _ = _formed(200, [100, 10], [10] * 8)
     # in arrival order the old request's two inputs would share a pass padded to 100 tokens (200), then the
     # new one's eight a pass of 80: like lengths together pad 90 + 100 instead
-    assert passes == [[(old, [1]), (new, list(range(8)))], [(old, [0])]], passes
+    assert passes == [[(0, [1]), (1, list(range(8)))], [(0, [0])]], passes
+
+
+def test_the_oldest_input_sets_the_pass_length_and_older_requests_fill_it_first() -> None:
+    passes, _ = _formed(200, [20] * 3, [20] * 5, [5] * 10)
+    # the oldest input is 20 tokens: 10 rows fit. The two older requests' inputs (as long as it) go first and
+    # finish them; the newest's short ones make the next pass at 5 tokens: 200 + 40 padded tokens. Taking the
+    # shortest of all first would pad 200 (20 + nine 5s) + 160 (the rest, at 20)
+    assert passes == [[(0, [0, 1, 2]), (1, [0, 1, 2, 3, 4]), (2, [0, 1])], [(2, list(range(2, 10)))]], passes

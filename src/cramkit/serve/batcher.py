@@ -1,8 +1,9 @@
 """The server's queues: one worker thread per model forms the forward passes from queued requests.
 
 Requests arrive tokenised (:meth:`cramkit.infer.Engine.tokenize`), their inputs sorted by length. The worker
-forms each forward pass itself: the oldest request's next input, then the shortest inputs left among all
-queued requests of its task, while the pass still fits the engine's token budget (rows x longest row,
+forms each forward pass itself: the oldest request's next input sets its length; the inputs no longer than
+it (the oldest requests' first), then the shortest longer ones of all queued requests of its task, while the
+pass still fits the engine's token budget (rows x longest row,
 :func:`cramkit.infer.engine.fits`), waiting up to ``max_wait_ms`` after the oldest arrived for more (no wait
 once the budget is full). Passes of inputs of like length pad little, and every pass advances the oldest
 request. A request larger than one pass is answered over several; small ones share a pass.
@@ -310,18 +311,29 @@ class Batcher(Lane):
             self._add(-job.left, -float(job.enc.lengths[job.order[job.taken :]].sum()))
 
     def _plan(self) -> tuple[dict[Job, int], bool]:
-        """The next pass: inputs to take per job, and whether the budget is full. The oldest job's next
-        input comes first (every pass advances it, so no job waits behind newer ones), then the shortest
-        inputs left among all queued jobs of its task, each job's in its own length order, while the pass
-        fits: length-sorted passes pad little."""
+        """The next pass: inputs to take per job, and whether the budget is full. The oldest job's next input
+        comes first (every pass advances it, so no job waits behind newer ones) and sets the pass's length:
+        the inputs no longer than it fill the pass first, the oldest jobs' first, then (room left) the shortest
+        longer ones among all queued jobs of its task; each job's inputs in its own length order. Passes of
+        like lengths pad little, and older requests finish first."""
         oldest = self._queue[0]
         jobs = [j for j in self._queue if j.key == oldest.key]
         lengths = [j.enc.lengths[j.order[j.taken :]] for j in jobs]
-        takes = [1] + [0] * (len(jobs) - 1)
-        rows, longest = 1, int(lengths[0][0])
+        longest = int(lengths[0][0])
+        takes = [0] * len(jobs)
+        rows, full = 0, False
+        for k, ls in enumerate(lengths):  # the inputs no longer than the first, oldest jobs first
+            for _ in range(int(np.searchsorted(ls, longest, side="right"))):
+                if not fits(rows + 1, longest, self.max_batch_tokens):
+                    full = True
+                    break
+                takes[k] += 1
+                rows += 1
+            if full:
+                return {j: t for j, t in zip(jobs, takes, strict=True) if t}, True
         heap = [(int(ls[t]), k) for k, (ls, t) in enumerate(zip(lengths, takes, strict=True)) if t < len(ls)]
         heapq.heapify(heap)
-        while heap:
+        while heap:  # then the shortest longer ones of all
             length, k = heap[0]
             if not fits(rows + 1, max(longest, length), self.max_batch_tokens):
                 break

@@ -168,6 +168,7 @@ def main() -> None:
         ("onnx", "onnx", None, "cramkit-onnx.json"),
         ("onnx-int8", "onnx", "int8", "cramkit-onnx.json"),
         ("ct2", "ct2", None, "cramkit-ct2.json"),
+        ("ct2", "ct2", None, "cramkit-ct2.json"),
         ("ct2-int8", "ct2", "int8", "cramkit-ct2.json"),
     ):
         if not (work / name / marker).is_file():
@@ -314,6 +315,7 @@ CONTESTANTS = [  # name, tool, variant; the first is the baseline
     ("cramkit Engine torch fp32", "cramkit", "torch"),
     ("cramkit Engine onnx fp32", "cramkit", "onnx"),
     ("cramkit Engine onnx int8", "cramkit", "onnx-int8"),
+    ("cramkit Engine ct2 float32", "cramkit", "ct2"),
     ("cramkit Engine ct2 int8", "cramkit", "ct2-int8"),
 ]
 
@@ -495,6 +497,7 @@ def race(args: argparse.Namespace) -> None:
     for name, fmt, quantize, marker in (
         ("onnx", "onnx", None, "cramkit-onnx.json"),
         ("onnx-int8", "onnx", "int8", "cramkit-onnx.json"),
+        ("ct2", "ct2", None, "cramkit-ct2.json"),
         ("ct2-int8", "ct2", "int8", "cramkit-ct2.json"),
     ):
         if not (work / name / marker).is_file():

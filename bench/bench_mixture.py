@@ -51,6 +51,8 @@ def main() -> None:
     ap.add_argument("--large", type=int, default=1500, help="CoLA and SST-2 training examples")
     ap.add_argument("--epochs", type=float, default=2.0)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--refine", default="", help="comma-separated tasks to fine-tune again alone from the mixture's "
+                    "encoder (MT-DNN's second stage), e.g. glue/cola; the mixture's model is kept in WORK")  # fmt: skip
     args = ap.parse_args()
 
     import torch
@@ -89,13 +91,21 @@ def main() -> None:
         if entry["mixture"] is None:
             t0 = time.perf_counter()
             mix = Mixture("mrpc+cola+sst2", tuple(sizes), "proportional")
-            res = finetune_mixture(mix, tasks, loaded, cfg, None, progress=False)
+            mix_dir = work / f"mixture-{key}" if args.refine else None
+            res = finetune_mixture(mix, tasks, loaded, cfg, mix_dir, progress=False)
             entry["mixture"] = {"tasks": {n: {"score": e["score"], "metrics": e["dev"]["dev"]["metrics"],
                                               "batches": e["batches"]} for n, e in res["tasks"].items()},
                                 "examples_per_s": res["examples_per_s"], "steps": res["steps"],
                                 "seconds": round(time.perf_counter() - t0, 1),
                                 "load": Path("/proc/loadavg").read_text().split()[0]}  # fmt: skip
             print(f"{key} mixture: {json.dumps(entry['mixture']['tasks'])}", file=sys.stderr, flush=True)
+            out_file.write_text(json.dumps(results, indent=1))
+        refined = entry.setdefault("refined", {})
+        for task in [t for t in tasks if t.name in args.refine.split(",") and t.name not in refined]:
+            # the second stage: this task alone, from the mixture's encoder (a fresh head), the same recipe
+            res = finetune(task, cramkit.load(work / f"mixture-{key}"), cfg, None, progress=False)
+            refined[task.name] = {"score": res["score"], "metrics": res["median"]["dev"]["metrics"]}
+            print(f"{key} mixture, then {task.name} alone: {res['score']:.2f}", file=sys.stderr, flush=True)
             out_file.write_text(json.dumps(results, indent=1))
     report(results, work)
 
@@ -104,14 +114,16 @@ def report(results: dict, work: Path) -> None:
     seeds = [k for k in results if k.startswith("seed") and results[k].get("mixture")]
     names = list(results["setup"]["sizes"])
     lines = [
-        "| task (train examples) | alone (dev, main metric) | mixture | difference |",
-        "|---|---:|---:|---:|",
+        "| task (train examples) | alone (dev, main metric) | mixture | difference | mixture, then alone |",
+        "|---|---:|---:|---:|---:|",
     ]
     for n in names:
         alone = statistics.mean(results[s]["single"][n]["score"] for s in seeds)
         mixed = statistics.mean(results[s]["mixture"]["tasks"][n]["score"] for s in seeds)
+        again = [results[s].get("refined", {}).get(n, {}).get("score") for s in seeds]
+        refined = f"{statistics.mean(again):.2f}" if all(a is not None for a in again) else "-"
         lines.append(
-            f"| {n} ({results['setup']['sizes'][n]}) | {alone:.2f} | {mixed:.2f} | {mixed - alone:+.2f} |"
+            f"| {n} ({results['setup']['sizes'][n]}) | {alone:.2f} | {mixed:.2f} | {mixed - alone:+.2f} | {refined} |"
         )
     # the single-task runs taken together: all their examples over all their training seconds (each task's
     # examples weighted, not a mean of rates: MRPC's long pairs train 4x slower than CoLA's sentences)

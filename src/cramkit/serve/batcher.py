@@ -321,15 +321,13 @@ class Batcher(Lane):
         lengths = [j.enc.lengths[j.order[j.taken :]] for j in jobs]
         longest = int(lengths[0][0])
         takes = [0] * len(jobs)
-        rows, full = 0, False
+        rows = 0
         for k, ls in enumerate(lengths):  # the inputs no longer than the first, oldest jobs first
-            for _ in range(int(np.searchsorted(ls, longest, side="right"))):
-                if not fits(rows + 1, longest, self.max_batch_tokens):
-                    full = True
-                    break
+            short = int(np.searchsorted(ls, longest, side="right"))
+            while takes[k] < short and fits(rows + 1, longest, self.max_batch_tokens):
                 takes[k] += 1
                 rows += 1
-            if full:
+            if takes[k] < short:  # full at this length
                 return {j: t for j, t in zip(jobs, takes, strict=True) if t}, True
         heap = [(int(ls[t]), k) for k, (ls, t) in enumerate(zip(lengths, takes, strict=True)) if t < len(ls)]
         heapq.heapify(heap)

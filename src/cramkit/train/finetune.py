@@ -475,7 +475,7 @@ def _finetune_seeds(
         model, stats = train_one_seed(
             loaded, train, task.num_labels, cfg, seed, progress=progress, desc=f"{task.name} seed {seed}",
             run=run, resume_hint=hint, ctx=ctx, multiple_choice=task.is_multiple_choice,
-            dev=next(((task, s, dev[s]) for s in task.selection_splits if s in dev), None),
+            dev=(task, task.selection_splits[0], dev[task.selection_splits[0]]) if dev else None,
         )  # fmt: skip
         if not ctx.is_main:  # rank 0 scores and writes; the others go on to the next seed's training
             continue
@@ -521,7 +521,7 @@ def _finetune_seeds(
             "metrics": metrics,
             "score": statistics.median(r["dev"][split]["score"] for r in per_seed),
         }
-    scored = [s for s in task.scored_splits if s in dev]
+    scored = task.scored_splits  # dev holds every dev split
     results["score"] = float(np.mean([results["median"][s]["score"] for s in scored])) if scored else None
     scored_tests = sorted({s for r in per_seed for s in r.get("test", {})})
     for split in scored_tests:  # labelled test files: scored like the dev splits (median over seeds)
@@ -535,7 +535,7 @@ def _finetune_seeds(
         results["skipped_rows"] = skipped
 
     # the seed whose dev score is the (lower) median: its model is kept, its test predictions written
-    chosen = [s for s in task.selection_splits if s in dev]
+    chosen = task.selection_splits
     scores = [float(np.mean([r["dev"][s]["score"] for s in chosen])) if chosen else 0.0 for r in per_seed]
     pick = sorted(range(len(scores)), key=lambda i: scores[i])[(len(scores) - 1) // 2]
     results["kept_seed"] = cfg.seeds[pick]

@@ -51,6 +51,8 @@ DIRECTORY_KINDS: tuple[tuple[str, str], ...] = (
 )
 # architecture name -> "module:function(meta) -> nn.Module"; a fixed table, never read from a file
 ARCHITECTURES = {"bilstm": "cramkit.model.students:build_from_meta"}
+# cramkit's own encoder models: a head on the encoder, a prompt through the MLM head, deep prompts on a base
+OWN_ARCHITECTURES = ("encoder", "prompt", "prefix")
 
 PathLike = str | os.PathLike
 # the fields of cramkit-model.json and their types: a crafted file gets one line, never a traceback
@@ -154,7 +156,8 @@ class LoadedModel:
         out = Path(out)
         out.mkdir(parents=True, exist_ok=True)
         (out / MODEL_FILE).unlink(missing_ok=True)
-        state = _unique_tensors(self.model.state_dict())
+        own = getattr(self.model, "own_state", None)  # a deep-prompt model: its prefixes and head only
+        state = _unique_tensors(own() if callable(own) else self.model.state_dict())
         with atomic_path(out / "model.safetensors") as tmp:
             save_file(
                 {k: v.detach().to("cpu").contiguous() for k, v in state.items()},
@@ -204,12 +207,15 @@ def load(
     step: int | None = None,
     device: str | torch.device | None = None,
     task: str | None = None,
+    base: PathLike | LoadedModel | None = None,
 ) -> LoadedModel:
     """Load any model cramkit knows: a run, a checkpoint, a model directory or ``hf:DIR``.
 
     step: with a run directory, that checkpoint (``step-N``) instead of the latest. task: of a model
     trained on a mixture (one head per task), that task's model (a plain classifier sharing the encoder);
-    of a single-task model, a check that it is the one it was trained on.
+    of a single-task model, a check that it is the one it was trained on. base: of a deep-prompt directory
+    (``finetune --method ptuning``), the base model it was trained on (a path, or a loaded model whose
+    encoder is then shared, not copied); its encoder must have the checksum the directory records.
     """
     text = str(source)
     if text.startswith("hf:"):
@@ -232,7 +238,7 @@ def load(
                 "cramkit.load reads the torch model it was exported from"
             )
         if kind == "model":
-            loaded = _load_model_dir(path)
+            loaded = _load_model_dir(path, base)
         elif kind in ("run", "checkpoint"):
             loaded = _load_run(path, step)
         elif kind == "hf":
@@ -245,6 +251,10 @@ def load(
             )
         if step is not None and kind != "run":
             raise CramkitError(f"--step applies to a run directory; {text} is not one")
+    if base is not None and loaded.architecture != "prefix":
+        raise CramkitError(
+            f"--base applies to a deep-prompt directory (finetune --method ptuning); {text} is not one"
+        )
     loaded.source = text
     _check_vocab(loaded)
     loaded.tokenizer.no_truncation()
@@ -255,6 +265,17 @@ def load(
     if device is not None:
         loaded.to(device)
     return loaded
+
+
+def load_directory_architecture(path: PathLike) -> str | None:
+    """The ``architecture`` a model directory records (None: not a model directory, or unreadable)."""
+    file = Path(str(path)) / MODEL_FILE
+    try:
+        meta = json.loads(file.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError):
+        return None
+    value = meta.get("architecture", "encoder") if isinstance(meta, dict) else None
+    return value if isinstance(value, str) else None
 
 
 # ------------------------------------------------------------------------------------------ runs
@@ -385,7 +406,7 @@ def _max_length(cfg: Any) -> int:
 # ------------------------------------------------------------------------------------ model dirs
 
 
-def _load_model_dir(path: Path) -> LoadedModel:
+def _load_model_dir(path: Path, base: PathLike | LoadedModel | None = None) -> LoadedModel:
     from cramkit.io import check_fields, inside, sha256_file
     from cramkit.model.hf import read_weights
     from cramkit.text.tokenizer import load_tokenizer
@@ -401,9 +422,9 @@ def _load_model_dir(path: Path) -> LoadedModel:
     kind, arch = meta.get("kind"), meta.get("architecture", "encoder")
     if kind not in KINDS:
         raise CramkitError(f"{file}: unknown kind {kind!r}; expected one of {', '.join(KINDS)}")
-    if arch != "encoder" and arch not in ARCHITECTURES:
+    if arch not in OWN_ARCHITECTURES and arch not in ARCHITECTURES:
         raise CramkitError(
-            f"{file}: unknown architecture {arch!r}; known: encoder, {', '.join(sorted(ARCHITECTURES))}"
+            f"{file}: unknown architecture {arch!r}; known: {', '.join([*OWN_ARCHITECTURES, *sorted(ARCHITECTURES)])}"
         )
     try:  # the directory's files stay inside it: no link may make it read elsewhere
         weights, tok_dir = inside(path, "model.safetensors"), inside(path, "tokenizer")
@@ -423,9 +444,21 @@ def _load_model_dir(path: Path) -> LoadedModel:
     labels = meta.get("labels")
     if labels is not None and not (isinstance(labels, list) and all(isinstance(x, str) for x in labels)):
         raise CramkitError(f"{file}: 'labels' must be a list of strings")
+    if not tok_dir.is_dir():
+        raise CramkitError(f"{path}: tokenizer/ is missing; the model directory is incomplete")
+    tokenizer = load_tokenizer(tok_dir)
     if arch == "encoder":
         model, cfg = _build_encoder_model(meta, file)
         load_weights(model, state, str(weights), tied=kind == "mlm" and cfg.tie_embeddings)
+    elif arch == "prompt":
+        model, cfg = _build_prompt_model(meta, file, tokenizer, labels)
+        load_weights(model, state, str(weights), tied=cfg.tie_embeddings)
+    elif arch == "prefix":
+        model, cfg, base_loaded = _build_prefix_model(meta, file, base, labels)
+        own = model.own_state()
+        _check_own_weights(own, state, str(weights))
+        model.load_state_dict(state, strict=False)
+        tokenizer = base_loaded.tokenizer
     elif arch in ARCHITECTURES:
         module, func = ARCHITECTURES[arch].split(":")
         try:
@@ -443,13 +476,11 @@ def _load_model_dir(path: Path) -> LoadedModel:
         raise CramkitError(
             f"{file}: unknown architecture {arch!r}; known: encoder, {', '.join(sorted(ARCHITECTURES))}"
         )
-    if not tok_dir.is_dir():
-        raise CramkitError(f"{path}: tokenizer/ is missing; the model directory is incomplete")
     return LoadedModel(
         model=model,
         kind=kind,
         config=cfg,
-        tokenizer=load_tokenizer(tok_dir),
+        tokenizer=tokenizer,
         labels=labels,
         task=meta.get("task"),
         max_length=int(meta.get("max_length") or 512),
@@ -462,6 +493,83 @@ def _load_model_dir(path: Path) -> LoadedModel:
         weights_file=weights,
         weights_sha256=want or None,
     )
+
+
+def _build_prompt_model(
+    meta: dict[str, Any], file: Path, tokenizer: Any, labels: Any
+) -> tuple[nn.Module, Any]:
+    """A PromptClassifier from ``extra.prompt`` (template, label words), checked against the labels and the
+    directory's own tokenizer."""
+    from cramkit.config import from_dict
+    from cramkit.data.prompts import prompt_spec
+    from cramkit.model.encoder import ModelConfig
+    from cramkit.model.prompting import PromptClassifier
+
+    prompt = (meta.get("extra") or {}).get("prompt")
+    if not (isinstance(prompt, dict) and isinstance(prompt.get("template"), str)
+            and isinstance(prompt.get("label_words"), dict) and labels):  # fmt: skip
+        raise CramkitError(f"{file}: a prompt model needs extra.prompt (template, label_words) and labels; the "
+                           "model directory is damaged or crafted: write it again")  # fmt: skip
+    try:
+        spec = prompt_spec(prompt["template"], prompt["label_words"], labels, tokenizer,
+                           fields={k: k for k in ("text_a", "text_b")})  # fmt: skip
+    except CramkitError as exc:
+        raise CramkitError(f"{file}: its prompt does not fit its labels or tokenizer ({exc})") from None
+    cfg = from_dict(ModelConfig, meta.get("model") or {}, "model")
+    _check_size(cfg, file)
+    model = PromptClassifier(cfg, spec.label_ids, spec.mask_id)
+    model.spec = spec
+    return model, cfg
+
+
+def _build_prefix_model(
+    meta: dict[str, Any], file: Path, base: PathLike | LoadedModel | None, labels: Any
+) -> tuple[nn.Module, Any, LoadedModel]:
+    """A PrefixClassifier on ``base``'s encoder (shared), after checking that it is the base the directory
+    names by checksum."""
+    from cramkit.config import from_dict
+    from cramkit.model.heads import ClassifierConfig
+    from cramkit.model.prompting import PrefixClassifier, encoder_digest
+
+    info = (meta.get("extra") or {}).get("base")
+    if not (isinstance(info, dict) and isinstance(info.get("sha256"), str) and isinstance(info.get("prefix_len"), int)
+            and 1 <= info["prefix_len"] <= 100_000):  # fmt: skip
+        raise CramkitError(f"{file}: a deep-prompt directory needs extra.base (sha256, prefix_len); it is damaged "
+                           "or crafted: write it again")  # fmt: skip
+    named = str(info.get("source", "?"))
+    if base is None:
+        raise CramkitError(
+            f"{file.parent} holds deep prompts for the base model {named} (encoder sha256 {info['sha256'][:12]}); "
+            f"name the base: --base {named} (Python: cramkit.load(dir, base=...))"
+        )
+    base_loaded = base if isinstance(base, LoadedModel) else load(base)
+    if base_loaded.encoder is None:
+        raise CramkitError(f"--base {base_loaded.source}: it has no transformer encoder")
+    if encoder_digest(base_loaded.encoder) != info["sha256"]:
+        raise CramkitError(
+            f"--base {base_loaded.source} is not the model {file.parent}'s prompts were trained on (its encoder's "
+            f"checksum differs from {info['sha256'][:12]}, {named}); give that model"
+        )
+    head = from_dict(ClassifierConfig, meta.get("head") or {}, "head")
+    n = 1 if meta.get("kind") == "regression" else len(labels or [])
+    if n < 1:
+        raise CramkitError(f"{file}: a deep-prompt classifier needs labels")
+    model = PrefixClassifier(base_loaded.config, n, head, info["prefix_len"], encoder=base_loaded.encoder)
+    return model, base_loaded.config, base_loaded
+
+
+def _check_own_weights(own: dict[str, Any], state: dict[str, Any], what: str) -> None:
+    """A deep-prompt directory's weights are exactly the model's own (prefixes and head), shape for shape."""
+    if set(own) != set(state):
+        raise CramkitError(
+            f"{what}: the weights do not fit the deep-prompt model its config describes (expected "
+            f"{sorted(own)[:4]}, found {sorted(state)[:4]}); the directory is damaged or crafted"
+        )
+    for k, ref in own.items():
+        if tuple(state[k].shape) != tuple(ref.shape):
+            raise CramkitError(
+                f"{what}: weight {k} has shape {tuple(state[k].shape)} but the config implies {tuple(ref.shape)}"
+            )
 
 
 def _build_encoder_model(meta: dict[str, Any], file: Path) -> tuple[nn.Module, Any]:

@@ -32,6 +32,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="gold label column, scored when present, its values checked against the model's labels "
                    "first (default: the column the model was trained on, else label; 'none': no scoring)")  # fmt: skip
     p.add_argument("--task", help="of a model fine-tuned on a mixture: the task whose head predicts")
+    p.add_argument("--base", metavar="MODEL",
+                   help="of a deep-prompt directory (finetune --method ptuning): the base model it was trained on")  # fmt: skip
     p.add_argument("--keep-text", action="store_true", help="copy each row's input text into the predictions")
     p.add_argument("--top-k", type=int, default=5, help="fill-mask: candidates per [MASK] (default 5)")
     p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N")
@@ -59,7 +61,7 @@ def run(args: argparse.Namespace) -> int:
         res = predict(
             args.source, args.file, out, text_a=args.text_a, text_b=args.text_b, label=label,
             keep_text=args.keep_text, top_k=args.top_k, device=args.device, max_batch_tokens=args.max_batch_tokens,
-            max_length=args.max_length, task=args.task, choices=_columns_list(args.choices, "--choices"),
+            max_length=args.max_length, task=args.task, base=args.base, choices=_columns_list(args.choices, "--choices"),
             **reading_kwargs(args),
         )  # fmt: skip
     line = f"predicted {res['rows']} rows in {res['seconds']:.2f}s ({res['examples_per_s']:,.1f} examples/s)"

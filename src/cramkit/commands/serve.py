@@ -60,6 +60,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--api-key", default=None,
                    help="require 'Authorization: Bearer KEY' (default: $CRAMKIT_API_KEY if set)")  # fmt: skip
     p.add_argument("--index", default=None, help="a retrieval index (cramkit index): adds POST /search")
+    p.add_argument("--base", default=None, metavar="MODEL",
+                   help="the base model of deep-prompt directories (finetune --method ptuning): loaded once, "
+                   "shared by every task's prefixes")  # fmt: skip
     p.set_defaults(func=run)
 
 
@@ -89,6 +92,6 @@ def run(args: argparse.Namespace) -> int:
         args.models, host=args.host, port=args.port, backend=args.backend, device=args.device,
         max_batch_tokens=args.max_batch_tokens, max_wait_ms=args.max_wait_ms, max_length=args.max_length,
         limits=limits, api_key=args.api_key or os.environ.get("CRAMKIT_API_KEY"), index=args.index,
-        threads=args.threads,
+        threads=args.threads, base=args.base,
     )  # fmt: skip
     return 0

@@ -90,6 +90,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="a task in FewCLUE's layout: FewCLUE's protocol over these splits, e.g. 0-4, 0,2 or few_all "
         "(train on train_K, score on test_public; each split in --out/split-K, the mean and spread in --out)",
     )
+    _method_args(p.add_argument_group("few labels: prompts (PET / LM-BFF) and deep prompts (P-tuning v2)"))
     g = p.add_argument_group("a task from your own files (instead of --task)")
     g.add_argument("--train", help="training file (.csv, .tsv or .jsonl with a header / named fields)")
     g.add_argument(
@@ -159,8 +160,27 @@ def register(sub: argparse._SubParsersAction) -> None:
     e.add_argument(
         "--skip-bad-rows", action="store_true", help="skip (and count) malformed rows instead of stopping"
     )
+    _method_args(
+        e.add_argument_group("few labels (every task of the suite; prompts: the built-in ones)"), suite=True
+    )
     e.add_argument("--no-progress", action="store_true", help="no progress bar")
     e.set_defaults(func=run_eval)
+
+
+def _method_args(g: argparse._ArgumentGroup, suite: bool = False) -> None:
+    g.add_argument("--method", choices=["head", "prompt", "ptuning"],
+                   help="head: a fresh classifier on the pooled output (default); prompt: the MLM head scores label "
+                   "words through a template; ptuning: the encoder frozen, trainable prefixes at every layer and a "
+                   "head (only those are stored, with the base model's checksum)")  # fmt: skip
+    if not suite:
+        g.add_argument("--prompt", metavar="TEMPLATE",
+                       help="prompt-based fine-tuning: the template, with the task's fields and one [MASK], e.g. "
+                       "'{text_a} It was [MASK] .' or '{premise} ? [MASK] , {hypothesis}' (default: the task's built-in)")  # fmt: skip
+        g.add_argument("--label-words", metavar="LABEL=WORD,...",
+                       help="the word for each label, scored at the mask, e.g. positive=great,negative=terrible")  # fmt: skip
+    g.add_argument(
+        "--prefix-len", type=int, metavar="N", help="--method ptuning: prefix keys/values per layer (16)"
+    )
 
 
 class _SuiteHelp(argparse.Action):
@@ -198,6 +218,10 @@ def _config(args: argparse.Namespace):
     if isinstance(overrides.get("finetune"), dict):  # accept --set finetune.lr=... too
         nested = overrides.pop("finetune")
         overrides = {**overrides, **nested}
+    for flag, key in (("method", "method"), ("prompt", "prompt"), ("label_words", "label_words"),
+                      ("prefix_len", "prefix_len")):  # fmt: skip
+        if getattr(args, flag, None) is not None:
+            overrides[key] = getattr(args, flag)
     if args.seeds:
         try:
             overrides["seeds"] = [int(s) for s in args.seeds.split(",") if s.strip()]
@@ -353,6 +377,11 @@ def run_finetune(args: argparse.Namespace) -> int:
         steps = ", ".join(str(r.get("best_step", "?")) for r in res["seeds"])
         print(
             f"kept: the model of the best dev score (step {steps}); that dev score is optimistic, chosen on dev"
+        )
+    if res.get("method", "head") != "head":
+        trained = res.get("trainable_parameters") or 0
+        print(
+            f"method {res['method']}: {trained:,} parameters trained; {res['stored_bytes'] / 2**20:,.2f} MiB stored in {out}"
         )
     rate = sum(r["examples_per_s"] for r in res["seeds"]) / len(res["seeds"])
     print(f"training: {rate:.1f} examples/s; results in {out / 'results.json'}")

@@ -234,6 +234,8 @@ class Engine:
         if self.max_length < 3:
             raise CramkitError(f"max_length must be at least 3 tokens, got {self.max_length}")
         self.truncated = np.zeros(0, dtype=bool)
+        # a prompt model (finetune --prompt) reads its inputs through its template
+        self.prompt = getattr(self.loaded.model, "spec", None) if self.loaded is not None else None
 
     # ------------------------------------------------------------------------------ what it can do
 
@@ -288,7 +290,12 @@ class Engine:
             else:
                 raise CramkitError(f"input {i} is a {type(x).__name__}; give a string or a pair of strings")
         limit = max_length or self.max_length
-        enc = encode_texts(self.tokenizer, a, b if any(s is not None for s in b) else None, limit)
+        if self.prompt is not None:
+            from cramkit.data.prompts import encode_prompts
+
+            enc = encode_prompts(self.tokenizer, self.prompt, a, b, limit)
+        else:
+            enc = encode_texts(self.tokenizer, a, b if any(s is not None for s in b) else None, limit)
         if not truncate and enc.truncated.any():
             i = int(np.flatnonzero(enc.truncated)[0])
             raise InputTooLong(

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from cramkit.errors import CramkitError
-from cramkit.load import CT2_MANIFEST, ONNX_MANIFEST, LoadedModel, load
+from cramkit.load import CT2_MANIFEST, ONNX_MANIFEST, LoadedModel, load, load_directory_architecture
 
 FORMATS = ("hf", "onnx", "ct2")
 
@@ -60,7 +60,17 @@ def export(
               file=sys.stderr)  # fmt: skip
     from cramkit.load import for_task
 
+    if not isinstance(model, LoadedModel) and load_directory_architecture(model) in ("prompt", "prefix"):
+        raise CramkitError(
+            f"{model} is a prompt or deep-prompt model (finetune --prompt / --method ptuning); exporting one is not "
+            "supported yet: run it with cramkit predict, cramkit serve or cramkit.infer.Engine"
+        )
     loaded = for_task(model if isinstance(model, LoadedModel) else load(model, step=step), task)
+    if loaded.architecture in ("prompt", "prefix"):
+        raise CramkitError(
+            f"{loaded.source} is a prompt or deep-prompt model; exporting one is not supported yet: run it with "
+            "cramkit predict, cramkit serve or cramkit.infer.Engine"
+        )
     with disk_errors(out):
         if format == "onnx":
             return _export_onnx(loaded, out, quantize, force, progress)

@@ -146,6 +146,7 @@ def predict(
     encoding: str | None = None,
     errors: str = "strict",
     task: str | None = None,
+    base: str | os.PathLike | None = None,
 ) -> dict[str, Any]:
     """Predict every row of ``input_file`` with ``model`` (anything ``cramkit.load`` takes, an ONNX export,
     or a loaded model); write them to ``out`` (.jsonl, .csv or .tsv); return a summary (rows, examples/s,
@@ -156,7 +157,8 @@ def predict(
     on, else ``label``; None: no scoring); its values are checked against the model's labels before any
     row is predicted. keep_text: copy each row's input text(s) into its prediction. task: the head of a model
     trained on a mixture (one head per task). choices: a multiple-choice model's choice columns (default:
-    those it was trained on, else ``choices``); its context column defaults to the one it was trained on too."""
+    those it was trained on, else ``choices``); its context column defaults to the one it was trained on too.
+    base: the base model of a deep-prompt directory (finetune --method ptuning)."""
     from cramkit.infer import Engine
     from cramkit.infer.ct2 import is_ct2_dir
     from cramkit.infer.onnx import is_onnx_dir
@@ -166,7 +168,7 @@ def predict(
     if out is not None:
         check_out_file(out, inputs=[model, input_file])
     if not isinstance(model, LoadedModel) and not is_onnx_dir(model) and not is_ct2_dir(model):
-        model = load(model)
+        model = load(model, base=base)
     if isinstance(model, LoadedModel):
         model = for_task(model, task)
     elif task is not None:

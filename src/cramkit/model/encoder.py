@@ -233,11 +233,18 @@ class Attention(nn.Module):
         )
 
     def forward(
-        self, x: torch.Tensor, mask: torch.Tensor | None, select: Selection | None = None
+        self,
+        x: torch.Tensor,
+        mask: torch.Tensor | None,
+        select: Selection | None = None,
+        prefix: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """[B, L, hidden] -> [B, L, hidden]; with ``select``, queries (and the output, [N, hidden]) only
-        at the selected positions, keys and values at all of them."""
+        at the selected positions, keys and values at all of them. ``prefix`` [2, P, hidden]: keys and values
+        every query also attends to (P-tuning v2's deep prompts; no position)."""
         if select is not None:
+            if prefix is not None:
+                raise ValueError("prefix keys and values with sparse prediction are not supported")
             return self._selected(x, mask, select)
         batch, length, _ = x.shape
         heads, head_dim = self.heads, self.cfg.head_dim
@@ -249,6 +256,8 @@ class Attention(nn.Module):
         )
         if self.rotary is not None:
             q, k = self.rotary(q), self.rotary(k)
+        if prefix is not None:
+            k, v, mask = with_prefix(prefix.to(k.dtype), k, v, mask, heads)
         p = self.cfg.attention_dropout if self.training else 0.0
         y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p)
         return self.out(y.transpose(1, 2).reshape(batch, length, heads * head_dim))
@@ -275,6 +284,21 @@ class Attention(nn.Module):
         y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p)
         y = y.transpose(1, 2).reshape(batch * width, hidden).index_select(0, select.slots)
         return self.out(y)
+
+
+def with_prefix(
+    prefix: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, heads: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """Keys and values [B, heads, L, d] with ``prefix`` [2, P, heads * d] in front; the additive mask
+    [B, 1, 1, L] (None: nothing padded) grows by P open positions."""
+    batch, _, _, head_dim = k.shape
+    plen = prefix.shape[1]
+    pk, pv = prefix.view(2, plen, heads, head_dim).transpose(1, 2).unsqueeze(1).unbind(0)
+    k = torch.cat([pk.expand(batch, -1, -1, -1), k], dim=2)
+    v = torch.cat([pv.expand(batch, -1, -1, -1), v], dim=2)
+    if mask is not None:
+        mask = torch.cat([mask.new_zeros(*mask.shape[:-1], plen), mask], dim=-1)
+    return k, v, mask
 
 
 class MLP(nn.Module):
@@ -309,16 +333,23 @@ class Block(nn.Module):
         self.dropout = nn.Dropout(cfg.dropout)
 
     def forward(
-        self, x: torch.Tensor, mask: torch.Tensor | None = None, select: Selection | None = None
+        self,
+        x: torch.Tensor,
+        mask: torch.Tensor | None = None,
+        select: Selection | None = None,
+        prefix: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """[B, L, hidden] -> [B, L, hidden]; with ``select``, only the selected positions' outputs
-        ([N, hidden], row-major): keys and values still see every position."""
+        ([N, hidden], row-major): keys and values still see every position. ``prefix``: the attention's
+        extra keys and values ([2, P, hidden])."""
         if select is None:
             if self.pre:
-                x = x + self.dropout(self.attn(self.norm_attn(x), mask))
+                x = x + self.dropout(self.attn(self.norm_attn(x), mask, prefix=prefix))
                 return x + self.dropout(self.mlp(self.norm_mlp(x)))
-            x = self.norm_attn(self.alpha * x + self.dropout(self.attn(x, mask)))
+            x = self.norm_attn(self.alpha * x + self.dropout(self.attn(x, mask, prefix=prefix)))
             return self.norm_mlp(self.alpha * x + self.dropout(self.mlp(x)))
+        if prefix is not None:
+            raise ValueError("prefix keys and values with sparse prediction are not supported")
         residual = x.reshape(-1, x.shape[-1]).index_select(0, select.flat)
         if self.pre:
             x = residual + self.dropout(self.attn(self.norm_attn(x), mask, select))
@@ -350,20 +381,23 @@ class Encoder(nn.Module):
         attention_mask: torch.Tensor | None = None,
         token_type_ids: torch.Tensor | None = None,
         select: torch.Tensor | None = None,
+        prefix: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Hidden states ``[B, L, hidden]``; with ``select`` ([B, L] bool, at least one True), only those
         positions' ``[N, hidden]`` (row-major, as ``hidden[select]``), the last block computing its
-        queries, MLP and norms only there (sparse prediction: the same values, less work)."""
+        queries, MLP and norms only there (sparse prediction: the same values, less work). ``prefix``
+        [layers, 2, P, hidden]: keys and values each layer's attention also sees (P-tuning v2)."""
         x = self.embeddings(input_ids, token_type_ids)
         mask = _mask_for(attention_mask, x.dtype)
         chosen = select_positions(select) if select is not None else None
         last = len(self.layers) - 1
         for i, block in enumerate(self.layers):
             sel = chosen if i == last else None
+            pre = prefix[i] if prefix is not None else None
             if self.cfg.gradient_checkpointing and self.training:
-                x = checkpoint(block, x, mask, sel, use_reentrant=False)
+                x = checkpoint(block, x, mask, sel, pre, use_reentrant=False)
             else:
-                x = block(x, mask, sel)
+                x = block(x, mask, sel, pre)
         return self.final_norm(x)
 
 

@@ -50,16 +50,24 @@ def build_engines(
     max_batch_tokens: int | None = None,
     max_length: int | None = None,
     threads: int | None = None,
+    base: str | None = None,
 ) -> dict[str, Any]:
     """name -> :class:`cramkit.infer.Engine` for each model (``NAME=MODEL`` or ``MODEL``). A model trained
-    on a mixture is served once per task, as NAME-TASK (e.g. mix-mrpc), its heads sharing one encoder."""
+    on a mixture is served once per task, as NAME-TASK (e.g. mix-mrpc), its heads sharing one encoder.
+    Deep-prompt directories (finetune --method ptuning) are loaded on ``base``, read once: every task's
+    prefixes share its encoder in memory."""
     from cramkit.infer import Engine
-    from cramkit.load import directory_kind, for_task, load, task_heads
+    from cramkit.load import directory_kind, for_task, load, load_directory_architecture, task_heads
 
     engines = {}
+    base_loaded = None
     for name, path in model_names(sources).items():
         models: dict[str, Any] = {name: path}
-        if directory_kind(path) == "model" and _is_multitask(path):
+        if directory_kind(path) == "model" and load_directory_architecture(path) == "prefix":
+            if base is not None and base_loaded is None:
+                base_loaded = load(base)
+            models = {name: load(path, base=base_loaded)}  # without --base: one line naming the base
+        elif directory_kind(path) == "model" and _is_multitask(path):
             loaded = load(path)
             heads = [h["name"] for h in task_heads(loaded.meta(), path)]
             models = {f"{name}-{h.split('/')[-1]}": for_task(loaded, h) for h in heads}
@@ -198,6 +206,7 @@ def serve(
     index: str | None = None,
     threads: int | None = None,
     grace_s: float = 30.0,
+    base: str | None = None,
 ) -> None:
     """Serve ``sources`` over HTTP until SIGINT/SIGTERM (then finish in-flight requests, up to ``grace_s``)."""
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -223,7 +232,7 @@ def serve(
     idx = open_index(index) if index else None
     engines = build_engines(
         sources, backend=backend, device=device, max_batch_tokens=max_batch_tokens, max_length=max_length,
-        threads=threads,
+        threads=threads, base=base,
     )  # fmt: skip
     app = create_app(
         engines, max_wait_ms=max_wait_ms, limits=limits, api_key=api_key, index=idx, index_path=index

@@ -18,7 +18,7 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
@@ -36,6 +36,9 @@ from cramkit.load import LoadedModel
 from cramkit.model import forward
 from cramkit.runtime import Precision, torchrun
 from cramkit.tasks.registry import Example, Task
+
+if TYPE_CHECKING:
+    from cramkit.data.prompts import PromptSpec
 
 PathLike = str | os.PathLike
 
@@ -78,8 +81,27 @@ class FinetuneConfig:
     checkpoint_every: str = "5m"  # a run killed midway resumes from its last checkpoint ('never': off)
     eval_every: str = "epoch"  # dev metrics logged during training: 'epoch', a period ('200steps'), 'never'
     keep: Literal["last", "best"] = "last"  # the kept model: the last, or the one with the best dev score
+    # how the task meets the encoder: a fresh head on the pooled output; the MLM head scoring label words
+    # through a template (PET / LM-BFF); or deep prompts on a frozen encoder (P-tuning v2)
+    method: Literal["head", "prompt", "ptuning"] = "head"
+    prompt: str = ""  # method=prompt: the template, e.g. '{text_a} It was [MASK] .' ('': the task's built-in)
+    label_words: str = ""  # method=prompt: LABEL=WORD,... ('': the task's built-in)
+    prefix_len: int = 16  # method=ptuning: trainable keys and values per layer
+    prefix_lr: float = 5e-3  # method=ptuning: the learning rate of the prefixes and the head
 
     def validate(self) -> None:
+        if self.method not in ("head", "prompt", "ptuning"):
+            raise CramkitError(f"finetune.method is head, prompt or ptuning, got {self.method!r}")
+        if (self.prompt or self.label_words) and self.method == "head":
+            self.method = "prompt"  # a template or label words given: prompt-based fine-tuning
+        if (self.prompt or self.label_words) and self.method != "prompt":
+            raise CramkitError(
+                "--prompt and --label-words apply to prompt-based fine-tuning, not method=ptuning"
+            )
+        if self.prefix_len < 1 or self.prefix_lr <= 0:
+            raise CramkitError(
+                f"finetune.prefix_len and prefix_lr must be positive, got {self.prefix_len}, {self.prefix_lr}"
+            )
         for name in ("lr", "batch_size", "epochs", "max_length", "eval_batch_size"):
             if getattr(self, name) <= 0:
                 raise CramkitError(f"finetune.{name} must be positive, got {getattr(self, name)}")
@@ -115,9 +137,20 @@ class FinetuneConfig:
 # Training and evaluation
 
 
-def encode_task_examples(task: Task, tokenizer: Any, rows: Sequence[Example], max_length: int):
-    """A task's rows as the model takes them: ``Encoded`` (one sequence per row) or, for a multiple-choice
-    task, ``EncodedChoices`` (a pair row per choice)."""
+def encode_task_examples(
+    task: Task, tokenizer: Any, rows: Sequence[Example], max_length: int, prompt: PromptSpec | None = None
+):
+    """A task's rows as the model takes them: ``Encoded`` (one sequence per row; with ``prompt``, the
+    template around the texts) or, for a multiple-choice task, ``EncodedChoices`` (a pair row per choice)."""
+    if prompt is not None:
+        from cramkit.data.prompts import encode_prompts
+
+        labels = None
+        if rows and all(e.label is not None for e in rows):
+            labels = np.asarray([e.label for e in rows], dtype=np.int64)
+        idx = np.asarray([e.idx for e in rows], dtype=np.int64)
+        return encode_prompts(tokenizer, prompt, [e.text_a for e in rows], [e.text_b for e in rows], max_length,
+                              labels=labels, idx=idx)  # fmt: skip
     if task.is_multiple_choice:
         return encode_choice_examples(tokenizer, rows, max_length)
     return encode_examples(tokenizer, rows, max_length, regression=task.is_regression)
@@ -125,13 +158,15 @@ def encode_task_examples(task: Task, tokenizer: Any, rows: Sequence[Example], ma
 
 def build_model(
     loaded: LoadedModel, num_labels: int, cfg: FinetuneConfig, *, multilabel: bool = False,
-    multiple_choice: bool = False,
+    multiple_choice: bool = False, prompt: PromptSpec | None = None,
 ):  # fmt: skip
-    """A SequenceClassifier (a MultipleChoice scorer with ``multiple_choice``) on the loaded model's encoder
-    (and BERT pooler, when it has one)."""
+    """The model ``cfg.method`` trains on the loaded model's encoder: a SequenceClassifier (a MultipleChoice
+    scorer with ``multiple_choice``; BERT's pooler when the model has one), a PromptClassifier (its MLM
+    head and ``prompt``) or a PrefixClassifier (the encoder frozen, ``cfg.prefix_len`` prefixes)."""
     import torch
 
     from cramkit.model.heads import ClassifierConfig, MultipleChoice, SequenceClassifier
+    from cramkit.model.prompting import PrefixClassifier, PromptClassifier
 
     encoder = loaded.encoder
     if encoder is None:
@@ -141,8 +176,20 @@ def build_model(
     model_cfg = loaded.config.replace(
         dropout=cfg.dropout, attention_dropout=cfg.attention_dropout, gradient_checkpointing=False
     )
+    if cfg.method == "prompt":
+        if prompt is None:
+            raise ValueError("method=prompt needs the resolved prompt (resolve_prompt)")
+        model = PromptClassifier(model_cfg, prompt.label_ids, prompt.mask_id)
+        model.spec = prompt
+        state = loaded.model.state_dict()
+        model.load_state_dict(
+            {k: v for k, v in state.items() if k.startswith(("encoder.", "head."))}, strict=True
+        )
+        return model
     head = ClassifierConfig(pooling=cfg.pooling, pooler_dense=cfg.pooler_dense, dropout=cfg.dropout)
-    if multiple_choice:
+    if cfg.method == "ptuning":
+        model = PrefixClassifier(model_cfg, num_labels, head, cfg.prefix_len)
+    elif multiple_choice:
         model = MultipleChoice(model_cfg, head)
     else:
         model = SequenceClassifier(model_cfg, num_labels, head, multilabel=multilabel)
@@ -154,6 +201,54 @@ def build_model(
             model.pooler.weight.copy_(pooler_state["weight"])
             model.pooler.bias.copy_(pooler_state["bias"])
     return model
+
+
+def resolve_prompt(task: Task, loaded: LoadedModel, cfg: FinetuneConfig) -> PromptSpec | None:
+    """Check that ``cfg.method`` fits the task and the model; for method=prompt, the template and label
+    words (the user's, else the task's built-in ones) checked against the task's labels and the model's
+    vocabulary. One CramkitError line for each thing that does not fit."""
+    if cfg.method == "head":
+        return None
+    if cfg.method == "ptuning":
+        if task.is_multiple_choice or task.kind != "classification" and not task.is_regression:
+            raise CramkitError(
+                f"--method ptuning: task {task.name} is {task.kind}; deep prompts train a classification or "
+                "regression head: leave out --method for this task"
+            )
+        return None
+    from cramkit.data.prompts import prompt_spec
+    from cramkit.model.heads import MLMHead
+    from cramkit.tasks.prompts import builtin_prompt
+
+    if task.kind != "classification" or task.labels is None:
+        raise CramkitError(
+            f"--prompt: task {task.name} is {task.kind}; a prompt scores one word per label, so it needs a "
+            "classification task: leave out --prompt for this task"
+        )
+    if not isinstance(getattr(loaded.model, "head", None), MLMHead):
+        src = loaded.source
+        raise CramkitError(
+            f"--from {src} has no masked-LM head, which a prompt scores its label words with; give it one with "
+            f"a short continued pretraining on any text of yours (`cramkit pretrain TEXT --from {src} --budget 2m "
+            "--out runs/with-head`), then fine-tune --from runs/with-head"
+        )
+    template, words = cfg.prompt, cfg.label_words
+    builtin = builtin_prompt(task.name)
+    if not (template and words):
+        if builtin is None:
+            raise CramkitError(
+                f"task {task.name} has no built-in prompt; give --prompt TEMPLATE (e.g. '{{text_a}} It was "
+                f"[MASK] .') and --label-words with a word for each of its labels: {', '.join(task.labels)}"
+            )
+        template, words = template or builtin[0], words or builtin[1]
+    cols = _columns(task).get("columns", {})
+    fields = {cols[k]: k for k in ("text_a", "text_b") if cols.get(k)}
+    spec = prompt_spec(template, words, task.labels, loaded.tokenizer, fields=fields)
+    if "text_b" in spec.fields and trained_inputs(task) == "single":
+        raise CramkitError(
+            f"--prompt {template!r} names the second text, but task {task.name} has one text per example"
+        )
+    return spec
 
 
 def predict(
@@ -181,8 +276,10 @@ class ClassifierObjective:
     def __init__(
         self, loaded: LoadedModel, train: Encoded | EncodedChoices, num_labels: int, cfg: FinetuneConfig,
         seed: int, title: str, resume_hint: str, multilabel: bool = False, multiple_choice: bool = False,
+        prompt: PromptSpec | None = None,
     ) -> None:  # fmt: skip
         self.loaded, self.train, self.num_labels, self.cfg, self.seed = loaded, train, num_labels, cfg, seed
+        self.prompt = prompt
         self.multilabel, self.multiple_choice = multilabel, multiple_choice
         self.title, self.resume_hint = title, resume_hint
         self.flops_per_token = None
@@ -200,6 +297,7 @@ class ClassifierObjective:
             self.cfg,
             multilabel=self.multilabel,
             multiple_choice=self.multiple_choice,
+            prompt=self.prompt,
         )
 
     def train_loader(self, micro: int, *, rank: int = 0, world: int = 1) -> BatchLoader:
@@ -307,7 +405,7 @@ def train_config(
 
     warmup = cfg.warmup
     return TrainConfig(
-        budget=f"{steps}steps", optimizer="adamw", lr=cfg.lr, betas=(cfg.betas[0], cfg.betas[1]), eps=cfg.eps,
+        budget=f"{steps}steps", optimizer="adamw", lr=cfg.prefix_lr if cfg.method == "ptuning" else cfg.lr, betas=(cfg.betas[0], cfg.betas[1]), eps=cfg.eps,
         weight_decay=cfg.weight_decay, schedule=cfg.schedule, warmup=warmup,
         cooldown=0.0 if cfg.schedule == "constant" else 1.0 - warmup, lr_start=0.0 if warmup > 0 else 1.0,
         micro_batch=cfg.micro_batch or cfg.batch_size, batch_size=cfg.batch_size, batch_ramp=0.0,
@@ -332,6 +430,7 @@ def train_one_seed(
     resume_hint: str = "rerun the same command to continue",
     ctx: Any = None,
     dev: tuple[Task, str, Encoded | EncodedChoices] | None = None,
+    prompt: PromptSpec | None = None,
 ):
     """Train a fresh classifier on ``train`` with ``seed`` through the training engine; returns (model,
     stats). With ``run`` (a directory) checkpoints go there and a run killed midway resumes from them.
@@ -340,7 +439,7 @@ def train_one_seed(
     from cramkit.train.epochs import epoch_steps, train_epochs
 
     objective = ClassifierObjective(
-        loaded, train, num_labels, cfg, seed, desc, resume_hint, multilabel, multiple_choice
+        loaded, train, num_labels, cfg, seed, desc, resume_hint, multilabel, multiple_choice, prompt
     )
     objective.dev = dev
     if run is not None:
@@ -366,6 +465,7 @@ def train_one_seed(
         "first_loss": losses[0] if losses else float("nan"),
         "dev_curve": done.evals,
         "last_loss": float(np.mean(losses[-max(1, len(losses) // 10) :])) if losses else float("nan"),
+        "trainable_parameters": sum(p.numel() for p in done.model.parameters() if p.requires_grad),
     }
     if cfg.keep == "best" and done.evals:
         stats["best_step"] = max(done.evals, key=lambda r: r.get("dev_score", float("-inf")))["step"]
@@ -402,6 +502,7 @@ def finetune(
     max_length = min(cfg.max_length, loaded.max_length)
     tok = loaded.tokenizer
 
+    prompt = resolve_prompt(task, loaded, cfg)
     train_rows = task.examples(task.train_split)
     if cfg.max_train_examples:
         train_rows = train_rows[: cfg.max_train_examples]
@@ -414,22 +515,22 @@ def finetune(
 
         texts = [t for e in train_rows for t in (e.text_a, e.text_b, *(e.choices or ())) if t]
         unk_report(tok, texts, str(loaded.source), verbose=progress)
-    train = encode_task_examples(task, tok, train_rows, max_length)
+    train = encode_task_examples(task, tok, train_rows, max_length, prompt)
     if train.labels is None:
         raise CramkitError(f"task {task.name}: some {task.train_split} examples have no label")
-    dev = {s: encode_task_examples(task, tok, task.examples(s), max_length) for s in task.dev_splits}
+    dev = {s: encode_task_examples(task, tok, task.examples(s), max_length, prompt) for s in task.dev_splits}
     for split, enc in dev.items():
         if enc.labels is None:
             raise CramkitError(
                 f"task {task.name}: the {split} split has unlabelled examples; it cannot be scored"
             )
-    tests = _test_splits(task, tok, max_length)
+    tests = _test_splits(task, tok, max_length, prompt)
     for other in predict_also:
         if other.labels != task.labels or other.kind != task.kind:
             raise CramkitError(
                 f"task {other.name} has labels {other.labels}, not {task.name}'s {task.labels}"
             )
-        tests.update(_test_splits(other, tok, max_length))
+        tests.update(_test_splits(other, tok, max_length, prompt))
 
     from cramkit.train.parallel import fault_guard, init_distributed, shutdown
 
@@ -441,13 +542,15 @@ def finetune(
     lock = dir_lock(out_dir, "--out") if out_dir is not None and ctx.is_main else contextlib.nullcontext()
     try:
         with lock, fault_guard(ctx):
-            return _finetune_seeds(task, loaded, cfg, out_dir, ctx, train, dev, tests, predict_also, progress)
+            return _finetune_seeds(
+                task, loaded, cfg, out_dir, ctx, train, dev, tests, predict_also, progress, prompt
+            )
     finally:
         shutdown(ctx)
 
 
 def _finetune_seeds(
-    task, loaded, cfg, out_dir, ctx, train, dev, tests, predict_also, progress
+    task, loaded, cfg, out_dir, ctx, train, dev, tests, predict_also, progress, prompt=None
 ) -> dict[str, Any]:
     from cramkit.train.parallel import main_first
 
@@ -475,7 +578,7 @@ def _finetune_seeds(
         model, stats = train_one_seed(
             loaded, train, task.num_labels, cfg, seed, progress=progress, desc=f"{task.name} seed {seed}",
             run=run, resume_hint=hint, ctx=ctx, multiple_choice=task.is_multiple_choice,
-            dev=(task, task.selection_splits[0], dev[task.selection_splits[0]]) if dev else None,
+            dev=(task, task.selection_splits[0], dev[task.selection_splits[0]]) if dev else None, prompt=prompt,
         )  # fmt: skip
         if not ctx.is_main:  # rank 0 scores and writes; the others go on to the next seed's training
             continue
@@ -510,6 +613,8 @@ def _finetune_seeds(
         "train_examples": len(train),
         "dev_examples": {s: len(e) for s, e in dev.items()},
         "main_metric": task.main_metric,
+        "method": cfg.method,
+        **({"prompt": prompt.meta()} if prompt is not None else {}),
         "seeds": per_seed,
         "median": {},
     }
@@ -561,7 +666,7 @@ def _finetune_seeds(
                     f"is there any more; delete {out} and fine-tune again"
                 )
         if state is not None:  # (else: every seed was reused and the kept model is already saved)
-            _save_model(loaded, task, cfg, max_length, state, cfg.seeds[pick], out)
+            _save_model(loaded, task, cfg, max_length, state, cfg.seeds[pick], out, prompt)
         if tests and dev:
             results["test_predictions"] = {"seed": cfg.seeds[pick], "files": {}}
             owners = {t.name: t for t in [task, *predict_also]}
@@ -574,6 +679,8 @@ def _finetune_seeds(
                 )
                 key = split if owner is task else f"{owner.name}:{split}"
                 results["test_predictions"]["files"][key] = str(path)
+        results["trainable_parameters"] = per_seed[pick].get("trainable_parameters")
+        results["stored_bytes"] = (out / "model.safetensors").stat().st_size
         write_json(out / "results.json", results)
         for seed in cfg.seeds:  # the kept model is saved: the seeds' checkpoints are no longer needed
             shutil.rmtree(seeds_dir / f"seed-{seed}" / "checkpoints", ignore_errors=True)
@@ -624,14 +731,33 @@ def _finished_seed(run: Path, tests: dict) -> tuple[dict, dict, None] | None:
 
 
 def _save_model(
-    loaded: LoadedModel, task: Task, cfg: FinetuneConfig, max_length: int, state: dict, seed: int, out: Path
-) -> None:
-    """The fine-tuned classifier as a model directory (``cramkit.load(out)``)."""
+    loaded: LoadedModel, task: Task, cfg: FinetuneConfig, max_length: int, state: dict, seed: int, out: Path,
+    prompt: PromptSpec | None = None,
+) -> None:  # fmt: skip
+    """The fine-tuned model as a model directory (``cramkit.load(out)``); with method=ptuning only the
+    prefixes and the head, and the base model named by the checksum of its encoder."""
     from cramkit.load import LoadedModel as Saved
+    from cramkit.load import load_weights
+    from cramkit.model.prompting import encoder_digest
 
-    model = build_model(loaded, task.num_labels, cfg, multiple_choice=task.is_multiple_choice)
-    model.load_state_dict(state)
+    model = build_model(loaded, task.num_labels, cfg, multiple_choice=task.is_multiple_choice, prompt=prompt)
+    # a checkpoint stores tied weights (the MLM decoder of a prompt model) under one name
+    load_weights(model, dict(state), f"{out}: the kept seed's weights", tied=cfg.method == "prompt")
     kind = {"regression": "regression", "multiple_choice": "multiple_choice"}.get(task.kind, "classifier")
+    extra = {
+        "finetuned_from": loaded.source,
+        "seed": seed,
+        "trained_inputs": trained_inputs(task),
+        **_columns(task),
+    }
+    architecture, head = "encoder", getattr(model, "head_cfg", None)
+    if cfg.method == "prompt":
+        architecture, head = "prompt", None
+        extra["prompt"] = prompt.meta()
+    elif cfg.method == "ptuning":
+        architecture = "prefix"
+        extra["base"] = {"source": str(loaded.source), "sha256": encoder_digest(loaded.encoder),
+                         "prefix_len": cfg.prefix_len}  # fmt: skip
     Saved(
         model=model,
         kind=kind,
@@ -642,13 +768,9 @@ def _save_model(
         max_length=max_length,
         pooling="cls" if cfg.pooling == "first" else "mean",
         with_types=loaded.with_types,
-        head=to_dict(model.head_cfg),
-        extra={
-            "finetuned_from": loaded.source,
-            "seed": seed,
-            "trained_inputs": trained_inputs(task),
-            **_columns(task),
-        },
+        head=to_dict(head) if head is not None else None,
+        architecture=architecture,
+        extra=extra,
     ).save(out)
 
 
@@ -671,7 +793,9 @@ def _columns(task: Task) -> dict[str, Any]:
     return {"columns": columns | ({"choices": list(choices)} if choices else {})}
 
 
-def _test_splits(task: Task, tok, max_length: int) -> dict[tuple[str, str], Encoded | EncodedChoices]:
+def _test_splits(
+    task: Task, tok, max_length: int, prompt: PromptSpec | None = None
+) -> dict[tuple[str, str], Encoded | EncodedChoices]:
     """Encoded test splits that are present, keyed (task, split); an absent test file is not an error."""
     out = {}
     for split in task.test_splits:
@@ -682,7 +806,7 @@ def _test_splits(task: Task, tok, max_length: int) -> dict[tuple[str, str], Enco
             continue
         rows = task.examples(split)
         if rows:
-            out[(task.name, split)] = encode_task_examples(task, tok, rows, max_length)
+            out[(task.name, split)] = encode_task_examples(task, tok, rows, max_length, prompt)
     return out
 
 

@@ -188,6 +188,10 @@ def finetune_mixture(
     Returns (and writes to out_dir/results.json) each task's dev metrics and main score, their mean, the
     rates and the steps; the model goes to out_dir (one head per task) and test predictions to
     out_dir/predictions/TASK/. Trains one seed (the first of cfg.seeds)."""
+    if cfg is not None and cfg.method != "head":
+        raise CramkitError(
+            f"a mixture trains one head per task; method={cfg.method} applies to one task: leave out --method/--prompt"
+        )
     cfg = cfg or FinetuneConfig()
     tasks = list(tasks)
     if len(cfg.seeds) != 1:

@@ -1,0 +1,112 @@
+"""Two ways to meet a task with few labels, both with the ``(loss, logits)`` interface of a classifier:
+
+- :class:`PromptClassifier` (PET / LM-BFF): the masked-LM head scores each label's word at the template's
+  mask(s); those scores are the labels' logits, trained with cross-entropy. No new parameters: the head the
+  model was pretrained with is the classifier.
+- :class:`PrefixClassifier` (P-tuning v2, Liu et al. 2022; CPM-2's prompt tuning): the encoder frozen,
+  trainable keys and values (``prefix_len`` of them) in front of every layer's attention, and a small head.
+  Only the prefixes and the head are a task's own: many tasks share one base encoder in memory.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from cramkit.model.encoder import Encoder, ModelConfig, init_weights
+from cramkit.model.heads import ClassifierConfig, MLMHead, classification_loss, pool_hidden
+
+
+class PromptClassifier(nn.Module):
+    """Encoder + MLM head; the logit of label c is the mean over the masks of log p(its word's j-th token at
+    mask j). Inputs carry exactly ``len(label_ids[0])`` masks each (``cramkit.data.prompts``). The state
+    dict is a ``MaskedLM``'s (``encoder.*``, ``head.*``)."""
+
+    def __init__(self, cfg: ModelConfig, label_ids: Sequence[Sequence[int]], mask_id: int) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.encoder = Encoder(cfg)
+        self.head = MLMHead(cfg, self.encoder.embeddings.word)
+        init_weights(self, cfg)
+        self.num_labels = len(label_ids)
+        self.mask_id = int(mask_id)
+        # [masks, labels]: the token of each label's word at each mask
+        self.register_buffer(
+            "words", torch.tensor(label_ids, dtype=torch.long).t().contiguous(), persistent=False
+        )
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        token_type_ids: torch.Tensor | None = None,
+        labels: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor | None, torch.Tensor]:
+        keep = input_ids == self.mask_id
+        masks, n_labels = self.words.shape
+        batch = input_ids.shape[0]
+        # sparse prediction: the last block and the vocabulary projection only at the masks
+        hidden = self.encoder(input_ids, attention_mask, token_type_ids, select=keep)
+        logp = self.head(hidden).float().log_softmax(-1).view(batch, masks, -1)
+        scores = logp.gather(2, self.words[None].expand(batch, masks, n_labels)).mean(1)
+        loss = F.cross_entropy(scores, labels.long()) if labels is not None else None
+        return loss, scores
+
+
+class PrefixClassifier(nn.Module):
+    """A frozen encoder with trainable per-layer prefix keys/values and a classifier head (pooling, BERT's
+    pooler when ``head.pooler_dense``, dropout, linear). ``encoder``: an existing one to share (a served
+    base); else a new one."""
+
+    def __init__(
+        self,
+        cfg: ModelConfig,
+        num_labels: int,
+        head: ClassifierConfig,
+        prefix_len: int,
+        encoder: Encoder | None = None,
+    ) -> None:
+        super().__init__()
+        self.cfg, self.head_cfg, self.num_labels, self.prefix_len = cfg, head, num_labels, prefix_len
+        self.multilabel = False
+        self.pooler = nn.Linear(cfg.hidden, cfg.hidden) if head.pooler_dense else None
+        self.dropout = nn.Dropout(head.dropout)
+        self.classifier = nn.Linear(cfg.hidden, num_labels)
+        init_weights(self, cfg)
+        # small at first: the prefixes draw little attention until trained (the frozen model's own outputs)
+        self.prefix = nn.Parameter(torch.randn(cfg.layers, 2, prefix_len, cfg.hidden) * cfg.init_std)
+        self.encoder = encoder if encoder is not None else Encoder(cfg)
+        self.encoder.requires_grad_(False)
+
+    def own_state(self) -> dict[str, torch.Tensor]:
+        """What a task stores: the prefixes and the head (no encoder weight)."""
+        return {k: v for k, v in self.state_dict().items() if not k.startswith("encoder.")}
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        token_type_ids: torch.Tensor | None = None,
+        labels: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor | None, torch.Tensor]:
+        hidden = self.encoder(input_ids, attention_mask, token_type_ids, prefix=self.prefix)
+        pooled = pool_hidden(hidden, attention_mask, self.head_cfg.pooling, self.pooler)
+        logits = self.classifier(self.dropout(pooled))
+        loss = classification_loss(logits, labels, self.num_labels, False) if labels is not None else None
+        return loss, logits
+
+
+def encoder_digest(encoder: nn.Module) -> str:
+    """SHA-256 over an encoder's weights (names, dtypes, shapes and bytes, in name order): what a prefix
+    directory names its base model by, whatever file the base was read from."""
+    import hashlib
+
+    digest = hashlib.sha256()
+    for name, t in sorted(encoder.state_dict().items()):
+        t = t.detach().to("cpu").contiguous()
+        digest.update(f"{name}|{t.dtype}|{tuple(t.shape)}|".encode())
+        digest.update(t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+    return digest.hexdigest()

@@ -1,0 +1,180 @@
+"""Prompt-based fine-tuning (PET / LM-BFF) and deep prompts (P-tuning v2), through the real commands: a run
+that `cramkit pretrain` made, `cramkit finetune --prompt / --method ptuning`, predict, load, serve."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import cramkit
+from cramkit.data.prompts import encode_prompts, prompt_spec
+from cramkit.errors import CramkitError
+from cramkit.text.tokenizer import load_tokenizer
+from infer.models import cli
+
+WORDS = "0=bad,1=good"
+
+
+@pytest.fixture(scope="module")
+def minilm_tok(minilm_dir: Path):
+    return load_tokenizer(minilm_dir)
+
+
+def test_a_template_puts_one_mask_per_label_token_and_keeps_the_template_whole(minilm_tok) -> None:
+    spec = prompt_spec("{sentence} It was [MASK] .", "0=terrible,1=great", ["0", "1"], minilm_tok)
+    assert spec.masks == 1 and spec.fields == {"text_a"}
+    long = "word " * 400
+    enc = encode_prompts(minilm_tok, spec, ["a fine film", long, "a [MASK] inside"], None, 32)
+    mask = minilm_tok.token_to_id("[MASK]")
+    for ids in enc.ids:  # exactly the template's mask, never one from the text; the template's tail kept
+        assert (ids == mask).sum() == 1 and len(ids) <= 32
+        assert [minilm_tok.id_to_token(int(i)) for i in ids[-4:]] == ["was", "[MASK]", ".", "[SEP]"]
+    assert enc.truncated.tolist() == [False, True, False]
+    assert minilm_tok.token_to_id("[UNK]") in enc.ids[2].tolist()
+    pair = prompt_spec("{premise} ? [MASK] , [SEP] {hypothesis}", "yes=yes,no=no", ["yes", "no"], minilm_tok)
+    enc = encode_prompts(minilm_tok, pair, ["it rains"], ["it is wet"], 64)
+    assert enc.b_start[0] < enc.lengths[0]  # the second segment starts after the template's [SEP]
+
+
+def test_chinese_label_words_of_two_characters_fill_two_masks(minilm_tok) -> None:
+    spec = prompt_spec("这是[MASK]的：{text_a}", "a=中国,b=上下", ["a", "b"], minilm_tok)
+    assert spec.masks == 2
+    enc = encode_prompts(minilm_tok, spec, ["中国队赢了"], None, 64)
+    assert (enc.ids[0] == spec.mask_id).sum() == 2
+
+
+@pytest.mark.parametrize(
+    ("template", "words", "needle"),
+    [
+        ("{text_a} It was great .", WORDS, "0 [MASK]s"),
+        ("{text_a} [MASK] [MASK] .", WORDS, "2 [MASK]s"),
+        ("{review} It was [MASK] .", WORDS, "names the field {review}"),
+        ("It was [MASK] .", WORDS, "names no field"),
+        ("{text_a} It was [MASK] .", "0=bad", "no word for label(s) '1'"),
+        ("{text_a} It was [MASK] .", "0=bad,1=good,2=ok", "'2', which the task does not have"),
+        ("{text_a} It was [MASK] .", "0=bad,1=qqqzzzxxv", "'qqqzzzxxv'"),
+        ("{text_a} It was [MASK] .", "0=bad,1=not good", "the same number of tokens"),
+        ("{text_a} It was [MASK] .", "0bad,1=good", "LABEL=WORD"),
+    ],
+)
+def test_bad_templates_and_label_words_are_one_line(minilm_tok, template, words, needle) -> None:
+    with pytest.raises(CramkitError) as err:
+        prompt_spec(template, words, ["0", "1"], minilm_tok)
+    assert needle in str(err.value) and "\n" not in str(err.value)
+
+
+@pytest.fixture(scope="module")
+def sst2_files(glue_dir: Path, tmp_path_factory) -> tuple[Path, Path]:
+    root = tmp_path_factory.mktemp("sst2-prompt")
+    lines = (glue_dir / "SST-2" / "train.tsv").read_text(encoding="utf-8").splitlines()
+    header, rows = lines[0], lines[1:]
+    (root / "train.tsv").write_text("\n".join([header, *rows[:48]]) + "\n", encoding="utf-8")
+    (root / "dev.tsv").write_text("\n".join([header, *rows[1000:1064]]) + "\n", encoding="utf-8")
+    return root / "train.tsv", root / "dev.tsv"
+
+
+def _finetune(tiny_run: Path, files: tuple[Path, Path], out: Path, *args: str):
+    return cli("finetune", "--from", str(tiny_run), "--train", str(files[0]), "--dev", str(files[1]),
+               "--text-a", "sentence", "--out", str(out), "--set", "epochs=2", "--set", "batch_size=8",
+               "--no-progress", *args)  # fmt: skip
+
+
+def test_prompt_finetuning_makes_a_model_that_predicts_loads_and_refuses_to_export(
+    tiny_run: Path, sst2_files, tmp_path: Path
+) -> None:
+    out = tmp_path / "prompt"
+    proc = _finetune(
+        tiny_run, sst2_files, out, "--prompt", "{sentence} it was [MASK] .", "--label-words", WORDS
+    )
+    assert proc.returncode == 0, proc.stderr
+    res = json.loads((out / "results.json").read_text())
+    assert res["method"] == "prompt" and res["prompt"]["label_words"] == {"0": "bad", "1": "good"}
+    model = cramkit.load(out)
+    assert model.architecture == "prompt" and model.kind == "classifier" and model.labels == ["0", "1"]
+    # the model's dev score is what its own predictions on the dev file give
+    pred = tmp_path / "dev.predictions.jsonl"
+    proc = cli("predict", "--from", str(out), str(sst2_files[1]), "--out", str(pred))
+    assert proc.returncode == 0, proc.stderr
+    rows = [json.loads(line) for line in pred.read_text().splitlines()]
+    assert len(rows) == 64 and all(abs(sum(r["probabilities"].values()) - 1) < 1e-4 for r in rows)
+    assert f"accuracy {res['median']['dev']['metrics']['accuracy']:.2f}" in proc.stdout
+    proc = cli("export", str(out), "--out", str(tmp_path / "exp"))
+    assert (
+        proc.returncode == 2
+        and "not supported yet" in proc.stderr
+        and len(proc.stderr.strip().splitlines()) == 1
+    )
+
+
+def test_a_prompt_needs_an_mlm_head_and_a_classification_task(
+    minilm_dir: Path, sst2_files, tmp_path: Path
+) -> None:
+    proc = cli("finetune", "--from", f"hf:{minilm_dir}", "--train", str(sst2_files[0]), "--text-a", "sentence",
+               "--out", str(tmp_path / "x"), "--prompt", "{sentence} It was [MASK] .", "--label-words",
+               "0=terrible,1=great")  # fmt: skip
+    assert proc.returncode == 2 and "has no masked-LM head" in proc.stderr and "pretrain" in proc.stderr
+    assert not (tmp_path / "x" / "results.json").exists()
+    proc = cli("finetune", "--from", f"hf:{minilm_dir}", "--train", str(sst2_files[0]), "--text-a", "sentence",
+               "--label", "label", "--regression", "--out", str(tmp_path / "y"), "--method", "prompt")  # fmt: skip
+    assert proc.returncode == 2 and "classification task" in proc.stderr
+
+
+def test_deep_prompts_store_only_prefixes_and_name_their_base_by_checksum(
+    tiny_run: Path, pretrained_run: Path, sst2_files, tmp_path: Path
+) -> None:
+    out = tmp_path / "pt"
+    proc = _finetune(tiny_run, sst2_files, out, "--method", "ptuning", "--prefix-len", "4")
+    assert proc.returncode == 0, proc.stderr
+    res = json.loads((out / "results.json").read_text())
+    base = cramkit.load(tiny_run)
+    total = sum(p.numel() for p in base.encoder.parameters())
+    cfg = base.config
+    assert (
+        res["trainable_parameters"]
+        == cfg.layers * 2 * 4 * cfg.hidden + cfg.hidden * cfg.hidden + cfg.hidden + 2 * cfg.hidden + 2
+    )
+    assert res["trainable_parameters"] < total and res["stored_bytes"] < 4 * total
+    assert "parameters trained" in proc.stdout
+    # without its base: one line that names it; with another model: refused by checksum
+    proc = cli("predict", "--from", str(out), str(sst2_files[1]), "--out", str(tmp_path / "p.jsonl"))
+    assert (
+        proc.returncode == 2 and f"--base {tiny_run}" in proc.stderr and not (tmp_path / "p.jsonl").exists()
+    )
+    with pytest.raises(CramkitError, match="checksum differs"):
+        cramkit.load(out, base=pretrained_run)
+    proc = cli("predict", "--from", str(out), "--base", str(tiny_run), str(sst2_files[1]), "--out",
+               str(tmp_path / "p.jsonl"))  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert f"accuracy {res['median']['dev']['metrics']['accuracy']:.2f}" in proc.stdout
+    # two tasks' prefixes on one loaded base share its encoder
+    a, b = cramkit.load(out, base=base), cramkit.load(out, base=base)
+    assert a.encoder is b.encoder is base.encoder
+    x = cramkit.load(out, base=tiny_run)
+    from cramkit.infer import Engine
+
+    probs = Engine(x).classify(["a good film", "a bad film"]).probs
+    assert np.allclose(probs.sum(1), 1, atol=1e-5)
+
+
+def test_a_prefix_directory_with_crafted_weights_is_one_line(
+    tiny_run: Path, sst2_files, tmp_path: Path
+) -> None:
+    from safetensors.torch import save_file
+
+    out = tmp_path / "pt"
+    assert _finetune(tiny_run, sst2_files, out, "--method", "ptuning", "--prefix-len", "2").returncode == 0
+    meta = json.loads((out / "cramkit-model.json").read_text())
+    import torch
+
+    save_file({"prefix": torch.zeros(1), "evil": torch.zeros(3)}, str(out / "model.safetensors"))
+    meta.pop("sha256")
+    (out / "cramkit-model.json").write_text(json.dumps(meta))
+    with pytest.raises(CramkitError, match="do not fit the deep-prompt model"):
+        cramkit.load(out, base=tiny_run)
+    meta["extra"]["base"]["prefix_len"] = "4; rm -rf /"
+    (out / "cramkit-model.json").write_text(json.dumps(meta))
+    with pytest.raises(CramkitError, match="damaged or crafted"):
+        cramkit.load(out, base=tiny_run)

@@ -104,7 +104,7 @@ def test_pretrained_bert_finetuned_exports_to_transformers_with_equal_logits(
     (tmp_path / "train.tsv").write_text("\n".join(lines[:161]) + "\n", encoding="utf-8")
     out = tmp_path / "ft"
     ok("finetune", "--from", f"hf:{minilm_dir}", "--train", str(tmp_path / "train.tsv"), "--text-a", "sentence",
-       "--out", str(out), "--set", "epochs=1", "--no-progress")  # fmt: skip
+       "--out", str(out), "--set", "epochs=1", "--set", "pooling=first", "--no-progress")  # fmt: skip
     ok("export", str(out), "--out", str(tmp_path / "hf"))
     config = json.loads((tmp_path / "hf" / "config.json").read_text())
     assert config["architectures"] == ["BertForSequenceClassification"]

@@ -14,7 +14,7 @@ distil and index. The Python API mirrors the command line::
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -59,12 +59,24 @@ def finetune(
     dev_fraction: float = 0.1,
     out: PathLike | None = None,
     progress: bool = True,
+    prompt: str | None = None,
+    label_words: str | Mapping[str, str] | None = None,
     **settings: Any,
 ) -> dict[str, Any]:
     """Fine-tune ``source`` (anything :func:`load` takes) on a registered ``task`` or on your files
     (``train``, optional ``dev``: else ``dev_fraction`` of train is held out). ``settings`` are
-    FinetuneConfig fields (lr=2e-5, epochs=3, seeds=[0, 1, 2], ...). With ``out`` the model of the
-    median seed is saved there (``cramkit.load(out)``). Returns the results (also out/results.json)."""
+    FinetuneConfig fields (lr=2e-5, epochs=3, seeds=[0, 1, 2], method="ptuning", ...). ``prompt`` and
+    ``label_words`` (``{"0": "terrible", "1": "great"}``): prompt-based fine-tuning through the MLM head.
+    With ``out`` the model of the median seed is saved there (``cramkit.load(out)``). Returns the results
+    (also out/results.json)."""
+    if prompt is not None:
+        settings["prompt"] = prompt
+    if label_words is not None:
+        settings["label_words"] = (
+            label_words
+            if isinstance(label_words, str)
+            else ",".join(f"{k}={v}" for k, v in label_words.items())
+        )
     from cramkit.tasks.registry import get_task, hold_out
     from cramkit.train.finetune import config_from
     from cramkit.train.finetune import finetune as _finetune

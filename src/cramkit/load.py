@@ -799,7 +799,7 @@ def _load_hf(name: str, text: str) -> LoadedModel:
         normalize=normalize,
         with_types=cfg.type_vocab_size > 0,
         head=head,
-        extra={"hf_architecture": arch},
+        extra={"hf_architecture": arch, **({"st_pooling": pooling} if pooling else {})},
         weights_file=_single_weights_file(root),
         pooler_state=None
         if isinstance(model, SequenceClassifier) or "pooler.weight" not in state

@@ -327,7 +327,7 @@ def test_hf_export_is_a_bert_for_multiple_choice_with_our_logits(
     ft = tmp_path / "ft"
     ok("finetune", "--from", f"hf:{minilm_dir}", "--train", str(copa / "train.jsonl"), "--dev", str(copa / "val.jsonl"),
        "--text-a", "premise", "--choices", "choice1,choice2", "--out", str(ft), "--set", "max_train_examples=4",
-       "--set", "batch_size=4", "--set", "epochs=1", "--set", "max_length=64", "--set", "lr=1e-3", "--no-progress")  # fmt: skip
+       "--set", "batch_size=4", "--set", "epochs=1", "--set", "max_length=64", "--set", "lr=1e-3", "--set", "pooling=first", "--no-progress")  # fmt: skip
     out = tmp_path / "hf"
     text = ok("export", str(ft), "--format", "hf", "--out", str(out))
     assert "BertForMultipleChoice" in text and "AutoModelForMultipleChoice" in text

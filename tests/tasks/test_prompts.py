@@ -178,3 +178,53 @@ def test_a_prefix_directory_with_crafted_weights_is_one_line(
     (out / "cramkit-model.json").write_text(json.dumps(meta))
     with pytest.raises(CramkitError, match="damaged or crafted"):
         cramkit.load(out, base=tiny_run)
+
+
+def test_one_served_base_answers_each_task_with_its_own_prefixes(
+    tiny_run: Path, sst2_files, tmp_path: Path
+) -> None:
+    from serve.test_server import start
+
+    from cramkit.infer import Engine
+
+    dirs = {}
+    for name, plen in (("a", 2), ("b", 3)):
+        dirs[name] = tmp_path / name
+        assert (
+            _finetune(
+                tiny_run, sst2_files, dirs[name], "--method", "ptuning", "--prefix-len", str(plen)
+            ).returncode
+            == 0
+        )
+    proc = cli("serve", f"a={dirs['a']}", "--port", "0")
+    assert proc.returncode == 2 and "--base" in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+    server, url = start(f"a={dirs['a']}", f"b={dirs['b']}", "--base", str(tiny_run))
+    try:
+        import httpx
+
+        texts = ["a good , funny film", "the worst movie of the year"]
+        base = cramkit.load(tiny_run)
+        for name in ("a", "b"):
+            r = httpx.post(f"{url}/predict", json={"inputs": [[t] for t in texts], "model": name}, timeout=60)
+            assert r.status_code == 200, r.text
+            got = np.asarray(
+                [[d["score"] for d in sorted(row, key=lambda d: d["label"])] for row in r.json()]
+            )
+            want = Engine(cramkit.load(dirs[name], base=base)).classify(texts).probs
+            assert np.allclose(got, want, atol=1e-5)
+        info = httpx.get(f"{url}/info", timeout=10).json()
+        assert {"a", "b"} <= set(json.dumps(info).replace('"', " ").split())
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+
+
+def test_auto_pooling_is_the_models_own(minilm_dir: Path, tiny_run: Path) -> None:
+    from cramkit.train.finetune import FinetuneConfig, resolve_pooling
+
+    st = resolve_pooling(FinetuneConfig(), cramkit.load(f"hf:{minilm_dir}"))  # sentence-transformers: mean
+    assert (st.pooling, st.pooler_dense) == ("mean", False)
+    run = resolve_pooling(FinetuneConfig(), cramkit.load(tiny_run))  # Cramming's first token and pooler
+    assert (run.pooling, run.pooler_dense) == ("first", True)
+    mine = resolve_pooling(FinetuneConfig(pooling="first"), cramkit.load(f"hf:{minilm_dir}"))
+    assert (mine.pooling, mine.pooler_dense) == ("first", True)

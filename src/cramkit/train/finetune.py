@@ -65,7 +65,9 @@ class FinetuneConfig:
     eps: float = 1e-6
     grad_clip: float = 0.0  # 0 = no clipping (Cramming)
     max_length: int = 128
-    pooling: Literal["first", "mean"] = "first"
+    # auto: the model's own pooling when it declares one (a sentence-transformers model: its mean or cls,
+    # mean without BERT's pooler), else the first token through the pooler (Cramming)
+    pooling: Literal["auto", "first", "mean"] = "auto"
     pooler_dense: bool = True
     dropout: float = 0.1  # encoder hidden dropout and classifier dropout
     attention_dropout: float = 0.1
@@ -201,6 +203,18 @@ def build_model(
             model.pooler.weight.copy_(pooler_state["weight"])
             model.pooler.bias.copy_(pooler_state["bias"])
     return model
+
+
+def resolve_pooling(cfg: FinetuneConfig, loaded: LoadedModel) -> FinetuneConfig:
+    """``cfg`` with ``pooling="auto"`` made concrete for ``loaded``: a sentence-transformers model's own pooling
+    (mean: without BERT's pooler, which never saw a mean), else the first token (and ``pooler_dense``)."""
+    if cfg.pooling != "auto":
+        return cfg
+    import dataclasses
+
+    if loaded.extra.get("st_pooling") == "mean":
+        return dataclasses.replace(cfg, pooling="mean", pooler_dense=False)
+    return dataclasses.replace(cfg, pooling="first")
 
 
 def resolve_prompt(task: Task, loaded: LoadedModel, cfg: FinetuneConfig) -> PromptSpec | None:
@@ -502,6 +516,7 @@ def finetune(
     max_length = min(cfg.max_length, loaded.max_length)
     tok = loaded.tokenizer
 
+    cfg = resolve_pooling(cfg, loaded)
     prompt = resolve_prompt(task, loaded, cfg)
     train_rows = task.examples(task.train_split)
     if cfg.max_train_examples:

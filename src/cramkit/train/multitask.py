@@ -35,6 +35,7 @@ from cramkit.train.finetune import (
     _test_splits,
     encode_task_examples,
     predict,
+    resolve_pooling,
     train_config,
     trained_inputs,
     write_json,
@@ -203,6 +204,7 @@ def finetune_mixture(
     from cramkit.tasks.mixtures import mixture_rates
 
     loaded = source if isinstance(source, LoadedModel) else load(source)
+    cfg = resolve_pooling(cfg, loaded)
     max_length = min(cfg.max_length, loaded.max_length)
     tok = loaded.tokenizer
     train, dev, tests = [], [], {}

@@ -183,9 +183,8 @@ def test_a_prefix_directory_with_crafted_weights_is_one_line(
 def test_one_served_base_answers_each_task_with_its_own_prefixes(
     tiny_run: Path, sst2_files, tmp_path: Path
 ) -> None:
-    from serve.test_server import start
-
     from cramkit.infer import Engine
+    from serve.test_server import start
 
     dirs = {}
     for name, plen in (("a", 2), ("b", 3)):

@@ -227,3 +227,33 @@ def test_auto_pooling_is_the_models_own(minilm_dir: Path, tiny_run: Path) -> Non
     assert (run.pooling, run.pooler_dense) == ("first", True)
     mine = resolve_pooling(FinetuneConfig(pooling="first"), cramkit.load(f"hf:{minilm_dir}"))
     assert (mine.pooling, mine.pooler_dense) == ("first", True)
+
+
+def test_minilm_gets_a_head_with_its_encoder_frozen_and_then_takes_a_prompt(
+    minilm_dir: Path, sst2_files, tmp_path: Path
+) -> None:
+    import torch
+
+    corpus = tmp_path / "text.txt"
+    lines = sst2_files[0].read_text(encoding="utf-8").splitlines()[1:]
+    corpus.write_text("\n\n".join(line.split("\t")[0] for line in lines) + "\n", encoding="utf-8")
+    run = tmp_path / "head"
+    proc = cli("pretrain", str(corpus), "--from", f"hf:{minilm_dir}", "--budget", "3steps", "--out", str(run),
+               "--set", "train.head_only=true", "--set", "train.micro_batch=4", "--set", "train.batch_size=4",
+               "--set", "data.seq_len=32", "--no-progress")  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    before, after = cramkit.load(f"hf:{minilm_dir}"), cramkit.load(run)
+    for (name, a), (_, b) in zip(
+        before.model.state_dict().items(), after.encoder.state_dict().items(), strict=True
+    ):
+        assert torch.equal(a, b), name  # the encoder (and its tied embeddings) did not move
+    assert after.kind == "mlm"
+    out = tmp_path / "prompt"
+    proc = cli("finetune", "--from", str(run), "--train", str(sst2_files[0]), "--dev", str(sst2_files[1]),
+               "--text-a", "sentence", "--out", str(out), "--prompt", "{sentence} It was [MASK] .",
+               "--label-words", "0=terrible,1=great", "--set", "epochs=1", "--no-progress")  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads((out / "results.json").read_text())["method"] == "prompt"
+    proc = cli("pretrain", str(corpus), "--budget", "3steps", "--out", str(tmp_path / "x"), "--set",
+               "train.head_only=true")  # fmt: skip
+    assert proc.returncode == 2 and "head_only" in proc.stderr

@@ -168,6 +168,8 @@ class ContinueObjective(MLMObjective):
         if self.start is not None:
             model.load_state_dict(initial_state(self.start, model, self.extension))
             self.start = None  # the copy of the weights is no longer needed
+        if self.cfg.train.head_only:  # the encoder frozen: no gradient flows past the head
+            model.encoder.requires_grad_(False)
         return model
 
 

@@ -275,6 +275,11 @@ def pretrain(
         cfg, begin = _start_config(preset, overrides, init, inherit, tokenizer, extend_vocab)
         cfg = _masking_available(cfg, overrides)
         fresh_head = bool(init) and begin.head_state is None
+        if cfg.train.head_only and not init:
+            raise CramkitError(
+                "train.head_only trains the MLM head of a model given with --from MODEL (the encoder frozen); "
+                "a run from scratch has no encoder to keep: leave it out"
+            )
         preset = preset or ("continue" if init else "tiny-cpu")
         if out is None and runtime.torchrun().world > 1:
             raise CramkitError(

@@ -79,6 +79,9 @@ class TrainConfig:
     # pretrain --from a model without an MLM head: the fresh head learns at this multiple of train.lr (the
     # encoder at train.lr), so that it catches up before its random gradients move the encoder far
     fresh_head_lr_scale: float = 10.0
+    # pretrain --from: train the MLM head only, the encoder (and its tied embeddings) frozen: a head for
+    # prompt-based fine-tuning in minutes, the model's own outputs untouched
+    head_only: bool = False
 
     def validate(self) -> None:
         parse_budget(self.budget)

@@ -350,8 +350,19 @@ def _load_run(path: Path, step: int | None) -> LoadedModel:
         max_length=_max_length(cfg),
         pooling="mean",
         with_types=cfg.type_vocab_size > 0,
-        extra={"run": str(run), "checkpoint": checkpoint.name},
+        extra={"run": str(run), "checkpoint": checkpoint.name, **_run_pooling(run)},
     )
+
+
+def _run_pooling(run: Path) -> dict[str, str]:
+    """``{"st_pooling": ...}`` of a run continued from a sentence-transformers model (run.json records the
+    model's own pooling; fine-tuning pools as it did), else nothing."""
+    try:
+        info = json.loads((run / "run.json").read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError):
+        return {}
+    value = info.get("pooling") if isinstance(info, dict) else None
+    return {"st_pooling": value} if value in ("mean", "cls") else {}
 
 
 def load_weights(model: nn.Module, state: dict[str, torch.Tensor], what: str, *, tied: bool = False) -> None:

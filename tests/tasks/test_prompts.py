@@ -248,6 +248,9 @@ def test_minilm_gets_a_head_with_its_encoder_frozen_and_then_takes_a_prompt(
     ):
         assert torch.equal(a, b), name  # the encoder (and its tied embeddings) did not move
     assert after.kind == "mlm"
+    from cramkit.train.finetune import FinetuneConfig, resolve_pooling
+
+    assert resolve_pooling(FinetuneConfig(), after).pooling == "mean"  # the run pools as MiniLM did
     out = tmp_path / "prompt"
     proc = cli("finetune", "--from", str(run), "--train", str(sst2_files[0]), "--dev", str(sst2_files[1]),
                "--text-a", "sentence", "--out", str(out), "--prompt", "{sentence} It was [MASK] .",

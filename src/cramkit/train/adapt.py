@@ -55,6 +55,7 @@ class Start:
     tokenizer: Any
     masking: dict[str, Any]
     teacher: LoadedModel | None = None  # --inherit: the loaded teacher
+    pooling: str | None = None  # a sentence-transformers model's own pooling (mean, cls), kept by the run
 
 
 def config_dict(cfg: ModelConfig) -> dict[str, Any]:
@@ -104,7 +105,7 @@ def start_from(source: str) -> Start:
         head = {k: v.detach().clone() for k, v in loaded.model.head.state_dict().items()}
     enc = {k: v.detach().clone() for k, v in loaded.encoder.state_dict().items()}
     cfg = dataclasses.replace(loaded.config, gradient_checkpointing=False)
-    return Start(source, cfg, enc, head, loaded.tokenizer, masking)
+    return Start(source, cfg, enc, head, loaded.tokenizer, masking, pooling=loaded.extra.get("st_pooling"))
 
 
 def check_architecture(start: Start, model: ModelConfig) -> None:

@@ -617,6 +617,10 @@ def _prepare(run, cfg, inputs, tokenizer, resume, preset, source_options, saved,
                 _write_config(run, cfg)
             info = {"inputs": inputs, "store": str(ts.prefix), "preset": preset, "tokenizer": "tokenizer"}
             info |= {k: v for k, v in adapt_info.items() if v}
+            if (
+                adapt_info["from"] and begin is not None and begin.pooling
+            ):  # fine-tuning pools as the model did
+                info["pooling"] = begin.pooling
             if source_options:
                 info["source_options"] = source_options
             if ctx.is_main:

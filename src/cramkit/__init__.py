@@ -61,14 +61,19 @@ def finetune(
     progress: bool = True,
     prompt: str | None = None,
     label_words: str | Mapping[str, str] | None = None,
+    few_shot: int | None = None,
+    splits: int = 5,
     **settings: Any,
 ) -> dict[str, Any]:
     """Fine-tune ``source`` (anything :func:`load` takes) on a registered ``task`` or on your files
     (``train``, optional ``dev``: else ``dev_fraction`` of train is held out). ``settings`` are
     FinetuneConfig fields (lr=2e-5, epochs=3, seeds=[0, 1, 2], method="ptuning", ...). ``prompt`` and
     ``label_words`` (``{"0": "terrible", "1": "great"}``): prompt-based fine-tuning through the MLM head.
-    With ``out`` the model of the median seed is saved there (``cramkit.load(out)``). Returns the results
-    (also out/results.json)."""
+    With ``out`` the model of the median seed is saved there (``cramkit.load(out)``). ``few_shot=K``:
+    LM-BFF's protocol, ``splits`` splits of K examples per class (and a dev set of K per class that picks the
+    checkpoint), scored on the task's dev split: the results hold each split's score, the mean and the
+    standard deviation (``fewshot``); each split's model in out/split-S. Returns the results (also
+    out/results.json)."""
     if prompt is not None:
         settings["prompt"] = prompt
     if label_words is not None:
@@ -104,6 +109,14 @@ def finetune(
         )
         if dev is None:
             the_task = hold_out(the_task, dev_fraction)
+    if few_shot is not None:
+        from cramkit.train.evaluate import fewshot_run
+
+        if splits < 1:
+            raise CramkitError(f"splits must be at least 1, got {splits}")
+        where = out or f"finetune-{the_task.name.replace('/', '-')}-{few_shot}shot"
+        return fewshot_run(the_task, source, config_from(settings), where, [str(i) for i in range(splits)],
+                           k=few_shot, progress=progress)  # fmt: skip
     return _finetune(the_task, source, config_from(settings), out, progress=progress)
 
 
@@ -116,10 +129,13 @@ def evaluate(
     tasks: Sequence[str] | None = None,
     fewshot_splits: Sequence[str] | None = None,
     progress: bool = True,
+    few_shot: int | None = None,
+    splits: int = 5,
     **settings: Any,
 ) -> dict[str, Any]:
     """Fine-tune and score ``source`` on every task of ``suite`` (glue, clue, ...) in ``data_dir`` (or only
-    ``tasks``); out defaults to eval-SUITE. fewshot_splits: FewCLUE's splits (e.g. ["0", "1"])."""
+    ``tasks``); out defaults to eval-SUITE. fewshot_splits: FewCLUE's splits (e.g. ["0", "1"]); few_shot=K:
+    LM-BFF's protocol (``splits`` splits of K per class) for every classification task."""
     from cramkit.train.evaluate import evaluate_suite
     from cramkit.train.finetune import config_from
 
@@ -132,6 +148,8 @@ def evaluate(
         tasks=tasks,
         progress=progress,
         fewshot_splits=fewshot_splits,
+        few_shot=few_shot,
+        splits=splits,
     )
 
 

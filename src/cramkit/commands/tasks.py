@@ -168,6 +168,11 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _method_args(g: argparse._ArgumentGroup, suite: bool = False) -> None:
+    g.add_argument("--few-shot", type=int, metavar="K",
+                   help="LM-BFF's few-shot protocol: K training examples per class and a dev set of K per class (it "
+                   "keeps the best checkpoint) drawn from the training data, --splits times; scored on the task's "
+                   "dev split; the mean and standard deviation over the splits are reported")  # fmt: skip
+    g.add_argument("--splits", type=int, default=5, metavar="S", help="with --few-shot: how many splits (5)")
     g.add_argument("--method", choices=["head", "prompt", "ptuning"],
                    help="head: a fresh classifier on the pooled output (default); prompt: the MLM head scores label "
                    "words through a template; ptuning: the encoder frozen, trainable prefixes at every layer and a "
@@ -347,7 +352,13 @@ def run_finetune(args: argparse.Namespace) -> int:
         mixture = resolve_mixture(
             args.mixture, args.rates
         )  # an unknown name or a bad rate fails before --nproc
-    if args.fewshot_splits:
+    if args.few_shot is not None and args.fewshot_splits:
+        raise CramkitError(
+            "--few-shot K (LM-BFF's protocol) and --fewshot-splits (FewCLUE's) are two protocols: give one"
+        )
+    if args.few_shot is not None and args.splits < 1:
+        raise CramkitError(f"--splits must be at least 1, got {args.splits}")
+    if args.fewshot_splits or args.few_shot is not None:
         return _finetune_fewshot(args, cfg)
     if args.nproc != 1:
         return _launch_finetune(args)
@@ -395,51 +406,33 @@ def run_finetune(args: argparse.Namespace) -> int:
 
 
 def _finetune_fewshot(args: argparse.Namespace, cfg) -> int:
-    """``--fewshot-splits``: FewCLUE's protocol on one task; each split in OUT/split-K, the summary in OUT."""
-    from cramkit.tasks.clue import fewshot_task, parse_fewshot_splits
+    """``--fewshot-splits`` (FewCLUE's protocol) or ``--few-shot K --splits S`` (LM-BFF's) on one task; each
+    split in OUT/split-S, the summary in OUT."""
+    from cramkit.tasks.clue import parse_fewshot_splits
+    from cramkit.train.evaluate import fewshot_run
 
+    flag = "--few-shot" if args.few_shot is not None else "--fewshot-splits"
     if args.nproc != 1 or args.mixture:
-        raise CramkitError("--fewshot-splits runs one task in one process; leave out --nproc and --mixture")
-    ks = parse_fewshot_splits(args.fewshot_splits)
+        raise CramkitError(f"{flag} runs one task in one process; leave out --nproc and --mixture")
+    k = args.few_shot
+    ks = [str(i) for i in range(args.splits)] if k is not None else parse_fewshot_splits(args.fewshot_splits)
     task = _resolve_task(args)
-    for k in ks:  # every split is there and reads before anything is trained
-        view = fewshot_task(task, k)
-        for split in (view.train_split, *view.dev_splits):
-            view.examples(split)
     check_model_source(args.source)
-    from cramkit.io import check_out, disk_errors
-    from cramkit.train.evaluate import (
-        SUBMISSION_DIR,
-        _collect_submission,
-        _prediction_files,
-        _summary,
-        finetune_fewshot,
-        write_report,
-    )
-
-    out = Path(args.out or f"finetune-{task.name.replace('/', '-')}-fewshot")
-    check_out(out, inputs=[args.source], own=[f"split-{k}" for k in ks])
-    with disk_errors(out):
-        res = finetune_fewshot(task, args.source, cfg, out, ks, progress=not args.no_progress)
-        report = {
-            "source": str(args.source),
-            "tasks": {task.name: _summary(res)},
-            "submission": _collect_submission(out / SUBMISSION_DIR, {task.name: _prediction_files(res)}),
-        }
-        write_report(
-            out, report, title=f"{task.name} FewCLUE splits {','.join(ks)}", average_name="", total=1
-        )
+    suffix = f"{k}shot" if k is not None else "fewshot"
+    out = Path(args.out or f"finetune-{task.name.replace('/', '-')}-{suffix}")
+    res = fewshot_run(task, args.source, cfg, out, ks, k=k, progress=not args.no_progress)
     few = res["fewshot"]
-    for k, one in few["per_split"].items():
+    scored = ", ".join(res["median"])
+    for key, one in few["per_split"].items():
         print(
-            f"{task.name} split {k}: test_public {res['main_metric']} {one['score']:.2f} (dev_{k} {one['dev']['score']:.2f})"
+            f"{task.name} split {key}: {scored} {res['main_metric']} {one['score']:.2f} (its dev {one['dev']['score']:.2f})"
         )
-    print(
-        f"{task.name}: test_public {res['main_metric']} {few['mean']:.2f} ± {few['std']:.2f} over FewCLUE splits "
-        f"{','.join(ks)}; results in {out / 'results.json'}, test.json predictions in {out / SUBMISSION_DIR}"
-    )
+    what = f"FewCLUE splits {','.join(ks)}" if k is None else f"{len(ks)} few-shot splits (K={k} per class)"
+    print(f"{task.name}: {scored} {res['main_metric']} {few['mean']:.2f} ± {few['std']:.2f} over {what}; results in "
+          f"{out / 'results.json'}" + (f", test.json predictions in {out / 'submission'}" if k is None else ""))  # fmt: skip
     if res.get("skipped_rows"):
         print(f"skipped bad rows: {json.dumps(res['skipped_rows'])}", file=sys.stderr)
+    return 0
 
 
 def _run_mixture(args: argparse.Namespace, mixture, cfg) -> int:
@@ -505,6 +498,8 @@ def run_eval(args: argparse.Namespace) -> int:
         progress=not args.no_progress,
         tasks=[t.strip() for t in args.tasks.split(",") if t.strip()] if args.tasks else None,
         fewshot_splits=fewshot,
+        few_shot=args.few_shot,
+        splits=args.splits,
     )
     print((out / "results.md").read_text(encoding="utf-8"))
     if res["skipped"]:

@@ -42,6 +42,8 @@ def evaluate_suite(
     progress: bool = True,
     tasks: Sequence[str] | None = None,
     fewshot_splits: Sequence[str] | None = None,
+    few_shot: int | None = None,
+    splits: int = 5,
 ) -> dict[str, Any]:
     """Fine-tune and score ``source`` on every task of ``suite`` (a registered :class:`Suite`) whose data
     is in data_dir.
@@ -49,10 +51,16 @@ def evaluate_suite(
     Absent tasks are skipped with a note (in results.json and results.md). Writes results.json,
     results.md and scores.png to out_dir, each task's own results and test predictions to
     out_dir/<task>/, and a copy of every task's test predictions to out_dir/submission/. fewshot_splits
-    (e.g. ["0", "1", "few_all"]): the FewCLUE splits to run for tasks in FewCLUE's layout.
+    (e.g. ["0", "1", "few_all"]): the FewCLUE splits to run for tasks in FewCLUE's layout. few_shot (K):
+    LM-BFF's protocol for every classification task instead, ``splits`` splits of K per class.
     """
+    if few_shot is not None and fewshot_splits:
+        raise CramkitError(
+            "--few-shot K (LM-BFF's protocol) and --fewshot-splits (FewCLUE's) are two protocols: give one"
+        )
     from cramkit.config import to_dict
     from cramkit.tasks.clue import fewshot_task, is_fewclue
+    from cramkit.tasks.fewshot import few_shot_task
 
     spec = get_suite(suite)
     cfg = cfg or FinetuneConfig()
@@ -63,6 +71,17 @@ def evaluate_suite(
     todo: list[tuple[Task, list[str] | None]] = []
     for task in all_tasks:
         if wanted is not None and task.name not in wanted:
+            continue
+        if few_shot is not None:
+            if task.is_regression:
+                skipped[task.name] = "a regression task: no classes to draw K per class from"
+                continue
+            ks = [str(i) for i in range(splits)]
+            for k in ks:  # every split draws and reads before anything is trained
+                view = few_shot_task(task, few_shot, int(k))
+                for split in (view.train_split, *view.dev_splits):
+                    view.examples(split)
+            todo.append((task, ks))
             continue
         if is_fewclue(task):
             ks = list(fewshot_splits or ["few_all"])
@@ -104,17 +123,19 @@ def evaluate_suite(
     ran = 0
     for i, (task, ks) in enumerate(todo, 1):
         task_dir = out / task.name.split("/")[-1]
-        res = _finished(task_dir, loaded.source, to_dict(cfg), ks)
+        res = _finished(task_dir, loaded.source, to_dict(cfg), ks, few_shot)
         if res is not None:
             print(
                 f"cramkit: [{i}/{len(todo)}] {task.name}: already done in {task_dir}, reused", file=sys.stderr
             )
         else:
             what = f"FewCLUE split(s) {','.join(ks)}" if ks else "fine-tuning"
+            if few_shot is not None:
+                what = f"{len(ks)} few-shot splits of K={few_shot} per class"
             print(f"cramkit: [{i}/{len(todo)}] {task.name}: {what} ...", file=sys.stderr, flush=True)
             t0 = time.perf_counter()
             if ks:
-                res = finetune_fewshot(task, loaded, cfg, task_dir, ks, progress=progress)
+                res = finetune_fewshot(task, loaded, cfg, task_dir, ks, progress=progress, k=few_shot)
             else:
                 also = _diagnostics(task.name, data_dir)
                 res = finetune(task, loaded, cfg, task_dir, progress=progress, predict_also=also)
@@ -185,55 +206,79 @@ def finetune_fewshot(
     splits: Sequence[str],
     *,
     progress: bool = True,
+    k: int | None = None,
 ) -> dict[str, Any]:
-    """FewCLUE's protocol on one task: for each split K, fine-tune on train_K (dev_K scored alongside) and
-    score on test_public; out_dir/split-K/ holds each run (its model, results, test.json predictions).
+    """A few-shot protocol on one task, each split fine-tuned into out_dir/split-S/ (its model, results, test
+    predictions), the splits' scores reported with their mean and standard deviation.
 
-    Returns (and writes to out_dir/results.json) each split's test_public metrics, their mean (``score``,
-    ``median``: the mean metrics, so that it reads like one fine-tuning's results) and the standard
-    deviation over the splits (``fewshot.std``; sample standard deviation, 0 for one split).
+    FewCLUE's (``k`` None): split S trains on train_S (dev_S scored alongside, picking the kept seed) and is
+    scored on test_public. LM-BFF's (``k``): split S (``splits`` are "0", "1", ...) is K examples per class
+    for training and K for the dev set that keeps the best checkpoint (``keep=best``), drawn from the
+    training data (:func:`cramkit.tasks.fewshot.few_shot_task`), scored on the task's own scored splits.
+
+    Returns (and writes to out_dir/results.json) each split's metrics, their mean (``score``, ``median``:
+    the mean metrics, so that it reads like one fine-tuning's results) and the standard deviation over the
+    splits (``fewshot.std``; sample standard deviation, 0 for one split).
     """
+    import dataclasses
+
     from cramkit.config import to_dict
     from cramkit.tasks.clue import fewshot_task
+    from cramkit.tasks.fewshot import few_shot_task
 
-    views = [(k, fewshot_task(task, k)) for k in splits]  # a missing split fails before any training
+    if k is None:
+        views = [(s, fewshot_task(task, s)) for s in splits]  # a missing split fails before any training
+    else:
+        views = [(s, few_shot_task(task, k, int(s))) for s in splits]
+        if cfg.keep == "last" and cfg.eval_every not in ("never", "0", "off"):
+            cfg = dataclasses.replace(cfg, keep="best")  # the sampled dev set picks the checkpoint
     loaded = source if isinstance(source, LoadedModel) else load(source)
     out = Path(out_dir)
     per_split: dict[str, Any] = {}
     files: dict[str, str] = {}
-    for k, view in views:
-        run = out / f"split-{k}"
+    for key, view in views:
+        run = out / f"split-{key}"
         res = _finished(run, loaded.source, to_dict(cfg), None)
         if res is None:
             res = finetune(view, loaded, cfg, run, progress=progress)
-        scored = res["median"]["test_public"]
-        per_split[k] = {
-            "score": scored["score"],
-            "metrics": scored["metrics"],
-            "dev": res["median"][f"dev_{k}"],
+        scored = {s: res["median"][s] for s in view.scored_splits}
+        per_split[key] = {
+            "score": res["score"],
+            "metrics": _mean_metrics(list(scored.values())),
+            "scored": scored,
+            "dev": res["median"][view.selection_splits[0]],
             "train_examples": res["train_examples"],
+            "trainable_parameters": res.get("trainable_parameters"),
         }
         for split, path in res.get("test_predictions", {}).get("files", {}).items():
-            files[f"{k}:{split}"] = path
-    scores = [per_split[k]["score"] for k in splits]
-    mean_metrics = {
-        m: statistics.fmean(per_split[k]["metrics"][m] for k in splits)
-        for m in per_split[splits[0]]["metrics"]
+            files[f"{key}:{split}"] = path
+    scores = [per_split[key]["score"] for key in splits]
+    first = views[0][1]
+    median = {
+        s: {
+            "metrics": _mean_metrics([per_split[key]["scored"][s] for key in splits]),
+            "score": statistics.fmean(per_split[key]["scored"][s]["score"] for key in splits),
+        }
+        for s in first.scored_splits
     }
     results = {
         "task": task.name,
         "source": loaded.source,
         "config": to_dict(cfg),
         "main_metric": task.main_metric,
+        "method": cfg.method,
         "score": statistics.fmean(scores),
-        "median": {"test_public": {"metrics": mean_metrics, "score": statistics.fmean(scores)}},
+        "median": median,
         "fewshot": {
+            "protocol": "fewclue" if k is None else "lm-bff",
+            **({"k": k} if k is not None else {}),
             "splits": list(splits),
             "per_split": per_split,
             "mean": statistics.fmean(scores),
             "std": statistics.stdev(scores) if len(scores) > 1 else 0.0,
         },
-        "train_examples": {k: per_split[k]["train_examples"] for k in splits},
+        "train_examples": {key: per_split[key]["train_examples"] for key in splits},
+        "trainable_parameters": per_split[splits[0]]["trainable_parameters"],
         "test_predictions": {"files": files},
     }
     skipped = {s: n for s, n in task.skipped.items() if n}
@@ -242,6 +287,51 @@ def finetune_fewshot(
     out.mkdir(parents=True, exist_ok=True)
     write_json(out / "results.json", results)
     return results
+
+
+def fewshot_run(
+    task: Task,
+    source: PathLike,
+    cfg: FinetuneConfig,
+    out_dir: PathLike,
+    splits: Sequence[str],
+    *,
+    k: int | None = None,
+    progress: bool = True,
+) -> dict[str, Any]:
+    """``finetune --fewshot-splits`` (FewCLUE's protocol) or ``finetune --few-shot K --splits S`` (LM-BFF's,
+    ``k``): every split is drawn and read before anything is trained or written; out_dir is checked as every
+    output is; then :func:`finetune_fewshot`, results.md and scores.png with the mean and spread, and the test
+    predictions in out_dir/submission (FewCLUE)."""
+    from cramkit.io import check_out, disk_errors
+    from cramkit.tasks.clue import fewshot_task
+    from cramkit.tasks.fewshot import few_shot_task
+
+    for key in splits:  # a missing split, or K too large for a class, fails before anything is written
+        view = fewshot_task(task, key) if k is None else few_shot_task(task, k, int(key))
+        for split in (view.train_split, *view.dev_splits):
+            view.examples(split)
+    out = Path(out_dir)
+    check_out(out, inputs=[source], own=[f"split-{key}" for key in splits])
+    with disk_errors(out):
+        res = finetune_fewshot(task, source, cfg, out, splits, progress=progress, k=k)
+        what = (
+            f"FewCLUE splits {','.join(splits)}"
+            if k is None
+            else f"{len(splits)} few-shot splits, K={k} per class"
+        )
+        report = {
+            "source": str(source),
+            "tasks": {task.name: _summary(res)},
+            "submission": _collect_submission(out / SUBMISSION_DIR, {task.name: _prediction_files(res)}),
+        }
+        write_report(out, report, title=f"{task.name}: {what}", average_name="", total=1)
+    return res
+
+
+def _mean_metrics(rows: list[dict[str, Any]]) -> dict[str, float]:
+    """The mean of each metric over rows of ``{"metrics": {...}}``."""
+    return {m: statistics.fmean(r["metrics"][m] for r in rows) for m in rows[0]["metrics"]}
 
 
 def _summary(res: dict[str, Any]) -> dict[str, Any]:
@@ -298,7 +388,7 @@ def _split_present(task: Any, split: str) -> bool:
 
 
 def _finished(
-    task_dir: Path, source: str, config: dict[str, Any], splits: Sequence[str] | None
+    task_dir: Path, source: str, config: dict[str, Any], splits: Sequence[str] | None, k: int | None = None
 ) -> dict[str, Any] | None:
     """The results of a task finished by an earlier (interrupted) run with the same model and settings
     (and, for FewCLUE's protocol, the same splits)."""
@@ -308,6 +398,7 @@ def _finished(
         return None
     same = isinstance(res, dict) and res.get("source") == source and res.get("config") == config
     same = same and (res.get("fewshot") or {}).get("splits") == (list(splits) if splits else None)
+    same = same and (res.get("fewshot") or {}).get("k") == k
     return res if same and res.get("median") else None
 
 

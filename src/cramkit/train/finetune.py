@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import shutil
 import statistics
@@ -58,6 +59,9 @@ class FinetuneConfig:
     lr: float = 4e-5
     batch_size: int = 16
     epochs: float = 5.0  # Cramming's "GLUE-sane" rule: at most 5 epochs
+    # at least this many optimizer steps, whatever the data's size: with a few hundred labels, epochs alone
+    # give a few dozen steps and a model that has not left chance (LM-BFF trains 1,000 steps on 16 per class)
+    min_steps: int = 300
     warmup: float = 0.1  # fraction of all steps
     schedule: Literal["cosine", "linear", "constant"] = "cosine"
     weight_decay: float = 0.01
@@ -113,6 +117,10 @@ class FinetuneConfig:
             raise CramkitError(f"finetune.betas needs two numbers, e.g. [0.9, 0.98]; got {self.betas}")
         if not self.seeds:
             raise CramkitError("finetune.seeds is empty; give at least one seed, e.g. --seeds 0")
+        if self.min_steps < 0:
+            raise CramkitError(
+                f"finetune.min_steps must be 0 (epochs alone) or positive, got {self.min_steps}"
+            )
         if self.micro_batch < 0:
             raise CramkitError(
                 f"finetune.micro_batch must be 0 (whole batch) or positive, got {self.micro_batch}"
@@ -188,7 +196,8 @@ def build_model(
             {k: v for k, v in state.items() if k.startswith(("encoder.", "head."))}, strict=True
         )
         return model
-    head = ClassifierConfig(pooling=cfg.pooling, pooler_dense=cfg.pooler_dense, dropout=cfg.dropout)
+    pool = resolve_pooling(cfg, loaded)  # pooling=auto: the model's own
+    head = ClassifierConfig(pooling=pool.pooling, pooler_dense=pool.pooler_dense, dropout=cfg.dropout)
     if cfg.method == "ptuning":
         model = PrefixClassifier(model_cfg, num_labels, head, cfg.prefix_len)
     elif multiple_choice:
@@ -198,7 +207,7 @@ def build_model(
     model.encoder.load_state_dict(encoder.state_dict(), strict=True)
     pooler = getattr(loaded.model, "pooler", None)
     pooler_state = pooler.state_dict() if pooler is not None else loaded.pooler_state
-    if pooler_state is not None and model.pooler is not None and cfg.pooling == "first":
+    if pooler_state is not None and model.pooler is not None and pool.pooling == "first":
         with torch.no_grad():
             model.pooler.weight.copy_(pooler_state["weight"])
             model.pooler.bias.copy_(pooler_state["bias"])
@@ -402,6 +411,9 @@ class ClassifierObjective:
 BEST_FILE, BEST_WEIGHTS = "best.json", "best.safetensors"
 
 
+MAX_EPOCH_EVALS = 20
+
+
 def train_config(
     cfg: FinetuneConfig,
     seed: int,
@@ -414,8 +426,11 @@ def train_config(
     from cramkit.train.config import TrainConfig
 
     eval_every = cfg.eval_every
-    if eval_every == "epoch":
-        eval_every = f"{steps_per_epoch}steps" if steps_per_epoch else "never"
+    if (
+        eval_every == "epoch"
+    ):  # every epoch, and at most MAX_EPOCH_EVALS times (small data: many short epochs)
+        every = max(steps_per_epoch, math.ceil(steps / MAX_EPOCH_EVALS)) if steps_per_epoch else 0
+        eval_every = f"{every}steps" if every else "never"
 
     warmup = cfg.warmup
     return TrainConfig(
@@ -460,7 +475,7 @@ def train_one_seed(
         objective.best_dir = Path(run)
         Path(run).mkdir(parents=True, exist_ok=True)
         objective.resume_best()
-    steps = epoch_steps(len(train), cfg.batch_size, cfg.epochs)
+    steps = max(epoch_steps(len(train), cfg.batch_size, cfg.epochs), cfg.min_steps)
     per_epoch = epoch_steps(len(train), cfg.batch_size, 1)
     tcfg = train_config(cfg, seed, steps, progress="auto" if progress else False, steps_per_epoch=per_epoch)
     done = train_epochs(objective, tcfg, run, examples=len(train), batch_size=cfg.batch_size, ctx=ctx)
@@ -516,7 +531,6 @@ def finetune(
     max_length = min(cfg.max_length, loaded.max_length)
     tok = loaded.tokenizer
 
-    cfg = resolve_pooling(cfg, loaded)
     prompt = resolve_prompt(task, loaded, cfg)
     train_rows = task.examples(task.train_split)
     if cfg.max_train_examples:
@@ -781,7 +795,7 @@ def _save_model(
         labels=[str(x) for x in task.labels] if task.labels is not None else None,
         task=task.name,
         max_length=max_length,
-        pooling="cls" if cfg.pooling == "first" else "mean",
+        pooling="cls" if resolve_pooling(cfg, loaded).pooling == "first" else "mean",
         with_types=loaded.with_types,
         head=to_dict(head) if head is not None else None,
         architecture=architecture,

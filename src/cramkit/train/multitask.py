@@ -162,12 +162,13 @@ def build_multitask(
     model_cfg = loaded.config.replace(
         dropout=cfg.dropout, attention_dropout=cfg.attention_dropout, gradient_checkpointing=False
     )
-    head = ClassifierConfig(pooling=cfg.pooling, pooler_dense=cfg.pooler_dense, dropout=cfg.dropout)
+    pool = resolve_pooling(cfg, loaded)  # pooling=auto: the model's own
+    head = ClassifierConfig(pooling=pool.pooling, pooler_dense=pool.pooler_dense, dropout=cfg.dropout)
     model = MultiTaskModel(model_cfg, num_labels, head, kinds)
     model.encoder.load_state_dict(loaded.encoder.state_dict(), strict=True)
     pooler = getattr(loaded.model, "pooler", None)
     pooler_state = pooler.state_dict() if pooler is not None else loaded.pooler_state
-    if pooler_state is not None and cfg.pooler_dense and cfg.pooling == "first":
+    if pooler_state is not None and pool.pooler_dense and pool.pooling == "first":
         with torch.no_grad():
             for h in model.heads:
                 h.pooler.weight.copy_(pooler_state["weight"])
@@ -204,7 +205,6 @@ def finetune_mixture(
     from cramkit.tasks.mixtures import mixture_rates
 
     loaded = source if isinstance(source, LoadedModel) else load(source)
-    cfg = resolve_pooling(cfg, loaded)
     max_length = min(cfg.max_length, loaded.max_length)
     tok = loaded.tokenizer
     train, dev, tests = [], [], {}
@@ -353,7 +353,7 @@ def save_multitask(loaded: LoadedModel, mixture: Mixture, tasks: list[Task], cfg
         heads.append(entry)
     LoadedModel(
         model=model.to("cpu"), kind="multitask", config=model.cfg, tokenizer=loaded.tokenizer, labels=None,
-        task=mixture.name, max_length=max_length, pooling="cls" if cfg.pooling == "first" else "mean",
+        task=mixture.name, max_length=max_length, pooling="cls" if resolve_pooling(cfg, loaded).pooling == "first" else "mean",
         with_types=loaded.with_types, head=to_dict(model.head_cfg),
         extra={"finetuned_from": loaded.source, "seed": seed, "mixture": list(mixture.tasks), "rates": mixture.rates,
                "tasks": heads},

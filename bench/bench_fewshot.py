@@ -1,0 +1,123 @@
+"""K examples per class: standard fine-tuning vs prompt-based fine-tuning vs deep prompts (issue 28).
+
+LM-BFF's protocol (Gao et al. 2021): for each of ``--splits`` splits, K training examples per class and a dev
+set of another K per class are drawn from the task's training data (``cramkit finetune --few-shot K``); the
+model is trained for ``--steps`` optimizer steps of batch ``--batch`` and the checkpoint with the best score
+on the sampled dev set is kept; it is scored on the task's own dev set (GLUE's test labels are hidden; FewCLUE:
+test_public). A row is the mean ± standard deviation over the splits, each split trained with the same seed
+by every method, so the methods differ only in how the task meets the encoder:
+
+- ``head``: a fresh classifier on the pooled output (the default ``cramkit finetune``);
+- ``prompt``: the task's built-in template and label words through the MLM head (PET / LM-BFF);
+- ``ptuning``: the encoder frozen, ``--prefix-len`` trainable keys/values per layer and a head (P-tuning v2).
+
+    python bench/bench_fewshot.py --model runs/minilm-head --tasks glue/sst2,glue/mrpc --k 16 --splits 5
+    python bench/bench_fewshot.py --model runs/tiny-zh --tasks clue/eprstmt,clue/csl --data-dir ../shared/data/fewclue
+
+Each result is appended to ``--out`` (JSON lines) as soon as it is known, and a finished (model, task, method)
+is not trained again: a killed bench resumes. The table goes to stdout (and ``--table``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_infer import machine  # noqa: E402
+
+METHODS = ("head", "prompt", "ptuning")
+
+
+def run_one(model: str, task: str, data_dir: str, method: str, args: argparse.Namespace) -> dict:
+    import cramkit
+
+    settings = {
+        "method": method,
+        "batch_size": args.batch,
+        "min_steps": args.steps,
+        "epochs": 1e-6,  # the steps are --steps, whatever the data's size
+        "eval_every": f"{args.eval_every}steps",
+        "keep": "best",
+        "checkpoint_every": "never",
+        "max_length": args.max_length,
+    }
+    if method == "ptuning":
+        settings["prefix_len"] = args.prefix_len
+    t0 = time.time()
+    res = cramkit.finetune(model, task=task, data_dir=data_dir, few_shot=args.k, splits=args.splits,
+                           progress=False, **settings)  # fmt: skip
+    few = res["few_shot"]
+    return {
+        "model": model, "task": task, "method": method, "k": args.k, "steps": args.steps,
+        "scores": [round(s, 2) for s in few["scores"]], "mean": round(few["mean"], 2), "sd": round(few["std"], 2),
+        "trainable_parameters": res.get("trainable_parameters"), "seconds": round(time.time() - t0, 1),
+    }  # fmt: skip
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", action="append", required=True, help="a model with an MLM head (repeatable)")
+    ap.add_argument("--tasks", default="glue/sst2,glue/mrpc")
+    ap.add_argument("--data-dir", action="append", default=None,
+                    help="SUITE=DIR, e.g. glue=../shared/data/glue (default: $CRAMKIT_GLUE_DIR, $CRAMKIT_CLUE_DIR)")  # fmt: skip
+    ap.add_argument("--methods", default=",".join(METHODS))
+    ap.add_argument("--k", type=int, default=16)
+    ap.add_argument("--splits", type=int, default=5)
+    ap.add_argument("--steps", type=int, default=200)
+    ap.add_argument("--batch", type=int, default=8)
+    ap.add_argument("--eval-every", type=int, default=50)
+    ap.add_argument("--max-length", type=int, default=128)
+    ap.add_argument("--prefix-len", type=int, default=16)
+    ap.add_argument("--out", default="bench-fewshot.jsonl")
+    ap.add_argument("--table", default=None, help="also write the Markdown table here")
+    args = ap.parse_args()
+    dirs = {"glue": os.environ.get("CRAMKIT_GLUE_DIR"), "clue": os.environ.get("CRAMKIT_CLUE_DIR")}
+    for item in args.data_dir or []:
+        suite, _, path = item.partition("=")
+        dirs[suite] = path
+    out = Path(args.out)
+    done = {}
+    if out.is_file():
+        for line in out.read_text(encoding="utf-8").splitlines():
+            row = json.loads(line)
+            done[(row["model"], row["task"], row["method"], row["k"], row["steps"])] = row
+    rows = []
+    for model in args.model:
+        for task in args.tasks.split(","):
+            for method in args.methods.split(","):
+                key = (model, task, method, args.k, args.steps)
+                if key not in done:
+                    print(f"{model} {task} {method}: {args.splits} splits of K={args.k} ...", file=sys.stderr, flush=True)
+                    done[key] = run_one(model, task, dirs.get(task.split("/")[0]), method, args)
+                    with out.open("a", encoding="utf-8") as f:
+                        f.write(json.dumps(done[key]) + "\n")
+                rows.append(done[key])
+    lines = [
+        f"{machine()}; K={args.k} per class, {args.splits} splits, {args.steps} steps of batch {args.batch}, best "
+        f"of every {args.eval_every} steps on the sampled dev; mean ± sd over splits (accuracy or the task's metric, %)",
+        "",
+        "| model | task | " + " | ".join(args.methods.split(",")) + " |",
+        "|---|---|" + "---|" * len(args.methods.split(",")),
+    ]
+    for model in args.model:
+        for task in args.tasks.split(","):
+            cells = []
+            for method in args.methods.split(","):
+                r = done[(model, task, method, args.k, args.steps)]
+                cells.append(f"{r['mean']:.1f} ± {r['sd']:.1f}")
+            lines.append(f"| {Path(model).name} | {task} | " + " | ".join(cells) + " |")
+    text = "\n".join(lines)
+    print(text)
+    if args.table:
+        Path(args.table).write_text(text + "\n", encoding="utf-8")
+    _ = statistics
+
+
+if __name__ == "__main__":
+    main()

@@ -93,7 +93,11 @@ def main() -> None:
             for method in args.methods.split(","):
                 key = (model, task, method, args.k, args.steps)
                 if key not in done:
-                    print(f"{model} {task} {method}: {args.splits} splits of K={args.k} ...", file=sys.stderr, flush=True)
+                    print(
+                        f"{model} {task} {method}: {args.splits} splits of K={args.k} ...",
+                        file=sys.stderr,
+                        flush=True,
+                    )
                     done[key] = run_one(model, task, dirs.get(task.split("/")[0]), method, args)
                     with out.open("a", encoding="utf-8") as f:
                         f.write(json.dumps(done[key]) + "\n")

@@ -123,19 +123,22 @@ def main() -> None:
     texts = [line.split("\t")[0] for line in lines]
     servers = {
         "3 full models": start([f"{k}={v}" for k, v in dirs["full"].items()], args.threads, []),
-        "1 base + 3 prompt dirs": start([f"{k}={v}" for k, v in dirs["ptuning"].items()], args.threads,
-                                        ["--base", f"hf:{minilm_dir()}"]),  # fmt: skip
+        "1 base + 3 prompt dirs": start(
+            [f"{k}={v}" for k, v in dirs["ptuning"].items()], args.threads, ["--base", f"hf:{minilm_dir()}"]
+        ),  # fmt: skip
     }
     rows = {name: {"rate": [], "rss_start": rss(proc.pid)[0]} for name, (proc, _) in servers.items()}
     try:
-        for name, (_, url) in servers.items():  # warm-up
+        for _, url in servers.values():  # warm-up
             load(url, texts, 1, 3, args.batch)
         order = list(servers)
         for r in range(args.rounds):
             for name in order if r % 2 == 0 else order[::-1]:
                 for other, (proc, _) in servers.items():
                     os.kill(proc.pid, signal.SIGCONT if other == name else signal.SIGSTOP)
-                rows[name]["rate"].append(load(servers[name][1], texts, args.clients, args.requests, args.batch))
+                rows[name]["rate"].append(
+                    load(servers[name][1], texts, args.clients, args.requests, args.batch)
+                )
         for proc, _ in servers.values():
             os.kill(proc.pid, signal.SIGCONT)
         for name, (proc, _) in servers.items():
@@ -145,20 +148,28 @@ def main() -> None:
             os.kill(proc.pid, signal.SIGCONT)
             proc.terminate()
             proc.wait(timeout=60)
-    stored = {m: statistics.mean((d / "model.safetensors").stat().st_size for d in ds.values()) for m, ds in dirs.items()}
+    stored = {
+        m: statistics.mean((d / "model.safetensors").stat().st_size for d in ds.values())
+        for m, ds in dirs.items()
+    }
     trained = {
-        m: json.loads((ds["sst2"] / "results.json").read_text()).get("trainable_parameters") for m, ds in dirs.items()
+        m: json.loads((ds["sst2"] / "results.json").read_text()).get("trainable_parameters")
+        for m, ds in dirs.items()
     }
     print(f"# {machine()}; {args.threads} threads, {args.clients} clients x {args.requests} requests of {args.batch} "
           f"SST-2 dev sentences, round-robin over 3 tasks; median of {args.rounds} interleaved rounds")  # fmt: skip
-    print("| served | sentences/s | RSS after warm-up (MiB) | RSS after rounds (MiB) | peak (MiB) | stored per task | trained per task |")
+    print(
+        "| served | sentences/s | RSS after warm-up (MiB) | RSS after rounds (MiB) | peak (MiB) | stored per task | trained per task |"
+    )
     print("|---|---|---|---|---|---|---|")
     for name, row in rows.items():
         method = "full" if name.startswith("3 full") else "ptuning"
         print(f"| {name} | {statistics.median(row['rate']):.1f} | {row['rss_start']:.0f} | {row['rss_end']:.0f} | "
               f"{row['rss_peak']:.0f} | {stored[method] / 2**20:.2f} MiB | {trained[method]:,} |")  # fmt: skip
     a, b = (statistics.median(r["rate"]) for r in rows.values())
-    print(f"ratio (prompts / full): {b / a:.2f}x sentences/s; memory {rows['1 base + 3 prompt dirs']['rss_end'] / rows['3 full models']['rss_end']:.2f}x")
+    print(
+        f"ratio (prompts / full): {b / a:.2f}x sentences/s; memory {rows['1 base + 3 prompt dirs']['rss_end'] / rows['3 full models']['rss_end']:.2f}x"
+    )
 
 
 if __name__ == "__main__":

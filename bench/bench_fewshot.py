@@ -1,6 +1,7 @@
 """K examples per class: standard fine-tuning vs prompt-based fine-tuning vs deep prompts (issue 28).
 
-LM-BFF's protocol (Gao et al. 2021): for each of ``--splits`` splits, K training examples per class and a dev
+A FewCLUE task runs FewCLUE's own splits 0-4 (train_S: 16 per class for its 2-class tasks, dev_S, scored on
+test_public); any other task LM-BFF's protocol (Gao et al. 2021): for each of ``--splits`` splits, K training examples per class and a dev
 set of another K per class are drawn from the task's training data (``cramkit finetune --few-shot K``); the
 model is trained for ``--steps`` optimizer steps of batch ``--batch`` and the checkpoint with the best score
 on the sampled dev set is kept; it is scored on the task's own dev set (GLUE's test labels are hidden; FewCLUE:
@@ -23,7 +24,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -34,8 +34,12 @@ from bench_infer import machine  # noqa: E402
 METHODS = ("head", "prompt", "ptuning")
 
 
-def run_one(model: str, task: str, data_dir: str, method: str, args: argparse.Namespace) -> dict:
-    import cramkit
+def run_one(model: str, task_name: str, data_dir: str | None, method: str, args: argparse.Namespace) -> dict:
+    """One (model, task, method): LM-BFF's splits (``--k``), or FewCLUE's own splits 0-4 for a FewCLUE task."""
+    from cramkit.tasks.clue import is_fewclue
+    from cramkit.tasks.registry import get_task
+    from cramkit.train.evaluate import fewshot_run
+    from cramkit.train.finetune import config_from
 
     settings = {
         "method": method,
@@ -46,16 +50,23 @@ def run_one(model: str, task: str, data_dir: str, method: str, args: argparse.Na
         "keep": "best",
         "checkpoint_every": "never",
         "max_length": args.max_length,
+        "prefix_len": args.prefix_len,
     }
-    if method == "ptuning":
-        settings["prefix_len"] = args.prefix_len
+    task = get_task(task_name, data_dir=data_dir)
+    fewclue = is_fewclue(task)
+    splits = [str(i) for i in range(args.splits)]
+    work = (
+        Path(args.work) / f"{Path(model).name}-{task_name.replace('/', '-')}-{method}-k{args.k}-{args.steps}"
+    )
     t0 = time.time()
-    res = cramkit.finetune(model, task=task, data_dir=data_dir, few_shot=args.k, splits=args.splits,
-                           progress=False, **settings)  # fmt: skip
-    few = res["few_shot"]
+    res = fewshot_run(task, model, config_from(settings), work, splits, k=None if fewclue else args.k,
+                      progress=False)  # fmt: skip
+    few = res["fewshot"]
     return {
-        "model": model, "task": task, "method": method, "k": args.k, "steps": args.steps,
-        "scores": [round(s, 2) for s in few["scores"]], "mean": round(few["mean"], 2), "sd": round(few["std"], 2),
+        "model": model, "task": task_name, "method": method, "k": args.k, "steps": args.steps,
+        "protocol": few["protocol"], "scored": list(res["median"]),
+        "scores": [round(few["per_split"][s]["score"], 2) for s in splits],
+        "mean": round(few["mean"], 2), "sd": round(few["std"], 2),
         "trainable_parameters": res.get("trainable_parameters"), "seconds": round(time.time() - t0, 1),
     }  # fmt: skip
 
@@ -75,6 +86,7 @@ def main() -> None:
     ap.add_argument("--max-length", type=int, default=128)
     ap.add_argument("--prefix-len", type=int, default=16)
     ap.add_argument("--out", default="bench-fewshot.jsonl")
+    ap.add_argument("--work", default="bench-fewshot-runs", help="where each split's run is kept")
     ap.add_argument("--table", default=None, help="also write the Markdown table here")
     args = ap.parse_args()
     dirs = {"glue": os.environ.get("CRAMKIT_GLUE_DIR"), "clue": os.environ.get("CRAMKIT_CLUE_DIR")}
@@ -120,7 +132,6 @@ def main() -> None:
     print(text)
     if args.table:
         Path(args.table).write_text(text + "\n", encoding="utf-8")
-    _ = statistics
 
 
 if __name__ == "__main__":

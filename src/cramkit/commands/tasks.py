@@ -15,9 +15,13 @@ examples:
   cramkit finetune --task glue/rte --from hf:models/bert-base-uncased --seeds 0,1,2 --set lr=2e-5
   cramkit finetune --train train.csv --dev dev.csv --text-a review --label stars --from runs/tiny
 
-defaults (Cramming's GLUE-sane recipe, one for all tasks): lr 4e-5, batch 16, 5 epochs, AdamW
-(0.9, 0.98, eps 1e-6, weight decay 0.01), 10% linear warmup then cosine decay, max_length 128,
-dropout 0.1, first-token pooling. Override any with --set KEY=VALUE (keys of FinetuneConfig).
+defaults (Cramming's GLUE-sane recipe, one for all tasks): lr 4e-5, batch 16, 5 epochs and at least
+300 steps (min_steps: small data trains too), AdamW (0.9, 0.98, eps 1e-6, weight decay 0.01), 10% linear
+warmup then cosine decay, max_length 128, dropout 0.1, the model's own pooling (a sentence-transformers
+model's mean; else the first token through BERT's pooler). Override any with --set KEY=VALUE.
+
+few labels: --few-shot 16 --splits 5 (LM-BFF's protocol, any task); --method prompt (the MLM head through a
+template: --prompt TEMPLATE --label-words LABEL=WORD,...); --method ptuning (deep prompts, encoder frozen).
 
 FewCLUE (a task folder in FewCLUE's layout): --fewshot-splits 0-4 trains on train_K for each K, scores
 on test_public, and reports each split with the mean and standard deviation (FewCLUE's protocol).

@@ -72,6 +72,10 @@ def evaluate_suite(
     for task in all_tasks:
         if wanted is not None and task.name not in wanted:
             continue
+        unfit = _method_unfit(task, cfg)
+        if unfit:
+            skipped[task.name] = unfit
+            continue
         if few_shot is not None:
             if task.is_regression:
                 skipped[task.name] = "a regression task: no classes to draw K per class from"
@@ -176,6 +180,19 @@ def evaluate_suite(
     write_report(out, results, title=f"{suite.upper()} results", average_name=f"{suite.upper()} average",
                  total=len(spec.task_names))  # fmt: skip
     return results
+
+
+def _method_unfit(task: Task, cfg: FinetuneConfig) -> str | None:
+    """Why ``cfg.method`` cannot run on ``task`` within a suite (the task is then skipped with this note)."""
+    from cramkit.tasks.prompts import builtin_prompt
+
+    if cfg.method == "prompt" and task.kind != "classification":
+        return f"a {task.kind} task: a prompt needs classes"
+    if cfg.method == "prompt" and not (cfg.prompt and cfg.label_words) and builtin_prompt(task.name) is None:
+        return "no built-in prompt: fine-tune it alone with --prompt and --label-words"
+    if cfg.method == "ptuning" and task.is_multiple_choice:
+        return "multiple choice: deep prompts train a classification or regression head"
+    return None
 
 
 def _wanted(spec: Suite, tasks: Sequence[str] | None) -> set[str] | None:

@@ -93,7 +93,7 @@ class FinetuneConfig:
     prompt: str = ""  # method=prompt: the template, e.g. '{text_a} It was [MASK] .' ('': the task's built-in)
     label_words: str = ""  # method=prompt: LABEL=WORD,... ('': the task's built-in)
     prefix_len: int = 16  # method=ptuning: trainable keys and values per layer
-    prefix_lr: float = 5e-3  # method=ptuning: the learning rate of the prefixes and the head
+    prefix_lr: float = 2e-2  # method=ptuning: the learning rate of the prefixes and the head
 
     def validate(self) -> None:
         if self.method not in ("head", "prompt", "ptuning"):

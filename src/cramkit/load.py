@@ -36,6 +36,7 @@ if TYPE_CHECKING:  # torch is imported by the functions that need it: `cramkit -
 MODEL_FILE = "cramkit-model.json"
 MODEL_FORMAT = "cramkit-model-1"
 ONNX_MANIFEST = "cramkit-onnx.json"
+POOLER_FILE = "pooler.safetensors"  # a run continued from a model with BERT's pooler keeps it here
 CT2_MANIFEST = "cramkit-ct2.json"
 # what a model is for (its head), in a model directory and in an ONNX export alike
 KINDS = ("mlm", "classifier", "multilabel", "regression", "multiple_choice", "encoder", "multitask")
@@ -342,6 +343,15 @@ def _load_run(path: Path, step: int | None) -> LoadedModel:
 
     if not (run / "tokenizer").is_dir():
         raise CramkitError(f"{run}: no tokenizer/ directory; the run is incomplete")
+    from cramkit.io import read_json_object
+
+    # a run continued from a model with BERT's pooler (pretrain --from) keeps it: fine-tuning starts from it
+    info = (
+        read_json_object(run / "run.json", "the run directory is damaged")
+        if (run / "run.json").is_file()
+        else {}
+    )
+    pooler = load_pooler(run, info, cfg.hidden)
     return LoadedModel(
         model=model,
         kind="mlm",
@@ -351,7 +361,37 @@ def _load_run(path: Path, step: int | None) -> LoadedModel:
         pooling="mean",
         with_types=cfg.type_vocab_size > 0,
         extra={"run": str(run), "checkpoint": checkpoint.name, **_run_pooling(run)},
+        pooler_state=pooler,
     )
+
+
+def load_pooler(run: Path, info: dict[str, Any], hidden: int) -> dict[str, torch.Tensor] | None:
+    """A continued run's kept pooler (``save_pooler``), its checksum verified; None when the run has none."""
+    from cramkit.io import sha256_file
+    from cramkit.model.hf import read_weights
+
+    entry = info.get("pooler")
+    file = run / POOLER_FILE
+    if not entry:
+        return None
+    if not file.is_file():
+        raise CramkitError(
+            f"{run}: {POOLER_FILE} is missing (run.json records a kept pooler); the run is damaged"
+        )
+    if not isinstance(entry, dict) or sha256_file(file) != entry.get("sha256"):
+        raise CramkitError(
+            f"{file} is corrupt (its SHA-256 differs from the one recorded in run.json); copy the run again"
+        )
+    state = read_weights(file)
+    weight, bias = state.get("pooler.weight"), state.get("pooler.bias")
+    if (
+        weight is None
+        or bias is None
+        or tuple(weight.shape) != (hidden, hidden)
+        or tuple(bias.shape) != (hidden,)
+    ):
+        raise CramkitError(f"{file}: not a pooler of this run's model (hidden {hidden}); the run is damaged")
+    return {"weight": weight, "bias": bias}
 
 
 def _run_pooling(run: Path) -> dict[str, str]:

@@ -99,3 +99,15 @@ def test_python_and_command_line_agree(tiny_run: Path, glue_dir: Path, tmp_path:
     assert proc.returncode == 0, proc.stderr
     cli_res = json.loads((tmp_path / "cli" / "results.json").read_text())
     assert res["fewshot"]["per_split"]["0"]["score"] == cli_res["fewshot"]["per_split"]["0"]["score"]
+
+
+def test_another_k_into_the_same_out_is_refused_not_reused(
+    tiny_run: Path, glue_dir: Path, tmp_path: Path
+) -> None:
+    args = ["finetune", "--task", "glue/sst2", "--from", str(tiny_run), "--data-dir", str(glue_dir), "--splits", "1",
+            "--out", str(tmp_path / "fs"), "--set", "min_steps=4", "--set", "max_length=32", "--no-progress"]  # fmt: skip
+    assert cli(*args, "--few-shot", "4").returncode == 0
+    first = (tmp_path / "fs" / "results.json").read_text()
+    proc = cli(*args, "--few-shot", "5")
+    assert proc.returncode == 2 and "another draw (K=4, not K=5" in proc.stderr
+    assert (tmp_path / "fs" / "results.json").read_text() == first

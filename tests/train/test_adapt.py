@@ -64,7 +64,8 @@ def corpus(tmp_path_factory, builtin_docs) -> Path:
 def continued(tmp_path_factory, corpus: Path, minilm_dir: Path) -> Path:
     """all-MiniLM-L6-v2 continued for a few steps by the real `cramkit pretrain --from hf:DIR`."""
     run = tmp_path_factory.mktemp("continued") / "run"
-    pretrain_cli(str(corpus), "--from", f"hf:{minilm_dir}", "--budget", "6steps", "--out", str(run))
+    proc = pretrain_cli(str(corpus), "--from", f"hf:{minilm_dir}", "--budget", "6steps", "--out", str(run))
+    (run.parent / "log.txt").write_text(proc.stdout + proc.stderr, encoding="utf-8")
     return run
 
 
@@ -157,6 +158,44 @@ def stopped_resumed_equals_uninterrupted(
     curve = [{k: r[k] for k in keys if k in r} for r in read_metrics(stopped)]
     assert curve == [{k: r[k] for k in keys if k in r} for r in read_metrics(reference)]
     assert curve[-1]["step"] == steps
+
+
+def test_continue_keeps_the_pooler_for_finetuning(continued: Path, minilm_dir: Path, tmp_path: Path) -> None:
+    """MiniLM's pooler (pooler.dense, which MLM does not train) survives `pretrain --from`: saved once in the
+    run with its checksum, said in the log, and where fine-tuning the run starts its classifier's pooler."""
+    from safetensors.torch import load_file
+
+    import cramkit
+    from cramkit.errors import CramkitError
+    from cramkit.io import sha256_file
+    from cramkit.load import POOLER_FILE, load_pooler
+    from cramkit.train.finetune import FinetuneConfig, build_model
+
+    hf = load_file(str(minilm_dir / "model.safetensors"))
+    entry = json.loads((continued / "run.json").read_text())["pooler"]
+    assert entry["sha256"] == sha256_file(continued / POOLER_FILE) and entry["shape"] == [384, 384]
+    log = (continued.parent / "log.txt").read_text()
+    assert "its MLM head" not in log and "a fresh MLM head" in log  # MiniLM has no MLM head
+    assert f"its pooler (dense 384x384 + tanh, untouched by MLM) in {continued / POOLER_FILE}" in log
+
+    loaded = cramkit.load(continued)
+    assert torch.equal(loaded.pooler_state["weight"], hf["pooler.dense.weight"])
+    model = build_model(loaded, 2, FinetuneConfig(pooling="first"))  # (auto: MiniLM's mean, no pooler)
+    assert torch.equal(model.pooler.weight.detach(), hf["pooler.dense.weight"])
+    assert torch.equal(model.pooler.bias.detach(), hf["pooler.dense.bias"])
+
+    # a damaged copy is refused, not silently replaced by a fresh pooler
+    damaged = tmp_path / "run"
+    damaged.mkdir()
+    data = bytearray((continued / POOLER_FILE).read_bytes())
+    data[-1] ^= 1
+    (damaged / POOLER_FILE).write_bytes(bytes(data))
+    with pytest.raises(CramkitError, match="corrupt"):
+        load_pooler(damaged, {"pooler": entry}, 384)
+    (damaged / POOLER_FILE).unlink()
+    with pytest.raises(CramkitError, match="missing"):
+        load_pooler(damaged, {"pooler": entry}, 384)
+    assert load_pooler(damaged, {}, 384) is None  # a run started from a model without a pooler
 
 
 def test_continue_resumes_bit_exact_after_sigterm(tmp_path: Path, corpus: Path, minilm_dir: Path) -> None:

@@ -4,7 +4,10 @@
 head where it has one; otherwise a fresh head, tied to the embeddings when the model ties them), with
 the masking MODEL was trained with (a cramkit run's own settings; BERT's 15%, 80/10/10, [CLS] first for
 a Hugging Face model). ``--extend-vocab N`` grows the vocabulary first (:mod:`cramkit.text.extend`): a new
-word's embedding (and output bias) starts as the mean of its old pieces'.
+word's embedding (and output bias) starts as the mean of its old pieces'. MODEL's BERT pooler (dense + tanh
+over [CLS], e.g. an HF ``BertModel``'s ``pooler.dense``), which masked-LM training neither uses nor trains, is
+kept as it is in ``RUN/pooler.safetensors`` (its SHA-256 in ``run.json``): fine-tuning the run starts its
+classifier's pooler from it, as fine-tuning MODEL itself would.
 
 ``pretrain --inherit TEACHER`` trains a new model of any shape on TEACHER's tokenizer with the loss
 ``(1 - a) * MLM + a * T^2 * KL(teacher || student)`` over the masked positions, ``a`` falling linearly from
@@ -28,6 +31,7 @@ import torch
 import torch.nn.functional as F
 
 from cramkit.errors import CramkitError
+from cramkit.load import POOLER_FILE
 from cramkit.model.heads import MaskedLM
 from cramkit.train.objectives import MLMObjective
 
@@ -55,6 +59,7 @@ class Start:
     tokenizer: Any
     masking: dict[str, Any]
     teacher: LoadedModel | None = None  # --inherit: the loaded teacher
+    pooler_state: dict[str, torch.Tensor] | None = None  # BERT's pooler ("weight", "bias"), when it has one
     pooling: str | None = None  # a sentence-transformers model's own pooling (mean, cls), kept by the run
 
 
@@ -105,7 +110,46 @@ def start_from(source: str) -> Start:
         head = {k: v.detach().clone() for k, v in loaded.model.head.state_dict().items()}
     enc = {k: v.detach().clone() for k, v in loaded.encoder.state_dict().items()}
     cfg = dataclasses.replace(loaded.config, gradient_checkpointing=False)
-    return Start(source, cfg, enc, head, loaded.tokenizer, masking, pooling=loaded.extra.get("st_pooling"))
+    pooler = getattr(loaded.model, "pooler", None)  # a fine-tuned classifier's; else an HF model's / a run's
+    pooled = pooler.state_dict() if isinstance(pooler, torch.nn.Linear) else loaded.pooler_state
+    pooled = {k: pooled[k].detach().clone() for k in ("weight", "bias")} if pooled else None
+    return Start(source, cfg, enc, head, loaded.tokenizer, masking, pooler_state=pooled,
+                 pooling=loaded.extra.get("st_pooling"))  # fmt: skip
+
+
+def save_pooler(run: Path, start: Start) -> dict[str, Any] | None:
+    """Keep ``start``'s pooler in ``run`` (``POOLER_FILE``); what ``run.json`` records of it (None: none)."""
+    from safetensors.torch import save_file
+
+    from cramkit.io import atomic_path, sha256_file
+
+    if start.pooler_state is None:
+        return None
+    state = {
+        f"pooler.{k}": v.detach().to("cpu", torch.float32).contiguous() for k, v in start.pooler_state.items()
+    }
+    with atomic_path(run / POOLER_FILE) as tmp:
+        save_file(state, str(tmp), metadata={"from": start.source})
+    shape = list(state["pooler.weight"].shape)
+    return {
+        "file": POOLER_FILE,
+        "sha256": sha256_file(run / POOLER_FILE),
+        "shape": shape,
+        "from": start.source,
+    }
+
+
+def kept_message(start: Start, run: Path) -> str:
+    """The line a continued run logs: what it keeps of the model it starts from."""
+    head = "its MLM head" if start.head_state is not None else "a fresh MLM head (the model has none)"
+    if start.pooler_state is not None:
+        h = start.pooler_state["weight"].shape
+        pooler = (f"its pooler (dense {h[0]}x{h[1]} + tanh, untouched by MLM) in {run / POOLER_FILE}, where "
+                  "fine-tuning the run starts from it")  # fmt: skip
+    else:
+        pooler = "no pooler (the model has none: fine-tuning starts a fresh one)"
+    return (f"cramkit: --from {start.source}: keeping its tokenizer, architecture and encoder weights, {head}, "
+            f"and {pooler}")  # fmt: skip
 
 
 def check_architecture(start: Start, model: ModelConfig) -> None:

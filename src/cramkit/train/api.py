@@ -624,6 +624,12 @@ def _prepare(run, cfg, inputs, tokenizer, resume, preset, source_options, saved,
             if source_options:
                 info["source_options"] = source_options
             if ctx.is_main:
+                if begin is not None and adapt_info["from"]:  # what is kept of --from's model (its pooler)
+                    from cramkit.train.adapt import kept_message, save_pooler
+
+                    pooler = save_pooler(run, begin)
+                    info |= {"pooler": pooler} if pooler else {}
+                    print(kept_message(begin, run), flush=True)
                 (run / RUN_FILE).write_text(json.dumps(info, indent=1), encoding="utf-8")
         elif ctx.is_main and cfg.to_dict() != build_config(saved).to_dict():
             _write_config(run, cfg)  # e.g. an extended budget: part of the run from now on

@@ -255,6 +255,8 @@ def finetune_fewshot(
     files: dict[str, str] = {}
     for key, view in views:
         run = out / f"split-{key}"
+        if k is not None:  # a split directory holds one draw: another K (or task) is never mixed into it
+            _claim_sample(run, view, k, key)
         res = _finished(run, loaded.source, to_dict(cfg), None)
         if res is None:
             res = finetune(view, loaded, cfg, run, progress=progress)
@@ -344,6 +346,39 @@ def fewshot_run(
         }
         write_report(out, report, title=f"{task.name}: {what}", average_name="", total=1)
     return res
+
+
+SAMPLE_FILE = "fewshot-sample.json"
+
+
+def _claim_sample(run: Path, view: Task, k: int, key: str) -> None:
+    """Record which rows split ``key`` drew (``run``/fewshot-sample.json); a directory that holds another
+    draw (another K, task or data) is refused: its finished seeds would otherwise be taken for this one's."""
+    from cramkit.io import write_json_atomic
+    from cramkit.tasks.fewshot import FEWSHOT_DEV
+
+    sample = {
+        "task": view.name,
+        "k": k,
+        "split": key,
+        "train": [int(e.idx) for e in view.examples("train")],
+        "dev": [int(e.idx) for e in view.examples(FEWSHOT_DEV)],
+    }
+    file = run / SAMPLE_FILE
+    if file.is_file():
+        try:
+            old = json.loads(file.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            old = None
+        if old != sample:
+            what = f"K={old.get('k')}" if isinstance(old, dict) else "an unreadable record"
+            raise CramkitError(
+                f"{run} holds few-shot split {key} of another draw ({what}, not K={k} of {view.name}); give "
+                "another --out, or delete it"
+            )
+        return
+    run.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(file, sample)
 
 
 def _mean_metrics(rows: list[dict[str, Any]]) -> dict[str, float]:

@@ -68,7 +68,7 @@ def test_two_process_run_loads_finetunes_predicts_and_exports(tmp_path, tok_dir,
     # fine-tune from it (no --dev: 10% of train held out), keep the model, predict with it, export it
     train, test = _task_files(tmp_path, builtin_docs)
     out = tmp_path / "ft"
-    settings = ("--from", str(run2), "--train", str(train), "--text-a", "text", "--set", "epochs=2",
+    settings = ("--from", str(run2), "--train", str(train), "--text-a", "text", "--set", "epochs=2", "--set", "min_steps=0",
                 "--set", "batch_size=16", "--set", "dropout=0", "--set", "attention_dropout=0", "--no-progress")  # fmt: skip
     said = ok("finetune", *settings, "--out", str(out))
     assert "saved in" in said
@@ -104,7 +104,7 @@ def test_pretrained_bert_finetuned_exports_to_transformers_with_equal_logits(
     (tmp_path / "train.tsv").write_text("\n".join(lines[:161]) + "\n", encoding="utf-8")
     out = tmp_path / "ft"
     ok("finetune", "--from", f"hf:{minilm_dir}", "--train", str(tmp_path / "train.tsv"), "--text-a", "sentence",
-       "--out", str(out), "--set", "epochs=1", "--set", "pooling=first", "--no-progress")  # fmt: skip
+       "--out", str(out), "--set", "epochs=1", "--set", "min_steps=0", "--set", "pooling=first", "--no-progress")  # fmt: skip
     ok("export", str(out), "--out", str(tmp_path / "hf"))
     config = json.loads((tmp_path / "hf" / "config.json").read_text())
     assert config["architectures"] == ["BertForSequenceClassification"]

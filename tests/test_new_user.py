@@ -203,7 +203,7 @@ def iflytek_model(tmp_path_factory, iflytek, minilm_dir) -> tuple[subprocess.Com
     cache = hub_cache(tmp / "hub", "test-org/minilm", minilm_dir)
     proc = subprocess.run(
         [sys.executable, "-m", "cramkit", "finetune", "--from", "hf:test-org/minilm", "--train", str(data),
-         "--dev", str(data), "--text-a", "sentence", "--label", "label_des", "--set", "epochs=1",
+         "--dev", str(data), "--text-a", "sentence", "--label", "label_des", "--set", "epochs=1", "--set", "min_steps=0",
          "--set", "max_length=32", "--no-progress", "--out", str(tmp / "ft")],
         capture_output=True, text=True, timeout=600, env={**ENV, "HF_HUB_CACHE": str(cache)},
     )  # fmt: skip

@@ -71,7 +71,7 @@ def test_finetune_and_distill_on_a_full_disk(ft_model, pretrained_run, glue_dir,
     rows = sst2(glue_dir, "train")[:40]
     train.write_text("sentence\tlabel\n" + "".join(f"{s}\t{y}\n" for s, y in rows), encoding="utf-8")
     common = ("--train", str(train), "--text-a", "sentence", "--no-progress")
-    proc = _on_full_disk(tmp_path, "finetune", "--from", str(pretrained_run), *common, "--set", "epochs=1",
+    proc = _on_full_disk(tmp_path, "finetune", "--from", str(pretrained_run), *common, "--set", "epochs=1", "--set", "min_steps=0",
                          "--out", str(tmp_path / "disk" / "ft"), free_kb=4)  # fmt: skip
     _one_line(proc, "no space left")
     proc = _on_full_disk(tmp_path, "distill", "--teacher", str(ft_model), "--student", "bilstm", *common,

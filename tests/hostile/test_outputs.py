@@ -61,7 +61,18 @@ def test_finetune_and_distill_never_write_over_their_input_or_another_model(
     shutil.copytree(ft_onnx, onnx_dir)
     shutil.copytree(ft_model, teacher)
     before = _digest(run), _digest(onnx_dir), _digest(teacher)
-    ft = ("finetune", "--train", str(train), "--text-a", "sentence", "--set", "epochs=1", "--no-progress")
+    ft = (
+        "finetune",
+        "--train",
+        str(train),
+        "--text-a",
+        "sentence",
+        "--set",
+        "epochs=1",
+        "--set",
+        "min_steps=0",
+        "--no-progress",
+    )
     refused([*ft, "--from", str(run), "--out", str(run)], "destroy the source")
     refused([*ft, "--from", str(run), "--out", str(onnx_dir)], "an ONNX export")
     model = tmp_path / "model"  # a model directory no fine-tuning claims (saved by cramkit.load(...).save)

@@ -274,7 +274,7 @@ def test_fewclue_protocol_through_eval_clue(fewclue: Path, zh_run: Path, tmp_pat
         shutil.copytree(fewclue / key, root / key, ignore=shutil.ignore_patterns("unlabeled.json"))
     out = tmp_path / "eval"
     cmd = [sys.executable, "-m", "cramkit", "eval", "clue", "--from", str(zh_run), "--data-dir", str(root),
-           "--tasks", "eprstmt", "--fewshot-splits", "0-1", "--out", str(out), "--set", "epochs=1",
+           "--tasks", "eprstmt", "--fewshot-splits", "0-1", "--out", str(out), "--set", "epochs=1", "--set", "min_steps=0",
            "--set", "max_length=64", "--no-progress"]  # fmt: skip
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
@@ -314,7 +314,7 @@ def test_fewclue_protocol_through_finetune(fewclue: Path, zh_run: Path, tmp_path
     shutil.copytree(fewclue / "eprstmt", root / "eprstmt", ignore=shutil.ignore_patterns("unlabeled.json"))
     out = tmp_path / "ft"
     argv = ["finetune", "--task", "clue/eprstmt", "--data-dir", str(root), "--from", str(zh_run),
-            "--fewshot-splits", "1,few_all", "--out", str(out), "--set", "epochs=1", "--set", "max_length=64",
+            "--fewshot-splits", "1,few_all", "--out", str(out), "--set", "epochs=1", "--set", "min_steps=0", "--set", "max_length=64",
             "--no-progress"]  # fmt: skip
     rc, stdout, err = _run(argv, capsys)
     assert rc == 0, err
@@ -351,7 +351,7 @@ def test_fewshot_splits_on_the_clue_layout(clue_layout: Path, tmp_path: Path, ca
 def test_eval_clue_on_the_clue_layout(clue_layout: Path, zh_run: Path, tmp_path: Path, capsys) -> None:
     out = tmp_path / "eval"
     argv = ["eval", "clue", "--from", str(zh_run), "--data-dir", str(clue_layout), "--out", str(out),
-            "--tasks", "ocnli,cluewsc", "--set", "epochs=1", "--set", "max_length=64", "--no-progress"]  # fmt: skip
+            "--tasks", "ocnli,cluewsc", "--set", "epochs=1", "--set", "min_steps=0", "--set", "max_length=64", "--no-progress"]  # fmt: skip
     rc, stdout, err = _run(argv, capsys)
     assert rc == 0, err
     res = json.loads((out / "results.json").read_text())

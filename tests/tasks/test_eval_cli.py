@@ -39,7 +39,10 @@ def test_eval_glue_writes_results_table_and_chart(
 ) -> None:
     out = tmp_path / "eval"
     argv = ["eval", "glue", "--from", str(tiny_run), "--data-dir", str(small_glue), "--out", str(out)]
-    rc, stdout, _ = _run([*argv, "--set", "epochs=1", "--set", "max_length=64", "--no-progress"], capsys)
+    rc, stdout, _ = _run(
+        [*argv, "--set", "epochs=1", "--set", "min_steps=0", "--set", "max_length=64", "--no-progress"],
+        capsys,
+    )
     assert rc == 0
     res = json.loads((out / "results.json").read_text())
     assert set(res["tasks"]) == {"glue/cola", "glue/sst2", "glue/mrpc"}
@@ -77,7 +80,7 @@ def test_finetune_user_task_from_csv(tiny_run: Path, tmp_path: Path, capsys) -> 
     out = tmp_path / "out"
     argv = ["finetune", "--from", str(tiny_run), "--train", str(tmp_path / "train.csv"), "--dev",
             str(tmp_path / "dev.csv"), "--text-a", "review", "--label", "stars", "--out", str(out),
-            "--set", "epochs=2", "--no-progress"]  # fmt: skip
+            "--set", "epochs=2", "--set", "min_steps=0", "--no-progress"]  # fmt: skip
     rc, stdout, _ = _run(argv, capsys)
     assert rc == 0 and "user/train dev: accuracy" in stdout
     res = json.loads((out / "results.json").read_text())
@@ -188,7 +191,7 @@ def test_eval_mnli_both_dev_sets_ax_and_stsb_regression(
     _tsv(root / "STS-B" / "dev.tsv", shead, sts[80:])
     _tsv(root / "STS-B" / "test.tsv", shead[:4], [r[:4] for r in sts[:10]])
 
-    cfg = FinetuneConfig(epochs=1, max_length=64, seeds=[0, 1])
+    cfg = FinetuneConfig(epochs=1, max_length=64, seeds=[0, 1], min_steps=0)
     res = evaluate_suite("glue", tiny_run, root, tmp_path / "out", cfg, progress=False)
     assert set(res["tasks"]) == {"glue/mnli", "glue/stsb"}
     assert set(res["entries"]) == {"glue/mnli:dev_matched", "glue/mnli:dev_mismatched", "glue/stsb"}
@@ -211,7 +214,7 @@ def test_eval_mnli_both_dev_sets_ax_and_stsb_regression(
 def test_finetune_glue_task_with_seeds(tiny_run: Path, small_glue: Path, tmp_path: Path, capsys) -> None:
     out = tmp_path / "sst2"
     argv = ["finetune", "--task", "glue/sst2", "--from", str(tiny_run / "checkpoints" / "step-000010"),
-            "--data-dir", str(small_glue), "--out", str(out), "--seeds", "0,1,2", "--set", "epochs=1",
+            "--data-dir", str(small_glue), "--out", str(out), "--seeds", "0,1,2", "--set", "epochs=1", "--set", "min_steps=0",
             "--set", "finetune.max_length=64", "--no-progress"]  # fmt: skip
     rc, stdout, _ = _run(argv, capsys)
     assert rc == 0 and "glue/sst2 dev: accuracy" in stdout and "median of 3 seed(s)" in stdout
@@ -230,7 +233,7 @@ def test_bad_row_stops_or_is_skipped(tiny_run: Path, small_glue: Path, tmp_path:
     with open(root / "SST-2" / "train.tsv", "a", encoding="utf-8") as f:
         f.write("a row\twith three\tcolumns\n")
     argv = ["finetune", "--task", "glue/sst2", "--data-dir", str(root), "--from", str(tiny_run),
-            "--out", str(tmp_path / "o"), "--set", "epochs=1", "--no-progress"]  # fmt: skip
+            "--out", str(tmp_path / "o"), "--set", "epochs=1", "--set", "min_steps=0", "--no-progress"]  # fmt: skip
     rc, _, err = _run(argv, capsys)
     assert rc == 2 and "train.tsv, line 82" in err and "--skip-bad-rows" in err
     rc, _, err = _run([*argv, "--skip-bad-rows"], capsys)
@@ -248,7 +251,7 @@ def test_eval_tasks_filter_missing_split_and_resume(
     (data / "MRPC" / "train.tsv").unlink()  # a task folder with dev/test only: skipped with a note
     out = tmp_path / "eval"
     argv = ["eval", "glue", "--from", str(tiny_run), "--data-dir", str(data), "--out", str(out),
-            "--tasks", "sst2,mrpc", "--set", "epochs=1", "--set", "max_length=64", "--no-progress"]  # fmt: skip
+            "--tasks", "sst2,mrpc", "--set", "epochs=1", "--set", "min_steps=0", "--set", "max_length=64", "--no-progress"]  # fmt: skip
     rc, stdout, err = _run(argv, capsys)
     assert rc == 0, err
     res = json.loads((out / "results.json").read_text())
@@ -275,7 +278,7 @@ def test_finetune_killed_midway_resumes_to_the_same_result(
 
     def argv(out: Path) -> list[str]:
         return [sys.executable, "-m", "cramkit", "finetune", "--task", "glue/sst2", "--data-dir", str(small_glue),
-                "--from", str(tiny_run), "--out", str(out), "--seeds", "0,1", "--no-progress", "--set", "epochs=3",
+                "--from", str(tiny_run), "--out", str(out), "--seeds", "0,1", "--no-progress", "--set", "epochs=3", "--set", "min_steps=0",
                 "--set", "checkpoint_every=4steps", "--set", "batch_size=8"]  # fmt: skip
 
     env = {**os.environ, "OMP_NUM_THREADS": "1"}

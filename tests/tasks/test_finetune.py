@@ -123,9 +123,36 @@ def test_config_is_strict_and_has_the_glue_sane_defaults() -> None:
         config_from({"epoch": 3})
 
 
+def test_the_steps_are_the_epochs_or_the_floor(tiny_run: Path, sst2: Task, tmp_path: Path) -> None:
+    """max(epochs x steps per epoch, min_steps): few rows train min_steps steps (the warmup and cosine over
+    them, 'epoch' evaluations spread as the epochs would be); enough rows train their epochs."""
+    from cramkit.train.metrics import read_metrics
+
+    assert FinetuneConfig().min_steps > 0  # the default has a floor
+    few = subset_task(sst2, 40, 50)  # 3 batches an epoch: 5 epochs = 15 steps < 40
+    cfg = FinetuneConfig(min_steps=40, seeds=[0], max_length=32)
+    res = finetune(few, tiny_run, cfg, tmp_path / "few", progress=False)
+    assert res["seeds"][0]["steps"] == 40 and len(res["seeds"][0]["loss_curve"]) == 40
+    saved = json.loads((tmp_path / "few" / "results.json").read_text())
+    assert saved["seeds"][0]["steps"] == 40 and saved["config"]["min_steps"] == 40
+    rows = read_metrics(tmp_path / "few" / "seeds" / "seed-0")
+    lr = [r["lr"] for r in rows if "lr" in r]
+    assert len(lr) == 40 and lr[0] == 0.0 and max(lr) == pytest.approx(cfg.lr)
+    assert lr.index(max(lr)) == 4 and lr[-1] < 0.01 * cfg.lr  # 10% warmup of 40 steps, cosine to ~0
+    assert [r["step"] for r in rows if "val_loss" in r] == [8, 16, 24, 32, 40]  # 5 'epochs' of 8 steps
+
+    more = subset_task(sst2, 160, 50)  # 10 batches an epoch: 5 epochs = 50 steps > 40
+    res = finetune(more, tiny_run, cfg, None, progress=False)
+    assert res["seeds"][0]["steps"] == 50
+    res = finetune(few, tiny_run, config_from({"min_steps": 0}, cfg), None, progress=False)
+    assert res["seeds"][0]["steps"] == 15  # 0: epochs only
+    with pytest.raises(CramkitError, match="min_steps"):
+        config_from({"min_steps": -1})
+
+
 def test_tiny_model_learns_and_is_deterministic(tiny_run: Path, sst2: Task, tmp_path: Path) -> None:
     task = subset_task(sst2, 256, 200)
-    cfg = FinetuneConfig(lr=3e-3, epochs=5, seeds=[0], warmup=0.0, max_length=64, pooling="mean")
+    cfg = FinetuneConfig(lr=3e-3, epochs=5, seeds=[0], warmup=0.0, max_length=64, pooling="mean", min_steps=0)
     r1 = finetune(task, tiny_run, cfg, tmp_path / "a", progress=False)
     r2 = finetune(task, tiny_run, cfg, tmp_path / "b", progress=False)
     curve = r1["seeds"][0]["loss_curve"]
@@ -142,7 +169,7 @@ def test_tiny_model_learns_and_is_deterministic(tiny_run: Path, sst2: Task, tmp_
 def test_seeds_median_and_test_predictions(tiny_run: Path, glue_dir: Path, tmp_path: Path) -> None:
     # MRPC: pairs, F1 + accuracy, a test split written in the leaderboard format
     task = get_task("glue/mrpc", data_dir=glue_dir)
-    cfg = FinetuneConfig(epochs=0.05, seeds=[0, 1, 2], max_length=64, eval_batch_size=256)
+    cfg = FinetuneConfig(epochs=0.05, seeds=[0, 1, 2], max_length=64, eval_batch_size=256, min_steps=0)
     res = finetune(task, tiny_run, cfg, tmp_path, progress=False)
     scores = sorted(r["dev"]["dev"]["score"] for r in res["seeds"])
     assert res["median"]["dev"]["score"] == scores[1]
@@ -155,6 +182,6 @@ def test_seeds_median_and_test_predictions(tiny_run: Path, glue_dir: Path, tmp_p
 def test_minilm_learns_sst2(minilm_dir: Path, sst2: Task) -> None:
     """The real all-MiniLM-L6-v2 checkpoint, 400 SST-2 examples, one epoch: clearly above chance."""
     task = subset_task(sst2, 400, 300)
-    cfg = FinetuneConfig(lr=1e-4, batch_size=8, epochs=1, seeds=[0])
+    cfg = FinetuneConfig(lr=1e-4, batch_size=8, epochs=1, seeds=[0], min_steps=0)
     res = finetune(task, f"hf:{minilm_dir}", cfg, None, progress=False)
     assert res["median"]["dev"]["metrics"]["accuracy"] > 65.0

@@ -37,7 +37,7 @@ def test_dev_after_every_epoch_best_kept_and_labelled_test_scored(
     train, dev, test = _files(glue_dir, tmp_path)
     out = tmp_path / "ft"
     r = cli("finetune", "--from", str(tiny_run), "--train", str(train), "--dev", str(dev), "--test", str(test),
-            "--text-a", "sentence", "--out", str(out), "--set", "epochs=3", "--set", "batch_size=16",
+            "--text-a", "sentence", "--out", str(out), "--set", "epochs=3", "--set", "min_steps=0", "--set", "batch_size=16",
             "--set", "max_length=48", "--set", "keep=best", "--set", "lr=3e-4", "--no-progress")  # fmt: skip
     assert r.returncode == 0, r.stderr
     records = [json.loads(x) for x in (out / "seeds" / "seed-0" / "metrics.jsonl").read_text().splitlines()]

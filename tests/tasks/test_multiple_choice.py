@@ -72,7 +72,7 @@ def mc_model(copa: Path, pretrained_run: Path, tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("mc") / "copa"
     ok("finetune", "--from", str(pretrained_run), "--train", str(copa / "train.jsonl"), "--dev", str(copa / "val.jsonl"),
        "--test", str(copa / "test.jsonl"), "--text-a", "premise", "--choices", "choice1,choice2", "--name", "copa",
-       "--out", str(out), "--set", "max_length=64", "--set", "epochs=2", "--no-progress")  # fmt: skip
+       "--out", str(out), "--set", "max_length=64", "--set", "epochs=2", "--set", "min_steps=0", "--no-progress")  # fmt: skip
     return out
 
 
@@ -191,7 +191,7 @@ def test_user_file_bad_rows_are_one_line_each_or_skipped_and_counted(
         "no choice column": "no value for the choice column 'choice2'",
     }
     base = ["finetune", "--from", str(pretrained_run), "--text-a", "premise", "--choices", "choice1,choice2",
-            "--set", "max_length=32", "--set", "epochs=1", "--no-progress"]  # fmt: skip
+            "--set", "max_length=32", "--set", "epochs=1", "--set", "min_steps=0", "--no-progress"]  # fmt: skip
     for name, row in bad.items():
         train = write_jsonl(tmp_path / f"{name.replace(' ', '_')}.jsonl", [*good[3:], row])
         proc = cli(*base, "--train", str(train), "--out", str(tmp_path / "out"))
@@ -246,7 +246,7 @@ def test_finetune_on_real_chid_rows(shared_data: Path, tmp_path: Path) -> None:
     train = write_jsonl(tmp_path / "chid.jsonl", rows)
     out = tmp_path / "ft"
     ok("finetune", "--from", str(run), "--train", str(train), "--dev", str(train), "--text-a", "text",
-       "--choices", "choices", "--out", str(out), "--set", "max_length=64", "--set", "epochs=15", "--set", "lr=3e-3",
+       "--choices", "choices", "--out", str(out), "--set", "max_length=64", "--set", "epochs=15", "--set", "min_steps=0", "--set", "lr=3e-3",
        "--set", "batch_size=8", "--set", "dropout=0", "--set", "attention_dropout=0", "--set", "warmup=0",
        "--no-progress")  # fmt: skip
     res = json.loads((out / "results.json").read_text())
@@ -327,7 +327,7 @@ def test_hf_export_is_a_bert_for_multiple_choice_with_our_logits(
     ft = tmp_path / "ft"
     ok("finetune", "--from", f"hf:{minilm_dir}", "--train", str(copa / "train.jsonl"), "--dev", str(copa / "val.jsonl"),
        "--text-a", "premise", "--choices", "choice1,choice2", "--out", str(ft), "--set", "max_train_examples=4",
-       "--set", "batch_size=4", "--set", "epochs=1", "--set", "max_length=64", "--set", "lr=1e-3", "--set", "pooling=first", "--no-progress")  # fmt: skip
+       "--set", "batch_size=4", "--set", "epochs=1", "--set", "min_steps=0", "--set", "max_length=64", "--set", "lr=1e-3", "--set", "pooling=first", "--no-progress")  # fmt: skip
     out = tmp_path / "hf"
     text = ok("export", str(ft), "--format", "hf", "--out", str(out))
     assert "BertForMultipleChoice" in text and "AutoModelForMultipleChoice" in text

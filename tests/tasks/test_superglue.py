@@ -654,7 +654,7 @@ def test_finetune_cli_on_superglue_rte(tiny_run: Path, tmp_path: Path) -> None:
     out = tmp_path / "out"
     proc = run_cli(
         "finetune", "--task", "superglue/rte", "--data-dir", str(root), "--from", str(tiny_run), "--out", str(out),
-        "--set", "epochs=2", "--set", "max_length=32", "--set", "batch_size=8", "--seeds", "0", "--no-progress",
+        "--set", "epochs=2", "--set", "min_steps=0", "--set", "max_length=32", "--set", "batch_size=8", "--seeds", "0", "--no-progress",
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     assert "superglue/rte dev: accuracy" in proc.stdout
@@ -678,7 +678,7 @@ def test_eval_superglue_predicts_the_diagnostics_with_the_rte_model(tiny_run: Pa
     out = tmp_path / "eval"
     proc = run_cli(
         "eval", "superglue", "--from", str(tiny_run), "--data-dir", str(root), "--out", str(out),
-        "--set", "epochs=1", "--set", "max_length=32", "--set", "batch_size=8", "--no-progress",
+        "--set", "epochs=1", "--set", "min_steps=0", "--set", "max_length=32", "--set", "batch_size=8", "--no-progress",
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     sub = out / "submission"

@@ -171,7 +171,7 @@ def test_pretrain_chinese_without_flags_then_finetune(zh_corpus, fewclue, tmp_pa
     ft = tmp_path / "ft"
     proc = cramkit("finetune", "--train", str(data / "train_0.json"), "--dev", str(data / "dev_0.json"),
                    "--test", str(data / "test_public.json"), "--text-a", "sentence", "--label", "label",
-                   "--from", str(run), "--out", str(ft), "--set", "epochs=1", "--set", "max_length=64", "--no-progress")  # fmt: skip
+                   "--from", str(run), "--out", str(ft), "--set", "epochs=1", "--set", "min_steps=0", "--set", "max_length=64", "--no-progress")  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     results = json.loads((ft / "results.json").read_text())
     assert 0 <= results["median"]["dev"]["metrics"]["accuracy"] <= 100

@@ -411,7 +411,15 @@ class ClassifierObjective:
 BEST_FILE, BEST_WEIGHTS = "best.json", "best.safetensors"
 
 
-MAX_EPOCH_EVALS = 20
+def eval_period(cfg: FinetuneConfig, examples: int, steps: int) -> int:
+    """Steps between the 'epoch' dev evaluations: an epoch, or when the step floor stretches the run past
+    ``cfg.epochs`` epochs, ``steps / ceil(epochs)`` (as many evaluations as the epochs would give)."""
+    from cramkit.train.epochs import epoch_steps
+
+    per_epoch = epoch_steps(examples, cfg.batch_size, 1)
+    if steps <= epoch_steps(examples, cfg.batch_size, cfg.epochs):
+        return per_epoch
+    return max(per_epoch, math.ceil(steps / max(1, math.ceil(cfg.epochs))))
 
 
 def train_config(
@@ -426,11 +434,8 @@ def train_config(
     from cramkit.train.config import TrainConfig
 
     eval_every = cfg.eval_every
-    if (
-        eval_every == "epoch"
-    ):  # every epoch, and at most MAX_EPOCH_EVALS times (small data: many short epochs)
-        every = max(steps_per_epoch, math.ceil(steps / MAX_EPOCH_EVALS)) if steps_per_epoch else 0
-        eval_every = f"{every}steps" if every else "never"
+    if eval_every == "epoch":
+        eval_every = f"{steps_per_epoch}steps" if steps_per_epoch else "never"
 
     warmup = cfg.warmup
     return TrainConfig(
@@ -476,7 +481,7 @@ def train_one_seed(
         Path(run).mkdir(parents=True, exist_ok=True)
         objective.resume_best()
     steps = max(epoch_steps(len(train), cfg.batch_size, cfg.epochs), cfg.min_steps)
-    per_epoch = epoch_steps(len(train), cfg.batch_size, 1)
+    per_epoch = eval_period(cfg, len(train), steps)
     tcfg = train_config(cfg, seed, steps, progress="auto" if progress else False, steps_per_epoch=per_epoch)
     done = train_epochs(objective, tcfg, run, examples=len(train), batch_size=cfg.batch_size, ctx=ctx)
     if cfg.keep == "best":

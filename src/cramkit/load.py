@@ -495,13 +495,15 @@ def _load_model_dir(path: Path, base: PathLike | LoadedModel | None = None) -> L
     labels = meta.get("labels")
     if labels is not None and not (isinstance(labels, list) and all(isinstance(x, str) for x in labels)):
         raise CramkitError(f"{file}: 'labels' must be a list of strings")
-    if not tok_dir.is_dir():
-        raise CramkitError(f"{path}: tokenizer/ is missing; the model directory is incomplete")
-    tokenizer = load_tokenizer(tok_dir)
+    missing_tok = CramkitError(f"{path}: tokenizer/ is missing; the model directory is incomplete")
+    tokenizer = None
     if arch == "encoder":
         model, cfg = _build_encoder_model(meta, file)
         load_weights(model, state, str(weights), tied=kind == "mlm" and cfg.tie_embeddings)
-    elif arch == "prompt":
+    elif arch == "prompt":  # its label words are read with its tokenizer
+        if not tok_dir.is_dir():
+            raise missing_tok
+        tokenizer = load_tokenizer(tok_dir)
         model, cfg = _build_prompt_model(meta, file, tokenizer, labels)
         load_weights(model, state, str(weights), tied=cfg.tie_embeddings)
     elif arch == "prefix":
@@ -527,6 +529,10 @@ def _load_model_dir(path: Path, base: PathLike | LoadedModel | None = None) -> L
         raise CramkitError(
             f"{file}: unknown architecture {arch!r}; known: encoder, {', '.join(sorted(ARCHITECTURES))}"
         )
+    if tokenizer is None:
+        if not tok_dir.is_dir():
+            raise missing_tok
+        tokenizer = load_tokenizer(tok_dir)
     return LoadedModel(
         model=model,
         kind=kind,

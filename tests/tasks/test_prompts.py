@@ -78,7 +78,7 @@ def sst2_files(glue_dir: Path, tmp_path_factory) -> tuple[Path, Path]:
 
 def _finetune(tiny_run: Path, files: tuple[Path, Path], out: Path, *args: str):
     return cli("finetune", "--from", str(tiny_run), "--train", str(files[0]), "--dev", str(files[1]),
-               "--text-a", "sentence", "--out", str(out), "--set", "epochs=2", "--set", "batch_size=8",
+               "--text-a", "sentence", "--out", str(out), "--set", "epochs=2", "--set", "batch_size=8", "--set", "min_steps=0",
                "--no-progress", *args)  # fmt: skip
 
 
@@ -254,7 +254,7 @@ def test_minilm_gets_a_head_with_its_encoder_frozen_and_then_takes_a_prompt(
     out = tmp_path / "prompt"
     proc = cli("finetune", "--from", str(run), "--train", str(sst2_files[0]), "--dev", str(sst2_files[1]),
                "--text-a", "sentence", "--out", str(out), "--prompt", "{sentence} It was [MASK] .",
-               "--label-words", "0=terrible,1=great", "--set", "epochs=1", "--no-progress")  # fmt: skip
+               "--label-words", "0=terrible,1=great", "--set", "epochs=1", "--set", "min_steps=0", "--no-progress")  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     assert json.loads((out / "results.json").read_text())["method"] == "prompt"
     proc = cli("pretrain", str(corpus), "--budget", "3steps", "--out", str(tmp_path / "x"), "--set",

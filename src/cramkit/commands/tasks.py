@@ -16,7 +16,7 @@ examples:
   cramkit finetune --train train.csv --dev dev.csv --text-a review --label stars --from runs/tiny
 
 defaults (Cramming's GLUE-sane recipe, one for all tasks): lr 4e-5, batch 16, 5 epochs and at least
-300 steps (min_steps: small data trains too), AdamW (0.9, 0.98, eps 1e-6, weight decay 0.01), 10% linear
+500 steps (min_steps: small data trains too), AdamW (0.9, 0.98, eps 1e-6, weight decay 0.01), 10% linear
 warmup then cosine decay, max_length 128, dropout 0.1, the model's own pooling (a sentence-transformers
 model's mean; else the first token through BERT's pooler). Override any with --set KEY=VALUE.
 

@@ -344,9 +344,9 @@ class Block(nn.Module):
         extra keys and values ([2, P, hidden])."""
         if select is None:
             if self.pre:
-                x = x + self.dropout(self.attn(self.norm_attn(x), mask, prefix=prefix))
+                x = x + self.dropout(self._attend(self.norm_attn(x), mask, prefix))
                 return x + self.dropout(self.mlp(self.norm_mlp(x)))
-            x = self.norm_attn(self.alpha * x + self.dropout(self.attn(x, mask, prefix=prefix)))
+            x = self.norm_attn(self.alpha * x + self.dropout(self._attend(x, mask, prefix)))
             return self.norm_mlp(self.alpha * x + self.dropout(self.mlp(x)))
         if prefix is not None:
             raise ValueError("prefix keys and values with sparse prediction are not supported")
@@ -356,6 +356,12 @@ class Block(nn.Module):
             return x + self.dropout(self.mlp(self.norm_mlp(x)))
         x = self.norm_attn(self.alpha * residual + self.dropout(self.attn(x, mask, select)))
         return self.norm_mlp(self.alpha * x + self.dropout(self.mlp(x)))
+
+    def _attend(
+        self, x: torch.Tensor, mask: torch.Tensor | None, prefix: torch.Tensor | None
+    ) -> torch.Tensor:
+        # the prefix only when there is one: an exporter's stand-in attention (cramkit.infer.onnx) takes none
+        return self.attn(x, mask) if prefix is None else self.attn(x, mask, prefix=prefix)
 
 
 def additive_mask(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:

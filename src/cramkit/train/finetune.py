@@ -61,7 +61,7 @@ class FinetuneConfig:
     epochs: float = 5.0  # Cramming's "GLUE-sane" rule: at most 5 epochs
     # at least this many optimizer steps, whatever the data's size: with a few hundred labels, epochs alone
     # give a few dozen steps and a model that has not left chance (LM-BFF trains 1,000 steps on 16 per class)
-    min_steps: int = 300
+    min_steps: int = 500
     warmup: float = 0.1  # fraction of all steps
     schedule: Literal["cosine", "linear", "constant"] = "cosine"
     weight_decay: float = 0.01

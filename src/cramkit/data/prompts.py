@@ -215,11 +215,12 @@ def encode_prompts(
         ]
         for name in sorted(spec.fields)
     }
+    empty: list[list[int]] = [[] for _ in range(n)]
+    toks_a, toks_b = toks.get("text_a", empty), toks.get("text_b", empty)  # once, not per row
     ids, b_start = [], np.empty(n, dtype=np.int64)
     truncated = np.zeros(n, dtype=bool)
     for i in range(n):
-        a = toks.get("text_a", [[]] * n)[i]
-        b = toks.get("text_b", [[]] * n)[i]
+        a, b = toks_a[i], toks_b[i]
         na, nb = truncate_pair(len(a), len(b), room)
         truncated[i] = na < len(a) or nb < len(b)
         cut = {"text_a": a[:na], "text_b": b[:nb]}

@@ -487,8 +487,8 @@ def _python(tool: str) -> str:
 def race(args: argparse.Namespace) -> None:
     """Every contestant in its own process, at each thread count, on short and long texts."""
     import cramkit
+    from cramkit.infer.backends.onnx import cpu_isa
     from cramkit.infer.export import export
-    from cramkit.infer.onnx import cpu_isa
 
     work = args.work or Path(tempfile.mkdtemp(prefix="bench-race-"))
     work.mkdir(parents=True, exist_ok=True)

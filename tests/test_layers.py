@@ -23,6 +23,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("cramkit.data", "cramkit.tasks"),
     ("cramkit.model",),
     ("cramkit.rundir",),
+    ("cramkit.infer.backends",),  # the export formats: cramkit.load opens exports through them
     ("cramkit.load",),
     ("cramkit.train",),
     ("cramkit.distill", "cramkit.infer", "cramkit.serve", "cramkit.index"),

@@ -322,15 +322,15 @@ def test_onnx_export_says_when_fusions_were_skipped(pretrained_run, tmp_path, mo
     pytest.importorskip("onnxruntime")
     import onnxruntime.transformers.optimizer as optimizer
 
+    from cramkit.infer.backends import write_export
     from cramkit.infer.engine import compare_outputs
-    from cramkit.infer.onnx import export_onnx
     from cramkit.load import load
 
     def broken(*args, **kwargs):
         raise IndexError("list index out of range")
 
     monkeypatch.setattr(optimizer, "optimize_model", broken)
-    out = export_onnx(load(pretrained_run), tmp_path / "onnx", texts=["a short text", "another one"],
+    out = write_export("onnx", load(pretrained_run), tmp_path / "onnx", texts=["a short text", "another one"],
                       compare=compare_outputs)  # fmt: skip
     err = capsys.readouterr().err
     manifest = json.loads((out / "cramkit-onnx.json").read_text(encoding="utf-8"))

@@ -341,6 +341,18 @@ def open_memmap(path: str | os.PathLike, dtype: Any, shape: tuple[int, ...]) -> 
     return mm
 
 
+def read_json(path: str | os.PathLike, fix: str) -> Any:
+    """The JSON value in ``path``; one clear line ending in ``fix`` when the file is missing, unreadable or
+    not valid JSON (invalid UTF-8, nesting too deep, an integer too long to convert included)."""
+    path = Path(path)
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise CramkitError(f"{path} is missing; {fix}") from None
+    except (ValueError, OSError, RecursionError) as exc:
+        raise CramkitError(f"{path} is not valid JSON ({str(exc)[:200]}); {fix}") from None
+
+
 def read_json_object(path: str | os.PathLike, fix: str) -> dict[str, Any]:
     """The JSON object in ``path`` ({} when there is no such file); one clear line ending in ``fix`` when it
     is not valid JSON or not an object."""
@@ -349,8 +361,8 @@ def read_json_object(path: str | os.PathLike, fix: str) -> dict[str, Any]:
         return {}
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
-    except (ValueError, OSError) as exc:
-        raise CramkitError(f"{path} is not valid JSON ({exc}); {fix}") from None
+    except (ValueError, OSError, RecursionError) as exc:
+        raise CramkitError(f"{path} is not valid JSON ({str(exc)[:200]}); {fix}") from None
     if not isinstance(data, dict):
         raise CramkitError(f"{path} does not hold a JSON object; {fix}")
     return data

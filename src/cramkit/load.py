@@ -4,10 +4,15 @@
     m = cramkit.load("runs/tiny/checkpoints/step-000300")
     m = cramkit.load("out/sst2")             # a fine-tuned model (cramkit finetune --out), a student, ...
     m = cramkit.load("hf:path/to/bert")      # a Hugging Face BERT directory (safetensors only)
+    m = cramkit.load("exported/onnx")        # an export (ONNX, CTranslate2, any registered format)
 
 The result carries the model (eval mode, on the CPU), its tokenizer, config and head: masked-LM,
 classification (label names in logit order), multi-label, regression, multiple choice (a score per
-(context, choice) pair), or a bare encoder.
+(context, choice) pair), or a bare encoder. An export directory is opened by its format's backend
+(``cramkit.infer.backends``) into an :class:`~cramkit.infer.backends.ExportedModel` with the same
+description (kind, labels, tokenizer, limits, pooling) and ``runner()``: inference runs either the same way.
+What needs the torch model (fine-tuning, distillation, export) calls :func:`load_torch`, which names the
+model an export was made from instead.
 
 A *model directory* is what :meth:`LoadedModel.save` writes and what fine-tuning and distillation
 produce: ``cramkit-model.json`` (what to build, labels, task, limits; written last, so its presence means
@@ -28,24 +33,22 @@ from typing import TYPE_CHECKING, Any
 
 from cramkit import rundir
 from cramkit.errors import CramkitError
+from cramkit.infer.backends.base import KINDS as KINDS
+from cramkit.infer.backends.base import LOGIT_KINDS as LOGIT_KINDS
+from cramkit.infer.backends.base import ExportedModel
 
 if TYPE_CHECKING:  # torch is imported by the functions that need it: `cramkit --help` stays instant
     import torch
     from torch import nn
 
+    from cramkit.model.forward import TorchRunner
+
 MODEL_FILE = "cramkit-model.json"
 MODEL_FORMAT = "cramkit-model-1"
-ONNX_MANIFEST = "cramkit-onnx.json"
 POOLER_FILE = "pooler.safetensors"  # a run continued from a model with BERT's pooler keeps it here
-CT2_MANIFEST = "cramkit-ct2.json"
-# what a model is for (its head), in a model directory and in an ONNX export alike
-KINDS = ("mlm", "classifier", "multilabel", "regression", "multiple_choice", "encoder", "multitask")
-# the kinds whose model ends in a pooled head with logits (a multiple-choice model's: one score per pair row)
-LOGIT_KINDS = ("classifier", "multilabel", "regression", "multiple_choice")
-# what a directory holds, by the file that marks it, tried in this order: the one table of them
+# what a directory holds, by the file that marks it, tried in this order after the export formats'
+# markers (cramkit.infer.backends.markers(): onnx, ct2, and any registered format): the one table of them
 DIRECTORY_KINDS: tuple[tuple[str, str], ...] = (
-    ("onnx", ONNX_MANIFEST),  # cramkit export --format onnx (run by cramkit.infer's ONNX backend)
-    ("ct2", CT2_MANIFEST),  # cramkit export --format ct2 (run by cramkit.infer's CTranslate2 backend)
     ("model", MODEL_FILE),  # a fine-tuned model, a student: LoadedModel.save
     ("run", "config.yaml"),  # a pretraining run (cramkit.rundir)
     ("hf", "config.json"),  # a Hugging Face model directory (also cramkit export --format hf)
@@ -115,6 +118,22 @@ class LoadedModel:
     def pad_id(self) -> int:
         pad = self.tokenizer.token_to_id("[PAD]")
         return int(pad) if pad is not None else int(getattr(self.config, "pad_token_id", 0) or 0)
+
+    @property
+    def can_embed(self) -> bool:
+        return self.encoder is not None
+
+    @property
+    def hidden(self) -> int | None:
+        return getattr(self.config, "hidden", None)
+
+    backend_name = "torch"
+
+    def runner(self, device: str | torch.device | None = "auto", precision: str = "auto") -> TorchRunner:
+        """Forward passes on numpy batches, on ``device`` (what :class:`~cramkit.infer.Engine` runs)."""
+        from cramkit.model.forward import TorchRunner
+
+        return TorchRunner(self.model, device, precision, encoder=self.encoder)
 
     def to(self, device: str | torch.device) -> LoadedModel:
         self.model.to(device)
@@ -188,18 +207,27 @@ def _unique_tensors(sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
 
 
 def directory_kind(path: PathLike) -> str | None:
-    """What ``path`` is: onnx, ct2, model, run, checkpoint (a run's step directory) or hf (see DIRECTORY_KINDS;
-    ``hf:DIR`` is hf); None when it is none of them."""
+    """What ``path`` is: an export format's name (onnx, ct2, ...), model, run, checkpoint (a run's step
+    directory) or hf (see DIRECTORY_KINDS; ``hf:DIR`` is hf); None when it is none of them."""
+    from cramkit.infer import backends
+
     text = str(path)
     if text.startswith("hf:"):
         return "hf"
     path = Path(text).expanduser()
     if not path.is_dir():
         return None
-    for kind, marker in DIRECTORY_KINDS:
+    for kind, marker in (*backends.markers(), *DIRECTORY_KINDS):
         if (path / marker).is_file():
             return kind
     return "checkpoint" if _is_checkpoint(path) else None
+
+
+def is_export(path: PathLike) -> bool:
+    """Whether ``path`` is an export directory of a registered format (cramkit export --format onnx|ct2|...)."""
+    from cramkit.infer import backends
+
+    return not str(path).startswith("hf:") and backends.kind_of(path) is not None
 
 
 def load(
@@ -209,8 +237,40 @@ def load(
     device: str | torch.device | None = None,
     task: str | None = None,
     base: PathLike | LoadedModel | None = None,
+    threads: int | None = None,
+) -> LoadedModel | ExportedModel:
+    """Load any model cramkit knows: a run, a checkpoint, a model directory, ``hf:DIR`` or an export.
+
+    An export directory (``cramkit export --format onnx|ct2``, or a registered format) is opened by its
+    backend (threads: the runtime's CPU threads, default every core this process may use); the rest as
+    :func:`load_torch` does (``threads`` applies to exports only)."""
+    if is_export(source):
+        given = [
+            name for name, value in (("step", step), ("task", task), ("base", base)) if value is not None
+        ]
+        if given:
+            raise CramkitError(
+                f"{source} is an export: {', '.join(given)} applies to the torch model it was exported from"
+            )
+        if device is not None and str(device) not in ("cpu", "auto"):
+            raise CramkitError(f"{source} is an export; it runs on the CPU (device {device} given)")
+        from cramkit.infer import backends
+
+        return backends.open_export(source, threads=threads)
+    return load_torch(source, step=step, device=device, task=task, base=base)
+
+
+def load_torch(
+    source: PathLike,
+    *,
+    step: int | None = None,
+    device: str | torch.device | None = None,
+    task: str | None = None,
+    base: PathLike | LoadedModel | None = None,
+    purpose: str = "this",
 ) -> LoadedModel:
-    """Load any model cramkit knows: a run, a checkpoint, a model directory or ``hf:DIR``.
+    """The torch model of a run, a checkpoint, a model directory or ``hf:DIR``; an export directory is
+    refused in one line naming ``purpose`` (what needs the torch model) and the model to give instead.
 
     step: with a run directory, that checkpoint (``step-N``) instead of the latest. task: of a model
     trained on a mixture (one head per task), that task's model (a plain classifier sharing the encoder);
@@ -231,12 +291,11 @@ def load(
         if not path.is_dir():
             raise CramkitError(f"{text} is a file; give the directory that holds it")
         kind = directory_kind(path)
-        if kind in ("onnx", "ct2"):
-            what = {"onnx": "an ONNX", "ct2": "a CTranslate2"}[kind]
+        if is_export(path):
             raise CramkitError(
-                f"{text} is {what} export (cramkit export --format {kind}): run it with "
-                f"cramkit.infer.Engine({text!r}), `cramkit predict --from {text}` or `cramkit serve {text}`; "
-                "cramkit.load reads the torch model it was exported from"
+                f"{text} is an export (cramkit export --format {kind}): {purpose} needs the torch model it was "
+                f"exported from ({_export_source(path)}); an export runs with `cramkit predict --from {text}`, "
+                f"`cramkit serve {text}`, `cramkit embed` or cramkit.load({text!r})"
             )
         if kind == "model":
             loaded = _load_model_dir(path, base)
@@ -266,6 +325,21 @@ def load(
     if device is not None:
         loaded.to(device)
     return loaded
+
+
+def _export_source(path: Path) -> str:
+    """Where an export says it came from (its manifest's ``source``), for messages."""
+    from cramkit.infer import backends
+
+    for name, marker in backends.markers():
+        if name == backends.kind_of(path):
+            try:
+                src = json.loads((path / marker).read_text(encoding="utf-8")).get("source")
+            except (OSError, ValueError, RecursionError, AttributeError):
+                src = None
+            if isinstance(src, str) and src:
+                return f"it names {src[:200]}"
+    return "its manifest does not say which"
 
 
 def load_directory_architecture(path: PathLike) -> str | None:
@@ -599,7 +673,7 @@ def _build_prefix_model(
             f"{file.parent} holds deep prompts for the base model {named} (encoder sha256 {info['sha256'][:12]}); "
             f"name the base: --base {named} (Python: cramkit.load(dir, base=...))"
         )
-    base_loaded = base if isinstance(base, LoadedModel) else load(base)
+    base_loaded = base if isinstance(base, LoadedModel) else load_torch(base, purpose="--base")
     if base_loaded.encoder is None:
         raise CramkitError(f"--base {base_loaded.source}: it has no transformer encoder")
     if encoder_digest(base_loaded.encoder) != info["sha256"]:

@@ -71,7 +71,7 @@ def test_external_data_in_a_subgraph_or_function_is_refused(ft_onnx, tmp_path) -
     from onnx import helper
 
     from cramkit.errors import CramkitError
-    from cramkit.infer.onnx import load_onnx
+    from cramkit.infer.backends import open_export as load_onnx
 
     for where in ("subgraph", "function"):
         bad = tmp_path / where

@@ -16,7 +16,8 @@ import pytest
 import cramkit
 from cramkit.errors import CramkitError
 from cramkit.infer import Engine
-from cramkit.infer.ct2 import MANIFEST, load_ct2
+from cramkit.infer.backends import open_export as load_ct2
+from cramkit.infer.backends.ct2 import MANIFEST
 
 from .models import cli, ok, sst2
 
@@ -129,12 +130,20 @@ def test_crafted_or_incomplete_exports_are_one_line(minilm_ct2, tmp_path) -> Non
     (bad / MANIFEST).write_text(json.dumps(dict(man, kind="rce")))
     with pytest.raises(CramkitError, match="unknown kind"):
         load_ct2(bad)
-    # through the command line: one line, exit 2; cramkit.load names the engine
+    # through the command line: one line, exit 2; cramkit.load opens an export, what needs torch names its source
     proc = cli("serve", str(tmp_path / "link"), "--port", "0")
     assert proc.returncode == 2 and "symbolic link" in proc.stderr and "Traceback" not in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1
-    with pytest.raises(CramkitError, match="is a CTranslate2 export"):
-        cramkit.load(good)
+    opened = cramkit.load(good)
+    assert (
+        opened.backend_name == "ct2" and opened.kind == "encoder" and opened.max_length == man["max_length"]
+    )
+    from cramkit.load import load_torch
+
+    with pytest.raises(
+        CramkitError, match="is an export .* fine-tuning needs the torch model it was exported"
+    ):
+        load_torch(good, purpose="fine-tuning")
     with pytest.raises(CramkitError, match="run it with backend ct2"):
         Engine(good, backend="onnx")
     with pytest.raises(
@@ -177,15 +186,13 @@ def test_what_ct2_cannot_run_is_one_line(tok, tmp_path) -> None:
     cfg = BiLSTMConfig(vocab_size=tok.get_vocab_size(), embedding_dim=8, lstm_hidden=4, fc_hidden=4)
     student = LoadedModel(model=BiLSTMStudent(cfg, 2), kind="classifier", config=cfg, tokenizer=tok,
                           labels=["0", "1"], architecture="bilstm", source="student")  # fmt: skip
-    with pytest.raises(CramkitError, match="CTranslate2's encoder cannot run this model .*--format onnx"):
+    with pytest.raises(CramkitError, match="the CTranslate2 format cannot hold this model .*--format onnx"):
         cramkit.export(student, tmp_path / "s-ct2", format="ct2")
     assert not (tmp_path / "s-ct2").exists()
     proc = cli(
         "export", "hf:nowhere", "--format", "hf", "--quantize", "int8_float32", "--out", str(tmp_path / "x")
     )
-    assert (
-        proc.returncode == 2 and "--quantize applies to --format onnx (int8) and --format ct2" in proc.stderr
-    )
+    assert proc.returncode == 2 and "the hf format takes no quantize" in proc.stderr, proc.stderr
 
 
 def test_without_ctranslate2_the_export_names_the_extra(minilm_dir, tmp_path) -> None:

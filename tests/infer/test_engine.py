@@ -36,7 +36,7 @@ def test_backend_choice_and_bad_arguments(ft_model, ft_onnx) -> None:
     assert Engine(str(ft_model)).backend == "torch"
     with pytest.raises(CramkitError, match="backend must be"):
         Engine(ft_model, backend="tensorrt")
-    with pytest.raises(CramkitError, match="is an ONNX export"):
+    with pytest.raises(CramkitError, match="is an export in the ONNX format"):
         Engine(ft_onnx, backend="torch")
     with pytest.raises(CramkitError, match="fill-mask needs"):
         Engine(ft_onnx).fill_mask(["a [MASK]"])

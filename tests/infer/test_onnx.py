@@ -13,7 +13,8 @@ import pytest
 import cramkit
 from cramkit.errors import CramkitError
 from cramkit.infer import Engine
-from cramkit.infer.onnx import MANIFEST, load_onnx
+from cramkit.infer.backends import open_export as load_onnx
+from cramkit.infer.backends.onnx import MANIFEST
 
 from .models import cli, sst2
 
@@ -44,7 +45,7 @@ def test_python_export_to_onnx_is_the_commands(ft_model, ft_onnx, glue_dir, tmp_
     dev = [s for s, _ in sst2(glue_dir, "dev")[:64]]
     a, b = Engine(out, threads=1).logits(dev), Engine(ft_onnx, threads=1).logits(dev)
     assert np.abs(a - b).max() < 1e-5
-    with pytest.raises(CramkitError, match="quantize int8 applies to the onnx format"):
+    with pytest.raises(CramkitError, match="the hf format takes no quantize"):
         cramkit.export(ft_model, tmp_path / "hf", quantize="int8")
 
 
@@ -69,7 +70,7 @@ def test_mlm_export_fills_masks_like_torch(pretrained_run) -> None:
     got = Engine(pretrained_run, backend="onnx", threads=1)
     ref = Engine(cramkit.load(pretrained_run), device="cpu")
     assert got.backend == "onnx" and got.can_fill_mask
-    man = got.onnx.manifest
+    man = got.loaded.manifest
     assert (
         set(man["files"]) == {"model.onnx", "head.onnx"} and man["check"]["fill_mask_top1_agreement"] == 1.0
     )
@@ -144,11 +145,11 @@ def _tiny(tmp_path_factory, tok_dir, name: str, *sets: str) -> Path:
 
 def _export_and_compare(run: Path, out: Path, **kwargs) -> dict:
     """`export_onnx` of ``run`` (a masked-LM encoder), its manifest, and its embeddings against torch's."""
+    from cramkit.infer.backends import write_export
     from cramkit.infer.engine import compare_outputs
-    from cramkit.infer.onnx import export_onnx
 
     loaded = cramkit.load(run)
-    export_onnx(loaded, out, compare=compare_outputs, progress=False, **kwargs)
+    write_export("onnx", loaded, out, compare=compare_outputs, progress=False, **kwargs)
     man = json.loads((out / MANIFEST).read_text())
     texts = [
         "the function returns a list of the keys",
@@ -199,7 +200,7 @@ def test_export_falls_back_to_the_plain_attention_graph(
     tmp_path_factory, tok_dir, tmp_path, monkeypatch
 ) -> None:
     """When the fused attention cannot be exported, the plain graph is, and the manifest says why."""
-    from cramkit.infer import onnx as onnx_mod
+    from cramkit.infer.backends import onnx as onnx_mod
 
     real, _ = onnx_mod._attention_op()
 
@@ -223,7 +224,7 @@ def test_deepnet_glu_shape_runs_fused_attention(tmp_path_factory, tok_dir, tmp_p
 
 
 def test_int8_quantizes_for_the_cpu_it_runs_on(ft_onnx, ft_onnx_int8) -> None:
-    from cramkit.infer.onnx import ISA_FORMATS, cpu_isa
+    from cramkit.infer.backends.onnx import ISA_FORMATS, cpu_isa
 
     fp32, int8 = (json.loads((d / MANIFEST).read_text()) for d in (ft_onnx, ft_onnx_int8))
     assert fp32["attention"] == {"fused": True} and fp32["graph_ops"]["MultiHeadAttention"] == 2

@@ -1,4 +1,4 @@
-"""`cramkit export MODEL --out DIR [--format hf|onnx|ct2]`: a Hugging Face (or ONNX) model directory.
+"""`cramkit export MODEL --out DIR [--format hf|onnx|ct2|...]`: a Hugging Face directory or an export format.
 
 MODEL is anything ``cramkit.load`` takes: a run (its latest checkpoint, or ``--step N``), a checkpoint of
 either world size, a fine-tuned model or student directory, or ``hf:DIR``.
@@ -7,8 +7,6 @@ either world size, a fine-tuned model or student directory, or ``hf:DIR``.
 from __future__ import annotations
 
 import argparse
-
-from cramkit.errors import CramkitError
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -19,16 +17,17 @@ def register(sub: argparse._SubParsersAction) -> None:
         "biases, GELU; e.g. --preset bert-base, or any hf: import) become plain BertForMaskedLM / BertModel / "
         "BertForSequenceClassification that transformers loads with no custom code; other architectures ship "
         "modeling_cramkit.py and load with trust_remote_code=True. --format onnx writes an ONNX Runtime model, "
-        "--format ct2 a CTranslate2 encoder (ctranslate2.Encoder).",
+        "--format ct2 a CTranslate2 encoder (ctranslate2.Encoder); an installed package may add formats "
+        "(entry points 'cramkit.backends').",
     )
     p.add_argument(
         "source", metavar="MODEL", help="a run, a checkpoint, a model directory (finetune --out) or hf:DIR"
     )
     p.add_argument("--out", required=True, help="the directory to write (replaced atomically)")
-    p.add_argument("--format", choices=["hf", "onnx", "ct2"], default="hf", help="hf (default), onnx or ct2")
-    p.add_argument("--quantize", choices=["int8", "int8_float32", "float32", "bfloat16"], default=None,
-                   help="--format onnx: int8 (dynamic int8 weights); --format ct2: the stored weight type "
-                   "(default float32)")  # fmt: skip
+    p.add_argument("--format", default="hf", help="hf (default), onnx, ct2 or a registered format")
+    p.add_argument("--quantize", default=None,
+                   help="--format onnx: int8 (dynamic int8 weights); --format ct2: the stored weight type, "
+                   "int8, int8_float32, float32 (default) or bfloat16")  # fmt: skip
     p.add_argument(
         "--step", type=int, default=None, help="export checkpoint step-N of a run instead of the latest"
     )
@@ -41,10 +40,6 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from cramkit.infer.export import export
 
-    if args.quantize and args.format == "hf":
-        raise CramkitError("--quantize applies to --format onnx (int8) and --format ct2")
-    if args.quantize not in (None, "int8") and args.format != "ct2":
-        raise CramkitError(f"--quantize {args.quantize} applies to --format ct2; --format onnx takes int8")
     done = export(args.source, args.out, format=args.format, quantize=args.quantize, step=args.step,
                   mlm_head=not args.no_mlm_head, force=args.force, task=args.task)  # fmt: skip
     print(done.summary)

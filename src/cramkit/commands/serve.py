@@ -20,9 +20,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=8080, help="port (default 8080; 0 picks a free one)")
-    p.add_argument("--backend", choices=["auto", "torch", "onnx", "ct2"], default="auto",
+    p.add_argument("--backend", default="auto",
                    help="auto (default): ONNX Runtime for an ONNX export, CTranslate2 for a CTranslate2 one, torch "
-                   "otherwise; onnx or ct2 exports a torch model at startup")  # fmt: skip
+                   "otherwise; torch, onnx, ct2 or a registered format: onnx, ct2, ... export a torch model at "
+                   "startup")  # fmt: skip
     p.add_argument("--device", default="auto", help="torch backend: auto, cpu, cuda, cuda:N")
     p.add_argument("--max-batch-tokens", type=int, default=None,
                    help="padded tokens per forward pass (default: 2048 on a CPU, 16384 on CUDA)")  # fmt: skip

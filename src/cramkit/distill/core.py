@@ -289,9 +289,9 @@ def _build_encoder_student(teacher: LoadedModel, cfg: DistillConfig, n: int, com
         model = SequenceClassifier(scfg, n, head, multilabel=multilabel)
         tok, with_types, extra = teacher.tokenizer, teacher.with_types, {"init": "random"}
     else:
-        from cramkit.load import load
+        from cramkit.load import load_torch
 
-        src = load(cfg.init)
+        src = load_torch(cfg.init, purpose="a student's init")
         src_enc = src.encoder
         if src_enc is None:
             raise CramkitError(
@@ -440,7 +440,7 @@ def distill(
     from cramkit.distill.objective import train_student
     from cramkit.distill.teacher import teacher_key, teacher_logits
     from cramkit.io import check_out, claim_dir, dir_lock, write_json_atomic, write_text_atomic
-    from cramkit.load import MODEL_FILE, load
+    from cramkit.load import MODEL_FILE, load_torch
     from cramkit.train.parallel import broadcast_object, fault_guard, init_distributed, main_first, shutdown
 
     t_start = time.perf_counter()
@@ -452,7 +452,7 @@ def distill(
         from cramkit.distill.augment import find_tagger
 
         find_tagger()  # before anything slow: a missing tagger is the first thing said
-    t = teacher if isinstance(teacher, LoadedModel) else load(teacher)
+    t = teacher if isinstance(teacher, LoadedModel) else load_torch(teacher, purpose="distillation")
     kind = check_teacher(t, task)
     train_rows = task.examples(task.train_split)
     if cfg.max_train_examples:

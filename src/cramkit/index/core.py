@@ -73,7 +73,7 @@ def load_encoder(source: str, device: str = "auto") -> Any:
     import cramkit
 
     loaded = cramkit.load(source)
-    if loaded.encoder is None:
+    if not loaded.can_embed:
         raise CramkitError(
             f"{source}: this model ({loaded.architecture}) has no transformer encoder to take embeddings "
             "from; index with an encoder, a pretraining run or a fine-tuned model"
@@ -422,7 +422,9 @@ class Index:
                         f"({self.encoder_source}); query with that encoder (or none: the index keeps a copy)"
                     )
             else:
-                if not (self.encoder_dir / "cramkit-model.json").is_file():
+                from cramkit.load import directory_kind
+
+                if directory_kind(self.encoder_dir) is None:
                     raise CramkitError(
                         f"{self.encoder_dir}: the index's encoder copy is missing; rebuild the index"
                     )

@@ -30,13 +30,17 @@ DONE_FILE = "embed.json"
 
 
 def encoder_fingerprint(loaded: Any) -> str:
-    """A hash of what decides an embedding: the tokenizer and every encoder weight."""
+    """A hash of what decides an embedding: the tokenizer and every encoder weight (an export's: its files'
+    SHA-256)."""
     import torch
 
     from cramkit.text.tokenizer import tokenizer_hash
 
     h = hashlib.blake2b(digest_size=16)
     h.update(tokenizer_hash(loaded.tokenizer).encode())
+    if getattr(loaded, "encoder", None) is None:  # an export: its weights are its files
+        h.update(loaded.fingerprint().encode())
+        return h.hexdigest()
     for name, t in sorted(loaded.encoder.state_dict().items()):
         h.update(name.encode())
         h.update(str(tuple(t.shape)).encode())
@@ -107,7 +111,7 @@ def embed_to_memmap(
     out = Path(out)
     rank, world = dist_info()
     n = len(texts)
-    dim = int(engine.loaded.encoder.cfg.hidden)
+    dim = int(engine.hidden_size or 0)
     done = finished(out, key)
     if done is not None and (out / "embeddings.npy").is_file():
         return done

@@ -1,7 +1,27 @@
-"""Fast inference: the batched engine (torch, through ``cramkit.model.forward``), and the ONNX Runtime
-(``cramkit.infer.onnx``) and CTranslate2 (``cramkit.infer.ct2``) backends."""
+"""Fast inference: the batched engine (torch, through ``cramkit.model.forward``) and the export formats with
+the runtimes that run them (``cramkit.infer.backends``: ONNX Runtime, CTranslate2, and any registered one).
 
-from cramkit.infer.engine import ClassifyResult, Engine
-from cramkit.runtime import resolve_device
+Names are imported on first use, so that ``cramkit.load`` can read the backends' registry without loading
+the engine."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from cramkit.infer.engine import ClassifyResult, Engine
+    from cramkit.runtime import resolve_device
 
 __all__ = ["ClassifyResult", "Engine", "resolve_device"]
+
+
+def __getattr__(name: str) -> Any:
+    if name in ("ClassifyResult", "Engine"):
+        from cramkit.infer import engine
+
+        return getattr(engine, name)
+    if name == "resolve_device":
+        from cramkit.runtime import resolve_device
+
+        return resolve_device
+    raise AttributeError(f"module 'cramkit.infer' has no attribute {name!r}")

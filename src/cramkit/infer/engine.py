@@ -1,5 +1,5 @@
-"""Batched inference for any model ``cramkit.load`` accepts (torch) or ``cramkit export --format onnx``
-wrote (ONNX Runtime): embeddings, classification, multiple choice, fill-mask.
+"""Batched inference for any model ``cramkit.load`` opens (torch, or an export run by its backend: ONNX
+Runtime, CTranslate2, a registered format): embeddings, classification, multiple choice, fill-mask.
 
 The passes are ``cramkit.model.forward``'s (the same ones fine-tuning scores with): inputs sorted by length
 and cut into forward passes by a token budget (rows x longest row), each padded to its own longest member,
@@ -36,19 +36,16 @@ from cramkit.model import forward
 from cramkit.model.forward import CPU_BATCH_TOKENS as CPU_BATCH_TOKENS
 from cramkit.model.forward import CUDA_BATCH_TOKENS as CUDA_BATCH_TOKENS
 from cramkit.model.forward import MAX_BATCH_ROWS as MAX_BATCH_ROWS
-from cramkit.model.forward import TorchRunner
 from cramkit.model.forward import default_batch_tokens as default_batch_tokens
 from cramkit.model.forward import fits as fits
 
 if TYPE_CHECKING:
     import torch
 
-    from cramkit.infer.ct2 import Ct2Model
-    from cramkit.infer.onnx import OnnxModel
+    from cramkit.infer.backends import ExportedModel, Runner
     from cramkit.load import LoadedModel
 
 TextOrPair = str | tuple[str, str] | list[str]
-BACKENDS = ("auto", "torch", "onnx", "ct2")
 
 
 @dataclass
@@ -91,64 +88,27 @@ def probabilities(kind: str, logits: np.ndarray) -> np.ndarray | None:
     return p / p.sum(axis=1, keepdims=True)
 
 
-# ---------------------------------------------------------------------------------------- backends
-
-
-class _OnnxRunner:
-    """Forward passes of an exported ONNX model (``cramkit.infer.onnx``) on numpy batches."""
-
-    name = "onnx"
-    precision = "fp32"
-
-    def __init__(self, model: OnnxModel) -> None:
-        self.model = model
-        self.precision = model.manifest.get("quantize") or "fp32"
-
-    def _feed(self, x: dict[str, np.ndarray | None]) -> dict[str, np.ndarray]:
-        ids = x["input_ids"]
-        mask = x["attention_mask"]
-        feed = {"input_ids": ids, "attention_mask": np.ones_like(ids) if mask is None else mask}
-        if "token_type_ids" in self.model.input_names:
-            types = x["token_type_ids"]
-            feed["token_type_ids"] = np.zeros_like(ids) if types is None else types
-        return feed
-
-    def pooled(self, x: dict[str, np.ndarray | None]) -> tuple[np.ndarray, np.ndarray]:
-        mean, cls = self.model.session.run(["mean", "cls"], self._feed(x))
-        return mean, cls
-
-    def logits(self, x: dict[str, np.ndarray | None]) -> np.ndarray:
-        return self.model.session.run(["logits"], self._feed(x))[0]
-
-    def mask_topk(self, x: dict[str, np.ndarray | None], where: np.ndarray, k: int) -> tuple[Any, Any]:
-        hidden = self.model.session.run(["hidden"], self._feed(x))[0]
-        logits = self.model.head_session.run(None, {"hidden": np.ascontiguousarray(hidden[where])})[0]
-        z = np.exp(logits - logits.max(-1, keepdims=True))
-        probs = z / z.sum(-1, keepdims=True)
-        top = np.argsort(-probs, axis=-1, kind="stable")[:, :k]
-        return np.take_along_axis(probs, top, -1), top
-
-
 # ------------------------------------------------------------------------------------------ engine
 
 
 class Engine:
     """Batched inference over a model: a :class:`~cramkit.load.LoadedModel`, an
-    :class:`~cramkit.infer.onnx.OnnxModel`, a :class:`~cramkit.infer.ct2.Ct2Model`, or a path (anything
-    ``cramkit.load`` takes, an ONNX or a CTranslate2 export).
+    :class:`~cramkit.infer.backends.ExportedModel`, or a path (anything ``cramkit.load`` opens: a run, a
+    model directory, ``hf:DIR``, an export).
 
-    backend: ``torch``, ``onnx``, ``ct2`` or ``auto`` (ONNX Runtime for an ONNX export, CTranslate2 for a
-    CTranslate2 one, torch otherwise); asking for ``onnx`` or ``ct2`` with a torch model exports it (fp32) to
-    a temporary directory first.
+    backend: ``auto`` (the model's own: torch for a torch model, the export's format for an export), ``torch``,
+    or an export format (``onnx``, ``ct2``, a registered one): asking for a format with a torch model exports
+    it (at full precision) to a temporary directory first. The engine holds one runner
+    (``model.runner()``) and never asks which backend it is.
     max_batch_tokens: padded tokens per forward pass (rows x longest row; default from the device:
     :func:`default_batch_tokens`); max_length: cut inputs to this many tokens ([CLS]/[SEP] included),
-    default the model's limit; threads: CPU threads of ONNX Runtime or CTranslate2 (``intra_threads``)
-    (default: the cores this process may use; torch keeps its own setting).
+    default the model's limit; threads: an export runtime's CPU threads (default: the cores this process
+    may use; torch keeps its own setting).
     """
 
     def __init__(
         self,
-        model: LoadedModel | OnnxModel | Ct2Model | str | os.PathLike,
+        model: LoadedModel | ExportedModel | str | os.PathLike,
         *,
         backend: str = "auto",
         device: str | torch.device | None = "auto",
@@ -157,68 +117,36 @@ class Engine:
         precision: str = "auto",
         threads: int | None = None,
     ) -> None:
-        if backend not in BACKENDS:
-            raise CramkitError(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
+        from cramkit.infer import backends
+        from cramkit.load import LoadedModel, for_task, load
+
+        known = ("auto", "torch", *backends.names())
+        if backend not in known:
+            raise CramkitError(f"backend must be one of {', '.join(known)}, got {backend!r}")
         if max_batch_tokens is not None and max_batch_tokens < 1:
             raise CramkitError(f"max_batch_tokens must be positive, got {max_batch_tokens}")
-        from cramkit.infer import ct2 as ct2_mod
-        from cramkit.infer import onnx as onnx_mod
-        from cramkit.load import LoadedModel, load
-
         self._tmp: Any = None
-        if isinstance(model, (str, os.PathLike)):
-            if onnx_mod.is_onnx_dir(model):
-                if backend == "torch":
-                    raise CramkitError(
-                        f"{model} is an ONNX export; serve it with backend onnx, or give the torch model "
-                        "it was exported from"
-                    )
-                model = onnx_mod.load_onnx(model, threads=threads)
-            elif ct2_mod.is_ct2_dir(model):
-                if backend not in ("auto", "ct2"):
-                    raise CramkitError(
-                        f"{model} is a CTranslate2 export; run it with backend ct2 (or auto), or give the "
-                        "torch model it was exported from"
-                    )
-                model = ct2_mod.load_ct2(model, threads=threads)
-            else:
-                model = load(model)
-        if isinstance(model, LoadedModel) and model.kind == "multitask":
-            from cramkit.load import for_task
-
-            for_task(model, None)  # one line: choose the task (load(..., task=NAME))
-        if isinstance(model, LoadedModel) and backend == "onnx":
+        src = load(model, threads=threads) if isinstance(model, (str, os.PathLike)) else model
+        own = "torch" if isinstance(src, LoadedModel) else src.backend_name
+        if isinstance(src, LoadedModel) and src.kind == "multitask":
+            for_task(src, None)  # one line: choose the task (load(..., task=NAME))
+        if backend not in ("auto", own):
+            if not isinstance(src, LoadedModel):
+                raise CramkitError(
+                    f"{src.source} is an export in the {src.backend.title} format; run it with backend {own} (or "
+                    "auto), or give the torch model it was exported from"
+                )
             import tempfile
 
-            self._tmp = tempfile.TemporaryDirectory(prefix="cramkit-onnx-")
-            out = onnx_mod.export_onnx(
-                model, Path(self._tmp.name) / "model", compare=compare_outputs, progress=False
+            self._tmp = tempfile.TemporaryDirectory(prefix=f"cramkit-{backend}-")
+            out = backends.write_export(
+                backend, src, Path(self._tmp.name) / "model", compare=compare_outputs, progress=False
             )
-            model = onnx_mod.load_onnx(out, threads=threads)
-        if isinstance(model, LoadedModel) and backend == "ct2":
-            import tempfile
-
-            self._tmp = tempfile.TemporaryDirectory(prefix="cramkit-ct2-")
-            out = ct2_mod.export_ct2(
-                model, Path(self._tmp.name) / "model", compare=compare_outputs, progress=False
-            )
-            model = ct2_mod.load_ct2(out, threads=threads)
-        if isinstance(model, LoadedModel):
-            self.loaded: LoadedModel | None = model
-            self.onnx: OnnxModel | Ct2Model | None = None
-            self.runner: TorchRunner | _OnnxRunner | ct2_mod.Ct2Runner = TorchRunner(
-                model.model, device, precision, encoder=model.encoder
-            )
-            self.device = self.runner.device
-            self.model = self.runner.model
-            src = model
-        else:
-            self.loaded, self.onnx = None, model  # an export: ONNX or CTranslate2
-            self.runner = (
-                ct2_mod.Ct2Runner(model) if isinstance(model, ct2_mod.Ct2Model) else _OnnxRunner(model)
-            )
-            self.device = "cpu"
-            src = model
+            src = backends.open_export(out, threads=threads)
+        self.loaded: LoadedModel | ExportedModel = src
+        self.runner: Runner = src.runner(device, precision)
+        self.device = getattr(self.runner, "device", "cpu")
+        self.model = getattr(self.runner, "model", None)  # the torch module, for a torch model
         self.backend = self.runner.name
         self.kind: str = src.kind
         self.labels: list[str] | None = src.labels
@@ -235,13 +163,13 @@ class Engine:
             raise CramkitError(f"max_length must be at least 3 tokens, got {self.max_length}")
         self.truncated = np.zeros(0, dtype=bool)
         # a prompt model (finetune --prompt) reads its inputs through its template
-        self.prompt = getattr(self.loaded.model, "spec", None) if self.loaded is not None else None
+        self.prompt = getattr(getattr(src, "model", None), "spec", None)
 
     # ------------------------------------------------------------------------------ what it can do
 
     @property
     def can_embed(self) -> bool:
-        return self.onnx is not None or (self.loaded is not None and self.loaded.encoder is not None)
+        return self.loaded.can_embed
 
     @property
     def can_classify(self) -> bool:
@@ -254,10 +182,7 @@ class Engine:
     @property
     def trained_inputs(self) -> str | None:
         """What the model was fine-tuned to read: "single" texts, "pairs" or "choices" (None: not recorded)."""
-        if self.loaded is not None:
-            value = self.loaded.extra.get("trained_inputs")
-        else:
-            value = self.onnx.manifest.get("trained_inputs")
+        value = self.loaded.extra.get("trained_inputs")
         return value if value in ("single", "pairs", "choices") else None
 
     @property
@@ -266,10 +191,7 @@ class Engine:
 
     @property
     def hidden_size(self) -> int | None:
-        if self.onnx is not None:
-            return self.onnx.hidden
-        cfg = getattr(self.loaded, "config", None)
-        return getattr(cfg, "hidden", None)
+        return self.loaded.hidden
 
     # ------------------------------------------------------------------------------ tokenisation
 
@@ -541,15 +463,13 @@ class Engine:
         }
 
 
-def compare_outputs(
-    loaded: LoadedModel, onnx_model: OnnxModel | Ct2Model, texts: list[Any]
-) -> dict[str, Any]:
-    """The largest differences between the torch model's and its ONNX (or CTranslate2) export's outputs on
-    ``texts`` (``cramkit.infer.onnx.export_onnx``'s and ``cramkit.infer.ct2.export_ct2``'s check)."""
+def compare_outputs(loaded: LoadedModel, exported: ExportedModel, texts: list[Any]) -> dict[str, Any]:
+    """The largest differences between the torch model's and its export's outputs on ``texts`` (the check of
+    ``cramkit.infer.backends.write_export``)."""
     import torch
 
     ref = Engine(loaded, backend="torch", device="cpu", max_batch_tokens=4096)
-    got = Engine(onnx_model, max_batch_tokens=4096)
+    got = Engine(exported, max_batch_tokens=4096)
     res: dict[str, Any] = {"texts": len(texts)}
     with torch.inference_mode():
         if ref.can_embed:

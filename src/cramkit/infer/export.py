@@ -1,5 +1,6 @@
-"""Exporting a model: a Hugging Face directory (``model.hf.export_hf``) or an ONNX Runtime one
-(``infer.onnx.export_onnx``, checked against the torch model by the engine). ``cramkit.export`` and
+"""Exporting a model: a Hugging Face directory (``model.hf.export_hf``) or any export format of
+``cramkit.infer.backends`` (ONNX Runtime, CTranslate2, a registered one), written by the one template
+``backends.write_export`` and checked against the torch model by the engine. ``cramkit.export`` and
 ``cramkit export`` both come here."""
 
 from __future__ import annotations
@@ -10,11 +11,16 @@ import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from cramkit.errors import CramkitError
-from cramkit.load import CT2_MANIFEST, ONNX_MANIFEST, LoadedModel, load, load_directory_architecture
+from cramkit.infer import backends
+from cramkit.load import LoadedModel, load_directory_architecture, load_torch
 
-FORMATS = ("hf", "onnx", "ct2")
+
+def formats() -> tuple[str, ...]:
+    """hf, then every registered export format (onnx, ct2, ...)."""
+    return ("hf", *backends.names())
 
 
 @dataclass
@@ -34,25 +40,31 @@ def export(
     force: bool = False,
     progress: bool = True,
     task: str | None = None,
+    **options: Any,
 ) -> Exported:
-    """Write ``model`` (anything ``cramkit.load`` takes, or a loaded model) to ``out`` as a Hugging Face
-    directory (``format="hf"``), an ONNX Runtime one (``format="onnx"``, ``quantize="int8"`` for
-    dynamic int8 weights) or a CTranslate2 one (``format="ct2"``, ``quantize``: float32 (default), int8,
-    int8_float32 or bfloat16). ``out`` is replaced atomically; a non-empty ``out`` that is not a previous
-    export is refused unless ``force``. task: the head to export of a model trained on a mixture."""
-    if format not in FORMATS:
-        raise CramkitError(f"format must be one of {', '.join(FORMATS)}, got {format!r}")
-    if quantize and format == "hf":
-        raise CramkitError("quantize int8 applies to the onnx format (int8, int8_float32, bfloat16: ct2)")
-    if quantize and format == "onnx" and quantize != "int8":
-        raise CramkitError(f"quantize {quantize} applies to the ct2 format; the onnx format takes int8")
+    """Write ``model`` (anything ``cramkit.load`` takes but an export, or a loaded model) to ``out`` as a
+    Hugging Face directory (``format="hf"``) or in an export format: ``onnx`` for ONNX Runtime
+    (``quantize="int8"`` for dynamic int8 weights), ``ct2`` for CTranslate2 (``quantize``: float32 (default),
+    int8, int8_float32 or bfloat16), or any registered format. ``out`` is replaced atomically; a non-empty
+    ``out`` that is not a previous export is refused unless ``force``. task: the head to export of a model
+    trained on a mixture. options: the format's own (ONNX: ``isa``, ``opset``)."""
+    known = formats()
+    if format not in known:
+        raise CramkitError(f"format must be one of {', '.join(known)}, got {format!r}")
+    backend = backends.get(format) if format != "hf" else None
+    if backend is None and (quantize or options):
+        raise CramkitError("the hf format takes no quantize or options; quantize applies to " + ", ".join(
+            f"{b.name} ({'/'.join(q for q in b.quantize if q)})" for b in backends.backends().values()))  # fmt: skip
+    if backend is not None and quantize not in backend.quantize and quantize is not None:
+        allowed = ", ".join(q for q in backend.quantize if q)
+        raise CramkitError(f"quantize {quantize} does not apply to the {format} format; it takes {allowed}")
     out = Path(out)
     if isinstance(model, LoadedModel) and step is not None:
         raise CramkitError("step applies to a run directory, not to a loaded model")
     from cramkit.io import check_out, disk_errors
     from cramkit.model.hf import EXPORT_MARKER
 
-    marker = {"onnx": ONNX_MANIFEST, "ct2": CT2_MANIFEST}.get(format, EXPORT_MARKER)
+    marker = backend.marker if backend is not None else EXPORT_MARKER
     removed = check_out(out, inputs=[model], own=[marker], replace=True, force=force)
     if removed:
         shown = ", ".join(removed[:20]) + (f" and {len(removed) - 20} more" if len(removed) > 20 else "")
@@ -65,44 +77,25 @@ def export(
             f"{model} is a prompt or deep-prompt model (finetune --prompt / --method ptuning); exporting one is not "
             "supported yet: run it with cramkit predict, cramkit serve or cramkit.infer.Engine"
         )
-    loaded = for_task(model if isinstance(model, LoadedModel) else load(model, step=step), task)
+    loaded = for_task(
+        model if isinstance(model, LoadedModel) else load_torch(model, step=step, purpose="export"), task
+    )
     if loaded.architecture in ("prompt", "prefix"):
         raise CramkitError(
             f"{loaded.source} is a prompt or deep-prompt model; exporting one is not supported yet: run it with "
             "cramkit predict, cramkit serve or cramkit.infer.Engine"
         )
     with disk_errors(out):
-        if format == "onnx":
-            return _export_onnx(loaded, out, quantize, force, progress)
-        if format == "ct2":
-            return _export_ct2(loaded, out, quantize, force, progress)
-        return _export_hf(loaded, out, mlm_head, force)
-
-
-def _export_onnx(
-    loaded: LoadedModel, out: Path, quantize: str | None, force: bool, progress: bool
-) -> Exported:
-    try:
+        if backend is None:
+            return _export_hf(loaded, out, mlm_head, force)
         from cramkit.infer.engine import compare_outputs
-        from cramkit.infer.onnx import export_onnx
-    except ImportError as exc:
-        raise CramkitError(
-            f"ONNX export needs onnx and onnxruntime ({exc}): pip install 'cramkit[onnx]'"
-        ) from None
-    done = export_onnx(loaded, out, quantize, force, compare=compare_outputs, progress=progress)
-    what = f"ONNX{' int8' if quantize else ''}; cramkit serve {done} --backend onnx"
-    return Exported(done, f"exported {loaded.source} -> {done} ({what})")
 
-
-def _export_ct2(
-    loaded: LoadedModel, out: Path, quantize: str | None, force: bool, progress: bool
-) -> Exported:
-    from cramkit.infer.ct2 import export_ct2
-    from cramkit.infer.engine import compare_outputs
-
-    done = export_ct2(loaded, out, quantize, force, compare=compare_outputs, progress=progress)
-    what = f"CTranslate2 {quantize or 'float32'}; cramkit serve {done} --backend ct2"
-    return Exported(done, f"exported {loaded.source} -> {done} ({what})")
+        done = backends.write_export(
+            backend, loaded, out, quantize, force, compare=compare_outputs, progress=progress, **options
+        )
+        precision = quantize or backend.quantize[0] or "fp32"
+        what = f"{backend.title} {precision}; cramkit serve {done}"
+        return Exported(done, f"exported {loaded.source} -> {done} ({what})")
 
 
 def _export_hf(loaded: LoadedModel, out: Path, mlm_head: bool, force: bool) -> Exported:

@@ -148,10 +148,10 @@ def predict(
     task: str | None = None,
     base: str | os.PathLike | None = None,
 ) -> dict[str, Any]:
-    """Predict every row of ``input_file`` with ``model`` (anything ``cramkit.load`` takes, an ONNX export,
-    or a loaded model); write them to ``out`` (.jsonl, .csv or .tsv); return a summary (rows, examples/s,
-    metrics). backend: auto (ONNX Runtime for an ONNX export, CTranslate2 for a CTranslate2 one, torch
-    otherwise), torch, onnx or ct2.
+    """Predict every row of ``input_file`` with ``model`` (anything ``cramkit.load`` opens, exports included,
+    or an opened model); write them to ``out`` (.jsonl, .csv or .tsv); return a summary (rows, examples/s,
+    metrics). backend: auto (the model's own: an export's format, else torch), torch, or an export format
+    (onnx, ct2, ...: a torch model is exported at startup).
 
     label: the gold label column, scored when the file has it ("auto": the column the model was trained
     on, else ``label``; None: no scoring); its values are checked against the model's labels before any
@@ -160,21 +160,20 @@ def predict(
     those it was trained on, else ``choices``); its context column defaults to the one it was trained on too.
     base: the base model of a deep-prompt directory (finetune --method ptuning)."""
     from cramkit.infer import Engine
-    from cramkit.infer.ct2 import is_ct2_dir
-    from cramkit.infer.onnx import is_onnx_dir
+    from cramkit.infer.backends import ExportedModel
     from cramkit.io import check_out_file
-    from cramkit.load import LoadedModel, for_task, load
+    from cramkit.load import LoadedModel, for_task, is_export, load
 
     if out is not None:
         check_out_file(out, inputs=[model, input_file])
-    if not isinstance(model, LoadedModel) and not is_onnx_dir(model) and not is_ct2_dir(model):
+    if not isinstance(model, (LoadedModel, ExportedModel)):
+        if is_export(model) and task is not None:
+            raise CramkitError(
+                f"--task applies to a model trained on a mixture; {model} is an export of one task"
+            )
         model = load(model, base=base)
     if isinstance(model, LoadedModel):
         model = for_task(model, task)
-    elif task is not None:
-        raise CramkitError(
-            f"--task applies to a model trained on a mixture; {model} is an export (ONNX or CTranslate2) of one task"
-        )
     given = label not in ("auto", None)
     engine = Engine(
         model, backend=backend, device=device, max_batch_tokens=max_batch_tokens, max_length=max_length
@@ -272,10 +271,7 @@ def predict(
 def _trained_columns(engine: Any) -> dict[str, Any]:
     """The columns the engine's model was fine-tuned on (a model directory's extra, an export's manifest),
     the well-formed ones only: column names are strings, choices a list of them."""
-    if engine.loaded is not None:
-        cols = engine.loaded.extra.get("columns")
-    else:
-        cols = engine.onnx.manifest.get("columns")
+    cols = engine.loaded.extra.get("columns")
     if not isinstance(cols, dict):
         return {}
     out: dict[str, Any] = {k: v for k, v in cols.items() if k != "choices" and isinstance(v, str)}

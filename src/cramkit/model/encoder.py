@@ -360,7 +360,7 @@ class Block(nn.Module):
     def _attend(
         self, x: torch.Tensor, mask: torch.Tensor | None, prefix: torch.Tensor | None
     ) -> torch.Tensor:
-        # the prefix only when there is one: an exporter's stand-in attention (cramkit.infer.onnx) takes none
+        # the prefix only when there is one: an exporter's stand-in attention (cramkit.infer.backends.onnx) takes none
         return self.attn(x, mask) if prefix is None else self.attn(x, mask, prefix=prefix)
 
 

@@ -81,16 +81,10 @@ def training_masking(loaded: LoadedModel) -> dict[str, Any]:
 
 def open_model(source: str, flag: str) -> LoadedModel:
     """``cramkit.load(source)`` with the errors said in terms of ``flag`` (--from / --inherit)."""
-    from cramkit.load import load
+    from cramkit.load import load_torch
 
-    path = Path(source)
-    if not source.startswith("hf:") and (path / "cramkit-onnx.json").is_file():
-        raise CramkitError(
-            f"{flag} {source}: an ONNX export holds no trainable weights; give the model it was exported from "
-            "(a run, a model directory or hf:DIR)"
-        )
     try:
-        loaded = load(source)
+        loaded = load_torch(source, purpose=f"{flag} (continued training)")
     except CramkitError as exc:
         raise CramkitError(f"{flag} {source}: {exc}") from None
     if loaded.encoder is None:

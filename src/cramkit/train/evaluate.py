@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from cramkit.errors import CramkitError
-from cramkit.load import LoadedModel, load
+from cramkit.load import LoadedModel, load_torch
 from cramkit.tasks.registry import Suite, Task, get_suite
 from cramkit.train.finetune import FinetuneConfig, finetune, write_json
 
@@ -116,7 +116,7 @@ def evaluate_suite(
             f"cramkit eval: no {suite.upper()} task to run in {data_dir} "
             f"({'; '.join(f'{k}: {v}' for k, v in skipped.items())}). Its data: {spec.data_hint}"
         )
-    loaded = load(source)  # once for all tasks
+    loaded = load_torch(source, purpose="evaluation")  # once for all tasks
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
 
@@ -249,7 +249,7 @@ def finetune_fewshot(
         views = [(s, few_shot_task(task, k, int(s))) for s in splits]
         if cfg.keep == "last" and cfg.eval_every not in ("never", "0", "off"):
             cfg = dataclasses.replace(cfg, keep="best")  # the sampled dev set picks the checkpoint
-    loaded = source if isinstance(source, LoadedModel) else load(source)
+    loaded = source if isinstance(source, LoadedModel) else load_torch(source, purpose="fine-tuning")
     out = Path(out_dir)
     per_split: dict[str, Any] = {}
     files: dict[str, str] = {}

@@ -530,9 +530,9 @@ def finetune(
     predicted by the same model (GLUE's diagnostic set AX by the MNLI model).
     """
     cfg = cfg or FinetuneConfig()
-    from cramkit.load import load
+    from cramkit.load import load_torch
 
-    loaded = source if isinstance(source, LoadedModel) else load(source)
+    loaded = source if isinstance(source, LoadedModel) else load_torch(source, purpose="fine-tuning")
     max_length = min(cfg.max_length, loaded.max_length)
     tok = loaded.tokenizer
 

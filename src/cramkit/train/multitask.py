@@ -200,11 +200,11 @@ def finetune_mixture(
         raise CramkitError(
             f"a mixture trains one model with one seed; got seeds {cfg.seeds}: run once per seed (--seeds N)"
         )
-    from cramkit.load import load
+    from cramkit.load import load_torch
     from cramkit.runtime import torchrun
     from cramkit.tasks.mixtures import mixture_rates
 
-    loaded = source if isinstance(source, LoadedModel) else load(source)
+    loaded = source if isinstance(source, LoadedModel) else load_torch(source, purpose="fine-tuning")
     max_length = min(cfg.max_length, loaded.max_length)
     tok = loaded.tokenizer
     train, dev, tests = [], [], {}

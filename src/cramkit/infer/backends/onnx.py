@@ -1,6 +1,7 @@
 """ONNX Runtime backend: export any loadable model to an ONNX directory, and load it for serving.
 
-``cramkit export MODEL --format onnx [--quantize int8] --out DIR`` writes::
+``cramkit export MODEL --format onnx [--quantize int8] --out DIR`` writes (through the shared template,
+``cramkit.infer.backends.write_export``)::
 
     DIR/model.onnx          the network (torch's ONNX exporter, dynamic batch and length), each block's
                             attention core written as ONNX Runtime's MultiHeadAttention, then its transformer
@@ -19,7 +20,8 @@ The graph's inputs are ``input_ids``, ``attention_mask`` (int64, [batch, length]
 token types, ``token_type_ids``; its outputs ``mean`` and ``cls`` (pooled last hidden states, [batch,
 hidden]), ``logits`` ([batch, labels]) for classifiers and regressors ([pairs, 1] for a multiple-choice
 model: one score per (context, choice) row; the engine regroups them per example), ``hidden`` ([batch, length, hidden])
-for masked-LM models. Loading reads the manifest (JSON), checks every file's SHA-256, refuses any tensor
+for masked-LM models. Loading (``cramkit.infer.backends.open_export``) reads the manifest (JSON), checks
+every file's SHA-256, and here refuses any tensor
 stored as external data (a file ``location``: given a model as bytes, ONNX Runtime would resolve it against
 the current working directory, so a crafted export could read e.g. ``.env`` and return it as scores), then
 hands ONNX Runtime the model's bytes. An export written by cramkit keeps every tensor inside the file.
@@ -30,89 +32,23 @@ from __future__ import annotations
 import copy
 import functools
 import itertools
-import json
 import os
 import platform
 import shutil
-import sys
-import time
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 from cramkit.errors import CramkitError
-from cramkit.load import KINDS, LOGIT_KINDS, ONNX_MANIFEST, directory_kind
+from cramkit.infer.backends.base import LOGIT_KINDS, Backend, ExportedModel, ExportJob, Inputs, check_summary
 
 if TYPE_CHECKING:
     from cramkit.load import LoadedModel
 
-MANIFEST = ONNX_MANIFEST
 FORMAT = "cramkit-onnx-1"
-QUANTIZE = (None, "int8")
-# the largest difference from the torch model an fp32 export may show (relative to the output's scale)
-FP32_TOLERANCE = 1e-3
-
-
-def is_onnx_dir(path: str | os.PathLike) -> bool:
-    """Whether ``path`` is a directory written by :func:`export_onnx` (``cramkit.load``'s kinds table)."""
-    return directory_kind(path) == "onnx"
-
-
-class ExportedModel:
-    """What an export directory's manifest says about its model (kind, labels, limits, pooling): shared by
-    the ONNX and the CTranslate2 exports."""
-
-    path: Path
-    manifest: dict[str, Any]
-
-    @property
-    def kind(self) -> str:
-        return self.manifest["kind"]
-
-    @property
-    def labels(self) -> list[str] | None:
-        return self.manifest.get("labels")
-
-    @property
-    def max_length(self) -> int:
-        return int(self.manifest["max_length"])
-
-    @property
-    def pooling(self) -> str:
-        return self.manifest.get("pooling") or "mean"
-
-    @property
-    def normalize(self) -> bool:
-        return bool(self.manifest.get("normalize"))
-
-    @property
-    def with_types(self) -> bool:
-        return bool(self.manifest.get("with_types"))
-
-    @property
-    def pad_id(self) -> int:
-        return int(self.manifest.get("pad_id") or 0)
-
-    @property
-    def hidden(self) -> int | None:
-        return self.manifest.get("hidden")
-
-    @property
-    def source(self) -> str:
-        return str(self.path)
-
-
-@dataclass
-class OnnxModel(ExportedModel):
-    """An exported model, opened with ONNX Runtime: what :class:`~cramkit.infer.Engine` needs."""
-
-    path: Path
-    manifest: dict[str, Any]
-    session: Any  # onnxruntime.InferenceSession
-    tokenizer: Any
-    head_session: Any = None
-    input_names: list[str] = field(default_factory=list)
+MANIFEST = "cramkit-onnx.json"
 
 
 # ------------------------------------------------------------------------------------------- export
@@ -467,22 +403,6 @@ def _quantize(src: Path, dst: Path, isa: str, keep_down: bool) -> dict[str, Any]
     }
 
 
-def check_texts(n: int = 96) -> list[str]:
-    """Real text of mixed length for the export's check: pieces of the built-in corpus (stdlib docstrings)."""
-    from cramkit.text.sources import iter_documents
-
-    texts: list[str] = []
-    sizes = itertools.cycle([3, 8, 14, 25, 40, 70, 120, 300])
-    for doc in itertools.islice(iter_documents(), 400):
-        words = doc.split()
-        size = next(sizes)
-        if len(words) >= min(size, 3):
-            texts.append(" ".join(words[:size]))
-        if len(texts) >= n:
-            break
-    return texts
-
-
 # int8 everywhere is kept when its embeddings stay this close to torch's on the check's texts (mean cosine)
 # and it changes at most this share of a classifier's labels; otherwise the MLP down-projections stay fp32
 INT8_MIN_COSINE = 0.995
@@ -516,182 +436,6 @@ def _graph_ops(file: Path) -> dict[str, int]:
     return dict(sorted(counts.items()))
 
 
-def _worst_relative(check: dict[str, Any]) -> tuple[str, float]:
-    worst, name = 0.0, ""
-    for key, value in check.items():
-        if key.startswith("max_abs_diff_") and not key.endswith("_prob"):
-            out = key.removeprefix("max_abs_diff_")
-            rel = value / max(1.0, check.get(f"scale_{out}", 1.0))
-            if rel >= worst:
-                worst, name = rel, out
-    return name, worst
-
-
-def export_onnx(
-    loaded: LoadedModel,
-    out: str | os.PathLike,
-    quantize: str | None = None,
-    force: bool = False,
-    *,
-    compare: Callable[[LoadedModel, OnnxModel, list[Any]], dict[str, Any]],
-    texts: list[Any] | None = None,
-    opset: int = 18,
-    progress: bool = True,
-    isa: str | None = None,
-) -> Path:
-    """Export ``loaded`` to an ONNX directory at ``out`` (atomically) and check it against the torch model.
-
-    quantize: None (fp32) or "int8" (dynamic quantization). compare: the check, the largest differences
-    between the torch model and the export on ``texts`` (``cramkit.infer.engine.compare_outputs``: this
-    module knows nothing of the engine). texts: the check's inputs (default: real text from the built-in
-    corpus). A non-empty ``out`` that is not a previous export is refused unless ``force``. isa: the
-    instruction set the int8 weights are quantized for (a key of :data:`ISA_FORMATS`; default this
-    machine's, :func:`cpu_isa`).
-    """
-    if quantize not in QUANTIZE:
-        raise CramkitError(f"quantize must be int8 or none, got {quantize!r}")
-    if isa is not None and isa not in ISA_FORMATS:
-        raise CramkitError(f"isa must be one of {', '.join(ISA_FORMATS)}, got {isa!r}")
-    try:
-        import onnxruntime  # noqa: F401
-    except ImportError as exc:
-        raise CramkitError(f"ONNX export needs onnxruntime ({exc}): pip install 'cramkit[onnx]'") from None
-
-    from cramkit.io import atomic_path, check_out, disk_problem, sha256_file, write_json_atomic
-    from cramkit.text.tokenizer import save_tokenizer
-
-    out = Path(out)
-    check_out(out, inputs=[loaded], own=[MANIFEST], replace=True, force=force)
-
-    def say(msg: str) -> None:
-        if progress:
-            print(f"[onnx] {msg}", file=sys.stderr, flush=True)
-
-    start = time.perf_counter()
-    loaded.model.to("cpu").eval()
-    texts = texts or check_texts()
-    if loaded.kind in LOGIT_KINDS and loaded.with_types:
-        texts = [*texts, *[(texts[i], texts[i + 1]) for i in range(0, min(len(texts) - 1, 32), 2)]]
-    with atomic_path(out) as tmp:
-        tmp.mkdir(parents=True)
-        say(f"exporting {loaded.source} ({loaded.kind}) with torch.onnx (dynamo, opset {opset})")
-        why_not = attention_plan(loaded)
-        try:
-            try:
-                inputs, outputs = _torch_export(loaded, tmp / "raw.onnx", opset, fused=why_not is None)
-            except Exception as exc:  # noqa: BLE001 - the fused attention is an optimisation
-                if why_not is not None or disk_problem(exc):
-                    raise
-                while exc.__cause__ is not None:  # the exporter wraps the reason in its own errors
-                    exc = exc.__cause__
-                why_not = f"the exporter failed with it ({type(exc).__name__}: {str(exc)[:200]})"
-                inputs, outputs = _torch_export(loaded, tmp / "raw.onnx", opset, fused=False)
-            if loaded.kind == "mlm":
-                _head_export(loaded, tmp / "head.onnx", opset)
-        except CramkitError:
-            raise
-        except Exception as exc:  # noqa: BLE001 - name the model and the exporter's reason
-            if disk_problem(exc):
-                raise
-            raise CramkitError(
-                f"{loaded.source}: torch's ONNX exporter failed ({type(exc).__name__}: {str(exc)[:300]}); "
-                "export with --format hf instead, or report the model's architecture"
-            ) from None
-        if why_not is not None:
-            say(f"attention not fused ({why_not}): the plain attention graph is kept")
-        say("optimising the graph (ONNX Runtime's transformer fusions, where they apply)")
-        fusions = _fuse(tmp / "raw.onnx", tmp / "fused.onnx", loaded)
-        if fusions.get("skipped"):
-            say(f"no fusions applied ({fusions['skipped']}); the plain graph is kept")
-        (tmp / "raw.onnx").unlink(missing_ok=True)
-        save_tokenizer(loaded.tokenizer, tmp / "tokenizer")
-        files = ["model.onnx"] + (["head.onnx"] if loaded.kind == "mlm" else [])
-        manifest: dict[str, Any] = {
-            "format": FORMAT,
-            "kind": loaded.kind,
-            "labels": loaded.labels,
-            "task": loaded.task,
-            "columns": loaded.extra.get("columns"),  # what it was fine-tuned on: predict's default columns
-            "trained_inputs": loaded.extra.get("trained_inputs"),  # single texts, pairs or choices
-            "max_length": int(loaded.max_length),
-            "pooling": loaded.pooling,
-            "normalize": bool(loaded.normalize),
-            "with_types": bool(loaded.with_types),
-            "pad_id": int(loaded.pad_id),
-            "hidden": getattr(loaded.config, "hidden", None),
-            "architecture": loaded.architecture,
-            "source": str(loaded.source),
-            "inputs": inputs,
-            "outputs": outputs,
-            "quantize": quantize,
-            "quantization": None,
-            "opset": opset,
-            "attention": {"fused": why_not is None, **({"why_not": why_not} if why_not else {})},
-            "fusions": fusions,
-            "tokenizer": "tokenizer",
-            "versions": _versions(),
-        }
-
-        def checked(keep_down: bool | None) -> dict[str, Any]:
-            """model.onnx from fused.onnx (int8 unless keep_down is None), recorded, checked against torch."""
-            if keep_down is None:
-                shutil.copyfile(tmp / "fused.onnx", tmp / "model.onnx")
-            else:
-                manifest["quantization"] = _quantize(tmp / "fused.onnx", tmp / "model.onnx", isa, keep_down)
-            manifest["graph_ops"] = _graph_ops(tmp / "model.onnx")
-            manifest["files"] = {name: sha256_file(tmp / name) for name in files}
-            say(f"checking against the torch model on {len(texts)} real texts")
-            check = compare(loaded, _open(tmp, manifest, threads=None), texts)
-            check["worst_output"], check["worst_relative_diff"] = _worst_relative(check)
-            return check
-
-        if quantize == "int8":
-            isa = isa or cpu_isa()
-            say(f"quantizing every matrix multiply to int8 (dynamic, for {isa})")
-            check = checked(keep_down=False)
-            if not _int8_faithful(check):
-                say(f"int8 everywhere is too far from torch ({_int8_cost(check)}): keeping the MLP "
-                    "down-projections in fp32")  # fmt: skip
-                refused = {"kept_fp32": "none", "check": check}
-                check = checked(keep_down=True)
-                manifest["quantization"]["refused"] = refused
-        else:
-            check = checked(keep_down=None)
-        (tmp / "fused.onnx").unlink()
-        name, worst = check["worst_output"], check["worst_relative_diff"]
-        if quantize is None and worst > FP32_TOLERANCE:
-            raise CramkitError(
-                f"{loaded.source}: the ONNX export differs from the torch model by {worst:.2e} (relative, "
-                f"output {name}) on real text, more than {FP32_TOLERANCE:g}; the export is not kept. "
-                "Report the model's architecture"
-            )
-        manifest["check"] = check
-        manifest["seconds"] = round(time.perf_counter() - start, 1)
-        write_json_atomic(tmp / MANIFEST, manifest)
-    say(f"done in {time.perf_counter() - start:.1f}s: {_summary(manifest)}")
-    return out
-
-
-def check_summary(check: dict[str, Any], keys: tuple[str, ...]) -> list[str]:
-    """An export's check against torch, in words: the largest difference, then ``keys`` present in it."""
-    parts = [f"largest difference {check['worst_relative_diff']:.2e} ({check['worst_output']})"]
-    return parts + [f"{key} {check[key]:.4f}" for key in keys if key in check]
-
-
-def _summary(manifest: dict[str, Any]) -> str:
-    parts = check_summary(
-        manifest["check"], ("cosine_mean_mean", "label_agreement", "fill_mask_top1_agreement")
-    )
-    attention = manifest["attention"]
-    if not attention["fused"]:
-        parts.append(f"attention not fused ({attention['why_not']})")
-    parts.append("graph: " + ", ".join(f"{k} x{v}" for k, v in manifest["graph_ops"].items()))
-    quant = manifest.get("quantization")
-    if quant:
-        parts.append(f"int8 for {quant['isa']} ({quant['why']}); fp32 kept: {quant['kept_fp32']}")
-    return "; ".join(parts)
-
-
 def _versions() -> dict[str, str]:
     import onnx
     import onnxruntime
@@ -703,59 +447,6 @@ def _versions() -> dict[str, str]:
         "onnxruntime": onnxruntime.__version__,
         "python": platform.python_version(),
     }
-
-
-# --------------------------------------------------------------------------------------------- load
-
-
-# the manifest's fields read when loading, and their types: a crafted file gets one line, never a traceback
-MANIFEST_FIELDS = {"pooling": ("mean", "cls"), "normalize": bool, "with_types": bool, "pad_id": int,
-                   "hidden": int, "tokenizer": str, "quantize": ("int8",)}  # fmt: skip
-
-
-def _read_manifest(path: Path) -> dict[str, Any]:
-    from cramkit.io import check_fields
-
-    file = path / MANIFEST
-    try:
-        meta = json.loads(file.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise CramkitError(f"{file} is not valid JSON ({exc}); export the model again") from None
-    if not isinstance(meta, dict) or meta.get("format") != FORMAT:
-        raise CramkitError(f"{file}: not a cramkit ONNX manifest (format {FORMAT} expected)")
-    check_fields(meta, MANIFEST_FIELDS, file, "export the model again")
-    if meta.get("kind") not in KINDS:
-        raise CramkitError(f"{file}: unknown kind {meta.get('kind')!r}; expected one of {', '.join(KINDS)}")
-    labels = meta.get("labels")
-    if labels is not None and not (isinstance(labels, list) and all(isinstance(x, str) for x in labels)):
-        raise CramkitError(f"{file}: 'labels' must be a list of strings")
-    if not isinstance(meta.get("max_length"), int) or meta["max_length"] < 3:
-        raise CramkitError(f"{file}: 'max_length' must be an integer of at least 3")
-    files = meta.get("files")
-    if not isinstance(files, dict) or "model.onnx" not in files:
-        raise CramkitError(f"{file}: 'files' must list model.onnx with its SHA-256")
-    return meta
-
-
-def _file_bytes(root: Path, name: str, want: Any) -> bytes:
-    from cramkit.io import inside
-
-    try:
-        target = inside(root, name)
-    except ValueError:
-        raise CramkitError(
-            f"{root / MANIFEST}: file {name!r} points outside the directory; the manifest is not trustworthy"
-        ) from None
-    if not target.is_file():
-        raise CramkitError(f"{root}: {name} is missing; the ONNX export is incomplete, export it again")
-    data = target.read_bytes()
-    import hashlib
-
-    if not isinstance(want, str) or hashlib.sha256(data).hexdigest() != want:
-        raise CramkitError(
-            f"{target} is corrupt (its SHA-256 differs from the one in {MANIFEST}); export the model again"
-        )
-    return data
 
 
 def _graph_tensors(graph: Any) -> Iterator[Any]:
@@ -805,48 +496,186 @@ def _refuse_external_data(file: Path, data: bytes) -> None:
             )
 
 
-def _open(path: Path, meta: dict[str, Any], threads: int | None) -> OnnxModel:
-    import onnxruntime as ort
+# ---------------------------------------------------------------------------------------- the backend
 
-    from cramkit.io import inside
-    from cramkit.runtime import cpu_cores
-    from cramkit.text.tokenizer import load_tokenizer
 
-    opts = ort.SessionOptions()
-    opts.intra_op_num_threads = int(threads or cpu_cores())
-    opts.inter_op_num_threads = 1
-    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    opts.log_severity_level = 3
+class OnnxRunner:
+    """Forward passes of an ONNX export on numpy batches."""
 
-    def session(name: str) -> Any:
-        data = _file_bytes(path, name, meta["files"].get(name))
-        _refuse_external_data(path / name, data)
-        try:
-            return ort.InferenceSession(data, opts, providers=["CPUExecutionProvider"])
-        except Exception as exc:  # noqa: BLE001 - a damaged or crafted model file
+    name = "onnx"
+
+    def __init__(self, model: ExportedModel) -> None:
+        self.model = model
+        self.main, self.head = model.handle
+        self.input_names = [i.name for i in self.main.get_inputs()]
+        self.precision = model.manifest.get("quantize") or "fp32"
+
+    def _feed(self, x: Inputs) -> dict[str, np.ndarray]:
+        ids = x["input_ids"]
+        assert ids is not None
+        mask = x["attention_mask"]
+        feed = {"input_ids": ids, "attention_mask": np.ones_like(ids) if mask is None else mask}
+        if "token_type_ids" in self.input_names:
+            types = x["token_type_ids"]
+            feed["token_type_ids"] = np.zeros_like(ids) if types is None else types
+        return feed
+
+    def pooled(self, x: Inputs) -> tuple[np.ndarray, np.ndarray]:
+        mean, cls = self.main.run(["mean", "cls"], self._feed(x))
+        return mean, cls
+
+    def logits(self, x: Inputs) -> np.ndarray:
+        return self.main.run(["logits"], self._feed(x))[0]
+
+    def mask_topk(self, x: Inputs, where: np.ndarray, k: int) -> tuple[Any, Any]:
+        if self.head is None:
             raise CramkitError(
-                f"{path / name}: ONNX Runtime cannot load it ({str(exc)[:200]}); export the model again"
+                f"{self.model.path}: this export has no masked-LM head; fill [MASK]s with a masked-LM model"
+            )
+        hidden = self.main.run(["hidden"], self._feed(x))[0]
+        logits = self.head.run(None, {"hidden": np.ascontiguousarray(hidden[where])})[0]
+        z = np.exp(logits - logits.max(-1, keepdims=True))
+        probs = z / z.sum(-1, keepdims=True)
+        top = np.argsort(-probs, axis=-1, kind="stable")[:, :k]
+        return np.take_along_axis(probs, top, -1), top
+
+
+class OnnxBackend(Backend):
+    """ONNX Runtime: any model cramkit loads (students included), fp32 or dynamic int8."""
+
+    name = "onnx"
+    title = "ONNX"
+    marker = MANIFEST
+    format = FORMAT
+    quantize = (None, "int8")
+    full_precision = (None,)
+    tolerance = 1e-3
+    required_files = ("model.onnx",)
+    fields = {"quantize": ("int8",)}
+    options = ("isa", "opset")
+    extra = "onnx"
+
+    def available(self) -> None:
+        try:
+            import onnx  # noqa: F401
+            import onnxruntime  # noqa: F401
+        except ImportError as exc:
+            raise CramkitError(
+                f"the ONNX format needs onnx and onnxruntime ({exc}): pip install 'cramkit[onnx]'"
             ) from None
 
-    main = session("model.onnx")
-    head = session("head.onnx") if meta["kind"] == "mlm" and "head.onnx" in meta["files"] else None
-    try:
-        tok_dir = inside(path, str(meta.get("tokenizer") or "tokenizer"))
-    except ValueError:
-        raise CramkitError(f"{path / MANIFEST}: the tokenizer path points outside the directory") from None
-    tokenizer = load_tokenizer(tok_dir)
-    tokenizer.no_truncation()
-    tokenizer.no_padding()
-    names = [i.name for i in main.get_inputs()]
-    if names[:2] != ["input_ids", "attention_mask"]:
-        raise CramkitError(f"{path / 'model.onnx'}: inputs {names}, expected input_ids, attention_mask, ...")
-    return OnnxModel(path, meta, main, tokenizer, head, names)
+    def write(self, job: ExportJob) -> None:
+        from cramkit.io import disk_problem
 
+        loaded, tmp = job.loaded, job.tmp
+        opset = int(job.options.get("opset") or 18)
+        isa = job.options.get("isa")
+        if isa is not None and isa not in ISA_FORMATS:
+            raise CramkitError(f"isa must be one of {', '.join(ISA_FORMATS)}, got {isa!r}")
+        job.say(f"exporting {loaded.source} ({loaded.kind}) with torch.onnx (dynamo, opset {opset})")
+        why_not = attention_plan(loaded)
+        try:
+            try:
+                inputs, outputs = _torch_export(loaded, tmp / "raw.onnx", opset, fused=why_not is None)
+            except Exception as exc:  # noqa: BLE001 - the fused attention is an optimisation
+                if why_not is not None or disk_problem(exc):
+                    raise
+                while exc.__cause__ is not None:  # the exporter wraps the reason in its own errors
+                    exc = exc.__cause__
+                why_not = f"the exporter failed with it ({type(exc).__name__}: {str(exc)[:200]})"
+                inputs, outputs = _torch_export(loaded, tmp / "raw.onnx", opset, fused=False)
+            if loaded.kind == "mlm":
+                _head_export(loaded, tmp / "head.onnx", opset)
+        except CramkitError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - name the model and the exporter's reason
+            if disk_problem(exc):
+                raise
+            raise CramkitError(
+                f"{loaded.source}: torch's ONNX exporter failed ({type(exc).__name__}: {str(exc)[:300]}); "
+                "export with --format hf instead, or report the model's architecture"
+            ) from None
+        if why_not is not None:
+            job.say(f"attention not fused ({why_not}): the plain attention graph is kept")
+        job.say("optimising the graph (ONNX Runtime's transformer fusions, where they apply)")
+        fusions = _fuse(tmp / "raw.onnx", tmp / "fused.onnx", loaded)
+        if fusions.get("skipped"):
+            job.say(f"no fusions applied ({fusions['skipped']}); the plain graph is kept")
+        (tmp / "raw.onnx").unlink(missing_ok=True)
+        job.files = ["model.onnx"] + (["head.onnx"] if loaded.kind == "mlm" else [])
+        job.manifest.update(inputs=inputs, outputs=outputs, quantization=None, opset=opset,
+                            attention={"fused": why_not is None, **({"why_not": why_not} if why_not else {})},
+                            fusions=fusions)  # fmt: skip
 
-def load_onnx(path: str | os.PathLike, *, threads: int | None = None) -> OnnxModel:
-    """Open a directory written by :func:`export_onnx` (threads: ONNX Runtime's intra-op threads,
-    default every core this process may use)."""
-    path = Path(path).expanduser()
-    if not (path / MANIFEST).is_file():
-        raise CramkitError(f"{path}: no {MANIFEST}; export the model with cramkit export --format onnx")
-    return _open(path, _read_manifest(path), threads)
+        def checked(keep_down: bool | None) -> dict[str, Any]:
+            """model.onnx from fused.onnx (int8 unless keep_down is None), recorded, checked against torch."""
+            if keep_down is None:
+                shutil.copyfile(tmp / "fused.onnx", tmp / "model.onnx")
+            else:
+                job.manifest["quantization"] = _quantize(
+                    tmp / "fused.onnx", tmp / "model.onnx", isa, keep_down
+                )
+            job.manifest["graph_ops"] = _graph_ops(tmp / "model.onnx")
+            return job.check()
+
+        if job.quantize == "int8":
+            isa = isa or cpu_isa()
+            job.say(f"quantizing every matrix multiply to int8 (dynamic, for {isa})")
+            check = checked(keep_down=False)
+            if not _int8_faithful(check):
+                job.say(f"int8 everywhere is too far from torch ({_int8_cost(check)}): keeping the MLP "
+                        "down-projections in fp32")  # fmt: skip
+                refused = {"kept_fp32": "none", "check": check}
+                checked(keep_down=True)
+                job.manifest["quantization"]["refused"] = refused
+        else:
+            checked(keep_down=None)
+        (tmp / "fused.onnx").unlink()
+
+    def open(self, path: Path, meta: dict[str, Any], files: dict[str, bytes], threads: int | None) -> Any:
+        import onnxruntime as ort
+
+        from cramkit.runtime import cpu_cores
+
+        opts = ort.SessionOptions()
+        opts.intra_op_num_threads = int(threads or cpu_cores())
+        opts.inter_op_num_threads = 1
+        opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        opts.log_severity_level = 3
+
+        def session(name: str) -> Any:
+            _refuse_external_data(path / name, files[name])
+            try:
+                return ort.InferenceSession(files[name], opts, providers=["CPUExecutionProvider"])
+            except Exception as exc:  # noqa: BLE001 - a damaged or crafted model file
+                raise CramkitError(
+                    f"{path / name}: ONNX Runtime cannot load it ({str(exc)[:200]}); export the model again"
+                ) from None
+
+        main = session("model.onnx")
+        head = session("head.onnx") if meta["kind"] == "mlm" and "head.onnx" in files else None
+        names = [i.name for i in main.get_inputs()]
+        if names[:2] != ["input_ids", "attention_mask"]:
+            raise CramkitError(
+                f"{path / 'model.onnx'}: inputs {names}, expected input_ids, attention_mask, ..."
+            )
+        return main, head
+
+    def runner(self, model: ExportedModel) -> OnnxRunner:
+        return OnnxRunner(model)
+
+    def versions(self) -> dict[str, str]:
+        return _versions()
+
+    def summary(self, manifest: dict[str, Any]) -> str:
+        parts = check_summary(
+            manifest["check"], ("cosine_mean_mean", "label_agreement", "fill_mask_top1_agreement")
+        )
+        attention = manifest["attention"]
+        if not attention["fused"]:
+            parts.append(f"attention not fused ({attention['why_not']})")
+        parts.append("graph: " + ", ".join(f"{k} x{v}" for k, v in manifest["graph_ops"].items()))
+        quant = manifest.get("quantization")
+        if quant:
+            parts.append(f"int8 for {quant['isa']} ({quant['why']}); fp32 kept: {quant['kept_fp32']}")
+        return "; ".join(parts)

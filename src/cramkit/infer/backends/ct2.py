@@ -1,0 +1,328 @@
+"""CTranslate2 backend: export a transformer encoder to a directory ``ctranslate2.Encoder`` runs, and load it.
+
+``cramkit export MODEL --format ct2 [--quantize int8|int8_float32|float32|bfloat16] --out DIR`` writes::
+
+    DIR/model.bin, DIR/config.json, DIR/vocabulary.json
+                            the encoder in CTranslate2's format (its TransformerEncoderSpec, filled from
+                            cramkit's weights here, not through transformers); weights stored in the
+                            chosen type (default float32; int8: per-row int8 weights, int8 matrix products)
+    DIR/head.safetensors    classifiers and regressors: the pooler and classifier weights (float32), run in
+                            numpy on the encoder's last hidden states
+    DIR/tokenizer/          the model's tokenizer
+    DIR/cramkit-ct2.json    what it is (kind, labels, max_length, pooling, ...), every file's SHA-256, the
+                            export's check against the torch model on real text; written last
+
+Which encoders: post-LN (BERT, any ``hf:`` import) and cramkit's own pre-LN and DeepNet shapes alike, with
+LayerNorm or RMSNorm, with or without biases, learned, scaled-sinusoidal (stored as the table it adds) or
+rotary positions, GELU / ReLU / GELU-GLU / SwiGLU; what CTranslate2's encoder spec cannot express (a
+student without a transformer encoder) is refused with one line naming ``--format onnx``. Masked-LM models
+are exported as their encoder (embeddings only; fill-mask needs ``--format onnx``).
+
+Exporting goes through the shared template (``cramkit.infer.backends.write_export``); loading through the
+shared reader (``open_export``: the manifest, every file a regular file inside the directory with its
+SHA-256), after which CTranslate2 is handed the files' bytes (its ``files=`` argument): it never opens a
+path of its own.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from cramkit.errors import CramkitError
+from cramkit.infer.backends.base import KINDS, LOGIT_KINDS, Backend, ExportedModel, ExportJob, Inputs
+
+if TYPE_CHECKING:
+    from cramkit.load import LoadedModel
+
+MANIFEST = "cramkit-ct2.json"
+FORMAT = "cramkit-ct2-1"
+MODEL_FILES = ("model.bin", "config.json", "vocabulary.json")
+HEAD_FILE = "head.safetensors"
+# the kinds with a pooler + linear head (run in numpy); a multiple-choice model's scores each pair row
+HEAD_KINDS = LOGIT_KINDS
+
+
+def _ctranslate2() -> Any:
+    from cramkit.errors import missing_extra
+
+    try:
+        import ctranslate2
+    except ImportError as exc:
+        raise (missing_extra(exc) or exc) from None
+    return ctranslate2
+
+
+class Ct2Runner:
+    """Forward passes of a CTranslate2 export on numpy batches."""
+
+    name = "ct2"
+
+    def __init__(self, model: ExportedModel) -> None:
+        self.model = model
+        self.encoder, self.head = model.handle
+        # what CTranslate2 computes in on this machine (int8 weights: int8_float32; bfloat16 without
+        # bfloat16 instructions: float32)
+        self.precision = str(self.encoder.compute_type)
+        self.ct2 = _ctranslate2()
+
+    def _hidden(self, x: Inputs) -> tuple[np.ndarray, np.ndarray]:
+        """(last hidden states [B, L, H] float32, mask [B, L] float32)."""
+        ids = x["input_ids"]
+        assert ids is not None
+        mask = x["attention_mask"]
+        mask = np.ones(ids.shape, np.float32) if mask is None else mask.astype(np.float32)
+        sv = self.ct2.StorageView.from_array
+        lengths = sv(mask.sum(1).astype(np.int32))
+        types = None
+        if self.model.with_types:
+            t = x["token_type_ids"]
+            types = (np.zeros_like(ids) if t is None else t).tolist()
+        out = self.encoder.forward_batch(sv(np.ascontiguousarray(ids, np.int32)), lengths, types)
+        return np.asarray(out.last_hidden_state, dtype=np.float32), mask
+
+    @staticmethod
+    def _mean(hidden: np.ndarray, mask: np.ndarray) -> np.ndarray:
+        w = mask[..., None]
+        return (hidden * w).sum(1) / np.maximum(w.sum(1), 1.0)
+
+    def pooled(self, x: Inputs) -> tuple[np.ndarray, np.ndarray]:
+        hidden, mask = self._hidden(x)
+        return self._mean(hidden, mask), np.ascontiguousarray(hidden[:, 0])
+
+    def logits(self, x: Inputs) -> np.ndarray:
+        head = self.head
+        if head is None:
+            raise CramkitError(f"{self.model.path}: this export has no classification head")
+        hidden, mask = self._hidden(x)
+        pooled = (
+            self._mean(hidden, mask) if self.model.manifest["head"]["pooling"] == "mean" else hidden[:, 0]
+        )
+        if "pooler.weight" in head:
+            pooled = np.tanh(pooled @ head["pooler.weight"].T + head["pooler.bias"])
+        return (pooled @ head["classifier.weight"].T + head["classifier.bias"]).astype(np.float32)
+
+    def mask_topk(self, x: Inputs, where: np.ndarray, k: int) -> tuple[Any, Any]:
+        raise CramkitError(
+            f"{self.model.path}: a CTranslate2 export holds the encoder only; fill [MASK]s with the torch "
+            "model or an ONNX export (cramkit export --format onnx)"
+        )
+
+
+# ------------------------------------------------------------------------------------------- export
+
+
+def _np(t: Any) -> np.ndarray:
+    return t.detach().to("cpu").float().numpy().copy()
+
+
+def _norm(spec: Any, norm: Any) -> None:
+    spec.gamma = _np(norm.weight)
+    if hasattr(spec, "beta"):  # LayerNorm; bias=False stores zeros
+        bias = getattr(norm, "bias", None)
+        spec.beta = _np(bias) if bias is not None else np.zeros_like(spec.gamma)
+
+
+def _linear(spec: Any, weight: Any, bias: Any, scale: float = 1.0) -> None:
+    spec.weight = _np(weight) * scale
+    if bias is not None:
+        spec.bias = _np(bias) * scale
+
+
+def _spec(loaded: LoadedModel) -> Any:
+    """CTranslate2's TransformerEncoderModelSpec filled with ``loaded``'s encoder weights."""
+    ct2 = _ctranslate2()
+    from ctranslate2.specs import common_spec, transformer_spec
+
+    enc = loaded.encoder
+    cfg = enc.cfg
+    act = common_spec.Activation
+    activation = {"gelu": act.GELU, "gelu_glu": act.GELU, "relu": act.RELU, "swiglu": act.SWISH}[
+        cfg.activation
+    ]
+    glu = cfg.activation in ("gelu_glu", "swiglu")
+    rope = cfg.position == "rope"
+    pre = cfg.norm_position == "pre"
+    rms = cfg.norm == "rmsnorm"
+    spec_enc = transformer_spec.TransformerEncoderSpec(
+        cfg.layers, cfg.heads, pre_norm=pre, no_final_norm=pre and not cfg.final_norm, activation=activation,
+        num_source_embeddings=2 if cfg.type_vocab_size else 1, embeddings_merge=common_spec.EmbeddingsMerge.ADD,
+        layernorm_embedding=cfg.embedding_norm, ffn_glu=glu, rms_norm=rms, rotary_dim=0 if rope else None,
+        rotary_interleave=True, rotary_base=float(cfg.rope_base),
+    )  # fmt: skip
+    spec = transformer_spec.TransformerEncoderModelSpec(spec_enc)
+    spec.encoder.scale_embeddings = False
+    emb = enc.embeddings
+    spec.encoder.embeddings[0].weight = _np(emb.word.weight)
+    if cfg.type_vocab_size:
+        spec.encoder.embeddings[1].weight = _np(emb.token_type.weight)
+    # absolute positions as the table cramkit adds (scaled sinusoid or learned); rotary: a table of zeros
+    # (the attention rotates queries and keys), as long as the inputs may be
+    if cfg.position == "learned":
+        table = _np(emb.position.weight)
+    elif cfg.position == "sinusoidal":
+        table = _np(emb.sinusoid) * float(emb.position_scale.detach())
+    else:
+        table = np.zeros((max(int(loaded.max_length), 8), cfg.hidden), np.float32)
+    spec.encoder.position_encodings.encodings = table
+    if cfg.embedding_norm:
+        _norm(spec.encoder.layernorm_embedding, emb.norm)
+    if pre and cfg.final_norm:
+        _norm(spec.encoder.layer_norm, enc.final_norm)
+    # DeepNet's norm(alpha * x + f(x)) is norm(x + f(x) / alpha): a norm does not see its input's scale
+    scale = 1.0 / float(cfg.deepnorm_alpha)
+    for layer, block in zip(spec.encoder.layer, enc.layers, strict=True):
+        attn, ffn = layer.self_attention, layer.ffn
+        _linear(attn.linear[0], block.attn.qkv.weight, block.attn.qkv.bias)  # rows: queries, keys, values
+        _linear(attn.linear[1], block.attn.out.weight, block.attn.out.bias, scale)
+        _norm(attn.layer_norm, block.norm_attn)
+        _norm(ffn.layer_norm, block.norm_mlp)
+        fc_in = block.mlp.fc_in
+        if (
+            glu
+        ):  # cramkit: value * act(gate), value the first half; CTranslate2: act(linear_0) * linear_0_noact
+            half = fc_in.weight.shape[0] // 2
+            bias = fc_in.bias
+            _linear(ffn.linear_0, fc_in.weight[half:], None if bias is None else bias[half:])
+            _linear(ffn.linear_0_noact, fc_in.weight[:half], None if bias is None else bias[:half])
+        else:
+            _linear(ffn.linear_0, fc_in.weight, fc_in.bias)
+        _linear(ffn.linear_1, block.mlp.fc_out.weight, block.mlp.fc_out.bias, scale)
+    spec.config.layer_norm_epsilon = float(cfg.norm_eps)
+    tok = loaded.tokenizer
+    vocab = [tok.id_to_token(i) or f"<unused_{i}>" for i in range(cfg.vocab_size)]
+    spec.config.unk_token = "[UNK]" if tok.token_to_id("[UNK]") is not None else vocab[0]
+    spec.register_vocabulary(vocab)
+    del ct2
+    return spec
+
+
+def _head_tensors(loaded: LoadedModel) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+    model = loaded.model
+    tensors = {
+        "classifier.weight": _np(model.classifier.weight),
+        "classifier.bias": _np(model.classifier.bias),
+    }
+    if getattr(model, "pooler", None) is not None:
+        tensors["pooler.weight"] = _np(model.pooler.weight)
+        tensors["pooler.bias"] = _np(model.pooler.bias)
+    pooling = "mean" if model.head_cfg.pooling == "mean" else "first"
+    return tensors, {"pooling": pooling, "pooler": "pooler.weight" in tensors}
+
+
+class Ct2Backend(Backend):
+    """CTranslate2: transformer encoders (any norm placement, position and activation cramkit has), in
+    float32, int8, int8_float32 or bfloat16 weights."""
+
+    name = "ct2"
+    title = "CTranslate2"
+    marker = MANIFEST
+    format = FORMAT
+    quantize = ("float32", "int8", "int8_float32", "bfloat16")
+    full_precision = ("float32",)
+    tolerance = 1e-3  # the largest difference from the torch model a float32 export may show
+    exported_kinds = tuple(k for k in KINDS if k not in ("mlm", "multitask"))
+    required_files = ("model.bin", "config.json")
+    fields = {"quantize": ("int8", "int8_float32", "float32", "bfloat16"), "head": dict, "shape": dict}
+    extra = "ct2"
+
+    def available(self) -> None:
+        _ctranslate2()
+
+    def incompatibilities(self, loaded: LoadedModel) -> list[str]:
+        if loaded.encoder is None:
+            return [f"a {loaded.architecture} model has no transformer encoder"]
+        if loaded.kind in HEAD_KINDS:
+            model = loaded.model
+            if not hasattr(model, "classifier") or getattr(model, "head_cfg", None) is None:
+                return [f"its {type(model).__name__} head is not a pooler + linear classifier"]
+        return []
+
+    def exported_kind(self, loaded: LoadedModel) -> str:
+        return "encoder" if loaded.kind == "mlm" else loaded.kind  # a masked-LM model as its encoder
+
+    def write(self, job: ExportJob) -> None:
+        from safetensors.numpy import save_file
+
+        loaded, tmp = job.loaded, job.tmp
+        cfg = loaded.encoder.cfg
+        job.say(f"writing {loaded.source} ({loaded.kind}; {cfg.norm_position}-norm, {cfg.position} positions, "
+                f"{cfg.activation}) as a CTranslate2 encoder, {job.quantize} weights")  # fmt: skip
+        spec = _spec(loaded)
+        spec.validate()
+        spec.optimize(quantization=job.quantize)
+        spec.save(str(tmp))
+        job.files = [f for f in MODEL_FILES if (tmp / f).is_file()]
+        head = None
+        if job.manifest["kind"] in HEAD_KINDS:
+            tensors, head = _head_tensors(loaded)
+            save_file(tensors, str(tmp / HEAD_FILE))
+            job.files.append(HEAD_FILE)
+        job.manifest.update(
+            head=head,
+            shape={"norm_position": cfg.norm_position, "norm": cfg.norm, "position": cfg.position,
+                   "activation": cfg.activation, "bias": bool(cfg.bias)},
+        )  # fmt: skip
+
+    def validate(self, meta: dict[str, Any], file: Path) -> None:
+        if meta["kind"] in HEAD_KINDS:
+            head = meta.get("head") or {}
+            if HEAD_FILE not in meta["files"] or head.get("pooling") not in ("first", "mean"):
+                raise CramkitError(
+                    f"{file}: a {meta['kind']} export lists {HEAD_FILE} and its head's pooling"
+                )
+
+    def open(self, path: Path, meta: dict[str, Any], files: dict[str, bytes], threads: int | None) -> Any:
+        ct2 = _ctranslate2()
+        from safetensors import SafetensorError
+        from safetensors.numpy import load as load_tensors
+
+        from cramkit.runtime import cpu_cores
+
+        model_files = {name: data for name, data in files.items() if name in MODEL_FILES}
+        level = ct2.get_log_level()
+        ct2.set_log_level(logging.ERROR)  # e.g. that bfloat16 weights run as float32 here: info() says so
+        try:
+            encoder = ct2.Encoder(str(path), device="cpu", intra_threads=int(threads or cpu_cores()),
+                                  files=model_files)  # fmt: skip
+        except Exception as exc:  # noqa: BLE001 - a damaged or crafted model file
+            raise CramkitError(
+                f"{path}: CTranslate2 cannot load it ({str(exc)[:200]}); export the model again"
+            ) from None
+        finally:
+            ct2.set_log_level(level)
+        head = None
+        if meta["kind"] in HEAD_KINDS:
+            try:
+                head = load_tensors(files[HEAD_FILE])
+            except (SafetensorError, ValueError) as exc:
+                raise CramkitError(
+                    f"{path / HEAD_FILE} is not a safetensors file ({exc}); export it again"
+                ) from None
+            want = {"classifier.weight", "classifier.bias"} | (
+                {"pooler.weight", "pooler.bias"} if meta["head"].get("pooler") else set()
+            )
+            if set(head) != want:
+                raise CramkitError(f"{path / HEAD_FILE}: holds {sorted(head)}, expected {sorted(want)}")
+            head = {k: v.astype(np.float32) for k, v in head.items()}
+            hidden = int(meta.get("hidden") or 0)
+            n = len(meta.get("labels") or []) or head["classifier.bias"].shape[0]
+            shapes = {"classifier.weight": (n, hidden), "classifier.bias": (n,), "pooler.weight": (hidden, hidden),
+                      "pooler.bias": (hidden,)}  # fmt: skip
+            for k, v in head.items():
+                if v.shape != shapes[k]:
+                    raise CramkitError(
+                        f"{path / HEAD_FILE}: {k} has shape {list(v.shape)}, expected {list(shapes[k])}"
+                    )
+        return encoder, head
+
+    def runner(self, model: ExportedModel) -> Ct2Runner:
+        return Ct2Runner(model)
+
+    def versions(self) -> dict[str, str]:
+        import platform
+
+        return {"ctranslate2": _ctranslate2().__version__, "python": platform.python_version()}

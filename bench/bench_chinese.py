@@ -92,14 +92,33 @@ def pretrain(out: Path, corpus: Path, budget: str, models: list[str], log: Path)
         if (run / "checkpoints").is_dir():  # the bench was stopped during this run: continue it
             cramkit("pretrain", "--resume", str(run), "--no-progress", log=log)
         else:
-            cramkit("pretrain", str(corpus), "--out", str(run), "--budget", run_budget, "--no-progress",
-                    "--preset", "tiny-zh", *tok, *extra, log=log)  # fmt: skip
+            cramkit(
+                "pretrain",
+                str(corpus),
+                "--out",
+                str(run),
+                "--budget",
+                run_budget,
+                "--no-progress",
+                "--preset",
+                "tiny-zh",
+                *tok,
+                *extra,
+                log=log,
+            )
         state = read_jsonl(run / "metrics.jsonl")
         last = [r for r in state if "loss" in r][-1]
         evals = [r["val_loss"] for r in state if r.get("val_loss") is not None]
-        runs[name] = {"budget": run_budget, "train_s": last["elapsed"], "loadavg_before": before,
-                      "loadavg_after": loadavg(), "tokens": last["tokens"], "steps": last["step"], "last_lr": last.get("lr"),
-                      "val_loss": evals[-1] if evals else None}  # fmt: skip
+        runs[name] = {
+            "budget": run_budget,
+            "train_s": last["elapsed"],
+            "loadavg_before": before,
+            "loadavg_after": loadavg(),
+            "tokens": last["tokens"],
+            "steps": last["step"],
+            "last_lr": last.get("lr"),
+            "val_loss": evals[-1] if evals else None,
+        }
         if runs_file.is_file():  # another worker may have added its runs since this one read the file
             runs = {**json.loads(runs_file.read_text()), name: runs[name]}
         runs_file.write_text(json.dumps(runs, indent=1))
@@ -128,14 +147,40 @@ def finetune(out: Path, tasks: list[str], splits: list[int], models: list[str], 
                     continue
                 ft = out / "finetune" / f"{task}-{model}-{k}"
                 t0 = time.time()
-                cramkit("finetune", "--from", str(out / "runs" / model), "--train",
-                        str(FEWCLUE / task / f"train_{k}.json"), "--dev", str(FEWCLUE / task / "test_public.json"),
-                        *fields, "--label", "label", "--name", task, "--out", str(ft), "--no-progress",
-                        "--set", f"lr={LR}", "--set", f"epochs={epochs}", "--set", "eval_every=never", log=log)  # fmt: skip
+                cramkit(
+                    "finetune",
+                    "--from",
+                    str(out / "runs" / model),
+                    "--train",
+                    str(FEWCLUE / task / f"train_{k}.json"),
+                    "--dev",
+                    str(FEWCLUE / task / "test_public.json"),
+                    *fields,
+                    "--label",
+                    "label",
+                    "--name",
+                    task,
+                    "--out",
+                    str(ft),
+                    "--no-progress",
+                    "--set",
+                    f"lr={LR}",
+                    "--set",
+                    f"epochs={epochs}",
+                    "--set",
+                    "eval_every=never",
+                    log=log,
+                )
                 res = json.loads((ft / "results.json").read_text())
                 acc = _accuracy(res)
-                row = {"task": task, "model": model, "k": k, "accuracy": acc, "wall_s": round(time.time() - t0, 1),
-                       "loadavg": loadavg()}  # fmt: skip
+                row = {
+                    "task": task,
+                    "model": model,
+                    "k": k,
+                    "accuracy": acc,
+                    "wall_s": round(time.time() - t0, 1),
+                    "loadavg": loadavg(),
+                }
                 with open(scores_file, "a", encoding="utf-8") as fh:
                     fh.write(json.dumps(row) + "\n")
                 print(f"{task} k={k} {model}: {acc:.2f}", flush=True)

@@ -158,9 +158,7 @@ def main() -> int:
         for _ in range(args.batches):
             n += next(loader)["input_ids"].numel()
         dt, cpu = time.perf_counter() - t, time.process_time() - c
-        rows.append(
-            [f"micro_batch={mb}", f"{n / dt / 1e6:.2f}", f"{n / cpu / 1e6:.2f}", f"{n / dt / 5e6:.2f}"]
-        )
+        rows.append([f"micro_batch={mb}", f"{n / dt / 1e6:.2f}", f"{n / cpu / 1e6:.2f}", f"{n / dt / 5e6:.2f}"])
     table(
         "Loader: packed + masked batches, seq_len 128, one thread",
         ["what", "Mtok/s wall", "Mtok/CPU-s", "wall vs 5M target"],
@@ -177,9 +175,7 @@ def main() -> int:
         loader = data.train_loader(128)
         for _ in range(200):
             next(loader)
-        index_mb = (
-            sum(a.nbytes for a in (data.train.doc_start, data.train.doc_len, data.train.stream_off)) / 2**20
-        )
+        index_mb = sum(a.nbytes for a in (data.train.doc_start, data.train.doc_len, data.train.stream_off)) / 2**20
         rows.append(
             [
                 label,

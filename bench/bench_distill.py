@@ -70,13 +70,45 @@ def main() -> None:
     t_teacher = 0.0
     teacher = Path(args.teacher) if args.teacher else work / "teacher"
     if not (teacher / "cramkit-model.json").is_file():
-        t_teacher = cramkit("finetune", "--task", "glue/sst2", "--data-dir", str(GLUE), "--from",
-                            f"hf:{minilm_dir()}", "--out", str(teacher), "--no-progress",
-                            "--set", f"max_train_examples={args.teacher_train}", "--set", f"epochs={args.teacher_epochs}",
-                            "--set", "batch_size=32", "--set", "lr=5e-5", "--set", "max_length=64")  # fmt: skip
-    common = ["--teacher", str(teacher), "--task", "glue/sst2", "--data-dir", str(GLUE), "--cache",
-              str(work / "cache"), "--set", f"max_train_examples={args.train_examples}", "--set", "max_length=64",
-              "--set", "workers=2", *[x for kv in args.common_set for x in ("--set", kv)]]  # fmt: skip
+        t_teacher = cramkit(
+            "finetune",
+            "--task",
+            "glue/sst2",
+            "--data-dir",
+            str(GLUE),
+            "--from",
+            f"hf:{minilm_dir()}",
+            "--out",
+            str(teacher),
+            "--no-progress",
+            "--set",
+            f"max_train_examples={args.teacher_train}",
+            "--set",
+            f"epochs={args.teacher_epochs}",
+            "--set",
+            "batch_size=32",
+            "--set",
+            "lr=5e-5",
+            "--set",
+            "max_length=64",
+        )
+    common = [
+        "--teacher",
+        str(teacher),
+        "--task",
+        "glue/sst2",
+        "--data-dir",
+        str(GLUE),
+        "--cache",
+        str(work / "cache"),
+        "--set",
+        f"max_train_examples={args.train_examples}",
+        "--set",
+        "max_length=64",
+        "--set",
+        "workers=2",
+        *[x for kv in args.common_set for x in ("--set", kv)],
+    ]
     runs = {}
     for student, extra in (("bilstm", args.bilstm_set), ("encoder", ["layers=2", *args.encoder_set])):
         out = work / student
@@ -89,9 +121,12 @@ def main() -> None:
     ts = b["transfer_set"]
     aug_s = ts.get("seconds_tagging", 0) + ts.get("seconds_augmenting", 0)
     print("\n## bench_distill: SST-2, teacher all-MiniLM-L6-v2 fine-tuned with cramkit finetune\n")
-    print(f"{datetime.date.today()} on {platform.node()} ({os.cpu_count()} CPUs, {platform.processor() or platform.machine()}), "
-          f"torch threads {b['cpu_threads']}; {args.train_examples} SST-2 training sentences -> transfer set "
-          f"{ts['rows']:,} ({ts['copies']:,} augmented copies); dev = SST-2 dev ({b['dev_examples']}).\n")  # fmt: skip
+    print(
+        f"{datetime.date.today()} on {platform.node()} "
+        f"({os.cpu_count()} CPUs, {platform.processor() or platform.machine()}), "
+        f"torch threads {b['cpu_threads']}; {args.train_examples} SST-2 training sentences -> transfer set "
+        f"{ts['rows']:,} ({ts['copies']:,} augmented copies); dev = SST-2 dev ({b['dev_examples']}).\n"
+    )
     print("| model | dev acc | params (w/o emb.) | CPU ex/s | vs teacher speed | target |")
     print("|---|---:|---:|---:|---:|---|")
 
@@ -104,8 +139,10 @@ def main() -> None:
             else None
         )
         ratio = f"{sp / rep['cpu_examples_per_s']['teacher']:.1f}x" if sp else ""
-        print(f"| {name} | {s:.2f} | {pr['total'] / 1e6:.2f}M ({pr['without_embeddings'] / 1e6:.2f}M) | "
-              f"{f'{sp:,.0f}' if sp else ''} | {ratio} | {target} |")  # fmt: skip
+        print(
+            f"| {name} | {s:.2f} | {pr['total'] / 1e6:.2f}M ({pr['without_embeddings'] / 1e6:.2f}M) | "
+            f"{f'{sp:,.0f}' if sp else ''} | {ratio} | {target} |"
+        )
 
     line("teacher (MiniLM-L6, 6x384)", b, "teacher", "")
     bl = b["scores"]["labels_only"]["score"]
@@ -114,16 +151,21 @@ def main() -> None:
     line("encoder 2 layers distilled", e, "student", f">= {0.97 * teacher_acc:.2f} (97%), >= 2.5x")
     if "labels_only" in e["scores"]:
         line("encoder 2 layers labels only", e, "labels_only", "baseline")
-    print(f"\n1-thread CPU examples/s: teacher {b['cpu_examples_per_s_1_thread']['teacher']:,.0f}, BiLSTM "
-          f"{b['cpu_examples_per_s_1_thread']['student']:,.0f} ({b['speedup_1_thread']}x), encoder "
-          f"{e['cpu_examples_per_s_1_thread']['student']:,.0f} ({e['speedup_1_thread']}x).")  # fmt: skip
+    print(
+        f"\n1-thread CPU examples/s: teacher {b['cpu_examples_per_s_1_thread']['teacher']:,.0f}, BiLSTM "
+        f"{b['cpu_examples_per_s_1_thread']['student']:,.0f} ({b['speedup_1_thread']}x), encoder "
+        f"{e['cpu_examples_per_s_1_thread']['student']:,.0f} ({e['speedup_1_thread']}x)."
+    )
     total = b["wall_s"]
-    print(f"Augmentation: {ts['examples_per_s']:,.0f} examples/s on {ts['workers']} processes (POS tagging "
-          f"{ts['seconds_tagging']:.1f} s + editing {ts['seconds_augmenting']:.1f} s) = {100 * aug_s / total:.1f}% of the "
-          f"BiLSTM run's {total:.0f} s; teacher logits {b['teacher_logits'].get('seconds', 0):.0f} s "
-          f"({b['teacher_logits'].get('examples_per_s', 0):,.0f} ex/s), computed once (encoder run: cached="
-          f"{e['teacher_logits']['cached']}). Training: BiLSTM {b['training']['distilled']['seconds']:.0f} s, encoder "
-          f"{e['training']['distilled']['seconds']:.0f} s. Teacher fine-tuning {t_teacher:.0f} s (0 = reused).")  # fmt: skip
+    print(
+        f"Augmentation: {ts['examples_per_s']:,.0f} examples/s on {ts['workers']} processes (POS tagging "
+        f"{ts['seconds_tagging']:.1f} s + editing {ts['seconds_augmenting']:.1f} s) = "
+        f"{100 * aug_s / total:.1f}% of the "
+        f"BiLSTM run's {total:.0f} s; teacher logits {b['teacher_logits'].get('seconds', 0):.0f} s "
+        f"({b['teacher_logits'].get('examples_per_s', 0):,.0f} ex/s), computed once (encoder run: cached="
+        f"{e['teacher_logits']['cached']}). Training: BiLSTM {b['training']['distilled']['seconds']:.0f} s, encoder "
+        f"{e['training']['distilled']['seconds']:.0f} s. Teacher fine-tuning {t_teacher:.0f} s (0 = reused)."
+    )
     (work / "bench.json").write_text(json.dumps(runs, indent=1), encoding="utf-8")
 
 

@@ -57,9 +57,7 @@ def _data(work: Path):
     tok = load_tokenizer(work / "tokenizer")
     store = TokenStore(work / "store")
     vocab = tok.get_vocab_size()
-    return PretrainData(
-        store, DataConfig(mask_rate=0.15, validation_fraction=0.05), special_ids(tok), vocab
-    ), vocab
+    return PretrainData(store, DataConfig(mask_rate=0.15, validation_fraction=0.05), special_ids(tok), vocab), vocab
 
 
 def hf_pretrain(work: Path, budget: float, lr: float) -> None:
@@ -73,10 +71,14 @@ def hf_pretrain(work: Path, budget: float, lr: float) -> None:
     data, vocab = _data(work)
     torch.manual_seed(0)
     cfg = BertConfig(
-        vocab_size=vocab, hidden_size=SHAPE["hidden"], num_hidden_layers=SHAPE["layers"],
-        num_attention_heads=SHAPE["heads"], intermediate_size=SHAPE["intermediate"], max_position_embeddings=512,
+        vocab_size=vocab,
+        hidden_size=SHAPE["hidden"],
+        num_hidden_layers=SHAPE["layers"],
+        num_attention_heads=SHAPE["heads"],
+        intermediate_size=SHAPE["intermediate"],
+        max_position_embeddings=512,
         attn_implementation="sdpa",
-    )  # fmt: skip
+    )
     model = BertForMaskedLM(cfg)
     opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01)
     loader = data.train_loader(32)
@@ -109,8 +111,21 @@ def ours_pretrain_cmd(work: Path, budget: float) -> list[str]:
         "data.validation_fraction=0.05",
         "train.checkpoint_every=5m",
     ]
-    cmd = [sys.executable, "-m", "cramkit", "pretrain", str(work / "store"), "--tokenizer", str(work / "tokenizer"),
-           "--preset", "tiny-cpu", "--budget", f"{budget:.0f}s", "--out", str(work / "ours")]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "cramkit",
+        "pretrain",
+        str(work / "store"),
+        "--tokenizer",
+        str(work / "tokenizer"),
+        "--preset",
+        "tiny-cpu",
+        "--budget",
+        f"{budget:.0f}s",
+        "--out",
+        str(work / "ours"),
+    ]
     for s in sets:
         cmd += ["--set", s]
     return cmd
@@ -162,9 +177,14 @@ def finetune_all(work: Path, glue: Path, n_train: int, epochs: float, seeds: lis
             continue
         t0 = time.perf_counter()
         res = cramkit.finetune(
-            src, task="glue/sst2", data_dir=glue, seeds=seeds, epochs=epochs, max_train_examples=n_train,
+            src,
+            task="glue/sst2",
+            data_dir=glue,
+            seeds=seeds,
+            epochs=epochs,
+            max_train_examples=n_train,
             progress=False,
-        )  # fmt: skip
+        )
         keep = {
             "accuracy": res["median"]["dev"]["metrics"]["accuracy"],
             "per_seed": [r["dev"]["dev"]["metrics"]["accuracy"] for r in res["seeds"]],
@@ -183,9 +203,7 @@ def main() -> None:
     p.add_argument("--corpus", nargs="+", default=[str(NOVELS)])
     p.add_argument("--vocab", type=int, default=8192)
     p.add_argument("--hf-lr", type=float, default=1e-3)
-    p.add_argument(
-        "--train-examples", type=int, default=8000, help="SST-2 training examples per fine-tuning run"
-    )
+    p.add_argument("--train-examples", type=int, default=8000, help="SST-2 training examples per fine-tuning run")
     p.add_argument("--epochs", type=float, default=2.0)
     p.add_argument("--seeds", default="0,1,2")
     p.add_argument("--hf-only", action="store_true", help=argparse.SUPPRESS)
@@ -201,8 +219,21 @@ def main() -> None:
     if not (work / "ours" / "checkpoints" / "latest").is_file():
         jobs.append(subprocess.Popen(ours_pretrain_cmd(work, args.budget), stdout=subprocess.DEVNULL))
     if not (work / "hf" / "model.safetensors").is_file():
-        jobs.append(subprocess.Popen([sys.executable, __file__, "--hf-only", "--work", str(work),
-                                      "--budget", str(args.budget), "--hf-lr", str(args.hf_lr)]))  # fmt: skip
+        jobs.append(
+            subprocess.Popen(
+                [
+                    sys.executable,
+                    __file__,
+                    "--hf-only",
+                    "--work",
+                    str(work),
+                    "--budget",
+                    str(args.budget),
+                    "--hf-lr",
+                    str(args.hf_lr),
+                ]
+            )
+        )
     for j in jobs:
         if j.wait() != 0:
             raise SystemExit(f"a pretraining job failed: {j.args}")
@@ -214,17 +245,21 @@ def main() -> None:
     hf_tokens = json.loads((work / "hf" / "bench.json").read_text())["tokens"]
     seeds = [int(s) for s in args.seeds.split(",")]
     scores = finetune_all(work, SHARED / "glue", args.train_examples, args.epochs, seeds)
-    print(f"# corpus={args.corpus} vocab={args.vocab} budget={args.budget:.0f}s per pretraining job (1 thread each, "
-          f"run concurrently); SST-2: {args.train_examples} train examples, {args.epochs} epochs, seeds {seeds}, "
-          f"full dev (872); ln(vocab)={math.log(args.vocab):.2f}")  # fmt: skip
+    print(
+        f"# corpus={args.corpus} vocab={args.vocab} budget={args.budget:.0f}s per pretraining job (1 thread each, "
+        f"run concurrently); SST-2: {args.train_examples} train examples, {args.epochs} epochs, seeds {seeds}, "
+        f"full dev (872); ln(vocab)={math.log(args.vocab):.2f}"
+    )
     print(
         "| encoder | pretraining tokens | validation MLM loss (15% masked) | SST-2 dev accuracy (median) | per seed |"
     )
     print("|---|---:|---:|---:|---|")
     for name, toks in (("cramkit", ours_tokens), ("HF", hf_tokens), ("none", 0)):
         s = scores[name]
-        print(f"| {name} | {toks:,} | {losses[name]:.3f} | {statistics.median(s['per_seed']):.2f} | "
-              f"{', '.join(f'{a:.2f}' for a in s['per_seed'])} |")  # fmt: skip
+        print(
+            f"| {name} | {toks:,} | {losses[name]:.3f} | {statistics.median(s['per_seed']):.2f} | "
+            f"{', '.join(f'{a:.2f}' for a in s['per_seed'])} |"
+        )
 
 
 if __name__ == "__main__":

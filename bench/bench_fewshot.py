@@ -1,12 +1,12 @@
 """K examples per class: standard fine-tuning vs prompt-based fine-tuning vs deep prompts (issue 28).
 
 A FewCLUE task runs FewCLUE's own splits 0-4 (train_S: 16 per class for its 2-class tasks, dev_S, scored on
-test_public); any other task LM-BFF's protocol (Gao et al. 2021): for each of ``--splits`` splits, K training examples per class and a dev
-set of another K per class are drawn from the task's training data (``cramkit finetune --few-shot K``); the
-model is trained for ``--steps`` optimizer steps of batch ``--batch`` and the checkpoint with the best score
-on the sampled dev set is kept; it is scored on the task's own dev set (GLUE's test labels are hidden; FewCLUE:
-test_public). A row is the mean ± standard deviation over the splits, each split trained with the same seed
-by every method, so the methods differ only in how the task meets the encoder:
+test_public); any other task LM-BFF's protocol (Gao et al. 2021): for each of ``--splits`` splits, K training
+examples per class and a dev set of another K per class are drawn from the task's training data (``cramkit
+finetune --few-shot K``); the model is trained for ``--steps`` optimizer steps of batch ``--batch`` and the
+checkpoint with the best score on the sampled dev set is kept; it is scored on the task's own dev set (GLUE's
+test labels are hidden; FewCLUE: test_public). A row is the mean ± standard deviation over the splits, each
+split trained with the same seed by every method, so the methods differ only in how the task meets the encoder:
 
 - ``head``: a fresh classifier on the pooled output (the default ``cramkit finetune``);
 - ``prompt``: the task's built-in template and label words through the MLM head (PET / LM-BFF);
@@ -55,28 +55,36 @@ def run_one(model: str, task_name: str, data_dir: str | None, method: str, args:
     task = get_task(task_name, data_dir=data_dir)
     fewclue = is_fewclue(task)
     splits = [str(i) for i in range(args.splits)]
-    work = (
-        Path(args.work) / f"{Path(model).name}-{task_name.replace('/', '-')}-{method}-k{args.k}-{args.steps}"
-    )
+    work = Path(args.work) / f"{Path(model).name}-{task_name.replace('/', '-')}-{method}-k{args.k}-{args.steps}"
     t0 = time.time()
-    res = fewshot_run(task, model, config_from(settings), work, splits, k=None if fewclue else args.k,
-                      progress=False)  # fmt: skip
+    res = fewshot_run(task, model, config_from(settings), work, splits, k=None if fewclue else args.k, progress=False)
     few = res["fewshot"]
     return {
-        "model": model, "task": task_name, "method": method, "k": args.k, "steps": args.steps,
-        "protocol": few["protocol"], "scored": list(res["median"]),
+        "model": model,
+        "task": task_name,
+        "method": method,
+        "k": args.k,
+        "steps": args.steps,
+        "protocol": few["protocol"],
+        "scored": list(res["median"]),
         "scores": [round(few["per_split"][s]["score"], 2) for s in splits],
-        "mean": round(few["mean"], 2), "sd": round(few["std"], 2),
-        "trainable_parameters": res.get("trainable_parameters"), "seconds": round(time.time() - t0, 1),
-    }  # fmt: skip
+        "mean": round(few["mean"], 2),
+        "sd": round(few["std"], 2),
+        "trainable_parameters": res.get("trainable_parameters"),
+        "seconds": round(time.time() - t0, 1),
+    }
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", action="append", required=True, help="a model with an MLM head (repeatable)")
     ap.add_argument("--tasks", default="glue/sst2,glue/mrpc")
-    ap.add_argument("--data-dir", action="append", default=None,
-                    help="SUITE=DIR, e.g. glue=../shared/data/glue (default: $CRAMKIT_GLUE_DIR, $CRAMKIT_CLUE_DIR)")  # fmt: skip
+    ap.add_argument(
+        "--data-dir",
+        action="append",
+        default=None,
+        help="SUITE=DIR, e.g. glue=../shared/data/glue (default: $CRAMKIT_GLUE_DIR, $CRAMKIT_CLUE_DIR)",
+    )
     ap.add_argument("--methods", default=",".join(METHODS))
     ap.add_argument("--k", type=int, default=16)
     ap.add_argument("--splits", type=int, default=5)
@@ -116,7 +124,8 @@ def main() -> None:
                 rows.append(done[key])
     lines = [
         f"{machine()}; K={args.k} per class, {args.splits} splits, {args.steps} steps of batch {args.batch}, best "
-        f"of every {args.eval_every} steps on the sampled dev; mean ± sd over splits (accuracy or the task's metric, %)",
+        f"of every {args.eval_every} steps on the sampled dev; mean ± sd over splits "
+        "(accuracy or the task's metric, %)",
         "",
         "| model | task | " + " | ".join(args.methods.split(",")) + " |",
         "|---|---|" + "---|" * len(args.methods.split(",")),

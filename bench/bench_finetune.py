@@ -214,24 +214,40 @@ def main() -> int:
     print()
     print("| | HF Trainer (dynamic padding) | cramkit (bucketed) | ratio / diff |")
     print("|---|---:|---:|---:|")
-    print(f"| train examples/s (median) | {med(hf, 'ex_s'):.1f} | {med(ours, 'ex_s'):.1f} | "
-          f"**{med(ours, 'ex_s') / med(hf, 'ex_s'):.2f}x** |")  # fmt: skip
-    print(f"| train examples per CPU-second, all threads (median) | {med(hf, 'ex_cpu_s'):.1f} | "
-          f"{med(ours, 'ex_cpu_s'):.1f} | **{med(ours, 'ex_cpu_s') / med(hf, 'ex_cpu_s'):.2f}x** |")  # fmt: skip
-    print(f"| train seconds (median) | {med(hf, 'train_s'):.1f} | {med(ours, 'train_s'):.1f} | "
-          f"{med(hf, 'train_s') / med(ours, 'train_s'):.2f}x |")  # fmt: skip
-    print(f"| dev eval seconds (median) | {med(hf, 'eval_s'):.2f} | {med(ours, 'eval_s'):.2f} | "
-          f"{med(hf, 'eval_s') / med(ours, 'eval_s'):.2f}x |")  # fmt: skip
-    print(f"| dev accuracy (median over seeds) | {med(hf, 'acc'):.2f} | {med(ours, 'acc'):.2f} | "
-          f"{med(ours, 'acc') - med(hf, 'acc'):+.2f} pts |")  # fmt: skip
-    print(f"| dev accuracy (mean over seeds) | {np.mean([r['acc'] for r in hf]):.2f} | "
-          f"{np.mean([r['acc'] for r in ours]):.2f} | "
-          f"{np.mean([r['acc'] for r in ours]) - np.mean([r['acc'] for r in hf]):+.2f} pts |")  # fmt: skip
+    print(
+        f"| train examples/s (median) | {med(hf, 'ex_s'):.1f} | {med(ours, 'ex_s'):.1f} | "
+        f"**{med(ours, 'ex_s') / med(hf, 'ex_s'):.2f}x** |"
+    )
+    print(
+        f"| train examples per CPU-second, all threads (median) | {med(hf, 'ex_cpu_s'):.1f} | "
+        f"{med(ours, 'ex_cpu_s'):.1f} | **{med(ours, 'ex_cpu_s') / med(hf, 'ex_cpu_s'):.2f}x** |"
+    )
+    print(
+        f"| train seconds (median) | {med(hf, 'train_s'):.1f} | {med(ours, 'train_s'):.1f} | "
+        f"{med(hf, 'train_s') / med(ours, 'train_s'):.2f}x |"
+    )
+    print(
+        f"| dev eval seconds (median) | {med(hf, 'eval_s'):.2f} | {med(ours, 'eval_s'):.2f} | "
+        f"{med(hf, 'eval_s') / med(ours, 'eval_s'):.2f}x |"
+    )
+    print(
+        f"| dev accuracy (median over seeds) | {med(hf, 'acc'):.2f} | {med(ours, 'acc'):.2f} | "
+        f"{med(ours, 'acc') - med(hf, 'acc'):+.2f} pts |"
+    )
+    print(
+        f"| dev accuracy (mean over seeds) | {np.mean([r['acc'] for r in hf]):.2f} | "
+        f"{np.mean([r['acc'] for r in ours]):.2f} | "
+        f"{np.mean([r['acc'] for r in ours]) - np.mean([r['acc'] for r in hf]):+.2f} pts |"
+    )
     if plain:
-        print(f"| cramkit without bucketing: examples/s | {med(hf, 'ex_s'):.1f} | {med(plain, 'ex_s'):.1f} | "
-              f"{med(plain, 'ex_s') / med(hf, 'ex_s'):.2f}x |")  # fmt: skip
-        print(f"| cramkit without bucketing: dev accuracy | {med(hf, 'acc'):.2f} | {med(plain, 'acc'):.2f} | "
-              f"{med(plain, 'acc') - med(hf, 'acc'):+.2f} pts |")  # fmt: skip
+        print(
+            f"| cramkit without bucketing: examples/s | {med(hf, 'ex_s'):.1f} | {med(plain, 'ex_s'):.1f} | "
+            f"{med(plain, 'ex_s') / med(hf, 'ex_s'):.2f}x |"
+        )
+        print(
+            f"| cramkit without bucketing: dev accuracy | {med(hf, 'acc'):.2f} | {med(plain, 'acc'):.2f} | "
+            f"{med(plain, 'acc') - med(hf, 'acc'):+.2f} pts |"
+        )
     per_seed = [", ".join(f"{r['acc']:.2f}" for r in rows) for rows in (hf, ours)]
     print(f"| per-seed accuracy | {per_seed[0]} | {per_seed[1]} | |")
     print(

@@ -79,8 +79,12 @@ def step_bench(args: argparse.Namespace) -> None:
     torch.backends.cuda.matmul.allow_tf32 = True
     ids, labels = masked_batch(args.batch, LENGTH, VOCAB, rate=0.25)
     ids, labels = ids.cuda(), labels.cuda()
-    kinds = {"HF BertForMaskedLM, eager": (hf, False), "HF BertForMaskedLM, torch.compile": (hf, True),
-             "cramkit MaskedLM, eager": (ours, False), "cramkit MaskedLM, engine (compiled)": (ours, True)}  # fmt: skip
+    kinds = {
+        "HF BertForMaskedLM, eager": (hf, False),
+        "HF BertForMaskedLM, torch.compile": (hf, True),
+        "cramkit MaskedLM, eager": (ours, False),
+        "cramkit MaskedLM, engine (compiled)": (ours, True),
+    }
     steps, flops = {}, {}
     for name, (make, comp) in kinds.items():
         torch.manual_seed(0)
@@ -111,9 +115,11 @@ def step_bench(args: argparse.Namespace) -> None:
             torch.cuda.synchronize()
             times[name].append((time.perf_counter() - t0) / args.steps)
     base = args.batch * LENGTH / statistics.median(times["HF BertForMaskedLM, eager"])
-    print(f"\n# {torch.cuda.get_device_name()} torch {torch.__version__}; crammed-bert shape {SHAPE}, vocab "
-          f"{VOCAB}, length {LENGTH}, micro-batch {args.batch}, bf16 autocast, fused AdamW; median of {args.reps} "
-          f"x {args.steps} steps; peak {peak / 1e12 if peak else float('nan'):.0f} TFLOP/s")  # fmt: skip
+    print(
+        f"\n# {torch.cuda.get_device_name()} torch {torch.__version__}; crammed-bert shape {SHAPE}, vocab "
+        f"{VOCAB}, length {LENGTH}, micro-batch {args.batch}, bf16 autocast, fused AdamW; median of {args.reps} "
+        f"x {args.steps} steps; peak {peak / 1e12 if peak else float('nan'):.0f} TFLOP/s"
+    )
     print("| model | tokens/s | vs HF eager | training GFLOP per token | MFU |")
     print("|---|---:|---:|---:|---:|")
     for name, ts in times.items():
@@ -133,18 +139,41 @@ def engine_bench(args: argparse.Namespace) -> None:
     out = Path(args.work) / "crammed"
     out.parent.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-m", "cramkit", "pretrain", *args.corpus, "--preset", "crammed-bert",
-                           "--budget", f"{args.steps}steps", "--no-progress", "--set", "train.eval_every=never",
-                           "--set", "train.checkpoint_every=never", "--set", f"train.batch_size={args.batch_size}",
-                           "--set", "train.log_every=20", "--out", str(out)], env=os.environ)  # fmt: skip
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "cramkit",
+            "pretrain",
+            *args.corpus,
+            "--preset",
+            "crammed-bert",
+            "--budget",
+            f"{args.steps}steps",
+            "--no-progress",
+            "--set",
+            "train.eval_every=never",
+            "--set",
+            "train.checkpoint_every=never",
+            "--set",
+            f"train.batch_size={args.batch_size}",
+            "--set",
+            "train.log_every=20",
+            "--out",
+            str(out),
+        ],
+        env=os.environ,
+    )
     if proc.returncode:
         raise SystemExit(f"cramkit pretrain failed ({proc.returncode})")
     wall = time.perf_counter() - t0
     recs = [r for r in read_metrics(out) if r.get("tokens_per_s") and r["step"] > args.steps // 2]
     tps = statistics.median(r["tokens_per_s"] for r in recs)
     mfu = statistics.median(r["mfu"] for r in recs if r.get("mfu") is not None)
-    print(f"\n# cramkit pretrain --preset crammed-bert --budget {args.steps}steps, batch {args.batch_size}; "
-          "median over the second half of the run")  # fmt: skip
+    print(
+        f"\n# cramkit pretrain --preset crammed-bert --budget {args.steps}steps, batch {args.batch_size}; "
+        "median over the second half of the run"
+    )
     print("| run | tokens/s | MFU | wall s (with start-up, compile) |\n|---|---:|---:|---:|")
     print(f"| cramkit pretrain, 1 GPU | {tps:,.0f} | {mfu:.1%} | {wall:.0f} |")
 

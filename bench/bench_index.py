@@ -41,7 +41,8 @@ SHARED = ROOT.parent / "shared" / "data"
 
 
 def machine() -> str:
-    return f"{platform.node()} {platform.machine()} {os.cpu_count()} cores, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}"
+    when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    return f"{platform.node()} {platform.machine()} {os.cpu_count()} cores, {when}"
 
 
 def rss_mb() -> float:
@@ -81,12 +82,7 @@ def synthetic(n: int, d: int, seed: int, out: Path | None = None, clusters: int 
         c = rng.choice(clusters, m, p=pop)
         z = centers[c] + spread[c, None] * rng.normal(size=(m, latent)).astype(np.float32)
         v = z @ proj
-        v += (
-            0.05
-            * np.linalg.norm(v, axis=1, keepdims=True)
-            / np.sqrt(d)
-            * rng.normal(size=(m, d)).astype(np.float32)
-        )
+        v += 0.05 * np.linalg.norm(v, axis=1, keepdims=True) / np.sqrt(d) * rng.normal(size=(m, d)).astype(np.float32)
         v /= np.linalg.norm(v, axis=1, keepdims=True)
         x[a : a + m] = v
     return x
@@ -173,14 +169,14 @@ def part_ann(args: argparse.Namespace) -> list[tuple]:
             f"{ours_batch_qps:,.1f}",
             f"{exact_batch_qps:,.1f}",
             f"{ours_batch_qps / exact_batch_qps:.1f}x",
-        ),  # fmt: skip
+        ),
         (
             "ann",
             "single-query q/s",
             f"{ours_single_qps:,.1f}",
             f"{exact_single_qps:,.2f}",
             f"{ours_single_qps / exact_single_qps:.1f}x",
-        ),  # fmt: skip
+        ),
     ]
     return rows
 
@@ -202,8 +198,22 @@ def part_e2e(args: argparse.Namespace) -> list[tuple]:
         (src / f.name).write_bytes(f.read_bytes())
     enc = minilm()
     out = work / "idx"
-    cmd = [sys.executable, "-m", "cramkit", "index", "build", str(src), "--encoder", enc, "--out", str(out),
-           "--doc-split", "file", "--device", "cpu"]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "cramkit",
+        "index",
+        "build",
+        str(src),
+        "--encoder",
+        enc,
+        "--out",
+        str(out),
+        "--doc-split",
+        "file",
+        "--device",
+        "cpu",
+    ]
     t = time.perf_counter()
     subprocess.run(cmd, check=True)
     wall = time.perf_counter() - t
@@ -246,7 +256,7 @@ def part_e2e(args: argparse.Namespace) -> list[tuple]:
             f"index {b['index_seconds']}, command wall {wall:.1f}",
             f"loop {base_s:.1f}",
             "",
-        ),  # fmt: skip
+        ),
     ]
 
 
@@ -271,8 +281,25 @@ def part_mrpc(args: argparse.Namespace) -> list[tuple]:
     corpus = work / "second.txt"
     corpus.write_text("\n\n".join(b for _, b in pairs) + "\n", encoding="utf-8")
     out = work / "idx"
-    subprocess.run([sys.executable, "-m", "cramkit", "index", "build", str(corpus), "--encoder", minilm(),
-                    "--out", str(out), "--doc-split", "blank", "--device", "cpu"], check=True)  # fmt: skip
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "cramkit",
+            "index",
+            "build",
+            str(corpus),
+            "--encoder",
+            minilm(),
+            "--out",
+            str(out),
+            "--doc-split",
+            "blank",
+            "--device",
+            "cpu",
+        ],
+        check=True,
+    )
     idx = cramkit.index.open(out)
     assert len(idx) == len(pairs), (len(idx), len(pairs))
     t = time.perf_counter()
@@ -325,7 +352,8 @@ def main() -> None:
         if args.part in (part, "all"):
             rows += fn(args)
     print(
-        f"\n## bench_index.py ({machine()}; peak RSS {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MiB)\n"
+        f"\n## bench_index.py ({machine()}; "
+        f"peak RSS {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MiB)\n"
     )
     print("| part | measure | cramkit | baseline | ratio / note |")
     print("|---|---|---|---|---|")

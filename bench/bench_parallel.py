@@ -159,11 +159,21 @@ def scaling_worker(args: argparse.Namespace) -> None:
     P.shutdown(ctx)
 
 
-def run_scaling(
-    strategy: str, nproc: int, global_batch: int, micro: int, steps: int, threads: int = 0
-) -> dict:
-    worker = [__file__, "worker", "--strategy", strategy, "--global-batch", str(global_batch),
-              "--micro", str(micro), "--steps", str(steps), "--threads", str(threads)]  # fmt: skip
+def run_scaling(strategy: str, nproc: int, global_batch: int, micro: int, steps: int, threads: int = 0) -> dict:
+    worker = [
+        __file__,
+        "worker",
+        "--strategy",
+        strategy,
+        "--global-batch",
+        str(global_batch),
+        "--micro",
+        str(micro),
+        "--steps",
+        str(steps),
+        "--threads",
+        str(threads),
+    ]
     if nproc == 1:
         cmd = [sys.executable, *worker]
     else:
@@ -201,38 +211,58 @@ def main() -> None:
     if args.what == "worker":
         return scaling_worker(args)
 
-    print(f"torch {torch.__version__}, {os.cpu_count()} CPU cores, cuda={torch.cuda.is_available()}, "
-          f"load average {os.getloadavg()[0]:.1f} (other jobs share this machine)")  # fmt: skip
+    print(
+        f"torch {torch.__version__}, {os.cpu_count()} CPU cores, cuda={torch.cuda.is_available()}, "
+        f"load average {os.getloadavg()[0]:.1f} (other jobs share this machine)"
+    )
     if args.what in ("all", "stall"):
         root = Path(args.dir or tempfile.mkdtemp(prefix="cramkit-bench-ckpt-"))
         try:
             r = bench_stall(args.rounds, 2, root)
         finally:
             shutil.rmtree(root, ignore_errors=True)
-        print(f"\ncheckpoint stall: crammed-bert shape, {r['parameters'] / 1e6:.1f}M parameters, "
-              f"model + AdamW state {r['state_GB']:.2f} GB, 1 process, best of {args.rounds}")  # fmt: skip
+        print(
+            f"\ncheckpoint stall: crammed-bert shape, {r['parameters'] / 1e6:.1f}M parameters, "
+            f"model + AdamW state {r['state_GB']:.2f} GB, 1 process, best of {args.rounds}"
+        )
         print("| save | loop blocked (s) | ratio to sync |")
         print("|---|---:|---:|")
         print(f"| synchronous save (baseline) | {r['sync_save_s']:.2f} | 1.00 |")
-        print(f"| async_save, host copy on the loop thread | {r['copy_stall_s']:.2f} | "
-              f"{r['copy_stall_s'] / r['sync_save_s']:.3f} |")  # fmt: skip
-        print(f"| async_save, host copy overlapped with forward/backward | {r['async_stall_s']:.2f} | "
-              f"{r['stall_ratio']:.3f} |")  # fmt: skip
-        print(f"background write finished {r['async_write_s']:.2f} s after the save began; one forward/backward "
-              f"(micro-batch 2x128) took {r['fwd_bwd_s']:.2f} s alone and {r['fwd_bwd_during_write_s']:.2f} s "
-              "while the checkpoint was being copied and written")  # fmt: skip
-        print("all rounds: sync", [round(x, 2) for x in r["all_sync_s"]],
-              "async stall", [round(x, 2) for x in r["all_stall_s"]])  # fmt: skip
+        print(
+            f"| async_save, host copy on the loop thread | {r['copy_stall_s']:.2f} | "
+            f"{r['copy_stall_s'] / r['sync_save_s']:.3f} |"
+        )
+        print(
+            f"| async_save, host copy overlapped with forward/backward | {r['async_stall_s']:.2f} | "
+            f"{r['stall_ratio']:.3f} |"
+        )
+        print(
+            f"background write finished {r['async_write_s']:.2f} s after the save began; one forward/backward "
+            f"(micro-batch 2x128) took {r['fwd_bwd_s']:.2f} s alone and {r['fwd_bwd_during_write_s']:.2f} s "
+            "while the checkpoint was being copied and written"
+        )
+        print(
+            "all rounds: sync",
+            [round(x, 2) for x in r["all_sync_s"]],
+            "async stall",
+            [round(x, 2) for x in r["all_stall_s"]],
+        )
     if args.what in ("all", "scaling"):
-        print(f"\nscaling: tiny-cpu shape, global batch {args.global_batch} x 128 tokens, micro-batch "
-              f"{args.micro}, {args.steps} timed steps after {args.warmup} warm-up")  # fmt: skip
+        print(
+            f"\nscaling: tiny-cpu shape, global batch {args.global_batch} x 128 tokens, micro-batch "
+            f"{args.micro}, {args.steps} timed steps after {args.warmup} warm-up"
+        )
         rows = [
             ("1 process, 2 threads", run_scaling("ddp", 1, args.global_batch, args.micro, args.steps, 2)),
             ("1 process, 1 thread", run_scaling("ddp", 1, args.global_batch, args.micro, args.steps, 1)),
         ]
         for strategy in ("ddp", "fsdp"):
-            rows.append((f"2 processes x 1 thread, {strategy}", run_scaling(strategy, 2, args.global_batch,
-                                                                              args.micro, args.steps)))  # fmt: skip
+            rows.append(
+                (
+                    f"2 processes x 1 thread, {strategy}",
+                    run_scaling(strategy, 2, args.global_batch, args.micro, args.steps),
+                )
+            )
         # the baseline is the faster single-process setting (on a shared 2-core machine, often 1 thread)
         base = max((r for _, r in rows[:2]), key=lambda r: r["tokens_per_s"])
         print(f"ratios against the faster single-process run ({base['tokens_per_s']:,.0f} tokens/s)")

@@ -54,9 +54,7 @@ def main() -> None:
     )
     print(f"fine-tuned: held-out accuracy {res['score']:.2f}", file=sys.stderr)
     cramkit.export(work / "ft", work / "hf")
-    dev = [
-        r.split("\t")[0] for r in (GLUE / "SST-2" / "dev.tsv").read_text(encoding="utf-8").splitlines()[1:]
-    ]
+    dev = [r.split("\t")[0] for r in (GLUE / "SST-2" / "dev.tsv").read_text(encoding="utf-8").splitlines()[1:]]
 
     from transformers import pipeline
 
@@ -82,8 +80,10 @@ def main() -> None:
         preds["ours"] = res.labels
     agree = float(np.mean([a == b for a, b in zip(preds["pipe"], preds["ours"], strict=True)]))
     base = statistics.median(times["pipeline, one call per sentence"])
-    print(f"# SST-2 dev, {len(dev)} sentences; CPU threads={args.threads}; reps={args.reps} (median); "
-          f"label agreement cramkit vs pipeline: {agree:.4f}")  # fmt: skip
+    print(
+        f"# SST-2 dev, {len(dev)} sentences; CPU threads={args.threads}; reps={args.reps} (median); "
+        f"label agreement cramkit vs pipeline: {agree:.4f}"
+    )
     print("| what | sentences/s | vs pipeline loop |")
     print("|---|---:|---:|")
     for name, ts in times.items():

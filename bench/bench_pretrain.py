@@ -33,10 +33,15 @@ def hf_model(layers: int, hidden: int, heads: int, inter: int, vocab: int, dropo
     from transformers import BertConfig, BertForMaskedLM
 
     cfg = BertConfig(
-        vocab_size=vocab, hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads,
-        intermediate_size=inter, max_position_embeddings=512, attn_implementation="sdpa",
+        vocab_size=vocab,
+        hidden_size=hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        intermediate_size=inter,
+        max_position_embeddings=512,
+        attn_implementation="sdpa",
         **({} if dropout else {"hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0}),
-    )  # fmt: skip
+    )
     return BertForMaskedLM(cfg)
 
 
@@ -98,9 +103,7 @@ def throughput(args: argparse.Namespace) -> None:
     shapes = [(4, 256, 4, 1024), (2, 512, 8, 2048), (6, 384, 6, 1536)]
     kinds = ["hf", "ours"] + (["ours+compile"] if args.compile else [])
     ids, labels = masked_batch(batch, length, vocab)
-    print(
-        f"# threads={torch.get_num_threads()} torch={torch.__version__} vocab={vocab} length={length} batch={batch}"
-    )
+    print(f"# threads={torch.get_num_threads()} torch={torch.__version__} vocab={vocab} length={length} batch={batch}")
     print(
         "| shape (L x H, heads, inter) | HF tokens/s | cramkit tokens/s | ratio |"
         + (" compiled | ratio |" if args.compile else "")
@@ -119,7 +122,9 @@ def throughput(args: argparse.Namespace) -> None:
                     steps[k](ids, labels)
                 times[k].append((time.perf_counter() - t0) / args.steps)
         tps = {k: batch * length / statistics.median(v) for k, v in times.items()}
-        row = f"| {shape[0]} x {shape[1]}, {shape[2]}, {shape[3]} | {tps['hf']:,.0f} | {tps['ours']:,.0f} | {tps['ours'] / tps['hf']:.2f}x |"
+        ratio = tps["ours"] / tps["hf"]
+        row = f"| {shape[0]} x {shape[1]}, {shape[2]}, {shape[3]} | {tps['hf']:,.0f} | "
+        row += f"{tps['ours']:,.0f} | {ratio:.2f}x |"
         if args.compile:
             row += f" {tps['ours+compile']:,.0f} | {tps['ours+compile'] / tps['hf']:.2f}x |"
         print(row, flush=True)
@@ -167,13 +172,19 @@ def quality(args: argparse.Namespace) -> None:
     for rep in range(args.reps):
         # cramkit: the tiny-cpu recipe, the wall-clock budget
         run = work / f"ours-{rep}"
-        cramkit.pretrain(str(store_dir), budget=f"{args.budget}s", out=run,
-                         overrides=[f"train.threads={args.threads}", "train.progress=false", "train.eval_every=never",
-                                    "data.validation_fraction=0.05",
-                                    "train.checkpoint_every=never"])  # fmt: skip
-        model = MaskedLM(
-            resolve_config(base=__import__("yaml").safe_load((run / "config.yaml").read_text())).model
+        cramkit.pretrain(
+            str(store_dir),
+            budget=f"{args.budget}s",
+            out=run,
+            overrides=[
+                f"train.threads={args.threads}",
+                "train.progress=false",
+                "train.eval_every=never",
+                "data.validation_fraction=0.05",
+                "train.checkpoint_every=never",
+            ],
         )
+        model = MaskedLM(resolve_config(base=__import__("yaml").safe_load((run / "config.yaml").read_text())).model)
         sd, state = model_weights(find_latest(run)), read_state(find_latest(run))["trainer"]
         model.load_state_dict(sd, strict=False)
         model.eval()
@@ -185,12 +196,10 @@ def quality(args: argparse.Namespace) -> None:
         torch.manual_seed(0)
         m = cfg.model
         hf = hf_model(m.layers, m.hidden, m.heads, m.intermediate, vocab)
-        opt = torch.optim.AdamW(
-            hf.parameters(), lr=args.hf_lr, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01
+        opt = torch.optim.AdamW(hf.parameters(), lr=args.hf_lr, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01)
+        loader = PretrainData(store, DataConfig(mask_rate=0.15, validation_fraction=0.05), special, vocab).train_loader(
+            32
         )
-        loader = PretrainData(
-            store, DataConfig(mask_rate=0.15, validation_fraction=0.05), special, vocab
-        ).train_loader(32)
         hf.train()
         spent, tokens = 0.0, 0
         while spent < args.budget:
@@ -208,18 +217,20 @@ def quality(args: argparse.Namespace) -> None:
             tokens += b["input_ids"].numel()
             spent += time.perf_counter() - t0
         hf.eval()
-        results.setdefault("hf", []).append(
-            (val_loss(lambda i, lab, hf=hf: hf(input_ids=i, labels=lab).loss), tokens)
-        )
+        results.setdefault("hf", []).append((val_loss(lambda i, lab, hf=hf: hf(input_ids=i, labels=lab).loss), tokens))
         print(f"rep {rep}: ours {results['ours'][-1]}, hf {results['hf'][-1]}", file=sys.stderr, flush=True)
 
-    print(f"# corpus={args.corpus} vocab={vocab} budget={args.budget}s threads={args.threads} "
-          f"val: {len(val)} batches, {n_val} masked tokens (15%); ln(vocab)={math.log(vocab):.3f}")  # fmt: skip
+    print(
+        f"# corpus={args.corpus} vocab={vocab} budget={args.budget}s threads={args.threads} "
+        f"val: {len(val)} batches, {n_val} masked tokens (15%); ln(vocab)={math.log(vocab):.3f}"
+    )
     print("| trainer | validation MLM loss (median) | tokens seen (median) |")
     print("|---|---:|---:|")
     for k, name in (("hf", "HF BertForMaskedLM, dense MLM, linear"), ("ours", "cramkit tiny-cpu")):
-        print(f"| {name} | {statistics.median(v for v, _ in results[k]):.3f} | "
-              f"{statistics.median(t for _, t in results[k]):,.0f} |")  # fmt: skip
+        print(
+            f"| {name} | {statistics.median(v for v, _ in results[k]):.3f} | "
+            f"{statistics.median(t for _, t in results[k]):,.0f} |"
+        )
 
 
 def main() -> None:
@@ -232,8 +243,11 @@ def main() -> None:
     a.add_argument("--compile", action="store_true", help="also cramkit with torch.compile on CPU")
     b = sub.add_parser("quality")
     b.add_argument("--budget", type=float, default=150.0, help="seconds of training each")
-    b.add_argument("--corpus", nargs="+",
-                   default=[str(SHARED / "wikitext-2" / f"wiki.{s}.tokens") for s in ("valid", "test")])  # fmt: skip
+    b.add_argument(
+        "--corpus",
+        nargs="+",
+        default=[str(SHARED / "wikitext-2" / f"wiki.{s}.tokens") for s in ("valid", "test")],
+    )
     b.add_argument("--reps", type=int, default=1)
     b.add_argument("--threads", type=int, default=2)
     b.add_argument("--hf-lr", type=float, default=1e-3)

@@ -53,9 +53,25 @@ def build(work: Path, glue: str, rows: int) -> dict[str, dict[str, Path]]:
             d = work / f"{method}-{name}"
             if not (d / "cramkit-model.json").is_file():
                 extra = ["--method", "ptuning"] if method == "ptuning" else []
-                cramkit("finetune", "--task", task, "--from", base, "--data-dir", glue, "--out", str(d), "--set",
-                        f"max_train_examples={rows}", "--set", "epochs=1", "--set", "min_steps=0", "--no-progress",
-                        *extra)  # fmt: skip
+                cramkit(
+                    "finetune",
+                    "--task",
+                    task,
+                    "--from",
+                    base,
+                    "--data-dir",
+                    glue,
+                    "--out",
+                    str(d),
+                    "--set",
+                    f"max_train_examples={rows}",
+                    "--set",
+                    "epochs=1",
+                    "--set",
+                    "min_steps=0",
+                    "--no-progress",
+                    *extra,
+                )
             out[method][name] = d
     return out
 
@@ -69,9 +85,26 @@ def rss(pid: int) -> tuple[float, float]:
 
 def start(models: list[str], threads: int, extra: list[str]) -> tuple[subprocess.Popen, str]:
     env = {**os.environ, "OMP_NUM_THREADS": str(threads), "PYTHONUNBUFFERED": "1"}
-    proc = subprocess.Popen([sys.executable, "-m", "cramkit", "serve", *models, *extra, "--port", "0", "--threads",
-                             str(threads), "--max-wait-ms", "2"],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)  # fmt: skip
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "cramkit",
+            "serve",
+            *models,
+            *extra,
+            "--port",
+            "0",
+            "--threads",
+            str(threads),
+            "--max-wait-ms",
+            "2",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=env,
+    )
     lines = []
     while True:
         line = proc.stdout.readline()
@@ -125,7 +158,7 @@ def main() -> None:
         "3 full models": start([f"{k}={v}" for k, v in dirs["full"].items()], args.threads, []),
         "1 base + 3 prompt dirs": start(
             [f"{k}={v}" for k, v in dirs["ptuning"].items()], args.threads, ["--base", f"hf:{minilm_dir()}"]
-        ),  # fmt: skip
+        ),
     }
     rows = {name: {"rate": [], "rss_start": rss(proc.pid)[0]} for name, (proc, _) in servers.items()}
     try:
@@ -136,9 +169,7 @@ def main() -> None:
             for name in order if r % 2 == 0 else order[::-1]:
                 for other, (proc, _) in servers.items():
                     os.kill(proc.pid, signal.SIGCONT if other == name else signal.SIGSTOP)
-                rows[name]["rate"].append(
-                    load(servers[name][1], texts, args.clients, args.requests, args.batch)
-                )
+                rows[name]["rate"].append(load(servers[name][1], texts, args.clients, args.requests, args.batch))
         for proc, _ in servers.values():
             os.kill(proc.pid, signal.SIGCONT)
         for name, (proc, _) in servers.items():
@@ -149,26 +180,30 @@ def main() -> None:
             proc.terminate()
             proc.wait(timeout=60)
     stored = {
-        m: statistics.mean((d / "model.safetensors").stat().st_size for d in ds.values())
-        for m, ds in dirs.items()
+        m: statistics.mean((d / "model.safetensors").stat().st_size for d in ds.values()) for m, ds in dirs.items()
     }
     trained = {
-        m: json.loads((ds["sst2"] / "results.json").read_text()).get("trainable_parameters")
-        for m, ds in dirs.items()
+        m: json.loads((ds["sst2"] / "results.json").read_text()).get("trainable_parameters") for m, ds in dirs.items()
     }
-    print(f"# {machine()}; {args.threads} threads, {args.clients} clients x {args.requests} requests of {args.batch} "
-          f"SST-2 dev sentences, round-robin over 3 tasks; median of {args.rounds} interleaved rounds")  # fmt: skip
     print(
-        "| served | sentences/s | RSS after warm-up (MiB) | RSS after rounds (MiB) | peak (MiB) | stored per task | trained per task |"
+        f"# {machine()}; {args.threads} threads, {args.clients} clients x {args.requests} requests of {args.batch} "
+        f"SST-2 dev sentences, round-robin over 3 tasks; median of {args.rounds} interleaved rounds"
+    )
+    print(
+        "| served | sentences/s | RSS after warm-up (MiB) | RSS after rounds (MiB) | peak (MiB) | stored per task "
+        "| trained per task |"
     )
     print("|---|---|---|---|---|---|---|")
     for name, row in rows.items():
         method = "full" if name.startswith("3 full") else "ptuning"
-        print(f"| {name} | {statistics.median(row['rate']):.1f} | {row['rss_start']:.0f} | {row['rss_end']:.0f} | "
-              f"{row['rss_peak']:.0f} | {stored[method] / 2**20:.2f} MiB | {trained[method]:,} |")  # fmt: skip
+        print(
+            f"| {name} | {statistics.median(row['rate']):.1f} | {row['rss_start']:.0f} | {row['rss_end']:.0f} | "
+            f"{row['rss_peak']:.0f} | {stored[method] / 2**20:.2f} MiB | {trained[method]:,} |"
+        )
     a, b = (statistics.median(r["rate"]) for r in rows.values())
     print(
-        f"ratio (prompts / full): {b / a:.2f}x sentences/s; memory {rows['1 base + 3 prompt dirs']['rss_end'] / rows['3 full models']['rss_end']:.2f}x"
+        f"ratio (prompts / full): {b / a:.2f}x sentences/s; "
+        f"memory {rows['1 base + 3 prompt dirs']['rss_end'] / rows['3 full models']['rss_end']:.2f}x"
     )
 
 

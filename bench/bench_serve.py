@@ -240,12 +240,12 @@ def budgets(args: argparse.Namespace) -> None:
                     file=sys.stderr,
                 )
     tokens = int(engine.tokenize(short).lengths.sum())
-    print(f"# token budgets, torch fp32, all-MiniLM-L6-v2, {len(short)} SST-2 dev sentences ({tokens:,} tokens), "
-          f"median of {args.reps} interleaved rounds")  # fmt: skip
-    print(f"# {header}; load average {os.getloadavg()[0]:.1f} at the end")
     print(
-        "| budget (padded tokens) | 1 thread, sentences/s | vs largest | 2 threads, sentences/s | vs largest |"
+        f"# token budgets, torch fp32, all-MiniLM-L6-v2, {len(short)} SST-2 dev sentences ({tokens:,} tokens), "
+        f"median of {args.reps} interleaved rounds"
     )
+    print(f"# {header}; load average {os.getloadavg()[0]:.1f} at the end")
+    print("| budget (padded tokens) | 1 thread, sentences/s | vs largest | 2 threads, sentences/s | vs largest |")
     print("|---:|---:|---:|---:|---:|")
     top = {t: statistics.median(rates[t, sizes[-1]]) for t in (1, 2)}
     for b in sizes:
@@ -262,8 +262,19 @@ def exports(work: Path) -> dict[str, Path]:
     for fmt in ("onnx", "ct2"):
         d = work / f"minilm-{fmt}-int8"
         if not d.is_dir():
-            cmd = [sys.executable, "-m", "cramkit", "export", f"hf:{minilm_dir()}", "--out", str(d),
-                   "--format", fmt, "--quantize", "int8"]  # fmt: skip
+            cmd = [
+                sys.executable,
+                "-m",
+                "cramkit",
+                "export",
+                f"hf:{minilm_dir()}",
+                "--out",
+                str(d),
+                "--format",
+                fmt,
+                "--quantize",
+                "int8",
+            ]
             subprocess.run(cmd, check=True)
         out[fmt] = d
     return out
@@ -282,11 +293,31 @@ def contestants(args: argparse.Namespace, work: Path) -> list[Server]:
             model = work / "minilm"  # a copy: infinity may write next to the model
             if not model.is_dir():
                 shutil.copytree(minilm_dir(), model)
-            argv = [args.infinity, "v2", "--model-id", str(model), "--served-model-name", NAME,
-                    "--engine", "torch", "--device", "cpu", "--host", "127.0.0.1", "--port", "{port}",
-                    "--log-level", "warning"]  # fmt: skip
-            ienv = {**env, "DO_NOT_TRACK": "1", "INFINITY_ANONYMOUS_USAGE_STATS": "0", "HF_HUB_OFFLINE": "1",
-                    "HF_HOME": str(work / "hf")}  # fmt: skip
+            argv = [
+                args.infinity,
+                "v2",
+                "--model-id",
+                str(model),
+                "--served-model-name",
+                NAME,
+                "--engine",
+                "torch",
+                "--device",
+                "cpu",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                "{port}",
+                "--log-level",
+                "warning",
+            ]
+            ienv = {
+                **env,
+                "DO_NOT_TRACK": "1",
+                "INFINITY_ANONYMOUS_USAGE_STATS": "0",
+                "HF_HUB_OFFLINE": "1",
+                "HF_HOME": str(work / "hf"),
+            }
             servers.append(Server(spec, argv, "/embeddings", ienv, version=_infinity_version(args.infinity)))
             continue
         if base == "torch":
@@ -295,8 +326,20 @@ def contestants(args: argparse.Namespace, work: Path) -> list[Server]:
             made = made or exports(work)
             backend = base.split("-")[0]
             model = str(made[backend])
-        argv = [sys.executable, "-m", "cramkit", "serve", f"{NAME}={model}", "--port", "{port}",
-                "--backend", backend, "--threads", threads, *args.cramkit_args.split()]  # fmt: skip
+        argv = [
+            sys.executable,
+            "-m",
+            "cramkit",
+            "serve",
+            f"{NAME}={model}",
+            "--port",
+            "{port}",
+            "--backend",
+            backend,
+            "--threads",
+            threads,
+            *args.cramkit_args.split(),
+        ]
         cenv = dict(env)
         if src:
             cenv["PYTHONPATH"] = str(Path(src).resolve())
@@ -306,9 +349,11 @@ def contestants(args: argparse.Namespace, work: Path) -> list[Server]:
 
 def _infinity_version(exe: str) -> str:
     py = Path(exe).parent / "python"
-    code = ("import importlib.metadata as m; print(' '.join(f'{p} {m.version(p)}' for p in "
-            "('infinity_emb', 'torch', 'sentence-transformers', 'transformers', 'ctranslate2') "
-            "if __import__('importlib.util').util.find_spec(p.replace('-', '_'))))")  # fmt: skip
+    code = (
+        "import importlib.metadata as m; print(' '.join(f'{p} {m.version(p)}' for p in "
+        "('infinity_emb', 'torch', 'sentence-transformers', 'transformers', 'ctranslate2') "
+        "if __import__('importlib.util').util.find_spec(p.replace('-', '_'))))"
+    )
     return subprocess.run([str(py), "-c", code], capture_output=True, text=True).stdout.strip()
 
 
@@ -339,9 +384,13 @@ def race(args: argparse.Namespace) -> None:
                     r = asyncio.run(load(srv.port, srv.path, scenarios[per], args.clients))
                     r["load"] = os.getloadavg()[0]
                     srv.results.setdefault(per, []).append(r)
-                    print(f"round {rnd}: {srv.name}, {per} per request: {r['rate']:.1f} sentences/s, p50 "
-                          f"{r['p50']:.0f} ms, p99 {r['p99']:.0f} ms, {len(r['failures'])} failed, load "
-                          f"{r['load']:.1f}", file=sys.stderr, flush=True)  # fmt: skip
+                    print(
+                        f"round {rnd}: {srv.name}, {per} per request: {r['rate']:.1f} sentences/s, p50 "
+                        f"{r['p50']:.0f} ms, p99 {r['p99']:.0f} ms, {len(r['failures'])} failed, load "
+                        f"{r['load']:.1f}",
+                        file=sys.stderr,
+                        flush=True,
+                    )
                 srv.memory = rss(srv.proc.pid)
                 srv.pause()
             loads.append(os.getloadavg()[0])
@@ -352,12 +401,12 @@ def race(args: argparse.Namespace) -> None:
     for srv in servers:
         if srv.warm is not None and ref.warm is not None:
             a, b = srv.warm, ref.warm
-            srv.cosine = float(
-                np.mean((a * b).sum(1) / np.linalg.norm(a, axis=1) / np.linalg.norm(b, axis=1))
-            )
-    print(f"# serving race, all-MiniLM-L6-v2, {len(data)} sentences (SST-2 dev + MRPC dev) per scenario; "
-          f"{args.clients} keep-alive clients, load generator on the same machine; {args.threads} threads per "
-          f"server; median of {args.rounds} interleaved rounds; ratio: median of per-round ratios to {ref.name}")  # fmt: skip
+            srv.cosine = float(np.mean((a * b).sum(1) / np.linalg.norm(a, axis=1) / np.linalg.norm(b, axis=1)))
+    print(
+        f"# serving race, all-MiniLM-L6-v2, {len(data)} sentences (SST-2 dev + MRPC dev) per scenario; "
+        f"{args.clients} keep-alive clients, load generator on the same machine; {args.threads} threads per "
+        f"server; median of {args.rounds} interleaved rounds; ratio: median of per-round ratios to {ref.name}"
+    )
     print(f"# {header}; load average per round {', '.join(f'{x:.1f}' for x in loads)}")
     for srv in servers:
         if srv.version:
@@ -372,15 +421,15 @@ def race(args: argparse.Namespace) -> None:
         for srv in servers:
             rs = srv.results[per]
             rate = statistics.median(r["rate"] for r in rs)
-            ratio = statistics.median(
-                r["rate"] / q["rate"] for r, q in zip(rs, ref.results[per], strict=True)
-            )
+            ratio = statistics.median(r["rate"] / q["rate"] for r, q in zip(rs, ref.results[per], strict=True))
             p50 = statistics.median(r["p50"] for r in rs)
             p99 = statistics.median(r["p99"] for r in rs)
             failed = sum(len(r["failures"]) for r in rs)
             now, peak = srv.memory
-            print(f"| {srv.name} | {per} | {rate:,.1f} | {ratio:.2f}x | {p50:,.0f} | {p99:,.0f} | {failed} | "
-                  f"{now:,.0f} ({peak:,.0f}) | {srv.cosine:.4f} |")  # fmt: skip
+            print(
+                f"| {srv.name} | {per} | {rate:,.1f} | {ratio:.2f}x | {p50:,.0f} | {p99:,.0f} | {failed} | "
+                f"{now:,.0f} ({peak:,.0f}) | {srv.cosine:.4f} |"
+            )
     for srv in servers:
         for per in scenarios:
             for f in sorted({f for r in srv.results[per] for f in r["failures"]})[:3]:

@@ -98,9 +98,7 @@ def serve(source: str, mount: str, latency_ms: float, stats_path: str, direct_io
 class SlowMount:
     """The FUSE server as a separate process; ``remount()`` gives a cold page cache."""
 
-    def __init__(
-        self, fuse_python: str, source: Path, mount: Path, latency_ms: float, direct_io: bool
-    ) -> None:
+    def __init__(self, fuse_python: str, source: Path, mount: Path, latency_ms: float, direct_io: bool) -> None:
         self.args = [
             fuse_python,
             __file__,
@@ -145,9 +143,7 @@ def read_counts(path: Path) -> dict:
 # ------------------------------------------------------------------------------------------- the reader side
 
 
-def measure(
-    store: str, tok: str, stats: str, sets: list[str], steps: int, micro_batch: int, seq_len: int
-) -> None:
+def measure(store: str, tok: str, stats: str, sets: list[str], steps: int, micro_batch: int, seq_len: int) -> None:
     """In a fresh process: time to the first batch, steady tokens/s, bytes read from the mount; one JSON line."""
     import torch  # noqa: F401 (imported before the clock starts, as in a training process)
 
@@ -223,13 +219,29 @@ def main() -> None:
     src, mnt, tok, cache = work / "src", work / "mnt", work / "tok", work / "cache"
     py = [sys.executable, "-m", "cramkit"]
     if not (src / "store" / "train.json").is_file():
+        subprocess.run([*py, "tokenizer", "train", *corpus, "--vocab-size", "8000", "--out", str(tok)], check=True)
         subprocess.run(
-            [*py, "tokenizer", "train", *corpus, "--vocab-size", "8000", "--out", str(tok)], check=True
+            [
+                *py,
+                "data",
+                "build",
+                *corpus,
+                "--tokenizer",
+                str(tok),
+                "--out",
+                str(src / "store"),
+                "--shard-size",
+                "16MB",
+                "--quiet",
+            ],
+            check=True,
         )
-        subprocess.run([*py, "data", "build", *corpus, "--tokenizer", str(tok), "--out", str(src / "store"),
-                        "--shard-size", "16MB", "--quiet"], check=True)  # fmt: skip
     store_bytes = sum(p.stat().st_size for p in (src / "store").iterdir() if p.suffix in (".bin", ".idx"))
-    print(f"store {store_bytes / 1e6:.1f} MB (.bin/.idx) in {len(json.loads((src / 'store' / 'train.json').read_text())['shards'])} shards", flush=True)  # fmt: skip
+    print(
+        f"store {store_bytes / 1e6:.1f} MB (.bin/.idx) in "
+        f"{len(json.loads((src / 'store' / 'train.json').read_text())['shards'])} shards",
+        flush=True,
+    )
     for direct_io in (False, True):
         fs = SlowMount(args.fuse_python, src, mnt, args.latency_ms, direct_io)
         rows: dict[str, list[dict]] = {m: [] for m in MODES}
@@ -239,9 +251,22 @@ def main() -> None:
                     if cold:
                         shutil.rmtree(cache, ignore_errors=True)
                     fs.remount()  # a cold page cache of the mount
-                    cmd = [sys.executable, __file__, "--steps", str(args.steps), "--micro-batch", str(args.micro_batch),
-                           "--seq-len", str(args.seq_len), "--measure", str(mnt / "store"), str(tok), str(fs.stats),
-                           *sets, *([f"stage_dir={cache}"] if "stage=local" in sets else [])]  # fmt: skip
+                    cmd = [
+                        sys.executable,
+                        __file__,
+                        "--steps",
+                        str(args.steps),
+                        "--micro-batch",
+                        str(args.micro_batch),
+                        "--seq-len",
+                        str(args.seq_len),
+                        "--measure",
+                        str(mnt / "store"),
+                        str(tok),
+                        str(fs.stats),
+                        *sets,
+                        *([f"stage_dir={cache}"] if "stage=local" in sets else []),
+                    ]
                     out = subprocess.run(cmd, capture_output=True, text=True)
                     if out.returncode != 0:
                         raise SystemExit(f"{mode}: {out.stderr[-3000:]}")
@@ -261,21 +286,25 @@ def report(rows: dict[str, list[dict]], store_bytes: int, args: argparse.Namespa
 
     base = med("tokens_per_s", rows["mmap in place"])
     what = "direct_io (no client page cache)" if direct_io else "page cache on"
-    print(f"\nFUSE passthrough, +{args.latency_ms:g} ms per read request, {what}; micro-batch {args.micro_batch} x "
-          f"{args.seq_len} tokens; medians of {args.repeats}")  # fmt: skip
-    print("| mode | time to first batch (s) | steady tokens/s | vs mmap in place | read from the mount: at start | "
-          "per step | per epoch (start + steps x per step) |")  # fmt: skip
+    print(
+        f"\nFUSE passthrough, +{args.latency_ms:g} ms per read request, {what}; micro-batch {args.micro_batch} x "
+        f"{args.seq_len} tokens; medians of {args.repeats}"
+    )
+    print(
+        "| mode | time to first batch (s) | steady tokens/s | vs mmap in place | read from the mount: at start | "
+        "per step | per epoch (start + steps x per step) |"
+    )
     print("|---|---:|---:|---:|---:|---:|---:|")
     for mode, rs in rows.items():
         tps = med("tokens_per_s", rs)
         start, step = med("start_bytes", rs), med("step_bytes", rs)
         epoch = start + step * rs[0]["epoch_steps"]
-        label = mode + (
-            " (cannot mmap: read with pread)" if rs[0]["note"] and mode == "mmap in place" else ""
+        label = mode + (" (cannot mmap: read with pread)" if rs[0]["note"] and mode == "mmap in place" else "")
+        print(
+            f"| {label} | {med('first_s', rs):.2f} | {tps:,.0f} | {tps / base:.2f}x | {start / 1e6:.1f} MB "
+            f"({med('start_reads', rs):,} reads) | {step / 1e3:.1f} kB ({med('step_reads', rs):.1f} reads) | "
+            f"{epoch / 1e6:.1f} MB = {epoch / store_bytes:.2f}x the store |"
         )
-        print(f"| {label} | {med('first_s', rs):.2f} | {tps:,.0f} | {tps / base:.2f}x | {start / 1e6:.1f} MB "
-              f"({med('start_reads', rs):,} reads) | {step / 1e3:.1f} kB ({med('step_reads', rs):.1f} reads) | "
-              f"{epoch / 1e6:.1f} MB = {epoch / store_bytes:.2f}x the store |")  # fmt: skip
 
 
 if __name__ == "__main__":

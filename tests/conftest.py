@@ -94,9 +94,14 @@ def tok(tok_dir):
 
 
 TINY_MODEL_SETS = [
-    "model.hidden=64", "model.layers=2", "model.heads=2", "model.intermediate=128",
-    "train.micro_batch=8", "train.batch_size=8", "train.log_every=5",
-]  # fmt: skip
+    "model.hidden=64",
+    "model.layers=2",
+    "model.heads=2",
+    "model.intermediate=128",
+    "train.micro_batch=8",
+    "train.batch_size=8",
+    "train.log_every=5",
+]
 
 
 def run_pretrain(out: Path, *args: str, steps: int = 10, nproc: int = 1, timeout: float = 300) -> Path:

@@ -157,9 +157,7 @@ def test_store_without_manifest_is_refused_unless_the_tokenizer_is_named(tmp_pat
     tokens[0] = 3000
     tokens.flush()
     del tokens
-    proc = cli(
-        "pretrain", bare, "--tokenizer", tok_dir, "--out", tmp_path / "run", "--budget", "2steps", *TINY
-    )
+    proc = cli("pretrain", bare, "--tokenizer", tok_dir, "--out", tmp_path / "run", "--budget", "2steps", *TINY)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
     assert "warning" in proc.stderr and "no manifest" in proc.stderr
     assert "token id 3000" in proc.stderr.strip().splitlines()[-1]
@@ -219,9 +217,7 @@ def test_full_disk_during_data_build(tmp_path, corpus, tok_dir):
         f"{sys.executable} -m cramkit data build {corpus} --tokenizer {tok_dir} --out {tmp_path}/out/new "
         f"--workers 1; echo rc=$?; ls -A {tmp_path}/out"
     )
-    proc = subprocess.run(
-        ["unshare", "-rm", "sh", "-c", script], capture_output=True, text=True, env=ENV, timeout=120
-    )
+    proc = subprocess.run(["unshare", "-rm", "sh", "-c", script], capture_output=True, text=True, env=ENV, timeout=120)
     assert "Traceback" not in proc.stderr, proc.stderr
     assert "rc=2" in proc.stdout, proc.stdout + proc.stderr
     line = proc.stderr.strip().splitlines()[-1]
@@ -235,9 +231,7 @@ def test_full_disk_during_data_build(tmp_path, corpus, tok_dir):
 @pytest.fixture(scope="module")
 def tiny_csv(tmp_path_factory) -> Path:
     path = tmp_path_factory.mktemp("csv") / "train.csv"
-    rows = [
-        f"this was {'good' if i % 2 else 'bad'} number {i},{'pos' if i % 2 else 'neg'}" for i in range(40)
-    ]
+    rows = [f"this was {'good' if i % 2 else 'bad'} number {i},{'pos' if i % 2 else 'neg'}" for i in range(40)]
     path.write_text("text,label\n" + "\n".join(rows) + "\n", encoding="utf-8")
     return path
 
@@ -279,9 +273,7 @@ def test_pretrain_takes_the_reading_options_its_errors_name(tmp_path, builtin_do
     src = tmp_path / "posts.jsonl"
     with open(src, "w", encoding="cp1252", errors="replace") as f:
         for i, d in enumerate(docs):
-            f.write(
-                json.dumps({"id": i, "body": f"Caf\u00e9 na\u00efve {d[:300]}"}, ensure_ascii=False) + "\n"
-            )
+            f.write(json.dumps({"id": i, "body": f"Caf\u00e9 na\u00efve {d[:300]}"}, ensure_ascii=False) + "\n")
     run = tmp_path / "run"
     base = ("pretrain", src, "--out", run, "--budget", "2steps", "--no-progress", *TINY)
     one_line(cli(*base, "--set", "tokenizer.vocab_size=400"), "not valid UTF-8", "--encoding")
@@ -305,9 +297,7 @@ def test_pretrain_takes_the_reading_options_its_errors_name(tmp_path, builtin_do
 @pytest.mark.slow
 def test_small_corpus_gets_a_validation_split(tmp_path):
     src = tmp_path / "small.txt"
-    src.write_text(
-        "\n\n".join(f"Short note number {i} about apples and pears." for i in range(300)), encoding="utf-8"
-    )
+    src.write_text("\n\n".join(f"Short note number {i} about apples and pears." for i in range(300)), encoding="utf-8")
     run = tmp_path / "run"
     args = ("pretrain", src, "--out", run, "--budget", "2steps", "--no-progress", *TINY)
     proc = cli(*args, "--set", "tokenizer.vocab_size=200", "--set", "data.seq_len=64")

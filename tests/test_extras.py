@@ -11,9 +11,7 @@ import pytest
 
 
 @pytest.mark.parametrize("missing", ["fastapi", "starlette"])
-def test_serve_without_its_extra_says_which_to_install(
-    tmp_path: Path, pretrained_run: Path, missing: str
-) -> None:
+def test_serve_without_its_extra_says_which_to_install(tmp_path: Path, pretrained_run: Path, missing: str) -> None:
     # a module of that name that cannot be imported stands in for one that is not installed
     (tmp_path / f"{missing}.py").write_text(
         f"raise ModuleNotFoundError('No module named {missing}', name={missing!r})\n"

@@ -35,9 +35,7 @@ def ok(*args: str) -> str:
 
 def _task_files(root: Path, docs: list[str]) -> tuple[Path, Path]:
     """A two-label task from the built-in corpus: does the docstring mention 'return'?"""
-    rows = [
-        (d.split("\n")[0][:200].replace("\t", " "), "yes" if "return" in d.lower() else "no") for d in docs
-    ]
+    rows = [(d.split("\n")[0][:200].replace("\t", " "), "yes" if "return" in d.lower() else "no") for d in docs]
     rows = [r for r in rows if r[0].strip()][:240]
     train, test = root / "train.tsv", root / "test.tsv"
     train.write_text("text\tlabel\n" + "".join(f"{t}\t{y}\n" for t, y in rows[:200]), encoding="utf-8")
@@ -61,15 +59,31 @@ def test_two_process_run_loads_finetunes_predicts_and_exports(tmp_path, tok_dir,
     m2, m1 = cramkit.load(run2), cramkit.load(one)
     assert m2.kind == "mlm" and m2.tokenizer.get_vocab_size() == m1.tokenizer.get_vocab_size()
     diff = max(
-        float((p - q).detach().abs().max())
-        for p, q in zip(m1.model.parameters(), m2.model.parameters(), strict=True)
+        float((p - q).detach().abs().max()) for p, q in zip(m1.model.parameters(), m2.model.parameters(), strict=True)
     )
     assert diff < 1e-4
     # fine-tune from it (no --dev: 10% of train held out), keep the model, predict with it, export it
     train, test = _task_files(tmp_path, builtin_docs)
     out = tmp_path / "ft"
-    settings = ("--from", str(run2), "--train", str(train), "--text-a", "text", "--set", "epochs=2", "--set", "min_steps=0",
-                "--set", "batch_size=16", "--set", "dropout=0", "--set", "attention_dropout=0", "--no-progress")  # fmt: skip
+    settings = (
+        "--from",
+        str(run2),
+        "--train",
+        str(train),
+        "--text-a",
+        "text",
+        "--set",
+        "epochs=2",
+        "--set",
+        "min_steps=0",
+        "--set",
+        "batch_size=16",
+        "--set",
+        "dropout=0",
+        "--set",
+        "attention_dropout=0",
+        "--no-progress",
+    )
     said = ok("finetune", *settings, "--out", str(out))
     assert "saved in" in said
     res = json.loads((out / "results.json").read_text())
@@ -96,15 +110,29 @@ def test_two_process_run_loads_finetunes_predicts_and_exports(tmp_path, tok_dir,
     assert res["kept_seed"] == 0
 
 
-def test_pretrained_bert_finetuned_exports_to_transformers_with_equal_logits(
-    minilm_dir, glue_dir, tmp_path
-) -> None:
+def test_pretrained_bert_finetuned_exports_to_transformers_with_equal_logits(minilm_dir, glue_dir, tmp_path) -> None:
     transformers = pytest.importorskip("transformers")
     lines = (glue_dir / "SST-2" / "train.tsv").read_text(encoding="utf-8").splitlines()
     (tmp_path / "train.tsv").write_text("\n".join(lines[:161]) + "\n", encoding="utf-8")
     out = tmp_path / "ft"
-    ok("finetune", "--from", f"hf:{minilm_dir}", "--train", str(tmp_path / "train.tsv"), "--text-a", "sentence",
-       "--out", str(out), "--set", "epochs=1", "--set", "min_steps=0", "--set", "pooling=first", "--no-progress")  # fmt: skip
+    ok(
+        "finetune",
+        "--from",
+        f"hf:{minilm_dir}",
+        "--train",
+        str(tmp_path / "train.tsv"),
+        "--text-a",
+        "sentence",
+        "--out",
+        str(out),
+        "--set",
+        "epochs=1",
+        "--set",
+        "min_steps=0",
+        "--set",
+        "pooling=first",
+        "--no-progress",
+    )
     ok("export", str(out), "--out", str(tmp_path / "hf"))
     config = json.loads((tmp_path / "hf" / "config.json").read_text())
     assert config["architectures"] == ["BertForSequenceClassification"]
@@ -145,14 +173,10 @@ def test_bad_inputs_get_one_line(pretrained_run, tmp_path) -> None:
     (tmp_path / "bin.csv").write_bytes(b"text,label\n\xff\xfe\x00bad,1\n")
     proc = cli("predict", "--from", str(pretrained_run), str(tmp_path / "bin.csv"))
     assert proc.returncode == 2 and "binary file" in proc.stderr and "Traceback" not in proc.stderr
-    proc = cli(
-        "finetune", "--from", str(pretrained_run), "--train", str(tmp_path / "bin.csv"), "--text-a", "text"
-    )
+    proc = cli("finetune", "--from", str(pretrained_run), "--train", str(tmp_path / "bin.csv"), "--text-a", "text")
     assert proc.returncode == 2 and "binary file" in proc.stderr and "Traceback" not in proc.stderr
     (tmp_path / "latin.csv").write_bytes(b"text,label\ncaf\xe9,1\nthe,0\n")
-    proc = cli(
-        "finetune", "--from", str(pretrained_run), "--train", str(tmp_path / "latin.csv"), "--text-a", "text"
-    )
+    proc = cli("finetune", "--from", str(pretrained_run), "--train", str(tmp_path / "latin.csv"), "--text-a", "text")
     assert proc.returncode == 2 and "not valid UTF-8" in proc.stderr and "iconv" in proc.stderr
     proc = cli("predict", "--from", str(tmp_path / "nope"), str(tmp_path / "bin.csv"))
     assert proc.returncode == 2 and "no such file or directory" in proc.stderr

@@ -64,9 +64,7 @@ def _imports(path: Path, modules: dict[str, Path]) -> list[tuple[str, list[str],
                     visit(sub)
                 continue
             if isinstance(child, ast.Import):
-                out.extend(
-                    (a.name, [], child.lineno) for a in child.names if a.name.split(".")[0] == "cramkit"
-                )
+                out.extend((a.name, [], child.lineno) for a in child.names if a.name.split(".")[0] == "cramkit")
             elif isinstance(child, ast.ImportFrom):
                 base = child.module or ""
                 if child.level:
@@ -76,9 +74,7 @@ def _imports(path: Path, modules: dict[str, Path]) -> list[tuple[str, list[str],
                     continue
                 for alias in child.names:  # `from cramkit.train import checkpoint`: the module itself
                     sub = f"{base}.{alias.name}"
-                    out.append(
-                        (sub, [], child.lineno) if sub in modules else (base, [alias.name], child.lineno)
-                    )
+                    out.append((sub, [], child.lineno) if sub in modules else (base, [alias.name], child.lineno))
             visit(child)
 
     visit(ast.parse(path.read_text(encoding="utf-8"), str(path)))
@@ -96,9 +92,7 @@ def _layer(module: str) -> int | None:
 
 def _graph() -> dict[str, set[str]]:
     modules = _modules()
-    return {
-        m: {target for target, _, _ in _imports(p, modules) if target in modules} for m, p in modules.items()
-    }
+    return {m: {target for target, _, _ in _imports(p, modules) if target in modules} for m, p in modules.items()}
 
 
 def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:

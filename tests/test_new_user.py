@@ -59,16 +59,39 @@ def iflytek(shared_data: Path) -> Path:
 def test_clue_json_is_read_as_json_lines(tmp_path, iflytek):
     train = iflytek / "train_0.json"
     rows = [json.loads(line) for line in train.read_text(encoding="utf-8").splitlines() if line.strip()]
-    res = ok(cli("tokenizer", "train", train, "--text-field", "sentence", "--vocab-size", "3000",
-                 "--out", tmp_path / "tok"))  # fmt: skip
+    res = ok(
+        cli(
+            "tokenizer",
+            "train",
+            train,
+            "--text-field",
+            "sentence",
+            "--vocab-size",
+            "3000",
+            "--out",
+            tmp_path / "tok",
+        )
+    )
     assert f"from {len(rows)} documents" in res.stdout
     vocab = set((tmp_path / "tok" / "vocab.txt").read_text(encoding="utf-8").split())
     assert not vocab & {"sentence", "label_des", "keywords"}, "the JSON field names were read as text"
     # without --text-field: the default field `text` is missing, and the error lists the fields there are
     one_line(cli("tokenizer", "train", train, "--out", tmp_path / "t2"), "no field 'text'", "sentence")
     # data build reads it the same way: one document per row
-    res = ok(cli("data", "build", train, "--text-field", "sentence", "--tokenizer", tmp_path / "tok",
-                 "--out", tmp_path / "store", "--quiet"))  # fmt: skip
+    res = ok(
+        cli(
+            "data",
+            "build",
+            train,
+            "--text-field",
+            "sentence",
+            "--tokenizer",
+            tmp_path / "tok",
+            "--out",
+            tmp_path / "store",
+            "--quiet",
+        )
+    )
     assert f"{len(rows):,} documents" in res.stdout
 
 
@@ -82,12 +105,14 @@ def test_json_that_is_not_json_lines_and_fields_on_plain_text(tmp_path):
         "JSON array",
     )
     (tmp_path / "pretty.json").write_text('{\n  "text": "a b c"\n}\n', encoding="utf-8")
-    one_line(
-        cli("pretrain", tmp_path / "pretty.json", "--out", tmp_path / "run"), "pretty.json", "not JSON Lines"
-    )
+    one_line(cli("pretrain", tmp_path / "pretty.json", "--out", tmp_path / "run"), "pretty.json", "not JSON Lines")
     (tmp_path / "plain.txt").write_text("some words here\n", encoding="utf-8")
-    one_line(cli("tokenizer", "train", tmp_path / "plain.txt", "--text-field", "sentence", "--out", tmp_path / "t"),
-             "--text-field sentence", "plain.txt", "no fields")  # fmt: skip
+    one_line(
+        cli("tokenizer", "train", tmp_path / "plain.txt", "--text-field", "sentence", "--out", tmp_path / "t"),
+        "--text-field sentence",
+        "plain.txt",
+        "no fields",
+    )
     # in a directory, .json files that hold JSON Lines are read, other .json files (configs) skipped
     corpus = tmp_path / "corpus"
     corpus.mkdir()
@@ -100,8 +125,14 @@ def test_json_that_is_not_json_lines_and_fields_on_plain_text(tmp_path):
 
 
 def test_every_text_verb_takes_the_reading_options():
-    for verb in (["tokenizer", "train"], ["data", "build"], ["pretrain"], ["index", "build"], ["index", "add"],
-                 ["embed"]):  # fmt: skip
+    for verb in (
+        ["tokenizer", "train"],
+        ["data", "build"],
+        ["pretrain"],
+        ["index", "build"],
+        ["index", "add"],
+        ["embed"],
+    ):
         out = ok(cli(*verb, "--help")).stdout
         for flag in ("--encoding", "--errors", "--text-field"):
             assert flag in out, f"cramkit {' '.join(verb)} lacks {flag}"
@@ -110,13 +141,29 @@ def test_every_text_verb_takes_the_reading_options():
 
 def test_latin1_corpus_is_indexed_and_embedded(tmp_path, minilm_dir):
     latin = tmp_path / "latin.txt"
-    latin.write_bytes(
-        "Le café est très bon.\n\nUne crème brûlée à Noël.\n\nLe garçon mange.\n".encode("latin-1")
+    text = "Le café est très bon.\n\nUne crème brûlée à Noël.\n\nLe garçon mange.\n"
+    latin.write_bytes(text.encode("latin-1"))
+    one_line(
+        cli("index", "build", latin, "--encoder", minilm_dir, "--out", tmp_path / "i0", "--device", "cpu"),
+        "latin.txt",
+        "not valid UTF-8",
+        "--encoding",
     )
-    one_line(cli("index", "build", latin, "--encoder", minilm_dir, "--out", tmp_path / "i0", "--device", "cpu"),
-             "latin.txt", "not valid UTF-8", "--encoding")  # fmt: skip
-    res = ok(cli("index", "build", latin, "--encoder", minilm_dir, "--out", tmp_path / "idx", "--device", "cpu",
-                 "--encoding", "latin-1"))  # fmt: skip
+    res = ok(
+        cli(
+            "index",
+            "build",
+            latin,
+            "--encoder",
+            minilm_dir,
+            "--out",
+            tmp_path / "idx",
+            "--device",
+            "cpu",
+            "--encoding",
+            "latin-1",
+        )
+    )
     assert "3 documents" in res.stdout
     info = ok(cli("index", "info", tmp_path / "idx")).stdout
     assert "exact search" in info and "0 held-out" not in info  # a flat index: nothing was measured
@@ -127,10 +174,25 @@ def test_latin1_corpus_is_indexed_and_embedded(tmp_path, minilm_dir):
     one_line(cli("index", "add", tmp_path / "idx", more, "--device", "cpu"), "more.txt", "--encoding")
     res = ok(cli("index", "add", tmp_path / "idx", more, "--device", "cpu", "--encoding", "cp1252"))
     assert "holds 4 chunks" in res.stdout
-    one_line(cli("embed", latin, "--from", minilm_dir, "--out", tmp_path / "e0", "--device", "cpu"),
-             "latin.txt", "--encoding")  # fmt: skip
-    ok(cli("embed", latin, "--from", minilm_dir, "--out", tmp_path / "emb", "--device", "cpu", "--encoding",
-           "latin-1"))  # fmt: skip
+    one_line(
+        cli("embed", latin, "--from", minilm_dir, "--out", tmp_path / "e0", "--device", "cpu"),
+        "latin.txt",
+        "--encoding",
+    )
+    ok(
+        cli(
+            "embed",
+            latin,
+            "--from",
+            minilm_dir,
+            "--out",
+            tmp_path / "emb",
+            "--device",
+            "cpu",
+            "--encoding",
+            "latin-1",
+        )
+    )
     assert json.loads((tmp_path / "emb" / "embed.json").read_text())["rows"] == 3
 
 
@@ -141,14 +203,21 @@ def test_latin1_corpus_is_indexed_and_embedded(tmp_path, minilm_dir):
     "argv, typed, meant",
     [
         (["tokenizer", "train", "x.txt", "--vocab-sz", "8000", "--out", "t"], "--vocab-sz", "--vocab-size"),
-        (["data", "build", "x.txt", "--tokenizer", "t", "--out", "s", "--wrokers", "2"], "--wrokers", "--workers"),
+        (
+            ["data", "build", "x.txt", "--tokenizer", "t", "--out", "s", "--wrokers", "2"],
+            "--wrokers",
+            "--workers",
+        ),
         (["data", "inspect", "s", "--smaples", "2"], "--smaples", "--samples"),
-        (["index", "build", "x.txt", "--encoder", "m", "--out", "i", "--chunk-size", "64"], "--chunk-size",
-         "--chunk-tokens"),
+        (
+            ["index", "build", "x.txt", "--encoder", "m", "--out", "i", "--chunk-size", "64"],
+            "--chunk-size",
+            "--chunk-tokens",
+        ),
         (["index", "add", "i", "x.txt", "--blok", "8"], "--blok", "--block"),
         (["index", "query", "i", "text", "--jsn"], "--jsn", "--json"),
     ],
-)  # fmt: skip
+)
 def test_unknown_flag_of_a_two_level_verb_is_the_one_typed(argv, typed, meant):
     one_line(cli(*argv), f"unknown option {typed}; did you mean {meant}?")
 
@@ -179,15 +248,25 @@ def test_hub_id_offline_is_one_line_about_the_network_for_every_verb(tmp_path):
     for argv in (
         ["finetune", "--from", "hf:no-org/no-model", "--train", data, "--dev", data, "--text-a", "text"],
         ["eval", "glue", "--from", "hf:no-org/no-model", "--data-dir", tmp_path],
-        ["distill", "--teacher", "hf:no-org/no-model", "--student", "bilstm", "--train", data, "--dev", data,
-         "--text-a", "text",
-         "--out", tmp_path / "s"],
+        [
+            "distill",
+            "--teacher",
+            "hf:no-org/no-model",
+            "--student",
+            "bilstm",
+            "--train",
+            data,
+            "--dev",
+            data,
+            "--text-a",
+            "text",
+            "--out",
+            tmp_path / "s",
+        ],
         ["predict", "--from", "hf:no-org/no-model", data],
         ["embed", data, "--from", "hf:no-org/no-model", "--out", tmp_path / "e"],
-    ):  # fmt: skip
-        line = one_line(
-            cli(*argv), "hf:no-org/no-model", "not in the local Hugging Face cache", "HF_HUB_OFFLINE"
-        )
+    ):
+        line = one_line(cli(*argv), "hf:no-org/no-model", "not in the local Hugging Face cache", "HF_HUB_OFFLINE")
         assert "no such directory" not in line
 
 
@@ -202,11 +281,36 @@ def iflytek_model(tmp_path_factory, iflytek, minilm_dir) -> tuple[subprocess.Com
     data.write_text("\n".join(lines) + "\n", encoding="utf-8")
     cache = hub_cache(tmp / "hub", "test-org/minilm", minilm_dir)
     proc = subprocess.run(
-        [sys.executable, "-m", "cramkit", "finetune", "--from", "hf:test-org/minilm", "--train", str(data),
-         "--dev", str(data), "--text-a", "sentence", "--label", "label_des", "--set", "epochs=1", "--set", "min_steps=0",
-         "--set", "max_length=32", "--no-progress", "--out", str(tmp / "ft")],
-        capture_output=True, text=True, timeout=600, env={**ENV, "HF_HUB_CACHE": str(cache)},
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "cramkit",
+            "finetune",
+            "--from",
+            "hf:test-org/minilm",
+            "--train",
+            str(data),
+            "--dev",
+            str(data),
+            "--text-a",
+            "sentence",
+            "--label",
+            "label_des",
+            "--set",
+            "epochs=1",
+            "--set",
+            "min_steps=0",
+            "--set",
+            "max_length=32",
+            "--no-progress",
+            "--out",
+            str(tmp / "ft"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**ENV, "HF_HUB_CACHE": str(cache)},
+    )
     assert proc.returncode == 0, proc.stderr
     return proc, tmp / "ft", data
 
@@ -238,8 +342,12 @@ def test_predict_scores_the_column_the_model_was_trained_on(iflytek_model, tmp_p
 def test_predict_checks_the_label_column_before_predicting(iflytek_model, tmp_path):
     _, model, data = iflytek_model
     out = tmp_path / "p.jsonl"
-    line = one_line(cli("predict", "--from", model, data, "--out", out, "--label", "label"),
-                    "column 'label'", "the model does not know", "--label none")  # fmt: skip
+    line = one_line(
+        cli("predict", "--from", model, data, "--out", out, "--label", "label"),
+        "column 'label'",
+        "the model does not know",
+        "--label none",
+    )
     assert "its labels:" in line
     assert not out.exists()
     one_line(cli("predict", "--from", model, data, "--out", out, "--label", "stars"), "no column 'stars'")
@@ -269,20 +377,12 @@ def test_tokenizer_and_store_are_not_overwritten_silently(tmp_path):
     tok = tmp_path / "tok"
     ok(cli("tokenizer", "train", corpus, "--vocab-size", "200", "--out", tok))
     before = (tok / "vocab.txt").read_bytes()
-    one_line(
-        cli("tokenizer", "train", corpus, "--vocab-size", "150", "--out", tok), "already holds", "--force"
-    )
+    one_line(cli("tokenizer", "train", corpus, "--vocab-size", "150", "--out", tok), "already holds", "--force")
     assert (tok / "vocab.txt").read_bytes() == before
     ok(cli("tokenizer", "train", corpus, "--vocab-size", "150", "--out", tok, "--force"))
     ok(cli("data", "build", corpus, "--tokenizer", tok, "--out", tmp_path / "s", "--quiet"))
-    one_line(
-        cli("data", "build", corpus, "--tokenizer", tok, "--out", tmp_path / "s"), "train.bin", "--force"
-    )
-    ok(
-        cli(
-            "data", "build", corpus, "--tokenizer", tok, "--out", tmp_path / "s", "--name", "other", "--quiet"
-        )
-    )
+    one_line(cli("data", "build", corpus, "--tokenizer", tok, "--out", tmp_path / "s"), "train.bin", "--force")
+    ok(cli("data", "build", corpus, "--tokenizer", tok, "--out", tmp_path / "s", "--name", "other", "--quiet"))
     ok(cli("data", "build", corpus, "--tokenizer", tok, "--out", tmp_path / "s", "--force", "--quiet"))
 
 
@@ -311,11 +411,16 @@ def test_help_names_every_preset_and_every_option() -> None:
 
 
 def test_nproc_with_a_mistyped_setting_fails_once_before_torchrun(tmp_path):
-    one_line(cli("pretrain", "--nproc", "2", "--set", "parallel.tpx=2", "--out", tmp_path / "r"),
-             "unknown setting 'parallel.tpx'")  # fmt: skip
+    one_line(
+        cli("pretrain", "--nproc", "2", "--set", "parallel.tpx=2", "--out", tmp_path / "r"),
+        "unknown setting 'parallel.tpx'",
+    )
     assert not (tmp_path / "r").exists()
-    one_line(cli("finetune", "--nproc", "2", "--from", tmp_path, "--set", "epocs=2", "--out", tmp_path / "f"),
-             "unknown setting", "epochs")  # fmt: skip
+    one_line(
+        cli("finetune", "--nproc", "2", "--from", tmp_path, "--set", "epocs=2", "--out", tmp_path / "f"),
+        "unknown setting",
+        "epochs",
+    )
 
 
 def test_onnx_export_says_when_fusions_were_skipped(pretrained_run, tmp_path, monkeypatch, capsys):
@@ -330,8 +435,13 @@ def test_onnx_export_says_when_fusions_were_skipped(pretrained_run, tmp_path, mo
         raise IndexError("list index out of range")
 
     monkeypatch.setattr(optimizer, "optimize_model", broken)
-    out = write_export("onnx", load(pretrained_run), tmp_path / "onnx", texts=["a short text", "another one"],
-                      compare=compare_outputs)  # fmt: skip
+    out = write_export(
+        "onnx",
+        load(pretrained_run),
+        tmp_path / "onnx",
+        texts=["a short text", "another one"],
+        compare=compare_outputs,
+    )
     err = capsys.readouterr().err
     manifest = json.loads((out / "cramkit-onnx.json").read_text(encoding="utf-8"))
     assert manifest["fusions"]["skipped"].startswith("IndexError")

@@ -78,18 +78,14 @@ def finetune(
         settings["prompt"] = prompt
     if label_words is not None:
         settings["label_words"] = (
-            label_words
-            if isinstance(label_words, str)
-            else ",".join(f"{k}={v}" for k, v in label_words.items())
+            label_words if isinstance(label_words, str) else ",".join(f"{k}={v}" for k, v in label_words.items())
         )
     from cramkit.tasks.registry import get_task, hold_out
     from cramkit.train.finetune import config_from
     from cramkit.train.finetune import finetune as _finetune
 
     if (task is None) == (train is None):
-        raise CramkitError(
-            "give either task='glue/sst2' or train='train.csv' (your own files), not both or neither"
-        )
+        raise CramkitError("give either task='glue/sst2' or train='train.csv' (your own files), not both or neither")
     if task is not None:
         the_task = get_task(task, data_dir=data_dir)
     else:
@@ -115,8 +111,15 @@ def finetune(
         if splits < 1:
             raise CramkitError(f"splits must be at least 1, got {splits}")
         where = out or f"finetune-{the_task.name.replace('/', '-')}-{few_shot}shot"
-        return fewshot_run(the_task, source, config_from(settings), where, [str(i) for i in range(splits)],
-                           k=few_shot, progress=progress)  # fmt: skip
+        return fewshot_run(
+            the_task,
+            source,
+            config_from(settings),
+            where,
+            [str(i) for i in range(splits)],
+            k=few_shot,
+            progress=progress,
+        )
     return _finetune(the_task, source, config_from(settings), out, progress=progress)
 
 
@@ -177,6 +180,4 @@ def export(
     see :func:`cramkit.infer.export.export`."""
     from cramkit.infer.export import export as _export
 
-    return _export(
-        model, out, format=format, quantize=quantize, step=step, mlm_head=mlm_head, force=force
-    ).path
+    return _export(model, out, format=format, quantize=quantize, step=step, mlm_head=mlm_head, force=force).path

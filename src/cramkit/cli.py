@@ -58,9 +58,7 @@ def _setting_keys(verb: str | None) -> list[str]:
     return []
 
 
-def _verb_parser(
-    parser: argparse.ArgumentParser, argv: list[str]
-) -> tuple[argparse.ArgumentParser, list[str]]:
+def _verb_parser(parser: argparse.ArgumentParser, argv: list[str]) -> tuple[argparse.ArgumentParser, list[str]]:
     """The parser of the verb ``argv`` names, two-level verbs included (``tokenizer train``), and its words."""
     words: list[str] = []
     for arg in argv:
@@ -90,9 +88,12 @@ def _suggest_flags(parser: argparse.ArgumentParser, argv: list[str], extra: list
     name = flag[2:].replace("-", "_")
     scored = [(difflib.SequenceMatcher(None, flag, k).ratio(), k) for k in known]
     scored += [
-        (difflib.SequenceMatcher(None, name, key.rsplit(".", 1)[-1]).ratio(), f"--set {key}={value or 'VALUE'}")
+        (
+            difflib.SequenceMatcher(None, name, key.rsplit(".", 1)[-1]).ratio(),
+            f"--set {key}={value or 'VALUE'}",
+        )
         for key in _setting_keys(" ".join(words))
-    ]  # fmt: skip
+    ]
     best = max(scored, default=(0.0, ""))
     hint = f"; did you mean {best[1]}?" if best[0] >= 0.6 else f"; see {' '.join(['cramkit', *words])} --help"
     return f"unknown option {flag}{hint}"

@@ -20,11 +20,21 @@ ABORT_AT_ONCE = False
 
 # optional dependencies -> the extra of pyproject.toml that installs them
 EXTRAS = {
-    "fastapi": "serve", "starlette": "serve", "uvicorn": "serve", "prometheus_client": "serve",
-    "onnx": "onnx", "onnxruntime": "onnx", "onnxscript": "onnx", "faiss": "index", "nltk": "distill",
-    "transformers": "hf", "datasets": "hf", "zstandard": "compress", "pyarrow": "parquet",
+    "fastapi": "serve",
+    "starlette": "serve",
+    "uvicorn": "serve",
+    "prometheus_client": "serve",
+    "onnx": "onnx",
+    "onnxruntime": "onnx",
+    "onnxscript": "onnx",
+    "faiss": "index",
+    "nltk": "distill",
+    "transformers": "hf",
+    "datasets": "hf",
+    "zstandard": "compress",
+    "pyarrow": "parquet",
     "ctranslate2": "ct2",
-}  # fmt: skip
+}
 
 
 def missing_extra(exc: ImportError) -> CramkitError | None:
@@ -33,6 +43,4 @@ def missing_extra(exc: ImportError) -> CramkitError | None:
     extra = EXTRAS.get(name)
     if extra is None:
         return None
-    return CramkitError(
-        f"{name} is not installed; install cramkit's [{extra}] extra: pip install 'cramkit[{extra}]'"
-    )
+    return CramkitError(f"{name} is not installed; install cramkit's [{extra}] extra: pip install 'cramkit[{extra}]'")

@@ -267,8 +267,7 @@ def check_out_file(out: str | os.PathLike, *, inputs: Iterable[Any] = ()) -> Non
     out = Path(out)
     if out.is_dir():
         raise CramkitError(
-            f"--out {out} is a directory; give a file name (e.g. {out / 'predictions.jsonl'}); the directory "
-            "is kept"
+            f"--out {out} is a directory; give a file name (e.g. {out / 'predictions.jsonl'}); the directory is kept"
         )
     _refuse_inputs(out, inputs, replace=False)
 

@@ -60,9 +60,20 @@ OWN_ARCHITECTURES = ("encoder", "prompt", "prefix")
 
 PathLike = str | os.PathLike
 # the fields of cramkit-model.json and their types: a crafted file gets one line, never a traceback
-META_FIELDS = {"architecture": str, "model": dict, "head": dict, "num_labels": int, "labels": list, "task": str,
-               "max_length": int, "pooling": ("mean", "cls"), "normalize": bool, "with_types": bool,
-               "extra": dict, "sha256": dict}  # fmt: skip
+META_FIELDS = {
+    "architecture": str,
+    "model": dict,
+    "head": dict,
+    "num_labels": int,
+    "labels": list,
+    "task": str,
+    "max_length": int,
+    "pooling": ("mean", "cls"),
+    "normalize": bool,
+    "with_types": bool,
+    "extra": dict,
+    "sha256": dict,
+}
 
 
 @dataclass
@@ -245,9 +256,7 @@ def load(
     backend (threads: the runtime's CPU threads, default every core this process may use); the rest as
     :func:`load_torch` does (``threads`` applies to exports only)."""
     if is_export(source):
-        given = [
-            name for name, value in (("step", step), ("task", task), ("base", base)) if value is not None
-        ]
+        given = [name for name, value in (("step", step), ("task", task), ("base", base)) if value is not None]
         if given:
             raise CramkitError(
                 f"{source} is an export: {', '.join(given)} applies to the torch model it was exported from"
@@ -312,9 +321,7 @@ def load_torch(
         if step is not None and kind != "run":
             raise CramkitError(f"--step applies to a run directory; {text} is not one")
     if base is not None and loaded.architecture != "prefix":
-        raise CramkitError(
-            f"--base applies to a deep-prompt directory (finetune --method ptuning); {text} is not one"
-        )
+        raise CramkitError(f"--base applies to a deep-prompt directory (finetune --method ptuning); {text} is not one")
     loaded.source = text
     _check_vocab(loaded)
     loaded.tokenizer.no_truncation()
@@ -402,9 +409,7 @@ def _load_run(path: Path, step: int | None) -> LoadedModel:
     except CramkitError:
         raise
     except Exception as exc:  # noqa: BLE001 - a corrupt YAML file
-        raise CramkitError(
-            f"{run / 'config.yaml'} is not valid YAML ({exc}); restore the run's config"
-        ) from None
+        raise CramkitError(f"{run / 'config.yaml'} is not valid YAML ({exc}); restore the run's config") from None
     if not isinstance(section, dict):
         raise CramkitError(f"{run / 'config.yaml'} has no 'model:' section; is it a cramkit run?")
     cfg = from_dict(ModelConfig, section, "model")
@@ -420,11 +425,7 @@ def _load_run(path: Path, step: int | None) -> LoadedModel:
     from cramkit.io import read_json_object
 
     # a run continued from a model with BERT's pooler (pretrain --from) keeps it: fine-tuning starts from it
-    info = (
-        read_json_object(run / "run.json", "the run directory is damaged")
-        if (run / "run.json").is_file()
-        else {}
-    )
+    info = read_json_object(run / "run.json", "the run directory is damaged") if (run / "run.json").is_file() else {}
     pooler = load_pooler(run, info, cfg.hidden)
     return LoadedModel(
         model=model,
@@ -449,21 +450,14 @@ def load_pooler(run: Path, info: dict[str, Any], hidden: int) -> dict[str, torch
     if not entry:
         return None
     if not file.is_file():
-        raise CramkitError(
-            f"{run}: {POOLER_FILE} is missing (run.json records a kept pooler); the run is damaged"
-        )
+        raise CramkitError(f"{run}: {POOLER_FILE} is missing (run.json records a kept pooler); the run is damaged")
     if not isinstance(entry, dict) or sha256_file(file) != entry.get("sha256"):
         raise CramkitError(
             f"{file} is corrupt (its SHA-256 differs from the one recorded in run.json); copy the run again"
         )
     state = read_weights(file)
     weight, bias = state.get("pooler.weight"), state.get("pooler.bias")
-    if (
-        weight is None
-        or bias is None
-        or tuple(weight.shape) != (hidden, hidden)
-        or tuple(bias.shape) != (hidden,)
-    ):
+    if weight is None or bias is None or tuple(weight.shape) != (hidden, hidden) or tuple(bias.shape) != (hidden,):
         raise CramkitError(f"{file}: not a pooler of this run's model (hidden {hidden}); the run is damaged")
     return {"weight": weight, "bias": bias}
 
@@ -512,9 +506,7 @@ def _check_size(cfg: Any, file: Path) -> None:
     from cramkit.model.encoder import config_parameters
     from cramkit.runtime import machine_memory
 
-    params = (
-        config_parameters(cfg) if not hasattr(cfg, "parameters") else sum(p.numel() for p in cfg.parameters())
-    )
+    params = config_parameters(cfg) if not hasattr(cfg, "parameters") else sum(p.numel() for p in cfg.parameters())
     have, where = machine_memory("cpu")
     if have is not None and params * 4 > have:
         raise CramkitError(
@@ -554,9 +546,7 @@ def _load_model_dir(path: Path, base: PathLike | LoadedModel | None = None) -> L
     try:  # the directory's files stay inside it: no link may make it read elsewhere
         weights, tok_dir = inside(path, "model.safetensors"), inside(path, "tokenizer")
     except ValueError as exc:
-        raise CramkitError(
-            f"{path}: {exc}; refusing to read it (a model directory's files stay inside it)"
-        ) from None
+        raise CramkitError(f"{path}: {exc}; refusing to read it (a model directory's files stay inside it)") from None
     if not weights.is_file():
         raise CramkitError(f"{path}: model.safetensors is missing; the model directory is incomplete")
     want = (meta.get("sha256") or {}).get("model.safetensors")
@@ -600,9 +590,7 @@ def _load_model_dir(path: Path, base: PathLike | LoadedModel | None = None) -> L
         cfg = meta.get("model")
         load_weights(model, state, str(weights))
     else:
-        raise CramkitError(
-            f"{file}: unknown architecture {arch!r}; known: encoder, {', '.join(sorted(ARCHITECTURES))}"
-        )
+        raise CramkitError(f"{file}: unknown architecture {arch!r}; known: encoder, {', '.join(sorted(ARCHITECTURES))}")
     if tokenizer is None:
         if not tok_dir.is_dir():
             raise missing_tok
@@ -626,9 +614,7 @@ def _load_model_dir(path: Path, base: PathLike | LoadedModel | None = None) -> L
     )
 
 
-def _build_prompt_model(
-    meta: dict[str, Any], file: Path, tokenizer: Any, labels: Any
-) -> tuple[nn.Module, Any]:
+def _build_prompt_model(meta: dict[str, Any], file: Path, tokenizer: Any, labels: Any) -> tuple[nn.Module, Any]:
     """A PromptClassifier from ``extra.prompt`` (template, label words), checked against the labels and the
     directory's own tokenizer."""
     from cramkit.config import from_dict
@@ -637,13 +623,24 @@ def _build_prompt_model(
     from cramkit.model.prompting import PromptClassifier
 
     prompt = (meta.get("extra") or {}).get("prompt")
-    if not (isinstance(prompt, dict) and isinstance(prompt.get("template"), str)
-            and isinstance(prompt.get("label_words"), dict) and labels):  # fmt: skip
-        raise CramkitError(f"{file}: a prompt model needs extra.prompt (template, label_words) and labels; the "
-                           "model directory is damaged or crafted: write it again")  # fmt: skip
+    if not (
+        isinstance(prompt, dict)
+        and isinstance(prompt.get("template"), str)
+        and isinstance(prompt.get("label_words"), dict)
+        and labels
+    ):
+        raise CramkitError(
+            f"{file}: a prompt model needs extra.prompt (template, label_words) and labels; the "
+            "model directory is damaged or crafted: write it again"
+        )
     try:
-        spec = prompt_spec(prompt["template"], prompt["label_words"], labels, tokenizer,
-                           fields={k: k for k in ("text_a", "text_b")})  # fmt: skip
+        spec = prompt_spec(
+            prompt["template"],
+            prompt["label_words"],
+            labels,
+            tokenizer,
+            fields={k: k for k in ("text_a", "text_b")},
+        )
     except CramkitError as exc:
         raise CramkitError(f"{file}: its prompt does not fit its labels or tokenizer ({exc})") from None
     cfg = from_dict(ModelConfig, meta.get("model") or {}, "model")
@@ -663,10 +660,16 @@ def _build_prefix_model(
     from cramkit.model.prompting import PrefixClassifier, encoder_digest
 
     info = (meta.get("extra") or {}).get("base")
-    if not (isinstance(info, dict) and isinstance(info.get("sha256"), str) and isinstance(info.get("prefix_len"), int)
-            and 1 <= info["prefix_len"] <= 100_000):  # fmt: skip
-        raise CramkitError(f"{file}: a deep-prompt directory needs extra.base (sha256, prefix_len); it is damaged "
-                           "or crafted: write it again")  # fmt: skip
+    if not (
+        isinstance(info, dict)
+        and isinstance(info.get("sha256"), str)
+        and isinstance(info.get("prefix_len"), int)
+        and 1 <= info["prefix_len"] <= 100_000
+    ):
+        raise CramkitError(
+            f"{file}: a deep-prompt directory needs extra.base (sha256, prefix_len); it is damaged "
+            "or crafted: write it again"
+        )
     named = str(info.get("source", "?"))
     if base is None:
         raise CramkitError(
@@ -735,18 +738,25 @@ def task_heads(meta: dict[str, Any], file: PathLike) -> list[dict[str, Any]]:
     """A multitask model's heads (``extra.tasks``: name, kind, num_labels, labels), checked: a crafted file
     gets one line, never a traceback."""
     heads = (meta.get("extra") or {}).get("tasks")
-    bad = CramkitError(f"{file}: 'extra.tasks' must list the heads (name, kind, num_labels, labels); the model "
-                       "directory is damaged or crafted: write it again")  # fmt: skip
+    bad = CramkitError(
+        f"{file}: 'extra.tasks' must list the heads (name, kind, num_labels, labels); the model "
+        "directory is damaged or crafted: write it again"
+    )
     if not isinstance(heads, list) or not heads:
         raise bad
     for h in heads:
-        if not (isinstance(h, dict) and isinstance(h.get("name"), str)
-                and h.get("kind") in ("classification", "regression", "multiple_choice")
-                and isinstance(h.get("num_labels"), int) and 1 <= h["num_labels"] <= 1_000_000):  # fmt: skip
+        if not (
+            isinstance(h, dict)
+            and isinstance(h.get("name"), str)
+            and h.get("kind") in ("classification", "regression", "multiple_choice")
+            and isinstance(h.get("num_labels"), int)
+            and 1 <= h["num_labels"] <= 1_000_000
+        ):
             raise bad
         labels = h.get("labels")
-        if labels is not None and not (isinstance(labels, list) and all(isinstance(x, str) for x in labels)
-                                       and len(labels) == h["num_labels"]):  # fmt: skip
+        if labels is not None and not (
+            isinstance(labels, list) and all(isinstance(x, str) for x in labels) and len(labels) == h["num_labels"]
+        ):
             raise bad
     if len({h["name"] for h in heads}) != len(heads):
         raise bad
@@ -765,9 +775,7 @@ def for_task(loaded: LoadedModel, task: str | None) -> LoadedModel:
     heads = task_heads(loaded.meta(), loaded.source)
     names = [h["name"] for h in heads]
     if task is None:
-        raise CramkitError(
-            f"{loaded.source} holds one head per task ({', '.join(names)}); choose one with --task NAME"
-        )
+        raise CramkitError(f"{loaded.source} holds one head per task ({', '.join(names)}); choose one with --task NAME")
     short = {n.split("/")[-1]: n for n in names}
     name = task if task in names else short.get(task)
     if name is None:
@@ -775,28 +783,41 @@ def for_task(loaded: LoadedModel, task: str | None) -> LoadedModel:
 
         close = difflib.get_close_matches(task, names, n=1)
         hint = f" (did you mean {close[0]}?)" if close else ""
-        raise CramkitError(
-            f"--task {task}: {loaded.source} has no head for it{hint}; its tasks: {', '.join(names)}"
-        )
+        raise CramkitError(f"--task {task}: {loaded.source} has no head for it{hint}; its tasks: {', '.join(names)}")
     i = names.index(name)
     h = heads[i]
     extra = {k: v for k, v in loaded.extra.items() if k != "tasks"}
     extra.update({k: h[k] for k in ("columns", "trained_inputs") if k in h})
     return LoadedModel(
-        model=loaded.model.single(i).eval(), kind={"classification": "classifier"}.get(h["kind"], h["kind"]),
-        config=loaded.config, tokenizer=loaded.tokenizer, labels=h.get("labels"), task=name,
-        max_length=loaded.max_length, pooling=loaded.pooling, normalize=loaded.normalize,
-        with_types=loaded.with_types, source=loaded.source, architecture=loaded.architecture,
-        head=loaded.head, extra=extra,
-    )  # fmt: skip
+        model=loaded.model.single(i).eval(),
+        kind={"classification": "classifier"}.get(h["kind"], h["kind"]),
+        config=loaded.config,
+        tokenizer=loaded.tokenizer,
+        labels=h.get("labels"),
+        task=name,
+        max_length=loaded.max_length,
+        pooling=loaded.pooling,
+        normalize=loaded.normalize,
+        with_types=loaded.with_types,
+        source=loaded.source,
+        architecture=loaded.architecture,
+        head=loaded.head,
+        extra=extra,
+    )
 
 
 # ------------------------------------------------------------------------------------- Hugging Face
 
 
 # the module config names sentence-transformers has used for its Transformer module, newest first
-ST_CONFIG_FILES = ("sentence_bert_config.json", "sentence_roberta_config.json", "sentence_distilbert_config.json",
-                   "sentence_camembert_config.json", "sentence_albert_config.json", "sentence_xlm-roberta_config.json")  # fmt: skip
+ST_CONFIG_FILES = (
+    "sentence_bert_config.json",
+    "sentence_roberta_config.json",
+    "sentence_distilbert_config.json",
+    "sentence_camembert_config.json",
+    "sentence_albert_config.json",
+    "sentence_xlm-roberta_config.json",
+)
 
 
 def _st_pooling(root: Path) -> tuple[str | None, bool, int | None]:
@@ -824,10 +845,7 @@ def _st_pooling(root: Path) -> tuple[str | None, bool, int | None]:
                 normalize = True
         for name in ST_CONFIG_FILES:
             if (root / name).is_file():
-                max_len = (
-                    int(json.loads((root / name).read_text(encoding="utf-8")).get("max_seq_length") or 0)
-                    or None
-                )
+                max_len = int(json.loads((root / name).read_text(encoding="utf-8")).get("max_seq_length") or 0) or None
                 break
         tok_conf = root / "tokenizer_config.json"
         if max_len is None and tok_conf.is_file():
@@ -842,8 +860,18 @@ def _st_pooling(root: Path) -> tuple[str | None, bool, int | None]:
 def _st_pooling_mode(conf: dict[str, Any], file: Path) -> str | None:
     mode = conf.get("pooling_mode")
     if mode is None:  # before v5: one flag per mode
-        modes = [m for m in ("cls_token", "mean_tokens", "max_tokens", "mean_sqrt_len_tokens", "weightedmean_tokens",
-                             "lasttoken") if conf.get(f"pooling_mode_{m}")]  # fmt: skip
+        modes = [
+            m
+            for m in (
+                "cls_token",
+                "mean_tokens",
+                "max_tokens",
+                "mean_sqrt_len_tokens",
+                "weightedmean_tokens",
+                "lasttoken",
+            )
+            if conf.get(f"pooling_mode_{m}")
+        ]
         mode = [m.removesuffix("_tokens").replace("cls_token", "cls") for m in modes]
     if isinstance(mode, list) and len(mode) == 1:
         mode = mode[0]
@@ -966,8 +994,11 @@ def _load_cramkit_export(root: Path, hf: dict[str, Any]) -> LoadedModel:
     labels, head, what = None, None, f"hf:{root}"
     if arch == "CramkitForSequenceClassification":
         kind, n, labels = _hf_labels(hf, state)
-        head_cfg = ClassifierConfig(pooling=hf.get("classifier_pooling", "first"),
-                                    pooler_dense=bool(hf.get("classifier_pooler_dense", True)), dropout=cfg.dropout)  # fmt: skip
+        head_cfg = ClassifierConfig(
+            pooling=hf.get("classifier_pooling", "first"),
+            pooler_dense=bool(hf.get("classifier_pooler_dense", True)),
+            dropout=cfg.dropout,
+        )
         model: nn.Module = SequenceClassifier(cfg, n, head_cfg, multilabel=kind == "multilabel")
         load_weights(model, state, what)
         head = {
@@ -984,10 +1015,18 @@ def _load_cramkit_export(root: Path, hf: dict[str, Any]) -> LoadedModel:
     if not any((root / f).is_file() for f in ("tokenizer.json", "vocab.txt")):
         raise CramkitError(f"hf:{root}: no tokenizer.json or vocab.txt beside the weights")
     return LoadedModel(
-        model=model, kind=kind, config=cfg, tokenizer=load_tokenizer(root), labels=labels,
-        max_length=_max_length(cfg), pooling="cls" if head and head["pooling"] == "first" else "mean", with_types=cfg.type_vocab_size > 0, head=head, extra={"hf_architecture": arch},
+        model=model,
+        kind=kind,
+        config=cfg,
+        tokenizer=load_tokenizer(root),
+        labels=labels,
+        max_length=_max_length(cfg),
+        pooling="cls" if head and head["pooling"] == "first" else "mean",
+        with_types=cfg.type_vocab_size > 0,
+        head=head,
+        extra={"hf_architecture": arch},
         weights_file=_single_weights_file(root),
-    )  # fmt: skip
+    )
 
 
 # ------------------------------------------------------------------------------------------ checks

@@ -135,9 +135,7 @@ def verify(path: str | os.PathLike, files: list[str] | None = None) -> dict[str,
     state = read_state(path)
     sums = state.get("sha256")
     if not isinstance(sums, dict) or not sums:
-        raise CramkitError(
-            f"{path / STATE_FILE} lists no checksums; the checkpoint is damaged; resume from another"
-        )
+        raise CramkitError(f"{path / STATE_FILE} lists no checksums; the checkpoint is damaged; resume from another")
     for name in files if files is not None else sorted(sums):
         inside_checkpoint(path, name)
         expected = sums.get(name)
@@ -175,6 +173,4 @@ def model_weights(checkpoint: str | os.PathLike) -> dict[str, torch.Tensor]:
     try:
         return load_file(str(path / WEIGHTS_FILE))
     except (OSError, SafetensorError) as exc:
-        raise CramkitError(
-            f"{path / WEIGHTS_FILE} cannot be read ({exc}); the checkpoint is damaged"
-        ) from None
+        raise CramkitError(f"{path / WEIGHTS_FILE} cannot be read ({exc}); the checkpoint is damaged") from None

@@ -47,9 +47,7 @@ def resolve_device(name: str | torch.device | None = "auto") -> torch.device:
     except (RuntimeError, ValueError):
         raise CramkitError(f"unknown device {str(name)!r}; use auto, cpu, cuda or cuda:N") from None
     if device.type == "cuda" and not torch.cuda.is_available():
-        raise CramkitError(
-            f"device {str(name)!r} was asked for but CUDA is not available here; use device cpu"
-        )
+        raise CramkitError(f"device {str(name)!r} was asked for but CUDA is not available here; use device cpu")
     return device
 
 
@@ -99,9 +97,7 @@ def torchrun() -> Torchrun:
             "WORLD_SIZE is set but RANK/MASTER_ADDR are not: start multi-process runs with "
             "`torchrun --nproc_per_node N -m cramkit pretrain ...` or `cramkit pretrain --nproc N ...`"
         )
-    return Torchrun(
-        rank=int(env.get("RANK", "0")), local_rank=int(env.get("LOCAL_RANK", "0")), world=max(world, 1)
-    )
+    return Torchrun(rank=int(env.get("RANK", "0")), local_rank=int(env.get("LOCAL_RANK", "0")), world=max(world, 1))
 
 
 def cpu_cores() -> int:
@@ -136,8 +132,11 @@ class StopFlag:
             # raised inside a checkpoint writer's critical section could leave a lock held and the process
             # waiting forever); a library caller gets a KeyboardInterrupt instead
             if errors.ABORT_AT_ONCE:
-                print("\ncramkit: interrupted again: stopping now; the checkpoints already saved are intact",
-                      file=sys.stderr, flush=True)  # fmt: skip
+                print(
+                    "\ncramkit: interrupted again: stopping now; the checkpoints already saved are intact",
+                    file=sys.stderr,
+                    flush=True,
+                )
                 sys.stdout.flush()
                 os._exit(128 + signal.SIGINT)
             raise KeyboardInterrupt

@@ -33,9 +33,7 @@ def test_dedup_quality_filter_and_counts(tmp_path, tok):
     good = "The function returns the value of the named attribute of the object."
     junk = "zq9x7 kk2j3 0x9f8e7d 1a2b3c4d qqq777zzz"
     (tmp_path / "t.txt").write_text("\n\n".join([good, junk, good, "\u200b\u200b", good + " Again."]) + "\n")
-    out = build_store(
-        [str(tmp_path / "t.txt")], tok, tmp_path / "s", workers=1, dedup=True, quality_cutoff=0.3
-    )
+    out = build_store([str(tmp_path / "t.txt")], tok, tmp_path / "s", workers=1, dedup=True, quality_cutoff=0.3)
     store = TokenStore(out)
     c = store.meta["counts"]
     assert c["documents_read"] == 4 and c["duplicates_dropped"] == 1
@@ -123,9 +121,7 @@ def test_single_line_of_hundreds_of_megabytes_in_bounded_memory(tmp_path, tok_di
         "n = sum(len(d.split()) for d in iter_documents([sys.argv[1]]))\n"
         "print(n, " + _PEAK_KB + ")\n"
     )
-    out = subprocess.run(
-        [sys.executable, "-c", code, str(huge)], capture_output=True, text=True, check=True
-    ).stdout
+    out = subprocess.run([sys.executable, "-c", code, str(huge)], capture_output=True, text=True, check=True).stdout
     n_words, peak_kb = map(int, out.split())
     assert n_words == size // len(words) * 100_000
     assert peak_kb < 200_000  # bounded: far below the file's 300 MB

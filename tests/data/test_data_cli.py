@@ -14,8 +14,7 @@ def corpus(tmp_path):
     d.mkdir()
     for i in range(3):
         paras = [
-            f"Paragraph {j} of file {i}: the function returns the value of the named attribute."
-            for j in range(30)
+            f"Paragraph {j} of file {i}: the function returns the value of the named attribute." for j in range(30)
         ]
         (d / f"f{i}.txt").write_text("\n\n".join(paras) + "\n", encoding="utf-8")
     return d
@@ -42,10 +41,7 @@ def test_train_build_inspect(tmp_path, corpus, capsys):
     printed = capsys.readouterr().out
     assert "tokens from 90 documents" in printed and "note: the corpus yields only" in printed
     out = tmp_path / "store"
-    assert (
-        main(["data", "build", str(corpus), "--tokenizer", str(tok), "--out", str(out), "--workers", "2"])
-        == 0
-    )
+    assert main(["data", "build", str(corpus), "--tokenizer", str(tok), "--out", str(out), "--workers", "2"]) == 0
     assert "90 documents" in capsys.readouterr().out
     assert len(TokenStore(out)) == 90
     assert main(["data", "inspect", str(out), "--samples", "2"]) == 0
@@ -58,9 +54,7 @@ def test_builtin_corpus_when_no_source(tmp_path, capsys, builtin_docs):
     tok = tmp_path / "tok"
     assert main(["tokenizer", "train", "--vocab-size", "2000", "--out", str(tok)]) == 0
     out = tmp_path / "store"
-    assert (
-        main(["data", "build", "--tokenizer", str(tok), "--out", str(out), "--workers", "1", "--quiet"]) == 0
-    )
+    assert main(["data", "build", "--tokenizer", str(tok), "--out", str(out), "--workers", "1", "--quiet"]) == 0
     store = TokenStore(out)
     assert len(store) == len(builtin_docs) and store.meta["sources"] == ["builtin:stdlib-docstrings"]
 
@@ -77,9 +71,7 @@ def test_bad_inputs_exit_2_with_one_clear_message(tmp_path, corpus, capsys, tok_
     err = _error(capsys, ["data", "build", str(tmp_path / "nope"), "--tokenizer", str(tok_dir), "--out", out])
     assert err.startswith("cramkit: error: source") and "does not exist" in err
     (tmp_path / "bad.txt").write_bytes(b"good text\n\nbad \xff byte\n")
-    err = _error(
-        capsys, ["data", "build", str(tmp_path / "bad.txt"), "--tokenizer", str(tok_dir), "--out", out]
-    )
+    err = _error(capsys, ["data", "build", str(tmp_path / "bad.txt"), "--tokenizer", str(tok_dir), "--out", out])
     assert "bad.txt is not valid UTF-8" in err and "byte offset 15" in err and "--errors replace" in err
     assert (
         main(

@@ -34,9 +34,7 @@ def reference_pack(docs: list[list[int]], seq_len: int, sep: int, cls: int | Non
 @pytest.mark.parametrize("add_cls", [False, True])
 def test_packing_matches_reference(tmp_path, add_cls):
     store = make_store(tmp_path)
-    data = PretrainData(
-        store, DataConfig(seq_len=32, add_cls=add_cls, validation_fraction=0.05), SPECIAL, VOCAB
-    )
+    data = PretrainData(store, DataConfig(seq_len=32, add_cls=add_cls, validation_fraction=0.05), SPECIAL, VOCAB)
     start, _ = document_spans(store)
     # which documents went to validation: those whose start is not among the training documents'
     train_starts = set(data.train.doc_start.tolist())
@@ -44,9 +42,7 @@ def test_packing_matches_reference(tmp_path, add_cls):
     train_docs = [i for i in range(len(store)) if int(start[i]) in train_starts]
     assert len(val_docs) == data.num_val_documents == 15 and len(train_docs) == 285
     for docs, packed in ((train_docs, data.train), (val_docs, data.val)):
-        want = reference_pack(
-            [store[i].tolist() for i in docs], 32, SPECIAL.sep, SPECIAL.cls if add_cls else None
-        )
+        want = reference_pack([store[i].tolist() for i in docs], 32, SPECIAL.sep, SPECIAL.cls if add_cls else None)
         got = packed.gather(np.arange(len(packed)))
         assert got.tolist() == want
     assert data.tokens_per_sequence == 32

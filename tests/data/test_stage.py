@@ -25,11 +25,21 @@ from cramkit.text.tokenizer import load_tokenizer, special_ids
 from cramkit.train.metrics import read_metrics
 
 TINY = [
-    "model.hidden=32", "model.layers=1", "model.heads=2", "model.intermediate=64", "data.seq_len=64",
-    "data.validation_fraction=0.05", "train.micro_batch=4", "train.batch_size=8", "train.batch_ramp=0",
-    "train.eval_every=never", "train.log_every=1", "train.progress=false", "train.threads=1",
+    "model.hidden=32",
+    "model.layers=1",
+    "model.heads=2",
+    "model.intermediate=64",
+    "data.seq_len=64",
+    "data.validation_fraction=0.05",
+    "train.micro_batch=4",
+    "train.batch_size=8",
+    "train.batch_ramp=0",
+    "train.eval_every=never",
+    "train.log_every=1",
+    "train.progress=false",
+    "train.threads=1",
     "train.checkpoint_every=never",
-]  # fmt: skip
+]
 STEPS = 4
 
 
@@ -39,9 +49,7 @@ def cramkit(*args: str, check: bool = True, timeout: float = 180) -> subprocess.
         [sys.executable, "-m", "cramkit", *args], capture_output=True, text=True, timeout=timeout, env=env
     )
     if check:
-        assert proc.returncode == 0, (
-            f"cramkit {' '.join(args)} failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}"
-        )
+        assert proc.returncode == 0, f"cramkit {' '.join(args)} failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}"
     return proc
 
 
@@ -75,8 +83,19 @@ def stores(tmp_path_factory, tok_path, wikitext_dir) -> tuple[Path, Path]:
     root = tmp_path_factory.mktemp("stores")
     src = str(wikitext_dir / "wiki.valid.tokens")
     cramkit("data", "build", src, "--tokenizer", str(tok_path), "--out", str(root / "one"), "--workers", "1")
-    cramkit("data", "build", src, "--tokenizer", str(tok_path), "--out", str(root / "sharded"), "--workers", "1",
-            "--shard-size", "100kB")  # fmt: skip
+    cramkit(
+        "data",
+        "build",
+        src,
+        "--tokenizer",
+        str(tok_path),
+        "--out",
+        str(root / "sharded"),
+        "--workers",
+        "1",
+        "--shard-size",
+        "100kB",
+    )
     return root / "one", root / "sharded"
 
 
@@ -93,10 +112,7 @@ def batches(store: TokenStore, tok_path: Path, n: int = 6, **cfg) -> list[np.nda
     tok = load_tokenizer(tok_path)
     data = PretrainData(store, DataConfig(seq_len=64, **cfg), special_ids(tok), tok.get_vocab_size())
     loader = data.train_loader(8)
-    out = [
-        np.concatenate([b["input_ids"].numpy(), b["labels"].numpy()])
-        for b in (next(loader) for _ in range(n))
-    ]
+    out = [np.concatenate([b["input_ids"].numpy(), b["labels"].numpy()]) for b in (next(loader) for _ in range(n))]
     return out + [np.concatenate([b["labels"].numpy() for b in data.val_batches(8)])]
 
 
@@ -107,11 +123,7 @@ def test_sharded_store_pread_and_staged_copy_give_the_same_batches(stores, tok_p
     for name in manifest["shards"]:  # each shard is a Megatron store of its own
         assert len(TokenStore(sharded / f"{name}.idx")) > 0
     a, b = TokenStore(one), TokenStore(sharded)
-    assert (
-        np.array_equal(a.sizes, b.sizes)
-        and np.array_equal(a.doc_idx, b.doc_idx)
-        and a.num_tokens == b.num_tokens
-    )
+    assert np.array_equal(a.sizes, b.sizes) and np.array_equal(a.doc_idx, b.doc_idx) and a.num_tokens == b.num_tokens
     want = batches(a, tok_path)
     for store, cfg in [
         (b, {}),
@@ -136,9 +148,7 @@ def test_staged_and_pread_runs_train_like_in_place(stores, reference, tmp_path):
     assert "cramkit: staged" in first.stderr and losses(tmp_path / "staged") == reference
     (folder,) = [d for d in cache.iterdir() if d.is_dir()]
     names = sorted(p.name for p in folder.iterdir() if not p.name.startswith("."))
-    assert names[1:] == ["stage.json", "train.bin", "train.idx", "train.json"] and names[0].startswith(
-        "index-"
-    )
+    assert names[1:] == ["stage.json", "train.bin", "train.idx", "train.json"] and names[0].startswith("index-")
     again = cramkit(*pretrain_args(one, tmp_path / "again", "data.stage=local", f"data.stage_dir={cache}"))
     assert "using the staged copy" in again.stderr and "cramkit: staged" not in again.stderr
     assert losses(tmp_path / "again") == reference
@@ -186,10 +196,7 @@ def test_document_split_is_cached_beside_the_staged_copy(stores, tok_path, tmp_p
 
     want = batches(TokenStore(stores[0]), tok_path)
     cfg = {"stage": "local", "stage_dir": str(tmp_path / "cache")}
-    assert all(
-        np.array_equal(x, y)
-        for x, y in zip(want, batches(TokenStore(stores[0]), tok_path, **cfg), strict=True)
-    )
+    assert all(np.array_equal(x, y) for x, y in zip(want, batches(TokenStore(stores[0]), tok_path, **cfg), strict=True))
     (index,) = (tmp_path / "cache").rglob("index-*.npz")
 
     def no_recompute(*a):
@@ -242,28 +249,28 @@ def test_store_changed_under_the_job_is_one_line(stores, tmp_path):
     with open(changed / "train.bin", "r+b") as fh:  # rewritten in place after its checksums were recorded
         fh.seek(10)
         fh.write(b"\x01\x00")
-    proc = cramkit(*pretrain_args(changed, tmp_path / "run", "data.stage=local", f"data.stage_dir={tmp_path / 'c'}"),
-                   check=False)  # fmt: skip
+    proc = cramkit(
+        *pretrain_args(changed, tmp_path / "run", "data.stage=local", f"data.stage_dir={tmp_path / 'c'}"),
+        check=False,
+    )
     assert proc.returncode == 2, proc.stderr
     lines = proc.stderr.strip().splitlines()
-    assert (
-        len(lines) == 1 and "does not match the checksum" in lines[0] and "changed under this job" in lines[0]
-    )
+    assert len(lines) == 1 and "does not match the checksum" in lines[0] and "changed under this job" in lines[0]
     assert not [p for p in (tmp_path / "c").rglob("train.bin")]  # the mismatching copy is not kept
 
 
 def test_unwritable_or_too_small_stage_dir_is_one_line(stores, tmp_path):
     blocker = tmp_path / "a-file"
     blocker.write_text("not a directory")
-    proc = cramkit(*pretrain_args(stores[0], tmp_path / "run", "data.stage=local", f"data.stage_dir={blocker}/stage"),
-                   check=False)  # fmt: skip
+    proc = cramkit(
+        *pretrain_args(stores[0], tmp_path / "run", "data.stage=local", f"data.stage_dir={blocker}/stage"),
+        check=False,
+    )
     assert proc.returncode == 2
     (line,) = proc.stderr.strip().splitlines()
     assert f"data.stage_dir {blocker}/stage is not writable" in line and "data.stage=none" in line
     assert not (tmp_path / "run" / "checkpoints").exists()
-    with pytest.raises(
-        CramkitError, match=r"too small for the token store: staging needs .* data.stage_max_size"
-    ):
+    with pytest.raises(CramkitError, match=r"too small for the token store: staging needs .* data.stage_max_size"):
         stage(TokenStore(stores[0]), tmp_path / "cache", max_size=1000)
 
 
@@ -294,8 +301,11 @@ def test_crafted_manifest_is_refused(stores, tmp_path, bad):
 @pytest.mark.dist
 def test_two_processes_stage_once_per_node(stores, reference, tmp_path):
     cache = tmp_path / "cache"
-    proc = cramkit(*pretrain_args(stores[1], tmp_path / "run", "data.stage=local", f"data.stage_dir={cache}"),
-                   "--nproc", "2")  # fmt: skip
+    proc = cramkit(
+        *pretrain_args(stores[1], tmp_path / "run", "data.stage=local", f"data.stage_dir={cache}"),
+        "--nproc",
+        "2",
+    )
     out = proc.stdout + proc.stderr
     assert out.count("cramkit: staged") == 1  # local rank 0 copied; rank 1 waited for it, then read the copy
     assert sorted(losses(tmp_path / "run")) == sorted(reference)
@@ -304,8 +314,18 @@ def test_two_processes_stage_once_per_node(stores, reference, tmp_path):
 
 
 def test_bad_shard_size_is_one_line(tmp_path, tok_path, wikitext_dir):
-    proc = cramkit("data", "build", str(wikitext_dir / "wiki.valid.tokens"), "--tokenizer", str(tok_path),
-                   "--out", str(tmp_path / "s"), "--shard-size", "1 furlong", check=False)  # fmt: skip
+    proc = cramkit(
+        "data",
+        "build",
+        str(wikitext_dir / "wiki.valid.tokens"),
+        "--tokenizer",
+        str(tok_path),
+        "--out",
+        str(tmp_path / "s"),
+        "--shard-size",
+        "1 furlong",
+        check=False,
+    )
     assert proc.returncode == 2
     (line,) = proc.stderr.strip().splitlines()
     assert "--shard-size '1 furlong' is not a size" in line and not (tmp_path / "s").exists()

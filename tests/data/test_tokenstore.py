@@ -58,8 +58,7 @@ def write_megatron(prefix, seqs: list[list[int]], doc_ends: list[int], code: int
 @pytest.fixture
 def corpus(tmp_path):
     text = "\n\n".join(
-        f"Document number {i} says: return the value {i * 7} of the attribute." * (1 + i % 5)
-        for i in range(40)
+        f"Document number {i} says: return the value {i * 7} of the attribute." * (1 + i % 5) for i in range(40)
     )
     (tmp_path / "c.txt").write_text(text + "\n")
     return tmp_path / "c.txt"

@@ -56,17 +56,37 @@ def sst_csv(sst2_rows, tmp_path_factory) -> dict[str, Path]:
 
 def cramkit(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
-    return subprocess.run([sys.executable, "-m", "cramkit", *args], capture_output=True, text=True,
-                          timeout=timeout, env=env)  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-m", "cramkit", *args], capture_output=True, text=True, timeout=timeout, env=env
+    )
 
 
 @pytest.fixture(scope="session")
 def teacher(pretrained_run: Path, sst_csv, tmp_path_factory) -> Path:
     """A real teacher: `cramkit finetune --out` from a real `cramkit pretrain` run on the SST-2 slice."""
     out = tmp_path_factory.mktemp("teacher") / "sst"
-    proc = cramkit("finetune", "--from", str(pretrained_run), "--train", str(sst_csv["train"]), "--dev",
-                   str(sst_csv["dev"]), "--text-a", "sentence", "--out", str(out), "--no-progress",
-                   "--set", "epochs=2", "--set", "min_steps=0", "--set", "max_length=48", "--set", "lr=3e-4")  # fmt: skip
+    proc = cramkit(
+        "finetune",
+        "--from",
+        str(pretrained_run),
+        "--train",
+        str(sst_csv["train"]),
+        "--dev",
+        str(sst_csv["dev"]),
+        "--text-a",
+        "sentence",
+        "--out",
+        str(out),
+        "--no-progress",
+        "--set",
+        "epochs=2",
+        "--set",
+        "min_steps=0",
+        "--set",
+        "max_length=48",
+        "--set",
+        "lr=3e-4",
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return out
 
@@ -89,12 +109,31 @@ def distilled(teacher: Path, sst_csv, nltk_data, tmp_path_factory):
     root = tmp_path_factory.mktemp("distilled")
     cache = root / "cache"
     done = {}
-    for student, extra in (("bilstm", ["--set", "lstm_hidden=32", "--set", "fc_hidden=32"]),
-                           ("encoder", ["--set", "layers=1", "--set", "hidden_weight=0.5", "--set", "batch_size=32"])):  # fmt: skip
+    for student, extra in (
+        ("bilstm", ["--set", "lstm_hidden=32", "--set", "fc_hidden=32"]),
+        ("encoder", ["--set", "layers=1", "--set", "hidden_weight=0.5", "--set", "batch_size=32"]),
+    ):
         out = root / student
-        proc = cramkit("distill", "--teacher", str(teacher), "--train", str(sst_csv["train"]), "--dev",
-                       str(sst_csv["dev"]), "--text-a", "sentence", "--student", student, "--out", str(out),
-                       "--cache", str(cache), "--no-progress", *SMALL, *extra)  # fmt: skip
+        proc = cramkit(
+            "distill",
+            "--teacher",
+            str(teacher),
+            "--train",
+            str(sst_csv["train"]),
+            "--dev",
+            str(sst_csv["dev"]),
+            "--text-a",
+            "sentence",
+            "--student",
+            student,
+            "--out",
+            str(out),
+            "--cache",
+            str(cache),
+            "--no-progress",
+            *SMALL,
+            *extra,
+        )
         assert proc.returncode == 0, proc.stdout + proc.stderr
         done[student] = (out, proc)
     return done

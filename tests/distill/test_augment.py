@@ -88,9 +88,7 @@ def test_transfer_set_is_seeded_deduplicated_and_independent_of_workers(sst2_row
     cfg = dict(n_iter=4)
     one = build_transfer(tmp_path / "w1", a, None, y, AugmentConfig(**cfg, workers=1), progress=False)
     two = build_transfer(tmp_path / "w2", a, None, y, AugmentConfig(**cfg, workers=2), progress=False)
-    assert (tmp_path / "w1" / "transfer.jsonl").read_bytes() == (
-        tmp_path / "w2" / "transfer.jsonl"
-    ).read_bytes()
+    assert (tmp_path / "w1" / "transfer.jsonl").read_bytes() == (tmp_path / "w2" / "transfer.jsonl").read_bytes()
     other = build_transfer(tmp_path / "s1", a, None, y, AugmentConfig(**cfg, seed=1), progress=False)
     assert other.texts_a[600:] != one.texts_a[600:]
     got = _rows(tmp_path / "w2")
@@ -135,7 +133,5 @@ def test_missing_tagger_says_how_to_install_it(monkeypatch, tmp_path):
         build_transfer(tmp_path / "t", ["a fine film"], None, [1], AugmentConfig(), progress=False)
     assert not (tmp_path / "t" / "manifest.json").exists()
     # without POS replacement no tagger is needed
-    ts = build_transfer(
-        tmp_path / "np", ["a fine film indeed"], None, [1], AugmentConfig(p_pos=0), progress=False
-    )
+    ts = build_transfer(tmp_path / "np", ["a fine film indeed"], None, [1], AugmentConfig(p_pos=0), progress=False)
     assert ts.manifest["originals"] == 1

@@ -25,9 +25,7 @@ def _dev(sst_csv) -> list[str]:
 
 
 @pytest.mark.parametrize("student", ["bilstm", "encoder"])
-def test_distilled_student_loads_predicts_and_follows_the_teacher(
-    student, distilled, teacher, sst_csv, tmp_path
-):
+def test_distilled_student_loads_predicts_and_follows_the_teacher(student, distilled, teacher, sst_csv, tmp_path):
     from cramkit.infer.engine import Engine
 
     out, proc = distilled[student]
@@ -63,18 +61,23 @@ def test_distilled_student_loads_predicts_and_follows_the_teacher(
     assert rep["transfer_set"]["cached"] is not first
     assert ("% of the total time" in md) is first and ("reused" in md) is not first
     # cramkit predict through the CLI
-    pred = run_cli("predict", "--from", str(out), str(sst_csv["dev"]), "--text-a", "sentence", "--out",
-                   str(tmp_path / "p.jsonl"))  # fmt: skip
+    pred = run_cli(
+        "predict",
+        "--from",
+        str(out),
+        str(sst_csv["dev"]),
+        "--text-a",
+        "sentence",
+        "--out",
+        str(tmp_path / "p.jsonl"),
+    )
     assert pred.returncode == 0, pred.stderr
     rows = [json.loads(x) for x in (tmp_path / "p.jsonl").read_text(encoding="utf-8").splitlines()]
     assert [r["label"] for r in rows] == list(got.labels)
 
 
 def test_second_student_reused_the_cached_transfer_set_and_teacher_logits(distilled):
-    reps = [
-        json.loads((distilled[s][0] / "report.json").read_text(encoding="utf-8"))
-        for s in ("bilstm", "encoder")
-    ]
+    reps = [json.loads((distilled[s][0] / "report.json").read_text(encoding="utf-8")) for s in ("bilstm", "encoder")]
     assert reps[0]["teacher_logits"]["cached"] is False
     assert reps[1]["teacher_logits"]["cached"] is True
     assert reps[0]["transfer_set"]["root"] == reps[1]["transfer_set"]["root"]
@@ -122,15 +125,14 @@ def test_teacher_logits_resume_after_an_interruption(teacher, tmp_path, monkeypa
 
     monkeypatch.setattr(Engine, "logits", dying)
     with pytest.raises(KeyboardInterrupt):
-        tmod.teacher_logits(
-            t, texts, [None] * 50, tmp_path, max_length=512, chunk=10, device="cpu", progress=False
-        )
+        tmod.teacher_logits(t, texts, [None] * 50, tmp_path, max_length=512, chunk=10, device="cpu", progress=False)
     assert not list(tmp_path.glob("teacher-*[0-9a-f].npy")), "an interrupted cache must not look complete"
     state = json.loads(next(tmp_path.glob("teacher-*.progress.json")).read_text(encoding="utf-8"))
     assert state["done"] == 20
     monkeypatch.setattr(Engine, "logits", real)
-    got, stats = tmod.teacher_logits(t, texts, [None] * 50, tmp_path, max_length=512, chunk=10, device="cpu",
-                                     progress=False)  # fmt: skip
+    got, stats = tmod.teacher_logits(
+        t, texts, [None] * 50, tmp_path, max_length=512, chunk=10, device="cpu", progress=False
+    )
     assert stats["resumed_from"] == 20 and stats["rows_computed"] == 30
     np.testing.assert_allclose(got, full, rtol=1e-5, atol=1e-5)
     again, stats = tmod.teacher_logits(t, texts, [None] * 50, tmp_path, max_length=512, progress=False)
@@ -154,8 +156,21 @@ def _fails(capsys, *argv: str) -> str:
 
 
 def _args(teacher, sst_csv, out: Path, *extra: str) -> list[str]:
-    return ["--teacher", str(teacher), "--train", str(sst_csv["train"]), "--dev", str(sst_csv["dev"]),
-            "--text-a", "sentence", "--out", str(out), "--no-progress", *SMALL, *extra]  # fmt: skip
+    return [
+        "--teacher",
+        str(teacher),
+        "--train",
+        str(sst_csv["train"]),
+        "--dev",
+        str(sst_csv["dev"]),
+        "--text-a",
+        "sentence",
+        "--out",
+        str(out),
+        "--no-progress",
+        *SMALL,
+        *extra,
+    ]
 
 
 def test_bad_students_and_options(teacher, sst_csv, nltk_data, tmp_path, capsys):
@@ -175,9 +190,7 @@ def test_bad_students_and_options(teacher, sst_csv, nltk_data, tmp_path, capsys)
     assert not (out / MODEL_FILE).exists()
 
 
-def test_teacher_without_head_and_label_mismatch(
-    pretrained_run, teacher, sst_csv, nltk_data, tmp_path, capsys
-):
+def test_teacher_without_head_and_label_mismatch(pretrained_run, teacher, sst_csv, nltk_data, tmp_path, capsys):
     out = tmp_path / "o"
     err = _fails(capsys, *_args(pretrained_run, sst_csv, out, "--student", "bilstm"))
     assert "no classification or regression head" in err and "cramkit finetune" in err
@@ -201,9 +214,7 @@ def test_empty_or_unlabelled_train_file(teacher, sst_csv, nltk_data, tmp_path, c
     assert "empty" in err
     nolabel = tmp_path / "nolabel.csv"
     nolabel.write_text("sentence\na fine film\na dull film\n", encoding="utf-8")
-    err = _fails(
-        capsys, *_args(teacher, {"train": nolabel, "dev": sst_csv["dev"]}, out, "--student", "bilstm")
-    )
+    err = _fails(capsys, *_args(teacher, {"train": nolabel, "dev": sst_csv["dev"]}, out, "--student", "bilstm"))
     assert "label" in err
     assert not (out / MODEL_FILE).exists()
 
@@ -220,8 +231,13 @@ def test_missing_tagger_through_the_cli(teacher, sst_csv, tmp_path):
         "OMP_NUM_THREADS": "1",
     }
     argv = _args(teacher, sst_csv, tmp_path / "o", "--student", "bilstm")
-    p = subprocess.run([sys.executable, "-m", "cramkit", "distill", *argv], capture_output=True, text=True, env=env,
-                       timeout=300)  # fmt: skip
+    p = subprocess.run(
+        [sys.executable, "-m", "cramkit", "distill", *argv],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
     assert p.returncode == 2 and "nltk.download('averaged_perceptron_tagger_eng')" in p.stderr, p.stderr
     assert "Traceback" not in p.stderr and len(p.stderr.strip().splitlines()) == 1
     assert not (tmp_path / "o" / MODEL_FILE).exists()
@@ -230,9 +246,7 @@ def test_missing_tagger_through_the_cli(teacher, sst_csv, tmp_path):
 def _small_cfg(**kw):
     from cramkit.distill.core import DistillConfig
 
-    base = dict(
-        n_iter=2, epochs=1, baseline_epochs=1, speed_seconds=0.05, lstm_hidden=16, fc_hidden=16, device="cpu"
-    )
+    base = dict(n_iter=2, epochs=1, baseline_epochs=1, speed_seconds=0.05, lstm_hidden=16, fc_hidden=16, device="cpu")
     return DistillConfig(**(base | kw))
 
 
@@ -248,8 +262,15 @@ def test_multilabel_teacher_with_kl_alpha_and_unlabelled_text(teacher, sst_csv, 
     t.save(tmp_path / "ml-teacher")
     task = task_from_file("ml", sst_csv["train"], sst_csv["dev"], text_a="sentence")
     extra = ["an unlabelled sentence about a film", "another one , with words", "  "]
-    rep = distill(tmp_path / "ml-teacher", task, "bilstm", _small_cfg(loss="kl", temperature=2.0, alpha=0.5),
-                  tmp_path / "st", unlabelled=extra, progress=False)  # fmt: skip
+    rep = distill(
+        tmp_path / "ml-teacher",
+        task,
+        "bilstm",
+        _small_cfg(loss="kl", temperature=2.0, alpha=0.5),
+        tmp_path / "st",
+        unlabelled=extra,
+        progress=False,
+    )
     assert rep["kind"] == "multilabel" and rep["transfer_set"]["unlabelled"] == 2
     st = cramkit.load(tmp_path / "st")
     assert st.kind == "multilabel" and st.model.multilabel
@@ -265,9 +286,25 @@ def test_regression_teacher(pretrained_run, sst_csv, nltk_data, tmp_path):
     from cramkit.distill import distill
     from cramkit.tasks.files import task_from_file
 
-    proc = run_cli("finetune", "--from", str(pretrained_run), "--train", str(sst_csv["train"]), "--dev",
-                   str(sst_csv["dev"]), "--text-a", "sentence", "--regression", "--out", str(tmp_path / "t"),
-                   "--no-progress", "--set", "epochs=1", "--set", "min_steps=0")  # fmt: skip
+    proc = run_cli(
+        "finetune",
+        "--from",
+        str(pretrained_run),
+        "--train",
+        str(sst_csv["train"]),
+        "--dev",
+        str(sst_csv["dev"]),
+        "--text-a",
+        "sentence",
+        "--regression",
+        "--out",
+        str(tmp_path / "t"),
+        "--no-progress",
+        "--set",
+        "epochs=1",
+        "--set",
+        "min_steps=0",
+    )
     assert proc.returncode == 0, proc.stderr
     task = task_from_file("reg", sst_csv["train"], sst_csv["dev"], text_a="sentence", regression=True)
     rep = distill(tmp_path / "t", task, "encoder", _small_cfg(layers=1), tmp_path / "st", progress=False)
@@ -286,18 +323,53 @@ def test_unlabelled_sentences_from_a_token_store(teacher, pretrained_run, sst_cs
     assert len(taken) == 40 and all(3 <= len(t.split()) <= 60 for t in taken)
     assert read_unlabelled(store, limit=40, seed=0) == taken  # seeded
     out = tmp_path / "st"
-    proc = run_cli("distill", "--teacher", str(teacher), "--train", str(sst_csv["train"]), "--dev",
-                   str(sst_csv["dev"]), "--text-a", "sentence", "--student", "bilstm", "--out", str(out),
-                   "--unlabelled", str(store), "--no-progress", *SMALL, "--set", "max_unlabelled=40",
-                   "--set", "baseline=false", "--set", "lstm_hidden=16", "--set", "fc_hidden=16")  # fmt: skip
+    proc = run_cli(
+        "distill",
+        "--teacher",
+        str(teacher),
+        "--train",
+        str(sst_csv["train"]),
+        "--dev",
+        str(sst_csv["dev"]),
+        "--text-a",
+        "sentence",
+        "--student",
+        "bilstm",
+        "--out",
+        str(out),
+        "--unlabelled",
+        str(store),
+        "--no-progress",
+        *SMALL,
+        "--set",
+        "max_unlabelled=40",
+        "--set",
+        "baseline=false",
+        "--set",
+        "lstm_hidden=16",
+        "--set",
+        "fc_hidden=16",
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     ts = json.loads((out / "report.json").read_text(encoding="utf-8"))["transfer_set"]
     assert 35 <= ts["unlabelled"] <= 40  # a sentence equal to a training example is kept once
-    rows = [
-        json.loads(x) for x in (Path(ts["root"]) / "transfer.jsonl").read_text(encoding="utf-8").splitlines()
-    ]
+    rows = [json.loads(x) for x in (Path(ts["root"]) / "transfer.jsonl").read_text(encoding="utf-8").splitlines()]
     assert {r[0] for r in rows[-ts["unlabelled"] :]} <= set(taken)
-    bad = run_cli("distill", "--teacher", str(teacher), "--train", str(sst_csv["train"]), "--dev",
-                  str(sst_csv["dev"]), "--text-a", "sentence", "--student", "bilstm", "--out", str(tmp_path / "x"),
-                  "--unlabelled", str(tmp_path / "nope"))  # fmt: skip
+    bad = run_cli(
+        "distill",
+        "--teacher",
+        str(teacher),
+        "--train",
+        str(sst_csv["train"]),
+        "--dev",
+        str(sst_csv["dev"]),
+        "--text-a",
+        "sentence",
+        "--student",
+        "bilstm",
+        "--out",
+        str(tmp_path / "x"),
+        "--unlabelled",
+        str(tmp_path / "nope"),
+    )
     assert bad.returncode == 2 and "--unlabelled" in bad.stderr and "Traceback" not in bad.stderr

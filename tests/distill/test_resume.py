@@ -23,9 +23,29 @@ BILSTM = ["--student", "bilstm", "--set", "lstm_hidden=32", "--set", "fc_hidden=
 
 
 def _argv(teacher, sst_csv, out: Path, cache: Path, *extra: str) -> list[str]:
-    return ["distill", "--teacher", str(teacher), "--train", str(sst_csv["train"]), "--dev", str(sst_csv["dev"]),
-            "--text-a", "sentence", "--out", str(out), "--cache", str(cache), "--no-progress", *SMALL, *BILSTM,
-            "--set", "epochs=5", "--set", "checkpoint_every=10steps", *extra]  # fmt: skip
+    return [
+        "distill",
+        "--teacher",
+        str(teacher),
+        "--train",
+        str(sst_csv["train"]),
+        "--dev",
+        str(sst_csv["dev"]),
+        "--text-a",
+        "sentence",
+        "--out",
+        str(out),
+        "--cache",
+        str(cache),
+        "--no-progress",
+        *SMALL,
+        *BILSTM,
+        "--set",
+        "epochs=5",
+        "--set",
+        "checkpoint_every=10steps",
+        *extra,
+    ]
 
 
 def test_killed_distill_resumes_to_the_same_student_and_a_finished_one_is_not_redone(
@@ -114,15 +134,22 @@ def test_encoder_student_with_hidden_matching_resumes_exactly(teacher, sst_csv, 
     labels = np.asarray([int(r["label"]) for r in rows])
     targets = Engine(t, device="cpu").logits(texts)
     labelled = np.arange(len(texts)) % 2 == 0  # half the rows "augmented copies": no hard label
-    cfg = DistillConfig(layers=1, hidden_weight=0.5, alpha=0.5, loss="kl", temperature=2.0, epochs=3,
-                        batch_size=16, device="cpu", checkpoint_every="4steps").resolved("encoder")  # fmt: skip
+    cfg = DistillConfig(
+        layers=1,
+        hidden_weight=0.5,
+        alpha=0.5,
+        loss="kl",
+        temperature=2.0,
+        epochs=3,
+        batch_size=16,
+        device="cpu",
+        checkpoint_every="4steps",
+    ).resolved("encoder")
 
     def trained(run: Path, stop_at: int | None = None):
         st = build_student("encoder", t, cfg, pairs=False)
         enc = encode_texts(st.tokenizer, texts, None, 48)
-        stats = train_student(
-            st, enc, targets, labels, labelled, cfg, cfg.epochs, run, teacher=t, progress=False
-        )
+        stats = train_student(st, enc, targets, labels, labelled, cfg, cfg.epochs, run, teacher=t, progress=False)
         return st, stats
 
     real = DistillObjective.loss
@@ -146,9 +173,7 @@ def test_encoder_student_with_hidden_matching_resumes_exactly(teacher, sst_csv, 
     straight, stats_b = trained(tmp_path / "straight")
     assert stats_a["steps"] == stats_b["steps"] == 18
     assert stats_a["last_loss"] == stats_b["last_loss"]
-    for (k, va), (_, vb) in zip(
-        again.model.state_dict().items(), straight.model.state_dict().items(), strict=True
-    ):
+    for (k, va), (_, vb) in zip(again.model.state_dict().items(), straight.model.state_dict().items(), strict=True):
         assert torch.equal(va, vb), k
     # the frozen teacher was never trained, and went back to the CPU
     assert all(p.device.type == "cpu" for p in t.model.parameters())
@@ -160,8 +185,22 @@ def test_distill_on_two_processes(teacher, sst_csv, nltk_data, tmp_path):
     (the encoder student with its hidden-state projection); a rerun redoes nothing."""
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     out = tmp_path / "o"
-    argv = [sys.executable, "-m", "cramkit", *_argv(teacher, sst_csv, out, tmp_path / "cache"), "--set", "device=cpu",
-            "--student", "encoder", "--set", "layers=1", "--set", "hidden_weight=0.5", "--nproc", "2"]  # fmt: skip
+    argv = [
+        sys.executable,
+        "-m",
+        "cramkit",
+        *_argv(teacher, sst_csv, out, tmp_path / "cache"),
+        "--set",
+        "device=cpu",
+        "--student",
+        "encoder",
+        "--set",
+        "layers=1",
+        "--set",
+        "hidden_weight=0.5",
+        "--nproc",
+        "2",
+    ]
     proc = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.count("| teacher |") == 1  # one report, from rank 0

@@ -12,8 +12,16 @@ from cramkit.model.students import BiLSTMConfig, BiLSTMStudent
 
 def _student(pairs: bool = False) -> BiLSTMStudent:
     torch.manual_seed(0)
-    cfg = BiLSTMConfig(vocab_size=100, embedding_dim=8, lstm_hidden=6, fc_hidden=5, dropout=0.0, pairs=pairs,
-                       pad_token_id=0, sep_token_id=3)  # fmt: skip
+    cfg = BiLSTMConfig(
+        vocab_size=100,
+        embedding_dim=8,
+        lstm_hidden=6,
+        fc_hidden=5,
+        dropout=0.0,
+        pairs=pairs,
+        pad_token_id=0,
+        sep_token_id=3,
+    )
     return BiLSTMStudent(cfg, 2).eval()
 
 
@@ -24,9 +32,7 @@ def test_final_states_equal_a_packed_bidirectional_lstm():
     ref.load_state_dict(state)
     lengths = torch.tensor([7, 3, 5, 1])
     ids = torch.randint(4, 100, (4, 7)).masked_fill(torch.arange(7)[None] >= lengths[:, None], 0)
-    packed = nn.utils.rnn.pack_padded_sequence(
-        m.embedding(ids), lengths, batch_first=True, enforce_sorted=False
-    )
+    packed = nn.utils.rnn.pack_padded_sequence(m.embedding(ids), lengths, batch_first=True, enforce_sorted=False)
     _, (h, _) = ref(packed)
     with torch.no_grad():
         assert torch.allclose(m.encode(ids, lengths), torch.cat([h[0], h[1]], -1), atol=1e-6)
@@ -55,9 +61,7 @@ def test_pairs_are_split_at_the_first_sep_and_read_by_the_same_lstm():
 def test_bilstm_student_exports_to_onnx(distilled, tmp_path):
     from cramkit.cli import main
 
-    assert (
-        main(["export", str(distilled["bilstm"][0]), "--format", "onnx", "--out", str(tmp_path / "x")]) == 0
-    )
+    assert main(["export", str(distilled["bilstm"][0]), "--format", "onnx", "--out", str(tmp_path / "x")]) == 0
     assert (tmp_path / "x").is_dir()
 
 

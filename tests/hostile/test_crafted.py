@@ -107,9 +107,14 @@ def _limited(*args: str, cwd: Path | None = None):
 
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     return subprocess.run(
-        [sys.executable, "-m", "cramkit", *args], capture_output=True, text=True, timeout=300, env=env,
-        cwd=cwd, preexec_fn=cap,
-    )  # fmt: skip
+        [sys.executable, "-m", "cramkit", *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+        cwd=cwd,
+        preexec_fn=cap,
+    )
 
 
 def _one_line_error(proc, *needles: str) -> None:
@@ -137,8 +142,13 @@ def test_student_config_asking_for_terabytes_is_refused_before_allocating(tmp_pa
     bad = tmp_path / "student"
     bad.mkdir()
     save_file({}, str(bad / "model.safetensors"))
-    meta = {"format": "cramkit-model-1", "architecture": "bilstm", "kind": "classifier", "labels": ["0", "1"],
-            "model": {"vocab_size": 2_000_000_000, "embedding_dim": 4096}}  # fmt: skip
+    meta = {
+        "format": "cramkit-model-1",
+        "architecture": "bilstm",
+        "kind": "classifier",
+        "labels": ["0", "1"],
+        "model": {"vocab_size": 2_000_000_000, "embedding_dim": 4096},
+    }
     (bad / "cramkit-model.json").write_text(json.dumps(meta))
     rows = tmp_path / "rows.txt"
     rows.write_text("a fine film\n")

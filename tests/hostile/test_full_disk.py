@@ -19,9 +19,7 @@ def _on_full_disk(tmp_path: Path, *args: str, free_kb: int = 8) -> subprocess.Co
         pytest.skip("needs unshare(1) to mount a small tmpfs")
     disk = tmp_path / "disk"
     disk.mkdir(exist_ok=True)
-    probe = subprocess.run(
-        ["unshare", "-rm", "mount", "-t", "tmpfs", "tmpfs", str(disk)], capture_output=True
-    )
+    probe = subprocess.run(["unshare", "-rm", "mount", "-t", "tmpfs", "tmpfs", str(disk)], capture_output=True)
     if probe.returncode != 0:
         pytest.skip(f"cannot mount a tmpfs in a user namespace here ({probe.stderr.decode().strip()})")
     cramkit = " ".join(shlex.quote(a) for a in [sys.executable, "-m", "cramkit", *args])
@@ -30,9 +28,7 @@ def _on_full_disk(tmp_path: Path, *args: str, free_kb: int = 8) -> subprocess.Co
         f" && exec {cramkit}"
     )
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    return subprocess.run(
-        ["unshare", "-rm", "sh", "-c", script], capture_output=True, text=True, env=env, timeout=300
-    )
+    return subprocess.run(["unshare", "-rm", "sh", "-c", script], capture_output=True, text=True, env=env, timeout=300)
 
 
 def _one_line(proc: subprocess.CompletedProcess, *needles: str) -> None:
@@ -50,17 +46,29 @@ def test_embed_and_index_build_on_a_full_disk(pretrained_run, tmp_path) -> None:
     proc = _on_full_disk(tmp_path, "embed", str(docs), "--from", str(pretrained_run), "--out", str(out))
     _one_line(proc, "embeddings.npy", "no space left")
     idx = tmp_path / "disk" / "idx"
-    proc = _on_full_disk(tmp_path, "index", "build", str(docs), "--encoder", str(pretrained_run), "--out",
-                         str(idx), "--chunk-tokens", "16", "--overlap", "0", "--device", "cpu")  # fmt: skip
+    proc = _on_full_disk(
+        tmp_path,
+        "index",
+        "build",
+        str(docs),
+        "--encoder",
+        str(pretrained_run),
+        "--out",
+        str(idx),
+        "--chunk-tokens",
+        "16",
+        "--overlap",
+        "0",
+        "--device",
+        "cpu",
+    )
     _one_line(proc, "no space left")
 
 
 def test_export_on_a_full_disk(ft_model, tmp_path) -> None:
     for fmt in ("hf", "onnx"):
         out = tmp_path / "disk" / fmt
-        proc = _on_full_disk(
-            tmp_path, "export", str(ft_model), "--format", fmt, "--out", str(out), free_kb=64
-        )
+        proc = _on_full_disk(tmp_path, "export", str(ft_model), "--format", fmt, "--out", str(out), free_kb=64)
         _one_line(proc, "no space left", "free space")
 
 
@@ -71,10 +79,35 @@ def test_finetune_and_distill_on_a_full_disk(ft_model, pretrained_run, glue_dir,
     rows = sst2(glue_dir, "train")[:40]
     train.write_text("sentence\tlabel\n" + "".join(f"{s}\t{y}\n" for s, y in rows), encoding="utf-8")
     common = ("--train", str(train), "--text-a", "sentence", "--no-progress")
-    proc = _on_full_disk(tmp_path, "finetune", "--from", str(pretrained_run), *common, "--set", "epochs=1", "--set", "min_steps=0",
-                         "--out", str(tmp_path / "disk" / "ft"), free_kb=4)  # fmt: skip
+    proc = _on_full_disk(
+        tmp_path,
+        "finetune",
+        "--from",
+        str(pretrained_run),
+        *common,
+        "--set",
+        "epochs=1",
+        "--set",
+        "min_steps=0",
+        "--out",
+        str(tmp_path / "disk" / "ft"),
+        free_kb=4,
+    )
     _one_line(proc, "no space left")
-    proc = _on_full_disk(tmp_path, "distill", "--teacher", str(ft_model), "--student", "bilstm", *common,
-                         "--dev", str(train), "--set", "p_pos=0", "--out", str(tmp_path / "disk" / "st"),
-                         free_kb=4)  # fmt: skip
+    proc = _on_full_disk(
+        tmp_path,
+        "distill",
+        "--teacher",
+        str(ft_model),
+        "--student",
+        "bilstm",
+        *common,
+        "--dev",
+        str(train),
+        "--set",
+        "p_pos=0",
+        "--out",
+        str(tmp_path / "disk" / "st"),
+        free_kb=4,
+    )
     _one_line(proc, "no space left")

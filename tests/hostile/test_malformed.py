@@ -26,11 +26,23 @@ def test_csv_fields_over_the_csv_modules_limit_are_read(ft_model, pretrained_run
 
 
 MODEL_CASES = [
-    ("architecture", ["bilstm"]), ("model", []), ("model", {"heads": 0}), ("model", {"hidden": "big"}),
-    ("head", "first"), ("num_labels", "2"), ("labels", [1, 2]), ("max_length", "512"), ("max_length", True),
-    ("pooling", ["mean"]), ("normalize", "yes"), ("with_types", 1), ("extra", "x"), ("sha256", ["abc"]),
-    ("task", 5), ("kind", {"a": 1}),
-]  # fmt: skip
+    ("architecture", ["bilstm"]),
+    ("model", []),
+    ("model", {"heads": 0}),
+    ("model", {"hidden": "big"}),
+    ("head", "first"),
+    ("num_labels", "2"),
+    ("labels", [1, 2]),
+    ("max_length", "512"),
+    ("max_length", True),
+    ("pooling", ["mean"]),
+    ("normalize", "yes"),
+    ("with_types", 1),
+    ("extra", "x"),
+    ("sha256", ["abc"]),
+    ("task", 5),
+    ("kind", {"a": 1}),
+]
 
 
 def test_crafted_model_manifest_fields_are_one_line(ft_model, tmp_path) -> None:
@@ -44,10 +56,19 @@ def test_crafted_model_manifest_fields_are_one_line(ft_model, tmp_path) -> None:
 
 
 ONNX_CASES = [
-    ("pad_id", "0"), ("pooling", ["cls"]), ("tokenizer", 5), ("hidden", "64"), ("files", {"model.onnx": 5}),
-    ("files", []), ("labels", "pos"), ("max_length", 2.5), ("quantize", "int4"), ("normalize", "no"),
-    ("with_types", "yes"), ("kind", ["classifier"]),
-]  # fmt: skip
+    ("pad_id", "0"),
+    ("pooling", ["cls"]),
+    ("tokenizer", 5),
+    ("hidden", "64"),
+    ("files", {"model.onnx": 5}),
+    ("files", []),
+    ("labels", "pos"),
+    ("max_length", 2.5),
+    ("quantize", "int4"),
+    ("normalize", "no"),
+    ("with_types", "yes"),
+    ("kind", ["classifier"]),
+]
 
 
 def test_crafted_onnx_manifest_fields_are_one_line(ft_onnx, tmp_path) -> None:
@@ -74,9 +95,22 @@ def test_tokenizer_regex_that_panics_the_rust_tokenizer_is_one_line(ft_model, tm
     rows.write_text("a" * 5000 + "b\nfine\n")
     env = {**os.environ, "OMP_NUM_THREADS": "1", "RUST_BACKTRACE": "0"}
     proc = subprocess.run(
-        [sys.executable, "-m", "cramkit", "predict", "--from", str(bad), str(rows), "--out", str(tmp_path / "p")],
-        capture_output=True, text=True, env=env, timeout=300,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "cramkit",
+            "predict",
+            "--from",
+            str(bad),
+            str(rows),
+            "--out",
+            str(tmp_path / "p"),
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
     assert proc.returncode == 2, proc.stderr
     errors = [line for line in proc.stderr.splitlines() if line.startswith("cramkit: error:")]
     assert len(errors) == 1 and "tokenizer" in errors[0] and "Traceback" not in proc.stderr, proc.stderr

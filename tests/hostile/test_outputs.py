@@ -79,8 +79,20 @@ def test_finetune_and_distill_never_write_over_their_input_or_another_model(
     shutil.copytree(ft_model, model, ignore=shutil.ignore_patterns("finetune.json"))
     refused([*ft, "--from", str(run), "--out", str(model)], "a model directory")
     assert not (model / "finetune.json").exists()
-    dist = ("distill", "--student", "bilstm", "--train", str(train), "--dev", str(train), "--text-a",
-            "sentence", "--set", "p_pos=0", "--no-progress")  # fmt: skip
+    dist = (
+        "distill",
+        "--student",
+        "bilstm",
+        "--train",
+        str(train),
+        "--dev",
+        str(train),
+        "--text-a",
+        "sentence",
+        "--set",
+        "p_pos=0",
+        "--no-progress",
+    )
     refused([*dist, "--teacher", str(teacher), "--out", str(teacher)], "destroy the source")
     refused([*dist, "--teacher", str(teacher), "--out", str(run)], "a pretraining run")
     assert (_digest(run), _digest(onnx_dir), _digest(teacher)) == before
@@ -141,10 +153,7 @@ def test_rerun_cleans_what_a_killed_export_left(ft_model, tmp_path) -> None:
     (tmp_path / f".hf.old-{dead}").mkdir()
     (tmp_path / f".p.jsonl.tmp-{dead}").write_text("half")
     assert subprocess.run(cmd, env=env, capture_output=True).returncode == 0
-    assert (
-        subprocess.run([*cmd[:5], "--out", str(tmp_path / "hf")], env=env, capture_output=True).returncode
-        == 0
-    )
+    assert subprocess.run([*cmd[:5], "--out", str(tmp_path / "hf")], env=env, capture_output=True).returncode == 0
     rows = tmp_path / "rows.txt"
     rows.write_text("fine\n")
     assert main(["predict", "--from", str(ft_model), str(rows), "--out", str(tmp_path / "p.jsonl")]) == 0

@@ -51,8 +51,21 @@ def corpus(tmp_path_factory, builtin_docs) -> Path:
 @pytest.fixture(scope="module")
 def tiny_index(tmp_path_factory, corpus, pretrained_run) -> Path:
     out = tmp_path_factory.mktemp("idx") / "flat"
-    res = cli("index", "build", str(corpus), "--encoder", str(pretrained_run), "--out", str(out),
-              "--chunk-tokens", "48", "--overlap", "8", "--device", "cpu")  # fmt: skip
+    res = cli(
+        "index",
+        "build",
+        str(corpus),
+        "--encoder",
+        str(pretrained_run),
+        "--out",
+        str(out),
+        "--chunk-tokens",
+        "48",
+        "--overlap",
+        "8",
+        "--device",
+        "cpu",
+    )
     assert res.returncode == 0, res.stderr
     assert "recall@10 1.000" in res.stdout
     return out
@@ -74,9 +87,7 @@ def test_build_query_info(tiny_index, corpus, capsys):
     hits = idx.search(probe, k=3)
     assert [h[0]["text"] for h in hits] == probe
     assert hits[0][0]["score"] == pytest.approx(1.0, abs=1e-4)
-    assert set(hits[0][0]) >= {"score", "text", "doc", "source", "chunk"} and hits[0][0]["source"] == str(
-        corpus
-    )
+    assert set(hits[0][0]) >= {"score", "text", "doc", "source", "chunk"} and hits[0][0]["source"] == str(corpus)
     assert idx.encoder_source == str(idx.manifest["encoder"]["source"]) and idx.info()["count"] == len(idx)
     assert main(["index", "query", str(tiny_index), probe[1], "-k", "2", "--json"]) == 0
     out = json.loads(capsys.readouterr().out.splitlines()[0])
@@ -88,8 +99,28 @@ def test_build_query_info(tiny_index, corpus, capsys):
 def test_recall_against_numpy(tmp_path, corpus, pretrained_run, tiny_index):
     """HNSW over the same chunks: its measured recall and an independent numpy exact search agree."""
     out = tmp_path / "hnsw"
-    assert main(["index", "build", str(corpus), "--encoder", str(pretrained_run), "--out", str(out),
-                 "--chunk-tokens", "24", "--overlap", "0", "--kind", "hnsw", "--device", "cpu"]) == 0  # fmt: skip
+    assert (
+        main(
+            [
+                "index",
+                "build",
+                str(corpus),
+                "--encoder",
+                str(pretrained_run),
+                "--out",
+                str(out),
+                "--chunk-tokens",
+                "24",
+                "--overlap",
+                "0",
+                "--kind",
+                "hnsw",
+                "--device",
+                "cpu",
+            ]
+        )
+        == 0
+    )
     idx = cramkit.index.open(out)
     assert idx.info()["kind"] == "hnsw" and idx.manifest["recall"]["queries"] > 0
     vec = np.load(out / idx.manifest["data"] / "vectors.npy")  # independent copy, not memory-mapped
@@ -146,10 +177,7 @@ def test_add(tmp_path, tiny_index, builtin_docs):
 def small_store(tmp_path_factory, builtin_docs, tok_dir) -> Path:
     d = tmp_path_factory.mktemp("store")
     src = write_docs(d / "docs.txt", builtin_docs[500:540])
-    assert (
-        main(["data", "build", str(src), "--tokenizer", str(tok_dir), "--out", str(d / "store"), "--quiet"])
-        == 0
-    )
+    assert main(["data", "build", str(src), "--tokenizer", str(tok_dir), "--out", str(d / "store"), "--quiet"]) == 0
     return d / "store"
 
 
@@ -157,13 +185,26 @@ def test_retro_neighbours(tmp_path, small_store, pretrained_run, capsys):
     from cramkit.data.tokenstore import TokenStore
 
     out = tmp_path / "retro"
-    assert main(["index", "build", str(small_store), "--encoder", str(pretrained_run), "--mode", "retro",
-                 "--out", str(out), "--device", "cpu"]) == 0  # fmt: skip
-    nb_dir = tmp_path / "nb"
     assert (
-        main(["index", "neighbours", str(out), "--store", str(small_store), "--out", str(nb_dir), "-k", "2"])
+        main(
+            [
+                "index",
+                "build",
+                str(small_store),
+                "--encoder",
+                str(pretrained_run),
+                "--mode",
+                "retro",
+                "--out",
+                str(out),
+                "--device",
+                "cpu",
+            ]
+        )
         == 0
     )
+    nb_dir = tmp_path / "nb"
+    assert main(["index", "neighbours", str(out), "--store", str(small_store), "--out", str(nb_dir), "-k", "2"]) == 0
     store = TokenStore(small_store)
     nb = np.load(nb_dir / "neighbours.npy", allow_pickle=False)
     n_chunks = int(np.sum((np.asarray(store.sizes) + 63) // 64))
@@ -211,8 +252,21 @@ def test_killed_embed_resumes(tmp_path, builtin_docs, pretrained_run):
     src = tmp_path / "lines.txt"
     src.write_text("\n".join(lines) + "\n", encoding="utf-8")
     out = tmp_path / "emb"
-    cmd = [sys.executable, "-m", "cramkit", "embed", str(src), "--from", str(pretrained_run), "--out", str(out),
-           "--block", "8", "--device", "cpu"]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "cramkit",
+        "embed",
+        str(src),
+        "--from",
+        str(pretrained_run),
+        "--out",
+        str(out),
+        "--block",
+        "8",
+        "--device",
+        "cpu",
+    ]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV)
     _kill_when_committed(proc, out / "progress-0.json")
     assert not (out / "embed.json").exists()  # killed: nothing claims to be finished
@@ -237,9 +291,25 @@ def test_torchrun_embed_matches_one_process(tmp_path, builtin_docs, pretrained_r
     outs = {}
     for nproc in (1, 2):
         out = tmp_path / f"e{nproc}"
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc), "-m", "cramkit",
-               "embed", str(src), "--from", str(pretrained_run), "--out", str(out), "--block", "32",
-               "--device", "cpu"]  # fmt: skip
+        cmd = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc_per_node",
+            str(nproc),
+            "-m",
+            "cramkit",
+            "embed",
+            str(src),
+            "--from",
+            str(pretrained_run),
+            "--out",
+            str(out),
+            "--block",
+            "32",
+            "--device",
+            "cpu",
+        ]
         res = subprocess.run(cmd, capture_output=True, text=True, env=ENV, timeout=300)
         assert res.returncode == 0, res.stderr
         assert res.stdout.count("embedded 300 rows") == 1
@@ -255,8 +325,26 @@ def test_torchrun_embed_matches_one_process(tmp_path, builtin_docs, pretrained_r
 @pytest.mark.slow
 def test_killed_build_is_not_an_index_then_resumes(tmp_path, corpus, pretrained_run, capsys):
     out = tmp_path / "idx"
-    cmd = [sys.executable, "-m", "cramkit", "index", "build", str(corpus), "--encoder", str(pretrained_run),
-           "--out", str(out), "--chunk-tokens", "32", "--overlap", "0", "--block", "8", "--device", "cpu"]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "cramkit",
+        "index",
+        "build",
+        str(corpus),
+        "--encoder",
+        str(pretrained_run),
+        "--out",
+        str(out),
+        "--chunk-tokens",
+        "32",
+        "--overlap",
+        "0",
+        "--block",
+        "8",
+        "--device",
+        "cpu",
+    ]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV)
     _kill_when_committed(proc, out / ".build" / "embed" / "progress-0.json")
     assert "interrupted build" in fails(capsys, "index", "info", str(out))
@@ -273,18 +361,39 @@ def test_bad_inputs(tmp_path, tiny_index, corpus, pretrained_run, capsys):
     q = ["index", "query", str(tiny_index)]
     n = json.loads((tiny_index / "index.json").read_text())["count"]
     assert "larger than the index" in fails(capsys, *q, "hello", "-k", str(n + 1))
-    assert "already holds an index" in fails(capsys, "index", "build", str(corpus), "--encoder",
-                                             str(pretrained_run), "--out", str(tiny_index))  # fmt: skip
+    assert "already holds an index" in fails(
+        capsys, "index", "build", str(corpus), "--encoder", str(pretrained_run), "--out", str(tiny_index)
+    )
     empty = tmp_path / "empty.txt"
     empty.write_text("\n\n  \n", encoding="utf-8")
-    assert "no text to index" in fails(capsys, "index", "build", str(empty), "--encoder", str(pretrained_run),
-                                       "--out", str(tmp_path / "e"))  # fmt: skip
+    assert "no text to index" in fails(
+        capsys, "index", "build", str(empty), "--encoder", str(pretrained_run), "--out", str(tmp_path / "e")
+    )
     assert not (tmp_path / "e" / "index.json").exists()
-    assert "needs a token store" in fails(capsys, "index", "build", str(corpus), "--encoder", str(pretrained_run),
-                                          "--mode", "retro", "--out", str(tmp_path / "r"))  # fmt: skip
-    assert "exceeds the encoder's limit" in fails(capsys, "index", "build", str(corpus), "--encoder",
-                                                  str(pretrained_run), "--chunk-tokens", "100000",
-                                                  "--out", str(tmp_path / "c"))  # fmt: skip
+    assert "needs a token store" in fails(
+        capsys,
+        "index",
+        "build",
+        str(corpus),
+        "--encoder",
+        str(pretrained_run),
+        "--mode",
+        "retro",
+        "--out",
+        str(tmp_path / "r"),
+    )
+    assert "exceeds the encoder's limit" in fails(
+        capsys,
+        "index",
+        "build",
+        str(corpus),
+        "--encoder",
+        str(pretrained_run),
+        "--chunk-tokens",
+        "100000",
+        "--out",
+        str(tmp_path / "c"),
+    )
     assert "not a finished index" in fails(capsys, *["index", "query", str(tmp_path), "x"])
     # a query longer than the encoder's limit is cut to it, and the CLI says so
     capsys.readouterr()
@@ -346,8 +455,24 @@ def test_symlinked_data_file_left_out_of_the_manifest_is_refused(tmp_path, tiny_
 
 def test_damaged_faiss_file(tmp_path, small_store, pretrained_run, capsys):
     out = tmp_path / "h"
-    assert main(["index", "build", str(small_store), "--encoder", str(pretrained_run), "--kind", "hnsw",
-                 "--out", str(out), "--device", "cpu"]) == 0  # fmt: skip
+    assert (
+        main(
+            [
+                "index",
+                "build",
+                str(small_store),
+                "--encoder",
+                str(pretrained_run),
+                "--kind",
+                "hnsw",
+                "--out",
+                str(out),
+                "--device",
+                "cpu",
+            ]
+        )
+        == 0
+    )
     m = json.loads((out / "index.json").read_text())
     f = out / m["data"] / "faiss.index"
     f.write_bytes(b"\x00" * f.stat().st_size)  # same size, garbage
@@ -360,14 +485,29 @@ def test_model_without_an_encoder(tmp_path, tok, corpus, capsys):
     from cramkit.model.students import BiLSTMConfig, BiLSTMStudent, bilstm_meta
 
     cfg = BiLSTMConfig(vocab_size=tok.get_vocab_size(), embedding_dim=8, lstm_hidden=8, fc_hidden=8)
-    student = LoadedModel(BiLSTMStudent(cfg, 2), kind="classifier", config=bilstm_meta(cfg), tokenizer=tok,
-                          labels=["a", "b"], architecture="bilstm")  # fmt: skip
+    student = LoadedModel(
+        BiLSTMStudent(cfg, 2),
+        kind="classifier",
+        config=bilstm_meta(cfg),
+        tokenizer=tok,
+        labels=["a", "b"],
+        architecture="bilstm",
+    )
     student.save(tmp_path / "student")
-    err = fails(capsys, "index", "build", str(corpus), "--encoder", str(tmp_path / "student"), "--out",
-                str(tmp_path / "i"))  # fmt: skip
+    err = fails(
+        capsys,
+        "index",
+        "build",
+        str(corpus),
+        "--encoder",
+        str(tmp_path / "student"),
+        "--out",
+        str(tmp_path / "i"),
+    )
     assert "no transformer encoder" in err
-    assert "no transformer encoder" in fails(capsys, "embed", str(corpus), "--from", str(tmp_path / "student"),
-                                             "--out", str(tmp_path / "e"))  # fmt: skip
+    assert "no transformer encoder" in fails(
+        capsys, "embed", str(corpus), "--from", str(tmp_path / "student"), "--out", str(tmp_path / "e")
+    )
 
 
 def test_other_encoder_at_query_time(tiny_index, minilm_dir, capsys):
@@ -390,8 +530,24 @@ def test_minilm_mrpc_paraphrases(tmp_path, glue_dir, minilm_dir):
     pairs = pairs[:40]
     src = write_docs(tmp_path / "second.txt", [b for _, b in pairs])
     out = tmp_path / "mrpc"
-    assert main(["index", "build", str(src), "--encoder", f"hf:{minilm_dir}", "--out", str(out),
-                 "--doc-split", "blank", "--device", "cpu"]) == 0  # fmt: skip
+    assert (
+        main(
+            [
+                "index",
+                "build",
+                str(src),
+                "--encoder",
+                f"hf:{minilm_dir}",
+                "--out",
+                str(out),
+                "--doc-split",
+                "blank",
+                "--device",
+                "cpu",
+            ]
+        )
+        == 0
+    )
     idx = cramkit.index.open(out)
     assert len(idx) == len(pairs)
     hits = idx.search([a for a, _ in pairs], k=10)

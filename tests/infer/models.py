@@ -39,8 +39,24 @@ def finetuned(base: Path, pretrained_run: Path, glue_dir: Path) -> Path:
     rows = sst2(glue_dir, "train")[:400]
     train = base / "sst2-train.tsv"
     train.write_text("sentence\tlabel\n" + "".join(f"{s}\t{y}\n" for s, y in rows), encoding="utf-8")
-    ok("finetune", "--from", str(pretrained_run), "--train", str(train), "--text-a", "sentence", "--out", str(out),
-       "--set", "epochs=1", "--set", "min_steps=0", "--set", "batch_size=16", "--no-progress")  # fmt: skip
+    ok(
+        "finetune",
+        "--from",
+        str(pretrained_run),
+        "--train",
+        str(train),
+        "--text-a",
+        "sentence",
+        "--out",
+        str(out),
+        "--set",
+        "epochs=1",
+        "--set",
+        "min_steps=0",
+        "--set",
+        "batch_size=16",
+        "--no-progress",
+    )
     return out
 
 

@@ -41,9 +41,7 @@ def _bag_mean(out: Path, texts: list[str]) -> np.ndarray:
     return np.stack([table[tok.encode(t).ids].mean(0) for t in texts])
 
 
-def test_a_format_registered_in_process_exports_loads_and_predicts(
-    bag_registered, ft_model, glue_dir, tmp_path
-):
+def test_a_format_registered_in_process_exports_loads_and_predicts(bag_registered, ft_model, glue_dir, tmp_path):
     out = cramkit.export(ft_model, tmp_path / "bag", format="bag")
     man = json.loads((out / "cramkit-bag.json").read_text())
     assert man["format"] == "cramkit-bag-1" and man["kind"] == "classifier" and man["labels"] == ["0", "1"]
@@ -53,9 +51,7 @@ def test_a_format_registered_in_process_exports_loads_and_predicts(
     texts = ["a gorgeous, witty film", "dull and far too long"]
     engine = Engine(out)
     assert engine.backend == "bag" and engine.can_embed and engine.can_classify
-    np.testing.assert_allclose(
-        engine.embed(texts, pooling="mean"), _bag_mean(out, texts), rtol=1e-5, atol=1e-6
-    )
+    np.testing.assert_allclose(engine.embed(texts, pooling="mean"), _bag_mean(out, texts), rtol=1e-5, atol=1e-6)
     assert set(engine.classify(texts).labels) <= {"0", "1"}
     rows = tmp_path / "dev.tsv"
     rows.write_text("sentence\tlabel\n" + "".join(f"{s}\t{y}\n" for s, y in sst2(glue_dir, "dev")[:40]))

@@ -58,10 +58,7 @@ def test_minilm_export_matches_torch_on_unseen_text(minilm_dir, minilm_ct2, dev2
     for q, d in minilm_ct2.items():
         man = json.loads((d / MANIFEST).read_text())
         assert man["quantize"] == q and man["kind"] == "encoder" and man["max_length"] == f32.max_length
-        assert (
-            set(man["files"]) == {"model.bin", "config.json", "vocabulary.json"}
-            and man["check"]["texts"] >= 64
-        )
+        assert set(man["files"]) == {"model.bin", "config.json", "vocabulary.json"} and man["check"]["texts"] >= 64
     assert json.loads((minilm_ct2["float32"] / MANIFEST).read_text())["check"]["cosine_mean_min"] > 0.9999
     # the engine's token budget cuts the same inputs into other passes: the same embeddings
     small = Engine(minilm_ct2["float32"], threads=1, max_batch_tokens=256).embed(dev200)
@@ -135,20 +132,14 @@ def test_crafted_or_incomplete_exports_are_one_line(minilm_ct2, tmp_path) -> Non
     assert proc.returncode == 2 and "symbolic link" in proc.stderr and "Traceback" not in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1
     opened = cramkit.load(good)
-    assert (
-        opened.backend_name == "ct2" and opened.kind == "encoder" and opened.max_length == man["max_length"]
-    )
+    assert opened.backend_name == "ct2" and opened.kind == "encoder" and opened.max_length == man["max_length"]
     from cramkit.load import load_torch
 
-    with pytest.raises(
-        CramkitError, match="is an export .* fine-tuning needs the torch model it was exported"
-    ):
+    with pytest.raises(CramkitError, match="is an export .* fine-tuning needs the torch model it was exported"):
         load_torch(good, purpose="fine-tuning")
     with pytest.raises(CramkitError, match="run it with backend ct2"):
         Engine(good, backend="onnx")
-    with pytest.raises(
-        CramkitError, match="threads must be 1..[0-9]+ .the cores this process may use., got 4096"
-    ):
+    with pytest.raises(CramkitError, match="threads must be 1..[0-9]+ .the cores this process may use., got 4096"):
         Engine(good, threads=4096)
 
 
@@ -159,20 +150,14 @@ def test_cramkit_pre_ln_classifier_runs_on_ct2(ft_model, glue_dir, tmp_path) -> 
     said = ok("export", str(ft_model), "--format", "ct2", "--out", str(out))
     assert "label_agreement 1.0000" in said, said
     man = json.loads((out / MANIFEST).read_text())
-    assert (
-        man["shape"]["norm_position"] == "pre"
-        and man["head"]["pooler"]
-        and "head.safetensors" in man["files"]
-    )
+    assert man["shape"]["norm_position"] == "pre" and man["head"]["pooler"] and "head.safetensors" in man["files"]
     rows = sst2(glue_dir, "dev")[:100]
     dev = [s for s, _ in rows]
     ref = Engine(ft_model, device="cpu").classify(dev)
     got = Engine(out, threads=1).classify(dev)
     assert got.labels == ref.labels and np.abs(got.logits - ref.logits).max() < 1e-4
     # predict --from a CT2 export
-    (tmp_path / "dev.tsv").write_text(
-        "sentence\tlabel\n" + "".join(f"{s}\t{y}\n" for s, y in rows), encoding="utf-8"
-    )
+    (tmp_path / "dev.tsv").write_text("sentence\tlabel\n" + "".join(f"{s}\t{y}\n" for s, y in rows), encoding="utf-8")
     said = cli("predict", "--from", str(out), str(tmp_path / "dev.tsv"), "--out", str(tmp_path / "p.jsonl"))
     assert said.returncode == 0 and "accuracy" in said.stdout, said.stderr
     labels = [json.loads(line)["label"] for line in (tmp_path / "p.jsonl").read_text().splitlines()]
@@ -184,14 +169,19 @@ def test_what_ct2_cannot_run_is_one_line(tok, tmp_path) -> None:
     from cramkit.model.students import BiLSTMConfig, BiLSTMStudent
 
     cfg = BiLSTMConfig(vocab_size=tok.get_vocab_size(), embedding_dim=8, lstm_hidden=4, fc_hidden=4)
-    student = LoadedModel(model=BiLSTMStudent(cfg, 2), kind="classifier", config=cfg, tokenizer=tok,
-                          labels=["0", "1"], architecture="bilstm", source="student")  # fmt: skip
+    student = LoadedModel(
+        model=BiLSTMStudent(cfg, 2),
+        kind="classifier",
+        config=cfg,
+        tokenizer=tok,
+        labels=["0", "1"],
+        architecture="bilstm",
+        source="student",
+    )
     with pytest.raises(CramkitError, match="the CTranslate2 format cannot hold this model .*--format onnx"):
         cramkit.export(student, tmp_path / "s-ct2", format="ct2")
     assert not (tmp_path / "s-ct2").exists()
-    proc = cli(
-        "export", "hf:nowhere", "--format", "hf", "--quantize", "int8_float32", "--out", str(tmp_path / "x")
-    )
+    proc = cli("export", "hf:nowhere", "--format", "hf", "--quantize", "int8_float32", "--out", str(tmp_path / "x"))
     assert proc.returncode == 2 and "the hf format takes no quantize" in proc.stderr, proc.stderr
 
 
@@ -202,9 +192,22 @@ def test_without_ctranslate2_the_export_names_the_extra(minilm_dir, tmp_path) ->
     )
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])}
     proc = subprocess.run(
-        [sys.executable, "-m", "cramkit", "export", f"hf:{minilm_dir}", "--format", "ct2", "--out", str(tmp_path / "o")],
-        capture_output=True, text=True, env=env, timeout=300,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "cramkit",
+            "export",
+            f"hf:{minilm_dir}",
+            "--format",
+            "ct2",
+            "--out",
+            str(tmp_path / "o"),
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
     assert proc.returncode == 2 and not (tmp_path / "o").exists()
     assert proc.stderr.strip() == (
         "cramkit: error: ctranslate2 is not installed; install cramkit's [ct2] extra: pip install 'cramkit[ct2]'"
@@ -229,14 +232,29 @@ def test_every_cramkit_shape_runs_on_ct2(tok, tmp_path, shape) -> None:
     from cramkit.model.heads import SequenceClassifier
 
     torch.manual_seed(0)
-    cfg = ModelConfig(vocab_size=tok.get_vocab_size(), hidden=64, layers=2, heads=2, intermediate=128,
-                      max_position=128, **SHAPES[shape])  # fmt: skip
+    cfg = ModelConfig(
+        vocab_size=tok.get_vocab_size(),
+        hidden=64,
+        layers=2,
+        heads=2,
+        intermediate=128,
+        max_position=128,
+        **SHAPES[shape],
+    )
     model = SequenceClassifier(cfg, 3).eval()
     with torch.no_grad():  # away from the init's ones and zeros, so that every norm and bias matters
         for p in model.parameters():
             p.add_(0.05 * torch.randn_like(p))
-    loaded = LoadedModel(model=model, kind="classifier", config=cfg, tokenizer=tok, labels=["a", "b", "c"],
-                         max_length=128, with_types=cfg.type_vocab_size > 0, source=shape)  # fmt: skip
+    loaded = LoadedModel(
+        model=model,
+        kind="classifier",
+        config=cfg,
+        tokenizer=tok,
+        labels=["a", "b", "c"],
+        max_length=128,
+        with_types=cfg.type_vocab_size > 0,
+        source=shape,
+    )
     out = cramkit.export(loaded, tmp_path / "ct2", format="ct2")
     texts = ["return the value of the key", ("a list of items", "is sorted in place"), "x " * 200]
     ref, got = Engine(loaded, device="cpu"), Engine(out, threads=1)

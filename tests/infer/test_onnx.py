@@ -71,9 +71,7 @@ def test_mlm_export_fills_masks_like_torch(pretrained_run) -> None:
     ref = Engine(cramkit.load(pretrained_run), device="cpu")
     assert got.backend == "onnx" and got.can_fill_mask
     man = got.loaded.manifest
-    assert (
-        set(man["files"]) == {"model.onnx", "head.onnx"} and man["check"]["fill_mask_top1_agreement"] == 1.0
-    )
+    assert set(man["files"]) == {"model.onnx", "head.onnx"} and man["check"]["fill_mask_top1_agreement"] == 1.0
     texts = ["return the [MASK] of the list", "an [MASK] is raised when the [MASK] is empty"]
     a, b = ref.fill_mask(texts, top_k=3), got.fill_mask(texts, top_k=3)
     assert [[c["id"] for c in m] for r in a for m in r] == [[c["id"] for c in m] for r in b for m in r]
@@ -125,12 +123,8 @@ def test_export_refuses_to_overwrite_what_is_not_an_export(ft_model, tmp_path) -
 
 def test_predict_command_runs_an_onnx_export(ft_model, ft_onnx, glue_dir, tmp_path) -> None:
     rows = sst2(glue_dir, "dev")[:40]
-    (tmp_path / "dev.tsv").write_text(
-        "sentence\tlabel\n" + "".join(f"{s}\t{y}\n" for s, y in rows), encoding="utf-8"
-    )
-    said = cli(
-        "predict", "--from", str(ft_onnx), str(tmp_path / "dev.tsv"), "--out", str(tmp_path / "p.jsonl")
-    )
+    (tmp_path / "dev.tsv").write_text("sentence\tlabel\n" + "".join(f"{s}\t{y}\n" for s, y in rows), encoding="utf-8")
+    said = cli("predict", "--from", str(ft_onnx), str(tmp_path / "dev.tsv"), "--out", str(tmp_path / "p.jsonl"))
     assert said.returncode == 0 and "accuracy" in said.stdout, said.stderr
     got = [json.loads(line)["label"] for line in (tmp_path / "p.jsonl").read_text().splitlines()]
     assert got == Engine(ft_model, device="cpu").classify([s for s, _ in rows]).labels
@@ -161,8 +155,14 @@ def _export_and_compare(run: Path, out: Path, **kwargs) -> dict:
     return man
 
 
-BERT_SHAPE = ("model.norm_position=post", "model.bias=true", "model.position=learned", "model.activation=gelu",
-              "model.type_vocab_size=2", "model.final_norm=false")  # fmt: skip
+BERT_SHAPE = (
+    "model.norm_position=post",
+    "model.bias=true",
+    "model.position=learned",
+    "model.activation=gelu",
+    "model.type_vocab_size=2",
+    "model.final_norm=false",
+)
 
 
 def test_bert_shaped_export_runs_fused_attention(tmp_path_factory, tok_dir, tmp_path) -> None:
@@ -174,9 +174,7 @@ def test_bert_shaped_export_runs_fused_attention(tmp_path_factory, tok_dir, tmp_
     assert man["attention"] == {"fused": True}
     ops = [n.op_type for n in onnx.load(str(tmp_path / "fp32" / "model.onnx")).graph.node]
     assert ops.count("MultiHeadAttention") == 2 and "Softmax" not in ops, ops
-    assert (
-        man["graph_ops"]["MultiHeadAttention"] == 2 and "MultiHeadAttention" not in man["fusions"]["applied"]
-    )
+    assert man["graph_ops"]["MultiHeadAttention"] == 2 and "MultiHeadAttention" not in man["fusions"]["applied"]
     assert man["check"]["worst_relative_diff"] < 1e-4 and man["embed_diff"] < 1e-4
     # int8, quantized for another CPU than this one: what was chosen is what the manifest says
     man8 = _export_and_compare(run, tmp_path / "int8", quantize="int8", isa="avx2")
@@ -189,16 +187,21 @@ def test_bert_shaped_export_runs_fused_attention(tmp_path_factory, tok_dir, tmp_
 def test_every_encoder_shape_fuses_its_attention(tmp_path_factory, tok_dir, tmp_path) -> None:
     """Pre-LN with RMSNorm, rotary positions and a SwiGLU MLP: the rotary embedding stays in the graph,
     the attention core is fused, the outputs are torch's."""
-    run = _tiny(tmp_path_factory, tok_dir, "rope", "model.position=rope", "model.max_position=512", "model.norm=rmsnorm",
-                "model.activation=swiglu")  # fmt: skip
+    run = _tiny(
+        tmp_path_factory,
+        tok_dir,
+        "rope",
+        "model.position=rope",
+        "model.max_position=512",
+        "model.norm=rmsnorm",
+        "model.activation=swiglu",
+    )
     man = _export_and_compare(run, tmp_path / "rope")
     assert man["attention"] == {"fused": True} and man["graph_ops"]["MultiHeadAttention"] == 2
     assert man["check"]["worst_relative_diff"] < 1e-4 and man["embed_diff"] < 1e-4
 
 
-def test_export_falls_back_to_the_plain_attention_graph(
-    tmp_path_factory, tok_dir, tmp_path, monkeypatch
-) -> None:
+def test_export_falls_back_to_the_plain_attention_graph(tmp_path_factory, tok_dir, tmp_path, monkeypatch) -> None:
     """When the fused attention cannot be exported, the plain graph is, and the manifest says why."""
     from cramkit.infer.backends import onnx as onnx_mod
 

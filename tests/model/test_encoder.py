@@ -15,20 +15,24 @@ from cramkit.model.encoder import Block, Rotary
 TINY = ModelConfig(vocab_size=97, hidden=32, layers=2, heads=4, intermediate=64, max_position=24)
 VARIANTS = {
     "cramming-default": {},
-    "bert": {"norm_position": "post", "position": "learned", "bias": True, "activation": "gelu", "type_vocab_size": 2},
+    "bert": {
+        "norm_position": "post",
+        "position": "learned",
+        "bias": True,
+        "activation": "gelu",
+        "type_vocab_size": 2,
+    },
     "relu-rmsnorm": {"activation": "relu", "norm": "rmsnorm"},
     "swiglu-rope": {"activation": "swiglu", "position": "rope"},
     "deepnorm-bias": {"norm_position": "deepnorm", "bias": True},
     "bare": {"embedding_norm": False, "final_norm": False, "head_transform": False, "tie_embeddings": False},
     "checkpointed-dropout": {"gradient_checkpointing": True, "dropout": 0.1, "attention_dropout": 0.1},
-}  # fmt: skip
+}
 
 
 def _batch(length: int = 12, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     g = torch.Generator().manual_seed(seed)
-    return torch.randint(1, TINY.vocab_size, (3, length), generator=g), torch.ones(
-        3, length, dtype=torch.long
-    )
+    return torch.randint(1, TINY.vocab_size, (3, length), generator=g), torch.ones(3, length, dtype=torch.long)
 
 
 @pytest.mark.parametrize("name", list(VARIANTS))
@@ -166,9 +170,13 @@ SPARSE_VARIANTS = {
     "post-learned-bias": {"norm_position": "post", "position": "learned", "bias": True, "activation": "gelu"},
     "deepnorm-rope": {"norm_position": "deepnorm", "position": "rope", "bias": True},
     "pre-rope-rmsnorm-checkpointed": {"position": "rope", "norm": "rmsnorm", "gradient_checkpointing": True},
-    "post-checkpointed-bare": {"norm_position": "post", "gradient_checkpointing": True, "head_transform": False,
-                               "tie_embeddings": False},
-}  # fmt: skip
+    "post-checkpointed-bare": {
+        "norm_position": "post",
+        "gradient_checkpointing": True,
+        "head_transform": False,
+        "tie_embeddings": False,
+    },
+}
 
 
 @pytest.mark.parametrize("padded", [False, True])

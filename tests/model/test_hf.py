@@ -122,9 +122,15 @@ def test_import_mlm_and_classifier_heads(tmp_path: Path) -> None:
     from transformers import BertConfig, BertForMaskedLM, BertForSequenceClassification
 
     hf_cfg = BertConfig(
-        vocab_size=120, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
-        max_position_embeddings=16, hidden_act="relu", num_labels=3,
-    )  # fmt: skip
+        vocab_size=120,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=64,
+        max_position_embeddings=16,
+        hidden_act="relu",
+        num_labels=3,
+    )
     ids, mask = _inputs(120)
     types = (torch.arange(10) >= 5).long().expand(3, -1)
 
@@ -168,10 +174,18 @@ def test_import_mlm_and_classifier_heads(tmp_path: Path) -> None:
 def _write_config(root: Path, **changes: object) -> Path:
     root.mkdir(parents=True, exist_ok=True)
     config = {
-        "architectures": ["BertModel"], "model_type": "bert", "vocab_size": 120, "hidden_size": 32,
-        "num_hidden_layers": 2, "num_attention_heads": 4, "intermediate_size": 64, "hidden_act": "gelu",
-        "max_position_embeddings": 16, "type_vocab_size": 2, "position_embedding_type": "absolute",
-    }  # fmt: skip
+        "architectures": ["BertModel"],
+        "model_type": "bert",
+        "vocab_size": 120,
+        "hidden_size": 32,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "intermediate_size": 64,
+        "hidden_act": "gelu",
+        "max_position_embeddings": 16,
+        "type_vocab_size": 2,
+        "position_embedding_type": "absolute",
+    }
     config.update(changes)
     (root / "config.json").write_text(json.dumps(config))
     return root
@@ -262,8 +276,7 @@ def test_minilm_round_trip_export(minilm_dir: Path, tmp_path: Path) -> None:
     tok = AutoTokenizer.from_pretrained(out)
     batch = tok(SENTENCES, padding=True, return_tensors="pt")
     assert (
-        batch["input_ids"].tolist()
-        == AutoTokenizer.from_pretrained(minilm_dir)(SENTENCES, padding=True)["input_ids"]
+        batch["input_ids"].tolist() == AutoTokenizer.from_pretrained(minilm_dir)(SENTENCES, padding=True)["input_ids"]
     )
     with torch.no_grad():
         theirs = loaded(**batch).last_hidden_state
@@ -296,16 +309,26 @@ def test_hf_reads_back_cramkit_own_export(tmp_path: Path, pretrained_run: Path) 
     assert (back.config, back.max_length, back.with_types) == (ref.config, ref.max_length, ref.with_types)
     ids, mask = _inputs(ref.config.vocab_size)
     with torch.no_grad():
-        assert torch.equal(
-            back.model(ids, attention_mask=mask).logits, ref.model(ids, attention_mask=mask).logits
-        )
+        assert torch.equal(back.model(ids, attention_mask=mask).logits, ref.model(ids, attention_mask=mask).logits)
 
     # as a new user tries it: predict with the export just written
     (tmp_path / "in.txt").write_text("the cat sat on the [MASK] .\n")
     proc = subprocess.run(
-        [sys.executable, "-m", "cramkit", "predict", str(tmp_path / "in.txt"), "--from", f"hf:{out}",
-         "--out", str(tmp_path / "pred.jsonl")], capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "cramkit",
+            "predict",
+            str(tmp_path / "in.txt"),
+            "--from",
+            f"hf:{out}",
+            "--out",
+            str(tmp_path / "pred.jsonl"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     (row,) = [json.loads(x) for x in (tmp_path / "pred.jsonl").read_text().splitlines()]
     assert len(row["masks"]) == 1 and len(row["masks"][0]) == 5
@@ -317,9 +340,7 @@ def test_a_cramkit_classifier_export_reads_back(tmp_path: Path) -> None:
 
     torch.manual_seed(0)
     clf = _perturb(SequenceClassifier(TINY, 3, ClassifierConfig(pooling="mean", pooler_dense=False)))
-    out = export_hf(
-        clf, TINY, tmp_path / "clf", tokenizer_dir=_write_vocab(tmp_path / "tok"), labels=["a", "b", "c"]
-    )
+    out = export_hf(clf, TINY, tmp_path / "clf", tokenizer_dir=_write_vocab(tmp_path / "tok"), labels=["a", "b", "c"])
     back = load(f"hf:{out}")
     assert (back.kind, back.labels, back.pooling) == ("classifier", ["a", "b", "c"], "mean")
     ids, mask = _inputs(TINY.vocab_size)
@@ -436,9 +457,14 @@ VARIANTS = {
     "default": {},  # Cramming: pre-LN, GELU-GLU, scaled sinusoidal, no biases, final norm
     "rope-rmsnorm": {"position": "rope", "norm": "rmsnorm", "type_vocab_size": 2},
     "deepnorm-swiglu-bias": {"norm_position": "deepnorm", "activation": "swiglu", "bias": True},
-    "untied-relu-nohead": {"tie_embeddings": False, "activation": "relu", "head_transform": False,
-                           "embedding_norm": False, "final_norm": False},
-}  # fmt: skip
+    "untied-relu-nohead": {
+        "tie_embeddings": False,
+        "activation": "relu",
+        "head_transform": False,
+        "embedding_norm": False,
+        "final_norm": False,
+    },
+}
 
 
 def test_exports_load_in_transformers_without_cramkit(tmp_path: Path, pretrained_run: Path) -> None:
@@ -457,9 +483,7 @@ def test_exports_load_in_transformers_without_cramkit(tmp_path: Path, pretrained
         expected.append(model)
 
     # a BERT-shaped model without token types: plain BertForMaskedLM, no remote code
-    bert_cfg = TINY.replace(
-        norm_position="post", position="learned", bias=True, activation="gelu", final_norm=False
-    )
+    bert_cfg = TINY.replace(norm_position="post", position="learned", bias=True, activation="gelu", final_norm=False)
     bert = _perturb(MaskedLM(bert_cfg), 9)
     export_hf(bert, bert_cfg, tmp_path / "bert")
     assert not (tmp_path / "bert" / "modeling_cramkit.py").exists()
@@ -483,8 +507,12 @@ def test_exports_load_in_transformers_without_cramkit(tmp_path: Path, pretrained
     script = NO_CRAMKIT_SCRIPT.replace("SITE", repr(sysconfig.get_paths()["purelib"]))
     proc = subprocess.run(
         [sys.executable, "-I", "-S", "-c", script, json.dumps(jobs)],
-        capture_output=True, text=True, cwd=tmp_path, env=env, timeout=300,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env=env,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     report = json.loads(proc.stdout.split("REPORT", 1)[1])
 
@@ -507,15 +535,19 @@ def test_exports_load_in_transformers_without_cramkit(tmp_path: Path, pretrained
     assert report[-1]["tokens"] == ours.encode("the cats sat").ids
 
 
-def test_export_cli_steps_and_errors(
-    tmp_path: Path, tok_dir: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
+def test_export_cli_steps_and_errors(tmp_path: Path, tok_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from conftest import run_pretrain
 
     run = run_pretrain(
-        tmp_path / "run", "--tokenizer", str(tok_dir), "--set", "train.checkpoint_every=3steps",
-        "--set", "train.keep_checkpoints=3", steps=7,
-    )  # fmt: skip
+        tmp_path / "run",
+        "--tokenizer",
+        str(tok_dir),
+        "--set",
+        "train.checkpoint_every=3steps",
+        "--set",
+        "train.keep_checkpoints=3",
+        steps=7,
+    )
     # an older step, and a checkpoint directory given directly, export the same weights
     assert cli_main(["export", str(run), "--out", str(tmp_path / "s3"), "--step", "3"]) == 0
     assert "step-000003" in capsys.readouterr().out
@@ -574,19 +606,13 @@ def test_sentence_transformers_v5_layout_is_read(minilm_dir: Path, tmp_path: Pat
         json.dumps({"embedding_dimension": 384, "pooling_mode": "mean", "include_prompt": True})
     )
     m = cramkit.load(f"hf:{new}")
-    assert (
-        (m.max_length, m.pooling, m.normalize)
-        == (old.max_length, old.pooling, old.normalize)
-        == (256, "mean", True)
-    )
+    assert (m.max_length, m.pooling, m.normalize) == (old.max_length, old.pooling, old.normalize) == (256, "mean", True)
     long_text = "word " * 600
     a = Engine(old).embed([long_text, "short"])
     b = Engine(m).embed([long_text, "short"])
     assert torch.allclose(torch.as_tensor(a), torch.as_tensor(b), atol=1e-6)
 
-    (new / "1_Pooling" / "config.json").write_text(
-        json.dumps({"embedding_dimension": 384, "pooling_mode": ["cls"]})
-    )
+    (new / "1_Pooling" / "config.json").write_text(json.dumps({"embedding_dimension": 384, "pooling_mode": ["cls"]}))
     cls = cramkit.load(f"hf:{new}")
     assert cls.pooling == "cls"
     ids = torch.tensor([cls.tokenizer.encode("a short sentence").ids])
@@ -595,9 +621,7 @@ def test_sentence_transformers_v5_layout_is_read(minilm_dir: Path, tmp_path: Pat
     got = torch.as_tensor(Engine(cls).embed(["a short sentence"]))[0]
     assert torch.allclose(got, first, atol=1e-5)
     for mode in ("max", "lasttoken", ["mean", "max"]):
-        (new / "1_Pooling" / "config.json").write_text(
-            json.dumps({"embedding_dimension": 384, "pooling_mode": mode})
-        )
+        (new / "1_Pooling" / "config.json").write_text(json.dumps({"embedding_dimension": 384, "pooling_mode": mode}))
         with pytest.raises(CramkitError, match="not one cramkit computes"):
             cramkit.load(f"hf:{new}")
     (new / "1_Pooling" / "config.json").write_text(

@@ -26,8 +26,17 @@ def torchrun(nproc: int, args: list[str], *, timeout: float = 120) -> subprocess
     if nproc == 1:
         cmd = [sys.executable, *args]
     else:
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc),
-               "--max_restarts", "0", *args]  # fmt: skip
+        cmd = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc_per_node",
+            str(nproc),
+            "--max_restarts",
+            "0",
+            *args,
+        ]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=_env())
 
 
@@ -36,8 +45,10 @@ def toy(nproc: int, out: Path, *extra: str, check: bool = True) -> dict[int, flo
     t0 = time.perf_counter()
     proc = torchrun(nproc, [str(TOY), "--out", str(out), *extra])
     if check and proc.returncode != 0:
-        raise AssertionError(f"toy run failed ({proc.returncode}) after {time.perf_counter() - t0:.0f}s:\n"
-                             f"{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}")  # fmt: skip
+        raise AssertionError(
+            f"toy run failed ({proc.returncode}) after {time.perf_counter() - t0:.0f}s:\n"
+            f"{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
+        )
     losses = json.loads((out / "losses-rank0.json").read_text())
     return {int(k): v for k, v in losses.items()}
 

@@ -24,11 +24,24 @@ from .conftest import _env
 pytestmark = pytest.mark.dist
 
 TINY = [
-    "model.hidden=64", "model.layers=2", "model.heads=2", "model.intermediate=128", "data.seq_len=64",
-    "data.validation_fraction=0.05", "train.micro_batch=4", "train.batch_size=16", "train.batch_ramp=0",
-    "train.eval_batches=2", "train.eval_every=never", "train.log_every=1", "train.progress=false",
-    "train.threads=1", "train.lr=3e-3", "train.checkpoint_every=3steps", "train.keep_checkpoints=3",
-]  # fmt: skip
+    "model.hidden=64",
+    "model.layers=2",
+    "model.heads=2",
+    "model.intermediate=128",
+    "data.seq_len=64",
+    "data.validation_fraction=0.05",
+    "train.micro_batch=4",
+    "train.batch_size=16",
+    "train.batch_ramp=0",
+    "train.eval_batches=2",
+    "train.eval_every=never",
+    "train.log_every=1",
+    "train.progress=false",
+    "train.threads=1",
+    "train.lr=3e-3",
+    "train.checkpoint_every=3steps",
+    "train.keep_checkpoints=3",
+]
 STEPS = 6
 
 
@@ -45,14 +58,21 @@ def store(tmp_path_factory: pytest.TempPathFactory, wikitext_dir: Path) -> Path:
     return root / "store"
 
 
-def cramkit(
-    nproc: int, *args: str, launcher: str = "torchrun", timeout: float = 180
-) -> subprocess.CompletedProcess:
+def cramkit(nproc: int, *args: str, launcher: str = "torchrun", timeout: float = 180) -> subprocess.CompletedProcess:
     if nproc == 1:
         cmd = [sys.executable, "-m", "cramkit", *args]
     elif launcher == "torchrun":
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc),
-               "-m", "cramkit", *args]  # fmt: skip
+        cmd = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc_per_node",
+            str(nproc),
+            "-m",
+            "cramkit",
+            *args,
+        ]
     else:
         cmd = [sys.executable, "-m", "cramkit", *args, "--nproc", str(nproc)]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=_env())
@@ -74,8 +94,18 @@ def _close(a: dict[int, float], b: dict[int, float], tol: float = 2e-5) -> None:
 
 def pretrain(nproc: int, store: Path, run: Path, *extra: str, launcher: str = "torchrun") -> dict[int, float]:
     sets = [x for s in TINY for x in ("--set", s)]
-    cramkit(nproc, "pretrain", str(store), "--out", str(run), "--budget", f"{STEPS}steps", *sets, *extra,
-            launcher=launcher)  # fmt: skip
+    cramkit(
+        nproc,
+        "pretrain",
+        str(store),
+        "--out",
+        str(run),
+        "--budget",
+        f"{STEPS}steps",
+        *sets,
+        *extra,
+        launcher=launcher,
+    )
     return losses(run)
 
 
@@ -138,17 +168,32 @@ def test_fsdp_through_nproc_from_a_single_process_checkpoint(store, reference, t
 def test_a_killed_rank_stops_the_job_with_a_message(store, tmp_path):
     run = tmp_path / "killed"
     sets = [x for s in TINY for x in ("--set", s)]
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "-m", "cramkit",
-           "pretrain", str(store), "--out", str(run), "--budget", "100000steps", *sets, "--set", "parallel.timeout=30"]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node",
+        "2",
+        "-m",
+        "cramkit",
+        "pretrain",
+        str(store),
+        "--out",
+        str(run),
+        "--budget",
+        "100000steps",
+        *sets,
+        "--set",
+        "parallel.timeout=30",
+    ]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=_env())
     try:
         deadline = time.time() + 120
         while not (run / "metrics.jsonl").is_file() or len(read_metrics(run)) < 4:
             assert proc.poll() is None and time.time() < deadline, "the run did not start"
             time.sleep(0.3)
-        workers = subprocess.run(
-            ["pgrep", "-P", str(proc.pid)], capture_output=True, text=True
-        ).stdout.split()
+        workers = subprocess.run(["pgrep", "-P", str(proc.pid)], capture_output=True, text=True).stdout.split()
         assert len(workers) == 2
         os.kill(int(workers[-1]), signal.SIGKILL)
         t0 = time.time()

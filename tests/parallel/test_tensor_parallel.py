@@ -52,9 +52,7 @@ def _toy_model_and_optimizer() -> tuple[torch.nn.Module, torch.optim.Optimizer]:
     from cramkit.model.encoder import ModelConfig
     from cramkit.model.heads import MaskedLM
 
-    model = MaskedLM(
-        ModelConfig(vocab_size=96, hidden=32, layers=2, heads=2, intermediate=64, max_position=16)
-    )
+    model = MaskedLM(ModelConfig(vocab_size=96, hidden=32, layers=2, heads=2, intermediate=64, max_position=16))
     return model, torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.01)
 
 
@@ -100,8 +98,20 @@ def test_tp2_by_dp2_on_four_processes(tmp_path, references, strategy, model):
     # a 2-D mesh: two tensor-parallel groups of two ranks, data parallel across the groups
     extra = (model,) if model else ()
     expected = references(*extra)
-    curve = toy(4, tmp_path, "--steps", str(STEPS), "--tp", "2", "--strategy", strategy, "--save-every", "10",
-                "--sync-save", *extra)  # fmt: skip
+    curve = toy(
+        4,
+        tmp_path,
+        "--steps",
+        str(STEPS),
+        "--tp",
+        "2",
+        "--strategy",
+        strategy,
+        "--save-every",
+        "10",
+        "--sync-save",
+        *extra,
+    )
     _close(curve, expected, 1e-5)
     # and its checkpoint (with FSDP: shards of tensor-parallel shards) resumes on one process
     _rewind(tmp_path, 10)
@@ -140,8 +150,27 @@ def test_pretrain_tp2_export_load_and_finetune(store, reference, tmp_path):  # n
     with open(data, "w", newline="") as f:
         csv.writer(f).writerows([("text", "label"), *rows])
     out = tmp_path / "ft"
-    cramkit(1, "finetune", "--from", str(run), "--train", str(data), "--dev", str(data), "--text-a", "text",
-            "--label", "label", "--out", str(out), "--set", "epochs=1", "--set", "min_steps=0", "--no-progress")  # fmt: skip
+    cramkit(
+        1,
+        "finetune",
+        "--from",
+        str(run),
+        "--train",
+        str(data),
+        "--dev",
+        str(data),
+        "--text-a",
+        "text",
+        "--label",
+        "label",
+        "--out",
+        str(out),
+        "--set",
+        "epochs=1",
+        "--set",
+        "min_steps=0",
+        "--no-progress",
+    )
     assert json.loads((out / "results.json").read_text())["train_examples"] == 20
 
 
@@ -157,9 +186,27 @@ def test_tp_that_does_not_divide_is_one_clear_line(store, tmp_path):  # noqa: F8
         ("parallel.tp=2", "launch with --nproc 2"),
     ]:
         proc = subprocess.run(
-            [sys.executable, "-m", "cramkit", "pretrain", str(store), "--out", str(tmp_path / "r"), "--budget",
-             "1steps", "--set", "model.heads=2", "--set", "model.hidden=64", "--set", setting],
-            capture_output=True, text=True, timeout=120, env=_env(),
-        )  # fmt: skip
+            [
+                sys.executable,
+                "-m",
+                "cramkit",
+                "pretrain",
+                str(store),
+                "--out",
+                str(tmp_path / "r"),
+                "--budget",
+                "1steps",
+                "--set",
+                "model.heads=2",
+                "--set",
+                "model.hidden=64",
+                "--set",
+                setting,
+            ],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env=_env(),
+        )
         assert proc.returncode == 2 and words in proc.stderr, proc.stderr[-2000:]
         assert "Traceback" not in proc.stderr

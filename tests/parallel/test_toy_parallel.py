@@ -71,9 +71,7 @@ fs.FileSystemWriter.write_data = write_data
 sys.argv = ["toy", "--out", {str(tmp_path)!r}, "--resume", "--steps", "6", "--save-every", "3"]
 exec(open({str(TOY)!r}).read())
 """
-    proc = subprocess.run(
-        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60, env=_env()
-    )
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, env=_env())
     assert proc.returncode == 9, proc.stderr[-3000:]
     root = tmp_path / "checkpoints"
     assert (root / "step-000006.tmp").is_dir() and not (root / "step-000006").exists()
@@ -91,9 +89,7 @@ exec(open({str(TOY)!r}).read())
 @pytest.mark.slow
 def test_a_dead_rank_ends_the_job_quickly(tmp_path):
     t0 = time.perf_counter()
-    proc = torchrun(
-        2, [str(TOY), "--out", str(tmp_path), "--steps", "50", "--die-at", "2", "--timeout", "20"]
-    )
+    proc = torchrun(2, [str(TOY), "--out", str(tmp_path), "--steps", "50", "--die-at", "2", "--timeout", "20"])
     took = time.perf_counter() - t0
     assert proc.returncode != 0
     assert took < 40, f"the surviving rank hung for {took:.0f}s"
@@ -104,9 +100,7 @@ def test_a_dead_rank_ends_the_job_quickly(tmp_path):
 @pytest.mark.slow
 def test_a_hung_rank_times_out_with_a_message(tmp_path):
     t0 = time.perf_counter()
-    proc = torchrun(
-        2, [str(TOY), "--out", str(tmp_path), "--steps", "50", "--hang-at", "2", "--timeout", "8"]
-    )
+    proc = torchrun(2, [str(TOY), "--out", str(tmp_path), "--steps", "50", "--hang-at", "2", "--timeout", "8"])
     took = time.perf_counter() - t0
     assert proc.returncode != 0 and took < 60, took
     err = proc.stdout + proc.stderr

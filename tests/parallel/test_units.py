@@ -36,9 +36,7 @@ def test_torchrun_command_lines():
 
 def _tiny() -> tuple[MaskedLM, torch.optim.Optimizer]:
     torch.manual_seed(0)
-    model = MaskedLM(
-        ModelConfig(vocab_size=64, hidden=16, layers=2, heads=2, intermediate=32, max_position=8)
-    )
+    model = MaskedLM(ModelConfig(vocab_size=64, hidden=16, layers=2, heads=2, intermediate=32, max_position=8))
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
     ids = torch.randint(5, 64, (2, 8))
     model(ids, ids).loss.backward()

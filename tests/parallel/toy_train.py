@@ -35,9 +35,7 @@ def main() -> None:
     ap.add_argument("--strategy", default="ddp")
     ap.add_argument("--tp", type=int, default=1, help="tensor-parallel degree (parallel.tp)")
     ap.add_argument("--steps", type=int, default=6)
-    ap.add_argument(
-        "--bert", action="store_true", help="BERT's layout: biases, post-LN, learned positions, GELU"
-    )
+    ap.add_argument("--bert", action="store_true", help="BERT's layout: biases, post-LN, learned positions, GELU")
     ap.add_argument("--vocab", type=int, default=VOCAB)
     ap.add_argument("--out", required=True)
     ap.add_argument("--save-every", type=int, default=0)
@@ -55,9 +53,7 @@ def main() -> None:
     torch.manual_seed(0)
     bert = dict(bias=True, norm_position="post", position="learned", activation="gelu") if args.bert else {}
     model = MaskedLM(
-        ModelConfig(
-            vocab_size=args.vocab, hidden=32, layers=2, heads=2, intermediate=64, max_position=LENGTH, **bert
-        )
+        ModelConfig(vocab_size=args.vocab, hidden=32, layers=2, heads=2, intermediate=64, max_position=LENGTH, **bert)
     )
     model = P.parallelize(model, cfg, ctx)
     data = P.data_context(ctx, cfg)  # the ranks of a tensor-parallel group share their batches

@@ -25,8 +25,7 @@ class StubIndex:
             raise CramkitError("an empty query; give text to search for")
         self.calls.append((texts, k))
         return [
-            [{"score": 1.0 / (i + 1), "text": f"{t} {i}", "doc": i, "source": "stub"} for i in range(k)]
-            for t in texts
+            [{"score": 1.0 / (i + 1), "text": f"{t} {i}", "doc": i, "source": "stub"} for i in range(k)] for t in texts
         ]
 
 
@@ -69,11 +68,7 @@ def test_concurrent_requests_are_merged_and_answered_in_order(engine) -> None:
     assert np.abs(got - ref).max() < 1e-5
     # 16 requests arrived within the 50 ms wait: fewer forward calls than requests
     calls = float(
-        next(
-            line.split()[-1]
-            for line in metrics.splitlines()
-            if line.startswith("cramkit_batch_requests_count")
-        )
+        next(line.split()[-1] for line in metrics.splitlines() if line.startswith("cramkit_batch_requests_count"))
     )
     assert calls < 16, metrics
 
@@ -139,14 +134,16 @@ def _formed(budget: int, *requests: list[int]) -> tuple[list, list]:
     def enc(lengths: list[int]) -> Encoded:
         n = len(lengths)
         return Encoded(
-            ids=[[1] * k for k in lengths], b_start=np.zeros(n, np.int64), lengths=np.asarray(lengths),
-            labels=None, idx=np.arange(n), truncated=np.zeros(n, bool),
-        )  # fmt: skip
+            ids=[[1] * k for k in lengths],
+            b_start=np.zeros(n, np.int64),
+            lengths=np.asarray(lengths),
+            labels=None,
+            idx=np.arange(n),
+            truncated=np.zeros(n, bool),
+        )
 
     loop = asyncio.new_event_loop()
-    batcher = Batcher(
-        types.SimpleNamespace(max_batch_tokens=budget), "m", max_wait_ms=0, max_queue=1000, timeout_s=30
-    )
+    batcher = Batcher(types.SimpleNamespace(max_batch_tokens=budget), "m", max_wait_ms=0, max_queue=1000, timeout_s=30)
     jobs = [Job.make("embed", enc(r), loop.create_future(), loop) for r in requests]
     for job in jobs:
         batcher.submit(job)

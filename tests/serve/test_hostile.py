@@ -57,8 +57,11 @@ def start(log: Path, *args: str, timeout: float = 120) -> Server:
     with log.open("w") as out:
         proc = subprocess.Popen(
             [sys.executable, "-m", "cramkit", "serve", *args, "--port", "0", "--threads", "1"],
-            stdout=out, stderr=subprocess.STDOUT, env=env, preexec_fn=limit_files,
-        )  # fmt: skip
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=env,
+            preexec_fn=limit_files,
+        )
     deadline = time.time() + timeout
     while time.time() < deadline and proc.poll() is None:
         m = re.search(r"serving on (http://\S+)", log.read_text())
@@ -84,11 +87,22 @@ def stop(srv: Server) -> None:
 def index_dir(tmp_path_factory, builtin_docs, pretrained_run) -> Path:
     base = tmp_path_factory.mktemp("hostile-index")
     corpus = base / "docs.txt"
-    corpus.write_text(
-        "\n\n".join(d.replace("\n\n", "\n") for d in builtin_docs[300:340]) + "\n", encoding="utf-8"
+    corpus.write_text("\n\n".join(d.replace("\n\n", "\n") for d in builtin_docs[300:340]) + "\n", encoding="utf-8")
+    res = cli(
+        "index",
+        "build",
+        str(corpus),
+        "--encoder",
+        str(pretrained_run),
+        "--out",
+        str(base / "idx"),
+        "--chunk-tokens",
+        "48",
+        "--overlap",
+        "8",
+        "--device",
+        "cpu",
     )
-    res = cli("index", "build", str(corpus), "--encoder", str(pretrained_run), "--out", str(base / "idx"),
-              "--chunk-tokens", "48", "--overlap", "8", "--device", "cpu")  # fmt: skip
     assert res.returncode == 0, res.stderr
     return base / "idx"
 
@@ -97,10 +111,24 @@ def index_dir(tmp_path_factory, builtin_docs, pretrained_run) -> Path:
 def server(tmp_path_factory, ft_model, pretrained_run, index_dir):
     log = tmp_path_factory.mktemp("hostile") / "server.log"
     srv = start(
-        log, f"ft={ft_model}", f"mlm={pretrained_run}", "--index", str(index_dir), "--header-timeout", "1",
-        "--idle-timeout", "1", "--body-timeout", "2", "--max-connections", "40", "--max-queue", "500",
-        "--max-answer-items", "10000",
-    )  # fmt: skip
+        log,
+        f"ft={ft_model}",
+        f"mlm={pretrained_run}",
+        "--index",
+        str(index_dir),
+        "--header-timeout",
+        "1",
+        "--idle-timeout",
+        "1",
+        "--body-timeout",
+        "2",
+        "--max-connections",
+        "40",
+        "--max-queue",
+        "500",
+        "--max-answer-items",
+        "10000",
+    )
     yield srv
     stop(srv)
 
@@ -267,8 +295,18 @@ def test_a_surrogate_pair_is_still_text(server) -> None:
 
 @pytest.mark.slow  # it depends on the machine's speed staying steady: flaky at load averages above ~9
 def test_overload_is_refused_early_with_429_not_shed_by_timeouts(tmp_path, ft_model, glue_dir) -> None:
-    srv = start(tmp_path / "server.log", str(ft_model), "--timeout", "8", "--max-queue", "1000000",
-                "--max-inputs", "2000", "--max-batch-tokens", "256")  # fmt: skip
+    srv = start(
+        tmp_path / "server.log",
+        str(ft_model),
+        "--timeout",
+        "8",
+        "--max-queue",
+        "1000000",
+        "--max-inputs",
+        "2000",
+        "--max-batch-tokens",
+        "256",
+    )
     try:
         dev = [s for s, _ in sst2(glue_dir, "dev")]
         assert srv.post("/embed", {"inputs": dev[:200]}).status_code == 200  # the rate is measured

@@ -45,8 +45,11 @@ def start(*args: str, timeout: float = 120) -> tuple[subprocess.Popen, str]:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
     proc = subprocess.Popen(
         [sys.executable, "-m", "cramkit", "serve", *args, "--port", "0", "--threads", "1"],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
-    )  # fmt: skip
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=env,
+    )
     lines: list[str] = []
     deadline = time.time() + timeout
     while time.time() < deadline:
@@ -71,9 +74,20 @@ def start(*args: str, timeout: float = 120) -> tuple[subprocess.Popen, str]:
 @pytest.fixture(scope="module")
 def server(ft_model, ft_onnx, pretrained_run):
     proc, url = start(
-        f"ft={ft_model}", f"onnx={ft_onnx}", f"mlm={pretrained_run}", "--api-key", KEY,
-        "--max-queue", "200", "--max-inputs", "1000", "--body-timeout", "1", "--max-wait-ms", "2",
-    )  # fmt: skip
+        f"ft={ft_model}",
+        f"onnx={ft_onnx}",
+        f"mlm={pretrained_run}",
+        "--api-key",
+        KEY,
+        "--max-queue",
+        "200",
+        "--max-inputs",
+        "1000",
+        "--body-timeout",
+        "1",
+        "--max-wait-ms",
+        "2",
+    )
     srv = Server(proc, url)
     yield srv
     if proc.poll() is None:
@@ -213,8 +227,13 @@ def test_info_health_metrics_docs(server) -> None:
     assert info["model_type"]["classifier"]["id2label"] == {"0": "0", "1": "1"}
     assert httpx.get(server.url + "/health").json()["status"] == "ok"  # open without the key
     m = server.http.get("/metrics").text
-    for name in ("cramkit_requests_total", "cramkit_request_duration_seconds_bucket", "cramkit_queue_depth",
-                 "cramkit_batch_tokens_bucket", "cramkit_inference_seconds_bucket"):  # fmt: skip
+    for name in (
+        "cramkit_requests_total",
+        "cramkit_request_duration_seconds_bucket",
+        "cramkit_queue_depth",
+        "cramkit_batch_tokens_bucket",
+        "cramkit_inference_seconds_bucket",
+    ):
         assert name in m, name
     assert 'route="/embed",status="413"' in m
     doc = httpx.get(server.url + "/openapi.json").json()
@@ -245,9 +264,7 @@ def test_zz_graceful_shutdown_finishes_in_flight_requests(server, glue_dir) -> N
 
 def test_command_line_errors_are_one_line(ft_model, tmp_path: Path) -> None:
     proc = cli("serve", str(tmp_path / "missing"), "--port", "0")
-    assert (
-        proc.returncode == 2 and "no such file or directory" in proc.stderr and "Traceback" not in proc.stderr
-    )
+    assert proc.returncode == 2 and "no such file or directory" in proc.stderr and "Traceback" not in proc.stderr
     proc = cli("serve", str(ft_model), f"x={ft_model}", str(ft_model), "--port", "0")
     assert proc.returncode == 2 and "two models are named" in proc.stderr
     proc = cli("serve", str(ft_model), "--port", "0", "--index", str(tmp_path / "no-index"))

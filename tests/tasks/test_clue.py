@@ -86,9 +86,12 @@ def test_every_fewclue_task_reads_with_its_counts_labels_and_fields(fewclue: Pat
     row = _lines(fewclue / "cluewsc" / "train_0.json")[0]  # 树叶 at 22, 他 at 30
     text, t = row["text"], row["target"]
     assert wsc.examples("train_0")[0].text_a == (
-        text[: t["span1_index"]] + "_树叶_" + text[t["span1_index"] + 2 : t["span2_index"]] + "[他]"
+        text[: t["span1_index"]]
+        + "_树叶_"
+        + text[t["span1_index"] + 2 : t["span2_index"]]
+        + "[他]"
         + text[t["span2_index"] + 1 :]
-    )  # fmt: skip
+    )
     assert chid.kind == "multiple_choice" and chid.labels is None
     for e in chid.examples("test_public"):
         assert len(e.choices) == 7 and 0 <= e.label < 7 and e.text_a.count("[MASK]") == 1
@@ -106,13 +109,13 @@ def clue_layout(fewclue: Path, tmp_path: Path) -> Path:
     with open(root / "ocnli" / "train.json", "a", encoding="utf-8") as f:
         f.write(json.dumps({"sentence1": "一", "sentence2": "二", "label": "-", "id": 99}) + "\n")
     reviews = _lines(fewclue / "eprstmt" / "train_0.json")
-    tnews = [{"label": "10" + str(2 * (i % 2)), "label_desc": "news_x", "sentence": r["sentence"], "keywords": ""}
-             for i, r in enumerate(reviews)]  # fmt: skip
+    tnews = [
+        {"label": "10" + str(2 * (i % 2)), "label_desc": "news_x", "sentence": r["sentence"], "keywords": ""}
+        for i, r in enumerate(reviews)
+    ]
     _write(root / "tnews" / "train.json", tnews)
     _write(root / "tnews" / "dev.json", tnews[:8])
-    _write(
-        root / "tnews" / "test.json", [{"id": i, "sentence": r["sentence"]} for i, r in enumerate(tnews[:5])]
-    )
+    _write(root / "tnews" / "test.json", [{"id": i, "sentence": r["sentence"]} for i, r in enumerate(tnews[:5])])
     # CHID as CLUE ships it: passages with numbered blanks, answers in a separate file
     few = _lines(fewclue / "chid" / "train_0.json")[:6]
     for split, rows in (("train", few[:3]), ("dev", few[3:]), ("test", few[3:])):
@@ -136,8 +139,23 @@ def test_clue_layout_is_read_from_train_dev_test(clue_layout: Path) -> None:
     assert ocnli.leaderboard_file("test") == "ocnli_50k_predict.json"
     assert tasks["clue/cluewsc"].leaderboard_file("test") == "cluewsc11_predict.json"
     tnews = tasks["clue/tnews"]  # its 15 string labels (105 and 111 unused), named as in label_desc
-    assert tnews.labels == ["100", "101", "102", "103", "104", "106", "107", "108", "109", "110", "112",
-                            "113", "114", "115", "116"]  # fmt: skip
+    assert tnews.labels == [
+        "100",
+        "101",
+        "102",
+        "103",
+        "104",
+        "106",
+        "107",
+        "108",
+        "109",
+        "110",
+        "112",
+        "113",
+        "114",
+        "115",
+        "116",
+    ]
     assert tnews.label_names[:3] == ["news_story", "news_culture", "news_entertainment"]
     assert {tnews.labels[e.label] for e in tnews.examples("train")} == {"100", "102"}
     assert tnews.leaderboard_file("test") == "tnews11_predict.json"
@@ -168,24 +186,36 @@ def _one_task(tmp_path: Path, key: str, rows: list[dict], split: str = "train") 
 @pytest.mark.parametrize(
     ("key", "row", "message"),
     [
-        ("cluewsc", {"text": "他说她来了", "label": "true",
-                     "target": {"span1_index": 1, "span1_text": "她", "span2_index": 0, "span2_text": "他"}},
-         "span1_text '她' is not at span1_index 1"),
-        ("chid", {"id": 0, "candidates": ["一心一意", "三心二意"], "content": "#idiom# 与 #idiom#", "answer": 0},
-         "2 #idiom# blanks"),
+        (
+            "cluewsc",
+            {
+                "text": "他说她来了",
+                "label": "true",
+                "target": {"span1_index": 1, "span1_text": "她", "span2_index": 0, "span2_text": "他"},
+            },
+            "span1_text '她' is not at span1_index 1",
+        ),
+        (
+            "chid",
+            {"id": 0, "candidates": ["一心一意", "三心二意"], "content": "#idiom# 与 #idiom#", "answer": 0},
+            "2 #idiom# blanks",
+        ),
         ("eprstmt", {"id": 0, "sentence": "还行", "label": "Neutral"}, "label 'Neutral' is not one of"),
         ("eprstmt", {"id": 0, "text": "还行", "label": "Positive"}, "no field 'sentence'"),
     ],
-)  # fmt: skip
+)
 def test_bad_rows_stop_with_the_line_or_are_skipped_and_counted(
     tmp_path: Path, key: str, row: dict, message: str, capsys
 ) -> None:
     good = {
-        "cluewsc": {"text": "他说她来了", "label": "false",
-                    "target": {"span1_index": 2, "span1_text": "她", "span2_index": 0, "span2_text": "他"}},
+        "cluewsc": {
+            "text": "他说她来了",
+            "label": "false",
+            "target": {"span1_index": 2, "span1_text": "她", "span2_index": 0, "span2_text": "他"},
+        },
         "chid": {"id": 1, "candidates": ["一心一意", "三心二意"], "content": "他做事#idiom#", "answer": 0},
         "eprstmt": {"id": 1, "sentence": "很好", "label": "Positive"},
-    }[key]  # fmt: skip
+    }[key]
     root = _one_task(tmp_path, key, [good, row, good])
     argv = ["finetune", "--task", f"clue/{key}", "--data-dir", str(root), "--from", str(tmp_path)]
     rc, _, err = _run(argv, capsys)
@@ -197,9 +227,7 @@ def test_bad_rows_stop_with_the_line_or_are_skipped_and_counted(
 
 def test_a_file_that_is_not_json_lines(tmp_path: Path, capsys) -> None:
     (tmp_path / "d" / "afqmc").mkdir(parents=True)
-    (tmp_path / "d" / "afqmc" / "train.json").write_text(
-        "sentence1\tsentence2\tlabel\n一\t二\t0\n", encoding="utf-8"
-    )
+    (tmp_path / "d" / "afqmc" / "train.json").write_text("sentence1\tsentence2\tlabel\n一\t二\t0\n", encoding="utf-8")
     argv = ["finetune", "--task", "clue/afqmc", "--data-dir", str(tmp_path / "d"), "--from", str(tmp_path)]
     rc, _, err = _run(argv, capsys)
     assert rc == 2 and "train.json, line 1 is not JSON" in err and "JSON Lines" in err
@@ -212,16 +240,16 @@ def test_a_file_that_is_not_json_lines(tmp_path: Path, capsys) -> None:
 
 def test_chid_passage_whose_blanks_lack_answers(tmp_path: Path) -> None:
     root = tmp_path / "d"
-    _write(root / "chid" / "train.json", [{"candidates": ["一心一意", "三心二意"],
-                                            "content": ["甲#idiom000001#乙#idiom000002#"]}])  # fmt: skip
+    _write(
+        root / "chid" / "train.json",
+        [{"candidates": ["一心一意", "三心二意"], "content": ["甲#idiom000001#乙#idiom000002#"]}],
+    )
     with pytest.raises(CramkitError, match="train_answer.json, which does not exist"):
         get_task("clue/chid", data_dir=root).examples("train")
     (root / "chid" / "train_answer.json").write_text('{"#idiom000001#": 1}', encoding="utf-8")
     with pytest.raises(CramkitError, match="passage 0 has 2 #idiomN# blanks but 1 of them have an answer"):
         get_task("clue/chid", data_dir=root).examples("train")
-    (root / "chid" / "train_answer.json").write_text(
-        '{"#idiom000001#": 1, "#idiom000002#": 0}', encoding="utf-8"
-    )
+    (root / "chid" / "train_answer.json").write_text('{"#idiom000001#": 1, "#idiom000002#": 0}', encoding="utf-8")
     rows = get_task("clue/chid", data_dir=root).examples("train")  # one row per blank, the other one hidden
     assert [(e.text_a, e.label, e.idx) for e in rows] == [
         ("甲[MASK]乙[UNK]", 1, 1),
@@ -248,13 +276,37 @@ def test_fewclue_split_missing_for_the_asked_k(fewclue: Path, zh_run: Path, tmp_
         fewclue / "eprstmt", root / "eprstmt", ignore=shutil.ignore_patterns("unlabeled.json", "train_1.json")
     )
     out = tmp_path / "o"
-    argv = ["finetune", "--task", "clue/eprstmt", "--data-dir", str(root), "--from", str(zh_run),
-            "--fewshot-splits", "0-1", "--out", str(out)]  # fmt: skip
+    argv = [
+        "finetune",
+        "--task",
+        "clue/eprstmt",
+        "--data-dir",
+        str(root),
+        "--from",
+        str(zh_run),
+        "--fewshot-splits",
+        "0-1",
+        "--out",
+        str(out),
+    ]
     rc, _, err = _run(argv, capsys)
     assert rc == 2 and "FewCLUE split 1 needs" in err and "train_1.json" in err and "Traceback" not in err
     assert not out.exists()  # nothing trained, nothing written
-    rc, _, err = _run(["eval", "clue", "--from", str(zh_run), "--data-dir", str(root), "--out", str(out),
-                       "--fewshot-splits", "0,1"], capsys)  # fmt: skip
+    rc, _, err = _run(
+        [
+            "eval",
+            "clue",
+            "--from",
+            str(zh_run),
+            "--data-dir",
+            str(root),
+            "--out",
+            str(out),
+            "--fewshot-splits",
+            "0,1",
+        ],
+        capsys,
+    )
     assert rc == 2 and "train_1.json" in err and not out.exists()
 
 
@@ -273,9 +325,30 @@ def test_fewclue_protocol_through_eval_clue(fewclue: Path, zh_run: Path, tmp_pat
     for key in ("eprstmt", "cluewsc"):  # cluewsc is present but not asked for
         shutil.copytree(fewclue / key, root / key, ignore=shutil.ignore_patterns("unlabeled.json"))
     out = tmp_path / "eval"
-    cmd = [sys.executable, "-m", "cramkit", "eval", "clue", "--from", str(zh_run), "--data-dir", str(root),
-           "--tasks", "eprstmt", "--fewshot-splits", "0-1", "--out", str(out), "--set", "epochs=1", "--set", "min_steps=0",
-           "--set", "max_length=64", "--no-progress"]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "cramkit",
+        "eval",
+        "clue",
+        "--from",
+        str(zh_run),
+        "--data-dir",
+        str(root),
+        "--tasks",
+        "eprstmt",
+        "--fewshot-splits",
+        "0-1",
+        "--out",
+        str(out),
+        "--set",
+        "epochs=1",
+        "--set",
+        "min_steps=0",
+        "--set",
+        "max_length=64",
+        "--no-progress",
+    ]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
@@ -293,9 +366,10 @@ def test_fewclue_protocol_through_eval_clue(fewclue: Path, zh_run: Path, tmp_pat
     assert res["average"] == pytest.approx(few["mean"]) and res["entries"] == {
         "clue/eprstmt": {"accuracy": pytest.approx(few["mean"])}
     }
-    assert [p["train_examples"] for p in per] == [32, 32] and [
-        p["dev_examples"]["test_public"] for p in per
-    ] == [610, 610]
+    assert [p["train_examples"] for p in per] == [32, 32] and [p["dev_examples"]["test_public"] for p in per] == [
+        610,
+        610,
+    ]
     table = (out / "results.md").read_text()
     assert "split 1: train_1 -> test_public" in table and f"{few['mean']:.2f} ± {few['std']:.2f}" in table
     assert "CLUE average (partial)" in table and "# CLUE results" in proc.stdout
@@ -305,17 +379,37 @@ def test_fewclue_protocol_through_eval_clue(fewclue: Path, zh_run: Path, tmp_pat
         "eprstmt_predict_1.json",
     ]
     for k in "01":
-        _submission_ids_cover_test(out / "submission" / f"eprstmt_predict_{k}.json", root / "eprstmt" / "test.json",
-                                   {"Positive", "Negative"})  # fmt: skip
+        _submission_ids_cover_test(
+            out / "submission" / f"eprstmt_predict_{k}.json",
+            root / "eprstmt" / "test.json",
+            {"Positive", "Negative"},
+        )
 
 
 def test_fewclue_protocol_through_finetune(fewclue: Path, zh_run: Path, tmp_path: Path, capsys) -> None:
     root = tmp_path / "few"
     shutil.copytree(fewclue / "eprstmt", root / "eprstmt", ignore=shutil.ignore_patterns("unlabeled.json"))
     out = tmp_path / "ft"
-    argv = ["finetune", "--task", "clue/eprstmt", "--data-dir", str(root), "--from", str(zh_run),
-            "--fewshot-splits", "1,few_all", "--out", str(out), "--set", "epochs=1", "--set", "min_steps=0", "--set", "max_length=64",
-            "--no-progress"]  # fmt: skip
+    argv = [
+        "finetune",
+        "--task",
+        "clue/eprstmt",
+        "--data-dir",
+        str(root),
+        "--from",
+        str(zh_run),
+        "--fewshot-splits",
+        "1,few_all",
+        "--out",
+        str(out),
+        "--set",
+        "epochs=1",
+        "--set",
+        "min_steps=0",
+        "--set",
+        "max_length=64",
+        "--no-progress",
+    ]
     rc, stdout, err = _run(argv, capsys)
     assert rc == 0, err
     res = json.loads((out / "results.json").read_text())
@@ -329,9 +423,7 @@ def test_fewclue_protocol_through_finetune(fewclue: Path, zh_run: Path, tmp_path
         assert (out / f"split-{k}" / "model.safetensors").is_file()  # each split's model: predict/export it
     names = sorted(p.name for p in (out / "submission").iterdir())
     assert names == ["eprstmt_predict_1.json", "eprstmt_predict_all.json"]
-    _submission_ids_cover_test(
-        out / "submission" / names[1], root / "eprstmt" / "test.json", {"Positive", "Negative"}
-    )
+    _submission_ids_cover_test(out / "submission" / names[1], root / "eprstmt" / "test.json", {"Positive", "Negative"})
     assert "split few_all" in (out / "results.md").read_text() and (out / "scores.png").is_file()
     first = (out / "results.json").read_text()
     rc, _, err = _run(argv, capsys)  # the same command again (after an interruption): finished splits reused
@@ -339,8 +431,17 @@ def test_fewclue_protocol_through_finetune(fewclue: Path, zh_run: Path, tmp_path
 
 
 def test_fewshot_splits_on_the_clue_layout(clue_layout: Path, tmp_path: Path, capsys) -> None:
-    argv = ["finetune", "--task", "clue/ocnli", "--data-dir", str(clue_layout), "--from", str(tmp_path),
-            "--fewshot-splits", "0"]  # fmt: skip
+    argv = [
+        "finetune",
+        "--task",
+        "clue/ocnli",
+        "--data-dir",
+        str(clue_layout),
+        "--from",
+        str(tmp_path),
+        "--fewshot-splits",
+        "0",
+    ]
     rc, _, err = _run(argv, capsys)
     assert rc == 2 and "needs FewCLUE's layout" in err
     argv = ["eval", "clue", "--data-dir", str(clue_layout), "--from", str(tmp_path), "--fewshot-splits", "0"]
@@ -350,8 +451,25 @@ def test_fewshot_splits_on_the_clue_layout(clue_layout: Path, tmp_path: Path, ca
 
 def test_eval_clue_on_the_clue_layout(clue_layout: Path, zh_run: Path, tmp_path: Path, capsys) -> None:
     out = tmp_path / "eval"
-    argv = ["eval", "clue", "--from", str(zh_run), "--data-dir", str(clue_layout), "--out", str(out),
-            "--tasks", "ocnli,cluewsc", "--set", "epochs=1", "--set", "min_steps=0", "--set", "max_length=64", "--no-progress"]  # fmt: skip
+    argv = [
+        "eval",
+        "clue",
+        "--from",
+        str(zh_run),
+        "--data-dir",
+        str(clue_layout),
+        "--out",
+        str(out),
+        "--tasks",
+        "ocnli,cluewsc",
+        "--set",
+        "epochs=1",
+        "--set",
+        "min_steps=0",
+        "--set",
+        "max_length=64",
+        "--no-progress",
+    ]
     rc, stdout, err = _run(argv, capsys)
     assert rc == 0, err
     res = json.loads((out / "results.json").read_text())

@@ -34,9 +34,7 @@ def _run(argv: list[str], capsys) -> tuple[int, str, str]:
     return rc, out, err
 
 
-def test_eval_glue_writes_results_table_and_chart(
-    tiny_run: Path, small_glue: Path, tmp_path: Path, capsys
-) -> None:
+def test_eval_glue_writes_results_table_and_chart(tiny_run: Path, small_glue: Path, tmp_path: Path, capsys) -> None:
     out = tmp_path / "eval"
     argv = ["eval", "glue", "--from", str(tiny_run), "--data-dir", str(small_glue), "--out", str(out)]
     rc, stdout, _ = _run(
@@ -78,9 +76,26 @@ def test_finetune_user_task_from_csv(tiny_run: Path, tmp_path: Path, capsys) -> 
             w.writerow(["review", "stars"])
             w.writerows(rows)
     out = tmp_path / "out"
-    argv = ["finetune", "--from", str(tiny_run), "--train", str(tmp_path / "train.csv"), "--dev",
-            str(tmp_path / "dev.csv"), "--text-a", "review", "--label", "stars", "--out", str(out),
-            "--set", "epochs=2", "--set", "min_steps=0", "--no-progress"]  # fmt: skip
+    argv = [
+        "finetune",
+        "--from",
+        str(tiny_run),
+        "--train",
+        str(tmp_path / "train.csv"),
+        "--dev",
+        str(tmp_path / "dev.csv"),
+        "--text-a",
+        "review",
+        "--label",
+        "stars",
+        "--out",
+        str(out),
+        "--set",
+        "epochs=2",
+        "--set",
+        "min_steps=0",
+        "--no-progress",
+    ]
     rc, stdout, _ = _run(argv, capsys)
     assert rc == 0 and "user/train dev: accuracy" in stdout
     res = json.loads((out / "results.json").read_text())
@@ -162,9 +177,7 @@ def _tsv(path: Path, header: list[str], rows: list[list[str]]) -> None:
     path.write_text("\n".join("\t".join(r) for r in [header, *rows]) + "\n", encoding="utf-8")
 
 
-def test_eval_mnli_both_dev_sets_ax_and_stsb_regression(
-    glue_dir: Path, tiny_run: Path, tmp_path: Path
-) -> None:
+def test_eval_mnli_both_dev_sets_ax_and_stsb_regression(glue_dir: Path, tiny_run: Path, tmp_path: Path) -> None:
     """Tasks whose data we lack, from small files in the official layout: MNLI (two dev sets, two test
     files, and the AX diagnostic predicted by the MNLI model) and STS-B (regression)."""
     from cramkit.train.evaluate import evaluate_suite
@@ -197,9 +210,7 @@ def test_eval_mnli_both_dev_sets_ax_and_stsb_regression(
     assert set(res["entries"]) == {"glue/mnli:dev_matched", "glue/mnli:dev_mismatched", "glue/stsb"}
     e = res["entries"]
     expected = (
-        e["glue/mnli:dev_matched"]["accuracy"]
-        + e["glue/mnli:dev_mismatched"]["accuracy"]
-        + e["glue/stsb"]["spearman"]
+        e["glue/mnli:dev_matched"]["accuracy"] + e["glue/mnli:dev_mismatched"]["accuracy"] + e["glue/stsb"]["spearman"]
     ) / 3
     assert res["glue_average"] == pytest.approx(expected)
     pred = tmp_path / "out" / "mnli" / "predictions"
@@ -213,9 +224,26 @@ def test_eval_mnli_both_dev_sets_ax_and_stsb_regression(
 
 def test_finetune_glue_task_with_seeds(tiny_run: Path, small_glue: Path, tmp_path: Path, capsys) -> None:
     out = tmp_path / "sst2"
-    argv = ["finetune", "--task", "glue/sst2", "--from", str(tiny_run / "checkpoints" / "step-000010"),
-            "--data-dir", str(small_glue), "--out", str(out), "--seeds", "0,1,2", "--set", "epochs=1", "--set", "min_steps=0",
-            "--set", "finetune.max_length=64", "--no-progress"]  # fmt: skip
+    argv = [
+        "finetune",
+        "--task",
+        "glue/sst2",
+        "--from",
+        str(tiny_run / "checkpoints" / "step-000010"),
+        "--data-dir",
+        str(small_glue),
+        "--out",
+        str(out),
+        "--seeds",
+        "0,1,2",
+        "--set",
+        "epochs=1",
+        "--set",
+        "min_steps=0",
+        "--set",
+        "finetune.max_length=64",
+        "--no-progress",
+    ]
     rc, stdout, _ = _run(argv, capsys)
     assert rc == 0 and "glue/sst2 dev: accuracy" in stdout and "median of 3 seed(s)" in stdout
     res = json.loads((out / "results.json").read_text())
@@ -232,8 +260,22 @@ def test_bad_row_stops_or_is_skipped(tiny_run: Path, small_glue: Path, tmp_path:
         _head(small_glue / "SST-2" / f"{split}.tsv", root / "SST-2" / f"{split}.tsv", 81)
     with open(root / "SST-2" / "train.tsv", "a", encoding="utf-8") as f:
         f.write("a row\twith three\tcolumns\n")
-    argv = ["finetune", "--task", "glue/sst2", "--data-dir", str(root), "--from", str(tiny_run),
-            "--out", str(tmp_path / "o"), "--set", "epochs=1", "--set", "min_steps=0", "--no-progress"]  # fmt: skip
+    argv = [
+        "finetune",
+        "--task",
+        "glue/sst2",
+        "--data-dir",
+        str(root),
+        "--from",
+        str(tiny_run),
+        "--out",
+        str(tmp_path / "o"),
+        "--set",
+        "epochs=1",
+        "--set",
+        "min_steps=0",
+        "--no-progress",
+    ]
     rc, _, err = _run(argv, capsys)
     assert rc == 2 and "train.tsv, line 82" in err and "--skip-bad-rows" in err
     rc, _, err = _run([*argv, "--skip-bad-rows"], capsys)
@@ -241,17 +283,32 @@ def test_bad_row_stops_or_is_skipped(tiny_run: Path, small_glue: Path, tmp_path:
     assert json.loads((tmp_path / "o" / "results.json").read_text())["skipped_rows"] == {"train": 1}
 
 
-def test_eval_tasks_filter_missing_split_and_resume(
-    tiny_run: Path, small_glue: Path, tmp_path: Path, capsys
-) -> None:
+def test_eval_tasks_filter_missing_split_and_resume(tiny_run: Path, small_glue: Path, tmp_path: Path, capsys) -> None:
     import shutil
 
     data = tmp_path / "glue"
     shutil.copytree(small_glue, data)
     (data / "MRPC" / "train.tsv").unlink()  # a task folder with dev/test only: skipped with a note
     out = tmp_path / "eval"
-    argv = ["eval", "glue", "--from", str(tiny_run), "--data-dir", str(data), "--out", str(out),
-            "--tasks", "sst2,mrpc", "--set", "epochs=1", "--set", "min_steps=0", "--set", "max_length=64", "--no-progress"]  # fmt: skip
+    argv = [
+        "eval",
+        "glue",
+        "--from",
+        str(tiny_run),
+        "--data-dir",
+        str(data),
+        "--out",
+        str(out),
+        "--tasks",
+        "sst2,mrpc",
+        "--set",
+        "epochs=1",
+        "--set",
+        "min_steps=0",
+        "--set",
+        "max_length=64",
+        "--no-progress",
+    ]
     rc, stdout, err = _run(argv, capsys)
     assert rc == 0, err
     res = json.loads((out / "results.json").read_text())
@@ -265,9 +322,7 @@ def test_eval_tasks_filter_missing_split_and_resume(
     assert rc == 2 and "unknown GLUE task" in err
 
 
-def test_finetune_killed_midway_resumes_to_the_same_result(
-    tiny_run: Path, small_glue: Path, tmp_path: Path
-) -> None:
+def test_finetune_killed_midway_resumes_to_the_same_result(tiny_run: Path, small_glue: Path, tmp_path: Path) -> None:
     """`cramkit finetune --out` killed (SIGKILL) after a checkpoint: the same command resumes the seed from
     its checkpoint, keeps the finished seed, and ends with what an uninterrupted run gives, bit for bit."""
     import os
@@ -277,9 +332,31 @@ def test_finetune_killed_midway_resumes_to_the_same_result(
     import time
 
     def argv(out: Path) -> list[str]:
-        return [sys.executable, "-m", "cramkit", "finetune", "--task", "glue/sst2", "--data-dir", str(small_glue),
-                "--from", str(tiny_run), "--out", str(out), "--seeds", "0,1", "--no-progress", "--set", "epochs=3", "--set", "min_steps=0",
-                "--set", "checkpoint_every=4steps", "--set", "batch_size=8"]  # fmt: skip
+        return [
+            sys.executable,
+            "-m",
+            "cramkit",
+            "finetune",
+            "--task",
+            "glue/sst2",
+            "--data-dir",
+            str(small_glue),
+            "--from",
+            str(tiny_run),
+            "--out",
+            str(out),
+            "--seeds",
+            "0,1",
+            "--no-progress",
+            "--set",
+            "epochs=3",
+            "--set",
+            "min_steps=0",
+            "--set",
+            "checkpoint_every=4steps",
+            "--set",
+            "batch_size=8",
+        ]
 
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     killed = tmp_path / "killed"
@@ -295,9 +372,7 @@ def test_finetune_killed_midway_resumes_to_the_same_result(
     resumed = subprocess.run(argv(killed), capture_output=True, text=True, env=env, timeout=300)
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     assert "resuming" in resumed.stderr and "seed-1" in resumed.stderr
-    straight = subprocess.run(
-        argv(tmp_path / "straight"), capture_output=True, text=True, env=env, timeout=300
-    )
+    straight = subprocess.run(argv(tmp_path / "straight"), capture_output=True, text=True, env=env, timeout=300)
     assert straight.returncode == 0, straight.stderr[-2000:]
     a = json.loads((killed / "results.json").read_text())
     b = json.loads((tmp_path / "straight" / "results.json").read_text())
@@ -311,7 +386,5 @@ def test_finetune_killed_midway_resumes_to_the_same_result(
     wa, wb = load_file(killed / "model.safetensors"), load_file(tmp_path / "straight" / "model.safetensors")
     assert wa.keys() == wb.keys() and all(bool((wa[k] == wb[k]).all()) for k in wa)
     # a different setting on the same --out is refused, not mixed in
-    other = subprocess.run(
-        argv(killed)[:-2] + ["--set", "batch_size=4"], capture_output=True, text=True, env=env
-    )
+    other = subprocess.run(argv(killed)[:-2] + ["--set", "batch_size=4"], capture_output=True, text=True, env=env)
     assert other.returncode == 2 and "other settings" in other.stderr and "Traceback" not in other.stderr

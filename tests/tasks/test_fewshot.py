@@ -23,9 +23,7 @@ def fewclue_dir(shared_data: Path) -> Path:
     return _need(shared_data / "fewclue")
 
 
-def test_k_per_class_disjoint_deterministic_and_different_per_split(
-    glue_dir: Path, fewclue_dir: Path
-) -> None:
+def test_k_per_class_disjoint_deterministic_and_different_per_split(glue_dir: Path, fewclue_dir: Path) -> None:
     for task in (get_task("glue/sst2", data_dir=glue_dir), get_task("clue/eprstmt", data_dir=fewclue_dir)):
         view = few_shot_task(task, 8, 0)
         train, dev = view.examples("train"), view.examples(FEWSHOT_DEV)
@@ -48,13 +46,28 @@ def test_k_larger_than_a_class_is_one_line(fewclue_dir: Path) -> None:
         few_shot_task(task, 1000, 0)
 
 
-def test_the_command_reports_each_split_the_mean_and_the_spread(
-    tiny_run: Path, glue_dir: Path, tmp_path: Path
-) -> None:
+def test_the_command_reports_each_split_the_mean_and_the_spread(tiny_run: Path, glue_dir: Path, tmp_path: Path) -> None:
     out = tmp_path / "fs"
-    proc = cli("finetune", "--task", "glue/sst2", "--from", str(tiny_run), "--data-dir", str(glue_dir),
-               "--few-shot", "4", "--splits", "2", "--out", str(out), "--set", "min_steps=8", "--set",
-               "max_length=64", "--no-progress")  # fmt: skip
+    proc = cli(
+        "finetune",
+        "--task",
+        "glue/sst2",
+        "--from",
+        str(tiny_run),
+        "--data-dir",
+        str(glue_dir),
+        "--few-shot",
+        "4",
+        "--splits",
+        "2",
+        "--out",
+        str(out),
+        "--set",
+        "min_steps=8",
+        "--set",
+        "max_length=64",
+        "--no-progress",
+    )
     assert proc.returncode == 0, proc.stderr
     res = json.loads((out / "results.json").read_text())
     few = res["fewshot"]
@@ -70,9 +83,7 @@ def test_the_command_reports_each_split_the_mean_and_the_spread(
     assert (out / "results.md").is_file() and (out / "scores.png").is_file()
 
 
-def test_bad_few_shot_requests_are_one_line_and_write_nothing(
-    tiny_run: Path, glue_dir: Path, tmp_path: Path
-) -> None:
+def test_bad_few_shot_requests_are_one_line_and_write_nothing(tiny_run: Path, glue_dir: Path, tmp_path: Path) -> None:
     base = ["finetune", "--task", "glue/sst2", "--from", str(tiny_run), "--data-dir", str(glue_dir)]
     for extra, needle in (
         (["--few-shot", "40000"], "the largest K for this task is"),
@@ -85,27 +96,79 @@ def test_bad_few_shot_requests_are_one_line_and_write_nothing(
         assert not out.exists()
     rows = (glue_dir / "SST-2" / "train.tsv").read_text(encoding="utf-8").splitlines()[:200]
     (tmp_path / "reg.tsv").write_text("\n".join(rows) + "\n", encoding="utf-8")
-    proc = cli("finetune", "--from", str(tiny_run), "--train", str(tmp_path / "reg.tsv"), "--text-a", "sentence",
-               "--regression", "--few-shot", "4", "--out", str(tmp_path / "y"))  # fmt: skip
+    proc = cli(
+        "finetune",
+        "--from",
+        str(tiny_run),
+        "--train",
+        str(tmp_path / "reg.tsv"),
+        "--text-a",
+        "sentence",
+        "--regression",
+        "--few-shot",
+        "4",
+        "--out",
+        str(tmp_path / "y"),
+    )
     assert proc.returncode == 2 and "regression" in proc.stderr and not (tmp_path / "y").exists()
 
 
 def test_python_and_command_line_agree(tiny_run: Path, glue_dir: Path, tmp_path: Path) -> None:
-    res = cramkit.finetune(tiny_run, task="glue/sst2", data_dir=glue_dir, few_shot=4, splits=1, out=tmp_path / "py",
-                           min_steps=8, max_length=64, progress=False)  # fmt: skip
-    proc = cli("finetune", "--task", "glue/sst2", "--from", str(tiny_run), "--data-dir", str(glue_dir),
-               "--few-shot", "4", "--splits", "1", "--out", str(tmp_path / "cli"), "--set", "min_steps=8", "--set",
-               "max_length=64", "--no-progress")  # fmt: skip
+    res = cramkit.finetune(
+        tiny_run,
+        task="glue/sst2",
+        data_dir=glue_dir,
+        few_shot=4,
+        splits=1,
+        out=tmp_path / "py",
+        min_steps=8,
+        max_length=64,
+        progress=False,
+    )
+    proc = cli(
+        "finetune",
+        "--task",
+        "glue/sst2",
+        "--from",
+        str(tiny_run),
+        "--data-dir",
+        str(glue_dir),
+        "--few-shot",
+        "4",
+        "--splits",
+        "1",
+        "--out",
+        str(tmp_path / "cli"),
+        "--set",
+        "min_steps=8",
+        "--set",
+        "max_length=64",
+        "--no-progress",
+    )
     assert proc.returncode == 0, proc.stderr
     cli_res = json.loads((tmp_path / "cli" / "results.json").read_text())
     assert res["fewshot"]["per_split"]["0"]["score"] == cli_res["fewshot"]["per_split"]["0"]["score"]
 
 
-def test_another_k_into_the_same_out_is_refused_not_reused(
-    tiny_run: Path, glue_dir: Path, tmp_path: Path
-) -> None:
-    args = ["finetune", "--task", "glue/sst2", "--from", str(tiny_run), "--data-dir", str(glue_dir), "--splits", "1",
-            "--out", str(tmp_path / "fs"), "--set", "min_steps=4", "--set", "max_length=32", "--no-progress"]  # fmt: skip
+def test_another_k_into_the_same_out_is_refused_not_reused(tiny_run: Path, glue_dir: Path, tmp_path: Path) -> None:
+    args = [
+        "finetune",
+        "--task",
+        "glue/sst2",
+        "--from",
+        str(tiny_run),
+        "--data-dir",
+        str(glue_dir),
+        "--splits",
+        "1",
+        "--out",
+        str(tmp_path / "fs"),
+        "--set",
+        "min_steps=4",
+        "--set",
+        "max_length=32",
+        "--no-progress",
+    ]
     assert cli(*args, "--few-shot", "4").returncode == 0
     first = (tmp_path / "fs" / "results.json").read_text()
     proc = cli(*args, "--few-shot", "5")

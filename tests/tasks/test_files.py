@@ -42,9 +42,7 @@ def test_csv_with_quoting_and_inferred_labels(tmp_path):
 def test_tsv_quotes_are_text_and_pairs(tmp_path):
     train = tmp_path / "pairs.tsv"
     train.write_text('q1\tq2\tsame\n"How" do I?\tHow "do\tyes\nA\tB\tno\n')
-    t = task_from_file(
-        "pairs", train, dev=train, text_a="q1", text_b="q2", label="same", labels=["no", "yes"]
-    )
+    t = task_from_file("pairs", train, dev=train, text_a="q1", text_b="q2", label="same", labels=["no", "yes"])
     assert [(e.text_a, e.text_b, e.label) for e in t.examples("dev")] == [
         ('"How" do I?', 'How "do', 1),
         ("A", "B", 0),
@@ -55,9 +53,7 @@ def test_tsv_quotes_are_text_and_pairs(tmp_path):
 def test_jsonl_regression_and_labels(tmp_path):
     rows = [{"a": "x", "b": "y", "score": 1.5}, {"a": "p", "b": "q", "score": 4}]
     (tmp_path / "train.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n\n")
-    t = task_from_file(
-        "sim", tmp_path / "train.jsonl", text_a="a", text_b="b", label="score", regression=True
-    )
+    t = task_from_file("sim", tmp_path / "train.jsonl", text_a="a", text_b="b", label="score", regression=True)
     assert t.is_regression and t.metrics == ["pearson", "spearman"]
     assert [e.label for e in t.examples("train")] == [1.5, 4.0]
     cls = [{"text": "good", "label": 1}, {"text": "bad", "label": 0}, {"text": "so so", "label": True}]
@@ -85,9 +81,7 @@ def test_bad_rows_with_and_without_skip(tmp_path):
     from cramkit.tasks.registry import hold_out
 
     for first in ("dev", "train"):  # a held-out dev split keeps the count of the rows skipped in the file
-        held = hold_out(
-            task_from_file("bad", csv_file, text_a="text", labels=["a", "b"], skip_bad_rows=True), 0.5
-        )
+        held = hold_out(task_from_file("bad", csv_file, text_a="text", labels=["a", "b"], skip_bad_rows=True), 0.5)
         held.examples(first)
         held.examples("train")
         assert held.skipped["train"] == 2 and held.skipped.get("dev", 0) == 0
@@ -106,9 +100,7 @@ def test_bad_rows_with_and_without_skip(tmp_path):
 def test_file_errors(tmp_path):
     f = tmp_path / "d.csv"
     f.write_text("sentence,label\nhi,a\nyo,b\n")
-    with pytest.raises(
-        CramkitError, match=r"no column 'text' \(given as text_a\); its columns: sentence, label"
-    ):
+    with pytest.raises(CramkitError, match=r"no column 'text' \(given as text_a\); its columns: sentence, label"):
         task_from_file("e", f, text_a="text").examples("train")
     with pytest.raises(CramkitError, match="no label column 'y'.*--label"):
         task_from_file("e", f, text_a="sentence", label="y")

@@ -57,9 +57,7 @@ def test_load_run_and_checkpoint_dir(tiny_run: Path) -> None:
     assert state["embeddings.word.weight"].shape == (cfg.vocab_size, 64)
     m2 = load(tiny_run / "checkpoints" / "step-000010")
     state2 = m2.encoder.state_dict()
-    assert m2.config == cfg and torch.equal(
-        state2["layers.0.attn.qkv.weight"], state["layers.0.attn.qkv.weight"]
-    )
+    assert m2.config == cfg and torch.equal(state2["layers.0.attn.qkv.weight"], state["layers.0.attn.qkv.weight"])
 
 
 def test_vocab_mismatch_is_a_clear_error(tiny_run: Path, glue_dir: Path, tmp_path: Path) -> None:

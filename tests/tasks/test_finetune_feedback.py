@@ -16,8 +16,9 @@ import cramkit
 
 def cli(*args: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    return subprocess.run([sys.executable, "-m", "cramkit", *args], capture_output=True, text=True, timeout=600,
-                          env=env)  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-m", "cramkit", *args], capture_output=True, text=True, timeout=600, env=env
+    )
 
 
 def _files(glue_dir: Path, root: Path) -> tuple[Path, Path, Path]:
@@ -31,14 +32,37 @@ def _files(glue_dir: Path, root: Path) -> tuple[Path, Path, Path]:
     return tuple(files)  # type: ignore[return-value]
 
 
-def test_dev_after_every_epoch_best_kept_and_labelled_test_scored(
-    tiny_run: Path, glue_dir: Path, tmp_path: Path
-):
+def test_dev_after_every_epoch_best_kept_and_labelled_test_scored(tiny_run: Path, glue_dir: Path, tmp_path: Path):
     train, dev, test = _files(glue_dir, tmp_path)
     out = tmp_path / "ft"
-    r = cli("finetune", "--from", str(tiny_run), "--train", str(train), "--dev", str(dev), "--test", str(test),
-            "--text-a", "sentence", "--out", str(out), "--set", "epochs=3", "--set", "min_steps=0", "--set", "batch_size=16",
-            "--set", "max_length=48", "--set", "keep=best", "--set", "lr=3e-4", "--no-progress")  # fmt: skip
+    r = cli(
+        "finetune",
+        "--from",
+        str(tiny_run),
+        "--train",
+        str(train),
+        "--dev",
+        str(dev),
+        "--test",
+        str(test),
+        "--text-a",
+        "sentence",
+        "--out",
+        str(out),
+        "--set",
+        "epochs=3",
+        "--set",
+        "min_steps=0",
+        "--set",
+        "batch_size=16",
+        "--set",
+        "max_length=48",
+        "--set",
+        "keep=best",
+        "--set",
+        "lr=3e-4",
+        "--no-progress",
+    )
     assert r.returncode == 0, r.stderr
     records = [json.loads(x) for x in (out / "seeds" / "seed-0" / "metrics.jsonl").read_text().splitlines()]
     evals = [x for x in records if "dev_score" in x]
@@ -64,9 +88,37 @@ def test_dev_after_every_epoch_best_kept_and_labelled_test_scored(
 
 def test_eval_every_never_and_bad_keep(tiny_run: Path, glue_dir: Path, tmp_path: Path):
     train, dev, _ = _files(glue_dir, tmp_path)
-    r = cli("finetune", "--from", str(tiny_run), "--train", str(train), "--dev", str(dev), "--text-a", "sentence",
-            "--out", str(tmp_path / "o"), "--set", "keep=best", "--set", "eval_every=never")  # fmt: skip
+    r = cli(
+        "finetune",
+        "--from",
+        str(tiny_run),
+        "--train",
+        str(train),
+        "--dev",
+        str(dev),
+        "--text-a",
+        "sentence",
+        "--out",
+        str(tmp_path / "o"),
+        "--set",
+        "keep=best",
+        "--set",
+        "eval_every=never",
+    )
     assert r.returncode == 2 and "keep=best" in r.stderr and "Traceback" not in r.stderr
-    r = cli("finetune", "--from", str(tiny_run), "--train", str(train), "--dev", str(dev), "--text-a", "sentence",
-            "--out", str(tmp_path / "o"), "--set", "keep=first")  # fmt: skip
+    r = cli(
+        "finetune",
+        "--from",
+        str(tiny_run),
+        "--train",
+        str(train),
+        "--dev",
+        str(dev),
+        "--text-a",
+        "sentence",
+        "--out",
+        str(tmp_path / "o"),
+        "--set",
+        "keep=first",
+    )
     assert r.returncode == 2 and "Traceback" not in r.stderr

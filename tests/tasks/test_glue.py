@@ -278,10 +278,7 @@ def make_glue_fixture(root: Path) -> Path:
             f"{task}/train.tsv",
             [
                 "index\tsentence1\tsentence2\tlabel",
-                *[
-                    f"{i}\t{task} premise number {i}.\t{task} hypothesis {i}.\t{labels[i % 2]}"
-                    for i in range(4)
-                ],
+                *[f"{i}\t{task} premise number {i}.\t{task} hypothesis {i}.\t{labels[i % 2]}" for i in range(4)],
             ],
         )
         _write(
@@ -349,9 +346,7 @@ def test_mnli_all_five_splits(fake_glue, tmp_path):
     assert t.test_splits == ["test_matched", "test_mismatched"]
     train = t.examples("train")
     assert [t.labels[e.label] for e in train] == ["neutral", "entailment", "entailment", "contradiction"]
-    assert train[0].text_a.startswith("Conceptually cream skimming") and train[0].text_b.startswith(
-        "Product and"
-    )
+    assert train[0].text_a.startswith("Conceptually cream skimming") and train[0].text_b.startswith("Product and")
     dm = t.examples("dev_matched")
     assert [t.labels[e.label] for e in dm] == [
         "neutral",
@@ -390,8 +385,7 @@ def test_pair_tasks(fake_glue, tmp_path, name, labels, board):
     assert all(e.text_b for e in train) and {e.label for e in train} <= {0, 1}
     if name != "glue/qnli":
         file_labels = [
-            line.split("\t")[-1]
-            for line in (fake_glue / board[:-4] / "train.tsv").read_text().splitlines()[1:]
+            line.split("\t")[-1] for line in (fake_glue / board[:-4] / "train.tsv").read_text().splitlines()[1:]
         ]
         assert [t.labels[e.label] for e in train] == file_labels
     test = t.examples("test")
@@ -412,9 +406,7 @@ def test_glue_tasks_over_all_nine(fake_glue):
         (fake_glue / task).mkdir()
     (fake_glue / "CoLA/train.tsv").write_text("gj04\t1\t\tA fine sentence.\ngj04\t0\t*\tSentence bad a.\n")
     (fake_glue / "SST-2/train.tsv").write_text("sentence\tlabel\ngood film \t1\n")
-    (fake_glue / "MRPC/train.tsv").write_text(
-        "\ufeffQuality\t#1 ID\t#2 ID\t#1 String\t#2 String\n1\t1\t2\tA .\tB .\n"
-    )
+    (fake_glue / "MRPC/train.tsv").write_text("\ufeffQuality\t#1 ID\t#2 ID\t#1 String\t#2 String\n1\t1\t2\tA .\tB .\n")
     tasks = glue_mod.glue_tasks(fake_glue)
     assert [t.name.split("/")[1] for t in tasks] == glue_mod.GLUE_TASKS
     sizes = {"cola": 2, "sst2": 1, "mrpc": 1, "stsb": 3, "qqp": 3, "mnli": 4, "qnli": 3, "rte": 4, "wnli": 4}
@@ -455,9 +447,7 @@ def test_label_outside_the_set(fake_glue):
 def test_headerless_cola_bad_rows(tmp_path):
     cola = tmp_path / "CoLA"
     cola.mkdir()
-    (cola / "train.tsv").write_text(
-        "gj04\t1\t\tGood one.\ngj04\t2\t\tLabel two.\ngj04\t0\tFour columns missing\n"
-    )
+    (cola / "train.tsv").write_text("gj04\t1\t\tGood one.\ngj04\t2\t\tLabel two.\ngj04\t0\tFour columns missing\n")
     with pytest.raises(CramkitError, match="train.tsv, line 2: label '2'"):
         get_task("glue/cola", data_dir=tmp_path).examples("train")
     t = get_task("glue/cola", data_dir=tmp_path, skip_bad_rows=True)
@@ -480,9 +470,7 @@ def test_missing_split_file_and_folder(fake_glue, monkeypatch):
     with pytest.raises(CramkitError, match=r"has no split 'validation'.*train, dev, test"):
         t.examples("validation")
     monkeypatch.setattr(glue_mod, "_datasets_available", lambda: False)
-    with pytest.raises(
-        CramkitError, match=r"no folder .*nowhere/CoLA.*`datasets`.*train.tsv, dev.tsv, test.tsv"
-    ):
+    with pytest.raises(CramkitError, match=r"no folder .*nowhere/CoLA.*`datasets`.*train.tsv, dev.tsv, test.tsv"):
         get_task("glue/cola", data_dir=fake_glue / "nowhere")
     with pytest.raises(CramkitError, match=r"none of the GLUE task folders .* is in .*nowhere"):
         glue_mod.glue_tasks(fake_glue / "nowhere")

@@ -21,8 +21,9 @@ from cramkit.tasks.mixtures import Mixture, mixture_rates, resolve_mixture
 
 def cli(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    return subprocess.run([sys.executable, "-m", "cramkit", *args], capture_output=True, text=True,
-                          timeout=timeout, env=env)  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-m", "cramkit", *args], capture_output=True, text=True, timeout=timeout, env=env
+    )
 
 
 def test_rate_rules():
@@ -69,8 +70,21 @@ def test_mixture_loader_draws_by_rate_and_resumes_exactly():
     rates = np.array([0.8, 0.2])
 
     def make():
-        loaders = [BatchLoader(e, 4, 2, 0, 1, seed=3 + i, chunk=5, pad_id=0, with_types=False,
-                               columns={"labels": torch.from_numpy(e.labels)}) for i, e in enumerate(encs)]  # fmt: skip
+        loaders = [
+            BatchLoader(
+                e,
+                4,
+                2,
+                0,
+                1,
+                seed=3 + i,
+                chunk=5,
+                pad_id=0,
+                with_types=False,
+                columns={"labels": torch.from_numpy(e.labels)},
+            )
+            for i, e in enumerate(encs)
+        ]
         return MixtureLoader(loaders, rates, seed=7)
 
     full = make()
@@ -93,9 +107,28 @@ def test_mixture_loader_draws_by_rate_and_resumes_exactly():
 @pytest.fixture(scope="module")
 def mix_dir(tiny_run: Path, glue_dir: Path, tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("mix") / "mix"
-    r = cli("finetune", "--mixture", "glue/mrpc,glue/cola", "--rates", "equal", "--from", str(tiny_run),
-            "--data-dir", str(glue_dir), "--out", str(out), "--set", "max_train_examples=96", "--set", "epochs=2",
-            "--set", "max_length=48", "--set", "batch_size=8", "--no-progress")  # fmt: skip
+    r = cli(
+        "finetune",
+        "--mixture",
+        "glue/mrpc,glue/cola",
+        "--rates",
+        "equal",
+        "--from",
+        str(tiny_run),
+        "--data-dir",
+        str(glue_dir),
+        "--out",
+        str(out),
+        "--set",
+        "max_train_examples=96",
+        "--set",
+        "epochs=2",
+        "--set",
+        "max_length=48",
+        "--set",
+        "batch_size=8",
+        "--no-progress",
+    )
     assert r.returncode == 0, r.stderr
     assert "glue/mrpc dev:" in r.stdout and "glue/cola dev:" in r.stdout and "mean of the tasks" in r.stdout
     return out
@@ -108,9 +141,10 @@ def test_mixture_trains_both_heads_and_scores_each_task(mix_dir: Path, glue_dir:
     mrpc, cola = res["tasks"]["glue/mrpc"], res["tasks"]["glue/cola"]
     assert mrpc["rate"] == pytest.approx(0.5) and mrpc["batches"] + cola["batches"] == res["steps"]
     assert 0.3 < mrpc["batches"] / res["steps"] < 0.7
-    assert set(mrpc["dev"]["dev"]["metrics"]) == {"f1", "accuracy"} and set(
-        cola["dev"]["dev"]["metrics"]
-    ) == {"mcc", "accuracy"}
+    assert set(mrpc["dev"]["dev"]["metrics"]) == {"f1", "accuracy"} and set(cola["dev"]["dev"]["metrics"]) == {
+        "mcc",
+        "accuracy",
+    }
     n_dev = len((glue_dir / "MRPC" / "dev.tsv").read_text(encoding="utf-8-sig").splitlines()) - 1
     # each head's dev score is what its own model gives: reload the head and score MRPC's dev set again
     m = cramkit.load(mix_dir, task="glue/mrpc")
@@ -136,12 +170,44 @@ def test_mixture_trains_both_heads_and_scores_each_task(mix_dir: Path, glue_dir:
 
 
 def test_rerun_reuses_and_other_settings_refused(mix_dir: Path, tiny_run: Path, glue_dir: Path):
-    r = cli("finetune", "--mixture", "glue/mrpc,glue/cola", "--rates", "equal", "--from", str(tiny_run),
-            "--data-dir", str(glue_dir), "--out", str(mix_dir), "--set", "max_train_examples=96", "--set", "epochs=2",
-            "--set", "max_length=48", "--set", "batch_size=8", "--no-progress")  # fmt: skip
+    r = cli(
+        "finetune",
+        "--mixture",
+        "glue/mrpc,glue/cola",
+        "--rates",
+        "equal",
+        "--from",
+        str(tiny_run),
+        "--data-dir",
+        str(glue_dir),
+        "--out",
+        str(mix_dir),
+        "--set",
+        "max_train_examples=96",
+        "--set",
+        "epochs=2",
+        "--set",
+        "max_length=48",
+        "--set",
+        "batch_size=8",
+        "--no-progress",
+    )
     assert r.returncode == 0 and "glue/mrpc dev:" in r.stdout
-    r = cli("finetune", "--mixture", "glue/mrpc,glue/cola", "--rates", "proportional", "--from", str(tiny_run),
-            "--data-dir", str(glue_dir), "--out", str(mix_dir), "--set", "max_train_examples=96")  # fmt: skip
+    r = cli(
+        "finetune",
+        "--mixture",
+        "glue/mrpc,glue/cola",
+        "--rates",
+        "proportional",
+        "--from",
+        str(tiny_run),
+        "--data-dir",
+        str(glue_dir),
+        "--out",
+        str(mix_dir),
+        "--set",
+        "max_train_examples=96",
+    )
     assert r.returncode == 2 and "other settings" in r.stderr and "Traceback" not in r.stderr
 
 
@@ -151,8 +217,22 @@ def test_predict_export_serve_take_a_task(mix_dir: Path, glue_dir: Path, tmp_pat
     (tmp_path / "pairs.tsv").write_text("\n".join(rows) + "\n", encoding="utf-8")
     r = cli("predict", "--from", str(mix_dir), str(tmp_path / "pairs.tsv"))
     assert r.returncode == 2 and "choose one with --task NAME" in r.stderr and "glue/cola" in r.stderr
-    r = cli("predict", "--from", str(mix_dir), "--task", "glue/mrpc", str(tmp_path / "pairs.tsv"), "--text-a",
-            "#1 String", "--text-b", "#2 String", "--label", "Quality", "--out", str(tmp_path / "p.jsonl"))  # fmt: skip
+    r = cli(
+        "predict",
+        "--from",
+        str(mix_dir),
+        "--task",
+        "glue/mrpc",
+        str(tmp_path / "pairs.tsv"),
+        "--text-a",
+        "#1 String",
+        "--text-b",
+        "#2 String",
+        "--label",
+        "Quality",
+        "--out",
+        str(tmp_path / "p.jsonl"),
+    )
     assert r.returncode == 0, r.stderr
     assert len((tmp_path / "p.jsonl").read_text().splitlines()) == 20 and "metrics: accuracy" in r.stdout
     r = cli("predict", "--from", str(mix_dir), "--task", "glue/rte", str(tmp_path / "pairs.tsv"))
@@ -176,9 +256,7 @@ def test_predict_export_serve_take_a_task(mix_dir: Path, glue_dir: Path, tmp_pat
 
         info = httpx.get(f"{url}/info", timeout=30).json()
         assert set(info["models"]) == {"mix-mrpc", "mix-cola"}
-        r = httpx.post(
-            f"{url}/predict", json={"model": "mix-cola", "inputs": ["the cat sat on the mat"]}, timeout=30
-        )
+        r = httpx.post(f"{url}/predict", json={"model": "mix-cola", "inputs": ["the cat sat on the mat"]}, timeout=30)
         assert r.status_code == 200 and {d["label"] for d in r.json()[0]} == {"0", "1"}
         r = httpx.post(f"{url}/predict", json={"model": "mix-rte", "inputs": ["x"]}, timeout=30)
         assert 400 <= r.status_code < 500
@@ -216,8 +294,12 @@ def test_crafted_multitask_directory_is_one_line(mix_dir: Path, tmp_path: Path):
     bad = tmp_path / "bad"
     shutil.copytree(mix_dir, bad, ignore=shutil.ignore_patterns("run", "predictions"))
     meta = json.loads((bad / "cramkit-model.json").read_text())
-    for tasks in ([], [{"name": "x", "kind": "classification", "num_labels": 10**9}], "heads",
-                  [{"name": "x", "kind": "python", "num_labels": 2}]):  # fmt: skip
+    for tasks in (
+        [],
+        [{"name": "x", "kind": "classification", "num_labels": 10**9}],
+        "heads",
+        [{"name": "x", "kind": "python", "num_labels": 2}],
+    ):
         meta["extra"]["tasks"] = tasks
         (bad / "cramkit-model.json").write_text(json.dumps(meta))
         with pytest.raises(CramkitError, match="extra.tasks"):
@@ -230,9 +312,7 @@ def test_data_dir_per_suite(tmp_path: Path):
     assert data_dir_for("glue/mrpc", None) is None
     assert data_dir_for("glue/mrpc", ["g"]) == "g"
     given = ["glue=/data/glue", "clue=/data/clue"]
-    assert (
-        data_dir_for("glue/mrpc", given) == "/data/glue" and data_dir_for("clue/afqmc", given) == "/data/clue"
-    )
+    assert data_dir_for("glue/mrpc", given) == "/data/glue" and data_dir_for("clue/afqmc", given) == "/data/clue"
     assert data_dir_for("superglue/rte", [*given, "/data/other"]) == "/data/other"
     odd = tmp_path / "a=b"  # a folder whose name holds '=' is a folder, not SUITE=DIR
     odd.mkdir()
@@ -242,8 +322,17 @@ def test_data_dir_per_suite(tmp_path: Path):
 
 
 def test_mixture_reads_each_suite_from_its_folder(tiny_run: Path, glue_dir: Path, tmp_path: Path):
-    r = cli("finetune", "--mixture", "glue/mrpc,glue/cola", "--from", str(tiny_run), "--data-dir",
-            f"glue={tmp_path / 'nowhere'}", "--out", str(tmp_path / "o"))  # fmt: skip
+    r = cli(
+        "finetune",
+        "--mixture",
+        "glue/mrpc,glue/cola",
+        "--from",
+        str(tiny_run),
+        "--data-dir",
+        f"glue={tmp_path / 'nowhere'}",
+        "--out",
+        str(tmp_path / "o"),
+    )
     assert r.returncode == 2 and "nowhere" in r.stderr and "Traceback" not in r.stderr
 
 
@@ -255,8 +344,13 @@ def _copa_rows(n: int, start: int, labelled: bool = True) -> list[dict]:
         a, b = nouns[i % len(nouns)], nouns[(i + 1) % len(nouns)]
         right, wrong = f"The {a} moved.", f"The {b} slept."
         first = i % 2 == 0
-        row = {"premise": f"Someone pushed the {a}.", "choice1": right if first else wrong,
-               "choice2": wrong if first else right, "question": "effect", "idx": i - start}  # fmt: skip
+        row = {
+            "premise": f"Someone pushed the {a}.",
+            "choice1": right if first else wrong,
+            "choice2": wrong if first else right,
+            "question": "effect",
+            "idx": i - start,
+        }
         if labelled:
             row["label"] = 0 if first else 1
         rows.append(row)
@@ -268,13 +362,40 @@ def test_a_mixture_of_classification_and_multiple_choice(tiny_run: Path, tmp_pat
     COPA scorer head; each head is its own task's model in load, predict and export."""
     from tasks.test_superglue import _rte_rows, write_superglue
 
-    root = write_superglue(tmp_path / "sg", {
-        "RTE": {"train": _rte_rows(32, 0), "val": _rte_rows(8, 32), "test": _rte_rows(4, 40, labelled=False)},
-        "COPA": {"train": _copa_rows(32, 0), "val": _copa_rows(8, 32), "test": _copa_rows(4, 40, labelled=False)},
-    })  # fmt: skip
+    root = write_superglue(
+        tmp_path / "sg",
+        {
+            "RTE": {
+                "train": _rte_rows(32, 0),
+                "val": _rte_rows(8, 32),
+                "test": _rte_rows(4, 40, labelled=False),
+            },
+            "COPA": {
+                "train": _copa_rows(32, 0),
+                "val": _copa_rows(8, 32),
+                "test": _copa_rows(4, 40, labelled=False),
+            },
+        },
+    )
     out = tmp_path / "mix"
-    r = cli("finetune", "--mixture", "superglue/rte,superglue/copa", "--from", str(tiny_run), "--data-dir", str(root),
-            "--out", str(out), "--set", "epochs=2", "--set", "max_length=32", "--set", "batch_size=8", "--no-progress")  # fmt: skip
+    r = cli(
+        "finetune",
+        "--mixture",
+        "superglue/rte,superglue/copa",
+        "--from",
+        str(tiny_run),
+        "--data-dir",
+        str(root),
+        "--out",
+        str(out),
+        "--set",
+        "epochs=2",
+        "--set",
+        "max_length=32",
+        "--set",
+        "batch_size=8",
+        "--no-progress",
+    )
     assert r.returncode == 0, r.stderr
     res = json.loads((out / "results.json").read_text())
     assert set(res["tasks"]) == {"superglue/rte", "superglue/copa"}

@@ -70,16 +70,47 @@ def copa(tmp_path_factory) -> Path:
 def mc_model(copa: Path, pretrained_run: Path, tmp_path_factory) -> Path:
     """`cramkit finetune` of the tiny pretraining run on the COPA-like files (--choices choice1,choice2)."""
     out = tmp_path_factory.mktemp("mc") / "copa"
-    ok("finetune", "--from", str(pretrained_run), "--train", str(copa / "train.jsonl"), "--dev", str(copa / "val.jsonl"),
-       "--test", str(copa / "test.jsonl"), "--text-a", "premise", "--choices", "choice1,choice2", "--name", "copa",
-       "--out", str(out), "--set", "max_length=64", "--set", "epochs=2", "--set", "min_steps=0", "--no-progress")  # fmt: skip
+    ok(
+        "finetune",
+        "--from",
+        str(pretrained_run),
+        "--train",
+        str(copa / "train.jsonl"),
+        "--dev",
+        str(copa / "val.jsonl"),
+        "--test",
+        str(copa / "test.jsonl"),
+        "--text-a",
+        "premise",
+        "--choices",
+        "choice1,choice2",
+        "--name",
+        "copa",
+        "--out",
+        str(out),
+        "--set",
+        "max_length=64",
+        "--set",
+        "epochs=2",
+        "--set",
+        "min_steps=0",
+        "--no-progress",
+    )
     return out
 
 
 def tiny_scorer(seed: int = 0) -> MultipleChoice:
     torch.manual_seed(seed)
-    cfg = ModelConfig(vocab_size=64, hidden=16, layers=1, heads=2, intermediate=32, max_position=32, dropout=0.0,
-                      attention_dropout=0.0)  # fmt: skip
+    cfg = ModelConfig(
+        vocab_size=64,
+        hidden=16,
+        layers=1,
+        heads=2,
+        intermediate=32,
+        max_position=32,
+        dropout=0.0,
+        attention_dropout=0.0,
+    )
     return MultipleChoice(cfg).eval()
 
 
@@ -98,8 +129,18 @@ def test_batches_hold_whole_examples_and_padding_choices_count_for_nothing(tok) 
     assert enc.num_choices.tolist() == [len(c) for c in choices] and len(enc.pairs) == sum(map(len, choices))
 
     def loader() -> BatchLoader:
-        return BatchLoader(enc, 8, 4, 0, 1, seed=3, chunk=2, pad_id=0, with_types=False,
-                           columns={"labels": torch.from_numpy(labels)})  # fmt: skip
+        return BatchLoader(
+            enc,
+            8,
+            4,
+            0,
+            1,
+            seed=3,
+            chunk=2,
+            pad_id=0,
+            with_types=False,
+            columns={"labels": torch.from_numpy(labels)},
+        )
 
     first, seen = loader(), []
     for _ in range(2 * 3):  # one epoch: 3 batches of 8 (the last of 7) in 2 micro-batches each
@@ -121,9 +162,7 @@ def test_batches_hold_whole_examples_and_padding_choices_count_for_nothing(tok) 
     alone = []
     for i in range(n):
         xi = collate(enc, np.asarray([i]), 0, False)
-        li, gi = model(
-            xi["input_ids"] % 64, xi["attention_mask"], None, xi["choice_mask"], torch.tensor([labels[i]])
-        )
+        li, gi = model(xi["input_ids"] % 64, xi["attention_mask"], None, xi["choice_mask"], torch.tensor([labels[i]]))
         alone.append(li.item())
         torch.testing.assert_close(gi[0], grid[i, : len(choices[i])], atol=1e-5, rtol=1e-5)
     assert abs(loss.item() - float(np.mean(alone))) < 1e-5
@@ -149,8 +188,12 @@ def test_finetune_saves_a_multiple_choice_model_that_load_predict_and_the_engine
 
     loaded = cramkit.load(mc_model)
     assert loaded.kind == "multiple_choice" and type(loaded.model) is MultipleChoice and loaded.labels is None
-    assert loaded.extra["columns"] == {"text_a": "premise", "text_b": None, "label": "label",
-                                       "choices": ["choice1", "choice2"]}  # fmt: skip
+    assert loaded.extra["columns"] == {
+        "text_a": "premise",
+        "text_b": None,
+        "label": "label",
+        "choices": ["choice1", "choice2"],
+    }
 
     out = tmp_path / "pred.jsonl"
     text = ok("predict", "--from", str(mc_model), str(copa / "val.jsonl"), "--out", str(out))
@@ -167,18 +210,14 @@ def test_finetune_saves_a_multiple_choice_model_that_load_predict_and_the_engine
 
     # a CSV with choice columns; empty cells at a row's end are no choices (3 choices, then 2)
     csv = tmp_path / "rows.csv"
-    csv.write_text(
-        "premise,a,b,c\nThe man dropped the glass.,It broke.,It flew.,It sang.\nThe dog ran.,Fast.,Slow.,\n"
-    )
+    csv.write_text("premise,a,b,c\nThe man dropped the glass.,It broke.,It flew.,It sang.\nThe dog ran.,Fast.,Slow.,\n")
     ok("predict", "--from", str(mc_model), str(csv), "--choices", "a,b,c", "--out", str(tmp_path / "p.csv"))
     lines = (tmp_path / "p.csv").read_text().splitlines()
     assert lines[0].split(",") == ["row", "label", "answer", "p_0", "p_1", "p_2"]
     assert lines[2].endswith(",") and lines[1].count(",") == 5  # the second row has no third choice
 
 
-def test_user_file_bad_rows_are_one_line_each_or_skipped_and_counted(
-    pretrained_run: Path, tmp_path: Path
-) -> None:
+def test_user_file_bad_rows_are_one_line_each_or_skipped_and_counted(pretrained_run: Path, tmp_path: Path) -> None:
     good = copa_rows(12, 3)
     bad = {
         "label outside its choices": {**good[0], "label": 2},
@@ -190,8 +229,22 @@ def test_user_file_bad_rows_are_one_line_each_or_skipped_and_counted(
         "one choice": "1 choice(s); a multiple-choice row needs at least 2",
         "no choice column": "no value for the choice column 'choice2'",
     }
-    base = ["finetune", "--from", str(pretrained_run), "--text-a", "premise", "--choices", "choice1,choice2",
-            "--set", "max_length=32", "--set", "epochs=1", "--set", "min_steps=0", "--no-progress"]  # fmt: skip
+    base = [
+        "finetune",
+        "--from",
+        str(pretrained_run),
+        "--text-a",
+        "premise",
+        "--choices",
+        "choice1,choice2",
+        "--set",
+        "max_length=32",
+        "--set",
+        "epochs=1",
+        "--set",
+        "min_steps=0",
+        "--no-progress",
+    ]
     for name, row in bad.items():
         train = write_jsonl(tmp_path / f"{name.replace(' ', '_')}.jsonl", [*good[3:], row])
         proc = cli(*base, "--train", str(train), "--out", str(tmp_path / "out"))
@@ -201,9 +254,7 @@ def test_user_file_bad_rows_are_one_line_each_or_skipped_and_counted(
         assert "--skip-bad-rows" in lines[0]
     train = write_jsonl(tmp_path / "all.jsonl", [*good[3:], *bad.values()])
     dev = write_jsonl(tmp_path / "dev.jsonl", good[:3])
-    proc = cli(
-        *base, "--train", str(train), "--dev", str(dev), "--out", str(tmp_path / "skipped"), "--skip-bad-rows"
-    )
+    proc = cli(*base, "--train", str(train), "--dev", str(dev), "--out", str(tmp_path / "skipped"), "--skip-bad-rows")
     assert proc.returncode == 0, proc.stderr
     assert json.loads((tmp_path / "skipped" / "results.json").read_text())["skipped_rows"] == {"train": 3}
     # a CSV without the named choice column: one line naming the file and its columns
@@ -239,23 +290,55 @@ def test_finetune_on_real_chid_rows(shared_data: Path, tmp_path: Path) -> None:
     chid = shared_data / "fewclue" / "chid"
     if not chid.is_dir():
         pytest.skip(f"needs {chid}")
-    run = run_pretrain(tmp_path / "run", str(chid / "train_few_all.json"), "--text-field", "content",
-                       "--set", "tokenizer.vocab_size=2000")  # fmt: skip
+    run = run_pretrain(
+        tmp_path / "run",
+        str(chid / "train_few_all.json"),
+        "--text-field",
+        "content",
+        "--set",
+        "tokenizer.vocab_size=2000",
+    )
     rows = chid_rows(chid / "train_0.json", 8)
     assert len(rows) == 8 and all(len(r["choices"]) == 7 for r in rows)
     train = write_jsonl(tmp_path / "chid.jsonl", rows)
     out = tmp_path / "ft"
-    ok("finetune", "--from", str(run), "--train", str(train), "--dev", str(train), "--text-a", "text",
-       "--choices", "choices", "--out", str(out), "--set", "max_length=64", "--set", "epochs=15", "--set", "min_steps=0", "--set", "lr=3e-3",
-       "--set", "batch_size=8", "--set", "dropout=0", "--set", "attention_dropout=0", "--set", "warmup=0",
-       "--no-progress")  # fmt: skip
+    ok(
+        "finetune",
+        "--from",
+        str(run),
+        "--train",
+        str(train),
+        "--dev",
+        str(train),
+        "--text-a",
+        "text",
+        "--choices",
+        "choices",
+        "--out",
+        str(out),
+        "--set",
+        "max_length=64",
+        "--set",
+        "epochs=15",
+        "--set",
+        "min_steps=0",
+        "--set",
+        "lr=3e-3",
+        "--set",
+        "batch_size=8",
+        "--set",
+        "dropout=0",
+        "--set",
+        "attention_dropout=0",
+        "--set",
+        "warmup=0",
+        "--no-progress",
+    )
     res = json.loads((out / "results.json").read_text())
     curve = res["seeds"][0]["loss_curve"]
     assert abs(curve[0] - np.log(7)) < 0.05 and curve[-1] < curve[0] - 0.15, curve
     assert res["median"]["dev"]["metrics"]["accuracy"] == 100.0
-    chosen = Engine(cramkit.load(out), device="cpu").choose(
-        [r["text"] for r in rows], [r["choices"] for r in rows]
-    )
+    chosen = Engine(cramkit.load(out), device="cpu").choose([r["text"] for r in rows], [r["choices"] for r in rows])
     assert chosen.chosen.tolist() == [r["label"] for r in rows]
     assert all(p.shape == (7,) for p in chosen.probs)
 
@@ -275,9 +358,7 @@ def val_inputs(copa: Path) -> tuple[list[str], list[list[str]]]:
     return [r["premise"] for r in rows], [[r["choice1"], r["choice2"]] for r in rows]
 
 
-def test_onnx_export_scores_the_pairs_as_torch_does(
-    mc_model: Path, mc_onnx: Path, copa: Path, tmp_path: Path
-) -> None:
+def test_onnx_export_scores_the_pairs_as_torch_does(mc_model: Path, mc_onnx: Path, copa: Path, tmp_path: Path) -> None:
     manifest = json.loads((mc_onnx / "cramkit-onnx.json").read_text())
     assert manifest["kind"] == "multiple_choice" and "logits" in manifest["outputs"]
     contexts, choices = val_inputs(copa)
@@ -303,8 +384,18 @@ def test_onnx_export_scores_the_pairs_as_torch_does(
     assert proc.returncode == 2 and "no value for the choice column 'choices'" in proc.stderr, proc.stderr
     assert "--choices COL" in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1
-    ok("predict", "--from", str(crafted), str(copa / "val.jsonl"), "--text-a", "premise", "--choices", "choice1,choice2",
-       "--out", str(tmp_path / "c.jsonl"))  # fmt: skip
+    ok(
+        "predict",
+        "--from",
+        str(crafted),
+        str(copa / "val.jsonl"),
+        "--text-a",
+        "premise",
+        "--choices",
+        "choice1,choice2",
+        "--out",
+        str(tmp_path / "c.jsonl"),
+    )
 
 
 def test_ct2_export_scores_the_pairs_as_torch_does(mc_model: Path, copa: Path, tmp_path: Path) -> None:
@@ -325,9 +416,36 @@ def test_hf_export_is_a_bert_for_multiple_choice_with_our_logits(
     from transformers import AutoModelForMultipleChoice, BertForMultipleChoice
 
     ft = tmp_path / "ft"
-    ok("finetune", "--from", f"hf:{minilm_dir}", "--train", str(copa / "train.jsonl"), "--dev", str(copa / "val.jsonl"),
-       "--text-a", "premise", "--choices", "choice1,choice2", "--out", str(ft), "--set", "max_train_examples=4",
-       "--set", "batch_size=4", "--set", "epochs=1", "--set", "min_steps=0", "--set", "max_length=64", "--set", "lr=1e-3", "--set", "pooling=first", "--no-progress")  # fmt: skip
+    ok(
+        "finetune",
+        "--from",
+        f"hf:{minilm_dir}",
+        "--train",
+        str(copa / "train.jsonl"),
+        "--dev",
+        str(copa / "val.jsonl"),
+        "--text-a",
+        "premise",
+        "--choices",
+        "choice1,choice2",
+        "--out",
+        str(ft),
+        "--set",
+        "max_train_examples=4",
+        "--set",
+        "batch_size=4",
+        "--set",
+        "epochs=1",
+        "--set",
+        "min_steps=0",
+        "--set",
+        "max_length=64",
+        "--set",
+        "lr=1e-3",
+        "--set",
+        "pooling=first",
+        "--no-progress",
+    )
     out = tmp_path / "hf"
     text = ok("export", str(ft), "--format", "hf", "--out", str(out))
     assert "BertForMultipleChoice" in text and "AutoModelForMultipleChoice" in text
@@ -349,31 +467,23 @@ def test_hf_export_is_a_bert_for_multiple_choice_with_our_logits(
         return torch.from_numpy(a.astype(np.int64)).view(len(contexts), 2, width)
 
     with torch.no_grad():
-        logits = theirs(
-            input_ids=shaped(ids), attention_mask=shaped(mask), token_type_ids=shaped(types)
-        ).logits
+        logits = theirs(input_ids=shaped(ids), attention_mask=shaped(mask), token_type_ids=shaped(types)).logits
     mine = np.stack(engine.choose(contexts, choices).scores)
     assert float(np.abs(mine).max()) > 1e-3  # a trained head, not zeros
     np.testing.assert_allclose(logits.numpy(), mine, atol=1e-4, rtol=0)
     # read back: cramkit.load("hf:DIR") is a multiple-choice model again
     back = cramkit.load(f"hf:{out}")
     assert back.kind == "multiple_choice"
-    np.testing.assert_allclose(
-        np.stack(Engine(back, device="cpu").choose(contexts, choices).scores), mine, atol=1e-4
-    )
+    np.testing.assert_allclose(np.stack(Engine(back, device="cpu").choose(contexts, choices).scores), mine, atol=1e-4)
     # a multiple-choice model of a non-BERT architecture has no HF equivalent: one line pointing to ONNX
     proc = cli("export", str(mc_model), "--format", "hf", "--out", str(tmp_path / "no"))
     assert (
-        proc.returncode == 2
-        and "no BertForMultipleChoice equivalent" in proc.stderr
-        and "--format onnx" in proc.stderr
+        proc.returncode == 2 and "no BertForMultipleChoice equivalent" in proc.stderr and "--format onnx" in proc.stderr
     )
     assert len(proc.stderr.strip().splitlines()) == 1
 
 
-def test_serve_predicts_choices_and_refuses_malformed_input(
-    mc_model: Path, mc_onnx: Path, copa: Path
-) -> None:
+def test_serve_predicts_choices_and_refuses_malformed_input(mc_model: Path, mc_onnx: Path, copa: Path) -> None:
     from serve.test_server import start
 
     contexts, choices = val_inputs(copa)

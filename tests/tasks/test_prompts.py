@@ -77,18 +77,34 @@ def sst2_files(glue_dir: Path, tmp_path_factory) -> tuple[Path, Path]:
 
 
 def _finetune(tiny_run: Path, files: tuple[Path, Path], out: Path, *args: str):
-    return cli("finetune", "--from", str(tiny_run), "--train", str(files[0]), "--dev", str(files[1]),
-               "--text-a", "sentence", "--out", str(out), "--set", "epochs=2", "--set", "batch_size=8", "--set", "min_steps=0",
-               "--no-progress", *args)  # fmt: skip
+    return cli(
+        "finetune",
+        "--from",
+        str(tiny_run),
+        "--train",
+        str(files[0]),
+        "--dev",
+        str(files[1]),
+        "--text-a",
+        "sentence",
+        "--out",
+        str(out),
+        "--set",
+        "epochs=2",
+        "--set",
+        "batch_size=8",
+        "--set",
+        "min_steps=0",
+        "--no-progress",
+        *args,
+    )
 
 
 def test_prompt_finetuning_makes_a_model_that_predicts_loads_and_refuses_to_export(
     tiny_run: Path, sst2_files, tmp_path: Path
 ) -> None:
     out = tmp_path / "prompt"
-    proc = _finetune(
-        tiny_run, sst2_files, out, "--prompt", "{sentence} it was [MASK] .", "--label-words", WORDS
-    )
+    proc = _finetune(tiny_run, sst2_files, out, "--prompt", "{sentence} it was [MASK] .", "--label-words", WORDS)
     assert proc.returncode == 0, proc.stderr
     res = json.loads((out / "results.json").read_text())
     assert res["method"] == "prompt" and res["prompt"]["label_words"] == {"0": "bad", "1": "good"}
@@ -102,23 +118,43 @@ def test_prompt_finetuning_makes_a_model_that_predicts_loads_and_refuses_to_expo
     assert len(rows) == 64 and all(abs(sum(r["probabilities"].values()) - 1) < 1e-4 for r in rows)
     assert f"accuracy {res['median']['dev']['metrics']['accuracy']:.2f}" in proc.stdout
     proc = cli("export", str(out), "--out", str(tmp_path / "exp"))
-    assert (
-        proc.returncode == 2
-        and "not supported yet" in proc.stderr
-        and len(proc.stderr.strip().splitlines()) == 1
+    assert proc.returncode == 2 and "not supported yet" in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_a_prompt_needs_an_mlm_head_and_a_classification_task(minilm_dir: Path, sst2_files, tmp_path: Path) -> None:
+    proc = cli(
+        "finetune",
+        "--from",
+        f"hf:{minilm_dir}",
+        "--train",
+        str(sst2_files[0]),
+        "--text-a",
+        "sentence",
+        "--out",
+        str(tmp_path / "x"),
+        "--prompt",
+        "{sentence} It was [MASK] .",
+        "--label-words",
+        "0=terrible,1=great",
     )
-
-
-def test_a_prompt_needs_an_mlm_head_and_a_classification_task(
-    minilm_dir: Path, sst2_files, tmp_path: Path
-) -> None:
-    proc = cli("finetune", "--from", f"hf:{minilm_dir}", "--train", str(sst2_files[0]), "--text-a", "sentence",
-               "--out", str(tmp_path / "x"), "--prompt", "{sentence} It was [MASK] .", "--label-words",
-               "0=terrible,1=great")  # fmt: skip
     assert proc.returncode == 2 and "has no masked-LM head" in proc.stderr and "pretrain" in proc.stderr
     assert not (tmp_path / "x" / "results.json").exists()
-    proc = cli("finetune", "--from", f"hf:{minilm_dir}", "--train", str(sst2_files[0]), "--text-a", "sentence",
-               "--label", "label", "--regression", "--out", str(tmp_path / "y"), "--method", "prompt")  # fmt: skip
+    proc = cli(
+        "finetune",
+        "--from",
+        f"hf:{minilm_dir}",
+        "--train",
+        str(sst2_files[0]),
+        "--text-a",
+        "sentence",
+        "--label",
+        "label",
+        "--regression",
+        "--out",
+        str(tmp_path / "y"),
+        "--method",
+        "prompt",
+    )
     assert proc.returncode == 2 and "classification task" in proc.stderr
 
 
@@ -140,13 +176,19 @@ def test_deep_prompts_store_only_prefixes_and_name_their_base_by_checksum(
     assert "parameters trained" in proc.stdout
     # without its base: one line that names it; with another model: refused by checksum
     proc = cli("predict", "--from", str(out), str(sst2_files[1]), "--out", str(tmp_path / "p.jsonl"))
-    assert (
-        proc.returncode == 2 and f"--base {tiny_run}" in proc.stderr and not (tmp_path / "p.jsonl").exists()
-    )
+    assert proc.returncode == 2 and f"--base {tiny_run}" in proc.stderr and not (tmp_path / "p.jsonl").exists()
     with pytest.raises(CramkitError, match="checksum differs"):
         cramkit.load(out, base=pretrained_run)
-    proc = cli("predict", "--from", str(out), "--base", str(tiny_run), str(sst2_files[1]), "--out",
-               str(tmp_path / "p.jsonl"))  # fmt: skip
+    proc = cli(
+        "predict",
+        "--from",
+        str(out),
+        "--base",
+        str(tiny_run),
+        str(sst2_files[1]),
+        "--out",
+        str(tmp_path / "p.jsonl"),
+    )
     assert proc.returncode == 0, proc.stderr
     assert f"accuracy {res['median']['dev']['metrics']['accuracy']:.2f}" in proc.stdout
     # two tasks' prefixes on one loaded base share its encoder
@@ -159,9 +201,7 @@ def test_deep_prompts_store_only_prefixes_and_name_their_base_by_checksum(
     assert np.allclose(probs.sum(1), 1, atol=1e-5)
 
 
-def test_a_prefix_directory_with_crafted_weights_is_one_line(
-    tiny_run: Path, sst2_files, tmp_path: Path
-) -> None:
+def test_a_prefix_directory_with_crafted_weights_is_one_line(tiny_run: Path, sst2_files, tmp_path: Path) -> None:
     from safetensors.torch import save_file
 
     out = tmp_path / "pt"
@@ -180,9 +220,7 @@ def test_a_prefix_directory_with_crafted_weights_is_one_line(
         cramkit.load(out, base=tiny_run)
 
 
-def test_one_served_base_answers_each_task_with_its_own_prefixes(
-    tiny_run: Path, sst2_files, tmp_path: Path
-) -> None:
+def test_one_served_base_answers_each_task_with_its_own_prefixes(tiny_run: Path, sst2_files, tmp_path: Path) -> None:
     from cramkit.infer import Engine
     from serve.test_server import start
 
@@ -190,9 +228,7 @@ def test_one_served_base_answers_each_task_with_its_own_prefixes(
     for name, plen in (("a", 2), ("b", 3)):
         dirs[name] = tmp_path / name
         assert (
-            _finetune(
-                tiny_run, sst2_files, dirs[name], "--method", "ptuning", "--prefix-len", str(plen)
-            ).returncode
+            _finetune(tiny_run, sst2_files, dirs[name], "--method", "ptuning", "--prefix-len", str(plen)).returncode
             == 0
         )
     proc = cli("serve", f"a={dirs['a']}", "--port", "0")
@@ -206,9 +242,7 @@ def test_one_served_base_answers_each_task_with_its_own_prefixes(
         for name in ("a", "b"):
             r = httpx.post(f"{url}/predict", json={"inputs": [[t] for t in texts], "model": name}, timeout=60)
             assert r.status_code == 200, r.text
-            got = np.asarray(
-                [[d["score"] for d in sorted(row, key=lambda d: d["label"])] for row in r.json()]
-            )
+            got = np.asarray([[d["score"] for d in sorted(row, key=lambda d: d["label"])] for row in r.json()])
             want = Engine(cramkit.load(dirs[name], base=base)).classify(texts).probs
             assert np.allclose(got, want, atol=1e-5)
         info = httpx.get(f"{url}/info", timeout=10).json()
@@ -238,25 +272,66 @@ def test_minilm_gets_a_head_with_its_encoder_frozen_and_then_takes_a_prompt(
     lines = sst2_files[0].read_text(encoding="utf-8").splitlines()[1:]
     corpus.write_text("\n\n".join(line.split("\t")[0] for line in lines) + "\n", encoding="utf-8")
     run = tmp_path / "head"
-    proc = cli("pretrain", str(corpus), "--from", f"hf:{minilm_dir}", "--budget", "3steps", "--out", str(run),
-               "--set", "train.head_only=true", "--set", "train.micro_batch=4", "--set", "train.batch_size=4",
-               "--set", "data.seq_len=32", "--no-progress")  # fmt: skip
+    proc = cli(
+        "pretrain",
+        str(corpus),
+        "--from",
+        f"hf:{minilm_dir}",
+        "--budget",
+        "3steps",
+        "--out",
+        str(run),
+        "--set",
+        "train.head_only=true",
+        "--set",
+        "train.micro_batch=4",
+        "--set",
+        "train.batch_size=4",
+        "--set",
+        "data.seq_len=32",
+        "--no-progress",
+    )
     assert proc.returncode == 0, proc.stderr
     before, after = cramkit.load(f"hf:{minilm_dir}"), cramkit.load(run)
-    for (name, a), (_, b) in zip(
-        before.model.state_dict().items(), after.encoder.state_dict().items(), strict=True
-    ):
+    for (name, a), (_, b) in zip(before.model.state_dict().items(), after.encoder.state_dict().items(), strict=True):
         assert torch.equal(a, b), name  # the encoder (and its tied embeddings) did not move
     assert after.kind == "mlm"
     from cramkit.train.finetune import FinetuneConfig, resolve_pooling
 
     assert resolve_pooling(FinetuneConfig(), after).pooling == "mean"  # the run pools as MiniLM did
     out = tmp_path / "prompt"
-    proc = cli("finetune", "--from", str(run), "--train", str(sst2_files[0]), "--dev", str(sst2_files[1]),
-               "--text-a", "sentence", "--out", str(out), "--prompt", "{sentence} It was [MASK] .",
-               "--label-words", "0=terrible,1=great", "--set", "epochs=1", "--set", "min_steps=0", "--no-progress")  # fmt: skip
+    proc = cli(
+        "finetune",
+        "--from",
+        str(run),
+        "--train",
+        str(sst2_files[0]),
+        "--dev",
+        str(sst2_files[1]),
+        "--text-a",
+        "sentence",
+        "--out",
+        str(out),
+        "--prompt",
+        "{sentence} It was [MASK] .",
+        "--label-words",
+        "0=terrible,1=great",
+        "--set",
+        "epochs=1",
+        "--set",
+        "min_steps=0",
+        "--no-progress",
+    )
     assert proc.returncode == 0, proc.stderr
     assert json.loads((out / "results.json").read_text())["method"] == "prompt"
-    proc = cli("pretrain", str(corpus), "--budget", "3steps", "--out", str(tmp_path / "x"), "--set",
-               "train.head_only=true")  # fmt: skip
+    proc = cli(
+        "pretrain",
+        str(corpus),
+        "--budget",
+        "3steps",
+        "--out",
+        str(tmp_path / "x"),
+        "--set",
+        "train.head_only=true",
+    )
     assert proc.returncode == 2 and "head_only" in proc.stderr

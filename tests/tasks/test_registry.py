@@ -27,9 +27,7 @@ def _toy(name="toy/sentiment", n=10, labels=("neg", "pos")):
     def dev():
         return [Example("good", None, 1, 0), Example("bad", None, 0, 1)]
 
-    task = Task(
-        name=name, splits={"train": train, "dev": dev}, labels=list(labels), metrics=["accuracy", "f1"]
-    )
+    task = Task(name=name, splits={"train": train, "dev": dev}, labels=list(labels), metrics=["accuracy", "f1"])
     return task, calls
 
 
@@ -117,9 +115,7 @@ def test_factories_and_unknown_names():
         registry.register_task(factory)
     with pytest.raises(CramkitError, match="already registered"):
         registry.register_task(factory, name="my/factory", overwrite=False)
-    with pytest.raises(
-        CramkitError, match=r"unknown task 'glue/mnli-mm'\. Did you mean 'glue/mnli'\?.*Known tasks: "
-    ):
+    with pytest.raises(CramkitError, match=r"unknown task 'glue/mnli-mm'\. Did you mean 'glue/mnli'\?.*Known tasks: "):
         get_task("glue/mnli-mm")
     with pytest.raises(CramkitError, match="unknown task 'zzzz'. Known tasks: .*glue/qqp"):
         get_task("zzzz")

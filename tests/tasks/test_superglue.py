@@ -274,9 +274,7 @@ FILES: dict[str, dict[str, list[dict]]] = {
                 "source": "Daily mail",
                 "passage": {
                     "text": PASSAGE,
-                    "entities": [
-                        _ent(PASSAGE, s) for s in ("Oak Valley Library", "Ana Ruiz", "Hill School", "Ana")
-                    ],
+                    "entities": [_ent(PASSAGE, s) for s in ("Oak Valley Library", "Ana Ruiz", "Hill School", "Ana")],
                 },
                 "qas": [
                     {
@@ -323,7 +321,7 @@ FILES: dict[str, dict[str, list[dict]]] = {
                 "sentence1": "A dog ran.",
                 "sentence2": "An animal ran.",
                 "lexical-semantics": "Lexical entailment",
-            },  # fmt: skip
+            },
         ]
     },
     "AX-g": {
@@ -361,9 +359,7 @@ def _lines(path: Path) -> list[dict]:
 def test_suite_reads_every_task_from_the_official_layout(sg_dir: Path) -> None:
     suite = get_suite("superglue")
     tasks = {t.name: t for t in suite.tasks(sg_dir)}
-    assert list(tasks) == [
-        f"superglue/{k}" for k in ("boolq", "cb", "copa", "multirc", "record", "rte", "wic", "wsc")
-    ]
+    assert list(tasks) == [f"superglue/{k}" for k in ("boolq", "cb", "copa", "multirc", "record", "rte", "wic", "wsc")]
     assert list(tasks) == list(suite.task_names)
 
     boolq = tasks["superglue/boolq"]
@@ -447,9 +443,7 @@ def test_test_predictions_in_the_submission_formats(sg_dir: Path, tmp_path: Path
         {"idx": 0, "label": 1},
         {"idx": 1, "label": 0},
     ]
-    assert _lines(tasks["rte"].write_predictions("test", [(0, 1)], out)) == [
-        {"idx": 0, "label": "not_entailment"}
-    ]
+    assert _lines(tasks["rte"].write_predictions("test", [(0, 1)], out)) == [{"idx": 0, "label": "not_entailment"}]
     assert _lines(tasks["wic"].write_predictions("test", [(0, 1)], out)) == [{"idx": 0, "label": "true"}]
     assert _lines(tasks["wsc"].write_predictions("test", [(0, 0)], out)) == [{"idx": 0, "label": "False"}]
 
@@ -543,7 +537,7 @@ def _bad(tmp_path: Path, folder: str, row: dict, split: str = "train") -> Path:
             "COPA",
             {"premise": "p", "choice1": "a", "choice2": "b", "question": "why", "label": 0, "idx": 5},
             "question 'why'",
-        ),  # fmt: skip
+        ),
         (
             "WSC",
             {
@@ -551,7 +545,7 @@ def _bad(tmp_path: Path, folder: str, row: dict, split: str = "train") -> Path:
                 "target": {"span1_text": "Bo", "span1_index": 0, "span2_text": "Ann", "span2_index": 2},
                 "idx": 4,
                 "label": False,
-            },  # fmt: skip
+            },
             "target.span1_text 'Bo' does not match the words at span1_index 0 ('Ann')",
         ),
         ("WiC", {**FILES["WiC"]["train"][0], "idx": 3, "end1": 99}, "start1/end1 offsets 14..99"),
@@ -569,15 +563,13 @@ def _bad(tmp_path: Path, folder: str, row: dict, split: str = "train") -> Path:
                         }
                     ],
                 },
-            },  # fmt: skip
+            },
             "unknown field 'score' in an answer",
         ),
         ("ReCoRD", {**FILES["ReCoRD"]["train"][0], "idx": 1, "summary": "s"}, "unknown field 'summary'"),
     ],
 )
-def test_bad_rows_name_file_line_and_field_or_are_skipped(
-    tmp_path: Path, folder: str, row: dict, needle: str
-) -> None:
+def test_bad_rows_name_file_line_and_field_or_are_skipped(tmp_path: Path, folder: str, row: dict, needle: str) -> None:
     root = _bad(tmp_path, folder, row)
     key = {"BoolQ": "boolq", "CB": "cb", "RTE": "rte", "COPA": "copa", "WSC": "wsc", "WiC": "wic"}.get(
         folder, folder.lower()
@@ -612,9 +604,7 @@ def run_cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
 
 
 def test_cli_unknown_field_is_one_line_and_exit_2(tmp_path: Path) -> None:
-    root = _bad(
-        tmp_path, "CB", {"premise": "p", "hypothesis": "h", "label": "neutral", "idx": 9, "genre": "x"}
-    )
+    root = _bad(tmp_path, "CB", {"premise": "p", "hypothesis": "h", "label": "neutral", "idx": 9, "genre": "x"})
     proc = run_cli("finetune", "--task", "superglue/cb", "--data-dir", str(root), "--from", str(tmp_path))
     assert proc.returncode == 2, proc.stderr
     err = proc.stderr.strip()
@@ -653,9 +643,27 @@ def test_finetune_cli_on_superglue_rte(tiny_run: Path, tmp_path: Path) -> None:
     )
     out = tmp_path / "out"
     proc = run_cli(
-        "finetune", "--task", "superglue/rte", "--data-dir", str(root), "--from", str(tiny_run), "--out", str(out),
-        "--set", "epochs=2", "--set", "min_steps=0", "--set", "max_length=32", "--set", "batch_size=8", "--seeds", "0", "--no-progress",
-    )  # fmt: skip
+        "finetune",
+        "--task",
+        "superglue/rte",
+        "--data-dir",
+        str(root),
+        "--from",
+        str(tiny_run),
+        "--out",
+        str(out),
+        "--set",
+        "epochs=2",
+        "--set",
+        "min_steps=0",
+        "--set",
+        "max_length=32",
+        "--set",
+        "batch_size=8",
+        "--seeds",
+        "0",
+        "--no-progress",
+    )
     assert proc.returncode == 0, proc.stderr
     assert "superglue/rte dev: accuracy" in proc.stdout
     res = json.loads((out / "results.json").read_text())
@@ -670,16 +678,29 @@ def test_finetune_cli_on_superglue_rte(tiny_run: Path, tmp_path: Path) -> None:
 def test_eval_superglue_predicts_the_diagnostics_with_the_rte_model(tiny_run: Path, tmp_path: Path) -> None:
     """`cramkit eval superglue` on RTE also predicts AX-b and AX-g with the RTE model (as GLUE's AX with
     MNLI's), into the submission folder under the leaderboard's names."""
-    files = {
-        "RTE": {"train": _rte_rows(24, 0), "val": _rte_rows(8, 24), "test": _rte_rows(4, 40, labelled=False)}
-    }
+    files = {"RTE": {"train": _rte_rows(24, 0), "val": _rte_rows(8, 24), "test": _rte_rows(4, 40, labelled=False)}}
     files |= {k: FILES[k] for k in ("AX-b", "AX-g")}
     root = write_superglue(tmp_path / "sg", files)
     out = tmp_path / "eval"
     proc = run_cli(
-        "eval", "superglue", "--from", str(tiny_run), "--data-dir", str(root), "--out", str(out),
-        "--set", "epochs=1", "--set", "min_steps=0", "--set", "max_length=32", "--set", "batch_size=8", "--no-progress",
-    )  # fmt: skip
+        "eval",
+        "superglue",
+        "--from",
+        str(tiny_run),
+        "--data-dir",
+        str(root),
+        "--out",
+        str(out),
+        "--set",
+        "epochs=1",
+        "--set",
+        "min_steps=0",
+        "--set",
+        "max_length=32",
+        "--set",
+        "batch_size=8",
+        "--no-progress",
+    )
     assert proc.returncode == 0, proc.stderr
     sub = out / "submission"
     assert {p.name for p in sub.iterdir()} >= {"RTE.jsonl", "AX-b.jsonl", "AX-g.jsonl"}

@@ -37,9 +37,7 @@ def fewclue(shared_data: Path) -> Path:
 def _write_corpus(path: Path, sources: list[tuple[Path, str]], limit: int | None = None) -> Path:
     with open(path, "w", encoding="utf-8") as fh:
         for src, field in sources:
-            for line in [line for line in src.read_text(encoding="utf-8").split("\n") if line.strip()][
-                :limit
-            ]:
+            for line in [line for line in src.read_text(encoding="utf-8").split("\n") if line.strip()][:limit]:
                 text = json.loads(line)[field].replace("#idiom#", "")
                 fh.write(json.dumps({"text": text}, ensure_ascii=False) + "\n")
     return path
@@ -144,9 +142,7 @@ def test_generic_text_keeps_the_generic_tokenizer(tmp_path, builtin_docs):
 
 
 def test_bad_language_setting(zh_corpus, tmp_path):
-    proc = cramkit(
-        "pretrain", str(zh_corpus), "--out", str(tmp_path / "r"), "--set", "tokenizer.lang=klingon"
-    )
+    proc = cramkit("pretrain", str(zh_corpus), "--out", str(tmp_path / "r"), "--set", "tokenizer.lang=klingon")
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines()[-1].startswith("cramkit: error: tokenizer.lang must be auto")
     assert "Traceback" not in proc.stderr and not (tmp_path / "r").exists()
@@ -169,9 +165,30 @@ def test_pretrain_chinese_without_flags_then_finetune(zh_corpus, fewclue, tmp_pa
 
     data = fewclue / "eprstmt"
     ft = tmp_path / "ft"
-    proc = cramkit("finetune", "--train", str(data / "train_0.json"), "--dev", str(data / "dev_0.json"),
-                   "--test", str(data / "test_public.json"), "--text-a", "sentence", "--label", "label",
-                   "--from", str(run), "--out", str(ft), "--set", "epochs=1", "--set", "min_steps=0", "--set", "max_length=64", "--no-progress")  # fmt: skip
+    proc = cramkit(
+        "finetune",
+        "--train",
+        str(data / "train_0.json"),
+        "--dev",
+        str(data / "dev_0.json"),
+        "--test",
+        str(data / "test_public.json"),
+        "--text-a",
+        "sentence",
+        "--label",
+        "label",
+        "--from",
+        str(run),
+        "--out",
+        str(ft),
+        "--set",
+        "epochs=1",
+        "--set",
+        "min_steps=0",
+        "--set",
+        "max_length=64",
+        "--no-progress",
+    )
     assert proc.returncode == 0, proc.stderr
     results = json.loads((ft / "results.json").read_text())
     assert 0 <= results["median"]["dev"]["metrics"]["accuracy"] <= 100
@@ -191,6 +208,16 @@ def test_without_jieba_chinese_masks_characters(zh_corpus, tmp_path):
     assert len(notes) == 1 and "masking single characters instead" in notes[0] and "pip install" in notes[0]
     assert yaml.safe_load((run / "config.yaml").read_text())["data"]["masking"] == "wordpiece"
     # asked for explicitly, whole-word masking without jieba is one clear error
-    proc = cramkit("pretrain", str(zh_corpus), "--out", str(tmp_path / "r2"), *SMALL[:1], "2steps", *SMALL[2:],
-                   "--set", "data.masking=whole_word", env=env)  # fmt: skip
+    proc = cramkit(
+        "pretrain",
+        str(zh_corpus),
+        "--out",
+        str(tmp_path / "r2"),
+        *SMALL[:1],
+        "2steps",
+        *SMALL[2:],
+        "--set",
+        "data.masking=whole_word",
+        env=env,
+    )
     assert proc.returncode == 2 and "jieba" in proc.stderr and "Traceback" not in proc.stderr

@@ -37,12 +37,7 @@ def test_invalid_utf8_names_file_and_byte_offset(tmp_path, monkeypatch, chunk):
     with pytest.raises(CramkitError) as exc:
         docs([str(f)])
     msg = str(exc.value)
-    assert (
-        "bad.txt" in msg
-        and "byte offset 16" in msg
-        and "--encoding latin-1" in msg
-        and "--errors replace" in msg
-    )
+    assert "bad.txt" in msg and "byte offset 16" in msg and "--encoding latin-1" in msg and "--errors replace" in msg
     assert docs([str(f)], errors="replace") == ["hello world", "caf\ufffd au lait"]
     assert docs([str(f)], encoding="latin-1") == ["hello world", "caf\u00e9 au lait"]
 
@@ -50,9 +45,7 @@ def test_invalid_utf8_names_file_and_byte_offset(tmp_path, monkeypatch, chunk):
 def test_binary_file_is_refused(tmp_path):
     f = tmp_path / "blob.txt"
     f.write_bytes(b"abc" + bytes(range(256)) * 4)
-    with pytest.raises(
-        CramkitError, match=r"blob.txt looks like a binary file \(NUL byte at byte offset 3\)"
-    ):
+    with pytest.raises(CramkitError, match=r"blob.txt looks like a binary file \(NUL byte at byte offset 3\)"):
         docs([str(f)])
 
 
@@ -85,7 +78,9 @@ def test_directory_glob_order_and_split_modes(tmp_path):
 
 
 def test_wikitext_headings(tmp_path):
-    text = " \n = Alpha = \n \n Alpha text . \n \n = = Section = = \n \n More alpha . \n \n = Beta = \n \n Beta text . \n"
+    text = (
+        " \n = Alpha = \n \n Alpha text . \n \n = = Section = = \n \n More alpha . \n \n = Beta = \n \n Beta text . \n"
+    )
     (tmp_path / "w.tokens").write_text(text)
     (tmp_path / "w.txt").write_text(text)
     for name in ("w.tokens", "w.txt"):  # by suffix, and by sniffing the headings
@@ -174,8 +169,8 @@ def test_module_docstrings_read_with_ast_without_import(tmp_path):
     )
     got = sources._module_docs(f)
     assert (
-        got
-        == "Module docstring that is long enough to be kept here.\n\nFunction docstring that is long enough to be kept too."
+        got == "Module docstring that is long enough to be kept here.\n\n"
+        "Function docstring that is long enough to be kept too."
     )
     (tmp_path / "bad.py").write_text("def (:\n")
     assert sources._module_docs(tmp_path / "bad.py") == ""
@@ -185,9 +180,7 @@ def test_module_docstrings_read_with_ast_without_import(tmp_path):
 
 
 def test_webtext_latin1_and_nel(webtext_dir):
-    with pytest.raises(
-        CramkitError, match=r"firefox.txt is not valid UTF-8: bad byte b'\\xe4' at byte offset 64936"
-    ):
+    with pytest.raises(CramkitError, match=r"firefox.txt is not valid UTF-8: bad byte b'\\xe4' at byte offset 64936"):
         docs([str(webtext_dir)])
     got = docs([str(webtext_dir)], errors="replace")
     assert len(got) > 1000

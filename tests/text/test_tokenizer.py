@@ -73,9 +73,7 @@ def test_round_trip_on_real_corpora(webtext_dir, wikitext_dir):
 
 def test_cjk_split_and_case_accent_options(builtin_docs):
     docs = (
-        builtin_docs[:50]
-        + ["\u6211\u7231\u4e2d\u6587 \u4e2d\u6587\u5b57"] * 3
-        + ["Caf\u00e9 Caf\u00e9 Na\u00efve"] * 3
+        builtin_docs[:50] + ["\u6211\u7231\u4e2d\u6587 \u4e2d\u6587\u5b57"] * 3 + ["Caf\u00e9 Caf\u00e9 Na\u00efve"] * 3
     )
     tok = train_tokenizer(docs, 1500)
     assert tok.encode("\u6211\u7231\u4e2d\u6587", add_special_tokens=False).tokens == [

@@ -19,9 +19,13 @@ import torch
 from cramkit.train.metrics import read_metrics
 
 SMALL = [
-    "train.micro_batch=4", "train.batch_size=4", "data.seq_len=64", "train.eval_batches=2",
-    "train.log_every=1", "train.progress=false",
-]  # fmt: skip
+    "train.micro_batch=4",
+    "train.batch_size=4",
+    "data.seq_len=64",
+    "train.eval_batches=2",
+    "train.log_every=1",
+    "train.progress=false",
+]
 
 
 STUDENT = ["model.hidden=64", "model.layers=2", "model.heads=2", "model.intermediate=128"]
@@ -74,9 +78,7 @@ def _hidden(model: torch.nn.Module, ids: torch.Tensor) -> torch.Tensor:
         return model(ids)
 
 
-def test_continue_keeps_the_model_and_exports_as_plain_bert(
-    continued: Path, minilm_dir: Path, tmp_path: Path
-):
+def test_continue_keeps_the_model_and_exports_as_plain_bert(continued: Path, minilm_dir: Path, tmp_path: Path):
     import yaml
     from transformers import BertForMaskedLM, BertModel, BertTokenizerFast
 
@@ -84,18 +86,18 @@ def test_continue_keeps_the_model_and_exports_as_plain_bert(
 
     cfg = yaml.safe_load((continued / "config.yaml").read_text())
     hf_cfg = json.loads((minilm_dir / "config.json").read_text())
-    assert (
-        cfg["model"]["hidden"] == hf_cfg["hidden_size"]
-        and cfg["model"]["layers"] == hf_cfg["num_hidden_layers"]
-    )
+    assert cfg["model"]["hidden"] == hf_cfg["hidden_size"] and cfg["model"]["layers"] == hf_cfg["num_hidden_layers"]
     # BERT's masking, as MiniLM's BERT ancestry was trained with; the continue preset's recipe
     assert cfg["data"]["mask_rate"] == 0.15 and cfg["data"]["add_cls"] is True
     assert cfg["train"]["schedule"] == "linear" and json.loads((continued / "run.json").read_text())["from"]
     assert (continued / "loss.png").is_file()
 
     tok = BertTokenizerFast.from_pretrained(minilm_dir)
-    enc = tok(["the parser reads a file and returns its lines", "a [MASK] of the standard library"],
-              padding=True, return_tensors="pt")  # fmt: skip
+    enc = tok(
+        ["the parser reads a file and returns its lines", "a [MASK] of the standard library"],
+        padding=True,
+        return_tensors="pt",
+    )
     ours = cramkit.load(continued)
     with torch.no_grad():
         before = BertModel.from_pretrained(minilm_dir).eval()(**enc).last_hidden_state
@@ -106,21 +108,26 @@ def test_continue_keeps_the_model_and_exports_as_plain_bert(
     assert float((before - after).abs().max()) > 1e-4
 
     out = tmp_path / "exported"
-    proc = subprocess.run([sys.executable, "-m", "cramkit", "export", str(continued), "--out", str(out)],
-                          capture_output=True, text=True, timeout=300)  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, "-m", "cramkit", "export", str(continued), "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr
     hf = BertForMaskedLM.from_pretrained(out).eval()
     assert type(hf).__name__ == "BertForMaskedLM"
     with torch.no_grad():
         want = hf(**enc).logits
-        got = ours.model(enc["input_ids"], attention_mask=enc["attention_mask"].bool(),
-                         token_type_ids=enc["token_type_ids"]).logits  # fmt: skip
+        got = ours.model(
+            enc["input_ids"],
+            attention_mask=enc["attention_mask"].bool(),
+            token_type_ids=enc["token_type_ids"],
+        ).logits
     torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
 
 
-def stopped_resumed_equals_uninterrupted(
-    tmp_path: Path, args: list[str], sets: list[str], steps: int
-) -> None:
+def stopped_resumed_equals_uninterrupted(tmp_path: Path, args: list[str], sets: list[str], steps: int) -> None:
     """SIGTERM a run part-way, resume it to the end: its curve equals an uninterrupted run's, bit for bit."""
     stopped = tmp_path / "stopped"
     cmd = [
@@ -199,27 +206,49 @@ def test_continue_keeps_the_pooler_for_finetuning(continued: Path, minilm_dir: P
 
 
 def test_continue_resumes_bit_exact_after_sigterm(tmp_path: Path, corpus: Path, minilm_dir: Path) -> None:
-    sets = [*SMALL, "data.seq_len=32", "train.micro_batch=2", "train.batch_size=2", "train.eval_every=5steps",
-            "train.checkpoint_every=never", "data.masking=whole_word"]  # fmt: skip
+    sets = [
+        *SMALL,
+        "data.seq_len=32",
+        "train.micro_batch=2",
+        "train.batch_size=2",
+        "train.eval_every=5steps",
+        "train.checkpoint_every=never",
+        "data.masking=whole_word",
+    ]
     stopped_resumed_equals_uninterrupted(tmp_path, [str(corpus), "--from", f"hf:{minilm_dir}"], sets, 16)
 
 
 def test_inherit_resumes_bit_exact_after_sigterm(tmp_path: Path, corpus: Path, continued: Path) -> None:
-    sets = [*SMALL, *STUDENT, "data.seq_len=32", "train.micro_batch=2", "train.batch_size=2",
-            "train.eval_every=5steps", "train.checkpoint_every=never", "inherit.until=0.9"]  # fmt: skip
+    sets = [
+        *SMALL,
+        *STUDENT,
+        "data.seq_len=32",
+        "train.micro_batch=2",
+        "train.batch_size=2",
+        "train.eval_every=5steps",
+        "train.checkpoint_every=never",
+        "inherit.until=0.9",
+    ]
     stopped_resumed_equals_uninterrupted(tmp_path, [str(corpus), "--inherit", str(continued)], sets, 16)
 
 
-def test_extend_vocab_grows_tokenizer_embeddings_and_export(
-    tmp_path: Path, corpus: Path, minilm_dir: Path
-) -> None:
+def test_extend_vocab_grows_tokenizer_embeddings_and_export(tmp_path: Path, corpus: Path, minilm_dir: Path) -> None:
     from transformers import BertForMaskedLM, BertTokenizerFast
 
     import cramkit
 
     run = tmp_path / "run"
-    proc = pretrain_cli(str(corpus), "--from", f"hf:{minilm_dir}", "--extend-vocab", "25", "--budget", "2steps",
-                        "--out", str(run))  # fmt: skip
+    proc = pretrain_cli(
+        str(corpus),
+        "--from",
+        f"hf:{minilm_dir}",
+        "--extend-vocab",
+        "25",
+        "--budget",
+        "2steps",
+        "--out",
+        str(run),
+    )
     ext = json.loads((run / "vocab-extension.json").read_text())
     assert ext["added"] == 25 and ext["split_share_after"] < ext["split_share_before"]
     assert "words split into pieces" in proc.stdout
@@ -231,8 +260,14 @@ def test_extend_vocab_grows_tokenizer_embeddings_and_export(
     assert grown.convert_tokens_to_ids(word) == len(base)
     # the exported model has the grown vocabulary and the same logits as ours
     out = tmp_path / "hf"
-    assert subprocess.run([sys.executable, "-m", "cramkit", "export", str(run), "--out", str(out)],
-                          capture_output=True, timeout=300).returncode == 0  # fmt: skip
+    assert (
+        subprocess.run(
+            [sys.executable, "-m", "cramkit", "export", str(run), "--out", str(out)],
+            capture_output=True,
+            timeout=300,
+        ).returncode
+        == 0
+    )
     hf = BertForMaskedLM.from_pretrained(out).eval()
     assert hf.config.vocab_size == len(base) + 25
     enc = grown([f"the {word} is here"], return_tensors="pt")
@@ -270,9 +305,7 @@ def test_new_embeddings_start_as_the_mean_of_their_pieces(minilm_dir: Path) -> N
 def test_inherit_decays_then_releases_the_teacher(tmp_path: Path, corpus: Path, continued: Path) -> None:
     run = tmp_path / "student"
     sets = [*SMALL, *STUDENT, "inherit.until=0.5", "inherit.alpha=0.8"]
-    proc = pretrain_cli(
-        str(corpus), "--inherit", str(continued), "--budget", "8steps", "--out", str(run), sets=sets
-    )
+    proc = pretrain_cli(str(corpus), "--inherit", str(continued), "--budget", "8steps", "--out", str(run), sets=sets)
     assert "knowledge inheritance ended at 50% of the budget" in proc.stdout
     steps = [r for r in read_metrics(run) if "loss" in r]
     alphas = [r.get("inherit_alpha") for r in steps]
@@ -281,9 +314,7 @@ def test_inherit_decays_then_releases_the_teacher(tmp_path: Path, corpus: Path, 
     import yaml
 
     cfg = yaml.safe_load((run / "config.yaml").read_text())
-    assert (
-        cfg["model"]["hidden"] == 64 and cfg["model"]["vocab_size"] == 30522
-    )  # its shape, MiniLM's tokenizer
+    assert cfg["model"]["hidden"] == 64 and cfg["model"]["vocab_size"] == 30522  # its shape, MiniLM's tokenizer
     assert json.loads((run / "run.json").read_text())["inherit"] == str(continued)
 
 
@@ -319,9 +350,7 @@ def test_whole_word_masking_masks_words_together(minilm_dir: Path, builtin_docs:
     rows = np.array(ids[: 64 * 128]).reshape(64, 128)
     start = words.starts(rows)
     cfg = DataConfig(mask_rate=0.15, masking="whole_word")
-    kw = dict(
-        seed=3, offsets=np.arange(64), cfg=cfg, special=special_ids(tok), vocab_size=tok.get_vocab_size()
-    )
+    kw = dict(seed=3, offsets=np.arange(64), cfg=cfg, special=special_ids(tok), vocab_size=tok.get_vocab_size())
     _, labels = mask_tokens(rows, word_start=start, **kw)
     _, again = mask_tokens(rows, word_start=start, **kw)
     assert np.array_equal(labels, again)  # deterministic
@@ -382,8 +411,9 @@ def test_bad_inputs_are_one_line_each(
     student = tmp_path / "student"
     tok = load_tokenizer(minilm_dir)
     cfg = BiLSTMConfig(vocab_size=tok.get_vocab_size(), embedding_dim=8, lstm_hidden=4, fc_hidden=4)
-    LoadedModel(BiLSTMStudent(cfg, 2), "classifier", cfg.__dict__, tok, labels=["0", "1"],
-                architecture="bilstm").save(student)  # fmt: skip
+    LoadedModel(BiLSTMStudent(cfg, 2), "classifier", cfg.__dict__, tok, labels=["0", "1"], architecture="bilstm").save(
+        student
+    )
     cases.append((["--from", str(student)], ["bilstm", "no transformer encoder"]))
     for i, (flags, needles) in enumerate(cases):
         out = tmp_path / f"out{i}"
@@ -393,12 +423,25 @@ def test_bad_inputs_are_one_line_each(
 
     # a token store built with another tokenizer than the model's
     store = tmp_path / "store"
-    built = subprocess.run([sys.executable, "-m", "cramkit", "data", "build", str(corpus), "--tokenizer",
-                            str(tok_dir), "--out", str(store)], capture_output=True, text=True, timeout=300)  # fmt: skip
-    assert built.returncode == 0, built.stderr
-    proc = pretrain_cli(
-        str(store), "--from", hf, "--budget", "2steps", "--out", str(tmp_path / "o"), check=False
+    built = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "cramkit",
+            "data",
+            "build",
+            str(corpus),
+            "--tokenizer",
+            str(tok_dir),
+            "--out",
+            str(store),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
+    assert built.returncode == 0, built.stderr
+    proc = pretrain_cli(str(store), "--from", hf, "--budget", "2steps", "--out", str(tmp_path / "o"), check=False)
     one_line_error(proc, "another tokenizer", "--from")
 
 
@@ -407,9 +450,7 @@ def test_a_fresh_head_gets_its_own_learning_rate() -> None:
     from cramkit.model.heads import MaskedLM
     from cramkit.train.optim import build_optimizer
 
-    model = MaskedLM(
-        ModelConfig(vocab_size=50, hidden=16, layers=1, heads=2, intermediate=32, max_position=16)
-    )
+    model = MaskedLM(ModelConfig(vocab_size=50, hidden=16, layers=1, heads=2, intermediate=32, max_position=16))
     opt = build_optimizer(model, "adamw", 1e-4, (0.9, 0.98), 1e-6, 0.01, torch.device("cpu"), {"head.": 10.0})
     scaled = {id(p) for g in opt.param_groups if g["lr_scale"] == 10.0 for p in g["params"]}
     head = {id(p) for n, p in model.named_parameters() if n.startswith("head.")}

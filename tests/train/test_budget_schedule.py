@@ -37,12 +37,7 @@ def test_budget_fraction_per_kind() -> None:
     assert parse_budget("100s").fraction(elapsed=25, tokens=10**9, steps=10**6) == 0.25
     assert parse_budget("1e6tok").fraction(elapsed=1e9, tokens=500_000, steps=0) == 0.5
     b = parse_budget("10steps")
-    assert (
-        b.fraction(0, 0, 3) == 0.3
-        and not b.done(0, 0, 9)
-        and b.done(0, 0, 10)
-        and b.fraction(0, 0, 99) == 1.0
-    )
+    assert b.fraction(0, 0, 3) == 0.3 and not b.done(0, 0, 9) and b.done(0, 0, 10) and b.fraction(0, 0, 99) == 1.0
 
 
 def test_parse_every() -> None:
@@ -73,9 +68,7 @@ def test_schedule_shapes() -> None:
     assert lr_factor(0.53, "linear") == pytest.approx(0.5)
     # one-cycle: cosine from 4% to peak at 30%, cosine down to 0
     assert lr_factor(0.0, "one-cycle") == pytest.approx(0.04) and lr_factor(0.3, "one-cycle") == 1.0
-    assert lr_factor(0.65, "one-cycle") == pytest.approx(0.5) and lr_factor(
-        1.0, "one-cycle"
-    ) == pytest.approx(0.0)
+    assert lr_factor(0.65, "one-cycle") == pytest.approx(0.5) and lr_factor(1.0, "one-cycle") == pytest.approx(0.0)
     # constant, with an optional warmup from 0
     assert lr_factor(0.0, "constant") == 1.0 and lr_factor(0.99, "constant") == 1.0
     assert lr_factor(0.05, "constant", warmup=0.1) == pytest.approx(0.5)

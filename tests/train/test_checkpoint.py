@@ -21,9 +21,7 @@ from cramkit.train.optim import build_optimizer
 
 def _trained(seed: int = 0, layers: int = 1) -> tuple[MaskedLM, torch.optim.Optimizer]:
     torch.manual_seed(seed)
-    model = MaskedLM(
-        ModelConfig(vocab_size=50, hidden=16, layers=layers, heads=2, intermediate=32, max_position=16)
-    )
+    model = MaskedLM(ModelConfig(vocab_size=50, hidden=16, layers=layers, heads=2, intermediate=32, max_position=16))
     opt = build_optimizer(model, "adamw", 1e-3, (0.9, 0.98), 1e-12, 0.01, torch.device("cpu"))
     ids = torch.randint(5, 50, (4, 16))
     for _ in range(2):
@@ -59,8 +57,11 @@ def test_roundtrip_restores_model_and_optimizer_exactly(tmp_path: Path) -> None:
     path = _save(tmp_path, (7,), model, opt)
     assert path.name == "step-000007"
     assert sorted(p.name for p in path.iterdir()) == [
-        "__0_0.distcp", "metadata.json", "model.safetensors", "state.json",
-    ]  # fmt: skip
+        "__0_0.distcp",
+        "metadata.json",
+        "model.safetensors",
+        "state.json",
+    ]
     fresh, fresh_opt = _trained(seed=1)
     state = ckpt.load(ckpt.find_latest(tmp_path), fresh, fresh_opt)
     assert state == {"step": 7, "loader": {"epoch": 1}}
@@ -134,9 +135,7 @@ def test_full_disk_keeps_previous_checkpoint(tmp_path: Path, monkeypatch: pytest
     ckpt.load(first, *_trained(seed=3))  # still loads
 
 
-@pytest.mark.parametrize(
-    "damage", ["flip-shard", "flip-weights", "truncate", "bad-json", "foreign", "no-shard"]
-)
+@pytest.mark.parametrize("damage", ["flip-shard", "flip-weights", "truncate", "bad-json", "foreign", "no-shard"])
 def test_corrupt_checkpoint_is_a_clear_error(tmp_path: Path, damage: str) -> None:
     model, opt = _trained()
     path = _save(tmp_path, (3,), model, opt)

@@ -58,9 +58,19 @@ def test_a_fresh_run_does_not_inherit_the_loss_curve_an_earlier_attempt_left(tmp
     run.mkdir()
     stale = [{"step": s, "loss": 99.0} for s in range(1, 11)]
     (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in stale), encoding="utf-8")
-    tcfg = TrainConfig(budget="3steps", micro_batch=2, batch_size=2, batch_ramp=0.0, log_every=1,
-                       progress=False, threads=1, checkpoint_every="never", eval_every="never",
-                       device="cpu", lr=1e-2)  # fmt: skip
+    tcfg = TrainConfig(
+        budget="3steps",
+        micro_batch=2,
+        batch_size=2,
+        batch_ramp=0.0,
+        log_every=1,
+        progress=False,
+        threads=1,
+        checkpoint_every="never",
+        eval_every="never",
+        device="cpu",
+        lr=1e-2,
+    )
     result = fit(_Toy(), tcfg, ParallelConfig(async_checkpoint=False), run)
     records = [json.loads(x) for x in (run / "metrics.jsonl").read_text(encoding="utf-8").splitlines()]
     assert result.step == 3

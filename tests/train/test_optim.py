@@ -42,9 +42,7 @@ def test_lamb_matches_paper_formula() -> None:
     expected = lamb_by_hand(x0, grads, lr, b1, b2, eps, wd)
     assert p.detach().flatten().tolist() == pytest.approx(expected, rel=1e-12, abs=1e-14)
     # the trust ratio really matters: plain Adam-with-decay would land elsewhere
-    assert p.detach().flatten().tolist() != pytest.approx(
-        lamb_by_hand(x0, grads, lr, b1, b2, eps, 0.0), abs=1e-6
-    )
+    assert p.detach().flatten().tolist() != pytest.approx(lamb_by_hand(x0, grads, lr, b1, b2, eps, 0.0), abs=1e-6)
 
 
 def test_lamb_zero_weights_use_trust_ratio_one() -> None:
@@ -57,9 +55,7 @@ def test_lamb_zero_weights_use_trust_ratio_one() -> None:
 
 
 def test_weight_decay_groups_follow_cramming() -> None:
-    cfg = ModelConfig(
-        vocab_size=100, hidden=16, layers=1, heads=2, intermediate=32, max_position=16, bias=True
-    )
+    cfg = ModelConfig(vocab_size=100, hidden=16, layers=1, heads=2, intermediate=32, max_position=16, bias=True)
     model = MaskedLM(cfg)
     decay, no_decay = param_groups(model, 0.01)
     names = {id(p): n for n, p in model.named_parameters()}
@@ -86,6 +82,4 @@ def test_build_optimizer_kinds() -> None:
     model = MaskedLM(ModelConfig(vocab_size=50, hidden=8, layers=1, heads=2, intermediate=16, max_position=8))
     adamw = build_optimizer(model, "adamw", 1e-3, (0.9, 0.98), 1e-12, 0.01, torch.device("cpu"))
     assert isinstance(adamw, torch.optim.AdamW) and adamw.defaults["betas"] == (0.9, 0.98)
-    assert isinstance(
-        build_optimizer(model, "lamb", 1e-3, (0.9, 0.98), 1e-6, 0.01, torch.device("cpu")), Lamb
-    )
+    assert isinstance(build_optimizer(model, "lamb", 1e-3, (0.9, 0.98), 1e-6, 0.01, torch.device("cpu")), Lamb)

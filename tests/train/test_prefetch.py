@@ -113,9 +113,20 @@ class _Toy:
 
 
 def _trainer(run: Path, toy: _Toy) -> Trainer:
-    tcfg = TrainConfig(budget="5steps", micro_batch=1, batch_size=2, batch_ramp=0.0, log_every=1, progress=False,
-                       threads=1, checkpoint_every="never", eval_every="never", device="cpu", lr=1e-2,
-                       max_nan_steps=2)  # fmt: skip
+    tcfg = TrainConfig(
+        budget="5steps",
+        micro_batch=1,
+        batch_size=2,
+        batch_ramp=0.0,
+        log_every=1,
+        progress=False,
+        threads=1,
+        checkpoint_every="never",
+        eval_every="never",
+        device="cpu",
+        lr=1e-2,
+        max_nan_steps=2,
+    )
     return Trainer(toy, tcfg, ParallelConfig(async_checkpoint=False), run)
 
 

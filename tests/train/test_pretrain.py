@@ -36,11 +36,17 @@ def test_pretrain_raw_text_learns(tmp_path: Path, tiny: list[str], wiki_files: l
             "train.lr=3e-3",
             "train.micro_batch=16",
             "train.batch_size=16",
-        ],  # fmt: skip
+        ],
     )
     assert {p.name for p in run.iterdir()} >= {
-        "checkpoints", "config.yaml", "data", "loss.png", "metrics.jsonl", "run.json", "tokenizer",
-    }  # fmt: skip
+        "checkpoints",
+        "config.yaml",
+        "data",
+        "loss.png",
+        "metrics.jsonl",
+        "run.json",
+        "tokenizer",
+    }
     assert (run / "tokenizer" / "tokenizer.json").is_file() and (run / "data" / "train.bin").is_file()
     records = read_metrics(run)
     val = [r["val_loss"] for r in records if "val_loss" in r]
@@ -56,9 +62,7 @@ def test_pretrain_raw_text_learns(tmp_path: Path, tiny: list[str], wiki_files: l
     assert (run / "checkpoints" / "latest").read_text().strip() == "step-000200"
     assert (run / "loss.png").stat().st_size > 1000
     # resume with a larger budget: the cached tokenizer and store are reused, training goes on
-    stamps = {
-        p: p.stat().st_mtime_ns for p in [run / "data" / "train.bin", run / "tokenizer" / "tokenizer.json"]
-    }
+    stamps = {p: p.stat().st_mtime_ns for p in [run / "data" / "train.bin", run / "tokenizer" / "tokenizer.json"]}
     assert pretrain(resume=run, budget="210steps") == run
     assert {p: p.stat().st_mtime_ns for p in stamps} == stamps
     assert [r["step"] for r in read_metrics(run) if "loss" in r][-1] == 210
@@ -74,14 +78,10 @@ def test_store_input_and_tokenizer_mismatch(
     other = tmp_path / "other-tokenizer"
     save_tokenizer(train_tokenizer(iter_documents(wiki_files[:1]), 500), other)
     with pytest.raises(CramkitError, match="built with another tokenizer"):
-        pretrain(
-            str(small_store), budget="2steps", out=tmp_path / "bad", overrides=tiny, tokenizer=str(other)
-        )
+        pretrain(str(small_store), budget="2steps", out=tmp_path / "bad", overrides=tiny, tokenizer=str(other))
     # the store's own tokenizer (saved beside it) is used when none is given
     run = pretrain(str(small_store), budget="2steps", out=tmp_path / "good", overrides=tiny)
-    assert not (run / "data").exists() and json.loads((run / "run.json").read_text())["inputs"] == [
-        str(small_store)
-    ]
+    assert not (run / "data").exists() and json.loads((run / "run.json").read_text())["inputs"] == [str(small_store)]
     with pytest.raises(CramkitError, match="already holds a run"):
         pretrain(str(small_store), budget="2steps", out=run, overrides=tiny)
 
@@ -117,9 +117,7 @@ def test_sigterm_saves_and_resume_is_bit_exact(tmp_path: Path, tiny: list[str], 
     assert "stopped by SIGTERM" in err and "--resume" in err and "Traceback" not in err
     assert "error" not in err  # a stop asked for is not an error
     saved = json.loads(
-        (
-            stopped / "checkpoints" / (stopped / "checkpoints" / "latest").read_text().strip() / "state.json"
-        ).read_text()
+        (stopped / "checkpoints" / (stopped / "checkpoints" / "latest").read_text().strip() / "state.json").read_text()
     )
     assert 5 <= saved["step"] < 150 and saved["trainer"]["reason"] == "signal 15"
 
@@ -162,8 +160,12 @@ def test_nan_steps_are_skipped_then_stop(
     calls.update(n=0, **{"from": 3})
     poisoned.clear()
     with pytest.raises(CramkitError, match=r"not finite for 3 steps in a row \(step 5\)"):
-        pretrain(str(small_store), budget="20steps", out=tmp_path / "stop",
-                 overrides=[*tiny, "train.max_nan_steps=3", "train.checkpoint_every=1steps"])  # fmt: skip
+        pretrain(
+            str(small_store),
+            budget="20steps",
+            out=tmp_path / "stop",
+            overrides=[*tiny, "train.max_nan_steps=3", "train.checkpoint_every=1steps"],
+        )
     # the last good checkpoint is kept
     assert (tmp_path / "stop" / "checkpoints" / "latest").read_text().strip() == "step-000002"
 
@@ -189,9 +191,7 @@ def test_nan_steps_are_skipped_then_stop(
         (["pretrain", "--budgt", "5m"], "unknown option --budgt; did you mean --budget?"),
     ],
 )
-def test_cli_config_errors(
-    argv: list[str], message: str, capsys: pytest.CaptureFixture, tmp_path: Path
-) -> None:
+def test_cli_config_errors(argv: list[str], message: str, capsys: pytest.CaptureFixture, tmp_path: Path) -> None:
     assert cli_main([*argv, "--out", str(tmp_path / "run")]) == 2
     err = capsys.readouterr().err
     assert message in err and "Traceback" not in err
@@ -204,9 +204,7 @@ def test_cli_resume_of_a_foreign_directory(tmp_path: Path, capsys: pytest.Captur
 
 
 def test_compile_on_cpu_runs(tmp_path: Path, tiny: list[str], small_store: Path) -> None:
-    run = pretrain(
-        str(small_store), budget="3steps", out=tmp_path / "c", overrides=[*tiny, "train.compile=true"]
-    )
+    run = pretrain(str(small_store), budget="3steps", out=tmp_path / "c", overrides=[*tiny, "train.compile=true"])
     assert [r["step"] for r in read_metrics(run) if "loss" in r] == [1, 2, 3]
 
 
@@ -217,9 +215,7 @@ def _command(store: Path, out: Path, budget: str, settings: list[str]) -> list[s
     return cmd
 
 
-def test_second_process_on_the_same_run_is_refused(
-    tiny: list[str], tmp_path: Path, small_store: Path
-) -> None:
+def test_second_process_on_the_same_run_is_refused(tiny: list[str], tmp_path: Path, small_store: Path) -> None:
     """Two `cramkit pretrain` on one --out: the second gets one line and touches nothing (issue 12, item 5)."""
     run = tmp_path / "run"
     cmd = _command(small_store, run, "10m", tiny)
@@ -251,9 +247,7 @@ def test_resume_of_a_finished_run_says_so_and_extending_explains_the_schedule(
     assert "--budget 8steps" in done.stderr and "resuming" not in done.stderr
     more = subprocess.run([*cmd, "--budget", "6steps"], capture_output=True, text=True, timeout=300)
     assert more.returncode == 0, more.stderr
-    assert (
-        "budget 4steps -> 6steps" in more.stderr and "schedule" in more.stderr and "resuming" in more.stderr
-    )
+    assert "budget 4steps -> 6steps" in more.stderr and "schedule" in more.stderr and "resuming" in more.stderr
     assert max(r["step"] for r in read_metrics(run) if "loss" in r) == 6
 
 
@@ -262,9 +256,7 @@ def test_second_ctrl_c_aborts_without_damaging_what_is_saved(
 ) -> None:
     """First Ctrl-C: said at once (saving); a second one aborts; earlier checkpoints stay complete (item 6)."""
     run = tmp_path / "run"
-    cmd = _command(
-        small_store, run, "10m", [*tiny, "train.checkpoint_every=3steps", "train.keep_checkpoints=5"]
-    )
+    cmd = _command(small_store, run, "10m", [*tiny, "train.checkpoint_every=3steps", "train.keep_checkpoints=5"])
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.time() + 120
     while time.time() < deadline and not (run / "checkpoints" / "latest").is_file():
@@ -289,7 +281,8 @@ def test_second_ctrl_c_aborts_without_damaging_what_is_saved(
     assert latest is not None  # (an aborted save may leave a .tmp: never chosen, removed on the next start)
     ckpt.verify(latest)  # every file of the newest complete checkpoint matches its checksum
     assert load(run).kind == "mlm"
-    resumed = subprocess.run([*cmd[:4], "--resume", str(run), "--budget", "12steps"], capture_output=True,
-                             text=True, timeout=300)  # fmt: skip
+    resumed = subprocess.run(
+        [*cmd[:4], "--resume", str(run), "--budget", "12steps"], capture_output=True, text=True, timeout=300
+    )
     assert resumed.returncode == 0, resumed.stderr
     assert not list((run / "checkpoints").glob("*.tmp"))

@@ -55,9 +55,20 @@ class _Toy:
 
 
 def _trainer(run: Path, objective: _Toy, optimizer: str = "adamw") -> Trainer:
-    tcfg = TrainConfig(budget="4steps", micro_batch=2, batch_size=4, batch_ramp=0.0, log_every=1, progress=False,
-                       threads=1, checkpoint_every="never", eval_every="never", device="cpu", lr=1e-2,
-                       optimizer=optimizer)  # fmt: skip
+    tcfg = TrainConfig(
+        budget="4steps",
+        micro_batch=2,
+        batch_size=4,
+        batch_ramp=0.0,
+        log_every=1,
+        progress=False,
+        threads=1,
+        checkpoint_every="never",
+        eval_every="never",
+        device="cpu",
+        lr=1e-2,
+        optimizer=optimizer,
+    )
     return Trainer(objective, tcfg, ParallelConfig(async_checkpoint=False), run)
 
 

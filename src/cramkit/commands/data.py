@@ -55,13 +55,9 @@ def register(sub) -> None:
 
     data = sub.add_parser("data", help="build and inspect token stores")
     dsub = data.add_subparsers(dest="data_command", metavar="VERB")
-    build = dsub.add_parser(
-        "build", help="tokenise text into a memory-mapped token store (Megatron .bin/.idx)"
-    )
+    build = dsub.add_parser("build", help="tokenise text into a memory-mapped token store (Megatron .bin/.idx)")
     _source_args(build)
-    build.add_argument(
-        "--tokenizer", required=True, help="directory with tokenizer.json or vocab.txt (or either file)"
-    )
+    build.add_argument("--tokenizer", required=True, help="directory with tokenizer.json or vocab.txt (or either file)")
     build.add_argument("--out", required=True, help="directory for NAME.bin, NAME.idx, NAME.json")
     build.add_argument("--name", default="train", help="store name inside --out (default: train)")
     build.add_argument("--force", action="store_true", help="replace a store of that --name already in --out")
@@ -85,9 +81,7 @@ def register(sub) -> None:
     inspect = dsub.add_parser("inspect", help="counts, a length histogram and decoded samples of a store")
     inspect.add_argument("store", metavar="DIR", help="store directory (or NAME prefix / NAME.idx)")
     inspect.add_argument("--name", default=None, help="store name when DIR holds several")
-    inspect.add_argument(
-        "--tokenizer", default=None, help="tokenizer to decode with (default: the store's copy)"
-    )
+    inspect.add_argument("--tokenizer", default=None, help="tokenizer to decode with (default: the store's copy)")
     inspect.add_argument("--samples", type=int, default=3, help="documents decoded and shown (default 3)")
     inspect.set_defaults(func=cmd_data_inspect)
     data.set_defaults(func=lambda a: _help(data))
@@ -180,11 +174,7 @@ def cmd_data_build(args: argparse.Namespace) -> int:
     store = TokenStore(prefix)
     c = store.meta.get("counts", {})
     dt = time.time() - t0
-    files = (
-        f"{prefix}.bin/.idx"
-        if len(store.shards) == 1
-        else f"{prefix}-*.bin/.idx ({len(store.shards)} shards)"
-    )
+    files = f"{prefix}.bin/.idx" if len(store.shards) == 1 else f"{prefix}-*.bin/.idx ({len(store.shards)} shards)"
     print(
         f"store {files}: {len(store):,} documents, {store.num_tokens:,} tokens ({store.dtype.name}) "
         f"in {dt:.1f}s ({store.num_tokens / max(dt, 1e-9):,.0f} tokens/s)"

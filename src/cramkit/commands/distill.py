@@ -41,8 +41,12 @@ def register(sub: argparse._SubParsersAction) -> None:
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("--teacher", required=True, metavar="MODEL",
-                   help="a fine-tuned model directory (cramkit finetune --out) or hf:DIR with a classification head")  # fmt: skip
+    p.add_argument(
+        "--teacher",
+        required=True,
+        metavar="MODEL",
+        help="a fine-tuned model directory (cramkit finetune --out) or hf:DIR with a classification head",
+    )
     p.add_argument("--student", required=True, metavar="NAME", help="bilstm or encoder")
     p.add_argument("--out", required=True, help="output directory: the student model, report.json, report.md")
     p.add_argument("--task", help="registered task name, e.g. glue/sst2")
@@ -53,15 +57,29 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--text-b", help="column with the second text of a pair")
     p.add_argument("--label", default="label", help="label column (default: label)")
     p.add_argument("--regression", action="store_true", help="the label is a number")
-    p.add_argument("--unlabelled", metavar="FILE_OR_STORE",
-                   help="extra text for the transfer set: a UTF-8 text file (one text per line) or a token store "
-                   "(its documents, decoded and cut into sentences; --set max_unlabelled=N)")  # fmt: skip
+    p.add_argument(
+        "--unlabelled",
+        metavar="FILE_OR_STORE",
+        help="extra text for the transfer set: a UTF-8 text file (one text per line) or a token store "
+        "(its documents, decoded and cut into sentences; --set max_unlabelled=N)",
+    )
     p.add_argument("--cache", help="folder for the transfer set and teacher logits (default OUT/cache)")
-    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                   help="a distillation setting, e.g. --set epochs=5 --set layers=2 --set p_pos=0")  # fmt: skip
+    p.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a distillation setting, e.g. --set epochs=5 --set layers=2 --set p_pos=0",
+    )
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
-    p.add_argument("--nproc", type=int, default=1, metavar="N",
-                   help="training processes on this machine (starts torchrun; DDP, one per GPU)")  # fmt: skip
+    p.add_argument(
+        "--nproc",
+        type=int,
+        default=1,
+        metavar="N",
+        help="training processes on this machine (starts torchrun; DDP, one per GPU)",
+    )
     p.set_defaults(func=run)
 
 
@@ -72,13 +90,19 @@ def _task(args: argparse.Namespace):
         from cramkit.tasks.files import task_from_file
 
         if not args.text_a:
-            raise CramkitError(
-                "--train needs --text-a COLUMN (and --label COLUMN, --text-b COLUMN for pairs)"
-            )
+            raise CramkitError("--train needs --text-a COLUMN (and --label COLUMN, --text-b COLUMN for pairs)")
         if not args.dev:
             raise CramkitError("--train needs --dev FILE: teacher and student are scored on it")
-        return task_from_file(Path(args.train).stem, args.train, args.dev, None, text_a=args.text_a,
-                              text_b=args.text_b, label=args.label, regression=args.regression)  # fmt: skip
+        return task_from_file(
+            Path(args.train).stem,
+            args.train,
+            args.dev,
+            None,
+            text_a=args.text_a,
+            text_b=args.text_b,
+            label=args.label,
+            regression=args.regression,
+        )
     if not args.task:
         raise CramkitError("name a task with --task (e.g. --task glue/sst2) or give --train FILE --dev FILE")
     from cramkit.tasks.registry import get_task
@@ -105,9 +129,7 @@ def run(args: argparse.Namespace) -> int:
 
         close = difflib.get_close_matches(args.student, STUDENTS, n=1)
         hint = f" (did you mean {close[0]}?)" if close else ""
-        raise CramkitError(
-            f"--student {args.student!r}: unknown student{hint}; choose one of {', '.join(STUDENTS)}"
-        )
+        raise CramkitError(f"--student {args.student!r}: unknown student{hint}; choose one of {', '.join(STUDENTS)}")
     cfg = config_from(parse_overrides(args.overrides))
     if args.nproc != 1:
         from cramkit.train.launch import relaunch
@@ -122,8 +144,16 @@ def run(args: argparse.Namespace) -> int:
     from cramkit.io import disk_errors
 
     with disk_errors(args.out):
-        rep = distill(args.teacher, task, args.student, cfg, args.out, cache=args.cache, unlabelled=unlabelled,
-                      progress=not args.no_progress)  # fmt: skip
+        rep = distill(
+            args.teacher,
+            task,
+            args.student,
+            cfg,
+            args.out,
+            cache=args.cache,
+            unlabelled=unlabelled,
+            progress=not args.no_progress,
+        )
     if not rep:  # under torchrun, a rank other than 0: rank 0 reports
         return 0
     print((Path(args.out) / "report.md").read_text(encoding="utf-8"))

@@ -20,17 +20,16 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--format ct2 a CTranslate2 encoder (ctranslate2.Encoder); an installed package may add formats "
         "(entry points 'cramkit.backends').",
     )
-    p.add_argument(
-        "source", metavar="MODEL", help="a run, a checkpoint, a model directory (finetune --out) or hf:DIR"
-    )
+    p.add_argument("source", metavar="MODEL", help="a run, a checkpoint, a model directory (finetune --out) or hf:DIR")
     p.add_argument("--out", required=True, help="the directory to write (replaced atomically)")
     p.add_argument("--format", default="hf", help="hf (default), onnx, ct2 or a registered format")
-    p.add_argument("--quantize", default=None,
-                   help="--format onnx: int8 (dynamic int8 weights); --format ct2: the stored weight type, "
-                   "int8, int8_float32, float32 (default) or bfloat16")  # fmt: skip
     p.add_argument(
-        "--step", type=int, default=None, help="export checkpoint step-N of a run instead of the latest"
+        "--quantize",
+        default=None,
+        help="--format onnx: int8 (dynamic int8 weights); --format ct2: the stored weight type, "
+        "int8, int8_float32, float32 (default) or bfloat16",
     )
+    p.add_argument("--step", type=int, default=None, help="export checkpoint step-N of a run instead of the latest")
     p.add_argument("--task", help="of a model fine-tuned on a mixture: the task whose head to export")
     p.add_argument("--no-mlm-head", action="store_true", help="export the encoder only (BertModel)")
     p.add_argument("--force", action="store_true", help="replace --out even if it is not a previous export")
@@ -40,7 +39,15 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from cramkit.infer.export import export
 
-    done = export(args.source, args.out, format=args.format, quantize=args.quantize, step=args.step,
-                  mlm_head=not args.no_mlm_head, force=args.force, task=args.task)  # fmt: skip
+    done = export(
+        args.source,
+        args.out,
+        format=args.format,
+        quantize=args.quantize,
+        step=args.step,
+        mlm_head=not args.no_mlm_head,
+        force=args.force,
+        task=args.task,
+    )
     print(done.summary)
     return 0

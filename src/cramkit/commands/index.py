@@ -19,26 +19,43 @@ def register(sub: argparse._SubParsersAction) -> None:
     verbs = p.add_subparsers(dest="index_command", metavar="VERB")
 
     b = verbs.add_parser("build", help="chunk, embed and index a corpus (resumes an interrupted build)")
-    b.add_argument("source", metavar="SOURCE_OR_STORE", nargs="?", default=None,
-                   help="text files, a directory, a glob, or a token store; none: the built-in corpus")  # fmt: skip
+    b.add_argument(
+        "source",
+        metavar="SOURCE_OR_STORE",
+        nargs="?",
+        default=None,
+        help="text files, a directory, a glob, or a token store; none: the built-in corpus",
+    )
     b.add_argument("--encoder", required=True, metavar="MODEL", help="a run, model directory or hf:DIR")
     b.add_argument("--out", required=True, metavar="IDX", help="the index directory to write")
-    b.add_argument("--mode", choices=("passages", "retro"), default="passages",
-                   help="passages (search) or retro (64-token chunks of a token store)")  # fmt: skip
-    b.add_argument("--chunk-tokens", type=int, default=None,
-                   help="tokens per chunk (default: 128 for passages, 64 for retro)")  # fmt: skip
     b.add_argument(
-        "--overlap", type=int, default=None, help="tokens shared by consecutive passages (default 16)"
+        "--mode",
+        choices=("passages", "retro"),
+        default="passages",
+        help="passages (search) or retro (64-token chunks of a token store)",
     )
+    b.add_argument(
+        "--chunk-tokens",
+        type=int,
+        default=None,
+        help="tokens per chunk (default: 128 for passages, 64 for retro)",
+    )
+    b.add_argument("--overlap", type=int, default=None, help="tokens shared by consecutive passages (default 16)")
     b.add_argument("--memory", default="4GB", help="RAM budget for the index (default 4GB)")
-    b.add_argument("--target-recall", type=float, default=0.95,
-                   help="recall@10 against exact search to tune for (default 0.95)")  # fmt: skip
-    b.add_argument("--kind", default="auto", choices=("auto", "flat", "hnsw", "ivfsq8", "ivfpq"),
-                   help="index type (default: chosen from the count and --memory)")  # fmt: skip
-    b.add_argument("--pooling", choices=("mean", "cls"), default=None, help="default: the encoder's")
     b.add_argument(
-        "--store-tokenizer", default=None, help="the token store's tokenizer, when not the encoder's"
+        "--target-recall",
+        type=float,
+        default=0.95,
+        help="recall@10 against exact search to tune for (default 0.95)",
     )
+    b.add_argument(
+        "--kind",
+        default="auto",
+        choices=("auto", "flat", "hnsw", "ivfsq8", "ivfpq"),
+        help="index type (default: chosen from the count and --memory)",
+    )
+    b.add_argument("--pooling", choices=("mean", "cls"), default=None, help="default: the encoder's")
+    b.add_argument("--store-tokenizer", default=None, help="the token store's tokenizer, when not the encoder's")
     b.add_argument("--overwrite", action="store_true", help="replace an index already at --out")
     add_reading_args(b)
     _common(b)
@@ -61,9 +78,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     a = verbs.add_parser("add", help="chunk, embed and add more text (or another store) to an index")
     a.add_argument("index", metavar="IDX")
     a.add_argument("source", metavar="SOURCE_OR_STORE")
-    a.add_argument(
-        "--store-tokenizer", default=None, help="the token store's tokenizer, when not the encoder's"
-    )
+    a.add_argument("--store-tokenizer", default=None, help="the token store's tokenizer, when not the encoder's")
     add_reading_args(a, doc_split=False)
     _common(a)
     a.set_defaults(func=run_add)
@@ -73,9 +88,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     n.add_argument("--store", required=True, help="the token store whose 64-token chunks get neighbours")
     n.add_argument("--out", required=True, metavar="DIR", help="directory for neighbours.npy")
     n.add_argument("-k", type=int, default=2, help="neighbours per chunk (default 2)")
-    n.add_argument(
-        "--store-tokenizer", default=None, help="the token store's tokenizer, when not the encoder's"
-    )
+    n.add_argument("--store-tokenizer", default=None, help="the token store's tokenizer, when not the encoder's")
     _common(n, batch=False)
     n.set_defaults(func=run_neighbours)
     p.set_defaults(func=lambda args: (p.print_help(), 2)[1])
@@ -94,11 +107,23 @@ def run_build(args: argparse.Namespace) -> int:
 
     with disk_errors(args.out):
         m = build_index(
-            args.source, args.encoder, args.out, mode=args.mode, chunk_tokens=args.chunk_tokens,
-            overlap=args.overlap, reading=reading_kwargs(args), memory=args.memory, target_recall=args.target_recall,
-            kind=args.kind, pooling=args.pooling, store_tokenizer=args.store_tokenizer, device=args.device,
-            max_batch_tokens=args.max_batch_tokens, block=args.block, overwrite=args.overwrite,
-        )  # fmt: skip
+            args.source,
+            args.encoder,
+            args.out,
+            mode=args.mode,
+            chunk_tokens=args.chunk_tokens,
+            overlap=args.overlap,
+            reading=reading_kwargs(args),
+            memory=args.memory,
+            target_recall=args.target_recall,
+            kind=args.kind,
+            pooling=args.pooling,
+            store_tokenizer=args.store_tokenizer,
+            device=args.device,
+            max_batch_tokens=args.max_batch_tokens,
+            block=args.block,
+            overwrite=args.overwrite,
+        )
     if m is None:
         return 0
     b = m["build"]
@@ -117,8 +142,10 @@ def run_query(args: argparse.Namespace) -> int:
     results = idx.search(args.texts, args.k)
     for text, hits, cut in zip(args.texts, results, idx.last_truncated, strict=True):
         if cut:
-            print(f"note: the query was cut to the encoder's limit of {idx.engine().max_length} tokens",
-                  file=sys.stderr)  # fmt: skip
+            print(
+                f"note: the query was cut to the encoder's limit of {idx.engine().max_length} tokens",
+                file=sys.stderr,
+            )
         if args.json:
             print(json.dumps({"query": text, "truncated": cut, "hits": hits}, ensure_ascii=False))
             continue
@@ -140,21 +167,23 @@ def run_info(args: argparse.Namespace) -> int:
         return 0
     rec = info["recall"] or {}
     print(f"index      {info['path']} ({info['mode']})")
-    print(f"size       {info['count']} chunks x {info['dim']} dims, {info['documents']} documents, "
-          f"{info['bytes_on_disk'] / 2**20:.1f} MiB on disk")  # fmt: skip
+    print(
+        f"size       {info['count']} chunks x {info['dim']} dims, {info['documents']} documents, "
+        f"{info['bytes_on_disk'] / 2**20:.1f} MiB on disk"
+    )
     print(f"kind       {info['kind']}: {info['factory']} ({info['why']})")
     print(f"params     {json.dumps(info['params'])}; faiss memory-mapped: {info['faiss_memory_mapped']}")
     if rec.get("exact"):
         print("recall@10  exact search (a flat index compares every query with every chunk; nothing to tune)")
     else:
-        print(f"recall@10  {rec.get('recall_at_10')} vs exact on {rec.get('queries')} held-out queries "
-              f"(target {rec.get('target')}{'' if rec.get('reached', True) else ', NOT reached'})")  # fmt: skip
+        print(
+            f"recall@10  {rec.get('recall_at_10')} vs exact on {rec.get('queries')} held-out queries "
+            f"(target {rec.get('target')}{'' if rec.get('reached', True) else ', NOT reached'})"
+        )
     print(f"encoder    {info['encoder']} (pooling {info['pooling']}, vectors L2-normalised)")
     print(f"chunking   {json.dumps(info['chunking'])}")
     b = info.get("build") or {}
-    print(
-        f"build      {b.get('seconds')}s, {b.get('chunks_per_s')} chunks/s, peak RSS {b.get('peak_rss_mb')} MiB"
-    )
+    print(f"build      {b.get('seconds')}s, {b.get('chunks_per_s')} chunks/s, peak RSS {b.get('peak_rss_mb')} MiB")
     return 0
 
 
@@ -164,9 +193,14 @@ def run_add(args: argparse.Namespace) -> int:
 
     with disk_errors(args.index):
         m = add_to_index(
-            args.index, args.source, store_tokenizer=args.store_tokenizer, reading=reading_kwargs(args),
-            device=args.device, max_batch_tokens=args.max_batch_tokens, block=args.block,
-        )  # fmt: skip
+            args.index,
+            args.source,
+            store_tokenizer=args.store_tokenizer,
+            reading=reading_kwargs(args),
+            device=args.device,
+            max_batch_tokens=args.max_batch_tokens,
+            block=args.block,
+        )
     print(f"index now holds {m['count']} chunks; recall@10 {m['recall']['recall_at_10']:.3f} -> {args.index}")
     return 0
 
@@ -177,9 +211,16 @@ def run_neighbours(args: argparse.Namespace) -> int:
 
     with disk_errors(args.out):
         info = retro_neighbours(
-            args.index, args.store, args.out, k=args.k, store_tokenizer=args.store_tokenizer,
-            device=args.device, block=args.block,
-        )  # fmt: skip
-    print(f"neighbours of {info['chunks']} chunks (k={info['k']}) -> {args.out}/neighbours.npy"
-          + (f"; {info['missing']} slots empty" if info["missing"] else ""))  # fmt: skip
+            args.index,
+            args.store,
+            args.out,
+            k=args.k,
+            store_tokenizer=args.store_tokenizer,
+            device=args.device,
+            block=args.block,
+        )
+    print(
+        f"neighbours of {info['chunks']} chunks (k={info['k']}) -> {args.out}/neighbours.npy"
+        + (f"; {info['missing']} slots empty" if info["missing"] else "")
+    )
     return 0

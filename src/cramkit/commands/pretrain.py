@@ -15,37 +15,69 @@ def register(sub: argparse._SubParsersAction) -> None:
         description="Pretrain a BERT-style encoder with the Cramming recipe. With no arguments: the tiny-cpu "
         "preset on the built-in corpus for about 3 minutes.",
     )
-    p.add_argument("inputs", nargs="*", metavar="SOURCE_OR_STORE",
-                   help="text files, directories, globs or hf:dataset sources; or one token store directory "
-                   "(default: the built-in corpus)")  # fmt: skip
-    p.add_argument("--preset", default=None,
-                   help="tiny-cpu (the default), tiny-zh (the default when the text is Chinese), crammed-bert, "
-                   "bert-base, bert-lamb, continue (the default with --from) or a YAML file")  # fmt: skip
-    p.add_argument("--from", dest="init", metavar="MODEL",
-                   help="continue this model on the text (domain/task adaptation): a run, checkpoint, model "
-                   "directory or hf:DIR; its tokenizer, architecture and masking are kept")  # fmt: skip
-    p.add_argument("--inherit", metavar="MODEL",
-                   help="train a new model (the preset's shape) on MODEL's tokenizer that learns from MODEL's "
-                   "predictions early in the run (knowledge inheritance; --set inherit.alpha/until/init)")  # fmt: skip
-    p.add_argument("--extend-vocab", type=int, default=0, metavar="N",
-                   help="with --from: add the N most frequent words of the text that the tokenizer splits "
-                   "into pieces (new embeddings start as the mean of their pieces')")  # fmt: skip
+    p.add_argument(
+        "inputs",
+        nargs="*",
+        metavar="SOURCE_OR_STORE",
+        help="text files, directories, globs or hf:dataset sources; or one token store directory "
+        "(default: the built-in corpus)",
+    )
+    p.add_argument(
+        "--preset",
+        default=None,
+        help="tiny-cpu (the default), tiny-zh (the default when the text is Chinese), crammed-bert, "
+        "bert-base, bert-lamb, continue (the default with --from) or a YAML file",
+    )
+    p.add_argument(
+        "--from",
+        dest="init",
+        metavar="MODEL",
+        help="continue this model on the text (domain/task adaptation): a run, checkpoint, model "
+        "directory or hf:DIR; its tokenizer, architecture and masking are kept",
+    )
+    p.add_argument(
+        "--inherit",
+        metavar="MODEL",
+        help="train a new model (the preset's shape) on MODEL's tokenizer that learns from MODEL's "
+        "predictions early in the run (knowledge inheritance; --set inherit.alpha/until/init)",
+    )
+    p.add_argument(
+        "--extend-vocab",
+        type=int,
+        default=0,
+        metavar="N",
+        help="with --from: add the N most frequent words of the text that the tokenizer splits "
+        "into pieces (new embeddings start as the mean of their pieces')",
+    )
     p.add_argument("--budget", help="training budget: 30s, 5m, 24h (time), 2e9tok (tokens), 1000steps")
     p.add_argument("--out", help="run directory (default: runs/<preset>-<timestamp>)")
-    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                   help="override a setting, e.g. --set train.lr=1e-3 (repeatable)")  # fmt: skip
+    p.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a setting, e.g. --set train.lr=1e-3 (repeatable)",
+    )
     p.add_argument("--resume", metavar="RUN", help="continue the run in RUN from its latest checkpoint")
     p.add_argument("--tokenizer", metavar="DIR", help="use this tokenizer instead of training one")
     add_reading_args(p)
+    p.add_argument("--no-progress", action="store_true", help="no progress bar (same as --set train.progress=false)")
     p.add_argument(
-        "--no-progress", action="store_true", help="no progress bar (same as --set train.progress=false)"
+        "--nproc",
+        type=int,
+        default=1,
+        metavar="N",
+        help="processes on this machine (starts torchrun; one per GPU)",
     )
-    p.add_argument("--nproc", type=int, default=1, metavar="N",
-                   help="processes on this machine (starts torchrun; one per GPU)")  # fmt: skip
     p.add_argument("--nnodes", type=int, default=1, help="machines taking part (with --nproc; torchrun c10d)")
     p.add_argument("--node-rank", type=int, default=None, help="this machine's index, 0..nnodes-1")
-    p.add_argument("--rdzv-endpoint", default=None, metavar="HOST:PORT",
-                   help="rendezvous address shared by all nodes (e.g. the first node's host and port 29400)")  # fmt: skip
+    p.add_argument(
+        "--rdzv-endpoint",
+        default=None,
+        metavar="HOST:PORT",
+        help="rendezvous address shared by all nodes (e.g. the first node's host and port 29400)",
+    )
     p.set_defaults(func=run)
 
 
@@ -57,10 +89,18 @@ def run(args: argparse.Namespace) -> int:
     from cramkit.train.api import pretrain
 
     run_dir = pretrain(
-        args.inputs or None, preset=args.preset, budget=args.budget, out=args.out,
-        overrides=args.overrides, resume=args.resume, tokenizer=args.tokenizer, init=args.init,
-        inherit=args.inherit, extend_vocab=args.extend_vocab, **reading_kwargs(args),
-    )  # fmt: skip
+        args.inputs or None,
+        preset=args.preset,
+        budget=args.budget,
+        out=args.out,
+        overrides=args.overrides,
+        resume=args.resume,
+        tokenizer=args.tokenizer,
+        init=args.init,
+        inherit=args.inherit,
+        extend_vocab=args.extend_vocab,
+        **reading_kwargs(args),
+    )
     if runtime.torchrun().is_main:  # under torchrun: once, not once per process
         print(f"cramkit: run directory {run_dir} (metrics.jsonl, loss.png, checkpoints/)")
     return 0
@@ -89,15 +129,22 @@ def _launch(args: argparse.Namespace) -> int:
         preset = args.preset or ("continue" if args.init else "tiny-cpu")
         out = str(default_out(preset))  # chosen once, so every process writes into the same run
     argv = ["pretrain", *args.inputs]
-    for flag, value in (("--preset", args.preset), ("--budget", args.budget), ("--out", out),
-                        ("--resume", args.resume), ("--tokenizer", args.tokenizer), ("--encoding", args.encoding),
-                        ("--errors", args.errors), ("--text-field", args.text_field),
-                        ("--doc-split", args.doc_split), ("--from", args.init), ("--inherit", args.inherit),
-                        ("--extend-vocab", args.extend_vocab or None)):  # fmt: skip
+    for flag, value in (
+        ("--preset", args.preset),
+        ("--budget", args.budget),
+        ("--out", out),
+        ("--resume", args.resume),
+        ("--tokenizer", args.tokenizer),
+        ("--encoding", args.encoding),
+        ("--errors", args.errors),
+        ("--text-field", args.text_field),
+        ("--doc-split", args.doc_split),
+        ("--from", args.init),
+        ("--inherit", args.inherit),
+        ("--extend-vocab", args.extend_vocab or None),
+    ):
         if value is not None:
             argv += [flag, str(value)]
     for item in args.overrides:
         argv += ["--set", item]
-    return launch(
-        args.nproc, argv, nnodes=args.nnodes, node_rank=args.node_rank, rdzv_endpoint=args.rdzv_endpoint
-    )
+    return launch(args.nproc, argv, nnodes=args.nnodes, node_rank=args.node_rank, rdzv_endpoint=args.rdzv_endpoint)

@@ -15,18 +15,23 @@ def register(sub: argparse._SubParsersAction) -> None:
         "merges concurrent requests into token-budgeted batches. MODEL is anything cramkit.load takes or an "
         "ONNX export (cramkit export --format onnx); NAME=MODEL names it (requests pick a model by name).",
     )
-    p.add_argument(
-        "models", nargs="+", metavar="MODEL", help="a model (or NAME=MODEL); several are served by name"
-    )
+    p.add_argument("models", nargs="+", metavar="MODEL", help="a model (or NAME=MODEL); several are served by name")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=8080, help="port (default 8080; 0 picks a free one)")
-    p.add_argument("--backend", default="auto",
-                   help="auto (default): ONNX Runtime for an ONNX export, CTranslate2 for a CTranslate2 one, torch "
-                   "otherwise; torch, onnx, ct2 or a registered format: onnx, ct2, ... export a torch model at "
-                   "startup")  # fmt: skip
+    p.add_argument(
+        "--backend",
+        default="auto",
+        help="auto (default): ONNX Runtime for an ONNX export, CTranslate2 for a CTranslate2 one, torch "
+        "otherwise; torch, onnx, ct2 or a registered format: onnx, ct2, ... export a torch model at "
+        "startup",
+    )
     p.add_argument("--device", default="auto", help="torch backend: auto, cpu, cuda, cuda:N")
-    p.add_argument("--max-batch-tokens", type=int, default=None,
-                   help="padded tokens per forward pass (default: 2048 on a CPU, 16384 on CUDA)")  # fmt: skip
+    p.add_argument(
+        "--max-batch-tokens",
+        type=int,
+        default=None,
+        help="padded tokens per forward pass (default: 2048 on a CPU, 16384 on CUDA)",
+    )
     p.add_argument("--max-wait-ms", type=float, default=5.0, help="how long a batch waits for more requests")
     p.add_argument("--max-length", type=int, default=None, help="cut inputs to this many tokens")
     p.add_argument("--max-inputs", type=int, default=1024, help="inputs per request (default 1024)")
@@ -53,17 +58,22 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="seconds for a request's headers to arrive (then the connection closes)",
     )
     p.add_argument("--idle-timeout", type=float, default=5.0, help="seconds a keep-alive connection may idle")
-    p.add_argument(
-        "--timeout", type=float, default=30.0, help="seconds a request may wait for its answer (503)"
-    )
+    p.add_argument("--timeout", type=float, default=30.0, help="seconds a request may wait for its answer (503)")
     p.add_argument("--body-timeout", type=float, default=10.0, help="seconds to receive a request body (408)")
     p.add_argument("--threads", type=int, default=None, help="CPU threads for inference (default: all cores)")
-    p.add_argument("--api-key", default=None,
-                   help="require 'Authorization: Bearer KEY' (default: $CRAMKIT_API_KEY if set)")  # fmt: skip
+    p.add_argument(
+        "--api-key",
+        default=None,
+        help="require 'Authorization: Bearer KEY' (default: $CRAMKIT_API_KEY if set)",
+    )
     p.add_argument("--index", default=None, help="a retrieval index (cramkit index): adds POST /search")
-    p.add_argument("--base", default=None, metavar="MODEL",
-                   help="the base model of deep-prompt directories (finetune --method ptuning): loaded once, "
-                   "shared by every task's prefixes")  # fmt: skip
+    p.add_argument(
+        "--base",
+        default=None,
+        metavar="MODEL",
+        help="the base model of deep-prompt directories (finetune --method ptuning): loaded once, "
+        "shared by every task's prefixes",
+    )
     p.set_defaults(func=run)
 
 
@@ -71,8 +81,16 @@ def run(args: argparse.Namespace) -> int:
     from cramkit.errors import CramkitError
     from cramkit.serve import Limits, serve
 
-    counts = ("max_batch_tokens", "max_inputs", "max_input_chars", "max_choices", "max_payload_bytes",
-              "max_queue", "max_answer_items", "max_connections")  # fmt: skip
+    counts = (
+        "max_batch_tokens",
+        "max_inputs",
+        "max_input_chars",
+        "max_choices",
+        "max_payload_bytes",
+        "max_queue",
+        "max_answer_items",
+        "max_connections",
+    )
     for flag in counts:
         if getattr(args, flag) is not None and getattr(args, flag) < 1:
             raise CramkitError(f"--{flag.replace('_', '-')} must be positive, got {getattr(args, flag)}")
@@ -84,15 +102,31 @@ def run(args: argparse.Namespace) -> int:
     if not 0 <= args.port < 65536:
         raise CramkitError(f"--port must be 0..65535, got {args.port}")
     limits = Limits(
-        max_payload_bytes=args.max_payload_bytes, max_inputs=args.max_inputs, max_input_chars=args.max_input_chars,
-        max_choices=args.max_choices, max_queue=args.max_queue, max_answer_items=args.max_answer_items, request_timeout_s=args.timeout,
-        body_timeout_s=args.body_timeout, header_timeout_s=args.header_timeout, idle_timeout_s=args.idle_timeout,
+        max_payload_bytes=args.max_payload_bytes,
+        max_inputs=args.max_inputs,
+        max_input_chars=args.max_input_chars,
+        max_choices=args.max_choices,
+        max_queue=args.max_queue,
+        max_answer_items=args.max_answer_items,
+        request_timeout_s=args.timeout,
+        body_timeout_s=args.body_timeout,
+        header_timeout_s=args.header_timeout,
+        idle_timeout_s=args.idle_timeout,
         max_connections=args.max_connections,
-    )  # fmt: skip
+    )
     serve(
-        args.models, host=args.host, port=args.port, backend=args.backend, device=args.device,
-        max_batch_tokens=args.max_batch_tokens, max_wait_ms=args.max_wait_ms, max_length=args.max_length,
-        limits=limits, api_key=args.api_key or os.environ.get("CRAMKIT_API_KEY"), index=args.index,
-        threads=args.threads, base=args.base,
-    )  # fmt: skip
+        args.models,
+        host=args.host,
+        port=args.port,
+        backend=args.backend,
+        device=args.device,
+        max_batch_tokens=args.max_batch_tokens,
+        max_wait_ms=args.max_wait_ms,
+        max_length=args.max_length,
+        limits=limits,
+        api_key=args.api_key or os.environ.get("CRAMKIT_API_KEY"),
+        index=args.index,
+        threads=args.threads,
+        base=args.base,
+    )
     return 0

@@ -51,19 +51,27 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="cramkit run / checkpoint directory, a model directory, or hf:PATH (a Hugging Face BERT directory)",
     )
     p.add_argument("--task", help="registered task name, e.g. glue/sst2 (see --list-tasks)")
-    p.add_argument("--mixture", metavar="MIXTURE",
-                   help="train several tasks together, one head each: a registered mixture (see --list-tasks) or "
-                   "task names separated by commas, e.g. glue/mrpc,glue/rte")  # fmt: skip
-    p.add_argument("--rates", metavar="RULE",
-                   help="with --mixture: how often each task's batches are drawn: proportional (default: by size), "
-                   "capped:N (size, at most N), temperature:T, equal, or one weight per task (2,1,1)")  # fmt: skip
     p.add_argument(
-        "--list-tasks", action="store_true", help="list the registered tasks and mixtures and exit"
+        "--mixture",
+        metavar="MIXTURE",
+        help="train several tasks together, one head each: a registered mixture (see --list-tasks) or "
+        "task names separated by commas, e.g. glue/mrpc,glue/rte",
     )
-    p.add_argument("--data-dir", action="append", metavar="[SUITE=]DIR",
-                   help="the benchmark's folder (GLUE: DIR/SST-2/train.tsv, ...; default $CRAMKIT_GLUE_DIR; CLUE: DIR/tnews/"
-                   "train.json or FewCLUE's DIR/eprstmt/train_0.json, default $CRAMKIT_CLUE_DIR); for a "
-                   "mixture across benchmarks, one per suite: --data-dir glue=DIR --data-dir clue=DIR2")  # fmt: skip
+    p.add_argument(
+        "--rates",
+        metavar="RULE",
+        help="with --mixture: how often each task's batches are drawn: proportional (default: by size), "
+        "capped:N (size, at most N), temperature:T, equal, or one weight per task (2,1,1)",
+    )
+    p.add_argument("--list-tasks", action="store_true", help="list the registered tasks and mixtures and exit")
+    p.add_argument(
+        "--data-dir",
+        action="append",
+        metavar="[SUITE=]DIR",
+        help="the benchmark's folder (GLUE: DIR/SST-2/train.tsv, ...; default $CRAMKIT_GLUE_DIR; CLUE: DIR/tnews/"
+        "train.json or FewCLUE's DIR/eprstmt/train_0.json, default $CRAMKIT_CLUE_DIR); for a "
+        "mixture across benchmarks, one per suite: --data-dir glue=DIR --data-dir clue=DIR2",
+    )
     p.add_argument(
         "--out",
         help="output directory: the fine-tuned model (median seed; cramkit.load / predict / export / serve), "
@@ -86,8 +94,13 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="skip (and count) malformed rows instead of stopping at the first one",
     )
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
-    p.add_argument("--nproc", type=int, default=1, metavar="N",
-                   help="processes on this machine (starts torchrun; DDP, one per GPU); needs --out")  # fmt: skip
+    p.add_argument(
+        "--nproc",
+        type=int,
+        default=1,
+        metavar="N",
+        help="processes on this machine (starts torchrun; DDP, one per GPU); needs --out",
+    )
     p.add_argument(
         "--fewshot-splits",
         metavar="SPLITS",
@@ -97,9 +110,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     _method_args(p.add_argument_group("few labels: prompts (PET / LM-BFF) and deep prompts (P-tuning v2)"))
     g = p.add_argument_group("a task from your own files (instead of --task)")
     g.add_argument("--train", help="training file (.csv, .tsv or .jsonl with a header / named fields)")
-    g.add_argument(
-        "--dev", help="dev file, scored after training (default: hold out --dev-fraction of --train)"
-    )
+    g.add_argument("--dev", help="dev file, scored after training (default: hold out --dev-fraction of --train)")
     g.add_argument(
         "--dev-fraction",
         type=float,
@@ -111,9 +122,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--text-b", help="column with the second text of a pair")
     g.add_argument("--label", default="label", help="label column (default: label)")
     g.add_argument("--regression", action="store_true", help="the label is a number (MSE, Pearson/Spearman)")
-    g.add_argument("--choices", metavar="COL[,COL...]",
-                   help="multiple choice: the choice columns (or one JSONL field holding a list); --text-a is the "
-                   "context, --label the right choice's index from 0")  # fmt: skip
+    g.add_argument(
+        "--choices",
+        metavar="COL[,COL...]",
+        help="multiple choice: the choice columns (or one JSONL field holding a list); --text-a is the "
+        "context, --label the right choice's index from 0",
+    )
     g.add_argument("--name", help="name of the task (default: the train file's stem)")
     p.set_defaults(func=run_finetune)
 
@@ -127,9 +141,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
         add_help=False,
     )
-    e.add_argument(
-        "-h", "--help", action=_SuiteHelp, help="show this help (after SUITE: with its tasks) and exit"
-    )
+    e.add_argument("-h", "--help", action=_SuiteHelp, help="show this help (after SUITE: with its tasks) and exit")
     e.add_argument(
         "suite",
         metavar="SUITE",
@@ -149,47 +161,58 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     e.add_argument("--out", help="output directory (default: eval-SUITE)")
     e.add_argument("--seeds", help="comma-separated seeds (median reported per task)")
-    e.add_argument(
-        "--tasks", help="only these tasks, comma-separated, e.g. rte,stsb (default: every task present)"
-    )
+    e.add_argument("--tasks", help="only these tasks, comma-separated, e.g. rte,stsb (default: every task present)")
     e.add_argument(
         "--fewshot-splits",
         metavar="SPLITS",
         help="tasks in FewCLUE's layout: the splits to train on, e.g. 0-4 (FewCLUE's protocol), 0,2 or "
         "few_all (the default); each is scored on test_public, reported with the mean and spread",
     )
-    e.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                   help="override a fine-tuning setting for every task, e.g. --set epochs=3 --set "
-                   "max_train_examples=2000 (as in cramkit finetune)")  # fmt: skip
     e.add_argument(
-        "--skip-bad-rows", action="store_true", help="skip (and count) malformed rows instead of stopping"
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a fine-tuning setting for every task, e.g. --set epochs=3 --set "
+        "max_train_examples=2000 (as in cramkit finetune)",
     )
-    _method_args(
-        e.add_argument_group("few labels (every task of the suite; prompts: the built-in ones)"), suite=True
-    )
+    e.add_argument("--skip-bad-rows", action="store_true", help="skip (and count) malformed rows instead of stopping")
+    _method_args(e.add_argument_group("few labels (every task of the suite; prompts: the built-in ones)"), suite=True)
     e.add_argument("--no-progress", action="store_true", help="no progress bar")
     e.set_defaults(func=run_eval)
 
 
 def _method_args(g: argparse._ArgumentGroup, suite: bool = False) -> None:
-    g.add_argument("--few-shot", type=int, metavar="K",
-                   help="LM-BFF's few-shot protocol: K training examples per class and a dev set of K per class (it "
-                   "keeps the best checkpoint) drawn from the training data, --splits times; scored on the task's "
-                   "dev split; the mean and standard deviation over the splits are reported")  # fmt: skip
-    g.add_argument("--splits", type=int, default=5, metavar="S", help="with --few-shot: how many splits (5)")
-    g.add_argument("--method", choices=["head", "prompt", "ptuning"],
-                   help="head: a fresh classifier on the pooled output (default); prompt: the MLM head scores label "
-                   "words through a template; ptuning: the encoder frozen, trainable prefixes at every layer and a "
-                   "head (only those are stored, with the base model's checksum)")  # fmt: skip
-    if not suite:
-        g.add_argument("--prompt", metavar="TEMPLATE",
-                       help="prompt-based fine-tuning: the template, with the task's fields and one [MASK], e.g. "
-                       "'{text_a} It was [MASK] .' or '{premise} ? [MASK] , {hypothesis}' (default: the task's built-in)")  # fmt: skip
-        g.add_argument("--label-words", metavar="LABEL=WORD,...",
-                       help="the word for each label, scored at the mask, e.g. positive=great,negative=terrible")  # fmt: skip
     g.add_argument(
-        "--prefix-len", type=int, metavar="N", help="--method ptuning: prefix keys/values per layer (16)"
+        "--few-shot",
+        type=int,
+        metavar="K",
+        help="LM-BFF's few-shot protocol: K training examples per class and a dev set of K per class (it "
+        "keeps the best checkpoint) drawn from the training data, --splits times; scored on the task's "
+        "dev split; the mean and standard deviation over the splits are reported",
     )
+    g.add_argument("--splits", type=int, default=5, metavar="S", help="with --few-shot: how many splits (5)")
+    g.add_argument(
+        "--method",
+        choices=["head", "prompt", "ptuning"],
+        help="head: a fresh classifier on the pooled output (default); prompt: the MLM head scores label "
+        "words through a template; ptuning: the encoder frozen, trainable prefixes at every layer and a "
+        "head (only those are stored, with the base model's checksum)",
+    )
+    if not suite:
+        g.add_argument(
+            "--prompt",
+            metavar="TEMPLATE",
+            help="prompt-based fine-tuning: the template, with the task's fields and one [MASK], e.g. "
+            "'{text_a} It was [MASK] .' or '{premise} ? [MASK] , {hypothesis}' (default: the task's built-in)",
+        )
+        g.add_argument(
+            "--label-words",
+            metavar="LABEL=WORD,...",
+            help="the word for each label, scored at the mask, e.g. positive=great,negative=terrible",
+        )
+    g.add_argument("--prefix-len", type=int, metavar="N", help="--method ptuning: prefix keys/values per layer (16)")
 
 
 class _SuiteHelp(argparse.Action):
@@ -227,8 +250,12 @@ def _config(args: argparse.Namespace):
     if isinstance(overrides.get("finetune"), dict):  # accept --set finetune.lr=... too
         nested = overrides.pop("finetune")
         overrides = {**overrides, **nested}
-    for flag, key in (("method", "method"), ("prompt", "prompt"), ("label_words", "label_words"),
-                      ("prefix_len", "prefix_len")):  # fmt: skip
+    for flag, key in (
+        ("method", "method"),
+        ("prompt", "prompt"),
+        ("label_words", "label_words"),
+        ("prefix_len", "prefix_len"),
+    ):
         if getattr(args, flag, None) is not None:
             overrides[key] = getattr(args, flag)
     if args.seeds:
@@ -280,9 +307,7 @@ def _resolve_task(args: argparse.Namespace):
         from cramkit.tasks.files import task_from_file
 
         if not args.text_a:
-            raise CramkitError(
-                "--train needs --text-a COLUMN (and --label COLUMN, --text-b COLUMN for pairs)"
-            )
+            raise CramkitError("--train needs --text-a COLUMN (and --label COLUMN, --text-b COLUMN for pairs)")
         task = task_from_file(
             args.name or Path(args.train).stem,
             args.train,
@@ -301,12 +326,8 @@ def _resolve_task(args: argparse.Namespace):
             task = hold_out(task, args.dev_fraction)
         return task
     if not args.task:
-        raise CramkitError(
-            "name a task with --task (e.g. --task glue/sst2) or give your files with --train/--dev"
-        )
-    task = get_task(
-        args.task, data_dir=data_dir_for(args.task, args.data_dir), skip_bad_rows=args.skip_bad_rows
-    )
+        raise CramkitError("name a task with --task (e.g. --task glue/sst2) or give your files with --train/--dev")
+    task = get_task(args.task, data_dir=data_dir_for(args.task, args.data_dir), skip_bad_rows=args.skip_bad_rows)
     if not task.dev_splits:
         raise CramkitError(f"task {task.name} has no dev split to score; pick a task with labelled dev data")
     return task
@@ -340,22 +361,16 @@ def run_finetune(args: argparse.Namespace) -> int:
             )
         return 0
     if not args.source:
-        raise CramkitError(
-            "cramkit finetune needs --from MODEL (a run directory, a model directory or hf:DIR)"
-        )
+        raise CramkitError("cramkit finetune needs --from MODEL (a run directory, a model directory or hf:DIR)")
     cfg = _config(args)  # a mistyped setting fails here, before --nproc starts the processes
     if args.rates and not args.mixture:
-        raise CramkitError(
-            "--rates applies to --mixture; give the tasks with --mixture glue/mrpc,glue/rte,..."
-        )
+        raise CramkitError("--rates applies to --mixture; give the tasks with --mixture glue/mrpc,glue/rte,...")
     if args.mixture:
         from cramkit.tasks.mixtures import resolve_mixture
 
         if args.task or args.train:
             raise CramkitError("give either --mixture or --task/--train, not both")
-        mixture = resolve_mixture(
-            args.mixture, args.rates
-        )  # an unknown name or a bad rate fails before --nproc
+        mixture = resolve_mixture(args.mixture, args.rates)  # an unknown name or a bad rate fails before --nproc
     if args.few_shot is not None and args.fewshot_splits:
         raise CramkitError(
             "--few-shot K (LM-BFF's protocol) and --fewshot-splits (FewCLUE's) are two protocols: give one"
@@ -390,13 +405,12 @@ def run_finetune(args: argparse.Namespace) -> int:
         print(f"{task.name} {split} (labelled test file): {metrics} (median of {len(cfg.seeds)} seed(s))")
     if cfg.keep == "best":
         steps = ", ".join(str(r.get("best_step", "?")) for r in res["seeds"])
-        print(
-            f"kept: the model of the best dev score (step {steps}); that dev score is optimistic, chosen on dev"
-        )
+        print(f"kept: the model of the best dev score (step {steps}); that dev score is optimistic, chosen on dev")
     if res.get("method", "head") != "head":
         trained = res.get("trainable_parameters") or 0
         print(
-            f"method {res['method']}: {trained:,} parameters trained; {res['stored_bytes'] / 2**20:,.2f} MiB stored in {out}"
+            f"method {res['method']}: {trained:,} parameters trained; "
+            f"{res['stored_bytes'] / 2**20:,.2f} MiB stored in {out}"
         )
     rate = sum(r["examples_per_s"] for r in res["seeds"]) / len(res["seeds"])
     print(f"training: {rate:.1f} examples/s; results in {out / 'results.json'}")
@@ -429,11 +443,14 @@ def _finetune_fewshot(args: argparse.Namespace, cfg) -> int:
     scored = ", ".join(res["median"])
     for key, one in few["per_split"].items():
         print(
-            f"{task.name} split {key}: {scored} {res['main_metric']} {one['score']:.2f} (its dev {one['dev']['score']:.2f})"
+            f"{task.name} split {key}: {scored} {res['main_metric']} {one['score']:.2f} "
+            f"(its dev {one['dev']['score']:.2f})"
         )
     what = f"FewCLUE splits {','.join(ks)}" if k is None else f"{len(ks)} few-shot splits (K={k} per class)"
-    print(f"{task.name}: {scored} {res['main_metric']} {few['mean']:.2f} ± {few['std']:.2f} over {what}; results in "
-          f"{out / 'results.json'}" + (f", test.json predictions in {out / 'submission'}" if k is None else ""))  # fmt: skip
+    print(
+        f"{task.name}: {scored} {res['main_metric']} {few['mean']:.2f} ± {few['std']:.2f} over {what}; results in "
+        f"{out / 'results.json'}" + (f", test.json predictions in {out / 'submission'}" if k is None else "")
+    )
     if res.get("skipped_rows"):
         print(f"skipped bad rows: {json.dumps(res['skipped_rows'])}", file=sys.stderr)
     return 0
@@ -445,8 +462,7 @@ def _run_mixture(args: argparse.Namespace, mixture, cfg) -> int:
     from cramkit.train.multitask import SETTINGS_FILE, finetune_mixture
 
     tasks = [
-        get_task(n, data_dir=data_dir_for(n, args.data_dir), skip_bad_rows=args.skip_bad_rows)
-        for n in mixture.tasks
+        get_task(n, data_dir=data_dir_for(n, args.data_dir), skip_bad_rows=args.skip_bad_rows) for n in mixture.tasks
     ]
     check_model_source(args.source)
     for task in tasks:  # every split the run needs, before any training: a missing one fails fast

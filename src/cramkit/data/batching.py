@@ -87,9 +87,7 @@ def encode_texts(
     )
 
 
-def encode_examples(
-    tokenizer: Any, examples: Sequence[Any], max_length: int, *, regression: bool = False
-) -> Encoded:
+def encode_examples(tokenizer: Any, examples: Sequence[Any], max_length: int, *, regression: bool = False) -> Encoded:
     """:func:`encode_texts` over task examples (``text_a``, ``text_b``, ``label``, ``idx``)."""
     labels = None
     if examples and all(e.label is not None for e in examples):
@@ -163,9 +161,7 @@ def encode_choices(
         [c for cs in choices for c in cs],
         max_length,
     )
-    return EncodedChoices(
-        pairs, offsets, labels, idx if idx is not None else np.arange(len(counts), dtype=np.int64)
-    )
+    return EncodedChoices(pairs, offsets, labels, idx if idx is not None else np.arange(len(counts), dtype=np.int64))
 
 
 def encode_choice_examples(tokenizer: Any, examples: Sequence[Any], max_length: int) -> EncodedChoices:
@@ -200,9 +196,7 @@ def choice_probabilities(grid: np.ndarray) -> np.ndarray:
     return z / z.sum(axis=1, keepdims=True)
 
 
-def bucketed_batches(
-    lengths: np.ndarray, batch_size: int, chunk: int, rng: np.random.Generator
-) -> list[np.ndarray]:
+def bucketed_batches(lengths: np.ndarray, batch_size: int, chunk: int, rng: np.random.Generator) -> list[np.ndarray]:
     """One epoch of batches: shuffle, sort by length within chunks of ``chunk`` batches, shuffle batches.
 
     Examples of similar length land in the same batch (little padding) while the order stays random.
@@ -235,18 +229,14 @@ def token_budget_batches(lengths: np.ndarray, max_tokens: int, max_rows: int = 1
     n = len(order)
     while start < n:
         end = start + 1
-        while (
-            end < n and end - start < max_rows and (end - start + 1) * int(lengths[order[end]]) <= max_tokens
-        ):
+        while end < n and end - start < max_rows and (end - start + 1) * int(lengths[order[end]]) <= max_tokens:
             end += 1
         batches.append(order[start:end])
         start = end
     return batches
 
 
-def collate(
-    enc: Encoded | EncodedChoices, batch: np.ndarray, pad_id: int, with_types: bool
-) -> dict[str, Any]:
+def collate(enc: Encoded | EncodedChoices, batch: np.ndarray, pad_id: int, with_types: bool) -> dict[str, Any]:
     """Pad a batch to its longest member: input_ids, attention_mask (None if nothing is padded), types.
     Multiple choice: the batch's examples' pair rows, and ``choice_mask`` (:meth:`EncodedChoices.choice_mask`)."""
     import torch
@@ -281,9 +271,19 @@ class BatchLoader:
     examples) and each of ``columns`` (per-example tensors: labels, targets) at its examples."""
 
     def __init__(
-        self, enc: Encoded | EncodedChoices, batch_size: int, micro: int, rank: int, world: int, *, seed: int, chunk: int,
-        pad_id: int, with_types: bool, columns: dict[str, Any],
-    ) -> None:  # fmt: skip
+        self,
+        enc: Encoded | EncodedChoices,
+        batch_size: int,
+        micro: int,
+        rank: int,
+        world: int,
+        *,
+        seed: int,
+        chunk: int,
+        pad_id: int,
+        with_types: bool,
+        columns: dict[str, Any],
+    ) -> None:
         self.enc, self.batch_size, self.rank, self.world = enc, batch_size, rank, world
         self.seed, self.chunk, self.columns = seed, chunk, columns
         self.pad_id, self.with_types = pad_id, with_types

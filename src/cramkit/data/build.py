@@ -81,9 +81,7 @@ def _run_pool(docs, workers, batch_chars, tok_json, dtype, quality_cutoff, write
 
     # fork: no re-import of the caller's __main__ (spawn would re-run an unguarded script)
     method = "fork" if "fork" in mp.get_all_start_methods() else "spawn"
-    ex = ProcessPoolExecutor(
-        workers, mp_context=mp.get_context(method), initializer=_init_worker, initargs=(tok_json,)
-    )
+    ex = ProcessPoolExecutor(workers, mp_context=mp.get_context(method), initializer=_init_worker, initargs=(tok_json,))
     try:
         pending: deque = deque()
         for batch in _batches(docs, batch_chars):
@@ -93,9 +91,7 @@ def _run_pool(docs, workers, batch_chars, tok_json, dtype, quality_cutoff, write
         while pending:
             write(pending.popleft().result())
     except BrokenProcessPool:
-        raise CramkitError(
-            "a tokenizer worker process died (out of memory?); retry with fewer --workers"
-        ) from None
+        raise CramkitError("a tokenizer worker process died (out of memory?); retry with fewer --workers") from None
     finally:
         for f in pending:
             f.cancel()
@@ -184,9 +180,7 @@ def build_store(
                 os.environ["TOKENIZERS_PARALLELISM"] = saved
         if stats.get("documents", 0) == 0:
             where = ", ".join(sources) if sources else "the built-in corpus"
-            raise CramkitError(
-                f"no documents found in {where}: the corpus is empty; give sources with text in them"
-            )
+            raise CramkitError(f"no documents found in {where}: the corpus is empty; give sources with text in them")
         if writer.num_sequences == 0:
             raise CramkitError(
                 f"all {stats['documents']} documents were dropped (quality cutoff {quality_cutoff}: "

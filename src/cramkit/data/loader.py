@@ -233,9 +233,7 @@ def _split_documents(store: TokenStore, cfg: DataConfig) -> dict[str, np.ndarray
     return {"start": start, "length": length, "is_val": is_val}
 
 
-def _enlarge_validation(
-    is_val: np.ndarray, score: np.ndarray, length: np.ndarray, content: int, cap: int
-) -> None:
+def _enlarge_validation(is_val: np.ndarray, score: np.ndarray, length: np.ndarray, content: int, cap: int) -> None:
     """Mark validation documents in ``score`` order until they fill one sequence (or ``cap`` is reached)."""
     order = np.argsort(score, kind="stable")[:cap]
     need = np.searchsorted(np.cumsum(length[order] + 1), content) + 1  # documents to fill one sequence
@@ -319,7 +317,8 @@ class MLMLoader:
             ) from None
         if int(state.get("seed", self.seed)) != self.seed:
             raise CramkitError(
-                f"the checkpoint's data seed {state['seed']} differs from this run's {self.seed}; resume with the same data.seed"
+                f"the checkpoint's data seed {state['seed']} differs from this run's {self.seed}; "
+                "resume with the same data.seed"
             )
         n = state.get("num_sequences")
         if n is not None and int(n) != self.num_sequences:
@@ -328,7 +327,5 @@ class MLMLoader:
                 "with the same token store and data settings (seq_len, add_cls, validation_fraction)"
             )
         if epoch < 0 or not 0 <= position <= self.num_sequences:
-            raise CramkitError(
-                f"loader state epoch={epoch} position={position} is out of range for this data"
-            )
+            raise CramkitError(f"loader state epoch={epoch} position={position} is out of range for this data")
         self.epoch, self.position = epoch, position

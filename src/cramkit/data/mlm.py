@@ -69,9 +69,7 @@ class DataConfig:
         if not isinstance(self.seed, int) or self.seed < 0:
             raise bad("seed", "must be a non-negative integer")
         if self.stage not in ("none", "local"):
-            raise bad(
-                "stage", "must be none (read the store where it lies) or local (copy it to data.stage_dir)"
-            )
+            raise bad("stage", "must be none (read the store where it lies) or local (copy it to data.stage_dir)")
         if self.stage_max_size:
             from cramkit.data.stage import parse_size
 
@@ -208,9 +206,7 @@ class PackedSequences:
         n_cross = last - first
         if n_cross.any():
             rows = np.repeat(np.arange(B), n_cross)
-            docs = np.repeat(first - np.cumsum(n_cross) + n_cross, n_cross) + np.arange(
-                1, int(n_cross.sum()) + 1
-            )
+            docs = np.repeat(first - np.cumsum(n_cross) + n_cross, n_cross) + np.arange(1, int(n_cross.sum()) + 1)
             step[rows, self.stream_off[docs] - start[rows]] = 1
             np.cumsum(step, axis=1, out=step)
         doc = step

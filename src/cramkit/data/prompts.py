@@ -38,9 +38,7 @@ class PromptSpec:
     """A parsed template with its label words turned into token ids (``label_ids``: [labels][masks])."""
 
     template: str
-    parts: tuple[
-        tuple[str, str], ...
-    ]  # ("text", words) | ("field", "text_a"|"text_b") | ("mask", "") | ("sep", "")
+    parts: tuple[tuple[str, str], ...]  # ("text", words) | ("field", "text_a"|"text_b") | ("mask", "") | ("sep", "")
     label_words: dict[str, str]  # label -> word, in the task's label order
     label_ids: tuple[tuple[int, ...], ...]
     mask_id: int
@@ -70,7 +68,8 @@ def parse_label_words(value: str | Mapping[str, str], what: str = "--label-words
             label, sep, word = item.partition("=")
             if not sep or not label.strip() or not word.strip():
                 raise CramkitError(
-                    f"{what} {value!r}: give LABEL=WORD pairs separated by commas, e.g. positive=great,negative=terrible"
+                    f"{what} {value!r}: give LABEL=WORD pairs separated by commas, "
+                    "e.g. positive=great,negative=terrible"
                 )
             pairs.append((label.strip(), word.strip()))
     if not pairs:
@@ -102,14 +101,13 @@ def parse_template(template: str, fields: Mapping[str, str] | None = None) -> tu
             if name not in names:
                 known = ", ".join("{" + n + "}" for n in sorted(set(fields or {}) | {"text_a", "text_b"}))
                 raise CramkitError(
-                    f"--prompt {template!r} names the field {{{name}}}, which the task does not have; its fields: {known}"
+                    f"--prompt {template!r} names the field {{{name}}}, which the task does not have; "
+                    f"its fields: {known}"
                 )
             parts.append(("field", names[name]))
         else:
             if "{" in piece or "}" in piece:
-                raise CramkitError(
-                    f"--prompt {template!r}: an unmatched brace; fields are written {{text_a}}"
-                )
+                raise CramkitError(f"--prompt {template!r}: an unmatched brace; fields are written {{text_a}}")
             parts.append(("text", piece.strip()))
     masks = sum(kind == "mask" for kind, _ in parts)
     if masks != 1:
@@ -190,9 +188,7 @@ def encode_prompts(
     unk = int(unk) if unk is not None else 0
     n = len(texts_a)
     literal = [w for kind, w in spec.parts if kind == "text"]
-    lit_ids = (
-        [list(e.ids) for e in encode_batch(tokenizer, literal, add_special_tokens=False)] if literal else []
-    )
+    lit_ids = [list(e.ids) for e in encode_batch(tokenizer, literal, add_special_tokens=False)] if literal else []
     fixed = 2 + sum(len(x) for x in lit_ids) + spec.masks + sum(k == "sep" for k, _ in spec.parts)
     room = max_length - fixed
     if room < len(spec.fields):
@@ -210,8 +206,7 @@ def encode_prompts(
             )
     toks = {
         name: [
-            _no_masks(e.ids, spec.mask_id, unk)
-            for e in encode_batch(tokenizer, texts[name], add_special_tokens=False)
+            _no_masks(e.ids, spec.mask_id, unk) for e in encode_batch(tokenizer, texts[name], add_special_tokens=False)
         ]
         for name in sorted(spec.fields)
     }

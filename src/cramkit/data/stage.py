@@ -262,8 +262,11 @@ def _stage_files(
             with contextlib.suppress(FileNotFoundError):
                 stale = folder / f
                 if f in recs and stale.is_file():
-                    print(f"cramkit: the staged copy {stale} changed since it was staged or its source "
-                          "changed: copying it again", file=sys.stderr)  # fmt: skip
+                    print(
+                        f"cramkit: the staged copy {stale} changed since it was staged or its source "
+                        "changed: copying it again",
+                        file=sys.stderr,
+                    )
                 stale.unlink()
         _make_room(root, folder, need, max_size)
         progress = _Progress(f"staging {source.name}", need)
@@ -306,9 +309,7 @@ def _stage_files(
     _write_json(folder / RECORD, {**record, "last_used": time.time()})
 
 
-def cached_index(
-    store: TokenStore, key: dict, compute: Callable[[], dict[str, np.ndarray]]
-) -> dict[str, np.ndarray]:
+def cached_index(store: TokenStore, key: dict, compute: Callable[[], dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
     """``compute()`` (arrays derived from the store's index), saved beside a staged copy and loaded from
     there by later runs: keyed by the sha256 of the store's files and ``key`` (the settings it depends on).
     Computed each time for a store read where it lies."""
@@ -331,9 +332,7 @@ def cached_index(
     return arrays
 
 
-def open_store(
-    store: TokenStore, *, stage_to: str | None, stage_dir: str, max_size: str, mmap: bool
-) -> TokenStore:
+def open_store(store: TokenStore, *, stage_to: str | None, stage_dir: str, max_size: str, mmap: bool) -> TokenStore:
     """The store to train on: ``store`` itself, or its node-local copy (``stage_to == "local"``),
     memory-mapped or read with pread (pinned buffers when CUDA is present)."""
     pin = not mmap and resolve_device("auto").type == "cuda"  # runtime's rule: CUDA whenever it is there

@@ -134,9 +134,7 @@ class PreadTokens:
             if self.pin_memory:
                 import torch
 
-                self._local.pinned = torch.empty(
-                    size * self.dtype.itemsize, dtype=torch.uint8, pin_memory=True
-                )
+                self._local.pinned = torch.empty(size * self.dtype.itemsize, dtype=torch.uint8, pin_memory=True)
                 buf = self._local.pinned.numpy().view(self.dtype)
             else:
                 buf = np.empty(size, dtype=self.dtype)
@@ -149,9 +147,7 @@ class PreadTokens:
         while done < len(view):
             got = os.preadv(self._fd, [view[done:]], at + done)
             if got == 0:
-                raise CramkitError(
-                    f"{self.path} ended early: it was truncated while in use; rebuild the store"
-                )
+                raise CramkitError(f"{self.path} ended early: it was truncated while in use; rebuild the store")
             done += got
 
     def __getitem__(self, key):
@@ -205,9 +201,7 @@ class ShardedTokens:
                 return np.empty(0, dtype=self.dtype)
             first, last = np.searchsorted(self.starts, [lo, hi - 1], side="right") - 1
             pieces = [
-                np.asarray(
-                    self.parts[j][max(lo - self.starts[j], 0) : min(hi, self.starts[j + 1]) - self.starts[j]]
-                )
+                np.asarray(self.parts[j][max(lo - self.starts[j], 0) : min(hi, self.starts[j + 1]) - self.starts[j]])
                 for j in range(first, last + 1)
             ]
             out = np.concatenate(pieces) if len(pieces) > 1 else pieces[0]
@@ -239,14 +233,10 @@ def _open_pair(prefix: Path, mmap: bool, pin_memory: bool):
     with open(idx_path, "rb") as fh:
         head = fh.read(HEADER.size)
     if len(head) < HEADER.size or head[:9] != MAGIC:
-        raise CramkitError(
-            f"{idx_path} is not a Megatron token index (bad or truncated header); rebuild the store"
-        )
+        raise CramkitError(f"{idx_path} is not a Megatron token index (bad or truncated header); rebuild the store")
     _, version, code, n_seq, n_doc = HEADER.unpack(head)
     if version != VERSION or code not in DTYPE_CODES:
-        raise CramkitError(
-            f"{idx_path}: unsupported version {version} or dtype code {code}; rebuild the store"
-        )
+        raise CramkitError(f"{idx_path}: unsupported version {version} or dtype code {code}; rebuild the store")
     expected = HEADER.size + n_seq * 4 + n_seq * 8 + n_doc * 8
     if idx_size != expected:
         raise CramkitError(
@@ -273,8 +263,7 @@ def _open_pair(prefix: Path, mmap: bool, pin_memory: bool):
             f"the index promises {need}; the build was interrupted or the file damaged, rebuild the store"
         )
     if n_seq and (
-        pointers[0] != 0
-        or (n_seq > 1 and np.any(np.diff(pointers) != sizes[:-1].astype(np.int64) * dtype.itemsize))
+        pointers[0] != 0 or (n_seq > 1 and np.any(np.diff(pointers) != sizes[:-1].astype(np.int64) * dtype.itemsize))
     ):
         raise CramkitError(f"{idx_path}: pointers do not match the sequence lengths; rebuild the store")
     if n_doc and (doc_idx[0] != 0 or doc_idx[-1] != n_seq or np.any(np.diff(doc_idx) < 0)):
@@ -339,9 +328,7 @@ class TokenStore:
             self.doc_idx = np.concatenate(
                 [pairs[0][3][:1]] + [p[3][1:] + b for p, b in zip(pairs, seq_base, strict=False)]
             )
-            self.tokens = ShardedTokens(
-                [np.asarray(p[4]) if isinstance(p[4], np.ndarray) else p[4] for p in pairs]
-            )
+            self.tokens = ShardedTokens([np.asarray(p[4]) if isinstance(p[4], np.ndarray) else p[4] for p in pairs])
         self.num_tokens = len(self.tokens)
         self._max_id: int | None = None
         self.verified = False  # True once every file was checked against its recorded sha256 (staging)
@@ -380,11 +367,7 @@ class TokenStore:
         want = self.meta.get("tokenizer_hash")
         if want is None:
             manifest = _with(self.prefix, ".json")
-            what = (
-                f"has no manifest {manifest.name}"
-                if not self.meta
-                else f"{manifest.name} records no tokenizer"
-            )
+            what = f"has no manifest {manifest.name}" if not self.meta else f"{manifest.name} records no tokenizer"
             if not explicit:
                 raise CramkitError(
                     f"token store {self.prefix} {what}, so nothing says which tokenizer built it (an "
@@ -440,7 +423,10 @@ class TokenStore:
             )
 
     def __repr__(self) -> str:
-        return f"TokenStore({str(self.prefix)!r}, sequences={len(self)}, documents={self.num_documents}, tokens={self.num_tokens})"
+        return (
+            f"TokenStore({str(self.prefix)!r}, sequences={len(self)}, documents={self.num_documents}, "
+            f"tokens={self.num_tokens})"
+        )
 
 
 class _PairWriter:
@@ -509,9 +495,7 @@ class TokenStoreWriter:
     document gets a shard of its own), listed in ``PREFIX.json``.
     """
 
-    def __init__(
-        self, prefix: str | os.PathLike, dtype: np.dtype | type = np.uint16, shard_bytes: int | None = None
-    ):
+    def __init__(self, prefix: str | os.PathLike, dtype: np.dtype | type = np.uint16, shard_bytes: int | None = None):
         self.prefix = Path(prefix)
         self.dtype = np.dtype(dtype)
         if self.dtype not in CODE_OF:

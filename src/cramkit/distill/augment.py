@@ -78,9 +78,7 @@ def find_tagger() -> str:
     try:
         import nltk
     except ImportError:
-        raise CramkitError(
-            "distillation's POS-guided replacement needs NLTK: pip install 'cramkit[distill]'"
-        ) from None
+        raise CramkitError("distillation's POS-guided replacement needs NLTK: pip install 'cramkit[distill]'") from None
     try:
         return str(nltk.data.find(f"taggers/{TAGGER}/"))
     except (LookupError, OSError, ValueError):
@@ -100,9 +98,7 @@ def load_tagger() -> Any:
         try:
             _TAGGERS[key] = PerceptronTagger(lang="eng")
         except (LookupError, OSError, ValueError) as exc:
-            raise CramkitError(
-                f"NLTK's POS tagger in {key} cannot be read ({exc}); install it again"
-            ) from None
+            raise CramkitError(f"NLTK's POS tagger in {key} cannot be read ({exc}); install it again") from None
     return _TAGGERS[key]
 
 
@@ -258,9 +254,7 @@ def read_transfer(root: Path) -> TransferSet:
             labels.append(label)
             orig.append(bool(o))
     if len(a) != manifest.get("rows"):
-        raise CramkitError(
-            f"{root / ROWS} has {len(a)} rows, its manifest says {manifest.get('rows')}; delete {root}"
-        )
+        raise CramkitError(f"{root / ROWS} has {len(a)} rows, its manifest says {manifest.get('rows')}; delete {root}")
     return TransferSet(root, a, b, labels, np.asarray(orig, dtype=bool), manifest)
 
 

@@ -56,9 +56,7 @@ class DistillConfig:
     max_ngram: int = 5
     workers: int = 0  # augmentation processes (0: every core)
     max_train_examples: int = 0  # use only the first N training examples (0: all)
-    max_unlabelled: int = (
-        0  # --unlabelled: at most N texts (0: every line of a file, 100,000 sentences of a store)
-    )
+    max_unlabelled: int = 0  # --unlabelled: at most N texts (0: every line of a file, 100,000 sentences of a store)
     # losses
     loss: Literal["mse", "kl"] = "mse"
     temperature: float = 1.0
@@ -72,9 +70,7 @@ class DistillConfig:
     schedule: Literal["linear", "one-cycle", "constant", "budget-triangle"] = "linear"
     max_length: int = 128
     baseline: bool = True  # also train the student on the labels only
-    baseline_epochs: float = (
-        0.0  # 0: bilstm 3x the distillation epochs (the labelled set is ~20x smaller), encoder 2
-    )
+    baseline_epochs: float = 0.0  # 0: bilstm 3x the distillation epochs (the labelled set is ~20x smaller), encoder 2
     seed: int = 0
     device: str = "auto"
     precision: Precision = "auto"  # cramkit.runtime's rule
@@ -111,8 +107,7 @@ class DistillConfig:
     def augment_config(self):
         from cramkit.distill.augment import AugmentConfig
 
-        return AugmentConfig(self.p_mask, self.p_pos, self.p_ng, self.n_iter, self.max_ngram, self.seed,
-                             self.workers)  # fmt: skip
+        return AugmentConfig(self.p_mask, self.p_pos, self.p_ng, self.n_iter, self.max_ngram, self.seed, self.workers)
 
     def resolved(self, student: str) -> DistillConfig:
         """With the student's defaults filled in."""
@@ -173,15 +168,11 @@ def build_student(student: str, teacher: LoadedModel, cfg: DistillConfig, *, pai
 
         close = difflib.get_close_matches(student, STUDENTS, n=1)
         hint = f" (did you mean {close[0]}?)" if close else ""
-        raise CramkitError(
-            f"--student {student!r}: unknown student{hint}; choose one of {', '.join(STUDENTS)}"
-        )
+        raise CramkitError(f"--student {student!r}: unknown student{hint}; choose one of {', '.join(STUDENTS)}")
     torch.manual_seed(cfg.seed)
     kind, labels = teacher.kind, teacher.labels
     n = teacher.num_labels or 1
-    common = dict(
-        kind=kind, labels=labels, task=teacher.task, max_length=min(cfg.max_length, teacher.max_length)
-    )
+    common = dict(kind=kind, labels=labels, task=teacher.task, max_length=min(cfg.max_length, teacher.max_length))
     if student == "bilstm":
         if cfg.hidden_weight > 0:
             raise CramkitError("hidden_weight applies to --student encoder; the BiLSTM matches logits only")
@@ -199,15 +190,27 @@ def build_student(student: str, teacher: LoadedModel, cfg: DistillConfig, *, pai
             word = principal_components(word, dim)
         scfg = BiLSTMConfig(
             vocab_size=tok.get_vocab_size(with_added_tokens=True) if word is None else word.shape[0],
-            embedding_dim=dim, lstm_hidden=cfg.lstm_hidden, fc_hidden=cfg.fc_hidden, dropout=cfg.dropout,
-            pairs=pairs, pad_token_id=teacher.pad_id, sep_token_id=int(tok.token_to_id("[SEP]")),
-        )  # fmt: skip
+            embedding_dim=dim,
+            lstm_hidden=cfg.lstm_hidden,
+            fc_hidden=cfg.fc_hidden,
+            dropout=cfg.dropout,
+            pairs=pairs,
+            pad_token_id=teacher.pad_id,
+            sep_token_id=int(tok.token_to_id("[SEP]")),
+        )
         model = BiLSTMStudent(scfg, n, multilabel=kind == "multilabel")
         if word is not None:
             with torch.no_grad():
                 model.embedding.weight.copy_(word)
-        return LoadedModel(model=model, config=bilstm_meta(scfg), tokenizer=tok, architecture="bilstm",
-                           with_types=False, pooling="mean", **common)  # fmt: skip
+        return LoadedModel(
+            model=model,
+            config=bilstm_meta(scfg),
+            tokenizer=tok,
+            architecture="bilstm",
+            with_types=False,
+            pooling="mean",
+            **common,
+        )
     return _build_encoder_student(teacher, cfg, n, common)
 
 
@@ -271,8 +274,9 @@ def _build_encoder_student(teacher: LoadedModel, cfg: DistillConfig, n: int, com
                 f"{cfg.hidden}), init=random, or drop hidden"
             )
         picked = _pick_layers(tcfg.layers, layers, cfg.layer_map, f"the teacher ({teacher.source})")
-        scfg = tcfg.replace(layers=layers, dropout=cfg.dropout, attention_dropout=cfg.dropout,
-                            gradient_checkpointing=False)  # fmt: skip
+        scfg = tcfg.replace(
+            layers=layers, dropout=cfg.dropout, attention_dropout=cfg.dropout, gradient_checkpointing=False
+        )
         model = SequenceClassifier(scfg, n, head, multilabel=multilabel)
         _copy_encoder(model, teacher.model, enc, picked, with_head=True)
         tok, with_types, extra = (
@@ -283,8 +287,15 @@ def _build_encoder_student(teacher: LoadedModel, cfg: DistillConfig, n: int, com
     elif cfg.init == "random":
         hidden = cfg.hidden or tcfg.hidden
         heads = tcfg.heads if hidden % tcfg.heads == 0 else max(1, hidden // 64)
-        scfg = tcfg.replace(layers=layers, hidden=hidden, heads=heads, intermediate=4 * hidden,
-                            dropout=cfg.dropout, attention_dropout=cfg.dropout, gradient_checkpointing=False)  # fmt: skip
+        scfg = tcfg.replace(
+            layers=layers,
+            hidden=hidden,
+            heads=heads,
+            intermediate=4 * hidden,
+            dropout=cfg.dropout,
+            attention_dropout=cfg.dropout,
+            gradient_checkpointing=False,
+        )
         scfg.validate()
         model = SequenceClassifier(scfg, n, head, multilabel=multilabel)
         tok, with_types, extra = teacher.tokenizer, teacher.with_types, {"init": "random"}
@@ -294,23 +305,30 @@ def _build_encoder_student(teacher: LoadedModel, cfg: DistillConfig, n: int, com
         src = load_torch(cfg.init, purpose="a student's init")
         src_enc = src.encoder
         if src_enc is None:
-            raise CramkitError(
-                f"init={cfg.init}: a {src.architecture} model has no encoder to start the student from"
-            )
+            raise CramkitError(f"init={cfg.init}: a {src.architecture} model has no encoder to start the student from")
         if cfg.hidden and cfg.hidden != src.config.hidden:
             raise CramkitError(
                 f"hidden={cfg.hidden} but init={cfg.init} has width {src.config.hidden}; give a run of that width "
                 "or drop hidden"
             )
         picked = _pick_layers(src.config.layers, layers, cfg.layer_map, f"init={cfg.init}")
-        scfg = src.config.replace(layers=layers, dropout=cfg.dropout, attention_dropout=cfg.dropout,
-                                  gradient_checkpointing=False)  # fmt: skip
+        scfg = src.config.replace(
+            layers=layers, dropout=cfg.dropout, attention_dropout=cfg.dropout, gradient_checkpointing=False
+        )
         model = SequenceClassifier(scfg, n, head, multilabel=multilabel)
         _copy_encoder(model, src.model, src_enc, picked, with_head=False)
         tok, with_types, extra = src.tokenizer, src.with_types, {"init": cfg.init, "init_layers": picked}
-    return LoadedModel(model=model, config=scfg, tokenizer=tok, architecture="encoder", with_types=with_types,
-                       pooling="cls" if head.pooling == "first" else "mean", head=to_dict(head), extra=extra,
-                       **common)  # fmt: skip
+    return LoadedModel(
+        model=model,
+        config=scfg,
+        tokenizer=tok,
+        architecture="encoder",
+        with_types=with_types,
+        pooling="cls" if head.pooling == "first" else "mean",
+        head=to_dict(head),
+        extra=extra,
+        **common,
+    )
 
 
 def _copy_encoder(model: Any, src_model: Any, src_enc: Any, picked: list[int], *, with_head: bool) -> None:
@@ -377,9 +395,7 @@ def score(task: Any, kind: str, logits: np.ndarray, labels: np.ndarray) -> dict[
     return {"metrics": metrics, "score": task.score(metrics)}
 
 
-def cpu_speed(
-    loaded: LoadedModel, inputs: list[Any], max_length: int, min_seconds: float, threads: int
-) -> float:
+def cpu_speed(loaded: LoadedModel, inputs: list[Any], max_length: int, min_seconds: float, threads: int) -> float:
     """Examples per second of ``loaded`` through the Engine on the CPU with ``threads`` torch threads (one
     warm-up pass first)."""
     import torch
@@ -483,12 +499,15 @@ def distill(
     b = [r.text_b for r in train_rows]
     y_train = [r.label for r in train_rows]
     settings = {
-        "task": task.name, "teacher": t.source, "teacher_weights": teacher_key(t, max_length), "student": student,
+        "task": task.name,
+        "teacher": t.source,
+        "teacher_weights": teacher_key(t, max_length),
+        "student": student,
         "train": _fingerprint(a, b, y_train, unlabelled or []),
         "dev": _fingerprint([[r.text_a, r.text_b, r.label] for r in dev_rows]),
         # (settings that cannot change the result may change between reruns)
         "config": {k: v for k, v in asdict(cfg).items() if k not in ("workers", "checkpoint_every")},
-    }  # fmt: skip
+    }
 
     ctx = init_distributed(cfg.device)  # under torchrun: rank 0 prepares, scores and writes; all train
     with contextlib.ExitStack() as stack:
@@ -504,16 +523,20 @@ def distill(
         if broadcast_object(done, ctx):  # finished earlier with these very settings
             if not ctx.is_main:
                 return {}
-            print(f"cramkit: {out}: distilled earlier with the same settings; its report is kept (delete "
-                  f"{out} to distil again)", file=sys.stderr)  # fmt: skip
+            print(
+                f"cramkit: {out}: distilled earlier with the same settings; its report is kept (delete "
+                f"{out} to distil again)",
+                file=sys.stderr,
+            )
             return json.loads((out / "report.json").read_text(encoding="utf-8"))
         # 1. transfer set and 2. teacher logits, cached (the other ranks read rank 0's)
         with main_first(ctx, "building the transfer set and the teacher's logits"):
             show = progress and ctx.is_main
             transfer = _transfer_set(cfg, cache, a, b, y_train, unlabelled or [], show)
             ta, tb = transfer.rendered(MASK)
-            logits, tstats = teacher_logits(t, ta, tb, transfer.root, max_length=max_length, device=cfg.device,
-                                            progress=show)  # fmt: skip
+            logits, tstats = teacher_logits(
+                t, ta, tb, transfer.root, max_length=max_length, device=cfg.device, progress=show
+            )
 
         # 3. the student on the transfer set, 4. the same student on the labels only
         runs = out / "runs"
@@ -521,16 +544,37 @@ def distill(
         enc = encode_texts(st.tokenizer, sa, sb, max_length)
         ylab = _targets(kind, [v if v is not None else 0 for v in transfer.labels], t.num_labels or 1)
         training: dict[str, Any] = {}
-        training["distilled"] = train_student(st, enc, np.asarray(logits), ylab, transfer.orig, cfg, cfg.epochs,
-                                              runs / RUNS["distilled"], teacher=t, desc=f"distil {student}",
-                                              progress=progress, ctx=ctx)  # fmt: skip
+        training["distilled"] = train_student(
+            st,
+            enc,
+            np.asarray(logits),
+            ylab,
+            transfer.orig,
+            cfg,
+            cfg.epochs,
+            runs / RUNS["distilled"],
+            teacher=t,
+            desc=f"distil {student}",
+            progress=progress,
+            ctx=ctx,
+        )
         training["labels_only"] = None
         if base_model is not None:
             enc0 = encode_texts(base_model.tokenizer, a, b, max_length)
             y0 = _targets(kind, y_train, t.num_labels or 1)
-            training["labels_only"] = train_student(base_model, enc0, None, y0, np.ones(len(a), dtype=bool), cfg,
-                                                    cfg.baseline_epochs, runs / RUNS["labels_only"],
-                                                    desc=f"{student} on labels only", progress=progress, ctx=ctx)  # fmt: skip
+            training["labels_only"] = train_student(
+                base_model,
+                enc0,
+                None,
+                y0,
+                np.ones(len(a), dtype=bool),
+                cfg,
+                cfg.baseline_epochs,
+                runs / RUNS["labels_only"],
+                desc=f"{student} on labels only",
+                progress=progress,
+                ctx=ctx,
+            )
         if not ctx.is_main:
             return {}
 
@@ -539,12 +583,12 @@ def distill(
         da = [r.text_a for r in dev_rows]
         db = [r.text_b for r in dev_rows]
         y_dev = np.asarray([r.label for r in dev_rows], dtype=np.float32 if regression else np.int64)
-        scores = {"teacher": score(task, kind, dev_logits(t, da, db, max_length, cfg.device), y_dev),
-                  "student": score(task, kind, dev_logits(st, da, db, max_length, cfg.device), y_dev)}  # fmt: skip
+        scores = {
+            "teacher": score(task, kind, dev_logits(t, da, db, max_length, cfg.device), y_dev),
+            "student": score(task, kind, dev_logits(st, da, db, max_length, cfg.device), y_dev),
+        }
         if base_model is not None:
-            scores["labels_only"] = score(
-                task, kind, dev_logits(base_model, da, db, max_length, cfg.device), y_dev
-            )
+            scores["labels_only"] = score(task, kind, dev_logits(base_model, da, db, max_length, cfg.device), y_dev)
         inputs = [x if z is None else (x, z) for x, z in zip(da, db, strict=True)]
         if cfg.speed_examples:
             inputs = inputs[: cfg.speed_examples]
@@ -552,9 +596,7 @@ def distill(
         speed, speed1 = {}, {}
         for name, m in (("teacher", t), ("student", st)):
             speed[name] = cpu_speed(m, inputs, max_length, cfg.speed_seconds, threads)
-            speed1[name] = (
-                cpu_speed(m, inputs, max_length, cfg.speed_seconds, 1) if threads > 1 else speed[name]
-            )
+            speed1[name] = cpu_speed(m, inputs, max_length, cfg.speed_seconds, 1) if threads > 1 else speed[name]
 
         # 6. the student's model directory, then the report
         st.extra |= {"distilled_from": t.source, "student": student, "transfer_rows": len(transfer)}
@@ -596,9 +638,7 @@ SETTINGS_FILE = "distill.json"
 RUNS = {"distilled": "distilled", "labels_only": "labels-only"}  # report key -> run directory in OUT/runs
 
 
-def _transfer_set(
-    cfg: DistillConfig, cache: Path, a: list, b: list, y: list, unlabelled: list[str], progress: bool
-):
+def _transfer_set(cfg: DistillConfig, cache: Path, a: list, b: list, y: list, unlabelled: list[str], progress: bool):
     """The transfer set: the training examples and their edited copies (Tang et al.), then the
     unlabelled texts; cached under ``cache`` by a fingerprint of its inputs."""
     from cramkit.distill.augment import MANIFEST, TransferSet, build_transfer
@@ -615,9 +655,14 @@ def _transfer_set(
     extra = [x for x in unlabelled if x and x.strip()]
     root = cache / f"transfer-{key}"
     root.mkdir(parents=True, exist_ok=True)
-    return TransferSet(root, a + extra, b + [None] * len(extra), y + [None] * len(extra),
-                       np.asarray([True] * len(a) + [False] * len(extra)), {"rows": len(a) + len(extra),
-                       "originals": len(a), "copies": 0, "unlabelled": len(extra)})  # fmt: skip
+    return TransferSet(
+        root,
+        a + extra,
+        b + [None] * len(extra),
+        y + [None] * len(extra),
+        np.asarray([True] * len(a) + [False] * len(extra)),
+        {"rows": len(a) + len(extra), "originals": len(a), "copies": 0, "unlabelled": len(extra)},
+    )
 
 
 def report_md(r: dict[str, Any]) -> str:
@@ -630,9 +675,7 @@ def report_md(r: dict[str, Any]) -> str:
         if key not in s:
             return ""
         ps = (
-            f"{params['total'] / 1e6:.2f}M ({params['without_embeddings'] / 1e6:.2f}M w/o embeddings)"
-            if params
-            else ""
+            f"{params['total'] / 1e6:.2f}M ({params['without_embeddings'] / 1e6:.2f}M w/o embeddings)" if params else ""
         )
         return f"| {name} | {s[key]['score']:.2f} | {ps} | {f'{speed:,.0f}' if speed else ''} |\n"
 
@@ -657,9 +700,7 @@ def report_md(r: dict[str, Any]) -> str:
         f"augmented copies, {ts.get('unlabelled', 0):,} unlabelled)"
     )
     if ts.get("examples_per_s"):
-        lines.append(
-            f"; augmentation {ts['examples_per_s']:,.0f} examples/s on {ts.get('workers')} processes"
-        )
+        lines.append(f"; augmentation {ts['examples_per_s']:,.0f} examples/s on {ts.get('workers')} processes")
         spent = ts.get("seconds_tagging", 0) + ts.get("seconds_augmenting", 0)
         if ts.get("cached"):
             lines.append(" (built by an earlier run, reused)")

@@ -53,10 +53,18 @@ class DistillObjective:
     is the mean over the batch's examples (as the loop before the engine computed it)."""
 
     def __init__(
-        self, student: LoadedModel, enc: Encoded, targets: np.ndarray | None, labels: np.ndarray,
-        labelled: np.ndarray, cfg: Any, *, teacher: LoadedModel | None = None, title: str = "student",
+        self,
+        student: LoadedModel,
+        enc: Encoded,
+        targets: np.ndarray | None,
+        labels: np.ndarray,
+        labelled: np.ndarray,
+        cfg: Any,
+        *,
+        teacher: LoadedModel | None = None,
+        title: str = "student",
         resume_hint: str = "rerun the same command",
-    ) -> None:  # fmt: skip
+    ) -> None:
         self.student, self.enc, self.cfg = student, enc, cfg
         self.title, self.resume_hint = title, resume_hint
         self.flops_per_token = None
@@ -78,8 +86,18 @@ class DistillObjective:
 
     def train_loader(self, micro: int, *, rank: int = 0, world: int = 1):
         s = self.student
-        return BatchLoader(self.enc, self.cfg.batch_size, micro, rank, world, seed=self.cfg.seed, chunk=50,
-                           pad_id=s.pad_id, with_types=s.with_types, columns=self.columns)  # fmt: skip
+        return BatchLoader(
+            self.enc,
+            self.cfg.batch_size,
+            micro,
+            rank,
+            world,
+            seed=self.cfg.seed,
+            chunk=50,
+            pad_id=s.pad_id,
+            with_types=s.with_types,
+            columns=self.columns,
+        )
 
     def count(self, batch: dict) -> int:
         return int(batch["count"])
@@ -90,8 +108,10 @@ class DistillObjective:
 
     def loss(self, model: nn.Module, batch: dict, device: torch.device) -> torch.Tensor:
         cfg = self.cfg
-        x = {k: (batch[k].to(device) if batch[k] is not None else None)
-             for k in ("input_ids", "attention_mask", "token_type_ids")}  # fmt: skip
+        x = {
+            k: (batch[k].to(device) if batch[k] is not None else None)
+            for k in ("input_ids", "attention_mask", "token_type_ids")
+        }
         if self.teacher is not None:
             logits, hidden = model(**x)
         else:
@@ -106,9 +126,7 @@ class DistillObjective:
             weight = 1.0 if targets is None else cfg.alpha
             s = self.student
             y = batch["labels"].to(device)[rows]
-            loss = loss + weight * classification_loss(
-                logits[rows], y, s.num_labels or 1, s.kind == "multilabel"
-            )
+            loss = loss + weight * classification_loss(logits[rows], y, s.num_labels or 1, s.kind == "multilabel")
         if self.teacher is not None:
             loss = loss + cfg.hidden_weight * self._hidden_loss(hidden, x, device)
         return loss
@@ -119,8 +137,16 @@ class DistillObjective:
             return F.mse_loss(s, t)
         if kind == "multilabel":
             return F.binary_cross_entropy_with_logits(s / temp, (t / temp).sigmoid()) * temp * temp
-        return F.kl_div(F.log_softmax(s / temp, -1), F.log_softmax(t / temp, -1), log_target=True,
-                        reduction="batchmean") * temp * temp  # fmt: skip
+        return (
+            F.kl_div(
+                F.log_softmax(s / temp, -1),
+                F.log_softmax(t / temp, -1),
+                log_target=True,
+                reduction="batchmean",
+            )
+            * temp
+            * temp
+        )
 
     def _hidden_loss(self, hidden: torch.Tensor, x: dict, device: torch.device) -> torch.Tensor:
         """MSE of the projected student states against the teacher's, over the real (unpadded) tokens."""
@@ -144,12 +170,28 @@ def train_config(cfg: Any, steps: int, threads: int, progress: bool | str = Fals
     from cramkit.train.config import TrainConfig
 
     return TrainConfig(
-        budget=f"{steps}steps", optimizer="adamw", lr=cfg.lr, betas=(0.9, 0.98), eps=1e-6,
-        weight_decay=cfg.weight_decay, schedule=cfg.schedule, micro_batch=cfg.batch_size,
-        batch_size=cfg.batch_size, batch_ramp=0.0, grad_clip=0.0, precision=cfg.precision, compile=False,
-        device=cfg.device, seed=cfg.seed, checkpoint_every=cfg.checkpoint_every, keep_checkpoints=1,
-        eval_every="never", log_every=max(1, steps // 200), progress=progress, threads=threads,
-    )  # fmt: skip
+        budget=f"{steps}steps",
+        optimizer="adamw",
+        lr=cfg.lr,
+        betas=(0.9, 0.98),
+        eps=1e-6,
+        weight_decay=cfg.weight_decay,
+        schedule=cfg.schedule,
+        micro_batch=cfg.batch_size,
+        batch_size=cfg.batch_size,
+        batch_ramp=0.0,
+        grad_clip=0.0,
+        precision=cfg.precision,
+        compile=False,
+        device=cfg.device,
+        seed=cfg.seed,
+        checkpoint_every=cfg.checkpoint_every,
+        keep_checkpoints=1,
+        eval_every="never",
+        log_every=max(1, steps // 200),
+        progress=progress,
+        threads=threads,
+    )
 
 
 def train_student(
@@ -175,8 +217,17 @@ def train_student(
     from cramkit.train.epochs import train_epochs
 
     run = Path(run)
-    objective = DistillObjective(student, enc, targets, labels, labelled, cfg, teacher=teacher, title=desc,
-                                 resume_hint="rerun the same cramkit distill command to continue")  # fmt: skip
+    objective = DistillObjective(
+        student,
+        enc,
+        targets,
+        labels,
+        labelled,
+        cfg,
+        teacher=teacher,
+        title=desc,
+        resume_hint="rerun the same cramkit distill command to continue",
+    )
     steps = max(1, math.ceil(epochs * len(enc) / cfg.batch_size))
     # the BiLSTM's steps are too small to split over threads: 1 unless asked (an encoder: PyTorch's default)
     threads = cfg.threads or (1 if student.architecture == "bilstm" else 0)
@@ -219,9 +270,14 @@ def _finished(run: Path) -> dict[str, Any] | None:
         return None  # damaged: the training resumes from its final checkpoint
 
 
-def _stats(
-    losses: list[float], steps: int, seconds: float, epochs: float, n: int, seen: int
-) -> dict[str, Any]:
-    return {"steps": steps, "epochs": epochs, "examples": n, "examples_seen": seen, "seconds": round(seconds, 2),
-            "examples_per_s": round(seen / max(seconds, 1e-9), 1), "first_loss": losses[0] if losses else None,
-            "last_loss": float(np.mean(losses[-max(1, len(losses) // 10):])) if losses else None}  # fmt: skip
+def _stats(losses: list[float], steps: int, seconds: float, epochs: float, n: int, seen: int) -> dict[str, Any]:
+    return {
+        "steps": steps,
+        "epochs": epochs,
+        "examples": n,
+        "examples_seen": seen,
+        "seconds": round(seconds, 2),
+        "examples_per_s": round(seen / max(seconds, 1e-9), 1),
+        "first_loss": losses[0] if losses else None,
+        "last_loss": float(np.mean(losses[-max(1, len(losses) // 10) :])) if losses else None,
+    }

@@ -109,5 +109,10 @@ def teacher_logits(
     state_path.unlink(missing_ok=True)
     got = load_cached(root, key)
     assert got is not None
-    return got, {"cached": False, "resumed_from": start, "rows_computed": n - start, "seconds": round(seconds, 3),
-                 "examples_per_s": round((n - start) / max(1e-9, seconds), 1)}  # fmt: skip
+    return got, {
+        "cached": False,
+        "resumed_from": start,
+        "rows_computed": n - start,
+        "seconds": round(seconds, 3),
+        "examples_per_s": round((n - start) / max(1e-9, seconds), 1),
+    }

@@ -24,9 +24,7 @@ def is_text_file(path: str | os.PathLike) -> bool:
     return p.is_file() and p.suffix not in (".idx", ".bin")
 
 
-def read_unlabelled(
-    path: str | os.PathLike, *, limit: int = 0, seed: int = 0, max_words: int = 60
-) -> list[str]:
+def read_unlabelled(path: str | os.PathLike, *, limit: int = 0, seed: int = 0, max_words: int = 60) -> list[str]:
     """Texts from ``path``: a UTF-8 text file, one text per line, or a token store directory / prefix (its
     documents as sentences of 3..``max_words`` words). ``limit`` > 0 keeps at most that many."""
     p = Path(path)
@@ -34,9 +32,7 @@ def read_unlabelled(
         try:
             lines = [x.strip() for x in p.read_text(encoding="utf-8").splitlines() if x.strip()]
         except UnicodeDecodeError:
-            raise CramkitError(
-                f"--unlabelled {path} is not UTF-8 text; convert it (iconv -t utf-8)"
-            ) from None
+            raise CramkitError(f"--unlabelled {path} is not UTF-8 text; convert it (iconv -t utf-8)") from None
         return lines[:limit] if limit > 0 else lines
     if not p.exists() and not p.with_suffix(".idx").exists():
         raise CramkitError(

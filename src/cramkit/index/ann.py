@@ -264,9 +264,7 @@ def rerank(vectors: np.ndarray, q: np.ndarray, cand: np.ndarray, k: int) -> tupl
         m = min(k, kk)
         top = np.argsort(-sc, axis=1, kind="stable")[:, :m]
         out_d[a : a + step, :m] = np.take_along_axis(sc, top, axis=1)
-        out_i[a : a + step, :m] = np.where(
-            np.isfinite(out_d[a : a + step, :m]), np.take_along_axis(c, top, axis=1), -1
-        )
+        out_i[a : a + step, :m] = np.where(np.isfinite(out_d[a : a + step, :m]), np.take_along_axis(c, top, axis=1), -1)
     return out_d, out_i
 
 

@@ -254,9 +254,7 @@ class ChunkTable:
             self.doc_hash = np.load(d / "doc_hash.npy", mmap_mode="r", allow_pickle=False)
             size = (d / "texts.bin").stat().st_size
         except (OSError, ValueError, EOFError) as exc:
-            raise CramkitError(
-                f"{d}: the chunk files are missing or damaged ({exc}); rebuild the index"
-            ) from None
+            raise CramkitError(f"{d}: the chunk files are missing or damaged ({exc}); rebuild the index") from None
         n = len(self.table)
         if (
             self.table.ndim != 2

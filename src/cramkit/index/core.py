@@ -124,9 +124,7 @@ def make_chunks(
         doc_split = (reading or {}).get("doc_split", "auto")
         params = {"chunk_tokens": size, "overlap": ov, "doc_split": doc_split, "store": False}
     if len(chunks) == 0:
-        raise CramkitError(
-            f"{source or 'the built-in corpus'}: no text to index (0 chunks); check the source"
-        )
+        raise CramkitError(f"{source or 'the built-in corpus'}: no text to index (0 chunks); check the source")
     return chunks, params
 
 
@@ -195,9 +193,14 @@ def build_index(
         if pooling not in ("mean", "cls"):
             raise CramkitError(f"--pooling must be mean or cls, got {pooling!r}")
         chunks, cparams = make_chunks(
-            source, loaded, mode=mode, chunk_tokens=chunk_tokens, overlap=overlap, reading=reading,
+            source,
+            loaded,
+            mode=mode,
+            chunk_tokens=chunk_tokens,
+            overlap=overlap,
+            reading=reading,
             tokenizer=store_tokenizer,
-        )  # fmt: skip
+        )
         t_chunk = time.perf_counter() - t_start
         if rank == 0:
             _log(f"{len(chunks)} chunks from {chunks.num_docs} documents ({t_chunk:.1f}s)")
@@ -206,9 +209,16 @@ def build_index(
         key = texts_key(chunks.texts, fp, pooling, "normalized")
         engine = _engine(loaded, device, max_batch_tokens)
         rec = embed_to_memmap(
-            chunks.texts, engine, work / "embed", key=key, pooling=pooling, normalize=True, block=block,
-            progress=progress, desc="embedding chunks",
-        )  # fmt: skip
+            chunks.texts,
+            engine,
+            work / "embed",
+            key=key,
+            pooling=pooling,
+            normalize=True,
+            block=block,
+            progress=progress,
+            desc="embedding chunks",
+        )
         if rank != 0:
             return None
         t_embed = time.perf_counter()
@@ -301,12 +311,17 @@ def _read_manifest(root: Path) -> dict[str, Any]:
         raise CramkitError(f"{file} is not valid JSON ({exc}); the index is damaged, rebuild it") from None
     if not isinstance(m, dict) or m.get("format") != FORMAT:
         raise CramkitError(f"{file}: not a cramkit index manifest (format {FORMAT} expected)")
-    for name, typ in (("data", str), ("count", int), ("dim", int), ("mode", str), ("plan", dict),
-                      ("encoder", dict), ("files", dict)):  # fmt: skip
+    for name, typ in (
+        ("data", str),
+        ("count", int),
+        ("dim", int),
+        ("mode", str),
+        ("plan", dict),
+        ("encoder", dict),
+        ("files", dict),
+    ):
         if not isinstance(m.get(name), typ):
-            raise CramkitError(
-                f"{file}: field {name!r} is missing or not a {typ.__name__}; rebuild the index"
-            )
+            raise CramkitError(f"{file}: field {name!r} is missing or not a {typ.__name__}; rebuild the index")
     if m["mode"] not in MODES or m["plan"].get("kind") not in ann.KINDS[1:]:
         raise CramkitError(f"{file}: unknown mode or index kind; rebuild the index")
     return m
@@ -353,13 +368,9 @@ class Index:
         try:
             self.vectors = np.load(self.data_dir / "vectors.npy", mmap_mode="r", allow_pickle=False)
         except (OSError, ValueError) as exc:
-            raise CramkitError(
-                f"{self.data_dir / 'vectors.npy'} is damaged ({exc}); rebuild the index"
-            ) from None
+            raise CramkitError(f"{self.data_dir / 'vectors.npy'} is damaged ({exc}); rebuild the index") from None
         if self.vectors.shape != (m["count"], m["dim"]) or len(self.chunks) != m["count"]:
-            raise CramkitError(
-                f"{self.path}: the data files do not match the manifest's count; rebuild the index"
-            )
+            raise CramkitError(f"{self.path}: the data files do not match the manifest's count; rebuild the index")
         self.plan = m["plan"]
         self.params = m.get("params") or {}
         self.index = None
@@ -367,9 +378,7 @@ class Index:
         if self.plan["kind"] != "flat":
             self.index, self.mmapped = ann.read(self.data_dir / "faiss.index", mmap=mmap)
             if self.index.ntotal != m["count"] or self.index.d != m["dim"]:
-                raise CramkitError(
-                    f"{self.data_dir / 'faiss.index'} does not match the manifest; rebuild the index"
-                )
+                raise CramkitError(f"{self.data_dir / 'faiss.index'} does not match the manifest; rebuild the index")
         self._encoder_arg = encoder
         self.device = device
         self._engine: Any = None
@@ -425,9 +434,7 @@ class Index:
                 from cramkit.load import directory_kind
 
                 if directory_kind(self.encoder_dir) is None:
-                    raise CramkitError(
-                        f"{self.encoder_dir}: the index's encoder copy is missing; rebuild the index"
-                    )
+                    raise CramkitError(f"{self.encoder_dir}: the index's encoder copy is missing; rebuild the index")
                 loaded = load_encoder(str(self.encoder_dir))
                 if encoder_fingerprint(loaded) != want:
                     raise CramkitError(
@@ -466,19 +473,30 @@ class Index:
         k = self._check_k(k)
         with self._lock:
             scores, ids = self.search_vectors(self.embed(texts), k)
-        return [[self.hit(int(i), float(s)) for s, i in zip(sr, ir, strict=True) if i >= 0]
-                for sr, ir in zip(scores, ids, strict=True)]  # fmt: skip
+        return [
+            [self.hit(int(i), float(s)) for s, i in zip(sr, ir, strict=True) if i >= 0]
+            for sr, ir in zip(scores, ids, strict=True)
+        ]
 
     def hit(self, i: int, score: float) -> dict[str, Any]:
         row = self.chunks.row(i)
         sources = self.manifest.get("sources") or []
         src = sources[row["source"]] if 0 <= row["source"] < len(sources) else str(row["source"])
-        out = {"score": score, "text": self.chunks.text(i), "doc": row["doc"], "source": src, "chunk": i,
-               "span": [row["tok_start"], row["tok_end"]]}  # fmt: skip
+        out = {
+            "score": score,
+            "text": self.chunks.text(i),
+            "doc": row["doc"],
+            "source": src,
+            "chunk": i,
+            "span": [row["tok_start"], row["tok_end"]],
+        }
         if self.manifest["mode"] == "retro":
             nxt = i + 1
-            same = nxt < len(self) and self.chunks.row(nxt)["seq"] == row["seq"] and (
-                self.chunks.row(nxt)["source"] == row["source"])  # fmt: skip
+            same = (
+                nxt < len(self)
+                and self.chunks.row(nxt)["seq"] == row["seq"]
+                and (self.chunks.row(nxt)["source"] == row["source"])
+            )
             out["continuation"] = self.chunks.text(nxt) if same else ""
         return out
 
@@ -512,10 +530,14 @@ def add_to_index(
         loaded = idx.engine().loaded
         cp = m.get("chunking") or {}
         chunks, _ = make_chunks(
-            source, loaded, mode=m["mode"], chunk_tokens=cp.get("chunk_tokens"),
+            source,
+            loaded,
+            mode=m["mode"],
+            chunk_tokens=cp.get("chunk_tokens"),
             overlap=cp.get("overlap") if not cp.get("store") and source and not is_store(source) else None,
-            reading={**(reading or {}), "doc_split": cp.get("doc_split", "auto")}, tokenizer=store_tokenizer,
-        )  # fmt: skip
+            reading={**(reading or {}), "doc_split": cp.get("doc_split", "auto")},
+            tokenizer=store_tokenizer,
+        )
         if bool(cp.get("store")) != (source is not None and is_store(source)):
             raise CramkitError(
                 f"{source}: the index was built from {'a token store' if cp.get('store') else 'text files'}; "
@@ -525,9 +547,16 @@ def add_to_index(
         pooling = m["encoder"]["pooling"]
         key = texts_key(chunks.texts, m["encoder"]["fingerprint"], pooling, "normalized", m["data"])
         rec = embed_to_memmap(
-            chunks.texts, idx.engine(), work / "embed", key=key, pooling=pooling, normalize=True, block=block,
-            progress=progress, desc="embedding new chunks",
-        )  # fmt: skip
+            chunks.texts,
+            idx.engine(),
+            work / "embed",
+            key=key,
+            pooling=pooling,
+            normalize=True,
+            block=block,
+            progress=progress,
+            desc="embedding new chunks",
+        )
         new_vec = np.load(work / "embed" / "embeddings.npy", mmap_mode="r", allow_pickle=False)
         n_old, d = idx.vectors.shape
         data = work / "data"
@@ -597,9 +626,7 @@ def retro_neighbours(
     idx = Index(path)
     m = idx.manifest
     if m["mode"] != "retro":
-        raise CramkitError(
-            f"{path} is a {m['mode']} index; RETRO neighbours need one built with --mode retro"
-        )
+        raise CramkitError(f"{path} is a {m['mode']} index; RETRO neighbours need one built with --mode retro")
     k = idx._check_k(k)
     ts = TokenStore(store)
     size = int((m.get("chunking") or {}).get("chunk_tokens") or RETRO_CHUNK)
@@ -631,9 +658,16 @@ def retro_neighbours(
             texts = list(decode_spans(ts, tok, spans))
             key = texts_key(texts, m["encoder"]["fingerprint"], pooling, "normalized")
             embed_to_memmap(
-                texts, idx.engine(), out / ".embed", key=key, pooling=pooling, normalize=True, block=block,
-                progress=progress, desc="embedding store chunks",
-            )  # fmt: skip
+                texts,
+                idx.engine(),
+                out / ".embed",
+                key=key,
+                pooling=pooling,
+                normalize=True,
+                block=block,
+                progress=progress,
+                desc="embedding store chunks",
+            )
             q = np.load(out / ".embed" / "embeddings.npy", mmap_mode="r", allow_pickle=False)
         result = open_memmap(out / ".neighbours.npy", np.int32, (len(spans), k))
         t0 = time.perf_counter()

@@ -49,8 +49,15 @@ def read_inputs(
             spans = np.stack([np.arange(len(sizes)), np.zeros(len(sizes), np.int64), sizes], axis=1)
         texts = list(decode_spans(ts, tok, spans))
         ids = np.arange(len(spans), dtype=np.int64)
-        return texts, ids, {"kind": "store", "rows": "chunks" if chunk_tokens else "sequences",
-                            "chunk_tokens": chunk_tokens}  # fmt: skip
+        return (
+            texts,
+            ids,
+            {
+                "kind": "store",
+                "rows": "chunks" if chunk_tokens else "sequences",
+                "chunk_tokens": chunk_tokens,
+            },
+        )
     if chunk_tokens:
         raise CramkitError("--chunk-tokens applies to a token store; a file is embedded row by row")
     from cramkit.infer.predict import read_rows
@@ -92,9 +99,14 @@ def embed_source(
         pooling = pooling or loaded.pooling
         normalize = loaded.normalize if normalize is None else normalize
         texts, ids, what = read_inputs(
-            source, loaded, text_col=text_col, chunk_tokens=chunk_tokens, store_tokenizer=store_tokenizer,
-            encoding=encoding, errors=errors,
-        )  # fmt: skip
+            source,
+            loaded,
+            text_col=text_col,
+            chunk_tokens=chunk_tokens,
+            store_tokenizer=store_tokenizer,
+            encoding=encoding,
+            errors=errors,
+        )
         if not texts:
             raise CramkitError(f"{source}: nothing to embed (0 rows)")
         key = texts_key(texts, encoder_fingerprint(loaded), pooling, str(bool(normalize)))
@@ -116,6 +128,14 @@ def embed_source(
                         p.unlink()
         engine = Engine(loaded, device=device, max_batch_tokens=max_batch_tokens)
         return embed_to_memmap(
-            texts, engine, out, key=key, pooling=pooling, normalize=bool(normalize), ids=ids, block=block,
-            desc="embedding", meta={"source": str(source), "model": str(model), **what},
-        )  # fmt: skip
+            texts,
+            engine,
+            out,
+            key=key,
+            pooling=pooling,
+            normalize=bool(normalize),
+            ids=ids,
+            block=block,
+            desc="embedding",
+            meta={"source": str(source), "model": str(model), **what},
+        )

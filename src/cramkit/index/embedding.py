@@ -134,9 +134,7 @@ def embed_to_memmap(
             (out / "state.json").unlink(missing_ok=True)
             mm = open_memmap(out / "embeddings.npy", np.float32, (n, dim))
             del mm
-            np.save(
-                out / "ids.npy", np.arange(n, dtype=np.int64) if ids is None else np.asarray(ids, np.int64)
-            )
+            np.save(out / "ids.npy", np.arange(n, dtype=np.int64) if ids is None else np.asarray(ids, np.int64))
             write_json_atomic(out / "state.json", state)
     _barrier(world)
     start, end = n * rank // world, n * (rank + 1) // world
@@ -146,9 +144,7 @@ def embed_to_memmap(
     committed = max(0, min(committed, end - start))
     mm = np.load(out / "embeddings.npy", mmap_mode="r+", allow_pickle=False)
     if mm.shape != (n, dim):
-        raise CramkitError(
-            f"{out / 'embeddings.npy'} has shape {mm.shape}, expected {(n, dim)}; remove {out}"
-        )
+        raise CramkitError(f"{out / 'embeddings.npy'} has shape {mm.shape}, expected {(n, dim)}; remove {out}")
     t0 = time.perf_counter()
     resumed = committed
     bar = _Bar(progress and rank == 0, desc, end - start, committed)

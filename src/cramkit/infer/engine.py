@@ -232,9 +232,7 @@ class Engine:
         """Encode each context with each of its choices (a pair row per choice); CramkitError naming the
         first bad input (a context that is not a string, fewer than two choices, a choice not a string)."""
         if len(contexts) != len(choices):
-            raise CramkitError(
-                f"{len(contexts)} contexts but {len(choices)} lists of choices; give one per context"
-            )
+            raise CramkitError(f"{len(contexts)} contexts but {len(choices)} lists of choices; give one per context")
         for i, (a, cs) in enumerate(zip(contexts, choices, strict=True)):
             if not isinstance(a, str):
                 raise CramkitError(f"input {i}: the context is a {type(a).__name__}; give a string")
@@ -332,8 +330,14 @@ class Engine:
     def logits_encoded(self, enc: Encoded) -> np.ndarray:
         """The classification/regression head's raw outputs [n, C] for tokenised inputs."""
         self._need_head()
-        return forward.logits(self.runner, enc, pad_id=self.pad_id, with_types=self.with_types,
-                              max_tokens=self.max_batch_tokens, width=len(self.labels or []) or 1)  # fmt: skip
+        return forward.logits(
+            self.runner,
+            enc,
+            pad_id=self.pad_id,
+            with_types=self.with_types,
+            max_tokens=self.max_batch_tokens,
+            width=len(self.labels or []) or 1,
+        )
 
     def logits_pass(self, enc: Encoded, rows: np.ndarray | None = None) -> np.ndarray:
         """The head's outputs for ``rows`` (default: all of ``enc``) in one forward pass."""
@@ -474,14 +478,10 @@ def compare_outputs(loaded: LoadedModel, exported: ExportedModel, texts: list[An
     with torch.inference_mode():
         if ref.can_embed:
             enc = ref.tokenize(texts)
-            for name, a, b in zip(
-                ("mean", "cls"), ref.embed_encoded(enc), got.embed_encoded(enc), strict=True
-            ):
+            for name, a, b in zip(("mean", "cls"), ref.embed_encoded(enc), got.embed_encoded(enc), strict=True):
                 res[f"max_abs_diff_{name}"] = float(np.abs(a - b).max())
                 res[f"scale_{name}"] = float(np.abs(a).max())
-                cos = (a * b).sum(1) / np.maximum(
-                    np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1), 1e-12
-                )
+                cos = (a * b).sum(1) / np.maximum(np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1), 1e-12)
                 res[f"cosine_{name}_mean"] = float(cos.mean())
                 res[f"cosine_{name}_min"] = float(cos.min())
         if ref.can_classify or ref.can_choose:  # multiple choice: the scores of the pairs
@@ -492,11 +492,7 @@ def compare_outputs(loaded: LoadedModel, exported: ExportedModel, texts: list[An
             if ref.can_classify and loaded.kind != "regression":
                 res["label_agreement"] = float((a.argmax(1) == b.argmax(1)).mean())
         if ref.can_fill_mask:
-            masked = [
-                " ".join(t.split()[:6] + ["[MASK]"] + t.split()[6:12])
-                for t in texts[:32]
-                if isinstance(t, str)
-            ]
+            masked = [" ".join(t.split()[:6] + ["[MASK]"] + t.split()[6:12]) for t in texts[:32] if isinstance(t, str)]
             ra, ga = ref.fill_mask(masked, top_k=1), got.fill_mask(masked, top_k=1)
             pa = [m[0]["id"] for r in ra for m in r[:1]]
             pb = [m[0]["id"] for r in ga for m in r[:1]]

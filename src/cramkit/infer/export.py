@@ -53,8 +53,10 @@ def export(
         raise CramkitError(f"format must be one of {', '.join(known)}, got {format!r}")
     backend = backends.get(format) if format != "hf" else None
     if backend is None and (quantize or options):
-        raise CramkitError("the hf format takes no quantize or options; quantize applies to " + ", ".join(
-            f"{b.name} ({'/'.join(q for q in b.quantize if q)})" for b in backends.backends().values()))  # fmt: skip
+        raise CramkitError(
+            "the hf format takes no quantize or options; quantize applies to "
+            + ", ".join(f"{b.name} ({'/'.join(q for q in b.quantize if q)})" for b in backends.backends().values())
+        )
     if backend is not None and quantize not in backend.quantize and quantize is not None:
         allowed = ", ".join(q for q in backend.quantize if q)
         raise CramkitError(f"quantize {quantize} does not apply to the {format} format; it takes {allowed}")
@@ -68,8 +70,10 @@ def export(
     removed = check_out(out, inputs=[model], own=[marker], replace=True, force=force)
     if removed:
         shown = ", ".join(removed[:20]) + (f" and {len(removed) - 20} more" if len(removed) > 20 else "")
-        print(f"cramkit: --force: {out} will be replaced; removing its {len(removed)} entries: {shown}",
-              file=sys.stderr)  # fmt: skip
+        print(
+            f"cramkit: --force: {out} will be replaced; removing its {len(removed)} entries: {shown}",
+            file=sys.stderr,
+        )
     from cramkit.load import for_task
 
     if not isinstance(model, LoadedModel) and load_directory_architecture(model) in ("prompt", "prefix"):
@@ -77,9 +81,7 @@ def export(
             f"{model} is a prompt or deep-prompt model (finetune --prompt / --method ptuning); exporting one is not "
             "supported yet: run it with cramkit predict, cramkit serve or cramkit.infer.Engine"
         )
-    loaded = for_task(
-        model if isinstance(model, LoadedModel) else load_torch(model, step=step, purpose="export"), task
-    )
+    loaded = for_task(model if isinstance(model, LoadedModel) else load_torch(model, step=step, purpose="export"), task)
     if loaded.architecture in ("prompt", "prefix"):
         raise CramkitError(
             f"{loaded.source} is a prompt or deep-prompt model; exporting one is not supported yet: run it with "
@@ -108,8 +110,15 @@ def _export_hf(loaded: LoadedModel, out: Path, mlm_head: bool, force: bool) -> E
 
     with tempfile.TemporaryDirectory() as tmp:
         tok_dir = save_tokenizer(loaded.tokenizer, Path(tmp) / "tokenizer")
-        done = export_hf(loaded.model, loaded.config, out, tokenizer_dir=tok_dir, mlm_head=mlm_head, force=force,
-                         labels=loaded.labels)  # fmt: skip
+        done = export_hf(
+            loaded.model,
+            loaded.config,
+            out,
+            tokenizer_dir=tok_dir,
+            mlm_head=mlm_head,
+            force=force,
+            labels=loaded.labels,
+        )
     fmt = json.loads((done / "cramkit_export.json").read_text(encoding="utf-8"))
     arch = fmt["architecture"]
     if "Classification" in arch:

@@ -57,14 +57,10 @@ def read_rows(
     check_source_options(encoding=encoding, errors=errors)
     path = Path(path)
     if not path.is_file():
-        raise CramkitError(
-            f"{path} does not exist (or is not a file); give a .csv, .tsv, .jsonl or .txt file"
-        )
+        raise CramkitError(f"{path} does not exist (or is not a file); give a .csv, .tsv, .jsonl or .txt file")
     if path.suffix.lower() == ".txt":
         if choices is not None:
-            raise CramkitError(
-                f"{path}: a multiple-choice model needs rows with choices; give a .jsonl or .csv file"
-            )
+            raise CramkitError(f"{path}: a multiple-choice model needs rows with choices; give a .jsonl or .csv file")
         try:
             lines = path.read_text(encoding=encoding or "utf-8-sig", errors=errors).splitlines()
         except UnicodeDecodeError as exc:
@@ -95,18 +91,14 @@ def read_rows(
         if a_col is None:
             a_col = next((c for c in TEXT_COLUMNS if c in rec), None)
             if a_col is None:
-                raise CramkitError(
-                    f"{path}: no text column among {', '.join(columns)}; name it with --text-a COLUMN"
-                )
+                raise CramkitError(f"{path}: no text column among {', '.join(columns)}; name it with --text-a COLUMN")
             if b_col is None:
                 b_col = next((c for c in PAIR_COLUMNS if c in rec and c != a_col), None)
         if not texts_a:
             has_label = label is not None and label in rec
         if a_col not in rec or (b_col is not None and b_col not in rec):
             missing = a_col if a_col not in rec else b_col
-            raise CramkitError(
-                f"{path} line {lineno}: no column {missing!r}; its columns: {', '.join(map(str, rec))}"
-            )
+            raise CramkitError(f"{path} line {lineno}: no column {missing!r}; its columns: {', '.join(map(str, rec))}")
         va, vb = rec[a_col], rec.get(b_col) if b_col else None
         if not isinstance(va, str) or (b_col and not isinstance(vb, str)):
             raise CramkitError(f"{path} line {lineno}: the text column holds {type(va).__name__}, not text")
@@ -123,9 +115,14 @@ def read_rows(
     if not texts_a:
         raise CramkitError(f"{path} has no rows to predict")
     return Rows(
-        texts_a, texts_b if b_col else None, gold if has_label else None, columns, (a_col, b_col),
-        label if has_label else None, row_choices if choices is not None else None,
-    )  # fmt: skip
+        texts_a,
+        texts_b if b_col else None,
+        gold if has_label else None,
+        columns,
+        (a_col, b_col),
+        label if has_label else None,
+        row_choices if choices is not None else None,
+    )
 
 
 def predict(
@@ -168,16 +165,12 @@ def predict(
         check_out_file(out, inputs=[model, input_file])
     if not isinstance(model, (LoadedModel, ExportedModel)):
         if is_export(model) and task is not None:
-            raise CramkitError(
-                f"--task applies to a model trained on a mixture; {model} is an export of one task"
-            )
+            raise CramkitError(f"--task applies to a model trained on a mixture; {model} is an export of one task")
         model = load(model, base=base)
     if isinstance(model, LoadedModel):
         model = for_task(model, task)
     given = label not in ("auto", None)
-    engine = Engine(
-        model, backend=backend, device=device, max_batch_tokens=max_batch_tokens, max_length=max_length
-    )
+    engine = Engine(model, backend=backend, device=device, max_batch_tokens=max_batch_tokens, max_length=max_length)
     trained = _trained_columns(engine)
     if label == "auto":
         label = trained.get("label") or "label"
@@ -186,9 +179,7 @@ def predict(
         choices = choices or trained.get("choices") or ["choices"]
         text_a = text_a or trained.get("text_a")
     elif choices is not None:
-        raise CramkitError(
-            f"--choices applies to a multiple-choice model; {loaded.source} is a {loaded.kind} model"
-        )
+        raise CramkitError(f"--choices applies to a multiple-choice model; {loaded.source} is a {loaded.kind} model")
     rows = read_rows(input_file, text_a, text_b, label, choices=choices, encoding=encoding, errors=errors)
     if given and rows.label_column is None:
         raise CramkitError(
@@ -207,9 +198,7 @@ def predict(
             records.append(
                 {
                     "row": i,
-                    "masks": [
-                        [{"token": c["token"], "score": round(c["score"], 6)} for c in m] for m in masks
-                    ],
+                    "masks": [[{"token": c["token"], "score": round(c["score"], 6)} for c in m] for m in masks],
                 }
             )
         summary["masks"] = sum(len(m) for m in filled)
@@ -249,9 +238,7 @@ def predict(
             else:
                 rec["label"] = res.labels[i]
                 names = loaded.labels or [str(j) for j in range(res.probs.shape[1])]
-                rec["probabilities"] = {
-                    n: round(float(p), 6) for n, p in zip(names, res.probs[i], strict=True)
-                }
+                rec["probabilities"] = {n: round(float(p), 6) for n, p in zip(names, res.probs[i], strict=True)}
             if res.truncated[i]:
                 rec["truncated"] = True
             records.append(rec)
@@ -281,9 +268,7 @@ def _trained_columns(engine: Any) -> dict[str, Any]:
     return out
 
 
-def _check_gold(
-    loaded: Any, gold: list[str], where: str, choices: list[tuple[str, ...]] | None = None
-) -> None:
+def _check_gold(loaded: Any, gold: list[str], where: str, choices: list[tuple[str, ...]] | None = None) -> None:
     """CramkitError (before any row is predicted) when the gold labels cannot be scored by the model."""
     hint = "give --label the right column, or --label none to predict without scoring"
     if loaded.kind == "multiple_choice":

@@ -59,9 +59,7 @@ class ModelConfig:
             if getattr(self, name) <= 0:
                 raise CramkitError(f"model.{name} must be positive, got {getattr(self, name)}")
         if self.hidden % self.heads:
-            raise CramkitError(
-                f"model.hidden ({self.hidden}) must be divisible by model.heads ({self.heads})"
-            )
+            raise CramkitError(f"model.hidden ({self.hidden}) must be divisible by model.heads ({self.heads})")
         if self.activation in ("gelu_glu", "swiglu") and self.intermediate % 2:
             raise CramkitError(f"model.intermediate ({self.intermediate}) must be even with a GLU activation")
         if self.position == "rope" and (self.hidden // self.heads) % 2:
@@ -135,9 +133,7 @@ class Rotary(nn.Module):
         angles = torch.outer(torch.arange(n, dtype=torch.float32, device=self.inv_freq.device), self.inv_freq)
         return angles.cos(), angles.sin()
 
-    def forward(
-        self, x: torch.Tensor, positions: torch.Tensor | None = None, length: int = 0
-    ) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, positions: torch.Tensor | None = None, length: int = 0) -> torch.Tensor:
         """x: [B, heads, L, head_dim] (positions 0..L-1), or [N, heads, head_dim] at ``positions`` [N], each
         below ``length`` (the sequence's length, known on the host: no device read)."""
         if positions is None:
@@ -215,9 +211,7 @@ def select_positions(keep: torch.Tensor) -> Selection:
 def local(t: torch.Tensor | None) -> torch.Tensor | None:
     """The part of a weight this process computes with: the weight itself, or under tensor parallelism
     (``cramkit.train.parallel.apply_tp``) this rank's shard of it."""
-    dtensor = sys.modules.get(
-        "torch.distributed.tensor"
-    )  # not imported: no DTensor exists (and its import is slow)
+    dtensor = sys.modules.get("torch.distributed.tensor")  # not imported: no DTensor exists (and its import is slow)
     return t.to_local() if dtensor is not None and isinstance(t, dtensor.DTensor) else t
 
 
@@ -228,9 +222,7 @@ class Attention(nn.Module):
         self.heads = cfg.heads  # the heads this process computes (cfg.heads / tp under tensor parallelism)
         self.qkv = nn.Linear(cfg.hidden, 3 * cfg.hidden, bias=cfg.bias)
         self.out = nn.Linear(cfg.hidden, cfg.hidden, bias=cfg.bias)
-        self.rotary = (
-            Rotary(cfg.head_dim, cfg.max_position, cfg.rope_base) if cfg.position == "rope" else None
-        )
+        self.rotary = Rotary(cfg.head_dim, cfg.max_position, cfg.rope_base) if cfg.position == "rope" else None
 
     def forward(
         self,
@@ -307,9 +299,7 @@ class MLP(nn.Module):
         self.glu = cfg.activation in ("gelu_glu", "swiglu")
         self.fc_in = nn.Linear(cfg.hidden, cfg.intermediate, bias=cfg.bias)
         self.act = activation_fn(cfg.activation)
-        self.fc_out = nn.Linear(
-            cfg.intermediate // 2 if self.glu else cfg.intermediate, cfg.hidden, bias=cfg.bias
-        )
+        self.fc_out = nn.Linear(cfg.intermediate // 2 if self.glu else cfg.intermediate, cfg.hidden, bias=cfg.bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = F.linear(x, local(self.fc_in.weight), local(self.fc_in.bias))
@@ -357,9 +347,7 @@ class Block(nn.Module):
         x = self.norm_attn(self.alpha * residual + self.dropout(self.attn(x, mask, select)))
         return self.norm_mlp(self.alpha * x + self.dropout(self.mlp(x)))
 
-    def _attend(
-        self, x: torch.Tensor, mask: torch.Tensor | None, prefix: torch.Tensor | None
-    ) -> torch.Tensor:
+    def _attend(self, x: torch.Tensor, mask: torch.Tensor | None, prefix: torch.Tensor | None) -> torch.Tensor:
         # the prefix only when there is one: an exporter's stand-in attention (cramkit.infer.backends.onnx) takes none
         return self.attn(x, mask) if prefix is None else self.attn(x, mask, prefix=prefix)
 
@@ -463,9 +451,7 @@ def config_parameters(m: ModelConfig) -> int:
 def count_parameters(module: nn.Module, *, exclude_embeddings: bool = False) -> int:
     total = sum(p.numel() for p in module.parameters())
     if exclude_embeddings:
-        total -= sum(
-            p.numel() for m in module.modules() if isinstance(m, nn.Embedding) for p in m.parameters()
-        )
+        total -= sum(p.numel() for m in module.modules() if isinstance(m, nn.Embedding) for p in m.parameters())
     return total
 
 

@@ -131,17 +131,11 @@ class SequenceClassifier(nn.Module):
     ) -> tuple[torch.Tensor | None, torch.Tensor]:
         hidden = self.encoder(input_ids, attention_mask, token_type_ids)
         logits = self.classifier(self.dropout(self.pool(hidden, attention_mask)))
-        loss = (
-            classification_loss(logits, labels, self.num_labels, self.multilabel)
-            if labels is not None
-            else None
-        )
+        loss = classification_loss(logits, labels, self.num_labels, self.multilabel) if labels is not None else None
         return loss, logits
 
 
-def classification_loss(
-    logits: torch.Tensor, labels: torch.Tensor, num_labels: int, multilabel: bool
-) -> torch.Tensor:
+def classification_loss(logits: torch.Tensor, labels: torch.Tensor, num_labels: int, multilabel: bool) -> torch.Tensor:
     """MSE for one output (regression), BCE for multi-label, else cross-entropy; computed in fp32."""
     if num_labels == 1:
         return F.mse_loss(logits.squeeze(-1).float(), labels.float())

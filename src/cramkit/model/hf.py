@@ -76,9 +76,7 @@ _HEAD_NAMES = {
     "classifier.bias": "classifier.bias",
 }
 # present in some checkpoints, never needed: buffers and the next-sentence head
-_IGNORED = re.compile(
-    r"(embeddings\.position_ids|cls\.seq_relationship\..*|cls\.predictions\.decoder\.bias)$"
-)
+_IGNORED = re.compile(r"(embeddings\.position_ids|cls\.seq_relationship\..*|cls\.predictions\.decoder\.bias)$")
 
 
 # ----------------------------------------------------------------------------------------------- import
@@ -230,8 +228,7 @@ def read_weights(file: Path) -> dict[str, torch.Tensor]:
         return load_file(file)
     except (SafetensorError, OSError, ValueError, RuntimeError) as exc:
         raise CramkitError(
-            f"{file} is not a valid safetensors file ({exc}); it is corrupt or truncated: re-download or "
-            "re-export it"
+            f"{file} is not a valid safetensors file ({exc}); it is corrupt or truncated: re-download or re-export it"
         ) from None
 
 
@@ -306,9 +303,7 @@ def _resolve(path: str | Path) -> Path:
     if local.is_dir():
         return local
     if local.exists() or name.startswith((".", "/", "~")) or name.count("/") > 1 or not name:
-        raise CramkitError(
-            f"{path}: not a model directory; give a directory with config.json and model.safetensors"
-        )
+        raise CramkitError(f"{path}: not a model directory; give a directory with config.json and model.safetensors")
     try:
         from huggingface_hub import constants, snapshot_download
         from huggingface_hub.utils import LocalEntryNotFoundError, RepositoryNotFoundError
@@ -320,11 +315,7 @@ def _resolve(path: str | Path) -> Path:
     try:
         return Path(snapshot_download(name, allow_patterns=patterns + list(TOKENIZER_FILES)))
     except LocalEntryNotFoundError:  # not cached, and offline or no network
-        why = (
-            "downloads are off (HF_HUB_OFFLINE=1)"
-            if constants.HF_HUB_OFFLINE
-            else "the hub cannot be reached"
-        )
+        why = "downloads are off (HF_HUB_OFFLINE=1)" if constants.HF_HUB_OFFLINE else "the hub cannot be reached"
         raise CramkitError(
             f"hf:{name}: not in the local Hugging Face cache and {why}; connect to the network (and unset "
             "HF_HUB_OFFLINE), or download the model where there is one and give its directory"
@@ -498,9 +489,7 @@ def _write_tokenizer(tokenizer_dir: Path, out: Path, cfg: ModelConfig) -> None:
     vocab: set[str] = set()
     if (tokenizer_dir / "tokenizer.json").exists():
         tok = json.loads((tokenizer_dir / "tokenizer.json").read_text(encoding="utf-8"))
-        vocab = set((tok.get("model") or {}).get("vocab") or {}) | {
-            t["content"] for t in tok.get("added_tokens", [])
-        }
+        vocab = set((tok.get("model") or {}).get("vocab") or {}) | {t["content"] for t in tok.get("added_tokens", [])}
         klass = "BertTokenizerFast"  # plain BERT: loads without remote code
     else:
         vocab = set((tokenizer_dir / "vocab.txt").read_text(encoding="utf-8").split("\n"))
@@ -598,9 +587,7 @@ def export_hf(
                 weights.pop("head.decoder.weight", None)
         config = _cramkit_config(cfg, arch, dtype)
         if clf is not None:
-            labels_cfg = _bert_config(
-                cfg, arch, dtype, clf.num_labels, labels, bool(getattr(clf, "multilabel", False))
-            )
+            labels_cfg = _bert_config(cfg, arch, dtype, clf.num_labels, labels, bool(getattr(clf, "multilabel", False)))
             for key in ("id2label", "label2id", "problem_type"):
                 if key in labels_cfg:
                     config[key] = labels_cfg[key]

@@ -160,12 +160,7 @@ class Attention(nn.Module):
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
         batch, length, _ = x.shape
-        q, k, v = (
-            self.qkv(x)
-            .view(batch, length, 3, self.cfg.heads, self.cfg.head_dim)
-            .permute(2, 0, 3, 1, 4)
-            .unbind(0)
-        )
+        q, k, v = self.qkv(x).view(batch, length, 3, self.cfg.heads, self.cfg.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
         if self.cfg.position == "rope":
             q, k = apply_rotary(q, self.cfg.rope_base), apply_rotary(k, self.cfg.rope_base)
         p = self.cfg.attention_dropout if self.training else 0.0
@@ -179,9 +174,7 @@ class MLP(nn.Module):
         self.glu = cfg.activation in ("gelu_glu", "swiglu")
         self.fc_in = nn.Linear(cfg.hidden, cfg.intermediate, bias=cfg.bias)
         self.act = activation_fn(cfg.activation)
-        self.fc_out = nn.Linear(
-            cfg.intermediate // 2 if self.glu else cfg.intermediate, cfg.hidden, bias=cfg.bias
-        )
+        self.fc_out = nn.Linear(cfg.intermediate // 2 if self.glu else cfg.intermediate, cfg.hidden, bias=cfg.bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = self.fc_in(x)
@@ -269,9 +262,7 @@ class CramkitModel(CramkitPreTrainedModel):
         mask = None
         if attention_mask is not None and not bool(attention_mask.all()):
             keep = attention_mask.bool()[:, None, None, :]
-            mask = torch.zeros(keep.shape, dtype=x.dtype, device=x.device).masked_fill(
-                ~keep, torch.finfo(x.dtype).min
-            )
+            mask = torch.zeros(keep.shape, dtype=x.dtype, device=x.device).masked_fill(~keep, torch.finfo(x.dtype).min)
         states = [x] if output_hidden_states else None
         for block in self.layers:
             x = block(x, mask)
@@ -332,15 +323,11 @@ class CramkitForMaskedLM(CramkitPreTrainedModel):
         return_dict: bool | None = None,
         **kwargs,
     ) -> MaskedLMOutput | tuple:
-        out = self.encoder(
-            input_ids, attention_mask, token_type_ids, output_hidden_states=output_hidden_states
-        )
+        out = self.encoder(input_ids, attention_mask, token_type_ids, output_hidden_states=output_hidden_states)
         logits = self.head(out.last_hidden_state)
         loss = None
         if labels is not None:
-            loss = F.cross_entropy(
-                logits.view(-1, logits.shape[-1]).float(), labels.view(-1), ignore_index=-100
-            )
+            loss = F.cross_entropy(logits.view(-1, logits.shape[-1]).float(), labels.view(-1), ignore_index=-100)
         if return_dict is False:
             return tuple(t for t in (loss, logits, out.hidden_states) if t is not None)
         return MaskedLMOutput(loss=loss, logits=logits, hidden_states=out.hidden_states)
@@ -370,9 +357,7 @@ class CramkitForSequenceClassification(CramkitPreTrainedModel):
         return_dict: bool | None = None,
         **kwargs,
     ) -> SequenceClassifierOutput | tuple:
-        out = self.encoder(
-            input_ids, attention_mask, token_type_ids, output_hidden_states=output_hidden_states
-        )
+        out = self.encoder(input_ids, attention_mask, token_type_ids, output_hidden_states=output_hidden_states)
         hidden = out.last_hidden_state
         if getattr(self.config, "classifier_pooling", "first") == "mean":
             if attention_mask is None:

@@ -33,9 +33,7 @@ class TaskHead(nn.Module):
         self.classifier = nn.Linear(cfg.hidden, num_labels)
 
     def forward(self, hidden: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.Tensor:
-        return self.classifier(
-            self.dropout(pool_hidden(hidden, attention_mask, self.head_cfg.pooling, self.pooler))
-        )
+        return self.classifier(self.dropout(pool_hidden(hidden, attention_mask, self.head_cfg.pooling, self.pooler)))
 
 
 class MultiTaskModel(nn.Module):
@@ -43,9 +41,12 @@ class MultiTaskModel(nn.Module):
     regression or multiple_choice)."""
 
     def __init__(
-        self, cfg: ModelConfig, num_labels: list[int], head: ClassifierConfig | None = None,
+        self,
+        cfg: ModelConfig,
+        num_labels: list[int],
+        head: ClassifierConfig | None = None,
         kinds: list[str] | None = None,
-    ) -> None:  # fmt: skip
+    ) -> None:
         super().__init__()
         self.cfg, self.head_cfg = cfg, head or ClassifierConfig()
         self.kinds = list(kinds) if kinds is not None else ["classification"] * len(num_labels)

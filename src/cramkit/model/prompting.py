@@ -34,9 +34,7 @@ class PromptClassifier(nn.Module):
         self.num_labels = len(label_ids)
         self.mask_id = int(mask_id)
         # [masks, labels]: the token of each label's word at each mask
-        self.register_buffer(
-            "words", torch.tensor(label_ids, dtype=torch.long).t().contiguous(), persistent=False
-        )
+        self.register_buffer("words", torch.tensor(label_ids, dtype=torch.long).t().contiguous(), persistent=False)
 
     def forward(
         self,

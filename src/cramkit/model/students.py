@@ -98,18 +98,12 @@ class BiLSTMStudent(nn.Module):
             len_b = (lengths - len_a).clamp_min(1)
             pos = torch.arange(width, device=input_ids.device)[None, :]
             idx_b = (len_a[:, None] + pos).clamp_max(width - 1)
-            ids_b = torch.gather(input_ids, 1, idx_b).masked_fill(
-                pos >= len_b[:, None], self.cfg.pad_token_id
-            )
+            ids_b = torch.gather(input_ids, 1, idx_b).masked_fill(pos >= len_b[:, None], self.cfg.pad_token_id)
             h = self.encode(torch.cat([input_ids, ids_b]), torch.cat([len_a, len_b]))
             h1, h2 = h[:b], h[b:]
             feats = torch.cat([h1, h2, h1 * h2, (h1 - h2).abs()], dim=-1)
         logits = self.classifier(self.dropout(F.relu(self.hidden(feats))))
-        loss = (
-            classification_loss(logits, labels, self.num_labels, self.multilabel)
-            if labels is not None
-            else None
-        )
+        loss = classification_loss(logits, labels, self.num_labels, self.multilabel) if labels is not None else None
         return loss, logits
 
 

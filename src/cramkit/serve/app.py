@@ -2,8 +2,9 @@
 
 Routes: ``POST /embed`` (TEI), ``POST /predict`` (TEI; a multiple-choice model takes ``{"text",
 "choices"}``), ``POST /v1/embeddings`` (OpenAI-shaped), ``POST /fill-mask``, ``POST /search`` (with an
-index), ``GET /info``, ``GET /health``, ``GET /metrics`` (Prometheus), ``/docs`` (OpenAPI). Several models are served by name: a ``"model"`` field in the body or a
-``?model=`` query parameter picks one (default: the first).
+index), ``GET /info``, ``GET /health``, ``GET /metrics`` (Prometheus), ``/docs`` (OpenAPI). Several models are
+served by name: a ``"model"`` field in the body or a ``?model=`` query parameter picks one (default: the
+first).
 
 Every refusal is JSON ``{"error": "...", "error_type": "..."}`` with a 4xx/5xx status: 400 malformed JSON,
 invalid UTF-8 or JSON Python cannot take as text (a lone surrogate escape, nesting too deep, an integer of
@@ -164,7 +165,12 @@ class Gate:
                 declared = headers.get("content-length")
                 if declared is not None and (not declared.isdigit() or int(declared) > limit):
                     state.metrics.rejected.labels("payload").inc()
-                    await _send_error(send_wrapped, 413, f"payload of {declared} bytes is over the limit of {limit} bytes; send fewer or shorter inputs", "Validation")  # fmt: skip
+                    await _send_error(
+                        send_wrapped,
+                        413,
+                        f"payload of {declared} bytes is over the limit of {limit} bytes; send fewer or shorter inputs",
+                        "Validation",
+                    )
                     return
                 body = bytearray()
                 more = True
@@ -174,7 +180,12 @@ class Gate:
                         message = await asyncio.wait_for(receive(), max(0.0, deadline - time.monotonic()))
                     except TimeoutError:
                         state.metrics.rejected.labels("slow_client").inc()
-                        await _send_error(send_wrapped, 408, f"the request body did not arrive within {state.limits.body_timeout_s:g}s", "Validation")  # fmt: skip
+                        await _send_error(
+                            send_wrapped,
+                            408,
+                            f"the request body did not arrive within {state.limits.body_timeout_s:g}s",
+                            "Validation",
+                        )
                         return
                     if message["type"] == "http.disconnect":
                         status[0] = 499
@@ -183,7 +194,12 @@ class Gate:
                     more = message.get("more_body", False)
                     if len(body) > limit:
                         state.metrics.rejected.labels("payload").inc()
-                        await _send_error(send_wrapped, 413, f"payload over the limit of {limit} bytes; send fewer or shorter inputs", "Validation")  # fmt: skip
+                        await _send_error(
+                            send_wrapped,
+                            413,
+                            f"payload over the limit of {limit} bytes; send fewer or shorter inputs",
+                            "Validation",
+                        )
                         return
                 replayed = False
 
@@ -205,13 +221,13 @@ class Gate:
         try:
             await self.app(scope, receive, send)
         except Exception as exc:  # noqa: BLE001 - one line, not a traceback; the server keeps serving
-            LOG("internal", f"500 {scope.get('method')} {scope.get('path')}: {type(exc).__name__}: {exc} "
-                f"(at {_where(exc)})")  # fmt: skip
+            LOG(
+                "internal",
+                f"500 {scope.get('method')} {scope.get('path')}: {type(exc).__name__}: {exc} (at {_where(exc)})",
+            )
 
 
-async def _send_error(
-    send: Any, status: int, message: str, error_type: str, headers: dict | None = None
-) -> None:
+async def _send_error(send: Any, status: int, message: str, error_type: str, headers: dict | None = None) -> None:
     body = _error_body(message, error_type)
     raw = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
     raw += [(k.encode(), v.encode()) for k, v in (headers or {}).items()]
@@ -248,9 +264,7 @@ class ServerState:
             "timeout_s": limits.request_timeout_s,
             "metrics": self.metrics,
         }
-        self.batchers = {
-            name: Batcher(eng, name, max_wait_ms=max_wait_ms, **queue) for name, eng in engines.items()
-        }
+        self.batchers = {name: Batcher(eng, name, max_wait_ms=max_wait_ms, **queue) for name, eng in engines.items()}
         self.lanes: list[Lane] = list(self.batchers.values())
         self.search = SearchQueue(index, **queue) if index is not None else None
         if self.search is not None:
@@ -301,27 +315,25 @@ async def _json(request: Any) -> dict:
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise ApiError(
-            400, f"the body is not valid UTF-8 (byte {exc.start}); send UTF-8 JSON", "Validation"
-        ) from None
+        raise ApiError(400, f"the body is not valid UTF-8 (byte {exc.start}); send UTF-8 JSON", "Validation") from None
     try:
         body = json.loads(text)
     except json.JSONDecodeError as exc:
-        raise ApiError(
-            400, f"the body is not valid JSON ({exc.msg} at position {exc.pos})", "Validation"
-        ) from None
+        raise ApiError(400, f"the body is not valid JSON ({exc.msg} at position {exc.pos})", "Validation") from None
     except RecursionError:
         raise ApiError(400, "the body's JSON nests too deep to read; send flat JSON", "Validation") from None
     except ValueError:  # the only other failure of json.loads: an integer over Python's digit limit
         raise ApiError(
-            400, f"the body holds an integer of over {sys.get_int_max_str_digits()} digits; send ordinary numbers",
+            400,
+            f"the body holds an integer of over {sys.get_int_max_str_digits()} digits; send ordinary numbers",
             "Validation",
-        ) from None  # fmt: skip
+        ) from None
     if SURROGATE_ESCAPE.search(text) and _lone_surrogate(body):
         raise ApiError(
-            400, "the body holds a lone UTF-16 surrogate escape (such as \\ud800), which is not text; send "
-            "valid Unicode", "Validation",
-        )  # fmt: skip
+            400,
+            "the body holds a lone UTF-16 surrogate escape (such as \\ud800), which is not text; send valid Unicode",
+            "Validation",
+        )
     if not isinstance(body, dict):
         raise ApiError(422, f"the body must be a JSON object, not {type(body).__name__}", "Validation")
     return body
@@ -354,12 +366,7 @@ def _inputs(body: dict, limits: Limits, key: str = "inputs", pairs: bool = False
     for i, it in enumerate(items):
         if isinstance(it, str):
             out.append(it)
-        elif (
-            pairs
-            and isinstance(it, (list, tuple))
-            and 1 <= len(it) <= 2
-            and all(isinstance(s, str) for s in it)
-        ):
+        elif pairs and isinstance(it, (list, tuple)) and 1 <= len(it) <= 2 and all(isinstance(s, str) for s in it):
             out.append(it[0] if len(it) == 1 else (it[0], it[1]))
         else:
             want = "a string or a [text, text] pair" if pairs else "a string"
@@ -450,17 +457,17 @@ async def _queued(state: ServerState, lane: Lane, req: Any) -> Any:
     except TimeoutError:
         state.metrics.rejected.labels("timeout").inc()
         raise ApiError(
-            503, f"no answer within {state.limits.request_timeout_s:g}s (the server is overloaded); retry later",
-            "Overloaded", {"Retry-After": "1"},
-        ) from None  # fmt: skip
+            503,
+            f"no answer within {state.limits.request_timeout_s:g}s (the server is overloaded); retry later",
+            "Overloaded",
+            {"Retry-After": "1"},
+        ) from None
     except InputTooLong as exc:
         raise ApiError(413, str(exc), "Validation") from None
     except CramkitError as exc:
         raise ApiError(422, str(exc), "Validation") from None
     except Exception as exc:  # noqa: BLE001 - the model failed: say so, keep serving
-        raise ApiError(
-            500, f"the model failed on this input ({type(exc).__name__}: {exc})", "Backend"
-        ) from None
+        raise ApiError(500, f"the model failed on this input ({type(exc).__name__}: {exc})", "Backend") from None
 
 
 async def _run(state: ServerState, name: str, batcher: Batcher, task: str, enc: Any, top_k: int = 5) -> Any:
@@ -473,15 +480,15 @@ def _answer_size(what: str, n: int, per: int, per_name: str, limit: int) -> int:
     """``n`` x ``per`` answer items, or 413 beyond ``limit``."""
     if n * per > limit:
         raise ApiError(
-            413, f"{what}: {n} x {per_name} {per} = {n * per} answer items; the limit is {limit} per request: "
-            f"split the request or ask for a smaller {per_name}", "Validation",
-        )  # fmt: skip
+            413,
+            f"{what}: {n} x {per_name} {per} = {n * per} answer items; the limit is {limit} per request: "
+            f"split the request or ask for a smaller {per_name}",
+            "Validation",
+        )
     return n * per
 
 
-async def _response(
-    build: Any, size: int, truncated: np.ndarray | None = None, status: int = 200
-) -> Response:
+async def _response(build: Any, size: int, truncated: np.ndarray | None = None, status: int = 200) -> Response:
     """JSON of ``build()`` (a payload or a function making one); built and serialised in a worker thread
     when the answer holds more than ``INLINE_ITEMS`` items, so that the event loop keeps answering."""
 
@@ -526,9 +533,7 @@ async def openai_embeddings(request: Request) -> Response:
         raise ApiError(422, "'encoding_format' must be 'float' or 'base64'", "Validation")
     dims = body.get("dimensions")
     if dims is not None and dims != engine.hidden_size:
-        raise ApiError(
-            422, f"'dimensions' must be {engine.hidden_size} (this model's size) or absent", "Validation"
-        )
+        raise ApiError(422, f"'dimensions' must be {engine.hidden_size} (this model's size) or absent", "Validation")
     with _reserved(state, batcher, len(items)):
         enc = await _tokenize(engine, items, True)
     mean, cls = await _run(state, name, batcher, "embed", enc)
@@ -589,9 +594,10 @@ def _choice_inputs(body: dict, limits: Limits) -> tuple[bool, list[str], list[li
     x = body.get("inputs", body if "text" in body or "choices" in body else None)
     if x is None:
         raise ApiError(
-            422, "missing field 'inputs': give {\"text\": context, \"choices\": [choice, ...]} or a list of them",
+            422,
+            'missing field \'inputs\': give {"text": context, "choices": [choice, ...]} or a list of them',
             "Validation",
-        )  # fmt: skip
+        )
     single = isinstance(x, dict)
     items = [x] if single else x
     if not isinstance(items, list):
@@ -603,43 +609,47 @@ def _choice_inputs(body: dict, limits: Limits) -> tuple[bool, list[str], list[li
     if not items:
         raise ApiError(422, "'inputs' is an empty list; give at least one input", "Empty")
     if len(items) > limits.max_inputs:
-        raise ApiError(413, f"{len(items)} inputs in one request; the limit is {limits.max_inputs}: split the request", "Validation")  # fmt: skip
+        raise ApiError(
+            413,
+            f"{len(items)} inputs in one request; the limit is {limits.max_inputs}: split the request",
+            "Validation",
+        )
     contexts: list[str] = []
     choices: list[list[str]] = []
     for i, it in enumerate(items):
         where = "the input" if single else f"inputs[{i}]"
         if not isinstance(it, dict) or not isinstance(it.get("text"), str):
-            raise ApiError(
-                422, f"{where} must be an object with a 'text' string and a 'choices' list", "Validation"
-            )
+            raise ApiError(422, f"{where} must be an object with a 'text' string and a 'choices' list", "Validation")
         cs = it.get("choices")
         if not isinstance(cs, list):
-            raise ApiError(
-                422, f"{where}: 'choices' must be a list of strings, not {_type(cs)}", "Validation"
-            )
+            raise ApiError(422, f"{where}: 'choices' must be a list of strings, not {_type(cs)}", "Validation")
         bad = next((c for c in cs if not isinstance(c, str)), "")
         if not isinstance(bad, str):
             raise ApiError(422, f"{where}: each choice must be a string, not {_type(bad)}", "Validation")
         if len(cs) < MIN_CHOICES:
             raise ApiError(422, f"{where} has {len(cs)} choice(s); give at least {MIN_CHOICES}", "Validation")
         if len(cs) > limits.max_choices:
-            raise ApiError(
-                413, f"{where} has {len(cs)} choices; the limit is {limits.max_choices}", "Validation"
-            )
+            raise ApiError(413, f"{where} has {len(cs)} choices; the limit is {limits.max_choices}", "Validation")
         chars = len(it["text"]) + sum(len(c) for c in cs)
         if chars > limits.max_input_chars:
-            raise ApiError(413, f"{where} has {chars} characters; the limit is {limits.max_input_chars} per input", "Validation")  # fmt: skip
+            raise ApiError(
+                413,
+                f"{where} has {chars} characters; the limit is {limits.max_input_chars} per input",
+                "Validation",
+            )
         contexts.append(it["text"])
         choices.append(cs)
     rows = sum(len(c) for c in choices)
     if rows > limits.max_inputs:
-        raise ApiError(413, f"{rows} (context, choice) pairs in one request; the limit is {limits.max_inputs}: split the request", "Validation")  # fmt: skip
+        raise ApiError(
+            413,
+            f"{rows} (context, choice) pairs in one request; the limit is {limits.max_inputs}: split the request",
+            "Validation",
+        )
     return single, contexts, choices
 
 
-async def _predict_choices(
-    state: ServerState, body: dict, name: str, engine: Any, batcher: Batcher
-) -> Response:
+async def _predict_choices(state: ServerState, body: dict, name: str, engine: Any, batcher: Batcher) -> Response:
     """/predict of a multiple-choice model: per input the chosen choice's index, its text, and every choice's
     probability (with ``raw_scores``: their scores too)."""
     single, contexts, choices = _choice_inputs(body, state.limits)
@@ -688,10 +698,7 @@ async def fill_mask(request: Request) -> Response:
 
     def payload() -> Any:
         out = [
-            [
-                [{"token": c["token"], "id": c["id"], "score": round(float(c["score"]), 7)} for c in m]
-                for m in masks
-            ]
+            [[{"token": c["token"], "id": c["id"], "score": round(float(c["score"]), 7)} for c in m] for m in masks]
             for masks in filled
         ]
         return out[0] if isinstance(body["inputs"], str) else out
@@ -703,9 +710,7 @@ async def search(request: Request) -> Response:
     state = _state(request)
     body = await _json(request)
     if state.search is None:
-        raise ApiError(
-            404, "this server has no index; start it with cramkit serve ... --index IDX", "NotFound"
-        )
+        raise ApiError(404, "this server has no index; start it with cramkit serve ... --index IDX", "NotFound")
     items = _inputs(body, state.limits)
     k = _int(body, "k", 10, 1, 1000)
     size = _answer_size("search", len(items), k, "k", state.limits.max_answer_items)
@@ -772,9 +777,7 @@ async def _http_error(request: Request, exc: Any) -> Response:
     message = f"{request.method} {request.url.path}: {exc.detail}"
     if exc.status_code == 404:
         message += f"; routes: {', '.join(ROUTES)}, /docs"
-    return Response(
-        _error_body(message, kind), exc.status_code, getattr(exc, "headers", None), "application/json"
-    )
+    return Response(_error_body(message, kind), exc.status_code, getattr(exc, "headers", None), "application/json")
 
 
 async def _validation(request: Request, exc: Any) -> Response:
@@ -782,9 +785,7 @@ async def _validation(request: Request, exc: Any) -> Response:
 
 
 async def _internal(request: Request, exc: Exception) -> Response:
-    return Response(
-        _error_body(f"internal error: {type(exc).__name__}", "Backend"), 500, None, "application/json"
-    )
+    return Response(_error_body(f"internal error: {type(exc).__name__}", "Backend"), 500, None, "application/json")
 
 
 def _schema(props: dict[str, Any], required: list[str]) -> dict[str, Any]:
@@ -796,49 +797,83 @@ TEXT_OR_LIST = {"oneOf": [{"type": "string"}, {"type": "array", "items": {"type"
 MODEL_FIELD = {"type": "string", "description": "the model's name (default: the first one served)"}
 
 POST_ROUTES: list[tuple[str, Any, str, dict[str, Any]]] = [
-    ("/embed", embed, "Sentence embeddings (TEI's /embed): [[float, ...], ...] in input order", _schema(
-        {
-            "inputs": TEXT_OR_LIST,
-            "normalize": {"type": "boolean", "default": True},
-            "truncate": {"type": "boolean", "default": True, "description": "cut inputs to the model's limit"},
-            "pooling": {"type": "string", "enum": ["mean", "cls"], "description": "default: the model's"},
-            "model": MODEL_FIELD,
-        },
-        ["inputs"],
-    )),
-    ("/v1/embeddings", openai_embeddings, "OpenAI-shaped embeddings", _schema(
-        {
-            "input": TEXT_OR_LIST,
-            "model": MODEL_FIELD,
-            "encoding_format": {"type": "string", "enum": ["float", "base64"], "default": "float"},
-        },
-        ["input"],
-    )),
-    ("/predict", predict, "Classification (TEI's /predict): per input, every label with its score, best first; a "
-     "multiple-choice model: per {text, choices} input, the chosen index (label), its text (answer) and every "
-     "choice's probability",
-     _schema(
-        {
-            "inputs": {
-                "description": "a text, a [text, text] pair, or a list of texts and pairs; multiple choice: "
-                "{text, choices} or a list of them",
-                "oneOf": [{"type": "string"}, {"type": "array"}, {"type": "object"}],
+    (
+        "/embed",
+        embed,
+        "Sentence embeddings (TEI's /embed): [[float, ...], ...] in input order",
+        _schema(
+            {
+                "inputs": TEXT_OR_LIST,
+                "normalize": {"type": "boolean", "default": True},
+                "truncate": {
+                    "type": "boolean",
+                    "default": True,
+                    "description": "cut inputs to the model's limit",
+                },
+                "pooling": {"type": "string", "enum": ["mean", "cls"], "description": "default: the model's"},
+                "model": MODEL_FIELD,
             },
-            "raw_scores": {"type": "boolean", "default": False, "description": "logits instead of probabilities"},
-            "truncate": {"type": "boolean", "default": True},
-            "model": MODEL_FIELD,
-        },
-        ["inputs"],
-    )),
-    ("/fill-mask", fill_mask, "For each [MASK] in each input, the top_k tokens with their probabilities", _schema(
-        {"inputs": TEXT_OR_LIST, "top_k": {"type": "integer", "default": 5}, "truncate": {"type": "boolean"},
-         "model": MODEL_FIELD},
-        ["inputs"],
-    )),
-    ("/search", search,
-     "Nearest passages of the index (cramkit serve --index IDX): per query, [{score, text, doc, source}]",
-     _schema({"inputs": TEXT_OR_LIST, "k": {"type": "integer", "default": 10}}, ["inputs"])),
-]  # fmt: skip
+            ["inputs"],
+        ),
+    ),
+    (
+        "/v1/embeddings",
+        openai_embeddings,
+        "OpenAI-shaped embeddings",
+        _schema(
+            {
+                "input": TEXT_OR_LIST,
+                "model": MODEL_FIELD,
+                "encoding_format": {"type": "string", "enum": ["float", "base64"], "default": "float"},
+            },
+            ["input"],
+        ),
+    ),
+    (
+        "/predict",
+        predict,
+        "Classification (TEI's /predict): per input, every label with its score, best first; a "
+        "multiple-choice model: per {text, choices} input, the chosen index (label), its text (answer) and every "
+        "choice's probability",
+        _schema(
+            {
+                "inputs": {
+                    "description": "a text, a [text, text] pair, or a list of texts and pairs; multiple choice: "
+                    "{text, choices} or a list of them",
+                    "oneOf": [{"type": "string"}, {"type": "array"}, {"type": "object"}],
+                },
+                "raw_scores": {
+                    "type": "boolean",
+                    "default": False,
+                    "description": "logits instead of probabilities",
+                },
+                "truncate": {"type": "boolean", "default": True},
+                "model": MODEL_FIELD,
+            },
+            ["inputs"],
+        ),
+    ),
+    (
+        "/fill-mask",
+        fill_mask,
+        "For each [MASK] in each input, the top_k tokens with their probabilities",
+        _schema(
+            {
+                "inputs": TEXT_OR_LIST,
+                "top_k": {"type": "integer", "default": 5},
+                "truncate": {"type": "boolean"},
+                "model": MODEL_FIELD,
+            },
+            ["inputs"],
+        ),
+    ),
+    (
+        "/search",
+        search,
+        "Nearest passages of the index (cramkit serve --index IDX): per query, [{score, text, doc, source}]",
+        _schema({"inputs": TEXT_OR_LIST, "k": {"type": "integer", "default": 10}}, ["inputs"]),
+    ),
+]
 GET_ROUTES: list[tuple[str, Any, str]] = [
     ("/info", info, "The models served, their limits and the server's"),
     ("/health", health, "200 while every model's batcher runs"),
@@ -867,9 +902,13 @@ def create_app(
     import cramkit
 
     state = ServerState(
-        engines, max_wait_ms=max_wait_ms, limits=limits or Limits(), api_key=api_key, index=index,
+        engines,
+        max_wait_ms=max_wait_ms,
+        limits=limits or Limits(),
+        api_key=api_key,
+        index=index,
         index_path=index_path,
-    )  # fmt: skip
+    )
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Any) -> AsyncIterator[None]:

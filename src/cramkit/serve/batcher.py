@@ -196,9 +196,7 @@ class Lane:
             if not backlog:  # waiting for work is not work
                 start = time.perf_counter()
             n, cost = self._work(work)
-            self._measured(
-                n, cost, time.perf_counter() - start
-            )  # the worker's whole cycle, not the pass alone
+            self._measured(n, cost, time.perf_counter() - start)  # the worker's whole cycle, not the pass alone
             self.busy = 0.0
 
     def _take(self) -> Any:  # pragma: no cover - abstract
@@ -227,9 +225,15 @@ class Job(Request):
         cls, task: str, enc: Encoded, future: asyncio.Future, loop: asyncio.AbstractEventLoop, top_k: int = 5
     ) -> Job:
         return cls(
-            future=future, loop=loop, n=len(enc), cost=float(enc.lengths.sum()), task=task, enc=enc, top_k=top_k,
+            future=future,
+            loop=loop,
+            n=len(enc),
+            cost=float(enc.lengths.sum()),
+            task=task,
+            enc=enc,
+            top_k=top_k,
             order=np.argsort(enc.lengths, kind="stable"),
-        )  # fmt: skip
+        )
 
     @property
     def key(self) -> tuple[str, int]:

@@ -23,17 +23,21 @@ class Metrics:
             "cramkit_requests", "HTTP requests by route and status", ["route", "status"], registry=r
         )
         self.latency = Histogram(
-            "cramkit_request_duration_seconds", "request latency by route", ["route"],
-            buckets=LATENCY_BUCKETS, registry=r,
-        )  # fmt: skip
-        self.inputs = Counter(
-            "cramkit_inputs", "inputs received by model and task", ["model", "task"], registry=r
+            "cramkit_request_duration_seconds",
+            "request latency by route",
+            ["route"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
         )
+        self.inputs = Counter("cramkit_inputs", "inputs received by model and task", ["model", "task"], registry=r)
         self.queue_depth = Gauge("cramkit_queue_depth", "inputs waiting in the queue", ["model"], registry=r)
         self.inference_seconds = Histogram(
-            "cramkit_inference_seconds", "time of one merged forward call by model and task", ["model", "task"],
-            buckets=LATENCY_BUCKETS, registry=r,
-        )  # fmt: skip
+            "cramkit_inference_seconds",
+            "time of one merged forward call by model and task",
+            ["model", "task"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
         self.batch_tokens = Histogram(
             "cramkit_batch_tokens", "tokens per merged call", ["model"], buckets=TOKEN_BUCKETS, registry=r
         )

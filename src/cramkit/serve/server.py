@@ -75,9 +75,13 @@ def build_engines(
             if key in engines:
                 raise CramkitError(f"two models are named {key!r}; name them on the command line: NAME=MODEL")
             engines[key] = Engine(
-                model, backend=backend, device=device, max_batch_tokens=max_batch_tokens, max_length=max_length,
+                model,
+                backend=backend,
+                device=device,
+                max_batch_tokens=max_batch_tokens,
+                max_length=max_length,
                 threads=threads,
-            )  # fmt: skip
+            )
     return engines
 
 
@@ -231,17 +235,18 @@ def serve(
         ) from None
     idx = open_index(index) if index else None
     engines = build_engines(
-        sources, backend=backend, device=device, max_batch_tokens=max_batch_tokens, max_length=max_length,
-        threads=threads, base=base,
-    )  # fmt: skip
-    app = create_app(
-        engines, max_wait_ms=max_wait_ms, limits=limits, api_key=api_key, index=idx, index_path=index
-    )  # fmt: skip
+        sources,
+        backend=backend,
+        device=device,
+        max_batch_tokens=max_batch_tokens,
+        max_length=max_length,
+        threads=threads,
+        base=base,
+    )
+    app = create_app(engines, max_wait_ms=max_wait_ms, limits=limits, api_key=api_key, index=idx, index_path=index)
     connections, backlog = connection_limits(limits.max_connections)
     if connections < limits.max_connections:
-        print(
-            f"at most {connections} connections (the open-file limit, ulimit -n, allows no more)", flush=True
-        )
+        print(f"at most {connections} connections (the open-file limit, ulimit -n, allows no more)", flush=True)
     real_port = sock.getsockname()[1]
     for name, eng in engines.items():
         print(
@@ -251,10 +256,15 @@ def serve(
         )
     print(f"serving on http://{host}:{real_port} (OpenAPI docs: /docs; Ctrl-C stops)", flush=True)
     config = uvicorn.Config(
-        app, log_level="warning", access_log=False, timeout_graceful_shutdown=grace_s, lifespan="on",
-        timeout_keep_alive=limits.idle_timeout_s, backlog=backlog,
+        app,
+        log_level="warning",
+        access_log=False,
+        timeout_graceful_shutdown=grace_s,
+        lifespan="on",
+        timeout_keep_alive=limits.idle_timeout_s,
+        backlog=backlog,
         http=guarded_protocol(limits.header_timeout_s, connections),
-    )  # fmt: skip
+    )
     logging.getLogger("uvicorn.error").addFilter(_ThroughLog())
     server = uvicorn.Server(config)
 

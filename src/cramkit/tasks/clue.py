@@ -54,23 +54,92 @@ _TAG = re.compile(r"#idiom\d*#")
 _NLI = ["entailment", "neutral", "contradiction"]
 TNEWS_LABELS = [str(100 + i) for i in range(17) if i not in (5, 11)]
 TNEWS_NAMES = [
-    "news_story", "news_culture", "news_entertainment", "news_sports", "news_finance", "news_house",
-    "news_car", "news_edu", "news_tech", "news_military", "news_travel", "news_world", "news_stock",
-    "news_agriculture", "news_game",
-]  # fmt: skip
+    "news_story",
+    "news_culture",
+    "news_entertainment",
+    "news_sports",
+    "news_finance",
+    "news_house",
+    "news_car",
+    "news_edu",
+    "news_tech",
+    "news_military",
+    "news_travel",
+    "news_world",
+    "news_stock",
+    "news_agriculture",
+    "news_game",
+]
 # FewCLUE's datasets/csldcp/labels_all.txt, in its order
 CSLDCP_LABELS = [
-    "材料科学与工程", "作物学", "口腔医学", "药学", "教育学", "水利工程", "理论经济学", "食品科学与工程",
-    "畜牧学/兽医学", "体育学", "核科学与技术", "力学", "园艺学", "水产", "法学", "地质学/地质资源与地质工程",
-    "石油与天然气工程", "农林经济管理", "信息与通信工程", "图书馆、情报与档案管理", "政治学", "电气工程",
-    "海洋科学", "民族学", "航空宇航科学与技术", "化学/化学工程与技术", "哲学", "公共卫生与预防医学", "艺术学",
-    "农业工程", "船舶与海洋工程", "计算机科学与技术", "冶金工程", "交通运输工程", "动力工程及工程热物理",
-    "纺织科学与工程", "建筑学", "环境科学与工程", "公共管理", "数学", "物理学", "林学/林业工程", "心理学",
-    "历史学", "工商管理", "应用经济学", "中医学/中药学", "天文学", "机械工程", "土木工程", "光学工程", "地理学",
-    "农业资源利用", "生物学/生物科学与工程", "兵器科学与技术", "矿业工程", "大气科学", "基础医学/临床医学",
-    "电子科学与技术", "测绘科学与技术", "控制科学与工程", "军事学", "中国语言文学", "新闻传播学", "社会学",
-    "地球物理学", "植物保护",
-]  # fmt: skip
+    "材料科学与工程",
+    "作物学",
+    "口腔医学",
+    "药学",
+    "教育学",
+    "水利工程",
+    "理论经济学",
+    "食品科学与工程",
+    "畜牧学/兽医学",
+    "体育学",
+    "核科学与技术",
+    "力学",
+    "园艺学",
+    "水产",
+    "法学",
+    "地质学/地质资源与地质工程",
+    "石油与天然气工程",
+    "农林经济管理",
+    "信息与通信工程",
+    "图书馆、情报与档案管理",
+    "政治学",
+    "电气工程",
+    "海洋科学",
+    "民族学",
+    "航空宇航科学与技术",
+    "化学/化学工程与技术",
+    "哲学",
+    "公共卫生与预防医学",
+    "艺术学",
+    "农业工程",
+    "船舶与海洋工程",
+    "计算机科学与技术",
+    "冶金工程",
+    "交通运输工程",
+    "动力工程及工程热物理",
+    "纺织科学与工程",
+    "建筑学",
+    "环境科学与工程",
+    "公共管理",
+    "数学",
+    "物理学",
+    "林学/林业工程",
+    "心理学",
+    "历史学",
+    "工商管理",
+    "应用经济学",
+    "中医学/中药学",
+    "天文学",
+    "机械工程",
+    "土木工程",
+    "光学工程",
+    "地理学",
+    "农业资源利用",
+    "生物学/生物科学与工程",
+    "兵器科学与技术",
+    "矿业工程",
+    "大气科学",
+    "基础医学/临床医学",
+    "电子科学与技术",
+    "测绘科学与技术",
+    "控制科学与工程",
+    "军事学",
+    "中国语言文学",
+    "新闻传播学",
+    "社会学",
+    "地球物理学",
+    "植物保护",
+]
 
 
 class NoGold(BadRow):
@@ -127,9 +196,7 @@ def _wsc(row: dict, where: str):
     for n, (left, right) in ((1, ("_", "_")), (2, ("[", "]"))):
         span, index = target.get(f"span{n}_text"), target.get(f"span{n}_index")
         if not isinstance(span, str) or not span or not isinstance(index, int) or isinstance(index, bool):
-            raise BadRow(
-                f"{where}: target needs span{n}_text (text) and span{n}_index (integer). {SKIP_HINT}"
-            )
+            raise BadRow(f"{where}: target needs span{n}_text (text) and span{n}_index (integer). {SKIP_HINT}")
         if index < 0 or not text[index:].startswith(span):
             raise BadRow(
                 f"{where}: span{n}_text '{span}' is not at span{n}_index {index} of the text "
@@ -156,9 +223,7 @@ class ClueSpec:
 SPECS: dict[str, ClueSpec] = {
     s.key: s
     for s in [
-        ClueSpec(
-            "afqmc", "AFQMC", _pair("sentence1", "sentence2"), ["0", "1"], "afqmc_predict.json", "afqmc"
-        ),
+        ClueSpec("afqmc", "AFQMC", _pair("sentence1", "sentence2"), ["0", "1"], "afqmc_predict.json", "afqmc"),
         ClueSpec(
             "tnews",
             "TNEWS",
@@ -167,7 +232,7 @@ SPECS: dict[str, ClueSpec] = {
             "tnews11_predict.json",
             "tnewsf",
             label_names=TNEWS_NAMES,
-        ),  # fmt: skip
+        ),
         ClueSpec(
             "iflytek",
             "IFLYTEK",
@@ -175,7 +240,7 @@ SPECS: dict[str, ClueSpec] = {
             [str(i) for i in range(119)],
             "iflytek_predict.json",
             "iflytekf",
-        ),  # fmt: skip
+        ),
         ClueSpec("cmnli", "CMNLI", _nli, _NLI, "cmnli_predict.json", "cmnli"),
         ClueSpec("ocnli", "OCNLI", _nli, _NLI, "ocnli_50k_predict.json", "ocnlif"),
         ClueSpec("csl", "CSL", _csl, ["0", "1"], "csl_predict.json", "cslf"),
@@ -188,11 +253,9 @@ SPECS: dict[str, ClueSpec] = {
             ["Negative", "Positive"],
             "eprstmt_predict.json",
             "eprstmt",
-        ),  # fmt: skip
-        ClueSpec("csldcp", "CSLDCP", _single("content"), CSLDCP_LABELS, "csldcp_predict.json", "csldcp"),
-        ClueSpec(
-            "bustm", "BUSTM", _pair("sentence1", "sentence2"), ["0", "1"], "bustm_predict.json", "bustm"
         ),
+        ClueSpec("csldcp", "CSLDCP", _single("content"), CSLDCP_LABELS, "csldcp_predict.json", "csldcp"),
+        ClueSpec("bustm", "BUSTM", _pair("sentence1", "sentence2"), ["0", "1"], "bustm_predict.json", "bustm"),
     ]
 }
 #: CLUE's classification tasks and CHID, then FewCLUE's own tasks
@@ -264,9 +327,7 @@ class JsonLinesSplit:
 
     def __call__(self) -> list[Example]:
         if not self.path.is_file():
-            raise CramkitError(
-                f"{self.task}: the split needs the file {self.path}, which does not exist. {self.hint}"
-            )
+            raise CramkitError(f"{self.task}: the split needs the file {self.path}, which does not exist. {self.hint}")
         self.skipped = 0
         no_gold = 0
         out: list[Example] = []
@@ -321,11 +382,7 @@ def _classification_parser(spec: ClueSpec, labelled: bool):
             raise BadRow(f"{where}: the row has no label. {SKIP_HINT}")
         else:
             label_id = parse_label(label, spec.labels, where)
-        return [
-            Example(
-                text_a.strip(), None if text_b is None else text_b.strip(), label_id, _row_id(row, n, where)
-            )
-        ]
+        return [Example(text_a.strip(), None if text_b is None else text_b.strip(), label_id, _row_id(row, n, where))]
 
     return parse
 
@@ -398,9 +455,7 @@ def _read_answers(path: Path) -> dict:
     except OSError as e:
         raise CramkitError(f"CHID: cannot read the answers file {path} ({e.strerror})") from None
     except ValueError as e:
-        raise CramkitError(
-            f'{path} is not JSON ({e.msg}); it should be one object {{"#idiomN#": answer}}'
-        ) from None
+        raise CramkitError(f'{path} is not JSON ({e.msg}); it should be one object {{"#idiomN#": answer}}') from None
     if not isinstance(answers, dict):
         raise CramkitError(
             f'{path} holds a JSON {type(answers).__name__}; it should be one object {{"#idiomN#": answer}}'
@@ -430,9 +485,7 @@ class _ChidCluePart:
 class ChidTask(Task):
     """CHID: writes FewCLUE's ``{"id", "answer"}`` lines, or CLUE's one ``{"#idiomN#": answer}`` object."""
 
-    def write_predictions(
-        self, split: str, idx_and_preds: Iterable[tuple[int, object]], out_path: PathLike
-    ) -> Path:
+    def write_predictions(self, split: str, idx_and_preds: Iterable[tuple[int, object]], out_path: PathLike) -> Path:
         from cramkit.io import write_text_atomic
 
         preds = {int(i): int(self.format_prediction(p)) for i, p in idx_and_preds}
@@ -447,9 +500,7 @@ class ChidTask(Task):
         if out.suffix not in (".json", ".jsonl"):
             out = out / self.leaderboard_file(split)
         if rows[0].meta and "tag" in rows[0].meta:  # CLUE: {"#idiom000378#": 2, ...}
-            text = (
-                json.dumps({e.meta["tag"]: preds[e.idx] for e in rows}, ensure_ascii=False, indent=1) + "\n"
-            )
+            text = json.dumps({e.meta["tag"]: preds[e.idx] for e in rows}, ensure_ascii=False, indent=1) + "\n"
         else:
             text = "".join(json.dumps({"id": i, "answer": preds[i]}) + "\n" for i in sorted(preds))
         return write_text_atomic(out, text)
@@ -481,15 +532,14 @@ def make_clue_task(key: str, data_dir: PathLike | None = None, skip_bad_rows: bo
             loader = JsonLinesSplit(name, path, parse, skip_bad_rows=skip_bad_rows, hint=hint)
             splits[split] = _ChidCluePart(loader, folder / f"{split}_answer.json" if labelled else None)
             continue
-        parse = (
-            _chid_parser(labelled, None, None)
-            if spec.reader is None
-            else _classification_parser(spec, labelled)
-        )
+        parse = _chid_parser(labelled, None, None) if spec.reader is None else _classification_parser(spec, labelled)
         splits[split] = JsonLinesSplit(name, path, parse, skip_bad_rows=skip_bad_rows, hint=hint)
     if kind == "fewclue":
-        roles = {"train_split": "train_few_all", "dev_splits": ["dev_few_all", "test_public"],
-                 "score_splits": ["test_public"]}  # fmt: skip
+        roles = {
+            "train_split": "train_few_all",
+            "dev_splits": ["dev_few_all", "test_public"],
+            "score_splits": ["test_public"],
+        }
         files = {"test": f"{spec.fewclue_name}_predict_all.json"}
     else:
         roles = {"train_split": "train", "dev_splits": ["dev"]}
@@ -545,9 +595,10 @@ def fewshot_task(task: Task, k: str) -> Task:
             f"{task.source(task.train_split)} is not"
         )
     missing = [
-        task.source(s) for s in (f"train_{k}", f"dev_{k}", "test_public")
+        task.source(s)
+        for s in (f"train_{k}", f"dev_{k}", "test_public")
         if s not in task.splits or not Path(task.source(s)).is_file()
-    ]  # fmt: skip
+    ]
     if missing:
         folder = Path(task.source("test_public")).parent
         present = sorted(p.stem for p in folder.glob("*.json"))

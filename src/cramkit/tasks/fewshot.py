@@ -36,9 +36,7 @@ def few_shot_task(task: Task, k: int, split: int) -> Task:
     if k < 1 or split < 0:
         raise CramkitError(f"--few-shot K needs K >= 1 (and --splits >= 1), got K={k}, split {split}")
     if task.is_regression:
-        raise CramkitError(
-            f"--few-shot: task {task.name} is a regression task; K examples per class needs classes"
-        )
+        raise CramkitError(f"--few-shot: task {task.name} is a regression task; K examples per class needs classes")
     scored = task.scored_splits
     if not scored:
         raise CramkitError(f"--few-shot: task {task.name} has no labelled dev split to score on")

@@ -202,9 +202,7 @@ class FileSplit:
                     try:
                         idx = int(rec.get(idx_col))
                     except (TypeError, ValueError):
-                        raise BadRow(
-                            f"{where}: index '{rec.get(idx_col)}' is not an integer. {SKIP_HINT}"
-                        ) from None
+                        raise BadRow(f"{where}: index '{rec.get(idx_col)}' is not an integer. {SKIP_HINT}") from None
             except BadRow as e:
                 if self.skip_bad_rows:
                     self.skipped += 1
@@ -237,9 +235,7 @@ def read_choices(rec: dict, cols: tuple[str, ...], where: str, hint: str = SKIP_
         raise BadRow(f"{where}: choice {texts.index('')} is empty. {hint}")
     if len(texts) < 2:
         how = "name several choice columns (--choices A,B,...) or a field holding a list"
-        raise BadRow(
-            f"{where}: {len(texts)} choice(s); a multiple-choice row needs at least 2 ({how}). {hint}"
-        )
+        raise BadRow(f"{where}: {len(texts)} choice(s); a multiple-choice row needs at least 2 ({how}). {hint}")
     return tuple(texts)
 
 

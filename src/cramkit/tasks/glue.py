@@ -332,9 +332,7 @@ class TsvSplit:
 
     def __call__(self) -> list[Example]:
         if not self.path.is_file():
-            raise CramkitError(
-                f"{self.task}: the split needs the file {self.path}, which does not exist. {self.hint}"
-            )
+            raise CramkitError(f"{self.task}: the split needs the file {self.path}, which does not exist. {self.hint}")
         self.skipped = 0
         lines = read_tsv_lines(self.path)
         if self.layout.header:
@@ -350,11 +348,7 @@ class TsvSplit:
         for lineno, cols in lines:
             where = f"{self.path}, line {lineno}"
             try:
-                if (
-                    len(cols) > ncols
-                    and il == ncols - 1
-                    and max(c for c in (ia, ib, ii) if c is not None) < il
-                ):
+                if len(cols) > ncols and il == ncols - 1 and max(c for c in (ia, ib, ii) if c is not None) < il:
                     # a stray tab inside the last text field (seen in STS-B): the label is still the last
                     # column, as Hugging Face's GLUE processors read it; rejoin the overflow into the text
                     last_text = max(c for c in (ia, ib) if c is not None)
@@ -365,9 +359,7 @@ class TsvSplit:
                         *cols[last_text + extra + 1 :],
                     ]
                 if len(cols) != ncols:
-                    raise BadRow(
-                        f"{where}: expected {ncols} tab-separated columns, found {len(cols)}. {SKIP_HINT}"
-                    )
+                    raise BadRow(f"{where}: expected {ncols} tab-separated columns, found {len(cols)}. {SKIP_HINT}")
                 label = None if il is None else parse_label(cols[il], self.labels, where)
                 if ii is None:
                     idx = len(out)

@@ -139,11 +139,7 @@ def _token_f1(pred: str, gold: str) -> float:
 def _answers(predictions, golds) -> list[tuple[str, list[str]]]:
     rows = list(zip(predictions, golds, strict=True))
     for pred, gold in rows:
-        if (
-            not isinstance(pred, str)
-            or not isinstance(gold, list | tuple)
-            or not all(isinstance(a, str) for a in gold)
-        ):
+        if not isinstance(pred, str) or not isinstance(gold, list | tuple) or not all(isinstance(a, str) for a in gold):
             raise CramkitError(
                 "answer_f1 / answer_em score answer strings: predictions are strings and labels lists of "
                 "gold answer strings"
@@ -154,17 +150,14 @@ def _answers(predictions, golds) -> list[tuple[str, list[str]]]:
 def answer_f1(predictions, golds) -> float:
     """ReCoRD's (SQuAD's) F1: token overlap of the normalised answer with the best-matching gold, averaged."""
     return float(
-        100.0
-        * np.mean([max((_token_f1(p, a) for a in g), default=0.0) for p, g in _answers(predictions, golds)])
+        100.0 * np.mean([max((_token_f1(p, a) for a in g), default=0.0) for p, g in _answers(predictions, golds)])
     )
 
 
 def answer_em(predictions, golds) -> float:
     """ReCoRD's (SQuAD's) exact match: the normalised answer equals one normalised gold, averaged."""
     rows = _answers(predictions, golds)
-    return float(
-        100.0 * np.mean([any(normalize_answer(p) == normalize_answer(a) for a in g) for p, g in rows])
-    )
+    return float(100.0 * np.mean([any(normalize_answer(p) == normalize_answer(a) for a in g) for p, g in rows]))
 
 
 GROUPED: set[str] = {"em"}  # metrics called as f(predictions, labels, groups)

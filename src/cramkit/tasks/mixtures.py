@@ -38,9 +38,7 @@ class Mixture:
 
     def __post_init__(self) -> None:
         if len(self.tasks) < 2:
-            raise CramkitError(
-                f"mixture {self.name}: a mixture needs at least two tasks, got {list(self.tasks)}"
-            )
+            raise CramkitError(f"mixture {self.name}: a mixture needs at least two tasks, got {list(self.tasks)}")
         if len(set(self.tasks)) != len(self.tasks):
             raise CramkitError(f"mixture {self.name}: a task is named twice in {list(self.tasks)}")
         parse_rates(self.rates, len(self.tasks))  # fails here on a rate that does not parse

@@ -13,11 +13,22 @@ from cramkit.tasks.clue import TNEWS_LABELS, TNEWS_NAMES
 _YES_NO = "{text_a} ? [MASK] , {text_b}"
 _ZH_PAIR = "{text_a}？[MASK]，{text_b}"
 _TNEWS_WORDS = {
-    "news_story": "故事", "news_culture": "文化", "news_entertainment": "娱乐", "news_sports": "体育",
-    "news_finance": "财经", "news_house": "房产", "news_car": "汽车", "news_edu": "教育", "news_tech": "科技",
-    "news_military": "军事", "news_travel": "旅游", "news_world": "国际", "news_stock": "股票",
-    "news_agriculture": "农业", "news_game": "电竞",
-}  # fmt: skip
+    "news_story": "故事",
+    "news_culture": "文化",
+    "news_entertainment": "娱乐",
+    "news_sports": "体育",
+    "news_finance": "财经",
+    "news_house": "房产",
+    "news_car": "汽车",
+    "news_edu": "教育",
+    "news_tech": "科技",
+    "news_military": "军事",
+    "news_travel": "旅游",
+    "news_world": "国际",
+    "news_stock": "股票",
+    "news_agriculture": "农业",
+    "news_game": "电竞",
+}
 
 # task name -> (template, {label: word})
 BUILTIN: dict[str, tuple[str, dict[str, str]]] = {

@@ -89,9 +89,7 @@ class Task:
         if not self.kind:
             self.kind = "regression" if self.labels is None else "classification"
         if self.kind not in TASK_KINDS:
-            raise CramkitError(
-                f"task {self.name}: unknown kind '{self.kind}'; known: {', '.join(TASK_KINDS)}"
-            )
+            raise CramkitError(f"task {self.name}: unknown kind '{self.kind}'; known: {', '.join(TASK_KINDS)}")
         if self.kind != "classification" and self.labels is not None:
             raise CramkitError(f"task {self.name}: a {self.kind} task has no label set (labels=None)")
         if self.kind == "classification" and not self.labels:
@@ -145,9 +143,7 @@ class Task:
         if split not in self.splits:
             close = difflib.get_close_matches(split, list(self.splits), n=1)
             hint = f" (did you mean '{close[0]}'?)" if close else ""
-            raise CramkitError(
-                f"task {self.name} has no split '{split}'{hint}; its splits: {', '.join(self.splits)}"
-            )
+            raise CramkitError(f"task {self.name} has no split '{split}'{hint}; its splits: {', '.join(self.splits)}")
         if split not in self._cache:
             loader = self.splits[split]
             rows = loader()
@@ -196,14 +192,10 @@ class Task:
             return pred
         i = int(pred)
         if not 0 <= i < len(self.labels):
-            raise CramkitError(
-                f"task {self.name}: predicted label id {i} is outside 0..{len(self.labels) - 1}"
-            )
+            raise CramkitError(f"task {self.name}: predicted label id {i} is outside 0..{len(self.labels) - 1}")
         return self.labels[i]
 
-    def write_predictions(
-        self, split: str, idx_and_preds: Iterable[tuple[int, object]], out_path: PathLike
-    ) -> Path:
+    def write_predictions(self, split: str, idx_and_preds: Iterable[tuple[int, object]], out_path: PathLike) -> Path:
         """Write predictions in the GLUE leaderboard format: ``index<TAB>prediction`` rows after a header.
 
         out_path is a directory (the file gets the leaderboard's name, e.g. MNLI-m.tsv) or a .tsv path.
@@ -233,8 +225,7 @@ class Task:
         else:  # CLUE: {"id": 0, "label": "..."}; SuperGLUE: {"idx": 0, "label": ...}, one object a line
             key = "id" if self.prediction_format == "clue" else "idx"
             text = "".join(
-                json.dumps({key: i, "label": self.submission_value(p)}, ensure_ascii=False) + "\n"
-                for i, p in rows
+                json.dumps({key: i, "label": self.submission_value(p)}, ensure_ascii=False) + "\n" for i, p in rows
             )
         return write_text_atomic(out, text)
 
@@ -254,9 +245,7 @@ TaskFactory = Callable[..., Task]  # factory(data_dir=..., skip_bad_rows=...) ->
 _TASKS: dict[str, Task | TaskFactory] = {}
 
 
-def register_task(
-    task: Task | TaskFactory, name: str | None = None, *, overwrite: bool = True
-) -> Task | TaskFactory:
+def register_task(task: Task | TaskFactory, name: str | None = None, *, overwrite: bool = True) -> Task | TaskFactory:
     """Register a Task (or a factory ``f(data_dir=None, skip_bad_rows=False) -> Task``) under its name."""
     key = name or getattr(task, "name", None)
     if not key:
@@ -331,7 +320,8 @@ def hold_out(task: Task, fraction: float = 0.1, seed: int = 0) -> Task:
                 load.skipped = task.skipped.get(task.train_split, 0)  # type: ignore[attr-defined]
             return cache[name]
 
-        load.source = f"{task.source(task.train_split)} ({'held out' if name == 'dev' else 'rest'})"  # type: ignore[attr-defined]
+        part = "held out" if name == "dev" else "rest"
+        load.source = f"{task.source(task.train_split)} ({part})"  # type: ignore[attr-defined]
         return load
 
     splits = {k: v for k, v in task.splits.items() if k != task.train_split}

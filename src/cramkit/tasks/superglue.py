@@ -145,8 +145,7 @@ def _copa(row: dict, where: str, test: bool) -> list[Example]:
 def _mark_chars(text: str, start: int, end: int, where: str, which: str) -> str:
     if not 0 <= start < end <= len(text):
         raise BadRow(
-            f"{where}: {which} offsets {start}..{end} fall outside the sentence ({len(text)} characters). "
-            + SKIP_HINT
+            f"{where}: {which} offsets {start}..{end} fall outside the sentence ({len(text)} characters). " + SKIP_HINT
         )
     return f"{text[:start]}*{text[start:end]}*{text[end:]}"
 
@@ -167,9 +166,7 @@ def _norm_word(w: str) -> str:
 
 def _wsc(row: dict, where: str, test: bool) -> list[Example]:
     _fields(row, where, "the row", {"text", "target", "idx"}, {"label"})
-    target = _fields(
-        row["target"], where, "target", {"span1_text", "span1_index", "span2_text", "span2_index"}
-    )
+    target = _fields(row["target"], where, "target", {"span1_text", "span1_index", "span2_text", "span2_index"})
     label = _label(row, where, BOOL_LABELS, test)
     words = _str(row, "text", where).split()
     spans = []
@@ -250,14 +247,10 @@ def _record(row: dict, where: str, test: bool) -> list[Example]:
         if answers:
             hits = [i for i, e in enumerate(ents) if e in answers]
             if not hits:
-                raise BadRow(
-                    f"{where}: query {qa['idx']}: no answer ({', '.join(answers)}) is an entity. {SKIP_HINT}"
-                )
+                raise BadRow(f"{where}: query {qa['idx']}: no answer ({', '.join(answers)}) is an entity. {SKIP_HINT}")
             label = hits[0]
         elif not test:
-            raise BadRow(
-                f"{where}: query {qa['idx']} has no answers (only test rows may lack them). {SKIP_HINT}"
-            )
+            raise BadRow(f"{where}: query {qa['idx']} has no answers (only test rows may lack them). {SKIP_HINT}")
         choices = tuple(query.replace("@placeholder", e) for e in ents)
         meta = {"passage": _int(row, "idx", where), "entities": ents, "answers": answers}
         out.append(Example(text, None, label, _int(qa, "idx", where), choices=choices, meta=meta))
@@ -346,9 +339,7 @@ class JsonlSplit:
 
     def __call__(self) -> list[Example]:
         if not self.path.is_file():
-            raise CramkitError(
-                f"{self.task}: the split needs the file {self.path}, which does not exist. {self.hint}"
-            )
+            raise CramkitError(f"{self.task}: the split needs the file {self.path}, which does not exist. {self.hint}")
         self.skipped = 0
         out: list[Example] = []
         try:
@@ -360,9 +351,7 @@ class JsonlSplit:
         if self.skipped:
             log.warning("%s: skipped %d bad rows of %s", self.task, self.skipped, self.path)
         if not out:
-            raise CramkitError(
-                f"{self.path} holds no {self.task} rows; use the file from the SuperGLUE download"
-            )
+            raise CramkitError(f"{self.path} holds no {self.task} rows; use the file from the SuperGLUE download")
         return out
 
     def _read(self, out: list[Example]) -> None:
@@ -380,9 +369,7 @@ class JsonlSplit:
                     rows = self.spec.parse(row, where, self.test)
                     for ex in rows:
                         if ex.idx in seen:
-                            raise BadRow(
-                                f"{where}: idx {ex.idx} was already used on line {seen[ex.idx]}. {SKIP_HINT}"
-                            )
+                            raise BadRow(f"{where}: idx {ex.idx} was already used on line {seen[ex.idx]}. {SKIP_HINT}")
                 except BadRow as e:
                     if self.skip_bad_rows:
                         self.skipped += 1

@@ -30,9 +30,7 @@ class Extension:
     """What :func:`extend_vocabulary` added and what it changed."""
 
     words: list[str]
-    pieces: list[
-        list[int]
-    ]  # each new word's ids under the old tokenizer (its embedding starts as their mean)
+    pieces: list[list[int]]  # each new word's ids under the old tokenizer (its embedding starts as their mean)
     first_id: int  # the id of words[0]; the others follow
     words_counted: int  # word occurrences in the text counted
     split_before: float  # share of those occurrences split into several pieces, before ...
@@ -60,9 +58,7 @@ def check_extensible(tok: tokenizers.Tokenizer, what: str) -> None:
         )
 
 
-def count_words(
-    tok: tokenizers.Tokenizer, documents: Iterable[str], *, max_chars: int = 200_000_000
-) -> Counter[str]:
+def count_words(tok: tokenizers.Tokenizer, documents: Iterable[str], *, max_chars: int = 200_000_000) -> Counter[str]:
     """Occurrences of each word of ``documents`` as the tokenizer sees words (after its normaliser and
     pre-tokeniser: lowercased, punctuation and CJK characters split off), over at most ``max_chars``."""
     normalizer, pre = tok.normalizer, tok.pre_tokenizer
@@ -76,8 +72,11 @@ def count_words(
         now = time.monotonic()
         if now - last > 10:
             last = now
-            print(f"cramkit: counting words: {seen / 1e6:,.0f}M characters, "
-                  f"{seen / 1e6 / (now - t0):,.1f}M/s", file=sys.stderr, flush=True)  # fmt: skip
+            print(
+                f"cramkit: counting words: {seen / 1e6:,.0f}M characters, {seen / 1e6 / (now - t0):,.1f}M/s",
+                file=sys.stderr,
+                flush=True,
+            )
         if seen >= max_chars:
             break
     return counts

@@ -4,9 +4,10 @@ A ``.json`` file is read as JSON Lines when its first line is one JSON object (C
 any other ``.json`` file is refused (and skipped inside a directory). ``text_field`` names the field of
 JSON Lines / the column of Parquet; naming another than ``text`` for a plain-text file is an error.
 
-`iter_documents` yields one ``str`` per document; `detect_language` tells Chinese text from a sample. Reading streams in bounded chunks, so memory stays
-bounded whatever the file size: a document longer than ``max_doc_chars`` (a single line of hundreds of
-megabytes, say) is cut at whitespace into consecutive documents of at most that size.
+`iter_documents` yields one ``str`` per document; `detect_language` tells Chinese text from a sample. Reading
+streams in bounded chunks, so memory stays bounded whatever the file size: a document longer than
+``max_doc_chars`` (a single line of hundreds of megabytes, say) is cut at whitespace into consecutive documents
+of at most that size.
 
 Line ends are unified (CRLF, bare CR, U+0085, U+2028 -> ``\\n``; U+2029 -> blank line) and a UTF-8
 byte-order mark is dropped. Invalid UTF-8 raises a `CramkitError` naming the file and the byte offset;
@@ -103,9 +104,7 @@ def check_source_options(
 ) -> None:
     """CramkitError naming the option when a reading option is not one cramkit knows."""
     if doc_split not in DOC_SPLITS:
-        raise CramkitError(
-            f"unknown document split {doc_split!r} (--doc-split); use one of {', '.join(DOC_SPLITS)}"
-        )
+        raise CramkitError(f"unknown document split {doc_split!r} (--doc-split); use one of {', '.join(DOC_SPLITS)}")
     if errors not in ("strict", "replace", "ignore"):
         raise CramkitError(f"unknown --errors {errors!r}; use strict, replace or ignore")
     if encoding is not None:
@@ -275,9 +274,7 @@ def _open_binary(path: str) -> io.BufferedIOBase:
             return zstandard.ZstdDecompressor().stream_reader(open(path, "rb"), closefd=True)
         return open(path, "rb")
     except OSError as exc:
-        raise CramkitError(
-            f"cannot read {path}: {exc.strerror or exc}; check the path and permissions"
-        ) from None
+        raise CramkitError(f"cannot read {path}: {exc.strerror or exc}; check the path and permissions") from None
 
 
 def _read_text_chunks(path: str, encoding: str | None, errors: str) -> Iterator[str]:
@@ -293,9 +290,7 @@ def _read_text_chunks(path: str, encoding: str | None, errors: str) -> Iterator[
             try:
                 chunk = fh.read(CHUNK_BYTES)
             except (OSError, EOFError, gzip.BadGzipFile) as exc:
-                raise CramkitError(
-                    f"cannot read {path}: {exc}; is the file complete and not corrupt?"
-                ) from None
+                raise CramkitError(f"cannot read {path}: {exc}; is the file complete and not corrupt?") from None
             except Exception as exc:  # zstandard.ZstdError and the like
                 raise CramkitError(f"cannot decompress {path}: {exc}; is the file complete?") from None
             final = not chunk
@@ -359,12 +354,8 @@ def _json_problem(path: str) -> str | None:
     except ValueError:
         pass
     if first.lstrip().startswith("["):
-        return (
-            "holds a JSON array, not JSON Lines (one JSON object per line); rewrite it, e.g. jq -c '.[]' FILE"
-        )
-    return (
-        "is not JSON Lines (one JSON object per line, as CLUE ships .json files); write one object per line"
-    )
+        return "holds a JSON array, not JSON Lines (one JSON object per line); rewrite it, e.g. jq -c '.[]' FILE"
+    return "is not JSON Lines (one JSON object per line, as CLUE ships .json files); write one object per line"
 
 
 # ------------------------------------------------------------------------------------- document splits
@@ -512,16 +503,12 @@ def _parquet_documents(path: str, field: str) -> Iterator[str]:
         raise CramkitError(f"cannot read Parquet file {path}: {exc}; is it complete?") from None
     names = pf.schema_arrow.names
     if field not in names:
-        raise CramkitError(
-            f"{path} has no column {field!r} (columns: {', '.join(names)}); name it with --text-field"
-        )
+        raise CramkitError(f"{path} has no column {field!r} (columns: {', '.join(names)}); name it with --text-field")
     import pyarrow as pa
 
     kind = pf.schema_arrow.field(field).type
     if not (pa.types.is_string(kind) or pa.types.is_large_string(kind) or pa.types.is_string_view(kind)):
-        text_cols = [
-            f.name for f in pf.schema_arrow if pa.types.is_string(f.type) or pa.types.is_large_string(f.type)
-        ]
+        text_cols = [f.name for f in pf.schema_arrow if pa.types.is_string(f.type) or pa.types.is_large_string(f.type)]
         hint = f" (text columns: {', '.join(text_cols)})" if text_cols else " (it has no text column)"
         raise CramkitError(
             f"{path}: column {field!r} holds {kind}, not text; name the text column with --text-field{hint}"

@@ -86,9 +86,7 @@ def train_tokenizer(
     from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 
     if vocab_size < len(SPECIAL_TOKENS) + 1:
-        raise CramkitError(
-            f"--vocab-size {vocab_size} is too small; use at least a few hundred (32768 is usual)"
-        )
+        raise CramkitError(f"--vocab-size {vocab_size} is too small; use at least a few hundred (32768 is usual)")
     if vocab_size > MAX_VOCAB_SIZE:
         raise CramkitError(
             f"--vocab-size {vocab_size:,} is too large; use at most {MAX_VOCAB_SIZE:,} (32768 is usual, BERT "
@@ -143,9 +141,7 @@ def train_tokenizer(
         kept = sorted((i, t) for t, i in vocab.items() if t not in dropped)
         vocab = {t: n for n, (_, t) in enumerate(kept)}
     tok = Tokenizer(
-        models.WordPiece(
-            vocab, unk_token="[UNK]", continuing_subword_prefix="##", max_input_chars_per_word=100
-        )
+        models.WordPiece(vocab, unk_token="[UNK]", continuing_subword_prefix="##", max_input_chars_per_word=100)
     )
     tok.normalizer = normalizer
     tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
@@ -179,9 +175,15 @@ def _can_continue_word(c: str) -> bool:
 
 # the CJK blocks BERT's normaliser splits into single characters (BertNormalizer's handle_chinese_chars)
 _CJK = (
-    (0x4E00, 0x9FFF), (0x3400, 0x4DBF), (0x20000, 0x2A6DF), (0x2A700, 0x2B73F),
-    (0x2B740, 0x2B81F), (0x2B820, 0x2CEAF), (0xF900, 0xFAFF), (0x2F800, 0x2FA1F),
-)  # fmt: skip
+    (0x4E00, 0x9FFF),
+    (0x3400, 0x4DBF),
+    (0x20000, 0x2A6DF),
+    (0x2A700, 0x2B73F),
+    (0x2B740, 0x2B81F),
+    (0x2B820, 0x2CEAF),
+    (0xF900, 0xFAFF),
+    (0x2F800, 0x2FA1F),
+)
 
 
 def is_cjk_char(c: str) -> bool:
@@ -205,9 +207,7 @@ def save_tokenizer(tok: tokenizers.Tokenizer, out_dir: str | os.PathLike) -> Pat
     vocab = tok.get_vocab(with_added_tokens=True)
     by_id = sorted(vocab.items(), key=lambda kv: kv[1])
     if [i for _, i in by_id] != list(range(len(by_id))):
-        raise CramkitError(
-            "the tokenizer's ids are not contiguous 0..n-1; it cannot be saved as a BERT vocab.txt"
-        )
+        raise CramkitError("the tokenizer's ids are not contiguous 0..n-1; it cannot be saved as a BERT vocab.txt")
     norm = _normalizer_settings(tok)
     lowercase = bool(norm.get("lowercase", True))
     strip = norm.get("strip_accents")
@@ -283,7 +283,8 @@ def load_tokenizer(path: str | os.PathLike) -> tokenizers.Tokenizer:
             p = p / "vocab.txt"
         else:
             raise CramkitError(
-                f"{path} holds no tokenizer.json or vocab.txt; train one with `cramkit tokenizer train ... --out {path}`"
+                f"{path} holds no tokenizer.json or vocab.txt; "
+                f"train one with `cramkit tokenizer train ... --out {path}`"
             )
         from cramkit.io import inside
 
@@ -296,9 +297,7 @@ def load_tokenizer(path: str | os.PathLike) -> tokenizers.Tokenizer:
         except ValueError:
             raise CramkitError(f"{p} is a link to a file outside {path}; refusing to read it") from None
     if not p.is_file():
-        raise CramkitError(
-            f"tokenizer {path} does not exist; give a directory with tokenizer.json or vocab.txt"
-        )
+        raise CramkitError(f"tokenizer {path} does not exist; give a directory with tokenizer.json or vocab.txt")
     if p.suffix == ".json":
         try:
             tok = Tokenizer.from_file(str(p))
@@ -340,9 +339,7 @@ def _from_vocab_txt(p: Path) -> tokenizers.Tokenizer:
         except (ValueError, OSError):
             pass
     tok = Tokenizer(
-        models.WordPiece(
-            vocab=vocab, unk_token="[UNK]", continuing_subword_prefix="##", max_input_chars_per_word=100
-        )
+        models.WordPiece(vocab=vocab, unk_token="[UNK]", continuing_subword_prefix="##", max_input_chars_per_word=100)
     )
     tok.normalizer = normalizers.BertNormalizer(
         clean_text=True, handle_chinese_chars=True, strip_accents=strip, lowercase=lowercase

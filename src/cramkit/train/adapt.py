@@ -107,8 +107,16 @@ def start_from(source: str) -> Start:
     pooler = getattr(loaded.model, "pooler", None)  # a fine-tuned classifier's; else an HF model's / a run's
     pooled = pooler.state_dict() if isinstance(pooler, torch.nn.Linear) else loaded.pooler_state
     pooled = {k: pooled[k].detach().clone() for k in ("weight", "bias")} if pooled else None
-    return Start(source, cfg, enc, head, loaded.tokenizer, masking, pooler_state=pooled,
-                 pooling=loaded.extra.get("st_pooling"))  # fmt: skip
+    return Start(
+        source,
+        cfg,
+        enc,
+        head,
+        loaded.tokenizer,
+        masking,
+        pooler_state=pooled,
+        pooling=loaded.extra.get("st_pooling"),
+    )
 
 
 def save_pooler(run: Path, start: Start) -> dict[str, Any] | None:
@@ -119,9 +127,7 @@ def save_pooler(run: Path, start: Start) -> dict[str, Any] | None:
 
     if start.pooler_state is None:
         return None
-    state = {
-        f"pooler.{k}": v.detach().to("cpu", torch.float32).contiguous() for k, v in start.pooler_state.items()
-    }
+    state = {f"pooler.{k}": v.detach().to("cpu", torch.float32).contiguous() for k, v in start.pooler_state.items()}
     with atomic_path(run / POOLER_FILE) as tmp:
         save_file(state, str(tmp), metadata={"from": start.source})
     shape = list(state["pooler.weight"].shape)
@@ -138,12 +144,15 @@ def kept_message(start: Start, run: Path) -> str:
     head = "its MLM head" if start.head_state is not None else "a fresh MLM head (the model has none)"
     if start.pooler_state is not None:
         h = start.pooler_state["weight"].shape
-        pooler = (f"its pooler (dense {h[0]}x{h[1]} + tanh, untouched by MLM) in {run / POOLER_FILE}, where "
-                  "fine-tuning the run starts from it")  # fmt: skip
+        pooler = (
+            f"its pooler (dense {h[0]}x{h[1]} + tanh, untouched by MLM) in {run / POOLER_FILE}, where "
+            "fine-tuning the run starts from it"
+        )
     else:
         pooler = "no pooler (the model has none: fine-tuning starts a fresh one)"
-    return (f"cramkit: --from {start.source}: keeping its tokenizer, architecture and encoder weights, {head}, "
-            f"and {pooler}")  # fmt: skip
+    return (
+        f"cramkit: --from {start.source}: keeping its tokenizer, architecture and encoder weights, {head}, and {pooler}"
+    )
 
 
 def check_architecture(start: Start, model: ModelConfig) -> None:
@@ -330,9 +339,7 @@ class InheritObjective(MLMObjective):
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
 
-    def loss(
-        self, model: torch.nn.Module, batch: dict[str, torch.Tensor], device: torch.device
-    ) -> torch.Tensor:
+    def loss(self, model: torch.nn.Module, batch: dict[str, torch.Tensor], device: torch.device) -> torch.Tensor:
         ids = batch["input_ids"].to(device, non_blocking=True)
         labels = batch["labels"].to(device, non_blocking=True)
         out = model(ids, labels)
@@ -352,9 +359,7 @@ class InheritObjective(MLMObjective):
         if device.type == "cuda":  # (only while inheriting) for the teacher's share of the step time
             torch.cuda.synchronize(device)
         self.teacher_seconds += time.perf_counter() - t0
-        return (1.0 - self.alpha) * out.loss + self.alpha * inheritance_kl(
-            out.logits, t_logits, self.icfg.temperature
-        )
+        return (1.0 - self.alpha) * out.loss + self.alpha * inheritance_kl(out.logits, t_logits, self.icfg.temperature)
 
 
 def inheritance_kl(student: torch.Tensor, teacher: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:

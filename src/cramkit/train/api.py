@@ -78,8 +78,12 @@ def _tokenizer_for(
 
     tok_dir = run / "tokenizer"
     key_file = tok_dir / "cramkit-source.json"
-    want = {"tokenizer": str(tokenizer) if tokenizer else None, "store": store, "sources": sources,
-            "settings": cfg.to_dict()["tokenizer"]}  # fmt: skip
+    want = {
+        "tokenizer": str(tokenizer) if tokenizer else None,
+        "store": store,
+        "sources": sources,
+        "settings": cfg.to_dict()["tokenizer"],
+    }
     if source_options:
         want["source_options"] = source_options
     cached = (tok_dir / "tokenizer.json").is_file() and key_file.is_file()
@@ -108,12 +112,16 @@ def _tokenizer_for(
             lang, why = guess.lang, f": {guess.describe()}"
         kind = "Chinese, one token per character" if lang == "zh" else "generic"
         print(
-            f"cramkit: training a WordPiece tokenizer (vocabulary {t.vocab_size}; {kind}{why}) on "
-            f"{_describe(sources)}"
+            f"cramkit: training a WordPiece tokenizer (vocabulary {t.vocab_size}; {kind}{why}) on {_describe(sources)}"
         )
-        tok = train_tokenizer(lambda: iter_documents(sources or None, **source_options), t.vocab_size,
-                              lowercase=t.lowercase, strip_accents=t.strip_accents,
-                              min_frequency=t.min_frequency, lang=lang)  # fmt: skip
+        tok = train_tokenizer(
+            lambda: iter_documents(sources or None, **source_options),
+            t.vocab_size,
+            lowercase=t.lowercase,
+            strip_accents=t.strip_accents,
+            min_frequency=t.min_frequency,
+            lang=lang,
+        )
         got = tok.get_vocab_size(with_added_tokens=True)
         if got < t.vocab_size:
             print(
@@ -211,8 +219,8 @@ def pretrain(
 
     sources_or_store: text files / directories / globs / ``hf:`` datasets, or one token store
       directory; None: the built-in corpus.
-    preset: ``tiny-cpu`` (the default; ``tiny-zh`` when the text is Chinese), ``crammed-bert``, ``bert-base``, ``continue`` (the default with
-      ``init``) or a YAML path; overrides: ``["train.lr=1e-3"]``.
+    preset: ``tiny-cpu`` (the default; ``tiny-zh`` when the text is Chinese), ``crammed-bert``, ``bert-base``,
+      ``continue`` (the default with ``init``) or a YAML path; overrides: ``["train.lr=1e-3"]``.
     budget: ``"5m"``, ``"24h"``, ``"2e9tok"``, ``"1000steps"`` (default: the preset's).
     resume: a run directory to continue from its latest checkpoint (its saved config is used; overrides
       and budget still apply, e.g. to extend the budget).
@@ -237,9 +245,7 @@ def pretrain(
     else:
         inputs = [str(s) for s in sources_or_store or []]
 
-    source_options = _source_options(
-        encoding=encoding, errors=errors, text_field=text_field, doc_split=doc_split
-    )
+    source_options = _source_options(encoding=encoding, errors=errors, text_field=text_field, doc_split=doc_split)
     init = str(init) if init is not None else None
     inherit = str(inherit) if inherit is not None else None
     begin = None  # what the run starts from: adapt.Start (--from), the teacher (--inherit)
@@ -252,7 +258,8 @@ def pretrain(
         for flag, given, key in (("--from", init, "from"), ("--inherit", inherit, "inherit")):
             if given is not None and given != info.get(key):
                 raise CramkitError(
-                    f"--resume {run}: the run was started {f'{flag} {info[key]}' if info.get(key) else f'without {flag}'}"
+                    f"--resume {run}: the run was started "
+                    f"{f'{flag} {info[key]}' if info.get(key) else f'without {flag}'}"
                     f", not {flag} {given}; resume without {flag} (or start a new run)"
                 )
         if extend_vocab and extend_vocab != info.get("extend_vocab", 0):
@@ -334,9 +341,7 @@ def pretrain(
             )
         except BaseException:
             if created is not None and created.is_dir() and ckpt.find_latest(created) is None:
-                shutil.rmtree(
-                    created, ignore_errors=True
-                )  # a failed first attempt leaves no empty run behind
+                shutil.rmtree(created, ignore_errors=True)  # a failed first attempt leaves no empty run behind
             raise
 
         with fault_guard(ctx):  # a dead or hung peer: one clear error on every surviving rank
@@ -409,9 +414,7 @@ def _start_config(
     if extend_vocab and not init:
         raise CramkitError("--extend-vocab grows an existing model's vocabulary: use it with --from MODEL")
     if preset == "continue" and not init:
-        raise CramkitError(
-            "the continue preset continues a model: add --from MODEL (a run, model directory or hf:DIR)"
-        )
+        raise CramkitError("the continue preset continues a model: add --from MODEL (a run, model directory or hf:DIR)")
     if not init and not inherit:
         return resolve_config(preset or "tiny-cpu", overrides), None
     from cramkit.train import adapt
@@ -432,9 +435,7 @@ def _start_config(
     return cfg, begin
 
 
-def _model_tokenizer(
-    run: Path, begin: Any, extend: int, sources: list[str], source_options: dict
-) -> tuple[Any, Any]:
+def _model_tokenizer(run: Path, begin: Any, extend: int, sources: list[str], source_options: dict) -> tuple[Any, Any]:
     """The tokenizer of a run that starts from a model: the model's, extended by ``extend`` words of the
     corpus (cached in RUN/tokenizer with RUN/vocab-extension.json)."""
     from cramkit.text.extend import Extension, check_extensible, count_words, extend_vocabulary
@@ -446,15 +447,19 @@ def _model_tokenizer(
     want: dict[str, Any] = {"model": begin.source, "model_tokenizer": tokenizer_hash(begin.tokenizer)}
     if extend:
         want |= {"extend_vocab": extend, "sources": sources, "source_options": source_options}
-    cached = (
-        (tok_dir / "tokenizer.json").is_file() and key_file.is_file() and (ext_file.is_file() or not extend)
-    )
+    cached = (tok_dir / "tokenizer.json").is_file() and key_file.is_file() and (ext_file.is_file() or not extend)
     if cached and json.loads(key_file.read_text(encoding="utf-8")) == want:
         ext = None
         if extend:
             saved = json.loads(ext_file.read_text(encoding="utf-8"))
-            ext = Extension(saved["words"], saved["pieces"], saved["first_id"], saved["words_counted"],
-                            saved["split_share_before"], saved["split_share_after"])  # fmt: skip
+            ext = Extension(
+                saved["words"],
+                saved["pieces"],
+                saved["first_id"],
+                saved["words_counted"],
+                saved["split_share_before"],
+                saved["split_share_after"],
+            )
         return load_tokenizer(tok_dir), ext
     tok, ext = begin.tokenizer, None
     if extend:
@@ -531,8 +536,9 @@ def _resume_plan(run: Path, cfg: RunConfig) -> bool:
         return False
     if before and before != cfg.train.budget and not quiet:
         t = cfg.train
-        old_lr = t.lr * lr_factor(parse_budget(before).fraction(elapsed, tokens, step), t.schedule, t.warmup,
-                                  t.cooldown, t.lr_start)  # fmt: skip
+        old_lr = t.lr * lr_factor(
+            parse_budget(before).fraction(elapsed, tokens, step), t.schedule, t.warmup, t.cooldown, t.lr_start
+        )
         new_lr = t.lr * lr_factor(fraction, t.schedule, t.warmup, t.cooldown, t.lr_start)
         print(
             f"cramkit: budget {before} -> {cfg.train.budget}: the run has spent {fraction:.0%} of the new budget; "
@@ -592,9 +598,7 @@ def _prepare(run, cfg, inputs, tokenizer, resume, preset, source_options, saved,
                 )
             tok, extension = _model_tokenizer(run, begin, adapt_info["extend_vocab"], sources, source_options)
         else:
-            tok = _tokenizer_for(
-                run, cfg, sources, str(tokenizer) if tokenizer else None, store, source_options
-            )
+            tok = _tokenizer_for(run, cfg, sources, str(tokenizer) if tokenizer else None, store, source_options)
         vocab = tok.get_vocab_size(with_added_tokens=True)
         check_fits(cfg, vocab)
         try:
@@ -617,9 +621,7 @@ def _prepare(run, cfg, inputs, tokenizer, resume, preset, source_options, saved,
                 _write_config(run, cfg)
             info = {"inputs": inputs, "store": str(ts.prefix), "preset": preset, "tokenizer": "tokenizer"}
             info |= {k: v for k, v in adapt_info.items() if v}
-            if (
-                adapt_info["from"] and begin is not None and begin.pooling
-            ):  # fine-tuning pools as the model did
+            if adapt_info["from"] and begin is not None and begin.pooling:  # fine-tuning pools as the model did
                 info["pooling"] = begin.pooling
             if source_options:
                 info["source_options"] = source_options

@@ -82,9 +82,7 @@ def parse_every(text: str | int, where: str) -> Every:
         return Every("steps", float(raw))
     match = _PATTERN.match(raw)
     if not match or match.group(2) in ("tok", "tokens"):
-        raise CramkitError(
-            f"{where}: cannot read {raw!r}; write a period like '10m', '30s' or '500steps' (or 'never')"
-        )
+        raise CramkitError(f"{where}: cannot read {raw!r}; write a period like '10m', '30s' or '500steps' (or 'never')")
     value, unit = float(match.group(1)), match.group(2)
     if value <= 0:
         return Every("never", 0)

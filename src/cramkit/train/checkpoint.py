@@ -137,9 +137,7 @@ def _metadata_from_json(data: Any, where: Path) -> Any:
             if not isinstance(dtype, torch.dtype):
                 raise ValueError(f"{fqn}: unknown dtype {md['dtype']!r}")
             chunks = [
-                ChunkStorageMetadata(
-                    offsets=torch.Size(ints(c["offsets"])), sizes=torch.Size(ints(c["sizes"]))
-                )
+                ChunkStorageMetadata(offsets=torch.Size(ints(c["offsets"])), sizes=torch.Size(ints(c["sizes"])))
                 for c in md["chunks"]
             ]
             sd_meta[str(fqn)] = TensorStorageMetadata(
@@ -202,9 +200,7 @@ def _reader(path: Path) -> Any:
             try:
                 data = json.loads(file.read_text(encoding="utf-8"))
             except FileNotFoundError:
-                raise CramkitError(
-                    f"{file} is missing; the checkpoint is incomplete; resume from another"
-                ) from None
+                raise CramkitError(f"{file} is missing; the checkpoint is incomplete; resume from another") from None
             except (UnicodeDecodeError, json.JSONDecodeError) as exc:
                 raise CramkitError(f"{file} is corrupt ({exc}); resume from another checkpoint") from None
             metadata = _metadata_from_json(data, Path(self.path))
@@ -458,9 +454,7 @@ class Checkpointer:
                 weights = {k: v.contiguous() for k, v in load_model_state(tmp, check=False).items()}
                 for alias in state["tied"]:
                     weights.pop(alias, None)
-                save_file(
-                    weights, str(tmp / WEIGHTS_FILE), metadata={"format": "pt", "step": str(state["step"])}
-                )
+                save_file(weights, str(tmp / WEIGHTS_FILE), metadata={"format": "pt", "step": str(state["step"])})
                 files = [p for p in sorted(tmp.iterdir()) if p.is_file()]
                 for p in files:  # safetensors and DCP create files 0600: follow the umask like any file
                     os.chmod(p, 0o666 & ~self._umask)
@@ -488,9 +482,7 @@ class Checkpointer:
         prev = find_latest(self.run)
         kept = f"the previous checkpoint {prev.name} is intact" if prev else "no earlier checkpoint exists"
         full = isinstance(exc, OSError) and exc.errno == errno.ENOSPC or "No space left" in str(exc)
-        reason = (
-            "the disk is full" if full else (getattr(exc, "strerror", None) or str(exc).splitlines()[0][:200])
-        )
+        reason = "the disk is full" if full else (getattr(exc, "strerror", None) or str(exc).splitlines()[0][:200])
         return CramkitError(
             f"could not write a checkpoint under {self.root}: {reason}; the partial checkpoint was removed and "
             f"{kept}. Free space (or fix the problem), then continue with `cramkit pretrain --resume {self.run}`"
@@ -580,9 +572,7 @@ def load(
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            dcp.load(
-                state_dict, storage_reader=_reader(path), process_group=process_group, no_dist=not _dist_on()
-            )
+            dcp.load(state_dict, storage_reader=_reader(path), process_group=process_group, no_dist=not _dist_on())
     except (CramkitError, KeyboardInterrupt, SystemExit):
         raise
     except BaseException as exc:  # noqa: BLE001 - DCP's CheckpointException is a BaseException
@@ -597,9 +587,7 @@ def load(
         "optim": _resplit(state_dict["optim"], optim_sd),
     }
     if optimizer is None:
-        set_state_dict(
-            model, [], model_state_dict=state_dict["model"], optim_state_dict={}, options=_options()
-        )
+        set_state_dict(model, [], model_state_dict=state_dict["model"], optim_state_dict={}, options=_options())
     else:
         hparams = {k: _from_json(v) for k, v in state.get("optimizer_hparams", {}).items()}
         set_state_dict(
@@ -628,9 +616,7 @@ def load_model_state(checkpoint: str | os.PathLike, *, check: bool = True) -> di
         if key.startswith("model.") and isinstance(meta, TensorStorageMetadata):
             state[key[len("model.") :]] = torch.empty(meta.size, dtype=meta.properties.dtype)
     if not state:
-        raise CramkitError(
-            f"{path}: the checkpoint holds no model weights; use a cramkit pretraining checkpoint"
-        )
+        raise CramkitError(f"{path}: the checkpoint holds no model weights; use a cramkit pretraining checkpoint")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         dcp.load({"model": state}, storage_reader=_reader(path), no_dist=True)

@@ -92,19 +92,13 @@ class TrainConfig:
                 f"train.micro_batch ({self.micro_batch}) and train.batch_size ({self.batch_size}) must be positive"
             )
         if not 0.0 < self.lr <= 1.0:
-            raise CramkitError(
-                f"train.lr must be a positive learning rate of at most 1, got {self.lr} (1e-3 is usual)"
-            )
+            raise CramkitError(f"train.lr must be a positive learning rate of at most 1, got {self.lr} (1e-3 is usual)")
         if len(self.betas) != 2 or not all(0.0 <= b < 1.0 for b in self.betas):
-            raise CramkitError(
-                f"train.betas must be two numbers in [0, 1), got {list(self.betas)} (0.9,0.98 is usual)"
-            )
+            raise CramkitError(f"train.betas must be two numbers in [0, 1), got {list(self.betas)} (0.9,0.98 is usual)")
         if not 0.0 < self.eps < 1.0:
             raise CramkitError(f"train.eps must be a small positive number, got {self.eps} (1e-12 is usual)")
         if not 0.0 <= self.weight_decay < 1.0:
-            raise CramkitError(
-                f"train.weight_decay must be in [0, 1), got {self.weight_decay} (0.01 is usual)"
-            )
+            raise CramkitError(f"train.weight_decay must be in [0, 1), got {self.weight_decay} (0.01 is usual)")
         if self.grad_clip < 0:
             raise CramkitError(f"train.grad_clip must be 0 (off) or a positive norm, got {self.grad_clip}")
         for name, low in (("log_every", 1), ("eval_batches", 1), ("threads", 0), ("seed", 0)):
@@ -125,9 +119,7 @@ class TrainConfig:
             if isinstance(getattr(self, name), str) and getattr(self, name) != "auto":
                 raise CramkitError(f"train.{name} must be true, false or auto, got {getattr(self, name)!r}")
         if not 0.0 < self.fresh_head_lr_scale <= 1000.0:
-            raise CramkitError(
-                f"train.fresh_head_lr_scale must be in (0, 1000], got {self.fresh_head_lr_scale}"
-            )
+            raise CramkitError(f"train.fresh_head_lr_scale must be in (0, 1000], got {self.fresh_head_lr_scale}")
         if self.keep_checkpoints < 1:
             raise CramkitError(f"train.keep_checkpoints must be at least 1, got {self.keep_checkpoints}")
         if self.max_nan_steps < 1:

@@ -57,13 +57,14 @@ def train_epochs(
         if run is None:
             run = stack.enter_context(tempfile.TemporaryDirectory(prefix="cramkit-train-"))
         run = Path(run)
-        result = fit(
-            objective, tcfg, ParallelConfig(), run, resume=ckpt.find_latest(run) is not None, ctx=ctx
-        )
+        result = fit(objective, tcfg, ParallelConfig(), run, resume=ckpt.find_latest(run) is not None, ctx=ctx)
         history: list[dict[str, Any]] = read_metrics(run) or result.history  # also when it resumed midway
     losses = [r["loss"] for r in history if isinstance(r.get("loss"), float) and math.isfinite(r["loss"])]
-    evals = [{k: v for k, v in r.items() if k == "step" or k == "val_loss" or k.startswith("dev_")}
-             for r in history if "val_loss" in r]  # fmt: skip
+    evals = [
+        {k: v for k, v in r.items() if k == "step" or k == "val_loss" or k.startswith("dev_")}
+        for r in history
+        if "val_loss" in r
+    ]
     per_epoch = math.ceil(examples / batch_size)
     seen = (result.step // per_epoch) * examples + min((result.step % per_epoch) * batch_size, examples)
     return EpochsResult(result.model, result.step, result.elapsed, seen, losses, evals)

@@ -109,8 +109,10 @@ def evaluate_suite(
         )
     for task, ks in todo:
         if fewshot_splits and not ks:
-            print(f"cramkit: note: {task.name} is not in FewCLUE's layout: --fewshot-splits does not apply to it",
-                  file=sys.stderr)  # fmt: skip
+            print(
+                f"cramkit: note: {task.name} is not in FewCLUE's layout: --fewshot-splits does not apply to it",
+                file=sys.stderr,
+            )
     if not todo:
         raise CramkitError(
             f"cramkit eval: no {suite.upper()} task to run in {data_dir} "
@@ -129,9 +131,7 @@ def evaluate_suite(
         task_dir = out / task.name.split("/")[-1]
         res = _finished(task_dir, loaded.source, to_dict(cfg), ks, few_shot)
         if res is not None:
-            print(
-                f"cramkit: [{i}/{len(todo)}] {task.name}: already done in {task_dir}, reused", file=sys.stderr
-            )
+            print(f"cramkit: [{i}/{len(todo)}] {task.name}: already done in {task_dir}, reused", file=sys.stderr)
         else:
             what = f"FewCLUE split(s) {','.join(ks)}" if ks else "fine-tuning"
             if few_shot is not None:
@@ -177,8 +177,13 @@ def evaluate_suite(
         results["glue_average_over"] = sorted(entries)
     results["submission"] = _collect_submission(out / SUBMISSION_DIR, submission)
     write_json(out / "results.json", results)
-    write_report(out, results, title=f"{suite.upper()} results", average_name=f"{suite.upper()} average",
-                 total=len(spec.task_names))  # fmt: skip
+    write_report(
+        out,
+        results,
+        title=f"{suite.upper()} results",
+        average_name=f"{suite.upper()} average",
+        total=len(spec.task_names),
+    )
     return results
 
 
@@ -334,11 +339,7 @@ def fewshot_run(
     check_out(out, inputs=[source], own=[f"split-{key}" for key in splits])
     with disk_errors(out):
         res = finetune_fewshot(task, source, cfg, out, splits, progress=progress, k=k)
-        what = (
-            f"FewCLUE splits {','.join(splits)}"
-            if k is None
-            else f"{len(splits)} few-shot splits, K={k} per class"
-        )
+        what = f"FewCLUE splits {','.join(splits)}" if k is None else f"{len(splits)} few-shot splits, K={k} per class"
         report = {
             "source": str(source),
             "tasks": {task.name: _summary(res)},
@@ -508,7 +509,8 @@ def _write_markdown(path: Path, results: dict[str, Any], title: str, average_nam
     lines = [
         f"# {title}: {results['source']}",
         "",
-        "| task | split | metrics (median over seeds; x100: accuracy %, F1 %, MCC x100, Pearson/Spearman r x100) | score |",
+        "| task | split | metrics (median over seeds; x100: accuracy %, F1 %, MCC x100, Pearson/Spearman r x100) "
+        "| score |",
         "|---|---|---|---:|",
     ]
     for _, name, split, metrics, score, spread in _rows(results):
@@ -533,9 +535,7 @@ def _write_markdown(path: Path, results: dict[str, Any], title: str, average_nam
     avg = results.get("average")
     avg_text = f"{avg:.2f}" if avg is not None else "n/a"
     n = len(results["tasks"])
-    if (
-        total > 1 and n >= total and not results.get("skipped")
-    ):  # (one task, finetune --fewshot-splits: no average)
+    if total > 1 and n >= total and not results.get("skipped"):  # (one task, finetune --fewshot-splits: no average)
         lines.append(f"| **{average_name}** | | over all {total} tasks | **{avg_text}** |")
     elif total > 1:
         lines.append(

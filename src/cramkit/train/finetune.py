@@ -101,9 +101,7 @@ class FinetuneConfig:
         if (self.prompt or self.label_words) and self.method == "head":
             self.method = "prompt"  # a template or label words given: prompt-based fine-tuning
         if (self.prompt or self.label_words) and self.method != "prompt":
-            raise CramkitError(
-                "--prompt and --label-words apply to prompt-based fine-tuning, not method=ptuning"
-            )
+            raise CramkitError("--prompt and --label-words apply to prompt-based fine-tuning, not method=ptuning")
         if self.prefix_len < 1 or self.prefix_lr <= 0:
             raise CramkitError(
                 f"finetune.prefix_len and prefix_lr must be positive, got {self.prefix_len}, {self.prefix_lr}"
@@ -118,13 +116,9 @@ class FinetuneConfig:
         if not self.seeds:
             raise CramkitError("finetune.seeds is empty; give at least one seed, e.g. --seeds 0")
         if self.min_steps < 0:
-            raise CramkitError(
-                f"finetune.min_steps must be 0 (epochs alone) or positive, got {self.min_steps}"
-            )
+            raise CramkitError(f"finetune.min_steps must be 0 (epochs alone) or positive, got {self.min_steps}")
         if self.micro_batch < 0:
-            raise CramkitError(
-                f"finetune.micro_batch must be 0 (whole batch) or positive, got {self.micro_batch}"
-            )
+            raise CramkitError(f"finetune.micro_batch must be 0 (whole batch) or positive, got {self.micro_batch}")
         from cramkit.train.budget import parse_every
 
         parse_every(self.checkpoint_every, "finetune.checkpoint_every")
@@ -133,9 +127,7 @@ class FinetuneConfig:
         if self.keep not in ("last", "best"):
             raise CramkitError(f"finetune.keep is 'last' or 'best', got {self.keep!r}")
         if self.keep == "best" and self.eval_every in ("never", "0", "off"):
-            raise CramkitError(
-                "finetune.keep=best picks among the dev evaluations: set eval_every (e.g. 'epoch')"
-            )
+            raise CramkitError("finetune.keep=best picks among the dev evaluations: set eval_every (e.g. 'epoch')")
         if self.max_length < 3:
             raise CramkitError(f"finetune.max_length must be at least 3, got {self.max_length}")
         for name in ("dropout", "attention_dropout"):
@@ -159,17 +151,29 @@ def encode_task_examples(
         if rows and all(e.label is not None for e in rows):
             labels = np.asarray([e.label for e in rows], dtype=np.int64)
         idx = np.asarray([e.idx for e in rows], dtype=np.int64)
-        return encode_prompts(tokenizer, prompt, [e.text_a for e in rows], [e.text_b for e in rows], max_length,
-                              labels=labels, idx=idx)  # fmt: skip
+        return encode_prompts(
+            tokenizer,
+            prompt,
+            [e.text_a for e in rows],
+            [e.text_b for e in rows],
+            max_length,
+            labels=labels,
+            idx=idx,
+        )
     if task.is_multiple_choice:
         return encode_choice_examples(tokenizer, rows, max_length)
     return encode_examples(tokenizer, rows, max_length, regression=task.is_regression)
 
 
 def build_model(
-    loaded: LoadedModel, num_labels: int, cfg: FinetuneConfig, *, multilabel: bool = False,
-    multiple_choice: bool = False, prompt: PromptSpec | None = None,
-):  # fmt: skip
+    loaded: LoadedModel,
+    num_labels: int,
+    cfg: FinetuneConfig,
+    *,
+    multilabel: bool = False,
+    multiple_choice: bool = False,
+    prompt: PromptSpec | None = None,
+):
     """The model ``cfg.method`` trains on the loaded model's encoder: a SequenceClassifier (a MultipleChoice
     scorer with ``multiple_choice``; BERT's pooler when the model has one), a PromptClassifier (its MLM
     head and ``prompt``) or a PrefixClassifier (the encoder frozen, ``cfg.prefix_len`` prefixes)."""
@@ -192,9 +196,7 @@ def build_model(
         model = PromptClassifier(model_cfg, prompt.label_ids, prompt.mask_id)
         model.spec = prompt
         state = loaded.model.state_dict()
-        model.load_state_dict(
-            {k: v for k, v in state.items() if k.startswith(("encoder.", "head."))}, strict=True
-        )
+        model.load_state_dict({k: v for k, v in state.items() if k.startswith(("encoder.", "head."))}, strict=True)
         return model
     pool = resolve_pooling(cfg, loaded)  # pooling=auto: the model's own
     head = ClassifierConfig(pooling=pool.pooling, pooler_dense=pool.pooler_dense, dropout=cfg.dropout)
@@ -284,9 +286,15 @@ def predict(
     if isinstance(enc, EncodedChoices):
         return scores_to_choices(predict(model, enc.pairs, cfg, device, pad_id, with_types), enc.offsets)
     runner = forward.TorchRunner(model, device, cfg.precision)
-    return forward.logits(runner, enc, pad_id=pad_id, with_types=with_types,
-                          max_tokens=forward.default_batch_tokens(runner.device), max_rows=cfg.eval_batch_size,
-                          width=model.num_labels)  # fmt: skip
+    return forward.logits(
+        runner,
+        enc,
+        pad_id=pad_id,
+        with_types=with_types,
+        max_tokens=forward.default_batch_tokens(runner.device),
+        max_rows=cfg.eval_batch_size,
+        width=model.num_labels,
+    )
 
 
 class ClassifierObjective:
@@ -297,10 +305,18 @@ class ClassifierObjective:
     function of (seed, epoch), so a resumed run continues with the very batches it would have seen."""
 
     def __init__(
-        self, loaded: LoadedModel, train: Encoded | EncodedChoices, num_labels: int, cfg: FinetuneConfig,
-        seed: int, title: str, resume_hint: str, multilabel: bool = False, multiple_choice: bool = False,
+        self,
+        loaded: LoadedModel,
+        train: Encoded | EncodedChoices,
+        num_labels: int,
+        cfg: FinetuneConfig,
+        seed: int,
+        title: str,
+        resume_hint: str,
+        multilabel: bool = False,
+        multiple_choice: bool = False,
         prompt: PromptSpec | None = None,
-    ) -> None:  # fmt: skip
+    ) -> None:
         self.loaded, self.train, self.num_labels, self.cfg, self.seed = loaded, train, num_labels, cfg, seed
         self.prompt = prompt
         self.multilabel, self.multiple_choice = multilabel, multiple_choice
@@ -326,9 +342,18 @@ class ClassifierObjective:
     def train_loader(self, micro: int, *, rank: int = 0, world: int = 1) -> BatchLoader:
         import torch
 
-        return BatchLoader(self.train, self.cfg.batch_size, micro, rank, world, seed=self.seed,
-                           chunk=self.cfg.bucket_chunk, pad_id=self.loaded.pad_id, with_types=self.loaded.with_types,
-                           columns={"labels": torch.from_numpy(self.train.labels)})  # fmt: skip
+        return BatchLoader(
+            self.train,
+            self.cfg.batch_size,
+            micro,
+            rank,
+            world,
+            seed=self.seed,
+            chunk=self.cfg.bucket_chunk,
+            pad_id=self.loaded.pad_id,
+            with_types=self.loaded.with_types,
+            columns={"labels": torch.from_numpy(self.train.labels)},
+        )
 
     def count(self, batch: dict) -> int:
         return int(batch["count"])
@@ -355,8 +380,9 @@ class ClassifierObjective:
 
         task, split, enc = self.dev
         plain = getattr(model, "module", model)  # DDP's module
-        logits = predict(plain, enc, self.cfg, next(plain.parameters()).device, self.loaded.pad_id,
-                         self.loaded.with_types)  # fmt: skip
+        logits = predict(
+            plain, enc, self.cfg, next(plain.parameters()).device, self.loaded.pad_id, self.loaded.with_types
+        )
         preds = logits[:, 0] if task.is_regression else logits
         metrics = task.compute_metrics(preds, enc.labels, task.examples(split))
         score = task.score(metrics)
@@ -439,14 +465,30 @@ def train_config(
 
     warmup = cfg.warmup
     return TrainConfig(
-        budget=f"{steps}steps", optimizer="adamw", lr=cfg.prefix_lr if cfg.method == "ptuning" else cfg.lr, betas=(cfg.betas[0], cfg.betas[1]), eps=cfg.eps,
-        weight_decay=cfg.weight_decay, schedule=cfg.schedule, warmup=warmup,
-        cooldown=0.0 if cfg.schedule == "constant" else 1.0 - warmup, lr_start=0.0 if warmup > 0 else 1.0,
-        micro_batch=cfg.micro_batch or cfg.batch_size, batch_size=cfg.batch_size, batch_ramp=0.0,
-        grad_clip=cfg.grad_clip, precision=cfg.precision, compile=cfg.compile, device=cfg.device, seed=seed,
-        checkpoint_every=cfg.checkpoint_every, keep_checkpoints=1, eval_every=eval_every, log_every=1,
+        budget=f"{steps}steps",
+        optimizer="adamw",
+        lr=cfg.prefix_lr if cfg.method == "ptuning" else cfg.lr,
+        betas=(cfg.betas[0], cfg.betas[1]),
+        eps=cfg.eps,
+        weight_decay=cfg.weight_decay,
+        schedule=cfg.schedule,
+        warmup=warmup,
+        cooldown=0.0 if cfg.schedule == "constant" else 1.0 - warmup,
+        lr_start=0.0 if warmup > 0 else 1.0,
+        micro_batch=cfg.micro_batch or cfg.batch_size,
+        batch_size=cfg.batch_size,
+        batch_ramp=0.0,
+        grad_clip=cfg.grad_clip,
+        precision=cfg.precision,
+        compile=cfg.compile,
+        device=cfg.device,
+        seed=seed,
+        checkpoint_every=cfg.checkpoint_every,
+        keep_checkpoints=1,
+        eval_every=eval_every,
+        log_every=1,
         progress=progress,
-    )  # fmt: skip
+    )
 
 
 def train_one_seed(
@@ -541,9 +583,7 @@ def finetune(
     if cfg.max_train_examples:
         train_rows = train_rows[: cfg.max_train_examples]
     if not train_rows:
-        raise CramkitError(
-            f"task {task.name}: the {task.train_split} split is empty; nothing to fine-tune on"
-        )
+        raise CramkitError(f"task {task.name}: the {task.train_split} split is empty; nothing to fine-tune on")
     if torchrun().is_main:  # under torchrun: once
         from cramkit.text.coverage import unk_report
 
@@ -555,15 +595,11 @@ def finetune(
     dev = {s: encode_task_examples(task, tok, task.examples(s), max_length, prompt) for s in task.dev_splits}
     for split, enc in dev.items():
         if enc.labels is None:
-            raise CramkitError(
-                f"task {task.name}: the {split} split has unlabelled examples; it cannot be scored"
-            )
+            raise CramkitError(f"task {task.name}: the {split} split has unlabelled examples; it cannot be scored")
     tests = _test_splits(task, tok, max_length, prompt)
     for other in predict_also:
         if other.labels != task.labels or other.kind != task.kind:
-            raise CramkitError(
-                f"task {other.name} has labels {other.labels}, not {task.name}'s {task.labels}"
-            )
+            raise CramkitError(f"task {other.name} has labels {other.labels}, not {task.name}'s {task.labels}")
         tests.update(_test_splits(other, tok, max_length, prompt))
 
     from cramkit.train.parallel import fault_guard, init_distributed, shutdown
@@ -576,9 +612,7 @@ def finetune(
     lock = dir_lock(out_dir, "--out") if out_dir is not None and ctx.is_main else contextlib.nullcontext()
     try:
         with lock, fault_guard(ctx):
-            return _finetune_seeds(
-                task, loaded, cfg, out_dir, ctx, train, dev, tests, predict_also, progress, prompt
-            )
+            return _finetune_seeds(task, loaded, cfg, out_dir, ctx, train, dev, tests, predict_also, progress, prompt)
     finally:
         shutdown(ctx)
 
@@ -596,9 +630,7 @@ def _finetune_seeds(
     if out_dir is not None:
         with main_first(ctx, "checking --out"):
             seeds_dir = _claim(Path(out_dir), task, loaded, cfg) if ctx.is_main else Path(out_dir) / "seeds"
-    hint = (
-        "rerun the same command to continue (finished seeds are kept; this one resumes from its checkpoint)"
-    )
+    hint = "rerun the same command to continue (finished seeds are kept; this one resumes from its checkpoint)"
     per_seed, test_logits, states = [], [], []
     for seed in cfg.seeds:
         run = seeds_dir / f"seed-{seed}" if seeds_dir is not None else None
@@ -610,10 +642,20 @@ def _finetune_seeds(
             states.append(state)
             continue
         model, stats = train_one_seed(
-            loaded, train, task.num_labels, cfg, seed, progress=progress, desc=f"{task.name} seed {seed}",
-            run=run, resume_hint=hint, ctx=ctx, multiple_choice=task.is_multiple_choice,
-            dev=(task, task.selection_splits[0], dev[task.selection_splits[0]]) if dev else None, prompt=prompt,
-        )  # fmt: skip
+            loaded,
+            train,
+            task.num_labels,
+            cfg,
+            seed,
+            progress=progress,
+            desc=f"{task.name} seed {seed}",
+            run=run,
+            resume_hint=hint,
+            ctx=ctx,
+            multiple_choice=task.is_multiple_choice,
+            dev=(task, task.selection_splits[0], dev[task.selection_splits[0]]) if dev else None,
+            prompt=prompt,
+        )
         if not ctx.is_main:  # rank 0 scores and writes; the others go on to the next seed's training
             continue
         stats["dev"] = {}
@@ -653,9 +695,7 @@ def _finetune_seeds(
         "median": {},
     }
     for split in dev:
-        metrics = {
-            m: statistics.median(r["dev"][split]["metrics"][m] for r in per_seed) for m in task.metrics
-        }
+        metrics = {m: statistics.median(r["dev"][split]["metrics"][m] for r in per_seed) for m in task.metrics}
         results["median"][split] = {
             "metrics": metrics,
             "score": statistics.median(r["dev"][split]["score"] for r in per_seed),
@@ -765,9 +805,15 @@ def _finished_seed(run: Path, tests: dict) -> tuple[dict, dict, None] | None:
 
 
 def _save_model(
-    loaded: LoadedModel, task: Task, cfg: FinetuneConfig, max_length: int, state: dict, seed: int, out: Path,
+    loaded: LoadedModel,
+    task: Task,
+    cfg: FinetuneConfig,
+    max_length: int,
+    state: dict,
+    seed: int,
+    out: Path,
     prompt: PromptSpec | None = None,
-) -> None:  # fmt: skip
+) -> None:
     """The fine-tuned model as a model directory (``cramkit.load(out)``); with method=ptuning only the
     prefixes and the head, and the base model named by the checksum of its encoder."""
     from cramkit.load import LoadedModel as Saved
@@ -790,8 +836,11 @@ def _save_model(
         extra["prompt"] = prompt.meta()
     elif cfg.method == "ptuning":
         architecture = "prefix"
-        extra["base"] = {"source": str(loaded.source), "sha256": encoder_digest(loaded.encoder),
-                         "prefix_len": cfg.prefix_len}  # fmt: skip
+        extra["base"] = {
+            "source": str(loaded.source),
+            "sha256": encoder_digest(loaded.encoder),
+            "prefix_len": cfg.prefix_len,
+        }
     Saved(
         model=model,
         kind=kind,
@@ -851,9 +900,7 @@ def write_json(path: Path, data: Any) -> None:
     write_json_atomic(path, data)
 
 
-def config_from(
-    overrides: dict[str, Any] | None = None, base: FinetuneConfig | None = None
-) -> FinetuneConfig:
+def config_from(overrides: dict[str, Any] | None = None, base: FinetuneConfig | None = None) -> FinetuneConfig:
     """A FinetuneConfig from ``--set`` overrides (strict: unknown keys are errors) on top of ``base``."""
     data = to_dict(base) if base is not None else {}
     data.update(overrides or {})

@@ -128,9 +128,7 @@ def plot_losses(
     handles, labels = ax.get_legend_handles_labels()
     if dev:
         ax2 = ax.twinx()
-        ax2.plot(
-            *zip(*dev, strict=True), "s--", color="#c44e52", label="dev score (main metric, x100)", lw=1.2
-        )
+        ax2.plot(*zip(*dev, strict=True), "s--", color="#c44e52", label="dev score (main metric, x100)", lw=1.2)
         ax2.set_ylabel("dev score (x100)")
         h2, l2 = ax2.get_legend_handles_labels()
         handles, labels = handles + h2, labels + l2
@@ -154,8 +152,14 @@ class Progress:
         if use_bar:
             from tqdm.auto import tqdm
 
-            self.bar = tqdm(total=100.0, initial=round(initial * 100, 1), desc=desc, unit="%",
-                            bar_format="{desc} {percentage:3.0f}%|{bar}| {postfix}", dynamic_ncols=True)  # fmt: skip
+            self.bar = tqdm(
+                total=100.0,
+                initial=round(initial * 100, 1),
+                desc=desc,
+                unit="%",
+                bar_format="{desc} {percentage:3.0f}%|{bar}| {postfix}",
+                dynamic_ncols=True,
+            )
 
     def update(self, fraction: float, fields: dict[str, str]) -> None:
         if self.bar is not None:

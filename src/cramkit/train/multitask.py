@@ -89,9 +89,16 @@ class MixtureObjective:
     """Fine-tuning on a mixture for the engine (train/trainer.py): a MultiTaskModel, a MixtureLoader."""
 
     def __init__(
-        self, loaded: LoadedModel, tasks: list[Task], train: list[Encoded | EncodedChoices], rates: np.ndarray,
-        cfg: FinetuneConfig, seed: int, title: str, resume_hint: str,
-    ) -> None:  # fmt: skip
+        self,
+        loaded: LoadedModel,
+        tasks: list[Task],
+        train: list[Encoded | EncodedChoices],
+        rates: np.ndarray,
+        cfg: FinetuneConfig,
+        seed: int,
+        title: str,
+        resume_hint: str,
+    ) -> None:
         self.loaded, self.tasks, self.train, self.rates = loaded, tasks, train, rates
         self.cfg, self.seed, self.title, self.resume_hint = cfg, seed, title, resume_hint
         self.flops_per_token = None
@@ -99,9 +106,7 @@ class MixtureObjective:
         self.drawn = np.zeros(len(tasks), dtype=np.int64)
 
     def build_model(self):
-        return build_multitask(
-            self.loaded, [t.num_labels for t in self.tasks], self.cfg, [t.kind for t in self.tasks]
-        )
+        return build_multitask(self.loaded, [t.num_labels for t in self.tasks], self.cfg, [t.kind for t in self.tasks])
 
     def train_loader(self, micro: int, *, rank: int = 0, world: int = 1) -> MixtureLoader:
         import torch
@@ -119,7 +124,7 @@ class MixtureObjective:
                 pad_id=self.loaded.pad_id,
                 with_types=self.loaded.with_types,
                 columns={"labels": torch.from_numpy(enc.labels)},
-            )  # fmt: skip
+            )
             for i, enc in enumerate(self.train)
         ]
         return MixtureLoader(loaders, self.rates, self.seed)
@@ -133,8 +138,11 @@ class MixtureObjective:
 
     def loss(self, model, batch: dict, device):
         task = int(batch["task"])
-        inputs = {k: (v.to(device, non_blocking=True) if v is not None else None) for k, v in batch.items()
-                  if k not in ("count", "labels", "task")}  # fmt: skip
+        inputs = {
+            k: (v.to(device, non_blocking=True) if v is not None else None)
+            for k, v in batch.items()
+            if k not in ("count", "labels", "task")
+        }
         loss, _ = model(**inputs, labels=batch["labels"].to(device, non_blocking=True), task=task)
         if self.world > 1:  # DDP reduces every parameter's gradient: the other heads take part with 0
             heads = getattr(model, "module", model).heads
@@ -145,9 +153,7 @@ class MixtureObjective:
         return None  # every task is scored by finetune_mixture() on the finished model
 
 
-def build_multitask(
-    loaded: LoadedModel, num_labels: list[int], cfg: FinetuneConfig, kinds: list[str] | None = None
-):
+def build_multitask(loaded: LoadedModel, num_labels: list[int], cfg: FinetuneConfig, kinds: list[str] | None = None):
     """A MultiTaskModel on the loaded model's encoder; every head's pooler starts from the model's (BERT's
     pooler) when it has one, as a single-task classifier's does."""
     import torch
@@ -223,9 +229,7 @@ def finetune_mixture(
     if torchrun().is_main:
         from cramkit.text.coverage import unk_report
 
-        texts = [
-            x for t in tasks for e in t.examples(t.train_split)[:2000] for x in (e.text_a, e.text_b) if x
-        ]
+        texts = [x for t in tasks for e in t.examples(t.train_split)[:2000] for x in (e.text_a, e.text_b) if x]
         unk_report(tok, texts, str(loaded.source), verbose=progress)
     sizes = [len(e) for e in train]
     rates = mixture_rates(mixture.rates, sizes)
@@ -240,9 +244,7 @@ def finetune_mixture(
     lock = dir_lock(out_dir, "--out") if out_dir is not None and ctx.is_main else contextlib.nullcontext()
     try:
         with lock, fault_guard(ctx):
-            return _train_and_score(
-                mixture, tasks, loaded, cfg, out_dir, ctx, train, dev, tests, rates, progress
-            )
+            return _train_and_score(mixture, tasks, loaded, cfg, out_dir, ctx, train, dev, tests, rates, progress)
     finally:
         shutdown(ctx)
 
@@ -254,8 +256,13 @@ def _train_and_score(mixture, tasks, loaded, cfg, out_dir, ctx, train, dev, test
     seed = cfg.seeds[0]
     max_length = min(cfg.max_length, loaded.max_length)
     sizes = [len(e) for e in train]
-    settings = {"mixture": mixture.name, "tasks": [t.name for t in tasks], "rates": mixture.rates,
-                "source": loaded.source, "config": to_dict(cfg)}  # fmt: skip
+    settings = {
+        "mixture": mixture.name,
+        "tasks": [t.name for t in tasks],
+        "rates": mixture.rates,
+        "source": loaded.source,
+        "config": to_dict(cfg),
+    }
     run = None
     if out_dir is not None:
         from cramkit.io import claim_dir
@@ -271,9 +278,15 @@ def _train_and_score(mixture, tasks, loaded, cfg, out_dir, ctx, train, dev, test
     per_epoch = mixture.examples_per_epoch(sizes)
     steps = epoch_steps(per_epoch, cfg.batch_size, cfg.epochs)
     objective = MixtureObjective(
-        loaded, tasks, train, rates, cfg, seed, f"{mixture.name} ({len(tasks)} tasks)",
+        loaded,
+        tasks,
+        train,
+        rates,
+        cfg,
+        seed,
+        f"{mixture.name} ({len(tasks)} tasks)",
         "rerun the same command to continue (the mixture resumes from its checkpoint)",
-    )  # fmt: skip
+    )
     tcfg = train_config(cfg, seed, steps, progress="auto" if progress else False)
     done = train_epochs(objective, tcfg, run, examples=per_epoch, batch_size=cfg.batch_size, ctx=ctx)
     if not ctx.is_main:
@@ -281,16 +294,28 @@ def _train_and_score(mixture, tasks, loaded, cfg, out_dir, ctx, train, dev, test
     model = done.model
     drawn = np.bincount([draw_task(seed, b, rates) for b in range(done.steps)], minlength=len(tasks))
     results: dict[str, Any] = {
-        "mixture": mixture.name, "tasks": {}, "source": loaded.source, "config": to_dict(cfg), "rates_rule": mixture.rates,
-        "max_length": max_length, "steps": done.steps, "train_seconds": round(done.seconds, 3),
+        "mixture": mixture.name,
+        "tasks": {},
+        "source": loaded.source,
+        "config": to_dict(cfg),
+        "rates_rule": mixture.rates,
+        "max_length": max_length,
+        "steps": done.steps,
+        "train_seconds": round(done.seconds, 3),
         "examples_per_s": round(done.steps * cfg.batch_size / max(done.seconds, 1e-9), 2),
-        "loss_curve": _curve(done.losses), "seed": seed,
-    }  # fmt: skip
+        "loss_curve": _curve(done.losses),
+        "seed": seed,
+    }
     device = next(model.parameters()).device
     for i, t in enumerate(tasks):
         view = model.single(i)
-        entry: dict[str, Any] = {"train_examples": sizes[i], "rate": round(float(rates[i]), 6),
-                                 "batches": int(drawn[i]), "main_metric": t.main_metric, "dev": {}}  # fmt: skip
+        entry: dict[str, Any] = {
+            "train_examples": sizes[i],
+            "rate": round(float(rates[i]), 6),
+            "batches": int(drawn[i]),
+            "main_metric": t.main_metric,
+            "dev": {},
+        }
         for split, enc in dev[i].items():
             if enc.labels is None:
                 continue
@@ -339,22 +364,46 @@ def _finished(out: Path) -> dict[str, Any] | None:
     return res if isinstance(res, dict) and "tasks" in res else None
 
 
-def save_multitask(loaded: LoadedModel, mixture: Mixture, tasks: list[Task], cfg: FinetuneConfig, max_length: int,
-                   model, seed: int, out: Path) -> None:  # fmt: skip
+def save_multitask(
+    loaded: LoadedModel,
+    mixture: Mixture,
+    tasks: list[Task],
+    cfg: FinetuneConfig,
+    max_length: int,
+    model,
+    seed: int,
+    out: Path,
+) -> None:
     """The mixture's model as one model directory: kind ``multitask``, each task's labels and columns."""
     heads = []
     for t in tasks:
-        entry: dict[str, Any] = {"name": t.name, "kind": t.kind, "num_labels": t.num_labels,
-                                 "labels": None if t.labels is None else [str(x) for x in t.labels]}  # fmt: skip
+        entry: dict[str, Any] = {
+            "name": t.name,
+            "kind": t.kind,
+            "num_labels": t.num_labels,
+            "labels": None if t.labels is None else [str(x) for x in t.labels],
+        }
         if t.label_names:
             entry["label_names"] = list(t.label_names)
         entry["trained_inputs"] = trained_inputs(t)
         entry.update(_columns(t))
         heads.append(entry)
     LoadedModel(
-        model=model.to("cpu"), kind="multitask", config=model.cfg, tokenizer=loaded.tokenizer, labels=None,
-        task=mixture.name, max_length=max_length, pooling="cls" if resolve_pooling(cfg, loaded).pooling == "first" else "mean",
-        with_types=loaded.with_types, head=to_dict(model.head_cfg),
-        extra={"finetuned_from": loaded.source, "seed": seed, "mixture": list(mixture.tasks), "rates": mixture.rates,
-               "tasks": heads},
-    ).save(out)  # fmt: skip
+        model=model.to("cpu"),
+        kind="multitask",
+        config=model.cfg,
+        tokenizer=loaded.tokenizer,
+        labels=None,
+        task=mixture.name,
+        max_length=max_length,
+        pooling="cls" if resolve_pooling(cfg, loaded).pooling == "first" else "mean",
+        with_types=loaded.with_types,
+        head=to_dict(model.head_cfg),
+        extra={
+            "finetuned_from": loaded.source,
+            "seed": seed,
+            "mixture": list(mixture.tasks),
+            "rates": mixture.rates,
+            "tasks": heads,
+        },
+    ).save(out)

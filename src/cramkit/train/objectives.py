@@ -48,9 +48,7 @@ class Objective(Protocol):
     def tokens(self, batch: dict[str, torch.Tensor]) -> int:
         """Tokens ``batch`` feeds the model (for tokens/s)."""
 
-    def loss(
-        self, model: torch.nn.Module, batch: dict[str, torch.Tensor], device: torch.device
-    ) -> torch.Tensor:
+    def loss(self, model: torch.nn.Module, batch: dict[str, torch.Tensor], device: torch.device) -> torch.Tensor:
         """Mean loss over the batch's ``count`` items (any finite graph when count is 0)."""
 
     def evaluate(self, model: torch.nn.Module, ctx: parallel.DistContext, precision: str) -> float | None:
@@ -68,9 +66,7 @@ class MLMObjective:
         self.cfg, self.data = cfg, data
         if cfg is not None:
             self.title = f"pretrain {parse_budget(cfg.train.budget).describe()}"
-            self.flops_per_token = flops_per_token(
-                cfg.model, cfg.data.seq_len, predicted_fraction=cfg.data.mask_rate
-            )
+            self.flops_per_token = flops_per_token(cfg.model, cfg.data.seq_len, predicted_fraction=cfg.data.mask_rate)
         self.resume_hint = "continue with `cramkit pretrain --resume {run}`"
 
     def build_model(self) -> torch.nn.Module:
@@ -85,9 +81,7 @@ class MLMObjective:
     def tokens(self, batch: dict[str, torch.Tensor]) -> int:
         return batch["input_ids"].numel()
 
-    def loss(
-        self, model: torch.nn.Module, batch: dict[str, torch.Tensor], device: torch.device
-    ) -> torch.Tensor:
+    def loss(self, model: torch.nn.Module, batch: dict[str, torch.Tensor], device: torch.device) -> torch.Tensor:
         predicted = bool((batch["labels"] != IGNORE).any())  # asked of the host batch: no device sync
         ids = batch["input_ids"].to(device, non_blocking=True)
         labels = batch["labels"].to(device, non_blocking=True)
@@ -99,9 +93,7 @@ class MLMObjective:
         tcfg = self.cfg.train
         total = torch.zeros(2, dtype=torch.float64, device=ctx.device)
         with torch.no_grad():
-            for batch in self.data.val_batches(
-                tcfg.micro_batch, tcfg.eval_batches, rank=ctx.rank, world=ctx.world
-            ):
+            for batch in self.data.val_batches(tcfg.micro_batch, tcfg.eval_batches, rank=ctx.rank, world=ctx.world):
                 ids = batch["input_ids"].to(ctx.device, non_blocking=True)
                 labels = batch["labels"].to(ctx.device, non_blocking=True)
                 with autocast(precision, ctx.device):

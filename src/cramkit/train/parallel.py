@@ -154,17 +154,15 @@ def apply_ddp(model: nn.Module, ctx: DistContext) -> nn.Module:
     return DDP(model, device_ids=device_ids, gradient_as_bucket_view=True, forward_sync_buffers=False)
 
 
-def apply_fsdp(
-    model: nn.Module, cfg: ParallelConfig, ctx: DistContext, precision: str, mesh: Any
-) -> nn.Module:
+def apply_fsdp(model: nn.Module, cfg: ParallelConfig, ctx: DistContext, precision: str, mesh: Any) -> nn.Module:
     """FSDP2: ``fully_shard`` each transformer block, then the root, over ``mesh`` (the data-parallel
     ranks).
 
     The root group holds the embeddings, the final norm and the MLM head; the tied word embedding /
     decoder weight therefore lives in exactly one group (sharding the embeddings on their own would
     split a shared parameter across two groups). With bf16 training (``precision``, resolved by
-    ``runtime.resolve_precision``) parameters are gathered in bf16 and gradients reduced in fp32 (the sharded master weights
-    stay fp32); ``cpu_offload`` keeps parameters, gradients and optimizer state in host memory.
+    ``runtime.resolve_precision``) parameters are gathered in bf16 and gradients reduced in fp32 (the sharded
+    master weights stay fp32); ``cpu_offload`` keeps parameters, gradients and optimizer state in host memory.
     Over tensor-parallel weights (``apply_tp``) FSDP shards each rank's part: the per-part split Q/K/V and
     GLU weights along their input dimension (their rows are already split three or two ways).
     """
@@ -183,8 +181,13 @@ def apply_fsdp(
     def placement(p: nn.Parameter) -> Any:
         return Shard(1) if split_per_part(p) else None
 
-    kwargs = dict(mesh=mesh, mp_policy=mp, offload_policy=offload, ignored_params=set(ignored) or None,
-                  shard_placement_fn=placement)  # fmt: skip
+    kwargs = dict(
+        mesh=mesh,
+        mp_policy=mp,
+        offload_policy=offload,
+        ignored_params=set(ignored) or None,
+        shard_placement_fn=placement,
+    )
     blocks = _blocks(model)
     for i, block in enumerate(blocks):
         # the last block's parameters are needed again at once in backward: keep them gathered
@@ -261,8 +264,14 @@ def data_context(ctx: DistContext, cfg: ParallelConfig) -> DistContext:
 
     dp = ctx.world // cfg.tp
     groups = [dist.new_group([d * cfg.tp + j for d in range(dp)]) for j in range(cfg.tp)]  # as ``init_mesh``
-    return DistContext(rank=ctx.rank // cfg.tp, world=dp, local_rank=ctx.local_rank, device=ctx.device,
-                       timeout=ctx.timeout, group=groups[ctx.rank % cfg.tp])  # fmt: skip
+    return DistContext(
+        rank=ctx.rank // cfg.tp,
+        world=dp,
+        local_rank=ctx.local_rank,
+        device=ctx.device,
+        timeout=ctx.timeout,
+        group=groups[ctx.rank % cfg.tp],
+    )
 
 
 def _average_over(model: nn.Module, params: list[nn.Parameter], mesh: Any) -> None:
@@ -282,9 +291,11 @@ def check_tp(model_cfg: Any, tp: int) -> None:
     glu = model_cfg.activation in ("gelu_glu", "swiglu")
     sizes = [
         ("model.heads", model_cfg.heads),
-        ("the MLP width (model.intermediate / 2 with a GLU activation)" if glu else "model.intermediate",
-         model_cfg.intermediate // 2 if glu else model_cfg.intermediate),
-    ]  # fmt: skip
+        (
+            "the MLP width (model.intermediate / 2 with a GLU activation)" if glu else "model.intermediate",
+            model_cfg.intermediate // 2 if glu else model_cfg.intermediate,
+        ),
+    ]
     for name, size in sizes:
         if size % tp:
             raise CramkitError(

@@ -94,9 +94,11 @@ class Prefetcher:
         self._stop = threading.Event()
         self._queue = queue.Queue(maxsize=self.depth)
         self._thread = threading.Thread(
-            target=_produce, args=(self.loader, self._queue, self._stop, self.pin), name="cramkit-prefetch",
+            target=_produce,
+            args=(self.loader, self._queue, self._stop, self.pin),
+            name="cramkit-prefetch",
             daemon=True,
-        )  # fmt: skip
+        )
         # the thread holds the loader, the queue and the flag, not the prefetcher: dropping it stops the thread
         weakref.finalize(self, self._stop.set)
         self._thread.start()

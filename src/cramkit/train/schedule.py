@@ -34,8 +34,13 @@ def schedule_params(
     w, c, s, e, shape = SCHEDULES[name]
     if name == "constant" and warmup:
         s = 0.0  # a warmup for the constant schedule starts from zero
-    return (w if warmup is None else warmup, c if cooldown is None else cooldown,
-            s if start is None else start, e, shape)  # fmt: skip
+    return (
+        w if warmup is None else warmup,
+        c if cooldown is None else cooldown,
+        s if start is None else start,
+        e,
+        shape,
+    )
 
 
 def _ramp(t: float, a: float, b: float, shape: str) -> float:

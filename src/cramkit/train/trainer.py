@@ -70,9 +70,7 @@ class TrainResult:
     val_loss: float | None
     checkpoint: Path | None
     history: list[dict[str, Any]] = field(default_factory=list)
-    model: torch.nn.Module | None = (
-        None  # the finished model: plain (not compiled, wrapped or sharded), whole
-    )
+    model: torch.nn.Module | None = None  # the finished model: plain (not compiled, wrapped or sharded), whole
 
 
 @dataclass
@@ -90,10 +88,14 @@ class TrainState:
     @classmethod
     def from_checkpoint(cls, state: dict[str, Any]) -> TrainState:
         return cls(
-            step=state["step"], tokens=state["tokens"], elapsed=state["elapsed"],
-            nan_streak=state.get("nan_streak", 0), skipped=state.get("skipped", 0),
-            last_ckpt=(state["elapsed"], state["step"]), last_eval=tuple(state.get("last_eval", (0.0, 0))),
-        )  # fmt: skip
+            step=state["step"],
+            tokens=state["tokens"],
+            elapsed=state["elapsed"],
+            nan_streak=state.get("nan_streak", 0),
+            skipped=state.get("skipped", 0),
+            last_ckpt=(state["elapsed"], state["step"]),
+            last_eval=tuple(state.get("last_eval", (0.0, 0))),
+        )
 
 
 def _auto(value: bool | str, default: bool) -> bool:
@@ -264,8 +266,11 @@ class Trainer:
         self.state = TrainState.from_checkpoint(saved)
         self.last_checkpoint, self._resumed = found, True
         if self.ctx.is_main:
-            print(f"cramkit: resuming {self.run_dir} from {found.name} (step {self.state.step}, "
-                  f"{self.state.tokens:,} tokens)", file=sys.stderr)  # fmt: skip
+            print(
+                f"cramkit: resuming {self.run_dir} from {found.name} (step {self.state.step}, "
+                f"{self.state.tokens:,} tokens)",
+                file=sys.stderr,
+            )
 
     # ------------------------------------------------------------ one optimizer step
 
@@ -283,8 +288,9 @@ class Trainer:
         info = (begin_step(fraction) if begin_step is not None else None) or {}
 
         batches = [next(self.loader) for _ in range(accum)]
-        loss, tokens = forward_backward(self.train_model, batches, self.data_ctx, self.precision, self.scaler,
-                                        self.objective)  # fmt: skip
+        loss, tokens = forward_backward(
+            self.train_model, batches, self.data_ctx, self.precision, self.scaler, self.objective
+        )
 
         if self.scaler is not None:
             self.scaler.unscale_(opt)
@@ -300,13 +306,21 @@ class Trainer:
         # every rank uses rank 0's clock (time budgets must give the same schedule everywhere) and stops
         # when any rank was signalled
         signalled = stop is not None and stop.signum is not None
-        agreed = torch.tensor(
-            [dt if self.ctx.is_main else 0.0, 1.0 if signalled else 0.0], dtype=torch.float64
-        )
+        agreed = torch.tensor([dt if self.ctx.is_main else 0.0, 1.0 if signalled else 0.0], dtype=torch.float64)
         dt, stop_now = parallel.all_reduce(agreed, self.ctx).tolist()
         s.step, s.tokens, s.elapsed = s.step + 1, s.tokens + tokens, s.elapsed + dt
-        facts = {"step": s.step, "loss": loss, "grad_norm": grad_norm, "finite": finite, "lr": lr, "accum": accum,
-                 "tokens": tokens, "dt": dt, "stop": stop_now > 0, "info": info}  # fmt: skip
+        facts = {
+            "step": s.step,
+            "loss": loss,
+            "grad_norm": grad_norm,
+            "finite": finite,
+            "lr": lr,
+            "accum": accum,
+            "tokens": tokens,
+            "dt": dt,
+            "stop": stop_now > 0,
+            "info": info,
+        }
         self._unsettled.append(facts)
         return facts
 
@@ -316,8 +330,9 @@ class Trainer:
         pending, self._unsettled = self._unsettled, []
         if not pending:
             return
-        values = torch.stack([torch.stack([f["loss"], f["grad_norm"].to(f["loss"]), f["finite"].to(f["loss"])])
-                              for f in pending]).tolist()  # fmt: skip
+        values = torch.stack(
+            [torch.stack([f["loss"], f["grad_norm"].to(f["loss"]), f["finite"].to(f["loss"])]) for f in pending]
+        ).tolist()
         s = self.state
         for facts, (loss, norm, finite) in zip(pending, values, strict=True):
             facts.update(loss=loss, grad_norm=norm, finite=bool(finite))
@@ -326,11 +341,16 @@ class Trainer:
                 self._window.append(loss)
                 continue
             s.nan_streak, s.skipped = s.nan_streak + 1, s.skipped + 1
-            self._bar.note(f"cramkit: step {facts['step']}: loss {loss} / gradient norm {norm} not finite; update "
-                           f"skipped ({s.nan_streak} in a row)")  # fmt: skip
+            self._bar.note(
+                f"cramkit: step {facts['step']}: loss {loss} / gradient norm {norm} not finite; update "
+                f"skipped ({s.nan_streak} in a row)"
+            )
             if s.nan_streak >= self.tcfg.max_nan_steps:
-                prev = f"the last good checkpoint is {self.last_checkpoint}" if self.last_checkpoint else (
-                    "no checkpoint was saved")  # fmt: skip
+                prev = (
+                    f"the last good checkpoint is {self.last_checkpoint}"
+                    if self.last_checkpoint
+                    else ("no checkpoint was saved")
+                )
                 raise CramkitError(
                     f"the training loss was not finite for {s.nan_streak} steps in a row (step {facts['step']}); "
                     f"stopped; {prev}. Lower the learning rate, raise the warmup, use fp32 precision, or "
@@ -399,12 +419,20 @@ class Trainer:
         self.settle()
         s = self.state
         trainer_state = {
-            "step": s.step, "tokens": s.tokens, "elapsed": s.elapsed, "nan_streak": s.nan_streak,
-            "skipped": s.skipped, "last_eval": list(s.last_eval), "budget": self.tcfg.budget,
-            "fraction": self.budget.fraction(s.elapsed, s.tokens, s.step), "world": self.ctx.world,
-            "reason": reason, "loader": _to_json(self.loader.state_dict()), "rng": ckpt.encode_rng(),
+            "step": s.step,
+            "tokens": s.tokens,
+            "elapsed": s.elapsed,
+            "nan_streak": s.nan_streak,
+            "skipped": s.skipped,
+            "last_eval": list(s.last_eval),
+            "budget": self.tcfg.budget,
+            "fraction": self.budget.fraction(s.elapsed, s.tokens, s.step),
+            "world": self.ctx.world,
+            "reason": reason,
+            "loader": _to_json(self.loader.state_dict()),
+            "rng": ckpt.encode_rng(),
             "scaler": self.scaler.state_dict() if self.scaler is not None else None,
-        }  # fmt: skip
+        }
         self.last_checkpoint = self.writer.save(
             s.step, self.model, self.optimizer, trainer_state, block=reason != "periodic"
         )
@@ -420,11 +448,17 @@ class Trainer:
         mfu = flops_tok * tps / (self._peak * world) if self._peak and flops_tok else None
         window, norm = self._window, facts["grad_norm"]
         rec = {
-            "step": s.step, "tokens": s.tokens, "elapsed": round(s.elapsed, 3),
-            "loss": sum(window) / len(window) if window else float("nan"), "lr": facts["lr"],
-            "tokens_per_s": round(tps, 1), "batch_size": facts["accum"] * self.micro * self.data_ctx.world,
-            "grad_norm": norm if math.isfinite(norm) else str(norm), "mfu": mfu, "skipped": s.skipped or None,
-        } | facts["info"]  # fmt: skip
+            "step": s.step,
+            "tokens": s.tokens,
+            "elapsed": round(s.elapsed, 3),
+            "loss": sum(window) / len(window) if window else float("nan"),
+            "lr": facts["lr"],
+            "tokens_per_s": round(tps, 1),
+            "batch_size": facts["accum"] * self.micro * self.data_ctx.world,
+            "grad_norm": norm if math.isfinite(norm) else str(norm),
+            "mfu": mfu,
+            "skipped": s.skipped or None,
+        } | facts["info"]
         self.log.write(rec)
         self.history.append(rec)
         fraction = self.budget.fraction(s.elapsed, s.tokens, s.step)
@@ -513,11 +547,11 @@ class Trainer:
             model.to(self.device)
         if self.ctx.is_main:
             what = f"; validation loss {self.val_loss:.4f}" if self.val_loss is not None else ""
-            self._bar.note(f"cramkit: {self.objective.title}: done: {s.step} steps, {s.tokens:,} tokens in "
-                           f"{format_seconds(s.elapsed)}{what}")  # fmt: skip
-        return TrainResult(
-            self.run_dir, s.step, s.tokens, s.elapsed, self.val_loss, final, self.history, model
-        )
+            self._bar.note(
+                f"cramkit: {self.objective.title}: done: {s.step} steps, {s.tokens:,} tokens in "
+                f"{format_seconds(s.elapsed)}{what}"
+            )
+        return TrainResult(self.run_dir, s.step, s.tokens, s.elapsed, self.val_loss, final, self.history, model)
 
 
 def fit(

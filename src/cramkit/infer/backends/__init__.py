@@ -61,9 +61,7 @@ def register(backend: Backend | type[Backend]) -> Backend:
         raise CramkitError(f"{type(inst).__name__}: the backend name {inst.name!r} is cramkit's own")
     other = _REGISTRY.get(inst.name)
     if other is not None and type(other) is not type(inst):
-        raise CramkitError(
-            f"two backends are named {inst.name!r}: {type(other).__name__}, {type(inst).__name__}"
-        )
+        raise CramkitError(f"two backends are named {inst.name!r}: {type(other).__name__}, {type(inst).__name__}")
     _REGISTRY[inst.name] = inst
     return inst
 
@@ -85,8 +83,10 @@ def _discover() -> None:
         try:
             register(ep.load())
         except Exception as exc:  # noqa: BLE001 - a broken plugin must not take cramkit down
-            print(f"cramkit: the export format {ep.name!r} ({ep.value}) could not be loaded: {exc}",
-                  file=sys.stderr)  # fmt: skip
+            print(
+                f"cramkit: the export format {ep.name!r} ({ep.value}) could not be loaded: {exc}",
+                file=sys.stderr,
+            )
 
 
 def backends() -> dict[str, Backend]:
@@ -139,12 +139,15 @@ def write_export(
         raise CramkitError(f"quantize must be one of {allowed} for the {b.name} format, got {quantize!r}")
     unknown = sorted(set(options) - set(b.options))
     if unknown:
-        raise CramkitError(f"the {b.name} format takes no option {', '.join(unknown)} (it takes: "
-                           f"{', '.join(b.options) or 'none'})")  # fmt: skip
+        raise CramkitError(
+            f"the {b.name} format takes no option {', '.join(unknown)} (it takes: {', '.join(b.options) or 'none'})"
+        )
     why = b.incompatibilities(loaded)
     if why:
-        raise CramkitError(f"{loaded.source}: the {b.title} format cannot hold this model ({'; '.join(why)}); "
-                           "export it with --format onnx or hf instead")  # fmt: skip
+        raise CramkitError(
+            f"{loaded.source}: the {b.title} format cannot hold this model ({'; '.join(why)}); "
+            "export it with --format onnx or hf instead"
+        )
     b.available()
     out = Path(out)
     check_out(out, inputs=[loaded], own=[b.marker], replace=True, force=force)

@@ -108,9 +108,7 @@ class ExportedModel:
     @property
     def extra(self) -> dict[str, Any]:
         """What fine-tuning recorded and the export kept: the columns and inputs it was trained on."""
-        return {
-            k: self.manifest[k] for k in ("columns", "trained_inputs") if self.manifest.get(k) is not None
-        }
+        return {k: self.manifest[k] for k in ("columns", "trained_inputs") if self.manifest.get(k) is not None}
 
     @property
     def can_embed(self) -> bool:
@@ -143,9 +141,7 @@ class ExportedModel:
 
     def runner(self, device: Any = None, precision: str = "auto") -> Runner:
         if device not in (None, "auto", "cpu") and str(device) != "cpu":
-            raise CramkitError(
-                f"{self.path}: a {self.backend.title} export runs on the CPU; drop --device {device}"
-            )
+            raise CramkitError(f"{self.path}: a {self.backend.title} export runs on the CPU; drop --device {device}")
         return self.backend.runner(self)
 
 
@@ -198,9 +194,7 @@ class Backend:
     format: str = ""  # the manifest's "format" value, with its version
     quantize: tuple[str | None, ...] = (None,)  # accepted --quantize values; the first is the default
     full_precision: tuple[str | None, ...] = (None,)  # the values held to ``tolerance``
-    tolerance: float | None = (
-        1e-3  # largest relative difference from torch at full precision (None: no limit)
-    )
+    tolerance: float | None = 1e-3  # largest relative difference from torch at full precision (None: no limit)
     embeds: bool = True  # whether its runner gives pooled embeddings
     exported_kinds: tuple[str, ...] = KINDS  # the kinds a manifest may declare
     required_files: tuple[str, ...] = ()  # must be listed in the manifest's "files"
@@ -283,9 +277,18 @@ def check_summary(check: dict[str, Any], keys: Sequence[str]) -> list[str]:
 # ------------------------------------------------------------------------------------------------- load
 
 # the manifest fields every format shares and their types: a crafted file gets one line, never a traceback
-SHARED_FIELDS = {"pooling": ("mean", "cls"), "normalize": bool, "with_types": bool, "pad_id": int, "hidden": int,
-                 "tokenizer": str, "max_length": int, "files": dict, "columns": dict,
-                 "trained_inputs": ("single", "pairs", "choices")}  # fmt: skip
+SHARED_FIELDS = {
+    "pooling": ("mean", "cls"),
+    "normalize": bool,
+    "with_types": bool,
+    "pad_id": int,
+    "hidden": int,
+    "tokenizer": str,
+    "max_length": int,
+    "files": dict,
+    "columns": dict,
+    "trained_inputs": ("single", "pairs", "choices"),
+}
 
 
 def read_manifest(path: Path, backend: Backend) -> dict[str, Any]:
@@ -295,9 +298,7 @@ def read_manifest(path: Path, backend: Backend) -> dict[str, Any]:
     file = path / backend.marker
     meta = read_json(file, "export the model again")
     if not isinstance(meta, dict) or meta.get("format") != backend.format:
-        raise CramkitError(
-            f"{file}: not a cramkit {backend.title} manifest (format {backend.format} expected)"
-        )
+        raise CramkitError(f"{file}: not a cramkit {backend.title} manifest (format {backend.format} expected)")
     check_fields(meta, {**SHARED_FIELDS, **backend.fields}, file, "export the model again")
     if meta.get("kind") not in backend.exported_kinds:
         raise CramkitError(f"{file}: unknown kind {meta.get('kind')!r}; export the model again")
@@ -322,9 +323,7 @@ def file_bytes(root: Path, name: Any, want: Any, backend: Backend) -> bytes:
 
     marker = root / backend.marker
     if not isinstance(name, str) or "/" in name or "\\" in name or name in ("", ".", ".."):
-        raise CramkitError(
-            f"{marker}: file {name!r} points outside the directory; the manifest is not trustworthy"
-        )
+        raise CramkitError(f"{marker}: file {name!r} points outside the directory; the manifest is not trustworthy")
     if (root / name).is_symlink():
         raise CramkitError(
             f"{root / name} is a symbolic link; a cramkit {backend.title} export holds plain files only, "
@@ -332,9 +331,7 @@ def file_bytes(root: Path, name: Any, want: Any, backend: Backend) -> bytes:
         )
     target = inside(root, name)
     if not target.is_file():
-        raise CramkitError(
-            f"{root}: {name} is missing; the {backend.title} export is incomplete, export it again"
-        )
+        raise CramkitError(f"{root}: {name} is missing; the {backend.title} export is incomplete, export it again")
     data = target.read_bytes()
     if not isinstance(want, str) or hashlib.sha256(data).hexdigest() != want:
         raise CramkitError(
@@ -357,9 +354,7 @@ def open_dir(path: Path, meta: dict[str, Any], backend: Backend, threads: int | 
     try:
         tok_dir = inside(path, str(meta.get("tokenizer") or "tokenizer"))
     except ValueError:
-        raise CramkitError(
-            f"{path / backend.marker}: the tokenizer path points outside the directory"
-        ) from None
+        raise CramkitError(f"{path / backend.marker}: the tokenizer path points outside the directory") from None
     tokenizer = load_tokenizer(tok_dir)
     tokenizer.no_truncation()
     tokenizer.no_padding()

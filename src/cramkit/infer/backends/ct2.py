@@ -98,9 +98,7 @@ class Ct2Runner:
         if head is None:
             raise CramkitError(f"{self.model.path}: this export has no classification head")
         hidden, mask = self._hidden(x)
-        pooled = (
-            self._mean(hidden, mask) if self.model.manifest["head"]["pooling"] == "mean" else hidden[:, 0]
-        )
+        pooled = self._mean(hidden, mask) if self.model.manifest["head"]["pooling"] == "mean" else hidden[:, 0]
         if "pooler.weight" in head:
             pooled = np.tanh(pooled @ head["pooler.weight"].T + head["pooler.bias"])
         return (pooled @ head["classifier.weight"].T + head["classifier.bias"]).astype(np.float32)
@@ -140,19 +138,26 @@ def _spec(loaded: LoadedModel) -> Any:
     enc = loaded.encoder
     cfg = enc.cfg
     act = common_spec.Activation
-    activation = {"gelu": act.GELU, "gelu_glu": act.GELU, "relu": act.RELU, "swiglu": act.SWISH}[
-        cfg.activation
-    ]
+    activation = {"gelu": act.GELU, "gelu_glu": act.GELU, "relu": act.RELU, "swiglu": act.SWISH}[cfg.activation]
     glu = cfg.activation in ("gelu_glu", "swiglu")
     rope = cfg.position == "rope"
     pre = cfg.norm_position == "pre"
     rms = cfg.norm == "rmsnorm"
     spec_enc = transformer_spec.TransformerEncoderSpec(
-        cfg.layers, cfg.heads, pre_norm=pre, no_final_norm=pre and not cfg.final_norm, activation=activation,
-        num_source_embeddings=2 if cfg.type_vocab_size else 1, embeddings_merge=common_spec.EmbeddingsMerge.ADD,
-        layernorm_embedding=cfg.embedding_norm, ffn_glu=glu, rms_norm=rms, rotary_dim=0 if rope else None,
-        rotary_interleave=True, rotary_base=float(cfg.rope_base),
-    )  # fmt: skip
+        cfg.layers,
+        cfg.heads,
+        pre_norm=pre,
+        no_final_norm=pre and not cfg.final_norm,
+        activation=activation,
+        num_source_embeddings=2 if cfg.type_vocab_size else 1,
+        embeddings_merge=common_spec.EmbeddingsMerge.ADD,
+        layernorm_embedding=cfg.embedding_norm,
+        ffn_glu=glu,
+        rms_norm=rms,
+        rotary_dim=0 if rope else None,
+        rotary_interleave=True,
+        rotary_base=float(cfg.rope_base),
+    )
     spec = transformer_spec.TransformerEncoderModelSpec(spec_enc)
     spec.encoder.scale_embeddings = False
     emb = enc.embeddings
@@ -181,9 +186,7 @@ def _spec(loaded: LoadedModel) -> Any:
         _norm(attn.layer_norm, block.norm_attn)
         _norm(ffn.layer_norm, block.norm_mlp)
         fc_in = block.mlp.fc_in
-        if (
-            glu
-        ):  # cramkit: value * act(gate), value the first half; CTranslate2: act(linear_0) * linear_0_noact
+        if glu:  # cramkit: value * act(gate), value the first half; CTranslate2: act(linear_0) * linear_0_noact
             half = fc_in.weight.shape[0] // 2
             bias = fc_in.bias
             _linear(ffn.linear_0, fc_in.weight[half:], None if bias is None else bias[half:])
@@ -249,8 +252,10 @@ class Ct2Backend(Backend):
 
         loaded, tmp = job.loaded, job.tmp
         cfg = loaded.encoder.cfg
-        job.say(f"writing {loaded.source} ({loaded.kind}; {cfg.norm_position}-norm, {cfg.position} positions, "
-                f"{cfg.activation}) as a CTranslate2 encoder, {job.quantize} weights")  # fmt: skip
+        job.say(
+            f"writing {loaded.source} ({loaded.kind}; {cfg.norm_position}-norm, {cfg.position} positions, "
+            f"{cfg.activation}) as a CTranslate2 encoder, {job.quantize} weights"
+        )
         spec = _spec(loaded)
         spec.validate()
         spec.optimize(quantization=job.quantize)
@@ -263,17 +268,20 @@ class Ct2Backend(Backend):
             job.files.append(HEAD_FILE)
         job.manifest.update(
             head=head,
-            shape={"norm_position": cfg.norm_position, "norm": cfg.norm, "position": cfg.position,
-                   "activation": cfg.activation, "bias": bool(cfg.bias)},
-        )  # fmt: skip
+            shape={
+                "norm_position": cfg.norm_position,
+                "norm": cfg.norm,
+                "position": cfg.position,
+                "activation": cfg.activation,
+                "bias": bool(cfg.bias),
+            },
+        )
 
     def validate(self, meta: dict[str, Any], file: Path) -> None:
         if meta["kind"] in HEAD_KINDS:
             head = meta.get("head") or {}
             if HEAD_FILE not in meta["files"] or head.get("pooling") not in ("first", "mean"):
-                raise CramkitError(
-                    f"{file}: a {meta['kind']} export lists {HEAD_FILE} and its head's pooling"
-                )
+                raise CramkitError(f"{file}: a {meta['kind']} export lists {HEAD_FILE} and its head's pooling")
 
     def open(self, path: Path, meta: dict[str, Any], files: dict[str, bytes], threads: int | None) -> Any:
         ct2 = _ctranslate2()
@@ -286,8 +294,7 @@ class Ct2Backend(Backend):
         level = ct2.get_log_level()
         ct2.set_log_level(logging.ERROR)  # e.g. that bfloat16 weights run as float32 here: info() says so
         try:
-            encoder = ct2.Encoder(str(path), device="cpu", intra_threads=int(threads or cpu_cores()),
-                                  files=model_files)  # fmt: skip
+            encoder = ct2.Encoder(str(path), device="cpu", intra_threads=int(threads or cpu_cores()), files=model_files)
         except Exception as exc:  # noqa: BLE001 - a damaged or crafted model file
             raise CramkitError(
                 f"{path}: CTranslate2 cannot load it ({str(exc)[:200]}); export the model again"
@@ -299,9 +306,7 @@ class Ct2Backend(Backend):
             try:
                 head = load_tensors(files[HEAD_FILE])
             except (SafetensorError, ValueError) as exc:
-                raise CramkitError(
-                    f"{path / HEAD_FILE} is not a safetensors file ({exc}); export it again"
-                ) from None
+                raise CramkitError(f"{path / HEAD_FILE} is not a safetensors file ({exc}); export it again") from None
             want = {"classifier.weight", "classifier.bias"} | (
                 {"pooler.weight", "pooler.bias"} if meta["head"].get("pooler") else set()
             )
@@ -310,13 +315,15 @@ class Ct2Backend(Backend):
             head = {k: v.astype(np.float32) for k, v in head.items()}
             hidden = int(meta.get("hidden") or 0)
             n = len(meta.get("labels") or []) or head["classifier.bias"].shape[0]
-            shapes = {"classifier.weight": (n, hidden), "classifier.bias": (n,), "pooler.weight": (hidden, hidden),
-                      "pooler.bias": (hidden,)}  # fmt: skip
+            shapes = {
+                "classifier.weight": (n, hidden),
+                "classifier.bias": (n,),
+                "pooler.weight": (hidden, hidden),
+                "pooler.bias": (hidden,),
+            }
             for k, v in head.items():
                 if v.shape != shapes[k]:
-                    raise CramkitError(
-                        f"{path / HEAD_FILE}: {k} has shape {list(v.shape)}, expected {list(shapes[k])}"
-                    )
+                    raise CramkitError(f"{path / HEAD_FILE}: {k} has shape {list(v.shape)}, expected {list(shapes[k])}")
         return encoder, head
 
     def runner(self, model: ExportedModel) -> Ct2Runner:

@@ -92,13 +92,20 @@ def _attention_op() -> tuple[Any, Any]:
     arg = onnx.defs.OpSchema.FormalParameter
     optional = onnx.defs.OpSchema.FormalParameterOption.Optional
     schema = onnx.defs.OpSchema(
-        "MultiHeadAttention", "com.microsoft", 1,
-        inputs=[arg("query", "T"), arg("key", "T"), arg("value", "T"), arg("bias", "T", param_option=optional),
-                arg("key_padding_mask", "M", param_option=optional)],
+        "MultiHeadAttention",
+        "com.microsoft",
+        1,
+        inputs=[
+            arg("query", "T"),
+            arg("key", "T"),
+            arg("value", "T"),
+            arg("bias", "T", param_option=optional),
+            arg("key_padding_mask", "M", param_option=optional),
+        ],
         outputs=[arg("output", "T")],
         type_constraints=[("T", ["tensor(float)"], ""), ("M", ["tensor(int32)"], "")],
         attributes=[onnx.defs.OpSchema.Attribute("num_heads", onnx.defs.OpSchema.AttrType.INT, "")],
-    )  # fmt: skip
+    )
     fused = Op(Opset("com.microsoft", 1), "MultiHeadAttention", schema)
 
     def translate(q: Any, k: Any, v: Any, mask: Any, heads: int) -> Any:
@@ -278,9 +285,16 @@ def _head_export(loaded: LoadedModel, path: Path, opset: int) -> None:
     with warnings.catch_warnings(), torch.no_grad():
         warnings.simplefilter("ignore")
         program = torch.onnx.export(
-            Head().eval(), (x,), dynamo=True, input_names=["hidden"], output_names=["logits"],
-            dynamic_shapes={"hidden": {0: n}}, opset_version=opset, optimize=True, verbose=False,
-        )  # fmt: skip
+            Head().eval(),
+            (x,),
+            dynamo=True,
+            input_names=["hidden"],
+            output_names=["logits"],
+            dynamic_shapes={"hidden": {0: n}},
+            opset_version=opset,
+            optimize=True,
+            verbose=False,
+        )
         program.save(str(path), external_data=False)
 
 
@@ -322,7 +336,7 @@ ISA_FORMATS: dict[str, tuple[bool, str]] = {
     "avx2": (True, "no VNNI: vpmaddubsw sums u8 x s8 pairs in int16 and can saturate: 7-bit weights"),
     "x86-64": (True, "no AVX2: 7-bit weights, the conservative choice"),
     "arm64": (False, "ARM's int8 dot-product kernels accumulate in int32: full 8-bit weights"),
-}  # fmt: skip
+}
 
 
 def cpu_isa(flags: set[str] | None = None, machine: str | None = None) -> str:
@@ -411,10 +425,7 @@ INT8_MAX_FLIPS = 0.02
 
 def _int8_faithful(check: dict[str, Any]) -> bool:
     cosines = [v for k, v in check.items() if k.startswith("cosine_") and k.endswith("_mean")]
-    return (
-        min(cosines, default=1.0) >= INT8_MIN_COSINE
-        and check.get("label_agreement", 1.0) >= 1 - INT8_MAX_FLIPS
-    )
+    return min(cosines, default=1.0) >= INT8_MIN_COSINE and check.get("label_agreement", 1.0) >= 1 - INT8_MAX_FLIPS
 
 
 def _int8_cost(check: dict[str, Any]) -> str:
@@ -477,9 +488,7 @@ def _refuse_external_data(file: Path, data: bytes) -> None:
         import onnx
         from google.protobuf.message import DecodeError
     except ImportError as exc:
-        raise CramkitError(
-            f"loading an ONNX export needs onnx ({exc}): pip install 'cramkit[onnx]'"
-        ) from None
+        raise CramkitError(f"loading an ONNX export needs onnx ({exc}): pip install 'cramkit[onnx]'") from None
     model = onnx.ModelProto()
     try:
         model.ParseFromString(data)
@@ -603,18 +612,21 @@ class OnnxBackend(Backend):
             job.say(f"no fusions applied ({fusions['skipped']}); the plain graph is kept")
         (tmp / "raw.onnx").unlink(missing_ok=True)
         job.files = ["model.onnx"] + (["head.onnx"] if loaded.kind == "mlm" else [])
-        job.manifest.update(inputs=inputs, outputs=outputs, quantization=None, opset=opset,
-                            attention={"fused": why_not is None, **({"why_not": why_not} if why_not else {})},
-                            fusions=fusions)  # fmt: skip
+        job.manifest.update(
+            inputs=inputs,
+            outputs=outputs,
+            quantization=None,
+            opset=opset,
+            attention={"fused": why_not is None, **({"why_not": why_not} if why_not else {})},
+            fusions=fusions,
+        )
 
         def checked(keep_down: bool | None) -> dict[str, Any]:
             """model.onnx from fused.onnx (int8 unless keep_down is None), recorded, checked against torch."""
             if keep_down is None:
                 shutil.copyfile(tmp / "fused.onnx", tmp / "model.onnx")
             else:
-                job.manifest["quantization"] = _quantize(
-                    tmp / "fused.onnx", tmp / "model.onnx", isa, keep_down
-                )
+                job.manifest["quantization"] = _quantize(tmp / "fused.onnx", tmp / "model.onnx", isa, keep_down)
             job.manifest["graph_ops"] = _graph_ops(tmp / "model.onnx")
             return job.check()
 
@@ -623,8 +635,10 @@ class OnnxBackend(Backend):
             job.say(f"quantizing every matrix multiply to int8 (dynamic, for {isa})")
             check = checked(keep_down=False)
             if not _int8_faithful(check):
-                job.say(f"int8 everywhere is too far from torch ({_int8_cost(check)}): keeping the MLP "
-                        "down-projections in fp32")  # fmt: skip
+                job.say(
+                    f"int8 everywhere is too far from torch ({_int8_cost(check)}): keeping the MLP "
+                    "down-projections in fp32"
+                )
                 refused = {"kept_fp32": "none", "check": check}
                 checked(keep_down=True)
                 job.manifest["quantization"]["refused"] = refused
@@ -656,9 +670,7 @@ class OnnxBackend(Backend):
         head = session("head.onnx") if meta["kind"] == "mlm" and "head.onnx" in files else None
         names = [i.name for i in main.get_inputs()]
         if names[:2] != ["input_ids", "attention_mask"]:
-            raise CramkitError(
-                f"{path / 'model.onnx'}: inputs {names}, expected input_ids, attention_mask, ..."
-            )
+            raise CramkitError(f"{path / 'model.onnx'}: inputs {names}, expected input_ids, attention_mask, ...")
         return main, head
 
     def runner(self, model: ExportedModel) -> OnnxRunner:
@@ -668,9 +680,7 @@ class OnnxBackend(Backend):
         return _versions()
 
     def summary(self, manifest: dict[str, Any]) -> str:
-        parts = check_summary(
-            manifest["check"], ("cosine_mean_mean", "label_agreement", "fill_mask_top1_agreement")
-        )
+        parts = check_summary(manifest["check"], ("cosine_mean_mean", "label_agreement", "fill_mask_top1_agreement"))
         attention = manifest["attention"]
         if not attention["fused"]:
             parts.append(f"attention not fused ({attention['why_not']})")

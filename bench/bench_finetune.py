@@ -175,7 +175,7 @@ def main() -> int:
     ap.add_argument("--epochs", type=float, default=1.0)
     ap.add_argument("--seeds", default="0,1,2")
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--out", default="/tmp/bench_finetune")
+    ap.add_argument("--out", default="runs/bench_finetune")
     ap.add_argument(
         "--ablate-bucketing",
         action="store_true",

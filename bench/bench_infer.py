@@ -15,7 +15,7 @@ sentences (``cramkit.finetune``, one epoch), exported fp32 and int8, and all thr
     python bench/bench_infer.py [--reps 3] [--threads 2] [--texts short|long] [--work DIR] [--train-rows 2000]
 
 ``--race``: every contestant in its own process, the anchors in their own virtual environments under
-$BENCH_VENVS (default /work/venvs: onnx-st with sentence-transformers[onnx], onnx-optimum with
+$BENCH_VENVS (required for the race, no default: onnx-st with sentence-transformers[onnx], onnx-optimum with
 optimum[onnxruntime], onnx-fastembed with fastembed), at each of ``--thread-list`` and on both text sets
 (``--short N``, ``--long N``: the first N of each), with each process's peak RSS (see ``race``).
 """
@@ -292,7 +292,7 @@ def task(args: argparse.Namespace, work: Path, root: Path, header: str) -> None:
 # quantizations; not timed), warms up on 64 texts, then embeds all the texts each time the bench says "run",
 # round after round, contestants interleaved. Its peak memory is the process's RSS high-water mark.
 
-VENVS = Path(os.environ.get("BENCH_VENVS", "/work/venvs"))
+VENVS = os.environ.get("BENCH_VENVS")  # where the anchors' virtual environments are: no machine default
 TOOLS = {"st": "onnx-st", "fastembed": "onnx-fastembed", "optimum": "onnx-optimum"}
 # what each tool is, for the versions line
 PACKAGES = {
@@ -477,7 +477,9 @@ def _peak_rss_mb() -> float:
 
 def _python(tool: str) -> str:
     if tool in TOOLS:
-        exe = VENVS / TOOLS[tool] / "bin" / "python"
+        if not VENVS:
+            raise SystemExit("set BENCH_VENVS to the directory of the anchors' virtual environments (see --help)")
+        exe = Path(VENVS) / TOOLS[tool] / "bin" / "python"
         if not exe.is_file():
             raise SystemExit(f"{exe} is missing: python3 -m venv {exe.parent.parent} and install {tool} there")
         return str(exe)

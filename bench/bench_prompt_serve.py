@@ -12,7 +12,7 @@ prompt directories on one ``--base``, and measured the same way:
   sentences to the three tasks in turn; both servers run in interleaved rounds (``--rounds``), the other one
   frozen (SIGSTOP) meanwhile; the median over rounds.
 
-    python bench/bench_prompt_serve.py --work /tmp/bps [--rounds 3] [--threads 2]
+    python bench/bench_prompt_serve.py --work runs/bps [--rounds 3] [--threads 2]
 """
 
 from __future__ import annotations

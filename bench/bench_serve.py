@@ -22,7 +22,7 @@ Contestants (``--contestants``, comma-separated):
   infinity-torch                  ``infinity_emb v2 --engine torch`` from ``--infinity`` (a venv's
                                   infinity_emb).
 
-    python bench/bench_serve.py --infinity /work/venvs/serve-infinity/bin/infinity_emb \\
+    python bench/bench_serve.py --infinity $VENVS/serve-infinity/bin/infinity_emb \\
         [--contestants torch,onnx-int8,ct2-int8,infinity-torch] [--rounds 3] [--clients 32] [--batch 16]
 
 ``--budgets 1024,2048,...`` measures instead what the engine's default token budget should be on this CPU:

@@ -1,7 +1,7 @@
 """Reading a token store from a slow shared file system: in place (mmap), data.mmap=false, data.stage=local.
 
 The slow file system is a FUSE passthrough made here (``--serve``, run with a Python that has mfusepy:
-``python3 -m venv /work/venvs/stage-fuse && /work/venvs/stage-fuse/bin/pip install mfusepy``, and
+``python3 -m venv $VENVS/stage-fuse && $VENVS/stage-fuse/bin/pip install mfusepy``, and
 ``apt-get install fuse3``): every read request the kernel sends it sleeps ``--latency-ms`` before a
 pread of the real file (a network round trip per request, as on NFS/Lustre/Ceph), and it counts the
 requests and bytes. The mount is remounted before each measurement, so the page cache is cold.
@@ -11,7 +11,7 @@ when asked, gather + mask the first batch), then the loader's steady tokens/s ov
 then the bytes read from the mount over one whole epoch (the loader alone: this measures the data path,
 not the model). Modes run interleaved, ``--repeats`` rounds.
 
-    python bench/bench_stage.py --fuse-python /work/venvs/stage-fuse/bin/python --latency-ms 2
+    python bench/bench_stage.py --fuse-python $VENVS/stage-fuse/bin/python --latency-ms 2
 """
 
 from __future__ import annotations
@@ -189,7 +189,11 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--serve", nargs=5, help=argparse.SUPPRESS)
     ap.add_argument("--measure", nargs="*", help=argparse.SUPPRESS)
-    ap.add_argument("--fuse-python", default="/work/venvs/stage-fuse/bin/python")
+    ap.add_argument(
+        "--fuse-python",
+        default=os.environ.get("BENCH_FUSE_PYTHON"),
+        help="the python of a venv with mfusepy (or $BENCH_FUSE_PYTHON); required",
+    )
     ap.add_argument("--latency-ms", type=float, default=2.0, help="sleep per read request of the mount")
     ap.add_argument(
         "--corpus",
@@ -203,6 +207,8 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--work", default=None, help="scratch directory (default: a temporary one)")
     args = ap.parse_args()
+    if not args.fuse_python:
+        raise SystemExit("give --fuse-python (or $BENCH_FUSE_PYTHON): the python of a venv with mfusepy installed")
     if args.serve:
         source, mount, latency, direct_io, stats = args.serve
         serve(source, mount, float(latency), stats, direct_io == "1")

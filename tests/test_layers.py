@@ -2,7 +2,7 @@
 
 Every ``import`` and ``from ... import`` of a cramkit module is read with ``ast`` (at module level and
 inside functions; imports under ``if TYPE_CHECKING:`` are for type checkers only and are skipped). The
-layers, lowest first, are those of the design (/work/shared/DESIGN.md): a module may import from its
+layers, lowest first, are those of the design (../shared/DESIGN.md): a module may import from its
 own layer and the ones below it.
 """
 

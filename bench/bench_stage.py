@@ -207,8 +207,6 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--work", default=None, help="scratch directory (default: a temporary one)")
     args = ap.parse_args()
-    if not args.fuse_python:
-        raise SystemExit("give --fuse-python (or $BENCH_FUSE_PYTHON): the python of a venv with mfusepy installed")
     if args.serve:
         source, mount, latency, direct_io, stats = args.serve
         serve(source, mount, float(latency), stats, direct_io == "1")
@@ -217,6 +215,8 @@ def main() -> None:
         store, tok, stats, *sets = args.measure
         measure(store, tok, stats, sets, args.steps, args.micro_batch, args.seq_len)
         return
+    if not args.fuse_python:
+        raise SystemExit("give --fuse-python (or $BENCH_FUSE_PYTHON): the python of a venv with mfusepy installed")
 
     repo = Path(__file__).resolve().parents[1]
     shared = repo.parent / "shared" / "data"

@@ -16,10 +16,27 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from cramkit.errors import CramkitError
 from cramkit.load import LoadedModel, load  # the function shadows the module name `cramkit.load`
+
+if TYPE_CHECKING:
+    from cramkit.infer.predict import predict
+    from cramkit.train.api import pretrain
+
+# the verbs whose whole signature is the library's: imported on first use (`import cramkit` stays light)
+_LAZY = {"pretrain": "cramkit.train.api", "predict": "cramkit.infer.predict"}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        import importlib
+
+        value = getattr(importlib.import_module(_LAZY[name]), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'cramkit' has no attribute {name!r}")
 
 __version__ = "0.1.0"
 __all__ = [
@@ -37,13 +54,6 @@ __all__ = [
 PathLike = str | os.PathLike
 
 
-def pretrain(*args: Any, **kwargs: Any) -> Any:
-    """Pretrain an encoder; see :func:`cramkit.train.api.pretrain`."""
-    from cramkit.train.api import pretrain as _pretrain
-
-    return _pretrain(*args, **kwargs)
-
-
 def finetune(
     source: PathLike,
     *,
@@ -56,7 +66,10 @@ def finetune(
     text_b: str | None = None,
     label: str = "label",
     regression: bool = False,
+    choices: Sequence[str] | None = None,
+    name: str | None = None,
     dev_fraction: float = 0.1,
+    skip_bad_rows: bool = False,
     out: PathLike | None = None,
     progress: bool = True,
     prompt: str | None = None,
@@ -80,31 +93,25 @@ def finetune(
         settings["label_words"] = (
             label_words if isinstance(label_words, str) else ",".join(f"{k}={v}" for k, v in label_words.items())
         )
-    from cramkit.tasks.registry import get_task, hold_out
+    from cramkit.tasks.resolve import resolve_task
     from cramkit.train.finetune import config_from
     from cramkit.train.finetune import finetune as _finetune
 
-    if (task is None) == (train is None):
-        raise CramkitError("give either task='glue/sst2' or train='train.csv' (your own files), not both or neither")
-    if task is not None:
-        the_task = get_task(task, data_dir=data_dir)
-    else:
-        from cramkit.tasks.files import task_from_file
-
-        if text_a is None:
-            raise CramkitError("train= needs text_a='COLUMN' (and label=, text_b= for pairs)")
-        the_task = task_from_file(
-            Path(train).stem,
-            train,
-            dev,
-            test,
-            text_a=text_a,
-            text_b=text_b,
-            label=label,
-            regression=regression,
-        )
-        if dev is None:
-            the_task = hold_out(the_task, dev_fraction)
+    the_task = resolve_task(
+        task,
+        data_dir=data_dir,
+        train=train,
+        dev=dev,
+        test=test,
+        text_a=text_a,
+        text_b=text_b,
+        label=label,
+        regression=regression,
+        choices=choices,
+        name=name,
+        dev_fraction=dev_fraction,
+        skip_bad_rows=skip_bad_rows,
+    )
     if few_shot is not None:
         from cramkit.train.evaluate import fewshot_run
 
@@ -154,15 +161,6 @@ def evaluate(
         few_shot=few_shot,
         splits=splits,
     )
-
-
-def predict(
-    model: PathLike | LoadedModel, file: PathLike, out: PathLike | None = None, **options: Any
-) -> dict[str, Any]:
-    """Predict every row of a CSV/TSV/JSONL/text file; see :func:`cramkit.infer.predict.predict`."""
-    from cramkit.infer.predict import predict as _predict
-
-    return _predict(model, file, out, **options)
 
 
 def export(

@@ -13,7 +13,7 @@ from cramkit.data.batching import bucketed_batches, collate, encode_examples
 from cramkit.errors import CramkitError
 from cramkit.load import load
 from cramkit.tasks.registry import Example, Task, get_task
-from cramkit.train.finetune import FinetuneConfig, config_from, finetune
+from cramkit.train.finetune import FinetuneConfig, auto_lr, config_from, finetune
 
 
 def make_tiny_run(root: Path, sentences: list[str], *, vocab_size: int = 1500) -> Path:
@@ -115,7 +115,10 @@ def test_bucketing_covers_every_example_once_and_cuts_padding() -> None:
 
 def test_config_is_strict_and_has_the_glue_sane_defaults() -> None:
     cfg = FinetuneConfig()
-    assert (cfg.lr, cfg.batch_size, cfg.epochs, cfg.max_length, cfg.warmup) == (4e-5, 16, 5.0, 128, 0.1)
+    assert (cfg.lr, cfg.batch_size, cfg.epochs, cfg.max_length, cfg.warmup) == ("auto", 16, 5.0, 128, 0.1)
+    # auto: Cramming's 4e-5 from MiniLM's width up, 1e-3 for narrower models; a number is taken as given
+    assert [auto_lr(cfg, h) for h in (64, 256, 384, 768, None)] == [1e-3, 1e-3, 4e-5, 4e-5, 4e-5]
+    assert auto_lr(config_from({"lr": "2e-5"}), 256) == 2e-5
     assert config_from({"lr": "2e-5", "seeds": "0,1,2"}).seeds == [0, 1, 2]
     with pytest.raises(CramkitError, match="did you mean 'epochs'"):
         config_from({"epoch": 3})
@@ -135,8 +138,10 @@ def test_the_steps_are_the_epochs_or_the_floor(tiny_run: Path, sst2: Task, tmp_p
     assert saved["seeds"][0]["steps"] == 40 and saved["config"]["min_steps"] == 40
     rows = read_metrics(tmp_path / "few" / "seeds" / "seed-0")
     lr = [r["lr"] for r in rows if "lr" in r]
-    assert len(lr) == 40 and lr[0] == 0.0 and max(lr) == pytest.approx(cfg.lr)
-    assert lr.index(max(lr)) == 4 and lr[-1] < 0.01 * cfg.lr  # 10% warmup of 40 steps, cosine to ~0
+    peak = 1e-3  # lr auto on this 64-wide model
+    assert res["seeds"][0]["lr"] == peak and saved["config"]["lr"] == "auto"
+    assert len(lr) == 40 and lr[0] == 0.0 and max(lr) == pytest.approx(peak)
+    assert lr.index(max(lr)) == 4 and lr[-1] < 0.01 * peak  # 10% warmup of 40 steps, cosine to ~0
     assert [r["step"] for r in rows if "val_loss" in r] == [8, 16, 24, 32, 40]  # 5 'epochs' of 8 steps
 
     more = subset_task(sst2, 160, 50)  # 10 batches an epoch: 5 epochs = 50 steps > 40

@@ -307,7 +307,7 @@ def test_crafted_multitask_directory_is_one_line(mix_dir: Path, tmp_path: Path):
 
 
 def test_data_dir_per_suite(tmp_path: Path):
-    from cramkit.commands.tasks import data_dir_for
+    from cramkit.tasks.resolve import data_dir_for
 
     assert data_dir_for("glue/mrpc", None) is None
     assert data_dir_for("glue/mrpc", ["g"]) == "g"

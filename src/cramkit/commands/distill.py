@@ -84,30 +84,19 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _task(args: argparse.Namespace):
-    if args.task and args.train:
-        raise CramkitError("give either --task NAME or --train FILE --dev FILE, not both")
-    if args.train:
-        from cramkit.tasks.files import task_from_file
+    from cramkit.tasks.resolve import resolve_task
 
-        if not args.text_a:
-            raise CramkitError("--train needs --text-a COLUMN (and --label COLUMN, --text-b COLUMN for pairs)")
-        if not args.dev:
-            raise CramkitError("--train needs --dev FILE: teacher and student are scored on it")
-        return task_from_file(
-            Path(args.train).stem,
-            args.train,
-            args.dev,
-            None,
-            text_a=args.text_a,
-            text_b=args.text_b,
-            label=args.label,
-            regression=args.regression,
-        )
-    if not args.task:
-        raise CramkitError("name a task with --task (e.g. --task glue/sst2) or give --train FILE --dev FILE")
-    from cramkit.tasks.registry import get_task
-
-    return get_task(args.task, data_dir=args.data_dir)
+    return resolve_task(
+        args.task,
+        data_dir=args.data_dir,
+        train=args.train,
+        dev=args.dev,
+        text_a=args.text_a,
+        text_b=args.text_b,
+        label=args.label,
+        regression=args.regression,
+        dev_fraction=None,  # teacher and student are scored on the user's dev file
+    )
 
 
 def _unlabelled(path: str | None, limit: int, seed: int) -> list[str] | None:

@@ -280,57 +280,24 @@ def check_model_source(source: str, flag: str = "--from") -> None:
         )
 
 
-def data_dir_for(task: str, given: list[str] | None) -> str | None:
-    """The data folder of ``task`` (e.g. glue/mrpc) from ``--data-dir`` values: ``SUITE=DIR`` for its suite,
-    else the one plain ``DIR``; None (the suite's default) when neither is given."""
-    plain, per_suite = None, {}
-    for item in given or []:
-        suite, sep, path = item.partition("=")
-        if sep and suite and "/" not in suite and not Path(item).exists():
-            per_suite[suite] = path
-        elif plain is not None and plain != item:
-            raise CramkitError(
-                f"--data-dir given twice ({plain}, {item}); for tasks of several benchmarks name each: "
-                "--data-dir glue=DIR --data-dir clue=DIR2"
-            )
-        else:
-            plain = item
-    return per_suite.get(task.split("/")[0], plain)
-
-
 def _resolve_task(args: argparse.Namespace):
-    from cramkit.tasks.registry import get_task
+    from cramkit.tasks.resolve import resolve_task
 
-    if args.task and args.train:
-        raise CramkitError("give either --task NAME or --train FILE (a task from your files), not both")
-    if args.train:
-        from cramkit.tasks.files import task_from_file
-
-        if not args.text_a:
-            raise CramkitError("--train needs --text-a COLUMN (and --label COLUMN, --text-b COLUMN for pairs)")
-        task = task_from_file(
-            args.name or Path(args.train).stem,
-            args.train,
-            args.dev,
-            args.test,
-            text_a=args.text_a,
-            text_b=args.text_b,
-            label=args.label,
-            regression=args.regression,
-            choices=_columns_list(args.choices, "--choices"),
-            skip_bad_rows=args.skip_bad_rows,
-        )
-        if not args.dev:
-            from cramkit.tasks.registry import hold_out
-
-            task = hold_out(task, args.dev_fraction)
-        return task
-    if not args.task:
-        raise CramkitError("name a task with --task (e.g. --task glue/sst2) or give your files with --train/--dev")
-    task = get_task(args.task, data_dir=data_dir_for(args.task, args.data_dir), skip_bad_rows=args.skip_bad_rows)
-    if not task.dev_splits:
-        raise CramkitError(f"task {task.name} has no dev split to score; pick a task with labelled dev data")
-    return task
+    return resolve_task(
+        args.task,
+        data_dir=args.data_dir,
+        train=args.train,
+        dev=args.dev,
+        test=args.test,
+        text_a=args.text_a,
+        text_b=args.text_b,
+        label=args.label,
+        regression=args.regression,
+        choices=_columns_list(args.choices, "--choices"),
+        name=args.name,
+        dev_fraction=args.dev_fraction,
+        skip_bad_rows=args.skip_bad_rows,
+    )
 
 
 def _columns_list(value: str | None, flag: str) -> list[str] | None:
@@ -388,13 +355,10 @@ def run_finetune(args: argparse.Namespace) -> int:
     # load every split the run will need before any training starts: a missing split fails fast
     for split in [task.train_split, *task.dev_splits]:
         task.examples(split)
-    from cramkit.io import check_out, disk_errors
-    from cramkit.train.finetune import SETTINGS_FILE, finetune
+    from cramkit.train.finetune import finetune
 
     out = Path(args.out or f"finetune-{task.name.replace('/', '-')}")
-    check_out(out, inputs=[args.source], own=[SETTINGS_FILE])
-    with disk_errors(out):
-        res = finetune(task, args.source, cfg, out, progress=not args.no_progress)
+    res = finetune(task, args.source, cfg, out, progress=not args.no_progress)
     if not res:  # under torchrun, a rank other than 0: rank 0 reports
         return 0
     for split, med in res["median"].items():
@@ -459,6 +423,7 @@ def _finetune_fewshot(args: argparse.Namespace, cfg) -> int:
 def _run_mixture(args: argparse.Namespace, mixture, cfg) -> int:
     from cramkit.io import check_out, disk_errors
     from cramkit.tasks.registry import get_task
+    from cramkit.tasks.resolve import data_dir_for
     from cramkit.train.multitask import SETTINGS_FILE, finetune_mixture
 
     tasks = [

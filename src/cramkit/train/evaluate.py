@@ -273,6 +273,7 @@ def finetune_fewshot(
             "dev": res["median"][view.selection_splits[0]],
             "train_examples": res["train_examples"],
             "trainable_parameters": res.get("trainable_parameters"),
+            "lr": (res.get("seeds") or [{}])[0].get("lr"),  # the rate lr "auto" chose
         }
         for split, path in res.get("test_predictions", {}).get("files", {}).items():
             files[f"{key}:{split}"] = path

@@ -11,6 +11,7 @@ bucketing), so almost no compute is spent on padding; evaluation runs on length-
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import math
 import os
@@ -42,6 +43,18 @@ if TYPE_CHECKING:
     from cramkit.data.prompts import PromptSpec
 
 PathLike = str | os.PathLike
+# lr "auto": Cramming's 4e-5 from MiniLM's width (384) up; narrower models (cramkit's tiny presets, 256) sit
+# at chance with it after a short pretraining and learn at 1e-3 (bench/RESULTS.md "Few labels: the rate")
+AUTO_LR = {384: 4e-5, 0: 1e-3}
+
+
+def auto_lr(cfg: FinetuneConfig, hidden: int | None) -> float:
+    """The peak learning rate: ``cfg.lr``, or for "auto" AUTO_LR's rate of the widest width <= ``hidden``
+    (a model that declares no width, e.g. a student: Cramming's 4e-5)."""
+    if cfg.lr != "auto":
+        return float(cfg.lr)
+    width = 384 if hidden is None else int(hidden)
+    return AUTO_LR[max(w for w in AUTO_LR if w <= width)]
 
 
 @dataclass
@@ -53,10 +66,12 @@ class FinetuneConfig:
     gradient clipping, max_length 128, first-token pooling through a dense+tanh pooler, dropout 0.1
     (re-enabled for fine-tuning, as Cramming does). Weight decay 0.01 on matrices only (biases, norms
     and scalars excluded, like Cramming's ``limited_decay_keys`` and the HF Trainer); Cramming's own
-    GLUE-sane file sets 0.0, which ``--set weight_decay=0`` reproduces.
+    GLUE-sane file sets 0.0, which ``--set weight_decay=0`` reproduces. Two departures, for few labels and small
+    models: at least ``min_steps`` optimizer steps, and ``lr="auto"``: 4e-5 from width 384 up, 1e-3 below (a
+    tiny model after a short pretraining stays at chance at 4e-5; see :func:`auto_lr`).
     """
 
-    lr: float = 4e-5
+    lr: float | Literal["auto"] = "auto"  # auto: by the model's width (auto_lr)
     batch_size: int = 16
     epochs: float = 5.0  # Cramming's "GLUE-sane" rule: at most 5 epochs
     # at least this many optimizer steps, whatever the data's size: with a few hundred labels, epochs alone
@@ -107,7 +122,7 @@ class FinetuneConfig:
                 f"finetune.prefix_len and prefix_lr must be positive, got {self.prefix_len}, {self.prefix_lr}"
             )
         for name in ("lr", "batch_size", "epochs", "max_length", "eval_batch_size"):
-            if getattr(self, name) <= 0:
+            if getattr(self, name) != "auto" and getattr(self, name) <= 0:
                 raise CramkitError(f"finetune.{name} must be positive, got {getattr(self, name)}")
         if not 0.0 <= self.warmup < 1.0:
             raise CramkitError(f"finetune.warmup is a fraction of the steps in [0, 1), got {self.warmup}")
@@ -514,6 +529,7 @@ def train_one_seed(
     the model returned is the one with the best dev score."""
     from cramkit.train.epochs import epoch_steps, train_epochs
 
+    cfg = dataclasses.replace(cfg, lr=auto_lr(cfg, getattr(loaded, "hidden", None)))
     objective = ClassifierObjective(
         loaded, train, num_labels, cfg, seed, desc, resume_hint, multilabel, multiple_choice, prompt
     )
@@ -534,6 +550,7 @@ def train_one_seed(
     stats = {
         "seed": seed,
         "steps": done.steps,
+        "lr": cfg.prefix_lr if cfg.method == "ptuning" else cfg.lr,
         "examples_seen": done.examples_seen,
         "train_seconds": round(done.seconds, 3),
         "examples_per_s": round(done.examples_per_s, 2),
@@ -569,9 +586,28 @@ def finetune(
     Returns (and writes to out_dir/results.json) per-seed metrics on each dev split and their median,
     with the task's main score; test-set predictions (leaderboard format) from the seed with the
     median dev score go to out_dir/predictions/. predict_also: test-only tasks with the same labels
-    predicted by the same model (GLUE's diagnostic set AX by the MNLI model).
+    predicted by the same model (GLUE's diagnostic set AX by the MNLI model). ``out_dir`` follows the rule of
+    every output (``cramkit.io.check_out``: never into its input, never over another product), checked
+    before anything is read; a full disk gets one line.
     """
     cfg = cfg or FinetuneConfig()
+    from cramkit.io import check_out, disk_errors
+
+    if out_dir is None:
+        return _finetune(task, source, cfg, None, progress, predict_also)
+    check_out(out_dir, inputs=[source], own=[SETTINGS_FILE])
+    with disk_errors(out_dir):
+        return _finetune(task, source, cfg, out_dir, progress, predict_also)
+
+
+def _finetune(
+    task: Task,
+    source: PathLike | LoadedModel,
+    cfg: FinetuneConfig,
+    out_dir: PathLike | None,
+    progress: bool,
+    predict_also: Sequence[Task],
+) -> dict[str, Any]:
     from cramkit.load import load_torch
 
     loaded = source if isinstance(source, LoadedModel) else load_torch(source, purpose="fine-tuning")

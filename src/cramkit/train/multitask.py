@@ -13,6 +13,7 @@ with its own head, and the model is saved once (``cramkit.load(out, task=NAME)``
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import statistics
@@ -33,6 +34,7 @@ from cramkit.train.finetune import (
     _columns,
     _curve,
     _test_splits,
+    auto_lr,
     encode_task_examples,
     predict,
     resolve_pooling,
@@ -287,6 +289,7 @@ def _train_and_score(mixture, tasks, loaded, cfg, out_dir, ctx, train, dev, test
         f"{mixture.name} ({len(tasks)} tasks)",
         "rerun the same command to continue (the mixture resumes from its checkpoint)",
     )
+    cfg = dataclasses.replace(cfg, lr=auto_lr(cfg, loaded.hidden))
     tcfg = train_config(cfg, seed, steps, progress="auto" if progress else False)
     done = train_epochs(objective, tcfg, run, examples=per_epoch, batch_size=cfg.batch_size, ctx=ctx)
     if not ctx.is_main:

@@ -38,6 +38,7 @@ def __getattr__(name: str) -> Any:
         return value
     raise AttributeError(f"module 'cramkit' has no attribute {name!r}")
 
+
 __version__ = "0.1.0"
 __all__ = [
     "CramkitError",

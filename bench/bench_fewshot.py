@@ -36,10 +36,10 @@ METHODS = ("head", "prompt", "ptuning")
 
 def run_one(model: str, task_name: str, data_dir: str | None, method: str, args: argparse.Namespace) -> dict:
     """One (model, task, method): LM-BFF's splits (``--k``), or FewCLUE's own splits 0-4 for a FewCLUE task."""
+    from cramkit.recipes.evaluate import fewshot_run
+    from cramkit.recipes.finetune import config_from
     from cramkit.tasks.clue import is_fewclue
     from cramkit.tasks.registry import get_task
-    from cramkit.train.evaluate import fewshot_run
-    from cramkit.train.finetune import config_from
 
     settings = {
         "method": method,

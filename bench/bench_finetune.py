@@ -40,8 +40,8 @@ def minilm_dir() -> Path:
 
 def run_ours(task, loaded, cfg, seed: int) -> dict:
     from cramkit.data.batching import encode_examples
+    from cramkit.recipes.finetune import predict, train_one_seed
     from cramkit.runtime import resolve_device
-    from cramkit.train.finetune import predict, train_one_seed
 
     train_rows = task.examples("train")[: cfg.max_train_examples]
     t0 = time.perf_counter()
@@ -185,8 +185,8 @@ def main() -> int:
     torch.set_num_threads(args.threads)
 
     from cramkit.load import load
+    from cramkit.recipes.finetune import FinetuneConfig, config_from
     from cramkit.tasks.registry import get_task
-    from cramkit.train.finetune import FinetuneConfig, config_from
 
     task = get_task("glue/sst2", data_dir=args.glue_dir)
     seeds = [int(s) for s in args.seeds.split(",")]

@@ -63,10 +63,10 @@ def main() -> None:
 
     torch.set_num_threads(args.threads)
     import cramkit
+    from cramkit.recipes.finetune import FinetuneConfig, finetune
+    from cramkit.recipes.multitask import finetune_mixture
     from cramkit.tasks import get_task
     from cramkit.tasks.mixtures import Mixture
-    from cramkit.train.finetune import FinetuneConfig, finetune
-    from cramkit.train.multitask import finetune_mixture
 
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)

@@ -23,9 +23,10 @@ LAYERS: list[tuple[str, ...]] = [
     ("cramkit.data", "cramkit.tasks"),
     ("cramkit.model",),
     ("cramkit.rundir",),
+    ("cramkit.train",),  # the engine: it imports neither load nor tasks
     ("cramkit.infer.backends",),  # the export formats: cramkit.load opens exports through them
     ("cramkit.load",),
-    ("cramkit.train",),
+    ("cramkit.recipes",),  # pretraining, adaptation, fine-tuning, mixtures, suites: run on the engine
     ("cramkit.distill", "cramkit.infer", "cramkit.serve", "cramkit.index"),
     ("cramkit.commands", "cramkit.cli", "cramkit.__main__"),
 ]

@@ -23,10 +23,10 @@ from cramkit.load import LoadedModel, load  # the function shadows the module na
 
 if TYPE_CHECKING:
     from cramkit.infer.predict import predict
-    from cramkit.train.api import pretrain
+    from cramkit.recipes.pretrain import pretrain
 
 # the verbs whose whole signature is the library's: imported on first use (`import cramkit` stays light)
-_LAZY = {"pretrain": "cramkit.train.api", "predict": "cramkit.infer.predict"}
+_LAZY = {"pretrain": "cramkit.recipes.pretrain", "predict": "cramkit.infer.predict"}
 
 
 def __getattr__(name: str) -> Any:
@@ -94,9 +94,9 @@ def finetune(
         settings["label_words"] = (
             label_words if isinstance(label_words, str) else ",".join(f"{k}={v}" for k, v in label_words.items())
         )
+    from cramkit.recipes.finetune import config_from
+    from cramkit.recipes.finetune import finetune as _finetune
     from cramkit.tasks.resolve import resolve_task
-    from cramkit.train.finetune import config_from
-    from cramkit.train.finetune import finetune as _finetune
 
     the_task = resolve_task(
         task,
@@ -114,7 +114,7 @@ def finetune(
         skip_bad_rows=skip_bad_rows,
     )
     if few_shot is not None:
-        from cramkit.train.evaluate import fewshot_run
+        from cramkit.recipes.evaluate import fewshot_run
 
         if splits < 1:
             raise CramkitError(f"splits must be at least 1, got {splits}")
@@ -147,8 +147,8 @@ def evaluate(
     """Fine-tune and score ``source`` on every task of ``suite`` (glue, clue, ...) in ``data_dir`` (or only
     ``tasks``); out defaults to eval-SUITE. fewshot_splits: FewCLUE's splits (e.g. ["0", "1"]); few_shot=K:
     LM-BFF's protocol (``splits`` splits of K per class) for every classification task."""
-    from cramkit.train.evaluate import evaluate_suite
-    from cramkit.train.finetune import config_from
+    from cramkit.recipes.evaluate import evaluate_suite
+    from cramkit.recipes.finetune import config_from
 
     return evaluate_suite(
         suite,

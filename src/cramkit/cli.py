@@ -48,7 +48,7 @@ def _setting_keys(verb: str | None) -> list[str]:
 
         return [f"{sec.name}.{f.name}" for sec in fields(RunConfig) for f in fields(sec.default_factory())]
     if verb in ("finetune", "eval"):
-        from cramkit.train.finetune import FinetuneConfig
+        from cramkit.recipes.finetune import FinetuneConfig
 
         return [f.name for f in fields(FinetuneConfig)]
     if verb == "distill":

@@ -12,8 +12,8 @@ import torch
 from cramkit.data.batching import bucketed_batches, collate, encode_examples
 from cramkit.errors import CramkitError
 from cramkit.load import load
+from cramkit.recipes.finetune import FinetuneConfig, auto_lr, config_from, finetune
 from cramkit.tasks.registry import Example, Task, get_task
-from cramkit.train.finetune import FinetuneConfig, auto_lr, config_from, finetune
 
 
 def make_tiny_run(root: Path, sentences: list[str], *, vocab_size: int = 1500) -> Path:

@@ -57,7 +57,7 @@ def test_resolve_names_tasks_and_mixtures():
 
 def test_mixture_loader_draws_by_rate_and_resumes_exactly():
     from cramkit.data.batching import BatchLoader, Encoded
-    from cramkit.train.multitask import MixtureLoader
+    from cramkit.recipes.multitask import MixtureLoader
 
     rng = np.random.default_rng(0)
 

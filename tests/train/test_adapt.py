@@ -176,7 +176,7 @@ def test_continue_keeps_the_pooler_for_finetuning(continued: Path, minilm_dir: P
     from cramkit.errors import CramkitError
     from cramkit.io import sha256_file
     from cramkit.load import POOLER_FILE, load_pooler
-    from cramkit.train.finetune import FinetuneConfig, build_model
+    from cramkit.recipes.finetune import FinetuneConfig, build_model
 
     hf = load_file(str(minilm_dir / "model.safetensors"))
     entry = json.loads((continued / "run.json").read_text())["pooler"]
@@ -285,8 +285,8 @@ def test_new_embeddings_start_as_the_mean_of_their_pieces(minilm_dir: Path) -> N
     from collections import Counter
 
     from cramkit.model.heads import MaskedLM
+    from cramkit.recipes.adapt import initial_state, start_from
     from cramkit.text.extend import extend_vocabulary
-    from cramkit.train.adapt import initial_state, start_from
 
     start = start_from(f"hf:{minilm_dir}")
     counts = Counter({"tokenizable": 50, "unbelievably": 40, "the": 1000, "zzzqqq": 30})
@@ -321,7 +321,7 @@ def test_inherit_decays_then_releases_the_teacher(tmp_path: Path, corpus: Path, 
 def test_inheritance_loss_and_teacher_init() -> None:
     from cramkit.model.encoder import ModelConfig
     from cramkit.model.heads import MaskedLM
-    from cramkit.train.adapt import inheritance_kl, teacher_init
+    from cramkit.recipes.adapt import inheritance_kl, teacher_init
 
     x = torch.randn(5, 11)
     assert float(inheritance_kl(x, x)) == pytest.approx(0.0, abs=1e-6)

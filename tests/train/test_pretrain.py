@@ -14,7 +14,7 @@ import pytest
 
 from cramkit.cli import main as cli_main
 from cramkit.errors import CramkitError
-from cramkit.train.api import pretrain
+from cramkit.recipes.pretrain import pretrain
 from cramkit.train.metrics import read_metrics
 
 KEYS = ("step", "tokens", "loss", "lr", "grad_norm", "batch_size", "val_loss")

@@ -86,7 +86,7 @@ def run(args: argparse.Namespace) -> int:
         args.overrides = [*args.overrides, "train.progress=false"]
     if args.nproc != 1 or args.nnodes != 1:
         return _launch(args)
-    from cramkit.train.api import pretrain
+    from cramkit.recipes.pretrain import pretrain
 
     run_dir = pretrain(
         args.inputs or None,
@@ -124,7 +124,7 @@ def _launch(args: argparse.Namespace) -> int:
             "own shards of every checkpoint into it)"
         )
     if out is None and args.resume is None:
-        from cramkit.train.api import default_out
+        from cramkit.recipes.pretrain import default_out
 
         preset = args.preset or ("continue" if args.init else "tiny-cpu")
         out = str(default_out(preset))  # chosen once, so every process writes into the same run

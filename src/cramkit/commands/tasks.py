@@ -244,7 +244,7 @@ class _SuiteHelp(argparse.Action):
 
 def _config(args: argparse.Namespace):
     from cramkit.config import parse_overrides
-    from cramkit.train.finetune import config_from
+    from cramkit.recipes.finetune import config_from
 
     overrides = parse_overrides(args.overrides)
     if isinstance(overrides.get("finetune"), dict):  # accept --set finetune.lr=... too
@@ -355,7 +355,7 @@ def run_finetune(args: argparse.Namespace) -> int:
     # load every split the run will need before any training starts: a missing split fails fast
     for split in [task.train_split, *task.dev_splits]:
         task.examples(split)
-    from cramkit.train.finetune import finetune
+    from cramkit.recipes.finetune import finetune
 
     out = Path(args.out or f"finetune-{task.name.replace('/', '-')}")
     res = finetune(task, args.source, cfg, out, progress=not args.no_progress)
@@ -390,8 +390,8 @@ def run_finetune(args: argparse.Namespace) -> int:
 def _finetune_fewshot(args: argparse.Namespace, cfg) -> int:
     """``--fewshot-splits`` (FewCLUE's protocol) or ``--few-shot K --splits S`` (LM-BFF's) on one task; each
     split in OUT/split-S, the summary in OUT."""
+    from cramkit.recipes.evaluate import fewshot_run
     from cramkit.tasks.clue import parse_fewshot_splits
-    from cramkit.train.evaluate import fewshot_run
 
     flag = "--few-shot" if args.few_shot is not None else "--fewshot-splits"
     if args.nproc != 1 or args.mixture:
@@ -422,9 +422,9 @@ def _finetune_fewshot(args: argparse.Namespace, cfg) -> int:
 
 def _run_mixture(args: argparse.Namespace, mixture, cfg) -> int:
     from cramkit.io import check_out, disk_errors
+    from cramkit.recipes.multitask import SETTINGS_FILE, finetune_mixture
     from cramkit.tasks.registry import get_task
     from cramkit.tasks.resolve import data_dir_for
-    from cramkit.train.multitask import SETTINGS_FILE, finetune_mixture
 
     tasks = [
         get_task(n, data_dir=data_dir_for(n, args.data_dir), skip_bad_rows=args.skip_bad_rows) for n in mixture.tasks
@@ -470,7 +470,7 @@ def run_eval(args: argparse.Namespace) -> int:
 
         fewshot = parse_fewshot_splits(args.fewshot_splits)
     check_model_source(args.source)
-    from cramkit.train.evaluate import evaluate_suite
+    from cramkit.recipes.evaluate import evaluate_suite
 
     out = Path(args.out or f"eval-{suite.name}")
     res = evaluate_suite(

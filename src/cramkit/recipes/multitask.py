@@ -27,21 +27,21 @@ from cramkit.config import to_dict
 from cramkit.data.batching import BatchLoader, Encoded, EncodedChoices
 from cramkit.errors import CramkitError
 from cramkit.load import LoadedModel
-from cramkit.tasks.mixtures import Mixture
-from cramkit.tasks.registry import Task
-from cramkit.train.finetune import (
+from cramkit.recipes.finetune import (
     FinetuneConfig,
-    _columns,
-    _curve,
-    _test_splits,
     auto_lr,
+    curve,
     encode_task_examples,
+    encode_test_splits,
     predict,
     resolve_pooling,
+    task_columns,
     train_config,
     trained_inputs,
     write_json,
 )
+from cramkit.tasks.mixtures import Mixture
+from cramkit.tasks.registry import Task
 
 PathLike = str | os.PathLike
 SETTINGS_FILE = "mixture.json"
@@ -227,7 +227,7 @@ def finetune_mixture(
             raise CramkitError(f"task {t.name}: some {t.train_split} examples have no label")
         train.append(enc)
         dev.append({s: encode_task_examples(t, tok, t.examples(s), max_length) for s in t.dev_splits})
-        tests.update(_test_splits(t, tok, max_length))
+        tests.update(encode_test_splits(t, tok, max_length))
     if torchrun().is_main:
         from cramkit.text.coverage import unk_report
 
@@ -306,7 +306,7 @@ def _train_and_score(mixture, tasks, loaded, cfg, out_dir, ctx, train, dev, test
         "steps": done.steps,
         "train_seconds": round(done.seconds, 3),
         "examples_per_s": round(done.steps * cfg.batch_size / max(done.seconds, 1e-9), 2),
-        "loss_curve": _curve(done.losses),
+        "loss_curve": curve(done.losses),
         "seed": seed,
     }
     device = next(model.parameters()).device
@@ -389,7 +389,7 @@ def save_multitask(
         if t.label_names:
             entry["label_names"] = list(t.label_names)
         entry["trained_inputs"] = trained_inputs(t)
-        entry.update(_columns(t))
+        entry.update(task_columns(t))
         heads.append(entry)
     LoadedModel(
         model=model.to("cpu"),

@@ -24,8 +24,8 @@ from typing import Any
 
 from cramkit.errors import CramkitError
 from cramkit.load import LoadedModel, load_torch
+from cramkit.recipes.finetune import FinetuneConfig, finetune, write_json
 from cramkit.tasks.registry import Suite, Task, get_suite
-from cramkit.train.finetune import FinetuneConfig, finetune, write_json
 
 PathLike = str | os.PathLike
 SUBMISSION_DIR = "submission"

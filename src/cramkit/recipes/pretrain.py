@@ -417,7 +417,7 @@ def _start_config(
         raise CramkitError("the continue preset continues a model: add --from MODEL (a run, model directory or hf:DIR)")
     if not init and not inherit:
         return resolve_config(preset or "tiny-cpu", overrides), None
-    from cramkit.train import adapt
+    from cramkit.recipes import adapt
 
     if init:
         begin = adapt.start_from(init)
@@ -489,12 +489,12 @@ def _objective(
     from cramkit.train.objectives import MLMObjective
 
     if inherit:
-        from cramkit.train.adapt import InheritObjective
+        from cramkit.recipes.adapt import InheritObjective
 
         teacher = begin.teacher if begin is not None else None
         return InheritObjective(cfg, data, inherit, teacher, init=not resumed)
     if init_info.get("from"):
-        from cramkit.train.adapt import ContinueObjective
+        from cramkit.recipes.adapt import ContinueObjective
 
         fresh = bool(init_info.get("fresh_head"))
         return ContinueObjective(cfg, data, None if resumed else begin, extension, fresh_head=fresh)
@@ -627,7 +627,7 @@ def _prepare(run, cfg, inputs, tokenizer, resume, preset, source_options, saved,
                 info["source_options"] = source_options
             if ctx.is_main:
                 if begin is not None and adapt_info["from"]:  # what is kept of --from's model (its pooler)
-                    from cramkit.train.adapt import kept_message, save_pooler
+                    from cramkit.recipes.adapt import kept_message, save_pooler
 
                     pooler = save_pooler(run, begin)
                     info |= {"pooler": pooler} if pooler else {}

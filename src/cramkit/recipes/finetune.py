@@ -281,7 +281,7 @@ def resolve_prompt(task: Task, loaded: LoadedModel, cfg: FinetuneConfig) -> Prom
                 f"[MASK] .') and --label-words with a word for each of its labels: {', '.join(task.labels)}"
             )
         template, words = template or builtin[0], words or builtin[1]
-    cols = _columns(task).get("columns", {})
+    cols = task_columns(task).get("columns", {})
     fields = {cols[k]: k for k in ("text_a", "text_b") if cols.get(k)}
     spec = prompt_spec(template, words, task.labels, loaded.tokenizer, fields=fields)
     if "text_b" in spec.fields and trained_inputs(task) == "single":
@@ -554,7 +554,7 @@ def train_one_seed(
         "examples_seen": done.examples_seen,
         "train_seconds": round(done.seconds, 3),
         "examples_per_s": round(done.examples_per_s, 2),
-        "loss_curve": _curve(losses),
+        "loss_curve": curve(losses),
         "first_loss": losses[0] if losses else float("nan"),
         "dev_curve": done.evals,
         "last_loss": float(np.mean(losses[-max(1, len(losses) // 10) :])) if losses else float("nan"),
@@ -565,7 +565,7 @@ def train_one_seed(
     return done.model, stats
 
 
-def _curve(losses: list[float], points: int = 100) -> list[float]:
+def curve(losses: list[float], points: int = 100) -> list[float]:
     """The loss averaged over (at most) ``points`` equal slices of training."""
     if len(losses) <= points:
         return [round(v, 5) for v in losses]
@@ -632,11 +632,11 @@ def _finetune(
     for split, enc in dev.items():
         if enc.labels is None:
             raise CramkitError(f"task {task.name}: the {split} split has unlabelled examples; it cannot be scored")
-    tests = _test_splits(task, tok, max_length, prompt)
+    tests = encode_test_splits(task, tok, max_length, prompt)
     for other in predict_also:
         if other.labels != task.labels or other.kind != task.kind:
             raise CramkitError(f"task {other.name} has labels {other.labels}, not {task.name}'s {task.labels}")
-        tests.update(_test_splits(other, tok, max_length, prompt))
+        tests.update(encode_test_splits(other, tok, max_length, prompt))
 
     from cramkit.train.parallel import fault_guard, init_distributed, shutdown
 
@@ -864,7 +864,7 @@ def _save_model(
         "finetuned_from": loaded.source,
         "seed": seed,
         "trained_inputs": trained_inputs(task),
-        **_columns(task),
+        **task_columns(task),
     }
     architecture, head = "encoder", getattr(model, "head_cfg", None)
     if cfg.method == "prompt":
@@ -902,7 +902,7 @@ def trained_inputs(task: Task) -> str:
     return "pairs" if any(e.text_b is not None for e in rows) else "single"
 
 
-def _columns(task: Task) -> dict[str, Any]:
+def task_columns(task: Task) -> dict[str, Any]:
     """The columns of a task from files (``predict`` reads the same ones by default), else nothing."""
     cols = getattr(task.splits.get(task.train_split), "columns", None)
     if not cols:
@@ -912,7 +912,7 @@ def _columns(task: Task) -> dict[str, Any]:
     return {"columns": columns | ({"choices": list(choices)} if choices else {})}
 
 
-def _test_splits(
+def encode_test_splits(
     task: Task, tok, max_length: int, prompt: PromptSpec | None = None
 ) -> dict[tuple[str, str], Encoded | EncodedChoices]:
     """Encoded test splits that are present, keyed (task, split); an absent test file is not an error."""

@@ -73,7 +73,8 @@ def run_one(model: str, task_name: str, lr: str, args: argparse.Namespace) -> di
             max_train_examples=args.rows,
             **settings,
         )
-        scores = [s["score"] for s in res["seeds"]]
+        split = next(iter(res["median"]))  # the task's scored dev split
+        scores = [s["dev"][split]["score"] for s in res["seeds"]]
         used = [s.get("lr") for s in res["seeds"]]
         scored = "dev"
     return {

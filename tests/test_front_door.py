@@ -54,3 +54,29 @@ def test_the_python_verbs_have_typed_signatures():
         assert not any(p.kind in (p.VAR_POSITIONAL,) for p in sig.parameters.values()), verb
         assert sig.return_annotation is not inspect.Signature.empty, verb
     assert "preset" in inspect.signature(cramkit.pretrain).parameters
+
+
+def test_print_config_and_config_files_round_trip(tmp_path):
+    """--print-config prints what would run (nothing written); that file given back with --config is the same
+    configuration; a bad file or a preset and a config together get one line."""
+    import yaml
+
+    proc = cli("pretrain", "--print-config", "--set", "train.lr=2e-3", "--out", str(tmp_path / "run"))
+    assert proc.returncode == 0, proc.stderr
+    printed = yaml.safe_load(proc.stdout)
+    assert printed["train"]["lr"] == 2e-3 and printed["model"]["hidden"] == 256 and not (tmp_path / "run").exists()
+    (tmp_path / "c.yaml").write_text(proc.stdout)
+    again = cli("pretrain", "--config", str(tmp_path / "c.yaml"), "--print-config")
+    assert again.returncode == 0 and again.stdout == proc.stdout
+    both = cli("pretrain", "--config", str(tmp_path / "c.yaml"), "--preset", "tiny-cpu")
+    assert both.returncode == 2 and "not both" in both.stderr
+    ft = cli("finetune", "--print-config", "--set", "epochs=3", "--method", "ptuning")
+    assert ft.returncode == 0, ft.stderr
+    settings = yaml.safe_load(ft.stdout)["finetune"]
+    assert settings["epochs"] == 3 and settings["method"] == "ptuning" and settings["lr"] == "auto"
+    (tmp_path / "f.yaml").write_text(ft.stdout)
+    mine = cli("finetune", "--config", str(tmp_path / "f.yaml"), "--set", "lr=1e-4", "--print-config")
+    assert yaml.safe_load(mine.stdout)["finetune"] == {**settings, "lr": 1e-4}
+    (tmp_path / "bad.yaml").write_text("epoch: 3\n")
+    bad = cli("finetune", "--config", str(tmp_path / "bad.yaml"), "--print-config")
+    assert bad.returncode == 2 and "did you mean 'epochs'" in bad.stderr and "Traceback" not in bad.stderr

@@ -6,6 +6,7 @@ import argparse
 
 from cramkit import runtime
 from cramkit.commands.reading import add_reading_args, reading_kwargs
+from cramkit.errors import CramkitError
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -49,6 +50,16 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="with --from: add the N most frequent words of the text that the tokenizer splits "
         "into pieces (new embeddings start as the mean of their pieces')",
     )
+    p.add_argument(
+        "--config",
+        metavar="FILE.yaml",
+        help="a YAML file of settings (the same as --preset FILE.yaml; --set still overrides it)",
+    )
+    p.add_argument(
+        "--print-config",
+        action="store_true",
+        help="print the full configuration this command would train with (YAML) and exit; nothing is written",
+    )
     p.add_argument("--budget", help="training budget: 30s, 5m, 24h (time), 2e9tok (tokens), 1000steps")
     p.add_argument("--out", help="run directory (default: runs/<preset>-<timestamp>)")
     p.add_argument(
@@ -84,6 +95,30 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     if args.no_progress:
         args.overrides = [*args.overrides, "train.progress=false"]
+    if args.config is not None:
+        if args.preset is not None:
+            raise CramkitError("give --preset NAME or --config FILE.yaml, not both (--config is a preset file)")
+        args.preset = args.config
+    if args.print_config:
+        import yaml
+
+        from cramkit.config import to_dict
+        from cramkit.recipes.pretrain import resolved_config
+
+        cfg = resolved_config(
+            args.inputs or None,
+            preset=args.preset,
+            budget=args.budget,
+            overrides=args.overrides,
+            resume=args.resume,
+            tokenizer=args.tokenizer,
+            init=args.init,
+            inherit=args.inherit,
+            extend_vocab=args.extend_vocab,
+            **reading_kwargs(args),
+        )
+        print(yaml.safe_dump(to_dict(cfg), sort_keys=False), end="")
+        return 0
     if args.nproc != 1 or args.nnodes != 1:
         return _launch(args)
     from cramkit.recipes.pretrain import pretrain

@@ -89,6 +89,17 @@ def register(sub: argparse._SubParsersAction) -> None:
         "first N training rows; 0 = all), device, precision (an unknown key lists them all)",
     )
     p.add_argument(
+        "--config",
+        metavar="FILE.yaml",
+        help="a YAML file of fine-tuning settings (keys of --set, at the top level or under 'finetune:'); "
+        "--set and the flags override it",
+    )
+    p.add_argument(
+        "--print-config",
+        action="store_true",
+        help="print the fine-tuning settings this command would use (YAML) and exit; nothing is read or written",
+    )
+    p.add_argument(
         "--skip-bad-rows",
         action="store_true",
         help="skip (and count) malformed rows instead of stopping at the first one",
@@ -177,6 +188,17 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="override a fine-tuning setting for every task, e.g. --set epochs=3 --set "
         "max_train_examples=2000 (as in cramkit finetune)",
     )
+    e.add_argument(
+        "--config",
+        metavar="FILE.yaml",
+        help="a YAML file of fine-tuning settings (keys of --set, at the top level or under 'finetune:'); "
+        "--set and the flags override it",
+    )
+    e.add_argument(
+        "--print-config",
+        action="store_true",
+        help="print the fine-tuning settings this command would use (YAML) and exit; nothing is read or written",
+    )
     e.add_argument("--skip-bad-rows", action="store_true", help="skip (and count) malformed rows instead of stopping")
     _method_args(e.add_argument_group("few labels (every task of the suite; prompts: the built-in ones)"), suite=True)
     e.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -250,6 +272,13 @@ def _config(args: argparse.Namespace):
     if isinstance(overrides.get("finetune"), dict):  # accept --set finetune.lr=... too
         nested = overrides.pop("finetune")
         overrides = {**overrides, **nested}
+    if getattr(args, "config", None):
+        from cramkit.config import load_yaml
+
+        base = load_yaml(args.config)
+        if isinstance(base.get("finetune"), dict) and len(base) == 1:
+            base = base["finetune"]
+        overrides = {**base, **overrides}
     for flag, key in (
         ("method", "method"),
         ("prompt", "prompt"),
@@ -264,6 +293,15 @@ def _config(args: argparse.Namespace):
         except ValueError:
             raise CramkitError(f"--seeds {args.seeds!r}: give comma-separated integers, e.g. 0,1,2") from None
     return config_from(overrides)
+
+
+def _print_config(cfg) -> int:
+    import yaml
+
+    from cramkit.config import to_dict
+
+    print(yaml.safe_dump({"finetune": to_dict(cfg)}, sort_keys=False), end="")
+    return 0
 
 
 def check_model_source(source: str, flag: str = "--from") -> None:
@@ -327,9 +365,11 @@ def run_finetune(args: argparse.Namespace) -> int:
                 f"{name}: {', '.join(mix.tasks)} (rates {mix.rates}){f'; {mix.description}' if mix.description else ''}"
             )
         return 0
+    cfg = _config(args)  # a mistyped setting fails here, before --nproc starts the processes
+    if args.print_config:
+        return _print_config(cfg)
     if not args.source:
         raise CramkitError("cramkit finetune needs --from MODEL (a run directory, a model directory or hf:DIR)")
-    cfg = _config(args)  # a mistyped setting fails here, before --nproc starts the processes
     if args.rates and not args.mixture:
         raise CramkitError("--rates applies to --mixture; give the tasks with --mixture glue/mrpc,glue/rte,...")
     if args.mixture:
@@ -464,6 +504,8 @@ def run_eval(args: argparse.Namespace) -> int:
 
     suite = get_suite(args.suite.lower())  # an unknown suite: did-you-mean, before anything else
     cfg = _config(args)
+    if args.print_config:
+        return _print_config(cfg)
     fewshot = None
     if args.fewshot_splits:
         from cramkit.tasks.clue import parse_fewshot_splits

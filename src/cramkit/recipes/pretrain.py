@@ -350,6 +350,41 @@ def pretrain(
     return run
 
 
+def resolved_config(
+    sources_or_store: str | os.PathLike | Sequence[str | os.PathLike] | None = None,
+    *,
+    preset: str | None = None,
+    budget: str | None = None,
+    overrides: Sequence[str] = (),
+    resume: str | os.PathLike | None = None,
+    tokenizer: str | os.PathLike | None = None,
+    encoding: str | None = None,
+    errors: str = "strict",
+    text_field: str = "text",
+    doc_split: str = "auto",
+    init: str | os.PathLike | None = None,
+    inherit: str | os.PathLike | None = None,
+    extend_vocab: int = 0,
+) -> RunConfig:
+    """The configuration :func:`pretrain` would train with (preset, then ``--set``, then what a model given
+    with ``init`` decides), validated, with nothing written: ``cramkit pretrain --print-config``."""
+    overrides = list(overrides) + ([f"train.budget={budget}"] if budget else [])
+    if resume is not None:
+        run = ckpt.require_run_dir(resume)
+        return resolve_config(base=load_yaml(run / "config.yaml"), overrides=overrides)
+    if isinstance(sources_or_store, (str, os.PathLike)):
+        inputs = [str(sources_or_store)]
+    else:
+        inputs = [str(s) for s in sources_or_store or []]
+    options = _source_options(encoding=encoding, errors=errors, text_field=text_field, doc_split=doc_split)
+    if preset is None and not (init or inherit or tokenizer):
+        preset = _preset_for_text(inputs, options)
+    init = str(init) if init is not None else None
+    inherit = str(inherit) if inherit is not None else None
+    cfg, _ = _start_config(preset, overrides, init, inherit, tokenizer, extend_vocab)
+    return _masking_available(cfg, overrides)
+
+
 def _preset_for_text(inputs: list[str], source_options: dict) -> str | None:
     """tiny-zh when the raw text given is Chinese (said in the log), else None (the default preset)."""
     if not inputs or any(_is_store(s) for s in inputs):

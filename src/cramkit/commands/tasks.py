@@ -15,7 +15,8 @@ examples:
   cramkit finetune --task glue/rte --from hf:models/bert-base-uncased --seeds 0,1,2 --set lr=2e-5
   cramkit finetune --train train.csv --dev dev.csv --text-a review --label stars --from runs/tiny
 
-defaults (Cramming's GLUE-sane recipe, one for all tasks): lr 4e-5, batch 16, 5 epochs and at least
+defaults (Cramming's GLUE-sane recipe, one for all tasks): lr auto (4e-5; 1e-3 for models narrower than
+384, e.g. the tiny presets), batch 16, 5 epochs and at least
 500 steps (min_steps: small data trains too), AdamW (0.9, 0.98, eps 1e-6, weight decay 0.01), 10% linear
 warmup then cosine decay, max_length 128, dropout 0.1, the model's own pooling (a sentence-transformers
 model's mean; else the first token through BERT's pooler). Override any with --set KEY=VALUE.

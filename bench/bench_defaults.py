@@ -29,10 +29,14 @@ from bench_infer import machine  # noqa: E402
 
 
 def chance(task_name: str, data_dir: str, split: str) -> float:
-    """The majority class's share of ``split``, in percent."""
+    """What always answering the majority class scores: its share of ``split`` in percent for accuracy, 0 for
+    a correlation (MCC, Pearson, Spearman)."""
     from cramkit.tasks.registry import get_task
 
-    rows = get_task(task_name, data_dir=data_dir).examples(split)
+    task = get_task(task_name, data_dir=data_dir)
+    if task.main_metric not in ("accuracy", "acc"):
+        return 0.0
+    rows = task.examples(split)
     return 100.0 * Counter(r.label for r in rows).most_common(1)[0][1] / len(rows)
 
 

@@ -176,3 +176,127 @@ def test_model_directory_links_to_files_outside_are_refused(ft_model, tmp_path) 
     (bad / "model.safetensors").symlink_to(outside / "model.safetensors")
     proc = _limited("predict", "--from", str(bad), str(rows), "--out", str(tmp_path / "p.jsonl"))
     _one_line_error(proc, "model.safetensors", "outside")
+
+
+def _ct2_variables(data: bytes) -> tuple[bytes, list[tuple[str, tuple[int, ...], int, bytes]]]:
+    """(header, [(name, shape, dtype, bytes)]) of a CTranslate2 model.bin, aliases left out (none here)."""
+    import struct
+
+    pos = 0
+
+    def take(fmt):
+        nonlocal pos
+        (v,) = struct.unpack_from(fmt, data, pos)
+        pos += struct.calcsize(fmt)
+        return v
+
+    def text():
+        nonlocal pos
+        n = take("<H")
+        pos += n
+        return data[pos - n : pos - 1].decode()
+
+    take("<I")
+    text()
+    take("<I")
+    header = data[:pos]
+    out = []
+    for _ in range(take("<I")):
+        name = text()
+        shape = tuple(take("<I") for _ in range(take("<B")))
+        dtype, nbytes = take("<B"), take("<I")
+        out.append((name, shape, dtype, data[pos : pos + nbytes]))
+        pos += nbytes
+    return header, out
+
+
+def _ct2_write(header: bytes, variables) -> bytes:
+    import struct
+
+    def text(s):
+        return struct.pack("<H", len(s) + 1) + s.encode() + b"\0"
+
+    body = b"".join(
+        text(n)
+        + struct.pack("<B", len(sh))
+        + b"".join(struct.pack("<I", d) for d in sh)
+        + struct.pack("<BI", dt, len(b))
+        + b
+        for n, sh, dt, b in variables
+    )
+    return header + struct.pack("<I", len(variables)) + body + struct.pack("<I", 0)
+
+
+def test_crafted_ctranslate2_exports_are_refused_before_they_run(tok, tmp_path) -> None:
+    """issue 30, item 1: CTranslate2 gathers ids from its tables without a bound check. A manifest's pad_id
+    past the vocabulary, a model.bin whose table has fewer rows than the tokenizer, a feed-forward weight of
+    the wrong inner size, a position table shorter than max_length: one line each (the attacker rewrites the
+    SHA-256s too), before CTranslate2 sees the file; the server refuses to start, nothing crashes."""
+    pytest.importorskip("ctranslate2")
+    import numpy as np
+    import torch
+
+    import cramkit
+    from cramkit.errors import CramkitError
+    from cramkit.load import LoadedModel
+    from cramkit.model.encoder import ModelConfig
+    from cramkit.model.heads import MaskedLM
+
+    torch.manual_seed(0)
+    cfg = ModelConfig(vocab_size=tok.get_vocab_size(), hidden=64, layers=2, heads=2, intermediate=128)
+    loaded = LoadedModel(model=MaskedLM(cfg).eval(), kind="mlm", config=cfg, tokenizer=tok, source="tiny")
+    good = cramkit.export(loaded, tmp_path / "good", format="ct2")
+    header, variables = _ct2_variables((good / "model.bin").read_bytes())
+
+    def crafted(name: str, change=None, manifest=None) -> Path:
+        bad = tmp_path / name
+        shutil.copytree(good, bad)
+        man = json.loads((bad / "cramkit-ct2.json").read_text())
+        if change is not None:
+            (bad / "model.bin").write_bytes(_ct2_write(header, [change(*v) for v in variables]))
+            man["files"]["model.bin"] = hashlib.sha256((bad / "model.bin").read_bytes()).hexdigest()
+        man.update(manifest or {})
+        (bad / "cramkit-ct2.json").write_text(json.dumps(man))
+        return bad
+
+    def fewer_rows(n, sh, dt, b):
+        if n == "encoder/embeddings_0/weight":
+            return n, (100, sh[1]), dt, b[: 100 * sh[1] * 4]
+        return n, sh, dt, b
+
+    def wrong_inner(n, sh, dt, b):
+        if n == "encoder/layer_1/ffn/linear_1/weight":
+            return n, (sh[0], sh[1] // 2), dt, b[: len(b) // 2]
+        return n, sh, dt, b
+
+    def short_positions(n, sh, dt, b):
+        if n == "encoder/position_encodings/encodings":
+            return n, (8, sh[1]), dt, b[: 8 * sh[1] * 4]
+        return n, sh, dt, b
+
+    def lying_size(n, sh, dt, b):
+        return (n, sh, dt, b[:-4]) if n == "encoder/layer_0/ffn/layer_norm/gamma" else (n, sh, dt, b)
+
+    cases = {
+        "pad": (crafted("pad", manifest={"pad_id": 1_000_000_000}), "pad_id 1000000000 is outside"),
+        "rows": (crafted("rows", fewer_rows), "token id"),
+        "inner": (crafted("inner", wrong_inner), "ffn/linear_1/weight has shape"),
+        "positions": (crafted("positions", short_positions), "position_encodings/encodings has shape"),
+        "size": (crafted("size", lying_size), "bytes"),
+    }
+    texts = ["the value of the key is returned", "a list"]
+    for name, (bad, said) in cases.items():
+        if name == "rows":  # the table is consistent in itself: refused when an id would fall outside it
+            with pytest.raises(CramkitError, match=said):
+                cramkit.infer.Engine(bad).embed(texts)
+            continue
+        with pytest.raises(CramkitError, match=said):
+            cramkit.load(bad)
+    rows = tmp_path / "rows.txt"
+    rows.write_text("\n".join(texts) + "\n")
+    for name, (bad, said) in cases.items():
+        proc = cli("embed", str(rows), "--from", str(bad), "--out", str(tmp_path / f"emb-{name}"))
+        assert proc.returncode == 2 and "Traceback" not in proc.stderr, (name, proc.returncode, proc.stderr[-800:])
+        assert said in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    got = cramkit.infer.Engine(good).embed(texts)
+    assert got.shape == (2, 64) and np.isfinite(got).all()

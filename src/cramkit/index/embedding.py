@@ -147,19 +147,21 @@ def embed_to_memmap(
         raise CramkitError(f"{out / 'embeddings.npy'} has shape {mm.shape}, expected {(n, dim)}; remove {out}")
     t0 = time.perf_counter()
     resumed = committed
-    bar = _Bar(progress and rank == 0, desc, end - start, committed)
+    bar = _Bar(progress if rank == 0 else False, desc, end - start, committed)
     pos = start + committed
     truncated = 0
-    while pos < end:
-        b = min(pos + block, end)
-        vecs = engine.embed(list(texts[pos:b]), pooling=pooling, normalize=normalize)
-        mm[pos:b] = vecs
-        truncated += int(np.asarray(engine.truncated).sum())
-        mm.flush()
-        pos = b
-        write_json_atomic(prog_file, {"start": start, "end": end, "committed": pos - start})
-        bar.update(pos - start, pos - start - resumed, time.perf_counter() - t0)
-    bar.close()
+    try:  # the bar's line is ended whatever happens: an error is printed on a line of its own
+        while pos < end:
+            b = min(pos + block, end)
+            vecs = engine.embed(list(texts[pos:b]), pooling=pooling, normalize=normalize)
+            mm[pos:b] = vecs
+            truncated += int(np.asarray(engine.truncated).sum())
+            mm.flush()
+            pos = b
+            write_json_atomic(prog_file, {"start": start, "end": end, "committed": pos - start})
+            bar.update(pos - start, pos - start - resumed, time.perf_counter() - t0)
+    finally:
+        bar.close()
     del mm
     seconds = time.perf_counter() - t0
     _barrier(world)

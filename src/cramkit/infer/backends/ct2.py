@@ -63,7 +63,7 @@ class Ct2Runner:
 
     def __init__(self, model: ExportedModel) -> None:
         self.model = model
-        self.encoder, self.head = model.handle
+        self.encoder, self.head, self.rows = model.handle
         # what CTranslate2 computes in on this machine (int8 weights: int8_float32; bfloat16 without
         # bfloat16 instructions: float32)
         self.precision = str(self.encoder.compute_type)
@@ -73,6 +73,11 @@ class Ct2Runner:
         """(last hidden states [B, L, H] float32, mask [B, L] float32)."""
         ids = x["input_ids"]
         assert ids is not None
+        if ids.size and (int(ids.max()) >= self.rows or int(ids.min()) < 0):  # CTranslate2 does not check
+            raise CramkitError(
+                f"{self.model.path}: token id {int(ids.max())} is outside the model's embedding table of {self.rows} "
+                "rows (the export's tokenizer and model.bin disagree); export the model again"
+            )
         mask = x["attention_mask"]
         mask = np.ones(ids.shape, np.float32) if mask is None else mask.astype(np.float32)
         sv = self.ct2.StorageView.from_array
@@ -108,6 +113,129 @@ class Ct2Runner:
             f"{self.model.path}: a CTranslate2 export holds the encoder only; fill [MASK]s with the torch "
             "model or an ONNX export (cramkit export --format onnx)"
         )
+
+
+# ------------------------------------------------------------------------- model.bin, checked before use
+
+# CTranslate2's DataType ids (include/ctranslate2/types.h) and their sizes in bytes
+_DTYPE_BYTES = {0: 4, 1: 1, 2: 2, 3: 4, 4: 2, 5: 2}
+
+
+def model_bin_layout(data: bytes, where: Path) -> dict[str, tuple[tuple[int, ...], int]]:
+    """name -> (shape, dtype id) of every variable in a CTranslate2 ``model.bin`` (format 6), read with
+    bounds checks: each variable's byte count must be its shape's, and the file must end where the format
+    says. CTranslate2 trusts these shapes and does not check the ids it gathers, so a crafted file is refused
+    here rather than run (a table with fewer rows than the vocabulary reads past its end)."""
+    import struct
+
+    pos = 0
+
+    def take(fmt: str) -> Any:
+        nonlocal pos
+        size = struct.calcsize(fmt)
+        if pos + size > len(data):
+            raise CramkitError(f"{where}: ends early (byte {pos}); export the model again")
+        (value,) = struct.unpack_from(fmt, data, pos)
+        pos += size
+        return value
+
+    def text() -> str:
+        nonlocal pos
+        n = take("<H")
+        if n < 1 or pos + n > len(data):
+            raise CramkitError(f"{where}: a name runs past the end of the file; export the model again")
+        raw = data[pos : pos + n - 1]
+        pos += n
+        try:
+            return raw.decode("utf-8")
+        except UnicodeDecodeError:
+            raise CramkitError(f"{where}: a variable name is not UTF-8; export the model again") from None
+
+    version = take("<I")
+    if version != 6:
+        raise CramkitError(f"{where}: model format {version}, cramkit reads format 6; export the model again")
+    text()  # the spec's name
+    take("<I")  # its revision
+    layout: dict[str, tuple[tuple[int, ...], int]] = {}
+    for _ in range(take("<I")):
+        name = text()
+        shape = tuple(take("<I") for _ in range(take("<B")))
+        dtype = take("<B")
+        nbytes = take("<I")
+        if dtype not in _DTYPE_BYTES or name in layout:
+            raise CramkitError(f"{where}: variable {name!r} is malformed; export the model again")
+        count = 1
+        for d in shape:
+            count *= d
+        if nbytes != count * _DTYPE_BYTES[dtype] or pos + nbytes > len(data):
+            raise CramkitError(
+                f"{where}: variable {name!r} of shape {list(shape)} holds {nbytes} bytes; export the model again"
+            )
+        pos += nbytes
+        layout[name] = (shape, dtype)
+    for _ in range(take("<I")):
+        alias, target = text(), text()
+        if target not in layout:
+            raise CramkitError(f"{where}: alias {alias!r} names no variable; export the model again")
+        layout[alias] = layout[target]
+    if pos != len(data):
+        raise CramkitError(f"{where}: {len(data) - pos} bytes after the last variable; export the model again")
+    return layout
+
+
+def check_layout(layout: dict[str, tuple[tuple[int, ...], int]], meta: dict[str, Any], where: Path) -> int:
+    """Refuse a ``model.bin`` whose shapes do not fit together (the encoder's width, every projection's input
+    and output, biases, norms, the position table's length against ``max_length``, the token-type table);
+    returns the vocabulary table's rows (the ids the runner may feed)."""
+
+    def shape(name: str) -> tuple[int, ...]:
+        if name not in layout:
+            raise CramkitError(f"{where}: no variable {name!r}; export the model again")
+        return layout[name][0]
+
+    def bad(name: str, want: Any) -> CramkitError:
+        return CramkitError(
+            f"{where}: {name} has shape {list(shape(name))}, expected {want}; the file is damaged or crafted, "
+            "export the model again"
+        )
+
+    table = shape("encoder/embeddings_0/weight")
+    if len(table) != 2 or min(table) < 1:
+        raise bad("encoder/embeddings_0/weight", "[vocabulary, hidden]")
+    rows, hidden = table
+    outputs: dict[str, int] = {}
+    for name, (dims, _) in layout.items():
+        if not name.endswith("/weight") or "/linear_" not in name:
+            continue
+        scope = name.rsplit("/", 1)[0]
+        layer = scope.rsplit("/", 2)[0]
+        if scope.endswith("ffn/linear_1"):
+            inner = shape(f"{layer}/ffn/linear_0/weight")[0]
+            want = (hidden, inner)
+        elif scope.endswith("self_attention/linear_0"):
+            want = (3 * hidden, hidden)
+        elif scope.endswith("self_attention/linear_1"):
+            want = (hidden, hidden)
+        elif scope.endswith("ffn/linear_0_noact"):
+            want = shape(f"{layer}/ffn/linear_0/weight")
+        else:
+            want = (dims[0] if dims else -1, hidden)
+        if tuple(dims) != tuple(want):
+            raise bad(name, list(want))
+        outputs[scope] = want[0]
+    for name, (dims, _) in layout.items():
+        scope, leaf = name.rsplit("/", 1)
+        if leaf in ("bias", "weight_scale") and scope in outputs and dims != (outputs[scope],):
+            raise bad(name, [outputs[scope]])
+        if leaf in ("gamma", "beta") and dims != (hidden,):
+            raise bad(name, [hidden])
+    positions = layout.get("encoder/position_encodings/encodings")
+    if positions is not None and (positions[0][1:] != (hidden,) or positions[0][0] < int(meta["max_length"])):
+        raise bad("encoder/position_encodings/encodings", f"[at least max_length {meta['max_length']}, {hidden}]")
+    types = layout.get("encoder/embeddings_1/weight")
+    if meta.get("with_types") and (types is None or types[0][1:] != (hidden,) or types[0][0] < 2):
+        raise CramkitError(f"{where}: the token-type table is missing or too small; export the model again")
+    return int(rows)
 
 
 # ------------------------------------------------------------------------------------------- export
@@ -290,6 +418,7 @@ class Ct2Backend(Backend):
 
         from cramkit.runtime import cpu_cores
 
+        rows = check_layout(model_bin_layout(files["model.bin"], path / "model.bin"), meta, path / "model.bin")
         model_files = {name: data for name, data in files.items() if name in MODEL_FILES}
         level = ct2.get_log_level()
         ct2.set_log_level(logging.ERROR)  # e.g. that bfloat16 weights run as float32 here: info() says so
@@ -324,7 +453,7 @@ class Ct2Backend(Backend):
             for k, v in head.items():
                 if v.shape != shapes[k]:
                     raise CramkitError(f"{path / HEAD_FILE}: {k} has shape {list(v.shape)}, expected {list(shapes[k])}")
-        return encoder, head
+        return encoder, head, rows
 
     def runner(self, model: ExportedModel) -> Ct2Runner:
         return Ct2Runner(model)

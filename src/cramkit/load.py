@@ -301,8 +301,12 @@ def load_torch(
             raise CramkitError(f"{text} is a file; give the directory that holds it")
         kind = directory_kind(path)
         if is_export(path):
+            from cramkit.infer import backends
+
+            title = backends.get(str(kind)).title
             raise CramkitError(
-                f"{text} is an export (cramkit export --format {kind}): {purpose} needs the torch model it was "
+                f"{text} is an export in the {title} format (cramkit export --format {kind}): {purpose} needs the "
+                "torch model it was "
                 f"exported from ({_export_source(path)}); an export runs with `cramkit predict --from {text}`, "
                 f"`cramkit serve {text}`, `cramkit embed` or cramkit.load({text!r})"
             )

@@ -403,7 +403,7 @@ def test_bad_inputs_are_one_line_each(
     onnx = tmp_path / "onnx"
     onnx.mkdir()
     (onnx / "cramkit-onnx.json").write_text("{}")
-    cases.append((["--from", str(onnx)], ["ONNX export"]))
+    cases.append((["--from", str(onnx)], ["export in the ONNX format"]))
     from cramkit.load import LoadedModel
     from cramkit.model.students import BiLSTMConfig, BiLSTMStudent
     from cramkit.text.tokenizer import load_tokenizer

@@ -173,10 +173,26 @@ def export(
     step: int | None = None,
     mlm_head: bool = True,
     force: bool = False,
+    task: str | None = None,
+    progress: bool = True,
+    **options: Any,
 ) -> Path:
-    """Write ``model`` as a Hugging Face directory, with ``format="onnx"`` an ONNX Runtime one, with
-    ``format="ct2"`` a CTranslate2 one (the same as ``cramkit export MODEL --out OUT [--format onnx|ct2]``);
-    see :func:`cramkit.infer.export.export`."""
+    """Write ``model`` as a Hugging Face directory, or in an export format: ``onnx`` (ONNX Runtime), ``ct2``
+    (CTranslate2) or a registered one (the same as ``cramkit export MODEL --out OUT [--format ...]``). task: the
+    head of a model trained on a mixture; options: the format's own (ONNX: ``isa``, ``opset``). See
+    :func:`cramkit.infer.export.export`; returns the directory written."""
     from cramkit.infer.export import export as _export
 
-    return _export(model, out, format=format, quantize=quantize, step=step, mlm_head=mlm_head, force=force).path
+    done = _export(
+        model,
+        out,
+        format=format,
+        quantize=quantize,
+        step=step,
+        mlm_head=mlm_head,
+        force=force,
+        task=task,
+        progress=progress,
+        **options,
+    )
+    return done.path

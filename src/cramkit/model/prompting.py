@@ -25,6 +25,8 @@ class PromptClassifier(nn.Module):
     mask j). Inputs carry exactly ``len(label_ids[0])`` masks each (``cramkit.data.prompts``). The state
     dict is a ``MaskedLM``'s (``encoder.*``, ``head.*``)."""
 
+    words: torch.Tensor  # a buffer (register_buffer)
+
     def __init__(self, cfg: ModelConfig, label_ids: Sequence[Sequence[int]], mask_id: int) -> None:
         super().__init__()
         self.cfg = cfg

@@ -67,4 +67,5 @@ def train_epochs(
     ]
     per_epoch = math.ceil(examples / batch_size)
     seen = (result.step // per_epoch) * examples + min((result.step % per_epoch) * batch_size, examples)
+    assert result.model is not None  # fit's result carries the finished model
     return EpochsResult(result.model, result.step, result.elapsed, seen, losses, evals)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -46,7 +47,7 @@ class EpochsResult:
 def train_epochs(
     objective: Objective,
     tcfg: TrainConfig,
-    run: str | Path | None,
+    run: str | os.PathLike | None,
     *,
     examples: int,
     batch_size: int,

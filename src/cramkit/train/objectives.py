@@ -54,8 +54,11 @@ class Objective(Protocol):
     def loss(self, model: torch.nn.Module, batch: dict[str, torch.Tensor], device: torch.device) -> torch.Tensor:
         """Mean loss over the batch's ``count`` items (any finite graph when count is 0)."""
 
-    def evaluate(self, model: torch.nn.Module, ctx: parallel.DistContext, precision: str) -> float | None:
-        """A held-out loss (lower is better), or None when the recipe evaluates elsewhere."""
+    def evaluate(
+        self, model: torch.nn.Module, ctx: parallel.DistContext, precision: str
+    ) -> float | dict[str, float] | None:
+        """A held-out loss (lower is better), or None when the recipe evaluates elsewhere; or a dict of the loss
+        (``val_loss``) and the recipe's own figures (dev metrics), which the engine logs beside it."""
 
     # optional: ``lr_scales``, a dict of parameter-name prefix -> learning-rate multiplier (e.g. a fresh head
     # on a pretrained encoder); ``begin_step(fraction) -> dict | None`` is called before each optimizer step with the

@@ -11,9 +11,13 @@ import difflib
 import importlib
 import os
 import sys
+from typing import TYPE_CHECKING, Any, cast
 
 from cramkit import __version__, errors
 from cramkit.errors import CramkitError
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
 
 # modules under cramkit.commands, each with `register(subparsers)`; missing ones are skipped so the
 # command stays usable while an area is being built.
@@ -46,7 +50,11 @@ def _setting_keys(verb: str | None) -> list[str]:
     if verb == "pretrain":
         from cramkit.train.config import RunConfig
 
-        return [f"{sec.name}.{f.name}" for sec in fields(RunConfig) for f in fields(sec.default_factory())]
+        return [
+            f"{sec.name}.{f.name}"
+            for sec in fields(RunConfig)
+            for f in fields(cast("Callable[[], Any]", sec.default_factory)())  # every section has a factory
+        ]
     if verb in ("finetune", "eval"):
         from cramkit.recipes.finetune import FinetuneConfig
 

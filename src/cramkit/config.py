@@ -15,13 +15,16 @@ import types
 import typing
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import yaml
 
 from cramkit.errors import CramkitError
 
-T = TypeVar("T")
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
+
+T = TypeVar("T", bound="DataclassInstance")
 PRESET_DIR = Path(__file__).parent / "presets"
 
 
@@ -66,11 +69,12 @@ def _coerce(value: Any, tp: Any, where: str) -> Any:
             raise CramkitError(f"{where}: expected a mapping, got {value!r}")
         return dict(value)
     if dataclasses.is_dataclass(tp):
-        if isinstance(value, tp):
+        section = cast("type[DataclassInstance]", tp)  # a type hint: the class
+        if isinstance(value, section):
             return value
         if not isinstance(value, Mapping):
             raise CramkitError(f"{where}: expected a section of settings, got {value!r}")
-        return from_dict(tp, value, where)
+        return from_dict(section, value, where)
     if tp is bool:
         if isinstance(value, bool):
             return value

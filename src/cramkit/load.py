@@ -29,7 +29,7 @@ import os
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from cramkit import rundir
 from cramkit.errors import CramkitError
@@ -41,7 +41,10 @@ if TYPE_CHECKING:  # torch is imported by the functions that need it: `cramkit -
     import torch
     from torch import nn
 
+    from cramkit.model.encoder import Encoder
     from cramkit.model.forward import TorchRunner
+    from cramkit.model.multitask import MultiTaskModel
+    from cramkit.model.prompting import PrefixClassifier
 
 MODEL_FILE = "cramkit-model.json"
 MODEL_FORMAT = "cramkit-model-1"
@@ -111,7 +114,7 @@ class LoadedModel:
         return self.weights_sha256
 
     @property
-    def encoder(self) -> nn.Module | None:
+    def encoder(self) -> Encoder | None:
         from cramkit.model.encoder import Encoder
 
         if isinstance(self.model, Encoder):
@@ -380,6 +383,7 @@ def resolve_run_checkpoint(path: Path, step: int | None = None) -> tuple[Path, P
             raise CramkitError(f"{path} is an incomplete checkpoint; use a complete step-* directory")
         return path.parent.parent, path
     run = path
+    found: Path | None
     if step is not None:
         found = rundir.checkpoints_dir(run) / rundir.step_dir_name(step)
         if not (found.is_dir() and rundir.is_complete(found)):
@@ -656,7 +660,7 @@ def _build_prompt_model(meta: dict[str, Any], file: Path, tokenizer: Any, labels
 
 def _build_prefix_model(
     meta: dict[str, Any], file: Path, base: PathLike | LoadedModel | None, labels: Any
-) -> tuple[nn.Module, Any, LoadedModel]:
+) -> tuple[PrefixClassifier, Any, LoadedModel]:
     """A PrefixClassifier on ``base``'s encoder (shared), after checking that it is the base the directory
     names by checksum."""
     from cramkit.config import from_dict
@@ -793,7 +797,7 @@ def for_task(loaded: LoadedModel, task: str | None) -> LoadedModel:
     extra = {k: v for k, v in loaded.extra.items() if k != "tasks"}
     extra.update({k: h[k] for k in ("columns", "trained_inputs") if k in h})
     return LoadedModel(
-        model=loaded.model.single(i).eval(),
+        model=cast("MultiTaskModel", loaded.model).single(i).eval(),
         kind={"classification": "classifier"}.get(h["kind"], h["kind"]),
         config=loaded.config,
         tokenizer=loaded.tokenizer,

@@ -16,7 +16,7 @@ import json
 import os
 import re
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from cramkit.errors import CramkitError
 from cramkit.io import sha256_file
@@ -74,7 +74,7 @@ def list_checkpoints(run: str | os.PathLike) -> list[Path]:
     if not root.is_dir():
         return []
     found = [p for p in root.iterdir() if p.is_dir() and is_complete(p)]
-    return sorted(found, key=lambda p: int(_STEP_RE.match(p.name).group(1)))
+    return sorted(found, key=lambda p: int(cast("re.Match[str]", _STEP_RE.match(p.name)).group(1)))  # complete: a match
 
 
 def find_latest(run: str | os.PathLike) -> Path | None:

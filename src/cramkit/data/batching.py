@@ -60,7 +60,7 @@ def encode_texts(
     pair_pos = [i for i, t in enumerate(texts_b or []) if t is not None]
     enc_b = {}
     if pair_pos:
-        got = encode_batch(tokenizer, [texts_b[i] for i in pair_pos], add_special_tokens=False)
+        got = encode_batch(tokenizer, [t for t in texts_b or [] if t is not None], add_special_tokens=False)
         enc_b = dict(zip(pair_pos, got, strict=True))
     ids, b_start = [], np.empty(len(enc_a), dtype=np.int64)
     truncated = np.zeros(len(enc_a), dtype=bool)
@@ -250,7 +250,7 @@ def collate(enc: Encoded | EncodedChoices, batch: np.ndarray, pad_id: int, with_
     ids = np.full((len(batch), width), pad_id, dtype=np.int64)
     for row, i in enumerate(batch):
         ids[row, : lengths[row]] = enc.ids[i]
-    out: dict[str, Any] = {"input_ids": torch.from_numpy(ids), "attention_mask": None, "token_type_ids": None}
+    out = {"input_ids": torch.from_numpy(ids), "attention_mask": None, "token_type_ids": None}
     if (lengths != width).any():
         out["attention_mask"] = torch.from_numpy(np.arange(width)[None, :] < lengths[:, None])
     if with_types:

@@ -18,7 +18,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -206,7 +206,8 @@ def encode_prompts(
             )
     toks = {
         name: [
-            _no_masks(e.ids, spec.mask_id, unk) for e in encode_batch(tokenizer, texts[name], add_special_tokens=False)
+            _no_masks(e.ids, spec.mask_id, unk)
+            for e in encode_batch(tokenizer, cast("list[str]", texts[name]), add_special_tokens=False)  # none absent
         ]
         for name in sorted(spec.fields)
     }

@@ -327,7 +327,7 @@ def cached_index(store: TokenStore, key: dict, compute: Callable[[], dict[str, n
     arrays = compute()
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}.npz")
     with contextlib.suppress(OSError):  # a cache that cannot be written is only slower
-        np.savez(tmp, **arrays)
+        np.savez(tmp, **arrays)  # type: ignore[arg-type]  # numpy's stub: **kwds would also meet allow_pickle
         os.replace(tmp, path)
     return arrays
 

@@ -142,7 +142,7 @@ class PreadTokens:
         return buf[:n]
 
     def _read_into(self, out: np.ndarray, lo: int) -> None:
-        view = memoryview(out).cast("B")
+        view = memoryview(out).cast("B")  # type: ignore[arg-type]  # numpy's stubs: __buffer__ on Python 3.12+ only
         done, at = 0, lo * self.dtype.itemsize
         while done < len(view):
             got = os.preadv(self._fd, [view[done:]], at + done)
@@ -244,6 +244,7 @@ def _open_pair(prefix: Path, mmap: bool, pin_memory: bool):
             f"header promises {expected}; the build was interrupted or the file damaged, rebuild the store"
         )
     dtype = np.dtype(DTYPE_CODES[code])
+    idx: np.ndarray
     try:
         idx = np.memmap(idx_path, dtype=np.uint8, mode="r")
     except OSError:  # a file system that cannot memory-map (a FUSE mount with direct_io): read it whole
@@ -269,6 +270,7 @@ def _open_pair(prefix: Path, mmap: bool, pin_memory: bool):
     if n_doc and (doc_idx[0] != 0 or doc_idx[-1] != n_seq or np.any(np.diff(doc_idx) < 0)):
         raise CramkitError(f"{idx_path}: document indices are inconsistent; rebuild the store")
     le = dtype.newbyteorder("<")
+    tokens: np.ndarray | PreadTokens | None
     if not need:
         tokens = np.zeros(0, dtype=dtype)
     else:

@@ -232,7 +232,7 @@ class TransferSet:
         def r(t: str | None) -> str | None:
             return t.replace(MASK, mask_token) if t is not None else None
 
-        return [r(t) for t in self.texts_a], [r(t) for t in self.texts_b]
+        return [t.replace(MASK, mask_token) for t in self.texts_a], [r(t) for t in self.texts_b]
 
 
 MANIFEST = "manifest.json"
@@ -310,7 +310,9 @@ def build_transfer(
             it = iter(tags[n:])
             tb = [next(it) if w is not None else None for w in wb]
             tagged = [list(zip(w, t, strict=True)) for w, t in zip(wa, ta, strict=True)]
-            tagged += [list(zip(w, t, strict=True)) for w, t in zip(wb, tb, strict=True) if w is not None]
+            tagged += [
+                list(zip(w, t, strict=True)) for w, t in zip(wb, tb, strict=True) if w is not None and t is not None
+            ]  # (t is None where w is)
             table = PosTable(tagged)
         t_tag = time.perf_counter() - t0
     finally:

@@ -30,13 +30,16 @@ import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, cast
 
 import numpy as np
 
 from cramkit.errors import CramkitError
 from cramkit.load import LoadedModel
 from cramkit.runtime import Precision
+
+if TYPE_CHECKING:
+    from cramkit.model.encoder import Encoder
 
 PathLike = str | os.PathLike
 STUDENTS = ("bilstm", "encoder")
@@ -172,7 +175,9 @@ def build_student(student: str, teacher: LoadedModel, cfg: DistillConfig, *, pai
     torch.manual_seed(cfg.seed)
     kind, labels = teacher.kind, teacher.labels
     n = teacher.num_labels or 1
-    common = dict(kind=kind, labels=labels, task=teacher.task, max_length=min(cfg.max_length, teacher.max_length))
+    common: dict[str, Any] = dict(
+        kind=kind, labels=labels, task=teacher.task, max_length=min(cfg.max_length, teacher.max_length)
+    )
     if student == "bilstm":
         if cfg.hidden_weight > 0:
             raise CramkitError("hidden_weight applies to --student encoder; the BiLSTM matches logits only")
@@ -215,7 +220,7 @@ def build_student(student: str, teacher: LoadedModel, cfg: DistillConfig, *, pai
 
 
 def _teacher_word_embeddings(teacher: LoadedModel):
-    enc = teacher.encoder
+    enc = cast("Encoder | None", teacher.encoder)  # LoadedModel.encoder: an Encoder or None
     if enc is None:
         raise CramkitError(
             f"--teacher {teacher.source}: no transformer token embeddings to start the BiLSTM from; "

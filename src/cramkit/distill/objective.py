@@ -18,7 +18,7 @@ import json
 import math
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 import torch
@@ -26,8 +26,12 @@ import torch.nn.functional as F
 from torch import nn
 
 from cramkit.data.batching import BatchLoader, Encoded
+from cramkit.errors import CramkitError
 from cramkit.load import LoadedModel
 from cramkit.model.heads import classification_loss
+
+if TYPE_CHECKING:
+    from cramkit.model.encoder import Encoder
 
 RESULT_FILE = "result.json"
 
@@ -81,7 +85,9 @@ class DistillObjective:
     def build_model(self) -> nn.Module:
         if self.teacher is None:
             return self.student.model
-        proj = nn.Linear(self.student.encoder.cfg.hidden, self.teacher.encoder.cfg.hidden)
+        # hidden matching: an encoder student (core.py refuses a BiLSTM) and a transformer teacher
+        student_enc, teacher_enc = cast("Encoder", self.student.encoder), cast("Encoder", self.teacher.encoder)
+        proj = nn.Linear(student_enc.cfg.hidden, teacher_enc.cfg.hidden)
         return HiddenMatch(self.student.model, proj)
 
     def train_loader(self, micro: int, *, rank: int = 0, world: int = 1):
@@ -150,12 +156,14 @@ class DistillObjective:
 
     def _hidden_loss(self, hidden: torch.Tensor, x: dict, device: torch.device) -> torch.Tensor:
         """MSE of the projected student states against the teacher's, over the real (unpadded) tokens."""
+        teacher = self.teacher
+        assert teacher is not None  # called only with a teacher (hidden_weight > 0)
         if self._teacher_device != device:
-            self.teacher.model.to(device).eval()
+            teacher.model.to(device).eval()
             self._teacher_device = device
         mask = x["attention_mask"]
         with torch.no_grad():
-            th = self.teacher.encoder(x["input_ids"], mask, x["token_type_ids"]).float()
+            th = cast("Encoder", teacher.encoder)(x["input_ids"], mask, x["token_type_ids"]).float()
         diff = (hidden.float() - th).pow(2).mean(-1)
         return diff.mean() if mask is None else (diff * mask).sum() / mask.sum()
 
@@ -248,6 +256,8 @@ def train_student(
         else:
             print(f"cramkit: {desc}: trained earlier in {run}; reusing it", file=sys.stderr)
             final = ckpt.find_latest(run)
+            if final is None:
+                raise CramkitError(f"{run}: {RESULT_FILE} says it was trained, but it holds no checkpoint; delete it")
             load_weights(objective.build_model(), ckpt.model_weights(final), f"checkpoint {final}")
     finally:
         torch.set_num_threads(before)

@@ -196,6 +196,7 @@ def exact_search(
         dd, ii = faiss.knn(q, part, kk, metric=faiss.METRIC_INNER_PRODUCT)
         ii = ii + a
         if extra:
+            assert exclude is not None  # extra > 0 only with rows to exclude
             masked = np.isin(ii, exclude)
             short = np.flatnonzero(masked.sum(1) > extra)  # rare: more excluded rows than the margin
             if len(short) and kk < len(part):

@@ -165,6 +165,7 @@ def store_tokenizer(store: Any, encoder_tokenizer: Any, given: str | None) -> An
     from cramkit.text.tokenizer import load_tokenizer, tokenizer_hash
 
     want = store.meta.get("tokenizer_hash")
+    tok: Tokenizer | None
     if given:
         tok = load_tokenizer(given)
         if want and tokenizer_hash(tok) != want:

@@ -19,7 +19,7 @@ import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
@@ -270,7 +270,8 @@ class Engine:
         """(mean-pooled, first-token) last hidden states [n, hidden] float32, not normalised."""
         self._need_embed()
         n = len(enc)
-        mean = cls = None
+        mean: np.ndarray | None = None
+        cls: Any = None  # an array, made with mean
         for batch in self.batches(enc):
             m, c = self.embed_pass(enc, batch)
             if mean is None:
@@ -351,7 +352,7 @@ class Engine:
 
     def classify_logits(self, logits: np.ndarray, truncated: np.ndarray) -> ClassifyResult:
         kind, names = self.kind, self.labels
-        probs = probabilities(kind, logits)
+        probs = cast(np.ndarray, probabilities(kind, logits))  # None only for regression, which does not use it
         if kind == "regression":
             return ClassifyResult(logits, None, None, logits[:, 0].copy(), truncated)
         if kind == "multilabel":
@@ -420,7 +421,7 @@ class Engine:
         """Per row of ``rows`` (default: all of ``enc``), per [MASK], the ``top_k`` tokens: one forward pass."""
         mask_id = self._need_mlm()
         tok = self.tokenizer
-        x = self._pad(enc, rows)
+        x: dict[str, Any] = self._pad(enc, rows)  # its input_ids are never None
         results: list[list[list[dict[str, Any]]]] = [[] for _ in range(len(x["input_ids"]))]
         where = x["input_ids"] == mask_id
         if not where.any():

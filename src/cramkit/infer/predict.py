@@ -14,7 +14,7 @@ import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -109,7 +109,7 @@ def read_rows(
                 raise CramkitError(str(exc)) from None
         texts_a.append(va)
         if b_col:
-            texts_b.append(vb)
+            texts_b.append(cast(str, vb))  # checked above
         if has_label:
             gold.append(str(rec.get(label, "")).strip())
     if not texts_a:
@@ -119,7 +119,7 @@ def read_rows(
         texts_b if b_col else None,
         gold if has_label else None,
         columns,
-        (a_col, b_col),
+        (cast(str, a_col), b_col),  # set by the first row
         label if has_label else None,
         row_choices if choices is not None else None,
     )
@@ -208,7 +208,7 @@ def predict(
         chosen = engine.choose(rows.texts_a, rows.choices or [])
         for i, cs in enumerate(rows.choices or []):
             k = int(chosen.chosen[i])
-            rec = {
+            rec: dict[str, Any] = {
                 "row": i,
                 "label": k,
                 "answer": cs[k],
@@ -232,10 +232,11 @@ def predict(
     else:
         res = engine.classify(inputs)
         for i in range(len(inputs)):
-            rec: dict[str, Any] = {"row": i}
+            rec = {"row": i}
             if res.scores is not None:
                 rec["score"] = float(res.scores[i])
             else:
+                assert res.labels is not None and res.probs is not None  # a classifier's (no scores)
                 rec["label"] = res.labels[i]
                 names = loaded.labels or [str(j) for j in range(res.probs.shape[1])]
                 rec["probabilities"] = {n: round(float(p), 6) for n, p in zip(names, res.probs[i], strict=True)}
@@ -308,7 +309,7 @@ def _add_texts(records: list[dict[str, Any]], rows: Rows) -> None:
         if texts is None:
             continue
         for rec, text in zip(records, texts, strict=True):
-            rec[f"input_{col}" if col in rec else col] = text
+            rec[f"input_{col}" if col in rec else cast(str, col)] = text  # (a column with texts)
     for rec, cs in zip(records, rows.choices or [], strict=False):
         rec["choices"] = list(cs)
 

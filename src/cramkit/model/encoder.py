@@ -12,7 +12,7 @@ import dataclasses
 import math
 import sys
 from dataclasses import dataclass
-from typing import Literal, NamedTuple
+from typing import Any, Literal, NamedTuple, overload
 
 import torch
 import torch.nn.functional as F
@@ -81,7 +81,7 @@ class ModelConfig:
     def deepnorm_beta(self) -> float:
         return (8.0 * self.layers) ** -0.25 if self.norm_position == "deepnorm" else 1.0
 
-    def replace(self, **changes: object) -> ModelConfig:
+    def replace(self, **changes: Any) -> ModelConfig:
         return dataclasses.replace(self, **changes)
 
 
@@ -117,6 +117,11 @@ def sinusoidal_table(length: int, dim: int) -> torch.Tensor:
 class Rotary(nn.Module):
     """Rotary position embedding (RoPE) applied to queries and keys."""
 
+    # buffers (register_buffer)
+    inv_freq: torch.Tensor
+    cos: torch.Tensor
+    sin: torch.Tensor
+
     def __init__(self, head_dim: int, max_position: int, base: float) -> None:
         super().__init__()
         inv_freq = 1.0 / base ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim)
@@ -149,6 +154,8 @@ class Rotary(nn.Module):
 
 
 class Embeddings(nn.Module):
+    sinusoid: torch.Tensor  # a buffer (register_buffer), with position="sinusoidal"
+
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.cfg = cfg
@@ -208,6 +215,12 @@ def select_positions(keep: torch.Tensor) -> Selection:
     return Selection(flat, slots, valid)
 
 
+@overload
+def local(t: torch.Tensor) -> torch.Tensor: ...
+@overload
+def local(t: None) -> None: ...
+@overload
+def local(t: torch.Tensor | None) -> torch.Tensor | None: ...
 def local(t: torch.Tensor | None) -> torch.Tensor | None:
     """The part of a weight this process computes with: the weight itself, or under tensor parallelism
     (``cramkit.train.parallel.apply_tp``) this rank's shard of it."""
@@ -415,8 +428,9 @@ def init_weights(module: nn.Module, cfg: ModelConfig) -> None:
         elif isinstance(m, (nn.LayerNorm, RMSNorm)):
             if m.weight is not None:
                 nn.init.ones_(m.weight)
-            if getattr(m, "bias", None) is not None:
-                nn.init.zeros_(m.bias)
+            bias = getattr(m, "bias", None)
+            if bias is not None:
+                nn.init.zeros_(bias)
     # a second pass: modules() visits Attention/MLP before their Linear children, whose plain init above
     # would otherwise overwrite DeepNet's scaled one
     for m in module.modules():

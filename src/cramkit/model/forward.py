@@ -15,7 +15,7 @@ backends run the very same passes as :class:`TorchRunner`.
 from __future__ import annotations
 
 import contextlib
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 import numpy as np
 
@@ -24,6 +24,8 @@ from cramkit.runtime import autocast, resolve_device, resolve_precision
 
 if TYPE_CHECKING:
     import torch
+
+    from cramkit.model.heads import MaskedLM
 
 # padded tokens per forward pass by default (bench/RESULTS.md, "Token budget on the CPU")
 CPU_BATCH_TOKENS = 2048
@@ -116,6 +118,7 @@ class TorchRunner:
     def pooled(self, x: Inputs) -> tuple[np.ndarray, np.ndarray]:
         """(mean over real tokens, first token) of the encoder's last hidden states, float32."""
         ids, mask, types = self._inputs(x)
+        assert self.encoder is not None  # callers check that the model has one (Engine._need_embed)
         with self.torch.inference_mode(), self._amp():
             hidden = self.encoder(ids, mask, types).float()
             cls = hidden[:, 0]
@@ -135,9 +138,10 @@ class TorchRunner:
     def mask_topk(self, x: Inputs, where: np.ndarray, k: int) -> tuple[Any, Any]:
         ids, mask, types = self._inputs(x)
         sel = self.torch.from_numpy(where).to(self.device)
+        model = cast("MaskedLM", self.model)  # fill-mask: an MLM model
         with self.torch.inference_mode(), self._amp():
-            hidden = self.model.encoder(ids, mask, types)
-            probs = self.model.head(hidden[sel]).float().softmax(-1)
+            hidden = model.encoder(ids, mask, types)
+            probs = model.head(hidden[sel]).float().softmax(-1)
             p, t = probs.topk(k, dim=-1)
             return p.cpu().numpy(), t.cpu().numpy()
 

@@ -24,6 +24,7 @@ class MLMOutput(NamedTuple):
 class MLMHead(nn.Module):
     def __init__(self, cfg: ModelConfig, word_embeddings: nn.Embedding) -> None:
         super().__init__()
+        self.transform: nn.Module
         if cfg.head_transform:
             self.transform = nn.Sequential(
                 nn.Linear(cfg.hidden, cfg.hidden, bias=cfg.bias),
@@ -154,7 +155,7 @@ class MultipleChoice(SequenceClassifier):
     def __init__(self, cfg: ModelConfig, head: ClassifierConfig | None = None) -> None:
         super().__init__(cfg, 1, head)
 
-    def forward(
+    def forward(  # type: ignore[override]  # choice_mask before labels (HF's layout); labels go by keyword
         self,
         input_ids: torch.Tensor,
         attention_mask: torch.Tensor | None = None,

@@ -24,7 +24,7 @@ import re
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from torch import nn
@@ -46,7 +46,7 @@ SUPPORTED_ARCHITECTURES = (
     "BertForMultipleChoice",
     "BertForNextSentencePrediction",
 )
-SUPPORTED_HIDDEN_ACT = {"gelu": "gelu", "relu": "relu"}
+SUPPORTED_HIDDEN_ACT: dict[str, Literal["gelu", "relu"]] = {"gelu": "gelu", "relu": "relu"}
 
 # our Encoder's names <-> BertModel's names, per layer ("{i}" is the layer index); q/k/v handled apart
 _EMBEDDING_NAMES = {
@@ -398,6 +398,7 @@ def _bert_weights(
                     continue  # tied to the word embeddings, as HF writes it
                 out[theirs] = _t(hs[ours[5:]])
     if clf is not None:
+        assert clf.pooler is not None  # export_hf writes a classifier as BERT's only with a dense pooler
         out[prefix + "pooler.dense.weight"] = _t(clf.pooler.weight)
         out[prefix + "pooler.dense.bias"] = _t(clf.pooler.bias)
         out["classifier.weight"], out["classifier.bias"] = _t(clf.classifier.weight), _t(clf.classifier.bias)
@@ -540,7 +541,7 @@ def export_hf(
     if head is None and "head_transform=false" in problems:
         problems.remove("head_transform=false")
     multiple_choice = isinstance(clf, MultipleChoice)
-    if multiple_choice and (problems or clf.head_cfg.pooling != "first" or clf.pooler is None):
+    if isinstance(clf, MultipleChoice) and (problems or clf.head_cfg.pooling != "first" or clf.pooler is None):
         raise CramkitError(
             "export_hf: this multiple-choice model has no BertForMultipleChoice equivalent "
             f"({', '.join(problems) or f'pooling {clf.head_cfg.pooling}, pooler {clf.pooler is not None}'}); "

@@ -9,6 +9,8 @@ parameters (no copy), so everything that runs a classifier (predict, export, ser
 
 from __future__ import annotations
 
+from typing import cast
+
 import torch
 from torch import nn
 
@@ -65,7 +67,7 @@ class MultiTaskModel(nn.Module):
         task: int,
     ) -> tuple[torch.Tensor | None, torch.Tensor]:
         hidden = self.encoder(input_ids, attention_mask, token_type_ids)
-        head = self.heads[task]
+        head = cast(TaskHead, self.heads[task])
         logits = head(hidden, attention_mask)
         if self.kinds[task] == "multiple_choice" and choice_mask is not None:
             grid = choice_grid(logits, choice_mask)
@@ -75,7 +77,8 @@ class MultiTaskModel(nn.Module):
 
     def single(self, task: int) -> SequenceClassifier:
         """Task ``task``'s classifier, sharing this model's parameters."""
-        head = self.heads[task]
+        head = cast(TaskHead, self.heads[task])
+        view: SequenceClassifier
         with torch.device("meta"):  # the view's own modules are replaced below: allocate nothing
             if self.kinds[task] == "multiple_choice":
                 view = MultipleChoice(self.cfg, self.head_cfg)

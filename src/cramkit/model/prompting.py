@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
@@ -19,11 +20,17 @@ from torch import nn
 from cramkit.model.encoder import Encoder, ModelConfig, init_weights
 from cramkit.model.heads import ClassifierConfig, MLMHead, classification_loss, pool_hidden
 
+if TYPE_CHECKING:
+    from cramkit.data.prompts import PromptSpec
+
 
 class PromptClassifier(nn.Module):
     """Encoder + MLM head; the logit of label c is the mean over the masks of log p(its word's j-th token at
     mask j). Inputs carry exactly ``len(label_ids[0])`` masks each (``cramkit.data.prompts``). The state
     dict is a ``MaskedLM``'s (``encoder.*``, ``head.*``)."""
+
+    words: torch.Tensor  # a buffer (register_buffer)
+    spec: PromptSpec  # the prompt it was built from, set by whoever builds it (load, finetune)
 
     def __init__(self, cfg: ModelConfig, label_ids: Sequence[Sequence[int]], mask_id: int) -> None:
         super().__init__()

@@ -25,7 +25,7 @@ import gc
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 import torch.nn.functional as F
@@ -37,7 +37,7 @@ from cramkit.train.objectives import MLMObjective
 
 if TYPE_CHECKING:
     from cramkit.load import LoadedModel
-    from cramkit.model.encoder import ModelConfig
+    from cramkit.model.encoder import Encoder, ModelConfig
     from cramkit.text.extend import Extension
     from cramkit.train.config import RunConfig
 
@@ -102,7 +102,7 @@ def start_from(source: str) -> Start:
     head = None
     if isinstance(loaded.model, MaskedLM):
         head = {k: v.detach().clone() for k, v in loaded.model.head.state_dict().items()}
-    enc = {k: v.detach().clone() for k, v in loaded.encoder.state_dict().items()}
+    enc = {k: v.detach().clone() for k, v in cast("Encoder", loaded.encoder).state_dict().items()}  # open_model: one
     cfg = dataclasses.replace(loaded.config, gradient_checkpointing=False)
     pooler = getattr(loaded.model, "pooler", None)  # a fine-tuned classifier's; else an HF model's / a run's
     pooled = pooler.state_dict() if isinstance(pooler, torch.nn.Linear) else loaded.pooler_state
@@ -199,6 +199,8 @@ def initial_state(start: Start, model: MaskedLM, extension: Extension | None) ->
 
 class ContinueObjective(MLMObjective):
     """Masked-LM pretraining that starts from an existing model's weights (``pretrain --from``)."""
+
+    cfg: RunConfig  # always given
 
     def __init__(
         self, cfg: RunConfig, data: Any, start: Start | None, extension: Extension | None, *, fresh_head: bool
@@ -304,7 +306,7 @@ class InheritObjective(MLMObjective):
         model = super().build_model()
         if self.init_from_teacher:
             teacher = self._teacher if self._teacher is not None else open_teacher(self.source).model
-            teacher_init(model, teacher)
+            teacher_init(cast(MaskedLM, model), cast(MaskedLM, teacher))
         return model
 
     def begin_step(self, fraction: float) -> dict[str, Any] | None:

@@ -20,7 +20,7 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from cramkit.errors import CramkitError
 from cramkit.load import LoadedModel, load_torch
@@ -69,6 +69,7 @@ def evaluate_suite(
     present = {t.name for t in all_tasks}
     skipped = {name: "no data in --data-dir" for name in spec.task_names if name not in present}
     todo: list[tuple[Task, list[str] | None]] = []
+    ks: list[str] | None
     for task in all_tasks:
         if wanted is not None and task.name not in wanted:
             continue
@@ -135,7 +136,7 @@ def evaluate_suite(
         else:
             what = f"FewCLUE split(s) {','.join(ks)}" if ks else "fine-tuning"
             if few_shot is not None:
-                what = f"{len(ks)} few-shot splits of K={few_shot} per class"
+                what = f"{len(cast(list, ks))} few-shot splits of K={few_shot} per class"
             print(f"cramkit: [{i}/{len(todo)}] {task.name}: {what} ...", file=sys.stderr, flush=True)
             t0 = time.perf_counter()
             if ks:

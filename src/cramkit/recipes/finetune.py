@@ -20,7 +20,7 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, cast
 
 import numpy as np
 
@@ -41,6 +41,7 @@ from cramkit.tasks.registry import Example, Task
 
 if TYPE_CHECKING:
     from cramkit.data.prompts import PromptSpec
+    from cramkit.model.encoder import Encoder
 
 PathLike = str | os.PathLike
 # lr "auto": Cramming's 4e-5 from MiniLM's width (384) up; narrower models (cramkit's tiny presets, 256) sit
@@ -205,6 +206,7 @@ def build_model(
     model_cfg = loaded.config.replace(
         dropout=cfg.dropout, attention_dropout=cfg.attention_dropout, gradient_checkpointing=False
     )
+    model: PromptClassifier | PrefixClassifier | SequenceClassifier
     if cfg.method == "prompt":
         if prompt is None:
             raise ValueError("method=prompt needs the resolved prompt (resolve_prompt)")
@@ -214,7 +216,9 @@ def build_model(
         model.load_state_dict({k: v for k, v in state.items() if k.startswith(("encoder.", "head."))}, strict=True)
         return model
     pool = resolve_pooling(cfg, loaded)  # pooling=auto: the model's own
-    head = ClassifierConfig(pooling=pool.pooling, pooler_dense=pool.pooler_dense, dropout=cfg.dropout)
+    head = ClassifierConfig(
+        pooling=cast(Literal["first", "mean"], pool.pooling), pooler_dense=pool.pooler_dense, dropout=cfg.dropout
+    )
     if cfg.method == "ptuning":
         model = PrefixClassifier(model_cfg, num_labels, head, cfg.prefix_len)
     elif multiple_choice:
@@ -272,6 +276,7 @@ def resolve_prompt(task: Task, loaded: LoadedModel, cfg: FinetuneConfig) -> Prom
             f"a short continued pretraining on any text of yours (`cramkit pretrain TEXT --from {src} --budget 2m "
             "--out runs/with-head`), then fine-tune --from runs/with-head"
         )
+    words: str | dict[str, str]  # LABEL=WORD,... or the built-in prompt's {label: word}
     template, words = cfg.prompt, cfg.label_words
     builtin = builtin_prompt(task.name)
     if not (template and words):
@@ -482,11 +487,11 @@ def train_config(
     return TrainConfig(
         budget=f"{steps}steps",
         optimizer="adamw",
-        lr=cfg.prefix_lr if cfg.method == "ptuning" else cfg.lr,
+        lr=cfg.prefix_lr if cfg.method == "ptuning" else cast(float, cfg.lr),  # auto_lr resolved "auto"
         betas=(cfg.betas[0], cfg.betas[1]),
         eps=cfg.eps,
         weight_decay=cfg.weight_decay,
-        schedule=cfg.schedule,
+        schedule=cast(Any, cfg.schedule),  # "cosine" too: TrainConfig's Literal is what --set accepts
         warmup=warmup,
         cooldown=0.0 if cfg.schedule == "constant" else 1.0 - warmup,
         lr_start=0.0 if warmup > 0 else 1.0,
@@ -667,6 +672,8 @@ def _finetune_seeds(
         with main_first(ctx, "checking --out"):
             seeds_dir = _claim(Path(out_dir), task, loaded, cfg) if ctx.is_main else Path(out_dir) / "seeds"
     hint = "rerun the same command to continue (finished seeds are kept; this one resumes from its checkpoint)"
+    states: list[dict[str, Any] | None]
+    logits: Any  # a finished seed's test logits (by split), or one split's array
     per_seed, test_logits, states = [], [], []
     for seed in cfg.seeds:
         run = seeds_dir / f"seed-{seed}" if seeds_dir is not None else None
@@ -755,6 +762,7 @@ def _finetune_seeds(
     pick = sorted(range(len(scores)), key=lambda i: scores[i])[(len(scores) - 1) // 2]
     results["kept_seed"] = cfg.seeds[pick]
     if out_dir is not None:
+        assert seeds_dir is not None  # claimed with out_dir
         out = Path(out_dir)
         out.mkdir(parents=True, exist_ok=True)
         state = states[pick]
@@ -869,12 +877,12 @@ def _save_model(
     architecture, head = "encoder", getattr(model, "head_cfg", None)
     if cfg.method == "prompt":
         architecture, head = "prompt", None
-        extra["prompt"] = prompt.meta()
+        extra["prompt"] = cast("PromptSpec", prompt).meta()  # build_model refused method=prompt without one
     elif cfg.method == "ptuning":
         architecture = "prefix"
         extra["base"] = {
             "source": str(loaded.source),
-            "sha256": encoder_digest(loaded.encoder),
+            "sha256": encoder_digest(cast("Encoder", loaded.encoder)),  # build_model refused models without one
             "prefix_len": cfg.prefix_len,
         }
     Saved(

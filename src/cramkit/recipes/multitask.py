@@ -19,7 +19,7 @@ import os
 import statistics
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, cast
 
 import numpy as np
 
@@ -171,12 +171,15 @@ def build_multitask(loaded: LoadedModel, num_labels: list[int], cfg: FinetuneCon
         dropout=cfg.dropout, attention_dropout=cfg.attention_dropout, gradient_checkpointing=False
     )
     pool = resolve_pooling(cfg, loaded)  # pooling=auto: the model's own
-    head = ClassifierConfig(pooling=pool.pooling, pooler_dense=pool.pooler_dense, dropout=cfg.dropout)
+    head = ClassifierConfig(
+        pooling=cast(Literal["first", "mean"], pool.pooling), pooler_dense=pool.pooler_dense, dropout=cfg.dropout
+    )
     model = MultiTaskModel(model_cfg, num_labels, head, kinds)
     model.encoder.load_state_dict(loaded.encoder.state_dict(), strict=True)
     pooler = getattr(loaded.model, "pooler", None)
     pooler_state = pooler.state_dict() if pooler is not None else loaded.pooler_state
     if pooler_state is not None and pool.pooler_dense and pool.pooling == "first":
+        h: Any  # a TaskHead, with a dense pooler (pooler_dense)
         with torch.no_grad():
             for h in model.heads:
                 h.pooler.weight.copy_(pooler_state["weight"])

@@ -18,7 +18,7 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import yaml
 
@@ -462,7 +462,7 @@ def _start_config(
         cfg = resolve_config(base=base, overrides=overrides)
         adapt.check_architecture(begin, cfg.model)
     else:
-        begin = adapt.teacher_start(inherit)
+        begin = adapt.teacher_start(cast(str, inherit))  # (neither --from nor --inherit returned above)
         base = load_preset(preset or "tiny-cpu")
         base["data"] = {**(base.get("data") or {}), "add_cls": begin.masking.get("add_cls", False)}
         cfg = resolve_config(base=base, overrides=overrides)

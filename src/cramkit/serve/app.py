@@ -30,7 +30,7 @@ import time
 import traceback
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 from starlette.concurrency import run_in_threadpool
@@ -259,7 +259,7 @@ class ServerState:
         self.api_key = api_key or None
         self.index, self.index_path = index, index_path
         self.metrics = Metrics()
-        queue = {
+        queue: dict[str, Any] = {
             "max_queue": limits.max_queue,
             "timeout_s": limits.request_timeout_s,
             "metrics": self.metrics,
@@ -926,7 +926,7 @@ def create_app(
         lifespan=lifespan,
     )
     app.state.cramkit = state
-    app.add_exception_handler(ApiError, _api_error)
+    app.add_exception_handler(ApiError, _api_error)  # type: ignore[arg-type]  # Starlette types handlers for Exception
     app.add_exception_handler(StarletteHTTPException, _http_error)
     app.add_exception_handler(RequestValidationError, _validation)
     app.add_exception_handler(Exception, _internal)
@@ -953,7 +953,7 @@ def _predictions(engine: Any, logits: np.ndarray, raw: bool) -> list[list[dict[s
 
     if engine.kind == "regression":
         return [[{"label": "score", "score": float(v)}] for v in logits[:, 0]]
-    scores = logits if raw else probabilities(engine.kind, logits)
+    scores = logits if raw else cast(np.ndarray, probabilities(engine.kind, logits))  # not None: no regression
     names = engine.labels or [str(j) for j in range(logits.shape[1])]
     out = []
     for row in scores:

@@ -212,7 +212,7 @@ class Job(Request):
     """A tokenised request for one model: ``task`` over ``enc``; its inputs leave the queue shortest first."""
 
     task: str = "embed"
-    enc: Encoded | None = None
+    enc: Encoded = field(kw_only=True)  # always given (Job.make)
     top_k: int = 5
     order: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
     taken: int = 0  # inputs of ``order`` handed to a pass

@@ -18,9 +18,12 @@ import socket
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 from cramkit.errors import CramkitError
+
+if TYPE_CHECKING:
+    from cramkit.load import LoadedModel
 
 FD_RESERVE = 64  # file descriptors kept for the model, the log and the threads
 BACKLOG = 2048  # connections waiting to be accepted
@@ -60,15 +63,15 @@ def build_engines(
     from cramkit.load import directory_kind, for_task, load, load_directory_architecture, task_heads
 
     engines = {}
-    base_loaded = None
+    base_loaded: LoadedModel | None = None
     for name, path in model_names(sources).items():
         models: dict[str, Any] = {name: path}
         if directory_kind(path) == "model" and load_directory_architecture(path) == "prefix":
             if base is not None and base_loaded is None:
-                base_loaded = load(base)
+                base_loaded = cast("LoadedModel", load(base))  # the base of a prefix model: a torch model
             models = {name: load(path, base=base_loaded)}  # without --base: one line naming the base
         elif directory_kind(path) == "model" and _is_multitask(path):
-            loaded = load(path)
+            loaded = cast("LoadedModel", load(path))  # a model directory: a torch model
             heads = [h["name"] for h in task_heads(loaded.meta(), path)]
             models = {f"{name}-{h.split('/')[-1]}": for_task(loaded, h) for h in heads}
         for key, model in models.items():
@@ -138,7 +141,7 @@ def guarded_protocol(header_timeout_s: float, max_connections: int) -> type:
             self._wait(header_timeout_s)
             if len(self.connections) > max_connections:
                 idle = [c for c in self.connections if c is not self and getattr(c, "waiting_since", None)]
-                victim = min(idle, key=lambda c: c.waiting_since) if idle else self
+                victim = min(idle, key=lambda c: c.waiting_since) if idle else self  # type: ignore[union-attr]  # uvicorn's protocol union
                 victim.transport.close()
 
         def _wait(self, seconds: float) -> None:
@@ -259,7 +262,7 @@ def serve(
         app,
         log_level="warning",
         access_log=False,
-        timeout_graceful_shutdown=grace_s,
+        timeout_graceful_shutdown=grace_s,  # type: ignore[arg-type]  # uvicorn annotates int; it takes a float
         lifespan="on",
         timeout_keep_alive=limits.idle_timeout_s,
         backlog=backlog,
@@ -268,7 +271,7 @@ def serve(
     logging.getLogger("uvicorn.error").addFilter(_ThroughLog())
     server = uvicorn.Server(config)
 
-    with asyncio.Runner(loop_factory=config.get_loop_factory()) as runner:
+    with asyncio.Runner(loop_factory=config.get_loop_factory()) as runner:  # type: ignore[attr-defined]  # Python 3.11+
         runner.get_loop().set_exception_handler(_loop_errors)
         runner.run(server.serve(sockets=[sock]))
     print("server stopped", file=sys.stderr, flush=True)

@@ -33,6 +33,7 @@ import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, cast
 
 from cramkit.errors import CramkitError
 from cramkit.tasks.glue import SKIP_HINT, BadRow, parse_label
@@ -345,7 +346,7 @@ class JsonLinesSplit:
             try:
                 try:
                     row = json.loads(line)
-                except ValueError as e:
+                except json.JSONDecodeError as e:
                     raise BadRow(
                         f"{where} is not JSON ({e.msg}); CLUE files hold one JSON object per line (JSON "
                         f"Lines). {SKIP_HINT}"
@@ -374,8 +375,11 @@ class JsonLinesSplit:
 
 
 def _classification_parser(spec: ClueSpec, labelled: bool):
+    reader = spec.reader
+    assert reader is not None  # CHID (no reader) has _chid_parser
+
     def parse(row: dict, where: str, n: int) -> list[Example]:
-        text_a, text_b, label = spec.reader(row, where)
+        text_a, text_b, label = reader(row, where)
         if not labelled:
             label_id = None
         elif label is None:
@@ -441,7 +445,12 @@ def _chid_parser(labelled: bool, answers: dict | None, answer_file: Path | None)
                 )
             for m in tags:
                 text = _window(_TAG.sub("[UNK]", passage[: m.start()]), _TAG.sub("[UNK]", passage[m.end() :]))
-                label = label_of(answers[m.group()], f"the answer to {m.group()}") if labelled else None
+                # (labelled: answers is not None, else the CramkitError above)
+                label = (
+                    label_of(answers[m.group()], f"the answer to {m.group()}")
+                    if answers is not None and labelled
+                    else None
+                )
                 tag_id = int(m.group()[len("#idiom") : -1])
                 out.append(Example(text, None, label, tag_id, choices=cands, meta={"tag": m.group()}))
         return out
@@ -454,7 +463,7 @@ def _read_answers(path: Path) -> dict:
         answers = json.loads(path.read_text(encoding="utf-8-sig"))
     except OSError as e:
         raise CramkitError(f"CHID: cannot read the answers file {path} ({e.strerror})") from None
-    except ValueError as e:
+    except json.JSONDecodeError as e:
         raise CramkitError(f'{path} is not JSON ({e.msg}); it should be one object {{"#idiomN#": answer}}') from None
     if not isinstance(answers, dict):
         raise CramkitError(
@@ -476,7 +485,9 @@ class _ChidCluePart:
 
     def __call__(self) -> list[Example]:
         labelled = self.answer_file is not None
-        answers = _read_answers(self.answer_file) if labelled and self.answer_file.is_file() else None
+        answers = (
+            _read_answers(self.answer_file) if self.answer_file is not None and self.answer_file.is_file() else None
+        )
         self.split.parse = _chid_parser(labelled, answers, self.answer_file)
         return self.split()
 
@@ -500,7 +511,9 @@ class ChidTask(Task):
         if out.suffix not in (".json", ".jsonl"):
             out = out / self.leaderboard_file(split)
         if rows[0].meta and "tag" in rows[0].meta:  # CLUE: {"#idiom000378#": 2, ...}
-            text = json.dumps({e.meta["tag"]: preds[e.idx] for e in rows}, ensure_ascii=False, indent=1) + "\n"
+            text = (
+                json.dumps({cast(dict, e.meta)["tag"]: preds[e.idx] for e in rows}, ensure_ascii=False, indent=1) + "\n"
+            )
         else:
             text = "".join(json.dumps({"id": i, "answer": preds[i]}) + "\n" for i in sorted(preds))
         return write_text_atomic(out, text)
@@ -535,7 +548,7 @@ def make_clue_task(key: str, data_dir: PathLike | None = None, skip_bad_rows: bo
         parse = _chid_parser(labelled, None, None) if spec.reader is None else _classification_parser(spec, labelled)
         splits[split] = JsonLinesSplit(name, path, parse, skip_bad_rows=skip_bad_rows, hint=hint)
     if kind == "fewclue":
-        roles = {
+        roles: dict[str, Any] = {
             "train_split": "train_few_all",
             "dev_splits": ["dev_few_all", "test_public"],
             "score_splits": ["test_public"],

@@ -26,6 +26,7 @@ FEWSHOT_DEV = "fewshot_dev"
 
 def class_of(task: Task, e: Example) -> int:
     """The class an example is counted in: its label (classification), its right choice (multiple choice)."""
+    assert e.label is not None  # few_shot refuses unlabelled rows first
     return int(e.label)
 
 

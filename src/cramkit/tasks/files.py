@@ -22,6 +22,7 @@ import csv
 import json
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any, cast
 
 from cramkit.errors import CramkitError
 from cramkit.tasks.glue import SKIP_HINT, BadRow, parse_label, read_tsv_lines
@@ -200,7 +201,7 @@ class FileSplit:
                 idx = len(out)
                 if idx_col:
                     try:
-                        idx = int(rec.get(idx_col))
+                        idx = int(cast(Any, rec.get(idx_col)))  # None: the TypeError below
                     except (TypeError, ValueError):
                         raise BadRow(f"{where}: index '{rec.get(idx_col)}' is not an integer. {SKIP_HINT}") from None
             except BadRow as e:
@@ -348,6 +349,7 @@ def task_from_file(
         elif regression:
             metrics = ["pearson", "spearman"]
         else:
+            assert labels is not None  # a classification task's, set above
             metrics = ["accuracy", "f1"] if len(labels) == 2 else ["accuracy"]
     task = Task(
         name=full,

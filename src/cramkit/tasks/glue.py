@@ -24,9 +24,14 @@ import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING, cast
 
 from cramkit.errors import CramkitError
 from cramkit.tasks.registry import Example, PathLike, Suite, Task, register_family, register_suite
+
+if TYPE_CHECKING:
+    # the columns of text_a, text_b, label, idx
+    _Columns = tuple[int, int | None, int | None, int | None]
 
 log = logging.getLogger("cramkit.tasks")
 
@@ -314,10 +319,10 @@ class TsvSplit:
         self.source = str(self.path)
         self.skipped = 0
 
-    def _columns(self, header: list[str]) -> tuple[int, ...]:
+    def _columns(self, header: list[str]) -> _Columns:
         lay = self.layout
         names = [c.strip() for c in header]
-        out = []
+        out: list[int | None] = []
         for col in (lay.text_a, lay.text_b, lay.label, lay.idx):
             if col is None or isinstance(col, int):
                 out.append(col)
@@ -328,7 +333,7 @@ class TsvSplit:
                     f"{self.path}: the header has no column '{col}' (it has: {', '.join(names)}). "
                     f"This is not the official GLUE layout for {self.task}; use the file from the GLUE download."
                 )
-        return tuple(out)
+        return cast("_Columns", tuple(out))  # text_a is never None
 
     def __call__(self) -> list[Example]:
         if not self.path.is_file():
@@ -342,8 +347,9 @@ class TsvSplit:
             ncols = len(first[1])
             ia, ib, il, ii = self._columns(first[1])
         else:
-            ncols = self.layout.ncols
-            ia, ib, il, ii = self.layout.text_a, self.layout.text_b, self.layout.label, self.layout.idx
+            ncols = cast(int, self.layout.ncols)  # given with every header-less layout
+            lay = self.layout  # without a header: column positions
+            ia, ib, il, ii = cast("_Columns", (lay.text_a, lay.text_b, lay.label, lay.idx))
         out: list[Example] = []
         for lineno, cols in lines:
             where = f"{self.path}, line {lineno}"
@@ -438,7 +444,7 @@ def make_glue_task(key: str, data_dir: PathLike | None = None, skip_bad_rows: bo
     folder = _task_folder(spec, glue_dir(data_dir))
     if folder.is_dir():
         hint = _provide_hint(spec, folder)
-        splits = {
+        splits: dict[str, TsvSplit | HubSplit] = {
             split: TsvSplit(
                 name,
                 folder / fname,

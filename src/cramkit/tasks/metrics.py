@@ -13,7 +13,7 @@ from __future__ import annotations
 import re
 import string
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -162,7 +162,7 @@ def answer_em(predictions, golds) -> float:
 
 GROUPED: set[str] = {"em"}  # metrics called as f(predictions, labels, groups)
 
-_FUNCS = {
+_FUNCS: dict[str, Callable[..., float]] = {
     "accuracy": accuracy,
     "f1": f1_binary,
     "mcc": matthews_corrcoef,

@@ -18,6 +18,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import cast
 
 import numpy as np
 
@@ -51,7 +52,7 @@ class Mixture:
         """What one epoch of the mixture is: every example once, a capped task counted at its cap."""
         kind, value = parse_rates(self.rates, len(sizes))
         if kind == "capped":
-            return int(sum(min(n, int(value)) for n in sizes))
+            return int(sum(min(n, int(cast(float, value))) for n in sizes))
         return int(sum(sizes))
 
 
@@ -92,9 +93,9 @@ def mixture_rates(spec: str, sizes: Sequence[int]) -> np.ndarray:
     elif kind == "equal":
         w = np.ones_like(n)
     elif kind == "capped":
-        w = np.minimum(n, float(value))
+        w = np.minimum(n, float(cast(float, value)))
     elif kind == "temperature":
-        w = n ** (1.0 / float(value))
+        w = n ** (1.0 / float(cast(float, value)))
     else:
         w = np.asarray(value, dtype=np.float64)
     if w.sum() <= 0:

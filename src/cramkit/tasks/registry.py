@@ -13,7 +13,7 @@ from __future__ import annotations
 import difflib
 import json
 import os
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -65,7 +65,7 @@ class Task:
     """
 
     name: str
-    splits: dict[str, Callable[[], list[Example]]]
+    splits: Mapping[str, Callable[[], list[Example]]]
     labels: list[str] | None
     metrics: list[str]
     main_metric: str | None = None

@@ -41,6 +41,7 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, cast
 
 import numpy as np
 
@@ -66,7 +67,7 @@ def superglue_dir(data_dir: PathLike | None = None) -> Path:
 # --------------------------------------------------------------------------------------- row helpers
 
 
-def _fields(obj, where: str, what: str, required: set[str], optional: set[str] = frozenset()) -> dict:
+def _fields(obj, where: str, what: str, required: set[str], optional: set[str] | frozenset[str] = frozenset()) -> dict:
     """obj as a dict with every required field and no field outside required | optional (else BadRow)."""
     if not isinstance(obj, dict):
         raise BadRow(f"{where}: {what} is not a JSON object. {SKIP_HINT}")
@@ -383,8 +384,8 @@ class JsonlSplit:
 class _SuperGlueTask(Task):
     """A task whose test predictions are checked against its split and written as SuperGLUE JSON lines."""
 
-    def _checked(self, split: str, idx_and_preds) -> dict[int, object]:
-        preds: dict[int, object] = {}
+    def _checked(self, split: str, idx_and_preds) -> dict[int, Any]:
+        preds: dict[int, Any] = {}
         for i, p in idx_and_preds:
             if int(i) in preds:
                 raise CramkitError(f"task {self.name} {split}: predictions repeat an index")
@@ -423,8 +424,9 @@ class MultiRCTask(_SuperGlueTask):
         paragraphs: dict[int, dict[int, list]] = {}
         for ex in self.examples(split):  # file order
             label = int(self.format_prediction(preds[ex.idx]) == "true")
-            questions = paragraphs.setdefault(ex.meta["paragraph"], {})
-            questions.setdefault(ex.meta["question"], []).append({"idx": ex.idx, "label": label})
+            meta = cast(dict, ex.meta)  # MultiRC rows carry their paragraph and question
+            questions = paragraphs.setdefault(meta["paragraph"], {})
+            questions.setdefault(meta["question"], []).append({"idx": ex.idx, "label": label})
         lines = [
             {"idx": p, "passage": {"questions": [{"idx": q, "answers": a} for q, a in qs.items()]}}
             for p, qs in paragraphs.items()
@@ -464,9 +466,10 @@ class RecordTask(_SuperGlueTask):
         lines = []
         for ex in sorted(self.examples(split), key=lambda e: e.idx):
             c = int(preds[ex.idx])
-            if not 0 <= c < len(ex.meta["entities"]):
+            meta = cast(dict, ex.meta)  # ReCoRD rows carry their entities
+            if not 0 <= c < len(meta["entities"]):
                 raise CramkitError(f"task {self.name}: choice {c} is outside row {ex.idx}'s entities")
-            lines.append({"idx": ex.idx, "label": ex.meta["entities"][c]})
+            lines.append({"idx": ex.idx, "label": meta["entities"][c]})
         return self._write_lines(split, lines, out_path)
 
 

@@ -22,7 +22,6 @@ import errno
 import glob
 import gzip
 import hashlib
-import io
 import json
 import os
 import re
@@ -33,6 +32,8 @@ import unicodedata
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from types import TracebackType
+from typing import Literal, Protocol, cast
 
 from cramkit.errors import CramkitError
 
@@ -78,6 +79,7 @@ def iter_documents(
     check_source_options(doc_split=doc_split, errors=errors, encoding=encoding, text_field=text_field)
     if normalize is not None and normalize not in ("NFC", "NFD", "NFKC", "NFKD"):
         raise CramkitError(f"unknown Unicode normal form {normalize!r}; use NFC, NFKC, NFD, NFKD or none")
+    form = cast(Literal["NFC", "NFD", "NFKC", "NFKD"], normalize)  # checked above (when given)
     stats = stats if stats is not None else {}
     stats.update(documents=0, duplicates=0, files=0)
     seen: set[bytes] = set()
@@ -86,8 +88,8 @@ def iter_documents(
         doc = raw.strip()
         if not doc:
             continue
-        if normalize and not unicodedata.is_normalized(normalize, doc):
-            doc = unicodedata.normalize(normalize, doc)
+        if normalize and not unicodedata.is_normalized(form, doc):
+            doc = unicodedata.normalize(form, doc)
         for piece in _cut(doc, max_doc_chars):
             if dedup:
                 key = hashlib.blake2b(piece.encode("utf-8", "surrogatepass"), digest_size=16).digest()
@@ -262,7 +264,17 @@ def detect_language(documents: Iterable[str], sample_chars: int = SAMPLE_CHARS) 
 # ---------------------------------------------------------------------------------------------- reading
 
 
-def _open_binary(path: str) -> io.BufferedIOBase:
+class _BinaryReader(Protocol):
+    """What reading a file takes: a plain, gzip or zstd stream."""
+
+    def read(self, size: int = -1, /) -> bytes: ...
+    def __enter__(self) -> _BinaryReader: ...
+    def __exit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None, /
+    ) -> object: ...
+
+
+def _open_binary(path: str) -> _BinaryReader:
     try:
         if path.lower().endswith(".gz"):
             return gzip.open(path, "rb")

@@ -23,7 +23,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from cramkit.errors import CramkitError
 
@@ -324,9 +324,9 @@ def _from_vocab_txt(p: Path) -> tokenizers.Tokenizer:
         ) from None
     vocab: dict[str, int] = {}
     for line in lines:
-        tok = line.rstrip("\n")
-        if tok and tok not in vocab:
-            vocab[tok] = len(vocab)
+        token = line.rstrip("\n")
+        if token and token not in vocab:
+            vocab[token] = len(vocab)
     if "[UNK]" not in vocab:
         raise CramkitError(f"{p} has no [UNK] token; it is not a BERT WordPiece vocab.txt")
     lowercase, strip = True, None
@@ -377,4 +377,5 @@ def special_ids(tok: tokenizers.Tokenizer) -> SpecialIds:
             f"the tokenizer lacks the special token(s) {' '.join(missing)}; use a BERT-style WordPiece "
             "tokenizer (train one with `cramkit tokenizer train`)"
         )
-    return SpecialIds(ids["[PAD]"], ids["[UNK]"], ids["[CLS]"], ids["[SEP]"], ids["[MASK]"])
+    found = cast("dict[str, int]", ids)  # none missing
+    return SpecialIds(found["[PAD]"], found["[UNK]"], found["[CLS]"], found["[SEP]"], found["[MASK]"])

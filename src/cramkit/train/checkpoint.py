@@ -36,7 +36,7 @@ import warnings
 from collections.abc import Mapping
 from concurrent.futures import Future
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 from torch import nn
@@ -63,6 +63,9 @@ from cramkit.rundir import (  # noqa: F401
     step_dir_name,
     verify,
 )
+
+if TYPE_CHECKING:
+    from torch.distributed.checkpoint.metadata import BytesStorageMetadata
 from cramkit.rundir import inside_checkpoint as _inside
 from cramkit.train.parallel import DistContext
 
@@ -131,7 +134,7 @@ def _metadata_from_json(data: Any, where: Path) -> Any:
     try:
         if not isinstance(data, dict) or data.get("format") != META_FORMAT:
             raise ValueError(f"format {data.get('format') if isinstance(data, dict) else None!r}")
-        sd_meta = {}
+        sd_meta: dict[str, TensorStorageMetadata | BytesStorageMetadata] = {}
         for fqn, md in data["tensors"].items():
             dtype = getattr(torch, str(md["dtype"]), None)
             if not isinstance(dtype, torch.dtype):
@@ -384,7 +387,7 @@ class Checkpointer:
         if self.async_save and not block:
             response = dcp.async_save(state_dict, async_stager=self._stager, **kwargs)
             # with overlapped staging an AsyncSaveResponse: (host copy done, write done)
-            upload = getattr(response, "upload_completion", response)
+            upload = cast(Future, getattr(response, "upload_completion", response))
             self._staging = getattr(response, "staging_completion", None)
             finished: Future = Future()  # written AND (on rank 0) completed, renamed, pointed to
             self._future = finished
@@ -650,7 +653,7 @@ def encode_rng() -> dict[str, Any]:
     """Torch RNG states (CPU and CUDA) as base64 strings."""
     import base64
 
-    out = {"torch": base64.b64encode(torch.get_rng_state().numpy().tobytes()).decode()}
+    out: dict[str, Any] = {"torch": base64.b64encode(torch.get_rng_state().numpy().tobytes()).decode()}
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         out["cuda"] = [base64.b64encode(s.numpy().tobytes()).decode() for s in torch.cuda.get_rng_state_all()]
     return out

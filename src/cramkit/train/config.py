@@ -214,6 +214,7 @@ def _gib(n: float) -> str:
 
 def check_fits(cfg: RunConfig, vocab_size: int | None = None) -> None:
     """CramkitError, before anything is allocated, when the model cannot train in this machine's memory."""
+    need: float
     params, need = estimate_training_bytes(cfg, vocab_size)
     have, what = runtime.machine_memory(cfg.train.device)
     # FSDP shards weights, gradients and optimizer state over all ranks (with TP: 1/tp of each layer,

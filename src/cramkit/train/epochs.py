@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -46,7 +47,7 @@ class EpochsResult:
 def train_epochs(
     objective: Objective,
     tcfg: TrainConfig,
-    run: str | Path | None,
+    run: str | os.PathLike | None,
     *,
     examples: int,
     batch_size: int,
@@ -67,4 +68,5 @@ def train_epochs(
     ]
     per_epoch = math.ceil(examples / batch_size)
     seen = (result.step // per_epoch) * examples + min((result.step % per_epoch) * batch_size, examples)
+    assert result.model is not None  # fit's result carries the finished model
     return EpochsResult(result.model, result.step, result.elapsed, seen, losses, evals)

@@ -33,7 +33,10 @@ class Objective(Protocol):
 
     title: str  # progress bar title, e.g. "pretrain 3m" or "sst2 seed 0"
     resume_hint: str  # the stop message's last words: how to continue the run
-    flops_per_token: float | None  # for MFU; None when unknown
+
+    @property
+    def flops_per_token(self) -> float | None:  # for MFU; None when unknown
+        ...
 
     def build_model(self) -> torch.nn.Module: ...
 
@@ -51,8 +54,11 @@ class Objective(Protocol):
     def loss(self, model: torch.nn.Module, batch: dict[str, torch.Tensor], device: torch.device) -> torch.Tensor:
         """Mean loss over the batch's ``count`` items (any finite graph when count is 0)."""
 
-    def evaluate(self, model: torch.nn.Module, ctx: parallel.DistContext, precision: str) -> float | None:
-        """A held-out loss (lower is better), or None when the recipe evaluates elsewhere."""
+    def evaluate(
+        self, model: torch.nn.Module, ctx: parallel.DistContext, precision: str
+    ) -> float | dict[str, float] | None:
+        """A held-out loss (lower is better), or None when the recipe evaluates elsewhere; or a dict of the loss
+        (``val_loss``) and the recipe's own figures (dev metrics), which the engine logs beside it."""
 
     # optional: ``lr_scales``, a dict of parameter-name prefix -> learning-rate multiplier (e.g. a fresh head
     # on a pretrained encoder); ``begin_step(fraction) -> dict | None`` is called before each optimizer step with the
@@ -70,9 +76,11 @@ class MLMObjective:
         self.resume_hint = "continue with `cramkit pretrain --resume {run}`"
 
     def build_model(self) -> torch.nn.Module:
+        assert self.cfg is not None  # MLMObjective() without cfg and data computes losses only
         return MaskedLM(self.cfg.model)
 
     def train_loader(self, micro: int, *, rank: int = 0, world: int = 1) -> Any:
+        assert self.data is not None  # (as above)
         return self.data.train_loader(micro, rank=rank, world=world)
 
     def count(self, batch: dict[str, torch.Tensor]) -> int:
@@ -90,6 +98,7 @@ class MLMObjective:
 
     def evaluate(self, model: torch.nn.Module, ctx: parallel.DistContext, precision: str) -> float | None:
         """Mean MLM loss over all predicted tokens of the held-out batches (the same batches every time)."""
+        assert self.cfg is not None and self.data is not None  # (as in build_model)
         tcfg = self.cfg.train
         total = torch.zeros(2, dtype=torch.float64, device=ctx.device)
         with torch.no_grad():

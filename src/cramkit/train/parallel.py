@@ -27,13 +27,16 @@ import math
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, cast
 
 import torch
 from torch import nn
 
 from cramkit import runtime
 from cramkit.errors import CramkitError
+
+if TYPE_CHECKING:
+    from cramkit.model.encoder import Block, ModelConfig
 
 
 @dataclass
@@ -224,6 +227,7 @@ def parallelize(
         _broadcast_from_rank0(model)  # TP and FSDP split what each rank holds: make sure all hold the same
     if cfg.tp > 1:
         check_tp(getattr(unwrap(model), "cfg", None), cfg.tp)
+        assert mesh is not None  # tp > 1 was refused above without torch.distributed
         apply_tp(model, mesh["tp"])
     if compile:
         apply_compile(model)
@@ -276,7 +280,7 @@ def data_context(ctx: DistContext, cfg: ParallelConfig) -> DistContext:
 
 def _average_over(model: nn.Module, params: list[nn.Parameter], mesh: Any) -> None:
     """``sync_gradients`` averages these parameters' gradients (their local parts) over ``mesh``'s ranks."""
-    model._cramkit_dp_sync = (params, mesh.get_group(), mesh.size())
+    model._cramkit_dp_sync = (params, mesh.get_group(), mesh.size())  # type: ignore[assignment]  # torch stubs: attrs are Tensor | Module
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -349,14 +353,15 @@ def apply_tp(model: nn.Module, mesh: Any) -> None:
     if decoder is not None:  # logits stay split over the vocabulary for the loss-parallel cross-entropy
         plan["head.decoder"] = ColwiseParallel(output_layouts=Shard(-1), use_local_output=False)
     parallelize_module(plain, mesh, plan)
-    for block in _blocks(plain):
+    for block in cast("list[Block]", _blocks(plain)):  # check_tp: a cramkit encoder's blocks
         _split_rows(block.attn.qkv, mesh, 3)
         _split_rows(block.mlp.fc_in, mesh, 2 if block.mlp.glu else 1)
         block.attn.heads //= tp
         block.attn.register_forward_pre_hook(_into_tp_region(mesh))
         block.mlp.register_forward_pre_hook(_into_tp_region(mesh))
     if decoder is not None:
-        if plain.cfg.tie_embeddings:  # distributed one module at a time: tie the two again
+        assert head is not None  # the decoder is head.decoder
+        if cast("ModelConfig", plain.cfg).tie_embeddings:  # distributed one module at a time: tie the two again
             head.decoder.weight = plain.get_submodule(word).weight
         plain.register_forward_hook(_local_loss)
         _enable_loss_parallel()
@@ -460,15 +465,17 @@ def sync_gradients(model: nn.Module, enabled: bool) -> Iterator[None]:
         yield
         _average_gradients(model)
         return
-    if hasattr(model, "set_requires_gradient_sync"):  # FSDP2
-        model.set_requires_gradient_sync(False)
+    set_sync = getattr(model, "set_requires_gradient_sync", None)
+    if set_sync is not None:  # FSDP2
+        set_sync(False)
         try:
             yield
         finally:
-            model.set_requires_gradient_sync(True)
+            set_sync(True)
         return
-    if hasattr(model, "no_sync"):  # DDP
-        with model.no_sync():
+    no_sync = getattr(model, "no_sync", None)
+    if no_sync is not None:  # DDP
+        with no_sync():
             yield
         return
     yield
@@ -503,7 +510,7 @@ def clip_grad_norm(model: nn.Module, max_norm: float) -> torch.Tensor:
     from torch.distributed.tensor import DTensor
 
     params = [p for p in model.parameters() if p.grad is not None]
-    grads = [p.grad for p in params]
+    grads = [p.grad for p in params if p.grad is not None]  # (all of them)
     if not any(isinstance(g, DTensor) for g in grads):  # one process or DDP: whole, equal gradients
         if not grads:
             return torch.zeros(())

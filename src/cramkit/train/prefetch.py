@@ -19,7 +19,7 @@ import copy
 import queue
 import threading
 import weakref
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -81,12 +81,13 @@ class Prefetcher:
     def __next__(self) -> Any:
         if self._thread is None:
             self._start()
+        assert self._queue is not None  # made by _start
         item = self._queue.get()
         if item is _END or isinstance(item, _Failed):
             self.close()
             if item is _END:
                 raise StopIteration
-            raise item.error
+            raise cast(_Failed, item).error
         batch, self._state = item
         return batch
 

@@ -365,11 +365,11 @@ class Trainer:
                 self.scaler.step(opt)
             self.scaler.update()
         elif self._skip_on_device:
-            opt.found_inf = (~finite).to(torch.float32)
+            opt.found_inf = (~finite).to(torch.float32)  # type: ignore[attr-defined]  # read by fused AdamW; not in torch's stubs
             try:
                 opt.step()
             finally:
-                del opt.found_inf
+                del opt.found_inf  # type: ignore[attr-defined]  # (as above)
         elif bool(finite):
             opt.step()
 
@@ -413,7 +413,7 @@ class Trainer:
             self.history.append(rec)
         return self.val_loss
 
-    def save(self, reason: str) -> Path | None:
+    def save(self, reason: str) -> Path:
         """A checkpoint of everything a resume needs (every rank writes its shards; in the background
         unless ``reason`` is not "periodic")."""
         self.settle()
@@ -478,11 +478,11 @@ class Trainer:
         is saved and :class:`TrainingInterrupted` says how to continue."""
         tcfg, s = self.tcfg, self.state
         was_deterministic = torch.are_deterministic_algorithms_enabled()
-        was_filling = torch.utils.deterministic.fill_uninitialized_memory
+        was_filling = torch.utils.deterministic.fill_uninitialized_memory  # type: ignore[attr-defined]  # torch: a module property
         torch.use_deterministic_algorithms(self.deterministic, warn_only=True)
         # deterministic mode also fills every new tensor with NaN (to expose reads of uninitialised memory):
         # pure overhead here, as no kernel we run reads memory it did not write
-        torch.utils.deterministic.fill_uninitialized_memory = False
+        torch.utils.deterministic.fill_uninitialized_memory = False  # type: ignore[attr-defined]  # (as above)
         if self._resumed:
             self.log.truncate_after(s.step)
         else:  # records an attempt left before its first checkpoint are not part of this run
@@ -515,7 +515,7 @@ class Trainer:
             self._bar.close()
             self.log.close()
             torch.use_deterministic_algorithms(was_deterministic)
-            torch.utils.deterministic.fill_uninitialized_memory = was_filling
+            torch.utils.deterministic.fill_uninitialized_memory = was_filling  # type: ignore[attr-defined]  # (as above)
             if self.ctx.is_main:
                 with contextlib.suppress(Exception):
                     plot_losses(self.run_dir, **getattr(self.objective, "plot", {}))

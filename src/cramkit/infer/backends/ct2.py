@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
@@ -36,7 +36,11 @@ from cramkit.errors import CramkitError
 from cramkit.infer.backends.base import KINDS, LOGIT_KINDS, Backend, ExportedModel, ExportJob, Inputs
 
 if TYPE_CHECKING:
+    from collections.abc import Iterable
+
     from cramkit.load import LoadedModel
+    from cramkit.model.encoder import Block, Encoder
+    from cramkit.model.heads import SequenceClassifier
 
 MANIFEST = "cramkit-ct2.json"
 FORMAT = "cramkit-ct2-1"
@@ -263,7 +267,7 @@ def _spec(loaded: LoadedModel) -> Any:
     ct2 = _ctranslate2()
     from ctranslate2.specs import common_spec, transformer_spec
 
-    enc = loaded.encoder
+    enc = cast("Encoder", loaded.encoder)  # incompatibilities() refused models without one
     cfg = enc.cfg
     act = common_spec.Activation
     activation = {"gelu": act.GELU, "gelu_glu": act.GELU, "relu": act.RELU, "swiglu": act.SWISH}[cfg.activation]
@@ -291,6 +295,7 @@ def _spec(loaded: LoadedModel) -> Any:
     emb = enc.embeddings
     spec.encoder.embeddings[0].weight = _np(emb.word.weight)
     if cfg.type_vocab_size:
+        assert emb.token_type is not None  # Embeddings builds it when type_vocab_size > 0
         spec.encoder.embeddings[1].weight = _np(emb.token_type.weight)
     # absolute positions as the table cramkit adds (scaled sinusoid or learned); rotary: a table of zeros
     # (the attention rotates queries and keys), as long as the inputs may be
@@ -307,7 +312,8 @@ def _spec(loaded: LoadedModel) -> Any:
         _norm(spec.encoder.layer_norm, enc.final_norm)
     # DeepNet's norm(alpha * x + f(x)) is norm(x + f(x) / alpha): a norm does not see its input's scale
     scale = 1.0 / float(cfg.deepnorm_alpha)
-    for layer, block in zip(spec.encoder.layer, enc.layers, strict=True):
+    blocks = cast("Iterable[Block]", enc.layers)
+    for layer, block in zip(spec.encoder.layer, blocks, strict=True):
         attn, ffn = layer.self_attention, layer.ffn
         _linear(attn.linear[0], block.attn.qkv.weight, block.attn.qkv.bias)  # rows: queries, keys, values
         _linear(attn.linear[1], block.attn.out.weight, block.attn.out.bias, scale)
@@ -332,14 +338,15 @@ def _spec(loaded: LoadedModel) -> Any:
 
 
 def _head_tensors(loaded: LoadedModel) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
-    model = loaded.model
+    model = cast("SequenceClassifier", loaded.model)  # incompatibilities() checked its classifier and head_cfg
     tensors = {
         "classifier.weight": _np(model.classifier.weight),
         "classifier.bias": _np(model.classifier.bias),
     }
-    if getattr(model, "pooler", None) is not None:
-        tensors["pooler.weight"] = _np(model.pooler.weight)
-        tensors["pooler.bias"] = _np(model.pooler.bias)
+    pooler = getattr(model, "pooler", None)
+    if pooler is not None:
+        tensors["pooler.weight"] = _np(pooler.weight)
+        tensors["pooler.bias"] = _np(pooler.bias)
     pooling = "mean" if model.head_cfg.pooling == "mean" else "first"
     return tensors, {"pooling": pooling, "pooler": "pooler.weight" in tensors}
 
@@ -379,7 +386,7 @@ class Ct2Backend(Backend):
         from safetensors.numpy import save_file
 
         loaded, tmp = job.loaded, job.tmp
-        cfg = loaded.encoder.cfg
+        cfg = cast("Encoder", loaded.encoder).cfg  # incompatibilities() refused models without one
         job.say(
             f"writing {loaded.source} ({loaded.kind}; {cfg.norm_position}-norm, {cfg.position} positions, "
             f"{cfg.activation}) as a CTranslate2 encoder, {job.quantize} weights"

@@ -37,7 +37,7 @@ import platform
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
@@ -46,6 +46,7 @@ from cramkit.infer.backends.base import LOGIT_KINDS, Backend, ExportedModel, Exp
 
 if TYPE_CHECKING:
     from cramkit.load import LoadedModel
+    from cramkit.model.encoder import Encoder
 
 FORMAT = "cramkit-onnx-1"
 MANIFEST = "cramkit-onnx.json"
@@ -123,7 +124,7 @@ def _export_module(loaded: LoadedModel, fused: bool) -> tuple[Any, list[str]]:
     from cramkit.model.encoder import additive_mask
 
     kind = loaded.kind
-    encoder = loaded.encoder
+    encoder = cast("Encoder | None", loaded.encoder)  # LoadedModel.encoder: an Encoder or None
     model = loaded.model
 
     if encoder is None:  # another architecture (a student): its logits only
@@ -175,7 +176,7 @@ def _export_module(loaded: LoadedModel, fused: bool) -> tuple[Any, list[str]]:
     def with_fused_attention(block: nn.Module) -> nn.Module:
         new = copy.copy(block)  # the same norms, MLP and residual order (pre, post, DeepNet)
         new._modules = dict(block._modules)
-        new.attn = FusedAttention(block.attn)
+        new.attn = FusedAttention(cast(nn.Module, block.attn))
         return new
 
     layers = nn.ModuleList(with_fused_attention(b) for b in encoder.layers) if fused else encoder.layers
@@ -248,6 +249,7 @@ def _torch_export(loaded: LoadedModel, path: Path, opset: int, fused: bool) -> t
             verbose=False,
             custom_translation_table=dict([_attention_op()]) if fused else None,
         )
+        assert program is not None  # dynamo=True returns the ONNXProgram
         _rename_shadows(program.model.graph)
         program.save(str(path), external_data=False)
     return names, outputs
@@ -295,6 +297,7 @@ def _head_export(loaded: LoadedModel, path: Path, opset: int) -> None:
             optimize=True,
             verbose=False,
         )
+        assert program is not None  # dynamo=True returns the ONNXProgram
         program.save(str(path), external_data=False)
 
 
@@ -589,9 +592,10 @@ class OnnxBackend(Backend):
             except Exception as exc:  # noqa: BLE001 - the fused attention is an optimisation
                 if why_not is not None or disk_problem(exc):
                     raise
-                while exc.__cause__ is not None:  # the exporter wraps the reason in its own errors
-                    exc = exc.__cause__
-                why_not = f"the exporter failed with it ({type(exc).__name__}: {str(exc)[:200]})"
+                reason: BaseException = exc
+                while reason.__cause__ is not None:  # the exporter wraps the reason in its own errors
+                    reason = reason.__cause__
+                why_not = f"the exporter failed with it ({type(reason).__name__}: {str(reason)[:200]})"
                 inputs, outputs = _torch_export(loaded, tmp / "raw.onnx", opset, fused=False)
             if loaded.kind == "mlm":
                 _head_export(loaded, tmp / "head.onnx", opset)
@@ -626,6 +630,7 @@ class OnnxBackend(Backend):
             if keep_down is None:
                 shutil.copyfile(tmp / "fused.onnx", tmp / "model.onnx")
             else:
+                assert isa is not None  # set (isa or cpu_isa()) before any int8 export
                 job.manifest["quantization"] = _quantize(tmp / "fused.onnx", tmp / "model.onnx", isa, keep_down)
             job.manifest["graph_ops"] = _graph_ops(tmp / "model.onnx")
             return job.check()

@@ -213,6 +213,7 @@ def check_layout(layout: dict[str, tuple[tuple[int, ...], int]], meta: dict[str,
             continue
         scope = name.rsplit("/", 1)[0]
         layer = scope.rsplit("/", 2)[0]
+        want: tuple[int, ...]
         if scope.endswith("ffn/linear_1"):
             inner = shape(f"{layer}/ffn/linear_0/weight")[0]
             want = (hidden, inner)

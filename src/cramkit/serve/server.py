@@ -271,7 +271,18 @@ def serve(
     logging.getLogger("uvicorn.error").addFilter(_ThroughLog())
     server = uvicorn.Server(config)
 
-    with asyncio.Runner(loop_factory=config.get_loop_factory()) as runner:  # type: ignore[attr-defined]  # Python 3.11+
-        runner.get_loop().set_exception_handler(_loop_errors)
-        runner.run(server.serve(sockets=[sock]))
+    factory = config.get_loop_factory()
+    if sys.version_info >= (3, 11):
+        with asyncio.Runner(loop_factory=factory) as runner:
+            runner.get_loop().set_exception_handler(_loop_errors)
+            runner.run(server.serve(sockets=[sock]))
+    else:  # Python 3.10 has no asyncio.Runner: the same loop, made and closed by hand
+        loop = factory() if factory is not None else asyncio.new_event_loop()
+        asyncio.set_event_loop(loop)
+        loop.set_exception_handler(_loop_errors)
+        try:
+            loop.run_until_complete(server.serve(sockets=[sock]))
+        finally:
+            loop.run_until_complete(loop.shutdown_asyncgens())
+            loop.close()
     print("server stopped", file=sys.stderr, flush=True)

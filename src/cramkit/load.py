@@ -303,15 +303,14 @@ def load_torch(
         if not path.is_dir():
             raise CramkitError(f"{text} is a file; give the directory that holds it")
         kind = directory_kind(path)
-        if is_export(path):
-            from cramkit.infer import backends
+        from cramkit.infer import backends
 
-            title = backends.get(str(kind)).title
+        if kind in backends.names():
+            fmt = backends.get(str(kind))
             raise CramkitError(
-                f"{text} is an export in the {title} format (cramkit export --format {kind}): {purpose} needs the "
-                "torch model it was "
-                f"exported from ({_export_source(path)}); an export runs with `cramkit predict --from {text}`, "
-                f"`cramkit serve {text}`, `cramkit embed` or cramkit.load({text!r})"
+                f"{text} is an export in the {fmt.title} format (cramkit export --format {kind}): {purpose} needs "
+                f"the torch model it was exported from ({_export_source(path / fmt.marker)}); an export runs with "
+                f"`cramkit predict --from {text}`, `cramkit serve {text}`, `cramkit embed` or cramkit.load({text!r})"
             )
         if kind == "model":
             loaded = _load_model_dir(path, base)
@@ -341,19 +340,13 @@ def load_torch(
     return loaded
 
 
-def _export_source(path: Path) -> str:
+def _export_source(manifest: Path) -> str:
     """Where an export says it came from (its manifest's ``source``), for messages."""
-    from cramkit.infer import backends
-
-    for name, marker in backends.markers():
-        if name == backends.kind_of(path):
-            try:
-                src = json.loads((path / marker).read_text(encoding="utf-8")).get("source")
-            except (OSError, ValueError, RecursionError, AttributeError):
-                src = None
-            if isinstance(src, str) and src:
-                return f"it names {src[:200]}"
-    return "its manifest does not say which"
+    try:
+        src = json.loads(manifest.read_text(encoding="utf-8")).get("source")
+    except (OSError, ValueError, RecursionError, AttributeError):
+        src = None
+    return f"it names {src[:200]}" if isinstance(src, str) and src else "its manifest does not say which"
 
 
 def load_directory_architecture(path: PathLike) -> str | None:

@@ -57,9 +57,8 @@ def export(
             "the hf format takes no quantize or options; quantize applies to "
             + ", ".join(f"{b.name} ({'/'.join(q for q in b.quantize if q)})" for b in backends.backends().values())
         )
-    if backend is not None and quantize not in backend.quantize and quantize is not None:
-        allowed = ", ".join(q for q in backend.quantize if q)
-        raise CramkitError(f"quantize {quantize} does not apply to the {format} format; it takes {allowed}")
+    if backend is not None:
+        backend.check_quantize(quantize)  # before the model is read
     out = Path(out)
     if isinstance(model, LoadedModel) and step is not None:
         raise CramkitError("step applies to a run directory, not to a loaded model")

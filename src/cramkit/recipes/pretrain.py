@@ -240,11 +240,7 @@ def pretrain(
     from cramkit.train.trainer import fit
 
     overrides = list(overrides) + ([f"train.budget={budget}"] if budget else [])
-    if isinstance(sources_or_store, (str, os.PathLike)):
-        inputs = [str(sources_or_store)]
-    else:
-        inputs = [str(s) for s in sources_or_store or []]
-
+    inputs = _inputs(sources_or_store)
     source_options = _source_options(encoding=encoding, errors=errors, text_field=text_field, doc_split=doc_split)
     init = str(init) if init is not None else None
     inherit = str(inherit) if inherit is not None else None
@@ -277,10 +273,9 @@ def pretrain(
         source_options = source_options or info.get("source_options", {})
         tokenizer = None
     else:
-        if preset is None and not (init or inherit or tokenizer):
-            preset = _preset_for_text(inputs, source_options)
-        cfg, begin = _start_config(preset, overrides, init, inherit, tokenizer, extend_vocab)
-        cfg = _masking_available(cfg, overrides)
+        cfg, begin, preset = _fresh_config(
+            inputs, source_options, preset, overrides, init, inherit, tokenizer, extend_vocab
+        )
         fresh_head = bool(init) and begin.head_state is None
         if cfg.train.head_only and not init:
             raise CramkitError(
@@ -372,17 +367,35 @@ def resolved_config(
     if resume is not None:
         run = ckpt.require_run_dir(resume)
         return resolve_config(base=load_yaml(run / "config.yaml"), overrides=overrides)
-    if isinstance(sources_or_store, (str, os.PathLike)):
-        inputs = [str(sources_or_store)]
-    else:
-        inputs = [str(s) for s in sources_or_store or []]
     options = _source_options(encoding=encoding, errors=errors, text_field=text_field, doc_split=doc_split)
-    if preset is None and not (init or inherit or tokenizer):
-        preset = _preset_for_text(inputs, options)
     init = str(init) if init is not None else None
     inherit = str(inherit) if inherit is not None else None
-    cfg, _ = _start_config(preset, overrides, init, inherit, tokenizer, extend_vocab)
-    return _masking_available(cfg, overrides)
+    return _fresh_config(_inputs(sources_or_store), options, preset, overrides, init, inherit, tokenizer, extend_vocab)[
+        0
+    ]
+
+
+def _inputs(sources_or_store: str | os.PathLike | Sequence[str | os.PathLike] | None) -> list[str]:
+    if isinstance(sources_or_store, (str, os.PathLike)):
+        return [str(sources_or_store)]
+    return [str(s) for s in sources_or_store or []]
+
+
+def _fresh_config(
+    inputs: list[str],
+    source_options: dict[str, Any],
+    preset: str | None,
+    overrides: list[str],
+    init: str | None,
+    inherit: str | None,
+    tokenizer: str | os.PathLike | None,
+    extend_vocab: int,
+) -> tuple[RunConfig, Any, str | None]:
+    """A new run's config, what it starts from, and the preset (chosen from the text when none is given)."""
+    if preset is None and not (init or inherit or tokenizer):
+        preset = _preset_for_text(inputs, source_options)
+    cfg, begin = _start_config(preset, overrides, init, inherit, tokenizer, extend_vocab)
+    return _masking_available(cfg, overrides), begin, preset
 
 
 def _preset_for_text(inputs: list[str], source_options: dict) -> str | None:

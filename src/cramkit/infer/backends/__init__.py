@@ -133,10 +133,7 @@ def write_export(
     from cramkit.text.tokenizer import save_tokenizer
 
     b = get(backend) if isinstance(backend, str) else backend
-    quantize = quantize or b.quantize[0]
-    if quantize not in b.quantize:
-        allowed = ", ".join(q or "none" for q in b.quantize)
-        raise CramkitError(f"quantize must be one of {allowed} for the {b.name} format, got {quantize!r}")
+    quantize = b.check_quantize(quantize)
     unknown = sorted(set(options) - set(b.options))
     if unknown:
         raise CramkitError(

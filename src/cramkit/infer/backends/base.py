@@ -202,6 +202,14 @@ class Backend:
     options: tuple[str, ...] = ()  # the keyword options its write takes (write_export(..., NAME=VALUE))
     extra: str | None = None  # the pyproject extra that installs its runtime
 
+    def check_quantize(self, quantize: str | None) -> str | None:
+        """``quantize`` or the format's default; one line naming the values it takes, else."""
+        quantize = quantize or self.quantize[0]
+        if quantize not in self.quantize:
+            allowed = ", ".join(q or "none" for q in self.quantize)
+            raise CramkitError(f"quantize must be one of {allowed} for the {self.name} format, got {quantize!r}")
+        return quantize
+
     def incompatibilities(self, loaded: LoadedModel) -> list[str]:
         """Why ``loaded`` cannot be written in this format (empty: it can)."""
         return []

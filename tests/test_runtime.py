@@ -18,7 +18,7 @@ def test_precision_rule() -> None:
     assert runtime.resolve_precision("fp16", CUDA) == "fp16"
     with pytest.raises(CramkitError, match="fp16 needs a CUDA device"):
         runtime.resolve_precision("fp16", CPU)
-    with pytest.raises(CramkitError, match="auto, fp32, bf16, fp16; got 'half'"):
+    with pytest.raises(CramkitError, match="auto, fp32, bf16, fp16, fp8; got 'half'"):
         runtime.resolve_precision("half", CPU)
 
 

@@ -4,7 +4,8 @@
   machine without one is an error, not a silent CPU run.
 - :func:`resolve_precision` and :func:`autocast`: one rule for training and inference alike. The
   allowed values are :data:`PRECISIONS`; ``auto`` is bf16 autocast on CUDA and fp32 on the CPU; fp16
-  needs CUDA (its loss scaling is the trainer's).
+  needs CUDA (its loss scaling is the trainer's); fp8 (training only) is bf16 autocast with the encoder's
+  matrix multiplies in float8 through torchao, on a GPU with FP8 tensor cores.
 - :func:`torchrun`: the facts torchrun puts in the environment (rank, local rank, world size). Nothing
   else in cramkit reads ``RANK``, ``LOCAL_RANK`` or ``WORLD_SIZE``.
 - :func:`cpu_cores`: the CPU cores this process may run on.
@@ -29,8 +30,8 @@ from cramkit.errors import CramkitError
 if TYPE_CHECKING:
     import torch
 
-Precision = Literal["auto", "fp32", "bf16", "fp16"]
-PRECISIONS: tuple[str, ...] = ("auto", "fp32", "bf16", "fp16")
+Precision = Literal["auto", "fp32", "bf16", "fp16", "fp8"]
+PRECISIONS: tuple[str, ...] = ("auto", "fp32", "bf16", "fp16", "fp8")
 
 
 # ---------------------------------------------------------------------------------- device, precision
@@ -59,7 +60,28 @@ def resolve_precision(asked: str, device: torch.device) -> str:
         return "bf16" if device.type == "cuda" else "fp32"
     if asked == "fp16" and device.type != "cuda":
         raise CramkitError("precision fp16 needs a CUDA device; use fp32 (or bf16) on the CPU")
+    if asked == "fp8":
+        check_fp8(device)
     return asked
+
+
+def check_fp8(device: torch.device) -> None:
+    """Refuse fp8 where it cannot run: a device without FP8 tensor cores, or no torchao."""
+    import torch
+
+    if device.type != "cuda" or torch.cuda.get_device_capability(device) < (8, 9):
+        where = torch.cuda.get_device_name(device) if device.type == "cuda" else "the CPU"
+        raise CramkitError(
+            f"precision fp8 needs a GPU with FP8 tensor cores (compute capability 8.9 or newer: H100, H200, L4, "
+            f"RTX 4090); {where} has none: use bf16 (or auto)"
+        )
+    try:
+        import torchao.float8  # noqa: F401
+    except ImportError as e:
+        raise CramkitError(
+            f"precision fp8 trains through torchao's float8 ({e}): pip install torchao (a release made for "
+            f"torch {torch.__version__.split('+')[0]}), or use bf16"
+        ) from None
 
 
 def autocast(precision: str, device: torch.device) -> contextlib.AbstractContextManager:
@@ -68,7 +90,7 @@ def autocast(precision: str, device: torch.device) -> contextlib.AbstractContext
         return contextlib.nullcontext()
     import torch
 
-    dtype = torch.bfloat16 if precision == "bf16" else torch.float16
+    dtype = torch.float16 if precision == "fp16" else torch.bfloat16  # fp8: the rest of the model in bf16
     return torch.autocast(device.type, dtype=dtype)
 
 

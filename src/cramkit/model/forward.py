@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, Protocol, cast
 import numpy as np
 
 from cramkit.data.batching import Encoded, token_budget_batches
+from cramkit.errors import CramkitError
 from cramkit.runtime import autocast, resolve_device, resolve_precision
 
 if TYPE_CHECKING:
@@ -99,6 +100,8 @@ class TorchRunner:
 
         self.torch = torch
         self.device = resolve_device(device)
+        if precision == "fp8":
+            raise CramkitError("precision fp8 is for training; run the model in bf16 (or auto)")
         self.precision = resolve_precision(precision, self.device)
         self.model = model.to(self.device).eval()
         self.encoder = encoder

@@ -64,6 +64,7 @@ class TrainConfig:
     batch_ramp: float = 0.6  # fraction of the budget at which the global batch reaches batch_size
     grad_clip: float = 0.5  # max global gradient norm (0 = off)
     precision: Precision = "auto"  # cramkit.runtime's rule: auto is bf16 autocast on CUDA, fp32 on CPU
+    fp8_recipe: Literal["tensorwise", "rowwise"] = "tensorwise"  # torchao's float8 scaling (precision fp8)
     compile: bool | str = "auto"  # torch.compile the encoder; auto: on for CUDA, off on CPU
     device: str = "auto"  # auto, cpu, cuda, cuda:1
     seed: int = 0

@@ -22,6 +22,7 @@ Contract used by the trainer (``cramkit.train.trainer``):
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import datetime
 import math
 import os
@@ -148,6 +149,32 @@ def apply_compile(model: nn.Module) -> nn.Module:
     return model
 
 
+# the encoder's own matrix multiplies; the MLM head (whose decoder is the tied embedding) stays in bf16, as
+# torchtitan keeps its output projection
+FP8_LAYERS = ("attn.qkv", "attn.out", "mlp.fc_in", "mlp.fc_out")
+
+
+def apply_float8(model: nn.Module, recipe: str = "tensorwise") -> nn.Module:
+    """Swap the encoder blocks' linear layers for torchao's ``Float8Linear`` in place (float8 matrix
+    multiplies with dynamic ``recipe`` scaling: tensorwise or rowwise; the master weights stay as they are,
+    so checkpoints keep their names and dtypes). Layers whose sizes are not multiples of 16 stay as they are:
+    the FP8 kernels need it."""
+    from torchao.float8 import Float8LinearConfig, convert_to_float8_training
+
+    def wanted(mod: nn.Module, fqn: str) -> bool:
+        return (
+            isinstance(mod, nn.Linear)
+            and fqn.endswith(FP8_LAYERS)
+            and mod.in_features % 16 == 0
+            and mod.out_features % 16 == 0
+        )
+
+    # pad_inner_dim: the weight gradient's inner dimension is the token count, which need not be a multiple of 16
+    config = dataclasses.replace(Float8LinearConfig.from_recipe_name(recipe), pad_inner_dim=True)
+    convert_to_float8_training(model, config=config, module_filter_fn=wanted)
+    return model
+
+
 def apply_ddp(model: nn.Module, ctx: DistContext) -> nn.Module:
     """DistributedDataParallel: replicas kept equal by averaging gradients (rank 0's init is broadcast)."""
     from torch.nn.parallel import DistributedDataParallel as DDP
@@ -173,7 +200,7 @@ def apply_fsdp(model: nn.Module, cfg: ParallelConfig, ctx: DistContext, precisio
     from torch.distributed.tensor import Shard
 
     mp = MixedPrecisionPolicy()
-    if runtime.resolve_precision(precision, ctx.device) == "bf16":
+    if runtime.resolve_precision(precision, ctx.device) in ("bf16", "fp8"):
         mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
     offload = CPUOffloadPolicy(pin_memory=ctx.device.type == "cuda") if cfg.cpu_offload else OffloadPolicy()
     # fully_shard cannot shard 0-dim parameters (the scaled-sinusoidal position scale), nor split again a
@@ -201,10 +228,17 @@ def apply_fsdp(model: nn.Module, cfg: ParallelConfig, ctx: DistContext, precisio
 
 
 def parallelize(
-    model: nn.Module, cfg: ParallelConfig, ctx: DistContext, precision: str = "auto", *, compile: bool = False
+    model: nn.Module,
+    cfg: ParallelConfig,
+    ctx: DistContext,
+    precision: str = "auto",
+    *,
+    compile: bool = False,
+    fp8_recipe: str = "tensorwise",
 ) -> nn.Module:
-    """The module to train, in torchtitan's order: tensor parallelism (``parallel.tp`` > 1), per-block
-    ``torch.compile`` (when ``compile``), then data parallelism over the remaining ranks (DDP or FSDP2).
+    """The module to train, in torchtitan's order: float8 linear layers (precision fp8), tensor parallelism
+    (``parallel.tp`` > 1), per-block ``torch.compile`` (when ``compile``), then data parallelism over the
+    remaining ranks (DDP or FSDP2).
 
     Returns ``model`` itself (world 1, or tensor parallel with DDP-style gradient averaging), DDP-wrapped,
     or FSDP2-sharded in place. ``precision`` is the trainer's resolved one (fp32, bf16, fp16); it sets
@@ -221,6 +255,10 @@ def parallelize(
         )
     if cfg.cpu_offload and cfg.strategy != "fsdp":
         raise CramkitError("parallel.cpu_offload works with parallel.strategy=fsdp only, not ddp")
+    if precision == "fp8":
+        if cfg.tp > 1:
+            raise CramkitError("precision fp8 with tensor parallelism (parallel.tp > 1) is not supported; use bf16")
+        apply_float8(model, fp8_recipe)
     mesh = None
     if ctx.distributed and (cfg.tp > 1 or cfg.strategy == "fsdp"):  # (DDP makes its own)
         mesh = init_mesh(cfg, ctx)

@@ -205,7 +205,9 @@ class Trainer:
         # compile each block, then DDP / FSDP2 (torchtitan's order); the optimizer is built on the (sharded)
         # parameters
         compile_on = _auto(tcfg.compile, device.type == "cuda")
-        self.train_model = parallel.parallelize(self.model, pcfg, ctx, self.precision, compile=compile_on)
+        self.train_model = parallel.parallelize(
+            self.model, pcfg, ctx, self.precision, compile=compile_on, fp8_recipe=tcfg.fp8_recipe
+        )
         # the ranks that read different batches (with tensor parallelism, one per group of parallel.tp ranks)
         self.data_ctx = parallel.data_context(ctx, pcfg)
         self.optimizer = build_optimizer(
@@ -242,7 +244,8 @@ class Trainer:
         self.val_loss: float | None = None
         self.history: list[dict[str, Any]] = []
         self._resumed = False
-        self._peak = peak_flops(device) if self.precision in ("bf16", "fp16") else None
+        # MFU against the dense bf16 peak, fp8 included (torchtitan's convention)
+        self._peak = peak_flops(device) if self.precision in ("bf16", "fp16", "fp8") else None
         self._window: list[float] = []
         self._unsettled: list[dict[str, Any]] = []  # steps whose device values the host has not read yet
         self._window_tokens, self._window_time = 0, 0.0

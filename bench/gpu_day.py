@@ -1,0 +1,360 @@
+"""The GPU day in one call: what one lent GPU measures in at most 8 minutes, as bench/RESULTS.md rows.
+
+1. **step**: one training step at the crammed-bert shape (16 x 768, 12 heads, GELU-GLU 3072, vocabulary
+   32768, length 128, micro-batch 128 or ``--micro-batch``, the same masked batches), repetitions
+   interleaved, median step time: transformers' BertForMaskedLM (SDPA, eager) as the baseline; cramkit's
+   MaskedLM as the engine builds it (per-block compile) in bf16, and in fp8 (torchao float8; tensorwise
+   scaling, ``--fp8-recipes`` for rowwise too) when the GPU and torchao allow. Tokens/s, MFU (each model's
+   own matrix multiplies, 6 FLOPs per MAC, against the dense bf16 peak, as bench_gpu.py counts), peak
+   memory, and the loss after the timed steps (all models train on the same batches: fp8's loss is
+   checked against bf16's here).
+2. **loop**: the real ``cramkit pretrain --preset crammed-bert`` for a fixed number of minutes on the
+   corpus given: tokens/s and MFU from its metrics.jsonl (second half), the ratio to the bare step,
+   tokens seen, held-out MLM loss.
+3. **quality**: that run fine-tuned on MRPC, CoLA and SST-2 (GLUE dev sets; one recipe for all three),
+   the first points of a GLUE-vs-GPU-minutes curve.
+
+Rows go to stdout and to OUT/gpu_day.md as each is measured (a call stopped at its limit keeps what it
+has); OUT/gpu_day.jsonl holds the raw figures. A phase that fails prints one line and the next one runs.
+
+    python bench/gpu_day.py --corpus DIR [DIR...] --glue GLUE_DIR [--minutes 2.5] [--out DIR] [--work DIR]
+    python bench/gpu_day.py --dry-run --corpus DIR --glue GLUE_DIR   # CPU, tiny shapes, a minute or two
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_gpu import hf_flops_per_token  # noqa: E402
+from bench_pretrain import hf_model, masked_batch  # noqa: E402
+
+TASKS = {"glue/mrpc": "MRPC F1", "glue/cola": "CoLA MCC", "glue/sst2": "SST-2 acc"}
+
+
+class Day:
+    """The rows: printed, appended to OUT/gpu_day.md, raw figures to OUT/gpu_day.jsonl."""
+
+    def __init__(self, out: Path, deadline: float) -> None:
+        self.out, self.deadline, self.t0 = out, deadline, time.time()
+        out.mkdir(parents=True, exist_ok=True)
+        self.md, self.raw = out / "gpu_day.md", out / "gpu_day.jsonl"
+        self.md.write_text("")
+        self.raw.write_text("")
+
+    def line(self, text: str = "") -> None:
+        print(text, flush=True)
+        with self.md.open("a") as f:
+            f.write(text + "\n")
+
+    def record(self, **fields: Any) -> None:
+        with self.raw.open("a") as f:
+            f.write(json.dumps(fields) + "\n")
+
+    def left(self) -> float:
+        return self.deadline - (time.time() - self.t0)
+
+    def phase(self, name: str, need_s: float, fn: Callable[[], None]) -> None:
+        """Run one phase unless fewer than ``need_s`` seconds are left; a failure is one line."""
+        if self.left() < need_s:
+            self.line(f"\n_{name}: skipped, {self.left():.0f} s left of the deadline and it needs ~{need_s:.0f}_")
+            return
+        t = time.time()
+        try:
+            fn()
+        except Exception as e:  # one phase failing must not cost the others
+            traceback.print_exc(file=sys.stderr)
+            self.line(f"\n_{name}: failed: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}_")
+        print(f"[{name}: {time.time() - t:.0f} s; {time.time() - self.t0:.0f} s in]", file=sys.stderr, flush=True)
+        gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+
+
+# ------------------------------------------------------------------------------------------- 1. the step
+
+
+def _ours(shape: tuple[int, int, int, int], vocab: int, length: int, device: torch.device, fp8: str | None):
+    """cramkit's MaskedLM as the engine builds it: float8 layers (fp8), per-block compile on CUDA."""
+    from cramkit.model import MaskedLM
+    from cramkit.model.encoder import flops_per_token
+    from cramkit.train import parallel
+    from cramkit.train.config import resolve_config
+    from cramkit.train.optim import build_optimizer
+
+    cfg = resolve_config("crammed-bert")
+    layers, hidden, heads, inter = shape
+    mcfg = cfg.model.replace(
+        vocab_size=vocab, layers=layers, hidden=hidden, heads=heads, intermediate=inter, max_position=length
+    )
+    model = MaskedLM(mcfg).to(device)
+    if fp8:
+        parallel.apply_float8(model, fp8)
+    if device.type == "cuda":
+        parallel.apply_compile(model)
+    t = cfg.train
+    opt = build_optimizer(model, "adamw", t.lr, t.betas, t.eps, t.weight_decay, device)
+    return model, opt, lambda m, i, lab: m(i, lab).loss, flops_per_token(mcfg, length, cfg.data.mask_rate)
+
+
+def _hf(shape: tuple[int, int, int, int], vocab: int, length: int, device: torch.device):
+    model = hf_model(*shape, vocab).to(device)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=device.type == "cuda")
+    flops = hf_flops_per_token(shape[0], shape[1], shape[3], vocab, length)
+    return model, opt, lambda m, i, lab: m(input_ids=i, labels=lab).loss, flops
+
+
+def fp8_ready(device: torch.device) -> str | None:
+    """Why fp8 cannot run here (None when it can). On the CPU (the dry run) torchao emulates it."""
+    try:
+        import torchao.float8  # noqa: F401
+    except ImportError as e:
+        return f"torchao is not importable ({e})"
+    if device.type == "cuda" and torch.cuda.get_device_capability(device) < (8, 9):
+        return f"{torch.cuda.get_device_name(device)} has no FP8 tensor cores"
+    return None
+
+
+def step_phase(day: Day, args: argparse.Namespace, device: torch.device) -> None:
+    from cramkit.train.metrics import peak_flops
+
+    shape, vocab, length, batch = args.shape, args.vocab, args.length, args.micro_batch
+    peak = peak_flops(device)
+    torch.backends.cuda.matmul.allow_tf32 = True
+    kinds: dict[str, Callable[[], Any]] = {
+        "HF BertForMaskedLM (SDPA), eager, bf16": lambda: _hf(shape, vocab, length, device),
+        "cramkit MaskedLM, engine, bf16": lambda: _ours(shape, vocab, length, device, None),
+    }
+    why_not = fp8_ready(device)
+    if why_not is None:
+        for recipe in args.fp8_recipes.split(","):
+            kinds[f"cramkit MaskedLM, engine, fp8 {recipe}"] = lambda r=recipe: _ours(shape, vocab, length, device, r)
+    ids, labels = masked_batch(batch, length, vocab, rate=0.25)
+    ids, labels = ids.to(device), labels.to(device)
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    steps, flops, memory, losses = {}, {}, {}, {}
+    for name, make in kinds.items():
+        torch.manual_seed(0)
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats()
+        model, opt, loss_of, flops[name] = make()
+        model.train()
+
+        def step(model=model, opt=opt, loss_of=loss_of, name=name) -> None:
+            with torch.autocast(device.type, dtype=torch.bfloat16):
+                loss = loss_of(model, ids, labels)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            losses[name] = loss.detach()
+
+        t0 = time.perf_counter()
+        for _ in range(args.warmup):  # warm-up and compilation
+            step()
+        sync()
+        memory[name] = torch.cuda.max_memory_allocated() / 2**30 if device.type == "cuda" else float("nan")
+        print(f"{name}: warm-up {time.perf_counter() - t0:.1f} s", file=sys.stderr, flush=True)
+        steps[name] = step
+    times: dict[str, list[float]] = {k: [] for k in steps}
+    for _ in range(args.reps):
+        for name, step in steps.items():
+            sync()
+            t0 = time.perf_counter()
+            for _ in range(args.steps):
+                step()
+            sync()
+            times[name].append((time.perf_counter() - t0) / args.steps)
+    base = batch * length / statistics.median(times[next(iter(times))])
+    day.line(
+        f"\n### The step: {torch.cuda.get_device_name() if device.type == 'cuda' else 'CPU (dry run)'}, torch "
+        f"{torch.__version__}; shape {shape}, vocabulary {vocab}, length {length}, micro-batch {batch}; median of "
+        f"{args.reps} x {args.steps} steps, interleaved; peak {peak / 1e12 if peak else float('nan'):.0f} TFLOP/s "
+        "(dense bf16)"
+    )
+    day.line(
+        "\n| model | tokens/s | vs HF | training GFLOP per token | MFU | peak memory GiB | loss after "
+        f"{args.warmup + args.reps * args.steps} steps |"
+    )
+    day.line("|---|---:|---:|---:|---:|---:|---:|")
+    for name, ts in times.items():
+        tps = batch * length / statistics.median(ts)
+        mfu = flops[name] * tps / peak if peak else float("nan")
+        loss = float(losses[name])
+        day.line(
+            f"| {name} | {tps:,.0f} | {tps / base:.2f}x | {flops[name] / 1e9:.2f} | {mfu:.1%} | "
+            f"{memory[name]:.1f} | {loss:.4f} |"
+        )
+        day.record(phase="step", model=name, tokens_per_s=tps, mfu=mfu, memory_gib=memory[name], loss=loss)
+    if why_not:
+        day.line(f"\nfp8 not measured: {why_not}.")
+    day.bare = {name: batch * length / statistics.median(ts) for name, ts in times.items()}  # type: ignore[attr-defined]
+
+
+# ---------------------------------------------------------------------------- 2. the loop, 3. the quality
+
+
+def loop_phase(day: Day, args: argparse.Namespace, device: torch.device) -> None:
+    from cramkit.train.metrics import read_metrics
+
+    run = Path(args.work) / "crammed"
+    cmd = [
+        sys.executable,
+        "-m",
+        "cramkit",
+        "pretrain",
+        *args.corpus,
+        "--preset",
+        args.preset,
+        "--budget",
+        args.budget,
+        "--out",
+        str(run),
+        "--no-progress",
+        "--set",
+        f"train.batch_size={args.batch_size}",
+        "--set",
+        "train.log_every=10",
+        "--set",
+        "train.checkpoint_every=never",
+        "--set",
+        f"train.precision={args.precision}",
+        *(x for s in args.set for x in ("--set", s)),
+    ]
+    print(" ".join(cmd), file=sys.stderr, flush=True)
+    t0 = time.perf_counter()
+    proc = subprocess.run(cmd, env=os.environ)
+    wall = time.perf_counter() - t0
+    if proc.returncode:
+        raise RuntimeError(f"cramkit pretrain failed ({proc.returncode})")
+    recs = list(read_metrics(run))
+    train = [r for r in recs if r.get("tokens_per_s")]
+    last = max(train, key=lambda r: r["step"])
+    half = [r for r in train if r["elapsed"] >= last["elapsed"] / 2] or train
+    tps = statistics.median(r["tokens_per_s"] for r in half)
+    mfus = [r["mfu"] for r in half if r.get("mfu") is not None]
+    mfu = statistics.median(mfus) if mfus else float("nan")
+    val = [r["val_loss"] for r in recs if r.get("val_loss") is not None]
+    bare = getattr(day, "bare", {}).get("cramkit MaskedLM, engine, bf16" if args.precision != "fp8" else "")
+    day.line(
+        f"\n### The loop: `cramkit pretrain --preset {args.preset} --budget {args.budget} --set "
+        f"train.batch_size={args.batch_size} --set train.precision={args.precision}` on {args.corpus_note}"
+    )
+    day.line("\n| steps | tokens seen | tokens/s (second half) | MFU | vs the bare step | held-out MLM loss | wall s |")
+    day.line("|---:|---:|---:|---:|---:|---:|---:|")
+    ratio = f"{tps / bare:.0%}" if bare else "n/a"
+    vloss = f"{val[-1]:.3f}" if val else "n/a"
+    day.line(f"| {last['step']} | {last['tokens']:,} | {tps:,.0f} | {mfu:.1%} | {ratio} | {vloss} | {wall:.0f} |")
+    day.record(
+        phase="loop",
+        steps=last["step"],
+        tokens=last["tokens"],
+        tokens_per_s=tps,
+        mfu=mfu,
+        val_loss=val[-1] if val else None,
+        wall_s=wall,
+        budget=args.budget,
+        precision=args.precision,
+    )
+    day.run = run  # type: ignore[attr-defined]
+
+
+def quality_phase(day: Day, args: argparse.Namespace, device: torch.device) -> None:
+    import cramkit
+
+    run = getattr(day, "run", None)
+    if run is None:
+        raise RuntimeError("no pretraining run to fine-tune (the loop phase did not finish)")
+    recipe: dict[str, Any] = {"epochs": args.epochs, "batch_size": 32, "max_length": 128}
+    recipe.update(eval_every="never", checkpoint_every="never")
+    if args.max_train:
+        recipe["max_train_examples"] = args.max_train
+        recipe["min_steps"] = 0
+    day.line(
+        f"\n### The quality point: that run fine-tuned, one recipe for every task ({args.epochs} epochs, batch 32, "
+        "lr auto, at least 500 steps; GLUE dev sets)"
+    )
+    day.line("\n| task | score | train examples | seconds |")
+    day.line("|---|---:|---:|---:|")
+    for task, label in TASKS.items():
+        if day.left() < 20:
+            day.line(f"| {label} | skipped (deadline) | | |")
+            continue
+        t0 = time.perf_counter()
+        try:
+            res = cramkit.finetune(run, task=task, data_dir=args.glue, progress=False, **recipe)
+        except Exception as e:
+            day.line(f"| {label} | failed: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''} | | |")
+            continue
+        split = next(iter(res["median"]))
+        score = res["median"][split]["score"]
+        rows = res.get("train_examples", "")
+        secs = time.perf_counter() - t0
+        day.line(f"| {label} | {score:.1f} | {rows} | {secs:.0f} |")
+        day.record(phase="quality", task=task, score=score, seconds=secs)
+
+
+# ------------------------------------------------------------------------------------------------- main
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--corpus", nargs="+", required=True, help="raw text folders or files to pretrain on")
+    p.add_argument("--glue", required=True, help="folder with CoLA/, MRPC/ and SST-2/ (GLUE's TSV layout)")
+    p.add_argument("--out", default="bench/out/gpu_day", help="where the rows go")
+    p.add_argument("--work", default=None, help="where the pretraining run goes (default: OUT)")
+    p.add_argument("--minutes", type=float, default=2.5, help="pretraining budget of the quality point")
+    p.add_argument("--batch-size", type=int, default=1024, help="pretraining global batch (sequences)")
+    p.add_argument("--precision", default="auto", help="pretraining precision of the loop (auto = bf16)")
+    p.add_argument("--epochs", type=float, default=2.0)
+    p.add_argument("--deadline", type=float, default=470, help="seconds: later phases are skipped past it")
+    p.add_argument("--phases", default="step,loop,quality")
+    p.add_argument("--micro-batch", type=int, default=128, help="sequences per step in the step phase")
+    p.add_argument("--fp8-recipes", default="tensorwise", help="torchao float8 scalings to time: tensorwise,rowwise")
+    p.add_argument("--set", action="append", default=[], help="more --set KEY=VALUE for the pretraining run")
+    p.add_argument("--dry-run", action="store_true", help="CPU, tiny shapes, seconds: the script's own check")
+    args = p.parse_args()
+    device = torch.device("cpu" if args.dry_run else "cuda")
+    if not args.dry_run and not torch.cuda.is_available():
+        raise SystemExit("gpu_day.py needs a CUDA GPU (or --dry-run on the CPU)")
+    if args.dry_run:
+        args.shape, args.vocab, args.length, args.micro_batch = (2, 64, 2, 256), 512, 32, 8
+        args.warmup, args.reps, args.steps = 1, 2, 2
+        args.preset, args.budget, args.max_train = "tiny-cpu", "12steps", 64
+        args.batch_size = min(args.batch_size, 16)
+        args.set += ["model.layers=2", "model.hidden=64", "model.heads=2", "model.intermediate=256", "train.device=cpu"]
+        args.set += ["train.micro_batch=8", "train.eval_batches=2"]
+    else:
+        args.shape, args.vocab, args.length = (16, 768, 12, 3072), 32768, 128
+        args.warmup, args.reps, args.steps = 3, 3, 10
+        args.preset, args.budget, args.max_train = "crammed-bert", f"{round(args.minutes * 60)}s", 0
+    args.work = args.work or args.out
+    args.corpus_note = ", ".join(Path(c).name for c in args.corpus)
+    day = Day(Path(args.out), args.deadline)
+    wanted = set(args.phases.split(","))
+    day.line(f"## GPU day, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}{' (dry run)' if args.dry_run else ''}")
+    minutes = args.minutes * 60
+    if "step" in wanted:
+        day.phase("step", 60, lambda: step_phase(day, args, device))
+    if "loop" in wanted:
+        day.phase("loop", 60 if args.dry_run else minutes + 60, lambda: loop_phase(day, args, device))
+    if "quality" in wanted:
+        day.phase("quality", 20, lambda: quality_phase(day, args, device))
+    print(f"\nrows: {day.md}  raw: {day.raw}  ({time.time() - day.t0:.0f} s)", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()

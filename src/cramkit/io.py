@@ -234,8 +234,8 @@ def check_out(
     - never over a file, and never ``.`` or ``/`` when it replaces ``out`` as a whole;
     - never over another product: a directory holding a run, a model, an export, an index... without any of
       ``own`` (the marker files of this command's own earlier output, which it resumes or replaces) is
-      refused, naming what it holds, unless ``replace`` and ``force``;
-    - ``replace`` (the command swaps in a new ``out``): any other non-empty directory needs ``force`` too.
+      refused, naming what it holds, ``force`` or not;
+    - ``replace`` (the command swaps in a new ``out``): any other non-empty directory needs ``force``.
     """
     out = Path(out)
     _refuse_inputs(out, inputs, replace)
@@ -252,8 +252,16 @@ def check_out(
     product = holds(out)
     if product is None and not (replace and entries):
         return []
+    inner = next(
+        (f"{name}/, {what}" for name in entries if (out / name).is_dir() and (what := holds(out / name))), None
+    )
+    if force and (product or inner):
+        raise CramkitError(
+            f"--out {out} holds {product or inner}, which --force never replaces (it replaces only this "
+            f"command's own output or a directory of other files); choose another --out, or delete it yourself"
+        )
     if not force or not replace:
-        also = "pass --force to replace it, " if replace else ""
+        also = "pass --force to replace it, " if replace and not (product or inner) else ""
         raise CramkitError(
             f"--out {out} holds {product or 'other files (' + ', '.join(entries[:5]) + ')'}; writing there "
             f"would replace it. Choose another --out ({also}or delete {out} yourself)"

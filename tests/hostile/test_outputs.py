@@ -159,3 +159,16 @@ def test_rerun_cleans_what_a_killed_export_left(ft_model, tmp_path) -> None:
     assert main(["predict", "--from", str(ft_model), str(rows), "--out", str(tmp_path / "p.jsonl")]) == 0
     left = sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("."))
     assert left == [], left
+
+
+def test_export_force_never_deletes_a_run_or_a_folder_of_runs(ft_model, pretrained_run, tmp_path, refused) -> None:
+    """--force replaces a folder of other files, never a run, a model or an index, nor a folder holding one."""
+    import shutil
+
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    shutil.copytree(pretrained_run, runs / "mine")
+    before = _digest(runs)
+    refused(["export", str(ft_model), "--out", str(runs), "--force"], "mine/, a pretraining run", "never replaces")
+    refused(["export", str(ft_model), "--out", str(runs / "mine"), "--force"], "a pretraining run", "never replaces")
+    assert _digest(runs) == before

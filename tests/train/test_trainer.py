@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import os
+import signal
+import time
 from pathlib import Path
 
+import pytest
 import torch
 
 from cramkit.train.config import TrainConfig
 from cramkit.train.parallel import ParallelConfig
-from cramkit.train.trainer import Trainer
+from cramkit.train.trainer import Trainer, TrainingInterrupted
 
 
 class _Loader:
@@ -103,3 +107,22 @@ def test_finish_returns_the_model_and_its_statistics(tmp_path: Path) -> None:
     assert [r["step"] for r in result.history] == [1, 2, 3, 4]
     assert result.checkpoint is not None and result.checkpoint.name == "step-000004"
     assert isinstance(result.model, torch.nn.Linear)
+
+
+class _CtrlCWhileScoring(_Toy):
+    """Ctrl-C lands during the final evaluation (a fine-tuning seed being scored)."""
+
+    def evaluate(self, model: torch.nn.Module, ctx: object, precision: str) -> None:
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(0.05)  # the handler runs between bytecodes of the main thread
+        return None
+
+
+def test_a_ctrl_c_during_the_final_evaluation_still_stops(tmp_path: Path) -> None:
+    with pytest.raises(TrainingInterrupted, match=r"stopped by SIGINT after the run finished; checkpoint saved to"):
+        _trainer(tmp_path / "run", _CtrlCWhileScoring()).run()
+    assert (tmp_path / "run" / "checkpoints" / "step-000004").is_dir()  # nothing is lost: the final checkpoint
+    # the next invocation resumes the finished run and ends at once
+    trainer = _trainer(tmp_path / "run", _Toy())
+    trainer.resume()
+    assert trainer.run().step == 4

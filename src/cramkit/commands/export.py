@@ -32,7 +32,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--step", type=int, default=None, help="export checkpoint step-N of a run instead of the latest")
     p.add_argument("--task", help="of a model fine-tuned on a mixture: the task whose head to export")
     p.add_argument("--no-mlm-head", action="store_true", help="export the encoder only (BertModel)")
-    p.add_argument("--force", action="store_true", help="replace --out even if it is not a previous export")
+    p.add_argument(
+        "--force", action="store_true", help="replace --out even if it is not a previous export (never a run or model)"
+    )
     p.set_defaults(func=run)
 
 

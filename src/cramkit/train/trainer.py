@@ -511,7 +511,10 @@ class Trainer:
                         self.save("periodic")
                     if facts["stop"]:
                         self._interrupted(stop)
-            return self.finish()
+                result = self.finish()
+                if stop.signum is not None:  # it came during the last step or the final evaluation and save
+                    self._interrupted(stop, finished=result.checkpoint)
+            return result
         finally:
             self.loader.close()
             self.writer.close(wait=sys.exc_info()[0] is None)
@@ -523,15 +526,16 @@ class Trainer:
                 with contextlib.suppress(Exception):
                     plot_losses(self.run_dir, **getattr(self.objective, "plot", {}))
 
-    def _interrupted(self, stop: runtime.StopFlag) -> None:
+    def _interrupted(self, stop: runtime.StopFlag, finished: Path | None = None) -> None:
+        """Raise TrainingInterrupted after saving (``finished``: the run had just ended, its final checkpoint is
+        that one, and a signal that came during its last step or final evaluation still stops the command)."""
         s = self.state
-        saved = self.save(f"signal {stop.signum}")
+        saved = finished or self.save(f"signal {stop.signum}")
         signum = stop.signum or signal.SIGTERM
         hint = self.objective.resume_hint.format(run=self.run_dir)
+        what = "after the run finished" if finished else f"at step {s.step} ({s.tokens:,} tokens)"
         raise TrainingInterrupted(
-            f"stopped by {signal.Signals(signum).name} at step {s.step} ({s.tokens:,} tokens); checkpoint saved "
-            f"to {saved}; {hint}",
-            signum,
+            f"stopped by {signal.Signals(signum).name} {what}; checkpoint saved to {saved}; {hint}", signum
         )
 
     def finish(self) -> TrainResult:

@@ -136,8 +136,9 @@ class PretrainData:
         n_docs, n_val = len(length), int(is_val.sum())
         cls = special.cls if cfg.add_cls else None
         tokens = np.asarray(store.tokens) if isinstance(store.tokens, np.ndarray) else store.tokens
-        self.train = PackedSequences(tokens, start[~is_val], length[~is_val], cfg.seq_len, special.sep, cls)
-        self.val = PackedSequences(tokens, start[is_val], length[is_val], cfg.seq_len, special.sep, cls)
+        check = store.check_intact
+        self.train = PackedSequences(tokens, start[~is_val], length[~is_val], cfg.seq_len, special.sep, cls, check)
+        self.val = PackedSequences(tokens, start[is_val], length[is_val], cfg.seq_len, special.sep, cls, check)
         self.num_train_documents, self.num_val_documents = int(n_docs - n_val), int(n_val)
         if self.train.num_sequences == 0:
             raise CramkitError(

@@ -10,6 +10,7 @@ or not at all; how each chosen token is corrupted (80/10/10) stays a per-token d
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
@@ -176,8 +177,10 @@ class PackedSequences:
         seq_len: int,
         sep: int,
         cls: int | None = None,
+        check: Callable[[], None] | None = None,
     ):
         self.tokens = tokens
+        self.check = check  # called before each read (TokenStore.check_intact: a file truncated under the job)
         self.doc_start = np.asarray(doc_start, dtype=np.int64)
         self.doc_len = np.asarray(doc_len, dtype=np.int64)
         self.seq_len = seq_len
@@ -215,6 +218,8 @@ class PackedSequences:
         is_sep = k == self.doc_len[doc]
         k += self.doc_start[doc]
         k[is_sep] = 0
+        if self.check is not None:
+            self.check()
         out = self.tokens[k] if len(self.tokens) else np.zeros(k.shape, dtype=np.int64)
         out[is_sep] = self.sep
         if self.cls is not None:

@@ -332,9 +332,31 @@ class TokenStore:
             )
             self.tokens = ShardedTokens([np.asarray(p[4]) if isinstance(p[4], np.ndarray) else p[4] for p in pairs])
         self.num_tokens = len(self.tokens)
+        # the memory-mapped files and their sizes: a file truncated under a running job would end it with
+        # SIGBUS at the next read of a lost page, so readers that run long call ``check_intact`` first
+        self._mapped = [
+            (f, f.stat().st_size)
+            for s in (self.shards if mmap else [])
+            for f in (_with(self.prefix.parent / s, ".idx"), _with(self.prefix.parent / s, ".bin"))
+        ]
         self._max_id: int | None = None
         self.verified = False  # True once every file was checked against its recorded sha256 (staging)
         self.staged = False  # True for a node-local copy made by `cramkit.data.stage` (caches go beside it)
+
+    def check_intact(self) -> None:
+        """CramkitError naming the file when a memory-mapped file of this store changed size since it was
+        opened (truncated or rewritten under the job): reading it would kill the process with SIGBUS."""
+        for f, size in self._mapped:
+            try:
+                now = os.stat(f).st_size
+            except OSError:
+                now = -1
+            if now != size:
+                what = "is gone" if now < 0 else f"is now {now:,} bytes, {size:,} when this job opened it"
+                raise CramkitError(
+                    f"token store file {f} changed under this job ({what}); restore it (or rebuild the store "
+                    "and start a new run), then resume the run from its last checkpoint (cramkit pretrain --resume RUN)"
+                )
 
     def files(self) -> list[str]:
         """The store's files (names in its folder): the .bin/.idx pairs, then NAME.json when present."""

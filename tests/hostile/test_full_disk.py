@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 
-def _on_full_disk(tmp_path: Path, *args: str, free_kb: int = 8) -> subprocess.CompletedProcess:
-    """`cramkit ARGS` with DISK (a 1 MiB tmpfs with ``free_kb`` KiB left) mounted at tmp_path/disk."""
+def _on_full_disk(tmp_path: Path, *args: str, free_kb: int = 8, size_kb: int = 1024) -> subprocess.CompletedProcess:
+    """`cramkit ARGS` with DISK (a ``size_kb`` KiB tmpfs with ``free_kb`` KiB left) mounted at tmp_path/disk."""
     if shutil.which("unshare") is None:
         pytest.skip("needs unshare(1) to mount a small tmpfs")
     disk = tmp_path / "disk"
@@ -24,7 +24,8 @@ def _on_full_disk(tmp_path: Path, *args: str, free_kb: int = 8) -> subprocess.Co
         pytest.skip(f"cannot mount a tmpfs in a user namespace here ({probe.stderr.decode().strip()})")
     cramkit = " ".join(shlex.quote(a) for a in [sys.executable, "-m", "cramkit", *args])
     script = (
-        f"mount -t tmpfs -o size=1m tmpfs {disk} && head -c {1024 * (1024 - free_kb)} /dev/zero > {disk}/filler"
+        f"mount -t tmpfs -o size={size_kb}k tmpfs {disk} && head -c {1024 * (size_kb - free_kb)} /dev/zero > "
+        f"{disk}/filler"
         f" && exec {cramkit}"
     )
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
@@ -111,3 +112,14 @@ def test_finetune_and_distill_on_a_full_disk(ft_model, pretrained_run, glue_dir,
         free_kb=4,
     )
     _one_line(proc, "no space left")
+
+
+def test_continued_pretraining_on_a_full_disk_says_so(minilm_dir, tmp_path) -> None:
+    """The first checkpoint of `pretrain --from` does not fit: the line says the disk is full, and (no checkpoint
+    exists yet) to run the same command again, not --resume."""
+    out = tmp_path / "disk" / "run"
+    args = ["pretrain", "--from", f"hf:{minilm_dir}", "--budget", "2steps", "--out", str(out), "--no-progress"]
+    args += ["--set", "train.micro_batch=2", "--set", "train.batch_size=2"]
+    proc = _on_full_disk(tmp_path, *args, free_kb=20 * 1024, size_kb=20 * 1024)
+    _one_line(proc, "could not write a checkpoint", "disk is full", "run the same command again")
+    assert "--resume" not in proc.stderr

@@ -482,13 +482,23 @@ class Checkpointer:
             shutil.rmtree(old, ignore_errors=True)
 
     def _write_error(self, exc: BaseException) -> CramkitError:
+        from cramkit.io import disk_problem
+
         prev = find_latest(self.run)
         kept = f"the previous checkpoint {prev.name} is intact" if prev else "no earlier checkpoint exists"
-        full = isinstance(exc, OSError) and exc.errno == errno.ENOSPC or "No space left" in str(exc)
-        reason = "the disk is full" if full else (getattr(exc, "strerror", None) or str(exc).splitlines()[0][:200])
+        # torch.distributed.checkpoint wraps each rank's error in a CheckpointException (``failures``)
+        failures = getattr(exc, "failures", None)
+        causes = [f[0] if isinstance(f, tuple) else f for f in failures.values()] if isinstance(failures, dict) else []
+        problem = next((p for p in map(disk_problem, [exc, *causes]) if p), None)
+        if problem:
+            reason = f"the disk is full or not writable ({problem})"
+        else:
+            first = next((c for c in causes if isinstance(c, BaseException)), exc)
+            reason = getattr(first, "strerror", None) or f"{type(first).__name__}: {str(first).splitlines()[0][:200]}"
+        then = f"continue with `cramkit pretrain --resume {self.run}`" if prev else "run the same command again"
         return CramkitError(
             f"could not write a checkpoint under {self.root}: {reason}; the partial checkpoint was removed and "
-            f"{kept}. Free space (or fix the problem), then continue with `cramkit pretrain --resume {self.run}`"
+            f"{kept}. Free space (or fix the problem), then {then}"
         )
 
     def _raise(self) -> None:

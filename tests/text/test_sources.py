@@ -207,3 +207,49 @@ def test_wikitext_real_articles(wikitext_dir):
     assert got[0].startswith("Homarus gammarus\n")
     assert 50 <= len(got) <= 70  # WikiText-2 validation has 60 articles
     assert all("\n = = " not in d.split("\n", 1)[0] for d in got)
+
+
+def test_a_csv_is_read_by_its_column_never_its_header_or_labels(tmp_path):
+    """A task's CSV given to pretraining: the named column's text only (quoted commas and newlines kept)."""
+    f = tmp_path / "reviews.csv"
+    f.write_text('review,label\n"A fine, quiet film.",positive\n"Dull.\nVery dull.",negative\n,positive\n')
+    with pytest.raises(
+        CramkitError,
+        match=r"reviews.csv is a table with the columns review, label and no 'text'.*"
+        r"never the header or the labels.*--text-field review",
+    ):
+        list(iter_documents([str(f)]))
+    docs = list(iter_documents([str(f)], text_field="review"))
+    assert docs == ["A fine, quiet film.", "Dull.\nVery dull."]
+    tsv = tmp_path / "dev.tsv"
+    tsv.write_text('sentence\tlabel\nsays "hello" twice\t1\n')
+    assert list(iter_documents([str(tsv)], text_field="sentence")) == ['says "hello" twice']
+    bad = tmp_path / "bad.csv"
+    bad.write_text("text,label\nonly one column\nfine,1\n")
+    with pytest.raises(CramkitError, match=r"bad.csv line 2: expected 2 columns \(as the header\), found 1"):
+        list(iter_documents([str(bad)]))
+    (tmp_path / "gz.csv.gz").write_bytes(gzip.compress(b"text\nx\n"))
+    with pytest.raises(CramkitError, match="compressed table; decompress it first"):
+        list(iter_documents([str(tmp_path / "gz.csv.gz")]))
+
+
+def test_pretrain_on_a_csv_trains_on_the_column(tmp_path):
+    """Through the real command: refused with one line without --text-field, then the store holds the reviews'
+    tokens and none of the label words."""
+    import subprocess
+    import sys
+
+    f = tmp_path / "reviews.csv"
+    rows = [f'"review number {i} was {"glowing" if i % 2 else "scathing"}",LABELPOS{i % 2}' for i in range(400)]
+    f.write_text("review,sentiment\n" + "\n".join(rows) + "\n")
+    base = [sys.executable, "-m", "cramkit", "pretrain", str(f), "--preset", "tiny-cpu", "--budget", "1steps"]
+    base += ["--no-progress", "--set", "train.micro_batch=2", "--set", "train.batch_size=2", "--set", "data.seq_len=32"]
+    proc = subprocess.run([*base, "--out", str(tmp_path / "r0")], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr and "--text-field review" in proc.stderr
+    run = tmp_path / "r1"
+    proc = subprocess.run(
+        [*base, "--text-field", "review", "--out", str(run)], capture_output=True, text=True, timeout=300
+    )
+    assert proc.returncode == 0, proc.stderr
+    vocab = (run / "tokenizer" / "vocab.txt").read_text().split()
+    assert "glowing" in vocab and not any("labelpos" in w.lower() or w == "sentiment" for w in vocab)

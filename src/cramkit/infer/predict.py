@@ -51,8 +51,9 @@ def read_rows(
     """Rows of a .csv / .tsv / .jsonl file (header / named fields) or a .txt file (one text per line),
     decoded with ``encoding`` (default UTF-8) and ``errors`` (strict, replace or ignore). choices: the
     choice columns of a multiple-choice model's rows (one field holding a list, or one column per choice)."""
-    from cramkit.tasks.files import BadRow, _format, _records, read_choices
+    from cramkit.tasks.files import BadRow, read_choices
     from cramkit.text.sources import check_source_options
+    from cramkit.text.tables import records, table_format
 
     check_source_options(encoding=encoding, errors=errors)
     path = Path(path)
@@ -72,7 +73,7 @@ def read_rows(
         if not texts:
             raise CramkitError(f"{path} holds no text; give one input per line")
         return Rows(texts, None, None, ["text"])
-    fmt = _format(path, None)
+    fmt = table_format(path, None)
     a_col, b_col = text_a, text_b
     texts_a: list[str] = []
     texts_b: list[str] = []
@@ -80,7 +81,7 @@ def read_rows(
     row_choices: list[tuple[str, ...]] = []
     has_label = False
     columns: list[str] = []
-    for lineno, rec, problem in _records(path, fmt, None, encoding, errors):
+    for lineno, rec, problem in records(path, fmt, None, encoding, errors):
         if rec is None:
             raise CramkitError(f"{path} line {lineno}: {problem}; fix the row (or remove it)")
         if "__header__" in rec:

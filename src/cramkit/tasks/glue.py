@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, cast
 
 from cramkit.errors import CramkitError
 from cramkit.tasks.registry import Example, PathLike, Suite, Task, register_family, register_suite
+from cramkit.text.tables import read_tsv_lines
 
 if TYPE_CHECKING:
     # the columns of text_a, text_b, label, idx
@@ -265,19 +266,6 @@ def _datasets_available() -> bool:
 
 # ---------------------------------------------------------------------------------------------------
 # Reading the official files
-
-
-def read_tsv_lines(path: Path, encoding: str = "utf-8-sig", errors: str = "strict"):
-    """(line number, fields) for each non-blank line; tabs split fields, quotes are plain text.
-
-    Lines end only at ``\\n`` (a stray ``\\r`` inside a sentence does not split a row); a byte-order mark
-    at the start of the file is dropped.
-    """
-    with open(path, encoding=encoding, errors=errors, newline="\n") as f:
-        for lineno, line in enumerate(f, 1):
-            line = line.rstrip("\r\n")
-            if line.strip():
-                yield lineno, line.split("\t")
 
 
 class BadRow(Exception):

@@ -42,6 +42,7 @@ TEXT_SUFFIXES = {".txt", ".text", ".tokens", ".raw"}
 JSONL_SUFFIXES = {".jsonl", ".ndjson"}
 JSON_SUFFIXES = {".json"}  # JSON Lines (as CLUE ships it) or one JSON document: told apart by content
 PARQUET_SUFFIXES = {".parquet"}
+TABLE_SUFFIXES = {".csv", ".tsv", ".tab"}  # read by their header: --text-field names the column
 COMPRESSED_SUFFIXES = {".gz", ".zst"}
 CHUNK_BYTES = 1 << 20
 MAX_DOC_CHARS = 1 << 18  # longer documents are cut at whitespace into pieces of at most this size
@@ -160,7 +161,7 @@ def expand_sources(sources: Sequence[str]) -> list[str]:
             )
             if not found:
                 raise CramkitError(
-                    f"directory {src} holds no text files (.txt, .tokens, .jsonl, .parquet, optionally "
+                    f"directory {src} holds no text files (.txt, .tokens, .jsonl, .csv, .tsv, .parquet, optionally "
                     ".gz/.zst); point at the files themselves or put the corpus there"
                 )
             out.extend(found)
@@ -190,6 +191,8 @@ def _kind(path: str) -> str | None:
         return "json"
     if suffix in PARQUET_SUFFIXES:
         return "parquet"
+    if suffix in TABLE_SUFFIXES:
+        return "table"
     if suffix in TEXT_SUFFIXES:
         return "text"
     return None
@@ -210,13 +213,15 @@ def _raw_documents(sources: list[str], opts: dict, stats: dict) -> Iterator[str]
             raise CramkitError(f"{src} {problem}")
         if kind == "parquet":
             yield from _parquet_documents(src, opts["text_field"])
+        elif kind == "table":
+            yield from _table_documents(src, opts)
         elif kind in ("jsonl", "json"):
             yield from _jsonl_documents(src, opts)
         else:
             if opts["text_field"] != "text":
                 raise CramkitError(
                     f"--text-field {opts['text_field']} given, but {src} is plain text, which has no fields; "
-                    "drop --text-field, or give JSON Lines (.jsonl, .json) or Parquet files"
+                    "drop --text-field, or give CSV/TSV, JSON Lines (.jsonl, .json) or Parquet files"
                 )
             lines = _read_lines(src, opts["encoding"], opts["errors"])
             yield from _split(lines, opts["doc_split"], src)
@@ -502,6 +507,38 @@ def _jsonl_documents(path: str, opts: dict) -> Iterator[str]:
         doc = parse(buf)
         if doc is not None:
             yield doc
+
+
+# the column a table's text is usually in (a suggestion when --text-field names none of its columns)
+TEXT_COLUMNS = ("text", "sentence", "review", "content", "body", "document", "sentence1", "question")
+
+
+def _table_documents(path: str, opts: dict) -> Iterator[str]:
+    """One document per row: the cell of the ``--text-field`` column. The header and every other column (labels
+    included) are never read as text."""
+    from cramkit.text.tables import records, table_format
+
+    if any(path.lower().endswith(ext) for ext in COMPRESSED_SUFFIXES):
+        raise CramkitError(f"{path} is a compressed table; decompress it first (tables are read by their header)")
+    field, col_names = opts["text_field"], []
+    for lineno, rec, problem in records(
+        Path(path), table_format(Path(path), None), None, opts["encoding"], opts["errors"]
+    ):
+        if rec is None:
+            raise CramkitError(f"{path} line {lineno}: {problem}; fix the row (or remove it)")
+        if "__header__" in rec:
+            col_names = rec["__header__"]
+            if field not in col_names:
+                guess = next((c for c in TEXT_COLUMNS if c in col_names), col_names[0] if col_names else "TEXT")
+                raise CramkitError(
+                    f"{path} is a table with the columns {', '.join(col_names)} and no {field!r}: pretraining reads "
+                    f"one column's text and nothing else (never the header or the labels); name it with "
+                    f"--text-field {guess}"
+                )
+            continue
+        value = rec.get(field)
+        if isinstance(value, str) and value.strip():
+            yield value
 
 
 def _parquet_documents(path: str, field: str) -> Iterator[str]:

@@ -239,3 +239,19 @@ def test_int8_quantizes_for_the_cpu_it_runs_on(ft_onnx, ft_onnx_int8) -> None:
     assert cpu_isa({"avx2", "avx_vnni"}, "x86_64") == "avx_vnni"
     assert cpu_isa({"avx2"}, "x86_64") == "avx2" and cpu_isa(set(), "aarch64") == "arm64"
     assert ISA_FORMATS["avx2"][0] and not ISA_FORMATS["avx512_vnni"][0] and not ISA_FORMATS["arm64"][0]
+
+
+def test_int8_ships_only_what_passes_its_bar(ft_model, tmp_path, monkeypatch) -> None:
+    """When int8 everywhere and its fallback (MLP down-projections in fp32) both miss the bar, nothing is shipped:
+    one line with both checks' figures, and no --out."""
+    from cramkit.infer.backends import onnx as onnx_backend
+
+    monkeypatch.setattr(onnx_backend, "INT8_MIN_COSINE", 1.01)  # a bar no quantized model meets
+    out = tmp_path / "int8"
+    with pytest.raises(
+        CramkitError,
+        match=r"int8 is too far from torch on this model: everywhere .*; with the MLP "
+        r"down-projections in fp32 .*export it without --quantize",
+    ):
+        cramkit.export(ft_model, out, format="onnx", quantize="int8")
+    assert not out.exists() and list(tmp_path.iterdir()) == []

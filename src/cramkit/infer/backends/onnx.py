@@ -645,7 +645,15 @@ class OnnxBackend(Backend):
                     "down-projections in fp32"
                 )
                 refused = {"kept_fp32": "none", "check": check}
-                checked(keep_down=True)
+                fallback = checked(keep_down=True)
+                if not _int8_faithful(fallback):  # ship only what passes the bar, never the lesser of two misses
+                    raise CramkitError(
+                        f"int8 is too far from torch on this model: everywhere {_int8_cost(check)}; with the MLP "
+                        f"down-projections in fp32 {_int8_cost(fallback)} (the bar: mean cosine >= {INT8_MIN_COSINE} "
+                        f"and at most {INT8_MAX_FLIPS:.0%} of the labels changed); export it without --quantize "
+                        "(fp32), or try --format ct2 --quantize int8"
+                    )
+                job.say(f"int8 with the MLP down-projections in fp32 passes: {_int8_cost(fallback)}")
                 job.manifest["quantization"]["refused"] = refused
         else:
             checked(keep_down=None)

@@ -80,6 +80,12 @@ def _verb_parser(parser: argparse.ArgumentParser, argv: list[str]) -> tuple[argp
     return parser, words
 
 
+def _verbs(parser: argparse.ArgumentParser) -> list[str]:
+    """The top-level commands (pretrain, finetune, ...)."""
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    return list(sub.choices)
+
+
 def _suggest_flags(parser: argparse.ArgumentParser, argv: list[str], extra: list[str]) -> str | None:
     """For an unknown ``--flag`` (the first of ``extra``): the verb's closest flag ("did you mean
     --budget?"), or the closest ``--set`` key when that is nearer ("--epocs 3": "did you mean --set epochs=3?")."""
@@ -94,6 +100,11 @@ def _suggest_flags(parser: argparse.ArgumentParser, argv: list[str], extra: list
         if i + 1 < len(argv) and not argv[i + 1].startswith("-"):
             value = argv[i + 1]
     name = flag[2:].replace("-", "_")
+    # other tools' names for the text column (--text-column, --text-col, --text, --column): this verb's own
+    texts = [k for k in ("--text-field", "--text-a") if k in known]
+    if texts and ("text" in name or "column" in name) and flag not in known:
+        also = " (and --text-b for a pair's second text)" if texts[0] == "--text-a" and "--text-b" in known else ""
+        return f"unknown option {flag}; did you mean {texts[0]}{also}?"
     scored = [(difflib.SequenceMatcher(None, flag, k).ratio(), k) for k in known]
     scored += [
         (
@@ -113,6 +124,15 @@ def main(argv: list[str] | None = None) -> int:
     if not raw:  # bare `cramkit`: what it can do (the demo is `cramkit pretrain` with no arguments)
         parser.print_help()
         return 0
+    verbs = _verbs(parser)
+    if raw[0] == "help":
+        parser.print_help()
+        return 0
+    if not raw[0].startswith("-") and raw[0] not in verbs:  # a misspelt command: the nearest one, in one line
+        close = difflib.get_close_matches(raw[0], verbs, n=1, cutoff=0.5)
+        hint = f"; did you mean '{close[0]}'?" if close else ""
+        print(f"cramkit: error: unknown command '{raw[0]}'{hint} (commands: {', '.join(verbs)})", file=sys.stderr)
+        return 2
     try:
         args, extra = parser.parse_known_args(raw)
     except SystemExit as exc:

@@ -29,7 +29,11 @@ PRESET_DIR = Path(__file__).parent / "presets"
 
 
 def _suggest(key: str, valid: Iterable[str]) -> str:
-    close = difflib.get_close_matches(key, list(valid), n=1)
+    valid = list(valid)
+    starts = [v for v in valid if v.startswith(key)] if key else []  # 'tiny': tiny-cpu and tiny-zh alike
+    if len(starts) > 1:
+        return " (did you mean " + " or ".join(f"'{v}'" for v in starts) + "?)"
+    close = starts or difflib.get_close_matches(key, valid, n=1)
     return f" (did you mean '{close[0]}'?)" if close else ""
 
 

@@ -661,11 +661,14 @@ def test_finetune_cli_on_superglue_rte(tiny_run: Path, tmp_path: Path) -> None:
         "--set",
         "batch_size=8",
         "--seeds",
-        "0",
+        "0,1",
         "--no-progress",
     )
     assert proc.returncode == 0, proc.stderr
     assert "superglue/rte dev: accuracy" in proc.stdout
+    # two seeds: the median is the mean of the middle two, and the kept model says which seed it is
+    assert "(median of 2 seeds: " in proc.stdout and "; the mean of the middle two)" in proc.stdout
+    assert "the lower of the two middle seeds by dev score) saved in" in proc.stdout
     res = json.loads((out / "results.json").read_text())
     accuracy = res["median"]["dev"]["metrics"]["accuracy"]
     assert set(res["median"]["dev"]["metrics"]) == {"accuracy"}

@@ -402,9 +402,16 @@ def run_finetune(args: argparse.Namespace) -> int:
     res = finetune(task, args.source, cfg, out, progress=not args.no_progress)
     if not res:  # under torchrun, a rank other than 0: rank 0 reports
         return 0
+    n = len(cfg.seeds)
     for split, med in res["median"].items():
         metrics = ", ".join(f"{m} {v:.2f}" for m, v in med["metrics"].items())
-        print(f"{task.name} {split}: {metrics} (median of {len(cfg.seeds)} seed(s))")
+        each = ", ".join(f"{r['dev'][split]['score']:.2f}" for r in res["seeds"] if split in r.get("dev", {}))
+        how = (
+            f"median of {n} seeds: {each}" + ("; the mean of the middle two" if n % 2 == 0 else "")
+            if n > 1
+            else "1 seed"
+        )
+        print(f"{task.name} {split}: {metrics} ({how})")
     for split, med in res.get("test", {}).items():
         metrics = ", ".join(f"{m} {v:.2f}" for m, v in med["metrics"].items())
         print(f"{task.name} {split} (labelled test file): {metrics} (median of {len(cfg.seeds)} seed(s))")
@@ -419,8 +426,9 @@ def run_finetune(args: argparse.Namespace) -> int:
         )
     rate = sum(r["examples_per_s"] for r in res["seeds"]) / len(res["seeds"])
     print(f"training: {rate:.1f} examples/s; results in {out / 'results.json'}")
+    kept = "the median seed" if n % 2 else "the lower of the two middle seeds"
     print(
-        f"model (seed {res['kept_seed']}, the median) saved in {out}: cramkit predict --from {out} FILE; "
+        f"model (seed {res['kept_seed']}, {kept} by dev score) saved in {out}: cramkit predict --from {out} FILE; "
         f"cramkit export {out} --out DIR"
     )
     if res.get("skipped_rows"):
@@ -431,7 +439,7 @@ def run_finetune(args: argparse.Namespace) -> int:
 def _finetune_fewshot(args: argparse.Namespace, cfg) -> int:
     """``--fewshot-splits`` (FewCLUE's protocol) or ``--few-shot K --splits S`` (LM-BFF's) on one task; each
     split in OUT/split-S, the summary in OUT."""
-    from cramkit.recipes.evaluate import fewshot_run
+    from cramkit.recipes.evaluate import fewshot_run, plus_minus
     from cramkit.tasks.clue import parse_fewshot_splits
 
     flag = "--few-shot" if args.few_shot is not None else "--fewshot-splits"
@@ -453,7 +461,7 @@ def _finetune_fewshot(args: argparse.Namespace, cfg) -> int:
         )
     what = f"FewCLUE splits {','.join(ks)}" if k is None else f"{len(ks)} few-shot splits (K={k} per class)"
     print(
-        f"{task.name}: {scored} {res['main_metric']} {few['mean']:.2f} ± {few['std']:.2f} over {what}; results in "
+        f"{task.name}: {scored} {res['main_metric']} {few['mean']:.2f}{plus_minus(few)} over {what}; results in "
         f"{out / 'results.json'}" + (f", test.json predictions in {out / 'submission'}" if k is None else "")
     )
     if res.get("skipped_rows"):

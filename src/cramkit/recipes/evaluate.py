@@ -31,6 +31,11 @@ PathLike = str | os.PathLike
 SUBMISSION_DIR = "submission"
 
 
+def plus_minus(few: dict[str, Any]) -> str:
+    """ " ± sd" over a few-shot result's splits, or nothing for a single split (which has no spread)."""
+    return f" ± {few['std']:.2f}" if len(few.get("splits", ())) > 1 else ""
+
+
 def evaluate_suite(
     suite: str,
     source: PathLike,
@@ -147,7 +152,7 @@ def evaluate_suite(
             ran += 1
             took = time.perf_counter() - t0
             left = (time.perf_counter() - start) / ran * (len(todo) - i)
-            spread = f" ± {res['fewshot']['std']:.2f}" if ks else ""
+            spread = plus_minus(res["fewshot"]) if ks else ""
             print(
                 f"cramkit: [{i}/{len(todo)}] {task.name}: {res['main_metric']} {res['score']:.2f}{spread} in "
                 f"{took:.0f}s{f'; about {left / 60:.1f} min left' if i < len(todo) else ''}",
@@ -523,10 +528,13 @@ def _write_markdown(path: Path, results: dict[str, Any], title: str, average_nam
             continue
         few = res["fewshot"]
         text = ", ".join(f"{m} {v:.2f}" for m, v in metrics.items())
-        lines.append(
-            f"| {name} | {split}: mean ± sd over FewCLUE splits {', '.join(few['splits'])} | {text} "
-            f"(sd {spread:.2f}) | {score:.2f} ± {spread:.2f} |"
-        )
+        if len(few["splits"]) < 2:  # one split has no spread to show
+            lines.append(f"| {name} | {split}: FewCLUE split {few['splits'][0]} | {text} | {score:.2f} |")
+        else:
+            lines.append(
+                f"| {name} | {split}: mean ± sd over FewCLUE splits {', '.join(few['splits'])} | {text} "
+                f"(sd {spread:.2f}) | {score:.2f} ± {spread:.2f} |"
+            )
         for k, one in few["per_split"].items():
             dev = one["dev"]["score"]
             lines.append(

@@ -37,7 +37,7 @@ def test_invalid_utf8_names_file_and_byte_offset(tmp_path, monkeypatch, chunk):
     with pytest.raises(CramkitError) as exc:
         docs([str(f)])
     msg = str(exc.value)
-    assert "bad.txt" in msg and "byte offset 16" in msg and "--encoding latin-1" in msg and "--errors replace" in msg
+    assert "bad.txt" in msg and "byte offset 16" in msg and "--encoding cp1252" in msg and "--errors replace" in msg
     assert docs([str(f)], errors="replace") == ["hello world", "caf\ufffd au lait"]
     assert docs([str(f)], encoding="latin-1") == ["hello world", "caf\u00e9 au lait"]
 
@@ -253,3 +253,19 @@ def test_pretrain_on_a_csv_trains_on_the_column(tmp_path):
     assert proc.returncode == 0, proc.stderr
     vocab = (run / "tokenizer" / "vocab.txt").read_text().split()
     assert "glowing" in vocab and not any("labelpos" in w.lower() or w == "sentiment" for w in vocab)
+
+
+def test_encoding_auto_reads_each_file_in_its_own_encoding(webtext_dir, tmp_path, capsys):
+    """A folder of mixed encodings (NLTK's webtext: firefox.txt is Latin-1, the others UTF-8): one --encoding
+    garbles some files, --encoding auto reads each as it was written (UTF-8, else cp1252) and says which."""
+    utf8 = docs([str(webtext_dir / "grail.txt")])
+    got = docs([str(webtext_dir)], encoding="auto")
+    assert any("Fahrpl\u00e4ne" in d for d in got)  # firefox.txt read as cp1252
+    assert set(utf8) <= set(got)  # the UTF-8 files unchanged
+    err = capsys.readouterr().err
+    assert "firefox.txt is not UTF-8; reading it as cp1252 (--encoding auto)" in err and "grail.txt" not in err
+    table = tmp_path / "t.csv"
+    table.write_bytes("text,label\ncaf\u00e9 cr\u00e8me,1\n".encode("cp1252"))
+    assert docs([str(table)], encoding="auto") == ["caf\u00e9 cr\u00e8me"]
+    with pytest.raises(CramkitError, match=r"t.csv is not valid UTF-8 .*or auto: each file UTF-8, else cp1252"):
+        docs([str(table)])

@@ -18,7 +18,11 @@ def add_reading_args(
 ) -> None:
     """Add --encoding, --errors, --text-field (and --doc-split, --normalize where the verb uses them)."""
     g = p.add_argument_group("reading text")
-    g.add_argument("--encoding", default=None, help="text encoding of the files (default UTF-8; e.g. latin-1, cp1252)")
+    g.add_argument(
+        "--encoding",
+        default=None,
+        help="text encoding of the files (default UTF-8; e.g. latin-1, cp1252; auto: each file UTF-8, else cp1252)",
+    )
     g.add_argument(
         "--errors",
         default="strict",

@@ -62,12 +62,15 @@ def read_rows(
     if path.suffix.lower() == ".txt":
         if choices is not None:
             raise CramkitError(f"{path}: a multiple-choice model needs rows with choices; give a .jsonl or .csv file")
+        from cramkit.text.encoding import file_encoding
+
+        enc, forced = file_encoding(path, encoding)
         try:
-            lines = path.read_text(encoding=encoding or "utf-8-sig", errors=errors).splitlines()
+            lines = path.read_text(encoding=enc or "utf-8-sig", errors=forced or errors).splitlines()
         except UnicodeDecodeError as exc:
             raise CramkitError(
                 f"{path} is not valid {encoding or 'UTF-8'} (byte {exc.start}); name its encoding "
-                "(e.g. --encoding latin-1 or cp1252) or pass --errors replace"
+                "(e.g. --encoding cp1252, or auto: each file UTF-8, else cp1252) or pass --errors replace"
             ) from None
         texts = [t for t in lines if t.strip()]
         if not texts:

@@ -32,10 +32,10 @@ import unicodedata
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from types import TracebackType
-from typing import Literal, Protocol, cast
+from typing import Literal, cast
 
 from cramkit.errors import CramkitError
+from cramkit.text.encoding import open_binary
 
 DOC_SPLITS = ("auto", "file", "blank", "wikitext")
 TEXT_SUFFIXES = {".txt", ".text", ".tokens", ".raw"}
@@ -110,12 +110,13 @@ def check_source_options(
         raise CramkitError(f"unknown document split {doc_split!r} (--doc-split); use one of {', '.join(DOC_SPLITS)}")
     if errors not in ("strict", "replace", "ignore"):
         raise CramkitError(f"unknown --errors {errors!r}; use strict, replace or ignore")
-    if encoding is not None:
+    if encoding is not None and encoding != "auto":
         try:
             codecs.lookup(encoding)
         except LookupError:
             raise CramkitError(
-                f"unknown encoding {encoding!r} (--encoding); use e.g. utf-8, latin-1 or cp1252"
+                f"unknown encoding {encoding!r} (--encoding); use e.g. utf-8, latin-1, cp1252 or auto (each file "
+                "UTF-8, else cp1252)"
             ) from None
     if not isinstance(text_field, str) or not text_field:
         raise CramkitError(f"--text-field {text_field!r} must name a field, e.g. --text-field text")
@@ -269,40 +270,19 @@ def detect_language(documents: Iterable[str], sample_chars: int = SAMPLE_CHARS) 
 # ---------------------------------------------------------------------------------------------- reading
 
 
-class _BinaryReader(Protocol):
-    """What reading a file takes: a plain, gzip or zstd stream."""
-
-    def read(self, size: int = -1, /) -> bytes: ...
-    def __enter__(self) -> _BinaryReader: ...
-    def __exit__(
-        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None, /
-    ) -> object: ...
-
-
-def _open_binary(path: str) -> _BinaryReader:
-    try:
-        if path.lower().endswith(".gz"):
-            return gzip.open(path, "rb")
-        if path.lower().endswith(".zst"):
-            try:
-                import zstandard
-            except ImportError:
-                raise CramkitError(f"{path} is zstd-compressed; pip install zstandard to read it") from None
-            return zstandard.ZstdDecompressor().stream_reader(open(path, "rb"), closefd=True)
-        return open(path, "rb")
-    except OSError as exc:
-        raise CramkitError(f"cannot read {path}: {exc.strerror or exc}; check the path and permissions") from None
-
-
 def _read_text_chunks(path: str, encoding: str | None, errors: str) -> Iterator[str]:
     """Decode ``path`` in bounded chunks; line ends unified to ``\\n``; a leading BOM dropped."""
+    from cramkit.text.encoding import file_encoding
+
+    encoding, forced = file_encoding(path, encoding)
+    errors = forced or errors
     enc = encoding or "utf-8"
     if codecs.lookup(enc).name == "utf-8":
         enc = "utf-8-sig"
     decoder = codecs.getincrementaldecoder(enc)(errors)
     offset = 0  # bytes consumed before the current chunk
     carry_cr = False
-    with _open_binary(path) as fh:
+    with open_binary(path) as fh:
         while True:
             try:
                 chunk = fh.read(CHUNK_BYTES)
@@ -324,8 +304,8 @@ def _read_text_chunks(path: str, encoding: str | None, errors: str) -> Iterator[
                 at = offset - pending + exc.start
                 raise CramkitError(
                     f"{path} is not valid {encoding or 'UTF-8'}: bad byte {exc.object[exc.start : exc.start + 1]!r} "
-                    f"at byte offset {at}; name the file's encoding (e.g. --encoding latin-1 or cp1252) or "
-                    "pass --errors replace"
+                    f"at byte offset {at}; name the file's encoding (e.g. --encoding cp1252, or auto: each file "
+                    "UTF-8, else cp1252) or pass --errors replace"
                 ) from None
             offset += len(chunk)
             if carry_cr:

@@ -51,6 +51,10 @@ def records(
             raise CramkitError(f"{path} is a binary file, not {fmt.upper()} text; give a UTF-8 text file")
     if csv.field_size_limit() < CSV_FIELD_LIMIT:
         csv.field_size_limit(CSV_FIELD_LIMIT)
+    from cramkit.text.encoding import file_encoding
+
+    encoding, forced = file_encoding(path, encoding)
+    errors = forced or errors
     enc = encoding or "utf-8"
     if codecs.lookup(enc).name == "utf-8":
         enc = "utf-8-sig"
@@ -64,7 +68,8 @@ def records(
     except UnicodeDecodeError as exc:
         fix = "convert it, e.g. iconv -f latin1 -t utf-8 FILE > FILE.utf8"
         if errors is not None:
-            fix = "name its encoding (e.g. --encoding latin-1 or cp1252) or pass --errors replace"
+            fix = "name its encoding (e.g. --encoding cp1252, or auto: each file UTF-8, else cp1252) or pass "
+            fix += "--errors replace"
         raise CramkitError(
             f"{path} is not valid {encoding or 'UTF-8'} (bad byte {exc.object[exc.start : exc.start + 1]!r}); {fix}"
         ) from None

@@ -126,3 +126,22 @@ def test_file_errors(tmp_path):
         task_from_file("e", f, text_a="sentence").examples("test")
     t = task_from_file("other/name", f, text_a="sentence", register=False)
     assert t.name == "other/name" and "other/name" not in registry._TASKS
+
+
+def test_own_files_find_the_usual_text_columns(tmp_path, capsys):
+    """--train without --text-a finds the text column as predict does (sentence; sentence1 + sentence2)."""
+    from cramkit.tasks.resolve import resolve_task
+
+    one = tmp_path / "one.csv"
+    one.write_text("label,sentence\n1,a fine film\n0,a dull film\n" * 10)
+    task = resolve_task(train=one, dev=one)
+    assert task.examples("train")[0].text_a == "a fine film" and task.examples("train")[0].text_b is None
+    assert "one.csv: text from the column 'sentence' (--text-a/--text-b" in capsys.readouterr().err
+    pair = tmp_path / "pair.tsv"
+    pair.write_text("sentence1\tsentence2\tlabel\nthe cat sat\ta cat sat\t1\n" * 10)
+    ex = resolve_task(train=pair, dev=pair).examples("train")[0]
+    assert (ex.text_a, ex.text_b) == ("the cat sat", "a cat sat")
+    odd = tmp_path / "odd.csv"
+    odd.write_text("words,label\nx,1\n")
+    with pytest.raises(CramkitError, match=r"odd.csv: no usual text column among words, label; name it with --text-a"):
+        resolve_task(train=odd, dev=odd)

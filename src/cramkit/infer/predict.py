@@ -19,9 +19,8 @@ from typing import Any, cast
 import numpy as np
 
 from cramkit.errors import CramkitError
+from cramkit.text.tables import PAIR_COLUMNS, TEXT_COLUMNS  # noqa: E402 (the usual column names)
 
-TEXT_COLUMNS = ("text", "sentence", "text_a", "sentence1", "question", "review")
-PAIR_COLUMNS = ("text_b", "sentence2")
 CHOICES_HINT = "Fix the row, or name the choice columns with --choices COL[,COL...]."
 
 

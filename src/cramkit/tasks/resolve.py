@@ -5,6 +5,7 @@ mistake gets the same line from the command line and from Python."""
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -58,11 +59,19 @@ def resolve_task(
     if train is not None:
         from cramkit.tasks.files import task_from_file
 
-        if not text_a:
-            raise CramkitError(
-                "your own files need the text column: --text-a COLUMN / text_a= (and the label column, the second "
-                "text's for pairs)"
-            )
+        if not text_a:  # the usual names (as predict finds them): text, sentence, sentence1 + sentence2, ...
+            from cramkit.text.tables import guess_text_columns
+
+            text_a, guessed_b, columns = guess_text_columns(Path(train))
+            if not text_a:
+                raise CramkitError(
+                    f"{train}: no usual text column among {', '.join(columns) or 'its columns'}; name it with "
+                    "--text-a COLUMN / text_a= (and --text-b for a pair's second text)"
+                )
+            text_b = text_b or (guessed_b if not choices else None)
+            pair = f" and {text_b!r}" if text_b else ""
+            note = f"cramkit: {train}: text from the column {text_a!r}{pair} (--text-a/--text-b to choose others)"
+            print(note, file=sys.stderr)
         if dev is None and dev_fraction is None:
             raise CramkitError("your own files need a dev file here (--dev FILE, dev=): the models are scored on it")
         found = task_from_file(

@@ -489,14 +489,10 @@ def _jsonl_documents(path: str, opts: dict) -> Iterator[str]:
             yield doc
 
 
-# the column a table's text is usually in (a suggestion when --text-field names none of its columns)
-TEXT_COLUMNS = ("text", "sentence", "review", "content", "body", "document", "sentence1", "question")
-
-
 def _table_documents(path: str, opts: dict) -> Iterator[str]:
     """One document per row: the cell of the ``--text-field`` column. The header and every other column (labels
     included) are never read as text."""
-    from cramkit.text.tables import records, table_format
+    from cramkit.text.tables import TEXT_COLUMNS, records, table_format
 
     if any(path.lower().endswith(ext) for ext in COMPRESSED_SUFFIXES):
         raise CramkitError(f"{path} is a compressed table; decompress it first (tables are read by their header)")

@@ -19,6 +19,9 @@ from cramkit.errors import CramkitError
 # the csv module refuses a field over 131,072 characters by default; a long document is a fine field, so
 # the limit is raised to 64 Mi characters (beyond that: one line naming the file and the row)
 CSV_FIELD_LIMIT = 1 << 26
+# the columns a row's text is usually in, most likely first (a pair's second text: PAIR_COLUMNS)
+TEXT_COLUMNS = ("text", "sentence", "text_a", "sentence1", "question", "review", "content", "body", "document")
+PAIR_COLUMNS = ("text_b", "sentence2")
 CSV_EXT = {".csv"}
 TSV_EXT = {".tsv", ".tab"}
 JSONL_EXT = {".jsonl", ".ndjson", ".json"}
@@ -130,3 +133,16 @@ def read_tsv_lines(path: Path, encoding: str = "utf-8-sig", errors: str = "stric
             line = line.rstrip("\r\n")
             if line.strip():
                 yield lineno, line.split("\t")
+
+
+def guess_text_columns(path: Path, delimiter: str | None = None) -> tuple[str | None, str | None, list[str]]:
+    """(the text column, the pair's second text column or None, all columns) from ``path``'s header (a JSON
+    Lines file: its first row's fields), by the usual names (TEXT_COLUMNS, PAIR_COLUMNS)."""
+    columns: list[str] = []
+    for _, rec, _ in records(path, table_format(path, delimiter), delimiter):
+        if rec is not None:
+            columns = list(rec.get("__header__", rec))
+            break
+    a = next((c for c in TEXT_COLUMNS if c in columns), None)
+    b = next((c for c in PAIR_COLUMNS if c in columns and c != a), None) if a else None
+    return a, b, columns

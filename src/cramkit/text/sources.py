@@ -23,6 +23,7 @@ import glob
 import gzip
 import hashlib
 import json
+import logging
 import os
 import re
 import stat
@@ -36,6 +37,9 @@ from types import TracebackType
 from typing import Literal, Protocol, cast
 
 from cramkit.errors import CramkitError
+from cramkit.io import BadJson, LoneSurrogate, json_loads, json_row
+
+log = logging.getLogger("cramkit.text")
 
 DOC_SPLITS = ("auto", "file", "blank", "wikitext")
 TEXT_SUFFIXES = {".txt", ".text", ".tokens", ".raw"}
@@ -361,7 +365,7 @@ def _json_problem(path: str) -> str | None:
         return "is not a text file; give JSON Lines (one JSON object per line)"
     first = next((line for line in head.split("\n") if line.strip()), "")
     try:
-        if isinstance(json.loads(first), dict):
+        if isinstance(json_loads(first), dict):
             return None
     except ValueError:
         pass
@@ -464,17 +468,22 @@ def _cut(doc: str, limit: int) -> Iterator[str]:
 def _jsonl_documents(path: str, opts: dict) -> Iterator[str]:
     field = opts["text_field"]
     buf = ""
-    lineno = 0
+    lineno = replaced = 0
 
     def parse(line: str) -> str | None:
+        nonlocal replaced
         if not line.strip():
             return None
         try:
-            obj = json.loads(line)
-        except json.JSONDecodeError as exc:
+            obj, fixed = json_row(line, opts["errors"])
+        except LoneSurrogate as exc:
             raise CramkitError(
-                f"{path} line {lineno}: not valid JSON ({exc.msg}); each line must be one JSON object"
+                f"{path} line {lineno}: {exc}; fix the text, or pass --errors replace to replace such escapes "
+                "with U+FFFD (or --errors ignore to drop them)"
             ) from None
+        except BadJson as exc:
+            raise CramkitError(f"{path} line {lineno}: {exc}; each line must be one JSON object") from None
+        replaced += fixed
         if not isinstance(obj, dict) or field not in obj:
             keys = ", ".join(map(str, obj)) if isinstance(obj, dict) else type(obj).__name__
             raise CramkitError(
@@ -502,6 +511,9 @@ def _jsonl_documents(path: str, opts: dict) -> Iterator[str]:
         doc = parse(buf)
         if doc is not None:
             yield doc
+    if replaced:
+        what = "replaced with U+FFFD" if opts["errors"] == "replace" else "dropped"
+        log.warning("%s: lone surrogate escapes in %d rows were %s (--errors %s)", path, replaced, what, opts["errors"])
 
 
 def _parquet_documents(path: str, field: str) -> Iterator[str]:
@@ -640,7 +652,7 @@ def builtin_documents() -> Iterator[str]:
     if cache.is_file():
         try:
             with open(cache, encoding="utf-8") as fh:
-                docs = [json.loads(line) for line in fh]
+                docs = [json_loads(line) for line in fh]
             yield from docs
             return
         except (OSError, ValueError):

@@ -15,6 +15,7 @@ import json
 import os
 import re
 import shutil
+import sys
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
@@ -123,6 +124,25 @@ def inside(root: str | os.PathLike, name: str) -> Path:
     if Path(name).is_absolute() or (target != root_r and root_r not in target.parents):
         raise ValueError(f"{name!r} points outside {root}")
     return target
+
+
+def folder_file(root: str | os.PathLike, name: str) -> Path:
+    """``root / name``, a file of a model or tokenizer folder, when it stays inside ``root``: the one path
+    rule for every file such a folder opens. A name that climbs out (``..``, absolute) or a link that points
+    outside is one CramkitError (a config.json linked to ~/.env would be read). The Hugging Face hub cache is
+    the exception: a snapshot's files are links to ``../../blobs/``, inside the model's cache folder."""
+    root = Path(root)
+    base, rel = root.resolve(), name
+    if base.parent.name == "snapshots" and (base.parent.parent / "blobs").is_dir():
+        base, rel = base.parent.parent, f"snapshots/{base.name}/{name}"
+    try:
+        inside(base, rel)
+    except ValueError:
+        raise CramkitError(
+            f"{root / name} is a link to (or names) a file outside {root}; refusing to read it (a model folder's "
+            "files stay inside it): copy the file into the folder"
+        ) from None
+    return root / name
 
 
 @contextlib.contextmanager
@@ -348,15 +368,99 @@ def open_memmap(path: str | os.PathLike, dtype: Any, shape: tuple[int, ...]) -> 
     return mm
 
 
+class BadJson(ValueError):
+    """Text that is not JSON cramkit can take; the message is the reason alone ("not valid JSON (...)"), for
+    the caller to put after the file and line it read and before the fix."""
+
+
+class LoneSurrogate(BadJson):
+    """JSON whose strings hold a lone UTF-16 surrogate escape (``"\\ud800"``): half of a pair, not text."""
+
+
+# an escaped UTF-16 surrogate: the parsed strings may hold a lone one (only then is the value walked)
+SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
+_SURROGATE = re.compile("[\ud800-\udfff]")  # in a parsed str, a pair is one code point: these are lone
+SURROGATE_HINT = "half of a UTF-16 pair, common in scraped data"
+
+
+def lone_surrogate(value: Any) -> bool:
+    """Whether any string in a parsed JSON value (keys included) holds a lone UTF-16 surrogate."""
+    stack = [value]
+    while stack:
+        x = stack.pop()
+        if isinstance(x, str):
+            try:
+                x.encode("utf-8")
+            except UnicodeEncodeError:
+                return True
+        elif isinstance(x, list):
+            stack.extend(x)
+        elif isinstance(x, dict):
+            stack.extend(x)
+            stack.extend(x.values())
+    return False
+
+
+def _replace_surrogates(value: Any, errors: str) -> Any:
+    if isinstance(value, str):
+        if not lone_surrogate(value):
+            return value
+        return _SURROGATE.sub("\ufffd" if errors == "replace" else "", value)
+    if isinstance(value, list):
+        return [_replace_surrogates(v, errors) for v in value]
+    if isinstance(value, dict):
+        return {_replace_surrogates(k, errors): _replace_surrogates(v, errors) for k, v in value.items()}
+    return value
+
+
+def json_loads(text: str | bytes) -> Any:
+    """``json.loads(text)`` with every failure one :class:`BadJson` naming the reason: not JSON, nested too
+    deep (never a RecursionError), an integer over Python's digit limit (never a bare ValueError). Strings
+    are kept as they are (names and paths); text to tokenize is read with :func:`json_row`."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise BadJson(f"not valid JSON ({exc.msg}: line {exc.lineno} column {exc.colno})") from None
+    except RecursionError:
+        raise BadJson("not readable JSON (nested too deep)") from None
+    except ValueError as exc:  # json.loads' only other failure: an integer over Python's digit limit
+        if "digit" not in str(exc):
+            raise BadJson(f"not valid JSON ({str(exc)[:120]})") from None
+        raise BadJson(f"not readable JSON (an integer of over {sys.get_int_max_str_digits()} digits)") from None
+
+
+def json_row(line: str, errors: str = "strict") -> tuple[Any, bool]:
+    """A row of a JSON Lines file of text: its value, and whether lone surrogates in its strings were replaced
+    or dropped (``errors`` "replace" or "ignore", as the user's ``--errors``); with "strict" they are a
+    :class:`LoneSurrogate`. Every other failure is a :class:`BadJson` (see :func:`json_loads`)."""
+    value = json_loads(line)
+    if not SURROGATE_ESCAPE.search(line) or not lone_surrogate(value):
+        return value, False
+    if errors == "strict":
+        raise LoneSurrogate(f"not text: a lone surrogate escape such as \\ud800 ({SURROGATE_HINT})")
+    return replace_surrogates(value, errors), True
+
+
+def replace_surrogates(value: Any, errors: str = "replace") -> Any:
+    """``value`` (parsed JSON) with every lone UTF-16 surrogate in its strings replaced by U+FFFD (``errors``
+    "replace") or removed ("ignore")."""
+    try:
+        return _replace_surrogates(value, errors)
+    except RecursionError:
+        raise BadJson("not readable JSON (nested too deep)") from None
+
+
 def read_json(path: str | os.PathLike, fix: str) -> Any:
     """The JSON value in ``path``; one clear line ending in ``fix`` when the file is missing, unreadable or
     not valid JSON (invalid UTF-8, nesting too deep, an integer too long to convert included)."""
     path = Path(path)
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
+        return json_loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise CramkitError(f"{path} is missing; {fix}") from None
-    except (ValueError, OSError, RecursionError) as exc:
+    except BadJson as exc:
+        raise CramkitError(f"{path} is {exc}; {fix}") from None
+    except (ValueError, OSError) as exc:
         raise CramkitError(f"{path} is not valid JSON ({str(exc)[:200]}); {fix}") from None
 
 
@@ -366,10 +470,7 @@ def read_json_object(path: str | os.PathLike, fix: str) -> dict[str, Any]:
     path = Path(path)
     if not path.is_file():
         return {}
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (ValueError, OSError, RecursionError) as exc:
-        raise CramkitError(f"{path} is not valid JSON ({str(exc)[:200]}); {fix}") from None
+    data = read_json(path, fix)
     if not isinstance(data, dict):
         raise CramkitError(f"{path} does not hold a JSON object; {fix}")
     return data

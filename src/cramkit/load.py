@@ -24,7 +24,6 @@ class comes from a fixed table, never from the file.
 from __future__ import annotations
 
 import importlib
-import json
 import os
 import shutil
 from dataclasses import dataclass, field
@@ -36,6 +35,7 @@ from cramkit.errors import CramkitError
 from cramkit.infer.backends.base import KINDS as KINDS
 from cramkit.infer.backends.base import LOGIT_KINDS as LOGIT_KINDS
 from cramkit.infer.backends.base import ExportedModel
+from cramkit.io import json_loads, read_json
 
 if TYPE_CHECKING:  # torch is imported by the functions that need it: `cramkit --help` stays instant
     import torch
@@ -343,8 +343,8 @@ def load_torch(
 def _export_source(manifest: Path) -> str:
     """Where an export says it came from (its manifest's ``source``), for messages."""
     try:
-        src = json.loads(manifest.read_text(encoding="utf-8")).get("source")
-    except (OSError, ValueError, RecursionError, AttributeError):
+        src = json_loads(manifest.read_text(encoding="utf-8")).get("source")
+    except (OSError, ValueError, AttributeError):
         src = None
     return f"it names {src[:200]}" if isinstance(src, str) and src else "its manifest does not say which"
 
@@ -353,8 +353,8 @@ def load_directory_architecture(path: PathLike) -> str | None:
     """The ``architecture`` a model directory records (None: not a model directory, or unreadable)."""
     file = Path(str(path)) / MODEL_FILE
     try:
-        meta = json.loads(file.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError):
+        meta = json_loads(file.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
         return None
     value = meta.get("architecture", "encoder") if isinstance(meta, dict) else None
     return value if isinstance(value, str) else None
@@ -467,8 +467,8 @@ def _run_pooling(run: Path) -> dict[str, str]:
     """``{"st_pooling": ...}`` of a run continued from a sentence-transformers model (run.json records the
     model's own pooling; fine-tuning pools as it did), else nothing."""
     try:
-        info = json.loads((run / "run.json").read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError):
+        info = json_loads((run / "run.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
         return {}
     value = info.get("pooling") if isinstance(info, dict) else None
     return {"st_pooling": value} if value in ("mean", "cls") else {}
@@ -530,10 +530,7 @@ def _load_model_dir(path: Path, base: PathLike | LoadedModel | None = None) -> L
     from cramkit.text.tokenizer import load_tokenizer
 
     file = path / MODEL_FILE
-    try:
-        meta = json.loads(file.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise CramkitError(f"{file} is not valid JSON ({exc}); the model directory is damaged") from None
+    meta = read_json(file, "the model directory is damaged: write it again")
     if not isinstance(meta, dict) or meta.get("format") != MODEL_FORMAT:
         raise CramkitError(f"{file}: not a cramkit model description (format {MODEL_FORMAT} expected)")
     check_fields(meta, META_FIELDS, file, "the model directory is damaged or crafted: write it again")
@@ -829,28 +826,29 @@ def _st_pooling(root: Path) -> tuple[str | None, bool, int | None]:
     (a name) and the length the tokenizer's ``model_max_length`` (``tokenizer_config.json``). A pooling
     cramkit does not compute (max, last token, weighted mean, several at once) is one clear error, never a
     silently different embedding."""
-    from cramkit.io import inside
+    from cramkit.io import folder_file, read_json
 
     pooling, normalize, max_len = None, False, None
-    modules = root / "modules.json"
+    modules = folder_file(root, "modules.json")
     if not modules.is_file():
         return pooling, normalize, max_len
+    fix = "re-download the sentence-transformers model"
     try:
-        for mod in json.loads(modules.read_text(encoding="utf-8")):
+        for mod in read_json(modules, fix):
             kind = str(mod.get("type", ""))
             if kind.endswith("Pooling"):
-                conf = inside(root, str(mod.get("path", ""))) / "config.json"
+                conf = folder_file(root, str(Path(str(mod.get("path", ""))) / "config.json"))
                 if conf.is_file():
-                    pooling = _st_pooling_mode(json.loads(conf.read_text(encoding="utf-8")), conf)
+                    pooling = _st_pooling_mode(read_json(conf, fix), conf)
             elif kind.endswith("Normalize"):
                 normalize = True
         for name in ST_CONFIG_FILES:
-            if (root / name).is_file():
-                max_len = int(json.loads((root / name).read_text(encoding="utf-8")).get("max_seq_length") or 0) or None
+            if folder_file(root, name).is_file():
+                max_len = int(read_json(root / name, fix).get("max_seq_length") or 0) or None
                 break
-        tok_conf = root / "tokenizer_config.json"
+        tok_conf = folder_file(root, "tokenizer_config.json")
         if max_len is None and tok_conf.is_file():
-            value = json.loads(tok_conf.read_text(encoding="utf-8")).get("model_max_length")
+            value = read_json(tok_conf, fix).get("model_max_length")
             if isinstance(value, int) and 0 < value < 1_000_000:  # transformers writes 1e30 for "no limit"
                 max_len = value
     except (ValueError, OSError, TypeError, AttributeError) as exc:
@@ -968,7 +966,9 @@ def _load_hf(name: str, text: str) -> LoadedModel:
 
 
 def _single_weights_file(root: Path) -> Path | None:
-    file = root / "model.safetensors"
+    from cramkit.io import folder_file
+
+    file = folder_file(root, "model.safetensors")
     return file if file.is_file() else None
 
 

@@ -12,14 +12,13 @@ A run directory (``cramkit pretrain --out``, a fine-tuning seed, a student) hold
 
 from __future__ import annotations
 
-import json
 import os
 import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
 from cramkit.errors import CramkitError
-from cramkit.io import sha256_file
+from cramkit.io import BadJson, json_loads, sha256_file
 
 if TYPE_CHECKING:
     import torch
@@ -115,10 +114,10 @@ def read_state(path: str | os.PathLike) -> dict[str, Any]:
     file = Path(path) / STATE_FILE
     fix = "resume from another checkpoint (delete this one) or start a new run"
     try:
-        state = json.loads(file.read_text(encoding="utf-8"))
+        state = json_loads(file.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise CramkitError(f"{file} is missing: the checkpoint is incomplete; {fix}") from None
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+    except (UnicodeDecodeError, BadJson) as exc:
         raise CramkitError(f"{file} is corrupt ({exc}); {fix}") from None
     if not isinstance(state, dict) or state.get("format") != FORMAT:
         found = state.get("format") if isinstance(state, dict) else None

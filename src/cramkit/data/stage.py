@@ -36,6 +36,7 @@ import numpy as np
 
 from cramkit.data.tokenstore import TokenStore
 from cramkit.errors import CramkitError
+from cramkit.io import json_loads
 from cramkit.runtime import resolve_device, torchrun
 
 BLOCK = 16 << 20  # bytes per read from the shared file system
@@ -106,7 +107,7 @@ def _not_writable(where: Path, exc: OSError) -> CramkitError:
 
 def _read_json(path: Path) -> dict:
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = json_loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return {}
     return data if isinstance(data, dict) else {}

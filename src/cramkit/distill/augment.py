@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 
 from cramkit.errors import CramkitError
+from cramkit.io import json_loads, read_json
 from cramkit.runtime import cpu_cores
 
 MASK = "[MASK]"  # what a masked word is stored as; students read STUDENT_MASK instead
@@ -244,11 +245,14 @@ def read_transfer(root: Path) -> TransferSet:
     root = Path(root)
     if not (root / MANIFEST).is_file() or not (root / ROWS).is_file():
         raise CramkitError(f"{root}: no complete transfer set (manifest.json written last is missing)")
-    manifest = json.loads((root / MANIFEST).read_text(encoding="utf-8"))
+    manifest = read_json(root / MANIFEST, f"delete {root} (a cache) and run again")
     a, b, labels, orig = [], [], [], []
     with open(root / ROWS, encoding="utf-8") as f:
-        for line in f:
-            ta, tb, label, o = json.loads(line)
+        for lineno, line in enumerate(f, 1):
+            try:
+                ta, tb, label, o = json_loads(line)
+            except (ValueError, TypeError) as exc:
+                raise CramkitError(f"{root / ROWS} line {lineno} is damaged ({exc}); delete {root} (a cache)") from None
             a.append(ta)
             b.append(tb)
             labels.append(label)

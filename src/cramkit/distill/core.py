@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any, Literal, cast
 import numpy as np
 
 from cramkit.errors import CramkitError
+from cramkit.io import read_json
 from cramkit.load import LoadedModel
 from cramkit.runtime import Precision
 
@@ -533,7 +534,7 @@ def distill(
                 f"{out} to distil again)",
                 file=sys.stderr,
             )
-            return json.loads((out / "report.json").read_text(encoding="utf-8"))
+            return read_json(out / "report.json", f"delete {out} to distil again")
         # 1. transfer set and 2. teacher logits, cached (the other ranks read rank 0's)
         with main_first(ctx, "building the transfer set and the teacher's logits"):
             show = progress and ctx.is_main

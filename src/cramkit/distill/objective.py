@@ -14,7 +14,6 @@ latest checkpoint; a finished one (``result.json`` beside its final checkpoint) 
 
 from __future__ import annotations
 
-import json
 import math
 import sys
 from pathlib import Path
@@ -27,6 +26,7 @@ from torch import nn
 
 from cramkit.data.batching import BatchLoader, Encoded
 from cramkit.errors import CramkitError
+from cramkit.io import json_loads
 from cramkit.load import LoadedModel
 from cramkit.model.heads import classification_loss
 
@@ -275,7 +275,7 @@ def _finished(run: Path) -> dict[str, Any] | None:
     if not file.is_file() or ckpt.find_latest(run) is None:
         return None
     try:
-        return json.loads(file.read_text(encoding="utf-8"))
+        return json_loads(file.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None  # damaged: the training resumes from its final checkpoint
 

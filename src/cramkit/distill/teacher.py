@@ -10,7 +10,6 @@ done, so an interrupted run resumes from there. When every row is done the array
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 from pathlib import Path
 from typing import Any
@@ -18,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from cramkit.errors import CramkitError
-from cramkit.io import open_memmap, write_json_atomic
+from cramkit.io import json_loads, open_memmap, write_json_atomic
 from cramkit.load import LoadedModel
 
 
@@ -81,7 +80,7 @@ def teacher_logits(
     start = 0
     if part.is_file() and state_path.is_file():
         try:
-            state = json.loads(state_path.read_text(encoding="utf-8"))
+            state = json_loads(state_path.read_text(encoding="utf-8"))
             arr = np.lib.format.open_memmap(part, mode="r+")
             if arr.shape == (n, outputs) and arr.dtype == np.float32:
                 start = int(state.get("done", 0))

@@ -16,7 +16,6 @@ IDX; every file opened must be recorded there and is checked against the size re
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import shutil
 import sys
@@ -45,7 +44,7 @@ from cramkit.index.chunking import (
     write_chunks,
 )
 from cramkit.index.embedding import dist_info, embed_to_memmap, encoder_fingerprint, texts_key
-from cramkit.io import atomic_path, check_out, dir_lock, inside, open_memmap, write_json_atomic
+from cramkit.io import BadJson, atomic_path, check_out, dir_lock, inside, json_loads, open_memmap, write_json_atomic
 
 MANIFEST = "index.json"
 FORMAT = "cramkit-index-1"
@@ -306,8 +305,10 @@ def _read_manifest(root: Path) -> dict[str, Any]:
         hint = " (an interrupted build: rerun it to resume)" if (root / ".build").exists() else ""
         raise CramkitError(f"{root} is not a finished index: {MANIFEST} is missing{hint}")
     try:
-        m = json.loads(file.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        m = json_loads(file.read_text(encoding="utf-8"))
+    except BadJson as exc:
+        raise CramkitError(f"{file} is {exc}; the index is damaged, rebuild it") from None
+    except (OSError, UnicodeDecodeError) as exc:
         raise CramkitError(f"{file} is not valid JSON ({exc}); the index is damaged, rebuild it") from None
     if not isinstance(m, dict) or m.get("format") != FORMAT:
         raise CramkitError(f"{file}: not a cramkit index manifest (format {FORMAT} expected)")

@@ -13,7 +13,6 @@ one memory map: nothing to merge afterwards); rank 0 writes ``embed.json`` after
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import sys
 import time
@@ -24,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from cramkit.errors import CramkitError
-from cramkit.io import open_memmap, write_json_atomic
+from cramkit.io import json_loads, open_memmap, write_json_atomic
 
 DONE_FILE = "embed.json"
 
@@ -78,7 +77,7 @@ def _barrier(world: int) -> None:
 
 def _read_json(path: Path) -> dict | None:
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = json_loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
     return data if isinstance(data, dict) else None

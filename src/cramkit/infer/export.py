@@ -5,7 +5,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 import tempfile
@@ -15,6 +14,7 @@ from typing import Any
 
 from cramkit.errors import CramkitError
 from cramkit.infer import backends
+from cramkit.io import read_json
 from cramkit.load import LoadedModel, load_directory_architecture, load_torch
 
 
@@ -118,7 +118,7 @@ def _export_hf(loaded: LoadedModel, out: Path, mlm_head: bool, force: bool) -> E
             force=force,
             labels=loaded.labels,
         )
-    fmt = json.loads((done / "cramkit_export.json").read_text(encoding="utf-8"))
+    fmt = read_json(done / "cramkit_export.json", "export the model again")
     arch = fmt["architecture"]
     if "Classification" in arch:
         auto = "AutoModelForSequenceClassification"

@@ -30,6 +30,7 @@ import torch
 from torch import nn
 
 from cramkit.errors import CramkitError
+from cramkit.io import BadJson, folder_file, json_loads, read_json
 from cramkit.model.encoder import Encoder, ModelConfig
 from cramkit.model.heads import MaskedLM, MultipleChoice, SequenceClassifier
 
@@ -84,17 +85,14 @@ _IGNORED = re.compile(r"(embeddings\.position_ids|cls\.seq_relationship\..*|cls\
 
 def _read_hf_config(path: str | Path) -> tuple[Path, dict[str, Any]]:
     path = Path(path)
-    file = path / "config.json" if path.is_dir() else path
+    file = folder_file(path, "config.json") if path.is_dir() else path
     if not file.exists():
         inside = sorted(p.parent.name for p in path.glob("*/config.json")) if path.is_dir() else []
         hint = f" (found one in {path / inside[0]}: give that folder)" if len(inside) == 1 else ""
         raise CramkitError(
             f"{path}: no config.json; give a Hugging Face model directory (config.json + model.safetensors){hint}"
         )
-    try:
-        data = json.loads(file.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise CramkitError(f"{file} is not valid JSON ({exc}); re-download the checkpoint") from None
+    data = read_json(file, "re-download the checkpoint")
     if not isinstance(data, dict):
         raise CramkitError(f"{file} must hold a JSON object")
     return file, data
@@ -171,17 +169,18 @@ def load_hf_config(path: str | Path) -> ModelConfig:
 
 
 def _weight_files(root: Path) -> list[Path]:
-    single = root / "model.safetensors"
+    single = folder_file(root, "model.safetensors")
     if single.exists():
         return [single]
-    index = root / "model.safetensors.index.json"
+    index = folder_file(root, "model.safetensors.index.json")
     if index.exists():
+        data = read_json(index, "re-download it")
         try:
-            shards = sorted(set(json.loads(index.read_text(encoding="utf-8"))["weight_map"].values()))
-        except (json.JSONDecodeError, KeyError, AttributeError, TypeError, UnicodeDecodeError) as exc:
+            shards = sorted(set(data["weight_map"].values()))
+        except (KeyError, AttributeError, TypeError) as exc:
             raise CramkitError(f"{index} is not a valid safetensors index ({exc}); re-download it") from None
         return [_shard_path(root, index, s) for s in shards]
-    legacy = root / "pytorch_model.bin"
+    legacy = folder_file(root, "pytorch_model.bin")
     if legacy.exists():
         return [legacy]
     raise CramkitError(
@@ -204,7 +203,7 @@ def _shard_path(root: Path, index: Path, name: object) -> Path:
             f"{index} names the weight file {name!r}, which lies outside the model folder {root}; the index "
             "is malformed or malicious: re-download the model from a source you trust"
         )
-    return root / name
+    return folder_file(root, name)
 
 
 def read_weights(file: Path) -> dict[str, torch.Tensor]:
@@ -471,25 +470,23 @@ def _write_tokenizer(tokenizer_dir: Path, out: Path, cfg: ModelConfig) -> None:
     if not {"tokenizer.json", "vocab.txt"} & set(copied):
         raise CramkitError(f"{tokenizer_dir}: no tokenizer.json or vocab.txt to export")
     for f in copied:
-        shutil.copyfile(tokenizer_dir / f, out / f)
+        shutil.copyfile(folder_file(tokenizer_dir, f), out / f)
     # tokenizer_config.json names the plain BERT class, so that BertTokenizerFast.from_pretrained(DIR) and
     # AutoTokenizer (given trust_remote_code=True for a remote-code export, whose config.json needs it)
     # load the tokenizer as BERT's own, never through remote code
     tok_cfg: dict[str, Any] = {}
     if "tokenizer_config.json" in copied:
         try:
-            tok_cfg = json.loads((out / "tokenizer_config.json").read_text(encoding="utf-8"))
-        except (ValueError, UnicodeDecodeError) as exc:
-            raise CramkitError(
-                f"{tokenizer_dir / 'tokenizer_config.json'} is not valid JSON ({exc}); re-save the tokenizer"
-            ) from None
+            tok_cfg = json_loads((out / "tokenizer_config.json").read_text(encoding="utf-8"))
+        except (BadJson, UnicodeDecodeError) as exc:
+            raise CramkitError(f"{tokenizer_dir / 'tokenizer_config.json'} is {exc}; re-save the tokenizer") from None
         if not isinstance(tok_cfg, dict):
             tok_cfg = {}
     for key in ("auto_map", "tokenizer_file"):  # never remote code; tokenizer.json sits beside it
         tok_cfg.pop(key, None)
     vocab: set[str] = set()
     if (tokenizer_dir / "tokenizer.json").exists():
-        tok = json.loads((tokenizer_dir / "tokenizer.json").read_text(encoding="utf-8"))
+        tok = read_json(out / "tokenizer.json", "re-save the tokenizer")
         vocab = set((tok.get("model") or {}).get("vocab") or {}) | {t["content"] for t in tok.get("added_tokens", [])}
         klass = "BertTokenizerFast"  # plain BERT: loads without remote code
     else:

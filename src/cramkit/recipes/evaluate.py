@@ -12,7 +12,6 @@ standard deviation (without ``fewshot_splits``: the one split ``few_all``).
 from __future__ import annotations
 
 import difflib
-import json
 import os
 import shutil
 import statistics
@@ -23,6 +22,7 @@ from pathlib import Path
 from typing import Any, cast
 
 from cramkit.errors import CramkitError
+from cramkit.io import json_loads
 from cramkit.load import LoadedModel, load_torch
 from cramkit.recipes.finetune import FinetuneConfig, finetune, write_json
 from cramkit.tasks.registry import Suite, Task, get_suite
@@ -375,7 +375,7 @@ def _claim_sample(run: Path, view: Task, k: int, key: str) -> None:
     file = run / SAMPLE_FILE
     if file.is_file():
         try:
-            old = json.loads(file.read_text(encoding="utf-8"))
+            old = json_loads(file.read_text(encoding="utf-8"))
         except (OSError, ValueError):
             old = None
         if old != sample:
@@ -453,7 +453,7 @@ def _finished(
     """The results of a task finished by an earlier (interrupted) run with the same model and settings
     (and, for FewCLUE's protocol, the same splits)."""
     try:
-        res = json.loads((task_dir / "results.json").read_text(encoding="utf-8"))
+        res = json_loads((task_dir / "results.json").read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
     same = isinstance(res, dict) and res.get("source") == source and res.get("config") == config

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import json
 import math
 import os
 import shutil
@@ -34,6 +33,7 @@ from cramkit.data.batching import (
     scores_to_choices,
 )
 from cramkit.errors import CramkitError
+from cramkit.io import json_loads
 from cramkit.load import LoadedModel
 from cramkit.model import forward
 from cramkit.runtime import Precision, torchrun
@@ -447,7 +447,7 @@ class ClassifierObjective:
             return
         try:
             self.best = (
-                float(json.loads((self.best_dir / BEST_FILE).read_text(encoding="utf-8"))["score"]),
+                float(json_loads((self.best_dir / BEST_FILE).read_text(encoding="utf-8"))["score"]),
                 None,
             )
         except (OSError, ValueError, KeyError, TypeError):
@@ -834,7 +834,7 @@ def _finished_seed(run: Path, tests: dict) -> tuple[dict, dict, None] | None:
     if not file.is_file():
         return None
     try:
-        data = json.loads(file.read_text(encoding="utf-8"))
+        data = json_loads(file.read_text(encoding="utf-8"))
         logits = {}
         for key, name in data["test_logits"].items():
             task_name, split = key.split("|", 1)
@@ -844,7 +844,7 @@ def _finished_seed(run: Path, tests: dict) -> tuple[dict, dict, None] | None:
         if set(logits) != set(tests):
             return None
         return data["stats"], logits, None
-    except (OSError, ValueError, KeyError, TypeError, json.JSONDecodeError):
+    except (OSError, ValueError, KeyError, TypeError):
         return None  # damaged: train this seed again
 
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import json
 import os
 import statistics
 from collections.abc import Sequence
@@ -26,6 +25,7 @@ import numpy as np
 from cramkit.config import to_dict
 from cramkit.data.batching import BatchLoader, Encoded, EncodedChoices
 from cramkit.errors import CramkitError
+from cramkit.io import json_loads
 from cramkit.load import LoadedModel
 from cramkit.recipes.finetune import (
     FinetuneConfig,
@@ -364,7 +364,7 @@ def _finished(out: Path) -> dict[str, Any] | None:
     if not (out / MODEL_FILE).is_file():
         return None
     try:
-        res = json.loads((out / "results.json").read_text(encoding="utf-8"))
+        res = json_loads((out / "results.json").read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
     return res if isinstance(res, dict) and "tasks" in res else None

@@ -25,7 +25,7 @@ import yaml
 from cramkit import runtime
 from cramkit.config import load_yaml
 from cramkit.errors import CramkitError
-from cramkit.io import read_json_object
+from cramkit.io import json_loads, read_json, read_json_object
 from cramkit.train import checkpoint as ckpt
 from cramkit.train.config import RunConfig, build_config, check_fits, resolve_config
 
@@ -46,6 +46,14 @@ def _is_store(path: str) -> bool:
     if base.with_suffix(".json").is_file() and any(base.parent.glob(f"{base.name}-*.idx")):
         return True  # a sharded store: NAME.json lists NAME-00000.bin/.idx, ...
     return base.with_suffix(".idx").is_file() and base.with_suffix(".bin").is_file()
+
+
+def _cache_key(file: Path) -> Any:
+    """The key a cache recorded in ``file``; None when it is unreadable (a damaged cache is built again)."""
+    try:
+        return json_loads(file.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
 
 
 def _sources_key(sources: Sequence[str], tok_hash: str, cfg: RunConfig, source_options: dict) -> str:
@@ -87,7 +95,7 @@ def _tokenizer_for(
     if source_options:
         want["source_options"] = source_options
     cached = (tok_dir / "tokenizer.json").is_file() and key_file.is_file()
-    if cached and json.loads(key_file.read_text(encoding="utf-8")) == want:
+    if cached and _cache_key(key_file) == want:
         return load_tokenizer(tok_dir)
     if tokenizer:
         tok = load_tokenizer(tokenizer)
@@ -177,7 +185,7 @@ def _store_for(
     data_dir = run / "data"
     key = _sources_key(sources, tokenizer_hash(tok), cfg, source_options)
     key_file = data_dir / "cramkit-source.json"
-    if key_file.is_file() and json.loads(key_file.read_text(encoding="utf-8")).get("key") == key:
+    if key_file.is_file() and (_cache_key(key_file) or {}).get("key") == key:
         try:
             return TokenStore(data_dir / "train")
         except CramkitError:
@@ -496,10 +504,10 @@ def _model_tokenizer(run: Path, begin: Any, extend: int, sources: list[str], sou
     if extend:
         want |= {"extend_vocab": extend, "sources": sources, "source_options": source_options}
     cached = (tok_dir / "tokenizer.json").is_file() and key_file.is_file() and (ext_file.is_file() or not extend)
-    if cached and json.loads(key_file.read_text(encoding="utf-8")) == want:
+    if cached and _cache_key(key_file) == want:
         ext = None
         if extend:
-            saved = json.loads(ext_file.read_text(encoding="utf-8"))
+            saved = read_json(ext_file, f"delete {ext_file} (a cache) and run again")
             ext = Extension(
                 saved["words"],
                 saved["pieces"],

@@ -24,7 +24,6 @@ import collections
 import contextlib
 import hmac
 import json
-import re
 import sys
 import time
 import traceback
@@ -39,6 +38,7 @@ from starlette.responses import Response
 
 from cramkit.errors import CramkitError
 from cramkit.infer.engine import MIN_CHOICES, InputTooLong
+from cramkit.io import SURROGATE_ESCAPE, lone_surrogate
 from cramkit.serve.batcher import Batcher, Job, Lane, Overloaded, Search, SearchQueue, Stopped
 from cramkit.serve.metrics import Metrics
 
@@ -48,8 +48,6 @@ OPEN_ROUTES = ("/health", "/docs", "/openapi.json", "/docs/oauth2-redirect", "/r
 INLINE_CHARS = 4000
 # answers with more items than this (floats, candidates, hits) are built and serialised in a worker thread
 INLINE_ITEMS = 20_000
-# an escaped UTF-16 surrogate in the raw body: the parsed text may hold a lone one
-SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
 
 
 @dataclass
@@ -292,24 +290,6 @@ def _state(request: Request) -> ServerState:
 # ------------------------------------------------------------------------------------------ parsing
 
 
-def _lone_surrogate(obj: Any) -> bool:
-    """Whether any string in a parsed JSON value (keys included) holds a lone UTF-16 surrogate."""
-    stack = [obj]
-    while stack:
-        x = stack.pop()
-        if isinstance(x, str):
-            try:
-                x.encode("utf-8")
-            except UnicodeEncodeError:
-                return True
-        elif isinstance(x, list):
-            stack.extend(x)
-        elif isinstance(x, dict):
-            stack.extend(x)
-            stack.extend(x.values())
-    return False
-
-
 async def _json(request: Any) -> dict:
     raw = await request.body()
     try:
@@ -328,7 +308,7 @@ async def _json(request: Any) -> dict:
             f"the body holds an integer of over {sys.get_int_max_str_digits()} digits; send ordinary numbers",
             "Validation",
         ) from None
-    if SURROGATE_ESCAPE.search(text) and _lone_surrogate(body):
+    if SURROGATE_ESCAPE.search(text) and lone_surrogate(body):
         raise ApiError(
             400,
             "the body holds a lone UTF-16 surrogate escape (such as \\ud800), which is not text; send valid Unicode",

@@ -89,12 +89,11 @@ def build_engines(
 
 
 def _is_multitask(path: str) -> bool:
-    import json
-
+    from cramkit.io import json_loads
     from cramkit.load import MODEL_FILE
 
     try:
-        meta = json.loads((Path(path).expanduser() / MODEL_FILE).read_text(encoding="utf-8"))
+        meta = json_loads((Path(path).expanduser() / MODEL_FILE).read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return False  # load() names what is wrong with the file
     return isinstance(meta, dict) and meta.get("kind") == "multitask"

@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any, cast
 
 from cramkit.errors import CramkitError
+from cramkit.io import BadJson, LoneSurrogate, json_loads, json_row
 from cramkit.tasks.glue import SKIP_HINT, BadRow, parse_label
 from cramkit.tasks.registry import Example, PathLike, Suite, Task, register_family, register_suite
 
@@ -345,11 +346,12 @@ class JsonLinesSplit:
             where = f"{self.path}, line {lineno}"
             try:
                 try:
-                    row = json.loads(line)
-                except json.JSONDecodeError as e:
+                    row, _ = json_row(line)
+                except LoneSurrogate as e:
+                    raise BadRow(f"{where}: {e}. {SKIP_HINT}") from None
+                except BadJson as e:
                     raise BadRow(
-                        f"{where} is not JSON ({e.msg}); CLUE files hold one JSON object per line (JSON "
-                        f"Lines). {SKIP_HINT}"
+                        f"{where} is {e}; CLUE files hold one JSON object per line (JSON Lines). {SKIP_HINT}"
                     ) from None
                 if not isinstance(row, dict):
                     raise BadRow(
@@ -460,11 +462,11 @@ def _chid_parser(labelled: bool, answers: dict | None, answer_file: Path | None)
 
 def _read_answers(path: Path) -> dict:
     try:
-        answers = json.loads(path.read_text(encoding="utf-8-sig"))
+        answers = json_loads(path.read_text(encoding="utf-8-sig"))
     except OSError as e:
         raise CramkitError(f"CHID: cannot read the answers file {path} ({e.strerror})") from None
-    except json.JSONDecodeError as e:
-        raise CramkitError(f'{path} is not JSON ({e.msg}); it should be one object {{"#idiomN#": answer}}') from None
+    except (BadJson, UnicodeDecodeError) as e:
+        raise CramkitError(f'{path} is {e}; it should be one object {{"#idiomN#": answer}}') from None
     if not isinstance(answers, dict):
         raise CramkitError(
             f'{path} holds a JSON {type(answers).__name__}; it should be one object {{"#idiomN#": answer}}'

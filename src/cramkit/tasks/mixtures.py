@@ -25,6 +25,8 @@ import numpy as np
 from cramkit.errors import CramkitError
 from cramkit.tasks.registry import _unknown, list_tasks
 
+# below this, size ** (1/T) puts every draw on the largest task (and overflows float64)
+MIN_TEMPERATURE = 0.01
 RATE_KINDS = ("proportional", "capped:N", "temperature:T", "equal", "w1,w2,...")
 
 
@@ -72,6 +74,11 @@ def parse_rates(spec: str, n_tasks: int) -> tuple[str, float | list[float] | Non
             ) from None
         if not value > 0 or not math.isfinite(value):
             raise CramkitError(f"{hint} ({kind}:{arg} must be positive)")
+        if kind == "temperature" and value < MIN_TEMPERATURE:
+            raise CramkitError(
+                f"--rates {spec!r}: the temperature must be at least {MIN_TEMPERATURE} (1 draws in proportion to "
+                "the tasks' sizes, a large one tends to equal; a tiny one would put every draw on the largest task)"
+            )
         return kind, value
     try:
         weights = [float(w) for w in text.split(",")]
@@ -94,13 +101,19 @@ def mixture_rates(spec: str, sizes: Sequence[int]) -> np.ndarray:
         w = np.ones_like(n)
     elif kind == "capped":
         w = np.minimum(n, float(cast(float, value)))
-    elif kind == "temperature":
-        w = n ** (1.0 / float(cast(float, value)))
+    elif kind == "temperature":  # size ** (1/T), in logs: large sizes at a small T overflow float64
+        with np.errstate(divide="ignore"):
+            logs = np.log(n) / float(cast(float, value))
+        w = np.exp(logs - logs.max()) if np.isfinite(logs.max()) else np.zeros_like(n)
     else:
         w = np.asarray(value, dtype=np.float64)
-    if w.sum() <= 0:
+    if not w.max() > 0:
         raise CramkitError("every task of the mixture has 0 training examples")
-    return w / w.sum()
+    w = w / w.max()  # weights of 1e308 each: their sum would overflow to inf
+    rates = w / w.sum()
+    if not np.isfinite(rates).all():
+        raise CramkitError(f"--rates {spec!r} gives no usable rates for tasks of sizes {list(sizes)}; give other rates")
+    return rates
 
 
 _MIXTURES: dict[str, Mixture] = {}

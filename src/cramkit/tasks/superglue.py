@@ -46,6 +46,7 @@ from typing import Any, cast
 import numpy as np
 
 from cramkit.errors import CramkitError
+from cramkit.io import BadJson, json_row
 from cramkit.tasks.glue import SKIP_HINT, BadRow
 from cramkit.tasks.registry import Example, PathLike, Suite, Task, register_family, register_suite
 
@@ -364,9 +365,9 @@ class JsonlSplit:
                 where = f"{self.path}, line {lineno}"
                 try:
                     try:
-                        row = json.loads(line)
-                    except json.JSONDecodeError as e:
-                        raise BadRow(f"{where}: not valid JSON ({e.msg}). {SKIP_HINT}") from None
+                        row, _ = json_row(line)
+                    except BadJson as e:  # a lone surrogate escape included: not text the tokenizer takes
+                        raise BadRow(f"{where}: {e}. {SKIP_HINT}") from None
                     rows = self.spec.parse(row, where, self.test)
                     for ex in rows:
                         if ex.idx in seen:

@@ -23,6 +23,7 @@ import glob
 import gzip
 import hashlib
 import json
+import logging
 import os
 import re
 import stat
@@ -35,7 +36,10 @@ from pathlib import Path
 from typing import Literal, cast
 
 from cramkit.errors import CramkitError
+from cramkit.io import BadJson, LoneSurrogate, json_loads, json_row
 from cramkit.text.encoding import open_binary
+
+log = logging.getLogger("cramkit.text")
 
 DOC_SPLITS = ("auto", "file", "blank", "wikitext")
 TEXT_SUFFIXES = {".txt", ".text", ".tokens", ".raw"}
@@ -346,7 +350,7 @@ def _json_problem(path: str) -> str | None:
         return "is not a text file; give JSON Lines (one JSON object per line)"
     first = next((line for line in head.split("\n") if line.strip()), "")
     try:
-        if isinstance(json.loads(first), dict):
+        if isinstance(json_loads(first), dict):
             return None
     except ValueError:
         pass
@@ -449,17 +453,22 @@ def _cut(doc: str, limit: int) -> Iterator[str]:
 def _jsonl_documents(path: str, opts: dict) -> Iterator[str]:
     field = opts["text_field"]
     buf = ""
-    lineno = 0
+    lineno = replaced = 0
 
     def parse(line: str) -> str | None:
+        nonlocal replaced
         if not line.strip():
             return None
         try:
-            obj = json.loads(line)
-        except json.JSONDecodeError as exc:
+            obj, fixed = json_row(line, opts["errors"])
+        except LoneSurrogate as exc:
             raise CramkitError(
-                f"{path} line {lineno}: not valid JSON ({exc.msg}); each line must be one JSON object"
+                f"{path} line {lineno}: {exc}; fix the text, or pass --errors replace to replace such escapes "
+                "with U+FFFD (or --errors ignore to drop them)"
             ) from None
+        except BadJson as exc:
+            raise CramkitError(f"{path} line {lineno}: {exc}; each line must be one JSON object") from None
+        replaced += fixed
         if not isinstance(obj, dict) or field not in obj:
             keys = ", ".join(map(str, obj)) if isinstance(obj, dict) else type(obj).__name__
             raise CramkitError(
@@ -487,6 +496,9 @@ def _jsonl_documents(path: str, opts: dict) -> Iterator[str]:
         doc = parse(buf)
         if doc is not None:
             yield doc
+    if replaced:
+        what = "replaced with U+FFFD" if opts["errors"] == "replace" else "dropped"
+        log.warning("%s: lone surrogate escapes in %d rows were %s (--errors %s)", path, replaced, what, opts["errors"])
 
 
 def _table_documents(path: str, opts: dict) -> Iterator[str]:
@@ -653,7 +665,7 @@ def builtin_documents() -> Iterator[str]:
     if cache.is_file():
         try:
             with open(cache, encoding="utf-8") as fh:
-                docs = [json.loads(line) for line in fh]
+                docs = [json_loads(line) for line in fh]
             yield from docs
             return
         except (OSError, ValueError):

@@ -10,11 +10,14 @@ from __future__ import annotations
 
 import codecs
 import csv
-import json
+import logging
 from collections.abc import Iterator
 from pathlib import Path
 
 from cramkit.errors import CramkitError
+from cramkit.io import BadJson, LoneSurrogate, json_row
+
+log = logging.getLogger("cramkit.tasks")
 
 # the csv module refuses a field over 131,072 characters by default; a long document is a fine field, so
 # the limit is raised to 64 Mi characters (beyond that: one line naming the file and the row)
@@ -62,7 +65,7 @@ def records(
     if codecs.lookup(enc).name == "utf-8":
         enc = "utf-8-sig"
     try:
-        yield from _records_of(path, fmt, delimiter, enc, errors or "strict")
+        yield from _records_of(path, fmt, delimiter, enc, errors or "strict", errors is not None)
     except csv.Error as exc:
         raise CramkitError(
             f"{path}: {exc} (a field over {CSV_FIELD_LIMIT:,} characters, or an unclosed quote); split the text "
@@ -79,9 +82,10 @@ def records(
 
 
 def _records_of(
-    path: Path, fmt: str, delimiter: str | None, encoding: str, errors: str
+    path: Path, fmt: str, delimiter: str | None, encoding: str, errors: str, offers_errors: bool = False
 ) -> Iterator[tuple[int, dict | None, str]]:
     if fmt == "jsonl":
+        replaced = 0
         with open(path, encoding=encoding, errors=errors) as f:
             for lineno, line in enumerate(f, 1):
                 if not line.strip():
@@ -91,14 +95,22 @@ def _records_of(
                         f"{path} holds a JSON array; write one JSON object per line (JSON Lines) instead"
                     )
                 try:
-                    rec = json.loads(line)
-                except json.JSONDecodeError as e:
-                    yield lineno, None, f"not valid JSON ({e.msg})"
+                    rec, fixed = json_row(line, errors)
+                    replaced += fixed
+                except LoneSurrogate as e:
+                    fix = " (or pass --errors replace to replace them with U+FFFD)" if offers_errors else ""
+                    yield lineno, None, f"{e}{fix}"
+                    continue
+                except BadJson as e:
+                    yield lineno, None, str(e)
                     continue
                 if not isinstance(rec, dict):
                     yield lineno, None, f"a JSON {type(rec).__name__}, not an object"
                     continue
                 yield lineno, rec, ""
+        if replaced:
+            what = "replaced with U+FFFD" if errors == "replace" else "dropped"
+            log.warning("%s: lone surrogate escapes in %d rows were %s (--errors %s)", path, replaced, what, errors)
         return
     if fmt == "tsv":
         lines = read_tsv_lines(path, encoding, errors)

@@ -286,16 +286,10 @@ def load_tokenizer(path: str | os.PathLike) -> tokenizers.Tokenizer:
                 f"{path} holds no tokenizer.json or vocab.txt; "
                 f"train one with `cramkit tokenizer train ... --out {path}`"
             )
-        from cramkit.io import inside
+        from cramkit.io import folder_file
 
-        root, name = Path(path).resolve(), p.name
-        if root.parent.name == "snapshots" and (root.parent.parent / "blobs").is_dir():
-            # the Hugging Face hub cache: a snapshot's files are links into its repository's blobs/
-            root, name = root.parent.parent, f"snapshots/{root.name}/{p.name}"
-        try:  # a tokenizer directory's files stay inside it (a vocab.txt linked to ~/.env would leak as tokens)
-            inside(root, name)
-        except ValueError:
-            raise CramkitError(f"{p} is a link to a file outside {path}; refusing to read it") from None
+        # a tokenizer directory's files stay inside it (a vocab.txt linked to ~/.env would leak as tokens)
+        p = folder_file(path, p.name)
     if not p.is_file():
         raise CramkitError(f"tokenizer {path} does not exist; give a directory with tokenizer.json or vocab.txt")
     if p.suffix == ".json":
@@ -330,10 +324,12 @@ def _from_vocab_txt(p: Path) -> tokenizers.Tokenizer:
     if "[UNK]" not in vocab:
         raise CramkitError(f"{p} has no [UNK] token; it is not a BERT WordPiece vocab.txt")
     lowercase, strip = True, None
-    cfg = p.parent / "tokenizer_config.json"
+    from cramkit.io import folder_file, json_loads
+
+    cfg = folder_file(p.parent, "tokenizer_config.json")
     if cfg.is_file():
         try:
-            conf = json.loads(cfg.read_text(encoding="utf-8"))
+            conf = json_loads(cfg.read_text(encoding="utf-8"))
             lowercase = bool(conf.get("do_lower_case", True))
             strip = conf.get("strip_accents")
         except (ValueError, OSError):

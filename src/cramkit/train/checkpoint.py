@@ -42,7 +42,7 @@ import torch
 from torch import nn
 
 from cramkit.errors import CramkitError
-from cramkit.io import sha256_file, write_text_atomic
+from cramkit.io import BadJson, json_loads, sha256_file, write_text_atomic
 
 # the read side of the format (cramkit.rundir), under its old names too
 from cramkit.rundir import (  # noqa: F401
@@ -201,10 +201,10 @@ def _reader(path: Path) -> Any:
         def read_metadata(self, *args: Any, **kwargs: Any) -> Any:
             file = Path(self.path) / META_FILE
             try:
-                data = json.loads(file.read_text(encoding="utf-8"))
+                data = json_loads(file.read_text(encoding="utf-8"))
             except FileNotFoundError:
                 raise CramkitError(f"{file} is missing; the checkpoint is incomplete; resume from another") from None
-            except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            except (UnicodeDecodeError, BadJson) as exc:
                 raise CramkitError(f"{file} is corrupt ({exc}); resume from another checkpoint") from None
             metadata = _metadata_from_json(data, Path(self.path))
             metadata.storage_meta = StorageMeta(load_id=self.load_id)

@@ -10,6 +10,9 @@ from typing import Any
 
 import torch
 
+from cramkit.errors import CramkitError
+from cramkit.io import BadJson, json_loads
+
 # peak dense bf16 tensor FLOP/s per GPU (vendor datasheets, without sparsity)
 PEAK_BF16_FLOPS: list[tuple[str, float]] = [
     ("H200", 989e12),
@@ -88,8 +91,8 @@ class MetricsLog:
 
 def _step_of(line: str) -> float:
     try:
-        return json.loads(line).get("step", math.inf)
-    except ValueError:
+        return json_loads(line).get("step", math.inf)
+    except (ValueError, AttributeError):
         return math.inf
 
 
@@ -97,7 +100,14 @@ def read_metrics(run: Path) -> list[dict[str, Any]]:
     path = Path(run) / "metrics.jsonl"
     if not path.exists():
         return []
-    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    rows = []
+    for lineno, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        if line.strip():
+            try:
+                rows.append(json_loads(line))
+            except BadJson as exc:
+                raise CramkitError(f"{path} line {lineno} is {exc}; the run's metrics are damaged") from None
+    return rows
 
 
 def plot_losses(

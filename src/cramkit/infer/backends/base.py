@@ -233,6 +233,11 @@ class Backend:
     def runner(self, model: ExportedModel) -> Runner:
         raise NotImplementedError
 
+    def check_model(self, model: ExportedModel) -> None:
+        """The format's check of an opened export against its manifest and tokenizer, run on every load
+        (max_length, labels, hidden size against what the files hold): one CramkitError naming the file and
+        the fix, never a runtime's traceback on the first request."""
+
     def versions(self) -> dict[str, str]:
         return {"python": platform.python_version()}
 
@@ -299,6 +304,11 @@ SHARED_FIELDS = {
 }
 
 
+# the longest input an export's manifest may claim: beyond any position table cramkit writes, and what a
+# check on load (one forward pass of this many tokens, see Backend.check_model) may cost
+MAX_EXPORT_LENGTH = 8192
+
+
 def read_manifest(path: Path, backend: Backend) -> dict[str, Any]:
     """The manifest of the export at ``path``, its fields checked: one line naming the file, else."""
     from cramkit.io import check_fields, read_json
@@ -313,8 +323,11 @@ def read_manifest(path: Path, backend: Backend) -> dict[str, Any]:
     labels = meta.get("labels")
     if labels is not None and not (isinstance(labels, list) and all(isinstance(x, str) for x in labels)):
         raise CramkitError(f"{file}: 'labels' must be a list of strings")
-    if not isinstance(meta.get("max_length"), int) or meta["max_length"] < 3:
-        raise CramkitError(f"{file}: 'max_length' must be an integer of at least 3")
+    if not isinstance(meta.get("max_length"), int) or not 3 <= meta["max_length"] <= MAX_EXPORT_LENGTH:
+        raise CramkitError(
+            f"{file}: 'max_length' must be an integer from 3 to {MAX_EXPORT_LENGTH} (the longest input an encoder "
+            f"cramkit exports takes), got {json.dumps(meta.get('max_length'))[:40]}; export the model again"
+        )
     files = meta.get("files")
     if not isinstance(files, dict) or any(name not in files for name in backend.required_files):
         raise CramkitError(
@@ -372,4 +385,6 @@ def open_dir(path: Path, meta: dict[str, Any], backend: Backend, threads: int | 
             f"{path / backend.marker}: pad_id {pad} is outside the tokenizer's {tokenizer.get_vocab_size()} ids; "
             "export the model again"
         )
-    return ExportedModel(path, meta, tokenizer, backend, handle, dict(meta["files"]))
+    model = ExportedModel(path, meta, tokenizer, backend, handle, dict(meta["files"]))
+    backend.check_model(model)
+    return model

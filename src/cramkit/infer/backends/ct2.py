@@ -207,6 +207,11 @@ def check_layout(layout: dict[str, tuple[tuple[int, ...], int]], meta: dict[str,
     if len(table) != 2 or min(table) < 1:
         raise bad("encoder/embeddings_0/weight", "[vocabulary, hidden]")
     rows, hidden = table
+    if meta.get("hidden") not in (None, hidden):
+        raise CramkitError(
+            f"{where}: the encoder is {hidden} wide, the manifest says hidden {meta['hidden']}; the file is damaged "
+            "or crafted, export the model again"
+        )
     outputs: dict[str, int] = {}
     for name, (dims, _) in layout.items():
         if not name.endswith("/weight") or "/linear_" not in name:

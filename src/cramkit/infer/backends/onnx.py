@@ -689,6 +689,42 @@ class OnnxBackend(Backend):
     def runner(self, model: ExportedModel) -> OnnxRunner:
         return OnnxRunner(model)
 
+    def check_model(self, model: ExportedModel) -> None:
+        """One forward pass of a [1, max_length] batch of pad ids: the graph must take the manifest's longest
+        input (its position table may be shorter than a crafted max_length) and give outputs of the
+        manifest's sizes (as many logits as labels, ``hidden`` wide pooled vectors)."""
+        import onnxruntime as ort
+
+        file, marker = model.path / "model.onnx", model.path / MANIFEST
+        n = model.max_length
+        ids = np.full((1, n), model.pad_id, dtype=np.int64)
+        runner = self.runner(model)
+        x: Inputs = {"input_ids": ids, "attention_mask": np.ones_like(ids), "token_type_ids": None}
+        names = [o.name for o in runner.main.get_outputs()]
+        quiet = ort.RunOptions()
+        quiet.log_severity_level = 4  # the failure is this check's one line, not ONNX Runtime's log
+        try:
+            got = dict(zip(names, runner.main.run(names, runner._feed(x), quiet), strict=True))
+        except Exception as exc:  # noqa: BLE001 - ONNX Runtime's own errors: a graph that cannot take it
+            raise CramkitError(
+                f"{file} does not run on an input of max_length {n} tokens, the length {marker.name} allows "
+                f"({str(exc).splitlines()[0][:160]}); the manifest's max_length is beyond the model's position "
+                "table, or the file is damaged: export the model again"
+            ) from None
+        want: dict[str, list[int]] = {}
+        if model.hidden is not None:
+            want |= {"mean": [1, model.hidden], "cls": [1, model.hidden]}
+        if model.kind in ("regression", "multiple_choice"):
+            want["logits"] = [1, 1]
+        elif model.kind in ("classifier", "multilabel") and model.labels:
+            want["logits"] = [1, len(model.labels)]
+        for name, shape in want.items():
+            if name in got and list(np.shape(got[name])) != shape:
+                raise CramkitError(
+                    f"{marker}: model.onnx gives {name} of shape {list(np.shape(got[name]))} where the manifest "
+                    f"says {shape} (its labels or hidden size do not match the graph); export the model again"
+                )
+
     def versions(self) -> dict[str, str]:
         return _versions()
 

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from cramkit.train.budget import format_seconds
 from cramkit.train.config import TrainConfig
 from cramkit.train.parallel import ParallelConfig
 from cramkit.train.trainer import Trainer, TrainingInterrupted
@@ -126,3 +127,15 @@ def test_a_ctrl_c_during_the_final_evaluation_still_stops(tmp_path: Path) -> Non
     trainer = _trainer(tmp_path / "run", _Toy())
     trainer.resume()
     assert trainer.run().step == 4
+
+
+def test_time_left_follows_the_recent_rate_not_the_slow_first_steps() -> None:
+    """A first step that took 10 s (allocation, compilation), then 1 s per 10% of the budget: ~8 s are left, not
+    the ~44 s the rate since the start would say."""
+    from cramkit.train.budget import parse_budget
+    from cramkit.train.trainer import _time_left
+
+    steps = parse_budget("100steps")
+    assert _time_left(steps, 0.1, 10.0) == "~" + format_seconds(90.0)  # no earlier line: the rate since the start
+    assert _time_left(steps, 0.2, 11.0, (0.1, 10.0)) == "~" + format_seconds(8.0)
+    assert _time_left(parse_budget("60s"), 0.5, 30.0, (0.4, 24.0)) == format_seconds(30.0)  # a time budget: exact

@@ -247,6 +247,7 @@ class Trainer:
         # MFU against the dense bf16 peak, fp8 included (torchtitan's convention)
         self._peak = peak_flops(device) if self.precision in ("bf16", "fp16", "fp8") else None
         self._window: list[float] = []
+        self._eta_mark: tuple[float, float] | None = None  # (budget fraction, elapsed) at the last log line
         self._unsettled: list[dict[str, Any]] = []  # steps whose device values the host has not read yet
         self._window_tokens, self._window_time = 0, 0.0
         self._bar = Progress(False, objective.title)  # notes only; run() shows the bar
@@ -470,7 +471,8 @@ class Trainer:
             fields["mfu"] = f"{mfu:.1%}"
         if self.val_loss is not None:
             fields["val"] = f"{self.val_loss:.3f}"
-        fields["left"] = _time_left(self.budget, fraction, s.elapsed)
+        fields["left"] = _time_left(self.budget, fraction, s.elapsed, self._eta_mark)
+        self._eta_mark = (fraction, s.elapsed)
         self._bar.update(fraction, fields)
         self._window, self._window_tokens, self._window_time = [], 0, 0.0
 
@@ -578,9 +580,14 @@ def fit(
     return trainer.run()
 
 
-def _time_left(budget: Any, fraction: float, elapsed: float) -> str:
+def _time_left(budget: Any, fraction: float, elapsed: float, mark: tuple[float, float] | None = None) -> str:
+    """Training time left: exact for a time budget; else the rest of the budget at the rate since ``mark`` (the
+    last log line), so the first steps (allocation, compilation, a cold cache) do not inflate every later
+    estimate; at the rate since the start when there is no mark yet."""
     if budget.kind == "time":
         return format_seconds(budget.amount - elapsed)
+    if mark is not None and fraction > mark[0] and elapsed > mark[1]:
+        return "~" + format_seconds((1 - fraction) * (elapsed - mark[1]) / (fraction - mark[0]))
     if fraction <= 0:
         return "?"
     return "~" + format_seconds(elapsed / fraction - elapsed)

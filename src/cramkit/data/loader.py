@@ -161,7 +161,7 @@ class PretrainData:
     def masked(self, packed: PackedSequences, seq_ids: np.ndarray, seed: int, offsets: np.ndarray) -> dict:
         import torch
 
-        ids = packed.gather(seq_ids)
+        ids, segments = packed.gather_with_segments(seq_ids)
         inp, labels = mask_tokens(
             ids,
             seed=seed,
@@ -171,7 +171,10 @@ class PretrainData:
             vocab_size=self.vocab_size,
             word_start=self.words.starts(ids) if self.words is not None else None,
         )
-        return {"input_ids": torch.from_numpy(inp), "labels": torch.from_numpy(labels)}
+        batch = {"input_ids": torch.from_numpy(inp), "labels": torch.from_numpy(labels)}
+        if self.cfg.doc_mask:
+            batch["segments"] = torch.from_numpy(segments)
+        return batch
 
     def train_loader(self, micro_batch: int, *, rank: int = 0, world: int = 1) -> MLMLoader:
         return MLMLoader(self, micro_batch, rank=rank, world=world)

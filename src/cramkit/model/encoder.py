@@ -389,23 +389,57 @@ class Encoder(nn.Module):
         token_type_ids: torch.Tensor | None = None,
         select: torch.Tensor | None = None,
         prefix: torch.Tensor | None = None,
+        segments: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Hidden states ``[B, L, hidden]``; with ``select`` ([B, L] bool, at least one True), only those
         positions' ``[N, hidden]`` (row-major, as ``hidden[select]``), the last block computing its
         queries, MLP and norms only there (sparse prediction: the same values, less work). ``prefix``
-        [layers, 2, P, hidden]: keys and values each layer's attention also sees (P-tuning v2)."""
+        [layers, 2, P, hidden]: keys and values each layer's attention also sees (P-tuning v2). ``segments``
+        [B, L] ints: a position attends only to positions of its own segment (the documents of a packed
+        sequence)."""
         x = self.embeddings(input_ids, token_type_ids)
         mask = _mask_for(attention_mask, x.dtype)
         chosen = select_positions(select) if select is not None else None
+        last_mask = mask
+        if segments is not None:
+            if prefix is not None:
+                raise ValueError("document segments with prefix keys and values are not supported")
+            mask, last_mask = _segment_masks(segments, mask, chosen, x.dtype)
         last = len(self.layers) - 1
         for i, block in enumerate(self.layers):
             sel = chosen if i == last else None
+            if i == last:
+                mask = last_mask
             pre = prefix[i] if prefix is not None else None
             if self.cfg.gradient_checkpointing and self.training:
                 x = checkpoint(block, x, mask, sel, pre, use_reentrant=False)
             else:
                 x = block(x, mask, sel, pre)
         return self.final_norm(x)
+
+
+def _segment_masks(
+    segments: torch.Tensor, padding: torch.Tensor | None, chosen: Selection | None, dtype: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Additive masks keeping attention inside each segment: [B, 1, L, L] for every block, and for the last
+    block's queries under sparse prediction [B, 1, M, L] (its M packed query slots; else the same mask);
+    ``padding`` ([B, 1, 1, L] or None) added to both."""
+    low = torch.finfo(dtype).min
+    keys = segments[:, None, None, :]
+    full = torch.zeros(keys.shape[0], 1, keys.shape[-1], keys.shape[-1], dtype=dtype, device=segments.device)
+    full = full.masked_fill(segments[:, None, :, None] != keys, low)
+    last = full
+    if chosen is not None:
+        batch, width = chosen.valid.shape
+        query = segments.new_full((batch * width,), -1).index_copy(0, chosen.slots, segments.reshape(-1)[chosen.flat])
+        query = query.view(batch, width)
+        # an empty slot (-1) sees every key, so that no query row is all -inf (its output is dropped)
+        unseen = (query[:, None, :, None] != keys) & (query[:, None, :, None] >= 0)
+        last = torch.zeros(batch, 1, width, keys.shape[-1], dtype=dtype, device=segments.device)
+        last = last.masked_fill(unseen, low)
+    if padding is not None:
+        full, last = full + padding, last + padding
+    return full, last
 
 
 def _mask_for(mask: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor | None:

@@ -57,17 +57,19 @@ class MaskedLM(nn.Module):
         labels: torch.Tensor | None = None,
         attention_mask: torch.Tensor | None = None,
         token_type_ids: torch.Tensor | None = None,
+        segments: torch.Tensor | None = None,
     ) -> MLMOutput:
+        """``segments`` [B, L]: each position's document in a packed sequence; attention stays inside it."""
         if labels is None:
-            logits = self.head(self.encoder(input_ids, attention_mask, token_type_ids))
+            logits = self.head(self.encoder(input_ids, attention_mask, token_type_ids, segments=segments))
             return MLMOutput(logits.new_zeros(()), logits, logits.new_zeros((), dtype=torch.long))
         # sparse prediction: never compute what is thrown away; the last block and the vocabulary
         # logits only at the predicted positions
         keep = labels.reshape(input_ids.shape) != IGNORE
         if bool(keep.any()):
-            hidden = self.encoder(input_ids, attention_mask, token_type_ids, select=keep)
+            hidden = self.encoder(input_ids, attention_mask, token_type_ids, select=keep, segments=segments)
         else:  # nothing predicted: empty logits (the loss is NaN, as a mean over nothing)
-            hidden = self.encoder(input_ids, attention_mask, token_type_ids)[keep]
+            hidden = self.encoder(input_ids, attention_mask, token_type_ids, segments=segments)[keep]
         targets = labels.reshape(-1)[keep.reshape(-1)]
         logits = self.head(hidden)
         loss = F.cross_entropy(logits.float(), targets, reduction="mean")

@@ -65,6 +65,12 @@ class Objective(Protocol):
     # fraction of the budget spent (e.g. a loss weight that decays with it); what it returns is logged
 
 
+def _segments(batch: dict[str, torch.Tensor], device: torch.device) -> dict[str, torch.Tensor]:
+    """``segments=`` for the model when the batch carries documents' segments (data.doc_mask)."""
+    seg = batch.get("segments")
+    return {} if seg is None else {"segments": seg.to(device, non_blocking=True)}
+
+
 class MLMObjective:
     """Masked-LM pretraining (the Cramming recipe): loss over the masked positions only."""
 
@@ -93,7 +99,7 @@ class MLMObjective:
         predicted = bool((batch["labels"] != IGNORE).any())  # asked of the host batch: no device sync
         ids = batch["input_ids"].to(device, non_blocking=True)
         labels = batch["labels"].to(device, non_blocking=True)
-        out = model(ids, labels)
+        out = model(ids, labels, **_segments(batch, device))
         return out.loss if predicted else out.logits.sum() * 0.0
 
     def evaluate(self, model: torch.nn.Module, ctx: parallel.DistContext, precision: str) -> float | None:
@@ -106,7 +112,7 @@ class MLMObjective:
                 ids = batch["input_ids"].to(ctx.device, non_blocking=True)
                 labels = batch["labels"].to(ctx.device, non_blocking=True)
                 with autocast(precision, ctx.device):
-                    out = model(ids, labels)
+                    out = model(ids, labels, **_segments(batch, ctx.device))
                 n = out.n_predicted.to(torch.float64)
                 if n > 0:
                     total[0] += out.loss.double() * n

@@ -32,6 +32,22 @@ _STEP_RE = re.compile(r"^step-(\d+)$")
 _SHARD_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
 
 
+def finished_result(
+    file: str | os.PathLike, *, needs: tuple[str | os.PathLike, ...] = (), key: str | None = None
+) -> dict[str, Any] | None:
+    """The results a finished piece of work wrote last (``file``, a JSON object), for a rerun to reuse; None
+    when it is absent, damaged, lacks ``key``, or a file it ``needs`` is gone (then the work is done again).
+    The one "reuse a finished run" check of the recipes (fine-tuning seeds, suites, mixtures, students)."""
+    path = Path(file)
+    if not path.is_file() or not all(Path(n).exists() for n in needs):
+        return None
+    try:
+        data = json_loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError, BadJson):
+        return None
+    return data if isinstance(data, dict) and (key is None or data.get(key)) else None
+
+
 def step_dir_name(step: int) -> str:
     return f"step-{step:06d}"
 

@@ -26,7 +26,6 @@ from torch import nn
 
 from cramkit.data.batching import BatchLoader, Encoded
 from cramkit.errors import CramkitError
-from cramkit.io import json_loads
 from cramkit.load import LoadedModel
 from cramkit.model.heads import classification_loss
 
@@ -269,15 +268,11 @@ def train_student(
 
 def _finished(run: Path) -> dict[str, Any] | None:
     """The stats of a finished training in ``run`` whose final checkpoint is still there, else None."""
-    from cramkit.train import checkpoint as ckpt
+    from cramkit.rundir import find_latest, finished_result
 
-    file = run / RESULT_FILE
-    if not file.is_file() or ckpt.find_latest(run) is None:
+    if find_latest(run) is None:
         return None
-    try:
-        return json_loads(file.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None  # damaged: the training resumes from its final checkpoint
+    return finished_result(run / RESULT_FILE)  # damaged: the training resumes from its final checkpoint
 
 
 def _stats(losses: list[float], steps: int, seconds: float, epochs: float, n: int, seen: int) -> dict[str, Any]:

@@ -452,14 +452,13 @@ def _finished(
 ) -> dict[str, Any] | None:
     """The results of a task finished by an earlier (interrupted) run with the same model and settings
     (and, for FewCLUE's protocol, the same splits)."""
-    try:
-        res = json_loads((task_dir / "results.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+    from cramkit.rundir import finished_result
+
+    res = finished_result(task_dir / "results.json", key="median")
+    if res is None or res.get("source") != source or res.get("config") != config:
         return None
-    same = isinstance(res, dict) and res.get("source") == source and res.get("config") == config
-    same = same and (res.get("fewshot") or {}).get("splits") == (list(splits) if splits else None)
-    same = same and (res.get("fewshot") or {}).get("k") == k
-    return res if same and res.get("median") else None
+    fewshot = res.get("fewshot") or {}
+    return res if fewshot.get("splits") == (list(splits) if splits else None) and fewshot.get("k") == k else None
 
 
 # the diagnostic sets (test only) a task's model also predicts for the leaderboard

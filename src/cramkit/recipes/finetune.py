@@ -830,11 +830,12 @@ def _finish_seed(run: Path, stats: dict[str, Any], logits: dict[tuple[str, str],
 
 
 def _finished_seed(run: Path, tests: dict) -> tuple[dict, dict, None] | None:
-    file = run / "result.json"
-    if not file.is_file():
+    from cramkit.rundir import finished_result
+
+    data = finished_result(run / "result.json", key="stats")
+    if data is None:
         return None
     try:
-        data = json_loads(file.read_text(encoding="utf-8"))
         logits = {}
         for key, name in data["test_logits"].items():
             task_name, split = key.split("|", 1)

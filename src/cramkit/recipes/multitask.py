@@ -25,7 +25,6 @@ import numpy as np
 from cramkit.config import to_dict
 from cramkit.data.batching import BatchLoader, Encoded, EncodedChoices
 from cramkit.errors import CramkitError
-from cramkit.io import json_loads
 from cramkit.load import LoadedModel
 from cramkit.recipes.finetune import (
     FinetuneConfig,
@@ -360,14 +359,9 @@ def _train_and_score(mixture, tasks, loaded, cfg, out_dir, ctx, train, dev, test
 def _finished(out: Path) -> dict[str, Any] | None:
     """The results of a mixture this directory finished before (same settings: claim_dir checked)."""
     from cramkit.load import MODEL_FILE
+    from cramkit.rundir import finished_result
 
-    if not (out / MODEL_FILE).is_file():
-        return None
-    try:
-        res = json_loads((out / "results.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    return res if isinstance(res, dict) and "tasks" in res else None
+    return finished_result(out / "results.json", needs=(out / MODEL_FILE,), key="tasks")
 
 
 def save_multitask(

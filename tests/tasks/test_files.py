@@ -145,3 +145,24 @@ def test_own_files_find_the_usual_text_columns(tmp_path, capsys):
     odd.write_text("words,label\nx,1\n")
     with pytest.raises(CramkitError, match=r"odd.csv: no usual text column among words, label; name it with --text-a"):
         resolve_task(train=odd, dev=odd)
+
+
+def test_max_eval_examples_scores_the_first_dev_rows(tiny_run, glue_dir):
+    """finetune --set max_eval_examples=N: each dev split cut to its first N rows (a quicker, rougher score)."""
+    import cramkit
+
+    res = cramkit.finetune(
+        tiny_run,
+        task="glue/sst2",
+        data_dir=glue_dir,
+        max_train_examples=64,
+        max_eval_examples=40,
+        min_steps=0,
+        epochs=1,
+        batch_size=16,
+        eval_every="never",
+        progress=False,
+    )
+    assert res["dev_examples"] == {"dev": 40}
+    acc = res["median"]["dev"]["metrics"]["accuracy"]
+    assert acc == pytest.approx(round(acc * 40 / 100) * 100 / 40)  # a share of 40 rows

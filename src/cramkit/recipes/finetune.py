@@ -96,6 +96,7 @@ class FinetuneConfig:
     eval_batch_size: int = 128
     bucket_chunk: int = 50  # batches per chunk sorted by length (length bucketing); 0 = no bucketing
     max_train_examples: int = 0  # use only the first N training examples (0 = all)
+    max_eval_examples: int = 0  # score only the first N examples of each dev split (0 = all): quicker, rougher
     micro_batch: int = 0  # examples per forward/backward on each process (0: the whole share of a batch)
     device: str = "auto"  # auto | cpu | cuda | cuda:1
     precision: Precision = "auto"  # cramkit.runtime's rule: auto is bf16 autocast on CUDA, fp32 elsewhere
@@ -619,6 +620,10 @@ def _finetune(
     max_length = min(cfg.max_length, loaded.max_length)
     tok = loaded.tokenizer
 
+    if cfg.max_eval_examples:
+        from cramkit.tasks.registry import cap_dev
+
+        task = cap_dev(task, cfg.max_eval_examples)
     prompt = resolve_prompt(task, loaded, cfg)
     train_rows = task.examples(task.train_split)
     if cfg.max_train_examples:

@@ -329,6 +329,22 @@ def hold_out(task: Task, fraction: float = 0.1, seed: int = 0) -> Task:
     return dataclasses.replace(task, splits=splits, dev_splits=["dev"], _cache={})
 
 
+def cap_dev(task: Task, n: int) -> Task:
+    """``task`` with each dev split cut to its first ``n`` examples (a quicker, rougher score; grouped metrics
+    such as MultiRC's may lose the tail of a group)."""
+    import dataclasses
+
+    def first(name: str) -> Callable[[], list[Example]]:
+        def load() -> list[Example]:
+            return task.examples(name)[:n]
+
+        load.source = f"{task.source(name)} (first {n:,})"  # type: ignore[attr-defined]
+        return load
+
+    splits = dict(task.splits) | {s: first(s) for s in task.dev_splits}
+    return dataclasses.replace(task, splits=splits, _cache={})
+
+
 # --------------------------------------------------------------------------------------------- suites
 
 

@@ -26,7 +26,6 @@ from __future__ import annotations
 import importlib
 import os
 import shutil
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
@@ -36,18 +35,17 @@ from cramkit.infer.backends.base import KINDS as KINDS
 from cramkit.infer.backends.base import LOGIT_KINDS as LOGIT_KINDS
 from cramkit.infer.backends.base import ExportedModel
 from cramkit.io import json_loads, read_json
+from cramkit.model.loaded import MODEL_FILE as MODEL_FILE
+from cramkit.model.loaded import MODEL_FORMAT as MODEL_FORMAT
+from cramkit.model.loaded import LoadedModel as LoadedModel
 
 if TYPE_CHECKING:  # torch is imported by the functions that need it: `cramkit --help` stays instant
     import torch
     from torch import nn
 
-    from cramkit.model.encoder import Encoder
-    from cramkit.model.forward import TorchRunner
     from cramkit.model.multitask import MultiTaskModel
     from cramkit.model.prompting import PrefixClassifier
 
-MODEL_FILE = "cramkit-model.json"
-MODEL_FORMAT = "cramkit-model-1"
 POOLER_FILE = "pooler.safetensors"  # a run continued from a model with BERT's pooler keeps it here
 # what a directory holds, by the file that marks it, tried in this order after the export formats'
 # markers (cramkit.infer.backends.markers(): onnx, ct2, and any registered format): the one table of them
@@ -77,144 +75,6 @@ META_FIELDS = {
     "extra": dict,
     "sha256": dict,
 }
-
-
-@dataclass
-class LoadedModel:
-    """A model ready for inference, with everything needed to feed it and read its output."""
-
-    model: nn.Module
-    kind: str
-    config: Any  # ModelConfig, or a student's config dict
-    tokenizer: Any  # tokenizers.Tokenizer (no truncation or padding set)
-    labels: list[str] | None = None
-    task: str | None = None
-    max_length: int = 512
-    pooling: str = "mean"
-    normalize: bool = False
-    with_types: bool = False
-    source: str = ""
-    architecture: str = "encoder"
-    head: dict[str, Any] | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
-    # BERT's pooler (dense + tanh over [CLS]) of a checkpoint whose model holds none (an HF BertModel):
-    # fine-tuning starts its classifier's pooler from it, as BertForSequenceClassification does
-    pooler_state: dict[str, Any] | None = None
-    # the one safetensors file the weights were read from (None: a checkpoint, sharded files, ...) and its
-    # SHA-256 when one was recorded beside it
-    weights_file: Path | None = None
-    weights_sha256: str | None = None
-
-    def weights_digest(self) -> str | None:
-        """The SHA-256 of the weights file (the recorded one, else computed now); None without one file."""
-        if self.weights_sha256 is None and self.weights_file is not None:
-            from cramkit.io import sha256_file
-
-            self.weights_sha256 = sha256_file(self.weights_file)
-        return self.weights_sha256
-
-    @property
-    def encoder(self) -> Encoder | None:
-        from cramkit.model.encoder import Encoder
-
-        if isinstance(self.model, Encoder):
-            return self.model
-        enc = getattr(self.model, "encoder", None)
-        return enc if isinstance(enc, Encoder) else None
-
-    @property
-    def num_labels(self) -> int | None:
-        if self.kind in ("classifier", "multilabel"):
-            return len(self.labels or []) or getattr(self.model, "num_labels", None)
-        return 1 if self.kind in ("regression", "multiple_choice") else None
-
-    @property
-    def pad_id(self) -> int:
-        pad = self.tokenizer.token_to_id("[PAD]")
-        return int(pad) if pad is not None else int(getattr(self.config, "pad_token_id", 0) or 0)
-
-    @property
-    def can_embed(self) -> bool:
-        return self.encoder is not None
-
-    @property
-    def hidden(self) -> int | None:
-        return getattr(self.config, "hidden", None)
-
-    backend_name = "torch"
-
-    def runner(self, device: str | torch.device | None = "auto", precision: str = "auto") -> TorchRunner:
-        """Forward passes on numpy batches, on ``device`` (what :class:`~cramkit.infer.Engine` runs)."""
-        from cramkit.model.forward import TorchRunner
-
-        return TorchRunner(self.model, device, precision, encoder=self.encoder)
-
-    def to(self, device: str | torch.device) -> LoadedModel:
-        self.model.to(device)
-        return self
-
-    def meta(self) -> dict[str, Any]:
-        """The JSON written to ``cramkit-model.json`` (without the weights' checksum)."""
-        cfg = self.config
-        if hasattr(cfg, "__dataclass_fields__"):
-            import dataclasses
-
-            cfg = dataclasses.asdict(cfg)
-            cfg["gradient_checkpointing"] = False
-        return {
-            "format": MODEL_FORMAT,
-            "architecture": self.architecture,
-            "kind": self.kind,
-            "model": cfg,
-            "head": self.head,
-            "num_labels": self.num_labels,
-            "labels": self.labels,
-            "task": self.task,
-            "max_length": int(self.max_length),
-            "pooling": self.pooling,
-            "normalize": self.normalize,
-            "with_types": self.with_types,
-            "extra": self.extra,
-        }
-
-    def save(self, out: PathLike) -> Path:
-        """Write a model directory at ``out`` (other files already there are kept).
-
-        ``cramkit-model.json`` goes first out and last in: a crash midway leaves no file that claims a
-        complete model."""
-        from safetensors.torch import save_file
-
-        from cramkit.io import atomic_path, sha256_file, write_json_atomic
-        from cramkit.text.tokenizer import save_tokenizer
-
-        out = Path(out)
-        out.mkdir(parents=True, exist_ok=True)
-        (out / MODEL_FILE).unlink(missing_ok=True)
-        own = getattr(self.model, "own_state", None)  # a deep-prompt model: its prefixes and head only
-        state = _unique_tensors(own() if callable(own) else self.model.state_dict())
-        with atomic_path(out / "model.safetensors") as tmp:
-            save_file(
-                {k: v.detach().to("cpu").contiguous() for k, v in state.items()},
-                str(tmp),
-                metadata={"format": MODEL_FORMAT},
-            )
-        with atomic_path(out / "tokenizer") as tmp:
-            save_tokenizer(self.tokenizer, tmp)
-        meta = self.meta() | {"sha256": {"model.safetensors": sha256_file(out / "model.safetensors")}}
-        write_json_atomic(out / MODEL_FILE, meta)
-        return out
-
-
-def _unique_tensors(sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """Drop aliases of tied weights (safetensors refuses shared storage); the first name is kept."""
-    out, seen = {}, set()
-    for name, t in sd.items():
-        key = (t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape))
-        if key in seen:
-            continue
-        seen.add(key)
-        out[name] = t
-    return out
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -425,7 +425,7 @@ class ClassifierObjective:
         from safetensors.torch import save_file
 
         from cramkit.io import atomic_path, write_json_atomic
-        from cramkit.load import _unique_tensors
+        from cramkit.model.loaded import unique_tensors as _unique_tensors
 
         with atomic_path(self.best_dir / BEST_WEIGHTS) as tmp:
             save_file({k: v.contiguous() for k, v in _unique_tensors(state).items()}, str(tmp))

@@ -41,7 +41,7 @@ from cramkit.infer.backends.base import check_texts as check_texts
 from cramkit.infer.backends.base import open_dir, read_manifest
 
 if TYPE_CHECKING:
-    from cramkit.load import LoadedModel
+    from cramkit.model.loaded import LoadedModel
 
 ENTRY_POINT_GROUP = "cramkit.backends"
 

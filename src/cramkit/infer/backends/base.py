@@ -20,7 +20,7 @@ from cramkit.errors import CramkitError
 if TYPE_CHECKING:  # numpy too: `import cramkit` stays light
     import numpy as np
 
-    from cramkit.load import LoadedModel
+    from cramkit.model.loaded import LoadedModel
 
 Inputs = dict[str, "np.ndarray | None"]
 # what a model is for (its head), in a model directory and in an export alike

@@ -38,9 +38,9 @@ from cramkit.infer.backends.base import KINDS, LOGIT_KINDS, Backend, ExportedMod
 if TYPE_CHECKING:
     from collections.abc import Iterable
 
-    from cramkit.load import LoadedModel
     from cramkit.model.encoder import Block, Encoder
     from cramkit.model.heads import SequenceClassifier
+    from cramkit.model.loaded import LoadedModel
 
 MANIFEST = "cramkit-ct2.json"
 FORMAT = "cramkit-ct2-1"

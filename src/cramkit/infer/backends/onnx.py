@@ -45,8 +45,8 @@ from cramkit.errors import CramkitError
 from cramkit.infer.backends.base import LOGIT_KINDS, Backend, ExportedModel, ExportJob, Inputs, check_summary
 
 if TYPE_CHECKING:
-    from cramkit.load import LoadedModel
     from cramkit.model.encoder import Encoder
+    from cramkit.model.loaded import LoadedModel
 
 FORMAT = "cramkit-onnx-1"
 MANIFEST = "cramkit-onnx.json"

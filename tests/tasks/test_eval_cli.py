@@ -245,7 +245,7 @@ def test_finetune_glue_task_with_seeds(tiny_run: Path, small_glue: Path, tmp_pat
         "--no-progress",
     ]
     rc, stdout, _ = _run(argv, capsys)
-    assert rc == 0 and "glue/sst2 dev: accuracy" in stdout and "median of 3 seed(s)" in stdout
+    assert rc == 0 and "glue/sst2 dev: accuracy" in stdout and "(median of 3 seeds: " in stdout
     res = json.loads((out / "results.json").read_text())
     assert [r["seed"] for r in res["seeds"]] == [0, 1, 2] and res["config"]["max_length"] == 64
     accs = sorted(r["dev"]["dev"]["metrics"]["accuracy"] for r in res["seeds"])

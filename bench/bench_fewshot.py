@@ -51,6 +51,7 @@ def run_one(model: str, task_name: str, data_dir: str | None, method: str, args:
         "checkpoint_every": "never",
         "max_length": args.max_length,
         "prefix_len": args.prefix_len,
+        "max_eval_examples": getattr(args, "max_eval_examples", 0),  # 0: every dev row
     }
     task = get_task(task_name, data_dir=data_dir)
     fewclue = is_fewclue(task)
@@ -72,7 +73,42 @@ def run_one(model: str, task_name: str, data_dir: str | None, method: str, args:
         "sd": round(few["std"], 2),
         "trainable_parameters": res.get("trainable_parameters"),
         "seconds": round(time.time() - t0, 1),
+        **zero_shot(few, splits),
     }
+
+
+def zero_shot(few: dict, splits: list[str]) -> dict:
+    """A prompt run's score before training (the same model and scored rows on every LM-BFF split; FewCLUE's
+    splits share test_public too) and the most labels it predicted: 1 means a context-blind MLM head."""
+    before = [few["per_split"][s]["zero_shot"] for s in splits if "zero_shot" in few["per_split"][s]]
+    if not before:
+        return {}
+    return {
+        "zero_shot": round(sum(b["score"] for b in before) / len(before), 2),
+        "zero_shot_labels": max(b["labels_predicted"] for b in before),
+    }
+
+
+def table(rows: list[dict], methods: list[str]) -> list[str]:
+    """Markdown rows: model, task, each method's mean ± sd, and the prompt before training."""
+    lines = [
+        "| model | task | " + " | ".join(methods) + " | prompt before training |",
+        "|---|---|" + "---|" * (len(methods) + 1),
+    ]
+    by = {(r["model"], r["task"], r["method"]): r for r in rows}
+    for model, task in dict.fromkeys((r["model"], r["task"]) for r in rows):
+        cells = [
+            f"{by[model, task, m]['mean']:.1f} ± {by[model, task, m]['sd']:.1f}" if (model, task, m) in by else "-"
+            for m in methods
+        ]
+        p = by.get((model, task, "prompt"), {})
+        zero = (
+            f"{p['zero_shot']:.1f}" + (" (one label for all)" if p.get("zero_shot_labels") == 1 else "")
+            if "zero_shot" in p
+            else "-"
+        )
+        lines.append(f"| {Path(model).name} | {task} | " + " | ".join(cells) + f" | {zero} |")
+    return lines
 
 
 def main() -> None:
@@ -127,16 +163,8 @@ def main() -> None:
         f"of every {args.eval_every} steps on the sampled dev; mean ± sd over splits "
         "(accuracy or the task's metric, %)",
         "",
-        "| model | task | " + " | ".join(args.methods.split(",")) + " |",
-        "|---|---|" + "---|" * len(args.methods.split(",")),
+        *table(rows, args.methods.split(",")),
     ]
-    for model in args.model:
-        for task in args.tasks.split(","):
-            cells = []
-            for method in args.methods.split(","):
-                r = done[(model, task, method, args.k, args.steps)]
-                cells.append(f"{r['mean']:.1f} ± {r['sd']:.1f}")
-            lines.append(f"| {Path(model).name} | {task} | " + " | ".join(cells) + " |")
     text = "\n".join(lines)
     print(text)
     if args.table:

@@ -1,4 +1,4 @@
-"""The GPU day in one call: what one lent GPU measures in at most 8 minutes, as bench/RESULTS.md rows.
+"""The GPU day in one call: what one lent GPU measures in at most 9 minutes, as bench/RESULTS.md rows.
 
 1. **step**: one training step at the crammed-bert shape (16 x 768, 12 heads, GELU-GLU 3072, vocabulary
    32768, length 128, micro-batch 128 or ``--micro-batch``, the same masked batches), repetitions
@@ -13,12 +13,21 @@
    tokens seen, held-out MLM loss.
 3. **quality**: that run fine-tuned on MRPC, CoLA and SST-2 (GLUE dev sets; one recipe for all three),
    the first points of a GLUE-vs-GPU-minutes curve.
+4. **fewshot**: K=16 per class, 5 LM-BFF splits of SST-2 and MRPC (bench_fewshot.py): a fresh head vs the
+   prompt (PET / LM-BFF) vs deep prompts (P-tuning v2), from that run and from all-MiniLM-L6-v2 given an
+   MLM head here (``--minilm``; the whole model continued for ``--head-budget``), with each prompt's score
+   before training. A CPU session's heads predict the words' frequencies at the mask whatever the sentence
+   (bench/RESULTS.md, "Few labels"), so whether prompts pay is a GPU question.
+
+What a device call carries (64 MiB with the repository) is packed by ``--pack DIR``: GLUE's three tasks,
+``--corpus-mb`` of the corpus and MiniLM in float16.
 
 Rows go to stdout and to OUT/gpu_day.md as each is measured (a call stopped at its limit keeps what it
 has); OUT/gpu_day.jsonl holds the raw figures. A phase that fails prints one line and the next one runs.
 
     python bench/gpu_day.py --corpus DIR [DIR...] --glue GLUE_DIR [--minutes 2.5] [--out DIR] [--work DIR]
     python bench/gpu_day.py --dry-run --corpus DIR --glue GLUE_DIR   # CPU, tiny shapes, a minute or two
+    python bench/gpu_day.py --pack .gpu --corpus DIR --glue GLUE_DIR --minilm MINILM_DIR   # then carry .gpu
 """
 
 from __future__ import annotations
@@ -307,6 +316,131 @@ def quality_phase(day: Day, args: argparse.Namespace, device: torch.device) -> N
         day.record(phase="quality", task=task, score=score, seconds=secs)
 
 
+# -------------------------------------------------------------------------------------------- 4. few labels
+
+
+def minilm_head(day: Day, args: argparse.Namespace) -> Path:
+    """all-MiniLM-L6-v2 given an MLM head here: ``cramkit pretrain CORPUS --from hf:MINILM`` (the continue
+    preset, the whole model, at a GPU's batch) for ``--head-minutes``: on a CPU its head learns only the
+    words' frequencies in the minutes a session has (bench/RESULTS.md), which no prompt can use."""
+    from cramkit.train.metrics import read_metrics
+
+    run = Path(args.work) / "minilm-mlm"
+    corpus = args.head_corpus or args.corpus
+    cmd = [sys.executable, "-m", "cramkit", "pretrain", *corpus, "--from", f"hf:{args.minilm}", "--out", str(run)]
+    cmd += ["--budget", args.head_budget, "--no-progress", "--set", "train.checkpoint_every=never"]
+    cmd += [x for s in args.head_set for x in ("--set", s)]
+    print(" ".join(cmd), file=sys.stderr, flush=True)
+    t0 = time.perf_counter()
+    if subprocess.run(cmd, env=os.environ).returncode:
+        raise RuntimeError("cramkit pretrain --from MiniLM failed")
+    recs = list(read_metrics(run))
+    last = max((r for r in recs if r.get("tokens")), key=lambda r: r["step"])
+    val = [r["val_loss"] for r in recs if r.get("val_loss") is not None]
+    day.line(
+        f"\nMiniLM's MLM head: `cramkit pretrain CORPUS --from hf:all-MiniLM-L6-v2 --budget {args.head_budget}`: "
+        f"{last['step']} steps, {last['tokens']:,} tokens, held-out MLM loss {val[-1] if val else float('nan'):.3f}, "
+        f"{time.perf_counter() - t0:.0f} s"
+    )
+    day.record(phase="fewshot-head", steps=last["step"], tokens=last["tokens"], val_loss=val[-1] if val else None)
+    return run
+
+
+def fewshot_phase(day: Day, args: argparse.Namespace, device: torch.device) -> None:
+    """K per class, LM-BFF's splits (bench_fewshot.py): a fresh head vs the prompt vs deep prompts, from the
+    loop's run and from MiniLM with a head trained here, with each prompt's score before training."""
+    from bench_fewshot import run_one, table
+
+    models = []
+    if args.minilm:
+        try:
+            models.append(str(minilm_head(day, args)))
+        except Exception as e:  # the loop's run is still worth its rows
+            day.line(f"\n_MiniLM's head: failed: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}_")
+    if getattr(day, "run", None) is not None:
+        models.append(str(day.run))
+    if not models:
+        raise RuntimeError("no model to try: neither the loop phase's run nor MiniLM with a head is there")
+    few = argparse.Namespace(
+        k=args.k,
+        splits=args.splits,
+        steps=args.few_steps,
+        batch=8,
+        eval_every=args.few_eval_every,
+        max_length=128,
+        prefix_len=16,
+        max_eval_examples=args.few_max_eval,
+        work=str(Path(args.work) / "fewshot"),
+    )
+    methods = ["head", "prompt", "ptuning"]
+    day.line(
+        f"\n### Few labels: K={args.k} per class, {args.splits} splits, {args.few_steps} steps of batch 8 (the best "
+        f"of every {args.few_eval_every} on the split's sampled dev kept), GLUE dev; mean ± sd over splits, %"
+    )
+    rows: list[dict[str, Any]] = []
+    shown = 0
+    for task in args.few_tasks.split(","):
+        for model in models:
+            for method in ("prompt", "head", "ptuning"):  # the prompt first: it is what this phase is for
+                if day.left() < 15:
+                    day.line(f"\n_{Path(model).name} {task} {method}: skipped (deadline)_")
+                    continue
+                try:
+                    row = run_one(model, task, args.glue, method, few)
+                except Exception as e:
+                    day.line(f"\n_{Path(model).name} {task} {method}: failed: {type(e).__name__}: {e}_")
+                    continue
+                rows.append(row)
+                day.record(phase="fewshot", **row)
+            lines = table(rows, methods)
+            if lines[2:] and len(lines) - 2 > shown:
+                day.line("\n" + "\n".join(lines) if not shown else "\n".join(lines[2 + shown :]))
+                shown = len(lines) - 2
+
+
+# ------------------------------------------------------------------------------------------------- pack
+
+
+def pack(args: argparse.Namespace) -> None:
+    """What a device call carries (its limit is 64 MiB with the repository): GLUE's CoLA, MRPC and SST-2
+    train and dev files, ``--corpus-mb`` of the corpus (whole files, in order), and MiniLM in float16 (45 MB;
+    cramkit reads it back as float32)."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    dst = Path(args.pack)
+    if dst.exists():
+        shutil.rmtree(dst)
+    for task in ("CoLA", "MRPC", "SST-2"):
+        (dst / "glue" / task).mkdir(parents=True)
+        for split in ("train.tsv", "dev.tsv"):
+            shutil.copy(Path(args.glue) / task / split, dst / "glue" / task / split)
+    (dst / "corpus").mkdir()
+    room = args.corpus_mb * 1e6
+    files = [f for c in map(Path, args.corpus) for f in (sorted(c.rglob("*")) if c.is_dir() else [c])]
+    files = [f for f in files if f.is_file() and f.suffix != ".md"]  # SOURCE.md and README.md are not text
+    for f in files:
+        if f.stat().st_size <= room:
+            shutil.copy(f, dst / "corpus" / f"{len(list((dst / 'corpus').iterdir())):03d}-{f.name}")
+            room -= f.stat().st_size
+    if args.minilm:
+        src, out = Path(args.minilm), dst / "minilm"
+        for f in src.rglob("*"):
+            if f.is_file() and f.name != "model.safetensors" and f.suffix in (".json", ".txt"):
+                (out / f.relative_to(src)).parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy(f, out / f.relative_to(src))
+        weights = load_file(src / "model.safetensors")
+        save_file({k: v.half().contiguous() for k, v in weights.items()}, out / "model.safetensors", {"format": "pt"})
+    size = sum(f.stat().st_size for f in dst.rglob("*") if f.is_file())
+    print(f"{dst}: {size / 2**20:.1f} MiB (the call carries at most 64 MiB with the repository)")
+    print(
+        f"run: python bench/gpu_day.py --corpus {dst}/corpus --glue {dst}/glue"
+        + (f" --minilm {dst}/minilm" if args.minilm else "")
+        + " --phases loop,quality,fewshot --deadline 560"
+    )
+
+
 # ------------------------------------------------------------------------------------------------- main
 
 
@@ -321,12 +455,26 @@ def main() -> None:
     p.add_argument("--precision", default="auto", help="pretraining precision of the loop (auto = bf16)")
     p.add_argument("--epochs", type=float, default=2.0)
     p.add_argument("--deadline", type=float, default=470, help="seconds: later phases are skipped past it")
-    p.add_argument("--phases", default="step,loop,quality")
+    p.add_argument("--phases", default="step,loop,quality,fewshot")
     p.add_argument("--micro-batch", type=int, default=128, help="sequences per step in the step phase")
     p.add_argument("--fp8-recipes", default="tensorwise", help="torchao float8 scalings to time: tensorwise,rowwise")
     p.add_argument("--set", action="append", default=[], help="more --set KEY=VALUE for the pretraining run")
+    p.add_argument("--minilm", default=None, help="all-MiniLM-L6-v2's folder: the fewshot phase gives it a head")
+    p.add_argument("--head-corpus", nargs="+", default=None, help="the MiniLM head's text (default: --corpus)")
+    p.add_argument("--head-budget", default="90s", help="the MiniLM head's pretraining budget")
+    p.add_argument("--head-set", action="append", default=[], help="--set KEY=VALUE for the MiniLM head's run")
+    p.add_argument("--few-tasks", default="glue/sst2,glue/mrpc")
+    p.add_argument("--k", type=int, default=16, help="examples per class of a few-shot split")
+    p.add_argument("--splits", type=int, default=5)
+    p.add_argument("--few-steps", type=int, default=300)
+    p.add_argument("--few-eval-every", type=int, default=50)
+    p.add_argument("--few-max-eval", type=int, default=0, help="dev rows scored (0: all)")
+    p.add_argument("--pack", default=None, help="write what a device call carries to this folder, and stop")
+    p.add_argument("--corpus-mb", type=float, default=10, help="--pack: megabytes of corpus to carry")
     p.add_argument("--dry-run", action="store_true", help="CPU, tiny shapes, seconds: the script's own check")
     args = p.parse_args()
+    if args.pack:
+        return pack(args)
     device = torch.device("cpu" if args.dry_run else "cuda")
     if not args.dry_run and not torch.cuda.is_available():
         raise SystemExit("gpu_day.py needs a CUDA GPU (or --dry-run on the CPU)")
@@ -337,10 +485,14 @@ def main() -> None:
         args.batch_size = min(args.batch_size, 16)
         args.set += ["model.layers=2", "model.hidden=64", "model.heads=2", "model.intermediate=256", "train.device=cpu"]
         args.set += ["train.micro_batch=8", "train.eval_batches=2"]
+        args.head_budget, args.few_tasks, args.k, args.splits = "2steps", "glue/sst2", 4, 2
+        args.few_steps, args.few_eval_every, args.few_max_eval = 2, 2, 16
+        args.head_set += ["train.micro_batch=4", "train.batch_size=4", "data.seq_len=32", "train.device=cpu"]
     else:
         args.shape, args.vocab, args.length = (16, 768, 12, 3072), 32768, 128
         args.warmup, args.reps, args.steps = 3, 3, 10
         args.preset, args.budget, args.max_train = "crammed-bert", f"{round(args.minutes * 60)}s", 0
+        args.head_set = ["train.batch_size=128", "train.micro_batch=128", *args.head_set]
     args.work = args.work or args.out
     args.corpus_note = ", ".join(Path(c).name for c in args.corpus)
     day = Day(Path(args.out), args.deadline)
@@ -353,6 +505,8 @@ def main() -> None:
         day.phase("loop", 60 if args.dry_run else minutes + 60, lambda: loop_phase(day, args, device))
     if "quality" in wanted:
         day.phase("quality", 20, lambda: quality_phase(day, args, device))
+    if "fewshot" in wanted:
+        day.phase("fewshot", 30, lambda: fewshot_phase(day, args, device))
     print(f"\nrows: {day.md}  raw: {day.raw}  ({time.time() - day.t0:.0f} s)", file=sys.stderr)
 
 

@@ -335,3 +335,37 @@ def test_minilm_gets_a_head_with_its_encoder_frozen_and_then_takes_a_prompt(
         "train.head_only=true",
     )
     assert proc.returncode == 2 and "head_only" in proc.stderr
+
+
+def test_the_prompt_is_scored_before_training(tiny_run: Path, sst2_files, tmp_path: Path) -> None:
+    """LM-BFF's zero-shot row: the prompt's score before any step. Fine-tuning a trained prompt model again
+    with its own prompt must find, before training, exactly the dev accuracy that model was saved with."""
+    first = tmp_path / "prompt"
+    proc = _finetune(tiny_run, sst2_files, first, "--prompt", "{sentence} it was [MASK] .", "--label-words", WORDS)
+    assert proc.returncode == 0, proc.stderr
+    trained = json.loads((first / "results.json").read_text())
+    assert trained["zero_shot"]["examples"] == 64 and trained["zero_shot"]["split"] == "dev"
+    again = tmp_path / "again"
+    proc = cli(
+        "finetune",
+        *("--from", str(first), "--train", str(sst2_files[0]), "--dev", str(sst2_files[1]), "--text-a", "sentence"),
+        *("--out", str(again), "--prompt", "{sentence} it was [MASK] .", "--label-words", WORDS),
+        *("--set", "epochs=0.01", "--set", "min_steps=1", "--set", "eval_every=never"),
+    )
+    assert proc.returncode == 0, proc.stderr
+    before = json.loads((again / "results.json").read_text())["zero_shot"]
+    assert before["score"] == pytest.approx(trained["median"]["dev"]["metrics"]["accuracy"], abs=1e-6)
+    assert f"the prompt before training: accuracy {before['score']:.1f} on 64 dev rows" in proc.stderr
+
+
+def test_builtin_label_words_fall_back_to_words_the_vocabulary_holds_whole(tiny_run: Path, glue_dir: Path) -> None:
+    from cramkit.recipes.finetune import FinetuneConfig, resolve_prompt
+    from cramkit.tasks.registry import get_task
+
+    task = get_task("glue/sst2", data_dir=glue_dir)
+    run = cramkit.load(tiny_run)  # a tokenizer trained on a small corpus cuts "terrible" in two
+    assert len(run.tokenizer.encode("terrible", add_special_tokens=False).ids) > 1
+    spec = resolve_prompt(task, run, FinetuneConfig(method="prompt"))
+    assert spec is not None and spec.label_words == {"0": "bad", "1": "good"}
+    with pytest.raises(CramkitError, match="'terrible' 2"):  # the user's own words are never replaced
+        resolve_prompt(task, run, FinetuneConfig(method="prompt", label_words="0=terrible,1=great"))

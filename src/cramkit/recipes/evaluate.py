@@ -280,6 +280,7 @@ def finetune_fewshot(
             "train_examples": res["train_examples"],
             "trainable_parameters": res.get("trainable_parameters"),
             "lr": (res.get("seeds") or [{}])[0].get("lr"),  # the rate lr "auto" chose
+            **({"zero_shot": res["zero_shot"]} if "zero_shot" in res else {}),
         }
         for split, path in res.get("test_predictions", {}).get("files", {}).items():
             files[f"{key}:{split}"] = path

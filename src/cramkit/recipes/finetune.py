@@ -16,6 +16,7 @@ import math
 import os
 import shutil
 import statistics
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -263,7 +264,7 @@ def resolve_prompt(task: Task, loaded: LoadedModel, cfg: FinetuneConfig) -> Prom
         return None
     from cramkit.data.prompts import prompt_spec
     from cramkit.model.heads import MLMHead
-    from cramkit.tasks.prompts import builtin_prompt
+    from cramkit.tasks.prompts import builtin_label_words, builtin_prompt
 
     if task.kind != "classification" or task.labels is None:
         raise CramkitError(
@@ -286,10 +287,20 @@ def resolve_prompt(task: Task, loaded: LoadedModel, cfg: FinetuneConfig) -> Prom
                 f"task {task.name} has no built-in prompt; give --prompt TEMPLATE (e.g. '{{text_a}} It was "
                 f"[MASK] .') and --label-words with a word for each of its labels: {', '.join(task.labels)}"
             )
-        template, words = template or builtin[0], words or builtin[1]
+        template = template or builtin[0]
     cols = task_columns(task).get("columns", {})
     fields = {cols[k]: k for k in ("text_a", "text_b") if cols.get(k)}
-    spec = prompt_spec(template, words, task.labels, loaded.tokenizer, fields=fields)
+    # the user's words, else the built-in ones and then their fallbacks: the first that fits the vocabulary
+    choices: list[str | dict[str, str]] = [words] if words else list(builtin_label_words(task.name))
+    first: CramkitError | None = None
+    for choice in choices:
+        try:
+            spec = prompt_spec(template, choice, task.labels, loaded.tokenizer, fields=fields)
+            break
+        except CramkitError as exc:
+            first = first or exc
+    else:
+        raise cast(CramkitError, first)
     if "text_b" in spec.fields and trained_inputs(task) == "single":
         raise CramkitError(
             f"--prompt {template!r} names the second text, but task {task.name} has one text per example"
@@ -571,6 +582,47 @@ def train_one_seed(
     return done.model, stats
 
 
+ZERO_SHOT_ROWS = 512  # rows of the scored split the prompt is tried on before training
+
+
+def zero_shot(
+    task: Task, loaded: LoadedModel, cfg: FinetuneConfig, prompt: PromptSpec, max_length: int, device: Any
+) -> dict[str, Any]:
+    """The prompt before any training (LM-BFF's zero-shot row): its score on at most ZERO_SHOT_ROWS rows of
+    the task's first scored split (evenly spaced), and how many of the labels it predicts at all. One label
+    for every row means the MLM head does not read the context at the mask: a head trained for minutes
+    predicts the words' frequencies, whatever the sentence, and the prompt then starts no better than a
+    fresh classifier."""
+    split = task.scored_splits[0]
+    rows = task.examples(split)
+    rows = rows[:: max(1, -(-len(rows) // ZERO_SHOT_ROWS))]
+    enc = encode_task_examples(task, loaded.tokenizer, rows, max_length, prompt)
+    model = build_model(loaded, task.num_labels, cfg, prompt=prompt)
+    logits = predict(model, enc, cfg, device, loaded.pad_id, loaded.with_types)
+    metrics = task.compute_metrics(logits, enc.labels, rows)
+    return {
+        "split": split,
+        "examples": len(rows),
+        "score": task.score(metrics),
+        "labels_predicted": len(set(logits.argmax(1).tolist())),
+    }
+
+
+def zero_shot_line(before: dict[str, Any], task: Task, source: str) -> str:
+    """One line for the user: the prompt's score before training, and what a one-label answer means."""
+    line = (
+        f"cramkit: the prompt before training: {task.main_metric} {before['score']:.1f} on {before['examples']} "
+        f"{before['split']} rows"
+    )
+    if before["labels_predicted"] > 1 or task.num_labels < 2:
+        return line
+    return (
+        f"{line}, the same label for every row: the MLM head of {source} does not read the context at the mask "
+        "yet (a head trained for minutes predicts word frequencies), so the prompt starts no better than a "
+        f"fresh classifier (--method head); a longer `cramkit pretrain TEXT --from {source}` gives it one"
+    )
+
+
 def curve(losses: list[float], points: int = 100) -> list[float]:
     """The loss averaged over (at most) ``points`` equal slices of training."""
     if len(losses) <= points:
@@ -677,6 +729,11 @@ def _finetune_seeds(
         with main_first(ctx, "checking --out"):
             seeds_dir = _claim(Path(out_dir), task, loaded, cfg) if ctx.is_main else Path(out_dir) / "seeds"
     hint = "rerun the same command to continue (finished seeds are kept; this one resumes from its checkpoint)"
+    before = None
+    if prompt is not None and ctx.is_main:
+        before = zero_shot(task, loaded, cfg, prompt, max_length, device)
+        if progress:
+            print(zero_shot_line(before, task, loaded.source), file=sys.stderr)
     states: list[dict[str, Any] | None]
     logits: Any  # a finished seed's test logits (by split), or one split's array
     per_seed, test_logits, states = [], [], []
@@ -739,6 +796,7 @@ def _finetune_seeds(
         "main_metric": task.main_metric,
         "method": cfg.method,
         **({"prompt": prompt.meta()} if prompt is not None else {}),
+        **({"zero_shot": before} if before is not None else {}),
         "seeds": per_seed,
         "median": {},
     }

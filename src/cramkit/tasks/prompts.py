@@ -56,6 +56,20 @@ BUILTIN: dict[str, tuple[str, dict[str, str]]] = {
 }
 
 
+# label words to fall back on, in order, where a model's vocabulary cuts the first choice into several
+# tokens (a tokenizer trained on a small corpus may not hold "terrible" whole)
+FALLBACK_WORDS: dict[str, list[dict[str, str]]] = {
+    "glue/sst2": [{"0": "bad", "1": "good"}],
+    "glue/cola": [{"0": "wrong", "1": "right"}, {"0": "bad", "1": "good"}],
+}
+
+
 def builtin_prompt(task_name: str) -> tuple[str, dict[str, str]] | None:
     """The built-in (template, label words) of a registered task, or None."""
     return BUILTIN.get(task_name)
+
+
+def builtin_label_words(task_name: str) -> list[dict[str, str]]:
+    """A registered task's built-in label words, then the ones to fall back on, in order."""
+    first = BUILTIN.get(task_name)
+    return ([first[1]] if first else []) + FALLBACK_WORDS.get(task_name, [])

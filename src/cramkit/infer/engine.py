@@ -261,6 +261,11 @@ class Engine:
     # ------------------------------------------------------------------------------ embeddings
 
     def _need_embed(self) -> None:
+        if not self.can_embed and self.loaded.architecture == "prefix":  # an export of deep prompts
+            raise CramkitError(
+                f"{self.source}: a deep-prompt export gives labels only (its embeddings would be its base's); "
+                "embed with the base model it was trained on"
+            )
         if not self.can_embed:
             raise CramkitError(
                 f"{self.source}: this model has no transformer encoder to take embeddings from; use an "

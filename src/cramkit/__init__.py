@@ -174,13 +174,15 @@ def export(
     mlm_head: bool = True,
     force: bool = False,
     task: str | None = None,
+    base: PathLike | LoadedModel | None = None,
     progress: bool = True,
     **options: Any,
 ) -> Path:
     """Write ``model`` as a Hugging Face directory, or in an export format: ``onnx`` (ONNX Runtime), ``ct2``
     (CTranslate2) or a registered one (the same as ``cramkit export MODEL --out OUT [--format ...]``). task: the
-    head of a model trained on a mixture; options: the format's own (ONNX: ``isa``, ``opset``). See
-    :func:`cramkit.infer.export.export`; returns the directory written."""
+    head of a model trained on a mixture; base: of a deep-prompt directory, its base model; options: the
+    format's own (ONNX: ``isa``, ``opset``). See :func:`cramkit.infer.export.export`; returns the directory
+    written."""
     from cramkit.infer.export import export as _export
 
     done = _export(
@@ -192,6 +194,7 @@ def export(
         mlm_head=mlm_head,
         force=force,
         task=task,
+        base=base,
         progress=progress,
         **options,
     )

@@ -476,31 +476,12 @@ def _build_prompt_model(meta: dict[str, Any], file: Path, tokenizer: Any, labels
     """A PromptClassifier from ``extra.prompt`` (template, label words), checked against the labels and the
     directory's own tokenizer."""
     from cramkit.config import from_dict
-    from cramkit.data.prompts import prompt_spec
+    from cramkit.data.prompts import prompt_from_meta
     from cramkit.model.encoder import ModelConfig
     from cramkit.model.prompting import PromptClassifier
 
     prompt = (meta.get("extra") or {}).get("prompt")
-    if not (
-        isinstance(prompt, dict)
-        and isinstance(prompt.get("template"), str)
-        and isinstance(prompt.get("label_words"), dict)
-        and labels
-    ):
-        raise CramkitError(
-            f"{file}: a prompt model needs extra.prompt (template, label_words) and labels; the "
-            "model directory is damaged or crafted: write it again"
-        )
-    try:
-        spec = prompt_spec(
-            prompt["template"],
-            prompt["label_words"],
-            labels,
-            tokenizer,
-            fields={k: k for k in ("text_a", "text_b")},
-        )
-    except CramkitError as exc:
-        raise CramkitError(f"{file}: its prompt does not fit its labels or tokenizer ({exc})") from None
+    spec = prompt_from_meta(prompt, labels, tokenizer, file, "write the model directory again")
     cfg = from_dict(ModelConfig, meta.get("model") or {}, "model")
     _check_size(cfg, file)
     model = PromptClassifier(cfg, spec.label_ids, spec.mask_id)

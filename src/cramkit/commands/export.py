@@ -1,7 +1,8 @@
 """`cramkit export MODEL --out DIR [--format hf|onnx|ct2|...]`: a Hugging Face directory or an export format.
 
 MODEL is anything ``cramkit.load`` takes: a run (its latest checkpoint, or ``--step N``), a checkpoint of
-either world size, a fine-tuned model or student directory, or ``hf:DIR``.
+either world size, a fine-tuned model or student directory, a prompt or deep-prompt directory (``--base``), or
+``hf:DIR``.
 """
 
 from __future__ import annotations
@@ -31,6 +32,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--step", type=int, default=None, help="export checkpoint step-N of a run instead of the latest")
     p.add_argument("--task", help="of a model fine-tuned on a mixture: the task whose head to export")
+    p.add_argument(
+        "--base",
+        default=None,
+        help="of a deep-prompt directory (finetune --method ptuning): the base model it was trained on "
+        "(--format onnx writes one standalone graph of both)",
+    )
     p.add_argument("--no-mlm-head", action="store_true", help="export the encoder only (BertModel)")
     p.add_argument(
         "--force", action="store_true", help="replace --out even if it is not a previous export (never a run or model)"
@@ -50,6 +57,7 @@ def run(args: argparse.Namespace) -> int:
         mlm_head=not args.no_mlm_head,
         force=args.force,
         task=args.task,
+        base=args.base,
     )
     print(done.summary)
     return 0

@@ -427,9 +427,13 @@ def run_finetune(args: argparse.Namespace) -> int:
     rate = sum(r["examples_per_s"] for r in res["seeds"]) / len(res["seeds"])
     print(f"training: {rate:.1f} examples/s; results in {out / 'results.json'}")
     kept = "the median seed" if n % 2 else "the lower of the two middle seeds"
+    base = f" --base {args.source}" if res.get("method") == "ptuning" else ""  # deep prompts run on their base
     print(
-        f"model (seed {res['kept_seed']}, {kept} by dev score) saved in {out}: cramkit predict --from {out} FILE; "
-        f"cramkit export {out} --out DIR"
+        f"model (seed {res['kept_seed']}, {kept} by dev score) saved in {out}: cramkit predict --from {out}{base} "
+        f"FILE; cramkit export {out}{base} --format onnx --out DIR"
+        if base
+        else f"model (seed {res['kept_seed']}, {kept} by dev score) saved in {out}: cramkit predict --from {out} "
+        f"FILE; cramkit export {out} --out DIR"
     )
     if res.get("skipped_rows"):
         print(f"skipped bad rows: {json.dumps(res['skipped_rows'])}", file=sys.stderr)

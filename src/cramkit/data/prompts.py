@@ -171,6 +171,32 @@ def prompt_spec(
     return PromptSpec(template, parts, {x: words[x] for x in labels}, tuple(ids), int(mask_id))
 
 
+def prompt_from_meta(prompt: Any, labels: Any, tokenizer: Any, file: Any, fix: str) -> PromptSpec:
+    """The prompt a model directory or an export recorded (``{"template": ..., "label_words": {label: word}}``),
+    checked against its labels and its own tokenizer: one CramkitError line naming ``file`` and ending with
+    ``fix``, never a traceback (a crafted file: a template without a mask, a word for an unknown label, ...)."""
+    if not (
+        isinstance(prompt, dict)
+        and isinstance(prompt.get("template"), str)
+        and isinstance(prompt.get("label_words"), dict)
+        and all(isinstance(k, str) and isinstance(v, str) for k, v in prompt["label_words"].items())
+        and isinstance(labels, list)
+        and labels
+        and all(isinstance(x, str) for x in labels)
+    ):
+        raise CramkitError(
+            f"{file}: a prompt model needs its prompt (a string template, label_words mapping each label to a "
+            f"word) and its labels; the file is damaged or crafted: {fix}"
+        )
+    try:
+        return prompt_spec(
+            prompt["template"], prompt["label_words"], labels, tokenizer, fields={k: k for k in ("text_a", "text_b")}
+        )
+    except CramkitError as exc:
+        why = str(exc).replace("\n", "\\n")  # one line, whatever a crafted label holds
+        raise CramkitError(f"{file}: its prompt does not fit its labels or tokenizer ({why}); {fix}") from None
+
+
 def encode_prompts(
     tokenizer: Any,
     spec: PromptSpec,

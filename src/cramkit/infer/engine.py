@@ -42,6 +42,7 @@ from cramkit.model.forward import fits as fits
 if TYPE_CHECKING:
     import torch
 
+    from cramkit.data.prompts import PromptSpec
     from cramkit.infer.backends import ExportedModel, Runner
     from cramkit.load import LoadedModel
 
@@ -162,8 +163,8 @@ class Engine:
         if self.max_length < 3:
             raise CramkitError(f"max_length must be at least 3 tokens, got {self.max_length}")
         self.truncated = np.zeros(0, dtype=bool)
-        # a prompt model (finetune --prompt) reads its inputs through its template
-        self.prompt = getattr(getattr(src, "model", None), "spec", None)
+        # a prompt model (finetune --prompt), or its export, reads its inputs through its template
+        self.prompt: PromptSpec | None = src.prompt
 
     # ------------------------------------------------------------------------------ what it can do
 
@@ -260,6 +261,11 @@ class Engine:
     # ------------------------------------------------------------------------------ embeddings
 
     def _need_embed(self) -> None:
+        if not self.can_embed and self.loaded.architecture == "prefix":  # an export of deep prompts
+            raise CramkitError(
+                f"{self.source}: a deep-prompt export gives labels only (its embeddings would be its base's); "
+                "embed with the base model it was trained on"
+            )
         if not self.can_embed:
             raise CramkitError(
                 f"{self.source}: this model has no transformer encoder to take embeddings from; use an "
@@ -477,7 +483,7 @@ def compare_outputs(loaded: LoadedModel, exported: ExportedModel, texts: list[An
     got = Engine(exported, max_batch_tokens=4096)
     res: dict[str, Any] = {"texts": len(texts)}
     with torch.inference_mode():
-        if ref.can_embed:
+        if ref.can_embed and got.can_embed:  # a deep-prompt export gives its labels only
             enc = ref.tokenize(texts)
             for name, a, b in zip(("mean", "cls"), ref.embed_encoded(enc), got.embed_encoded(enc), strict=True):
                 res[f"max_abs_diff_{name}"] = float(np.abs(a - b).max())

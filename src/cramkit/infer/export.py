@@ -40,6 +40,7 @@ def export(
     force: bool = False,
     progress: bool = True,
     task: str | None = None,
+    base: str | os.PathLike | LoadedModel | None = None,
     **options: Any,
 ) -> Exported:
     """Write ``model`` (anything ``cramkit.load`` takes but an export, or a loaded model) to ``out`` as a
@@ -47,7 +48,10 @@ def export(
     (``quantize="int8"`` for dynamic int8 weights), ``ct2`` for CTranslate2 (``quantize``: float32 (default),
     int8, int8_float32 or bfloat16), or any registered format. ``out`` is replaced atomically; a non-empty
     ``out`` that is not a previous export is refused unless ``force``. task: the head to export of a model
-    trained on a mixture. options: the format's own (ONNX: ``isa``, ``opset``)."""
+    trained on a mixture. base: of a deep-prompt directory (finetune --method ptuning), the base model it was
+    trained on; the ONNX export holds both (it runs without the base). A prompt model (finetune --prompt)
+    exports to ONNX with its template (the export reads inputs through it) or to a Hugging Face
+    BertForMaskedLM with the template recorded. options: the format's own (ONNX: ``isa``, ``opset``)."""
     known = formats()
     if format not in known:
         raise CramkitError(f"format must be one of {', '.join(known)}, got {format!r}")
@@ -62,6 +66,21 @@ def export(
     out = Path(out)
     if isinstance(model, LoadedModel) and step is not None:
         raise CramkitError("step applies to a run directory, not to a loaded model")
+    if isinstance(model, LoadedModel) and base is not None:
+        raise CramkitError("base applies to a deep-prompt directory, not to a loaded model (load it with its base)")
+    # what the format cannot hold is refused before the model (and a deep-prompt model's base) is read
+    name, arch = (
+        (model.source, model.architecture)
+        if isinstance(model, LoadedModel)
+        else (str(model), load_directory_architecture(model))
+    )
+    if backend is None and arch == "prefix":
+        raise CramkitError(
+            f"{name} is a deep-prompt model (finetune --method ptuning): Hugging Face BERT has no per-layer "
+            "prefix keys and values; export it with --format onnx --base BASE (a standalone graph)"
+        )
+    if backend is not None and arch is not None:
+        backends.check_architecture(backend, arch, name)
     from cramkit.io import check_out, disk_errors
     from cramkit.model.hf import EXPORT_MARKER
 
@@ -75,17 +94,10 @@ def export(
         )
     from cramkit.load import for_task
 
-    if not isinstance(model, LoadedModel) and load_directory_architecture(model) in ("prompt", "prefix"):
-        raise CramkitError(
-            f"{model} is a prompt or deep-prompt model (finetune --prompt / --method ptuning); exporting one is not "
-            "supported yet: run it with cramkit predict, cramkit serve or cramkit.infer.Engine"
-        )
-    loaded = for_task(model if isinstance(model, LoadedModel) else load_torch(model, step=step, purpose="export"), task)
-    if loaded.architecture in ("prompt", "prefix"):
-        raise CramkitError(
-            f"{loaded.source} is a prompt or deep-prompt model; exporting one is not supported yet: run it with "
-            "cramkit predict, cramkit serve or cramkit.infer.Engine"
-        )
+    if isinstance(model, LoadedModel):
+        loaded = for_task(model, task)
+    else:
+        loaded = for_task(load_torch(model, step=step, purpose="export", base=base), task)
     with disk_errors(out):
         if backend is None:
             return _export_hf(loaded, out, mlm_head, force)
@@ -96,6 +108,10 @@ def export(
         )
         precision = quantize or backend.quantize[0] or "fp32"
         what = f"{backend.title} {precision}; cramkit serve {done}"
+        if loaded.prompt is not None:
+            what += f"; inputs are read through its template {loaded.prompt.template!r}"
+        elif loaded.architecture == "prefix":
+            what += "; the base model and the deep prompts in one graph: it runs without --base"
         return Exported(done, f"exported {loaded.source} -> {done} ({what})")
 
 
@@ -103,6 +119,12 @@ def _export_hf(loaded: LoadedModel, out: Path, mlm_head: bool, force: bool) -> E
     if loaded.encoder is None:
         raise CramkitError(
             f"{loaded.source}: a {loaded.architecture} model has no Hugging Face equivalent; use the onnx format"
+        )
+    prompt = loaded.prompt
+    if prompt is not None and not mlm_head:
+        raise CramkitError(
+            f"{loaded.source} is a prompt model: its classifier is its masked-LM head; drop --no-mlm-head "
+            "(or export the encoder of the run it was fine-tuned from)"
         )
     from cramkit.model.hf import export_hf
     from cramkit.text.tokenizer import save_tokenizer
@@ -117,6 +139,7 @@ def _export_hf(loaded: LoadedModel, out: Path, mlm_head: bool, force: bool) -> E
             mlm_head=mlm_head,
             force=force,
             labels=loaded.labels,
+            prompt=prompt.meta() if prompt is not None else None,
         )
     fmt = read_json(done / "cramkit_export.json", "export the model again")
     arch = fmt["architecture"]
@@ -135,4 +158,11 @@ def _export_hf(loaded: LoadedModel, out: Path, mlm_head: bool, force: bool) -> E
             "BertTokenizerFast.from_pretrained(DIR)"
         )
     which = f" ({loaded.extra['checkpoint']})" if loaded.extra.get("checkpoint") else ""
+    if prompt is not None:
+        words = ", ".join(f"{label}={word}" for label, word in prompt.label_words.items())
+        how += (
+            f"; a prompt model: transformers users must apply the template themselves ({prompt.template!r}, then "
+            f"read the label words {words} at the mask; recorded in cramkit_export.json), or export it with "
+            "--format onnx to get labels"
+        )
     return Exported(done, f"exported {loaded.source}{which} -> {done} ({arch}; load with {how})")

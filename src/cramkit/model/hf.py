@@ -355,7 +355,9 @@ def bert_incompatibilities(cfg: ModelConfig) -> list[str]:
 
 
 def _parts(model: nn.Module) -> tuple[Encoder, nn.Module | None, SequenceClassifier | None]:
-    if isinstance(model, MaskedLM):
+    from cramkit.model.prompting import PromptClassifier
+
+    if isinstance(model, (MaskedLM, PromptClassifier)):  # a prompt model's classifier is its masked-LM head
         return model.encoder, model.head, None
     if isinstance(model, SequenceClassifier):
         return model.encoder, None, model
@@ -516,13 +518,15 @@ def export_hf(
     mlm_head: bool = True,
     force: bool = False,
     labels: list[str] | None = None,
+    prompt: dict[str, Any] | None = None,
 ) -> Path:
     """Write a Hugging Face model directory (config.json, model.safetensors, tokenizer files).
 
     A BERT-shaped ``cfg`` gives plain ``BertForMaskedLM`` / ``BertModel`` /
     ``BertForSequenceClassification``; anything else gives model_type "cramkit" with
     ``modeling_cramkit.py`` (load with ``trust_remote_code=True``). The directory appears atomically;
-    a non-empty directory that is not a previous export is refused unless ``force``.
+    a non-empty directory that is not a previous export is refused unless ``force``. prompt: a prompt
+    model's template and label words (``PromptSpec.meta()``), recorded in ``cramkit_export.json``.
     """
     from safetensors.torch import save_file
 
@@ -603,7 +607,9 @@ def export_hf(
             shutil.copyfile(TEMPLATE, tmp / "modeling_cramkit.py")
         if tokenizer_dir is not None:
             _write_tokenizer(Path(tokenizer_dir), tmp, cfg)
-        marker = {"format": fmt, "architecture": arch, "incompatible_with_bert": problems}
+        marker: dict[str, Any] = {"format": fmt, "architecture": arch, "incompatible_with_bert": problems}
+        if prompt is not None:  # transformers knows nothing of it: whoever runs the model applies it
+            marker["prompt"] = prompt
         (tmp / EXPORT_MARKER).write_text(json.dumps(marker, indent=2) + "\n", encoding="utf-8")
         for f in tmp.iterdir():
             os.chmod(f, 0o644)

@@ -16,6 +16,7 @@ if TYPE_CHECKING:
     import torch
     from torch import nn
 
+    from cramkit.data.prompts import PromptSpec
     from cramkit.model.encoder import Encoder
     from cramkit.model.forward import TorchRunner
 
@@ -81,6 +82,11 @@ class LoadedModel:
     @property
     def can_embed(self) -> bool:
         return self.encoder is not None
+
+    @property
+    def prompt(self) -> PromptSpec | None:
+        """A prompt model's template and label words (finetune --prompt): its inputs are read through them."""
+        return getattr(self.model, "spec", None)
 
     @property
     def hidden(self) -> int | None:

@@ -86,6 +86,10 @@ class PrefixClassifier(nn.Module):
         self.encoder = encoder if encoder is not None else Encoder(cfg)
         self.encoder.requires_grad_(False)
 
+    def pool(self, hidden: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.Tensor:
+        """One vector per sequence for the head (the pooling, then BERT's pooler when there is one)."""
+        return pool_hidden(hidden, attention_mask, self.head_cfg.pooling, self.pooler)
+
     def own_state(self) -> dict[str, torch.Tensor]:
         """What a task stores: the prefixes and the head (no encoder weight)."""
         return {k: v for k, v in self.state_dict().items() if not k.startswith("encoder.")}
@@ -98,8 +102,7 @@ class PrefixClassifier(nn.Module):
         labels: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor | None, torch.Tensor]:
         hidden = self.encoder(input_ids, attention_mask, token_type_ids, prefix=self.prefix)
-        pooled = pool_hidden(hidden, attention_mask, self.head_cfg.pooling, self.pooler)
-        logits = self.classifier(self.dropout(pooled))
+        logits = self.classifier(self.dropout(self.pool(hidden, attention_mask)))
         loss = classification_loss(logits, labels, self.num_labels, False) if labels is not None else None
         return loss, logits
 

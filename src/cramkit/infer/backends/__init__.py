@@ -44,6 +44,11 @@ if TYPE_CHECKING:
     from cramkit.model.loaded import LoadedModel
 
 ENTRY_POINT_GROUP = "cramkit.backends"
+# the architectures only a format with ``Backend.prompts`` holds, and why another cannot
+PROMPT_ARCHITECTURES = {
+    "prompt": "a prompt model scores its label words with the masked-LM head at the template's [MASK]s",
+    "prefix": "a deep-prompt model has per-layer prefix keys and values",
+}
 
 
 # --------------------------------------------------------------------------------------------- registry
@@ -111,6 +116,16 @@ def markers() -> tuple[tuple[str, str], ...]:
     return tuple((b.name, b.marker) for b in backends().values())
 
 
+def check_architecture(backend: Backend, architecture: str, source: str) -> None:
+    """One line naming --format onnx when ``backend`` cannot hold a model of ``architecture`` (a prompt or a
+    deep-prompt model, for a format without :attr:`Backend.prompts`)."""
+    why = PROMPT_ARCHITECTURES.get(architecture)
+    if why is not None and not backend.prompts:
+        raise CramkitError(
+            f"{source}: the {backend.title} format cannot hold this model ({why}); export it with --format onnx"
+        )
+
+
 def write_export(
     backend: Backend | str,
     loaded: LoadedModel,
@@ -139,11 +154,12 @@ def write_export(
         raise CramkitError(
             f"the {b.name} format takes no option {', '.join(unknown)} (it takes: {', '.join(b.options) or 'none'})"
         )
+    check_architecture(b, loaded.architecture, loaded.source)
     why = b.incompatibilities(loaded)
     if why:
         raise CramkitError(
             f"{loaded.source}: the {b.title} format cannot hold this model ({'; '.join(why)}); "
-            "export it with --format onnx or hf instead"
+            "export it with --format onnx instead"
         )
     b.available()
     out = Path(out)
@@ -163,6 +179,10 @@ def write_export(
             "task": loaded.task,
             "columns": loaded.extra.get("columns"),  # what it was fine-tuned on: predict's default columns
             "trained_inputs": loaded.extra.get("trained_inputs"),  # single texts, pairs or choices
+            # a prompt model's template and label words: the export's inputs are read through them
+            "prompt": loaded.prompt.meta() if loaded.prompt is not None else None,
+            # a deep-prompt model's base (source, checksum, prefix length), baked into the export
+            "base": loaded.extra.get("base") if loaded.architecture == "prefix" else None,
             "max_length": int(loaded.max_length),
             "pooling": loaded.pooling,
             "normalize": bool(loaded.normalize),

@@ -20,6 +20,7 @@ from cramkit.errors import CramkitError
 if TYPE_CHECKING:  # numpy too: `import cramkit` stays light
     import numpy as np
 
+    from cramkit.data.prompts import PromptSpec
     from cramkit.model.loaded import LoadedModel
 
 Inputs = dict[str, "np.ndarray | None"]
@@ -60,6 +61,8 @@ class ExportedModel:
     backend: Backend
     handle: Any
     files: dict[str, str] = field(default_factory=dict)  # name -> SHA-256, as checked when opened
+    # an export of a prompt model: its template and label words (the manifest's "prompt", checked when opened)
+    prompt: PromptSpec | None = None
 
     @property
     def kind(self) -> str:
@@ -201,6 +204,9 @@ class Backend:
     fields: dict[str, Any] = {}  # the format's own manifest fields and their types (io.check_fields)
     options: tuple[str, ...] = ()  # the keyword options its write takes (write_export(..., NAME=VALUE))
     extra: str | None = None  # the pyproject extra that installs its runtime
+    # whether it holds prompt models (the MLM head at the template's masks) and deep-prompt models (per-layer
+    # prefix keys and values): write_export refuses them, in one line naming --format onnx, where it does not
+    prompts: bool = False
 
     def check_quantize(self, quantize: str | None) -> str | None:
         """``quantize`` or the format's default; one line naming the values it takes, else."""
@@ -301,6 +307,8 @@ SHARED_FIELDS = {
     "files": dict,
     "columns": dict,
     "trained_inputs": ("single", "pairs", "choices"),
+    "prompt": dict,
+    "base": dict,
 }
 
 
@@ -385,6 +393,14 @@ def open_dir(path: Path, meta: dict[str, Any], backend: Backend, threads: int | 
             f"{path / backend.marker}: pad_id {pad} is outside the tokenizer's {tokenizer.get_vocab_size()} ids; "
             "export the model again"
         )
-    model = ExportedModel(path, meta, tokenizer, backend, handle, dict(meta["files"]))
+    prompt = None
+    if meta.get("prompt") is not None:  # a prompt model's export: its inputs go through the template
+        from cramkit.data.prompts import prompt_from_meta
+
+        marker = path / backend.marker
+        if meta["kind"] != "classifier":
+            raise CramkitError(f"{marker}: a prompt is recorded for a {meta['kind']} model; export the model again")
+        prompt = prompt_from_meta(meta["prompt"], meta.get("labels"), tokenizer, marker, "export the model again")
+    model = ExportedModel(path, meta, tokenizer, backend, handle, dict(meta["files"]), prompt)
     backend.check_model(model)
     return model

@@ -20,7 +20,12 @@ The graph's inputs are ``input_ids``, ``attention_mask`` (int64, [batch, length]
 token types, ``token_type_ids``; its outputs ``mean`` and ``cls`` (pooled last hidden states, [batch,
 hidden]), ``logits`` ([batch, labels]) for classifiers and regressors ([pairs, 1] for a multiple-choice
 model: one score per (context, choice) row; the engine regroups them per example), ``hidden`` ([batch, length, hidden])
-for masked-LM models. Loading (``cramkit.infer.backends.open_export``) reads the manifest (JSON), checks
+for masked-LM models. A prompt model (finetune --prompt) gives ``logits`` as PromptClassifier does (the mean
+over the template's masks of each label word's log-probability, the masked-LM head run at the masks only) and
+its manifest records the template and label words (``prompt``), through which the engine encodes every input;
+a deep-prompt model (finetune --method ptuning) is one standalone graph of its base encoder with each layer's
+prefix keys and values baked in, giving ``logits`` only (the torch model's embeddings are its base's).
+Loading (``cramkit.infer.backends.open_export``) reads the manifest (JSON), checks
 every file's SHA-256, and here refuses any tensor
 stored as external data (a file ``location``: given a model as bytes, ONNX Runtime would resolve it against
 the current working directory, so a crafted export could read e.g. ``.env`` and return it as scores), then
@@ -81,8 +86,8 @@ def _attention_op() -> tuple[Any, Any]:
         schema="(Tensor q, Tensor k, Tensor v, Tensor mask, int heads) -> Tensor",
     )
     def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, heads: int) -> Any:
-        batch, length, hidden = q.shape
-        q, k, v = (t.view(batch, length, heads, hidden // heads).transpose(1, 2) for t in (q, k, v))
+        batch, length, hidden = q.shape  # keys and values may be longer: deep prompts' prefixes in front
+        q, k, v = (t.view(batch, t.shape[1], heads, hidden // heads).transpose(1, 2) for t in (q, k, v))
         y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask.bool()[:, None, None, :])
         return y.transpose(1, 2).reshape(batch, length, hidden)
 
@@ -145,7 +150,10 @@ def _export_module(loaded: LoadedModel, fused: bool) -> tuple[Any, list[str]]:
             )
         return Logits().eval(), ["logits"]
 
-    outputs = ["mean", "cls"]
+    prompt = loaded.prompt if loaded.architecture == "prompt" else None
+    prefix = loaded.architecture == "prefix"
+    # a deep-prompt model's labels only: the torch model's embeddings are its frozen base's, without the prefixes
+    outputs = [] if prefix else ["mean", "cls"]
     if kind in LOGIT_KINDS:
         outputs.append("logits")
     if kind == "mlm":
@@ -160,7 +168,7 @@ def _export_module(loaded: LoadedModel, fused: bool) -> tuple[Any, list[str]]:
             super().__init__()
             self.attn = attn
 
-        def forward(self, x, mask, select=None):  # noqa: ANN001, ANN201
+        def forward(self, x, mask, select=None, prefix=None):  # noqa: ANN001, ANN201
             attn = self.attn
             batch, length, hidden = x.shape
             q, k, v = attn.qkv(x).chunk(3, dim=-1)
@@ -171,6 +179,10 @@ def _export_module(loaded: LoadedModel, fused: bool) -> tuple[Any, list[str]]:
                     .reshape(batch, length, hidden)
                     for t in (q, k)
                 )
+            if prefix is not None:  # deep prompts: [2, P, hidden] keys and values in front, never masked
+                pk, pv = prefix[0].expand(batch, -1, -1), prefix[1].expand(batch, -1, -1)
+                k, v = torch.cat([pk, k], dim=1), torch.cat([pv, v], dim=1)
+                mask = torch.cat([mask.new_ones(batch, prefix.shape[1]), mask], dim=1)
             return attn.out(op(q, k, v, mask, attn.heads))
 
     def with_fused_attention(block: nn.Module) -> nn.Module:
@@ -195,16 +207,38 @@ def _export_module(loaded: LoadedModel, fused: bool) -> tuple[Any, list[str]]:
                 mask = attention_mask.to(torch.int32)
             else:  # always a mask: no data-dependent branch
                 mask = additive_mask(attention_mask, x.dtype)
-            for block in self.layers:
-                x = block(x, mask)
+            for i, block in enumerate(self.layers):
+                # a deep-prompt model: each layer's prefix keys and values baked in (PrefixClassifier.prefix)
+                x = block(x, mask, None, self.model.prefix[i]) if prefix else block(x, mask)
             hidden = enc.final_norm(x)
-            w = attention_mask.to(hidden.dtype)[..., None]
-            out = [(hidden * w).sum(1) / w.sum(1).clamp_min(1.0), hidden[:, 0]]
-            if "logits" in outputs:
+            out = []
+            if "mean" in outputs:
+                w = attention_mask.to(hidden.dtype)[..., None]
+                out += [(hidden * w).sum(1) / w.sum(1).clamp_min(1.0), hidden[:, 0]]
+            if "logits" in outputs and prompt is not None:
+                out.append(self.prompt_scores(input_ids, hidden))
+            elif "logits" in outputs:
                 out.append(self.model.classifier(self.model.pool(hidden, attention_mask)))
             if "hidden" in outputs:
                 out.append(hidden)
             return tuple(out)
+
+        def prompt_scores(self, input_ids, hidden):  # noqa: ANN001, ANN201
+            """PromptClassifier's scores: the mean over the template's masks of log p(each label's word), the
+            masked-LM head run at the masks only. Every input holds exactly ``masks`` of them (the engine
+            encodes it through the template); the j-th mask of a row is found with fixed shapes (the first
+            position whose running count of masks is j), no data-dependent size in the graph."""
+            words = self.model.words  # [masks, labels]
+            masks = int(words.shape[0])
+            where = input_ids == self.model.mask_id
+            count = where.to(torch.int64).cumsum(1)  # [B, L]: masks up to and including each position
+            slots = torch.arange(1, masks + 1, dtype=torch.int64)
+            hit = where[:, None, :] & (count[:, None, :] == slots[None, :, None])  # [B, masks, L]
+            pos = hit.to(torch.float32).argmax(-1)  # [B, masks]
+            at = hidden.gather(1, pos[..., None].expand(-1, -1, hidden.shape[-1]))  # [B, masks, hidden]
+            logp = self.model.head(at).float().log_softmax(-1)  # [B, masks, vocab]
+            picked = logp.gather(2, words[None].expand(hidden.shape[0], -1, -1))  # [B, masks, labels]
+            return picked.mean(1)
 
     return Graph().eval(), outputs
 
@@ -566,6 +600,7 @@ class OnnxBackend(Backend):
     fields = {"quantize": ("int8",)}
     options = ("isa", "opset")
     extra = "onnx"
+    prompts = True  # a prompt model's MLM scoring and a deep-prompt model's prefixes are part of the graph
 
     def available(self) -> None:
         try:

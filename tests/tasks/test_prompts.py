@@ -370,3 +370,29 @@ def test_builtin_label_words_fall_back_to_words_the_vocabulary_holds_whole(tiny_
     assert spec is not None and spec.label_words == {"0": "bad", "1": "good"}
     with pytest.raises(CramkitError, match="'terrible' 2"):  # the user's own words are never replaced
         resolve_prompt(task, run, FinetuneConfig(method="prompt", label_words="0=terrible,1=great"))
+
+
+def test_a_template_in_the_files_own_field_names_loads_back(tiny_run: Path, sst2_files, tmp_path: Path) -> None:
+    """`--prompt '{review} ...'` on a file whose column is `review`: the model directory records the template
+    in the generic names, so that load, predict and export (which do not know the file's columns) read it."""
+    files = []
+    for f in sst2_files:
+        lines = f.read_text(encoding="utf-8").splitlines()
+        renamed = tmp_path / f.name
+        renamed.write_text("\n".join([lines[0].replace("sentence", "review"), *lines[1:]]) + "\n", encoding="utf-8")
+        files.append(renamed)
+    out = tmp_path / "prompt"
+    proc = cli(
+        "finetune",
+        *("--from", str(tiny_run), "--train", str(files[0]), "--dev", str(files[1]), "--text-a", "review"),
+        *("--out", str(out), "--prompt", "{review} it was [MASK] .", "--label-words", WORDS),
+        *("--set", "epochs=1", "--set", "min_steps=0", "--no-progress"),
+    )
+    assert proc.returncode == 0, proc.stderr
+    model = cramkit.load(out)
+    assert model.prompt is not None and model.prompt.meta()["template"] == "{text_a} it was [MASK] ."
+    pred = tmp_path / "pred.jsonl"
+    proc = cli("predict", "--from", str(out), str(files[1]), "--out", str(pred))
+    assert proc.returncode == 0, proc.stderr
+    res = json.loads((out / "results.json").read_text())
+    assert f"accuracy {res['median']['dev']['metrics']['accuracy']:.2f}" in proc.stdout

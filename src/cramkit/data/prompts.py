@@ -52,8 +52,16 @@ class PromptSpec:
         return {name for kind, name in self.parts if kind == "field"}
 
     def meta(self) -> dict[str, Any]:
-        """What a model directory records (``cramkit-model.json``'s ``extra.prompt``)."""
-        return {"template": self.template, "label_words": dict(self.label_words)}
+        """What a model directory records (``cramkit-model.json``'s ``extra.prompt``): the template in the
+        generic field names (a task's own, ``{review}``, are not known where the model is read back)."""
+        return {"template": self.canonical_template, "label_words": dict(self.label_words)}
+
+    @property
+    def canonical_template(self) -> str:
+        """The template rebuilt from its pieces with the fields named {text_a} / {text_b}: it parses back to
+        the same pieces."""
+        shown = {"text": "{}", "field": "{{{}}}", "mask": MASK, "sep": SEP}
+        return " ".join(shown[kind].format(value) for kind, value in self.parts)
 
 
 def parse_label_words(value: str | Mapping[str, str], what: str = "--label-words") -> dict[str, str]:

@@ -331,6 +331,7 @@ def _fields_of(cls_path: str) -> set[str]:
 SETTINGS_OF = {
     "cramkit.finetune": "cramkit.recipes.finetune.FinetuneConfig",
     "cramkit.evaluate": "cramkit.recipes.finetune.FinetuneConfig",
+    "cramkit.train_embeddings": "cramkit.recipes.contrastive.ContrastiveConfig",
 }
 
 

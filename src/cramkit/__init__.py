@@ -50,6 +50,7 @@ __all__ = [
     "load",
     "predict",
     "pretrain",
+    "train_embeddings",
 ]
 
 PathLike = str | os.PathLike
@@ -199,3 +200,46 @@ def export(
         **options,
     )
     return done.path
+
+
+def train_embeddings(
+    source: PathLike,
+    *,
+    train: PathLike | None = None,
+    text_a: str | None = None,
+    text_b: str | None = None,
+    negative: str | None = None,
+    dev: PathLike | None = None,
+    task: str | None = None,
+    data_dir: PathLike | None = None,
+    objective: str = "contrastive",
+    out: PathLike = "contrastive",
+    skip_bad_rows: bool = False,
+    progress: bool = True,
+    **settings: Any,
+) -> dict[str, Any]:
+    """The contrastive stage (``cramkit finetune --objective contrastive|simcse``): ``source`` trained to embed
+    on the pairs of ``train`` (columns ``text_a``, ``text_b``, hard negatives in ``negative``) or of a pair
+    ``task`` (glue/mrpc's paraphrases); ``objective="simcse"`` on single texts. ``settings``: ContrastiveConfig
+    fields (batch_size=64, temperature=0.05, symmetric=True, matryoshka="256,128", budget="10m", ...). The
+    model directory ``out`` is an encoder of normalised vectors (``cramkit.load(out)``, embed, index, serve).
+    Returns the results (also out/results.json): steps, the held-out pairs' recall@1 and MRR before and after."""
+    from cramkit.recipes import contrastive as con
+
+    cfg = con.config_from({**settings, "objective": objective})
+    dev_rows = None
+    if train is not None:
+        rows, skipped = con.read_pairs(
+            train, text_a, text_b, negative, objective=cfg.objective, skip_bad_rows=skip_bad_rows
+        )
+        if dev is not None:
+            dev_rows, _ = con.read_pairs(dev, text_a, text_b, negative, objective=cfg.objective)
+    elif task is not None:
+        from cramkit.tasks.registry import get_task
+
+        t = get_task(task, data_dir=data_dir)
+        rows, skipped = con.task_pairs(t, t.train_split), 0
+        dev_rows = con.task_pairs(t, t.dev_splits[0]) if t.dev_splits else None
+    else:
+        raise CramkitError("train_embeddings needs train=FILE or task=NAME (a pair task, e.g. glue/mrpc)")
+    return con.train_embeddings(source, rows, cfg, out, dev_rows=dev_rows, progress=progress, skipped=skipped)

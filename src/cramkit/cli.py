@@ -56,9 +56,13 @@ def _setting_keys(verb: str | None) -> list[str]:
             for f in fields(cast("Callable[[], Any]", sec.default_factory)())  # every section has a factory
         ]
     if verb in ("finetune", "eval"):
+        from cramkit.recipes.contrastive import ContrastiveConfig
         from cramkit.recipes.finetune import FinetuneConfig
 
-        return [f.name for f in fields(FinetuneConfig)]
+        own = [f.name for f in fields(FinetuneConfig)]
+        if verb == "eval":
+            return own
+        return own + [f.name for f in fields(ContrastiveConfig) if f.name not in own]  # --objective contrastive
     if verb == "distill":
         from cramkit.distill.core import DistillConfig
 

@@ -141,6 +141,23 @@ def register(sub: argparse._SubParsersAction) -> None:
         "context, --label the right choice's index from 0",
     )
     g.add_argument("--name", help="name of the task (default: the train file's stem)")
+    c = p.add_argument_group("an encoder that embeds: the contrastive stage (instead of a classifier)")
+    c.add_argument(
+        "--objective",
+        choices=("classify", "contrastive", "simcse"),
+        default="classify",
+        help="contrastive: in-batch negatives over pairs (--train FILE --text-a COL --text-b COL, or a pair "
+        "task: --task glue/mrpc's paraphrases); simcse: single texts (a column, or a text file of lines), "
+        "dropout as the positive; the output is an embedding model (embed, index, serve /embed). Settings "
+        "(--set): batch_size, micro_batch (cached negatives), temperature, learn_temperature, symmetric, "
+        "matryoshka (e.g. 256,128,64), lr, epochs, pooling",
+    )
+    c.add_argument("--negative", metavar="COLUMN", help="--objective contrastive: a column of hard negatives")
+    c.add_argument(
+        "--budget",
+        help="--objective contrastive|simcse: the training budget as in pretraining: '10m' (time), "
+        "'2000steps' or '5e6tok' (default: --set epochs, 1)",
+    )
     p.set_defaults(func=run_finetune)
 
     e = sub.add_parser(
@@ -366,6 +383,8 @@ def run_finetune(args: argparse.Namespace) -> int:
                 f"{name}: {', '.join(mix.tasks)} (rates {mix.rates}){f'; {mix.description}' if mix.description else ''}"
             )
         return 0
+    if args.objective != "classify" or args.negative or args.budget:
+        return _run_contrastive(args)
     cfg = _config(args)  # a mistyped setting fails here, before --nproc starts the processes
     if args.print_config:
         return _print_config(cfg)
@@ -437,6 +456,83 @@ def run_finetune(args: argparse.Namespace) -> int:
     )
     if res.get("skipped_rows"):
         print(f"skipped bad rows: {json.dumps(res['skipped_rows'])}", file=sys.stderr)
+    return 0
+
+
+def _run_contrastive(args: argparse.Namespace) -> int:
+    """``finetune --objective contrastive|simcse``: the contrastive stage (cramkit.recipes.contrastive)."""
+    from cramkit.config import parse_overrides
+    from cramkit.recipes import contrastive as con
+
+    if args.objective == "classify":
+        raise CramkitError("--negative and --budget belong to --objective contrastive or simcse; add it")
+    unfit = [f for f, v in (("--mixture", args.mixture), ("--prompt", args.prompt), ("--few-shot", args.few_shot)) if v]
+    unfit += ["--fewshot-splits"] * bool(args.fewshot_splits) + ["--nproc"] * (args.nproc != 1)
+    if unfit:
+        raise CramkitError(f"--objective {args.objective} trains an embedding model; {', '.join(unfit)} do not apply")
+    overrides = parse_overrides(args.overrides)
+    if getattr(args, "config", None):
+        from cramkit.config import load_yaml
+
+        overrides = {**load_yaml(args.config), **overrides}
+    overrides["objective"] = args.objective
+    if args.budget:
+        from cramkit.train.budget import parse_budget
+
+        parse_budget(args.budget, "--budget")
+        overrides["budget"] = args.budget
+    cfg = con.config_from(overrides)
+    if args.print_config:
+        return _print_config(cfg)
+    if not args.source:
+        raise CramkitError("cramkit finetune needs --from MODEL (a run directory, a model directory or hf:DIR)")
+    check_model_source(args.source)
+    if args.negative and args.objective == "simcse":
+        raise CramkitError("--negative applies to --objective contrastive (pairs); simcse takes single texts")
+    skipped, dev_rows = 0, None
+    if args.train:
+        rows, skipped = con.read_pairs(
+            args.train,
+            args.text_a,
+            args.text_b,
+            args.negative,
+            objective=cfg.objective,
+            skip_bad_rows=args.skip_bad_rows,
+        )
+        if args.dev:
+            dev_rows, _ = con.read_pairs(
+                args.dev,
+                args.text_a,
+                args.text_b,
+                args.negative,
+                objective=cfg.objective,
+                skip_bad_rows=args.skip_bad_rows,
+            )
+    elif args.task:
+        task = _resolve_task(args)
+        rows = con.task_pairs(task, task.train_split)
+        dev_rows = con.task_pairs(task, task.dev_splits[0]) if task.dev_splits else None
+        if cfg.objective == "simcse":
+            rows = [(t, t, None) for t in dict.fromkeys(x for a, b, _ in rows for x in (a, b))]
+            dev_rows = None
+    else:
+        raise CramkitError(f"--objective {cfg.objective} needs --train FILE (or --task with pairs, e.g. glue/mrpc)")
+    out = Path(args.out or f"{cfg.objective}-{Path(args.train or args.task or 'pairs').stem.replace('/', '-')}")
+    res = con.train_embeddings(
+        args.source, rows, cfg, out, dev_rows=dev_rows, progress=not args.no_progress, skipped=skipped
+    )
+    before, after = res.get("before"), res.get("after")
+    if after:
+        was = f" (before: {before['dev_recall_at_1']:.1f}, {before['dev_mrr']:.1f})" if before else ""
+        print(
+            f"{cfg.objective}: dev recall@1 {after['dev_recall_at_1']:.1f}, MRR {after['dev_mrr']:.1f}{was}, "
+            f"x100, over {res['dev_pairs']:,} held-out pairs"
+        )
+    print(
+        f"trained {res['steps']} steps on {res['pairs']:,} pairs ({res['examples_per_s']:.1f} pairs/s)"
+        + (f"; {res['skipped_rows']} rows skipped (an empty text)" if res["skipped_rows"] else "")
+    )
+    print(f"embedding model saved in {out}: cramkit embed --from {out} FILE; cramkit index build --from {out} ...")
     return 0
 
 

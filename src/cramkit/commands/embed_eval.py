@@ -81,7 +81,6 @@ def run_embed_eval(args: argparse.Namespace) -> int:
     what = args.suite.lower()
     given = [flag for name, flag in _SUITE_ONLY.items() if getattr(args, name, None)]
     given += ["--set"] if args.overrides else []
-    given += ["--print-config"] if args.print_config else []
     if given:
         raise CramkitError(
             f"{given[0]} applies to the fine-tuning suites (glue, clue, ...); cramkit eval {what} scores the "
@@ -98,6 +97,8 @@ def run_embed_eval(args: argparse.Namespace) -> int:
     if wrong:
         other = "retrieval" if what == "sts" else "sts"
         raise CramkitError(f"{wrong[0]} applies to cramkit eval {other}, not {what}; leave it out")
+    if args.print_config:  # the settings, as the suites print theirs; nothing is read or written
+        return _print_settings(args, what)
     check_model_source(args.source)
     from cramkit.recipes import embed_eval
 
@@ -130,4 +131,19 @@ def run_embed_eval(args: argparse.Namespace) -> int:
     print(embed_eval.summary_line(res))
     if res.get("skipped_rows"):
         print(f"cramkit: note: skipped bad rows: {json.dumps(res['skipped_rows'])}", file=sys.stderr)
+    return 0
+
+
+def _print_settings(args: argparse.Namespace, what: str) -> int:
+    import yaml
+
+    settings = {"evaluation": what, "from": args.source, "data": args.data, "out": args.out or f"eval-{what}"}
+    if what == "sts":
+        settings.update(
+            text_a=args.text_a or "sentence1", text_b=args.text_b or "sentence2", label=args.label or "score"
+        )
+    else:
+        settings.update(split=args.split or "test", index=args.index, k=10 if args.k is None else args.k)
+    settings.update(skip_bad_rows=args.skip_bad_rows, device=args.device, max_batch_tokens=args.max_batch_tokens)
+    print(yaml.safe_dump({"eval": settings}, sort_keys=False), end="")
     return 0

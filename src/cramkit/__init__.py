@@ -9,6 +9,7 @@ distil and index. The Python API mirrors the command line::
     model = cramkit.load("ft/sst2")
     cramkit.predict("ft/sst2", "reviews.csv", "reviews.predictions.jsonl")
     cramkit.export("ft/sst2", "hf/sst2")                  # or format="onnx" for ONNX Runtime
+    cramkit.evaluate_retrieval("hf:models/minilm", "scifact/")  # embeddings scored as they are (also evaluate_sts)
 """
 
 from __future__ import annotations
@@ -45,6 +46,8 @@ __all__ = [
     "LoadedModel",
     "__version__",
     "evaluate",
+    "evaluate_retrieval",
+    "evaluate_sts",
     "export",
     "finetune",
     "load",
@@ -162,6 +165,74 @@ def evaluate(
         fewshot_splits=fewshot_splits,
         few_shot=few_shot,
         splits=splits,
+    )
+
+
+def evaluate_sts(
+    model: PathLike | LoadedModel,
+    data: PathLike,
+    out: PathLike | None = "eval-sts",
+    *,
+    text_a: str | None = None,
+    text_b: str | None = None,
+    label: str | None = None,
+    skip_bad_rows: bool = False,
+    device: str = "auto",
+    max_batch_tokens: int | None = None,
+    progress: bool = True,
+) -> dict[str, Any]:
+    """Score ``model``'s embeddings (anything :func:`load` opens, exports included) on sentence pairs with a
+    gold similarity: Spearman (main) and Pearson correlation x100 of the cosine similarity with the score, as
+    ``cramkit eval sts --from MODEL --data FILE``. ``data``: TSV (GLUE STS-B's dev.tsv), CSV or JSON Lines;
+    columns sentence1, sentence2, score unless ``text_a``/``text_b``/``label`` name others. Writes results.json,
+    results.md and scores.png to ``out`` (None: nothing written); returns the results."""
+    from cramkit.recipes.embed_eval import evaluate_sts as _evaluate_sts
+
+    return _evaluate_sts(
+        model,
+        data,
+        out,
+        text_a=text_a,
+        text_b=text_b,
+        label=label,
+        skip_bad_rows=skip_bad_rows,
+        device=device,
+        max_batch_tokens=max_batch_tokens,
+        progress=progress,
+    )
+
+
+def evaluate_retrieval(
+    model: PathLike | LoadedModel,
+    data: PathLike,
+    out: PathLike | None = "eval-retrieval",
+    *,
+    split: str = "test",
+    index: PathLike | None = None,
+    k: int = 10,
+    skip_bad_rows: bool = False,
+    device: str = "auto",
+    max_batch_tokens: int | None = None,
+    progress: bool = True,
+) -> dict[str, Any]:
+    """Score ``model``'s embeddings on a folder in BEIR's layout (corpus.jsonl, queries.jsonl, qrels/SPLIT.tsv):
+    nDCG@k (main), recall@1/k/100, MRR@k and MAP@100, x100, by exact cosine search, or through ``index`` (built
+    by ``cramkit index build DATA/corpus.jsonl --encoder MODEL``; exact search over its vectors is reported
+    beside it). As ``cramkit eval retrieval``; writes results.json, results.md and scores.png to ``out`` (None:
+    nothing written); returns the results."""
+    from cramkit.recipes.embed_eval import evaluate_retrieval as _evaluate_retrieval
+
+    return _evaluate_retrieval(
+        model,
+        data,
+        out,
+        split=split,
+        index=index,
+        k=k,
+        skip_bad_rows=skip_bad_rows,
+        device=device,
+        max_batch_tokens=max_batch_tokens,
+        progress=progress,
     )
 
 

@@ -7,6 +7,7 @@ import json
 import sys
 from pathlib import Path
 
+from cramkit.commands import embed_eval
 from cramkit.errors import CramkitError
 
 FINETUNE_EPILOG = """\
@@ -162,11 +163,14 @@ def register(sub: argparse._SubParsersAction) -> None:
 
     e = sub.add_parser(
         "eval",
-        help="fine-tune and score on every task of a suite (glue, clue, fewclue, ...) present in --data-dir",
+        help="fine-tune and score on every task of a suite (glue, clue, fewclue, ...) present in --data-dir; "
+        "or score an embedding model as it is (sts, retrieval)",
         description="Fine-tune on every task of a suite found in --data-dir (one recipe for all), then write "
         "results.json, results.md (task by task + the suite's average), scores.png and submission/ (the test "
-        "predictions in the leaderboard's file names). Tasks in FewCLUE's layout follow FewCLUE's protocol.",
-        epilog=EVAL_EPILOG,
+        "predictions in the leaderboard's file names). Tasks in FewCLUE's layout follow FewCLUE's protocol. "
+        "`eval sts` and `eval retrieval` score a model's embeddings without fine-tuning (results.json, "
+        "results.md, scores.png in --out).",
+        epilog=EVAL_EPILOG + embed_eval.EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
         add_help=False,
     )
@@ -174,7 +178,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     e.add_argument(
         "suite",
         metavar="SUITE",
-        help="the benchmark: glue, superglue, clue, fewclue (every registered suite)",
+        help="the benchmark: glue, superglue, clue, fewclue (every registered suite); or sts / retrieval: the "
+        "model's embeddings scored as they are (see --data)",
     )
     e.add_argument(
         "--from",
@@ -188,7 +193,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="the suite's root folder (DIR/TASK/...); default $CRAMKIT_GLUE_DIR or ./glue_data for glue, "
         "$CRAMKIT_CLUE_DIR or ./clue_data for clue",
     )
-    e.add_argument("--out", help="output directory (default: eval-SUITE)")
+    e.add_argument("--out", help="output directory (default: eval-SUITE, eval-sts, eval-retrieval)")
     e.add_argument("--seeds", help="comma-separated seeds (median reported per task)")
     e.add_argument("--tasks", help="only these tasks, comma-separated, e.g. rte,stsb (default: every task present)")
     e.add_argument(
@@ -220,6 +225,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     e.add_argument("--skip-bad-rows", action="store_true", help="skip (and count) malformed rows instead of stopping")
     _method_args(e.add_argument_group("few labels (every task of the suite; prompts: the built-in ones)"), suite=True)
     e.add_argument("--no-progress", action="store_true", help="no progress bar")
+    embed_eval.add_arguments(e)
     e.set_defaults(func=run_eval)
 
 
@@ -264,7 +270,12 @@ class _SuiteHelp(argparse.Action):
 
     def __call__(self, parser, namespace, values, option_string=None):
         name = getattr(namespace, "suite", None)
-        if name:
+        if name and name.lower() in embed_eval.EMBED_EVALS:
+            parser.prog = f"{parser.prog} {name.lower()}"
+            parser.usage = (
+                "%(prog)s --from MODEL --data " + ("FILE" if name.lower() == "sts" else "DIR") + " [--out DIR]"
+            )
+        elif name:
             from cramkit.tasks.registry import get_suite
 
             try:
@@ -611,6 +622,9 @@ def _launch_finetune(args: argparse.Namespace) -> int:
 def run_eval(args: argparse.Namespace) -> int:
     from cramkit.tasks.registry import get_suite
 
+    if args.suite.lower() in embed_eval.EMBED_EVALS:
+        return embed_eval.run_embed_eval(args)
+    embed_eval.check_suite_args(args)
     suite = get_suite(args.suite.lower())  # an unknown suite: did-you-mean, before anything else
     cfg = _config(args)
     if args.print_config:

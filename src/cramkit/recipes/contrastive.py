@@ -586,7 +586,11 @@ def _train(source, rows, cfg, out: Path, dev_rows, progress: bool, skipped: int)
     finally:
         shutdown(ctx)
     model: Any = done.model
-    after = dev_scores(model, dev, encoded, loaded.pad_id, float(model.log_scale.detach().exp())) if dev is not None else None
+    after = (
+        dev_scores(model, dev, encoded, loaded.pad_id, float(model.log_scale.detach().exp()))
+        if dev is not None
+        else None
+    )
     dims = matryoshka_dims(cfg.matryoshka, loaded.hidden)
     trained = dataclasses.replace(
         loaded,

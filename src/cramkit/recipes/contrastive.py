@@ -42,6 +42,7 @@ from cramkit.load import LoadedModel
 
 PathLike = str | os.PathLike
 
+BUCKET = 16  # texts per encoder pass (sorted by length: little padding)
 POSITIVE_LABELS = ("1", "paraphrase", "entailment", "true", "yes", "positive")
 
 
@@ -346,7 +347,15 @@ class ContrastiveObjective:
 
         plain = getattr(model, "module", model)
         parts = ["a", "p", *(["n"] if "n_ids" in batch else [])]
-        vecs = {x: self._embed(model, batch[f"{x}_ids"].to(device), batch[f"{x}_mask"].to(device)) for x in parts}
+        width = max(batch[f"{x}_ids"].shape[1] for x in parts)
+        ids = torch.cat(
+            [torch.nn.functional.pad(batch[f"{x}_ids"], (0, width - batch[f"{x}_ids"].shape[1])) for x in parts]
+        )
+        mask = torch.cat(
+            [torch.nn.functional.pad(batch[f"{x}_mask"], (0, width - batch[f"{x}_mask"].shape[1])) for x in parts]
+        )
+        every = self._embed(model, ids.to(device), mask.to(device))
+        vecs = dict(zip(parts, every.split(batch["a_ids"].shape[0]), strict=True))
         candidates = torch.cat([vecs["p"], vecs["n"]]) if "n" in vecs else vecs["p"]
         same = batch["same"].to(device)
         return info_nce(
@@ -354,19 +363,26 @@ class ContrastiveObjective:
         )
 
     def _embed(self, model: Any, ids: Any, mask: Any) -> Any:
-        """The batch's vectors; under ``micro_batch``, micro-batch by micro-batch with the activations
-        recomputed in the backward pass (only the vectors stay in memory)."""
+        """The vectors of every text of the batch (anchors, positives, negatives), in ``BUCKET``-text passes of
+        texts of similar length (sorted: each pass is padded only to its own longest text); under
+        ``micro_batch``, passes of that many texts with the activations recomputed in the backward pass
+        (only the vectors stay in memory)."""
         import torch
         from torch.utils.checkpoint import checkpoint
 
-        chunk = self.cfg.micro_batch or ids.shape[0]
-        if chunk >= ids.shape[0]:
-            return model(ids, mask)
-        outs = [
-            checkpoint(model, ids[i : i + chunk], mask[i : i + chunk], use_reentrant=False)
-            for i in range(0, ids.shape[0], chunk)
-        ]
-        return torch.cat(outs)
+        lengths = mask.sum(1)
+        order = torch.argsort(lengths, stable=True)
+        chunk = self.cfg.micro_batch or BUCKET
+        outs = []
+        for i in range(0, ids.shape[0], chunk):
+            rows = order[i : i + chunk]
+            width = int(lengths[rows].max())
+            sub_ids, sub_mask = ids[rows, :width], mask[rows, :width]
+            if self.cfg.micro_batch:
+                outs.append(checkpoint(model, sub_ids, sub_mask, use_reentrant=False))
+            else:
+                outs.append(model(sub_ids, sub_mask))
+        return torch.cat(outs)[torch.argsort(order)]
 
     def evaluate(self, model: Any, ctx: Any, precision: str) -> dict[str, float] | None:
         if self.dev is None or not len(self.dev):

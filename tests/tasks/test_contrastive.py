@@ -76,10 +76,45 @@ def test_simcse_and_matryoshka_on_single_texts(tiny_run: Path, mrpc_pairs: Path,
     assert proc.returncode == 0, proc.stderr
     model = cramkit.load(out)
     hidden = model.config.hidden
-    assert model.extra["matryoshka"] == [hidden, 32, 16]
+    assert hidden == 64 and model.extra["matryoshka"] == [hidden, 32, 16]
     base = cramkit.load(tiny_run).encoder.state_dict()
     moved = [k for k, v in model.encoder.state_dict().items() if not torch.equal(v, base[k])]
     assert moved  # dropout made the two passes differ: the encoder learnt
+
+    # the Matryoshka dimensions: the leading ones of the pooled vector, renormalised; others refused
+    from cramkit.infer import Engine
+
+    eng = Engine(model)
+    texts = ["a fine film", "the market fell", "he went home"]
+    full = eng.embed(texts, normalize=False)
+    cut = eng.embed(texts, dimensions=16)
+    assert cut.shape == (3, 16)
+    assert np.allclose(cut, full[:, :16] / np.linalg.norm(full[:, :16], axis=1, keepdims=True), atol=1e-5)
+    with pytest.raises(CramkitError, match="answers 64, 32, 16"):
+        eng.embed(texts, dimensions=20)
+    with pytest.raises(CramkitError, match="not trained to be cut"):
+        Engine(cramkit.load(tiny_run)).embed(texts, dimensions=16)
+    exported = cramkit.export(out, tmp_path / "onnx", format="onnx", progress=False)  # the export keeps them
+    onnx = Engine(cramkit.load(exported))
+    assert onnx.dimensions == [64, 32, 16]
+    assert np.allclose(onnx.embed(texts, dimensions=16), cut, atol=1e-4)
+    from serve.test_server import start
+
+    server, url = start(str(out))
+    try:
+        import httpx
+
+        r = httpx.post(f"{url}/embed", json={"inputs": texts, "dimensions": 32}, timeout=60)
+        assert r.status_code == 200, r.text
+        assert np.allclose(np.asarray(r.json()), eng.embed(texts, dimensions=32), atol=1e-5)
+        r = httpx.post(f"{url}/v1/embeddings", json={"input": texts[:1], "dimensions": 16}, timeout=60)
+        assert r.status_code == 200 and len(r.json()["data"][0]["embedding"]) == 16
+        bad = httpx.post(f"{url}/embed", json={"inputs": texts, "dimensions": 7}, timeout=60)
+        assert bad.status_code == 422 and "answers 64, 32, 16" in bad.text
+        assert httpx.get(f"{url}/info", timeout=10).json()  # still up
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
 
 
 def test_info_nce_is_cross_entropy_over_the_batch_with_duplicates_masked() -> None:

@@ -194,6 +194,32 @@ class Engine:
     def hidden_size(self) -> int | None:
         return self.loaded.hidden
 
+    @property
+    def dimensions(self) -> list[int]:
+        """The vector sizes this model answers: its hidden size, and the leading dimensions it was trained to
+        be cut to (``--set matryoshka=256,128``: recorded by the contrastive stage), largest first."""
+        dims = self.loaded.extra.get("matryoshka")
+        if isinstance(dims, list) and all(isinstance(d, int) and not isinstance(d, bool) and d > 0 for d in dims):
+            return sorted(set(dims), reverse=True)
+        return [self.hidden_size] if self.hidden_size else []
+
+    def check_dimensions(self, dimensions: int | None) -> int | None:
+        """``dimensions`` if this model answers it (None: the whole vector); else one CramkitError line."""
+        if dimensions is None or dimensions == self.hidden_size:
+            return None
+        if not isinstance(dimensions, int) or isinstance(dimensions, bool) or dimensions not in self.dimensions:
+            if len(self.dimensions) <= 1:
+                raise CramkitError(
+                    f"dimensions {dimensions!r}: {self.source} was not trained to be cut (Matryoshka); its vectors "
+                    f"have {self.hidden_size} dimensions: train it with --objective contrastive --set "
+                    "matryoshka=256,128 to get shorter ones"
+                )
+            raise CramkitError(
+                f"dimensions {dimensions!r}: {self.source} answers {', '.join(map(str, self.dimensions))} (the "
+                "Matryoshka dimensions it was trained with)"
+            )
+        return dimensions
+
     # ------------------------------------------------------------------------------ tokenisation
 
     def tokenize(
@@ -302,7 +328,10 @@ class Engine:
         return pooling
 
     @staticmethod
-    def finish_embeddings(pooled: np.ndarray, normalize: bool) -> np.ndarray:
+    def finish_embeddings(pooled: np.ndarray, normalize: bool, dimensions: int | None = None) -> np.ndarray:
+        """Pooled vectors cut to their first ``dimensions`` (a Matryoshka model), then L2-normalised."""
+        if dimensions is not None:
+            pooled = pooled[:, :dimensions]
         if normalize:
             norm = np.linalg.norm(pooled, axis=1, keepdims=True)
             pooled = pooled / np.maximum(norm, 1e-12)
@@ -315,15 +344,18 @@ class Engine:
         normalize: bool | None = None,
         *,
         truncate: bool = True,
+        dimensions: int | None = None,
     ) -> np.ndarray:
         """Sentence embeddings [n, hidden] (float32): mean of the last hidden states over real tokens,
-        or the first ([CLS]) token's; L2-normalised when ``normalize`` (default: the model's own)."""
+        or the first ([CLS]) token's; L2-normalised when ``normalize`` (default: the model's own);
+        ``dimensions``: cut to that many leading dimensions (a Matryoshka model's, :attr:`dimensions`)."""
         self._need_embed()
         pooling = self.check_pooling(pooling)
+        dimensions = self.check_dimensions(dimensions)
         normalize = self.normalize if normalize is None else normalize
         enc = self.tokenize(texts, truncate=truncate)
         mean, cls = self.embed_encoded(enc)
-        return self.finish_embeddings(mean if pooling == "mean" else cls, normalize)
+        return self.finish_embeddings(mean if pooling == "mean" else cls, normalize, dimensions)
 
     # ------------------------------------------------------------------------------ classification
 
@@ -466,6 +498,7 @@ class Engine:
             "max_batch_tokens": self.max_batch_tokens,
             "pooling": self.pooling,
             "normalize": self.normalize,
+            "dimensions": self.dimensions if self.can_embed else [],
             "hidden_size": self.hidden_size,
             "embed": self.can_embed,
             "classify": self.can_classify,

@@ -37,7 +37,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from cramkit.errors import CramkitError
-from cramkit.infer.engine import MIN_CHOICES, InputTooLong
+from cramkit.infer.engine import MIN_CHOICES, Engine, InputTooLong
 from cramkit.io import SURROGATE_ESCAPE, lone_surrogate
 from cramkit.serve.batcher import Batcher, Job, Lane, Overloaded, Search, SearchQueue, Stopped
 from cramkit.serve.metrics import Metrics
@@ -495,11 +495,20 @@ async def embed(request: Request) -> Response:
     normalize = _flag(body, "normalize", True)
     truncate = _flag(body, "truncate", True)
     pooling = _pooling(engine, body.get("pooling"))
+    dims = _dimensions(engine, body)
     with _reserved(state, batcher, len(items)):
         enc = await _tokenize(engine, items, truncate)
     mean, cls = await _run(state, name, batcher, "embed", enc)
-    vectors = engine.finish_embeddings(mean if pooling == "mean" else cls, normalize)
+    vectors = engine.finish_embeddings(mean if pooling == "mean" else cls, normalize, dims)
     return await _response(lambda: _floats(vectors), vectors.size, enc.truncated)
+
+
+def _dimensions(engine: Engine, body: dict[str, Any]) -> int | None:
+    """The request's ``dimensions``: the model's size, or one of its Matryoshka dimensions (else 422)."""
+    try:
+        return engine.check_dimensions(body.get("dimensions"))
+    except CramkitError as exc:
+        raise ApiError(422, f"'dimensions': {exc}", "Validation") from None
 
 
 async def openai_embeddings(request: Request) -> Response:
@@ -511,13 +520,11 @@ async def openai_embeddings(request: Request) -> Response:
     fmt = body.get("encoding_format") or "float"
     if fmt not in ("float", "base64"):
         raise ApiError(422, "'encoding_format' must be 'float' or 'base64'", "Validation")
-    dims = body.get("dimensions")
-    if dims is not None and dims != engine.hidden_size:
-        raise ApiError(422, f"'dimensions' must be {engine.hidden_size} (this model's size) or absent", "Validation")
+    dims = _dimensions(engine, body)
     with _reserved(state, batcher, len(items)):
         enc = await _tokenize(engine, items, True)
     mean, cls = await _run(state, name, batcher, "embed", enc)
-    vectors = engine.finish_embeddings(mean if engine.pooling == "mean" else cls, True)
+    vectors = engine.finish_embeddings(mean if engine.pooling == "mean" else cls, True, dims)
     tokens = int(enc.lengths.sum())
 
     def payload() -> dict[str, Any]:

@@ -179,6 +179,7 @@ def write_export(
             "task": loaded.task,
             "columns": loaded.extra.get("columns"),  # what it was fine-tuned on: predict's default columns
             "trained_inputs": loaded.extra.get("trained_inputs"),  # single texts, pairs or choices
+            "matryoshka": loaded.extra.get("matryoshka"),  # the leading dimensions a vector may be cut to
             # a prompt model's template and label words: the export's inputs are read through them
             "prompt": loaded.prompt.meta() if loaded.prompt is not None else None,
             # a deep-prompt model's base (source, checksum, prefix length), baked into the export

@@ -110,8 +110,10 @@ class ExportedModel:
 
     @property
     def extra(self) -> dict[str, Any]:
-        """What fine-tuning recorded and the export kept: the columns and inputs it was trained on."""
-        return {k: self.manifest[k] for k in ("columns", "trained_inputs") if self.manifest.get(k) is not None}
+        """What training recorded and the export kept: the columns and inputs it was fine-tuned on, the
+        Matryoshka dimensions of an embedding model."""
+        keys = ("columns", "trained_inputs", "matryoshka")
+        return {k: self.manifest[k] for k in keys if self.manifest.get(k) is not None}
 
     @property
     def can_embed(self) -> bool:

@@ -230,3 +230,24 @@ def cramkit_task(glue_dir: Path):
     from cramkit.tasks.registry import get_task
 
     return get_task("glue/mrpc", data_dir=glue_dir)
+
+
+def test_the_hf_export_of_an_embedding_model_is_a_sentence_transformers_folder(
+    minilm_dir: Path, tiny_run: Path, mrpc_pairs: Path, tmp_path
+) -> None:
+    from sentence_transformers import SentenceTransformer
+
+    from cramkit.infer import Engine
+
+    texts = ["a fine film", "The capital of France is Paris. " * 60]  # the second is cut at the length limit
+    exported = cramkit.export(f"hf:{minilm_dir}", tmp_path / "minilm", progress=False)
+    ours = SentenceTransformer(str(exported), device="cpu").encode(texts)
+    assert np.abs(ours - SentenceTransformer(str(minilm_dir), device="cpu").encode(texts)).max() < 1e-5
+    out = tmp_path / "emb"  # a cramkit-shaped model: through its remote code
+    proc = _train(tiny_run, mrpc_pairs, out, "--budget", "2steps", "--set", "matryoshka=32")
+    assert proc.returncode == 0, proc.stderr
+    exported = cramkit.export(out, tmp_path / "emb-hf", progress=False)
+    st = SentenceTransformer(str(exported), device="cpu", trust_remote_code=True)
+    assert np.abs(st.encode(texts) - Engine(cramkit.load(out)).embed(texts)).max() < 1e-5
+    marker = json.loads((exported / "cramkit_export.json").read_text())
+    assert marker["sentence_transformers"]["matryoshka"] == [64, 32]

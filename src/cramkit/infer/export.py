@@ -115,6 +115,22 @@ def export(
         return Exported(done, f"exported {loaded.source} -> {done} ({what})")
 
 
+def _sentence_transformers(loaded: LoadedModel) -> dict[str, Any] | None:
+    """An embedding model's (kind ``encoder``: the contrastive stage's, a sentence-transformers model's)
+    pooling, normalisation, length limit and Matryoshka dimensions: its HF export is a sentence-transformers
+    folder too."""
+    if loaded.kind != "encoder" or loaded.pooling not in ("mean", "cls"):
+        return None
+    st: dict[str, Any] = {
+        "pooling": loaded.pooling,
+        "normalize": bool(loaded.normalize),
+        "max_length": int(loaded.max_length),
+    }
+    if loaded.extra.get("matryoshka"):
+        st["matryoshka"] = loaded.extra["matryoshka"]
+    return st
+
+
 def _export_hf(loaded: LoadedModel, out: Path, mlm_head: bool, force: bool) -> Exported:
     if loaded.encoder is None:
         raise CramkitError(
@@ -140,6 +156,7 @@ def _export_hf(loaded: LoadedModel, out: Path, mlm_head: bool, force: bool) -> E
             force=force,
             labels=loaded.labels,
             prompt=prompt.meta() if prompt is not None else None,
+            sentence_transformers=_sentence_transformers(loaded),
         )
     fmt = read_json(done / "cramkit_export.json", "export the model again")
     arch = fmt["architecture"]
@@ -165,4 +182,7 @@ def _export_hf(loaded: LoadedModel, out: Path, mlm_head: bool, force: bool) -> E
             f"read the label words {words} at the mask; recorded in cramkit_export.json), or export it with "
             "--format onnx to get labels"
         )
+    if fmt.get("sentence_transformers"):
+        trust = ", trust_remote_code=True" if fmt["format"] == "cramkit" else ""
+        how += f"; or sentence_transformers.SentenceTransformer(DIR{trust})"
     return Exported(done, f"exported {loaded.source}{which} -> {done} ({arch}; load with {how})")

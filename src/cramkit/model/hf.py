@@ -509,6 +509,42 @@ def _write_tokenizer(tokenizer_dir: Path, out: Path, cfg: ModelConfig) -> None:
     (out / "tokenizer_config.json").write_text(json.dumps(tok_cfg, indent=2) + "\n", encoding="utf-8")
 
 
+def _write_sentence_transformers(out: Path, st: dict[str, Any], hidden: int, *, trust: bool) -> None:
+    """modules.json (Transformer, Pooling, Normalize when the vectors are normalised), 1_Pooling/config.json
+    and sentence_bert_config.json: ``SentenceTransformer(DIR)`` gives cramkit's vectors (a cramkit-format
+    model: ``SentenceTransformer(DIR, trust_remote_code=True)``)."""
+    modules = [
+        {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+        {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
+    ]
+    if st.get("normalize"):
+        modules.append({"idx": 2, "name": "2", "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"})
+        (out / "2_Normalize").mkdir()
+    (out / "1_Pooling").mkdir()
+    pooling = {
+        "word_embedding_dimension": hidden,
+        "pooling_mode_cls_token": st["pooling"] != "mean",
+        "pooling_mode_mean_tokens": st["pooling"] == "mean",
+        "pooling_mode_max_tokens": False,
+        "pooling_mode_mean_sqrt_len_tokens": False,
+    }
+    bert_cfg: dict[str, Any] = {"max_seq_length": int(st["max_length"]), "do_lower_case": False}
+    if trust:  # the Transformer module reads a cramkit-format model through its remote code
+        bert_cfg |= {"model_args": {"trust_remote_code": True}, "config_args": {"trust_remote_code": True}}
+    files = {
+        "modules.json": modules,
+        "1_Pooling/config.json": pooling,
+        "sentence_bert_config.json": bert_cfg,
+        "config_sentence_transformers.json": {
+            "similarity_fn_name": "cosine",
+            "prompts": {},
+            "default_prompt_name": None,
+        },
+    }
+    for name, data in files.items():
+        (out / name).write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
+
+
 def export_hf(
     model_or_encoder: nn.Module,
     cfg: ModelConfig,
@@ -519,6 +555,7 @@ def export_hf(
     force: bool = False,
     labels: list[str] | None = None,
     prompt: dict[str, Any] | None = None,
+    sentence_transformers: dict[str, Any] | None = None,
 ) -> Path:
     """Write a Hugging Face model directory (config.json, model.safetensors, tokenizer files).
 
@@ -527,6 +564,8 @@ def export_hf(
     ``modeling_cramkit.py`` (load with ``trust_remote_code=True``). The directory appears atomically;
     a non-empty directory that is not a previous export is refused unless ``force``. prompt: a prompt
     model's template and label words (``PromptSpec.meta()``), recorded in ``cramkit_export.json``.
+    sentence_transformers: an embedding model's pooling ("mean" | "cls"), normalize, max_length (and
+    matryoshka): the folder is also a sentence-transformers model (modules.json, 1_Pooling, 2_Normalize).
     """
     from safetensors.torch import save_file
 
@@ -610,9 +649,12 @@ def export_hf(
         marker: dict[str, Any] = {"format": fmt, "architecture": arch, "incompatible_with_bert": problems}
         if prompt is not None:  # transformers knows nothing of it: whoever runs the model applies it
             marker["prompt"] = prompt
+        if sentence_transformers is not None:
+            _write_sentence_transformers(tmp, sentence_transformers, cfg.hidden, trust=fmt == "cramkit")
+            marker["sentence_transformers"] = sentence_transformers
         (tmp / EXPORT_MARKER).write_text(json.dumps(marker, indent=2) + "\n", encoding="utf-8")
-        for f in tmp.iterdir():
-            os.chmod(f, 0o644)
+        for f in tmp.rglob("*"):
+            os.chmod(f, 0o755 if f.is_dir() else 0o644)
         if out.exists():
             old = out.with_name(f".{out.name}.old-{os.getpid()}")
             os.replace(out, old)

@@ -121,6 +121,28 @@ def test_answers_match_the_in_process_engine(server, ft_model, ft_onnx, glue_dir
     assert r.status_code == 200 and len(r.json()) == 1 and len(r.json()[0]) == 3
 
 
+def test_tokenize_gives_the_tokens_the_model_reads(server, ft_model) -> None:
+    """TEI's /tokenize: ids, token texts, special flags and character offsets, cut at the model's limit."""
+    text = "An unexpectedly touching film."
+    r = server.post("/tokenize", {"inputs": [text, "a"], "model": "ft"})
+    assert r.status_code == 200, r.text
+    rows = r.json()
+    tok = cramkit.load(ft_model).tokenizer
+    enc = tok.encode(text)
+    assert [t["id"] for t in rows[0]] == enc.ids and [t["text"] for t in rows[0]] == enc.tokens
+    assert rows[0][0]["special"] and rows[0][0]["start"] is None and not rows[0][1]["special"]
+    assert all(
+        text[t["start"] : t["stop"]].lower() == t["text"].removeprefix("##") for t in rows[0] if not t["special"]
+    )
+    plain = server.post("/tokenize", {"inputs": "a", "add_special_tokens": False, "model": "ft"}).json()
+    assert [t["text"] for t in plain[0]] == ["a"]
+    long = server.post("/tokenize", {"inputs": "film " * 5000, "model": "ft"}).json()[0]
+    assert len(long) == server.http.get("/info").json()["models"]["ft"]["max_length"] and long[-1]["text"] == "[SEP]"
+    bad = server.post("/tokenize", {"inputs": [1], "model": "ft"})
+    assert bad.status_code == 422
+    server.alive_and_correct()
+
+
 def test_truncation_is_reported(server) -> None:
     long = "a very long review of a film " * 200
     r = server.post("/embed", {"inputs": ["short", long], "model": "ft"})

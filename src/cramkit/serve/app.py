@@ -42,7 +42,17 @@ from cramkit.io import SURROGATE_ESCAPE, lone_surrogate
 from cramkit.serve.batcher import Batcher, Job, Lane, Overloaded, Search, SearchQueue, Stopped
 from cramkit.serve.metrics import Metrics
 
-ROUTES = ("/embed", "/predict", "/v1/embeddings", "/fill-mask", "/search", "/info", "/health", "/metrics")
+ROUTES = (
+    "/embed",
+    "/predict",
+    "/v1/embeddings",
+    "/tokenize",
+    "/fill-mask",
+    "/search",
+    "/info",
+    "/health",
+    "/metrics",
+)
 OPEN_ROUTES = ("/health", "/docs", "/openapi.json", "/docs/oauth2-redirect", "/redoc")
 # requests this small are tokenised on the event loop; larger ones in a worker thread
 INLINE_CHARS = 4000
@@ -503,6 +513,42 @@ async def embed(request: Request) -> Response:
     return await _response(lambda: _floats(vectors), vectors.size, enc.truncated)
 
 
+async def tokenize(request: Request) -> Response:
+    """TEI's /tokenize: per input, its tokens as the model reads them (id, text, special, start and stop
+    offsets in characters; null for a special token), cut at the model's limit when ``truncate``."""
+    state = _state(request)
+    body = await _json(request)
+    name, engine, _ = state.pick(body, request)
+    items = _inputs(body, state.limits)
+    special = _flag(body, "add_special_tokens", True)
+    truncate = _flag(body, "truncate", True)
+    from cramkit.text.tokenizer import encode_batch
+
+    def run() -> list[list[dict[str, Any]]]:
+        out = []
+        for enc in encode_batch(engine.tokenizer, items, add_special_tokens=special):
+            rows = []
+            for tid, tok, (start, stop), sp in zip(
+                enc.ids, enc.tokens, enc.offsets, enc.special_tokens_mask, strict=True
+            ):
+                rows.append(
+                    {
+                        "id": int(tid),
+                        "text": tok,
+                        "special": bool(sp),
+                        "start": None if sp else int(start),
+                        "stop": None if sp else int(stop),
+                    }
+                )
+            if truncate and len(rows) > engine.max_length:
+                rows = rows[: engine.max_length - 1] + rows[-1:] if special else rows[: engine.max_length]
+            out.append(rows)
+        return out
+
+    result = await run_in_threadpool(run)
+    return Response(json.dumps(result), 200, None, "application/json")
+
+
 def _dimensions(engine: Engine, body: dict[str, Any]) -> int | None:
     """The request's ``dimensions``: the model's size, or one of its Matryoshka dimensions (else 422)."""
     try:
@@ -782,8 +828,26 @@ def _schema(props: dict[str, Any], required: list[str]) -> dict[str, Any]:
 
 TEXT_OR_LIST = {"oneOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}}]}
 MODEL_FIELD = {"type": "string", "description": "the model's name (default: the first one served)"}
+DIMENSIONS_FIELD = {
+    "type": "integer",
+    "description": "the vector's leading dimensions, renormalised: one of the model's Matryoshka dimensions (/info)",
+}
 
 POST_ROUTES: list[tuple[str, Any, str, dict[str, Any]]] = [
+    (
+        "/tokenize",
+        tokenize,
+        "Tokens as the model reads them (TEI's /tokenize): per input, [{id, text, special, start, stop}, ...]",
+        _schema(
+            {
+                "inputs": TEXT_OR_LIST,
+                "add_special_tokens": {"type": "boolean", "default": True},
+                "truncate": {"type": "boolean", "default": True, "description": "cut at the model's limit"},
+                "model": MODEL_FIELD,
+            },
+            ["inputs"],
+        ),
+    ),
     (
         "/embed",
         embed,
@@ -798,6 +862,7 @@ POST_ROUTES: list[tuple[str, Any, str, dict[str, Any]]] = [
                     "description": "cut inputs to the model's limit",
                 },
                 "pooling": {"type": "string", "enum": ["mean", "cls"], "description": "default: the model's"},
+                "dimensions": DIMENSIONS_FIELD,
                 "model": MODEL_FIELD,
             },
             ["inputs"],
@@ -810,6 +875,7 @@ POST_ROUTES: list[tuple[str, Any, str, dict[str, Any]]] = [
         _schema(
             {
                 "input": TEXT_OR_LIST,
+                "dimensions": DIMENSIONS_FIELD,
                 "model": MODEL_FIELD,
                 "encoding_format": {"type": "string", "enum": ["float", "base64"], "default": "float"},
             },

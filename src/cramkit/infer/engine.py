@@ -181,6 +181,33 @@ class Engine:
         return self.kind == "multiple_choice"
 
     @property
+    def can_rerank(self) -> bool:
+        """A cross-encoder: a model fine-tuned on text pairs with one score (regression) or two labels (the
+        second, or the one named like "1"/"entailment", is "relevant")."""
+        two = self.kind == "classifier" and len(self.labels or []) == 2
+        return (self.kind == "regression" or two) and self.trained_inputs in ("pairs", None)
+
+    def relevance(self, logits: np.ndarray, raw: bool = False) -> np.ndarray:
+        """A cross-encoder's score per pair: the regression's value, or the relevant label's probability
+        (``raw``: its logit minus the other's, as TEI's raw_scores)."""
+        if self.kind == "regression":
+            return logits[:, 0].astype(np.float32)
+        names = [str(x).lower() for x in self.labels or []]
+        pos = next((i for i, n in enumerate(names) if n in ("1", "entailment", "paraphrase", "relevant", "yes")), 1)
+        margin = (logits[:, pos] - logits[:, 1 - pos]).astype(np.float32)
+        return margin if raw else (1.0 / (1.0 + np.exp(-margin))).astype(np.float32)
+
+    def rerank(self, query: str, texts: Sequence[str], *, raw: bool = False, truncate: bool = True) -> list[int]:
+        """The indices of ``texts`` from the most to the least relevant to ``query`` (:meth:`relevance`)."""
+        if not self.can_rerank:
+            raise CramkitError(
+                f"{self.source} is not a cross-encoder (a {self.kind} model); fine-tune one on (query, passage, "
+                "label) pairs: cramkit finetune --train FILE --text-a query --text-b passage --label label"
+            )
+        scores = self.relevance(self.logits([(query, t) for t in texts], truncate=truncate), raw)
+        return [int(i) for i in np.argsort(-scores, kind="stable")]
+
+    @property
     def trained_inputs(self) -> str | None:
         """What the model was fine-tuned to read: "single" texts, "pairs" or "choices" (None: not recorded)."""
         value = self.loaded.extra.get("trained_inputs")
@@ -499,6 +526,7 @@ class Engine:
             "pooling": self.pooling,
             "normalize": self.normalize,
             "dimensions": self.dimensions if self.can_embed else [],
+            "rerank": self.can_rerank,
             "hidden_size": self.hidden_size,
             "embed": self.can_embed,
             "classify": self.can_classify,

@@ -47,6 +47,7 @@ ROUTES = (
     "/predict",
     "/v1/embeddings",
     "/tokenize",
+    "/rerank",
     "/fill-mask",
     "/search",
     "/info",
@@ -513,6 +514,43 @@ async def embed(request: Request) -> Response:
     return await _response(lambda: _floats(vectors), vectors.size, enc.truncated)
 
 
+async def rerank(request: Request) -> Response:
+    """TEI's /rerank: a cross-encoder scores (query, text) for every text; the texts from the most relevant,
+    ``[{"index", "score"[, "text"]}, ...]``."""
+    state = _state(request)
+    body = await _json(request)
+    name, engine, batcher = state.pick(body, request)
+    _need(
+        engine.can_rerank,
+        name,
+        f"reranking (/rerank): a cross-encoder fine-tuned on pairs; it is a {engine.kind} model",
+    )
+    query = body.get("query")
+    if not isinstance(query, str) or not query:
+        raise ApiError(422, "'query' must be a non-empty string", "Validation")
+    texts = _inputs(body, state.limits, key="texts")
+    raw = _flag(body, "raw_scores", False)
+    with_text = _flag(body, "return_text", False)
+    truncate = _flag(body, "truncate", True)
+    if len(query) > state.limits.max_input_chars:
+        raise ApiError(
+            413, f"'query' has {len(query)} characters; the limit is {state.limits.max_input_chars}", "Validation"
+        )
+    pairs = [(query, t) for t in texts]
+    with _reserved(state, batcher, len(pairs)):
+        enc = await _tokenize(engine, pairs, truncate)
+    logits = await _run(state, name, batcher, "classify", enc)
+
+    def payload() -> Any:
+        scores = engine.relevance(logits, raw)
+        order = np.argsort(-scores, kind="stable")
+        return [
+            {"index": int(i), "score": float(scores[i]), **({"text": texts[i]} if with_text else {})} for i in order
+        ]
+
+    return await _response(payload, logits.size, enc.truncated)
+
+
 async def tokenize(request: Request) -> Response:
     """TEI's /tokenize: per input, its tokens as the model reads them (id, text, special, start and stop
     offsets in characters; null for a special token), cut at the model's limit when ``truncate``."""
@@ -834,6 +872,26 @@ DIMENSIONS_FIELD = {
 }
 
 POST_ROUTES: list[tuple[str, Any, str, dict[str, Any]]] = [
+    (
+        "/rerank",
+        rerank,
+        "Reranking by a cross-encoder (TEI's /rerank): [{index, score[, text]}, ...], the most relevant first",
+        _schema(
+            {
+                "query": {"type": "string"},
+                "texts": {"type": "array", "items": {"type": "string"}},
+                "raw_scores": {
+                    "type": "boolean",
+                    "default": False,
+                    "description": "the logit margin, not a probability",
+                },
+                "return_text": {"type": "boolean", "default": False},
+                "truncate": {"type": "boolean", "default": True},
+                "model": MODEL_FIELD,
+            },
+            ["query", "texts"],
+        ),
+    ),
     (
         "/tokenize",
         tokenize,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from cramkit.commands.tasks import check_model_source
+from cramkit.commands.checks import check_model_source
 from cramkit.errors import CramkitError
 
 EPILOG = """\

@@ -76,7 +76,7 @@ def check_suite_args(args: argparse.Namespace) -> None:
 
 
 def run_embed_eval(args: argparse.Namespace) -> int:
-    from cramkit.commands.tasks import check_model_source
+    from cramkit.commands.checks import check_model_source
 
     what = args.suite.lower()
     given = [flag for name, flag in _SUITE_ONLY.items() if getattr(args, name, None)]

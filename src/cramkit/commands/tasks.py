@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 from cramkit.commands import embed_eval
+from cramkit.commands.checks import check_model_source
 from cramkit.errors import CramkitError
 
 FINETUNE_EPILOG = """\
@@ -331,20 +332,6 @@ def _print_config(cfg) -> int:
 
     print(yaml.safe_dump({"finetune": to_dict(cfg)}, sort_keys=False), end="")
     return 0
-
-
-def check_model_source(source: str, flag: str = "--from") -> None:
-    """Fail before any data is read when the model cannot be had: a path that does not exist, or an
-    ``hf:`` hub id that cannot be downloaded (resolved, and cached, as ``cramkit.load`` resolves it)."""
-    if source.startswith("hf:"):
-        from cramkit.model.hf import _resolve
-
-        _resolve(source)
-    elif not Path(source).expanduser().exists():
-        raise CramkitError(
-            f"{flag} {source}: no such directory; give a cramkit run directory (with config.yaml and "
-            "checkpoints/), a model directory, a Hugging Face directory or hf:ORG/NAME (a hub id)"
-        )
 
 
 def _resolve_task(args: argparse.Namespace):

@@ -186,7 +186,7 @@ def evaluate_sts(
     ``cramkit eval sts --from MODEL --data FILE``. ``data``: TSV (GLUE STS-B's dev.tsv), CSV or JSON Lines;
     columns sentence1, sentence2, score unless ``text_a``/``text_b``/``label`` name others. Writes results.json,
     results.md and scores.png to ``out`` (None: nothing written); returns the results."""
-    from cramkit.recipes.embed_eval import evaluate_sts as _evaluate_sts
+    from cramkit.index.evaluate import evaluate_sts as _evaluate_sts
 
     return _evaluate_sts(
         model,
@@ -220,7 +220,7 @@ def evaluate_retrieval(
     by ``cramkit index build DATA/corpus.jsonl --encoder MODEL``; exact search over its vectors is reported
     beside it). As ``cramkit eval retrieval``; writes results.json, results.md and scores.png to ``out`` (None:
     nothing written); returns the results."""
-    from cramkit.recipes.embed_eval import evaluate_retrieval as _evaluate_retrieval
+    from cramkit.index.evaluate import evaluate_retrieval as _evaluate_retrieval
 
     return _evaluate_retrieval(
         model,

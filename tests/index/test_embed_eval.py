@@ -15,7 +15,7 @@ import pytest
 import cramkit
 from cramkit.cli import main
 from cramkit.errors import CramkitError
-from cramkit.recipes import embed_eval as ee
+from cramkit.index import evaluate as ee
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -100,7 +100,7 @@ def run_embed_eval(args: argparse.Namespace) -> int:
     if args.print_config:  # the settings, as the suites print theirs; nothing is read or written
         return _print_settings(args, what)
     check_model_source(args.source)
-    from cramkit.recipes import embed_eval
+    from cramkit.index import evaluate as embed_eval
 
     if what == "sts":
         res = embed_eval.evaluate_sts(

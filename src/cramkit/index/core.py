@@ -69,9 +69,9 @@ def is_store(source: str) -> bool:
 
 
 def load_encoder(source: str, device: str = "auto") -> Any:
-    import cramkit
+    from cramkit.load import load
 
-    loaded = cramkit.load(source)
+    loaded = load(source)
     if not loaded.can_embed:
         raise CramkitError(
             f"{source}: this model ({loaded.architecture}) has no transformer encoder to take embeddings "

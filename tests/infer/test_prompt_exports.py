@@ -19,6 +19,7 @@ from infer.models import ok
 from infer.test_onnx import BERT_SHAPE
 
 TEMPLATE = "{sentence} it was [MASK] ."
+RECORDED = "{text_a} it was [MASK] ."  # what a model directory and its exports record: the generic field names
 MANIFEST = "cramkit-onnx.json"
 
 
@@ -134,7 +135,7 @@ def test_a_prompt_model_exports_to_onnx_and_predicts_as_the_torch_model(
     prompt_model: Path, prompt_onnx: Path, files, tmp_path: Path, capsys
 ) -> None:
     man = json.loads((prompt_onnx / MANIFEST).read_text())
-    assert man["prompt"]["template"] == TEMPLATE and set(man["prompt"]["label_words"]) == {"0", "1"}
+    assert man["prompt"]["template"] == RECORDED and set(man["prompt"]["label_words"]) == {"0", "1"}
     assert man["kind"] == "classifier" and man["architecture"] == "prompt" and "logits" in man["outputs"]
     assert man["check"]["worst_relative_diff"] < 1e-4 and man["check"]["label_agreement"] == 1.0
     int8 = tmp_path / "int8"
@@ -258,7 +259,7 @@ def test_a_prompt_model_exports_to_hf_as_a_bert_masked_lm_with_its_prompt(
     said = run_ok(capsys, "export", str(prompt_model), "--out", str(out))
     assert "BertForMaskedLM" in said and "must apply the template themselves" in said
     marker = json.loads((out / "cramkit_export.json").read_text())
-    assert marker["architecture"] == "BertForMaskedLM" and marker["prompt"]["template"] == TEMPLATE
+    assert marker["architecture"] == "BertForMaskedLM" and marker["prompt"]["template"] == RECORDED
     # what a transformers user does with the recorded prompt gives the prompt model's scores
     words = marker["prompt"]["label_words"]
     hf, tok = BertForMaskedLM.from_pretrained(out).eval(), BertTokenizerFast.from_pretrained(out)

@@ -472,7 +472,10 @@ def _run_contrastive(args: argparse.Namespace) -> int:
     if getattr(args, "config", None):
         from cramkit.config import load_yaml
 
-        overrides = {**load_yaml(args.config), **overrides}
+        base = load_yaml(args.config)
+        if isinstance(base.get("finetune"), dict) and len(base) == 1:  # what --print-config writes
+            base = base["finetune"]
+        overrides = {**base, **overrides}
     overrides["objective"] = args.objective
     if args.budget:
         from cramkit.train.budget import parse_budget

@@ -180,12 +180,14 @@ def evaluate_sts(
     device: str = "auto",
     max_batch_tokens: int | None = None,
     progress: bool = True,
+    dimensions: int | None = None,
 ) -> dict[str, Any]:
     """Score ``model``'s embeddings (anything :func:`load` opens, exports included) on sentence pairs with a
     gold similarity: Spearman (main) and Pearson correlation x100 of the cosine similarity with the score, as
     ``cramkit eval sts --from MODEL --data FILE``. ``data``: TSV (GLUE STS-B's dev.tsv), CSV or JSON Lines;
     columns sentence1, sentence2, score unless ``text_a``/``text_b``/``label`` name others. Writes results.json,
-    results.md and scores.png to ``out`` (None: nothing written); returns the results."""
+    results.md and scores.png to ``out`` (None: nothing written); returns the results. ``dimensions``: a
+    Matryoshka model's vectors cut to that many leading dimensions."""
     from cramkit.index.evaluate import evaluate_sts as _evaluate_sts
 
     return _evaluate_sts(
@@ -199,6 +201,7 @@ def evaluate_sts(
         device=device,
         max_batch_tokens=max_batch_tokens,
         progress=progress,
+        dimensions=dimensions,
     )
 
 
@@ -214,6 +217,7 @@ def evaluate_retrieval(
     device: str = "auto",
     max_batch_tokens: int | None = None,
     progress: bool = True,
+    dimensions: int | None = None,
 ) -> dict[str, Any]:
     """Score ``model``'s embeddings on a folder in BEIR's layout (corpus.jsonl, queries.jsonl, qrels/SPLIT.tsv):
     nDCG@k (main), recall@1/k/100, MRR@k and MAP@100, x100, by exact cosine search, or through ``index`` (built
@@ -233,6 +237,7 @@ def evaluate_retrieval(
         device=device,
         max_batch_tokens=max_batch_tokens,
         progress=progress,
+        dimensions=dimensions,
     )
 
 

@@ -94,6 +94,17 @@ def test_simcse_and_matryoshka_on_single_texts(tiny_run: Path, mrpc_pairs: Path,
         eng.embed(texts, dimensions=20)
     with pytest.raises(CramkitError, match="not trained to be cut"):
         Engine(cramkit.load(tiny_run)).embed(texts, dimensions=16)
+    sts = tmp_path / "sts.tsv"  # scored at a cut: the cosine of the cut vectors against the gold score
+    pairs = [line.split("\t") for line in mrpc_pairs.read_text(encoding="utf-8").splitlines()[1:41]]
+    sts.write_text("sentence1\tsentence2\tscore\n" + "".join(f"{a}\t{b}\t{i % 5}\n" for i, (a, b) in enumerate(pairs)))
+    res = cramkit.evaluate_sts(out, sts, None, dimensions=16, progress=False, device="cpu")
+    va, vb = eng.embed([p[0] for p in pairs], dimensions=16), eng.embed([p[1] for p in pairs], dimensions=16)
+    from cramkit.tasks.metrics import spearman
+
+    assert res["dimensions"] == 16
+    assert res["metrics"]["spearman"] == pytest.approx(spearman((va * vb).sum(1), [i % 5 for i in range(40)]), abs=1e-3)
+    with pytest.raises(CramkitError, match="answers 64, 32, 16"):
+        cramkit.evaluate_sts(out, sts, None, dimensions=8, progress=False)
     exported = cramkit.export(out, tmp_path / "onnx", format="onnx", progress=False)  # the export keeps them
     onnx = Engine(cramkit.load(exported))
     assert onnx.dimensions == [64, 32, 16]

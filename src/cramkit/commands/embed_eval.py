@@ -39,6 +39,7 @@ _EMBED_ONLY = {
     "index": "--index",
     "k": "--k",
     "max_batch_tokens": "--max-batch-tokens",
+    "dimensions": "--dimensions",
 }
 
 
@@ -63,6 +64,12 @@ def add_arguments(e: argparse.ArgumentParser) -> None:
     g.add_argument("-k", "--k", type=int, metavar="K", help="retrieval: the cut-off of nDCG and MRR (default 10)")
     g.add_argument("--device", default="auto", help="auto (default), cpu, cuda, cuda:N")
     g.add_argument("--max-batch-tokens", type=int, metavar="N", help="padded tokens per forward pass")
+    g.add_argument(
+        "--dimensions",
+        type=int,
+        metavar="N",
+        help="score the vectors cut to their first N dimensions (a Matryoshka model's: its recorded list)",
+    )
 
 
 def check_suite_args(args: argparse.Namespace) -> None:
@@ -114,6 +121,7 @@ def run_embed_eval(args: argparse.Namespace) -> int:
             device=args.device,
             max_batch_tokens=args.max_batch_tokens,
             progress=not args.no_progress,
+            dimensions=args.dimensions,
         )
     else:
         res = embed_eval.evaluate_retrieval(
@@ -127,6 +135,7 @@ def run_embed_eval(args: argparse.Namespace) -> int:
             device=args.device,
             max_batch_tokens=args.max_batch_tokens,
             progress=not args.no_progress,
+            dimensions=args.dimensions,
         )
     print(embed_eval.summary_line(res))
     if res.get("skipped_rows"):
@@ -145,5 +154,6 @@ def _print_settings(args: argparse.Namespace, what: str) -> int:
     else:
         settings.update(split=args.split or "test", index=args.index, k=10 if args.k is None else args.k)
     settings.update(skip_bad_rows=args.skip_bad_rows, device=args.device, max_batch_tokens=args.max_batch_tokens)
+    settings.update(dimensions=args.dimensions)
     print(yaml.safe_dump({"eval": settings}, sort_keys=False), end="")
     return 0

@@ -472,6 +472,7 @@ def embed_texts(
     normalize: bool | None = True,
     progress: bool = True,
     desc: str = "embedding",
+    dimensions: int | None = None,
 ) -> tuple[np.ndarray, int]:
     """(embeddings [n, dim] float32, how many texts were cut to the model's limit), ``EMBED_BLOCK`` texts per
     call, with the model's pooling unless ``pooling`` is given."""
@@ -484,7 +485,9 @@ def embed_texts(
     t0 = time.perf_counter()
     try:
         for a in range(0, n, EMBED_BLOCK):
-            vec = engine.embed(list(texts[a : a + EMBED_BLOCK]), pooling=pooling, normalize=normalize)
+            vec = engine.embed(
+                list(texts[a : a + EMBED_BLOCK]), pooling=pooling, normalize=normalize, dimensions=dimensions
+            )
             if out is None:
                 out = np.zeros((n, vec.shape[1]), dtype=np.float32)
             out[a : a + len(vec)] = vec
@@ -493,7 +496,7 @@ def embed_texts(
     finally:
         bar.close()
     if out is None:
-        out = np.zeros((0, int(engine.hidden_size or 0)), dtype=np.float32)
+        out = np.zeros((0, int(dimensions or engine.hidden_size or 0)), dtype=np.float32)
     return out, truncated
 
 
@@ -590,20 +593,23 @@ def evaluate_sts(
     device: str = "auto",
     max_batch_tokens: int | None = None,
     progress: bool = True,
+    dimensions: int | None = None,
 ) -> dict[str, Any]:
     """Spearman (main) and Pearson correlation, x100, of the cosine similarity of each pair's embeddings with
-    its gold score; results written to ``out`` (None: nothing written). Returns the results."""
+    its gold score; results written to ``out`` (None: nothing written). ``dimensions``: the vectors cut to
+    that many leading dimensions (a Matryoshka model's). Returns the results."""
     t0 = time.perf_counter()
     out_dir = Path(out) if out is not None else None
     if out_dir is not None:
         _check_out(out_dir, "sts", [model, data])
     pairs = read_sts(data, text_a=text_a, text_b=text_b, label=label, skip_bad_rows=skip_bad_rows)
     engine = open_engine(model, device, max_batch_tokens)
+    dimensions = engine.check_dimensions(dimensions)
     t1 = time.perf_counter()
     # each distinct text once (STS files repeat sentences)
     unique = list(dict.fromkeys([*pairs.texts_a, *pairs.texts_b]))
     where = {t: i for i, t in enumerate(unique)}
-    vec, truncated = embed_texts(engine, unique, progress=progress, desc="embedding sentences")
+    vec, truncated = embed_texts(engine, unique, progress=progress, desc="embedding sentences", dimensions=dimensions)
     embed_seconds = time.perf_counter() - t1
     ia = np.fromiter((where[t] for t in pairs.texts_a), dtype=np.int64, count=len(pairs.texts_a))
     ib = np.fromiter((where[t] for t in pairs.texts_b), dtype=np.int64, count=len(pairs.texts_b))
@@ -617,6 +623,7 @@ def evaluate_sts(
         "metrics": metrics,
         "similarity": "cosine of the two texts' embeddings (the model's own pooling)",
         "model": _model_info(engine),
+        "dimensions": dimensions or engine.hidden_size,
         "data": str(pairs.path),
         "columns": dict(zip(("text_a", "text_b", "label"), pairs.columns, strict=True)),
         "counts": {"pairs": len(pairs.scores), "texts_embedded": len(unique), "truncated_texts": truncated},
@@ -717,6 +724,7 @@ def evaluate_retrieval(
     device: str = "auto",
     max_batch_tokens: int | None = None,
     progress: bool = True,
+    dimensions: int | None = None,
 ) -> dict[str, Any]:
     """nDCG@k (main), recall@1/k/100, MRR@k and MAP@100, x100, of ``model`` on a folder in BEIR's layout: exact
     cosine search over the embedded corpus, or through ``index`` (built by ``cramkit index build`` from the
@@ -735,6 +743,9 @@ def evaluate_retrieval(
 
         idx = Index(index)
     engine = open_engine(model, device, max_batch_tokens)
+    dimensions = engine.check_dimensions(dimensions)  # a Matryoshka model's vectors cut to their first N
+    if dimensions is not None and idx is not None:
+        raise CramkitError("--dimensions applies to exact search; an index holds the whole vectors: leave one out")
     if idx is not None:
         from cramkit.index.embedding import encoder_fingerprint
 
@@ -758,13 +769,17 @@ def evaluate_retrieval(
     seconds: dict[str, float] = {}
     t = time.perf_counter()
     pooling = idx.manifest["encoder"].get("pooling") if idx is not None else None
-    q_vec, q_trunc = embed_texts(engine, beir.query_texts, pooling=pooling, progress=progress, desc="embedding queries")
+    q_vec, q_trunc = embed_texts(
+        engine, beir.query_texts, pooling=pooling, progress=progress, desc="embedding queries", dimensions=dimensions
+    )
     seconds["embed_queries"] = round(time.perf_counter() - t, 3)
     runs: dict[str, dict[str, list[str]]] = {}
     search: dict[str, Any]
     if idx is None:
         t = time.perf_counter()
-        c_vec, c_trunc = embed_texts(engine, beir.corpus_texts, progress=progress, desc="embedding corpus")
+        c_vec, c_trunc = embed_texts(
+            engine, beir.corpus_texts, progress=progress, desc="embedding corpus", dimensions=dimensions
+        )
         seconds["embed_corpus"] = round(time.perf_counter() - t, 3)
         t = time.perf_counter()
         _, ids = exact_search(q_vec, c_vec, depth + 1)
@@ -809,6 +824,7 @@ def evaluate_retrieval(
         "metrics": metrics,
         "search": search,
         "model": _model_info(engine),
+        "dimensions": dimensions or engine.hidden_size,
         "data": str(beir.root),
         "split": split,
         "counts": counts,

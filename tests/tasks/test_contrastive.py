@@ -190,6 +190,7 @@ def test_cached_negatives_give_the_gradients_of_the_whole_batch(tiny_run: Path, 
     ("args", "needle"),
     [
         (("--text-a", "nope", "--text-b", "s2"), "no column 'nope'"),
+        ((), "which column holds the texts? name it with --text-a"),
         (("--text-a", "s1"), "needs pairs: name the second text's column with --text-b"),
         (("--text-a", "s1", "--text-b", "s2", "--set", "batch_size=1"), "at least 2"),
         (("--text-a", "s1", "--text-b", "s2", "--set", "matryoshka=big"), "matryoshka 'big'"),

@@ -193,11 +193,16 @@ def read_pairs(
             skipped += 1
             continue
         cols = header or list(rec)
+        if not text_a:
+            raise CramkitError(
+                f"{path}: which column holds the texts? name it with --text-a (and the pair's second with "
+                f"--text-b); its columns: {', '.join(map(str, cols))}"
+            )
         need = [c for c in (text_a, text_b if objective == "contrastive" else None, negative) if c]
         missing = [c for c in need if c not in rec]
-        if missing or not text_a:
+        if missing:
             raise CramkitError(
-                f"{path}: no column {', '.join(map(repr, missing or ['--text-a']))}; its columns: "
+                f"{path}: no column {', '.join(map(repr, missing))}; its columns: "
                 f"{', '.join(map(str, cols))}; name them with --text-a and --text-b (and --negative)"
             )
         if objective == "contrastive" and not text_b:

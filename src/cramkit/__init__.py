@@ -303,19 +303,19 @@ def train_embeddings(
     from cramkit.recipes import contrastive as con
 
     cfg = con.config_from({**settings, "objective": objective})
-    dev_rows = None
-    if train is not None:
-        rows, skipped = con.read_pairs(
-            train, text_a, text_b, negative, objective=cfg.objective, skip_bad_rows=skip_bad_rows
-        )
-        if dev is not None:
-            dev_rows, _ = con.read_pairs(dev, text_a, text_b, negative, objective=cfg.objective)
-    elif task is not None:
+    t = None
+    if train is None and task is not None:
         from cramkit.tasks.registry import get_task
 
         t = get_task(task, data_dir=data_dir)
-        rows, skipped = con.task_pairs(t, t.train_split), 0
-        dev_rows = con.task_pairs(t, t.dev_splits[0]) if t.dev_splits else None
-    else:
-        raise CramkitError("train_embeddings needs train=FILE or task=NAME (a pair task, e.g. glue/mrpc)")
+    rows, dev_rows, skipped = con.training_rows(
+        cfg,
+        train=train,
+        dev=dev,
+        task=t,
+        text_a=text_a,
+        text_b=text_b,
+        negative=negative,
+        skip_bad_rows=skip_bad_rows,
+    )
     return con.train_embeddings(source, rows, cfg, out, dev_rows=dev_rows, progress=progress, skipped=skipped)

@@ -488,36 +488,16 @@ def _run_contrastive(args: argparse.Namespace) -> int:
     if not args.source:
         raise CramkitError("cramkit finetune needs --from MODEL (a run directory, a model directory or hf:DIR)")
     check_model_source(args.source)
-    if args.negative and args.objective == "simcse":
-        raise CramkitError("--negative applies to --objective contrastive (pairs); simcse takes single texts")
-    skipped, dev_rows = 0, None
-    if args.train:
-        rows, skipped = con.read_pairs(
-            args.train,
-            args.text_a,
-            args.text_b,
-            args.negative,
-            objective=cfg.objective,
-            skip_bad_rows=args.skip_bad_rows,
-        )
-        if args.dev:
-            dev_rows, _ = con.read_pairs(
-                args.dev,
-                args.text_a,
-                args.text_b,
-                args.negative,
-                objective=cfg.objective,
-                skip_bad_rows=args.skip_bad_rows,
-            )
-    elif args.task:
-        task = _resolve_task(args)
-        rows = con.task_pairs(task, task.train_split)
-        dev_rows = con.task_pairs(task, task.dev_splits[0]) if task.dev_splits else None
-        if cfg.objective == "simcse":
-            rows = [(t, t, None) for t in dict.fromkeys(x for a, b, _ in rows for x in (a, b))]
-            dev_rows = None
-    else:
-        raise CramkitError(f"--objective {cfg.objective} needs --train FILE (or --task with pairs, e.g. glue/mrpc)")
+    rows, dev_rows, skipped = con.training_rows(
+        cfg,
+        train=args.train,
+        dev=args.dev,
+        task=_resolve_task(args) if args.task and not args.train else None,
+        text_a=args.text_a,
+        text_b=args.text_b,
+        negative=args.negative,
+        skip_bad_rows=args.skip_bad_rows,
+    )
     out = Path(args.out or f"{cfg.objective}-{Path(args.train or args.task or 'pairs').stem.replace('/', '-')}")
     res = con.train_embeddings(
         args.source, rows, cfg, out, dev_rows=dev_rows, progress=not args.no_progress, skipped=skipped

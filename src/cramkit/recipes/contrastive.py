@@ -239,6 +239,40 @@ def task_pairs(task: Any, split: str) -> list[tuple[str, str, str | None]]:
     return [(r.text_a, r.text_b, None) for r in rows if r.text_b and r.label is not None and int(r.label) in positive]
 
 
+def training_rows(
+    cfg: ContrastiveConfig,
+    *,
+    train: PathLike | None = None,
+    dev: PathLike | None = None,
+    task: Any = None,
+    text_a: str | None = None,
+    text_b: str | None = None,
+    negative: str | None = None,
+    skip_bad_rows: bool = False,
+) -> tuple[list[tuple[str, str, str | None]], list[tuple[str, str, str | None]] | None, int]:
+    """(training rows, held-out rows or None, rows skipped) from a file (``train``, optional ``dev``) or a
+    registered pair ``task`` (its positive pairs; simcse: each of their texts once): the one reading of the
+    command line and of ``cramkit.train_embeddings``."""
+    if negative and cfg.objective == "simcse":
+        raise CramkitError("--negative applies to --objective contrastive (pairs); simcse takes single texts")
+    if train is not None:
+        rows, skipped = read_pairs(
+            train, text_a, text_b, negative, objective=cfg.objective, skip_bad_rows=skip_bad_rows
+        )
+        dev_rows = None
+        if dev is not None:
+            dev_rows, _ = read_pairs(
+                dev, text_a, text_b, negative, objective=cfg.objective, skip_bad_rows=skip_bad_rows
+            )
+        return rows, dev_rows, skipped
+    if task is not None:
+        rows = task_pairs(task, task.train_split)
+        if cfg.objective == "simcse":
+            return [(t, t, None) for t in dict.fromkeys(x for a, b, _ in rows for x in (a, b))], None, 0
+        return rows, task_pairs(task, task.dev_splits[0]) if task.dev_splits else None, 0
+    raise CramkitError(f"--objective {cfg.objective} needs --train FILE (or --task with pairs, e.g. glue/mrpc)")
+
+
 # ------------------------------------------------------------------------------------------ the objective
 
 

@@ -1,18 +1,20 @@
-"""Does task-adaptive pretraining pay with a few hundred labels? (issue 28, item 1)
+"""Does task-adaptive pretraining pay with few labels, and what keeps it from costing? (issue 28, item 1)
 
-For each task: continue ``--model`` on the task's own training text without labels (``cramkit pretrain TEXT
---from MODEL --budget B``, the continue preset: the user's command), then fine-tune the model directly and the
-adapted one on the first N labelled rows, with each recipe:
+For each task: continue ``--model`` on the task's own text without labels (``cramkit pretrain TEXT --from MODEL
+--budget B``, the continue preset: the user's command; a GLUE task's training sentences, a FewCLUE task's
+unlabelled file), once plainly and once per ``--anchor NAME:SETTING[,SETTING]`` (e.g. ``keep:train.keep_vectors=1``,
+``l2sp:train.l2sp=1``); then fine-tune the model directly and every adapted one with today's defaults:
 
-- ``before``: the recipe before issue 28 (epochs only: ``min_steps=0``; first-token pooling through BERT's
-  pooler; ``lr=4e-5``), except that the adapted model keeps its pooler (``pretrain --from`` used to drop it);
-- ``after``: today's defaults (at least 500 steps, the model's own pooling, the pooler kept, lr auto).
+- a GLUE task on its first N labelled rows (``--labels N``), one score per ``--seeds`` seed, on its dev split;
+- a FewCLUE task on its own few-shot splits (``--fewshot-splits``: train_S), scored on test_public.
 
-Scores: the task's metric on its dev split, median (min-max) over ``--seeds``; drift: the mean cosine between
-the model's and the adapted model's mean-pooled sentence vectors on the dev texts (1 = unchanged).
+Scores: mean ± sd and median (min-max) over seeds or splits; drift: the mean cosine between the model's and the
+adapted model's mean-pooled sentence vectors of 400 dev texts (1 = unchanged).
 
-    python bench/bench_adapt.py --model hf:$MINILM --task glue/sst2 --task glue/cola --task glue/mrpc \\
-        --data-dir ../shared/data/glue --labels 500 --labels 1000 --seeds 0,1,2 --budget 4m
+    python bench/bench_adapt.py --model hf:$MINILM --task glue/sst2 --data-dir ../shared/data/glue \\
+        --labels 1000 --seeds 0,1,2,3,4 --budget 60steps --anchor keep:train.keep_vectors=1
+    python bench/bench_adapt.py --model hf:$MINILM --task clue/eprstmt --data-dir ../shared/data/fewclue \\
+        --fewshot-splits 0,1,2,3,4 --budget 60steps --anchor keep:train.keep_vectors=1
 
 Each result is appended to ``--out`` (JSON lines) when known; a finished row is not run again.
 """
@@ -31,41 +33,43 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_infer import machine  # noqa: E402
 
-RECIPES = {
-    "before": {"min_steps": 0, "pooling": "first", "lr": 4e-5},
-    "after": {},
-}
 
-
-def adapt(model: str, task_name: str, args: argparse.Namespace) -> Path:
-    """The task-adaptive run: MODEL continued on the task's training texts (no labels) for --budget."""
+def is_fewclue(task_name: str, data_dir: str) -> bool:
+    from cramkit.tasks.clue import is_fewclue as check
     from cramkit.tasks.registry import get_task
 
-    work = Path(args.work)
-    out = work / f"adapted-{task_name.replace('/', '-')}"
+    return check(get_task(task_name, data_dir=data_dir))
+
+
+def task_text(task_name: str, args: argparse.Namespace) -> tuple[str, list[str]]:
+    """The text a task-adaptive run reads: (path, extra pretrain arguments)."""
+    from cramkit.tasks.registry import get_task
+
+    task = get_task(task_name, data_dir=args.data_dir)
+    if is_fewclue(task_name, args.data_dir):  # FewCLUE ships its task's unlabelled text
+        name = task_name.split("/")[-1]
+        path = Path(args.data_dir) / name / "unlabeled.json"
+        field = json.loads(path.open(encoding="utf-8").readline())
+        key = next(k for k in ("sentence", "content", "text", "sentence1") if k in field)
+        return str(path), ["--text-field", key]
+    text = Path(args.work) / f"{task_name.replace('/', '-')}-train.txt"
+    if not text.is_file():
+        text.parent.mkdir(parents=True, exist_ok=True)
+        rows = task.examples(task.train_split)
+        text.write_text("\n\n".join(" ".join(t for t in (r.text_a, r.text_b) if t) for r in rows) + "\n")
+    return str(text), ["--doc-split", "blank"]
+
+
+def adapt(model: str, task_name: str, anchor: str, settings: list[str], args: argparse.Namespace) -> Path:
+    """The task-adaptive run: MODEL continued on the task's text (no labels) for --budget, with ``settings``."""
+    out = Path(args.work) / f"adapted-{task_name.replace('/', '-')}-{anchor}"
     if (out / "checkpoints" / "latest").exists():
         return out
-    task = get_task(task_name, data_dir=args.data_dir)
-    text = work / f"{task_name.replace('/', '-')}-train.txt"
-    text.parent.mkdir(parents=True, exist_ok=True)
-    rows = task.examples(task.train_split)
-    text.write_text("\n\n".join(" ".join(t for t in (r.text_a, r.text_b) if t) for r in rows) + "\n")
-    cmd = [
-        sys.executable,
-        "-m",
-        "cramkit",
-        "pretrain",
-        str(text),
-        "--from",
-        model,
-        "--budget",
-        args.budget,
-        "--out",
-        str(out),
-        "--no-progress",
-        "--doc-split",
-        "blank",
-    ]
+    text, extra = task_text(task_name, args)
+    cmd = [sys.executable, "-m", "cramkit", "pretrain", text, *extra, "--from", model, "--budget", args.budget]
+    cmd += ["--out", str(out), "--no-progress"]
+    for s in settings:
+        cmd += ["--set", s]
     subprocess.run(cmd, check=True, env={**os.environ, "OMP_NUM_THREADS": str(args.threads)})
     return out
 
@@ -84,30 +88,45 @@ def drift(model: str, adapted: Path, task_name: str, args: argparse.Namespace) -
     return float(np.mean(np.sum(a * b, axis=1)))
 
 
-def finetune(model: str, task_name: str, labels: int, recipe: str, args: argparse.Namespace) -> dict:
+def finetune(model: str, which: str, task_name: str, labels: int | None, args: argparse.Namespace) -> dict:
     import cramkit
 
-    seeds = [int(s) for s in args.seeds.split(",")]
+    settings = {"eval_every": "never", "checkpoint_every": "never"}
     t0 = time.time()
-    res = cramkit.finetune(
-        model,
-        task=task_name,
-        data_dir=args.data_dir,
-        progress=False,
-        seeds=seeds,
-        max_train_examples=labels,
-        eval_every="never",
-        checkpoint_every="never",
-        **RECIPES[recipe],
-    )
-    split = next(iter(res["median"]))
-    scores = [s["dev"][split]["score"] for s in res["seeds"]]
+    if labels is None:  # FewCLUE: one score per split
+        splits = args.fewshot_splits.split(",")
+        work = Path(args.work) / f"eval-{task_name.replace('/', '-')}-{which}"
+        res = cramkit.evaluate(
+            model,
+            args.data_dir,
+            work,
+            suite="fewclue",
+            tasks=[task_name.split("/")[-1]],
+            fewshot_splits=splits,
+            progress=False,
+            **settings,
+        )
+        one = next(iter(res["tasks"].values()))
+        scores = [one["fewshot"]["per_split"][s]["score"] for s in splits]
+    else:
+        res = cramkit.finetune(
+            model,
+            task=task_name,
+            data_dir=args.data_dir,
+            progress=False,
+            seeds=[int(s) for s in args.seeds.split(",")],
+            max_train_examples=labels,
+            **settings,
+        )
+        split = next(iter(res["median"]))
+        scores = [s["dev"][split]["score"] for s in res["seeds"]]
     return {
         "scores": [round(x, 2) for x in scores],
+        "mean": round(statistics.mean(scores), 2),
+        "sd": round(statistics.stdev(scores), 2) if len(scores) > 1 else 0.0,
         "median": round(statistics.median(scores), 2),
         "min": round(min(scores), 2),
         "max": round(max(scores), 2),
-        "steps": res["seeds"][0]["steps"],
         "seconds": round(time.time() - t0, 1),
     }
 
@@ -117,19 +136,20 @@ def main() -> None:
     ap.add_argument("--model", required=True)
     ap.add_argument("--task", action="append", required=True)
     ap.add_argument("--data-dir", required=True)
-    ap.add_argument("--labels", action="append", type=int, default=[])
-    ap.add_argument("--seeds", default="0,1,2")
-    ap.add_argument("--budget", default="4m")
-    ap.add_argument("--recipes", default="before,after", help="before,after; 'before' runs at the smallest N only")
+    ap.add_argument("--labels", action="append", type=int, default=[], help="GLUE: labelled rows (default 500)")
+    ap.add_argument("--seeds", default="0,1,2,3,4")
+    ap.add_argument("--fewshot-splits", default="0,1,2,3,4", help="FewCLUE: the splits scored")
+    ap.add_argument("--budget", default="60steps", help="of each adaptation run")
+    ap.add_argument("--anchor", action="append", default=[], metavar="NAME:SETTING[,SETTING]")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--work", default="runs/bench-adapt")
     ap.add_argument("--out", default="runs/bench-adapt.jsonl")
     args = ap.parse_args()
-    labels = sorted(args.labels or [500, 1000])
+    anchors = {"plain": []} | {a.split(":", 1)[0]: a.split(":", 1)[1].split(",") for a in args.anchor}
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     rows = [json.loads(line) for line in out.read_text().splitlines()] if out.is_file() else []
-    done = {(r["task"], r["labels"], r["recipe"], r["model"]) for r in rows}
+    done = {(r["task"], r["labels"], r["model"]) for r in rows}
 
     def record(row: dict) -> None:
         print(json.dumps(row), flush=True)
@@ -138,45 +158,29 @@ def main() -> None:
         rows.append(row)
 
     for task in args.task:
-        adapted = adapt(args.model, task, args)
-        if (task, None, "drift", "adapted") not in done:
-            record(
-                {
-                    "task": task,
-                    "labels": None,
-                    "recipe": "drift",
-                    "model": "adapted",
-                    "cosine": round(drift(args.model, adapted, task, args), 4),
-                }
-            )
-        for n in labels:
-            for recipe in args.recipes.split(","):
-                if recipe == "before" and n != labels[0]:
-                    continue
-                for which, model in (("direct", args.model), ("adapted", str(adapted))):
-                    if (task, n, recipe, which) in done:
-                        continue
-                    record(
-                        {
-                            "task": task,
-                            "labels": n,
-                            "recipe": recipe,
-                            "model": which,
-                            **finetune(model, task, n, recipe, args),
-                        }
-                    )
-    print(f"\n{machine()}; task metric on dev, median (min-max) over seeds {args.seeds}; adaptation {args.budget}")
-    print("| task | labels | recipe | direct | adapted | drift (cosine) |")
+        counts: list[int | None] = [None] if is_fewclue(task, args.data_dir) else sorted(args.labels or [500])
+        models = {"direct": args.model}
+        for name, settings in anchors.items():
+            adapted = adapt(args.model, task, name, settings, args)
+            models[f"adapted-{name}"] = str(adapted)
+            if (task, "drift", f"adapted-{name}") not in done:
+                cos = round(drift(args.model, adapted, task, args), 4)
+                record({"task": task, "labels": "drift", "model": f"adapted-{name}", "cosine": cos})
+        for n in counts:
+            for which, model in models.items():
+                if (task, n, which) not in done:
+                    record({"task": task, "labels": n, "model": which, **finetune(model, which, task, n, args)})
+    print(f"\n{machine()}; task metric, mean ± sd and median (min-max); adaptation --budget {args.budget}")
+    print("| task | labels | model | mean ± sd | median (min-max) | drift (cosine) |")
     print("|---|---:|---|---|---|---:|")
-    cos = {r["task"]: r["cosine"] for r in rows if r["recipe"] == "drift"}
-    for task in args.task:
-        for n in labels:
-            for recipe in args.recipes.split(","):
-                got = {r["model"]: r for r in rows if r["task"] == task and r["labels"] == n and r["recipe"] == recipe}
-                if len(got) < 2:
-                    continue
-                cell = {k: f"{v['median']:.1f} ({v['min']:.1f}-{v['max']:.1f})" for k, v in got.items()}
-                print(f"| {task} | {n} | {recipe} | {cell['direct']} | {cell['adapted']} | {cos.get(task, 0):.3f} |")
+    cos = {(r["task"], r["model"]): r["cosine"] for r in rows if r["labels"] == "drift"}
+    for r in rows:
+        if r["labels"] != "drift":
+            d = cos.get((r["task"], r["model"]))
+            print(
+                f"| {r['task']} | {r['labels'] or 'FewCLUE splits'} | {r['model']} | {r['mean']:.1f} ± {r['sd']:.1f} "
+                f"| {r['median']:.1f} ({r['min']:.1f}-{r['max']:.1f}) | {'-' if d is None else f'{d:.3f}'} |"
+            )
 
 
 if __name__ == "__main__":

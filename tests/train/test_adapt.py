@@ -161,7 +161,7 @@ def stopped_resumed_equals_uninterrupted(tmp_path: Path, args: list[str], sets: 
     pretrain_cli("--resume", str(stopped), sets=[])
     reference = tmp_path / "reference"
     pretrain_cli(*args, "--budget", f"{steps}steps", "--out", str(reference), sets=sets)
-    keys = ("step", "tokens", "loss", "lr", "grad_norm", "val_loss", "inherit_alpha")
+    keys = ("step", "tokens", "loss", "lr", "grad_norm", "val_loss", "inherit_alpha", "start_cosine")
     curve = [{k: r[k] for k in keys if k in r} for r in read_metrics(stopped)]
     assert curve == [{k: r[k] for k in keys if k in r} for r in read_metrics(reference)]
     assert curve[-1]["step"] == steps
@@ -214,8 +214,28 @@ def test_continue_resumes_bit_exact_after_sigterm(tmp_path: Path, corpus: Path, 
         "train.eval_every=5steps",
         "train.checkpoint_every=never",
         "data.masking=whole_word",
+        # anchored: a resumed run rebuilds the starting model it is held to from --from's source
+        "train.keep_vectors=1",
+        "train.l2sp=0.5",
     ]
     stopped_resumed_equals_uninterrupted(tmp_path, [str(corpus), "--from", f"hf:{minilm_dir}"], sets, 16)
+
+
+def test_anchors_hold_the_continued_model_near_its_start(tmp_path: Path, corpus: Path, pretrained_run: Path) -> None:
+    """Every --from run reports its drift (start_cosine: the mean cosine of its pooled vectors of the held-out
+    text to the starting model's); train.keep_vectors and train.l2sp each keep it measurably closer."""
+    sets = [*SMALL, "train.lr=3e-3", "train.warmup=0", "train.eval_every=4steps", "train.checkpoint_every=never"]
+    cos = {}
+    for name, extra in (("plain", []), ("keep", ["train.keep_vectors=5"]), ("l2sp", ["train.l2sp=100"])):
+        run = tmp_path / name
+        args = (str(corpus), "--from", str(pretrained_run), "--budget", "8steps", "--out", str(run))
+        proc = pretrain_cli(*args, sets=sets + extra)
+        evals = [r["start_cosine"] for r in read_metrics(run) if "start_cosine" in r]
+        assert len(evals) == 2 and all(0.0 < c <= 1.0 for c in evals), evals
+        cos[name] = evals[-1]
+        assert f"drift from {pretrained_run}: mean cosine {cos[name]:.3f}" in proc.stdout, proc.stdout
+    assert cos["plain"] < 0.99, cos  # at this rate the plain run moves
+    assert cos["keep"] > cos["plain"] + 0.01 and cos["l2sp"] > cos["plain"] + 0.01, cos
 
 
 def test_inherit_resumes_bit_exact_after_sigterm(tmp_path: Path, corpus: Path, continued: Path) -> None:
@@ -398,6 +418,9 @@ def test_bad_inputs_are_one_line_each(
         (["--inherit", hf], ["no masked-LM head", "--from"]),
         (["--preset", "continue"], ["--from"]),
         (["--from", hf, "--set", "model.layers=3"], ["model.layers", "--inherit"]),
+        (["--from", hf, "--set", "train.keep_vectors=-1"], ["train.keep_vectors", "[0, 1e6]"]),
+        (["--from", hf, "--set", "train.l2sp=nan"], ["train.l2sp"]),
+        (["--set", "train.l2sp=1"], ["train.l2sp", "--from MODEL"]),
     ]
     # an ONNX export and a BiLSTM student have no encoder to continue
     onnx = tmp_path / "onnx"

@@ -19,6 +19,7 @@ class MLMOutput(NamedTuple):
     loss: torch.Tensor  # mean cross-entropy over the predicted positions
     logits: torch.Tensor  # [n_predicted, vocab] (sparse) or [B, L, vocab] (dense, labels=None)
     n_predicted: torch.Tensor  # number of predicted positions (0-dim tensor)
+    hidden: torch.Tensor | None = None  # [B, L, hidden]: every position's last hidden state (hidden=True)
 
 
 class MLMHead(nn.Module):
@@ -58,14 +59,22 @@ class MaskedLM(nn.Module):
         attention_mask: torch.Tensor | None = None,
         token_type_ids: torch.Tensor | None = None,
         segments: torch.Tensor | None = None,
+        hidden: bool = False,
     ) -> MLMOutput:
-        """``segments`` [B, L]: each position's document in a packed sequence; attention stays inside it."""
+        """``segments`` [B, L]: each position's document in a packed sequence; attention stays inside it.
+        ``hidden``: also return every position's last hidden state (the whole last block is computed)."""
         if labels is None:
             logits = self.head(self.encoder(input_ids, attention_mask, token_type_ids, segments=segments))
             return MLMOutput(logits.new_zeros(()), logits, logits.new_zeros((), dtype=torch.long))
         # sparse prediction: never compute what is thrown away; the last block and the vocabulary
         # logits only at the predicted positions
         keep = labels.reshape(input_ids.shape) != IGNORE
+        if hidden:
+            states = self.encoder(input_ids, attention_mask, token_type_ids, segments=segments)
+            targets = labels.reshape(-1)[keep.reshape(-1)]
+            logits = self.head(states[keep])
+            loss = F.cross_entropy(logits.float(), targets, reduction="mean")
+            return MLMOutput(loss, logits, keep.sum(), states)
         if bool(keep.any()):
             hidden = self.encoder(input_ids, attention_mask, token_type_ids, select=keep, segments=segments)
         else:  # nothing predicted: empty logits (the loss is NaN, as a mean over nothing)

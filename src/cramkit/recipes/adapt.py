@@ -32,7 +32,7 @@ import torch.nn.functional as F
 
 from cramkit.errors import CramkitError
 from cramkit.load import POOLER_FILE
-from cramkit.model.heads import MaskedLM
+from cramkit.model.heads import IGNORE, MaskedLM
 from cramkit.train.objectives import MLMObjective
 
 if TYPE_CHECKING:
@@ -198,29 +198,160 @@ def initial_state(start: Start, model: MaskedLM, extension: Extension | None) ->
 
 
 class ContinueObjective(MLMObjective):
-    """Masked-LM pretraining that starts from an existing model's weights (``pretrain --from``)."""
+    """Masked-LM pretraining that starts from an existing model's weights (``pretrain --from``), optionally
+    anchored to that model (``train.keep_vectors``, ``train.l2sp``). The frozen starting encoder is kept
+    beside the run (one more copy of the encoder's weights, without gradients or optimizer state), and every
+    held-out evaluation reports ``start_cosine``: the mean cosine between the run's and the starting model's
+    mean-pooled vectors of the held-out sequences (1: unchanged), the drift."""
 
     cfg: RunConfig  # always given
 
     def __init__(
-        self, cfg: RunConfig, data: Any, start: Start | None, extension: Extension | None, *, fresh_head: bool
+        self,
+        cfg: RunConfig,
+        data: Any,
+        start: Start | None,
+        extension: Extension | None,
+        *,
+        fresh_head: bool,
+        source: str | None = None,
     ) -> None:
         super().__init__(cfg, data)
-        self.start, self.extension = (
-            start,
-            extension,
-        )  # start: None when resuming (weights from the checkpoint)
+        # start: None when resuming (the weights come from the checkpoint; the anchor from ``source`` again)
+        self.start, self.extension = start, extension
+        self.source = source if source is not None else (start.source if start is not None else None)
         # a fresh head learns faster than the encoder (a tied decoder's weights are the encoder's embeddings)
         self.lr_scales = {"head.": cfg.train.fresh_head_lr_scale} if fresh_head else None
+        self.keep, self.l2sp = float(cfg.train.keep_vectors), float(cfg.train.l2sp)
+        self.reference: Encoder | None = None  # the starting encoder, frozen (with an anchor)
+        self._pairs: list[tuple[torch.nn.Parameter, torch.Tensor]] = []  # (weight, its starting value) for L2-SP
+        if self.anchored:
+            check_anchor_parallel(cfg)
+        self.track = not cfg.train.head_only  # (a frozen encoder cannot drift)
+
+    @property
+    def anchored(self) -> bool:
+        return self.keep > 0.0 or self.l2sp > 0.0
 
     def build_model(self) -> torch.nn.Module:
         model = MaskedLM(self.cfg.model)
-        if self.start is not None:
-            model.load_state_dict(initial_state(self.start, model, self.extension))
+        start = self.start
+        if start is None and self.track and self.source is not None:  # resumed: the starting model again
+            start = start_from(self.source)
+        if start is not None:
+            state = initial_state(start, model, self.extension)
+            if self.start is not None:
+                model.load_state_dict(state)
+            if self.track:
+                self.reference = frozen_encoder(self.cfg.model, state)
+            if self.l2sp > 0.0:
+                frozen = self.reference.parameters() if self.reference is not None else ()
+                self._pairs = list(zip(model.encoder.parameters(), frozen, strict=True))
             self.start = None  # the copy of the weights is no longer needed
         if self.cfg.train.head_only:  # the encoder frozen: no gradient flows past the head
             model.encoder.requires_grad_(False)
         return model
+
+    def _reference_on(self, device: torch.device) -> Encoder:
+        ref = cast("Encoder", self.reference)
+        if next(ref.parameters()).device != device:
+            ref.to(device)  # (in place: the L2-SP pairs follow)
+        return ref
+
+    def loss(self, model: torch.nn.Module, batch: dict[str, torch.Tensor], device: torch.device) -> torch.Tensor:
+        if self.reference is None or not self.anchored:
+            return super().loss(model, batch, device)
+        predicted = bool((batch["labels"] != IGNORE).any())
+        ids = batch["input_ids"].to(device, non_blocking=True)
+        labels = batch["labels"].to(device, non_blocking=True)
+        seg = batch.get("segments")
+        seg = seg.to(device, non_blocking=True) if seg is not None else None
+        out = model(ids, labels, segments=seg, hidden=self.keep > 0.0)
+        total = out.loss if predicted else out.logits.sum() * 0.0
+        ref = self._reference_on(device)
+        if self.keep > 0.0:
+            with torch.no_grad():
+                target = ref(ids, segments=seg)
+            cos = F.cosine_similarity(pooled(out.hidden, seg), pooled(target, seg), dim=-1)
+            total = total + self.keep * (1.0 - cos.mean())
+        if self.l2sp > 0.0:
+            dist = torch.stack([(p.float() - r.float()).pow(2).sum() for p, r in self._pairs if p.requires_grad])
+            total = total + 0.5 * self.l2sp * dist.sum()
+        return total
+
+    def evaluate(self, model: torch.nn.Module, ctx: Any, precision: str) -> float | dict[str, float] | None:
+        """The held-out MLM loss; with an anchor, also ``start_cosine`` on the same held-out batches."""
+        val = super().evaluate(model, ctx, precision)
+        if self.reference is None or not isinstance(val, float):
+            return val
+        from cramkit.runtime import autocast
+        from cramkit.train import parallel
+
+        assert self.data is not None  # (the run's data, as in MLMObjective.evaluate)
+        ref = self._reference_on(ctx.device)
+        tcfg = self.cfg.train
+        total = torch.zeros(2, dtype=torch.float64, device=ctx.device)
+        with torch.no_grad():
+            for batch in self.data.val_batches(tcfg.micro_batch, tcfg.eval_batches, rank=ctx.rank, world=ctx.world):
+                ids = batch["input_ids"].to(ctx.device, non_blocking=True)
+                seg = batch.get("segments")
+                seg = seg.to(ctx.device, non_blocking=True) if seg is not None else None
+                with autocast(precision, ctx.device):
+                    mine = unwrap(model).encoder(ids, segments=seg)
+                    theirs = ref(ids, segments=seg)
+                cos = F.cosine_similarity(pooled(mine, seg), pooled(theirs, seg), dim=-1)
+                total[0] += cos.double().sum()
+                total[1] += cos.numel()
+        parallel.all_reduce(total, ctx)
+        if not total[1]:
+            return val
+        return {"val_loss": val, "start_cosine": round(float(total[0] / total[1]), 6)}
+
+
+def check_anchor_parallel(cfg: RunConfig) -> None:
+    """The anchors read whole weights: one process or DDP, not sharded ones."""
+    from cramkit.runtime import torchrun
+
+    if cfg.parallel.tp > 1 or (torchrun().world > 1 and cfg.parallel.strategy == "fsdp"):
+        raise CramkitError(
+            "train.keep_vectors and train.l2sp anchor the run to whole copies of the starting weights: run them "
+            "on one device or with parallel.strategy=ddp (not fsdp or tp)"
+        )
+
+
+def frozen_encoder(cfg: ModelConfig, state: dict[str, torch.Tensor]) -> Encoder:
+    """An encoder with ``state``'s ``encoder.*`` weights, frozen and in eval mode (no dropout)."""
+    from cramkit.model.encoder import Encoder
+
+    enc = Encoder(dataclasses.replace(cfg, gradient_checkpointing=False))
+    prefix = "encoder."
+    enc.load_state_dict({k[len(prefix) :]: v.detach().clone() for k, v in state.items() if k.startswith(prefix)})
+    enc.requires_grad_(False)
+    return enc.eval()
+
+
+def pooled(hidden: torch.Tensor, segments: torch.Tensor | None) -> torch.Tensor:
+    """Mean-pooled vectors [N, d] of [B, L, d] hidden states: one per sequence, or one per document of a
+    packed sequence when ``segments`` [B, L] (each position's document, from 0) is given."""
+    h = hidden.float()
+    if segments is None:
+        return h.mean(dim=1)
+    B, L, d = h.shape
+    seg = segments.long()
+    n = int(seg.max()) + 1
+    index = (torch.arange(B, device=seg.device)[:, None] * n + seg).reshape(-1)
+    sums = h.new_zeros(B * n, d).index_add_(0, index, h.reshape(-1, d))
+    counts = h.new_zeros(B * n).index_add_(0, index, h.new_ones(B * L))
+    present = counts > 0
+    return sums[present] / counts[present, None]
+
+
+def unwrap(model: torch.nn.Module) -> Any:
+    """The module under DDP's or torch.compile's wrapper."""
+    inner: Any = model
+    while hasattr(inner, "module") or hasattr(inner, "_orig_mod"):
+        inner = getattr(inner, "module", None) or inner._orig_mod
+    return inner
 
 
 # ------------------------------------------------------------------------------------ inheritance

@@ -290,6 +290,12 @@ def pretrain(
                 "train.head_only trains the MLM head of a model given with --from MODEL (the encoder frozen); "
                 "a run from scratch has no encoder to keep: leave it out"
             )
+        anchors = [k for k in ("keep_vectors", "l2sp") if getattr(cfg.train, k) and not init]
+        if anchors:
+            raise CramkitError(
+                f"train.{anchors[0]} holds a run near the model given with --from MODEL; a run from scratch (or "
+                "--inherit) starts from no model to hold to: leave it out"
+            )
         preset = preset or ("continue" if init else "tiny-cpu")
         if out is None and runtime.torchrun().world > 1:
             raise CramkitError(
@@ -348,7 +354,15 @@ def pretrain(
             raise
 
         with fault_guard(ctx):  # a dead or hung peer: one clear error on every surviving rank
-            fit(objective, cfg.train, cfg.parallel, run, resume=resume is not None, ctx=ctx)
+            result = fit(objective, cfg.train, cfg.parallel, run, resume=resume is not None, ctx=ctx)
+        drift = [r["start_cosine"] for r in result.history if "start_cosine" in r]
+        if drift and runtime.torchrun().is_main:
+            print(
+                f"cramkit: drift from {init}: mean cosine {drift[-1]:.3f} between the run's and the starting "
+                "model's mean-pooled vectors of the held-out text (1 = unchanged; train.keep_vectors and train.l2sp "
+                "hold it closer)",
+                flush=True,
+            )
         shutdown(ctx)
     return run
 
@@ -553,7 +567,9 @@ def _objective(
         from cramkit.recipes.adapt import ContinueObjective
 
         fresh = bool(init_info.get("fresh_head"))
-        return ContinueObjective(cfg, data, None if resumed else begin, extension, fresh_head=fresh)
+        return ContinueObjective(
+            cfg, data, None if resumed else begin, extension, fresh_head=fresh, source=init_info["from"]
+        )
     return MLMObjective(cfg, data)
 
 

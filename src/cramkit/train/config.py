@@ -83,6 +83,12 @@ class TrainConfig:
     # pretrain --from: train the MLM head only, the encoder (and its tied embeddings) frozen: a head for
     # prompt-based fine-tuning in minutes, the model's own outputs untouched
     head_only: bool = False
+    # pretrain --from: anchors to the starting model, so that adapting it to new text keeps what made it
+    # useful. keep_vectors: weight of (1 - cosine) between each training sequence's mean-pooled vector and
+    # the starting model's (frozen, on the same input): its sentence vectors as an auxiliary target.
+    # l2sp: alpha of alpha/2 * ||theta - theta_0||^2 over the encoder's weights (L2-SP, Li et al. 2018)
+    keep_vectors: float = 0.0
+    l2sp: float = 0.0
 
     def validate(self) -> None:
         parse_budget(self.budget)
@@ -121,6 +127,10 @@ class TrainConfig:
                 raise CramkitError(f"train.{name} must be true, false or auto, got {getattr(self, name)!r}")
         if not 0.0 < self.fresh_head_lr_scale <= 1000.0:
             raise CramkitError(f"train.fresh_head_lr_scale must be in (0, 1000], got {self.fresh_head_lr_scale}")
+        for name in ("keep_vectors", "l2sp"):
+            value = getattr(self, name)
+            if not (isinstance(value, (int, float)) and 0.0 <= value <= 1e6):
+                raise CramkitError(f"train.{name} must be a weight in [0, 1e6] (0: off), got {value!r}")
         if self.keep_checkpoints < 1:
             raise CramkitError(f"train.keep_checkpoints must be at least 1, got {self.keep_checkpoints}")
         if self.max_nan_steps < 1:

@@ -102,7 +102,9 @@ class MLMObjective:
         out = model(ids, labels, **_segments(batch, device))
         return out.loss if predicted else out.logits.sum() * 0.0
 
-    def evaluate(self, model: torch.nn.Module, ctx: parallel.DistContext, precision: str) -> float | None:
+    def evaluate(
+        self, model: torch.nn.Module, ctx: parallel.DistContext, precision: str
+    ) -> float | dict[str, float] | None:
         """Mean MLM loss over all predicted tokens of the held-out batches (the same batches every time)."""
         assert self.cfg is not None and self.data is not None  # (as in build_model)
         tcfg = self.cfg.train

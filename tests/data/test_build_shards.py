@@ -31,7 +31,7 @@ def fails(capsys, *args: str) -> str:
 
 @pytest.fixture(scope="module")
 def shards(tmp_path_factory, webtext_dir, minilm_dir) -> Path:
-    """Three shards of the six web-text files built by three concurrent `cramkit data build` processes."""
+    """Two shards of the six web-text files built by two concurrent `cramkit data build` processes."""
     out = tmp_path_factory.mktemp("sharded") / "store"
     procs = [
         subprocess.Popen(
@@ -47,7 +47,7 @@ def shards(tmp_path_factory, webtext_dir, minilm_dir) -> Path:
                 "--out",
                 str(out),
                 "--shard",
-                f"{i}/3",
+                f"{i}/2",
                 "--workers",
                 "1",
                 "--encoding",
@@ -59,12 +59,12 @@ def shards(tmp_path_factory, webtext_dir, minilm_dir) -> Path:
             text=True,
             env=ENV,
         )
-        for i in range(3)
+        for i in range(2)
     ]
     for i, p in enumerate(procs):
         stdout, stderr = p.communicate(timeout=300)
         assert p.returncode == 0, stderr
-        assert f"shard {i}/3 done" in stdout
+        assert f"shard {i}/2 done" in stdout
     return out
 
 
@@ -73,11 +73,11 @@ def test_joined_shards_equal_one_build(tmp_path, shards, webtext_dir, minilm_dir
         [sys.executable, "-m", "cramkit", "data", "join", str(shards)], capture_output=True, text=True, env=ENV
     )
     assert res.returncode == 0, res.stderr
-    assert "joined 3 shards" in res.stdout
+    assert "joined 2 shards" in res.stdout
     joined = TokenStore(shards)
-    assert joined.meta["joined_from"] == ["train-00000", "train-00001", "train-00002"]
-    files = [json.loads((shards / f"train-0000{i}.json").read_text())["shard"]["files"] for i in range(3)]
-    assert [len(f) for f in files] == [2, 2, 2] and sorted(sum(files, [])) == sorted(joined.meta["sources"])
+    assert joined.meta["joined_from"] == ["train-00000", "train-00001"]
+    files = [json.loads((shards / f"train-0000{i}.json").read_text())["shard"]["files"] for i in range(2)]
+    assert [len(f) for f in files] == [3, 3] and sorted(sum(files, [])) == sorted(joined.meta["sources"])
     whole = TokenStore(build_store([str(webtext_dir)], str(minilm_dir), tmp_path / "whole", workers=1, encoding="auto"))
     assert len(joined) == len(whole) and joined.num_tokens == whole.num_tokens
     assert np.array_equal(joined.sizes, whole.sizes) and np.array_equal(joined.tokens[:], whole.tokens[:])
@@ -100,14 +100,14 @@ def test_joined_shards_equal_one_build(tmp_path, shards, webtext_dir, minilm_dir
                 "--out",
                 str(shards),
                 "--shard",
-                "1/3",
+                "1/2",
                 "--encoding",
                 "auto",
             ]
         )
         == 0
     )
-    assert "shard 1/3 is already built" in capsys.readouterr().out
+    assert "shard 1/2 is already built" in capsys.readouterr().out
 
 
 def test_bad_joins(tmp_path, shards, webtext_dir, minilm_dir, capsys):
@@ -122,21 +122,21 @@ def test_bad_joins(tmp_path, shards, webtext_dir, minilm_dir, capsys):
     for f in missing.glob("train-00001*"):
         f.unlink()
     err = fails(capsys, "data", "join", str(missing))
-    assert "1 of 3 shards of train missing (train-00001.json" in err and "--shard 1/3" in err
+    assert "1 of 2 shards of train missing (train-00001.json" in err and "--shard 1/2" in err
     assert not (missing / "train.json").exists()
 
     other_split = copy("split")
-    meta = json.loads((other_split / "train-00002.json").read_text())
+    meta = json.loads((other_split / "train-00001.json").read_text())
     meta["shard"]["count"] = 4
-    (other_split / "train-00002.json").write_text(json.dumps(meta))
-    assert "is shard 2/4" in fails(capsys, "data", "join", str(other_split))
+    (other_split / "train-00001.json").write_text(json.dumps(meta))
+    assert "is shard 1/4" in fails(capsys, "data", "join", str(other_split))
 
     dup = copy("dup")
     m0 = json.loads((dup / "train-00000.json").read_text())
     m1 = json.loads((dup / "train-00001.json").read_text())
     m1["shard"]["files"] = m0["shard"]["files"][:1] + m1["shard"]["files"]
     (dup / "train-00001.json").write_text(json.dumps(m1))
-    assert "was tokenised by shards 0/3 and 1/3" in fails(capsys, "data", "join", str(dup))
+    assert "was tokenised by shards 0/2 and 1/2" in fails(capsys, "data", "join", str(dup))
 
     foreign = copy("foreign")
     meta = json.loads((foreign / "train-00001.json").read_text())
@@ -151,7 +151,7 @@ def test_bad_joins(tmp_path, shards, webtext_dir, minilm_dir, capsys):
     assert "not a plain file name" in fails(capsys, "data", "join", str(outside))
     assert not (outside / "train.json").exists()
 
-    for bad in ("3/3", "x", "1/0"):
+    for bad in ("2/2", "x", "1/0"):
         err = fails(
             capsys,
             "data",

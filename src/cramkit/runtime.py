@@ -8,6 +8,7 @@
   matrix multiplies in float8 through torchao, on a GPU with FP8 tensor cores.
 - :func:`torchrun`: the facts torchrun puts in the environment (rank, local rank, world size). Nothing
   else in cramkit reads ``RANK``, ``LOCAL_RANK`` or ``WORLD_SIZE``.
+- :func:`parse_shard`: ``--shard i/N``, the share of the work an independent process takes (a Slurm array).
 - :func:`cpu_cores`: the CPU cores this process may run on.
 - :class:`StopFlag`: SIGINT/SIGTERM become a flag the trainer checks between steps.
 
@@ -120,6 +121,26 @@ def torchrun() -> Torchrun:
             "`torchrun --nproc_per_node N -m cramkit pretrain ...` or `cramkit pretrain --nproc N ...`"
         )
     return Torchrun(rank=int(env.get("RANK", "0")), local_rank=int(env.get("LOCAL_RANK", "0")), world=max(world, 1))
+
+
+def parse_shard(text: str | None) -> tuple[int, int]:
+    """``"i/N"`` (shard i of N, counted from 0) -> (i, N), checked; None -> (0, 1); one CramkitError naming
+    ``--shard`` otherwise."""
+    import re
+
+    if text is None:
+        return 0, 1
+    m = re.fullmatch(r"\s*(\d+)\s*/\s*(\d+)\s*", str(text))
+    if not m:
+        raise CramkitError(
+            f"--shard {text!r} is not i/N; give shard i of N counted from 0 (--shard 0/4 ... --shard 3/4)"
+        )
+    i, n = int(m.group(1)), int(m.group(2))
+    if n < 1 or i >= n:
+        raise CramkitError(f"--shard {text}: i must be 0 to N-1 and N at least 1 (the shards of N=2 are 0/2 and 1/2)")
+    if n > 99999:
+        raise CramkitError(f"--shard {text}: at most 99999 shards")
+    return i, n
 
 
 def cpu_cores() -> int:

@@ -76,8 +76,19 @@ def register(sub) -> None:
         help="split the store into shards of at most SIZE (e.g. 1GB) of tokens, NAME-00000.bin/.idx, ..., listed "
         "in NAME.json; each stages and opens on its own (default: one .bin/.idx pair)",
     )
+    build.add_argument(
+        "--shard",
+        default=None,
+        metavar="I/N",
+        help="tokenise only shard I of N (counted from 0) of the input files, into the store NAME-IIIII; run every "
+        "shard with the same --out (on N machines), then `cramkit data join DIR`",
+    )
     build.add_argument("--quiet", action="store_true", help="no progress line")
     build.set_defaults(func=cmd_data_build)
+    join = dsub.add_parser("join", help="join the shards of `data build --shard i/N` into one store (NAME.json)")
+    join.add_argument("store", metavar="DIR", help="the --out of the shards")
+    join.add_argument("--name", default="train", help="store name inside DIR (default: train)")
+    join.set_defaults(func=cmd_data_join)
     inspect = dsub.add_parser("inspect", help="counts, a length histogram and decoded samples of a store")
     inspect.add_argument("store", metavar="DIR", help="store directory (or NAME prefix / NAME.idx)")
     inspect.add_argument("--name", default=None, help="store name when DIR holds several")
@@ -140,9 +151,20 @@ def cmd_data_build(args: argparse.Namespace) -> int:
     from cramkit.data.build import build_store
     from cramkit.data.stage import parse_size
     from cramkit.data.tokenstore import TokenStore
+    from cramkit.runtime import parse_shard
 
     shard_bytes = parse_size(args.shard_size, "--shard-size") if args.shard_size is not None else None
-    _refuse_overwrite(args.out, [f"{args.name}{ext}" for ext in (".bin", ".idx", ".json")], args.force)
+    shard = parse_shard(args.shard) if args.shard is not None else None
+    name = args.name
+    if shard is not None:
+        from cramkit.data.build import shard_name, shard_sources
+
+        name = shard_name(args.name, shard[0])
+        done = _finished_shard(Path(args.out) / f"{name}.json", shard, shard_sources(args.sources, shard))
+        if done and not args.force:
+            print(f"shard {shard[0]}/{shard[1]} is already built ({args.out}/{name}.*): nothing to do")
+            return 0
+    _refuse_overwrite(args.out, [f"{name}{ext}" for ext in (".bin", ".idx", ".json")], args.force)
     t0 = time.time()
     last = [t0]
 
@@ -167,6 +189,7 @@ def cmd_data_build(args: argparse.Namespace) -> int:
         dedup=args.dedup,
         progress=progress,
         shard_bytes=shard_bytes,
+        shard=shard,
         **reading_kwargs(args),
     )
     if not args.quiet and sys.stderr.isatty() and last[0] != t0:
@@ -182,6 +205,32 @@ def cmd_data_build(args: argparse.Namespace) -> int:
     dropped = {k: c.get(k, 0) for k in ("duplicates_dropped", "quality_dropped", "empty_dropped") if c.get(k)}
     if dropped:
         print("dropped: " + ", ".join(f"{k.replace('_dropped', '')} {v:,}" for k, v in dropped.items()))
+    if shard is not None:
+        print(f"shard {shard[0]}/{shard[1]} done; once every shard is: cramkit data join {args.out} --name {args.name}")
+    return 0
+
+
+def _finished_shard(meta_file: Path, shard: tuple[int, int], files: list[str]) -> bool:
+    """Whether ``meta_file`` records a finished build of exactly this shard (same split, same files)."""
+    from cramkit.io import read_json_object
+
+    if not meta_file.is_file():
+        return False
+    info = read_json_object(meta_file, "remove it, or pass --force").get("shard") or {}
+    return info.get("index") == shard[0] and info.get("count") == shard[1] and info.get("files") == files
+
+
+def cmd_data_join(args: argparse.Namespace) -> int:
+    from cramkit.data.build import join_shards
+    from cramkit.data.tokenstore import TokenStore
+
+    prefix = join_shards(args.store, args.name)
+    store = TokenStore(prefix)
+    n = len(store.meta.get("joined_from", []))
+    print(
+        f"joined {n} shards -> {prefix}.json: {len(store):,} documents, {store.num_tokens:,} tokens "
+        f"({len(store.shards)} .bin/.idx pairs)"
+    )
     return 0
 
 

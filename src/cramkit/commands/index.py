@@ -24,7 +24,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         metavar="SOURCE_OR_STORE",
         nargs="?",
         default=None,
-        help="text files, a directory, a glob, or a token store; none: the built-in corpus",
+        help="text files, a directory, a glob, a token store, or a folder of Parquet embeddings (cramkit embed "
+        "--format parquet: indexed as they are); none: the built-in corpus",
     )
     b.add_argument("--encoder", required=True, metavar="MODEL", help="a run, model directory or hf:DIR")
     b.add_argument("--out", required=True, metavar="IDX", help="the index directory to write")

@@ -110,6 +110,7 @@ def build_store(
     batch_chars: int = 1 << 18,
     progress: Callable[[int, int], None] | None = None,
     shard_bytes: int | None = None,
+    shard: tuple[int, int] | None = None,
     **source_kwargs,
 ) -> Path:
     """Tokenise ``sources`` into ``out_dir/NAME.{bin,idx,json}`` (+ ``NAME.tokenizer.json``); returns the prefix.
@@ -121,6 +122,10 @@ def build_store(
     progress: called as progress(documents, tokens) after each batch is written.
     shard_bytes: split the store into shards of at most this many bytes of tokens (``NAME-00000.bin/.idx``,
     ... listed in NAME.json), which stage and open independently; None: one .bin/.idx pair.
+    shard: (i, N): tokenise only the i-th of N contiguous runs of the input files (``shard_sources``) into the
+    store ``NAME-IIIII`` (its NAME-IIIII.json records the shard); `join_shards` then writes NAME.json, which
+    opens the N of them as one store, equal to a build of every file by one process (``dedup`` works within
+    a shard only).
     """
     from cramkit.text.sources import iter_documents
     from cramkit.text.tokenizer import load_tokenizer, special_ids, tokenizer_hash
@@ -144,6 +149,11 @@ def build_store(
     if isinstance(sources, (str, os.PathLike)):
         sources = [str(sources)]
     sources = [str(s) for s in sources or []]
+    shard_info = None
+    if shard is not None:
+        sources = shard_sources(sources, shard)
+        shard_info = {"index": shard[0], "count": shard[1], "name": name, "files": sources}
+        name = shard_name(name, shard[0])
     out = Path(out_dir)
     if out.exists() and not out.is_dir():
         raise CramkitError(f"--out {out} exists and is not a directory; give a directory for the store")
@@ -201,6 +211,7 @@ def build_store(
             "source_options": {k: v for k, v in source_kwargs.items() if k != "stats"},
             "dedup": dedup,
             "quality_cutoff": quality_cutoff,
+            **({"shard": shard_info} if shard_info else {}),
             "counts": {
                 "files": stats.get("files", 0),
                 "documents_read": stats.get("documents", 0),
@@ -224,3 +235,130 @@ def build_store(
                 "kept (no partial store); free space there or give another --out"
             ) from None
         raise
+
+
+# ------------------------------------------------------------------------------------------ shards
+
+
+def shard_name(name: str, i: int) -> str:
+    """The store of shard ``i`` of the store ``name``: ``NAME-IIIII`` (a name `TokenStore` lists as a shard)."""
+    return f"{name}-{i:05d}"
+
+
+def shard_sources(sources: Sequence[str], shard: tuple[int, int]) -> list[str]:
+    """The input files of shard ``i`` of ``N``: the i-th of N contiguous runs of the files that ``sources``
+    name (in the order a build reads them), whole files each; a CramkitError when there are fewer files than
+    shards."""
+    from cramkit.text.sources import expand_sources
+
+    i, n = shard
+    if not sources:
+        raise CramkitError(f"--shard {i}/{n} splits input files between shards; give the sources (files, folders)")
+    files = expand_sources(list(sources))
+    if len(files) < n:
+        raise CramkitError(
+            f"--shard {i}/{n}: the sources hold {len(files)} file(s), fewer than the {n} shards (a shard takes whole "
+            f"files); use N <= {len(files)} or split the corpus into more files"
+        )
+    return files[len(files) * i // n : len(files) * (i + 1) // n]
+
+
+def join_shards(out_dir: str | os.PathLike, name: str = "train") -> Path:
+    """Write ``out_dir/NAME.json`` (and ``NAME.tokenizer.json``), the manifest that opens the stores
+    ``NAME-00000`` ... ``NAME-{N-1}`` built by ``cramkit data build --shard i/N`` as one sharded store;
+    returns the prefix. A missing shard, one from another split or another tokenizer, or a file tokenised by
+    two shards is one CramkitError naming it; nothing is written then."""
+    import re
+
+    from cramkit.data.tokenstore import TokenStore
+    from cramkit.io import read_json_object, write_json_atomic, write_text_atomic
+
+    out = Path(out_dir)
+    if not out.is_dir():
+        raise CramkitError(f"{out}: no such directory; give the --out of `cramkit data build --shard i/N`")
+    if not name or "/" in name or name.startswith("."):
+        raise CramkitError(f"--name {name!r} must be a plain file name such as 'train'")
+    pattern = re.compile(rf"{re.escape(name)}-(\d{{5}})\.json\Z")
+    found: dict[int, tuple[Path, dict]] = {}
+    for p in sorted(out.iterdir()):
+        m = pattern.fullmatch(p.name)
+        if not m:
+            continue
+        meta = read_json_object(p, "rebuild that shard with `cramkit data build ... --shard i/N`")
+        info = meta.get("shard")
+        if not isinstance(info, dict) or info.get("name") != name or info.get("index") != int(m.group(1)):
+            raise CramkitError(
+                f"{p} is not the record of a shard of {name} (cramkit data build --shard i/N); move it away"
+            )
+        found[int(m.group(1))] = (p, meta)
+    final = out / f"{name}.json"
+    if not found:
+        raise CramkitError(f"{out} holds no shards of {name} ({name}-00000.json ...); build them with --shard i/N")
+    if final.is_file() and "joined_from" not in read_json_object(final, "remove it"):
+        raise CramkitError(
+            f"{final} is a store of its own, not a join of shards; choose another --name or move it away"
+        )
+    first_path, first = found[min(found)]
+    count = first["shard"]["count"]
+    for p, meta in found.values():
+        if meta["shard"].get("count") != count:
+            raise CramkitError(
+                f"{p} is shard {meta['shard']['index']}/{meta['shard'].get('count')}, {first_path.name} of "
+                f"{count} shards: one split per store; move the other split's files away"
+            )
+        if meta.get("tokenizer_hash") != first.get("tokenizer_hash") or meta.get("dtype") != first.get("dtype"):
+            raise CramkitError(
+                f"{p} was built with another tokenizer (hash {meta.get('tokenizer_hash')}, {first_path.name}: "
+                f"{first.get('tokenizer_hash')}); rebuild it with the same --tokenizer"
+            )
+    missing = [i for i in range(count) if i not in found]
+    if missing:
+        names = ", ".join(f"--shard {i}/{count}" for i in missing[:3]) + (" ..." if len(missing) > 3 else "")
+        raise CramkitError(
+            f"{out}: {len(missing)} of {count} shards of {name} missing ({shard_name(name, missing[0])}.json ...); "
+            f"run `cramkit data build ... {names} --out {out}`, then join again"
+        )
+    seen: dict[str, int] = {}
+    for i in range(count):
+        for f in found[i][1]["shard"].get("files", []):
+            if f in seen:
+                raise CramkitError(
+                    f"{f} was tokenised by shards {seen[f]}/{count} and {i}/{count} (built from different source "
+                    "lists?): rebuild the shards from the same sources"
+                )
+            seen[f] = i
+    pairs: list[str] = []
+    checksums: dict[str, str] = {}
+    counts: dict[str, int] = {}
+    for i in range(count):
+        store = TokenStore(out / shard_name(name, i))  # checks its files: headers, sizes, names inside out
+        meta = found[i][1]
+        pairs += store.shards
+        checksums.update(meta.get("checksums") or {})
+        for k, v in (meta.get("counts") or {}).items():
+            counts[k] = counts.get(k, 0) + int(v)
+    joined = {
+        k: first[k]
+        for k in ("tokenizer_hash", "tokenizer_path", "vocab_size", "special_ids", "source_options", "dedup")
+        if k in first
+    }
+    joined.update(
+        tokenizer_file=f"{name}.tokenizer.json",
+        sources=[f for i in range(count) for f in found[i][1]["shard"].get("files", [])],
+        quality_cutoff=first.get("quality_cutoff"),
+        counts=counts,
+        format="megatron-mmididx-v1",
+        dtype=first["dtype"],
+        num_sequences=sum(int(found[i][1]["num_sequences"]) for i in range(count)),
+        num_documents=sum(int(found[i][1]["num_documents"]) for i in range(count)),
+        num_tokens=sum(int(found[i][1]["num_tokens"]) for i in range(count)),
+        max_token_id=max(int(found[i][1]["max_token_id"]) for i in range(count)),
+        checksums=checksums,
+        shards=pairs,
+        joined_from=[shard_name(name, i) for i in range(count)],
+    )
+    tok_file = out / f"{shard_name(name, min(found))}.tokenizer.json"
+    if tok_file.is_file():
+        write_text_atomic(out / f"{name}.tokenizer.json", tok_file.read_text(encoding="utf-8"))
+    write_json_atomic(final, joined)
+    return out / name

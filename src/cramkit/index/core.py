@@ -191,35 +191,52 @@ def build_index(
         pooling = pooling or loaded.pooling
         if pooling not in ("mean", "cls"):
             raise CramkitError(f"--pooling must be mean or cls, got {pooling!r}")
-        chunks, cparams = make_chunks(
-            source,
-            loaded,
-            mode=mode,
-            chunk_tokens=chunk_tokens,
-            overlap=overlap,
-            reading=reading,
-            tokenizer=store_tokenizer,
-        )
-        t_chunk = time.perf_counter() - t_start
-        if rank == 0:
-            _log(f"{len(chunks)} chunks from {chunks.num_docs} documents ({t_chunk:.1f}s)")
         fp = encoder_fingerprint(loaded)
         work = out / ".build"
-        key = texts_key(chunks.texts, fp, pooling, "normalized")
-        engine = _engine(loaded, device, max_batch_tokens)
-        rec = embed_to_memmap(
-            chunks.texts,
-            engine,
-            work / "embed",
-            key=key,
-            pooling=pooling,
-            normalize=True,
-            block=block,
-            progress=progress,
-            desc="embedding chunks",
-        )
-        if rank != 0:
-            return None
+        from cramkit.index.shards import chunks_from_parquet, is_parquet_embeddings
+
+        if is_parquet_embeddings(source):  # embedded already (cramkit embed --format parquet): index those
+            if rank != 0:
+                return None
+            if mode != "passages" or chunk_tokens is not None or overlap is not None:
+                raise CramkitError(
+                    f"{source} holds finished Parquet embeddings: they are indexed as they are (--mode passages, "
+                    "no --chunk-tokens or --overlap)"
+                )
+            chunks, emb = chunks_from_parquet(str(source), fp, work / "embed" / "embeddings.npy")
+            pooling = emb.get("pooling") or pooling
+            cparams = {"embeddings": str(source), "parts": len(emb["parts"])}
+            rec = {"dim": emb["dim"], "seconds": 0.0, "resumed_rows": 0}
+            t_chunk = time.perf_counter() - t_start
+            _log(f"{len(chunks)} embedded rows from {source} ({t_chunk:.1f}s)")
+        else:
+            chunks, cparams = make_chunks(
+                source,
+                loaded,
+                mode=mode,
+                chunk_tokens=chunk_tokens,
+                overlap=overlap,
+                reading=reading,
+                tokenizer=store_tokenizer,
+            )
+            t_chunk = time.perf_counter() - t_start
+            if rank == 0:
+                _log(f"{len(chunks)} chunks from {chunks.num_docs} documents ({t_chunk:.1f}s)")
+            key = texts_key(chunks.texts, fp, pooling, "normalized")
+            engine = _engine(loaded, device, max_batch_tokens)
+            rec = embed_to_memmap(
+                chunks.texts,
+                engine,
+                work / "embed",
+                key=key,
+                pooling=pooling,
+                normalize=True,
+                block=block,
+                progress=progress,
+                desc="embedding chunks",
+            )
+            if rank != 0:
+                return None
         t_embed = time.perf_counter()
         data = work / "data"
         shutil.rmtree(data, ignore_errors=True)

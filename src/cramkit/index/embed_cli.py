@@ -1,4 +1,5 @@
-"""``cramkit embed``: the rows of a file, or the sequences (or chunks) of a token store, to a memory map."""
+"""``cramkit embed``: the rows of a file, or the sequences (or chunks) of a token store, to a memory map
+or to Parquet parts (``cramkit.index.shards``)."""
 
 from __future__ import annotations
 
@@ -31,13 +32,14 @@ def read_inputs(
     store_tokenizer: str | None,
     encoding: str | None = None,
     errors: str = "strict",
-) -> tuple[list[str], np.ndarray, dict[str, Any]]:
-    """(texts, row ids, what they are) of ``source``; a file is decoded with ``encoding`` and ``errors``."""
+) -> tuple[list[str], np.ndarray, np.ndarray, dict[str, Any]]:
+    """(texts, row ids, document ids, what they are) of ``source``; a file is decoded with ``encoding`` and
+    ``errors``. A file's row is its own document; a store's chunk belongs to its sequence's document."""
     from cramkit.index.core import is_store
 
     if is_store(source):
         from cramkit.data.tokenstore import TokenStore
-        from cramkit.index.chunking import decode_spans, store_chunk_spans
+        from cramkit.index.chunking import decode_spans, store_chunk_spans, store_documents
         from cramkit.index.chunking import store_tokenizer as pick
 
         ts = TokenStore(source)
@@ -52,6 +54,7 @@ def read_inputs(
         return (
             texts,
             ids,
+            store_documents(ts)[spans[:, 0]] if len(spans) else ids,
             {
                 "kind": "store",
                 "rows": "chunks" if chunk_tokens else "sequences",
@@ -67,7 +70,8 @@ def read_inputs(
         texts = [f"{a} {b}" for a, b in zip(rows.texts_a, rows.texts_b, strict=True)]
     else:
         texts = rows.texts_a
-    return texts, np.arange(len(texts), dtype=np.int64), {"kind": "file"}
+    ids = np.arange(len(texts), dtype=np.int64)
+    return texts, ids, ids, {"kind": "file"}
 
 
 def embed_source(
@@ -86,19 +90,37 @@ def embed_source(
     device: str = "auto",
     max_batch_tokens: int = 16384,
     block: int = 1024,
+    format: str = "npy",  # noqa: A002 (the flag's name)
+    shard: str | tuple[int, int] | None = None,
 ) -> dict[str, Any] | None:
-    """Embed ``source`` into ``out`` (resuming an unfinished run of the same job); the ``embed.json`` record."""
+    """Embed ``source`` into ``out`` (resuming an unfinished run of the same job); the ``embed.json`` record.
+
+    format: ``npy`` (one memory map, ``embeddings.npy`` + ``ids.npy``) or ``parquet`` (one Parquet file per
+    part: ``cramkit.index.shards``). shard: ``"i/N"`` or (i, N), Parquet only: this process embeds shard i of
+    N (every shard given the same ``out``); the record then says which parts are still ``waiting``."""
     from cramkit.index.core import load_encoder
     from cramkit.infer import Engine
 
+    if format not in ("npy", "parquet"):
+        raise CramkitError(f"--format {format!r}: use npy or parquet")
+    if shard is not None and format != "parquet":
+        raise CramkitError("--shard needs --format parquet (each shard writes its own Parquet files)")
+    part_of = (0, 1)
+    if format == "parquet":
+        from cramkit.index.shards import parse_shard
+
+        part_of = parse_shard(shard if not isinstance(shard, tuple) else f"{shard[0]}/{shard[1]}")
     out = Path(out)
-    check_out(out, inputs=[source, model], own=[DONE_FILE, "state.json"])
-    lock = dir_lock(out, "--out") if dist_info()[0] == 0 else contextlib.nullcontext()
+    check_out(out, inputs=[source, model], own=[DONE_FILE, "state.json", ".work"])
+    if format == "parquet":  # the parts are claimed one by one (concurrent shards share --out)
+        lock: Any = contextlib.nullcontext()
+    else:
+        lock = dir_lock(out, "--out") if dist_info()[0] == 0 else contextlib.nullcontext()
     with lock:  # a second process on the same --out would truncate this one's memory map (SIGBUS)
         loaded = load_encoder(model)
         pooling = pooling or loaded.pooling
         normalize = loaded.normalize if normalize is None else normalize
-        texts, ids, what = read_inputs(
+        texts, ids, docs, what = read_inputs(
             source,
             loaded,
             text_col=text_col,
@@ -109,10 +131,33 @@ def embed_source(
         )
         if not texts:
             raise CramkitError(f"{source}: nothing to embed (0 rows)")
-        key = texts_key(texts, encoder_fingerprint(loaded), pooling, str(bool(normalize)))
+        fingerprint = encoder_fingerprint(loaded)
+        key = texts_key(texts, fingerprint, pooling, str(bool(normalize)))
         done = finished(out, key)
-        if done is not None:
+        if done is not None and done.get("format", "npy") == format:
             return done | {"resumed_rows": done["rows"], "seconds": 0.0, "examples_per_s": None}
+        meta = {"source": str(source), "model": str(model), **what}
+        if format == "parquet":
+            from cramkit.index.shards import embed_parts
+
+            if what.get("rows"):
+                meta["rows_kind"] = meta.pop("rows")
+            engine = Engine(loaded, device=device, max_batch_tokens=max_batch_tokens)
+            return embed_parts(
+                texts,
+                ids,
+                docs,
+                engine,
+                out,
+                key=key,
+                fingerprint=fingerprint,
+                pooling=pooling,
+                normalize=bool(normalize),
+                shard=part_of,
+                overwrite=overwrite,
+                block=block,
+                meta=meta,
+            )
         if finished(out) is not None:
             if not overwrite:
                 raise CramkitError(
@@ -137,5 +182,5 @@ def embed_source(
             ids=ids,
             block=block,
             desc="embedding",
-            meta={"source": str(source), "model": str(model), **what},
+            meta=meta,
         )

@@ -104,11 +104,13 @@ def embed_to_memmap(
     progress: bool | str = "auto",
     desc: str = "embed",
     meta: dict | None = None,
+    alone: bool = False,
 ) -> dict:
     """Embed ``texts`` into ``out/embeddings.npy`` (resuming a matching unfinished job); the ``embed.json``
-    record (rows, dim, seconds, examples/s). Every torchrun process calls it; all get the record."""
+    record (rows, dim, seconds, examples/s). Every torchrun process calls it; all get the record.
+    ``alone``: this process embeds every row itself, whatever torchrun says (a Parquet part: one per process)."""
     out = Path(out)
-    rank, world = dist_info()
+    rank, world = (0, 1) if alone else dist_info()
     n = len(texts)
     dim = int(engine.hidden_size or 0)
     done = finished(out, key)

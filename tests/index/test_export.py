@@ -15,6 +15,8 @@ import pytest
 
 import cramkit
 from cramkit.cli import main
+from cramkit.errors import CramkitError
+from cramkit.index import export
 
 from .test_index import cli, fails, write_docs
 
@@ -95,7 +97,7 @@ def test_parquet(tmp_path, minilm_index, truth, capsys):
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temporary left
 
 
-def test_lancedb(tmp_path, minilm_index, truth, capsys):
+def test_lancedb(tmp_path, minilm_index, truth, capsys, monkeypatch):
     lancedb = pytest.importorskip("lancedb")
     uri = tmp_path / "lance"
     res = cli("index", "export", str(minilm_index), "--to", "lancedb", "--uri", str(uri))
@@ -112,6 +114,26 @@ def test_lancedb(tmp_path, minilm_index, truth, capsys):
     assert agreement(got, want) >= 0.9
     err = fails(capsys, "index", "export", str(minilm_index), "--to", "lancedb", "--uri", str(uri))
     assert "exists" in err and "--overwrite" in err
+    # an export that fails half-way (the index's text unreadable at the third batch) commits nothing:
+    # no table to open, and the next export drops the files it wrote
+    real = export.iter_batches
+
+    def failing(idx, rows, *args):
+        for i, batch in enumerate(real(idx, rows, *args)):
+            if i == 2:
+                raise CramkitError(f"{idx.path}: texts.bin is damaged")
+            yield batch
+
+    monkeypatch.setattr(export, "iter_batches", failing)
+    args = ["index", "export", str(minilm_index), "--to", "lancedb", "--uri", str(uri), "--name", "half"]
+    err = fails(capsys, *args, "--batch-rows", "5")
+    assert "texts.bin is damaged" in err and "nothing was committed" in err
+    with pytest.raises(ValueError):
+        lancedb.connect(str(uri)).open_table("half")
+    monkeypatch.setattr(export, "iter_batches", real)
+    assert main(args) == 0
+    assert "interrupted export" in capsys.readouterr().err
+    assert lancedb.connect(str(uri)).open_table("half").count_rows() == table.count_rows()
     v1 = table.version
     args = ["index", "export", str(minilm_index), "--to", "lancedb", "--uri", str(uri), "--overwrite"]
     assert main(args) == 0

@@ -272,10 +272,18 @@ def _lance_connect(uri: str) -> Any:
     lancedb = _need("lancedb", "'cramkit[lancedb]' (lancedb)")
     try:
         db = lancedb.connect(uri)
-        db.table_names()
+        _lance_tables(db)
     except Exception as exc:  # the object store or the directory refused: one line naming the fix
         raise CramkitError(f"--uri {uri}: LanceDB cannot open it ({_first_line(exc)}); {_lance_hint(uri)}") from None
     return db
+
+
+def _lance_tables(db: Any) -> list[str]:
+    import warnings
+
+    with warnings.catch_warnings():  # table_names() is deprecated for list_tables(), whose answer is paged
+        warnings.simplefilter("ignore", DeprecationWarning)
+        return list(db.table_names(limit=2**31 - 1))
 
 
 def _lance_hint(uri: str) -> str:
@@ -306,19 +314,41 @@ def _to_lancedb(
         if p.resolve() == idx.path.resolve() or idx.path.resolve() in p.resolve().parents:
             raise CramkitError(f"--uri {uri} lies inside the index {idx.path}; write the export elsewhere")
     db = _lance_connect(uri)
-    exists = name in db.table_names()
+    exists = name in _lance_tables(db)
+    if exists:
+        try:
+            db.open_table(name)
+        except Exception:  # files without a committed version: what a killed or failed export leaves
+            log(f"dropping LanceDB table {name!r}: files of an interrupted export, no committed version")
+            db.drop_table(name)
+            exists = False
     if exists and not overwrite:
         raise CramkitError(
             f"LanceDB table {name!r} exists at {uri}; pass --overwrite to replace it, or choose another --name"
         )
     n = batch_rows(idx, LANCE_BATCH_BYTES) if rows is None else rows
     schema = arrow_schema(int(idx.manifest["dim"]), describe(idx))
-    reader = pa.RecordBatchReader.from_batches(schema, iter_batches(idx, n))
+    failed: list[BaseException] = []
+
+    def stream() -> Iterator[Any]:
+        try:
+            yield from iter_batches(idx, n)
+        except BaseException as exc:  # seen by LanceDB's writer as a C-interface error: keep the original
+            failed.append(exc)
+            raise
+
+    reader = pa.RecordBatchReader.from_batches(schema, stream())
     try:
         # one commit for every row: a killed export leaves no table version behind
         table = db.create_table(name, data=reader, schema=schema, mode="overwrite" if exists else "create")
     except Exception as exc:
-        raise CramkitError(f"LanceDB could not write table {name!r} at {uri}: {_first_line(exc)}") from None
+        if failed and not isinstance(failed[0], (CramkitError, Exception)):
+            raise failed[0] from None  # Ctrl-C
+        why = str(failed[0]) if failed and isinstance(failed[0], CramkitError) else _first_line(exc)
+        raise CramkitError(
+            f"LanceDB table {name!r} at {uri} was not written ({why}); nothing was committed, and the next "
+            "export drops the files written so far"
+        ) from None
     built = None
     if kind == "hnsw":
         built = _lance_index(table, idx, log)

@@ -34,9 +34,9 @@ QUERIES = [
 
 @pytest.fixture(scope="module")
 def minilm_index(tmp_path_factory, builtin_docs, minilm_dir) -> Path:
-    """An exact (flat) index of 22 real documents, embedded with all-MiniLM-L6-v2 through the real CLI."""
+    """An exact (flat) index of 12 real documents, embedded with all-MiniLM-L6-v2 through the real CLI."""
     d = tmp_path_factory.mktemp("export")
-    corpus = write_docs(d / "docs.txt", builtin_docs[300:322])
+    corpus = write_docs(d / "docs.txt", builtin_docs[300:312])
     out = d / "docs_idx"
     res = cli("index", "build", str(corpus), "--encoder", f"hf:{minilm_dir}", "--out", str(out), "--device", "cpu")
     assert res.returncode == 0, res.stderr

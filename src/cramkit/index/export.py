@@ -245,6 +245,8 @@ def _to_parquet(idx: Index, uri: str, *, overwrite: bool, rows: int | None, log:
             raise CramkitError(f"--uri {uri} exists; pass --overwrite to replace it, or choose another --uri")
         if out.is_dir() and out.suffix == ".parquet":
             raise CramkitError(f"--uri {uri} is a directory; give a new file name (it is kept)")
+        if not out.is_dir() and out.suffix != ".parquet":
+            raise CramkitError(f"--uri {uri} is a file; a directory export needs a new name (the file is kept)")
         if out.is_dir() and any(p.suffix != ".parquet" for p in out.iterdir()):
             raise CramkitError(f"--uri {uri} holds files other than Parquet; --overwrite never replaces it")
     group = rows or batch_rows(idx, PARQUET_GROUP_BYTES)

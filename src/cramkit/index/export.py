@@ -101,7 +101,7 @@ def batch_rows(idx: Index, target_bytes: int, most: int = 1 << 20) -> int:
 
 
 def arrow_schema(dim: int, metadata: dict[str, Any] | None = None) -> Any:
-    """The Arrow schema of an export (and of cramkit's embedding shards): ``id, vector, text, doc, source``."""
+    """The Arrow schema of an export: ``id, vector, text, doc, source`` (issue #31's columns for embeddings)."""
     import pyarrow as pa
 
     fields = [
@@ -202,6 +202,11 @@ def export_index(
     idx = Index(index)
     if len(idx) == 0:
         raise CramkitError(f"{index}: the index holds no chunks; nothing to export")
+    if idx.plan["kind"] in ann.IVF_KINDS:
+        log(
+            f"{index}: the {idx.plan['kind']} index's codes are lossy; exporting the float32 vectors it keeps "
+            "beside them (vectors.npy)"
+        )
     t0 = time.perf_counter()
     if to == "parquet":
         _need("pyarrow", "'cramkit[parquet]'")
@@ -439,13 +444,13 @@ def _to_milvus(
         n = batch_rows(idx, MILVUS_BATCH_BYTES, most=50_000) if rows is None else rows
         batches = 0
         for batch in iter_batches(idx, n):
-            cols = batch.to_pydict()
-            vec = batch.column(1).flatten().to_numpy().reshape(-1, dim)
+            vec = batch.column(1).flatten().to_numpy().reshape(-1, dim)  # no Python float per number
+            ids, text, doc, src = (batch.column(c).to_pylist() for c in ("id", "text", "doc", "source"))
             client.insert(
                 tmp,
                 [
                     {"id": i, "vector": v, "text": t, "doc": d, "source": s}
-                    for i, v, t, d, s in zip(cols["id"], vec, cols["text"], cols["doc"], cols["source"], strict=True)
+                    for i, v, t, d, s in zip(ids, vec, text, doc, src, strict=True)
                 ],
             )
             batches += 1

@@ -1,4 +1,4 @@
-"""`cramkit index build|query|info|add|neighbours`: a retrieval index over a corpus with our encoder."""
+"""`cramkit index build|query|info|add|neighbours|export`: a retrieval index over a corpus with our encoder."""
 
 from __future__ import annotations
 
@@ -92,6 +92,36 @@ def register(sub: argparse._SubParsersAction) -> None:
     n.add_argument("--store-tokenizer", default=None, help="the token store's tokenizer, when not the encoder's")
     _common(n, batch=False)
     n.set_defaults(func=run_neighbours)
+
+    e = verbs.add_parser(
+        "export",
+        help="copy an index's vectors, texts and ids into Parquet, LanceDB or Milvus",
+        description="Write every chunk of an index (id, vector, text, doc, source) to a Parquet file or "
+        "directory, a LanceDB table (a local directory or s3://...) or a Milvus collection (http://HOST:19530 "
+        "or a Milvus Lite file NAME.db), with the index's metric (inner product of normalised vectors).",
+    )
+    e.add_argument("index", metavar="IDX")
+    e.add_argument("--to", required=True, metavar="TARGET", help="parquet, lancedb or milvus")
+    e.add_argument(
+        "--uri",
+        required=True,
+        help="parquet: FILE.parquet or a directory; lancedb: a directory or s3://BUCKET/PATH; milvus: "
+        "http://HOST:19530 or a Milvus Lite file NAME.db",
+    )
+    e.add_argument("--name", default=None, help="the table or collection (default: the index directory's name)")
+    e.add_argument("--overwrite", action="store_true", help="replace a file, table or collection already there")
+    e.add_argument(
+        "--db-index",
+        default="auto",
+        help="the database's vector index: flat (exact), hnsw; auto: flat for an exact index, else hnsw",
+    )
+    e.add_argument(
+        "--batch-rows",
+        type=int,
+        default=None,
+        help="rows per insert / record batch / Parquet row group (default: sized by bytes per system)",
+    )
+    e.set_defaults(func=run_export)
     p.set_defaults(func=lambda args: (p.print_help(), 2)[1])
 
 
@@ -223,5 +253,28 @@ def run_neighbours(args: argparse.Namespace) -> int:
     print(
         f"neighbours of {info['chunks']} chunks (k={info['k']}) -> {args.out}/neighbours.npy"
         + (f"; {info['missing']} slots empty" if info["missing"] else "")
+    )
+    return 0
+
+
+def run_export(args: argparse.Namespace) -> int:
+    from cramkit.index import export_index
+    from cramkit.io import disk_errors
+
+    with disk_errors(args.uri):
+        info = export_index(
+            args.index,
+            args.to,
+            args.uri,
+            name=args.name,
+            overwrite=args.overwrite,
+            rows_per_batch=args.batch_rows,
+            db_index=args.db_index,
+        )
+    where = f"{info['to']} {info['uri']}" + (f" as {info['name']!r}" if info["to"] != "parquet" else "")
+    rate = f" ({info['vectors_per_s']:,.0f} vectors/s)" if info["vectors_per_s"] else ""
+    print(
+        f"exported {info['rows']} vectors (dim {info['dim']}, metric inner product) to {where} in "
+        f"{info['seconds']:.1f}s{rate}" + (f"; vector index {info['db_index']}" if info["db_index"] else "")
     )
     return 0

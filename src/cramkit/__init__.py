@@ -59,6 +59,14 @@ __all__ = [
 PathLike = str | os.PathLike
 
 
+def _report_to(settings: dict[str, Any], report_to: str | Sequence[str] | None) -> None:
+    """The ``report_to`` keyword as the setting it stands for (a recipe config's ``report_to``)."""
+    if report_to is not None:
+        from cramkit.train.report import report_to_setting
+
+        settings["report_to"] = report_to_setting(report_to)
+
+
 def finetune(
     source: PathLike,
     *,
@@ -81,6 +89,7 @@ def finetune(
     label_words: str | Mapping[str, str] | None = None,
     few_shot: int | None = None,
     splits: int = 5,
+    report_to: str | Sequence[str] | None = None,
     **settings: Any,
 ) -> dict[str, Any]:
     """Fine-tune ``source`` (anything :func:`load` takes) on a registered ``task`` or on your files
@@ -91,7 +100,9 @@ def finetune(
     LM-BFF's protocol, ``splits`` splits of K examples per class (and a dev set of K per class that picks the
     checkpoint), scored on the task's dev split: the results hold each split's score, the mean and the
     standard deviation (``fewshot``); each split's model in out/split-S. Returns the results (also
-    out/results.json)."""
+    out/results.json). ``report_to``: experiment trackers that also get the training metrics and
+    settings ("tensorboard", "wandb", "mlflow", "trackio"; several as a list or comma-separated)."""
+    _report_to(settings, report_to)
     if prompt is not None:
         settings["prompt"] = prompt
     if label_words is not None:
@@ -146,11 +157,15 @@ def evaluate(
     progress: bool = True,
     few_shot: int | None = None,
     splits: int = 5,
+    report_to: str | Sequence[str] | None = None,
     **settings: Any,
 ) -> dict[str, Any]:
     """Fine-tune and score ``source`` on every task of ``suite`` (glue, clue, ...) in ``data_dir`` (or only
     ``tasks``); out defaults to eval-SUITE. fewshot_splits: FewCLUE's splits (e.g. ["0", "1"]); few_shot=K:
-    LM-BFF's protocol (``splits`` splits of K per class) for every classification task."""
+    LM-BFF's protocol (``splits`` splits of K per class) for every classification task. ``report_to``: experiment
+    trackers that also get the training metrics and settings ("tensorboard", "wandb", "mlflow", "trackio"; several
+    as a list or comma-separated)."""
+    _report_to(settings, report_to)
     from cramkit.recipes.evaluate import evaluate_suite
     from cramkit.recipes.finetune import config_from
 
@@ -292,6 +307,7 @@ def train_embeddings(
     out: PathLike = "contrastive",
     skip_bad_rows: bool = False,
     progress: bool = True,
+    report_to: str | Sequence[str] | None = None,
     **settings: Any,
 ) -> dict[str, Any]:
     """The contrastive stage (``cramkit finetune --objective contrastive|simcse``): ``source`` trained to embed
@@ -299,7 +315,10 @@ def train_embeddings(
     ``task`` (glue/mrpc's paraphrases); ``objective="simcse"`` on single texts. ``settings``: ContrastiveConfig
     fields (batch_size=64, temperature=0.05, symmetric=True, matryoshka="256,128", budget="10m", ...). The
     model directory ``out`` is an encoder of normalised vectors (``cramkit.load(out)``, embed, index, serve).
-    Returns the results (also out/results.json): steps, the held-out pairs' recall@1 and MRR before and after."""
+    Returns the results (also out/results.json): steps, the held-out pairs' recall@1 and MRR before and after.
+    ``report_to``: experiment trackers that also get the training metrics and
+    settings ("tensorboard", "wandb", "mlflow", "trackio"; several as a list or comma-separated)."""
+    _report_to(settings, report_to)
     from cramkit.recipes import contrastive as con
 
     cfg = con.config_from({**settings, "objective": objective})

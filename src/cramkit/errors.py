@@ -34,6 +34,10 @@ EXTRAS = {
     "zstandard": "compress",
     "pyarrow": "parquet",
     "ctranslate2": "ct2",
+    "tensorboard": "tensorboard",
+    "wandb": "wandb",
+    "mlflow": "mlflow",
+    "trackio": "trackio",
 }
 
 

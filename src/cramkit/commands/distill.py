@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from cramkit.commands.checks import check_model_source
+from cramkit.commands.checks import add_report_to, check_model_source
 from cramkit.errors import CramkitError
 
 EPILOG = """\
@@ -73,6 +73,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="a distillation setting, e.g. --set epochs=5 --set layers=2 --set p_pos=0",
     )
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    add_report_to(p)
     p.add_argument(
         "--nproc",
         type=int,
@@ -119,7 +120,10 @@ def run(args: argparse.Namespace) -> int:
         close = difflib.get_close_matches(args.student, STUDENTS, n=1)
         hint = f" (did you mean {close[0]}?)" if close else ""
         raise CramkitError(f"--student {args.student!r}: unknown student{hint}; choose one of {', '.join(STUDENTS)}")
-    cfg = config_from(parse_overrides(args.overrides))
+    overrides = parse_overrides(args.overrides)
+    if args.report_to is not None:
+        overrides["report_to"] = args.report_to
+    cfg = config_from(overrides)
     if args.nproc != 1:
         from cramkit.train.launch import relaunch
 

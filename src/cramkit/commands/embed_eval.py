@@ -29,6 +29,7 @@ _SUITE_ONLY = {
     "few_shot": "--few-shot",
     "method": "--method",
     "prefix_len": "--prefix-len",
+    "report_to": "--report-to",
 }
 _EMBED_ONLY = {
     "data": "--data",

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 
 from cramkit import runtime
+from cramkit.commands.checks import add_report_to
 from cramkit.commands.reading import add_reading_args, reading_kwargs
 from cramkit.errors import CramkitError
 
@@ -74,6 +75,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--tokenizer", metavar="DIR", help="use this tokenizer instead of training one")
     add_reading_args(p)
     p.add_argument("--no-progress", action="store_true", help="no progress bar (same as --set train.progress=false)")
+    add_report_to(p)
     p.add_argument(
         "--nproc",
         type=int,
@@ -115,6 +117,7 @@ def run(args: argparse.Namespace) -> int:
             init=args.init,
             inherit=args.inherit,
             extend_vocab=args.extend_vocab,
+            report_to=args.report_to,
             **reading_kwargs(args),
         )
         print(yaml.safe_dump(to_dict(cfg), sort_keys=False), end="")
@@ -134,6 +137,7 @@ def run(args: argparse.Namespace) -> int:
         init=args.init,
         inherit=args.inherit,
         extend_vocab=args.extend_vocab,
+        report_to=args.report_to,
         **reading_kwargs(args),
     )
     if runtime.torchrun().is_main:  # under torchrun: once, not once per process
@@ -177,6 +181,7 @@ def _launch(args: argparse.Namespace) -> int:
         ("--from", args.init),
         ("--inherit", args.inherit),
         ("--extend-vocab", args.extend_vocab or None),
+        ("--report-to", args.report_to),
     ):
         if value is not None:
             argv += [flag, str(value)]

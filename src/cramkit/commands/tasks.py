@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from cramkit.commands import embed_eval
-from cramkit.commands.checks import check_model_source
+from cramkit.commands.checks import add_report_to, check_model_source
 from cramkit.errors import CramkitError
 
 FINETUNE_EPILOG = """\
@@ -108,6 +108,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="skip (and count) malformed rows instead of stopping at the first one",
     )
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    add_report_to(p)
     p.add_argument(
         "--nproc",
         type=int,
@@ -226,6 +227,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     e.add_argument("--skip-bad-rows", action="store_true", help="skip (and count) malformed rows instead of stopping")
     _method_args(e.add_argument_group("few labels (every task of the suite; prompts: the built-in ones)"), suite=True)
     e.add_argument("--no-progress", action="store_true", help="no progress bar")
+    add_report_to(e)
     embed_eval.add_arguments(e)
     e.set_defaults(func=run_eval)
 
@@ -317,6 +319,8 @@ def _config(args: argparse.Namespace):
     ):
         if getattr(args, flag, None) is not None:
             overrides[key] = getattr(args, flag)
+    if getattr(args, "report_to", None) is not None:
+        overrides["report_to"] = args.report_to
     if args.seeds:
         try:
             overrides["seeds"] = [int(s) for s in args.seeds.split(",") if s.strip()]
@@ -477,6 +481,8 @@ def _run_contrastive(args: argparse.Namespace) -> int:
             base = base["finetune"]
         overrides = {**base, **overrides}
     overrides["objective"] = args.objective
+    if args.report_to is not None:
+        overrides["report_to"] = args.report_to
     if args.budget:
         from cramkit.train.budget import parse_budget
 

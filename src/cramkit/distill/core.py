@@ -93,6 +93,7 @@ class DistillConfig:
     hidden: int = 0  # 0: the teacher's (or the init run's)
     layer_map: list[int] = field(default_factory=list)  # teacher layers to copy (default evenly spaced)
     init: str = "teacher"  # teacher | random | a pretrained run / model directory / hf:DIR
+    report_to: str = "none"  # experiment trackers that also get metrics.jsonl's records (--report-to)
 
     def validate(self) -> None:
         if self.temperature <= 0:
@@ -107,6 +108,9 @@ class DistillConfig:
         from cramkit.train.budget import parse_every
 
         parse_every(self.checkpoint_every, "checkpoint_every")
+        from cramkit.train.report import report_to_setting, require_trackers
+
+        self.report_to = report_to_setting(require_trackers(self.report_to))
 
     def augment_config(self):
         from cramkit.distill.augment import AugmentConfig

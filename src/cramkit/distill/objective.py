@@ -198,6 +198,7 @@ def train_config(cfg: Any, steps: int, threads: int, progress: bool | str = Fals
         log_every=max(1, steps // 200),
         progress=progress,
         threads=threads,
+        report_to=getattr(cfg, "report_to", "none"),
     )
 
 

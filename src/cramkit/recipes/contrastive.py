@@ -74,6 +74,7 @@ class ContrastiveConfig:
     precision: str = "auto"
     eval_every: str = "never"  # the engine's: '200steps', '5m'; the end is always scored
     checkpoint_every: str = "5m"
+    report_to: str = "none"  # experiment trackers that also get metrics.jsonl's records (--report-to)
 
     def validate(self) -> None:
         if self.objective not in ("contrastive", "simcse"):
@@ -89,6 +90,9 @@ class ContrastiveConfig:
         if not 0 <= self.dev_fraction < 1:
             raise CramkitError(f"dev_fraction must be in [0, 1), got {self.dev_fraction}")
         matryoshka_dims(self.matryoshka, None)
+        from cramkit.train.report import report_to_setting, require_trackers
+
+        self.report_to = report_to_setting(require_trackers(self.report_to))
 
 
 def config_from(overrides: dict[str, Any] | None = None) -> ContrastiveConfig:
@@ -633,6 +637,7 @@ def _train(source, rows, cfg, out: Path, dev_rows, progress: bool, skipped: int)
         eval_every=cfg.eval_every,
         log_every=10,
         progress="auto" if progress else False,
+        report_to=cfg.report_to,
     )
     ctx = init_distributed(cfg.device)
     t0 = time.time()

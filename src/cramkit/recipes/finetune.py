@@ -112,6 +112,7 @@ class FinetuneConfig:
     label_words: str = ""  # method=prompt: LABEL=WORD,... ('': the task's built-in)
     prefix_len: int = 16  # method=ptuning: trainable keys and values per layer
     prefix_lr: float = 2e-2  # method=ptuning: the learning rate of the prefixes and the head
+    report_to: str = "none"  # experiment trackers that also get metrics.jsonl's records (--report-to)
 
     def validate(self) -> None:
         if self.method not in ("head", "prompt", "ptuning"):
@@ -140,6 +141,9 @@ class FinetuneConfig:
         from cramkit.train.budget import parse_every
 
         parse_every(self.checkpoint_every, "finetune.checkpoint_every")
+        from cramkit.train.report import report_to_setting, require_trackers
+
+        self.report_to = report_to_setting(require_trackers(self.report_to))
         if self.eval_every != "epoch":
             parse_every(self.eval_every, "finetune.eval_every")
         if self.keep not in ("last", "best"):
@@ -520,6 +524,7 @@ def train_config(
         eval_every=eval_every,
         log_every=1,
         progress=progress,
+        report_to=cfg.report_to,
     )
 
 

@@ -28,6 +28,7 @@ from cramkit.errors import CramkitError
 from cramkit.io import json_loads, read_json, read_json_object
 from cramkit.train import checkpoint as ckpt
 from cramkit.train.config import RunConfig, build_config, check_fits, resolve_config
+from cramkit.train.report import report_to_setting, require_trackers
 
 RUN_FILE = "run.json"
 
@@ -222,6 +223,7 @@ def pretrain(
     init: str | os.PathLike | None = None,
     inherit: str | os.PathLike | None = None,
     extend_vocab: int = 0,
+    report_to: str | Sequence[str] | None = None,
 ) -> Path:
     """Pretrain a masked-LM encoder within ``budget``; returns the run directory.
 
@@ -240,6 +242,9 @@ def pretrain(
     inherit: a masked-LM teacher for knowledge inheritance (``pretrain --inherit``): the new model (the
       preset's shape) uses its tokenizer and learns from its predictions early in the run (``inherit.*``).
     extend_vocab: with ``init``, add this many frequent words of the corpus that the tokenizer splits.
+    report_to: experiment trackers that also get metrics.jsonl's records and the configuration: ``"wandb"``,
+      ``"tensorboard,mlflow"``, ``["trackio"]`` (``train.report_to``; None: the config's, ``"none"`` by default;
+      a resumed run keeps reporting where it did).
     """
     from cramkit.data.loader import PretrainData
     from cramkit.text.tokenizer import special_ids
@@ -247,7 +252,7 @@ def pretrain(
     from cramkit.train.parallel import fault_guard, shutdown
     from cramkit.train.trainer import fit
 
-    overrides = list(overrides) + ([f"train.budget={budget}"] if budget else [])
+    overrides = _with_report_to(list(overrides) + ([f"train.budget={budget}"] if budget else []), report_to)
     inputs = _inputs(sources_or_store)
     source_options = _source_options(encoding=encoding, errors=errors, text_field=text_field, doc_split=doc_split)
     init = str(init) if init is not None else None
@@ -258,6 +263,7 @@ def pretrain(
         run = ckpt.require_run_dir(resume)
         saved = load_yaml(run / "config.yaml")
         cfg = resolve_config(base=saved, overrides=overrides)
+        require_trackers(cfg.train.report_to, "train.report_to")  # before any work
         info = _read_run_info(run)
         for flag, given, key in (("--from", init, "from"), ("--inherit", inherit, "inherit")):
             if given is not None and given != info.get(key):
@@ -284,6 +290,7 @@ def pretrain(
         cfg, begin, preset = _fresh_config(
             inputs, source_options, preset, overrides, init, inherit, tokenizer, extend_vocab
         )
+        require_trackers(cfg.train.report_to, "train.report_to")  # before any work
         fresh_head = bool(init) and begin.head_state is None
         if cfg.train.head_only and not init:
             raise CramkitError(
@@ -382,10 +389,11 @@ def resolved_config(
     init: str | os.PathLike | None = None,
     inherit: str | os.PathLike | None = None,
     extend_vocab: int = 0,
+    report_to: str | Sequence[str] | None = None,
 ) -> RunConfig:
     """The configuration :func:`pretrain` would train with (preset, then ``--set``, then what a model given
     with ``init`` decides), validated, with nothing written: ``cramkit pretrain --print-config``."""
-    overrides = list(overrides) + ([f"train.budget={budget}"] if budget else [])
+    overrides = _with_report_to(list(overrides) + ([f"train.budget={budget}"] if budget else []), report_to)
     if resume is not None:
         run = ckpt.require_run_dir(resume)
         return resolve_config(base=load_yaml(run / "config.yaml"), overrides=overrides)
@@ -395,6 +403,13 @@ def resolved_config(
     return _fresh_config(_inputs(sources_or_store), options, preset, overrides, init, inherit, tokenizer, extend_vocab)[
         0
     ]
+
+
+def _with_report_to(overrides: list[str], report_to: str | Sequence[str] | None) -> list[str]:
+    """``report_to`` (the flag, the keyword) as the ``train.report_to`` override it stands for."""
+    if report_to is None:
+        return overrides
+    return [*overrides, f"train.report_to={report_to_setting(report_to)}"]
 
 
 def _inputs(sources_or_store: str | os.PathLike | Sequence[str | os.PathLike] | None) -> list[str]:

@@ -20,6 +20,7 @@ from cramkit.runtime import Precision
 from cramkit.text.tokenizer import LANGS, MAX_VOCAB_SIZE
 from cramkit.train.budget import parse_budget, parse_every
 from cramkit.train.parallel import ParallelConfig, check_tp
+from cramkit.train.report import report_to_setting
 from cramkit.train.schedule import SCHEDULES
 
 
@@ -89,6 +90,9 @@ class TrainConfig:
     # l2sp: alpha of alpha/2 * ||theta - theta_0||^2 over the encoder's weights (L2-SP, Li et al. 2018)
     keep_vectors: float = 0.0
     l2sp: float = 0.0
+    # experiment trackers that also receive metrics.jsonl's records: none, or tensorboard, wandb, mlflow, trackio
+    # (comma-separated); their files go into the run directory (train/report.py)
+    report_to: str = "none"
 
     def validate(self) -> None:
         parse_budget(self.budget)
@@ -131,6 +135,7 @@ class TrainConfig:
             value = getattr(self, name)
             if not (isinstance(value, (int, float)) and 0.0 <= value <= 1e6):
                 raise CramkitError(f"train.{name} must be a weight in [0, 1e6] (0: off), got {value!r}")
+        self.report_to = report_to_setting(self.report_to, "train.report_to")
         if self.keep_checkpoints < 1:
             raise CramkitError(f"train.keep_checkpoints must be at least 1, got {self.keep_checkpoints}")
         if self.max_nan_steps < 1:

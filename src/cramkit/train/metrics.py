@@ -1,10 +1,11 @@
-"""What the user sees: metrics.jsonl, TensorBoard (if installed), a progress bar, a loss-curve PNG, MFU."""
+"""What the user sees: metrics.jsonl (and the trackers of ``--report-to``), a progress bar, a loss-curve PNG, MFU."""
 
 from __future__ import annotations
 
 import json
 import math
 import sys
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +13,7 @@ import torch
 
 from cramkit.errors import CramkitError
 from cramkit.io import BadJson, json_loads
+from cramkit.train.report import Reporter, require_trackers
 
 # peak dense bf16 tensor FLOP/s per GPU (vendor datasheets, without sparsity)
 PEAK_BF16_FLOPS: list[tuple[str, float]] = [
@@ -50,19 +52,20 @@ def _jsonable(value: Any) -> Any:
 
 
 class MetricsLog:
-    """Appends one JSON object per record to RUN/metrics.jsonl (and TensorBoard scalars if available)."""
+    """Appends one JSON object per record to RUN/metrics.jsonl, the run's record; the same records also go to the
+    experiment trackers of ``report_to`` (train/report.py) once :meth:`start_reporting` has started them."""
 
-    def __init__(self, run: Path, enabled: bool = True) -> None:
+    def __init__(self, run: Path, enabled: bool = True, report_to: str | Sequence[str] | None = None) -> None:
         self.path = Path(run) / "metrics.jsonl"
         self.enabled = enabled
-        self._tb = None
-        if enabled:
-            try:
-                from torch.utils.tensorboard import SummaryWriter
+        names = require_trackers(report_to)  # a tracker that is not installed: before any training
+        self._reporter = Reporter(names, Path(run)) if enabled and names else None
 
-                self._tb = SummaryWriter(str(Path(run) / "tensorboard"))
-            except Exception:  # tensorboard not installed: metrics.jsonl is enough
-                self._tb = None
+    def start_reporting(self, step: int, config: Mapping[str, Any]) -> None:
+        """Start the trackers at ``step`` (0, or the step a resumed run continues from) with the run's ``config``
+        as hyperparameters."""
+        if self._reporter is not None:
+            self._reporter.start(step, config)
 
     def truncate_after(self, step: int) -> None:
         """Drop records past ``step`` (a resumed run rewrites them exactly as a run that never stopped)."""
@@ -74,19 +77,18 @@ class MetricsLog:
         tmp.replace(self.path)
 
     def write(self, record: dict[str, Any]) -> None:
+        """The one place records go: metrics.jsonl, then the trackers."""
         if not self.enabled:
             return
         record = {k: _jsonable(v) for k, v in record.items() if v is not None}
         with open(self.path, "a", encoding="utf-8") as f:
             f.write(json.dumps(record) + "\n")
-        if self._tb is not None:
-            for key, value in record.items():
-                if key != "step" and isinstance(value, (int, float)):
-                    self._tb.add_scalar(key, value, record["step"])
+        if self._reporter is not None:
+            self._reporter.log(record)
 
-    def close(self) -> None:
-        if self._tb is not None:
-            self._tb.close()
+    def close(self, ok: bool = True) -> None:
+        if self._reporter is not None:
+            self._reporter.close(ok)
 
 
 def _step_of(line: str) -> float:

@@ -62,7 +62,8 @@ class Objective(Protocol):
 
     # optional: ``lr_scales``, a dict of parameter-name prefix -> learning-rate multiplier (e.g. a fresh head
     # on a pretrained encoder); ``begin_step(fraction) -> dict | None`` is called before each optimizer step with the
-    # fraction of the budget spent (e.g. a loss weight that decays with it); what it returns is logged
+    # fraction of the budget spent (e.g. a loss weight that decays with it); what it returns is logged; ``cfg``, the
+    # recipe's settings (a dataclass): reported to the trackers of train.report_to as the run's hyperparameters
 
 
 def _segments(batch: dict[str, torch.Tensor], device: torch.device) -> dict[str, torch.Tensor]:

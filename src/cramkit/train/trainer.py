@@ -238,7 +238,8 @@ class Trainer:
         # a step takes all of its micro-batches before its first forward (their item counts weight the loss)
         loader = objective.train_loader(self.micro, rank=data.rank, world=data.world)
         self.loader = Prefetcher(loader, depth=max(2, self.target_accum), device=device)
-        self.log = MetricsLog(self.run_dir, enabled=ctx.is_main)
+        # only the main process writes metrics.jsonl and reports to the trackers of train.report_to
+        self.log = MetricsLog(self.run_dir, enabled=ctx.is_main, report_to=tcfg.report_to)
         self.state = TrainState()
         self.last_checkpoint: Path | None = None
         self.val_loss: float | None = None
@@ -443,6 +444,17 @@ class Trainer:
         s.last_ckpt = (s.elapsed, s.step)
         return self.last_checkpoint
 
+    def hyperparameters(self) -> dict[str, Any]:
+        """The run's resolved configuration, for the trackers: the recipe's settings (the objective's ``cfg``,
+        when it has one) and the engine's (``train``)."""
+        import dataclasses
+
+        from cramkit.config import to_dict
+
+        cfg = getattr(self.objective, "cfg", None)
+        settings = to_dict(cfg) if dataclasses.is_dataclass(cfg) and not isinstance(cfg, type) else {}
+        return {**settings, "train": to_dict(self.tcfg), "world": self.ctx.world}
+
     # ------------------------------------------------------------ progress
 
     def _log_step(self, facts: dict[str, Any]) -> None:
@@ -492,6 +504,7 @@ class Trainer:
             self.log.truncate_after(s.step)
         else:  # records an attempt left before its first checkpoint are not part of this run
             self.log.truncate_after(0)
+        self.log.start_reporting(s.step, self.hyperparameters())
         show = tcfg.progress if self.ctx.is_main else False
         self._bar = Progress(show, self.objective.title, self.budget.fraction(s.elapsed, s.tokens, s.step))
         self.train_model.train()
@@ -521,7 +534,7 @@ class Trainer:
             self.loader.close()
             self.writer.close(wait=sys.exc_info()[0] is None)
             self._bar.close()
-            self.log.close()
+            self.log.close(ok=sys.exc_info()[0] is None)
             torch.use_deterministic_algorithms(was_deterministic)
             torch.utils.deterministic.fill_uninitialized_memory = was_filling  # type: ignore[attr-defined]  # (as above)
             if self.ctx.is_main:

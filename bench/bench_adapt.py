@@ -141,6 +141,7 @@ def main() -> None:
     ap.add_argument("--fewshot-splits", default="0,1,2,3,4", help="FewCLUE: the splits scored")
     ap.add_argument("--budget", default="60steps", help="of each adaptation run")
     ap.add_argument("--anchor", action="append", default=[], metavar="NAME:SETTING[,SETTING]")
+    ap.add_argument("--only", help="fine-tune only these models (comma-separated: direct, adapted-plain, adapted-NAME)")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--work", default="runs/bench-adapt")
     ap.add_argument("--out", default="runs/bench-adapt.jsonl")
@@ -160,7 +161,10 @@ def main() -> None:
     for task in args.task:
         counts: list[int | None] = [None] if is_fewclue(task, args.data_dir) else sorted(args.labels or [500])
         models = {"direct": args.model}
+        wanted = set(args.only.split(",")) if args.only else None
         for name, settings in anchors.items():
+            if wanted is not None and f"adapted-{name}" not in wanted:
+                continue
             adapted = adapt(args.model, task, name, settings, args)
             models[f"adapted-{name}"] = str(adapted)
             if (task, "drift", f"adapted-{name}") not in done:
@@ -168,7 +172,7 @@ def main() -> None:
                 record({"task": task, "labels": "drift", "model": f"adapted-{name}", "cosine": cos})
         for n in counts:
             for which, model in models.items():
-                if (task, n, which) not in done:
+                if (task, n, which) not in done and (wanted is None or which in wanted):
                     record({"task": task, "labels": n, "model": which, **finetune(model, which, task, n, args)})
     print(f"\n{machine()}; task metric, mean ± sd and median (min-max); adaptation --budget {args.budget}")
     print("| task | labels | model | mean ± sd | median (min-max) | drift (cosine) |")

@@ -255,9 +255,12 @@ def test_pretrain_on_a_csv_trains_on_the_column(tmp_path):
     assert "glowing" in vocab and not any("labelpos" in w.lower() or w == "sentiment" for w in vocab)
 
 
-def test_encoding_auto_reads_each_file_in_its_own_encoding(webtext_dir, tmp_path, capsys):
+def test_encoding_auto_reads_each_file_in_its_own_encoding(webtext_dir, tmp_path, capsys, monkeypatch):
     """A folder of mixed encodings (NLTK's webtext: firefox.txt is Latin-1, the others UTF-8): one --encoding
     garbles some files, --encoding auto reads each as it was written (UTF-8, else cp1252) and says which."""
+    from cramkit.text import encoding
+
+    monkeypatch.setattr(encoding, "_NOTED", set())  # noted once per file and process: other tests read it too
     utf8 = docs([str(webtext_dir / "grail.txt")])
     got = docs([str(webtext_dir)], encoding="auto")
     assert any("Fahrpl\u00e4ne" in d for d in got)  # firefox.txt read as cp1252

@@ -16,7 +16,7 @@ import os
 import re
 import shutil
 import sys
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -146,30 +146,38 @@ def folder_file(root: str | os.PathLike, name: str) -> Path:
 
 
 @contextlib.contextmanager
-def dir_lock(directory: str | os.PathLike, what: str = "--out") -> Iterator[None]:
-    """Hold an exclusive lock on ``directory`` (``fcntl.flock`` on ``directory/.lock``) while the body runs.
-
-    A second cramkit process on the same run directory gets one clear error instead of both writing
-    checkpoints and metrics into it. The lock dies with its process (kill -9 included): no stale lock."""
+def file_lock(lock_path: str | os.PathLike, busy: Callable[[str], str]) -> Iterator[None]:
+    """Hold an exclusive ``fcntl.flock`` on ``lock_path`` (which records the holder's pid) while the body runs;
+    when another process holds it, one CramkitError with ``busy(its pid)``. The lock dies with its process
+    (kill -9 included): no stale lock."""
     import fcntl
 
-    directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
-    fd = os.open(directory / ".lock", os.O_RDWR | os.O_CREAT, _umask_mode(0o666))
+    lock_path = Path(lock_path)
+    lock_path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, _umask_mode(0o666))
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             other = os.pread(fd, 64, 0).decode("ascii", "replace").strip() or "?"
-            raise CramkitError(
-                f"{what} {directory} is in use by another cramkit process (pid {other}); wait for it to finish "
-                "(or stop it), or choose another directory"
-            ) from None
+            raise CramkitError(busy(other)) from None
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
         yield
     finally:
         os.close(fd)  # releases the lock
+
+
+def dir_lock(directory: str | os.PathLike, what: str = "--out") -> contextlib.AbstractContextManager[None]:
+    """An exclusive lock on ``directory`` (``directory/.lock``, :func:`file_lock`): a second cramkit process on
+    the same run directory gets one clear error instead of both writing checkpoints and metrics into it."""
+    return file_lock(
+        Path(directory) / ".lock",
+        lambda pid: (
+            f"{what} {directory} is in use by another cramkit process (pid {pid}); wait for it to finish "
+            "(or stop it), or choose another directory"
+        ),
+    )
 
 
 def claim_dir(directory: str | os.PathLike, file_name: str, settings: Any, what: str) -> bool:

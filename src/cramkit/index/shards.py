@@ -38,7 +38,7 @@ import numpy as np
 
 from cramkit.errors import CramkitError
 from cramkit.index.embedding import DONE_FILE, _barrier, dist_info, embed_to_memmap, finished
-from cramkit.io import inside, json_loads, read_json_object, sha256_file, write_json_atomic
+from cramkit.io import file_lock, inside, json_loads, read_json_object, sha256_file, write_json_atomic
 from cramkit.runtime import parse_shard
 
 __all__ = ["embed_parts", "iter_parts", "join", "parse_shard", "read_manifest", "read_vectors"]
@@ -134,28 +134,16 @@ def write_part(
     return {"file": path.name, "rows": n, "bytes": path.stat().st_size, "sha256": sha256_file(path)}
 
 
-@contextlib.contextmanager
-def claim(lock_path: Path, what: str) -> Iterator[None]:
-    """An exclusive ``flock`` on ``lock_path`` while the body runs; one CramkitError when another process
-    holds it. The lock dies with its process (kill -9 included)."""
-    import fcntl
-
-    lock_path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o666)
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            other = os.pread(fd, 64, 0).decode("ascii", "replace").strip() or "?"
-            raise CramkitError(
-                f"{what} is being embedded by another process (pid {other}, lock {lock_path}); each shard runs "
-                "once at a time: wait for it, or stop it and run this again (it resumes)"
-            ) from None
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-        yield
-    finally:
-        os.close(fd)
+def claim(lock_path: Path, what: str) -> contextlib.AbstractContextManager[None]:
+    """An exclusive lock on ``lock_path`` while the body runs (:func:`cramkit.io.file_lock`); one CramkitError
+    when another process holds it. The lock dies with its process (kill -9 included)."""
+    return file_lock(
+        lock_path,
+        lambda pid: (
+            f"{what} is being embedded by another process (pid {pid}, lock {lock_path}); each shard runs "
+            "once at a time: wait for it, or stop it and run this again (it resumes)"
+        ),
+    )
 
 
 @dataclass

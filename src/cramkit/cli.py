@@ -10,7 +10,10 @@ import argparse
 import difflib
 import importlib
 import os
+import signal
 import sys
+import threading
+import time
 from typing import TYPE_CHECKING, Any, cast
 
 from cramkit import __version__, errors
@@ -179,6 +182,37 @@ def main(argv: list[str] | None = None) -> int:
     return int(result or 0)
 
 
+# how long a Ctrl-C may take to reach the command's handler before the process ends anyway
+INTERRUPT_GRACE_S = 5.0
+
+
+class Interrupt:
+    """The command line's SIGINT handler outside training (the trainer installs its own, runtime.StopFlag):
+    it raises KeyboardInterrupt in the main thread, as Python's default handler does, and guards against
+    Python losing it. A KeyboardInterrupt raised while the main thread runs a weakref callback, a
+    ``__del__`` or an import lock's cleanup is printed as "Exception ignored" and the command goes on as if
+    nothing had been pressed (seen: ``cramkit export`` finished 40 s after a Ctrl-C). So the first signal
+    also starts a timer; if the process is still running ``grace`` seconds later, it says so and exits with
+    130. Every output is written atomically, so what is on disk stays whole: a partial export or run is a
+    temporary directory that is never loaded and is removed on the next start."""
+
+    def __init__(self, grace: float = INTERRUPT_GRACE_S) -> None:
+        self.grace = grace
+        self.since: float | None = None
+
+    def __call__(self, signum: int, frame: Any) -> None:
+        if self.since is None:
+            self.since = time.monotonic()
+            threading.Thread(target=self._stop_late, name="cramkit-interrupt", daemon=True).start()
+        raise KeyboardInterrupt
+
+    def _stop_late(self) -> None:
+        time.sleep(self.grace)
+        print("\ncramkit: interrupted", file=sys.stderr, flush=True)
+        sys.stdout.flush()
+        os._exit(130)
+
+
 def entry() -> None:
     """The ``cramkit`` console script and ``python -m cramkit``. After an abort (Ctrl-C; a second one during
     training) the process exits at once: background checkpoint writers are not waited for (interpreter
@@ -186,4 +220,6 @@ def entry() -> None:
     stays intact: an unfinished checkpoint is a ``.tmp`` directory that is never loaded and is removed on
     the next start."""
     errors.ABORT_AT_ONCE = True
+    if signal.getsignal(signal.SIGINT) is signal.default_int_handler:  # not where SIGINT is ignored (nohup, &)
+        signal.signal(signal.SIGINT, Interrupt())
     raise SystemExit(main())

@@ -127,8 +127,11 @@ def test_continue_keeps_the_model_and_exports_as_plain_bert(continued: Path, min
     torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
 
 
-def stopped_resumed_equals_uninterrupted(tmp_path: Path, args: list[str], sets: list[str], steps: int) -> None:
-    """SIGTERM a run part-way, resume it to the end: its curve equals an uninterrupted run's, bit for bit."""
+def stopped_resumed_equals_uninterrupted(
+    tmp_path: Path, args: list[str], sets: list[str], steps: int, sig: int = signal.SIGTERM
+) -> None:
+    """SIGTERM a run part-way (or SIGKILL it after its first checkpoint), resume it to the end: its curve equals
+    an uninterrupted run's, bit for bit (after a kill, the records past the checkpoint are written again)."""
     stopped = tmp_path / "stopped"
     cmd = [
         sys.executable,
@@ -147,13 +150,15 @@ def stopped_resumed_equals_uninterrupted(tmp_path: Path, args: list[str], sets: 
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     deadline = time.time() + 300
     while time.time() < deadline and proc.poll() is None:
-        if (stopped / "metrics.jsonl").exists() and len(read_metrics(stopped)) >= 3:
+        if sig == signal.SIGKILL and (stopped / "checkpoints" / "step-000004").is_dir():
+            break
+        if sig != signal.SIGKILL and (stopped / "metrics.jsonl").exists() and len(read_metrics(stopped)) >= 3:
             break
         time.sleep(0.01)
     assert proc.poll() is None, "the run ended before it could be stopped"
-    proc.send_signal(signal.SIGTERM)
+    proc.send_signal(sig)
     _, err = proc.communicate(timeout=300)
-    assert proc.returncode == 128 + signal.SIGTERM, err
+    assert proc.returncode == (-sig if sig == signal.SIGKILL else 128 + sig), err
     flag = "--from" if "--from" in args else "--inherit"
     # resuming with another starting model is refused; then the real resume goes to the end
     other = pretrain_cli("--resume", str(stopped), flag, "hf:elsewhere", sets=[], check=False)
@@ -250,6 +255,23 @@ def test_inherit_resumes_bit_exact_after_sigterm(tmp_path: Path, corpus: Path, c
         "inherit.until=0.9",
     ]
     stopped_resumed_equals_uninterrupted(tmp_path, [str(corpus), "--inherit", str(continued)], sets, 16)
+
+
+def test_inherit_resumes_bit_exact_after_kill_9(tmp_path: Path, corpus: Path, continued: Path) -> None:
+    """kill -9 after the first checkpoint (nothing saved at the end, metrics.jsonl ahead of the checkpoint):
+    `--resume` goes on from the checkpoint and ends where an uninterrupted run does (issue 30)."""
+    sets = [
+        *SMALL,
+        *STUDENT,
+        "data.seq_len=32",
+        "train.micro_batch=2",
+        "train.batch_size=2",
+        "train.eval_every=5steps",
+        "train.checkpoint_every=4steps",
+        "inherit.until=0.9",
+    ]
+    args = [str(corpus), "--inherit", str(continued)]
+    stopped_resumed_equals_uninterrupted(tmp_path, args, sets, 40, sig=signal.SIGKILL)
 
 
 def test_extend_vocab_grows_tokenizer_embeddings_and_export(tmp_path: Path, corpus: Path, minilm_dir: Path) -> None:

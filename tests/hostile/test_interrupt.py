@@ -1,0 +1,92 @@
+"""Ctrl-C at any point of a verb stops it (issue 30): the command line's SIGINT handler, and the guard for a
+KeyboardInterrupt that Python swallows (raised inside a ``__del__``, a weakref callback or an import lock's
+cleanup, it is printed as "Exception ignored" and the program goes on)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+
+SWALLOWED = """
+import os, signal, sys, time
+from cramkit import cli, errors
+errors.ABORT_AT_ONCE = True
+signal.signal(signal.SIGINT, cli.Interrupt(grace=1.0))
+class Swallows:
+    def __del__(self):
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(0.2)  # the KeyboardInterrupt is raised here, inside __del__: Python prints it and goes on
+s = Swallows()
+del s
+print("swallowed; working on", flush=True)
+time.sleep(30)
+print("finished", flush=True)
+"""
+
+
+def test_a_swallowed_ctrl_c_still_ends_the_command() -> None:
+    t0 = time.monotonic()
+    proc = subprocess.run([sys.executable, "-c", SWALLOWED], capture_output=True, text=True, timeout=60, env=ENV)
+    took = time.monotonic() - t0
+    assert "swallowed; working on" in proc.stdout  # Python did lose the KeyboardInterrupt...
+    assert "finished" not in proc.stdout  # ...and the guard ended the process anyway
+    assert proc.returncode == 130, proc.stderr
+    assert proc.stderr.rstrip().endswith("cramkit: interrupted")
+    assert took < 20
+
+
+def started(log: Path, proc: subprocess.Popen, mark: str, timeout: float = 180) -> bool:
+    """Whether ``proc`` printed ``mark`` (it is past Python's start-up, in cramkit's own code) in time."""
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < timeout and proc.poll() is None:
+        if mark in log.read_text(errors="replace"):
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def test_ctrl_c_while_exporting_stops_and_leaves_nothing(pretrained_run: Path, tmp_path: Path) -> None:
+    """SIGINT at several points of `cramkit export --format onnx` (exporting the graph, optimising, checking):
+    exit 130, one line, no output and no temporary directory left; the same command then exports. (A signal
+    during the interpreter's own start-up, before cramkit's code runs, is Python's to handle.)"""
+    out = tmp_path / "exports" / "model-onnx"
+    out.parent.mkdir()
+    cmd = [sys.executable, "-m", "cramkit", "export", str(pretrained_run), "--format", "onnx", "--out", str(out)]
+    for delay in (0.0, 1.5, 5.0):
+        log = tmp_path / f"log-{delay}"
+        with log.open("w") as sink:
+            proc = subprocess.Popen(cmd, stdout=sink, stderr=subprocess.STDOUT, text=True, env=ENV)
+            if not started(log, proc, "[onnx] exporting"):
+                proc.kill()
+                raise AssertionError(f"the export did not start:\n{log.read_text()}")
+            time.sleep(delay)
+            if proc.poll() is not None:  # finished before the signal (a fast machine): nothing to check here
+                break
+            proc.send_signal(signal.SIGINT)
+            proc.wait(timeout=60)
+        text = log.read_text()
+        assert proc.returncode == 130, f"delay {delay}: exit {proc.returncode}\n{text}"
+        assert text.rstrip().splitlines()[-1] == "cramkit: interrupted", text
+        assert "Traceback" not in text, text
+        assert list(out.parent.iterdir()) == [], f"delay {delay}: left {list(out.parent.iterdir())}"
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=ENV)
+    assert done.returncode == 0, done.stderr
+    assert (out / "model.onnx").is_file()
+
+
+def test_the_command_line_starts_without_torch() -> None:
+    """`cramkit --help` and the parser import no torch (nor numpy): the facade and cramkit.model load them on
+    first use, so the help is instant and a Ctrl-C during start-up lands in cramkit's handler."""
+    code = (
+        "import sys\nfrom cramkit.cli import build_parser\nbuild_parser()\n"
+        "print(sorted(m for m in ('torch', 'numpy', 'tokenizers') if m in sys.modules))"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=ENV)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "[]"

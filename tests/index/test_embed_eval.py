@@ -29,10 +29,10 @@ def _load_make_beir():
 
 
 @pytest.fixture(scope="module")
-def mrpc_beir(glue_dir, tmp_path_factory) -> Path:
+def mrpc_beir(real_glue_dir, tmp_path_factory) -> Path:
     """GLUE MRPC dev (408 pairs) as a BEIR folder, by bench/make_beir.py: 279 queries, 531 documents."""
     out = tmp_path_factory.mktemp("beir") / "mrpc"
-    counts = _load_make_beir().make_beir(glue_dir / "MRPC" / "dev.tsv", out, "dev")
+    counts = _load_make_beir().make_beir(real_glue_dir / "MRPC" / "dev.tsv", out, "dev")
     assert counts == {"pairs": 408, "corpus": 531, "queries": 279, "qrels": 279}
     return out
 
@@ -271,7 +271,7 @@ def test_a_model_without_an_encoder_is_refused(tmp_path, capsys, tok):
 
 
 def test_minilm_far_above_a_barely_trained_run_on_mrpc(
-    mrpc_beir, glue_dir, minilm_dir, pretrained_run, tmp_path, capsys
+    mrpc_beir, real_glue_dir, minilm_dir, pretrained_run, tmp_path, capsys
 ):
     minilm = f"hf:{minilm_dir}"
     out = tmp_path / "eval-minilm"
@@ -286,7 +286,7 @@ def test_minilm_far_above_a_barely_trained_run_on_mrpc(
     assert res["metrics"]["ndcg@10"] > 90 > tiny["metrics"]["ndcg@10"] + 40, (res["metrics"], tiny["metrics"])
     assert res["metrics"]["recall@100"] >= res["metrics"]["recall@10"] >= res["metrics"]["recall@1"]
     # STS on MRPC's pairs straight from GLUE's file, the 0/1 Quality as the gold score: paraphrases are closer
-    mrpc = str(glue_dir / "MRPC" / "dev.tsv")
+    mrpc = str(real_glue_dir / "MRPC" / "dev.tsv")
     cols = {"text_a": "#1 String", "text_b": "#2 String", "label": "Quality"}
     sts_minilm = cramkit.evaluate_sts(minilm, mrpc, tmp_path / "sts", device="cpu", progress=False, **cols)
     sts_tiny = cramkit.evaluate_sts(pretrained_run, mrpc, None, device="cpu", progress=False, **cols)

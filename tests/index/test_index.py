@@ -518,7 +518,8 @@ def test_other_encoder_at_query_time(tiny_index, minilm_dir, capsys):
 # -------------------------------------------------------------------------------------------- quality
 
 
-def test_minilm_mrpc_paraphrases(tmp_path, glue_dir, minilm_dir):
+def test_minilm_mrpc_paraphrases(tmp_path, real_glue_dir, minilm_dir):
+    glue_dir = real_glue_dir
     """A few MRPC paraphrase pairs: index the second sentences, query with the first."""
     import csv
 

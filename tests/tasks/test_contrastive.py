@@ -19,9 +19,9 @@ from infer.models import cli
 
 
 @pytest.fixture(scope="module")
-def mrpc_pairs(glue_dir: Path, tmp_path_factory) -> Path:
+def mrpc_pairs(real_glue_dir: Path, tmp_path_factory) -> Path:  # real paraphrases
     """MRPC's paraphrases (Quality 1) of its training file as a TSV of pairs."""
-    lines = (glue_dir / "MRPC" / "train.tsv").read_text(encoding="utf-8-sig").splitlines()[1:]
+    lines = (real_glue_dir / "MRPC" / "train.tsv").read_text(encoding="utf-8-sig").splitlines()[1:]
     rows = [line.split("\t") for line in lines]
     pairs = [(r[3], r[4]) for r in rows if r[0] == "1"][:600]
     path = tmp_path_factory.mktemp("pairs") / "pairs.tsv"

@@ -46,11 +46,11 @@ TEST_ROWS = {
 
 
 @pytest.mark.parametrize("name", sorted(REAL))
-def test_real_train_dev_counts_and_labels(glue_dir, name):
-    task = get_task(name, data_dir=glue_dir)
+def test_real_train_dev_counts_and_labels(real_glue_dir, name):
+    task = get_task(name, data_dir=real_glue_dir)
     assert task.labels == ["0", "1"] and task.num_labels == 2 and not task.is_regression
     for split, (fname, header, label_col, n_expected) in REAL[name].items():
-        rows = _rows(glue_dir / fname, header)
+        rows = _rows(real_glue_dir / fname, header)
         assert len(rows) == n_expected
         examples = task.examples(split)
         assert len(examples) == n_expected
@@ -63,22 +63,22 @@ def test_real_train_dev_counts_and_labels(glue_dir, name):
         assert all((e.text_b is not None) == (name == "glue/mrpc") for e in examples)
 
 
-def test_real_texts_keep_quotes(glue_dir):
+def test_real_texts_keep_quotes(real_glue_dir):
     """MRPC sentences contain unbalanced quotes: they must stay text (no CSV quoting)."""
-    train = get_task("glue/mrpc", data_dir=glue_dir).examples("train")
+    train = get_task("glue/mrpc", data_dir=real_glue_dir).examples("train")
     assert train[0].text_a.startswith('Amrozi accused his brother , whom he called " the witness "')
-    dev = get_task("glue/mrpc", data_dir=glue_dir).examples("dev")
+    dev = get_task("glue/mrpc", data_dir=real_glue_dir).examples("dev")
     assert dev[0].text_b == '" The foodservice pie business does not fit our long-term growth strategy .'
-    cola = get_task("glue/cola", data_dir=glue_dir).examples("train")
+    cola = get_task("glue/cola", data_dir=real_glue_dir).examples("train")
     assert cola[0].text_a == "Our friends won't buy this analysis, let alone the next one we propose."
 
 
 @pytest.mark.parametrize("name", sorted(TEST_ROWS))
-def test_real_test_splits_unlabelled_with_indices(glue_dir, name, tmp_path):
+def test_real_test_splits_unlabelled_with_indices(real_glue_dir, name, tmp_path):
     fname, n = TEST_ROWS[name]
-    rows = _rows(glue_dir / fname, header=True)
+    rows = _rows(real_glue_dir / fname, header=True)
     assert len(rows) == n
-    task = get_task(name, data_dir=glue_dir)
+    task = get_task(name, data_dir=real_glue_dir)
     test = task.examples("test")
     assert len(test) == n
     assert all(e.label is None for e in test)

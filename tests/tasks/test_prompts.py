@@ -67,9 +67,9 @@ def test_bad_templates_and_label_words_are_one_line(minilm_tok, template, words,
 
 
 @pytest.fixture(scope="module")
-def sst2_files(glue_dir: Path, tmp_path_factory) -> tuple[Path, Path]:
+def sst2_files(real_glue_dir: Path, tmp_path_factory) -> tuple[Path, Path]:
     root = tmp_path_factory.mktemp("sst2-prompt")
-    lines = (glue_dir / "SST-2" / "train.tsv").read_text(encoding="utf-8").splitlines()
+    lines = (real_glue_dir / "SST-2" / "train.tsv").read_text(encoding="utf-8").splitlines()
     header, rows = lines[0], lines[1:]
     (root / "train.tsv").write_text("\n".join([header, *rows[:48]]) + "\n", encoding="utf-8")
     (root / "dev.tsv").write_text("\n".join([header, *rows[1000:1064]]) + "\n", encoding="utf-8")

@@ -157,6 +157,23 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     c.add_argument("--negative", metavar="COLUMN", help="--objective contrastive: a column of hard negatives")
     c.add_argument(
+        "--query-prompt",
+        metavar="TEXT",
+        help="--objective contrastive: a text put before each anchor (E5's 'query: '), recorded as the model's "
+        "prompt named query (embed/index/serve --prompt-name query; index queries get it)",
+    )
+    c.add_argument(
+        "--passage-prompt",
+        metavar="TEXT",
+        help="--objective contrastive: a text put before each positive and negative (E5's 'passage: '), recorded "
+        "as the prompt named passage (index documents get it)",
+    )
+    c.add_argument(
+        "--default-prompt-name",
+        choices=("query", "passage"),
+        help="the prompt an input gets when a request names none (sentence-transformers' default_prompt_name)",
+    )
+    c.add_argument(
         "--budget",
         help="--objective contrastive|simcse: the training budget as in pretraining: '10m' (time), "
         "'2000steps' or '5e6tok' (default: --set epochs, 1)",
@@ -385,7 +402,8 @@ def run_finetune(args: argparse.Namespace) -> int:
                 f"{name}: {', '.join(mix.tasks)} (rates {mix.rates}){f'; {mix.description}' if mix.description else ''}"
             )
         return 0
-    if args.objective != "classify" or args.negative or args.budget:
+    prompts = (args.query_prompt, args.passage_prompt, args.default_prompt_name)
+    if args.objective != "classify" or args.negative or args.budget or any(x is not None for x in prompts):
         return _run_contrastive(args)
     cfg = _config(args)  # a mistyped setting fails here, before --nproc starts the processes
     if args.print_config:
@@ -467,7 +485,9 @@ def _run_contrastive(args: argparse.Namespace) -> int:
     from cramkit.recipes import contrastive as con
 
     if args.objective == "classify":
-        raise CramkitError("--negative and --budget belong to --objective contrastive or simcse; add it")
+        raise CramkitError(
+            "--negative, --budget and the --*-prompt flags belong to --objective contrastive or simcse; add it"
+        )
     unfit = [f for f, v in (("--mixture", args.mixture), ("--prompt", args.prompt), ("--few-shot", args.few_shot)) if v]
     unfit += ["--fewshot-splits"] * bool(args.fewshot_splits) + ["--nproc"] * (args.nproc != 1)
     if unfit:
@@ -488,6 +508,9 @@ def _run_contrastive(args: argparse.Namespace) -> int:
 
         parse_budget(args.budget, "--budget")
         overrides["budget"] = args.budget
+    for flag in ("query_prompt", "passage_prompt", "default_prompt_name"):  # taken as given (not YAML)
+        if getattr(args, flag) is not None:
+            overrides[flag] = getattr(args, flag)
     cfg = con.config_from(overrides)
     if args.print_config:
         return _print_config(cfg)

@@ -105,10 +105,12 @@ def embed_to_memmap(
     desc: str = "embed",
     meta: dict | None = None,
     alone: bool = False,
+    prompt: str = "",
 ) -> dict:
     """Embed ``texts`` into ``out/embeddings.npy`` (resuming a matching unfinished job); the ``embed.json``
     record (rows, dim, seconds, examples/s). Every torchrun process calls it; all get the record.
-    ``alone``: this process embeds every row itself, whatever torchrun says (a Parquet part: one per process)."""
+    ``alone``: this process embeds every row itself, whatever torchrun says (a Parquet part: one per process).
+    ``prompt``: a text put before each (a model's named prompt, resolved by the caller; part of ``key``)."""
     out = Path(out)
     rank, world = (0, 1) if alone else dist_info()
     n = len(texts)
@@ -154,7 +156,7 @@ def embed_to_memmap(
     try:  # the bar's line is ended whatever happens: an error is printed on a line of its own
         while pos < end:
             b = min(pos + block, end)
-            vecs = engine.embed(list(texts[pos:b]), pooling=pooling, normalize=normalize)
+            vecs = engine.embed(list(texts[pos:b]), pooling=pooling, normalize=normalize, prompt=prompt)
             mm[pos:b] = vecs
             truncated += int(np.asarray(engine.truncated).sum())
             mm.flush()

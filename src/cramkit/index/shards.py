@@ -251,6 +251,7 @@ def embed_parts(
     block: int = 1024,
     progress: bool | str = "auto",
     meta: dict[str, Any] | None = None,
+    prompt: str = "",
 ) -> dict[str, Any]:
     """Embed this process's part of ``texts`` (shard ``i`` of ``N``, torchrun rank ``r`` of ``W``) into
     ``out/part-K-of-P.parquet``; the manifest when this process finished the last part (every torchrun
@@ -298,6 +299,7 @@ def embed_parts(
                 progress=progress,
                 desc=f"embedding part {k + 1}/{parts}",
                 alone=True,
+                prompt=prompt,
             )
             vecs = np.load(work / "embeddings.npy", mmap_mode="r", allow_pickle=False)
             t1 = time.perf_counter()
@@ -410,7 +412,11 @@ def join(out: str | os.PathLike, *, quiet_missing: bool = False) -> dict[str, An
         "examples_per_s": round(new / seconds, 2) if seconds > 0 and new > 0 else None,
         "resumed_rows": rows - new,
         "truncated": sum(int(r.get("truncated", 0)) for r in records),
-        **{k: first[k] for k in ("source", "model", "kind", "rows_kind", "chunk_tokens") if k in first},
+        **{
+            k: first[k]
+            for k in ("source", "model", "kind", "rows_kind", "chunk_tokens", "prompt_name", "prompt")
+            if k in first
+        },
     }
     old = finished(out)
     if old is None or {k: v for k, v in old.items() if k != "joined"} != manifest:

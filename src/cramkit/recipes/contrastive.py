@@ -75,6 +75,11 @@ class ContrastiveConfig:
     eval_every: str = "never"  # the engine's: '200steps', '5m'; the end is always scored
     checkpoint_every: str = "5m"
     report_to: str = "none"  # experiment trackers that also get metrics.jsonl's records (--report-to)
+    # named prompts (E5's "query: " / "passage: "): anchors get query_prompt, positives and negatives
+    # passage_prompt; recorded in the model (extra.prompts: query, passage) for embed/serve/index
+    query_prompt: str = ""
+    passage_prompt: str = ""
+    default_prompt_name: str = ""  # '', 'query' or 'passage': the prompt an input gets when none is named
 
     def validate(self) -> None:
         if self.objective not in ("contrastive", "simcse"):
@@ -90,9 +95,34 @@ class ContrastiveConfig:
         if not 0 <= self.dev_fraction < 1:
             raise CramkitError(f"dev_fraction must be in [0, 1), got {self.dev_fraction}")
         matryoshka_dims(self.matryoshka, None)
+        if (self.query_prompt or self.passage_prompt) and self.objective == "simcse":
+            raise CramkitError(
+                "--query-prompt/--passage-prompt apply to --objective contrastive (an anchor and its positive); "
+                "simcse's two views are the same text"
+            )
+        named = self.prompts()
+        if self.default_prompt_name and self.default_prompt_name not in named:
+            raise CramkitError(
+                f"--default-prompt-name {self.default_prompt_name!r}: give one of the prompts set "
+                f"({', '.join(named) or 'none: add --query-prompt TEXT or --passage-prompt TEXT'})"
+            )
         from cramkit.train.report import report_to_setting, require_trackers
 
         self.report_to = report_to_setting(require_trackers(self.report_to))
+
+    def prompts(self) -> dict[str, str]:
+        """The named prompts the model records: {"query": ..., "passage": ...} (the ones set)."""
+        return {k: v for k, v in (("query", self.query_prompt), ("passage", self.passage_prompt)) if v}
+
+
+def with_prompts(
+    rows: Sequence[tuple[str, str, str | None]], cfg: ContrastiveConfig
+) -> list[tuple[str, str, str | None]]:
+    """Rows with the query prompt before each anchor and the passage prompt before each positive and negative."""
+    q, p = cfg.query_prompt, cfg.passage_prompt
+    if not q and not p:
+        return list(rows)
+    return [(q + a, p + b, None if n is None else p + n) for a, b, n in rows]
 
 
 def config_from(overrides: dict[str, Any] | None = None) -> ContrastiveConfig:
@@ -593,6 +623,7 @@ def _train(source, rows, cfg, out: Path, dev_rows, progress: bool, skipped: int)
         rows = [rows[i] for i in order[n_dev:]]
     if len(rows) < 2:
         raise CramkitError(f"the contrastive stage needs at least 2 training pairs, got {len(rows)}")
+    rows, dev_rows = with_prompts(rows, cfg), with_prompts(dev_rows, cfg) if dev_rows else dev_rows
     pairs = make_pairs(list(rows) + list(dev_rows or []))
     train = pairs.take(np.arange(len(rows)))
     dev = pairs.take(np.arange(len(rows), len(rows) + len(dev_rows or []))) if dev_rows else None
@@ -671,6 +702,8 @@ def _train(source, rows, cfg, out: Path, dev_rows, progress: bool, skipped: int)
             "st_pooling": "mean" if pooling == "mean" else "cls",
             "contrastive": {"objective": cfg.objective, "pairs": len(train), "source": loaded.source},
             **({"matryoshka": [loaded.hidden, *dims]} if dims else {}),
+            **({"prompts": cfg.prompts()} if cfg.prompts() else {}),
+            **({"default_prompt_name": cfg.default_prompt_name} if cfg.default_prompt_name else {}),
         },
     )
     trained.save(out)
@@ -689,6 +722,8 @@ def _train(source, rows, cfg, out: Path, dev_rows, progress: bool, skipped: int)
         "temperature": round(1.0 / float(model.log_scale.detach().exp()), 5),
         "pooling": trained.pooling,
         "matryoshka": trained.extra.get("matryoshka"),
+        "prompts": trained.extra.get("prompts"),
+        "default_prompt_name": trained.extra.get("default_prompt_name"),
         "before": before,
         "after": after,
         "scale": "recall@1 and MRR are x100; each dev anchor ranks every dev positive",

@@ -51,6 +51,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--pooling", choices=("mean", "cls"), default=None, help="default: the model's")
     p.add_argument("--normalize", action="store_true", default=None, help="L2-normalise (default: the model's)")
     p.add_argument(
+        "--dimensions",
+        type=int,
+        default=None,
+        metavar="N",
+        help="cut each vector to its first N dimensions, renormalised: one of a Matryoshka model's (finetune "
+        "--objective contrastive --set matryoshka=256,128); default: the whole vector",
+    )
+    p.add_argument(
         "--prompt-name",
         default=None,
         metavar="NAME",
@@ -107,6 +115,7 @@ def run(args: argparse.Namespace) -> int:
             format=args.format,
             shard=args.shard,
             prompt_name=args.prompt_name,
+            dimensions=args.dimensions,
         )
     from cramkit.index.embedding import dist_info
 

@@ -190,13 +190,17 @@ def build_index(
     overwrite: bool = False,
     progress: bool | str = "auto",
     prompt_name: str | None = None,
+    dimensions: int | None = None,
 ) -> dict[str, Any] | None:
     """Chunk ``source``, embed the chunks with ``encoder`` (resuming an interrupted build), build and tune
     the Faiss index, write ``out``; the manifest (None on torchrun ranks other than 0).
 
     prompt_name: the encoder's named prompt the chunks get (default: its prompt named document, passage or
     corpus, else its default prompt, else none); queries get its prompt named query (else its default). The
-    manifest records both (``prompts``)."""
+    manifest records both (``prompts``).
+
+    dimensions: the index holds each vector's first ``dimensions``, renormalised (one of a Matryoshka
+    encoder's, as ``Engine.embed``); its queries are cut the same way. The manifest records it."""
     if not 0.0 < target_recall <= 1.0:
         raise CramkitError(f"--target-recall must be in (0, 1], got {target_recall}")
     budget = ann.parse_memory(memory)
@@ -219,6 +223,7 @@ def build_index(
         fp = encoder_fingerprint(loaded)
         engine = _engine(loaded, device, max_batch_tokens)
         prompts = retrieval_prompts(engine, prompt_name)
+        dims = engine.check_dimensions(dimensions)  # None: the whole vector
         doc_prompt = str(prompts["documents"]["text"] or "")
         work = out / ".build"
         from cramkit.index.shards import chunks_from_parquet, is_parquet_embeddings
@@ -232,6 +237,11 @@ def build_index(
                     "no --chunk-tokens or --overlap)"
                 )
             chunks, emb = chunks_from_parquet(str(source), fp, work / "embed" / "embeddings.npy")
+            if int(emb["dim"]) != (dims or engine.hidden_size):
+                raise CramkitError(
+                    f"{source} holds vectors of {emb['dim']} dimensions, not {dims or engine.hidden_size}; embed it "
+                    "again with --dimensions, or give its size to --dimensions here"
+                )
             if emb.get("prompt", "") != doc_prompt:
                 raise CramkitError(
                     f"{source} was embedded with the prompt {emb.get('prompt', '')!r}, not {doc_prompt!r} (the "
@@ -256,7 +266,14 @@ def build_index(
             t_chunk = time.perf_counter() - t_start
             if rank == 0:
                 _log(f"{len(chunks)} chunks from {chunks.num_docs} documents ({t_chunk:.1f}s)")
-            key = texts_key(chunks.texts, fp, pooling, "normalized", *([f"prompt:{doc_prompt}"] if doc_prompt else []))
+            key = texts_key(
+                chunks.texts,
+                fp,
+                pooling,
+                "normalized",
+                *([f"prompt:{doc_prompt}"] if doc_prompt else []),
+                *([f"dimensions:{dims}"] if dims else []),
+            )
             rec = embed_to_memmap(
                 chunks.texts,
                 engine,
@@ -268,6 +285,7 @@ def build_index(
                 progress=progress,
                 desc="embedding chunks",
                 prompt=doc_prompt,
+                dimensions=dims,
             )
             if rank != 0:
                 return None
@@ -313,6 +331,7 @@ def build_index(
                 "pooling": pooling,
                 "normalize": True,
                 "max_length": int(loaded.max_length),
+                "dimensions": dims,  # the vectors cut to their leading dimensions (None: whole)
             },
             "prompts": prompts,
             "plan": plan,
@@ -377,6 +396,9 @@ def _read_manifest(root: Path) -> dict[str, Any]:
             raise CramkitError(f"{file}: field {name!r} is missing or not a {typ.__name__}; rebuild the index")
     if m["mode"] not in MODES or m["plan"].get("kind") not in ann.KINDS[1:]:
         raise CramkitError(f"{file}: unknown mode or index kind; rebuild the index")
+    cut = m["encoder"].get("dimensions")
+    if cut is not None and (not isinstance(cut, int) or isinstance(cut, bool) or cut != m["dim"]):
+        raise CramkitError(f"{file}: encoder.dimensions {cut!r} is not the vectors' size {m['dim']}; rebuild the index")
     prompts = m.get("prompts")
     if prompts is not None and not (
         isinstance(prompts, dict)
@@ -461,6 +483,7 @@ class Index:
             "mode": m["mode"],
             "count": m["count"],
             "dim": m["dim"],
+            "dimensions_cut": m["encoder"].get("dimensions"),
             "documents": m.get("documents"),
             "kind": self.plan["kind"],
             "factory": self.plan.get("factory", "exact (memory-mapped vectors)"),
@@ -503,6 +526,12 @@ class Index:
             self._engine = _engine(loaded, self.device, 16384)
         return self._engine
 
+    @property
+    def dimensions(self) -> int | None:
+        """The leading dimensions the index's vectors were cut to (None: the whole vectors)."""
+        value = self.manifest["encoder"].get("dimensions")
+        return int(value) if value else None
+
     def prompt(self, side: str) -> str:
         """The prompt text the index's ``side`` ("documents" or "queries") gets ('' for none, and for an index
         built before prompts were recorded)."""
@@ -517,7 +546,11 @@ class Index:
             raise CramkitError("a query is empty; give some text")
         eng = self.engine()
         vec = eng.embed(
-            list(texts), pooling=self.manifest["encoder"]["pooling"], normalize=True, prompt=self.prompt("queries")
+            list(texts),
+            pooling=self.manifest["encoder"]["pooling"],
+            normalize=True,
+            prompt=self.prompt("queries"),
+            dimensions=self.dimensions,
         )
         self.last_truncated = [bool(x) for x in eng.truncated]
         return vec
@@ -614,7 +647,9 @@ def add_to_index(
         work = root / ".add"
         pooling = m["encoder"]["pooling"]
         doc_prompt = idx.prompt("documents")
-        key = texts_key(chunks.texts, m["encoder"]["fingerprint"], pooling, "normalized", m["data"], doc_prompt)
+        key = texts_key(
+            chunks.texts, m["encoder"]["fingerprint"], pooling, "normalized", m["data"], doc_prompt, str(idx.dimensions)
+        )
         rec = embed_to_memmap(
             chunks.texts,
             idx.engine(),
@@ -626,6 +661,7 @@ def add_to_index(
             progress=progress,
             desc="embedding new chunks",
             prompt=doc_prompt,
+            dimensions=idx.dimensions,
         )
         new_vec = np.load(work / "embed" / "embeddings.npy", mmap_mode="r", allow_pickle=False)
         n_old, d = idx.vectors.shape
@@ -727,7 +763,7 @@ def retro_neighbours(
             tok = store_tokenizer_for(ts, idx.engine().loaded, store_tokenizer)
             texts = list(decode_spans(ts, tok, spans))
             doc_prompt = idx.prompt("documents")  # store chunks are read as the index's chunks were
-            key = texts_key(texts, m["encoder"]["fingerprint"], pooling, "normalized", doc_prompt)
+            key = texts_key(texts, m["encoder"]["fingerprint"], pooling, "normalized", doc_prompt, str(idx.dimensions))
             embed_to_memmap(
                 texts,
                 idx.engine(),
@@ -739,6 +775,7 @@ def retro_neighbours(
                 progress=progress,
                 desc="embedding store chunks",
                 prompt=doc_prompt,
+                dimensions=idx.dimensions,
             )
             q = np.load(out / ".embed" / "embeddings.npy", mmap_mode="r", allow_pickle=False)
         result = open_memmap(out / ".neighbours.npy", np.int32, (len(spans), k))

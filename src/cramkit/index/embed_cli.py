@@ -93,13 +93,16 @@ def embed_source(
     format: str = "npy",  # noqa: A002 (the flag's name)
     shard: str | tuple[int, int] | None = None,
     prompt_name: str | None = None,
+    dimensions: int | None = None,
 ) -> dict[str, Any] | None:
     """Embed ``source`` into ``out`` (resuming an unfinished run of the same job); the ``embed.json`` record.
 
     format: ``npy`` (one memory map, ``embeddings.npy`` + ``ids.npy``) or ``parquet`` (one Parquet file per
     part: ``cramkit.index.shards``). shard: ``"i/N"`` or (i, N), Parquet only: this process embeds shard i of
     N (every shard given the same ``out``); the record then says which parts are still ``waiting``.
-    prompt_name: one of the model's named prompts put before each text (default: its default prompt, if any)."""
+    prompt_name: one of the model's named prompts put before each text (default: its default prompt, if any).
+    dimensions: the vectors cut to that many leading dimensions, renormalised (one of a Matryoshka model's, as
+    ``Engine.embed``; any other size is one line naming them)."""
     from cramkit.index.core import load_encoder
     from cramkit.infer import Engine
 
@@ -124,6 +127,7 @@ def embed_source(
         normalize = loaded.normalize if normalize is None else normalize
         engine = Engine(loaded, device=device, max_batch_tokens=max_batch_tokens)
         prompt = engine.prompt_text(prompt_name)  # an unknown name: one line, before any reading
+        dims = engine.check_dimensions(dimensions)  # None: the whole vector
         texts, ids, docs, what = read_inputs(
             source,
             loaded,
@@ -142,6 +146,7 @@ def embed_source(
             pooling,
             str(bool(normalize)),
             *([f"prompt:{prompt}"] if prompt else []),
+            *([f"dimensions:{dims}"] if dims else []),
         )
         done = finished(out, key)
         if done is not None and done.get("format", "npy") == format:
@@ -149,6 +154,8 @@ def embed_source(
         meta = {"source": str(source), "model": str(model), **what}
         if prompt:
             meta |= {"prompt_name": prompt_name or engine.default_prompt_name, "prompt": prompt}
+        if dims:
+            meta["dimensions"] = dims
         if format == "parquet":
             from cramkit.index.shards import embed_parts
 
@@ -169,6 +176,7 @@ def embed_source(
                 block=block,
                 meta=meta,
                 prompt=prompt,
+                dimensions=dims,
             )
         if finished(out) is not None:
             if not overwrite:
@@ -195,4 +203,5 @@ def embed_source(
             desc="embedding",
             meta=meta,
             prompt=prompt,
+            dimensions=dims,
         )

@@ -750,8 +750,14 @@ def evaluate_retrieval(
         idx = Index(index)
     engine = open_engine(model, device, max_batch_tokens)
     dimensions = engine.check_dimensions(dimensions)  # a Matryoshka model's vectors cut to their first N
-    if dimensions is not None and idx is not None:
-        raise CramkitError("--dimensions applies to exact search; an index holds the whole vectors: leave one out")
+    if idx is not None:  # the index's vectors are cut (or not) already: its queries are cut the same way
+        if dimensions is not None and dimensions != idx.dimensions:
+            raise CramkitError(
+                f"--dimensions {dimensions}: index {index} holds vectors of {idx.manifest['dim']} dimensions; leave "
+                "--dimensions out (its queries are cut as its vectors), or build an index with --dimensions "
+                f"{dimensions}"
+            )
+        dimensions = idx.dimensions
     if idx is not None:
         from cramkit.index.embedding import encoder_fingerprint
 

@@ -697,6 +697,24 @@ def _st_pooling(root: Path) -> tuple[str | None, bool, int | None]:
     return pooling, normalize, max_len
 
 
+def _st_prompts(root: Path) -> dict[str, Any]:
+    """``{"prompts": ..., "default_prompt_name": ...}`` of a sentence-transformers folder whose
+    ``config_sentence_transformers.json`` names prompts (``query: ``); {} without any. Malformed: one line."""
+    from cramkit.io import folder_file, read_json
+    from cramkit.model import embedding_prompts
+
+    conf = folder_file(root, "config_sentence_transformers.json")
+    if not conf.is_file():
+        return {}
+    data = read_json(conf, "re-download the sentence-transformers model")
+    prompts = data.get("prompts") if isinstance(data, dict) else None
+    if not prompts:
+        return {}
+    default = data.get("default_prompt_name") or None
+    embedding_prompts.check(prompts, default, str(conf))
+    return {"prompts": dict(prompts), **({"default_prompt_name": default} if default else {})}
+
+
 def _st_pooling_mode(conf: dict[str, Any], file: Path) -> str | None:
     mode = conf.get("pooling_mode")
     if mode is None:  # before v5: one flag per mode
@@ -798,7 +816,7 @@ def _load_hf(name: str, text: str) -> LoadedModel:
         normalize=normalize,
         with_types=cfg.type_vocab_size > 0,
         head=head,
-        extra={"hf_architecture": arch, **({"st_pooling": pooling} if pooling else {})},
+        extra={"hf_architecture": arch, **({"st_pooling": pooling} if pooling else {}), **_st_prompts(root)},
         weights_file=_single_weights_file(root),
         pooler_state=None
         if isinstance(model, SequenceClassifier) or "pooler.weight" not in state
@@ -866,7 +884,7 @@ def _load_cramkit_export(root: Path, hf: dict[str, Any]) -> LoadedModel:
         pooling="cls" if head and head["pooling"] == "first" else "mean",
         with_types=cfg.type_vocab_size > 0,
         head=head,
-        extra={"hf_architecture": arch},
+        extra={"hf_architecture": arch, **_st_prompts(root)},
         weights_file=_single_weights_file(root),
     )
 

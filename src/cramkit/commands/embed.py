@@ -51,6 +51,21 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--pooling", choices=("mean", "cls"), default=None, help="default: the model's")
     p.add_argument("--normalize", action="store_true", default=None, help="L2-normalise (default: the model's)")
     p.add_argument(
+        "--dimensions",
+        type=int,
+        default=None,
+        metavar="N",
+        help="cut each vector to its first N dimensions, renormalised: one of a Matryoshka model's (finetune "
+        "--objective contrastive --set matryoshka=256,128); default: the whole vector",
+    )
+    p.add_argument(
+        "--prompt-name",
+        default=None,
+        metavar="NAME",
+        help="one of the model's named prompts (e.g. query, passage) put before each text; default: the model's "
+        "default prompt, if it has one. The prompt's tokens count toward the length limit",
+    )
+    p.add_argument(
         "--chunk-tokens",
         type=int,
         default=None,
@@ -99,6 +114,8 @@ def run(args: argparse.Namespace) -> int:
             block=args.block,
             format=args.format,
             shard=args.shard,
+            prompt_name=args.prompt_name,
+            dimensions=args.dimensions,
         )
     from cramkit.index.embedding import dist_info
 
@@ -107,6 +124,8 @@ def run(args: argparse.Namespace) -> int:
     if args.format == "parquet":
         return _report_parquet(rec, args.out)
     line = f"embedded {rec['rows']} rows x {rec['dim']} dims"
+    if rec.get("prompt"):
+        line += f" (prompt {rec.get('prompt_name')!r}: {rec['prompt']!r} before each)"
     if rec.get("examples_per_s"):
         line += f" in {rec['seconds']:.1f}s ({rec['examples_per_s']:,.1f} examples/s)"
     if rec.get("resumed_rows"):

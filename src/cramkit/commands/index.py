@@ -56,6 +56,21 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="index type (default: chosen from the count and --memory)",
     )
     b.add_argument("--pooling", choices=("mean", "cls"), default=None, help="default: the encoder's")
+    b.add_argument(
+        "--dimensions",
+        type=int,
+        default=None,
+        metavar="N",
+        help="index each vector's first N dimensions, renormalised: one of a Matryoshka encoder's (smaller index, "
+        "faster search); queries are cut the same way. Recorded in index.json",
+    )
+    b.add_argument(
+        "--prompt-name",
+        default=None,
+        metavar="NAME",
+        help="the encoder's named prompt the chunks get (default: its prompt named document, passage or corpus, "
+        "else its default prompt); queries get its prompt named query (else the default). Recorded in index.json",
+    )
     b.add_argument("--store-tokenizer", default=None, help="the token store's tokenizer, when not the encoder's")
     b.add_argument("--overwrite", action="store_true", help="replace an index already at --out")
     add_reading_args(b)
@@ -154,16 +169,30 @@ def run_build(args: argparse.Namespace) -> int:
             max_batch_tokens=args.max_batch_tokens,
             block=args.block,
             overwrite=args.overwrite,
+            prompt_name=args.prompt_name,
+            dimensions=args.dimensions,
         )
     if m is None:
         return 0
     b = m["build"]
+    pr = m["prompts"]
+    if pr["documents"]["name"] or pr["queries"]["name"]:
+        print(
+            f"prompts: chunks {_prompt_words(pr['documents'])}, queries {_prompt_words(pr['queries'])}",
+            file=sys.stderr,
+        )
     print(
         f"indexed {m['count']} chunks of {m['documents']} documents in {b['seconds']:.1f}s "
-        f"({b['chunks_per_s']:,.1f} chunks/s; embedding {b['embed_seconds']:.1f}s): {m['plan']['kind']}, "
+        f"({b['chunks_per_s']:,.1f} chunks/s; embedding {b['embed_seconds']:.1f}s): {m['plan']['kind']}"
+        + (f" over {m['dim']}-dimension cut vectors" if m["encoder"].get("dimensions") else "")
+        + ", "
         f"recall@10 {m['recall']['recall_at_10']:.3f} vs exact -> {args.out}"
     )
     return 0
+
+
+def _prompt_words(p: dict) -> str:
+    return f"{p['name']!r} ({p['text']!r})" if p.get("name") else "none"
 
 
 def run_query(args: argparse.Namespace) -> int:
@@ -212,6 +241,9 @@ def run_info(args: argparse.Namespace) -> int:
             f"(target {rec.get('target')}{'' if rec.get('reached', True) else ', NOT reached'})"
         )
     print(f"encoder    {info['encoder']} (pooling {info['pooling']}, vectors L2-normalised)")
+    pr = info.get("prompts") or {}
+    if any((pr.get(side) or {}).get("name") for side in ("documents", "queries")):
+        print(f"prompts    chunks {_prompt_words(pr['documents'])}, queries {_prompt_words(pr['queries'])}")
     print(f"chunking   {json.dumps(info['chunking'])}")
     b = info.get("build") or {}
     print(f"build      {b.get('seconds')}s, {b.get('chunks_per_s')} chunks/s, peak RSS {b.get('peak_rss_mb')} MiB")

@@ -153,9 +153,27 @@ def register(sub: argparse._SubParsersAction) -> None:
         "task: --task glue/mrpc's paraphrases); simcse: single texts (a column, or a text file of lines), "
         "dropout as the positive; the output is an embedding model (embed, index, serve /embed). Settings "
         "(--set): batch_size, micro_batch (cached negatives), temperature, learn_temperature, symmetric, "
-        "matryoshka (e.g. 256,128,64), lr, epochs, pooling",
+        "matryoshka (e.g. 256,128,64), lr, epochs, pooling, gather_negatives (with --nproc: every process's "
+        "vectors are each anchor's negatives; default true)",
     )
     c.add_argument("--negative", metavar="COLUMN", help="--objective contrastive: a column of hard negatives")
+    c.add_argument(
+        "--query-prompt",
+        metavar="TEXT",
+        help="--objective contrastive: a text put before each anchor (E5's 'query: '), recorded as the model's "
+        "prompt named query (embed/index/serve --prompt-name query; index queries get it)",
+    )
+    c.add_argument(
+        "--passage-prompt",
+        metavar="TEXT",
+        help="--objective contrastive: a text put before each positive and negative (E5's 'passage: '), recorded "
+        "as the prompt named passage (index documents get it)",
+    )
+    c.add_argument(
+        "--default-prompt-name",
+        choices=("query", "passage"),
+        help="the prompt an input gets when a request names none (sentence-transformers' default_prompt_name)",
+    )
     c.add_argument(
         "--budget",
         help="--objective contrastive|simcse: the training budget as in pretraining: '10m' (time), "
@@ -385,7 +403,8 @@ def run_finetune(args: argparse.Namespace) -> int:
                 f"{name}: {', '.join(mix.tasks)} (rates {mix.rates}){f'; {mix.description}' if mix.description else ''}"
             )
         return 0
-    if args.objective != "classify" or args.negative or args.budget:
+    prompts = (args.query_prompt, args.passage_prompt, args.default_prompt_name)
+    if args.objective != "classify" or args.negative or args.budget or any(x is not None for x in prompts):
         return _run_contrastive(args)
     cfg = _config(args)  # a mistyped setting fails here, before --nproc starts the processes
     if args.print_config:
@@ -467,9 +486,11 @@ def _run_contrastive(args: argparse.Namespace) -> int:
     from cramkit.recipes import contrastive as con
 
     if args.objective == "classify":
-        raise CramkitError("--negative and --budget belong to --objective contrastive or simcse; add it")
+        raise CramkitError(
+            "--negative, --budget and the --*-prompt flags belong to --objective contrastive or simcse; add it"
+        )
     unfit = [f for f, v in (("--mixture", args.mixture), ("--prompt", args.prompt), ("--few-shot", args.few_shot)) if v]
-    unfit += ["--fewshot-splits"] * bool(args.fewshot_splits) + ["--nproc"] * (args.nproc != 1)
+    unfit += ["--fewshot-splits"] * bool(args.fewshot_splits)
     if unfit:
         raise CramkitError(f"--objective {args.objective} trains an embedding model; {', '.join(unfit)} do not apply")
     overrides = parse_overrides(args.overrides)
@@ -488,6 +509,9 @@ def _run_contrastive(args: argparse.Namespace) -> int:
 
         parse_budget(args.budget, "--budget")
         overrides["budget"] = args.budget
+    for flag in ("query_prompt", "passage_prompt", "default_prompt_name"):  # taken as given (not YAML)
+        if getattr(args, flag) is not None:
+            overrides[flag] = getattr(args, flag)
     cfg = con.config_from(overrides)
     if args.print_config:
         return _print_config(cfg)
@@ -505,9 +529,20 @@ def _run_contrastive(args: argparse.Namespace) -> int:
         skip_bad_rows=args.skip_bad_rows,
     )
     out = Path(args.out or f"{cfg.objective}-{Path(args.train or args.task or 'pairs').stem.replace('/', '-')}")
+    if args.nproc != 1:  # the same command on N processes (torchrun): negatives gathered across them
+        if args.nproc > 1 and cfg.batch_size % args.nproc:
+            raise CramkitError(
+                f"batch_size {cfg.batch_size} does not divide over --nproc {args.nproc}; give a multiple of "
+                f"{args.nproc} (each process embeds an equal share of every batch)"
+            )
+        return _launch_finetune(args)
     res = con.train_embeddings(
         args.source, rows, cfg, out, dev_rows=dev_rows, progress=not args.no_progress, skipped=skipped
     )
+    from cramkit.runtime import torchrun
+
+    if not torchrun().is_main:  # rank 0 reports
+        return 0
     before, after = res.get("before"), res.get("after")
     if after:
         was = f" (before: {before['dev_recall_at_1']:.1f}, {before['dev_mrr']:.1f})" if before else ""

@@ -89,12 +89,14 @@ def make_chunks(
     overlap: int | None,
     reading: dict[str, Any] | None = None,
     tokenizer: str | None = None,
+    reserve: int = 0,
 ) -> tuple[Chunks, dict[str, Any]]:
     """The chunks of ``source`` (text files or a token store) and the parameters used; ``reading``: how
-    text files are read (keyword arguments of ``cramkit.text.iter_documents``: doc_split, encoding, ...)."""
+    text files are read (keyword arguments of ``cramkit.text.iter_documents``: doc_split, encoding, ...);
+    ``reserve``: tokens of the length limit kept for a prompt put before each chunk."""
     if mode not in MODES:
         raise CramkitError(f"unknown --mode {mode!r}; use passages or retro")
-    limit = int(loaded.max_length) - 2
+    limit = int(loaded.max_length) - 2 - reserve
     if source is not None and is_store(source):
         from cramkit.data.tokenstore import TokenStore
 
@@ -133,6 +135,24 @@ def _engine(loaded: Any, device: str, max_batch_tokens: int) -> Any:
     return Engine(loaded, device=device, max_batch_tokens=max_batch_tokens)
 
 
+def prompt_tokens(tokenizer: Any, prompt: str) -> int:
+    """How many tokens ``prompt`` takes before a text (the room a chunk leaves it under the length limit)."""
+    return len(tokenizer.encode(prompt, add_special_tokens=False).ids) if prompt else 0
+
+
+def retrieval_prompts(engine: Any, prompt_name: str | None = None) -> dict[str, dict[str, str | None]]:
+    """The prompt each side of retrieval gets: ``{"documents": {"name", "text"}, "queries": {...}}``.
+    Documents: ``prompt_name`` if given, else the encoder's prompt named document, passage or corpus, else
+    its default prompt; queries: its prompt named query, else its default prompt (sentence-transformers'
+    encode_document / encode_query). No prompt: name None, text ''."""
+    doc = prompt_name if prompt_name is not None else engine.retrieval_prompt_name("document")
+    query = engine.retrieval_prompt_name("query")
+    return {
+        "documents": {"name": doc, "text": engine.prompt_text(doc) if doc is not None else ""},
+        "queries": {"name": query, "text": engine.prompt_text(query) if query is not None else ""},
+    }
+
+
 def _file_sizes(d: Path) -> dict[str, int]:
     return {f.name: f.stat().st_size for f in sorted(d.iterdir()) if f.is_file()}
 
@@ -169,9 +189,18 @@ def build_index(
     block: int = 1024,
     overwrite: bool = False,
     progress: bool | str = "auto",
+    prompt_name: str | None = None,
+    dimensions: int | None = None,
 ) -> dict[str, Any] | None:
     """Chunk ``source``, embed the chunks with ``encoder`` (resuming an interrupted build), build and tune
-    the Faiss index, write ``out``; the manifest (None on torchrun ranks other than 0)."""
+    the Faiss index, write ``out``; the manifest (None on torchrun ranks other than 0).
+
+    prompt_name: the encoder's named prompt the chunks get (default: its prompt named document, passage or
+    corpus, else its default prompt, else none); queries get its prompt named query (else its default). The
+    manifest records both (``prompts``).
+
+    dimensions: the index holds each vector's first ``dimensions``, renormalised (one of a Matryoshka
+    encoder's, as ``Engine.embed``); its queries are cut the same way. The manifest records it."""
     if not 0.0 < target_recall <= 1.0:
         raise CramkitError(f"--target-recall must be in (0, 1], got {target_recall}")
     budget = ann.parse_memory(memory)
@@ -192,6 +221,10 @@ def build_index(
         if pooling not in ("mean", "cls"):
             raise CramkitError(f"--pooling must be mean or cls, got {pooling!r}")
         fp = encoder_fingerprint(loaded)
+        engine = _engine(loaded, device, max_batch_tokens)
+        prompts = retrieval_prompts(engine, prompt_name)
+        dims = engine.check_dimensions(dimensions)  # None: the whole vector
+        doc_prompt = str(prompts["documents"]["text"] or "")
         work = out / ".build"
         from cramkit.index.shards import chunks_from_parquet, is_parquet_embeddings
 
@@ -204,6 +237,16 @@ def build_index(
                     "no --chunk-tokens or --overlap)"
                 )
             chunks, emb = chunks_from_parquet(str(source), fp, work / "embed" / "embeddings.npy")
+            if int(emb["dim"]) != (dims or engine.hidden_size):
+                raise CramkitError(
+                    f"{source} holds vectors of {emb['dim']} dimensions, not {dims or engine.hidden_size}; embed it "
+                    "again with --dimensions, or give its size to --dimensions here"
+                )
+            if emb.get("prompt", "") != doc_prompt:
+                raise CramkitError(
+                    f"{source} was embedded with the prompt {emb.get('prompt', '')!r}, not {doc_prompt!r} (the "
+                    "documents' prompt); embed it again with --prompt-name, or give the same --prompt-name here"
+                )
             pooling = emb.get("pooling") or pooling
             cparams = {"embeddings": str(source), "parts": len(emb["parts"])}
             rec = {"dim": emb["dim"], "seconds": 0.0, "resumed_rows": 0}
@@ -218,12 +261,19 @@ def build_index(
                 overlap=overlap,
                 reading=reading,
                 tokenizer=store_tokenizer,
+                reserve=prompt_tokens(loaded.tokenizer, doc_prompt),
             )
             t_chunk = time.perf_counter() - t_start
             if rank == 0:
                 _log(f"{len(chunks)} chunks from {chunks.num_docs} documents ({t_chunk:.1f}s)")
-            key = texts_key(chunks.texts, fp, pooling, "normalized")
-            engine = _engine(loaded, device, max_batch_tokens)
+            key = texts_key(
+                chunks.texts,
+                fp,
+                pooling,
+                "normalized",
+                *([f"prompt:{doc_prompt}"] if doc_prompt else []),
+                *([f"dimensions:{dims}"] if dims else []),
+            )
             rec = embed_to_memmap(
                 chunks.texts,
                 engine,
@@ -234,6 +284,8 @@ def build_index(
                 block=block,
                 progress=progress,
                 desc="embedding chunks",
+                prompt=doc_prompt,
+                dimensions=dims,
             )
             if rank != 0:
                 return None
@@ -279,7 +331,9 @@ def build_index(
                 "pooling": pooling,
                 "normalize": True,
                 "max_length": int(loaded.max_length),
+                "dimensions": dims,  # the vectors cut to their leading dimensions (None: whole)
             },
+            "prompts": prompts,
             "plan": plan,
             "params": params,
             "recall": recall,
@@ -342,6 +396,15 @@ def _read_manifest(root: Path) -> dict[str, Any]:
             raise CramkitError(f"{file}: field {name!r} is missing or not a {typ.__name__}; rebuild the index")
     if m["mode"] not in MODES or m["plan"].get("kind") not in ann.KINDS[1:]:
         raise CramkitError(f"{file}: unknown mode or index kind; rebuild the index")
+    cut = m["encoder"].get("dimensions")
+    if cut is not None and (not isinstance(cut, int) or isinstance(cut, bool) or cut != m["dim"]):
+        raise CramkitError(f"{file}: encoder.dimensions {cut!r} is not the vectors' size {m['dim']}; rebuild the index")
+    prompts = m.get("prompts")
+    if prompts is not None and not (
+        isinstance(prompts, dict)
+        and all(isinstance(prompts.get(s), dict) and isinstance(prompts[s].get("text"), str) for s in prompts)
+    ):
+        raise CramkitError(f"{file}: field 'prompts' is malformed; rebuild the index")
     return m
 
 
@@ -420,6 +483,7 @@ class Index:
             "mode": m["mode"],
             "count": m["count"],
             "dim": m["dim"],
+            "dimensions_cut": m["encoder"].get("dimensions"),
             "documents": m.get("documents"),
             "kind": self.plan["kind"],
             "factory": self.plan.get("factory", "exact (memory-mapped vectors)"),
@@ -428,6 +492,7 @@ class Index:
             "recall": m.get("recall"),
             "encoder": self.encoder_source,
             "pooling": m["encoder"].get("pooling"),
+            "prompts": m.get("prompts"),
             "chunking": m.get("chunking"),
             "sources": m.get("sources"),
             "bytes_on_disk": int(sum(m["files"].values())),
@@ -461,6 +526,17 @@ class Index:
             self._engine = _engine(loaded, self.device, 16384)
         return self._engine
 
+    @property
+    def dimensions(self) -> int | None:
+        """The leading dimensions the index's vectors were cut to (None: the whole vectors)."""
+        value = self.manifest["encoder"].get("dimensions")
+        return int(value) if value else None
+
+    def prompt(self, side: str) -> str:
+        """The prompt text the index's ``side`` ("documents" or "queries") gets ('' for none, and for an index
+        built before prompts were recorded)."""
+        return str(((self.manifest.get("prompts") or {}).get(side) or {}).get("text") or "")
+
     def embed(self, texts: Sequence[str]) -> np.ndarray:
         if isinstance(texts, str) or not all(isinstance(t, str) for t in texts):
             raise CramkitError("queries must be a list of strings")
@@ -469,7 +545,13 @@ class Index:
         if any(not t.strip() for t in texts):
             raise CramkitError("a query is empty; give some text")
         eng = self.engine()
-        vec = eng.embed(list(texts), pooling=self.manifest["encoder"]["pooling"], normalize=True)
+        vec = eng.embed(
+            list(texts),
+            pooling=self.manifest["encoder"]["pooling"],
+            normalize=True,
+            prompt=self.prompt("queries"),
+            dimensions=self.dimensions,
+        )
         self.last_truncated = [bool(x) for x in eng.truncated]
         return vec
 
@@ -555,6 +637,7 @@ def add_to_index(
             overlap=cp.get("overlap") if not cp.get("store") and source and not is_store(source) else None,
             reading={**(reading or {}), "doc_split": cp.get("doc_split", "auto")},
             tokenizer=store_tokenizer,
+            reserve=prompt_tokens(loaded.tokenizer, idx.prompt("documents")),
         )
         if bool(cp.get("store")) != (source is not None and is_store(source)):
             raise CramkitError(
@@ -563,7 +646,10 @@ def add_to_index(
             )
         work = root / ".add"
         pooling = m["encoder"]["pooling"]
-        key = texts_key(chunks.texts, m["encoder"]["fingerprint"], pooling, "normalized", m["data"])
+        doc_prompt = idx.prompt("documents")
+        key = texts_key(
+            chunks.texts, m["encoder"]["fingerprint"], pooling, "normalized", m["data"], doc_prompt, str(idx.dimensions)
+        )
         rec = embed_to_memmap(
             chunks.texts,
             idx.engine(),
@@ -574,6 +660,8 @@ def add_to_index(
             block=block,
             progress=progress,
             desc="embedding new chunks",
+            prompt=doc_prompt,
+            dimensions=idx.dimensions,
         )
         new_vec = np.load(work / "embed" / "embeddings.npy", mmap_mode="r", allow_pickle=False)
         n_old, d = idx.vectors.shape
@@ -674,7 +762,8 @@ def retro_neighbours(
         else:
             tok = store_tokenizer_for(ts, idx.engine().loaded, store_tokenizer)
             texts = list(decode_spans(ts, tok, spans))
-            key = texts_key(texts, m["encoder"]["fingerprint"], pooling, "normalized")
+            doc_prompt = idx.prompt("documents")  # store chunks are read as the index's chunks were
+            key = texts_key(texts, m["encoder"]["fingerprint"], pooling, "normalized", doc_prompt, str(idx.dimensions))
             embed_to_memmap(
                 texts,
                 idx.engine(),
@@ -685,6 +774,8 @@ def retro_neighbours(
                 block=block,
                 progress=progress,
                 desc="embedding store chunks",
+                prompt=doc_prompt,
+                dimensions=idx.dimensions,
             )
             q = np.load(out / ".embed" / "embeddings.npy", mmap_mode="r", allow_pickle=False)
         result = open_memmap(out / ".neighbours.npy", np.int32, (len(spans), k))

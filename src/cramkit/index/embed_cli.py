@@ -92,12 +92,17 @@ def embed_source(
     block: int = 1024,
     format: str = "npy",  # noqa: A002 (the flag's name)
     shard: str | tuple[int, int] | None = None,
+    prompt_name: str | None = None,
+    dimensions: int | None = None,
 ) -> dict[str, Any] | None:
     """Embed ``source`` into ``out`` (resuming an unfinished run of the same job); the ``embed.json`` record.
 
     format: ``npy`` (one memory map, ``embeddings.npy`` + ``ids.npy``) or ``parquet`` (one Parquet file per
     part: ``cramkit.index.shards``). shard: ``"i/N"`` or (i, N), Parquet only: this process embeds shard i of
-    N (every shard given the same ``out``); the record then says which parts are still ``waiting``."""
+    N (every shard given the same ``out``); the record then says which parts are still ``waiting``.
+    prompt_name: one of the model's named prompts put before each text (default: its default prompt, if any).
+    dimensions: the vectors cut to that many leading dimensions, renormalised (one of a Matryoshka model's, as
+    ``Engine.embed``; any other size is one line naming them)."""
     from cramkit.index.core import load_encoder
     from cramkit.infer import Engine
 
@@ -120,6 +125,9 @@ def embed_source(
         loaded = load_encoder(model)
         pooling = pooling or loaded.pooling
         normalize = loaded.normalize if normalize is None else normalize
+        engine = Engine(loaded, device=device, max_batch_tokens=max_batch_tokens)
+        prompt = engine.prompt_text(prompt_name)  # an unknown name: one line, before any reading
+        dims = engine.check_dimensions(dimensions)  # None: the whole vector
         texts, ids, docs, what = read_inputs(
             source,
             loaded,
@@ -132,17 +140,27 @@ def embed_source(
         if not texts:
             raise CramkitError(f"{source}: nothing to embed (0 rows)")
         fingerprint = encoder_fingerprint(loaded)
-        key = texts_key(texts, fingerprint, pooling, str(bool(normalize)))
+        key = texts_key(
+            texts,
+            fingerprint,
+            pooling,
+            str(bool(normalize)),
+            *([f"prompt:{prompt}"] if prompt else []),
+            *([f"dimensions:{dims}"] if dims else []),
+        )
         done = finished(out, key)
         if done is not None and done.get("format", "npy") == format:
             return done | {"resumed_rows": done["rows"], "seconds": 0.0, "examples_per_s": None}
         meta = {"source": str(source), "model": str(model), **what}
+        if prompt:
+            meta |= {"prompt_name": prompt_name or engine.default_prompt_name, "prompt": prompt}
+        if dims:
+            meta["dimensions"] = dims
         if format == "parquet":
             from cramkit.index.shards import embed_parts
 
             if what.get("rows"):
                 meta["rows_kind"] = meta.pop("rows")
-            engine = Engine(loaded, device=device, max_batch_tokens=max_batch_tokens)
             return embed_parts(
                 texts,
                 ids,
@@ -157,6 +175,8 @@ def embed_source(
                 overwrite=overwrite,
                 block=block,
                 meta=meta,
+                prompt=prompt,
+                dimensions=dims,
             )
         if finished(out) is not None:
             if not overwrite:
@@ -171,7 +191,6 @@ def embed_source(
                         shutil.rmtree(p)
                     elif p.name != ".lock":  # the lock stays: this process holds it
                         p.unlink()
-        engine = Engine(loaded, device=device, max_batch_tokens=max_batch_tokens)
         return embed_to_memmap(
             texts,
             engine,
@@ -183,4 +202,6 @@ def embed_source(
             block=block,
             desc="embedding",
             meta=meta,
+            prompt=prompt,
+            dimensions=dims,
         )

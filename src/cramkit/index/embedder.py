@@ -29,6 +29,7 @@ class CramkitEmbedder:
     model: anything ``cramkit.load`` opens (a run, a model directory, ``hf:DIR``, an export).
     pooling / normalize: default the model's (as ``cramkit embed``). device: ``auto``, ``cpu``, ``cuda``...
     threads: torch intra-op threads for this actor (default: left as it is; Ray sets one per CPU it gives).
+    prompt_name: one of the model's named prompts put before each text (default: its default prompt, if any).
     A batch is a pandas DataFrame (``batch_format="pandas"``) or a dict of numpy arrays (``"numpy"``,
     Ray's default); the same kind comes back, with every input column kept.
     """
@@ -44,6 +45,7 @@ class CramkitEmbedder:
         device: str = "auto",
         max_batch_tokens: int = 16384,
         threads: int | None = None,
+        prompt_name: str | None = None,
     ) -> None:
         from cramkit.index.core import load_encoder
         from cramkit.infer import Engine
@@ -56,6 +58,7 @@ class CramkitEmbedder:
         self.engine = Engine(self.loaded, device=device, max_batch_tokens=max_batch_tokens)
         self.pooling = self.engine.check_pooling(pooling or self.loaded.pooling)
         self.normalize = bool(self.loaded.normalize if normalize is None else normalize)
+        self.prompt = self.engine.prompt_text(prompt_name)  # as cramkit embed --prompt-name (default: the model's)
         self.text_column, self.vector_column = text_column, vector_column
         self.dim = int(self.engine.hidden_size or 0)
 
@@ -63,7 +66,7 @@ class CramkitEmbedder:
         """float32 [len(texts), dim]."""
         if not texts:
             return np.zeros((0, self.dim), np.float32)
-        return self.engine.embed(texts, pooling=self.pooling, normalize=self.normalize)
+        return self.engine.embed(texts, pooling=self.pooling, normalize=self.normalize, prompt=self.prompt)
 
     @staticmethod
     def _texts(column: Any) -> list[str]:

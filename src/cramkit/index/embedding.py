@@ -105,14 +105,19 @@ def embed_to_memmap(
     desc: str = "embed",
     meta: dict | None = None,
     alone: bool = False,
+    prompt: str = "",
+    dimensions: int | None = None,
 ) -> dict:
     """Embed ``texts`` into ``out/embeddings.npy`` (resuming a matching unfinished job); the ``embed.json``
     record (rows, dim, seconds, examples/s). Every torchrun process calls it; all get the record.
-    ``alone``: this process embeds every row itself, whatever torchrun says (a Parquet part: one per process)."""
+    ``alone``: this process embeds every row itself, whatever torchrun says (a Parquet part: one per process).
+    ``prompt``: a text put before each (a model's named prompt, resolved by the caller; part of ``key``).
+    ``dimensions``: the vectors cut to their leading ``dimensions``, renormalised (a Matryoshka model's,
+    checked by the caller with ``Engine.check_dimensions``; part of ``key``)."""
     out = Path(out)
     rank, world = (0, 1) if alone else dist_info()
     n = len(texts)
-    dim = int(engine.hidden_size or 0)
+    dim = int(dimensions or engine.hidden_size or 0)
     done = finished(out, key)
     if done is not None and (out / "embeddings.npy").is_file():
         return done
@@ -154,7 +159,9 @@ def embed_to_memmap(
     try:  # the bar's line is ended whatever happens: an error is printed on a line of its own
         while pos < end:
             b = min(pos + block, end)
-            vecs = engine.embed(list(texts[pos:b]), pooling=pooling, normalize=normalize)
+            vecs = engine.embed(
+                list(texts[pos:b]), pooling=pooling, normalize=normalize, prompt=prompt, dimensions=dimensions
+            )
             mm[pos:b] = vecs
             truncated += int(np.asarray(engine.truncated).sum())
             mm.flush()

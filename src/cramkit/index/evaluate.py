@@ -473,9 +473,11 @@ def embed_texts(
     progress: bool = True,
     desc: str = "embedding",
     dimensions: int | None = None,
+    prompt: str | None = None,
 ) -> tuple[np.ndarray, int]:
     """(embeddings [n, dim] float32, how many texts were cut to the model's limit), ``EMBED_BLOCK`` texts per
-    call, with the model's pooling unless ``pooling`` is given."""
+    call, with the model's pooling unless ``pooling`` is given; ``prompt``: a text put before each (None: the
+    model's default prompt, if any)."""
     from cramkit.index.embedding import _Bar
 
     n = len(texts)
@@ -486,7 +488,11 @@ def embed_texts(
     try:
         for a in range(0, n, EMBED_BLOCK):
             vec = engine.embed(
-                list(texts[a : a + EMBED_BLOCK]), pooling=pooling, normalize=normalize, dimensions=dimensions
+                list(texts[a : a + EMBED_BLOCK]),
+                pooling=pooling,
+                normalize=normalize,
+                dimensions=dimensions,
+                prompt=prompt,
             )
             if out is None:
                 out = np.zeros((n, vec.shape[1]), dtype=np.float32)
@@ -744,8 +750,14 @@ def evaluate_retrieval(
         idx = Index(index)
     engine = open_engine(model, device, max_batch_tokens)
     dimensions = engine.check_dimensions(dimensions)  # a Matryoshka model's vectors cut to their first N
-    if dimensions is not None and idx is not None:
-        raise CramkitError("--dimensions applies to exact search; an index holds the whole vectors: leave one out")
+    if idx is not None:  # the index's vectors are cut (or not) already: its queries are cut the same way
+        if dimensions is not None and dimensions != idx.dimensions:
+            raise CramkitError(
+                f"--dimensions {dimensions}: index {index} holds vectors of {idx.manifest['dim']} dimensions; leave "
+                "--dimensions out (its queries are cut as its vectors), or build an index with --dimensions "
+                f"{dimensions}"
+            )
+        dimensions = idx.dimensions
     if idx is not None:
         from cramkit.index.embedding import encoder_fingerprint
 
@@ -769,8 +781,19 @@ def evaluate_retrieval(
     seconds: dict[str, float] = {}
     t = time.perf_counter()
     pooling = idx.manifest["encoder"].get("pooling") if idx is not None else None
+    from cramkit.index.core import retrieval_prompts
+
+    prompts = retrieval_prompts(engine)  # queries: the prompt named query; documents: document/passage/corpus
+    if idx is not None:  # the index's own: what its chunks got, and what its queries get
+        prompts = idx.manifest.get("prompts") or {s: {"name": None, "text": ""} for s in ("documents", "queries")}
     q_vec, q_trunc = embed_texts(
-        engine, beir.query_texts, pooling=pooling, progress=progress, desc="embedding queries", dimensions=dimensions
+        engine,
+        beir.query_texts,
+        pooling=pooling,
+        progress=progress,
+        desc="embedding queries",
+        dimensions=dimensions,
+        prompt=prompts["queries"]["text"],
     )
     seconds["embed_queries"] = round(time.perf_counter() - t, 3)
     runs: dict[str, dict[str, list[str]]] = {}
@@ -778,7 +801,12 @@ def evaluate_retrieval(
     if idx is None:
         t = time.perf_counter()
         c_vec, c_trunc = embed_texts(
-            engine, beir.corpus_texts, progress=progress, desc="embedding corpus", dimensions=dimensions
+            engine,
+            beir.corpus_texts,
+            progress=progress,
+            desc="embedding corpus",
+            dimensions=dimensions,
+            prompt=prompts["documents"]["text"],
         )
         seconds["embed_corpus"] = round(time.perf_counter() - t, 3)
         t = time.perf_counter()
@@ -825,6 +853,7 @@ def evaluate_retrieval(
         "search": search,
         "model": _model_info(engine),
         "dimensions": dimensions or engine.hidden_size,
+        "prompts": prompts,
         "data": str(beir.root),
         "split": split,
         "counts": counts,
@@ -869,6 +898,7 @@ def _retrieval_markdown(results: dict[str, Any], scored: dict[str, dict[str, flo
             else ""
         ),
         f"search: {how}",
+        *_prompt_lines(results.get("prompts")),
         "",
         "| metric (x100) | " + " | ".join(cols) + " |",
         "|---|" + "---:|" * len(cols),
@@ -890,6 +920,15 @@ def _retrieval_markdown(results: dict[str, Any], scored: dict[str, dict[str, flo
     return "\n".join(lines)
 
 
+def _prompt_lines(prompts: dict[str, Any] | None) -> list[str]:
+    """One line saying which prompt each side got (none when neither got one)."""
+    sides = {s: (prompts or {}).get(s) or {} for s in ("queries", "documents")}
+    if not any(v.get("name") for v in sides.values()):
+        return []
+    words = [f"{s} {v['name']!r} ({v['text']!r})" if v.get("name") else f"{s} none" for s, v in sides.items()]
+    return ["prompts: " + ", ".join(words)]
+
+
 def summary_line(results: dict[str, Any]) -> str:
     """The one line a command prints."""
     m = results["metrics"]
@@ -907,6 +946,10 @@ def summary_line(results: dict[str, Any]) -> str:
         exact = results["exact_on_index_vectors"][main]
         how = f"index {results['search']['index_kind']}; exact search on its vectors {main} {exact:.2f}"
     c = results["counts"]
+    pr = results.get("prompts") or {}
+    if any((pr.get(side) or {}).get("name") for side in ("queries", "documents")):
+        named = {side: (pr.get(side) or {}).get("name") for side in ("queries", "documents")}
+        how += f", prompts: queries {named['queries'] or 'none'}, documents {named['documents'] or 'none'}"
     return (
         f"retrieval {Path(results['data']).name}/{results['split']}: {main} {m[main]:.2f}, {others} (x100, "
         f"{c['queries_scored']} queries, {c['corpus']} documents, {how}, {results['seconds']['total']:.1f}s){where}"

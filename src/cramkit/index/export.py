@@ -126,6 +126,9 @@ def describe(idx: Index) -> dict[str, Any]:
         "encoder": str(m["encoder"].get("source")),
         "encoder_fingerprint": m["encoder"].get("fingerprint"),
         "pooling": m["encoder"].get("pooling"),
+        # how a query must be embedded to match the rows: cut to these leading dimensions, after this prompt
+        "dimensions_cut": m["encoder"].get("dimensions"),
+        "query_prompt": idx.prompt("queries"),
         "index_kind": m["plan"]["kind"],
         "mode": m["mode"],
     }

@@ -251,6 +251,8 @@ def embed_parts(
     block: int = 1024,
     progress: bool | str = "auto",
     meta: dict[str, Any] | None = None,
+    prompt: str = "",
+    dimensions: int | None = None,
 ) -> dict[str, Any]:
     """Embed this process's part of ``texts`` (shard ``i`` of ``N``, torchrun rank ``r`` of ``W``) into
     ``out/part-K-of-P.parquet``; the manifest when this process finished the last part (every torchrun
@@ -261,7 +263,7 @@ def embed_parts(
     parts = n_shards * world
     k = i * world + rank
     n = len(texts)
-    dim = int(engine.hidden_size or 0)
+    dim = int(dimensions or engine.hidden_size or 0)
     job = Job(key, fingerprint, dim, n, parts, world, n_shards)
     meta = dict(meta or {})
     (out / WORK).mkdir(parents=True, exist_ok=True)
@@ -298,6 +300,8 @@ def embed_parts(
                 progress=progress,
                 desc=f"embedding part {k + 1}/{parts}",
                 alone=True,
+                prompt=prompt,
+                dimensions=dimensions,
             )
             vecs = np.load(work / "embeddings.npy", mmap_mode="r", allow_pickle=False)
             t1 = time.perf_counter()
@@ -410,7 +414,11 @@ def join(out: str | os.PathLike, *, quiet_missing: bool = False) -> dict[str, An
         "examples_per_s": round(new / seconds, 2) if seconds > 0 and new > 0 else None,
         "resumed_rows": rows - new,
         "truncated": sum(int(r.get("truncated", 0)) for r in records),
-        **{k: first[k] for k in ("source", "model", "kind", "rows_kind", "chunk_tokens") if k in first},
+        **{
+            k: first[k]
+            for k in ("source", "model", "kind", "rows_kind", "chunk_tokens", "prompt_name", "prompt", "dimensions")
+            if k in first
+        },
     }
     old = finished(out)
     if old is None or {k: v for k, v in old.items() if k != "joined"} != manifest:

@@ -165,6 +165,7 @@ class Engine:
         self.truncated = np.zeros(0, dtype=bool)
         # a prompt model (finetune --prompt), or its export, reads its inputs through its template
         self.prompt: PromptSpec | None = src.prompt
+        self._prompts()  # an embedding model's named prompts, checked once (a malformed entry: one line)
 
     # ------------------------------------------------------------------------------ what it can do
 
@@ -246,6 +247,48 @@ class Engine:
                 "Matryoshka dimensions it was trained with)"
             )
         return dimensions
+
+    @property
+    def prompts(self) -> dict[str, str]:
+        """The model's named embedding prompts (name -> text put before each input: ``query: ``), as
+        sentence-transformers' ``prompts``; empty without any."""
+        return dict(self._prompts()[0])
+
+    @property
+    def default_prompt_name(self) -> str | None:
+        """The prompt an input gets when no other is asked for (sentence-transformers' ``default_prompt_name``)."""
+        return self._prompts()[1]
+
+    def _prompts(self) -> tuple[dict[str, str], str | None]:
+        from cramkit.model import embedding_prompts
+
+        return embedding_prompts.recorded(self.loaded.extra, self.source)
+
+    def prompt_text(self, prompt_name: str | None = None, prompt: str | None = None) -> str:
+        """The text put before each input: ``prompt`` when given ('' for none), else the prompt named
+        ``prompt_name``, else the default prompt ('' without one); an unknown name is one CramkitError line
+        naming the model's prompts."""
+        from cramkit.model import embedding_prompts
+
+        prompts, default = self._prompts()
+        return embedding_prompts.resolve(prompts, default, prompt_name, self.source, prompt)
+
+    def retrieval_prompt_name(self, which: str) -> str | None:
+        """The prompt name a retrieval side gets ("query" or "document"): sentence-transformers'
+        ``encode_query`` / ``encode_document`` rule (a prompt named query; document, passage or corpus; else
+        the default)."""
+        from cramkit.model import embedding_prompts
+
+        prompts, default = self._prompts()
+        return embedding_prompts.side(prompts, default, which)
+
+    def with_prompt(
+        self, inputs: Sequence[TextOrPair], prompt_name: str | None = None, prompt: str | None = None
+    ) -> list[TextOrPair]:
+        """``inputs`` with :meth:`prompt_text` put before each (a pair's first text)."""
+        from cramkit.model import embedding_prompts
+
+        return embedding_prompts.prefix(list(inputs), self.prompt_text(prompt_name, prompt))
 
     # ------------------------------------------------------------------------------ tokenisation
 
@@ -372,15 +415,20 @@ class Engine:
         *,
         truncate: bool = True,
         dimensions: int | None = None,
+        prompt_name: str | None = None,
+        prompt: str | None = None,
     ) -> np.ndarray:
         """Sentence embeddings [n, hidden] (float32): mean of the last hidden states over real tokens,
         or the first ([CLS]) token's; L2-normalised when ``normalize`` (default: the model's own);
-        ``dimensions``: cut to that many leading dimensions (a Matryoshka model's, :attr:`dimensions`)."""
+        ``dimensions``: cut to that many leading dimensions (a Matryoshka model's, :attr:`dimensions`);
+        ``prompt_name``: one of the model's :attr:`prompts` put before each text (default: its
+        :attr:`default_prompt_name`, if any); ``prompt``: that text itself ('' for none). The prompt's tokens
+        count toward the length limit."""
         self._need_embed()
         pooling = self.check_pooling(pooling)
         dimensions = self.check_dimensions(dimensions)
         normalize = self.normalize if normalize is None else normalize
-        enc = self.tokenize(texts, truncate=truncate)
+        enc = self.tokenize(self.with_prompt(texts, prompt_name, prompt), truncate=truncate)
         mean, cls = self.embed_encoded(enc)
         return self.finish_embeddings(mean if pooling == "mean" else cls, normalize, dimensions)
 
@@ -526,6 +574,8 @@ class Engine:
             "pooling": self.pooling,
             "normalize": self.normalize,
             "dimensions": self.dimensions if self.can_embed else [],
+            "prompts": self.prompts,
+            "default_prompt_name": self.default_prompt_name,
             "rerank": self.can_rerank,
             "hidden_size": self.hidden_size,
             "embed": self.can_embed,

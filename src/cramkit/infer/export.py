@@ -117,8 +117,8 @@ def export(
 
 def _sentence_transformers(loaded: LoadedModel) -> dict[str, Any] | None:
     """An embedding model's (kind ``encoder``: the contrastive stage's, a sentence-transformers model's)
-    pooling, normalisation, length limit and Matryoshka dimensions: its HF export is a sentence-transformers
-    folder too."""
+    pooling, normalisation, length limit, Matryoshka dimensions and named prompts: its HF export is a
+    sentence-transformers folder too."""
     if loaded.kind != "encoder" or loaded.pooling not in ("mean", "cls"):
         return None
     st: dict[str, Any] = {
@@ -128,6 +128,9 @@ def _sentence_transformers(loaded: LoadedModel) -> dict[str, Any] | None:
     }
     if loaded.extra.get("matryoshka"):
         st["matryoshka"] = loaded.extra["matryoshka"]
+    if loaded.extra.get("prompts"):  # config_sentence_transformers.json: encode(x, prompt_name=...)
+        st["prompts"] = dict(loaded.extra["prompts"])
+        st["default_prompt_name"] = loaded.extra.get("default_prompt_name")
     return st
 
 

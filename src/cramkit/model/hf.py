@@ -537,8 +537,8 @@ def _write_sentence_transformers(out: Path, st: dict[str, Any], hidden: int, *, 
         "sentence_bert_config.json": bert_cfg,
         "config_sentence_transformers.json": {
             "similarity_fn_name": "cosine",
-            "prompts": {},
-            "default_prompt_name": None,
+            "prompts": dict(st.get("prompts") or {}),
+            "default_prompt_name": st.get("default_prompt_name"),
         },
     }
     for name, data in files.items():

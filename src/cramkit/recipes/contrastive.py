@@ -15,7 +15,11 @@ cross-entropy over cosine similarities divided by a temperature. ``--objective s
   runs micro-batch by micro-batch under activation checkpointing, so memory holds one micro-batch's
   activations and the batch's vectors (the memory of GradCache, Gao et al. 2021, at one more forward pass);
 - duplicates in a batch (the same positive text for two anchors, a frequent case in mined pairs) are not
-  taken for negatives: their scores are masked out, so a batch never teaches that a text differs from itself.
+  taken for negatives: their scores are masked out, so a batch never teaches that a text differs from itself;
+- under torchrun (``--nproc N``) each process embeds its share of the batch and the vectors are gathered
+  (``torch.distributed.nn.functional.all_gather``, whose backward returns each rank the gradient of its own
+  slice), so every anchor still has the whole global batch as negatives and the gradients are those of one
+  process with the whole batch (``gather_negatives``, on by default; off: each process's share only).
 
 The model is trained through the one engine (budget, checkpoints, resume, metrics, torchrun); the output is a
 model directory of kind ``encoder`` (its pooling, normalised vectors, the Matryoshka dimensions recorded) that
@@ -55,6 +59,7 @@ class ContrastiveConfig:
     epochs: float = 1.0
     batch_size: int = 64  # pairs per step: each anchor's negatives are the batch's other positives
     micro_batch: int = 0  # 0: the batch at once; smaller: cached negatives (activation checkpointing)
+    gather_negatives: bool = True  # under torchrun: every process's vectors are each anchor's negatives
     lr: float | Literal["auto"] = "auto"  # auto: 2e-5 from width 384 up (sentence-transformers'), 1e-3 below
     warmup: float = 0.1
     weight_decay: float = 0.01
@@ -75,6 +80,11 @@ class ContrastiveConfig:
     eval_every: str = "never"  # the engine's: '200steps', '5m'; the end is always scored
     checkpoint_every: str = "5m"
     report_to: str = "none"  # experiment trackers that also get metrics.jsonl's records (--report-to)
+    # named prompts (E5's "query: " / "passage: "): anchors get query_prompt, positives and negatives
+    # passage_prompt; recorded in the model (extra.prompts: query, passage) for embed/serve/index
+    query_prompt: str = ""
+    passage_prompt: str = ""
+    default_prompt_name: str = ""  # '', 'query' or 'passage': the prompt an input gets when none is named
 
     def validate(self) -> None:
         if self.objective not in ("contrastive", "simcse"):
@@ -90,9 +100,34 @@ class ContrastiveConfig:
         if not 0 <= self.dev_fraction < 1:
             raise CramkitError(f"dev_fraction must be in [0, 1), got {self.dev_fraction}")
         matryoshka_dims(self.matryoshka, None)
+        if (self.query_prompt or self.passage_prompt) and self.objective == "simcse":
+            raise CramkitError(
+                "--query-prompt/--passage-prompt apply to --objective contrastive (an anchor and its positive); "
+                "simcse's two views are the same text"
+            )
+        named = self.prompts()
+        if self.default_prompt_name and self.default_prompt_name not in named:
+            raise CramkitError(
+                f"--default-prompt-name {self.default_prompt_name!r}: give one of the prompts set "
+                f"({', '.join(named) or 'none: add --query-prompt TEXT or --passage-prompt TEXT'})"
+            )
         from cramkit.train.report import report_to_setting, require_trackers
 
         self.report_to = report_to_setting(require_trackers(self.report_to))
+
+    def prompts(self) -> dict[str, str]:
+        """The named prompts the model records: {"query": ..., "passage": ...} (the ones set)."""
+        return {k: v for k, v in (("query", self.query_prompt), ("passage", self.passage_prompt)) if v}
+
+
+def with_prompts(
+    rows: Sequence[tuple[str, str, str | None]], cfg: ContrastiveConfig
+) -> list[tuple[str, str, str | None]]:
+    """Rows with the query prompt before each anchor and the passage prompt before each positive and negative."""
+    q, p = cfg.query_prompt, cfg.passage_prompt
+    if not q and not p:
+        return list(rows)
+    return [(q + a, p + b, None if n is None else p + n) for a, b, n in rows]
 
 
 def config_from(overrides: dict[str, Any] | None = None) -> ContrastiveConfig:
@@ -288,29 +323,38 @@ def info_nce(
     same: Any | None = None,
     symmetric: bool = False,
     dims: Sequence[int] = (),
+    offset: int = 0,
+    all_anchors: Any | None = None,
 ) -> Any:
     """In-batch negatives: anchors [B, d] against candidates [B + N, d] (the B positives first, then any hard
     negatives); row i's target is column i. ``same`` [B, B + N] bool: candidates that are the same text as
     row i's positive (other than column i itself) are masked out. ``symmetric``: the positives also pick
     their anchors among the batch's anchors. ``dims``: the loss is the mean over the full vectors and each
-    leading-dimension cut (renormalised)."""
+    leading-dimension cut (renormalised).
+
+    Gathered across processes: ``candidates`` are every process's positives then every process's negatives,
+    ``anchors`` this process's rows, whose own positives start at column ``offset``; ``same`` is the whole
+    batch's mask [all anchors, candidates]; ``all_anchors`` every process's anchors (what the positives pick
+    from when ``symmetric``)."""
     import torch
     import torch.nn.functional as F
 
     batch = anchors.shape[0]
-    target = torch.arange(batch, device=anchors.device)
+    target = torch.arange(offset, offset + batch, device=anchors.device)
+    every = anchors if all_anchors is None else all_anchors
     losses = []
     for d in (None, *dims):
         a = F.normalize(anchors[:, :d] if d else anchors, dim=-1)
         c = F.normalize(candidates[:, :d] if d else candidates, dim=-1)
         scores = (a @ c.T) * scale
         if same is not None:
-            scores = scores.masked_fill(same, float("-inf"))
+            scores = scores.masked_fill(same[offset : offset + batch], float("-inf"))
         loss = F.cross_entropy(scores, target)
         if symmetric:
-            back = (c[:batch] @ a.T) * scale
+            e = F.normalize(every[:, :d] if d else every, dim=-1)
+            back = (c[offset : offset + batch] @ e.T) * scale
             if same is not None:
-                back = back.masked_fill(same[:, :batch].T, float("-inf"))
+                back = back.masked_fill(same[:, offset : offset + batch].T, float("-inf"))
             loss = (loss + F.cross_entropy(back, target)) / 2
         losses.append(loss)
     return torch.stack(losses).mean()
@@ -399,10 +443,22 @@ class ContrastiveObjective:
         )
         every = self._embed(model, ids.to(device), mask.to(device))
         vecs = dict(zip(parts, every.split(batch["a_ids"].shape[0]), strict=True))
+        offset, all_anchors = 0, None
+        if int(batch.get("world", 1)) > 1:  # every process's vectors: the global batch's negatives
+            offset = int(batch["rank"]) * vecs["a"].shape[0]
+            vecs = {k: gather(v) if k != "a" else v for k, v in vecs.items()}
+            all_anchors = gather(vecs["a"]) if self.cfg.symmetric else None
         candidates = torch.cat([vecs["p"], vecs["n"]]) if "n" in vecs else vecs["p"]
         same = batch["same"].to(device)
         return info_nce(
-            vecs["a"], candidates, plain.log_scale.exp(), same=same, symmetric=self.cfg.symmetric, dims=self.dims
+            vecs["a"],
+            candidates,
+            plain.log_scale.exp(),
+            same=same,
+            symmetric=self.cfg.symmetric,
+            dims=self.dims,
+            offset=offset,
+            all_anchors=all_anchors,
         )
 
     def _embed(self, model: Any, ids: Any, mask: Any) -> Any:
@@ -434,6 +490,16 @@ class ContrastiveObjective:
         return dev_scores(plain, self.dev, self.encoded, self.loaded.pad_id, float(plain.log_scale.detach().exp()))
 
 
+def gather(local: Any) -> Any:
+    """Every process's rows of ``local`` [n, d] in rank order [world * n, d]; the gradient of this process's
+    slice comes back to it in the backward pass (the other processes' slices send theirs to them), so the
+    loss over the gathered rows trains every process's encoder as one process with the whole batch."""
+    import torch
+    from torch.distributed.nn.functional import all_gather
+
+    return torch.cat(all_gather(local.contiguous()))
+
+
 def _pad(seqs: Sequence[np.ndarray], pad_id: int) -> tuple[Any, Any]:
     import torch
 
@@ -445,9 +511,17 @@ def _pad(seqs: Sequence[np.ndarray], pad_id: int) -> tuple[Any, Any]:
     return torch.from_numpy(ids), torch.from_numpy(mask)
 
 
-def collate_pairs(pairs: Pairs, rows: np.ndarray, encoded: list[np.ndarray], pad_id: int) -> dict[str, Any]:
+def collate_pairs(
+    pairs: Pairs,
+    rows: np.ndarray,
+    encoded: list[np.ndarray],
+    pad_id: int,
+    *,
+    whole: np.ndarray | None = None,
+) -> dict[str, Any]:
     """A batch of pairs: ids and masks of anchors (a), positives (p), negatives (n), and ``same``: which
-    candidates are the same text as a row's positive (masked out of its negatives)."""
+    candidates are the same text as a row's positive (masked out of its negatives). ``whole``: the global
+    batch ``rows`` is one process's share of (gathered negatives): ``same`` is then the whole batch's."""
     import torch
 
     sub = pairs.take(rows)
@@ -455,12 +529,18 @@ def collate_pairs(pairs: Pairs, rows: np.ndarray, encoded: list[np.ndarray], pad
     for name, col in (("a", sub.anchor), ("p", sub.positive), ("n", sub.negative)):
         if col is not None:
             batch[f"{name}_ids"], batch[f"{name}_mask"] = _pad([encoded[i] for i in col], pad_id)
+    batch["same"] = torch.from_numpy(same_text(pairs.take(whole if whole is not None else rows)))
+    return batch
+
+
+def same_text(sub: Pairs) -> np.ndarray:
+    """[rows, candidates] bool: the candidates (positives, then negatives) that are the same text as a row's
+    positive or as its anchor, other than the row's own positive."""
     cand = np.concatenate([sub.positive, sub.negative]) if sub.negative is not None else sub.positive
     same = sub.positive[:, None] == cand[None, :]
     same |= sub.anchor[:, None] == cand[None, :]  # a candidate that is the anchor's own text
-    np.fill_diagonal(same[:, : len(rows)], False)
-    batch["same"] = torch.from_numpy(same)
-    return batch
+    np.fill_diagonal(same[:, : len(sub)], False)
+    return same
 
 
 class PairBatches:
@@ -482,7 +562,10 @@ class PairBatches:
         rows = order[self.pos : self.pos + size]
         self.pos += size
         share = np.array_split(rows, self.world)[self.rank]
-        return collate_pairs(self.o.train, share, self.o.encoded, self.o.loaded.pad_id)
+        if self.world == 1 or not self.o.cfg.gather_negatives:
+            return collate_pairs(self.o.train, share, self.o.encoded, self.o.loaded.pad_id)
+        batch = collate_pairs(self.o.train, share, self.o.encoded, self.o.loaded.pad_id, whole=rows)
+        return batch | {"rank": self.rank, "world": self.world}
 
     def state_dict(self) -> dict[str, int]:
         return {"epoch": self.epoch, "pos": self.pos}
@@ -559,12 +642,18 @@ def train_embeddings(
             f"{out} holds an embedding model trained from {done.get('from')} with other settings; give another "
             "--out, or delete it"
         )
-    with disk_errors(out), dir_lock(out, "--out"):
+    import contextlib
+
+    from cramkit.runtime import torchrun
+
+    main = torchrun().is_main  # under torchrun: rank 0 holds the lock and writes; every rank trains
+    with disk_errors(out), dir_lock(out, "--out") if main else contextlib.nullcontext():
         results = _train(source, rows, cfg, out, dev_rows, progress, skipped)
         results["from"] = given
         from cramkit.io import write_json_atomic
 
-        write_json_atomic(out / RESULTS, results)
+        if main:
+            write_json_atomic(out / RESULTS, results)
         return results
 
 
@@ -593,6 +682,7 @@ def _train(source, rows, cfg, out: Path, dev_rows, progress: bool, skipped: int)
         rows = [rows[i] for i in order[n_dev:]]
     if len(rows) < 2:
         raise CramkitError(f"the contrastive stage needs at least 2 training pairs, got {len(rows)}")
+    rows, dev_rows = with_prompts(rows, cfg), with_prompts(dev_rows, cfg) if dev_rows else dev_rows
     pairs = make_pairs(list(rows) + list(dev_rows or []))
     train = pairs.take(np.arange(len(rows)))
     dev = pairs.take(np.arange(len(rows), len(rows) + len(dev_rows or []))) if dev_rows else None
@@ -604,8 +694,16 @@ def _train(source, rows, cfg, out: Path, dev_rows, progress: bool, skipped: int)
     batch = min(cfg.batch_size, len(train))
     steps_per_epoch = max(1, len(train) // batch)
     budget = cfg.budget or f"{max(1, math.ceil(cfg.epochs * steps_per_epoch))}steps"
+    from cramkit.runtime import torchrun
+
+    world, main = torchrun().world, torchrun().is_main
+    if world > 1 and batch % world:
+        raise CramkitError(
+            f"batch_size {batch} does not divide over {world} processes; give a multiple of {world} (each process "
+            "embeds an equal share of every batch)"
+        )
     before = None
-    if dev is not None:
+    if dev is not None and main:
         before = dev_scores(objective.build_model(), dev, encoded, loaded.pad_id, 1.0 / cfg.temperature)
         if progress:
             print(
@@ -648,7 +746,7 @@ def _train(source, rows, cfg, out: Path, dev_rows, progress: bool, skipped: int)
     model: Any = done.model
     after = (
         dev_scores(model, dev, encoded, loaded.pad_id, float(model.log_scale.detach().exp()))
-        if dev is not None
+        if dev is not None and main
         else None
     )
     dims = matryoshka_dims(cfg.matryoshka, loaded.hidden)
@@ -671,9 +769,14 @@ def _train(source, rows, cfg, out: Path, dev_rows, progress: bool, skipped: int)
             "st_pooling": "mean" if pooling == "mean" else "cls",
             "contrastive": {"objective": cfg.objective, "pairs": len(train), "source": loaded.source},
             **({"matryoshka": [loaded.hidden, *dims]} if dims else {}),
+            **({"prompts": cfg.prompts()} if cfg.prompts() else {}),
+            **({"default_prompt_name": cfg.default_prompt_name} if cfg.default_prompt_name else {}),
         },
     )
-    trained.save(out)
+    if main:
+        trained.save(out)
+    gathered = world > 1 and cfg.gather_negatives
+    per_process = batch // world
     results = {
         "objective": cfg.objective,
         "source": loaded.source,
@@ -689,6 +792,13 @@ def _train(source, rows, cfg, out: Path, dev_rows, progress: bool, skipped: int)
         "temperature": round(1.0 / float(model.log_scale.detach().exp()), 5),
         "pooling": trained.pooling,
         "matryoshka": trained.extra.get("matryoshka"),
+        "prompts": trained.extra.get("prompts"),
+        "default_prompt_name": trained.extra.get("default_prompt_name"),
+        "processes": world,
+        # each anchor's candidates are its positive and these: the batch's other positives and hard negatives
+        # (every process's when gathered, else its own share's)
+        "negatives_per_anchor": (batch if gathered else per_process) * (1 + (train.negative is not None)) - 1,
+        "gather_negatives": gathered,
         "before": before,
         "after": after,
         "scale": "recall@1 and MRR are x100; each dev anchor ranks every dev positive",
@@ -698,7 +808,8 @@ def _train(source, rows, cfg, out: Path, dev_rows, progress: bool, skipped: int)
 
     from cramkit.io import write_json_atomic
 
-    write_json_atomic(out / RESULTS, results)
-    # the model is saved: the checkpoints (weights and optimizer state, 3x the model) go; the loss curve stays
-    shutil.rmtree(out / "run" / "checkpoints", ignore_errors=True)
+    if main:
+        write_json_atomic(out / RESULTS, results)
+        # the model is saved: the checkpoints (weights and optimizer state, 3x the model) go; the loss curve stays
+        shutil.rmtree(out / "run" / "checkpoints", ignore_errors=True)
     return results

@@ -507,6 +507,7 @@ async def embed(request: Request) -> Response:
     truncate = _flag(body, "truncate", True)
     pooling = _pooling(engine, body.get("pooling"))
     dims = _dimensions(engine, body)
+    items = _with_prompt(engine, body, items)
     with _reserved(state, batcher, len(items)):
         enc = await _tokenize(engine, items, truncate)
     mean, cls = await _run(state, name, batcher, "embed", enc)
@@ -560,6 +561,8 @@ async def tokenize(request: Request) -> Response:
     items = _inputs(body, state.limits)
     special = _flag(body, "add_special_tokens", True)
     truncate = _flag(body, "truncate", True)
+    if engine.can_embed:  # the tokens /embed reads: the prompt first
+        items = _with_prompt(engine, body, items)
     from cramkit.text.tokenizer import encode_batch
 
     def run() -> list[list[dict[str, Any]]]:
@@ -587,6 +590,18 @@ async def tokenize(request: Request) -> Response:
     return Response(json.dumps(result), 200, None, "application/json")
 
 
+def _with_prompt(engine: Engine, body: dict[str, Any], items: list[Any]) -> list[Any]:
+    """The inputs with the request's ``prompt_name`` (TEI's field; default: the model's default prompt, if
+    any) put before each; an unknown name is a 422 naming the model's prompts."""
+    name = body.get("prompt_name")
+    if name is not None and not isinstance(name, str):
+        raise ApiError(422, "'prompt_name' must be a string (one of the model's prompts, /info) or null", "Validation")
+    try:
+        return engine.with_prompt(items, name)
+    except CramkitError as exc:
+        raise ApiError(422, f"'prompt_name': {exc}", "Validation") from None
+
+
 def _dimensions(engine: Engine, body: dict[str, Any]) -> int | None:
     """The request's ``dimensions``: the model's size, or one of its Matryoshka dimensions (else 422)."""
     try:
@@ -605,6 +620,7 @@ async def openai_embeddings(request: Request) -> Response:
     if fmt not in ("float", "base64"):
         raise ApiError(422, "'encoding_format' must be 'float' or 'base64'", "Validation")
     dims = _dimensions(engine, body)
+    items = _with_prompt(engine, body, items)
     with _reserved(state, batcher, len(items)):
         enc = await _tokenize(engine, items, True)
     mean, cls = await _run(state, name, batcher, "embed", enc)
@@ -871,6 +887,12 @@ DIMENSIONS_FIELD = {
     "description": "the vector's leading dimensions, renormalised: one of the model's Matryoshka dimensions (/info)",
 }
 
+PROMPT_NAME_FIELD = {
+    "type": "string",
+    "description": "one of the model's named prompts (/info), put before each input (TEI's prompt_name); default: "
+    "the model's default prompt, if it has one",
+}
+
 POST_ROUTES: list[tuple[str, Any, str, dict[str, Any]]] = [
     (
         "/rerank",
@@ -901,6 +923,7 @@ POST_ROUTES: list[tuple[str, Any, str, dict[str, Any]]] = [
                 "inputs": TEXT_OR_LIST,
                 "add_special_tokens": {"type": "boolean", "default": True},
                 "truncate": {"type": "boolean", "default": True, "description": "cut at the model's limit"},
+                "prompt_name": PROMPT_NAME_FIELD,
                 "model": MODEL_FIELD,
             },
             ["inputs"],
@@ -921,6 +944,7 @@ POST_ROUTES: list[tuple[str, Any, str, dict[str, Any]]] = [
                 },
                 "pooling": {"type": "string", "enum": ["mean", "cls"], "description": "default: the model's"},
                 "dimensions": DIMENSIONS_FIELD,
+                "prompt_name": PROMPT_NAME_FIELD,
                 "model": MODEL_FIELD,
             },
             ["inputs"],
@@ -934,6 +958,7 @@ POST_ROUTES: list[tuple[str, Any, str, dict[str, Any]]] = [
             {
                 "input": TEXT_OR_LIST,
                 "dimensions": DIMENSIONS_FIELD,
+                "prompt_name": PROMPT_NAME_FIELD,
                 "model": MODEL_FIELD,
                 "encoding_format": {"type": "string", "enum": ["float", "base64"], "default": "float"},
             },

@@ -180,6 +180,8 @@ def write_export(
             "columns": loaded.extra.get("columns"),  # what it was fine-tuned on: predict's default columns
             "trained_inputs": loaded.extra.get("trained_inputs"),  # single texts, pairs or choices
             "matryoshka": loaded.extra.get("matryoshka"),  # the leading dimensions a vector may be cut to
+            "prompts": loaded.extra.get("prompts"),  # an embedding model's named prompts ("query: ")
+            "default_prompt_name": loaded.extra.get("default_prompt_name"),
             # a prompt model's template and label words: the export's inputs are read through them
             "prompt": loaded.prompt.meta() if loaded.prompt is not None else None,
             # a deep-prompt model's base (source, checksum, prefix length), baked into the export

@@ -111,8 +111,8 @@ class ExportedModel:
     @property
     def extra(self) -> dict[str, Any]:
         """What training recorded and the export kept: the columns and inputs it was fine-tuned on, the
-        Matryoshka dimensions of an embedding model."""
-        keys = ("columns", "trained_inputs", "matryoshka")
+        Matryoshka dimensions and named prompts of an embedding model."""
+        keys = ("columns", "trained_inputs", "matryoshka", "prompts", "default_prompt_name")
         return {k: self.manifest[k] for k in keys if self.manifest.get(k) is not None}
 
     @property

@@ -33,7 +33,7 @@ def _rewind(run: Path, step: int) -> None:
 
 
 def test_moe_pretrain_learns_logs_load_and_resumes_bit_exact(
-    tmp_path: Path, tiny: list[str], small_store: Path
+    tmp_path: Path, tiny: list[str], small_store: Path, glue_dir: Path
 ) -> None:
     settings = [*tiny, *MOE, "train.lr=3e-3", "train.eval_every=50steps", "train.checkpoint_every=50steps"]
     settings += ["train.micro_batch=16", "train.batch_size=16", "train.keep_checkpoints=3"]
@@ -75,6 +75,20 @@ def test_moe_pretrain_learns_logs_load_and_resumes_bit_exact(
     again = engine.embed(texts[:1])
     assert abs(again[0] - vectors[0]).max() < 1e-5  # alone or in a batch: routing drops nothing
     assert engine.fill_mask(["the [MASK] of the valley"], top_k=2)[0][0]
+    # fine-tuning a classifier on it (its blocks keep their experts)
+    res = cramkit.finetune(
+        run,
+        task="glue/sst2",
+        data_dir=glue_dir,
+        max_train_examples=64,
+        max_eval_examples=40,
+        min_steps=0,
+        epochs=1,
+        batch_size=16,
+        eval_every="never",
+        progress=False,
+    )
+    assert 0.0 <= res["median"]["dev"]["metrics"]["accuracy"] <= 100.0  # (a percentage)
     # export: one line, the formats have no routed experts
     with pytest.raises(CramkitError, match="cannot express its routed experts"):
         cramkit.export(run, tmp_path / "hf")

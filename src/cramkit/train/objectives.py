@@ -84,6 +84,7 @@ class MLMObjective:
             self.title = f"pretrain {parse_budget(cfg.train.budget).describe()}"
             self.flops_per_token = flops_per_token(cfg.model, cfg.data.seq_len, predicted_fraction=cfg.data.mask_rate)
         self.resume_hint = "continue with `cramkit pretrain --resume {run}`"
+        self._moe = cfg is None or cfg.model.moe_experts > 0  # whether to look for MoE layers after a forward
         self._moe_sum: torch.Tensor | None = None  # MoE figures summed over the micro-batches since the last log
         self._moe_n = 0
 
@@ -111,6 +112,8 @@ class MLMObjective:
     def with_moe(self, model: torch.nn.Module, loss: torch.Tensor) -> torch.Tensor:
         """``loss`` plus the mixture-of-experts layers' weighted load-balancing and z-losses of the forward just
         made (none in a dense model); their figures are kept for :meth:`step_metrics`."""
+        if not self._moe:
+            return loss
         extra, figures = moe_losses(model)
         if extra is None or figures is None:
             return loss

@@ -61,6 +61,10 @@ def test_outputs_are_the_gated_sum_of_the_top_k_experts(k: int, activation: str,
     assert got.shape == x.shape
     torch.testing.assert_close(got.reshape(-1, 16).double(), want, atol=1e-5, rtol=1e-5)
     assert float(m.stats.dropped) == 0.0  # type: ignore[union-attr]
+    m.eval()  # an exporter's static graph: every expert on every token, the same outputs
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(torch.compiler, "is_exporting", lambda: True)
+        torch.testing.assert_close(m(x).reshape(-1, 16).double(), want, atol=1e-5, rtol=1e-5)
     m.train()  # capacity ceil(1.0 * k * 30 / 4): some assignments are dropped
     cap = math.ceil(k * 30 / 4)
     want, dropped = naive(m, x, cap)

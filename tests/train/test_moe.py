@@ -89,9 +89,12 @@ def test_moe_pretrain_learns_logs_load_and_resumes_bit_exact(
         progress=False,
     )
     assert 0.0 <= res["median"]["dev"]["metrics"]["accuracy"] <= 100.0  # (a percentage)
-    # export: one line, the formats have no routed experts
+    # export: Hugging Face BERT (and CTranslate2) have no routed experts: one line; ONNX computes every expert
     with pytest.raises(CramkitError, match="cannot express its routed experts"):
         cramkit.export(run, tmp_path / "hf")
+    cramkit.export(run, tmp_path / "onnx", format="onnx", progress=False)
+    exported = Engine(cramkit.load(tmp_path / "onnx"), device="cpu").embed(texts)
+    assert abs(exported - vectors).max() < 1e-4
 
 
 def test_moe_compiles(tmp_path: Path, tiny: list[str], small_store: Path) -> None:

@@ -107,6 +107,8 @@ class MoE(nn.Module):
         starts = counts.cumsum(0) - counts
         if self.training and self.capacity > 0:
             y, dropped = self._capacity(x, expert, counts, order, starts, gates)
+        elif torch.compiler.is_exporting():  # a static graph (ONNX): every expert on every token, weighted
+            y, dropped = self._dense(x, top_e, gates), logits.new_zeros(())
         else:
             y, dropped = self._all(x, counts, order, gates), logits.new_zeros(())
         probs = logits.softmax(-1)
@@ -153,6 +155,18 @@ class MoE(nn.Module):
         y = (picked * gates.t()[..., None].to(picked.dtype)).sum(0)
         dropped = (~kept).float().mean()
         return y, dropped
+
+    def _dense(self, x: torch.Tensor, top_e: torch.Tensor, gates: torch.Tensor) -> torch.Tensor:
+        """No dropping, static shapes (for exporters): all E experts on all tokens (E times the MLP's work),
+        each token's output the gated sum of its top-k's."""
+        h = torch.einsum("th,eih->eti", x, self.w_in)
+        if self.b_in is not None:
+            h = h + self.b_in[:, None, :]
+        out = torch.einsum("etw,ehw->eth", self._ffn(h), self.w_out)
+        if self.b_out is not None:
+            out = out + self.b_out[:, None, :]
+        weights = torch.zeros(x.shape[0], self.experts, dtype=gates.dtype, device=x.device).scatter(1, top_e, gates)
+        return torch.einsum("te,eth->th", weights.to(out.dtype), out)
 
     @torch.compiler.disable  # data-dependent slices: eager, also inside a compiled block
     def _all(self, x: torch.Tensor, counts: torch.Tensor, order: torch.Tensor, gates: torch.Tensor) -> torch.Tensor:

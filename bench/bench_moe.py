@@ -67,6 +67,34 @@ def _row(name: str, run: Path, seconds: float) -> dict[str, Any]:
     }
 
 
+def speed(experts: int, every: int, rounds: int) -> list[tuple[str, float]]:
+    """Training tokens/s of the dense and the MoE model of SHAPE on one random batch (32 x 128, 25% predicted),
+    interleaved round by round on this process (so that a shared machine's load falls on both alike): the
+    median over ``rounds`` of 3 forward-backward passes each."""
+    import torch
+
+    from cramkit.model.encoder import ModelConfig
+    from cramkit.model.heads import MaskedLM
+
+    torch.set_num_threads(1)
+    base = ModelConfig(vocab_size=8192, hidden=128, layers=4, heads=4, intermediate=512)
+    models = {
+        "dense": MaskedLM(base),
+        f"moe E={experts} k=1": MaskedLM(base.replace(moe_experts=experts, moe_top_k=1, moe_every=every)),
+    }
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(5, 8192, (32, 128), generator=g)
+    labels = torch.where(torch.rand(32, 128, generator=g) < 0.25, ids, -100)
+    times: dict[str, list[float]] = {k: [] for k in models}
+    for _ in range(rounds):
+        for name, model in models.items():
+            t0 = time.perf_counter()
+            for _ in range(3):
+                model(ids, labels).loss.backward()
+            times[name].append(3 * ids.numel() / (time.perf_counter() - t0))
+    return [(name, statistics.median(v)) for name, v in times.items()]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--steps", type=int, default=300)
@@ -75,6 +103,7 @@ def main() -> None:
     ap.add_argument("--text", nargs="+", default=None, help="default: WikiText-2's test and valid splits")
     ap.add_argument("--out", default="/tmp/bench-moe")
     ap.add_argument("--skip-upcycle", action="store_true")
+    ap.add_argument("--speed-rounds", type=int, default=10, help="rounds of the interleaved tokens/s measurement")
     args = ap.parse_args()
 
     from cramkit.recipes.pretrain import pretrain
@@ -116,6 +145,7 @@ def main() -> None:
             budget=half,
             overrides=[*cont, *moe],
         )
+    fast = speed(args.experts, args.every, args.speed_rounds)
     print()
     print(f"{started}; {platform.processor() or platform.machine()}, {os.cpu_count()} cores, load {load_before:.1f}")
     print(f"{args.steps} steps x 32 x 128 tokens; MoE: {' '.join(moe)}")
@@ -128,6 +158,10 @@ def main() -> None:
         print(
             f"| {r['name']} | {r['val_loss']:.4f} | {r['tokens_per_s']:,.0f} | {r['params']:,} | {dropped} | {load} |"
         )
+    print()
+    print(f"interleaved forward-backward, one process, median of {args.speed_rounds} rounds:")
+    for name, tps in fast:
+        print(f"- {name}: {tps:,.0f} tokens/s ({tps / fast[0][1]:.2f}x dense)")
 
 
 if __name__ == "__main__":

@@ -52,6 +52,12 @@ def register(sub: argparse._SubParsersAction) -> None:
         "into pieces (new embeddings start as the mean of their pieces')",
     )
     p.add_argument(
+        "--upcycle",
+        action="store_true",
+        help="with --from a dense model and --set model.moe_experts=E: start a mixture of experts whose every "
+        "expert is a copy of the model's feed-forward weights (the routers fresh)",
+    )
+    p.add_argument(
         "--config",
         metavar="FILE.yaml",
         help="a YAML file of settings (the same as --preset FILE.yaml; --set still overrides it)",
@@ -117,6 +123,7 @@ def run(args: argparse.Namespace) -> int:
             init=args.init,
             inherit=args.inherit,
             extend_vocab=args.extend_vocab,
+            upcycle=args.upcycle,
             report_to=args.report_to,
             **reading_kwargs(args),
         )
@@ -137,6 +144,7 @@ def run(args: argparse.Namespace) -> int:
         init=args.init,
         inherit=args.inherit,
         extend_vocab=args.extend_vocab,
+        upcycle=args.upcycle,
         report_to=args.report_to,
         **reading_kwargs(args),
     )
@@ -185,6 +193,8 @@ def _launch(args: argparse.Namespace) -> int:
     ):
         if value is not None:
             argv += [flag, str(value)]
+    if args.upcycle:
+        argv.append("--upcycle")
     for item in args.overrides:
         argv += ["--set", item]
     return launch(args.nproc, argv, nnodes=args.nnodes, node_rank=args.node_rank, rdzv_endpoint=args.rdzv_endpoint)

@@ -98,6 +98,14 @@ def export(
         loaded = for_task(model, task)
     else:
         loaded = for_task(load_torch(model, step=step, purpose="export", base=base), task)
+    experts = getattr(loaded.config, "moe_experts", 0)
+    if experts and (backend is None or backend.name != "onnx"):
+        raise CramkitError(
+            f"{loaded.source} is a mixture of experts (model.moe_experts={experts}): the "
+            f"{backend.title if backend is not None else 'Hugging Face BERT'} format cannot express its routed "
+            "experts; export it with --format onnx (every expert computed, E times the MLP's work) or use it "
+            "through cramkit.load, predict, embed or serve (PyTorch)"
+        )
     with disk_errors(out):
         if backend is None:
             return _export_hf(loaded, out, mlm_head, force)

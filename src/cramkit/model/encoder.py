@@ -20,6 +20,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from cramkit.errors import CramkitError
+from cramkit.model.moe import MoE
 
 
 @dataclass
@@ -53,6 +54,14 @@ class ModelConfig:
     init_std: float = 0.02
     pad_token_id: int = 0
     gradient_checkpointing: bool = False
+    # mixture of experts (cramkit.model.moe): every moe_every-th block's MLP becomes moe_experts experts of its
+    # shape, each token going to its moe_top_k; 0 experts = dense
+    moe_experts: int = 0
+    moe_top_k: int = 1
+    moe_every: int = 1  # 1: every block; 2: blocks 2, 4, ... (every other one, as Switch and GShard)
+    moe_capacity: float = 1.25  # training: an expert takes capacity * k * tokens / experts assignments; 0 = all
+    moe_aux: float = 0.01  # weight of the load-balancing loss (Switch)
+    moe_z_loss: float = 0.001  # weight of the router z-loss (ST-MoE)
 
     def validate(self) -> None:
         for name in ("vocab_size", "hidden", "layers", "heads", "intermediate", "max_position"):
@@ -67,6 +76,36 @@ class ModelConfig:
         for name in ("dropout", "attention_dropout"):
             if not 0.0 <= getattr(self, name) < 1.0:
                 raise CramkitError(f"model.{name} must be in [0, 1), got {getattr(self, name)}")
+        self._validate_moe()
+
+    def _validate_moe(self) -> None:
+        for name in ("moe_capacity", "moe_aux", "moe_z_loss"):
+            if getattr(self, name) < 0:
+                raise CramkitError(f"model.{name} must not be negative, got {getattr(self, name)}")
+        if self.moe_experts == 0:
+            return
+        if self.moe_experts < 2:
+            raise CramkitError(
+                f"model.moe_experts={self.moe_experts}: a mixture of experts needs at least 2 experts (0 = dense)"
+            )
+        if not 1 <= self.moe_top_k <= self.moe_experts:
+            raise CramkitError(
+                f"model.moe_top_k={self.moe_top_k} must be between 1 and model.moe_experts ({self.moe_experts})"
+            )
+        if self.moe_every < 1:
+            raise CramkitError(f"model.moe_every={self.moe_every} must be at least 1 (1 = every block is MoE)")
+        if not self.moe_layers:
+            raise CramkitError(
+                f"model.moe_every={self.moe_every} exceeds model.layers={self.layers}: no block would be MoE"
+            )
+
+    def is_moe(self, index: int) -> bool:
+        """Whether block ``index`` (0-based) has a mixture-of-experts MLP: blocks moe_every, 2*moe_every, ..."""
+        return self.moe_experts > 0 and self.moe_every > 0 and (index + 1) % self.moe_every == 0
+
+    @property
+    def moe_layers(self) -> list[int]:
+        return [i for i in range(self.layers) if self.is_moe(i)]
 
     @property
     def head_dim(self) -> int:
@@ -325,14 +364,15 @@ class MLP(nn.Module):
 
 
 class Block(nn.Module):
-    def __init__(self, cfg: ModelConfig) -> None:
+    def __init__(self, cfg: ModelConfig, index: int = 0) -> None:
+        """Block ``index`` of the encoder (its MLP a mixture of experts when ``cfg.is_moe(index)``)."""
         super().__init__()
         self.pre = cfg.norm_position == "pre"
         self.alpha = cfg.deepnorm_alpha
         self.norm_attn = make_norm(cfg)
         self.attn = Attention(cfg)
         self.norm_mlp = make_norm(cfg)
-        self.mlp = MLP(cfg)
+        self.mlp: MLP | MoE = MLP(cfg) if not cfg.is_moe(index) else moe_mlp(cfg)
         self.dropout = nn.Dropout(cfg.dropout)
 
     def forward(
@@ -365,6 +405,21 @@ class Block(nn.Module):
         return self.attn(x, mask) if prefix is None else self.attn(x, mask, prefix=prefix)
 
 
+def moe_mlp(cfg: ModelConfig) -> MoE:
+    """The mixture-of-experts MLP of ``cfg``'s shape (``cramkit.model.moe``)."""
+    return MoE(
+        cfg.hidden,
+        cfg.intermediate,
+        cfg.moe_experts,
+        cfg.moe_top_k,
+        cfg.moe_capacity,
+        cfg.activation,
+        cfg.bias,
+        aux_weight=cfg.moe_aux,
+        z_weight=cfg.moe_z_loss,
+    )
+
+
 def additive_mask(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """[B, L] 1/0 padding mask -> additive [B, 1, 1, L] mask for SDPA."""
     keep = mask.bool()[:, None, None, :]
@@ -378,7 +433,7 @@ class Encoder(nn.Module):
         super().__init__()
         self.cfg = cfg
         self.embeddings = Embeddings(cfg)
-        self.layers = nn.ModuleList(Block(cfg) for _ in range(cfg.layers))
+        self.layers = nn.ModuleList(Block(cfg, i) for i in range(cfg.layers))
         use_final = cfg.final_norm and cfg.norm_position == "pre"
         self.final_norm = make_norm(cfg) if use_final else nn.Identity()
 
@@ -459,6 +514,12 @@ def init_weights(module: nn.Module, cfg: ModelConfig) -> None:
                 nn.init.zeros_(m.bias)
         elif isinstance(m, nn.Embedding):
             nn.init.normal_(m.weight, std=cfg.init_std)
+        elif isinstance(m, MoE):  # its experts' stacked weights (its router is a Linear, initialised above)
+            for w in (m.w_in, m.w_out):
+                nn.init.normal_(w, std=cfg.init_std)
+            for b in (m.b_in, m.b_out):
+                if b is not None:
+                    nn.init.zeros_(b)
         elif isinstance(m, (nn.LayerNorm, RMSNorm)):
             if m.weight is not None:
                 nn.init.ones_(m.weight)
@@ -468,6 +529,10 @@ def init_weights(module: nn.Module, cfg: ModelConfig) -> None:
     # a second pass: modules() visits Attention/MLP before their Linear children, whose plain init above
     # would otherwise overwrite DeepNet's scaled one
     for m in module.modules():
+        if cfg.norm_position == "deepnorm" and isinstance(m, MoE):
+            with torch.no_grad():
+                for w in (*m.w_in, *m.w_out):  # each expert as its dense MLP's Linear
+                    nn.init.xavier_normal_(w, gain=cfg.deepnorm_beta)
         if cfg.norm_position == "deepnorm" and isinstance(m, (Attention, MLP)):
             beta = cfg.deepnorm_beta
             with torch.no_grad():
@@ -489,11 +554,12 @@ def config_parameters(m: ModelConfig) -> int:
     attn = h * 3 * h + 3 * h * b + h * h + h * b
     mlp = h * i + i * b + (i // 2 if glu else i) * h + h * b
     block = attn + mlp + 2 * norm
+    moe = len(m.moe_layers) * ((m.moe_experts - 1) * mlp + h * m.moe_experts) if m.moe_experts else 0
     emb = v * h + (m.max_position * h if m.position == "learned" else 1 if m.position == "sinusoidal" else 0)
     emb += m.type_vocab_size * h + (norm if m.embedding_norm else 0)
     final = norm if m.final_norm and m.norm_position == "pre" else 0
     head = (h * h + h * b + norm if m.head_transform else 0) + (0 if m.tie_embeddings else v * h) + v * b
-    return emb + m.layers * block + final + head
+    return emb + m.layers * block + moe + final + head
 
 
 def count_parameters(module: nn.Module, *, exclude_embeddings: bool = False) -> int:
@@ -507,11 +573,15 @@ def flops_per_token(cfg: ModelConfig, seq_len: int, predicted_fraction: float = 
     """Training FLOPs per input token (forward + backward = 3x forward, 2 FLOPs per MAC).
 
     Counts the matrix multiplies: the blocks, attention scores and values, and the MLM head only at the
-    predicted fraction of positions (sparse prediction). Used for model FLOPs utilisation (MFU).
+    predicted fraction of positions (sparse prediction). Used for model FLOPs utilisation (MFU). An MoE block
+    counts its router and the top-k experts each token goes to (not the capacity's padding).
     """
     h, layers = cfg.hidden, cfg.layers
     mlp_out_in = cfg.intermediate // 2 if cfg.activation in ("gelu_glu", "swiglu") else cfg.intermediate
-    per_block = 4 * h * h + h * cfg.intermediate + mlp_out_in * h  # qkv + out + mlp in/out (MACs)
+    mlp = h * cfg.intermediate + mlp_out_in * h
+    per_block = 4 * h * h + mlp  # qkv + out + mlp in/out (MACs)
+    # an MoE block: the router, and k experts instead of one MLP
+    moe = len(cfg.moe_layers) * ((cfg.moe_top_k - 1) * mlp + h * cfg.moe_experts) if cfg.moe_experts else 0
     attention = 2 * seq_len * h  # QK^T and AV (MACs per token per layer)
     head = (h * h if cfg.head_transform else 0) + h * cfg.vocab_size
-    return 6.0 * (layers * (per_block + attention) + predicted_fraction * head)
+    return 6.0 * (layers * (per_block + attention) + moe + predicted_fraction * head)

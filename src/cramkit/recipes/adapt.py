@@ -33,6 +33,7 @@ import torch.nn.functional as F
 from cramkit.errors import CramkitError
 from cramkit.load import POOLER_FILE
 from cramkit.model.heads import IGNORE, MaskedLM
+from cramkit.model.moe import upcycle_state
 from cramkit.train.objectives import MLMObjective
 
 if TYPE_CHECKING:
@@ -45,6 +46,8 @@ if TYPE_CHECKING:
 BERT_MASKING = {"mask_rate": 0.15, "mask_token_frac": 0.8, "random_token_frac": 0.1, "add_cls": True}
 # settings of the model section a continued run may change (everything else is the starting model's)
 FREE_MODEL_KEYS = ("dropout", "attention_dropout", "gradient_checkpointing")
+# how an MoE model routes and balances (not its weights): a continued or upcycled run may set them
+MOE_ROUTING_KEYS = ("moe_top_k", "moe_capacity", "moe_aux", "moe_z_loss")
 MASKING_KEYS = ("mask_rate", "mask_token_frac", "random_token_frac", "add_cls", "masking")
 
 
@@ -155,11 +158,32 @@ def kept_message(start: Start, run: Path) -> str:
     )
 
 
-def check_architecture(start: Start, model: ModelConfig) -> None:
-    """A continued run keeps the starting model's architecture: only dropout and checkpointing may change."""
+def check_architecture(start: Start, model: ModelConfig, *, upcycle: bool = False) -> None:
+    """A continued run keeps the starting model's architecture: only dropout and checkpointing may change (and
+    an MoE model's routing: ``MOE_ROUTING_KEYS``); with ``upcycle`` a dense model becomes a mixture of experts."""
     want = dataclasses.asdict(start.config)
     got = dataclasses.asdict(model)
-    changed = [k for k in want if k not in FREE_MODEL_KEYS + ("vocab_size",) and want[k] != got[k]]
+    experts = [k for k in ("moe_experts", "moe_every") if want[k] != got[k]]
+    if upcycle:
+        if want["moe_experts"]:
+            raise CramkitError(
+                f"--upcycle turns a dense model into a mixture of experts, but --from {start.source} already has "
+                f"{want['moe_experts']} experts; leave --upcycle out"
+            )
+        if not got["moe_experts"]:
+            raise CramkitError("--upcycle needs the number of experts: add --set model.moe_experts=E (E >= 2)")
+    elif experts:
+        k = experts[0]
+        how = (
+            "add --upcycle to copy its feed-forward weights into every expert"
+            if not want["moe_experts"]
+            else "an MoE model keeps its experts; train a new shape with --inherit"
+        )
+        raise CramkitError(
+            f"--from {start.source}: model.{k}={got[k]!r} changes the model's experts (it has {want[k]!r}); {how}"
+        )
+    free = FREE_MODEL_KEYS + ("vocab_size",) + MOE_ROUTING_KEYS + (("moe_experts", "moe_every") if upcycle else ())
+    changed = [k for k in want if k not in free and want[k] != got[k]]
     if changed:
         k = changed[0]
         raise CramkitError(
@@ -194,6 +218,8 @@ def initial_state(start: Start, model: MaskedLM, extension: Extension | None) ->
             state[name] = grow_rows(kept, rows, extension.pieces) if extension is not None else kept
     if model.cfg.tie_embeddings:
         state["head.decoder.weight"] = state[word]
+    if model.cfg.moe_experts and not start.config.moe_experts:  # --upcycle: each expert a copy of the MLP
+        state = upcycle_state(state, model)
     return state
 
 
@@ -277,7 +303,7 @@ class ContinueObjective(MLMObjective):
         if self.l2sp > 0.0:
             dist = torch.stack([(p.float() - r.float()).pow(2).sum() for p, r in self._pairs if p.requires_grad])
             total = total + 0.5 * self.l2sp * dist.sum()
-        return total
+        return self.with_moe(model, total)
 
     def evaluate(self, model: torch.nn.Module, ctx: Any, precision: str) -> float | dict[str, float] | None:
         """The held-out MLM loss; with an anchor, also ``start_cosine`` on the same held-out batches."""
@@ -477,9 +503,9 @@ class InheritObjective(MLMObjective):
         labels = batch["labels"].to(device, non_blocking=True)
         out = model(ids, labels)
         if out.n_predicted == 0:
-            return out.logits.sum() * 0.0
+            return self.with_moe(model, out.logits.sum() * 0.0)
         if self.alpha <= 0.0 or self._teacher is None:
-            return out.loss
+            return self.with_moe(model, out.loss)
         teacher = self._teacher
         if next(teacher.parameters()).device != device:
             # bf16 weights when the step runs in bf16 (the trainer's autocast, as cramkit.runtime decided): half
@@ -492,7 +518,8 @@ class InheritObjective(MLMObjective):
         if device.type == "cuda":  # (only while inheriting) for the teacher's share of the step time
             torch.cuda.synchronize(device)
         self.teacher_seconds += time.perf_counter() - t0
-        return (1.0 - self.alpha) * out.loss + self.alpha * inheritance_kl(out.logits, t_logits, self.icfg.temperature)
+        loss = (1.0 - self.alpha) * out.loss + self.alpha * inheritance_kl(out.logits, t_logits, self.icfg.temperature)
+        return self.with_moe(model, loss)
 
 
 def inheritance_kl(student: torch.Tensor, teacher: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:

@@ -223,6 +223,7 @@ def pretrain(
     init: str | os.PathLike | None = None,
     inherit: str | os.PathLike | None = None,
     extend_vocab: int = 0,
+    upcycle: bool = False,
     report_to: str | Sequence[str] | None = None,
 ) -> Path:
     """Pretrain a masked-LM encoder within ``budget``; returns the run directory.
@@ -242,6 +243,8 @@ def pretrain(
     inherit: a masked-LM teacher for knowledge inheritance (``pretrain --inherit``): the new model (the
       preset's shape) uses its tokenizer and learns from its predictions early in the run (``inherit.*``).
     extend_vocab: with ``init``, add this many frequent words of the corpus that the tokenizer splits.
+    upcycle: with ``init`` a dense model and ``model.moe_experts`` set: a mixture of experts whose every expert
+      starts as the model's feed-forward weights (``pretrain --upcycle``; the routers fresh).
     report_to: experiment trackers that also get metrics.jsonl's records and the configuration: ``"wandb"``,
       ``"tensorboard,mlflow"``, ``["trackio"]`` (``train.report_to``; None: the config's, ``"none"`` by default;
       a resumed run keeps reporting where it did).
@@ -265,6 +268,9 @@ def pretrain(
         cfg = resolve_config(base=saved, overrides=overrides)
         require_trackers(cfg.train.report_to, "train.report_to")  # before any work
         info = _read_run_info(run)
+        _same_experts(run, saved, cfg)
+        if upcycle:
+            raise CramkitError(f"--resume {run}: --upcycle applies when a run starts (--from MODEL); resume without it")
         for flag, given, key in (("--from", init, "from"), ("--inherit", inherit, "inherit")):
             if given is not None and given != info.get(key):
                 raise CramkitError(
@@ -288,7 +294,7 @@ def pretrain(
         tokenizer = None
     else:
         cfg, begin, preset = _fresh_config(
-            inputs, source_options, preset, overrides, init, inherit, tokenizer, extend_vocab
+            inputs, source_options, preset, overrides, init, inherit, tokenizer, extend_vocab, upcycle
         )
         require_trackers(cfg.train.report_to, "train.report_to")  # before any work
         fresh_head = bool(init) and begin.head_state is None
@@ -342,6 +348,7 @@ def pretrain(
                     "inherit": inherit,
                     "extend_vocab": extend_vocab,
                     "fresh_head": fresh_head,
+                    "upcycle": upcycle,
                 },
             )
             words = WordBoundaries(tok) if cfg.data.masking == "whole_word" else None
@@ -389,6 +396,7 @@ def resolved_config(
     init: str | os.PathLike | None = None,
     inherit: str | os.PathLike | None = None,
     extend_vocab: int = 0,
+    upcycle: bool = False,
     report_to: str | Sequence[str] | None = None,
 ) -> RunConfig:
     """The configuration :func:`pretrain` would train with (preset, then ``--set``, then what a model given
@@ -400,9 +408,9 @@ def resolved_config(
     options = _source_options(encoding=encoding, errors=errors, text_field=text_field, doc_split=doc_split)
     init = str(init) if init is not None else None
     inherit = str(inherit) if inherit is not None else None
-    return _fresh_config(_inputs(sources_or_store), options, preset, overrides, init, inherit, tokenizer, extend_vocab)[
-        0
-    ]
+    return _fresh_config(
+        _inputs(sources_or_store), options, preset, overrides, init, inherit, tokenizer, extend_vocab, upcycle
+    )[0]
 
 
 def _with_report_to(overrides: list[str], report_to: str | Sequence[str] | None) -> list[str]:
@@ -427,11 +435,12 @@ def _fresh_config(
     inherit: str | None,
     tokenizer: str | os.PathLike | None,
     extend_vocab: int,
+    upcycle: bool = False,
 ) -> tuple[RunConfig, Any, str | None]:
     """A new run's config, what it starts from, and the preset (chosen from the text when none is given)."""
     if preset is None and not (init or inherit or tokenizer):
         preset = _preset_for_text(inputs, source_options)
-    cfg, begin = _start_config(preset, overrides, init, inherit, tokenizer, extend_vocab)
+    cfg, begin = _start_config(preset, overrides, init, inherit, tokenizer, extend_vocab, upcycle)
     return _masking_available(cfg, overrides), begin, preset
 
 
@@ -480,6 +489,7 @@ def _start_config(
     inherit: str | None,
     tokenizer: Any,
     extend_vocab: int,
+    upcycle: bool = False,
 ) -> tuple[RunConfig, Any]:
     """The config of a new run, and what it starts from (``adapt.Start``) with --from / --inherit."""
     from cramkit.config import load_preset
@@ -498,6 +508,11 @@ def _start_config(
         raise CramkitError(f"--extend-vocab must be a count of words (0 or more), got {extend_vocab!r}")
     if extend_vocab and not init:
         raise CramkitError("--extend-vocab grows an existing model's vocabulary: use it with --from MODEL")
+    if upcycle and not init:
+        raise CramkitError(
+            "--upcycle turns a dense model into a mixture of experts: give it with --from MODEL and --set "
+            "model.moe_experts=E"
+        )
     if preset == "continue" and not init:
         raise CramkitError("the continue preset continues a model: add --from MODEL (a run, model directory or hf:DIR)")
     if not init and not inherit:
@@ -510,7 +525,7 @@ def _start_config(
         base["model"] = adapt.config_dict(begin.config)
         base["data"] = {**(base.get("data") or {}), **begin.masking}
         cfg = resolve_config(base=base, overrides=overrides)
-        adapt.check_architecture(begin, cfg.model)
+        adapt.check_architecture(begin, cfg.model, upcycle=upcycle)
     else:
         begin = adapt.teacher_start(cast(str, inherit))  # (neither --from nor --inherit returned above)
         base = load_preset(preset or "tiny-cpu")
@@ -635,6 +650,23 @@ def _resume_plan(run: Path, cfg: RunConfig) -> bool:
             file=sys.stderr,
         )
     return True
+
+
+MOE_KEYS = ("moe_experts", "moe_top_k", "moe_every")
+
+
+def _same_experts(run: Path, saved: dict[str, Any], cfg: RunConfig) -> None:
+    """A resumed run keeps its experts: a dense run resumed as MoE (or the reverse) is refused in one line."""
+    before = saved.get("model") or {}
+    for key in MOE_KEYS:
+        old = before.get(key, getattr(type(cfg.model)(), key))
+        new = getattr(cfg.model, key)
+        if old != new:
+            raise CramkitError(
+                f"--resume {run}: the run was trained with model.{key}={old}, not {new}; a checkpoint keeps its "
+                f"experts. To turn a dense model into a mixture of experts start a new run: cramkit pretrain TEXT "
+                f"--from {run} --upcycle --set model.moe_experts=E"
+            )
 
 
 def _larger(budget: str) -> str:

@@ -14,6 +14,7 @@ import torch
 
 from cramkit.model.encoder import flops_per_token
 from cramkit.model.heads import IGNORE, MaskedLM
+from cramkit.model.moe import moe_losses
 from cramkit.runtime import autocast
 from cramkit.train import parallel
 from cramkit.train.budget import parse_budget
@@ -63,7 +64,9 @@ class Objective(Protocol):
     # optional: ``lr_scales``, a dict of parameter-name prefix -> learning-rate multiplier (e.g. a fresh head
     # on a pretrained encoder); ``begin_step(fraction) -> dict | None`` is called before each optimizer step with the
     # fraction of the budget spent (e.g. a loss weight that decays with it); what it returns is logged; ``cfg``, the
-    # recipe's settings (a dataclass): reported to the trackers of train.report_to as the run's hyperparameters
+    # recipe's settings (a dataclass): reported to the trackers of train.report_to as the run's hyperparameters;
+    # ``step_metrics() -> dict | None``, called when a step is logged: the recipe's own figures of the steps since
+    # the last call (e.g. the experts' load of a mixture of experts), logged with the step
 
 
 def _segments(batch: dict[str, torch.Tensor], device: torch.device) -> dict[str, torch.Tensor]:
@@ -81,6 +84,9 @@ class MLMObjective:
             self.title = f"pretrain {parse_budget(cfg.train.budget).describe()}"
             self.flops_per_token = flops_per_token(cfg.model, cfg.data.seq_len, predicted_fraction=cfg.data.mask_rate)
         self.resume_hint = "continue with `cramkit pretrain --resume {run}`"
+        self._moe = cfg is None or cfg.model.moe_experts > 0  # whether to look for MoE layers after a forward
+        self._moe_sum: torch.Tensor | None = None  # MoE figures summed over the micro-batches since the last log
+        self._moe_n = 0
 
     def build_model(self) -> torch.nn.Module:
         assert self.cfg is not None  # MLMObjective() without cfg and data computes losses only
@@ -101,7 +107,35 @@ class MLMObjective:
         ids = batch["input_ids"].to(device, non_blocking=True)
         labels = batch["labels"].to(device, non_blocking=True)
         out = model(ids, labels, **_segments(batch, device))
-        return out.loss if predicted else out.logits.sum() * 0.0
+        return self.with_moe(model, out.loss if predicted else out.logits.sum() * 0.0)
+
+    def with_moe(self, model: torch.nn.Module, loss: torch.Tensor) -> torch.Tensor:
+        """``loss`` plus the mixture-of-experts layers' weighted load-balancing and z-losses of the forward just
+        made (none in a dense model); their figures are kept for :meth:`step_metrics`."""
+        if not self._moe:
+            return loss
+        extra, figures = moe_losses(model)
+        if extra is None or figures is None:
+            return loss
+        self._moe_sum = figures if self._moe_sum is None else self._moe_sum + figures
+        self._moe_n += 1
+        return loss + extra.to(loss.dtype)
+
+    def step_metrics(self) -> dict[str, float] | None:
+        """The MoE layers' figures, averaged over the layers and this process's micro-batches since the last
+        call: ``moe_aux`` (load-balancing loss, 1 = balanced), ``moe_z`` (router z-loss), ``moe_dropped`` (the
+        fraction of token-expert assignments the capacity dropped), ``moe_load`` (the busiest expert's
+        assignments over the mean: 1 = balanced, E = all on one)."""
+        if self._moe_sum is None:
+            return None
+        aux, z, dropped, load = (self._moe_sum / self._moe_n).tolist()
+        self._moe_sum, self._moe_n = None, 0
+        return {
+            "moe_aux": round(aux, 5),
+            "moe_z": round(z, 4),
+            "moe_dropped": round(dropped, 5),
+            "moe_load": round(load, 4),
+        }
 
     def evaluate(
         self, model: torch.nn.Module, ctx: parallel.DistContext, precision: str

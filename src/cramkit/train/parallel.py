@@ -37,7 +37,7 @@ from cramkit import runtime
 from cramkit.errors import CramkitError
 
 if TYPE_CHECKING:
-    from cramkit.model.encoder import Block, ModelConfig
+    from cramkit.model.encoder import MLP, Block, ModelConfig
 
 
 @dataclass
@@ -330,6 +330,11 @@ def check_tp(model_cfg: Any, tp: int) -> None:
     it does not divide is split unevenly)."""
     if tp == 1 or model_cfg is None:
         return
+    if getattr(model_cfg, "moe_experts", 0):
+        raise CramkitError(
+            f"parallel.tp={tp} does not split mixture-of-experts layers (model.moe_experts="
+            f"{model_cfg.moe_experts}); train MoE with parallel.tp=1 (DDP or FSDP2)"
+        )
     glu = model_cfg.activation in ("gelu_glu", "swiglu")
     sizes = [
         ("model.heads", model_cfg.heads),
@@ -391,9 +396,10 @@ def apply_tp(model: nn.Module, mesh: Any) -> None:
     if decoder is not None:  # logits stay split over the vocabulary for the loss-parallel cross-entropy
         plan["head.decoder"] = ColwiseParallel(output_layouts=Shard(-1), use_local_output=False)
     parallelize_module(plain, mesh, plan)
-    for block in cast("list[Block]", _blocks(plain)):  # check_tp: a cramkit encoder's blocks
+    for block in cast("list[Block]", _blocks(plain)):  # check_tp: a cramkit encoder's blocks (no MoE)
+        mlp = cast("MLP", block.mlp)
         _split_rows(block.attn.qkv, mesh, 3)
-        _split_rows(block.mlp.fc_in, mesh, 2 if block.mlp.glu else 1)
+        _split_rows(mlp.fc_in, mesh, 2 if mlp.glu else 1)
         block.attn.heads //= tp
         block.attn.register_forward_pre_hook(_into_tp_region(mesh))
         block.mlp.register_forward_pre_hook(_into_tp_region(mesh))

@@ -475,6 +475,8 @@ class Trainer:
             "mfu": mfu,
             "skipped": s.skipped or None,
         } | facts["info"]
+        step_metrics = getattr(self.objective, "step_metrics", None)
+        rec |= (step_metrics() if step_metrics is not None else None) or {}
         self.log.write(rec)
         self.history.append(rec)
         fraction = self.budget.fraction(s.elapsed, s.tokens, s.step)

@@ -38,7 +38,7 @@ from cramkit.infer.backends.base import KINDS, LOGIT_KINDS, Backend, ExportedMod
 if TYPE_CHECKING:
     from collections.abc import Iterable
 
-    from cramkit.model.encoder import Block, Encoder
+    from cramkit.model.encoder import MLP, Block, Encoder
     from cramkit.model.heads import SequenceClassifier
     from cramkit.model.loaded import LoadedModel
 
@@ -325,7 +325,8 @@ def _spec(loaded: LoadedModel) -> Any:
         _linear(attn.linear[1], block.attn.out.weight, block.attn.out.bias, scale)
         _norm(attn.layer_norm, block.norm_attn)
         _norm(ffn.layer_norm, block.norm_mlp)
-        fc_in = block.mlp.fc_in
+        mlp = cast("MLP", block.mlp)  # (an MoE model is refused before: cramkit.infer.export)
+        fc_in = mlp.fc_in
         if glu:  # cramkit: value * act(gate), value the first half; CTranslate2: act(linear_0) * linear_0_noact
             half = fc_in.weight.shape[0] // 2
             bias = fc_in.bias
@@ -333,7 +334,7 @@ def _spec(loaded: LoadedModel) -> Any:
             _linear(ffn.linear_0_noact, fc_in.weight[:half], None if bias is None else bias[:half])
         else:
             _linear(ffn.linear_0, fc_in.weight, fc_in.bias)
-        _linear(ffn.linear_1, block.mlp.fc_out.weight, block.mlp.fc_out.bias, scale)
+        _linear(ffn.linear_1, mlp.fc_out.weight, mlp.fc_out.bias, scale)
     spec.config.layer_norm_epsilon = float(cfg.norm_eps)
     tok = loaded.tokenizer
     vocab = [tok.id_to_token(i) or f"<unused_{i}>" for i in range(cfg.vocab_size)]

@@ -1,0 +1,228 @@
+"""Mixture-of-experts feed-forward (Switch Transformer, GShard, ST-MoE): a router picks each token's top-k
+experts among E feed-forward networks of the dense block's shape.
+
+- The router runs in fp32 (outside autocast): its softmax decides where tokens go.
+- Gates: each token's top-k probabilities divided by their sum, the sum not differentiated (so the weights
+  sum to 1, and with k=1 the router still learns from the loss, as in Switch). Every expert equal then means
+  the dense block's function: what upcycling (:func:`upcycle_state`) starts from.
+- Training with ``capacity`` > 0: each expert takes at most ``C = ceil(capacity * k * T / E)`` of a
+  micro-batch's T tokens' k assignments, first choices before second ones (GShard's priority), in token order
+  within a choice. An assignment past C is dropped: it adds nothing, and a token whose every assignment is
+  dropped passes through the block's residual unchanged. The experts run as one batched matmul over an
+  [E, C, hidden] buffer, filled and read back by gathers (tokens sorted by expert; no loop over tokens).
+- Inference (``eval()``) and ``capacity`` = 0: nothing is dropped; the tokens, sorted by expert, run through
+  each expert's slice (a loop over the E experts, whose counts the host reads once per layer).
+- :class:`MoEStats` of the last forward: the load-balancing loss (Switch: ``E * sum_e f_e * P_e``, 1 when
+  balanced), the router z-loss (ST-MoE: mean squared logsumexp of the logits), the fraction of assignments
+  dropped and the busiest expert's load over the mean (1 = balanced, E = all on one). The training objective
+  adds ``moe_aux * aux + moe_z_loss * z`` of every MoE layer to its loss (:func:`moe_losses`).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+GLU = ("gelu_glu", "swiglu")
+
+
+class MoEStats(NamedTuple):
+    aux: torch.Tensor  # load-balancing loss (with gradient); 1.0 when balanced
+    z: torch.Tensor  # router z-loss (with gradient)
+    dropped: torch.Tensor  # fraction of token-expert assignments dropped by the capacity (no gradient)
+    load: torch.Tensor  # the busiest expert's assignments over the mean (no gradient)
+
+
+def _activation(name: str) -> nn.Module:
+    return nn.ReLU() if name == "relu" else nn.SiLU() if name == "swiglu" else nn.GELU()
+
+
+class MoE(nn.Module):
+    """``experts`` feed-forward networks (``hidden -> intermediate -> hidden``, GLU as the dense MLP) and a
+    router; each token goes to its ``top_k`` experts. Weights are stacked per expert in ``nn.Linear``'s
+    layout: ``w_in`` [E, intermediate, hidden], ``w_out`` [E, hidden, intermediate (/2 with a GLU)]."""
+
+    def __init__(
+        self,
+        hidden: int,
+        intermediate: int,
+        experts: int,
+        top_k: int,
+        capacity: float,
+        activation: str = "gelu_glu",
+        bias: bool = False,
+        aux_weight: float = 0.0,
+        z_weight: float = 0.0,
+    ) -> None:
+        super().__init__()
+        self.experts, self.top_k, self.capacity = experts, top_k, capacity
+        self.aux_weight, self.z_weight = aux_weight, z_weight  # of the losses moe_losses adds
+        self.glu = activation in GLU
+        self.act = _activation(activation)
+        width = intermediate // 2 if self.glu else intermediate
+        self.router = nn.Linear(hidden, experts, bias=False)
+        self.w_in = nn.Parameter(torch.empty(experts, intermediate, hidden))
+        self.w_out = nn.Parameter(torch.empty(experts, hidden, width))
+        self.b_in = nn.Parameter(torch.zeros(experts, intermediate)) if bias else None
+        self.b_out = nn.Parameter(torch.zeros(experts, hidden)) if bias else None
+        self.stats: MoEStats | None = None
+        for w in (self.w_in, self.w_out):
+            nn.init.normal_(w, std=0.02)
+
+    def _ffn(self, h: torch.Tensor) -> torch.Tensor:
+        """The activation between the two projections ([..., intermediate] -> [..., width])."""
+        if self.glu:
+            value, gate = h.chunk(2, dim=-1)
+            return value * self.act(gate)
+        return self.act(h)
+
+    def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Router logits [T, E] (fp32), each token's top-k experts [T, k] and gates [T, k] (summing to 1)."""
+        with torch.autocast(x.device.type, enabled=False):
+            logits = F.linear(x.float(), self.router.weight.float())
+        probs = logits.softmax(-1)
+        top_p, top_e = probs.topk(self.top_k, dim=-1)
+        gates = top_p / top_p.sum(-1, keepdim=True).detach()
+        return logits, top_e, gates
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """[..., hidden] -> [..., hidden]: the gated sum of each token's kept experts' outputs."""
+        shape = x.shape
+        x = x.reshape(-1, shape[-1])
+        e = self.experts
+        if x.shape[0] == 0:  # nothing to route
+            zero = x.new_zeros((), dtype=torch.float32)
+            self.stats = MoEStats(zero, zero, zero, zero)
+            return x.new_zeros(shape)
+        logits, top_e, gates = self.route(x)
+        # assignments in priority order: every token's first choice, then every token's second, ...
+        expert = top_e.t().reshape(-1)  # [k * T]; assignment j is token j % T
+        n = expert.numel()
+        counts = torch.bincount(expert, minlength=e)
+        order = torch.argsort(expert, stable=True)  # sorted by expert, priority kept within one
+        starts = counts.cumsum(0) - counts
+        if self.training and self.capacity > 0:
+            y, dropped = self._capacity(x, expert, counts, order, starts, gates)
+        elif torch.compiler.is_exporting():  # a static graph (ONNX): every expert on every token, weighted
+            y, dropped = self._dense(x, top_e, gates), logits.new_zeros(())
+        else:
+            y, dropped = self._all(x, counts, order, gates), logits.new_zeros(())
+        probs = logits.softmax(-1)
+        share = counts.to(probs.dtype) / max(n, 1)
+        aux = e * (share * probs.mean(0)).sum()
+        z = torch.logsumexp(logits, dim=-1).pow(2).mean()
+        load = counts.max().to(probs.dtype) / max(n / e, 1e-9)
+        self.stats = MoEStats(aux, z, dropped, load.detach())
+        return y.reshape(shape)
+
+    def _capacity(
+        self,
+        x: torch.Tensor,
+        expert: torch.Tensor,
+        counts: torch.Tensor,
+        order: torch.Tensor,
+        starts: torch.Tensor,
+        gates: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Training with a capacity: one batched matmul over [E, C, hidden] (static shapes, no host read)."""
+        tokens, hidden = x.shape
+        e, n = self.experts, expert.numel()
+        cap = max(1, math.ceil(self.capacity * n / e))
+        # slot (expert, c) holds the expert's c-th assignment, when it has one: x's row, else a zero row
+        pos = starts[:, None] + torch.arange(cap, device=x.device)[None, :]  # [E, C] sorted positions
+        filled = torch.arange(cap, device=x.device)[None, :] < counts[:, None]
+        assignment = order[pos.clamp(max=n - 1)]
+        row = torch.where(filled, assignment % tokens, tokens).reshape(-1)
+        padded = torch.cat([x, x.new_zeros(1, hidden)])
+        buf = padded[row].view(e, cap, hidden)
+        h = torch.bmm(buf, self.w_in.transpose(1, 2))
+        if self.b_in is not None:
+            h = h + self.b_in[:, None, :].to(h.dtype)
+        out = torch.bmm(self._ffn(h), self.w_out.transpose(1, 2))
+        if self.b_out is not None:
+            out = out + self.b_out[:, None, :].to(out.dtype)
+        # each assignment reads its slot back (its rank within the expert below C), or the zero row: dropped
+        rank = torch.empty_like(expert)
+        rank[order] = torch.arange(n, device=x.device) - starts[expert[order]]
+        kept = rank < cap
+        slot = torch.where(kept, expert * cap + rank, e * cap)
+        out = torch.cat([out.reshape(e * cap, hidden), out.new_zeros(1, hidden)])
+        picked = out[slot].view(self.top_k, tokens, hidden)
+        y = (picked * gates.t()[..., None].to(picked.dtype)).sum(0)
+        dropped = (~kept).float().mean()
+        return y, dropped
+
+    def _dense(self, x: torch.Tensor, top_e: torch.Tensor, gates: torch.Tensor) -> torch.Tensor:
+        """No dropping, static shapes (for exporters): all E experts on all tokens (E times the MLP's work),
+        each token's output the gated sum of its top-k's."""
+        h = torch.einsum("th,eih->eti", x, self.w_in)
+        if self.b_in is not None:
+            h = h + self.b_in[:, None, :]
+        out = torch.einsum("etw,ehw->eth", self._ffn(h), self.w_out)
+        if self.b_out is not None:
+            out = out + self.b_out[:, None, :]
+        weights = torch.zeros(x.shape[0], self.experts, dtype=gates.dtype, device=x.device).scatter(1, top_e, gates)
+        return torch.einsum("te,eth->th", weights.to(out.dtype), out)
+
+    @torch.compiler.disable  # data-dependent slices: eager, also inside a compiled block
+    def _all(self, x: torch.Tensor, counts: torch.Tensor, order: torch.Tensor, gates: torch.Tensor) -> torch.Tensor:
+        """No dropping: the tokens sorted by expert, each expert's slice through it (the counts read once)."""
+        tokens, hidden = x.shape
+        rows = x[order % tokens]
+        outs = []
+        start = 0
+        for i, count in enumerate(counts.tolist()):
+            part = rows[start : start + count]
+            h = F.linear(part, self.w_in[i], None if self.b_in is None else self.b_in[i])
+            outs.append(F.linear(self._ffn(h), self.w_out[i], None if self.b_out is None else self.b_out[i]))
+            start += count
+        sorted_out = torch.cat(outs)
+        out = torch.empty_like(sorted_out)
+        out[order] = sorted_out
+        picked = out.view(self.top_k, tokens, hidden)
+        return (picked * gates.t()[..., None].to(picked.dtype)).sum(0)
+
+
+def moe_layers(model: nn.Module) -> list[MoE]:
+    """The mixture-of-experts MLPs of ``model`` (through DDP or compile wrappers), in order."""
+    return [m for m in model.modules() if isinstance(m, MoE)]
+
+
+def moe_losses(model: nn.Module) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """After a forward of ``model``: the sum over its MoE layers of ``aux_weight * aux + z_weight * z`` (to add to
+    the training loss), and the layers' mean figures [aux, z, dropped, load] (detached, for the metrics);
+    (None, None) when the model has no MoE layer that ran."""
+    stats = [m.stats for m in moe_layers(model) if m.stats is not None]
+    if not stats:
+        return None, None
+    layers = [m for m in moe_layers(model) if m.stats is not None]
+    loss = sum(
+        (m.aux_weight * s.aux + m.z_weight * s.z for m, s in zip(layers, stats, strict=True)),
+        torch.zeros((), device=stats[0].aux.device),
+    )
+    figures = torch.stack([torch.stack([s.aux, s.z, s.dropped, s.load]).detach().float() for s in stats]).mean(0)
+    return loss, figures
+
+
+def upcycle_state(state: dict[str, torch.Tensor], model: nn.Module) -> dict[str, torch.Tensor]:
+    """A dense model's ``state`` in the names of ``model``, an MoE of its shape: each MoE block's dense MLP
+    weights (``...mlp.fc_in.weight`` ...) copied into every expert, the router ``model``'s own (fresh) init
+    (sparse upcycling, Komatsuzaki et al. 2022). Every expert equal and the gates summing to 1, the upcycled
+    model computes the dense one's function until training moves them apart."""
+    out = dict(state)
+    for name, module in model.named_modules():
+        if not isinstance(module, MoE):
+            continue
+        prefix = f"{name}."
+        e = module.experts
+        pairs = [("w_in", "fc_in.weight"), ("w_out", "fc_out.weight"), ("b_in", "fc_in.bias"), ("b_out", "fc_out.bias")]
+        for mine, dense in pairs:
+            w = out.pop(prefix + dense, None)
+            if w is not None and getattr(module, mine) is not None:
+                out[prefix + mine] = w.detach().unsqueeze(0).repeat(e, *([1] * w.dim())).contiguous()
+        out[prefix + "router.weight"] = module.router.weight.detach().clone()
+    return out

@@ -62,7 +62,9 @@ class Objective(Protocol):
 
     # optional: ``lr_scales``, a dict of parameter-name prefix -> learning-rate multiplier (e.g. a fresh head
     # on a pretrained encoder); ``begin_step(fraction) -> dict | None`` is called before each optimizer step with the
-    # fraction of the budget spent (e.g. a loss weight that decays with it); what it returns is logged; ``cfg``, the
+    # fraction of the budget spent (e.g. a loss weight that decays with it); what it returns is logged;
+    # ``step_figures() -> dict`` is called when a step is logged: the recipe's figures of the steps since the last
+    # logged one (e.g. per-task gradient norms), logged with it (read then: no device sync at other steps); ``cfg``, the
     # recipe's settings (a dataclass): reported to the trackers of train.report_to as the run's hyperparameters
 
 

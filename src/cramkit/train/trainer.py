@@ -475,6 +475,9 @@ class Trainer:
             "mfu": mfu,
             "skipped": s.skipped or None,
         } | facts["info"]
+        step_figures = getattr(self.objective, "step_figures", None)
+        if step_figures is not None:  # the recipe's own figures of the steps since the last line
+            rec |= step_figures()
         self.log.write(rec)
         self.history.append(rec)
         fraction = self.budget.fraction(s.elapsed, s.tokens, s.step)

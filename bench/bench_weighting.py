@@ -17,13 +17,15 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
 import statistics
 import sys
 import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-GLUE = REPO.parent / "shared" / "data" / "glue"
+# ../shared/data beside the repository, or $CRAMKIT_SHARED_DATA (as the tests take it)
+GLUE = Path(os.environ.get("CRAMKIT_SHARED_DATA", REPO.parent / "shared" / "data")) / "glue"
 ARMS = ("rates", "sum", "gradnorm", "pcgrad", "primary")
 
 

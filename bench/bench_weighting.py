@@ -61,11 +61,21 @@ def main() -> None:
     ap.add_argument("--max-length", type=int, default=128)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--arms", default=",".join(("alone", *ARMS)), help="which arms to run (default: all)")
+    ap.add_argument(
+        "--cost",
+        type=int,
+        default=0,
+        metavar="REPS",
+        help="instead: time one step's forward and backward of each weighting on the same batches, interleaved "
+        "REPS times (the minimum of each: a shared machine's load hits every weighting alike)",
+    )
     args = ap.parse_args()
 
     import torch
 
     torch.set_num_threads(args.threads)
+    if args.cost:
+        return step_cost(args)
     import cramkit
     from cramkit.recipes.finetune import FinetuneConfig, finetune
     from cramkit.recipes.multitask import finetune_mixture
@@ -134,6 +144,48 @@ def main() -> None:
             print(f"{key} {arm}: {scores}; {res['seconds_per_step']:.3f} s/step", file=sys.stderr, flush=True)
             out_file.write_text(json.dumps(results, indent=1))
     report(results, work)
+
+
+def step_cost(args: argparse.Namespace) -> None:
+    """Seconds of one optimizer step's forward and backward passes with each weighting, on the same batch of
+    each task (batch 16, MiniLM), the weightings interleaved ``args.cost`` times; the minimum of each."""
+    import numpy as np
+    import torch
+
+    import cramkit
+    from cramkit.data.batching import BatchLoader
+    from cramkit.recipes.finetune import FinetuneConfig, encode_task_examples
+    from cramkit.recipes.multitask import MixtureObjective, build_multitask
+    from cramkit.tasks import get_task
+
+    loaded = cramkit.load(f"hf:{minilm()}")
+    cfg = FinetuneConfig(max_length=args.max_length)
+    tasks = [get_task(n, data_dir=GLUE) for n in ("glue/mrpc", "glue/cola", "glue/sst2")]
+    model = build_multitask(loaded, [t.num_labels for t in tasks], cfg, [t.kind for t in tasks])
+    parts = {}
+    for i, t in enumerate(tasks):
+        enc = encode_task_examples(t, loaded.tokenizer, t.examples("train")[:16], args.max_length)
+        labels = {"labels": torch.from_numpy(np.asarray(enc.labels))}
+        loader = BatchLoader(
+            enc, 16, 16, 0, 1, seed=0, chunk=0, pad_id=loaded.pad_id, with_types=loaded.with_types, columns=labels
+        )
+        parts[i] = next(loader)
+    arms = {"sum": ("sum", None), "gradnorm": ("gradnorm", None), "pcgrad": ("pcgrad", None), "primary": ("sum", 0)}
+    times: dict[str, list[float]] = {a: [] for a in arms}
+    objective = MixtureObjective(loaded, tasks, [], np.ones(3) / 3, cfg, 0, "cost", "")
+    device = torch.device("cpu")
+    for _ in range(args.cost):
+        for arm, (weighting, primary) in arms.items():
+            objective.weighting, objective.primary = weighting, primary
+            model.zero_grad(set_to_none=True)
+            t0 = time.perf_counter()
+            objective.loss(model, {"parts": parts, "batch": 0}, device).backward()
+            times[arm].append(time.perf_counter() - t0)
+            objective.step_figures()
+    base = min(times["sum"])
+    print(f"one step (a batch of 16 of MRPC, CoLA and SST-2; max_length {args.max_length}; min of {args.cost}):")
+    for arm, ts in times.items():
+        print(f"  {arm}: {min(ts):.3f} s ({min(ts) / base:.2f}x sum; median {statistics.median(ts):.3f} s)")
 
 
 def report(results: dict, work: Path) -> None:

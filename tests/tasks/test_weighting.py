@@ -116,8 +116,13 @@ def test_gradnorm_is_invariant_to_a_task_loss_scale(real):
     assert torch.nn.functional.cosine_similarity(a, b, dim=0) > 1 - 1e-5
     normed = rows / rows.norm(dim=1, keepdim=True)
     assert torch.allclose(a / a.norm(), normed.sum(0) / normed.sum(0).norm(), atol=1e-5)
-    figures = gradient_figures(rows, a)
-    assert torch.allclose(figures[:3], rows.norm(dim=1))  # norms, then the pairs' cosines, then combined's
+    from cramkit.recipes.weighting import task_weights
+
+    figures = gradient_figures(rows @ rows.T, task_weights(rows @ rows.T, "gradnorm"))
+    assert torch.allclose(figures[:3], rows.norm(dim=1), rtol=1e-4)  # norms, then the pairs' cosines, then combined's
+    cos = torch.nn.functional.cosine_similarity
+    assert figures[3] == pytest.approx(float(cos(rows[0], rows[1], dim=0)), abs=1e-4)
+    assert figures[-1] == pytest.approx(float(cos(a, rows[2], dim=0)), abs=1e-4)
 
 
 @pytest.mark.parametrize("weighting,primary", [("pcgrad", None), ("sum", 0)])

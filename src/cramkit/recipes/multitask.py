@@ -188,7 +188,7 @@ class MixtureObjective:
         gradients combined by the weighting (recipes/weighting.py) on the shared encoder, each head's own."""
         import torch
 
-        from cramkit.recipes.weighting import combine, gradient_figures, needs_task_gradients, pcgrad_order
+        from cramkit.recipes.weighting import gradient_figures, needs_task_gradients, pcgrad_order, task_weights
 
         parts = batch["parts"]
         weighting = cast(str, self.weighting)
@@ -198,20 +198,30 @@ class MixtureObjective:
             return torch.stack(each).sum()
         net = getattr(model, "module", model)
         shared = [p for p in net.encoder.parameters() if p.requires_grad]
-        grads: list[torch.Tensor] = []
+        size = sum(p.numel() for p in shared)
+        # one row per task: its gradient on the shared encoder, flattened (written in place, no copies)
+        rows = torch.empty(len(self.tasks), size, device=shared[0].device, dtype=torch.float32)
         heads: list[tuple[torch.Tensor, torch.Tensor]] = []
         losses: list[torch.Tensor] = []
         for i in range(len(self.tasks)):  # each task's forward and backward apart: its gradient alone
             head = [p for p in net.heads[i].parameters() if p.requires_grad]
             loss = self._task_loss(model, parts[i], i, device)
             got = torch.autograd.grad(loss, shared + head, allow_unused=True)
-            grads.append(torch.cat([_flat(g, p) for g, p in zip(got[: len(shared)], shared, strict=True)]))
+            offset = 0
+            for g, p in zip(got[: len(shared)], shared, strict=True):
+                part = rows[i, offset : offset + p.numel()]
+                if g is None:  # a parameter this task's loss does not reach
+                    part.zero_()
+                else:
+                    part.copy_(g.reshape(-1))
+                offset += p.numel()
             heads.extend((p, g) for p, g in zip(head, got[len(shared) :], strict=True) if g is not None)
             losses.append(loss.detach().float())
-        rows = torch.stack(grads).float()
         order = pcgrad_order(self.seed, int(batch["batch"]), len(self.tasks)) if weighting == "pcgrad" else None
-        combined = combine(rows, weighting, self.primary, order)
-        self._add_figures(torch.cat([torch.stack(losses), gradient_figures(rows, combined)]))
+        gram = rows @ rows.T
+        weights = task_weights(gram, weighting, self.primary, order)
+        combined = weights.float() @ rows
+        self._add_figures(torch.cat([torch.stack(losses), gradient_figures(gram, weights)]))
         # a surrogate whose gradient is the combined one (each parameter's value times its gradient, detached),
         # with the value of the losses' sum: the engine's backward pass puts the combined gradient in .grad
         surrogate = torch.zeros((), device=combined.device)
@@ -244,13 +254,6 @@ class MixtureObjective:
 
     def evaluate(self, model, ctx, precision: str) -> None:
         return None  # every task is scored by finetune_mixture() on the finished model
-
-
-def _flat(grad, param):
-    """A parameter's gradient as a flat vector (zeros when the task's loss does not reach it)."""
-    import torch
-
-    return torch.zeros(param.numel(), device=param.device, dtype=param.dtype) if grad is None else grad.reshape(-1)
 
 
 def short_names(names: list[str]) -> list[str]:

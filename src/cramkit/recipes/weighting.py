@@ -19,8 +19,9 @@ primary loss), so the step never pulls against the primary task (the projection 
 after ``sum`` or ``gradnorm``.
 
 Task heads always get their own task's gradient unchanged: only the shared encoder's gradients combine.
-The functions here take the tasks' gradients as rows of one (tasks x parameters) matrix and never read
-a value on the host (no device sync).
+Every rule combines the tasks' gradients linearly: the weights are decided on the tasks' Gram matrix
+(tasks x tasks dot products, one pass over the gradients), then applied in one more pass. Nothing here
+reads a value on the host (no device sync).
 """
 
 from __future__ import annotations
@@ -68,10 +69,48 @@ def pcgrad_order(seed: int, batch: int, tasks: int) -> list[list[int]]:
     return [[int(j) for j in rng.permutation(tasks) if j != i] for i in range(tasks)]
 
 
-def _project_out(g: torch.Tensor, other: torch.Tensor, other_sq: torch.Tensor) -> torch.Tensor:
-    """``g`` without its component along ``other`` when the two conflict (g . other < 0); unchanged otherwise."""
-    dot = torch.dot(g, other)
-    return g - (dot.clamp(max=0.0) / other_sq.clamp_min(_TINY)) * other
+def task_weights(
+    gram: torch.Tensor,
+    weighting: str,
+    primary: int | None = None,
+    order: list[list[int]] | None = None,
+) -> torch.Tensor:
+    """The combined gradient's weight on each task's gradient, from the tasks' Gram matrix (``gram[i, j]``: the
+    dot product of task i's and task j's gradients on the shared parameters): every rule here combines the
+    tasks' gradients linearly, so the combination is decided on the small matrix and applied in one pass.
+
+    ``sum``: 1 each; ``gradnorm``: mean norm / own norm; ``pcgrad``: each task's gradient projected (in
+    ``order[i]``, default 0, 1, ...) off every other task's original gradient it conflicts with (negative dot
+    product, Yu et al.), then summed; ``primary``: after the weighting's scaling, every other task's gradient
+    loses its component opposing the primary task's."""
+    n = gram.shape[0]
+    g = gram.double()
+    rows = torch.eye(n, dtype=torch.float64, device=gram.device)  # rows[i]: task i's gradient, in task gradients
+    if weighting == "gradnorm":
+        norms = g.diagonal().clamp_min(0).sqrt()
+        rows = torch.diag(norms.mean() / norms.clamp_min(_TINY))
+    elif weighting == "pcgrad":
+        out = []
+        for i in range(n):
+            m = rows[i]
+            for j in order[i] if order is not None else [j for j in range(n) if j != i]:
+                dot = m @ g[:, j]  # (task i's projected gradient) . (task j's original one)
+                m = m - (dot.clamp(max=0.0) / g[j, j].clamp_min(_TINY)) * rows[j]
+            out.append(m)
+        rows = torch.stack(out)
+    elif weighting != "sum":
+        raise CramkitError(f"--weighting {weighting}: unknown; choose one of {', '.join(WEIGHTINGS)}")
+    if primary is not None:
+        p = rows[primary]
+        gp = g @ p
+        p_sq = p @ gp
+        rows = torch.stack(
+            [
+                rows[i] if i == primary else rows[i] - ((rows[i] @ gp).clamp(max=0.0) / p_sq.clamp_min(_TINY)) * p
+                for i in range(n)
+            ]
+        )
+    return rows.sum(dim=0)
 
 
 def combine(
@@ -80,44 +119,26 @@ def combine(
     primary: int | None = None,
     order: list[list[int]] | None = None,
 ) -> torch.Tensor:
-    """The shared parameters' combined gradient from ``grads`` (one row per task, flattened).
-
-    ``sum``: the rows' sum; ``gradnorm``: each row rescaled to the mean row norm, then summed; ``pcgrad``: each
-    row projected (in ``order[i]``, default 0, 1, ...) off every other row it conflicts with, then summed.
-    ``primary``: after the weighting's scaling, every other row loses its component opposing that row."""
-    n = grads.shape[0]
-    rows = grads
-    if weighting == "gradnorm":
-        norms = rows.norm(dim=1)
-        rows = rows * (norms.mean() / norms.clamp_min(_TINY)).unsqueeze(1)
-    elif weighting == "pcgrad":
-        sq = (grads * grads).sum(dim=1)
-        out = []
-        for i in range(n):
-            g = grads[i]
-            for j in order[i] if order is not None else [j for j in range(n) if j != i]:
-                g = _project_out(g, grads[j], sq[j])  # against the other task's original gradient (Yu et al.)
-            out.append(g)
-        rows = torch.stack(out)
-    elif weighting != "sum":
-        raise CramkitError(f"--weighting {weighting}: unknown; choose one of {', '.join(WEIGHTINGS)}")
-    if primary is not None:
-        p = rows[primary]
-        p_sq = torch.dot(p, p)
-        rows = torch.stack([rows[i] if i == primary else _project_out(rows[i], p, p_sq) for i in range(n)])
-    return rows.sum(dim=0)
+    """The shared parameters' combined gradient from ``grads`` (one row per task, flattened): see
+    :func:`task_weights`."""
+    weights = task_weights(grads @ grads.T, weighting, primary, order)
+    return weights.to(grads.dtype) @ grads
 
 
-def gradient_figures(grads: torch.Tensor, combined: torch.Tensor) -> torch.Tensor:
-    """The figures logged for one step, as one device vector: each task's gradient norm on the shared
-    parameters, the cosine of every pair of tasks (i < j, in order), and the cosine of the combined gradient
-    with each task's. :func:`figure_names` names them."""
-    norms = grads.norm(dim=1)
-    unit = grads / norms.clamp_min(_TINY).unsqueeze(1)
-    cos = unit @ unit.T
-    i, j = torch.triu_indices(len(grads), len(grads), 1, device=grads.device)
-    with_combined = unit @ (combined / combined.norm().clamp_min(_TINY))
-    return torch.cat([norms, cos[i, j], with_combined])
+def gradient_figures(gram: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    """The figures logged for one step, as one device vector, from the tasks' Gram matrix and the combined
+    gradient's weights (:func:`task_weights`): each task's gradient norm on the shared parameters, the cosine of
+    every pair of tasks (i < j, in order), and the cosine of the combined gradient with each task's.
+    :func:`figure_names` names them."""
+    g = gram.double()
+    w = weights.double()
+    norms = g.diagonal().clamp_min(0).sqrt()
+    cos = g / (norms.unsqueeze(0) * norms.unsqueeze(1)).clamp_min(_TINY)
+    i, j = torch.triu_indices(len(g), len(g), 1, device=g.device)
+    along = g @ w  # (combined gradient) . (task k's)
+    combined_norm = (w @ along).clamp_min(0).sqrt()
+    with_combined = along / (norms * combined_norm).clamp_min(_TINY)
+    return torch.cat([norms, cos[i, j], with_combined]).float()
 
 
 def figure_names(names: Sequence[str]) -> list[str]:

@@ -66,6 +66,19 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="with --mixture: how often each task's batches are drawn: proportional (default: by size), "
         "capped:N (size, at most N), temperature:T, equal, or one weight per task (2,1,1)",
     )
+    p.add_argument(
+        "--weighting",
+        metavar="RULE",
+        help="with --mixture: every step takes one batch of every task and combines their gradients on the "
+        "encoder: sum (of the losses), gradnorm (each task's gradient scaled to the mean norm) or pcgrad "
+        "(conflicting components projected away); default without it: one task per step, drawn by --rates",
+    )
+    p.add_argument(
+        "--primary",
+        metavar="TASK",
+        help="with --mixture: the task that matters; the other tasks' gradients are kept only where they do not "
+        "oppose its gradient (implies --weighting sum unless given gradnorm)",
+    )
     p.add_argument("--list-tasks", action="store_true", help="list the registered tasks and mixtures and exit")
     p.add_argument(
         "--data-dir",
@@ -419,6 +432,11 @@ def run_finetune(args: argparse.Namespace) -> int:
         if args.task or args.train:
             raise CramkitError("give either --mixture or --task/--train, not both")
         mixture = resolve_mixture(args.mixture, args.rates)  # an unknown name or a bad rate fails before --nproc
+        if args.weighting is not None or args.primary is not None:
+            _check_weighting(args, mixture, cfg)
+    elif args.weighting is not None or args.primary is not None:
+        flag = "--weighting" if args.weighting is not None else "--primary"
+        raise CramkitError(f"{flag} applies to --mixture; give the tasks with --mixture glue/mrpc,glue/cola,...")
     if args.few_shot is not None and args.fewshot_splits:
         raise CramkitError(
             "--few-shot K (LM-BFF's protocol) and --fewshot-splits (FewCLUE's) are two protocols: give one"
@@ -591,6 +609,23 @@ def _finetune_fewshot(args: argparse.Namespace, cfg) -> int:
     return 0
 
 
+def _check_weighting(args: argparse.Namespace, mixture, cfg) -> None:
+    """``--weighting`` / ``--primary`` with the mixture and the other flags, before anything starts."""
+    from cramkit.recipes.multitask import check_weighting_settings
+    from cramkit.recipes.weighting import needs_task_gradients
+
+    if args.rates:
+        raise CramkitError(
+            "--rates draws one task per step; --weighting/--primary train every task at every step: give one of them"
+        )
+    weighting, index = check_weighting_settings(args.weighting, args.primary, list(mixture.tasks), cfg)
+    if args.nproc != 1 and needs_task_gradients(weighting, index):
+        raise CramkitError(
+            f"--weighting {weighting}{' with --primary' if index is not None else ''} combines the tasks' gradients "
+            "in one process; leave out --nproc (only --weighting sum trains on several processes)"
+        )
+
+
 def _run_mixture(args: argparse.Namespace, mixture, cfg) -> int:
     from cramkit.io import check_out, disk_errors
     from cramkit.recipes.multitask import SETTINGS_FILE, finetune_mixture
@@ -607,16 +642,33 @@ def _run_mixture(args: argparse.Namespace, mixture, cfg) -> int:
     out = Path(args.out or f"finetune-{mixture.name}")
     check_out(out, inputs=[args.source], own=[SETTINGS_FILE])
     with disk_errors(out):
-        res = finetune_mixture(mixture, tasks, args.source, cfg, out, progress=not args.no_progress)
+        res = finetune_mixture(
+            mixture,
+            tasks,
+            args.source,
+            cfg,
+            out,
+            progress=not args.no_progress,
+            weighting=args.weighting or ("sum" if args.primary else None),
+            primary=args.primary,
+        )
     if not res:
         return 0
+    weighted = res.get("weighting") is not None
     for name, entry in res["tasks"].items():
         for split, r in entry["dev"].items():
             metrics = ", ".join(f"{m} {v:.2f}" for m, v in r["metrics"].items())
-            print(f"{name} {split}: {metrics} (rate {entry['rate']:.3f}, {entry['batches']} batches)")
+            how = f"{entry['batches']} batches" if weighted else f"rate {entry['rate']:.3f}, {entry['batches']} batches"
+            print(f"{name} {split}: {metrics} ({how})")
     if res["score"] is not None:
         print(f"mean of the tasks' main scores: {res['score']:.2f}")
-    print(f"training: {res['examples_per_s']:.1f} examples/s; results in {out / 'results.json'}")
+    if weighted:
+        primary = f", primary {res['primary']}" if res.get("primary") else ""
+        print(f"weighting {res['weighting']}{primary}: every step one batch of each task")
+    print(
+        f"training: {res['examples_per_s']:.1f} examples/s, {res['seconds_per_step']:.3f} s/step; "
+        f"results in {out / 'results.json'}"
+    )
     print(f"model (one head per task) saved in {out}: cramkit predict --from {out} --task NAME FILE")
     return 0
 

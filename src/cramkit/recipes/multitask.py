@@ -18,7 +18,7 @@ import os
 import statistics
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Literal, cast
+from typing import TYPE_CHECKING, Any, Literal, cast
 
 import numpy as np
 
@@ -42,6 +42,9 @@ from cramkit.recipes.finetune import (
 from cramkit.tasks.mixtures import Mixture
 from cramkit.tasks.registry import Task
 
+if TYPE_CHECKING:
+    import torch
+
 PathLike = str | os.PathLike
 SETTINGS_FILE = "mixture.json"
 
@@ -53,10 +56,13 @@ def draw_task(seed: int, batch: int, rates: np.ndarray) -> int:
 
 class MixtureLoader:
     """Micro-batches of one process: each global batch from one task, drawn by ``rates`` with a generator
-    seeded by (seed, batch number); resumable from its state_dict (the draw count and every task's loader)."""
+    seeded by (seed, batch number); resumable from its state_dict (the draw count and every task's loader).
 
-    def __init__(self, loaders: list[BatchLoader], rates: np.ndarray, seed: int) -> None:
-        self.loaders, self.rates, self.seed = loaders, rates, seed
+    ``every_task``: each global batch holds one batch of every task instead (``--weighting``): a micro-batch is
+    ``{"parts": {task: its micro-batch}, "batch": global batch number}``."""
+
+    def __init__(self, loaders: list[BatchLoader], rates: np.ndarray, seed: int, *, every_task: bool = False) -> None:
+        self.loaders, self.rates, self.seed, self.every_task = loaders, rates, seed, every_task
         self.accum = loaders[0].accum  # the same for every task: same batch size, micro-batch and world
         self.batch, self.part, self.current = 0, 0, 0
 
@@ -67,6 +73,12 @@ class MixtureLoader:
         return self
 
     def __next__(self) -> dict:
+        if self.every_task:
+            out = {"parts": {i: next(loader) for i, loader in enumerate(self.loaders)}, "batch": self.batch}
+            self.part += 1
+            if self.part == self.accum:
+                self.part, self.batch = 0, self.batch + 1
+            return out
         if self.part == 0:
             self.current = self.task_of(self.batch)
         out = next(self.loaders[self.current])
@@ -99,12 +111,18 @@ class MixtureObjective:
         seed: int,
         title: str,
         resume_hint: str,
+        weighting: str | None = None,
+        primary: int | None = None,
     ) -> None:
         self.loaded, self.tasks, self.train, self.rates = loaded, tasks, train, rates
         self.cfg, self.seed, self.title, self.resume_hint = cfg, seed, title, resume_hint
+        self.weighting, self.primary = weighting, primary  # weighting None: one task per step, drawn by rates
         self.flops_per_token = None
         self.world = 1
         self.drawn = np.zeros(len(tasks), dtype=np.int64)
+        self.names = short_names([t.name for t in tasks])
+        self._figures: torch.Tensor | None = None  # sums over the steps since the last log line (on the device)
+        self._figure_steps = 0
 
     def build_model(self):
         return build_multitask(self.loaded, [t.num_labels for t in self.tasks], self.cfg, [t.kind for t in self.tasks])
@@ -128,16 +146,22 @@ class MixtureObjective:
             )
             for i, enc in enumerate(self.train)
         ]
-        return MixtureLoader(loaders, self.rates, self.seed)
+        return MixtureLoader(loaders, self.rates, self.seed, every_task=self.weighting is not None)
 
     def count(self, batch: dict) -> int:
+        if "parts" in batch:
+            return sum(int(b["count"]) for b in batch["parts"].values())
         return int(batch["count"])
 
     def tokens(self, batch: dict) -> int:
+        if "parts" in batch:
+            return sum(self.tokens(b) for b in batch["parts"].values())
         mask = batch.get("attention_mask")
         return int(mask.sum()) if mask is not None else batch["input_ids"].numel()
 
     def loss(self, model, batch: dict, device):
+        if "parts" in batch:
+            return self._combined_loss(model, batch, device)
         task = int(batch["task"])
         inputs = {
             k: (v.to(device, non_blocking=True) if v is not None else None)
@@ -150,8 +174,92 @@ class MixtureObjective:
             loss = loss + 0.0 * sum(p.sum() for i, h in enumerate(heads) if i != task for p in h.parameters())
         return loss
 
+    def _task_loss(self, model, batch: dict, task: int, device):
+        inputs = {
+            k: (v.to(device, non_blocking=True) if v is not None else None)
+            for k, v in batch.items()
+            if k not in ("count", "labels", "task")
+        }
+        loss, _ = model(**inputs, labels=batch["labels"].to(device, non_blocking=True), task=task)
+        return loss
+
+    def _combined_loss(self, model, batch: dict, device):
+        """One batch of every task (``--weighting``): the sum of the task losses, whose gradient is the tasks'
+        gradients combined by the weighting (recipes/weighting.py) on the shared encoder, each head's own."""
+        import torch
+
+        from cramkit.recipes.weighting import gradient_figures, needs_task_gradients, pcgrad_order, task_weights
+
+        parts = batch["parts"]
+        weighting = cast(str, self.weighting)
+        if not needs_task_gradients(weighting, self.primary):  # a plain sum: one backward pass, by the engine
+            each = [self._task_loss(model, parts[i], i, device) for i in range(len(self.tasks))]
+            self._add_figures(torch.stack([x.detach().float() for x in each]))
+            return torch.stack(each).sum()
+        net = getattr(model, "module", model)
+        shared = [p for p in net.encoder.parameters() if p.requires_grad]
+        size = sum(p.numel() for p in shared)
+        # one row per task: its gradient on the shared encoder, flattened (written in place, no copies)
+        rows = torch.empty(len(self.tasks), size, device=shared[0].device, dtype=torch.float32)
+        heads: list[tuple[torch.Tensor, torch.Tensor]] = []
+        losses: list[torch.Tensor] = []
+        for i in range(len(self.tasks)):  # each task's forward and backward apart: its gradient alone
+            head = [p for p in net.heads[i].parameters() if p.requires_grad]
+            loss = self._task_loss(model, parts[i], i, device)
+            got = torch.autograd.grad(loss, shared + head, allow_unused=True)
+            offset = 0
+            for g, p in zip(got[: len(shared)], shared, strict=True):
+                part = rows[i, offset : offset + p.numel()]
+                if g is None:  # a parameter this task's loss does not reach
+                    part.zero_()
+                else:
+                    part.copy_(g.reshape(-1))
+                offset += p.numel()
+            heads.extend((p, g) for p, g in zip(head, got[len(shared) :], strict=True) if g is not None)
+            losses.append(loss.detach().float())
+        order = pcgrad_order(self.seed, int(batch["batch"]), len(self.tasks)) if weighting == "pcgrad" else None
+        gram = rows @ rows.T
+        weights = task_weights(gram, weighting, self.primary, order)
+        combined = weights.float() @ rows
+        self._add_figures(torch.cat([torch.stack(losses), gradient_figures(gram, weights)]))
+        # a surrogate whose gradient is the combined one (each parameter's value times its gradient, detached),
+        # with the value of the losses' sum: the engine's backward pass puts the combined gradient in .grad
+        surrogate = torch.zeros((), device=combined.device)
+        offset = 0
+        for p in shared:
+            surrogate = surrogate + (p * combined[offset : offset + p.numel()].view_as(p).to(p.dtype)).sum()
+            offset += p.numel()
+        for p, g in heads:
+            surrogate = surrogate + (p * g.detach()).sum()
+        total = torch.stack(losses).sum()
+        return total + (surrogate - surrogate.detach())
+
+    def _add_figures(self, values) -> None:
+        self._figures = values if self._figures is None else self._figures + values
+        self._figure_steps += 1
+
+    def step_metrics(self) -> dict[str, float]:
+        """Each task's loss (and, when the weighting needs task gradients, their norms on the encoder and
+        cosines) averaged over the steps since the last call: logged with the step (metrics.jsonl)."""
+        if self._figures is None or self.weighting is None:
+            return {}
+        from cramkit.recipes.weighting import figure_names
+
+        values = (self._figures / self._figure_steps).tolist()
+        self._figures, self._figure_steps = None, 0
+        names = [f"loss.{x}" for x in self.names]
+        if len(values) > len(names):
+            names += figure_names(self.names)
+        return {k: round(v, 6) for k, v in zip(names, values, strict=True)}
+
     def evaluate(self, model, ctx, precision: str) -> None:
         return None  # every task is scored by finetune_mixture() on the finished model
+
+
+def short_names(names: list[str]) -> list[str]:
+    """Task names for metrics: the part after the suite (glue/mrpc -> mrpc) when those are distinct."""
+    short = [n.rsplit("/", 1)[-1] for n in names]
+    return short if len(set(short)) == len(short) else [n.replace("/", "-") for n in names]
 
 
 def build_multitask(loaded: LoadedModel, num_labels: list[int], cfg: FinetuneConfig, kinds: list[str] | None = None):
@@ -194,18 +302,27 @@ def finetune_mixture(
     out_dir: PathLike | None = None,
     *,
     progress: bool = True,
+    weighting: str | None = None,
+    primary: str | None = None,
 ) -> dict[str, Any]:
     """Fine-tune ``source`` on the mixture's ``tasks`` together; score each task on its dev split(s).
 
     Returns (and writes to out_dir/results.json) each task's dev metrics and main score, their mean, the
     rates and the steps; the model goes to out_dir (one head per task) and test predictions to
-    out_dir/predictions/TASK/. Trains one seed (the first of cfg.seeds)."""
+    out_dir/predictions/TASK/. Trains one seed (the first of cfg.seeds).
+
+    ``weighting`` (sum, gradnorm, pcgrad: recipes/weighting.py): every step takes one batch of every task and
+    combines their gradients on the encoder so (instead of one task per step drawn by the rates);
+    ``primary``: a task whose loss the other (auxiliary) tasks' gradients must not oppose."""
     if cfg is not None and cfg.method != "head":
         raise CramkitError(
             f"a mixture trains one head per task; method={cfg.method} applies to one task: leave out --method/--prompt"
         )
     cfg = cfg or FinetuneConfig()
     tasks = list(tasks)
+    index: int | None = None
+    if weighting is not None or primary is not None:
+        weighting, index = check_weighting_settings(weighting, primary, [t.name for t in tasks], cfg)
     if len(cfg.seeds) != 1:
         raise CramkitError(
             f"a mixture trains one model with one seed; got seeds {cfg.seeds}: run once per seed (--seeds N)"
@@ -238,9 +355,15 @@ def finetune_mixture(
     sizes = [len(e) for e in train]
     rates = mixture_rates(mixture.rates, sizes)
 
+    from cramkit.recipes.weighting import needs_task_gradients
     from cramkit.train.parallel import fault_guard, init_distributed, shutdown
 
     ctx = init_distributed(cfg.device)
+    if weighting is not None and ctx.world > 1 and needs_task_gradients(weighting, index):
+        raise CramkitError(
+            f"--weighting {weighting}{' --primary' if index is not None else ''} combines the tasks' gradients in "
+            "one process; leave out --nproc/torchrun (only --weighting sum trains on several processes)"
+        )
     if ctx.distributed and out_dir is None:
         raise CramkitError("under torchrun give --out DIR: every process must write into the same directory")
     from cramkit.io import dir_lock
@@ -248,12 +371,36 @@ def finetune_mixture(
     lock = dir_lock(out_dir, "--out") if out_dir is not None and ctx.is_main else contextlib.nullcontext()
     try:
         with lock, fault_guard(ctx):
-            return _train_and_score(mixture, tasks, loaded, cfg, out_dir, ctx, train, dev, tests, rates, progress)
+            return _train_and_score(
+                mixture, tasks, loaded, cfg, out_dir, ctx, train, dev, tests, rates, progress, weighting, index
+            )
     finally:
         shutdown(ctx)
 
 
-def _train_and_score(mixture, tasks, loaded, cfg, out_dir, ctx, train, dev, tests, rates, progress):
+def check_weighting_settings(
+    weighting: str | None, primary: str | None, names: list[str], cfg: FinetuneConfig
+) -> tuple[str, int | None]:
+    """``--weighting`` / ``--primary`` checked against the task names and the fine-tuning settings: the
+    weighting and the primary task's index. What cannot combine the tasks' gradients is one line."""
+    from cramkit.recipes.weighting import check_weighting, needs_task_gradients
+
+    weighting, index = check_weighting(weighting, primary, names)
+    if needs_task_gradients(weighting, index):
+        what = f"--weighting {weighting}" + (f" --primary {primary}" if primary is not None else "")
+        if cfg.micro_batch and cfg.micro_batch < cfg.batch_size:
+            raise CramkitError(
+                f"{what} combines the gradients of whole batches; micro_batch={cfg.micro_batch} would split them: "
+                "leave out micro_batch (or lower batch_size)"
+            )
+        if cfg.precision == "fp16":
+            raise CramkitError(f"{what}: each task's gradient is taken unscaled; use precision bf16 or fp32, not fp16")
+    return weighting, index
+
+
+def _train_and_score(
+    mixture, tasks, loaded, cfg, out_dir, ctx, train, dev, tests, rates, progress, weighting=None, primary=None
+):
     from cramkit.train.epochs import epoch_steps, train_epochs
     from cramkit.train.parallel import main_first
 
@@ -267,6 +414,9 @@ def _train_and_score(mixture, tasks, loaded, cfg, out_dir, ctx, train, dev, test
         "source": loaded.source,
         "config": to_dict(cfg),
     }
+    if weighting is not None:  # (absent otherwise: directories from before --weighting still match)
+        settings["weighting"] = weighting
+        settings["primary"] = None if primary is None else tasks[primary].name
     run = None
     if out_dir is not None:
         from cramkit.io import claim_dir
@@ -280,7 +430,9 @@ def _train_and_score(mixture, tasks, loaded, cfg, out_dir, ctx, train, dev, test
             return done if ctx.is_main else {}
         run = out / "run"
     per_epoch = mixture.examples_per_epoch(sizes)
-    steps = epoch_steps(per_epoch, cfg.batch_size, cfg.epochs)
+    # with a weighting, a step takes one batch of every task: the same examples per epoch in fewer steps
+    step_examples = cfg.batch_size * (len(tasks) if weighting is not None else 1)
+    steps = epoch_steps(per_epoch, step_examples, cfg.epochs)
     objective = MixtureObjective(
         loaded,
         tasks,
@@ -290,14 +442,19 @@ def _train_and_score(mixture, tasks, loaded, cfg, out_dir, ctx, train, dev, test
         seed,
         f"{mixture.name} ({len(tasks)} tasks)",
         "rerun the same command to continue (the mixture resumes from its checkpoint)",
+        weighting,
+        primary,
     )
     cfg = dataclasses.replace(cfg, lr=auto_lr(cfg, loaded.hidden))
     tcfg = train_config(cfg, seed, steps, progress="auto" if progress else False)
-    done = train_epochs(objective, tcfg, run, examples=per_epoch, batch_size=cfg.batch_size, ctx=ctx)
+    done = train_epochs(objective, tcfg, run, examples=per_epoch, batch_size=step_examples, ctx=ctx)
     if not ctx.is_main:
         return {}
     model = done.model
-    drawn = np.bincount([draw_task(seed, b, rates) for b in range(done.steps)], minlength=len(tasks))
+    if weighting is not None:  # every task's batch at every step
+        drawn = np.full(len(tasks), done.steps)
+    else:
+        drawn = np.bincount([draw_task(seed, b, rates) for b in range(done.steps)], minlength=len(tasks))
     results: dict[str, Any] = {
         "mixture": mixture.name,
         "tasks": {},
@@ -307,10 +464,14 @@ def _train_and_score(mixture, tasks, loaded, cfg, out_dir, ctx, train, dev, test
         "max_length": max_length,
         "steps": done.steps,
         "train_seconds": round(done.seconds, 3),
-        "examples_per_s": round(done.steps * cfg.batch_size / max(done.seconds, 1e-9), 2),
+        "examples_per_s": round(done.steps * step_examples / max(done.seconds, 1e-9), 2),
+        "seconds_per_step": round(done.seconds / max(done.steps, 1), 4),
         "loss_curve": curve(done.losses),
         "seed": seed,
     }
+    if weighting is not None:
+        results["weighting"] = weighting
+        results["primary"] = None if primary is None else tasks[primary].name
     device = next(model.parameters()).device
     for i, t in enumerate(tasks):
         view = model.single(i)

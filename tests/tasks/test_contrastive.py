@@ -17,16 +17,13 @@ from cramkit.errors import CramkitError
 from cramkit.recipes import contrastive as con
 from infer.models import cli
 
+from .conftest import write_mrpc_pairs
+
 
 @pytest.fixture(scope="module")
 def mrpc_pairs(real_glue_dir: Path, tmp_path_factory) -> Path:  # real paraphrases
     """MRPC's paraphrases (Quality 1) of its training file as a TSV of pairs."""
-    lines = (real_glue_dir / "MRPC" / "train.tsv").read_text(encoding="utf-8-sig").splitlines()[1:]
-    rows = [line.split("\t") for line in lines]
-    pairs = [(r[3], r[4]) for r in rows if r[0] == "1"][:600]
-    path = tmp_path_factory.mktemp("pairs") / "pairs.tsv"
-    path.write_text("s1\ts2\n" + "".join(f"{a}\t{b}\n" for a, b in pairs), encoding="utf-8")
-    return path
+    return write_mrpc_pairs(real_glue_dir, tmp_path_factory.mktemp("pairs") / "pairs.tsv", 600)
 
 
 def _train(tiny_run: Path, pairs: Path, out: Path, *more: str):

@@ -20,18 +20,15 @@ from cramkit.infer import Engine
 from cramkit.recipes import contrastive as con
 from infer.models import cli
 
+from .conftest import write_mrpc_pairs
+
 PROMPTS = {"query": "query: ", "passage": "passage: "}
 TEXTS = ["a fine film", "the market fell sharply", "he went home early"]
 
 
 @pytest.fixture(scope="module")
 def mrpc_pairs(glue_dir: Path, tmp_path_factory) -> Path:
-    lines = (glue_dir / "MRPC" / "train.tsv").read_text(encoding="utf-8-sig").splitlines()[1:]
-    rows = [line.split("\t") for line in lines]
-    pairs = [(r[3], r[4]) for r in rows if r[0] == "1"][:200]
-    path = tmp_path_factory.mktemp("pairs") / "pairs.tsv"
-    path.write_text("s1\ts2\n" + "".join(f"{a}\t{b}\n" for a, b in pairs), encoding="utf-8")
-    return path
+    return write_mrpc_pairs(glue_dir, tmp_path_factory.mktemp("pairs") / "pairs.tsv", 200)
 
 
 def _train(tiny_run: Path, pairs: Path, out: Path, *more: str):

@@ -80,3 +80,96 @@ def test_print_config_and_config_files_round_trip(tmp_path):
     (tmp_path / "bad.yaml").write_text("epoch: 3\n")
     bad = cli("finetune", "--config", str(tmp_path / "bad.yaml"), "--print-config")
     assert bad.returncode == 2 and "did you mean 'epochs'" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_every_verb_refuses_the_same_mistakes_from_both_doors(pretrained_run, glue_dir, tmp_path):
+    """Mixtures, few-shot protocols, suites, the contrastive stage, distillation and embedding: the command line
+    and the Python verb give the same line for the same mistake, and write nothing."""
+    run, missing = str(pretrained_run), str(tmp_path / "no-such-model")
+    ft = ["finetune", "--from", run, "--data-dir", str(glue_dir)]
+    said = _same_line(
+        [*ft, "--mixture", "glue/mrpc,glue/cola", "--task", "glue/sst2"],
+        lambda: cramkit.finetune(run, mixture="glue/mrpc,glue/cola", task="glue/sst2"),
+    )
+    assert "not both" in said
+    said = _same_line(
+        [*ft, "--task", "glue/sst2", "--rates", "1,1"], lambda: cramkit.finetune(run, task="glue/sst2", rates="1,1")
+    )
+    assert "--rates applies to --mixture" in said
+    said = _same_line(
+        [*ft, "--mixture", "glue/mrpc,glue/cola", "--primary", "glue/sst2"],
+        lambda: cramkit.finetune(run, mixture="glue/mrpc,glue/cola", primary="glue/sst2"),
+    )
+    assert "glue/sst2" in said
+    said = _same_line(
+        [*ft, "--task", "glue/sst2", "--few-shot", "8", "--fewshot-splits", "0"],
+        lambda: cramkit.finetune(run, task="glue/sst2", few_shot=8, fewshot_splits="0"),
+    )
+    assert "two protocols" in said
+    out = tmp_path / "mix"
+    said = _same_line(
+        [
+            "finetune",
+            "--from",
+            missing,
+            "--mixture",
+            "glue/mrpc,glue/cola",
+            "--data-dir",
+            str(glue_dir),
+            "--out",
+            str(out),
+        ],
+        lambda: cramkit.finetune(missing, mixture="glue/mrpc,glue/cola", data_dir=glue_dir, out=out),
+    )
+    assert "no such directory" in said and not out.exists()
+    said = _same_line(
+        ["eval", "glue", "--from", missing, "--data-dir", str(glue_dir), "--out", str(out)],
+        lambda: cramkit.evaluate(missing, glue_dir, out),
+    )
+    assert "no such directory" in said and not out.exists()
+    said = _same_line(["eval", "glu", "--from", run], lambda: cramkit.evaluate(run, suite="glu"))
+    assert "glue" in said
+    pairs = tmp_path / "pairs.jsonl"
+    pairs.write_text('{"a": "one", "b": "two"}\n')
+    said = _same_line(
+        ["finetune", "--objective", "contrastive", "--from", missing, "--train", str(pairs), "--out", str(out)],
+        lambda: cramkit.train_embeddings(missing, train=pairs, out=out),
+    )
+    assert "no such directory" in said and not out.exists()
+    said = _same_line(
+        ["distill", "--teacher", run, "--student", "bilsm", "--out", str(out)],
+        lambda: cramkit.distill(run, student="bilsm", out=out),
+    )
+    assert "did you mean bilstm" in said and not out.exists()
+    said = _same_line(
+        ["distill", "--teacher", missing, "--student", "bilstm", "--task", "glue/sst2", "--data-dir", str(glue_dir)]
+        + ["--out", str(out)],
+        lambda: cramkit.distill(missing, student="bilstm", task="glue/sst2", data_dir=glue_dir, out=out),
+    )
+    assert "--teacher" in said and "no such directory" in said and not out.exists()
+    text = tmp_path / "texts.txt"
+    text.write_text("a line\n")
+    said = _same_line(
+        ["embed", str(text), "--from", missing, "--out", str(out)], lambda: cramkit.embed(text, missing, out)
+    )
+    assert "no such directory" in said and not out.exists()
+
+
+def test_the_verbs_are_one_function_each_and_distill_stays_a_package():
+    """Every verb of the command line has its typed Python function; ``cramkit.distill`` is the verb and still
+    the package (``import cramkit.distill.core``); ``import cramkit`` imports no torch."""
+    import subprocess
+    import sys
+
+    for verb in ("train_embeddings", "evaluate_sts", "evaluate_retrieval", "embed", "distill"):
+        sig = inspect.signature(getattr(cramkit, verb))
+        assert sig.return_annotation is not inspect.Signature.empty, verb
+        assert not any(p.kind is p.VAR_POSITIONAL for p in sig.parameters.values()), verb
+    assert "student" in inspect.signature(cramkit.distill).parameters
+    code = (
+        "import sys, cramkit; assert 'torch' not in sys.modules; import cramkit.distill.core as c; "
+        "from cramkit.distill import DistillConfig; assert c.DistillConfig is DistillConfig is "
+        "cramkit.distill.DistillConfig; assert callable(cramkit.distill)"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr

@@ -28,6 +28,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("cramkit.load",),
     ("cramkit.recipes",),  # pretraining, adaptation, fine-tuning, mixtures, suites: run on the engine
     ("cramkit.distill", "cramkit.infer", "cramkit.serve", "cramkit.index"),
+    ("cramkit.api",),  # the verbs as Python functions: the one front door, called by the command line
     ("cramkit.commands", "cramkit.cli", "cramkit.__main__"),
 ]
 # the stages that sit side by side above load and train: none reaches into another's privates

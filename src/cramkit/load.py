@@ -80,6 +80,21 @@ META_FIELDS = {
 # ---------------------------------------------------------------------------------------------------
 
 
+def check_source(source: str, flag: str = "--from") -> None:
+    """Fail before any data is read when the model cannot be had: a path that does not exist, or an ``hf:``
+    hub id that cannot be downloaded (resolved, and cached, as :func:`load` resolves it). Every verb that
+    takes a model checks it here, so the command line and Python give the same line."""
+    if source.startswith("hf:"):
+        from cramkit.model.hf import _resolve
+
+        _resolve(source)
+    elif not Path(source).expanduser().exists():
+        raise CramkitError(
+            f"{flag} {source}: no such directory; give a cramkit run directory (with config.yaml and "
+            "checkpoints/), a model directory, a Hugging Face directory or hf:ORG/NAME (a hub id)"
+        )
+
+
 def directory_kind(path: PathLike) -> str | None:
     """What ``path`` is: an export format's name (onnx, ct2, ...), model, run, checkpoint (a run's step
     directory) or hf (see DIRECTORY_KINDS; ``hf:DIR`` is hf); None when it is none of them."""

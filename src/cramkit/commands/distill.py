@@ -5,8 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from cramkit.commands.checks import add_report_to, check_model_source
-from cramkit.errors import CramkitError
+from cramkit.commands.checks import add_report_to
 
 EPILOG = """\
 examples:
@@ -84,11 +83,22 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
-def _task(args: argparse.Namespace):
-    from cramkit.tasks.resolve import resolve_task
+def run(args: argparse.Namespace) -> int:
+    from cramkit.api import check_student, distill  # distill is cramkit.distill(...)
+    from cramkit.config import parse_overrides
+    from cramkit.distill.core import config_from
 
-    return resolve_task(
-        args.task,
+    if args.nproc != 1:  # what would fail in every process fails here once: the student, the settings
+        check_student(args.student)
+        config_from(parse_overrides(args.overrides))
+        from cramkit.train.launch import relaunch
+
+        return relaunch(args.nproc, args.argv)
+    rep = distill(
+        args.teacher,
+        student=args.student,
+        out=args.out,
+        task=args.task,
         data_dir=args.data_dir,
         train=args.train,
         dev=args.dev,
@@ -96,57 +106,12 @@ def _task(args: argparse.Namespace):
         text_b=args.text_b,
         label=args.label,
         regression=args.regression,
-        dev_fraction=None,  # teacher and student are scored on the user's dev file
+        unlabelled=args.unlabelled,
+        cache=args.cache,
+        progress=not args.no_progress,
+        report_to=args.report_to,
+        **parse_overrides(args.overrides),
     )
-
-
-def _unlabelled(path: str | None, limit: int, seed: int) -> list[str] | None:
-    if not path:
-        return None
-    from cramkit.distill.unlabelled import STORE_DEFAULT_LIMIT, is_text_file, read_unlabelled
-
-    if not limit and not is_text_file(path):
-        limit = STORE_DEFAULT_LIMIT
-    return read_unlabelled(path, limit=limit, seed=seed)
-
-
-def run(args: argparse.Namespace) -> int:
-    from cramkit.config import parse_overrides
-    from cramkit.distill.core import STUDENTS, config_from
-
-    if args.student not in STUDENTS:
-        import difflib
-
-        close = difflib.get_close_matches(args.student, STUDENTS, n=1)
-        hint = f" (did you mean {close[0]}?)" if close else ""
-        raise CramkitError(f"--student {args.student!r}: unknown student{hint}; choose one of {', '.join(STUDENTS)}")
-    overrides = parse_overrides(args.overrides)
-    if args.report_to is not None:
-        overrides["report_to"] = args.report_to
-    cfg = config_from(overrides)
-    if args.nproc != 1:
-        from cramkit.train.launch import relaunch
-
-        return relaunch(args.nproc, args.argv)
-    task = _task(args)
-    for split in [task.train_split, *task.dev_splits]:
-        task.examples(split)  # a missing or malformed file fails before any work
-    unlabelled = _unlabelled(args.unlabelled, cfg.max_unlabelled, cfg.seed)
-    check_model_source(args.teacher, "--teacher")
-    from cramkit.distill.core import distill
-    from cramkit.io import disk_errors
-
-    with disk_errors(args.out):
-        rep = distill(
-            args.teacher,
-            task,
-            args.student,
-            cfg,
-            args.out,
-            cache=args.cache,
-            unlabelled=unlabelled,
-            progress=not args.no_progress,
-        )
     if not rep:  # under torchrun, a rank other than 0: rank 0 reports
         return 0
     print((Path(args.out) / "report.md").read_text(encoding="utf-8"))

@@ -80,8 +80,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    import cramkit
     from cramkit.errors import CramkitError
-    from cramkit.index.embed_cli import embed_source
     from cramkit.io import disk_errors
 
     if args.join is not None:
@@ -96,27 +96,26 @@ def run(args: argparse.Namespace) -> int:
         return 0
     if args.source is None or args.model is None or args.out is None:
         raise CramkitError("cramkit embed needs FILE_OR_STORE, --from MODEL and --out DIR (or --join DIR)")
-    with disk_errors(args.out):
-        rec = embed_source(
-            args.source,
-            args.model,
-            args.out,
-            text_col=args.text_field,
-            encoding=args.encoding,
-            errors=args.errors,
-            pooling=args.pooling,
-            normalize=args.normalize,
-            chunk_tokens=args.chunk_tokens,
-            store_tokenizer=args.store_tokenizer,
-            overwrite=args.overwrite,
-            device=args.device,
-            max_batch_tokens=args.max_batch_tokens,
-            block=args.block,
-            format=args.format,
-            shard=args.shard,
-            prompt_name=args.prompt_name,
-            dimensions=args.dimensions,
-        )
+    rec = cramkit.embed(
+        args.source,
+        args.model,
+        args.out,
+        text_field=args.text_field,
+        encoding=args.encoding,
+        errors=args.errors,
+        pooling=args.pooling,
+        normalize=args.normalize,
+        chunk_tokens=args.chunk_tokens,
+        store_tokenizer=args.store_tokenizer,
+        overwrite=args.overwrite,
+        device=args.device,
+        max_batch_tokens=args.max_batch_tokens,
+        block=args.block,
+        format=args.format,
+        shard=args.shard,
+        prompt_name=args.prompt_name,
+        dimensions=args.dimensions,
+    )
     from cramkit.index.embedding import dist_info
 
     if rec is None or dist_info()[0] != 0:

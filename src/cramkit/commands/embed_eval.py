@@ -84,7 +84,7 @@ def check_suite_args(args: argparse.Namespace) -> None:
 
 
 def run_embed_eval(args: argparse.Namespace) -> int:
-    from cramkit.commands.checks import check_model_source
+    import cramkit
 
     what = args.suite.lower()
     given = [flag for name, flag in _SUITE_ONLY.items() if getattr(args, name, None)]
@@ -107,11 +107,8 @@ def run_embed_eval(args: argparse.Namespace) -> int:
         raise CramkitError(f"{wrong[0]} applies to cramkit eval {other}, not {what}; leave it out")
     if args.print_config:  # the settings, as the suites print theirs; nothing is read or written
         return _print_settings(args, what)
-    check_model_source(args.source)
-    from cramkit.index import evaluate as embed_eval
-
     if what == "sts":
-        res = embed_eval.evaluate_sts(
+        res = cramkit.evaluate_sts(
             args.source,
             args.data,
             args.out or "eval-sts",
@@ -125,7 +122,7 @@ def run_embed_eval(args: argparse.Namespace) -> int:
             dimensions=args.dimensions,
         )
     else:
-        res = embed_eval.evaluate_retrieval(
+        res = cramkit.evaluate_retrieval(
             args.source,
             args.data,
             args.out or "eval-retrieval",
@@ -138,7 +135,9 @@ def run_embed_eval(args: argparse.Namespace) -> int:
             progress=not args.no_progress,
             dimensions=args.dimensions,
         )
-    print(embed_eval.summary_line(res))
+    from cramkit.index.evaluate import summary_line
+
+    print(summary_line(res))
     if res.get("skipped_rows"):
         print(f"cramkit: note: skipped bad rows: {json.dumps(res['skipped_rows'])}", file=sys.stderr)
     return 0

@@ -46,9 +46,9 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from cramkit.infer.export import export
+    from cramkit.api import export_summary
 
-    done = export(
+    summary = export_summary(
         args.source,
         args.out,
         format=args.format,
@@ -59,5 +59,5 @@ def run(args: argparse.Namespace) -> int:
         task=args.task,
         base=args.base,
     )
-    print(done.summary)
+    print(summary)
     return 0

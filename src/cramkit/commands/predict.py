@@ -56,31 +56,28 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
+    import cramkit
     from cramkit.commands.tasks import _columns_list
-    from cramkit.infer.predict import predict
 
     out = args.out or str(Path(args.file).with_suffix("")) + ".predictions.jsonl"
     label = None if args.label.lower() == "none" else args.label
-    from cramkit.io import disk_errors
-
-    with disk_errors(out):
-        res = predict(
-            args.source,
-            args.file,
-            out,
-            text_a=args.text_a,
-            text_b=args.text_b,
-            label=label,
-            keep_text=args.keep_text,
-            top_k=args.top_k,
-            device=args.device,
-            max_batch_tokens=args.max_batch_tokens,
-            max_length=args.max_length,
-            task=args.task,
-            base=args.base,
-            choices=_columns_list(args.choices, "--choices"),
-            **reading_kwargs(args),
-        )
+    res = cramkit.predict(
+        args.source,
+        args.file,
+        out,
+        text_a=args.text_a,
+        text_b=args.text_b,
+        label=label,
+        keep_text=args.keep_text,
+        top_k=args.top_k,
+        device=args.device,
+        max_batch_tokens=args.max_batch_tokens,
+        max_length=args.max_length,
+        task=args.task,
+        base=args.base,
+        choices=_columns_list(args.choices, "--choices"),
+        **reading_kwargs(args),
+    )
     line = f"predicted {res['rows']} rows in {res['seconds']:.2f}s ({res['examples_per_s']:,.1f} examples/s)"
     if res["truncated"]:
         line += f"; {res['truncated']} inputs truncated to the model's limit"

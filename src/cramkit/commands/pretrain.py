@@ -131,9 +131,9 @@ def run(args: argparse.Namespace) -> int:
         return 0
     if args.nproc != 1 or args.nnodes != 1:
         return _launch(args)
-    from cramkit.recipes.pretrain import pretrain
+    import cramkit
 
-    run_dir = pretrain(
+    run_dir = cramkit.pretrain(
         args.inputs or None,
         preset=args.preset,
         budget=args.budget,

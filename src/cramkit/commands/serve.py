@@ -78,29 +78,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from cramkit.errors import CramkitError
     from cramkit.serve import Limits, serve
 
-    counts = (
-        "max_batch_tokens",
-        "max_inputs",
-        "max_input_chars",
-        "max_choices",
-        "max_payload_bytes",
-        "max_queue",
-        "max_answer_items",
-        "max_connections",
-    )
-    for flag in counts:
-        if getattr(args, flag) is not None and getattr(args, flag) < 1:
-            raise CramkitError(f"--{flag.replace('_', '-')} must be positive, got {getattr(args, flag)}")
-    seconds = ("timeout", "body_timeout", "header_timeout", "idle_timeout")
-    if any(getattr(args, flag) <= 0 for flag in seconds) or args.max_wait_ms < 0:
-        raise CramkitError(
-            "--timeout, --body-timeout, --header-timeout and --idle-timeout must be positive, --max-wait-ms at least 0"
-        )
-    if not 0 <= args.port < 65536:
-        raise CramkitError(f"--port must be 0..65535, got {args.port}")
     limits = Limits(
         max_payload_bytes=args.max_payload_bytes,
         max_inputs=args.max_inputs,

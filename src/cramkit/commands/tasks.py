@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from cramkit.commands import embed_eval
-from cramkit.commands.checks import add_report_to, check_model_source
+from cramkit.commands.checks import add_report_to
 from cramkit.errors import CramkitError
 
 FINETUNE_EPILOG = """\
@@ -327,37 +327,45 @@ class _SuiteHelp(argparse.Action):
         parser.exit()
 
 
-def _config(args: argparse.Namespace):
+def _settings(args: argparse.Namespace) -> tuple[dict, dict]:
+    """(``--config FILE``'s settings, ``--set``'s), each flat (``--set finetune.lr=...`` is taken too)."""
     from cramkit.config import parse_overrides
-    from cramkit.recipes.finetune import config_from
 
     overrides = parse_overrides(args.overrides)
     if isinstance(overrides.get("finetune"), dict):  # accept --set finetune.lr=... too
         nested = overrides.pop("finetune")
         overrides = {**overrides, **nested}
+    base: dict = {}
     if getattr(args, "config", None):
         from cramkit.config import load_yaml
 
         base = load_yaml(args.config)
-        if isinstance(base.get("finetune"), dict) and len(base) == 1:
+        if isinstance(base.get("finetune"), dict) and len(base) == 1:  # what --print-config writes
             base = base["finetune"]
-        overrides = {**base, **overrides}
-    for flag, key in (
-        ("method", "method"),
-        ("prompt", "prompt"),
-        ("label_words", "label_words"),
-        ("prefix_len", "prefix_len"),
-    ):
+    return base, overrides
+
+
+def _config(args: argparse.Namespace):
+    """The fine-tuning settings the flags give (what ``cramkit.finetune``/``cramkit.evaluate`` take as
+    ``config``): a mistyped setting fails here, before any process starts."""
+    from cramkit.api import finetune_config
+
+    base, overrides = _settings(args)
+    for flag in ("method", "prefix_len"):
         if getattr(args, flag, None) is not None:
-            overrides[key] = getattr(args, flag)
-    if getattr(args, "report_to", None) is not None:
-        overrides["report_to"] = args.report_to
+            overrides[flag] = getattr(args, flag)
     if args.seeds:
         try:
             overrides["seeds"] = [int(s) for s in args.seeds.split(",") if s.strip()]
         except ValueError:
             raise CramkitError(f"--seeds {args.seeds!r}: give comma-separated integers, e.g. 0,1,2") from None
-    return config_from(overrides)
+    return finetune_config(
+        None,
+        {**base, **overrides},
+        prompt=getattr(args, "prompt", None),
+        label_words=getattr(args, "label_words", None),
+        report_to=getattr(args, "report_to", None),
+    )
 
 
 def _print_config(cfg) -> int:
@@ -369,11 +377,10 @@ def _print_config(cfg) -> int:
     return 0
 
 
-def _resolve_task(args: argparse.Namespace):
-    from cramkit.tasks.resolve import resolve_task
-
-    return resolve_task(
-        args.task,
+def _task_kwargs(args: argparse.Namespace) -> dict:
+    """The task flags as ``cramkit.finetune``'s keywords (a registered task or the user's files)."""
+    return dict(
+        task=args.task,
         data_dir=args.data_dir,
         train=args.train,
         dev=args.dev,
@@ -401,65 +408,73 @@ def _columns_list(value: str | None, flag: str) -> list[str] | None:
 
 def run_finetune(args: argparse.Namespace) -> int:
     if args.list_tasks:
-        from cramkit.tasks.mixtures import get_mixture, list_mixtures
-        from cramkit.tasks.registry import list_tasks
-
-        print("\n".join(list_tasks()))
-        print(
-            "(or your own files: --train FILE [--dev FILE] --text-a COLUMN [--text-b COLUMN | --choices COLS] "
-            "--label COLUMN)"
-        )
-        print("\nmixtures (--mixture NAME, or task names separated by commas):")
-        for name in list_mixtures():
-            mix = get_mixture(name)
-            print(
-                f"{name}: {', '.join(mix.tasks)} (rates {mix.rates}){f'; {mix.description}' if mix.description else ''}"
-            )
-        return 0
+        return _list_tasks()
     prompts = (args.query_prompt, args.passage_prompt, args.default_prompt_name)
     if args.objective != "classify" or args.negative or args.budget or any(x is not None for x in prompts):
         return _run_contrastive(args)
+    import cramkit
+    from cramkit.api import check_finetune
+
     cfg = _config(args)  # a mistyped setting fails here, before --nproc starts the processes
     if args.print_config:
         return _print_config(cfg)
     if not args.source:
         raise CramkitError("cramkit finetune needs --from MODEL (a run directory, a model directory or hf:DIR)")
-    if args.rates and not args.mixture:
-        raise CramkitError("--rates applies to --mixture; give the tasks with --mixture glue/mrpc,glue/rte,...")
-    if args.mixture:
-        from cramkit.tasks.mixtures import resolve_mixture
-
-        if args.task or args.train:
-            raise CramkitError("give either --mixture or --task/--train, not both")
-        mixture = resolve_mixture(args.mixture, args.rates)  # an unknown name or a bad rate fails before --nproc
-        if args.weighting is not None or args.primary is not None:
-            _check_weighting(args, mixture, cfg)
-    elif args.weighting is not None or args.primary is not None:
-        flag = "--weighting" if args.weighting is not None else "--primary"
-        raise CramkitError(f"{flag} applies to --mixture; give the tasks with --mixture glue/mrpc,glue/cola,...")
-    if args.few_shot is not None and args.fewshot_splits:
-        raise CramkitError(
-            "--few-shot K (LM-BFF's protocol) and --fewshot-splits (FewCLUE's) are two protocols: give one"
-        )
-    if args.few_shot is not None and args.splits < 1:
-        raise CramkitError(f"--splits must be at least 1, got {args.splits}")
-    if args.fewshot_splits or args.few_shot is not None:
-        return _finetune_fewshot(args, cfg)
+    routes = dict(
+        mixture=args.mixture,
+        rates=args.rates,
+        weighting=args.weighting,
+        primary=args.primary,
+        few_shot=args.few_shot,
+        splits=args.splits,
+        fewshot_splits=args.fewshot_splits,
+    )
+    mixture = check_finetune(task=args.task, train=args.train, config=cfg, **routes)
+    fewshot = args.fewshot_splits or args.few_shot is not None
     if args.nproc != 1:
+        if fewshot:
+            flag = "--few-shot" if args.few_shot is not None else "--fewshot-splits"
+            raise CramkitError(f"{flag} runs one task in one process; leave out --nproc and --mixture")
+        if mixture is not None and (args.weighting is not None or args.primary is not None):
+            _check_weighting_processes(args, mixture)
         return _launch_finetune(args)
-    if args.mixture:
-        return _run_mixture(args, mixture, cfg)
-    task = _resolve_task(args)
-    check_model_source(args.source)
-    # load every split the run will need before any training starts: a missing split fails fast
-    for split in [task.train_split, *task.dev_splits]:
-        task.examples(split)
-    from cramkit.recipes.finetune import finetune
-
-    out = Path(args.out or f"finetune-{task.name.replace('/', '-')}")
-    res = finetune(task, args.source, cfg, out, progress=not args.no_progress)
+    if mixture is not None:
+        kwargs = dict(data_dir=args.data_dir, skip_bad_rows=args.skip_bad_rows)
+    else:
+        kwargs = _task_kwargs(args)
+    res = cramkit.finetune(args.source, **kwargs, **routes, out=args.out, progress=not args.no_progress, config=cfg)
     if not res:  # under torchrun, a rank other than 0: rank 0 reports
         return 0
+    if fewshot:
+        _report_fewshot(args, res)
+    elif mixture is not None:
+        _report_mixture(res, Path(args.out or f"finetune-{mixture.name}"))
+    else:
+        _report_finetune(args, cfg, res)
+    if res.get("skipped_rows"):
+        print(f"skipped bad rows: {json.dumps(res['skipped_rows'])}", file=sys.stderr)
+    return 0
+
+
+def _list_tasks() -> int:
+    from cramkit.tasks.mixtures import get_mixture, list_mixtures
+    from cramkit.tasks.registry import list_tasks
+
+    print("\n".join(list_tasks()))
+    print(
+        "(or your own files: --train FILE [--dev FILE] --text-a COLUMN [--text-b COLUMN | --choices COLS] "
+        "--label COLUMN)"
+    )
+    print("\nmixtures (--mixture NAME, or task names separated by commas):")
+    for name in list_mixtures():
+        mix = get_mixture(name)
+        print(f"{name}: {', '.join(mix.tasks)} (rates {mix.rates}){f'; {mix.description}' if mix.description else ''}")
+    return 0
+
+
+def _report_finetune(args: argparse.Namespace, cfg, res: dict) -> None:
+    name = res["task"]
+    out = Path(args.out or f"finetune-{name.replace('/', '-')}")
     n = len(cfg.seeds)
     for split, med in res["median"].items():
         metrics = ", ".join(f"{m} {v:.2f}" for m, v in med["metrics"].items())
@@ -469,10 +484,10 @@ def run_finetune(args: argparse.Namespace) -> int:
             if n > 1
             else "1 seed"
         )
-        print(f"{task.name} {split}: {metrics} ({how})")
+        print(f"{name} {split}: {metrics} ({how})")
     for split, med in res.get("test", {}).items():
         metrics = ", ".join(f"{m} {v:.2f}" for m, v in med["metrics"].items())
-        print(f"{task.name} {split} (labelled test file): {metrics} (median of {len(cfg.seeds)} seed(s))")
+        print(f"{name} {split} (labelled test file): {metrics} (median of {len(cfg.seeds)} seed(s))")
     if cfg.keep == "best":
         steps = ", ".join(str(r.get("best_step", "?")) for r in res["seeds"])
         print(f"kept: the model of the best dev score (step {steps}); that dev score is optimistic, chosen on dev")
@@ -493,15 +508,12 @@ def run_finetune(args: argparse.Namespace) -> int:
         else f"model (seed {res['kept_seed']}, {kept} by dev score) saved in {out}: cramkit predict --from {out} "
         f"FILE; cramkit export {out} --out DIR"
     )
-    if res.get("skipped_rows"):
-        print(f"skipped bad rows: {json.dumps(res['skipped_rows'])}", file=sys.stderr)
-    return 0
 
 
 def _run_contrastive(args: argparse.Namespace) -> int:
-    """``finetune --objective contrastive|simcse``: the contrastive stage (cramkit.recipes.contrastive)."""
-    from cramkit.config import parse_overrides
-    from cramkit.recipes import contrastive as con
+    """``finetune --objective contrastive|simcse``: the contrastive stage (``cramkit.train_embeddings``)."""
+    import cramkit
+    from cramkit.api import embedding_config
 
     if args.objective == "classify":
         raise CramkitError(
@@ -511,42 +523,17 @@ def _run_contrastive(args: argparse.Namespace) -> int:
     unfit += ["--fewshot-splits"] * bool(args.fewshot_splits)
     if unfit:
         raise CramkitError(f"--objective {args.objective} trains an embedding model; {', '.join(unfit)} do not apply")
-    overrides = parse_overrides(args.overrides)
-    if getattr(args, "config", None):
-        from cramkit.config import load_yaml
-
-        base = load_yaml(args.config)
-        if isinstance(base.get("finetune"), dict) and len(base) == 1:  # what --print-config writes
-            base = base["finetune"]
-        overrides = {**base, **overrides}
-    overrides["objective"] = args.objective
-    if args.report_to is not None:
-        overrides["report_to"] = args.report_to
+    base, overrides = _settings(args)
     if args.budget:
-        from cramkit.train.budget import parse_budget
-
-        parse_budget(args.budget, "--budget")
         overrides["budget"] = args.budget
     for flag in ("query_prompt", "passage_prompt", "default_prompt_name"):  # taken as given (not YAML)
         if getattr(args, flag) is not None:
             overrides[flag] = getattr(args, flag)
-    cfg = con.config_from(overrides)
+    cfg = embedding_config(None, {**base, **overrides}, objective=args.objective, report_to=args.report_to)
     if args.print_config:
         return _print_config(cfg)
     if not args.source:
         raise CramkitError("cramkit finetune needs --from MODEL (a run directory, a model directory or hf:DIR)")
-    check_model_source(args.source)
-    rows, dev_rows, skipped = con.training_rows(
-        cfg,
-        train=args.train,
-        dev=args.dev,
-        task=_resolve_task(args) if args.task and not args.train else None,
-        text_a=args.text_a,
-        text_b=args.text_b,
-        negative=args.negative,
-        skip_bad_rows=args.skip_bad_rows,
-    )
-    out = Path(args.out or f"{cfg.objective}-{Path(args.train or args.task or 'pairs').stem.replace('/', '-')}")
     if args.nproc != 1:  # the same command on N processes (torchrun): negatives gathered across them
         if args.nproc > 1 and cfg.batch_size % args.nproc:
             raise CramkitError(
@@ -554,8 +541,19 @@ def _run_contrastive(args: argparse.Namespace) -> int:
                 f"{args.nproc} (each process embeds an equal share of every batch)"
             )
         return _launch_finetune(args)
-    res = con.train_embeddings(
-        args.source, rows, cfg, out, dev_rows=dev_rows, progress=not args.no_progress, skipped=skipped
+    res = cramkit.train_embeddings(
+        args.source,
+        train=args.train,
+        dev=args.dev,
+        task=args.task,
+        data_dir=args.data_dir,
+        text_a=args.text_a,
+        text_b=args.text_b,
+        negative=args.negative,
+        out=args.out,
+        skip_bad_rows=args.skip_bad_rows,
+        progress=not args.no_progress,
+        config=cfg,
     )
     from cramkit.runtime import torchrun
 
@@ -572,88 +570,45 @@ def _run_contrastive(args: argparse.Namespace) -> int:
         f"trained {res['steps']} steps on {res['pairs']:,} pairs ({res['examples_per_s']:.1f} pairs/s)"
         + (f"; {res['skipped_rows']} rows skipped (an empty text)" if res["skipped_rows"] else "")
     )
+    out = args.out or f"{cfg.objective}-{Path(args.train or args.task or 'pairs').stem.replace('/', '-')}"
     print(f"embedding model saved in {out}: cramkit embed --from {out} FILE; cramkit index build --from {out} ...")
     return 0
 
 
-def _finetune_fewshot(args: argparse.Namespace, cfg) -> int:
-    """``--fewshot-splits`` (FewCLUE's protocol) or ``--few-shot K --splits S`` (LM-BFF's) on one task; each
-    split in OUT/split-S, the summary in OUT."""
-    from cramkit.recipes.evaluate import fewshot_run, plus_minus
-    from cramkit.tasks.clue import parse_fewshot_splits
+def _report_fewshot(args: argparse.Namespace, res: dict) -> None:
+    """``--fewshot-splits`` (FewCLUE's protocol) or ``--few-shot K --splits S`` (LM-BFF's): each split's score,
+    then the mean and spread."""
+    from cramkit.recipes.evaluate import plus_minus
 
-    flag = "--few-shot" if args.few_shot is not None else "--fewshot-splits"
-    if args.nproc != 1 or args.mixture:
-        raise CramkitError(f"{flag} runs one task in one process; leave out --nproc and --mixture")
-    k = args.few_shot
-    ks = [str(i) for i in range(args.splits)] if k is not None else parse_fewshot_splits(args.fewshot_splits)
-    task = _resolve_task(args)
-    check_model_source(args.source)
-    suffix = f"{k}shot" if k is not None else "fewshot"
-    out = Path(args.out or f"finetune-{task.name.replace('/', '-')}-{suffix}")
-    res = fewshot_run(task, args.source, cfg, out, ks, k=k, progress=not args.no_progress)
+    name, k = res["task"], args.few_shot
     few = res["fewshot"]
+    keys = list(few["per_split"])
+    out = Path(args.out or f"finetune-{name.replace('/', '-')}-{f'{k}shot' if k is not None else 'fewshot'}")
     scored = ", ".join(res["median"])
     for key, one in few["per_split"].items():
         print(
-            f"{task.name} split {key}: {scored} {res['main_metric']} {one['score']:.2f} "
-            f"(its dev {one['dev']['score']:.2f})"
+            f"{name} split {key}: {scored} {res['main_metric']} {one['score']:.2f} (its dev {one['dev']['score']:.2f})"
         )
-    what = f"FewCLUE splits {','.join(ks)}" if k is None else f"{len(ks)} few-shot splits (K={k} per class)"
+    what = f"FewCLUE splits {','.join(keys)}" if k is None else f"{len(keys)} few-shot splits (K={k} per class)"
     print(
-        f"{task.name}: {scored} {res['main_metric']} {few['mean']:.2f}{plus_minus(few)} over {what}; results in "
+        f"{name}: {scored} {res['main_metric']} {few['mean']:.2f}{plus_minus(few)} over {what}; results in "
         f"{out / 'results.json'}" + (f", test.json predictions in {out / 'submission'}" if k is None else "")
     )
-    if res.get("skipped_rows"):
-        print(f"skipped bad rows: {json.dumps(res['skipped_rows'])}", file=sys.stderr)
-    return 0
 
 
-def _check_weighting(args: argparse.Namespace, mixture, cfg) -> None:
-    """``--weighting`` / ``--primary`` with the mixture and the other flags, before anything starts."""
-    from cramkit.recipes.multitask import check_weighting_settings
-    from cramkit.recipes.weighting import needs_task_gradients
+def _check_weighting_processes(args: argparse.Namespace, mixture) -> None:
+    """``--weighting``/``--primary`` that combine the tasks' gradients in one process, given ``--nproc``."""
+    from cramkit.recipes.weighting import check_weighting, needs_task_gradients
 
-    if args.rates:
-        raise CramkitError(
-            "--rates draws one task per step; --weighting/--primary train every task at every step: give one of them"
-        )
-    weighting, index = check_weighting_settings(args.weighting, args.primary, list(mixture.tasks), cfg)
-    if args.nproc != 1 and needs_task_gradients(weighting, index):
+    weighting, index = check_weighting(args.weighting, args.primary, list(mixture.tasks))
+    if needs_task_gradients(weighting, index):
         raise CramkitError(
             f"--weighting {weighting}{' with --primary' if index is not None else ''} combines the tasks' gradients "
             "in one process; leave out --nproc (only --weighting sum trains on several processes)"
         )
 
 
-def _run_mixture(args: argparse.Namespace, mixture, cfg) -> int:
-    from cramkit.io import check_out, disk_errors
-    from cramkit.recipes.multitask import SETTINGS_FILE, finetune_mixture
-    from cramkit.tasks.registry import get_task
-    from cramkit.tasks.resolve import data_dir_for
-
-    tasks = [
-        get_task(n, data_dir=data_dir_for(n, args.data_dir), skip_bad_rows=args.skip_bad_rows) for n in mixture.tasks
-    ]
-    check_model_source(args.source)
-    for task in tasks:  # every split the run needs, before any training: a missing one fails fast
-        for split in [task.train_split, *task.dev_splits]:
-            task.examples(split)
-    out = Path(args.out or f"finetune-{mixture.name}")
-    check_out(out, inputs=[args.source], own=[SETTINGS_FILE])
-    with disk_errors(out):
-        res = finetune_mixture(
-            mixture,
-            tasks,
-            args.source,
-            cfg,
-            out,
-            progress=not args.no_progress,
-            weighting=args.weighting or ("sum" if args.primary else None),
-            primary=args.primary,
-        )
-    if not res:
-        return 0
+def _report_mixture(res: dict, out: Path) -> None:
     weighted = res.get("weighting") is not None
     for name, entry in res["tasks"].items():
         for split, r in entry["dev"].items():
@@ -670,7 +625,6 @@ def _run_mixture(args: argparse.Namespace, mixture, cfg) -> int:
         f"results in {out / 'results.json'}"
     )
     print(f"model (one head per task) saved in {out}: cramkit predict --from {out} --task NAME FILE")
-    return 0
 
 
 def _launch_finetune(args: argparse.Namespace) -> int:
@@ -683,6 +637,7 @@ def _launch_finetune(args: argparse.Namespace) -> int:
 
 
 def run_eval(args: argparse.Namespace) -> int:
+    import cramkit
     from cramkit.tasks.registry import get_suite
 
     if args.suite.lower() in embed_eval.EMBED_EVALS:
@@ -692,27 +647,19 @@ def run_eval(args: argparse.Namespace) -> int:
     cfg = _config(args)
     if args.print_config:
         return _print_config(cfg)
-    fewshot = None
-    if args.fewshot_splits:
-        from cramkit.tasks.clue import parse_fewshot_splits
-
-        fewshot = parse_fewshot_splits(args.fewshot_splits)
-    check_model_source(args.source)
-    from cramkit.recipes.evaluate import evaluate_suite
-
     out = Path(args.out or f"eval-{suite.name}")
-    res = evaluate_suite(
-        suite.name,
+    res = cramkit.evaluate(
         args.source,
         args.data_dir,
         out,
-        cfg,
+        suite=suite.name,
         skip_bad_rows=args.skip_bad_rows,
         progress=not args.no_progress,
         tasks=[t.strip() for t in args.tasks.split(",") if t.strip()] if args.tasks else None,
-        fewshot_splits=fewshot,
+        fewshot_splits=args.fewshot_splits,
         few_shot=args.few_shot,
         splits=args.splits,
+        config=cfg,
     )
     print((out / "results.md").read_text(encoding="utf-8"))
     if res["skipped"]:

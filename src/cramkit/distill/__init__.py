@@ -1,9 +1,34 @@
 """Distillation into small fast students (Tang et al. 2019): transfer-set augmentation, cached teacher
-logits, BiLSTM and small-encoder students. See :func:`cramkit.distill.core.distill`."""
+logits, BiLSTM and small-encoder students.
 
-from cramkit.distill.augment import AugmentConfig, build_transfer, read_transfer
-from cramkit.distill.core import DistillConfig, build_student, config_from, distill
-from cramkit.distill.unlabelled import read_unlabelled
+This package is also the verb: ``cramkit.distill(teacher, student=..., task=..., out=...)`` calls
+:func:`cramkit.api.distill` (``cramkit distill``'s front door: task names, files, checks); the recipe on a
+resolved task is :func:`cramkit.distill.core.distill`. Its names load on first use (PEP 562): ``import
+cramkit`` imports this package and must not import torch."""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import sys
+import types
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from cramkit.distill.augment import AugmentConfig, build_transfer, read_transfer
+    from cramkit.distill.core import DistillConfig, build_student, config_from, distill
+    from cramkit.distill.unlabelled import read_unlabelled
+
+_WHERE = {
+    "AugmentConfig": "augment",
+    "build_transfer": "augment",
+    "read_transfer": "augment",
+    "DistillConfig": "core",
+    "build_student": "core",
+    "config_from": "core",
+    "distill": "core",
+    "read_unlabelled": "unlabelled",
+}
 
 __all__ = [
     "AugmentConfig",
@@ -15,3 +40,30 @@ __all__ = [
     "read_transfer",
     "read_unlabelled",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _WHERE:
+        value = getattr(importlib.import_module(f"cramkit.distill.{_WHERE[name]}"), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'cramkit.distill' has no attribute {name!r}")
+
+
+def _verb() -> Any:
+    return importlib.import_module("cramkit.api").distill
+
+
+class _VerbModule(types.ModuleType):
+    """The package, callable as the verb (module ``__class__`` assignment: the package stays a package, so
+    ``import cramkit.distill.core`` and ``cramkit.distill.DistillConfig`` work as before)."""
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return _verb()(*args, **kwargs)
+
+    @property
+    def __signature__(self) -> inspect.Signature:
+        return inspect.signature(_verb())
+
+
+sys.modules[__name__].__class__ = _VerbModule

@@ -37,7 +37,7 @@ import numpy as np
 from cramkit.errors import CramkitError
 from cramkit.io import read_json
 from cramkit.load import LoadedModel
-from cramkit.runtime import Precision
+from cramkit.train.config import ExampleSettings
 
 if TYPE_CHECKING:
     from cramkit.model.encoder import Encoder
@@ -48,7 +48,7 @@ HEAD_KINDS = ("classifier", "multilabel", "regression")
 
 
 @dataclass
-class DistillConfig:
+class DistillConfig(ExampleSettings):
     """Every setting of ``cramkit distill`` (``--set key=value``); 0 means "the student's default"."""
 
     # transfer set (Tang et al.)
@@ -59,7 +59,6 @@ class DistillConfig:
     n_iter: int = 0  # 0: 20 for single sentences, 10 for pairs
     max_ngram: int = 5
     workers: int = 0  # augmentation processes (0: every core)
-    max_train_examples: int = 0  # use only the first N training examples (0: all)
     max_unlabelled: int = 0  # --unlabelled: at most N texts (0: every line of a file, 100,000 sentences of a store)
     # losses
     loss: Literal["mse", "kl"] = "mse"
@@ -70,30 +69,23 @@ class DistillConfig:
     epochs: float = 0.0  # bilstm 3, encoder 0.5 (of a transfer set ~13-20x the training set)
     lr: float = 0.0  # bilstm 1e-3, encoder 2e-4
     batch_size: int = 0  # bilstm 64, encoder 128
-    weight_decay: float = 0.01
     schedule: Literal["linear", "one-cycle", "constant", "budget-triangle"] = "linear"
-    max_length: int = 128
     baseline: bool = True  # also train the student on the labels only
     baseline_epochs: float = 0.0  # 0: bilstm 3x the distillation epochs (the labelled set is ~20x smaller), encoder 2
     seed: int = 0
-    device: str = "auto"
-    precision: Precision = "auto"  # cramkit.runtime's rule
     threads: int = 0  # torch threads while training (0: 1 for the BiLSTM, whose steps are too small to split)
-    checkpoint_every: str = "5m"  # a training killed midway resumes from its last checkpoint ('never': off)
     speed_seconds: float = 2.0
     speed_examples: int = 0  # examples/s: time on the first N dev inputs (0: all), at least speed_seconds
     # bilstm student
     embedding_dim: int = 0  # 0: 128 when init_embeddings (the teacher's, by PCA), else 300
     lstm_hidden: int = 150
     fc_hidden: int = 200
-    dropout: float = 0.1
     init_embeddings: bool = True  # start the embedding from the teacher's token embeddings
     # encoder student
     layers: int = 0  # 0: a third of the teacher's (at least 1)
     hidden: int = 0  # 0: the teacher's (or the init run's)
     layer_map: list[int] = field(default_factory=list)  # teacher layers to copy (default evenly spaced)
     init: str = "teacher"  # teacher | random | a pretrained run / model directory / hf:DIR
-    report_to: str = "none"  # experiment trackers that also get metrics.jsonl's records (--report-to)
 
     def validate(self) -> None:
         if self.temperature <= 0:
@@ -103,14 +95,7 @@ class DistillConfig:
         for name in ("epochs", "lr", "batch_size", "hidden_weight", "baseline_epochs", "layers", "hidden"):
             if getattr(self, name) < 0:
                 raise CramkitError(f"{name} must be >= 0, got {getattr(self, name)}")
-        if self.max_length < 3:
-            raise CramkitError(f"max_length must be at least 3, got {self.max_length}")
-        from cramkit.train.budget import parse_every
-
-        parse_every(self.checkpoint_every, "checkpoint_every")
-        from cramkit.train.report import report_to_setting, require_trackers
-
-        self.report_to = report_to_setting(require_trackers(self.report_to))
+        self.check_shared()
 
     def augment_config(self):
         from cramkit.distill.augment import AugmentConfig

@@ -28,6 +28,7 @@ from cramkit.data.batching import BatchLoader, Encoded
 from cramkit.errors import CramkitError
 from cramkit.load import LoadedModel
 from cramkit.model.heads import classification_loss
+from cramkit.train.objectives import ExampleObjective
 
 if TYPE_CHECKING:
     from cramkit.model.encoder import Encoder
@@ -50,7 +51,7 @@ class HiddenMatch(nn.Module):
         return logits, self.proj(hidden.float())
 
 
-class DistillObjective:
+class DistillObjective(ExampleObjective):
     """A student for the engine (train/trainer.py), against the teacher's logits ``targets`` mixed by
     ``cfg.alpha`` with ``labels`` where ``labelled``; with targets None, on the labels alone. The loss
     is the mean over the batch's examples (as the loop before the engine computed it)."""
@@ -103,13 +104,6 @@ class DistillObjective:
             with_types=s.with_types,
             columns=self.columns,
         )
-
-    def count(self, batch: dict) -> int:
-        return int(batch["count"])
-
-    def tokens(self, batch: dict) -> int:
-        mask = batch.get("attention_mask")
-        return int(mask.sum()) if mask is not None else batch["input_ids"].numel()
 
     def loss(self, model: nn.Module, batch: dict, device: torch.device) -> torch.Tensor:
         cfg = self.cfg
@@ -174,27 +168,19 @@ def train_config(cfg: Any, steps: int, threads: int, progress: bool | str = Fals
     """The engine's TrainConfig for ``steps`` optimizer steps of one student: AdamW (0.9, 0.98, eps 1e-6,
     weight decay on matrices only), ``cfg.schedule`` with its own warmup, no gradient clipping (as
     fine-tuning), one batch per step, checkpoints every ``cfg.checkpoint_every``."""
-    from cramkit.train.config import TrainConfig
+    from cramkit.train.config import example_config
 
-    return TrainConfig(
+    return example_config(
         budget=f"{steps}steps",
-        optimizer="adamw",
         lr=cfg.lr,
-        betas=(0.9, 0.98),
         eps=1e-6,
         weight_decay=cfg.weight_decay,
         schedule=cfg.schedule,
-        micro_batch=cfg.batch_size,
         batch_size=cfg.batch_size,
-        batch_ramp=0.0,
-        grad_clip=0.0,
         precision=cfg.precision,
-        compile=False,
         device=cfg.device,
         seed=cfg.seed,
         checkpoint_every=cfg.checkpoint_every,
-        keep_checkpoints=1,
-        eval_every="never",
         log_every=max(1, steps // 200),
         progress=progress,
         threads=threads,

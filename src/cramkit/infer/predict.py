@@ -255,7 +255,10 @@ def predict(
     summary["examples_per_s"] = round(len(inputs) / max(elapsed, 1e-9), 1)
     summary["truncated"] = int(engine.truncated.sum())
     if out is not None:
-        summary["out"] = str(write_predictions(records, out))
+        from cramkit.io import disk_errors
+
+        with disk_errors(out):  # a full disk: one line naming it
+            summary["out"] = str(write_predictions(records, out))
     return summary
 
 

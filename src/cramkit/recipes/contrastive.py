@@ -43,6 +43,7 @@ import numpy as np
 from cramkit.config import from_dict, to_dict
 from cramkit.errors import CramkitError
 from cramkit.load import LoadedModel
+from cramkit.train.objectives import ExampleObjective
 
 PathLike = str | os.PathLike
 
@@ -381,7 +382,7 @@ def _embedder_class() -> Any:
     return Embedder
 
 
-class ContrastiveObjective:
+class ContrastiveObjective(ExampleObjective):
     """The engine's recipe: batches of pairs (whole batches: in-batch negatives need them all), the InfoNCE
     loss over them, and the dev pairs' retrieval at each evaluation."""
 
@@ -423,10 +424,7 @@ class ContrastiveObjective:
     def train_loader(self, micro: int, *, rank: int = 0, world: int = 1) -> PairBatches:
         return PairBatches(self, rank, world)
 
-    def count(self, batch: dict) -> int:
-        return int(batch["count"])
-
-    def tokens(self, batch: dict) -> int:
+    def tokens(self, batch: dict) -> int:  # the anchors', positives' and negatives' masks
         return int(sum(int(batch[k].sum()) for k in batch if k.endswith("_mask")))
 
     def loss(self, model: Any, batch: dict, device: Any) -> Any:
@@ -711,27 +709,22 @@ def _train(source, rows, cfg, out: Path, dev_rows, progress: bool, skipped: int)
                 f"{before['dev_mrr']:.1f} ({len(dev):,} held-out pairs)",
                 file=sys.stderr,
             )
-    from cramkit.train.config import TrainConfig
+    from cramkit.train.config import example_config
 
     lr = float(cfg.lr) if cfg.lr != "auto" else (2e-5 if (loaded.hidden or 0) >= 384 else 1e-3)
-    tcfg = TrainConfig(
+    tcfg = example_config(
         budget=budget,
-        optimizer="adamw",
         lr=lr,
         weight_decay=cfg.weight_decay,
         schedule="linear",
         warmup=cfg.warmup,
-        cooldown=1.0 - cfg.warmup,
-        lr_start=0.0 if cfg.warmup > 0 else 1.0,
-        micro_batch=batch,  # the whole batch in one loss: in-batch negatives (micro_batch: checkpointed chunks)
-        batch_size=batch,
-        batch_ramp=0.0,
+        batch_size=batch,  # the whole batch in one loss: in-batch negatives (micro_batch: checkpointed chunks)
         grad_clip=cfg.grad_clip,
         precision=cfg.precision,
+        compile="auto",
         device=cfg.device,
         seed=cfg.seed,
         checkpoint_every=cfg.checkpoint_every,
-        keep_checkpoints=1,
         eval_every=cfg.eval_every,
         log_every=10,
         progress="auto" if progress else False,

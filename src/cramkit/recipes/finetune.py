@@ -37,8 +37,10 @@ from cramkit.errors import CramkitError
 from cramkit.io import json_loads
 from cramkit.load import LoadedModel
 from cramkit.model import forward
-from cramkit.runtime import Precision, torchrun
+from cramkit.runtime import torchrun
 from cramkit.tasks.registry import Example, Task
+from cramkit.train.config import ExampleSettings
+from cramkit.train.objectives import ExampleObjective
 
 if TYPE_CHECKING:
     from cramkit.data.prompts import PromptSpec
@@ -60,7 +62,7 @@ def auto_lr(cfg: FinetuneConfig, hidden: int | None) -> float:
 
 
 @dataclass
-class FinetuneConfig:
+class FinetuneConfig(ExampleSettings):
     """Fine-tuning hyperparameters; the defaults are one recipe for every task.
 
     Defaults follow Cramming's GLUE-sane evaluation config: AdamW (lr 4e-5, betas 0.9/0.98, eps 1e-6),
@@ -81,28 +83,21 @@ class FinetuneConfig:
     min_steps: int = 500
     warmup: float = 0.1  # fraction of all steps
     schedule: Literal["cosine", "linear", "constant"] = "cosine"
-    weight_decay: float = 0.01
     betas: list[float] = field(default_factory=lambda: [0.9, 0.98])
     eps: float = 1e-6
     grad_clip: float = 0.0  # 0 = no clipping (Cramming)
-    max_length: int = 128
     # auto: the model's own pooling when it declares one (a sentence-transformers model: its mean or cls,
     # mean without BERT's pooler), else the first token through the pooler (Cramming)
     pooling: Literal["auto", "first", "mean"] = "auto"
     pooler_dense: bool = True
-    dropout: float = 0.1  # encoder hidden dropout and classifier dropout
     attention_dropout: float = 0.1
     seeds: list[int] = field(default_factory=lambda: [0])  # several seeds: the median is reported
     # examples per scoring pass at most (each also within the device's token budget)
     eval_batch_size: int = 128
     bucket_chunk: int = 50  # batches per chunk sorted by length (length bucketing); 0 = no bucketing
-    max_train_examples: int = 0  # use only the first N training examples (0 = all)
     max_eval_examples: int = 0  # score only the first N examples of each dev split (0 = all): quicker, rougher
     micro_batch: int = 0  # examples per forward/backward on each process (0: the whole share of a batch)
-    device: str = "auto"  # auto | cpu | cuda | cuda:1
-    precision: Precision = "auto"  # cramkit.runtime's rule: auto is bf16 autocast on CUDA, fp32 elsewhere
     compile: bool = False  # torch.compile each block (batches vary in length: recompiles cost)
-    checkpoint_every: str = "5m"  # a run killed midway resumes from its last checkpoint ('never': off)
     eval_every: str = "epoch"  # dev metrics logged during training: 'epoch', a period ('200steps'), 'never'
     keep: Literal["last", "best"] = "last"  # the kept model: the last, or the one with the best dev score
     # how the task meets the encoder: a fresh head on the pooled output; the MLM head scoring label words
@@ -112,7 +107,6 @@ class FinetuneConfig:
     label_words: str = ""  # method=prompt: LABEL=WORD,... ('': the task's built-in)
     prefix_len: int = 16  # method=ptuning: trainable keys and values per layer
     prefix_lr: float = 2e-2  # method=ptuning: the learning rate of the prefixes and the head
-    report_to: str = "none"  # experiment trackers that also get metrics.jsonl's records (--report-to)
 
     def validate(self) -> None:
         if self.method not in ("head", "prompt", "ptuning"):
@@ -138,23 +132,17 @@ class FinetuneConfig:
             raise CramkitError(f"finetune.min_steps must be 0 (epochs alone) or positive, got {self.min_steps}")
         if self.micro_batch < 0:
             raise CramkitError(f"finetune.micro_batch must be 0 (whole batch) or positive, got {self.micro_batch}")
+        self.check_shared("finetune.")
         from cramkit.train.budget import parse_every
 
-        parse_every(self.checkpoint_every, "finetune.checkpoint_every")
-        from cramkit.train.report import report_to_setting, require_trackers
-
-        self.report_to = report_to_setting(require_trackers(self.report_to))
         if self.eval_every != "epoch":
             parse_every(self.eval_every, "finetune.eval_every")
         if self.keep not in ("last", "best"):
             raise CramkitError(f"finetune.keep is 'last' or 'best', got {self.keep!r}")
         if self.keep == "best" and self.eval_every in ("never", "0", "off"):
             raise CramkitError("finetune.keep=best picks among the dev evaluations: set eval_every (e.g. 'epoch')")
-        if self.max_length < 3:
-            raise CramkitError(f"finetune.max_length must be at least 3, got {self.max_length}")
-        for name in ("dropout", "attention_dropout"):
-            if not 0.0 <= getattr(self, name) < 1.0:
-                raise CramkitError(f"finetune.{name} must be in [0, 1), got {getattr(self, name)}")
+        if not 0.0 <= self.attention_dropout < 1.0:
+            raise CramkitError(f"finetune.attention_dropout must be in [0, 1), got {self.attention_dropout}")
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -333,7 +321,7 @@ def predict(
     )
 
 
-class ClassifierObjective:
+class ClassifierObjective(ExampleObjective):
     """Fine-tuning for the engine (train/trainer.py): a SequenceClassifier on length-bucketed batches.
 
     Every global batch of ``batch_size`` examples is split evenly over the processes, then into the same
@@ -390,13 +378,6 @@ class ClassifierObjective:
             with_types=self.loaded.with_types,
             columns={"labels": torch.from_numpy(self.train.labels)},
         )
-
-    def count(self, batch: dict) -> int:
-        return int(batch["count"])
-
-    def tokens(self, batch: dict) -> int:
-        mask = batch.get("attention_mask")
-        return int(mask.sum()) if mask is not None else batch["input_ids"].numel()
 
     def loss(self, model, batch: dict, device):
         inputs = {
@@ -493,36 +474,28 @@ def train_config(
 ):
     """The engine's TrainConfig for one fine-tuning run of ``steps`` optimizer steps; dev evaluations every
     ``cfg.eval_every`` ('epoch': every ``steps_per_epoch`` steps)."""
-    from cramkit.train.config import TrainConfig
+    from cramkit.train.config import example_config
 
     eval_every = cfg.eval_every
     if eval_every == "epoch":
         eval_every = f"{steps_per_epoch}steps" if steps_per_epoch else "never"
-
-    warmup = cfg.warmup
-    return TrainConfig(
+    return example_config(
         budget=f"{steps}steps",
-        optimizer="adamw",
         lr=cfg.prefix_lr if cfg.method == "ptuning" else cast(float, cfg.lr),  # auto_lr resolved "auto"
         betas=(cfg.betas[0], cfg.betas[1]),
         eps=cfg.eps,
         weight_decay=cfg.weight_decay,
-        schedule=cast(Any, cfg.schedule),  # "cosine" too: TrainConfig's Literal is what --set accepts
-        warmup=warmup,
-        cooldown=0.0 if cfg.schedule == "constant" else 1.0 - warmup,
-        lr_start=0.0 if warmup > 0 else 1.0,
-        micro_batch=cfg.micro_batch or cfg.batch_size,
+        schedule=cfg.schedule,
+        warmup=cfg.warmup,
+        micro_batch=cfg.micro_batch,
         batch_size=cfg.batch_size,
-        batch_ramp=0.0,
         grad_clip=cfg.grad_clip,
         precision=cfg.precision,
         compile=cfg.compile,
         device=cfg.device,
         seed=seed,
         checkpoint_every=cfg.checkpoint_every,
-        keep_checkpoints=1,
         eval_every=eval_every,
-        log_every=1,
         progress=progress,
         report_to=cfg.report_to,
     )

@@ -41,6 +41,7 @@ from cramkit.recipes.finetune import (
 )
 from cramkit.tasks.mixtures import Mixture
 from cramkit.tasks.registry import Task
+from cramkit.train.objectives import ExampleObjective
 
 if TYPE_CHECKING:
     import torch
@@ -98,7 +99,7 @@ class MixtureLoader:
             loader.load_state_dict(saved)
 
 
-class MixtureObjective:
+class MixtureObjective(ExampleObjective):
     """Fine-tuning on a mixture for the engine (train/trainer.py): a MultiTaskModel, a MixtureLoader."""
 
     def __init__(
@@ -148,16 +149,15 @@ class MixtureObjective:
         ]
         return MixtureLoader(loaders, self.rates, self.seed, every_task=self.weighting is not None)
 
-    def count(self, batch: dict) -> int:
+    def count(self, batch: dict) -> int:  # a weighted step holds one batch of each task in "parts"
         if "parts" in batch:
-            return sum(int(b["count"]) for b in batch["parts"].values())
-        return int(batch["count"])
+            return sum(super(MixtureObjective, self).count(b) for b in batch["parts"].values())
+        return super().count(batch)
 
     def tokens(self, batch: dict) -> int:
         if "parts" in batch:
-            return sum(self.tokens(b) for b in batch["parts"].values())
-        mask = batch.get("attention_mask")
-        return int(mask.sum()) if mask is not None else batch["input_ids"].numel()
+            return sum(super(MixtureObjective, self).tokens(b) for b in batch["parts"].values())
+        return super().tokens(batch)
 
     def loss(self, model, batch: dict, device):
         if "parts" in batch:

@@ -77,6 +77,19 @@ class Limits:
     idle_timeout_s: float = 5.0  # a keep-alive connection with no request
     max_connections: int = 1000  # open connections; beyond, the longest-waiting one without a request goes
 
+    def check(self) -> None:
+        """Each limit positive: one line naming the flag (``cramkit serve --max-inputs`` is ``max_inputs``)."""
+        counts = ("max_inputs", "max_input_chars", "max_choices", "max_payload_bytes", "max_queue")
+        for name in (*counts, "max_answer_items", "max_connections"):
+            if getattr(self, name) < 1:
+                raise CramkitError(f"--{name.replace('_', '-')} must be positive, got {getattr(self, name)}")
+        timeouts = (self.request_timeout_s, self.body_timeout_s, self.header_timeout_s, self.idle_timeout_s)
+        if any(t <= 0 for t in timeouts):
+            raise CramkitError(
+                "--timeout, --body-timeout, --header-timeout and --idle-timeout must be positive, --max-wait-ms at "
+                "least 0"
+            )
+
 
 class LogLimiter:
     """One line to stderr per kind at most every ``every`` seconds, saying how many like it were left out."""

@@ -214,15 +214,25 @@ def serve(
     grace_s: float = 30.0,
     base: str | None = None,
 ) -> None:
-    """Serve ``sources`` over HTTP until SIGINT/SIGTERM (then finish in-flight requests, up to ``grace_s``)."""
+    """Serve ``sources`` over HTTP until SIGINT/SIGTERM (then finish in-flight requests, up to ``grace_s``).
+    The same as ``cramkit serve MODEL...``; a bad limit, port or wait is one line before anything is loaded."""
+    from cramkit.serve.app import Limits, create_app
+
+    limits = limits or Limits()
+    if max_batch_tokens is not None and max_batch_tokens < 1:
+        raise CramkitError(f"--max-batch-tokens must be positive, got {max_batch_tokens}")
+    limits.check()
+    if max_wait_ms < 0:
+        raise CramkitError(
+            "--timeout, --body-timeout, --header-timeout and --idle-timeout must be positive, --max-wait-ms at least 0"
+        )
+    if not 0 <= port < 65536:
+        raise CramkitError(f"--port must be 0..65535, got {port}")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     import torch
     import uvicorn
 
     from cramkit.runtime import cpu_cores
-    from cramkit.serve.app import Limits, create_app
-
-    limits = limits or Limits()
 
     threads = threads or cpu_cores()
     torch.set_num_threads(threads)

@@ -20,7 +20,7 @@ from cramkit.runtime import Precision
 from cramkit.text.tokenizer import LANGS, MAX_VOCAB_SIZE
 from cramkit.train.budget import parse_budget, parse_every
 from cramkit.train.parallel import ParallelConfig, check_tp
-from cramkit.train.report import report_to_setting
+from cramkit.train.report import report_to_setting, require_trackers
 from cramkit.train.schedule import SCHEDULES
 
 
@@ -141,6 +141,92 @@ class TrainConfig:
         if self.max_nan_steps < 1:
             raise CramkitError(f"train.max_nan_steps must be at least 1, got {self.max_nan_steps}")
         assert self.schedule in SCHEDULES
+
+
+@dataclass
+class ExampleSettings:
+    """The settings every recipe over examples shares (fine-tuning and distillation: ``--set KEY=VALUE``), with
+    their one check. Each recipe's config adds its own (and its own defaults for the rest)."""
+
+    weight_decay: float = 0.01  # on weight matrices only (biases, norms and scalars excluded)
+    max_length: int = 128  # tokens per input (pairs together); longer inputs are cut
+    max_train_examples: int = 0  # use only the first N training examples (0: all)
+    dropout: float = 0.1  # the encoder's hidden dropout and the head's (a BiLSTM's: its own)
+    device: str = "auto"  # auto | cpu | cuda | cuda:1
+    precision: Precision = "auto"  # cramkit.runtime's rule: auto is bf16 autocast on CUDA, fp32 elsewhere
+    checkpoint_every: str = "5m"  # a training killed midway resumes from its last checkpoint ('never': off)
+    report_to: str = "none"  # experiment trackers that also get metrics.jsonl's records (--report-to)
+
+    def check_shared(self, prefix: str = "") -> None:
+        """The shared settings' check; ``prefix`` names the section in the line (``finetune.``)."""
+        if self.max_length < 3:
+            raise CramkitError(f"{prefix}max_length must be at least 3, got {self.max_length}")
+        if self.max_train_examples < 0:
+            raise CramkitError(f"{prefix}max_train_examples must be 0 (all) or positive, got {self.max_train_examples}")
+        if not 0.0 <= self.dropout < 1.0:
+            raise CramkitError(f"{prefix}dropout must be in [0, 1), got {self.dropout}")
+        parse_every(self.checkpoint_every, f"{prefix}checkpoint_every")
+        self.report_to = report_to_setting(require_trackers(self.report_to))
+
+
+def example_config(
+    *,
+    budget: str,
+    lr: float,
+    batch_size: int,
+    weight_decay: float,
+    schedule: Any,
+    precision: Any,
+    device: str,
+    seed: int,
+    checkpoint_every: str,
+    report_to: str = "none",
+    micro_batch: int | None = None,
+    warmup: float | None = None,
+    betas: tuple[float, float] = (0.9, 0.98),
+    eps: float = 1e-12,
+    grad_clip: float = 0.0,
+    compile: bool | str = False,
+    eval_every: str = "never",
+    log_every: int = 1,
+    progress: bool | str = False,
+    threads: int = 0,
+) -> TrainConfig:
+    """The engine's settings for a recipe over examples (fine-tuning, distillation, the contrastive stage), the
+    one translation of their configs: AdamW, a fixed batch (no ramp; ``micro_batch`` defaults to the batch),
+    one checkpoint kept. With a ``warmup`` fraction the rate starts at 0, peaks there and decays over the rest
+    (no decay with the ``constant`` schedule); without one, the schedule's own shape."""
+    cooldown = lr_start = None
+    if warmup is not None:
+        cooldown = 0.0 if schedule == "constant" else 1.0 - warmup
+        lr_start = 0.0 if warmup > 0 else 1.0
+    return TrainConfig(
+        budget=budget,
+        optimizer="adamw",
+        lr=lr,
+        betas=betas,
+        eps=eps,
+        weight_decay=weight_decay,
+        schedule=schedule,
+        warmup=warmup,
+        cooldown=cooldown,
+        lr_start=lr_start,
+        micro_batch=micro_batch or batch_size,
+        batch_size=batch_size,
+        batch_ramp=0.0,
+        grad_clip=grad_clip,
+        precision=precision,
+        compile=compile,
+        device=device,
+        seed=seed,
+        checkpoint_every=checkpoint_every,
+        keep_checkpoints=1,
+        eval_every=eval_every,
+        log_every=log_every,
+        progress=progress,
+        threads=threads,
+        report_to=report_to,
+    )
 
 
 @dataclass

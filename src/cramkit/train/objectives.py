@@ -2,8 +2,9 @@
 
 An objective is a recipe: the model, its batches, its loss and its evaluation. Everything else (device,
 precision, parallelism, optimizer, schedules, checkpoints, resume, metrics) is the engine's
-(``cramkit.train.trainer``). Fine-tuning's objective is ``train.finetune.ClassifierObjective``,
-distillation's ``distill.objective.DistillObjective``.
+(``cramkit.train.trainer``). The objectives over examples (fine-tuning's ``recipes.finetune.ClassifierObjective``,
+mixtures', the contrastive stage's, distillation's ``distill.objective.DistillObjective``) share
+:class:`ExampleObjective`.
 """
 
 from __future__ import annotations
@@ -74,6 +75,20 @@ def _segments(batch: dict[str, torch.Tensor], device: torch.device) -> dict[str,
     """``segments=`` for the model when the batch carries documents' segments (data.doc_mask)."""
     seg = batch.get("segments")
     return {} if seg is None else {"segments": seg.to(device, non_blocking=True)}
+
+
+class ExampleObjective:
+    """The base of the objectives over examples (fine-tuning, mixtures, the contrastive stage, distillation):
+    a batch carries the ``count`` of examples its loss averages over, and its tokens are the attention mask's
+    ones (all of ``input_ids`` without a mask). A subclass adds the model, its batches, its loss and its
+    evaluation (:class:`Objective`)."""
+
+    def count(self, batch: dict[str, Any]) -> int:
+        return int(batch["count"])
+
+    def tokens(self, batch: dict[str, Any]) -> int:
+        mask = batch.get("attention_mask")
+        return int(mask.sum()) if mask is not None else batch["input_ids"].numel()
 
 
 class MLMObjective:

@@ -1,0 +1,625 @@
+"""The one front door: the verbs of the command line as typed Python functions (``cramkit.finetune``,
+``cramkit.evaluate``, ...). Every ``cramkit VERB`` parses its flags and calls the function here, so the
+checks (the model exists, the task resolves, the output may be written, what combines with what) are made
+once, in this library code, and give the same line from both doors.
+
+This module imports nothing heavy at import time (``cramkit --help`` builds every parser from it); each
+verb imports its recipe when called. Verbs that hold sub-verbs keep them in their package:
+``cramkit.index.build_index`` (``cramkit index build``), ``cramkit.serve.serve`` (``cramkit serve``).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from cramkit.errors import CramkitError
+
+if TYPE_CHECKING:
+    from cramkit.load import LoadedModel
+    from cramkit.recipes.contrastive import ContrastiveConfig
+    from cramkit.recipes.finetune import FinetuneConfig
+    from cramkit.tasks.mixtures import Mixture
+
+PathLike = str | os.PathLike
+
+
+def _report_to(settings: dict[str, Any], report_to: str | Sequence[str] | None) -> None:
+    """The ``report_to`` keyword as the setting it stands for (a recipe config's ``report_to``)."""
+    if report_to is not None:
+        from cramkit.train.report import report_to_setting
+
+        settings["report_to"] = report_to_setting(report_to)
+
+
+def _check_source(source: PathLike | LoadedModel, flag: str = "--from") -> None:
+    if isinstance(source, (str, os.PathLike)):
+        from cramkit.load import check_source
+
+        check_source(str(source), flag)
+
+
+def _preload(*tasks: Any) -> None:
+    """Every split a run needs, read before any training starts: a missing or malformed file fails fast."""
+    for task in tasks:
+        for split in [task.train_split, *task.dev_splits]:
+            task.examples(split)
+
+
+def finetune_config(
+    config: FinetuneConfig | None = None,
+    settings: Mapping[str, Any] | None = None,
+    *,
+    prompt: str | None = None,
+    label_words: str | Mapping[str, str] | None = None,
+    report_to: str | Sequence[str] | None = None,
+) -> FinetuneConfig:
+    """The fine-tuning settings: ``config`` (e.g. from ``--config FILE``; default: the defaults) with
+    ``settings`` (FinetuneConfig fields) and the keywords on top; an unknown or bad setting is one line."""
+    from cramkit.recipes.finetune import config_from
+
+    over = dict(settings or {})
+    _report_to(over, report_to)
+    if prompt is not None:
+        over["prompt"] = prompt
+    if label_words is not None:
+        over["label_words"] = (
+            label_words if isinstance(label_words, str) else ",".join(f"{k}={v}" for k, v in label_words.items())
+        )
+    return config_from(over, base=config)
+
+
+def check_finetune(
+    *,
+    task: str | None = None,
+    train: PathLike | None = None,
+    mixture: str | None = None,
+    rates: str | None = None,
+    weighting: str | None = None,
+    primary: str | None = None,
+    few_shot: int | None = None,
+    splits: int = 5,
+    fewshot_splits: str | Sequence[str] | None = None,
+    config: FinetuneConfig | None = None,
+) -> Mixture | None:
+    """What :func:`finetune`'s routes allow together, checked before anything is read (the command line
+    checks it before it starts processes too); the resolved mixture when one is given."""
+    mix = None
+    if rates is not None and mixture is None:
+        raise CramkitError("--rates applies to --mixture; give the tasks with --mixture glue/mrpc,glue/rte,...")
+    if mixture is not None:
+        from cramkit.tasks.mixtures import resolve_mixture
+
+        if task or train:
+            raise CramkitError("give either --mixture or --task/--train, not both")
+        mix = resolve_mixture(mixture, rates)  # an unknown name or a bad rate: one line
+        if weighting is not None or primary is not None:
+            from cramkit.recipes.finetune import FinetuneConfig
+            from cramkit.recipes.multitask import check_weighting_settings
+
+            if rates:
+                raise CramkitError(
+                    "--rates draws one task per step; --weighting/--primary train every task at every step: give "
+                    "one of them"
+                )
+            check_weighting_settings(weighting, primary, list(mix.tasks), config or FinetuneConfig())
+    elif weighting is not None or primary is not None:
+        flag = "--weighting" if weighting is not None else "--primary"
+        raise CramkitError(f"{flag} applies to --mixture; give the tasks with --mixture glue/mrpc,glue/cola,...")
+    if few_shot is not None and fewshot_splits:
+        raise CramkitError(
+            "--few-shot K (LM-BFF's protocol) and --fewshot-splits (FewCLUE's) are two protocols: give one"
+        )
+    if few_shot is not None and splits < 1:
+        raise CramkitError(f"--splits must be at least 1, got {splits}")
+    if (few_shot is not None or fewshot_splits) and mixture is not None:
+        flag = "--few-shot" if few_shot is not None else "--fewshot-splits"
+        raise CramkitError(f"{flag} runs one task in one process; leave out --nproc and --mixture")
+    return mix
+
+
+def finetune(
+    source: PathLike | LoadedModel,
+    *,
+    task: str | None = None,
+    data_dir: PathLike | Sequence[str] | None = None,
+    train: PathLike | None = None,
+    dev: PathLike | None = None,
+    test: PathLike | None = None,
+    text_a: str | None = None,
+    text_b: str | None = None,
+    label: str = "label",
+    regression: bool = False,
+    choices: Sequence[str] | None = None,
+    name: str | None = None,
+    dev_fraction: float = 0.1,
+    skip_bad_rows: bool = False,
+    mixture: str | None = None,
+    rates: str | None = None,
+    weighting: str | None = None,
+    primary: str | None = None,
+    few_shot: int | None = None,
+    splits: int = 5,
+    fewshot_splits: str | Sequence[str] | None = None,
+    out: PathLike | None = None,
+    progress: bool = True,
+    prompt: str | None = None,
+    label_words: str | Mapping[str, str] | None = None,
+    report_to: str | Sequence[str] | None = None,
+    config: FinetuneConfig | None = None,
+    **settings: Any,
+) -> dict[str, Any]:
+    """Fine-tune ``source`` (anything :func:`cramkit.load` takes) on a registered ``task``, on your files
+    (``train``, optional ``dev``: else ``dev_fraction`` of train is held out), or on a ``mixture`` of tasks
+    (``"glue/mrpc,glue/cola"`` or a registered name; ``rates``, or ``weighting`` sum|gradnorm|pcgrad with a
+    ``primary`` task). ``settings`` are FinetuneConfig fields (lr=2e-5, epochs=3, seeds=[0, 1, 2],
+    method="ptuning", ...) on top of ``config``. ``prompt`` and ``label_words`` (``{"0": "terrible", "1":
+    "great"}``): prompt-based fine-tuning through the MLM head. With ``out`` the model of the median seed is
+    saved there (``cramkit.load(out)``). ``few_shot=K``: LM-BFF's protocol, ``splits`` splits of K examples per
+    class (and a dev set of K per class that picks the checkpoint), scored on the task's dev split;
+    ``fewshot_splits`` ("0,1,2,3,4" or "few_all"): FewCLUE's. Returns the results (also out/results.json).
+    ``report_to``: experiment trackers that also get the training metrics and settings ("tensorboard",
+    "wandb", "mlflow", "trackio"; several as a list or comma-separated). The same as ``cramkit finetune``."""
+    cfg = finetune_config(config, settings, prompt=prompt, label_words=label_words, report_to=report_to)
+    mix = check_finetune(
+        task=task,
+        train=train,
+        mixture=mixture,
+        rates=rates,
+        weighting=weighting,
+        primary=primary,
+        few_shot=few_shot,
+        splits=splits,
+        fewshot_splits=fewshot_splits,
+        config=cfg,
+    )
+    if mix is not None:
+        return _finetune_mixture(source, mix, data_dir, cfg, out, skip_bad_rows, weighting, primary, progress)
+    from cramkit.tasks.resolve import resolve_task
+
+    the_task = resolve_task(
+        task,
+        data_dir=data_dir,
+        train=train,
+        dev=dev,
+        test=test,
+        text_a=text_a,
+        text_b=text_b,
+        label=label,
+        regression=regression,
+        choices=choices,
+        name=name,
+        dev_fraction=dev_fraction,
+        skip_bad_rows=skip_bad_rows,
+    )
+    _check_source(source)
+    stem = the_task.name.replace("/", "-")
+    if few_shot is not None or fewshot_splits:
+        from cramkit.recipes.evaluate import fewshot_run
+
+        if not isinstance(source, (str, os.PathLike)):
+            raise CramkitError("few_shot and fewshot_splits load the model once per split: give its directory")
+
+        if few_shot is not None:
+            keys, suffix = [str(i) for i in range(splits)], f"{few_shot}shot"
+        else:
+            from cramkit.tasks.clue import parse_fewshot_splits
+
+            given = fewshot_splits if isinstance(fewshot_splits, str) else ",".join(fewshot_splits or ())
+            keys, suffix = parse_fewshot_splits(given), "fewshot"
+        where = out or f"finetune-{stem}-{suffix}"
+        return fewshot_run(the_task, source, cfg, where, keys, k=few_shot, progress=progress)
+    _preload(the_task)
+    from cramkit.recipes.finetune import finetune as _finetune
+
+    return _finetune(the_task, source, cfg, out or f"finetune-{stem}", progress=progress)
+
+
+def _finetune_mixture(
+    source: PathLike | LoadedModel,
+    mix: Mixture,
+    data_dir: PathLike | Sequence[str] | None,
+    cfg: FinetuneConfig,
+    out: PathLike | None,
+    skip_bad_rows: bool,
+    weighting: str | None,
+    primary: str | None,
+    progress: bool,
+) -> dict[str, Any]:
+    from cramkit.io import check_out, disk_errors
+    from cramkit.recipes.multitask import SETTINGS_FILE, finetune_mixture
+    from cramkit.tasks.registry import get_task
+    from cramkit.tasks.resolve import data_dir_for
+
+    tasks = [get_task(n, data_dir=data_dir_for(n, data_dir), skip_bad_rows=skip_bad_rows) for n in mix.tasks]
+    _check_source(source)
+    _preload(*tasks)
+    where = Path(out or f"finetune-{mix.name}")
+    check_out(where, inputs=[source], own=[SETTINGS_FILE])
+    with disk_errors(where):
+        return finetune_mixture(
+            mix,
+            tasks,
+            source,
+            cfg,
+            where,
+            progress=progress,
+            weighting=weighting or ("sum" if primary else None),
+            primary=primary,
+        )
+
+
+def embedding_config(
+    config: ContrastiveConfig | None = None,
+    settings: Mapping[str, Any] | None = None,
+    *,
+    objective: str | None = None,
+    report_to: str | Sequence[str] | None = None,
+) -> ContrastiveConfig:
+    """The contrastive stage's settings: ``config`` with ``settings`` (ContrastiveConfig fields) on top."""
+    from cramkit.config import to_dict
+    from cramkit.recipes import contrastive as con
+
+    over = {**(to_dict(config) if config is not None else {}), **(settings or {})}
+    _report_to(over, report_to)
+    if objective is not None:
+        over["objective"] = objective
+    if over.get("budget"):
+        from cramkit.train.budget import parse_budget
+
+        parse_budget(str(over["budget"]), "--budget")
+    return con.config_from(over)
+
+
+def train_embeddings(
+    source: PathLike | LoadedModel,
+    *,
+    train: PathLike | None = None,
+    text_a: str | None = None,
+    text_b: str | None = None,
+    negative: str | None = None,
+    dev: PathLike | None = None,
+    task: str | None = None,
+    data_dir: PathLike | Sequence[str] | None = None,
+    objective: str | None = None,
+    out: PathLike | None = None,
+    skip_bad_rows: bool = False,
+    progress: bool = True,
+    report_to: str | Sequence[str] | None = None,
+    config: ContrastiveConfig | None = None,
+    **settings: Any,
+) -> dict[str, Any]:
+    """The contrastive stage (``cramkit finetune --objective contrastive|simcse``): ``source`` trained to embed
+    on the pairs of ``train`` (columns ``text_a``, ``text_b``, hard negatives in ``negative``) or of a pair
+    ``task`` (glue/mrpc's paraphrases); ``objective="simcse"`` on single texts (default: contrastive).
+    ``settings``: ContrastiveConfig fields (batch_size=64, temperature=0.05, symmetric=True,
+    matryoshka="256,128", budget="10m", ...) on top of ``config``. The model directory ``out`` (default
+    OBJECTIVE-NAME) is an encoder of normalised vectors (``cramkit.load(out)``, embed, index, serve). Returns the
+    results (also out/results.json): steps, the held-out pairs' recall@1 and MRR before and after.
+    ``report_to``: experiment trackers that also get the training metrics and settings ("tensorboard", "wandb",
+    "mlflow", "trackio"; several as a list or comma-separated)."""
+    from cramkit.recipes import contrastive as con
+
+    cfg = embedding_config(config, settings, objective=objective, report_to=report_to)
+    the_task = None
+    if train is None and task is not None:
+        from cramkit.tasks.resolve import resolve_task
+
+        the_task = resolve_task(task, data_dir=data_dir, skip_bad_rows=skip_bad_rows)
+    _check_source(source)
+    rows, dev_rows, skipped = con.training_rows(
+        cfg,
+        train=train,
+        dev=dev,
+        task=the_task,
+        text_a=text_a,
+        text_b=text_b,
+        negative=negative,
+        skip_bad_rows=skip_bad_rows,
+    )
+    where = out or f"{cfg.objective}-{Path(str(train or task or 'pairs')).stem.replace('/', '-')}"
+    return con.train_embeddings(source, rows, cfg, where, dev_rows=dev_rows, progress=progress, skipped=skipped)
+
+
+def evaluate(
+    source: PathLike,
+    data_dir: PathLike | None = None,
+    out: PathLike | None = None,
+    *,
+    suite: str = "glue",
+    tasks: Sequence[str] | None = None,
+    fewshot_splits: str | Sequence[str] | None = None,
+    progress: bool = True,
+    few_shot: int | None = None,
+    splits: int = 5,
+    skip_bad_rows: bool = False,
+    report_to: str | Sequence[str] | None = None,
+    config: FinetuneConfig | None = None,
+    **settings: Any,
+) -> dict[str, Any]:
+    """Fine-tune and score ``source`` on every task of ``suite`` (glue, clue, ...) in ``data_dir`` (or only
+    ``tasks``); out defaults to eval-SUITE. fewshot_splits: FewCLUE's splits (e.g. ["0", "1"] or "0,1");
+    few_shot=K: LM-BFF's protocol (``splits`` splits of K per class) for every classification task.
+    ``settings`` (FinetuneConfig fields) on top of ``config``. ``report_to``: experiment trackers that also get
+    the training metrics and settings ("tensorboard", "wandb", "mlflow", "trackio"; several as a list or
+    comma-separated). The same as ``cramkit eval SUITE``."""
+    from cramkit.recipes.evaluate import evaluate_suite
+    from cramkit.tasks.registry import get_suite
+
+    the_suite = get_suite(suite.lower())  # an unknown suite: did-you-mean, before anything else
+    cfg = finetune_config(config, settings, report_to=report_to)
+    keys = None
+    if fewshot_splits:
+        from cramkit.tasks.clue import parse_fewshot_splits
+
+        keys = parse_fewshot_splits(fewshot_splits if isinstance(fewshot_splits, str) else ",".join(fewshot_splits))
+    _check_source(source)
+    return evaluate_suite(
+        the_suite.name,
+        source,
+        data_dir,
+        out or f"eval-{the_suite.name}",
+        cfg,
+        skip_bad_rows=skip_bad_rows,
+        tasks=tasks,
+        progress=progress,
+        fewshot_splits=keys,
+        few_shot=few_shot,
+        splits=splits,
+    )
+
+
+def evaluate_sts(
+    model: PathLike | LoadedModel,
+    data: PathLike,
+    out: PathLike | None = "eval-sts",
+    *,
+    text_a: str | None = None,
+    text_b: str | None = None,
+    label: str | None = None,
+    skip_bad_rows: bool = False,
+    device: str = "auto",
+    max_batch_tokens: int | None = None,
+    progress: bool = True,
+    dimensions: int | None = None,
+) -> dict[str, Any]:
+    """Score ``model``'s embeddings (anything :func:`cramkit.load` opens, exports included) on sentence pairs
+    with a gold similarity: Spearman (main) and Pearson correlation x100 of the cosine similarity with the score,
+    as ``cramkit eval sts --from MODEL --data FILE``. ``data``: TSV (GLUE STS-B's dev.tsv), CSV or JSON Lines;
+    columns sentence1, sentence2, score unless ``text_a``/``text_b``/``label`` name others. Writes results.json,
+    results.md and scores.png to ``out`` (None: nothing written); returns the results. ``dimensions``: a
+    Matryoshka model's vectors cut to that many leading dimensions."""
+    from cramkit.index.evaluate import evaluate_sts as _evaluate_sts
+
+    _check_source(model)
+    return _evaluate_sts(
+        model,
+        data,
+        out,
+        text_a=text_a,
+        text_b=text_b,
+        label=label,
+        skip_bad_rows=skip_bad_rows,
+        device=device,
+        max_batch_tokens=max_batch_tokens,
+        progress=progress,
+        dimensions=dimensions,
+    )
+
+
+def evaluate_retrieval(
+    model: PathLike | LoadedModel,
+    data: PathLike,
+    out: PathLike | None = "eval-retrieval",
+    *,
+    split: str = "test",
+    index: PathLike | None = None,
+    k: int = 10,
+    skip_bad_rows: bool = False,
+    device: str = "auto",
+    max_batch_tokens: int | None = None,
+    progress: bool = True,
+    dimensions: int | None = None,
+) -> dict[str, Any]:
+    """Score ``model``'s embeddings on a folder in BEIR's layout (corpus.jsonl, queries.jsonl, qrels/SPLIT.tsv):
+    nDCG@k (main), recall@1/k/100, MRR@k and MAP@100, x100, by exact cosine search, or through ``index`` (built
+    by ``cramkit index build DATA/corpus.jsonl --encoder MODEL``; exact search over its vectors is reported
+    beside it). As ``cramkit eval retrieval``; writes results.json, results.md and scores.png to ``out`` (None:
+    nothing written); returns the results."""
+    from cramkit.index.evaluate import evaluate_retrieval as _evaluate_retrieval
+
+    _check_source(model)
+    return _evaluate_retrieval(
+        model,
+        data,
+        out,
+        split=split,
+        index=index,
+        k=k,
+        skip_bad_rows=skip_bad_rows,
+        device=device,
+        max_batch_tokens=max_batch_tokens,
+        progress=progress,
+        dimensions=dimensions,
+    )
+
+
+def export(
+    model: PathLike | LoadedModel,
+    out: PathLike,
+    *,
+    format: str = "hf",  # noqa: A002 (the flag's name)
+    quantize: str | None = None,
+    step: int | None = None,
+    mlm_head: bool = True,
+    force: bool = False,
+    task: str | None = None,
+    base: PathLike | LoadedModel | None = None,
+    progress: bool = True,
+    **options: Any,
+) -> Path:
+    """Write ``model`` as a Hugging Face directory, or in an export format: ``onnx`` (ONNX Runtime), ``ct2``
+    (CTranslate2) or a registered one (the same as ``cramkit export MODEL --out OUT [--format ...]``). task: the
+    head of a model trained on a mixture; base: of a deep-prompt directory, its base model; options: the
+    format's own (ONNX: ``isa``, ``opset``). See :func:`cramkit.infer.export.export`; returns the directory
+    written (``export_summary`` says what was written, as the command prints it)."""
+    return _export(model, out, format, quantize, step, mlm_head, force, task, base, progress, options).path
+
+
+def _export(model, out, format, quantize, step, mlm_head, force, task, base, progress, options) -> Any:  # noqa: A002
+    from cramkit.infer.export import export as _do
+
+    return _do(
+        model,
+        out,
+        format=format,
+        quantize=quantize,
+        step=step,
+        mlm_head=mlm_head,
+        force=force,
+        task=task,
+        base=base,
+        progress=progress,
+        **options,
+    )
+
+
+def export_summary(
+    model: PathLike | LoadedModel,
+    out: PathLike,
+    *,
+    format: str = "hf",  # noqa: A002 (the flag's name)
+    quantize: str | None = None,
+    step: int | None = None,
+    mlm_head: bool = True,
+    force: bool = False,
+    task: str | None = None,
+    base: PathLike | LoadedModel | None = None,
+    progress: bool = True,
+    **options: Any,
+) -> str:
+    """:func:`export`, returning the one-paragraph summary ``cramkit export`` prints (what was written, its
+    size and its check against torch)."""
+    return _export(model, out, format, quantize, step, mlm_head, force, task, base, progress, options).summary
+
+
+def embed(
+    source: PathLike,
+    model: PathLike,
+    out: PathLike,
+    *,
+    text_field: str | None = None,
+    encoding: str | None = None,
+    errors: str = "strict",
+    pooling: str | None = None,
+    normalize: bool | None = None,
+    chunk_tokens: int | None = None,
+    store_tokenizer: str | None = None,
+    overwrite: bool = False,
+    device: str = "auto",
+    max_batch_tokens: int = 16384,
+    block: int = 1024,
+    format: str = "npy",  # noqa: A002 (the flag's name)
+    shard: str | tuple[int, int] | None = None,
+    prompt_name: str | None = None,
+    dimensions: int | None = None,
+) -> dict[str, Any] | None:
+    """Embed every text of ``source`` (a text/CSV/JSONL file, a folder of them, or a token store) with
+    ``model`` into ``out``: ``embeddings.npy`` + ``ids.npy`` (``format="npy"``) or Parquet parts
+    (``format="parquet"``, ``shard="i/N"`` for one shard of N); a killed run resumes. Returns the ``embed.json``
+    record (None on a torchrun rank other than 0). The same as ``cramkit embed SOURCE --from MODEL --out OUT``."""
+    from cramkit.index.embed_cli import embed_source
+    from cramkit.io import disk_errors
+
+    _check_source(model)
+    with disk_errors(out):
+        return embed_source(
+            str(source),
+            str(model),
+            out,
+            text_col=text_field,
+            encoding=encoding,
+            errors=errors,
+            pooling=pooling,
+            normalize=normalize,
+            chunk_tokens=chunk_tokens,
+            store_tokenizer=store_tokenizer,
+            overwrite=overwrite,
+            device=device,
+            max_batch_tokens=max_batch_tokens,
+            block=block,
+            format=format,
+            shard=shard,
+            prompt_name=prompt_name,
+            dimensions=dimensions,
+        )
+
+
+def distill(
+    teacher: PathLike | LoadedModel,
+    *,
+    student: str,
+    out: PathLike,
+    task: str | None = None,
+    data_dir: PathLike | Sequence[str] | None = None,
+    train: PathLike | None = None,
+    dev: PathLike | None = None,
+    text_a: str | None = None,
+    text_b: str | None = None,
+    label: str = "label",
+    regression: bool = False,
+    unlabelled: PathLike | None = None,
+    cache: PathLike | None = None,
+    progress: bool = True,
+    report_to: str | Sequence[str] | None = None,
+    **settings: Any,
+) -> dict[str, Any]:
+    """Distil the fine-tuned ``teacher`` into a small ``student`` (bilstm | encoder) on a registered ``task`` or
+    your files (``train`` and ``dev``, scored for teacher and student); ``unlabelled``: extra text for the
+    transfer set (a text file, one text per line, or a token store). ``settings``: DistillConfig fields (epochs,
+    layers, p_pos, max_unlabelled, ...). Writes the student's model directory with report.json and report.md to
+    ``out``; returns the report. The same as ``cramkit distill --teacher MODEL --student NAME --out OUT``."""
+    from cramkit.distill.core import config_from
+    from cramkit.distill.core import distill as _distill
+    from cramkit.io import disk_errors
+    from cramkit.tasks.resolve import resolve_task
+
+    check_student(student)
+    over = dict(settings)
+    _report_to(over, report_to)
+    cfg = config_from(over)
+    the_task = resolve_task(
+        task,
+        data_dir=data_dir,
+        train=train,
+        dev=dev,
+        text_a=text_a,
+        text_b=text_b,
+        label=label,
+        regression=regression,
+        dev_fraction=None,  # teacher and student are scored on the user's dev file
+    )
+    _preload(the_task)
+    texts = None
+    if unlabelled:
+        from cramkit.distill.unlabelled import STORE_DEFAULT_LIMIT, is_text_file, read_unlabelled
+
+        limit = cfg.max_unlabelled or (0 if is_text_file(str(unlabelled)) else STORE_DEFAULT_LIMIT)
+        texts = read_unlabelled(str(unlabelled), limit=limit, seed=cfg.seed)
+    _check_source(teacher, "--teacher")
+    with disk_errors(out):
+        return _distill(teacher, the_task, student, cfg, out, cache=cache, unlabelled=texts, progress=progress)
+
+
+def check_student(student: str) -> None:
+    """An unknown student's name: one line with the names there are (and the closest)."""
+    from cramkit.distill.core import STUDENTS
+
+    if student not in STUDENTS:
+        import difflib
+
+        close = difflib.get_close_matches(student, STUDENTS, n=1)
+        hint = f" (did you mean {close[0]}?)" if close else ""
+        raise CramkitError(f"--student {student!r}: unknown student{hint}; choose one of {', '.join(STUDENTS)}")

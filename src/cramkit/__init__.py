@@ -21,31 +21,33 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from cramkit import distill  # the package, callable as the verb (cramkit.api.distill)
-from cramkit.api import (
-    embed,
-    evaluate,
-    evaluate_retrieval,
-    evaluate_sts,
-    export,
-    finetune,
-    train_embeddings,
-)
+from cramkit.api import evaluate, export, finetune, train_embeddings
 from cramkit.errors import CramkitError
 from cramkit.load import LoadedModel, load  # the function shadows the module name `cramkit.load`
 
 if TYPE_CHECKING:
+    from cramkit.index.embed_cli import embed_source as embed
+    from cramkit.index.evaluate import evaluate_retrieval, evaluate_sts
     from cramkit.infer.predict import predict
     from cramkit.recipes.pretrain import pretrain
 
-# the verbs whose whole signature is the library's: imported on first use (`import cramkit` stays light)
-_LAZY = {"pretrain": "cramkit.recipes.pretrain", "predict": "cramkit.infer.predict"}
+# the verbs whose library function is the verb as it is (its checks inside): imported on first use, so that
+# `import cramkit` stays light
+_LAZY = {
+    "pretrain": ("cramkit.recipes.pretrain", "pretrain"),
+    "predict": ("cramkit.infer.predict", "predict"),
+    "embed": ("cramkit.index.embed_cli", "embed_source"),
+    "evaluate_sts": ("cramkit.index.evaluate", "evaluate_sts"),
+    "evaluate_retrieval": ("cramkit.index.evaluate", "evaluate_retrieval"),
+}
 
 
 def __getattr__(name: str) -> Any:
     if name in _LAZY:
         import importlib
 
-        value = getattr(importlib.import_module(_LAZY[name]), name)
+        module, attr = _LAZY[name]
+        value = getattr(importlib.import_module(module), attr)
         globals()[name] = value
         return value
     raise AttributeError(f"module 'cramkit' has no attribute {name!r}")

@@ -4,8 +4,11 @@ checks (the model exists, the task resolves, the output may be written, what com
 once, in this library code, and give the same line from both doors.
 
 This module imports nothing heavy at import time (``cramkit --help`` builds every parser from it); each
-verb imports its recipe when called. Verbs that hold sub-verbs keep them in their package:
-``cramkit.index.build_index`` (``cramkit index build``), ``cramkit.serve.serve`` (``cramkit serve``).
+verb imports its recipe when called. Where the library function is the verb already (its checks inside it),
+``cramkit`` exports it as it is: ``cramkit.pretrain``, ``cramkit.predict``, ``cramkit.embed``,
+``cramkit.evaluate_sts``, ``cramkit.evaluate_retrieval`` (see ``cramkit.__init__``). Verbs that hold
+sub-verbs keep them in their package: ``cramkit.index.build_index`` (``cramkit index build``),
+``cramkit.serve.serve`` (``cramkit serve``).
 """
 
 from __future__ import annotations
@@ -371,81 +374,6 @@ def evaluate(
     )
 
 
-def evaluate_sts(
-    model: PathLike | LoadedModel,
-    data: PathLike,
-    out: PathLike | None = "eval-sts",
-    *,
-    text_a: str | None = None,
-    text_b: str | None = None,
-    label: str | None = None,
-    skip_bad_rows: bool = False,
-    device: str = "auto",
-    max_batch_tokens: int | None = None,
-    progress: bool = True,
-    dimensions: int | None = None,
-) -> dict[str, Any]:
-    """Score ``model``'s embeddings (anything :func:`cramkit.load` opens, exports included) on sentence pairs
-    with a gold similarity: Spearman (main) and Pearson correlation x100 of the cosine similarity with the score,
-    as ``cramkit eval sts --from MODEL --data FILE``. ``data``: TSV (GLUE STS-B's dev.tsv), CSV or JSON Lines;
-    columns sentence1, sentence2, score unless ``text_a``/``text_b``/``label`` name others. Writes results.json,
-    results.md and scores.png to ``out`` (None: nothing written); returns the results. ``dimensions``: a
-    Matryoshka model's vectors cut to that many leading dimensions."""
-    from cramkit.index.evaluate import evaluate_sts as _evaluate_sts
-
-    _check_source(model)
-    return _evaluate_sts(
-        model,
-        data,
-        out,
-        text_a=text_a,
-        text_b=text_b,
-        label=label,
-        skip_bad_rows=skip_bad_rows,
-        device=device,
-        max_batch_tokens=max_batch_tokens,
-        progress=progress,
-        dimensions=dimensions,
-    )
-
-
-def evaluate_retrieval(
-    model: PathLike | LoadedModel,
-    data: PathLike,
-    out: PathLike | None = "eval-retrieval",
-    *,
-    split: str = "test",
-    index: PathLike | None = None,
-    k: int = 10,
-    skip_bad_rows: bool = False,
-    device: str = "auto",
-    max_batch_tokens: int | None = None,
-    progress: bool = True,
-    dimensions: int | None = None,
-) -> dict[str, Any]:
-    """Score ``model``'s embeddings on a folder in BEIR's layout (corpus.jsonl, queries.jsonl, qrels/SPLIT.tsv):
-    nDCG@k (main), recall@1/k/100, MRR@k and MAP@100, x100, by exact cosine search, or through ``index`` (built
-    by ``cramkit index build DATA/corpus.jsonl --encoder MODEL``; exact search over its vectors is reported
-    beside it). As ``cramkit eval retrieval``; writes results.json, results.md and scores.png to ``out`` (None:
-    nothing written); returns the results."""
-    from cramkit.index.evaluate import evaluate_retrieval as _evaluate_retrieval
-
-    _check_source(model)
-    return _evaluate_retrieval(
-        model,
-        data,
-        out,
-        split=split,
-        index=index,
-        k=k,
-        skip_bad_rows=skip_bad_rows,
-        device=device,
-        max_batch_tokens=max_batch_tokens,
-        progress=progress,
-        dimensions=dimensions,
-    )
-
-
 def export(
     model: PathLike | LoadedModel,
     out: PathLike,
@@ -463,15 +391,11 @@ def export(
     """Write ``model`` as a Hugging Face directory, or in an export format: ``onnx`` (ONNX Runtime), ``ct2``
     (CTranslate2) or a registered one (the same as ``cramkit export MODEL --out OUT [--format ...]``). task: the
     head of a model trained on a mixture; base: of a deep-prompt directory, its base model; options: the
-    format's own (ONNX: ``isa``, ``opset``). See :func:`cramkit.infer.export.export`; returns the directory
-    written (``export_summary`` says what was written, as the command prints it)."""
-    return _export(model, out, format, quantize, step, mlm_head, force, task, base, progress, options).path
+    format's own (ONNX: ``isa``, ``opset``). See :func:`cramkit.infer.export.export` (which ``cramkit export``
+    calls: it also returns the summary the command prints); returns the directory written."""
+    from cramkit.infer.export import export as _export
 
-
-def _export(model, out, format, quantize, step, mlm_head, force, task, base, progress, options) -> Any:  # noqa: A002
-    from cramkit.infer.export import export as _do
-
-    return _do(
+    done = _export(
         model,
         out,
         format=format,
@@ -484,77 +408,7 @@ def _export(model, out, format, quantize, step, mlm_head, force, task, base, pro
         progress=progress,
         **options,
     )
-
-
-def export_summary(
-    model: PathLike | LoadedModel,
-    out: PathLike,
-    *,
-    format: str = "hf",  # noqa: A002 (the flag's name)
-    quantize: str | None = None,
-    step: int | None = None,
-    mlm_head: bool = True,
-    force: bool = False,
-    task: str | None = None,
-    base: PathLike | LoadedModel | None = None,
-    progress: bool = True,
-    **options: Any,
-) -> str:
-    """:func:`export`, returning the one-paragraph summary ``cramkit export`` prints (what was written, its
-    size and its check against torch)."""
-    return _export(model, out, format, quantize, step, mlm_head, force, task, base, progress, options).summary
-
-
-def embed(
-    source: PathLike,
-    model: PathLike,
-    out: PathLike,
-    *,
-    text_field: str | None = None,
-    encoding: str | None = None,
-    errors: str = "strict",
-    pooling: str | None = None,
-    normalize: bool | None = None,
-    chunk_tokens: int | None = None,
-    store_tokenizer: str | None = None,
-    overwrite: bool = False,
-    device: str = "auto",
-    max_batch_tokens: int = 16384,
-    block: int = 1024,
-    format: str = "npy",  # noqa: A002 (the flag's name)
-    shard: str | tuple[int, int] | None = None,
-    prompt_name: str | None = None,
-    dimensions: int | None = None,
-) -> dict[str, Any] | None:
-    """Embed every text of ``source`` (a text/CSV/JSONL file, a folder of them, or a token store) with
-    ``model`` into ``out``: ``embeddings.npy`` + ``ids.npy`` (``format="npy"``) or Parquet parts
-    (``format="parquet"``, ``shard="i/N"`` for one shard of N); a killed run resumes. Returns the ``embed.json``
-    record (None on a torchrun rank other than 0). The same as ``cramkit embed SOURCE --from MODEL --out OUT``."""
-    from cramkit.index.embed_cli import embed_source
-    from cramkit.io import disk_errors
-
-    _check_source(model)
-    with disk_errors(out):
-        return embed_source(
-            str(source),
-            str(model),
-            out,
-            text_col=text_field,
-            encoding=encoding,
-            errors=errors,
-            pooling=pooling,
-            normalize=normalize,
-            chunk_tokens=chunk_tokens,
-            store_tokenizer=store_tokenizer,
-            overwrite=overwrite,
-            device=device,
-            max_batch_tokens=max_batch_tokens,
-            block=block,
-            format=format,
-            shard=shard,
-            prompt_name=prompt_name,
-            dimensions=dimensions,
-        )
+    return done.path
 
 
 def distill(

@@ -18,9 +18,12 @@ import shutil
 import sys
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, ParamSpec, TypeVar
 
 from cramkit.errors import CramkitError
+
+P = ParamSpec("P")
+R = TypeVar("R")
 
 
 def _umask_mode(base: int) -> int:
@@ -348,6 +351,29 @@ def disk_errors(out: str | os.PathLike) -> Iterator[None]:
             f"cannot write {out}: {problem}; free space there (or choose another --out) and run the command "
             "again: what was finished is kept"
         ) from None
+
+
+def writes_to(param: str) -> Callable[[Callable[P, R]], Callable[P, R]]:
+    """Decorate a verb that writes into its argument ``param``: a full disk (or quota, or read-only file system)
+    met while it runs is one line naming that output (:func:`disk_errors`), from Python as from the command
+    line. The signature is kept (``inspect.signature`` follows ``__wrapped__``)."""
+    import functools
+    import inspect
+
+    def wrap(fn: Callable[P, R]) -> Callable[P, R]:
+        sig = inspect.signature(fn)
+
+        @functools.wraps(fn)
+        def verb(*args: P.args, **kwargs: P.kwargs) -> R:
+            out = sig.bind_partial(*args, **kwargs).arguments.get(param)
+            if out is None:
+                return fn(*args, **kwargs)
+            with disk_errors(out):
+                return fn(*args, **kwargs)
+
+        return verb
+
+    return wrap
 
 
 def open_memmap(path: str | os.PathLike, dtype: Any, shape: tuple[int, ...]) -> Any:

@@ -100,7 +100,7 @@ def run(args: argparse.Namespace) -> int:
         args.source,
         args.model,
         args.out,
-        text_field=args.text_field,
+        text_col=args.text_field,
         encoding=args.encoding,
         errors=args.errors,
         pooling=args.pooling,

@@ -46,9 +46,9 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from cramkit.api import export_summary
+    from cramkit.infer.export import export  # cramkit.export's library function: it returns the summary too
 
-    summary = export_summary(
+    done = export(
         args.source,
         args.out,
         format=args.format,
@@ -59,5 +59,5 @@ def run(args: argparse.Namespace) -> int:
         task=args.task,
         base=args.base,
     )
-    print(summary)
+    print(done.summary)
     return 0

@@ -20,7 +20,7 @@ from cramkit.index.embedding import (
     finished,
     texts_key,
 )
-from cramkit.io import check_out, dir_lock
+from cramkit.io import check_out, dir_lock, writes_to
 
 
 def read_inputs(
@@ -74,6 +74,7 @@ def read_inputs(
     return texts, ids, ids, {"kind": "file"}
 
 
+@writes_to("out")
 def embed_source(
     source: str,
     model: str,
@@ -105,7 +106,9 @@ def embed_source(
     ``Engine.embed``; any other size is one line naming them)."""
     from cramkit.index.core import load_encoder
     from cramkit.infer import Engine
+    from cramkit.load import check_source
 
+    check_source(str(model))
     if format not in ("npy", "parquet"):
         raise CramkitError(f"--format {format!r}: use npy or parquet")
     if shard is not None and format != "parquet":

@@ -587,6 +587,14 @@ def _short(source: Any) -> str:
 # --------------------------------------------------------------------------------------------------- STS
 
 
+def _check_model(model: Any) -> None:
+    """A model given by its path or hub id that cannot be had: one line, before any data is read."""
+    if isinstance(model, (str, os.PathLike)):
+        from cramkit.load import check_source
+
+        check_source(str(model))
+
+
 def evaluate_sts(
     model: Any,
     data: str | os.PathLike,
@@ -604,6 +612,7 @@ def evaluate_sts(
     """Spearman (main) and Pearson correlation, x100, of the cosine similarity of each pair's embeddings with
     its gold score; results written to ``out`` (None: nothing written). ``dimensions``: the vectors cut to
     that many leading dimensions (a Matryoshka model's). Returns the results."""
+    _check_model(model)
     t0 = time.perf_counter()
     out_dir = Path(out) if out is not None else None
     if out_dir is not None:
@@ -736,6 +745,7 @@ def evaluate_retrieval(
     cosine search over the embedded corpus, or through ``index`` (built by ``cramkit index build`` from the
     folder's corpus.jsonl with this model; its approximate search is then also compared with exact search over
     the index's own vectors). Results written to ``out`` (None: nothing written). Returns the results."""
+    _check_model(model)
     if isinstance(k, bool) or not isinstance(k, int) or k < 1:
         raise CramkitError(f"--k must be a positive integer, got {k!r}")
     t0 = time.perf_counter()

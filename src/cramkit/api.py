@@ -160,8 +160,10 @@ def finetune(
     ``primary`` task). ``settings`` are FinetuneConfig fields (lr=2e-5, epochs=3, seeds=[0, 1, 2],
     method="ptuning", ...) on top of ``config``. ``prompt`` and ``label_words`` (``{"0": "terrible", "1":
     "great"}``): prompt-based fine-tuning through the MLM head. With ``out`` the model of the median seed is
-    saved there (``cramkit.load(out)``). ``few_shot=K``: LM-BFF's protocol, ``splits`` splits of K examples per
-    class (and a dev set of K per class that picks the checkpoint), scored on the task's dev split;
+    saved there (``cramkit.load(out)``; None: one task trains in a temporary directory and keeps no model, a
+    mixture or a few-shot protocol writes to finetune-NAME). ``few_shot=K``: LM-BFF's protocol, ``splits``
+    splits of K examples per class (and a dev set of K per class that picks the checkpoint), scored on the
+    task's dev split;
     ``fewshot_splits`` ("0,1,2,3,4" or "few_all"): FewCLUE's. Returns the results (also out/results.json).
     ``report_to``: experiment trackers that also get the training metrics and settings ("tensorboard",
     "wandb", "mlflow", "trackio"; several as a list or comma-separated). The same as ``cramkit finetune``."""
@@ -217,7 +219,7 @@ def finetune(
     _preload(the_task)
     from cramkit.recipes.finetune import finetune as _finetune
 
-    return _finetune(the_task, source, cfg, out or f"finetune-{stem}", progress=progress)
+    return _finetune(the_task, source, cfg, out, progress=progress)  # out None: a temporary directory
 
 
 def _finetune_mixture(

@@ -438,11 +438,14 @@ def run_finetune(args: argparse.Namespace) -> int:
         if mixture is not None and (args.weighting is not None or args.primary is not None):
             _check_weighting_processes(args, mixture)
         return _launch_finetune(args)
+    out = args.out
     if mixture is not None:
         kwargs = dict(data_dir=args.data_dir, skip_bad_rows=args.skip_bad_rows)
     else:
         kwargs = _task_kwargs(args)
-    res = cramkit.finetune(args.source, **kwargs, **routes, out=args.out, progress=not args.no_progress, config=cfg)
+        if out is None and not fewshot:  # the command keeps its model (Python's out=None keeps none)
+            out = _default_out(args)
+    res = cramkit.finetune(args.source, **kwargs, **routes, out=out, progress=not args.no_progress, config=cfg)
     if not res:  # under torchrun, a rank other than 0: rank 0 reports
         return 0
     if fewshot:
@@ -472,9 +475,15 @@ def _list_tasks() -> int:
     return 0
 
 
+def _default_out(args: argparse.Namespace) -> str:
+    """finetune-TASK: the registered task's name, or the file task's (--name, else the train file's stem)."""
+    name = (args.name or Path(args.train).stem) if args.train else str(args.task)
+    return f"finetune-{name.replace('/', '-')}"
+
+
 def _report_finetune(args: argparse.Namespace, cfg, res: dict) -> None:
     name = res["task"]
-    out = Path(args.out or f"finetune-{name.replace('/', '-')}")
+    out = Path(args.out or _default_out(args))
     n = len(cfg.seeds)
     for split, med in res["median"].items():
         metrics = ", ".join(f"{m} {v:.2f}" for m, v in med["metrics"].items())

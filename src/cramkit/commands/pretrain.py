@@ -163,7 +163,10 @@ def _launch(args: argparse.Namespace) -> int:
     if args.resume is None and args.init is None:  # a mistyped setting: one message here, not one per process
         from cramkit.train.config import resolve_config
 
-        resolve_config(args.preset or "tiny-cpu", args.overrides)
+        cfg = resolve_config(args.preset or "tiny-cpu", args.overrides)
+        from cramkit.train.pipeline import check_pp
+
+        check_pp(cfg.model, cfg.parallel.pp, args.nproc * args.nnodes)  # a pipeline degree the processes allow
     out = args.out
     if out is None and args.resume is None and args.nnodes > 1:
         raise CramkitError(

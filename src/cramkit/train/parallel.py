@@ -52,6 +52,10 @@ class ParallelConfig:
     # tensor parallelism: each layer split across this many ranks (attention heads, MLP width, vocabulary);
     # data parallelism (``strategy``) runs over the world size / tp groups of ranks
     tp: int = 1
+    # pipeline parallelism (train/pipeline.py): the encoder's blocks cut into this many stages, one per rank of a
+    # pipeline; data parallelism runs over the world size / pp pipelines; micro-batches scheduled by pp_schedule
+    pp: int = 1
+    pp_schedule: Literal["gpipe", "1f1b"] = "1f1b"
 
     def validate(self) -> None:
         if self.timeout <= 0:
@@ -62,6 +66,17 @@ class ParallelConfig:
             raise CramkitError(
                 f"parallel.tp={self.tp} does not work with parallel.cpu_offload; drop one of them (tensor "
                 "parallelism already divides each rank's weights by tp)"
+            )
+        if self.pp < 1:
+            raise CramkitError(f"parallel.pp must be at least 1 (1 = no pipeline parallelism), got {self.pp}")
+        if self.pp > 1 and self.tp > 1:
+            raise CramkitError(
+                f"parallel.pp={self.pp} with parallel.tp={self.tp} (a 3-D mesh) is not supported; use one of them"
+            )
+        if self.pp > 1 and (self.strategy == "fsdp" or self.cpu_offload):
+            raise CramkitError(
+                f"parallel.pp={self.pp} runs its pipelines data-parallel with parallel.strategy=ddp only (FSDP2 "
+                "and cpu_offload are not supported with pipelining); set parallel.strategy=ddp"
             )
 
 

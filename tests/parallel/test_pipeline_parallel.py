@@ -78,7 +78,7 @@ def _refused(nproc: int, store: Path, tmp_path: Path, *sets: str) -> str:  # noq
     )
     assert proc.returncode == 2, proc.stderr[-3000:]
     lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("cramkit: error: parallel.pp"), proc.stderr[-3000:]
+    assert len(lines) == 1 and lines[0].startswith("cramkit: error: parallel."), proc.stderr[-3000:]
     return lines[0]
 
 

@@ -19,7 +19,7 @@ from cramkit.model.encoder import ModelConfig, config_parameters
 from cramkit.runtime import Precision
 from cramkit.text.tokenizer import LANGS, MAX_VOCAB_SIZE
 from cramkit.train.budget import parse_budget, parse_every
-from cramkit.train.parallel import ParallelConfig, check_tp
+from cramkit.train.parallel import ParallelConfig, check_ep, check_tp
 from cramkit.train.pipeline import check_pp
 from cramkit.train.report import report_to_setting
 from cramkit.train.schedule import SCHEDULES
@@ -174,6 +174,7 @@ class RunConfig:
     def validate(self) -> None:
         check_tp(self.model, self.parallel.tp)
         check_pp(self.model, self.parallel.pp)
+        check_ep(self.model, self.parallel.ep)
 
     def to_dict(self) -> dict[str, Any]:
         return _plain(to_dict(self))

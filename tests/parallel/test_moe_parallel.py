@@ -3,6 +3,7 @@ loss curve (each micro-batch is routed on its own, so the split of the global ba
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import pytest
@@ -30,6 +31,12 @@ def test_expert_parallel_follows_one_process_and_resumes_on_one(store: Path, tmp
     _rewind(run, 3)
     cramkit(1, "pretrain", "--resume", str(run), "--set", "parallel.ep=1")
     _close(losses(run), one)
+    # and 1 -> 2: the single-process step-3 checkpoint resumed with each rank holding half of the experts
+    again = tmp_path / "one-to-ep2"
+    shutil.copytree(tmp_path / "one", again)
+    _rewind(again, 3)
+    cramkit(2, "pretrain", "--resume", str(again), "--set", "parallel.ep=2", launcher="nproc")
+    _close(losses(again), one)
 
 
 def test_expert_parallel_refusals(store: Path, tmp_path: Path) -> None:  # noqa: F811

@@ -10,6 +10,8 @@ Contract used by the trainer (``cramkit.train.trainer``):
   across T ranks by tensor parallelism (``apply_tp``, on a 2-D ("dp", "tp") mesh). The model code knows
   nothing of it but its local head count. Like torchtitan, each strategy is a separate function on a
   plain model (``apply_tp``, ``apply_compile``, ``apply_ddp`` / ``apply_fsdp``), composed in that order.
+  With ``parallel.ep=N`` (``apply_ep``) each mixture-of-experts layer's experts are split over the N ranks.
+  Pipeline parallelism (``parallel.pp``) is ``cramkit.train.pipeline``, which the trainer uses instead.
 - ``data_context(ctx, cfg)``: the ranks that read different batches (a tensor-parallel group shares
   its batches), for the data loader, the loss average and evaluation.
 - ``sync_gradients(model, enabled)`` is a context manager around forward+backward: gradients are

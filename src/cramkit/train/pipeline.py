@@ -264,7 +264,7 @@ class Pipeline(nn.Module):
         self.stage_module.sums = []
         ids = torch.cat([b["input_ids"] for b in batches]).to(device)
         labels = torch.cat([b["labels"] for b in batches]).to(device)
-        args = [ids if self.is_first else None, labels]
+        args = [ids, labels]
         if "segments" in batches[0]:
             args.append(torch.cat([b["segments"] for b in batches]).to(device))
         micro = tuple(batches[0]["input_ids"].shape)

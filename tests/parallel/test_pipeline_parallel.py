@@ -60,6 +60,15 @@ def test_pp2_follows_one_process_and_resumes_on_one(store, reference, tmp_path, 
     _close(losses(run), losses(reference))
 
 
+def test_pp2_with_document_masks_follows_one_process(store, tmp_path):  # noqa: F811
+    # data.doc_mask: the documents' segments cross the stages with the labels; each stage builds its attention
+    # masks from them (the last block's for its masked-position queries only)
+    doc = ("--set", "data.doc_mask=true")
+    one = pretrain(1, store, tmp_path / "one", *doc)
+    _close(pretrain(2, store, tmp_path / "pp2", *doc, "--set", "parallel.pp=2"), one)
+    _close(val_losses(tmp_path / "pp2"), val_losses(tmp_path / "one"))
+
+
 def test_one_process_checkpoint_resumes_at_pp2(store, reference, tmp_path):  # noqa: F811
     run = tmp_path / "resumed"
     shutil.copytree(reference, run)

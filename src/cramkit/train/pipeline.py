@@ -266,7 +266,8 @@ class Pipeline(nn.Module):
         labels = torch.cat([b["labels"] for b in batches]).to(device)
         args = [ids, labels]
         if "segments" in batches[0]:
-            args.append(torch.cat([b["segments"] for b in batches]).to(device))
+            # (int64, as declared to the stages: the loader's segments are int32)
+            args.append(torch.cat([b["segments"] for b in batches]).to(device, torch.long))
         micro = tuple(batches[0]["input_ids"].shape)
         if any(tuple(b["input_ids"].shape) != micro for b in batches):  # (the loaders' micro-batches are equal)
             shapes = [tuple(b["input_ids"].shape) for b in batches]

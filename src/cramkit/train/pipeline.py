@@ -262,8 +262,9 @@ class Pipeline(nn.Module):
         n_global = float(parallel.all_reduce(counts, self.data_ctx)[0].clamp_min(1.0))
         self.stage_module.scale = g.dp_size / n_global
         self.stage_module.sums = []
-        ids = torch.cat([b["input_ids"] for b in batches]).to(device)
-        labels = torch.cat([b["labels"] for b in batches]).to(device)
+        # every tensor a stage sends is int64 or float32, as declared in ``_schedule``
+        ids = torch.cat([b["input_ids"] for b in batches]).to(device, torch.long)
+        labels = torch.cat([b["labels"] for b in batches]).to(device, torch.long)
         args = [ids, labels]
         if "segments" in batches[0]:
             # (int64, as declared to the stages: the loader's segments are int32)

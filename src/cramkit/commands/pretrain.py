@@ -163,7 +163,13 @@ def _launch(args: argparse.Namespace) -> int:
     if args.resume is None and args.init is None:  # a mistyped setting: one message here, not one per process
         from cramkit.train.config import resolve_config
 
-        resolve_config(args.preset or "tiny-cpu", args.overrides)
+        cfg = resolve_config(args.preset or "tiny-cpu", args.overrides)
+        from cramkit.train.parallel import check_ep
+        from cramkit.train.pipeline import check_pp
+
+        # pipeline and expert-parallel degrees the processes allow
+        check_pp(cfg.model, cfg.parallel.pp, args.nproc * args.nnodes)
+        check_ep(cfg.model, cfg.parallel.ep, args.nproc * args.nnodes)
     out = args.out
     if out is None and args.resume is None and args.nnodes > 1:
         raise CramkitError(

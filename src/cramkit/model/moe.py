@@ -70,6 +70,11 @@ class MoE(nn.Module):
         self.b_in = nn.Parameter(torch.zeros(experts, intermediate)) if bias else None
         self.b_out = nn.Parameter(torch.zeros(experts, hidden)) if bias else None
         self.stats: MoEStats | None = None
+        # expert parallelism (``cramkit.train.parallel.apply_ep``): this rank holds experts
+        # [ep_rank * E / ep_size, (ep_rank + 1) * E / ep_size) of the stacked weights (DTensor shards) and the
+        # tokens of every rank routed to them are exchanged by all-to-all; None = every expert here
+        self.ep_group: object | None = None
+        self.ep_size, self.ep_rank = 1, 0
         for w in (self.w_in, self.w_out):
             nn.init.normal_(w, std=0.02)
 
@@ -94,7 +99,7 @@ class MoE(nn.Module):
         shape = x.shape
         x = x.reshape(-1, shape[-1])
         e = self.experts
-        if x.shape[0] == 0:  # nothing to route
+        if x.shape[0] == 0 and self.ep_group is None:  # nothing to route (expert-parallel: still exchange, below)
             zero = x.new_zeros((), dtype=torch.float32)
             self.stats = MoEStats(zero, zero, zero, zero)
             return x.new_zeros(shape)
@@ -105,12 +110,18 @@ class MoE(nn.Module):
         counts = torch.bincount(expert, minlength=e)
         order = torch.argsort(expert, stable=True)  # sorted by expert, priority kept within one
         starts = counts.cumsum(0) - counts
-        if self.training and self.capacity > 0:
+        if self.ep_group is not None:
+            y, dropped = self._expert_parallel(x, expert, counts, order, starts, gates)
+        elif self.training and self.capacity > 0:
             y, dropped = self._capacity(x, expert, counts, order, starts, gates)
         elif torch.compiler.is_exporting():  # a static graph (ONNX): every expert on every token, weighted
             y, dropped = self._dense(x, top_e, gates), logits.new_zeros(())
         else:
             y, dropped = self._all(x, counts, order, gates), logits.new_zeros(())
+        if x.shape[0] == 0:  # (expert-parallel, this rank had no token: it took part in the exchange)
+            zero = x.new_zeros((), dtype=torch.float32)
+            self.stats = MoEStats(zero, zero, zero, zero)
+            return y.reshape(shape)
         probs = logits.softmax(-1)
         share = counts.to(probs.dtype) / max(n, 1)
         aux = e * (share * probs.mean(0)).sum()
@@ -156,6 +167,65 @@ class MoE(nn.Module):
         dropped = (~kept).float().mean()
         return y, dropped
 
+    def _expert_parallel(
+        self,
+        x: torch.Tensor,
+        expert: torch.Tensor,
+        counts: torch.Tensor,
+        order: torch.Tensor,
+        starts: torch.Tensor,
+        gates: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Expert parallelism: this rank's kept assignments (the capacity applied to its own tokens, as
+        :meth:`_capacity` does; all of them in eval) sent to the ranks holding their experts by one all-to-all,
+        each expert run on the rows it received from every rank, the outputs returned by a second all-to-all and
+        combined with the gates. The all-to-alls are differentiable: an expert's gradient sums every rank's."""
+        import torch.distributed as dist
+        from torch.distributed._functional_collectives import all_to_all_single, wait_tensor
+
+        tokens, hidden = x.shape
+        e, n, group, size = self.experts, expert.numel(), self.ep_group, self.ep_size
+        local_e = e // size
+        rank = torch.empty_like(expert)
+        rank[order] = torch.arange(n, device=x.device) - starts[expert[order]]
+        if self.training and self.capacity > 0:
+            kept = rank < max(1, math.ceil(self.capacity * n / e))
+        else:
+            kept = torch.ones_like(expert, dtype=torch.bool)
+        sent = order[kept[order]]  # kept assignments, sorted by expert (so by the rank that holds it)
+        per_expert = torch.bincount(expert[sent], minlength=e)
+        # how many rows each rank sends each of this rank's experts: [size, local_e]
+        incoming = torch.empty_like(per_expert)
+        dist.all_to_all_single(incoming, per_expert, group=group)
+        send_sizes = per_expert.view(size, local_e).sum(1).tolist()
+        incoming = incoming.view(size, local_e)
+        recv_sizes = incoming.sum(1).tolist()
+        rows = x[sent % tokens]
+        got = wait_tensor(all_to_all_single(rows, recv_sizes, send_sizes, group))  # type: ignore[arg-type]
+        # the received rows, grouped by source rank then expert: regroup by expert, run each, put back
+        source_expert = torch.arange(local_e, device=x.device).repeat(size).repeat_interleave(incoming.reshape(-1))
+        by_expert = torch.argsort(source_expert, stable=True)
+        grouped = got[by_expert]
+        # (the trainer scales each rank's loss by the number of ranks, as DDP then averages; an expert's gradient,
+        # summed over the ranks by the all-to-all, is averaged here)
+        w_in, w_out = _scaled(_local(self.w_in), size), _scaled(_local(self.w_out), size)
+        b_in, b_out = _scaled(_local(self.b_in), size), _scaled(_local(self.b_out), size)
+        assert w_in is not None and w_out is not None  # (the weights always exist; only the biases may not)
+        outs, start = [], 0
+        for i, count in enumerate(incoming.sum(0).tolist()):
+            part = grouped[start : start + count]
+            h = F.linear(part, w_in[i], None if b_in is None else b_in[i])
+            outs.append(F.linear(self._ffn(h), w_out[i], None if b_out is None else b_out[i]))
+            start += count
+        done = torch.cat(outs) if outs else grouped
+        back = torch.empty_like(done).index_copy(0, by_expert, done)
+        returned = wait_tensor(all_to_all_single(back, send_sizes, recv_sizes, group))  # type: ignore[arg-type]
+        # each kept assignment's output (zero for dropped ones), weighted by its gate and summed over the k choices
+        out = returned.new_zeros(n, hidden).index_copy(0, sent, returned)
+        picked = out.view(self.top_k, tokens, hidden)
+        y = (picked * gates.t()[..., None].to(picked.dtype)).sum(0)
+        return y, (~kept).float().mean()
+
     def _dense(self, x: torch.Tensor, top_e: torch.Tensor, gates: torch.Tensor) -> torch.Tensor:
         """No dropping, static shapes (for exporters): all E experts on all tokens (E times the MLP's work),
         each token's output the gated sum of its top-k's."""
@@ -185,6 +255,27 @@ class MoE(nn.Module):
         out[order] = sorted_out
         picked = out.view(self.top_k, tokens, hidden)
         return (picked * gates.t()[..., None].to(picked.dtype)).sum(0)
+
+
+def _local(t: torch.Tensor | None) -> torch.Tensor | None:
+    """This rank's part of an expert-parallel weight (a DTensor shard), or the weight itself."""
+    return t.to_local() if t is not None and hasattr(t, "to_local") else t
+
+
+class _DivideGrad(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: torch.autograd.function.FunctionCtx, t: torch.Tensor, by: int) -> torch.Tensor:
+        ctx.by = by  # type: ignore[attr-defined]
+        return t.view_as(t)
+
+    @staticmethod
+    def backward(ctx: torch.autograd.function.FunctionCtx, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        return grad / ctx.by, None  # type: ignore[attr-defined]
+
+
+def _scaled(t: torch.Tensor | None, by: int) -> torch.Tensor | None:
+    """``t`` itself, its gradient divided by ``by``."""
+    return None if t is None else _DivideGrad.apply(t, by)
 
 
 def moe_layers(model: nn.Module) -> list[MoE]:

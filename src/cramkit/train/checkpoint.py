@@ -353,6 +353,7 @@ class Checkpointer:
         trainer_state: Mapping[str, Any] | None = None,
         *,
         block: bool = False,
+        tied: list[str] | None = None,
     ) -> Path:
         """Checkpoint ``step``; returns once the state is copied to host memory (or written, if ``block``
         or async saving is off). The directory becomes visible when everything in it is down."""
@@ -367,7 +368,8 @@ class Checkpointer:
             "step": step,
             "world": self.ctx.world,
             "optimizer_hparams": hparams,
-            "tied": tied_aliases(model),
+            # (a pipeline stage holds part of the model: the caller names the whole model's tied aliases)
+            "tied": tied_aliases(model) if tied is None else tied,
             "trainer": dict(trainer_state or {}),
         }
         try:  # on every rank, so that all of them stop here alike

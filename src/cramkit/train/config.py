@@ -19,7 +19,8 @@ from cramkit.model.encoder import ModelConfig, config_parameters
 from cramkit.runtime import Precision
 from cramkit.text.tokenizer import LANGS, MAX_VOCAB_SIZE
 from cramkit.train.budget import parse_budget, parse_every
-from cramkit.train.parallel import ParallelConfig, check_tp
+from cramkit.train.parallel import ParallelConfig, check_ep, check_tp
+from cramkit.train.pipeline import check_pp
 from cramkit.train.report import report_to_setting, require_trackers
 from cramkit.train.schedule import SCHEDULES
 
@@ -258,6 +259,8 @@ class RunConfig:
 
     def validate(self) -> None:
         check_tp(self.model, self.parallel.tp)
+        check_pp(self.model, self.parallel.pp)
+        check_ep(self.model, self.parallel.ep)
 
     def to_dict(self) -> dict[str, Any]:
         return _plain(to_dict(self))
@@ -321,7 +324,8 @@ def check_fits(cfg: RunConfig, vocab_size: int | None = None) -> None:
     have, what = runtime.machine_memory(cfg.train.device)
     # FSDP shards weights, gradients and optimizer state over all ranks (with TP: 1/tp of each layer,
     # then FSDP over the groups), tensor parallelism alone over its tp ranks
-    shards = runtime.torchrun().world if cfg.parallel.strategy == "fsdp" else cfg.parallel.tp
+    # (pipeline parallelism: 1/pp of the blocks on each rank)
+    shards = runtime.torchrun().world if cfg.parallel.strategy == "fsdp" else cfg.parallel.tp * cfg.parallel.pp
     need -= params * TRAIN_BYTES_PER_PARAM * (1 - 1 / max(1, shards))
     if have is not None and need > have:
         m = cfg.model

@@ -10,6 +10,8 @@ Contract used by the trainer (``cramkit.train.trainer``):
   across T ranks by tensor parallelism (``apply_tp``, on a 2-D ("dp", "tp") mesh). The model code knows
   nothing of it but its local head count. Like torchtitan, each strategy is a separate function on a
   plain model (``apply_tp``, ``apply_compile``, ``apply_ddp`` / ``apply_fsdp``), composed in that order.
+  With ``parallel.ep=N`` (``apply_ep``) each mixture-of-experts layer's experts are split over the N ranks.
+  Pipeline parallelism (``parallel.pp``) is ``cramkit.train.pipeline``, which the trainer uses instead.
 - ``data_context(ctx, cfg)``: the ranks that read different batches (a tensor-parallel group shares
   its batches), for the data loader, the loss average and evaluation.
 - ``sync_gradients(model, enabled)`` is a context manager around forward+backward: gradients are
@@ -52,6 +54,13 @@ class ParallelConfig:
     # tensor parallelism: each layer split across this many ranks (attention heads, MLP width, vocabulary);
     # data parallelism (``strategy``) runs over the world size / tp groups of ranks
     tp: int = 1
+    # pipeline parallelism (train/pipeline.py): the encoder's blocks cut into this many stages, one per rank of a
+    # pipeline; data parallelism runs over the world size / pp pipelines; micro-batches scheduled by pp_schedule
+    pp: int = 1
+    pp_schedule: Literal["gpipe", "1f1b"] = "1f1b"
+    # expert parallelism: each mixture-of-experts layer's experts split across this many ranks (all of them), the
+    # tokens exchanged by all-to-all; the other weights replicated, their gradients averaged as DDP's
+    ep: int = 1
 
     def validate(self) -> None:
         if self.timeout <= 0:
@@ -62,6 +71,24 @@ class ParallelConfig:
             raise CramkitError(
                 f"parallel.tp={self.tp} does not work with parallel.cpu_offload; drop one of them (tensor "
                 "parallelism already divides each rank's weights by tp)"
+            )
+        if self.pp < 1:
+            raise CramkitError(f"parallel.pp must be at least 1 (1 = no pipeline parallelism), got {self.pp}")
+        if self.pp > 1 and self.tp > 1:
+            raise CramkitError(
+                f"parallel.pp={self.pp} with parallel.tp={self.tp} (a 3-D mesh) is not supported; use one of them"
+            )
+        if self.ep < 1:
+            raise CramkitError(f"parallel.ep must be at least 1 (1 = no expert parallelism), got {self.ep}")
+        if self.ep > 1 and (self.tp > 1 or self.pp > 1 or self.strategy == "fsdp" or self.cpu_offload):
+            raise CramkitError(
+                f"parallel.ep={self.ep} runs with parallel.strategy=ddp only, without parallel.tp, parallel.pp or "
+                "cpu_offload; drop one of them"
+            )
+        if self.pp > 1 and (self.strategy == "fsdp" or self.cpu_offload):
+            raise CramkitError(
+                f"parallel.pp={self.pp} runs its pipelines data-parallel with parallel.strategy=ddp only (FSDP2 "
+                "and cpu_offload are not supported with pipelining); set parallel.strategy=ddp"
             )
 
 
@@ -255,6 +282,11 @@ def parallelize(
         )
     if cfg.cpu_offload and cfg.strategy != "fsdp":
         raise CramkitError("parallel.cpu_offload works with parallel.strategy=fsdp only, not ddp")
+    if cfg.ep > 1:
+        check_ep(getattr(unwrap(model), "cfg", None), cfg.ep, ctx.world)
+        if compile:
+            apply_compile(model)
+        return apply_ep(model, ctx)
     if precision == "fp8":
         if cfg.tp > 1:
             raise CramkitError("precision fp8 with tensor parallelism (parallel.tp > 1) is not supported; use bf16")
@@ -278,6 +310,49 @@ def parallelize(
         return apply_fsdp(model, cfg, ctx, precision, dp_mesh)
     # DDP does not take DTensor parameters: the gradients are averaged over the dp group by sync_gradients
     _average_over(model, list(model.parameters()), dp_mesh)
+    return model
+
+
+def check_ep(model_cfg: Any, ep: int, world: int | None = None) -> None:
+    """One clear line when ``ep`` does not fit the model's experts or the processes."""
+    if ep == 1:
+        return
+    experts = getattr(model_cfg, "moe_experts", 0)
+    if not experts:
+        raise CramkitError(
+            f"parallel.ep={ep} splits mixture-of-experts layers, but the model has none (set model.moe_experts)"
+        )
+    if experts % ep:
+        raise CramkitError(
+            f"parallel.ep={ep} must divide model.moe_experts ({experts}): each rank holds an equal share of the "
+            "experts; choose a parallel.ep that divides it"
+        )
+    if world is not None and world != ep:
+        raise CramkitError(
+            f"parallel.ep={ep} spreads the experts over all processes, but there are {world}; launch --nproc {ep} "
+            f"or set parallel.ep={world}"
+        )
+
+
+def apply_ep(model: nn.Module, ctx: DistContext) -> nn.Module:
+    """Expert parallelism over all ranks: each MoE layer keeps its share of the stacked expert weights (DTensor
+    shards along the expert dimension, so checkpoints hold whole tensors under their names and resume on any
+    degree) and exchanges tokens by all-to-all (``MoE._expert_parallel``); the other parameters stay whole, their
+    gradients averaged over the ranks by ``sync_gradients``."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import DTensor, Shard, distribute_tensor
+
+    from cramkit.model.moe import moe_layers
+
+    mesh = init_device_mesh(ctx.device.type, (ctx.world,), mesh_dim_names=("ep",))
+    _broadcast_from_rank0(model)
+    for layer in moe_layers(model):
+        for name in ("w_in", "w_out", "b_in", "b_out"):
+            tensor = getattr(layer, name)
+            if tensor is not None:
+                setattr(layer, name, nn.Parameter(distribute_tensor(tensor.detach(), mesh, [Shard(0)])))
+        layer.ep_group, layer.ep_size, layer.ep_rank = mesh.get_group(), ctx.world, ctx.rank
+    _average_over(model, [p for p in model.parameters() if not isinstance(p, DTensor)], mesh)
     return model
 
 

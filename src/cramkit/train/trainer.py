@@ -49,6 +49,7 @@ from cramkit.train.config import RunConfig, TrainConfig
 from cramkit.train.metrics import MetricsLog, Progress, peak_flops, plot_losses
 from cramkit.train.objectives import MLMObjective, Objective, TrainData
 from cramkit.train.optim import build_optimizer
+from cramkit.train.pipeline import Pipeline
 from cramkit.train.prefetch import Prefetcher
 from cramkit.train.schedule import accumulation_steps, lr_factor, split_batch
 
@@ -205,11 +206,23 @@ class Trainer:
         # compile each block, then DDP / FSDP2 (torchtitan's order); the optimizer is built on the (sharded)
         # parameters
         compile_on = _auto(tcfg.compile, device.type == "cuda")
-        self.train_model = parallel.parallelize(
-            self.model, pcfg, ctx, self.precision, compile=compile_on, fp8_recipe=tcfg.fp8_recipe
-        )
-        # the ranks that read different batches (with tensor parallelism, one per group of parallel.tp ranks)
-        self.data_ctx = parallel.data_context(ctx, pcfg)
+        # pipeline parallelism (parallel.pp > 1): this rank keeps its stage of the model (full parameter names)
+        self.pipe: Pipeline | None = None
+        if pcfg.pp > 1:
+            if type(objective) is not MLMObjective:
+                raise CramkitError(
+                    f"parallel.pp={pcfg.pp} pipelines masked-LM pretraining only (`cramkit pretrain`), not "
+                    f"{objective.title}; set parallel.pp=1"
+                )
+            self.pipe = Pipeline(self.model, pcfg, ctx, self.precision, compile=compile_on)
+            self.train_model: torch.nn.Module = self.pipe
+            self.data_ctx = self.pipe.data_ctx  # the pipelines read different batches, a pipeline's ranks the same
+        else:
+            self.train_model = parallel.parallelize(
+                self.model, pcfg, ctx, self.precision, compile=compile_on, fp8_recipe=tcfg.fp8_recipe
+            )
+            # the ranks that read different batches (with tensor parallelism, one per group of parallel.tp ranks)
+            self.data_ctx = parallel.data_context(ctx, pcfg)
         self.optimizer = build_optimizer(
             self.model,
             tcfg.optimizer,
@@ -223,6 +236,12 @@ class Trainer:
         from torch.distributed.tensor import DTensor
 
         self._sharded = any(isinstance(p, DTensor) for p in self.model.parameters())  # FSDP2
+        # each rank holds part of the model (FSDP2's shards, a pipeline's stage): the whole one from a checkpoint
+        self._partial = self._sharded or self.pipe is not None
+        self._tied: list[str] | None = None  # the whole model's tied parameter names, when this rank holds a stage
+        if self.pipe is not None:
+            with torch.device("meta"):
+                self._tied = ckpt.tied_aliases(objective.build_model())
         # a fused AdamW skips a non-finite update itself (``found_inf``), without the host looking first;
         # not on sharded parameters, whose kernels would mix DTensors with a plain flag
         self._skip_on_device = bool(self.optimizer.defaults.get("fused")) and not self._sharded
@@ -293,13 +312,16 @@ class Trainer:
         info = (begin_step(fraction) if begin_step is not None else None) or {}
 
         batches = [next(self.loader) for _ in range(accum)]
-        loss, tokens = forward_backward(
-            self.train_model, batches, self.data_ctx, self.precision, self.scaler, self.objective
-        )
-
-        if self.scaler is not None:
-            self.scaler.unscale_(opt)
-        grad_norm = parallel.clip_grad_norm(self.train_model, tcfg.grad_clip)
+        if self.pipe is not None:
+            loss, tokens = self.pipe.forward_backward(batches, self.objective.count, self.objective.tokens)
+            grad_norm = self.pipe.clip_grad_norm(tcfg.grad_clip)
+        else:
+            loss, tokens = forward_backward(
+                self.train_model, batches, self.data_ctx, self.precision, self.scaler, self.objective
+            )
+            if self.scaler is not None:
+                self.scaler.unscale_(opt)
+            grad_norm = parallel.clip_grad_norm(self.train_model, tcfg.grad_clip)
         finite = torch.isfinite(loss)
         if self.scaler is None:  # (fp16's scaler skips inf/NaN gradients itself)
             finite = finite & torch.isfinite(grad_norm.to(loss.device))
@@ -439,7 +461,7 @@ class Trainer:
             "scaler": self.scaler.state_dict() if self.scaler is not None else None,
         }
         self.last_checkpoint = self.writer.save(
-            s.step, self.model, self.optimizer, trainer_state, block=reason != "periodic"
+            s.step, self.model, self.optimizer, trainer_state, block=reason != "periodic", tied=self._tied
         )
         s.last_ckpt = (s.elapsed, s.step)
         return self.last_checkpoint
@@ -565,7 +587,7 @@ class Trainer:
             self.evaluate()
         final = self.save("end")
         model = self.model
-        if self._sharded:  # each rank holds shards only: the whole model from the final checkpoint
+        if self._partial:  # each rank holds shards or a stage only: the whole model from the final checkpoint
             model = self.objective.build_model()
             model.load_state_dict(ckpt.load_model_state(final))
             model.to(self.device)

@@ -1,0 +1,105 @@
+"""Pipeline parallelism (``parallel.pp``) through `cramkit pretrain` on CPU processes (torchrun, gloo) against one
+process, on a real token store (WikiText-2): the same loss curve, checkpoints that resume on another pipeline
+degree (2 -> 1 and 1 -> 2), and one line for the settings it refuses."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from cramkit.train import checkpoint as dcp
+from cramkit.train.metrics import read_metrics
+
+from .conftest import _env
+from .test_pretrain_parallel import TINY, _close, _rewind, cramkit, losses, pretrain, reference, store  # noqa: F401
+
+pytestmark = pytest.mark.dist
+
+
+def val_losses(run: Path) -> dict[int, float]:
+    found = {r["step"]: r["val_loss"] for r in read_metrics(run) if "val_loss" in r}
+    assert found
+    return found
+
+
+@pytest.mark.slow
+def test_pp2_by_dp2_on_four_processes(store, reference, tmp_path):  # noqa: F811
+    # a 2-D ("dp", "pp") mesh: two pipelines of two stages, each reading half of every global batch
+    run = tmp_path / "pp2dp2"
+    _close(pretrain(4, store, run, "--set", "parallel.pp=2"), losses(reference))
+    # (its validation loss is over other batches: train.eval_batches is per data-parallel rank)
+    assert (dcp.find_latest(run) / "__3_0.distcp").is_file()
+
+
+@pytest.mark.parametrize("schedule", ["1f1b", "gpipe"])
+def test_pp2_follows_one_process_and_resumes_on_one(store, reference, tmp_path, schedule):  # noqa: F811
+    run = tmp_path / "pp2"
+    # two stages (one block each; the embeddings with the first, the head and loss on the last), the 4 micro-batches
+    # of each step through the schedule: the single-process curve (same seed, same batches)
+    curve = pretrain(2, store, run, "--set", "parallel.pp=2", "--set", f"parallel.pp_schedule={schedule}")
+    _close(curve, losses(reference))
+    # the final evaluation (forward only, stage to stage): the single-process validation loss, on every rank
+    _close(val_losses(run), val_losses(reference))
+    # the checkpoint is the whole model under its full names (each stage wrote its part, the tied embedding once)
+    ckpt = dcp.find_latest(run)
+    from safetensors.torch import load_file
+
+    ref = load_file(str(reference / "checkpoints" / ckpt.name / "model.safetensors"))
+    full = load_file(str(ckpt / "model.safetensors"))
+    assert set(full) == set(ref)
+    assert max(float((full[k] - ref[k]).abs().max()) for k in ref) < 1e-4
+    if schedule == "gpipe":
+        return
+    # pp=2 -> 1: the step-3 checkpoint resumed on one process continues the single-process curve
+    _rewind(run, 3)
+    cramkit(1, "pretrain", "--resume", str(run), "--set", "parallel.pp=1")
+    _close(losses(run), losses(reference))
+
+
+def test_pp2_with_document_masks_follows_one_process(store, tmp_path):  # noqa: F811
+    # data.doc_mask: the documents' segments cross the stages with the labels; each stage builds its attention
+    # masks from them (the last block's for its masked-position queries only)
+    doc = ("--set", "data.doc_mask=true")
+    one = pretrain(1, store, tmp_path / "one", *doc)
+    _close(pretrain(2, store, tmp_path / "pp2", *doc, "--set", "parallel.pp=2"), one)
+    _close(val_losses(tmp_path / "pp2"), val_losses(tmp_path / "one"))
+
+
+def test_one_process_checkpoint_resumes_at_pp2(store, reference, tmp_path):  # noqa: F811
+    run = tmp_path / "resumed"
+    shutil.copytree(reference, run)
+    _rewind(run, 3)
+    cramkit(2, "pretrain", "--resume", str(run), "--set", "parallel.pp=2", launcher="nproc")
+    _close(losses(run), losses(reference))
+
+
+def _refused(nproc: int, store: Path, tmp_path: Path, *sets: str) -> str:  # noqa: F811
+    args = ["pretrain", str(store), "--out", str(tmp_path / "r"), "--budget", "2steps"]
+    args += [x for s in (*TINY, *sets) for x in ("--set", s)]
+    if nproc > 1:  # cramkit's own launcher: the settings are checked before any process starts
+        args += ["--nproc", str(nproc)]
+    proc = subprocess.run(
+        [sys.executable, "-m", "cramkit", *args], capture_output=True, text=True, timeout=120, env=_env()
+    )
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("cramkit: error: parallel."), proc.stderr[-3000:]
+    return lines[0]
+
+
+def test_refusals(store, tmp_path):  # noqa: F811
+    # pp not dividing the layers: at configuration time, before any process group
+    line = _refused(1, store, tmp_path, "parallel.pp=3")
+    assert "must divide model.layers (2)" in line
+    # pp on one process
+    line = _refused(1, store, tmp_path, "parallel.pp=2")
+    assert "this is one process" in line and "--nproc 2" in line
+    # pp with tensor parallelism
+    assert "not supported" in _refused(1, store, tmp_path, "parallel.pp=2", "parallel.tp=2")
+    # pp not dividing the processes (3 processes, two stages)
+    line = _refused(3, store, tmp_path, "parallel.pp=2")
+    assert "must divide the number of processes (3)" in line

@@ -18,6 +18,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from cramkit.distill.verb import check_student as check_student
+from cramkit.distill.verb import distill as distill
 from cramkit.errors import CramkitError
 
 if TYPE_CHECKING:
@@ -411,71 +413,3 @@ def export(
         **options,
     )
     return done.path
-
-
-def distill(
-    teacher: PathLike | LoadedModel,
-    *,
-    student: str,
-    out: PathLike,
-    task: str | None = None,
-    data_dir: PathLike | Sequence[str] | None = None,
-    train: PathLike | None = None,
-    dev: PathLike | None = None,
-    text_a: str | None = None,
-    text_b: str | None = None,
-    label: str = "label",
-    regression: bool = False,
-    unlabelled: PathLike | None = None,
-    cache: PathLike | None = None,
-    progress: bool = True,
-    report_to: str | Sequence[str] | None = None,
-    **settings: Any,
-) -> dict[str, Any]:
-    """Distil the fine-tuned ``teacher`` into a small ``student`` (bilstm | encoder) on a registered ``task`` or
-    your files (``train`` and ``dev``, scored for teacher and student); ``unlabelled``: extra text for the
-    transfer set (a text file, one text per line, or a token store). ``settings``: DistillConfig fields (epochs,
-    layers, p_pos, max_unlabelled, ...). Writes the student's model directory with report.json and report.md to
-    ``out``; returns the report. The same as ``cramkit distill --teacher MODEL --student NAME --out OUT``."""
-    from cramkit.distill.core import config_from
-    from cramkit.distill.core import distill as _distill
-    from cramkit.io import disk_errors
-    from cramkit.tasks.resolve import resolve_task
-
-    check_student(student)
-    over = dict(settings)
-    _report_to(over, report_to)
-    cfg = config_from(over)
-    the_task = resolve_task(
-        task,
-        data_dir=data_dir,
-        train=train,
-        dev=dev,
-        text_a=text_a,
-        text_b=text_b,
-        label=label,
-        regression=regression,
-        dev_fraction=None,  # teacher and student are scored on the user's dev file
-    )
-    _preload(the_task)
-    texts = None
-    if unlabelled:
-        from cramkit.distill.unlabelled import STORE_DEFAULT_LIMIT, is_text_file, read_unlabelled
-
-        limit = cfg.max_unlabelled or (0 if is_text_file(str(unlabelled)) else STORE_DEFAULT_LIMIT)
-        texts = read_unlabelled(str(unlabelled), limit=limit, seed=cfg.seed)
-    _check_source(teacher, "--teacher")
-    with disk_errors(out):
-        return _distill(teacher, the_task, student, cfg, out, cache=cache, unlabelled=texts, progress=progress)
-
-
-def check_student(student: str) -> None:
-    """An unknown student's name: one line with the names there are (and the closest)."""
-    from cramkit.distill.core import STUDENTS
-
-    if student not in STUDENTS:
-        import difflib
-
-        close = difflib.get_close_matches(student, STUDENTS, n=1)
-        hint = f" (did you mean {close[0]}?)" if close else ""
-        raise CramkitError(f"--student {student!r}: unknown student{hint}; choose one of {', '.join(STUDENTS)}")

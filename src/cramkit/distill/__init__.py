@@ -2,8 +2,8 @@
 logits, BiLSTM and small-encoder students.
 
 This package is also the verb: ``cramkit.distill(teacher, student=..., task=..., out=...)`` calls
-:func:`cramkit.api.distill` (``cramkit distill``'s front door: task names, files, checks); the recipe on a
-resolved task is :func:`cramkit.distill.core.distill`. Its names load on first use (PEP 562): ``import
+:func:`cramkit.distill.verb.distill` (``cramkit distill``'s front door: task names, files, checks); the recipe
+on a resolved task is :func:`cramkit.distill.core.distill`. Its names load on first use (PEP 562): ``import
 cramkit`` imports this package and must not import torch."""
 
 from __future__ import annotations
@@ -51,7 +51,9 @@ def __getattr__(name: str) -> Any:
 
 
 def _verb() -> Any:
-    return importlib.import_module("cramkit.api").distill
+    from cramkit.distill.verb import distill
+
+    return distill
 
 
 class _VerbModule(types.ModuleType):

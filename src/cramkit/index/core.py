@@ -231,6 +231,8 @@ def build_index(
     if not isinstance(workers, int) or workers < 1:
         raise CramkitError(f"--workers must be a positive integer, got {workers!r}")
     shard_i, shard_n = parse_shard(shard)
+    if on_disk and kind in ("flat", "hnsw"):
+        ann.plan_index(1, 1, budget, kind, on_disk=True)  # its one-line refusal, before any work
     if on_disk is not None and not on_disk and (shard is not None or workers > 1):
         raise CramkitError("--shard and --workers fill the parts of an on-disk index; drop them or build --on-disk")
     out = Path(out)

@@ -147,6 +147,44 @@ def test_shards_resume_after_a_kill_and_merge_like_one_process(tmp_path, builds,
     assert late.returncode == 2 and "already holds an index" in late.stderr
 
 
+def test_two_shards_started_together_share_one_out(tmp_path, builds, embedded, pretrained_run):
+    """A scheduler starts both shards at once: one prepares while the other waits, each fills its part, the
+    last one merges; the result is the one-process index, byte for byte."""
+    out = tmp_path / "together"
+    procs = [
+        subprocess.Popen(
+            cmd(
+                "index",
+                "build",
+                str(embedded),
+                "--encoder",
+                str(pretrained_run),
+                "--out",
+                str(out),
+                "--kind",
+                "ivfsq8",
+                "--device",
+                "cpu",
+                "--on-disk",
+                "--shard",
+                f"{i}/2",
+            ),  # fmt: skip
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=ENV,
+        )
+        for i in range(2)
+    ]
+    outs = [p.communicate(timeout=300) for p in procs]
+    for p, (_, err) in zip(procs, outs, strict=True):
+        assert p.returncode == 0, err
+    said = "".join(o for o, _ in outs)
+    assert said.count("on disk (2 parts)") == 1  # exactly one of them merged
+    assert sum(e.count("trained IVF") for _, e in outs) == 1  # and the index was trained once
+    assert (_data(out) / "lists.ivfdata").read_bytes() == (_data(builds["workers"]) / "lists.ivfdata").read_bytes()
+
+
 def test_crafted_list_paths_are_refused(tmp_path, builds, capsys):
     import faiss
 

@@ -71,6 +71,27 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="the encoder's named prompt the chunks get (default: its prompt named document, passage or corpus, "
         "else its default prompt); queries get its prompt named query (else the default). Recorded in index.json",
     )
+    b.add_argument(
+        "--on-disk",
+        action="store_true",
+        default=None,
+        help="keep the IVF lists on disk (one memory-mapped .ivfdata file), filled in parts and merged (default: "
+        "when the in-RAM index would not fit --memory)",
+    )
+    b.add_argument(
+        "--workers",
+        type=int,
+        default=1,
+        metavar="N",
+        help="on disk: processes filling the parts at once (default 1)",
+    )
+    b.add_argument(
+        "--shard",
+        default=None,
+        metavar="i/N",
+        help="on disk: fill only shard i of N's parts (runs on several machines sharing --out); the last to "
+        "finish merges them",
+    )
     b.add_argument("--store-tokenizer", default=None, help="the token store's tokenizer, when not the encoder's")
     b.add_argument("--overwrite", action="store_true", help="replace an index already at --out")
     add_reading_args(b)
@@ -105,7 +126,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     n.add_argument("--out", required=True, metavar="DIR", help="directory for neighbours.npy")
     n.add_argument("-k", type=int, default=2, help="neighbours per chunk (default 2)")
     n.add_argument("--store-tokenizer", default=None, help="the token store's tokenizer, when not the encoder's")
-    _common(n, batch=False)
+    _common(n, batch=False)  # --block: also the chunks searched between commits (a rerun resumes after the last)
     n.set_defaults(func=run_neighbours)
 
     e = verbs.add_parser(
@@ -171,6 +192,9 @@ def run_build(args: argparse.Namespace) -> int:
             overwrite=args.overwrite,
             prompt_name=args.prompt_name,
             dimensions=args.dimensions,
+            on_disk=args.on_disk,
+            workers=args.workers,
+            shard=args.shard,
         )
     if m is None:
         return 0
@@ -184,6 +208,7 @@ def run_build(args: argparse.Namespace) -> int:
     print(
         f"indexed {m['count']} chunks of {m['documents']} documents in {b['seconds']:.1f}s "
         f"({b['chunks_per_s']:,.1f} chunks/s; embedding {b['embed_seconds']:.1f}s): {m['plan']['kind']}"
+        + (f" on disk ({b['parts']} parts)" if m["plan"].get("on_disk") else "")
         + (f" over {m['dim']}-dimension cut vectors" if m["encoder"].get("dimensions") else "")
         + ", "
         f"recall@10 {m['recall']['recall_at_10']:.3f} vs exact -> {args.out}"
@@ -232,7 +257,10 @@ def run_info(args: argparse.Namespace) -> int:
         f"{info['bytes_on_disk'] / 2**20:.1f} MiB on disk"
     )
     print(f"kind       {info['kind']}: {info['factory']} ({info['why']})")
-    print(f"params     {json.dumps(info['params'])}; faiss memory-mapped: {info['faiss_memory_mapped']}")
+    print(
+        f"params     {json.dumps(info['params'])}; faiss memory-mapped: {info['faiss_memory_mapped']}"
+        + ("; lists on disk" if info["on_disk"] else "")
+    )
     if rec.get("exact"):
         print("recall@10  exact search (a flat index compares every query with every chunk; nothing to tune)")
     else:
@@ -247,6 +275,12 @@ def run_info(args: argparse.Namespace) -> int:
     print(f"chunking   {json.dumps(info['chunking'])}")
     b = info.get("build") or {}
     print(f"build      {b.get('seconds')}s, {b.get('chunks_per_s')} chunks/s, peak RSS {b.get('peak_rss_mb')} MiB")
+    if b.get("parts"):
+        print(
+            f"parts      {b['parts']} filled in {b.get('part_seconds')}s, peak RSS per process "
+            f"{b.get('part_peak_rss_mb')} MiB; merge + tuning {b.get('merge_tune_seconds')}s, "
+            f"peak RSS {b.get('merge_peak_rss_mb')} MiB"
+        )
     return 0
 
 
@@ -283,7 +317,9 @@ def run_neighbours(args: argparse.Namespace) -> int:
             block=args.block,
         )
     print(
-        f"neighbours of {info['chunks']} chunks (k={info['k']}) -> {args.out}/neighbours.npy"
+        f"neighbours of {info['chunks']} chunks (k={info['k']}, {info['chunks_per_s']:,.0f} chunks/s"
+        + (f", resumed after {info['resumed_after']}" if info["resumed_after"] else "")
+        + f") -> {args.out}/neighbours.npy"
         + (f"; {info['missing']} slots empty" if info["missing"] else "")
     )
     return 0

@@ -11,6 +11,12 @@ Kinds:
            memory-mapped float vectors, so the raw vectors never need to be in RAM; ``nprobe`` and
            ``refine`` tuned.
 
+Any IVF kind can keep its inverted lists on disk (``plan["on_disk"]``: Faiss's ``OnDiskInvertedLists``, one
+``lists.ivfdata`` file, memory-mapped), filled shard by shard in parallel processes and merged
+(:mod:`cramkit.index.ondisk`). ``auto`` chooses it when not even full-quality 4-bit codes fit ``memory``
+(the codes, ids and all, then live on disk: RAM holds the centroids); on disk the codes are 8-bit (SQ8),
+or ``PQ{d/4}`` 8-bit codes with ``ivfpq`` (Faiss's fast-scan lists cannot be kept on disk).
+
 Recall is measured on held-out queries: up to 1000 corpus vectors kept out of the index while the search
 parameters are tuned against exact search over the rest, added afterwards.
 """
@@ -18,6 +24,7 @@ parameters are tuned against exact search over the rest, added afterwards.
 from __future__ import annotations
 
 import math
+import os
 import sys
 import time
 from pathlib import Path
@@ -48,13 +55,28 @@ def parse_memory(text: str | int | float) -> int:
         raise CramkitError(f"--memory {text!r} is not a size; use e.g. 4GB, 512MB") from None
 
 
-def plan_index(n: int, d: int, memory: int, kind: str = "auto") -> dict[str, Any]:
-    """The index for ``n`` vectors of dimension ``d`` within ``memory`` bytes of RAM, with the reason."""
+def plan_index(n: int, d: int, memory: int, kind: str = "auto", on_disk: bool | None = None) -> dict[str, Any]:
+    """The index for ``n`` vectors of dimension ``d`` within ``memory`` bytes of RAM, with the reason;
+    ``on_disk``: True keeps the inverted lists on disk, None lets the budget decide."""
     if kind not in KINDS:
         raise CramkitError(f"unknown index kind {kind!r}; use one of {', '.join(KINDS)}")
     raw = n * d * 4
     hnsw_bytes = raw + n * HNSW_M * 2 * 4
     sq8_bytes = n * (d + 8)
+    pq_bytes = n * (max(1, d // 4) + 8)  # 4-bit codes of d/2 sub-quantisers and the 8-byte ids
+    if on_disk:
+        if kind in ("flat", "hnsw"):
+            raise CramkitError(f"--on-disk keeps IVF lists on disk; --kind {kind} has none: use ivfsq8 or ivfpq")
+        kind = "ivfsq8" if kind == "auto" else kind
+        why = f"chosen with --on-disk: {n} vectors' IVF lists ({_disk_bytes(n, d, kind) / 2**20:.0f} MiB) on disk"
+        return _ivf_plan(n, d, memory, kind, why, on_disk=True)
+    if kind == "auto" and not (n <= FLAT_MAX and raw <= memory) and sq8_bytes > memory and pq_bytes > memory:
+        why = (
+            f"{n} vectors: not even 4-bit codes ({pq_bytes / 2**20:.0f} MiB) fit the budget; 8-bit IVF codes in "
+            f"on-disk inverted lists ({_disk_bytes(n, d, 'ivfsq8') / 2**20:.0f} MiB, memory-mapped), candidates "
+            f"re-scored from the memory-mapped vectors ({raw / 2**20:.0f} MiB on disk)"
+        )
+        return _ivf_plan(n, d, memory, "ivfsq8", why, on_disk=True)
     if kind == "auto":
         if n <= FLAT_MAX and raw <= memory:
             kind, why = "flat", f"{n} vectors <= {FLAT_MAX}: exact search"
@@ -81,18 +103,44 @@ def plan_index(n: int, d: int, memory: int, kind: str = "auto") -> dict[str, Any
             )
     else:
         why = "chosen with --kind"
+    if kind in IVF_KINDS:
+        return _ivf_plan(n, d, memory, kind, why, on_disk=False)
     plan: dict[str, Any] = {"kind": kind, "why": why, "dim": d}
     if kind == "hnsw":
         plan.update(M=HNSW_M, efConstruction=80, factory=f"IDMap2,HNSW{HNSW_M},Flat")
-    elif kind in IVF_KINDS:
-        nlist = int(2 ** round(math.log2(max(16.0, 2 * math.sqrt(n)))))
-        nlist = max(1, min(nlist, n // 39 or 1))
-        if kind == "ivfsq8":
-            plan.update(nlist=nlist, factory=f"IVF{nlist},SQ8")
-        else:
-            m = _pq_m(d, n, memory)
-            plan.update(nlist=nlist, m=m, factory=f"IVF{nlist},PQ{m}x4fs")
     return plan
+
+
+def _ivf_plan(n: int, d: int, memory: int, kind: str, why: str, *, on_disk: bool) -> dict[str, Any]:
+    nlist = int(2 ** round(math.log2(max(16.0, 2 * math.sqrt(n)))))
+    nlist = max(1, min(nlist, n // 39 or 1))
+    plan: dict[str, Any] = {"kind": kind, "why": why, "dim": d, "nlist": nlist}
+    if kind == "ivfsq8":
+        plan["factory"] = f"IVF{nlist},SQ8"
+    elif on_disk:  # 8-bit PQ: fast-scan's blocked lists cannot live in OnDiskInvertedLists
+        m = _divisor_near(d, max(1, d // 4))
+        plan.update(m=m, factory=f"IVF{nlist},PQ{m}")
+    else:
+        m = _pq_m(d, n, memory)
+        plan.update(m=m, factory=f"IVF{nlist},PQ{m}x4fs")
+    if on_disk:
+        plan.update(on_disk=True, ivfdata=IVFDATA)
+    return plan
+
+
+IVFDATA = "lists.ivfdata"  # an on-disk index's inverted lists, beside its faiss.index
+
+
+def _disk_bytes(n: int, d: int, kind: str) -> int:
+    return n * ((d if kind == "ivfsq8" else _divisor_near(d, max(1, d // 4))) + 8)
+
+
+def _divisor_near(d: int, most: int) -> int:
+    """The largest divisor of ``d`` not above ``most`` (PQ needs m | d)."""
+    for m in range(max(1, most), 0, -1):
+        if d % m == 0:
+            return m
+    return 1
 
 
 def _pq_m(d: int, n: int, memory: int) -> int:
@@ -139,18 +187,13 @@ def build_and_tune(
         return None, {}, {"recall_at_10": 1.0, "queries": 0, "target": target, "exact": True, "reached": True}
     rng = np.random.default_rng(seed)
     new = n - start
-    qids = np.sort(rng.choice(new, min(queries, max(1, new // 10)), replace=False)) + start
+    qids = held_out(rng, new, queries) + start
     if index is None:
-        index = faiss.index_factory(d, plan["factory"], faiss.METRIC_INNER_PRODUCT)
         if kind == "hnsw":
+            index = faiss.index_factory(d, plan["factory"], faiss.METRIC_INNER_PRODUCT)
             _hnsw(index).efConstruction = plan["efConstruction"]
         else:
-            n_train = min(n, max(40 * plan["nlist"], 20_000), 200_000)
-            faiss.extract_index_ivf(index).cp.niter = 12  # k-means: 12 iterations are enough for coarse cells
-            sample = np.sort(rng.choice(n, n_train, replace=False))
-            t0 = time.perf_counter()
-            index.train(np.ascontiguousarray(vectors[sample], dtype=np.float32))
-            log(f"trained {plan['factory']} on {n_train} vectors in {time.perf_counter() - t0:.1f}s")
+            index = train_ivf(vectors, plan, rng, log)
     keep = np.ones(new, dtype=bool)
     keep[qids - start] = False
     t0 = time.perf_counter()
@@ -159,6 +202,25 @@ def build_and_tune(
     params, meas = tune(index, vectors, plan, qids, target=target, k=k, log=log)
     add(index, vectors, qids)
     return index, params, meas
+
+
+def held_out(rng: np.random.Generator, n: int, queries: int = 1000) -> np.ndarray:
+    """The sorted rows kept out of the index while its search parameters are tuned (the first draw of ``rng``)."""
+    return np.sort(rng.choice(n, min(queries, max(1, n // 10)), replace=False))
+
+
+def train_ivf(vectors: np.ndarray, plan: dict[str, Any], rng: np.random.Generator, log: Any) -> Any:
+    """An empty IVF index of ``plan`` trained on a random sample of ``vectors`` (``rng``'s next draw)."""
+    faiss = _faiss()
+    n, d = vectors.shape
+    index = faiss.index_factory(d, plan["factory"], faiss.METRIC_INNER_PRODUCT)
+    n_train = min(n, max(40 * plan["nlist"], 20_000), 200_000)
+    faiss.extract_index_ivf(index).cp.niter = 12  # k-means: 12 iterations are enough for coarse cells
+    sample = np.sort(rng.choice(n, n_train, replace=False))
+    t0 = time.perf_counter()
+    index.train(np.ascontiguousarray(vectors[sample], dtype=np.float32))
+    log(f"trained {plan['factory']} on {n_train} vectors in {time.perf_counter() - t0:.1f}s")
+    return index
 
 
 def _hnsw(index: Any) -> Any:
@@ -227,9 +289,16 @@ def set_params(index: Any, plan: dict[str, Any], params: dict[str, Any], k: int)
 
 
 def search(
-    index: Any, vectors: np.ndarray, plan: dict[str, Any], params: dict[str, Any], queries: np.ndarray, k: int
+    index: Any,
+    vectors: np.ndarray,
+    plan: dict[str, Any],
+    params: dict[str, Any],
+    queries: np.ndarray,
+    k: int,
+    exclude: np.ndarray | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """(scores, ids) [nq, k], best first; ids -1 where fewer than k were found."""
+    """(scores, ids) [nq, k], best first; ids -1 where fewer than k were found. ``exclude``: ids an IVF index
+    holds that are left out of the results (Faiss's search-time ID selector)."""
     q = np.ascontiguousarray(queries, dtype=np.float32)
     if plan["kind"] == "flat" or index is None:
         return exact_search(vectors, q, min(k, len(vectors)))
@@ -242,7 +311,11 @@ def search(
         if plan["kind"] == "hnsw":
             return index.search(q, k)
         kk = min(int(index.ntotal), k * int(params.get("refine", 1)))
-        _, cand = index.search(q, kk)
+        if exclude is not None and len(exclude):
+            keep = faiss.IDSelectorNot(faiss.IDSelectorBatch(np.ascontiguousarray(exclude, dtype=np.int64)))
+            _, cand = index.search(q, kk, params=faiss.SearchParametersIVF(sel=keep, nprobe=int(params["nprobe"])))
+        else:
+            _, cand = index.search(q, kk)
     finally:
         faiss.omp_set_num_threads(threads)
     return rerank(vectors, q, cand, k)
@@ -288,12 +361,14 @@ def tune(
     target: float = 0.95,
     k: int = 10,
     log: Any = None,
+    holds_queries: bool = False,
 ) -> tuple[dict[str, Any], dict[str, Any]]:
-    """The fastest search parameters whose recall@k on the held-out rows ``qids`` (not in ``index``) reaches
-    ``target`` against exact search over the rows the index holds; and ``{"recall_at_10", "queries",
-    "target", "qps", "reached"}``."""
+    """The fastest search parameters whose recall@k on the held-out rows ``qids`` (not in ``index``, or left
+    out of its results with ``holds_queries``) reaches ``target`` against exact search over the other rows;
+    and ``{"recall_at_10", "queries", "target", "qps", "reached"}``."""
     log = log or (lambda s: print(s, file=sys.stderr, flush=True))
-    kk = max(1, min(k, int(index.ntotal)))
+    exclude = qids if holds_queries else None
+    kk = max(1, min(k, int(index.ntotal) - (len(qids) if holds_queries else 0)))
     q = np.ascontiguousarray(vectors[qids], dtype=np.float32)
     _, truth = exact_search(vectors, q, kk, exclude=qids)
     if plan["kind"] == "hnsw":
@@ -313,7 +388,7 @@ def tune(
         if r in skip_refine:
             continue
         t0 = time.perf_counter()
-        _, ids = search(index, vectors, plan, params, q, kk)
+        _, ids = search(index, vectors, plan, params, q, kk, exclude=exclude)
         dt = time.perf_counter() - t0
         rec = recall_at(ids, truth, kk)
         qps = len(q) / dt if dt > 0 else float("inf")
@@ -355,3 +430,33 @@ def read(path: Path, *, mmap: bool = True) -> tuple[Any, bool]:
     except RuntimeError as exc:
         msg = str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__
         raise CramkitError(f"{path} is not a readable Faiss index ({msg}); rebuild the index") from None
+
+
+def read_on_disk(path: Path, ivfdata: Path) -> Any:
+    """An index whose inverted lists are on disk (``plan["on_disk"]``), its lists memory-mapped read-only from
+    ``ivfdata``. The list file named inside ``path`` is never opened: it must be ``ivfdata``'s name (a crafted
+    faiss.index naming another file, ../ or absolute, is refused), and ``ivfdata`` itself is the checked path."""
+    faiss = _faiss()
+    try:
+        index = faiss.read_index(str(path), faiss.IO_FLAG_SKIP_IVF_DATA | faiss.IO_FLAG_READ_ONLY)
+        lists = faiss.downcast_InvertedLists(faiss.extract_index_ivf(index).invlists)
+    except RuntimeError as exc:
+        msg = str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__
+        raise CramkitError(f"{path} is not a readable Faiss index ({msg}); rebuild the index") from None
+    if not isinstance(lists, faiss.OnDiskInvertedLists):
+        raise CramkitError(f"{path} does not keep its lists on disk, yet the manifest says so; rebuild the index")
+    if lists.filename != ivfdata.name:
+        raise CramkitError(
+            f"{path} names its list file {lists.filename!r}, not {ivfdata.name!r} beside it; refusing to open it "
+            "(damaged or crafted): rebuild the index"
+        )
+    if not ivfdata.is_file() or os.path.getsize(ivfdata) < int(lists.totsize):  # a short map would SIGBUS
+        raise CramkitError(f"{ivfdata} is missing or shorter than its index says; the index is damaged, rebuild it")
+    lists.filename = str(ivfdata)
+    lists.read_only = True
+    try:
+        lists.do_mmap()
+    except RuntimeError as exc:
+        why = str(exc).strip()[-200:]
+        raise CramkitError(f"{ivfdata} cannot be memory-mapped ({why}); rebuild the index") from None
+    return index

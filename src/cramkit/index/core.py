@@ -44,7 +44,17 @@ from cramkit.index.chunking import (
     write_chunks,
 )
 from cramkit.index.embedding import dist_info, embed_to_memmap, encoder_fingerprint, texts_key
-from cramkit.io import BadJson, atomic_path, check_out, dir_lock, inside, json_loads, open_memmap, write_json_atomic
+from cramkit.io import (
+    BadJson,
+    atomic_path,
+    check_out,
+    dir_lock,
+    inside,
+    json_loads,
+    open_memmap,
+    read_json_object,
+    write_json_atomic,
+)
 
 MANIFEST = "index.json"
 FORMAT = "cramkit-index-1"
@@ -191,21 +201,40 @@ def build_index(
     progress: bool | str = "auto",
     prompt_name: str | None = None,
     dimensions: int | None = None,
+    on_disk: bool | None = None,
+    workers: int = 1,
+    shard: str | None = None,
 ) -> dict[str, Any] | None:
     """Chunk ``source``, embed the chunks with ``encoder`` (resuming an interrupted build), build and tune
-    the Faiss index, write ``out``; the manifest (None on torchrun ranks other than 0).
+    the Faiss index, write ``out``; the manifest (None on torchrun ranks other than 0, and for a ``shard``
+    whose parts are done while others are not).
 
     prompt_name: the encoder's named prompt the chunks get (default: its prompt named document, passage or
     corpus, else its default prompt, else none); queries get its prompt named query (else its default). The
     manifest records both (``prompts``).
 
     dimensions: the index holds each vector's first ``dimensions``, renormalised (one of a Matryoshka
-    encoder's, as ``Engine.embed``); its queries are cut the same way. The manifest records it."""
+    encoder's, as ``Engine.embed``); its queries are cut the same way. The manifest records it.
+
+    on_disk: True keeps the IVF lists on disk (:mod:`cramkit.index.ondisk`); None: when the in-RAM index
+    would not fit ``memory``. An on-disk build fills its parts with ``workers`` processes; ``shard`` "i/N"
+    fills only shard i's parts (several machines sharing ``out``), and the run that finds every part done
+    merges them."""
+    from cramkit.index import ondisk
+    from cramkit.runtime import parse_shard
+
     if not 0.0 < target_recall <= 1.0:
         raise CramkitError(f"--target-recall must be in (0, 1], got {target_recall}")
     budget = ann.parse_memory(memory)
     if kind not in ann.KINDS:
         raise CramkitError(f"unknown --kind {kind!r}; use one of {', '.join(ann.KINDS)}")
+    if not isinstance(workers, int) or workers < 1:
+        raise CramkitError(f"--workers must be a positive integer, got {workers!r}")
+    shard_i, shard_n = parse_shard(shard)
+    if on_disk and kind in ("flat", "hnsw"):
+        ann.plan_index(1, 1, budget, kind, on_disk=True)  # its one-line refusal, before any work
+    if on_disk is not None and not on_disk and (shard is not None or workers > 1):
+        raise CramkitError("--shard and --workers fill the parts of an on-disk index; drop them or build --on-disk")
     out = Path(out)
     rank, _ = dist_info()
     if (out / MANIFEST).is_file() and not overwrite:
@@ -213,149 +242,240 @@ def build_index(
             f"{out} already holds an index; grow it with `cramkit index add`, pick another --out or pass --overwrite"
         )
     check_out(out, inputs=[source, encoder], own=[MANIFEST, ".build"])
-    lock = dir_lock(out, "--out") if rank == 0 else contextlib.nullcontext()
+    work = out / ".build"
+    odw = work / "ondisk"
+    settings = {
+        "source": str(source),
+        "encoder": str(encoder),
+        "mode": mode,
+        "chunk_tokens": chunk_tokens,
+        "overlap": overlap,
+        "reading": reading or {},
+        "memory": budget,
+        "kind": kind,
+        "on_disk": on_disk,
+        "target_recall": target_recall,
+        "pooling": pooling,
+        "prompt_name": prompt_name,
+        "dimensions": dimensions,
+    }
+    if shard is not None:  # several shard runs share --out: each waits its turn for the shared steps
+        lock: contextlib.AbstractContextManager[None] = ondisk.waiting_lock(out / ".lock", f"--out {out}")
+    else:
+        lock = dir_lock(out, "--out") if rank == 0 else contextlib.nullcontext()
     with lock:  # a second process on the same --out would truncate this one's memory map (SIGBUS)
-        t_start = time.perf_counter()
-        loaded = load_encoder(encoder)
-        pooling = pooling or loaded.pooling
-        if pooling not in ("mean", "cls"):
-            raise CramkitError(f"--pooling must be mean or cls, got {pooling!r}")
-        fp = encoder_fingerprint(loaded)
-        engine = _engine(loaded, device, max_batch_tokens)
-        prompts = retrieval_prompts(engine, prompt_name)
-        dims = engine.check_dimensions(dimensions)  # None: the whole vector
-        doc_prompt = str(prompts["documents"]["text"] or "")
-        work = out / ".build"
-        from cramkit.index.shards import chunks_from_parquet, is_parquet_embeddings
+        prep = ondisk.read_prepared(odw, settings, overwrite=overwrite) if rank == 0 else None
+        if prep is None and shard is not None and (out / MANIFEST).is_file():
+            _log(f"{out}: the index is finished already (another shard merged it)")
+            return None
+        if prep is None:
+            t_start = time.perf_counter()
+            loaded = load_encoder(encoder)
+            pooling = pooling or loaded.pooling
+            if pooling not in ("mean", "cls"):
+                raise CramkitError(f"--pooling must be mean or cls, got {pooling!r}")
+            fp = encoder_fingerprint(loaded)
+            engine = _engine(loaded, device, max_batch_tokens)
+            prompts = retrieval_prompts(engine, prompt_name)
+            dims = engine.check_dimensions(dimensions)  # None: the whole vector
+            doc_prompt = str(prompts["documents"]["text"] or "")
+            from cramkit.index.shards import chunks_from_parquet, is_parquet_embeddings
 
-        if is_parquet_embeddings(source):  # embedded already (cramkit embed --format parquet): index those
-            if rank != 0:
-                return None
-            if mode != "passages" or chunk_tokens is not None or overlap is not None:
-                raise CramkitError(
-                    f"{source} holds finished Parquet embeddings: they are indexed as they are (--mode passages, "
-                    "no --chunk-tokens or --overlap)"
+            if is_parquet_embeddings(source):  # embedded already (cramkit embed --format parquet): index those
+                if rank != 0:
+                    return None
+                if mode != "passages" or chunk_tokens is not None or overlap is not None:
+                    raise CramkitError(
+                        f"{source} holds finished Parquet embeddings: they are indexed as they are (--mode passages, "
+                        "no --chunk-tokens or --overlap)"
+                    )
+                chunks, emb = chunks_from_parquet(str(source), fp, work / "embed" / "embeddings.npy")
+                if int(emb["dim"]) != (dims or engine.hidden_size):
+                    raise CramkitError(
+                        f"{source} holds vectors of {emb['dim']} dimensions, not {dims or engine.hidden_size}; embed "
+                        "it again with --dimensions, or give its size to --dimensions here"
+                    )
+                if emb.get("prompt", "") != doc_prompt:
+                    raise CramkitError(
+                        f"{source} was embedded with the prompt {emb.get('prompt', '')!r}, not {doc_prompt!r} (the "
+                        "documents' prompt); embed it again with --prompt-name, or give the same --prompt-name here"
+                    )
+                pooling = emb.get("pooling") or pooling
+                cparams = {"embeddings": str(source), "parts": len(emb["parts"])}
+                rec = {"dim": emb["dim"], "seconds": 0.0, "resumed_rows": 0}
+                t_chunk = time.perf_counter() - t_start
+                _log(f"{len(chunks)} embedded rows from {source} ({t_chunk:.1f}s)")
+            else:
+                chunks, cparams = make_chunks(
+                    source,
+                    loaded,
+                    mode=mode,
+                    chunk_tokens=chunk_tokens,
+                    overlap=overlap,
+                    reading=reading,
+                    tokenizer=store_tokenizer,
+                    reserve=prompt_tokens(loaded.tokenizer, doc_prompt),
                 )
-            chunks, emb = chunks_from_parquet(str(source), fp, work / "embed" / "embeddings.npy")
-            if int(emb["dim"]) != (dims or engine.hidden_size):
-                raise CramkitError(
-                    f"{source} holds vectors of {emb['dim']} dimensions, not {dims or engine.hidden_size}; embed it "
-                    "again with --dimensions, or give its size to --dimensions here"
+                t_chunk = time.perf_counter() - t_start
+                if rank == 0:
+                    _log(f"{len(chunks)} chunks from {chunks.num_docs} documents ({t_chunk:.1f}s)")
+                key = texts_key(
+                    chunks.texts,
+                    fp,
+                    pooling,
+                    "normalized",
+                    *([f"prompt:{doc_prompt}"] if doc_prompt else []),
+                    *([f"dimensions:{dims}"] if dims else []),
                 )
-            if emb.get("prompt", "") != doc_prompt:
-                raise CramkitError(
-                    f"{source} was embedded with the prompt {emb.get('prompt', '')!r}, not {doc_prompt!r} (the "
-                    "documents' prompt); embed it again with --prompt-name, or give the same --prompt-name here"
+                rec = embed_to_memmap(
+                    chunks.texts,
+                    engine,
+                    work / "embed",
+                    key=key,
+                    pooling=pooling,
+                    normalize=True,
+                    block=block,
+                    progress=progress,
+                    desc="embedding chunks",
+                    prompt=doc_prompt,
+                    dimensions=dims,
                 )
-            pooling = emb.get("pooling") or pooling
-            cparams = {"embeddings": str(source), "parts": len(emb["parts"])}
-            rec = {"dim": emb["dim"], "seconds": 0.0, "resumed_rows": 0}
-            t_chunk = time.perf_counter() - t_start
-            _log(f"{len(chunks)} embedded rows from {source} ({t_chunk:.1f}s)")
-        else:
-            chunks, cparams = make_chunks(
-                source,
-                loaded,
-                mode=mode,
-                chunk_tokens=chunk_tokens,
-                overlap=overlap,
-                reading=reading,
-                tokenizer=store_tokenizer,
-                reserve=prompt_tokens(loaded.tokenizer, doc_prompt),
-            )
-            t_chunk = time.perf_counter() - t_start
-            if rank == 0:
-                _log(f"{len(chunks)} chunks from {chunks.num_docs} documents ({t_chunk:.1f}s)")
-            key = texts_key(
-                chunks.texts,
-                fp,
-                pooling,
-                "normalized",
-                *([f"prompt:{doc_prompt}"] if doc_prompt else []),
-                *([f"dimensions:{dims}"] if dims else []),
-            )
-            rec = embed_to_memmap(
-                chunks.texts,
-                engine,
-                work / "embed",
-                key=key,
-                pooling=pooling,
-                normalize=True,
-                block=block,
-                progress=progress,
-                desc="embedding chunks",
-                prompt=doc_prompt,
-                dimensions=dims,
-            )
-            if rank != 0:
-                return None
-        t_embed = time.perf_counter()
-        data = work / "data"
-        shutil.rmtree(data, ignore_errors=True)
-        data.mkdir(parents=True)
-        write_chunks(data, chunks)
-        vectors = np.load(work / "embed" / "embeddings.npy", mmap_mode="r", allow_pickle=False)
-        plan = ann.plan_index(len(vectors), vectors.shape[1], budget, kind)
-        _log(f"index: {plan['kind']} ({plan['why']})")
-        index, params, recall = ann.build_and_tune(vectors, plan, target=target_recall, log=_log)
-        if index is not None:
-            ann.write(index, data / "faiss.index")
-        del index
-        t_index = time.perf_counter() - t_embed
-        os.replace(work / "embed" / "embeddings.npy", data / "vectors.npy")
-        del vectors
-        if (out / "encoder").is_dir() and _dir_fingerprint(out / "encoder") == fp:
-            pass
-        else:
-            with atomic_path(out / "encoder") as tmp:
-                loaded.save(tmp)
-        (out / MANIFEST).unlink(missing_ok=True)
-        old = [p for p in out.glob("data-*") if p.is_dir()]
-        gen = out / "data-000"
-        shutil.rmtree(gen, ignore_errors=True)
-        os.replace(data, gen)
-        seconds = time.perf_counter() - t_start
-        manifest = {
-            "format": FORMAT,
-            "mode": mode,
-            "data": gen.name,
-            "count": len(chunks),
-            "dim": int(rec["dim"]),
-            "documents": chunks.num_docs,
-            "sources": chunks.sources,
-            "chunking": cparams,
-            "encoder": {
-                "dir": "encoder",
-                "source": str(encoder),
-                "fingerprint": fp,
-                "pooling": pooling,
-                "normalize": True,
-                "max_length": int(loaded.max_length),
-                "dimensions": dims,  # the vectors cut to their leading dimensions (None: whole)
-            },
-            "prompts": prompts,
-            "plan": plan,
-            "params": params,
-            "recall": recall,
-            "files": _file_sizes(gen),
-            "build": {
-                "seconds": round(seconds, 2),
+                if rank != 0:
+                    return None
+            t_embed = time.perf_counter()
+            data = work / "data"
+            shutil.rmtree(data, ignore_errors=True)
+            data.mkdir(parents=True)
+            write_chunks(data, chunks)
+            vectors_path = work / "embed" / "embeddings.npy"
+            vectors = np.load(vectors_path, mmap_mode="r", allow_pickle=False)
+            plan = ann.plan_index(len(vectors), vectors.shape[1], budget, kind, on_disk)
+            _log(f"index: {plan['kind']}{' on disk' if plan.get('on_disk') else ''} ({plan['why']})")
+            base = {
+                "format": FORMAT,
+                "mode": mode,
+                "count": len(chunks),
+                "dim": int(rec["dim"]),
+                "documents": chunks.num_docs,
+                "sources": chunks.sources,
+                "chunking": cparams,
+                "encoder": {
+                    "dir": "encoder",
+                    "source": str(encoder),
+                    "fingerprint": fp,
+                    "pooling": pooling,
+                    "normalize": True,
+                    "max_length": int(loaded.max_length),
+                    "dimensions": dims,  # the vectors cut to their leading dimensions (None: whole)
+                },
+                "prompts": prompts,
+                "plan": plan,
+            }
+            timing = {
                 "chunk_seconds": round(t_chunk, 2),
                 "embed_seconds": rec["seconds"],
-                "index_seconds": round(t_index, 2),
-                "chunks_per_s": round(len(chunks) / seconds, 2),
                 "resumed_rows": rec.get("resumed_rows", 0),
-                "peak_rss_mb": _peak_rss_mb(),
                 "memory_budget": budget,
-            },
-            "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        }
-        write_json_atomic(out / MANIFEST, manifest)
-        for p in old:
-            if p != gen:
-                shutil.rmtree(p, ignore_errors=True)
-        shutil.rmtree(work, ignore_errors=True)
-        return manifest
+            }
+            _copy_encoder(out, loaded, fp)
+            if not plan.get("on_disk"):
+                if shard is not None or workers > 1:
+                    raise CramkitError(
+                        "--shard and --workers fill the parts of an on-disk index, and this one fits --memory in "
+                        "RAM; add --on-disk, or drop them"
+                    )
+                index, params, recall = ann.build_and_tune(vectors, plan, target=target_recall, log=_log)
+                if index is not None:
+                    ann.write(index, data / "faiss.index")
+                del index, vectors
+                t_index = time.perf_counter() - t_embed
+                os.replace(vectors_path, data / "vectors.npy")
+                seconds = time.perf_counter() - t_start
+                build = {"seconds": round(seconds, 2), **timing, "index_seconds": round(t_index, 2)}
+                build["chunks_per_s"] = round(len(chunks) / seconds, 2)
+                build["peak_rss_mb"] = _peak_rss_mb()
+                return _publish(out, data, {**base, "params": params, "recall": recall, "build": build})
+            parts = ondisk.part_count(len(vectors), workers, shard_n)
+            del vectors
+            ondisk.prepare(vectors_path, plan, odw, parts=parts, log=_log)
+            timing["prepare_seconds"] = round(time.perf_counter() - t_start, 2)
+            prep = {"settings": settings, "parts": parts, "manifest": base, "build": timing}
+            write_json_atomic(odw / ondisk.PREPARED, prep)
+        if shard is None:
+            parts = int(prep["parts"])
+            ondisk.fill_parts(
+                odw, work / "embed" / "embeddings.npy", list(range(parts)), parts, workers=workers, log=_log
+            )
+            return _finish_on_disk(out, prep, target_recall)
+    parts = int(prep["parts"])
+    mine = [p for p in range(parts) if p % shard_n == shard_i]
+    ondisk.fill_parts(odw, work / "embed" / "embeddings.npy", mine, parts, workers=workers, log=_log)
+    left = ondisk.missing_parts(odw, parts)
+    if left:
+        who = sorted({p % shard_n for p in left})
+        _log(
+            f"shard {shard_i}/{shard_n}: its parts are built; {len(left)} part(s) of other shards are not yet "
+            f"({', '.join(f'--shard {i}/{shard_n}' for i in who)}); the last shard to finish merges them"
+        )
+        return None
+    with ondisk.waiting_lock(out / ".lock", f"--out {out}"):
+        if not (odw / ondisk.PREPARED).is_file():
+            _log(f"{out}: the index is finished already (another shard merged it)")
+            return None
+        return _finish_on_disk(out, prep, target_recall)
+
+
+def _copy_encoder(out: Path, loaded: Any, fp: str) -> None:
+    if not ((out / "encoder").is_dir() and _dir_fingerprint(out / "encoder") == fp):
+        with atomic_path(out / "encoder") as tmp:
+            loaded.save(tmp)
+
+
+def _finish_on_disk(out: Path, prep: dict[str, Any], target: float) -> dict[str, Any]:
+    """Merge the parts of an on-disk build, tune it, publish the index."""
+    from cramkit.index import ondisk
+
+    work = out / ".build"
+    data, vectors_path = work / "data", work / "embed" / "embeddings.npy"
+    t0 = time.perf_counter()
+    base = prep["manifest"]
+    if not vectors_path.is_file() and (data / "vectors.npy").is_file():  # killed after the move below
+        os.replace(data / "vectors.npy", vectors_path)
+    params, recall, obuild = ondisk.merge(
+        work / "ondisk", vectors_path, base["plan"], data, target=target, parts=int(prep["parts"]), log=_log
+    )
+    os.replace(vectors_path, data / "vectors.npy")
+    build = {**prep["build"], **obuild}
+    fill_seconds = sum(s or 0 for s in obuild["part_seconds"])  # summed over parts: the work, not the wall time
+    prepare_seconds = float(prep["build"].get("prepare_seconds", 0))
+    build["seconds"] = round(prepare_seconds + fill_seconds + time.perf_counter() - t0, 2)
+    build["chunks_per_s"] = round(base["count"] / max(build["seconds"], 1e-9), 2)
+    build["peak_rss_mb"] = max(x for x in [_peak_rss_mb() or 0.0, *(r or 0.0 for r in obuild["part_peak_rss_mb"])])
+    return _publish(out, data, {**base, "params": params, "recall": recall, "build": build})
+
+
+def _publish(out: Path, data: Path, fields: dict[str, Any]) -> dict[str, Any]:
+    """Move the finished ``data`` folder in as ``data-000`` and write the manifest (last); remove the work."""
+    (out / MANIFEST).unlink(missing_ok=True)
+    old = [p for p in out.glob("data-*") if p.is_dir()]
+    gen = out / "data-000"
+    shutil.rmtree(gen, ignore_errors=True)
+    os.replace(data, gen)
+    manifest = {
+        **{k: v for k, v in fields.items() if k not in ("params", "recall", "build")},
+        "data": gen.name,
+        "params": fields["params"],
+        "recall": fields["recall"],
+        "files": _file_sizes(gen),
+        "build": fields["build"],
+        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+    write_json_atomic(out / MANIFEST, manifest)
+    for p in old:
+        if p != gen:
+            shutil.rmtree(p, ignore_errors=True)
+    shutil.rmtree(out / ".build", ignore_errors=True)
+    return manifest
 
 
 def _dir_fingerprint(d: Path) -> str | None:
@@ -432,7 +552,15 @@ class Index:
         self.encoder_dir = _inside(self.path, m["encoder"].get("dir"), "'encoder.dir'")
         # every file opened below, listed or not, must be recorded and stay inside the index (a symlinked
         # texts.bin left out of 'files' would otherwise serve an outside file's text as search hits)
+        on_disk = bool(m["plan"].get("on_disk"))
+        ivfdata = m["plan"].get("ivfdata") if on_disk else None
+        if on_disk and (not isinstance(ivfdata, str) or "/" in ivfdata or ivfdata in ("", ".", "..")):
+            raise CramkitError(
+                f"{self.path / MANIFEST}: plan.ivfdata {ivfdata!r} is not a file name beside faiss.index; refusing to "
+                "read it (damaged or crafted): rebuild the index"
+            )
         opened = [*DATA_FILES, *(["faiss.index"] if m["plan"]["kind"] != "flat" else [])]
+        opened += [str(ivfdata)] if on_disk else []
         for name in dict.fromkeys([*m["files"], *opened]):
             f = _inside(self.data_dir, name, "file")
             size = m["files"].get(name)
@@ -456,7 +584,10 @@ class Index:
         self.params = m.get("params") or {}
         self.index = None
         self.mmapped = False
-        if self.plan["kind"] != "flat":
+        if on_disk:  # the lists memory-mapped from the checked file, whatever name faiss.index holds
+            self.index = ann.read_on_disk(self.data_dir / "faiss.index", _inside(self.data_dir, ivfdata, "ivfdata"))
+            self.mmapped = True
+        elif self.plan["kind"] != "flat":
             self.index, self.mmapped = ann.read(self.data_dir / "faiss.index", mmap=mmap)
             if self.index.ntotal != m["count"] or self.index.d != m["dim"]:
                 raise CramkitError(f"{self.data_dir / 'faiss.index'} does not match the manifest; rebuild the index")
@@ -497,6 +628,7 @@ class Index:
             "sources": m.get("sources"),
             "bytes_on_disk": int(sum(m["files"].values())),
             "faiss_memory_mapped": self.mmapped,
+            "on_disk": bool(self.plan.get("on_disk")),
             "build": m.get("build"),
             "created": m.get("created"),
         }
@@ -627,6 +759,11 @@ def add_to_index(
     with dir_lock(root, "index"):  # one writer at a time: a second would truncate the first one's memory map
         idx = Index(root, mmap=False)
         m = idx.manifest
+        if m["plan"].get("on_disk"):
+            raise CramkitError(
+                f"{root} keeps its lists on disk (read-only, memory-mapped); `index add` does not grow it: rebuild "
+                "it with `cramkit index build` over all the text"
+            )
         loaded = idx.engine().loaded
         cp = m.get("chunking") or {}
         chunks, _ = make_chunks(
@@ -747,7 +884,9 @@ def retro_neighbours(
     chunk_doc = np.asarray(idx.chunks.table[:, 0])
     cand_hash = idx_hash[chunk_doc]
     out = Path(out)
-    check_out(out, inputs=[path, store], own=["neighbours.json", "neighbours.npy", ".embed"])
+    check_out(
+        out, inputs=[path, store], own=["neighbours.json", "neighbours.npy", ".embed", ".neighbours.progress.json"]
+    )
     with dir_lock(out, "--out"):
         out.mkdir(parents=True, exist_ok=True)
         (out / "neighbours.json").unlink(missing_ok=True)
@@ -778,11 +917,39 @@ def retro_neighbours(
                 dimensions=idx.dimensions,
             )
             q = np.load(out / ".embed" / "embeddings.npy", mmap_mode="r", allow_pickle=False)
-        result = open_memmap(out / ".neighbours.npy", np.int32, (len(spans), k))
+        # resumable: rows are committed block by block (the memory map flushed, then the count recorded), so a
+        # rerun after a kill continues after the last committed block of the same job
+        job = {
+            "index": str(Path(path).resolve()),
+            "data": m["data"],
+            "created": m.get("created"),
+            "store": str(ts.prefix),
+            "chunks": int(len(spans)),
+            "k": k,
+        }
+        progress_file = out / ".neighbours.progress.json"
+        before = read_json_object(progress_file, "") if progress_file.is_file() else {}
+        start = 0
+        if before.get("job") == job and (out / ".neighbours.npy").is_file():
+            try:
+                result = np.load(out / ".neighbours.npy", mmap_mode="r+", allow_pickle=False)
+                if result.shape == (len(spans), k) and result.dtype == np.int32:
+                    start = int(before.get("done", 0))
+            except (OSError, ValueError):
+                start = 0
+        if start == 0:
+            progress_file.unlink(missing_ok=True)
+            result = open_memmap(out / ".neighbours.npy", np.int32, (len(spans), k))
+        else:
+            _log(f"resumed after {start} of {len(spans)} chunks")
+        bounds = _store_shard_bounds(ts, spans)
         t0 = time.perf_counter()
-        leaks_avoided = 0
-        for a in range(0, len(spans), 4096):
-            qa = np.ascontiguousarray(q[a : a + 4096])
+        leaks_avoided = int(before.get("dropped", 0)) if start else 0
+        step = max(1, int(block))
+        starts = sorted({*range(start, len(spans), step), *(b for b in bounds if start < b < len(spans))})
+        last_log = 0.0
+        for a, stop in zip(starts, [*starts[1:], len(spans)], strict=True):
+            qa = np.ascontiguousarray(q[a:stop])
             want = min(len(idx), k * 4 + 8)
             pending = np.arange(len(qa))
             rows = np.full((len(qa), k), -1, dtype=np.int32)
@@ -799,7 +966,19 @@ def retro_neighbours(
                     rows[r, : len(keep)] = keep
                 pending = np.asarray(retry, dtype=np.int64)
                 want = min(len(idx), want * 4)
-            result[a : a + 4096] = rows
+            result[a:stop] = rows
+            result.flush()
+            write_json_atomic(progress_file, {"job": job, "done": stop, "dropped": leaks_avoided})
+            now = time.perf_counter()
+            if now - last_log >= 2.0 or stop == len(spans):
+                last_log = now
+                rate = (stop - start) / max(now - t0, 1e-9)
+                shard_no = int(np.searchsorted(bounds, stop - 1, side="right"))
+                where = f" (store shard {shard_no + 1}/{len(bounds) + 1})" if bounds else ""
+                _log(
+                    f"neighbours: {stop}/{len(spans)} chunks{where}, {rate:,.0f} chunks/s, "
+                    f"ETA {(len(spans) - stop) / max(rate, 1e-9):.0f}s"
+                )
         result.flush()
         del result
         np.save(out / "chunks.npy", spans)
@@ -813,11 +992,27 @@ def retro_neighbours(
             "missing": int((np.load(out / "neighbours.npy", mmap_mode="r") < 0).sum()),
             "same_document_candidates_dropped": leaks_avoided,
             "search_seconds": round(time.perf_counter() - t0, 2),
+            "chunks_per_s": round((len(spans) - start) / max(time.perf_counter() - t0, 1e-9), 1),
+            "resumed_after": start,
+            "store_shards": len(bounds) + 1,
+            "peak_rss_mb": _peak_rss_mb(),
+            "index_on_disk": bool(m["plan"].get("on_disk")),
             "reused_index_vectors": bool(same_store),
         }
         write_json_atomic(out / "neighbours.json", info)
+        progress_file.unlink(missing_ok=True)
         shutil.rmtree(out / ".embed", ignore_errors=True)
         return info
+
+
+def _store_shard_bounds(ts: Any, spans: np.ndarray) -> list[int]:
+    """The first chunk row of each shard of a sharded store after the first (its shards in order); [] for one."""
+    starts = getattr(ts.tokens, "starts", None)
+    if starts is None or len(starts) <= 2:
+        return []
+    seq_shard = np.searchsorted(starts, np.asarray(ts.pointers) // ts.dtype.itemsize, side="right") - 1
+    chunk_shard = seq_shard[spans[:, 0]]
+    return [int(x) for x in np.flatnonzero(np.diff(chunk_shard)) + 1]
 
 
 def store_tokenizer_for(ts: Any, loaded: Any, given: str | None) -> Any:

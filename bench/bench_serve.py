@@ -375,7 +375,7 @@ def race_texts(which: str) -> list[str]:
 
 def race(args: argparse.Namespace) -> None:
     header = machine()
-    data = race_texts(args.texts)
+    data = race_texts(args.texts)[: args.sentences]
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
     servers = contestants(args, work)
@@ -427,23 +427,28 @@ def race(args: argparse.Namespace) -> None:
     for srv in servers:
         if srv.version:
             print(f"# {srv.name}: {srv.version}")
+    # ratios to the reference, and to every other infinity engine raced (like for like: fp32 to fp32, int8 to int8)
+    others = [s for s in servers if s is not ref and s.name.startswith("infinity-")]
     print(
         "| server | per request | sentences/s | vs "
-        + ref.name
+        + " | vs ".join(s.name for s in [ref, *others])
         + " | p50 ms | p99 ms | failed | RSS MiB (peak) | cosine to ref |"
     )
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print("|---|---:|---:|" + "---:|" * (len(others) + 7))
     for per in scenarios:
         for srv in servers:
             rs = srv.results[per]
             rate = statistics.median(r["rate"] for r in rs)
-            ratio = statistics.median(r["rate"] / q["rate"] for r, q in zip(rs, ref.results[per], strict=True))
+            ratios = " | ".join(
+                f"{statistics.median(r['rate'] / q['rate'] for r, q in zip(rs, o.results[per], strict=True)):.2f}x"
+                for o in [ref, *others]
+            )
             p50 = statistics.median(r["p50"] for r in rs)
             p99 = statistics.median(r["p99"] for r in rs)
             failed = sum(len(r["failures"]) for r in rs)
             now, peak = srv.memory
             print(
-                f"| {srv.name} | {per} | {rate:,.1f} | {ratio:.2f}x | {p50:,.0f} | {p99:,.0f} | {failed} | "
+                f"| {srv.name} | {per} | {rate:,.1f} | {ratios} | {p50:,.0f} | {p99:,.0f} | {failed} | "
                 f"{now:,.0f} ({peak:,.0f}) | {srv.cosine:.4f} |"
             )
     for srv in servers:
@@ -459,6 +464,7 @@ def main() -> None:
     p.add_argument("--infinity", default="infinity_emb", help="the infinity_emb command (in its own venv)")
     p.add_argument("--clients", type=int, default=32)
     p.add_argument("--texts", choices=["glue", "abc"], default="glue", help="the sentences sent (see race_texts)")
+    p.add_argument("--sentences", type=int, default=1688, help="send the first N of them per scenario")
     p.add_argument("--batch", type=int, default=16, help="sentences per request in the batched scenario")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--rounds", type=int, default=3)

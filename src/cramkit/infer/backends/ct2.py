@@ -50,8 +50,8 @@ HEAD_FILE = "head.safetensors"
 HEAD_KINDS = LOGIT_KINDS
 # padded tokens per forward pass CTranslate2 is fastest with on a CPU: its passes run one matrix product
 # after another over all of a pass's tokens, and a pass of 512 keeps their activations in cache. Against
-# 2,048 (the torch default) it is 1.4-1.5x on short texts at 1 and 2 threads and 1.4x on 256-token passages
-# at 1 thread (bench/bench_fastpath.py; bench/RESULTS.md, "The CPU fast path against a plain CTranslate2 loop")
+# 2,048 (the torch default) it is 1.15x (load 3) to 1.5x (load 8) on short texts at 1 and 2 threads, int8 and
+# float32 alike (bench/bench_fastpath.py; bench/RESULTS.md, "The CPU fast path against a plain CTranslate2 loop")
 CPU_BATCH_TOKENS = 512
 
 

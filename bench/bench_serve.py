@@ -17,10 +17,16 @@ A warm-up (the first 64 texts, one per request) precedes each measurement, and i
 mean cosine to the reference's vectors.
 
 Contestants (``--contestants``, comma-separated):
-  torch, onnx-int8, ct2-int8      ``cramkit serve`` with that backend (the exports made by ``cramkit export``);
+  torch, onnx, onnx-int8, ct2, ct2-int8
+                                  ``cramkit serve`` with that backend (the exports made by ``cramkit export``;
+                                  onnx and ct2: full precision, float32);
   NAME@SRC                        the same, importing cramkit from the directory SRC (an A/B of the server);
   infinity-torch                  ``infinity_emb v2 --engine torch`` from ``--infinity`` (a venv's
-                                  infinity_emb).
+                                  infinity_emb), fp32;
+  infinity-ctranslate2            its ``--engine ctranslate2`` (CTranslate2 float32: it converts without
+                                  quantizing and passes no compute type);
+  infinity-torch-int8             its ``--engine torch --dtype int8`` (torch's quantize_dynamic, int8 Linear);
+  infinity-optimum                its ``--engine optimum`` (ONNX Runtime; needs optimum in its venv).
 
     python bench/bench_serve.py --infinity $VENVS/serve-infinity/bin/infinity_emb \\
         [--contestants torch,onnx-int8,ct2-int8,infinity-torch] [--rounds 3] [--clients 32] [--batch 16]
@@ -256,40 +262,37 @@ def budgets(args: argparse.Namespace) -> None:
         print(f"| {b:,} | " + " | ".join(cells) + " |")
 
 
-def exports(work: Path) -> dict[str, Path]:
-    """The int8 exports of all-MiniLM-L6-v2 by ``cramkit export`` (made once, kept under ``work``)."""
-    out = {}
-    for fmt in ("onnx", "ct2"):
-        d = work / f"minilm-{fmt}-int8"
-        if not d.is_dir():
-            cmd = [
-                sys.executable,
-                "-m",
-                "cramkit",
-                "export",
-                f"hf:{minilm_dir()}",
-                "--out",
-                str(d),
-                "--format",
-                fmt,
-                "--quantize",
-                "int8",
-            ]
-            subprocess.run(cmd, check=True)
-        out[fmt] = d
-    return out
+def exported(work: Path, fmt: str, quantize: str) -> Path:
+    """An export of all-MiniLM-L6-v2 by ``cramkit export`` (made once, kept under ``work``)."""
+    d = work / f"minilm-{fmt}-{quantize}"
+    if not d.is_dir():
+        cmd = [sys.executable, "-m", "cramkit", "export", f"hf:{minilm_dir()}", "--out", str(d), "--format", fmt]
+        full = quantize == "float32" and fmt == "onnx"  # ONNX's full precision is the default, no --quantize
+        subprocess.run(cmd if full else [*cmd, "--quantize", quantize], check=True)
+    return d
+
+
+# infinity's engines: (--engine, --dtype); its ctranslate2 engine converts without quantizing and never
+# passes a compute type, so it runs CTranslate2 in float32; its torch engine with --dtype int8 runs
+# torch.quantization.quantize_dynamic's int8 Linear layers on a CPU
+INFINITY = {
+    "infinity-torch": ("torch", "float32"),
+    "infinity-ctranslate2": ("ctranslate2", "float32"),
+    "infinity-torch-int8": ("torch", "int8"),
+    "infinity-optimum": ("optimum", "auto"),
+}
 
 
 def contestants(args: argparse.Namespace, work: Path) -> list[Server]:
     threads = str(args.threads)
     env = {"OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads, "TOKENIZERS_PARALLELISM": "false"}
-    made = None
     servers = []
     for spec in args.contestants.split(","):
         base, _, src = spec.partition("@")
         if base.startswith("infinity-"):
-            if base != "infinity-torch":
-                raise SystemExit(f"unknown contestant {spec!r}")
+            if base not in INFINITY:
+                raise SystemExit(f"unknown contestant {spec!r}: the infinity ones are {', '.join(INFINITY)}")
+            engine, dtype = INFINITY[base]
             model = work / "minilm"  # a copy: infinity may write next to the model
             if not model.is_dir():
                 shutil.copytree(minilm_dir(), model)
@@ -301,7 +304,9 @@ def contestants(args: argparse.Namespace, work: Path) -> list[Server]:
                 "--served-model-name",
                 NAME,
                 "--engine",
-                "torch",
+                engine,
+                "--dtype",
+                dtype,
                 "--device",
                 "cpu",
                 "--host",
@@ -322,10 +327,11 @@ def contestants(args: argparse.Namespace, work: Path) -> list[Server]:
             continue
         if base == "torch":
             backend, model = "torch", f"hf:{minilm_dir()}"
-        else:
-            made = made or exports(work)
-            backend = base.split("-")[0]
-            model = str(made[backend])
+        else:  # onnx, onnx-int8, ct2 (float32), ct2-int8
+            backend, _, quantize = base.partition("-")
+            if backend not in ("onnx", "ct2") or quantize not in ("", "int8"):
+                raise SystemExit(f"unknown contestant {spec!r}")
+            model = str(exported(work, backend, quantize or "float32"))
         argv = [
             sys.executable,
             "-m",
@@ -357,9 +363,19 @@ def _infinity_version(exe: str) -> str:
     return subprocess.run([str(py), "-c", code], capture_output=True, text=True).stdout.strip()
 
 
+def race_texts(which: str) -> list[str]:
+    """``glue``: SST-2 dev + MRPC dev (1,688, the earlier races'); ``abc``: 1,688 sentences of NLTK's ABC
+    science news (5 to 60 words; texts the races before issue 33 had not seen)."""
+    if which == "glue":
+        return texts()
+    from bench_fastpath import short_texts
+
+    return short_texts(1688)
+
+
 def race(args: argparse.Namespace) -> None:
     header = machine()
-    data = texts()
+    data = race_texts(args.texts)[: args.sentences]
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
     servers = contestants(args, work)
@@ -403,7 +419,7 @@ def race(args: argparse.Namespace) -> None:
             a, b = srv.warm, ref.warm
             srv.cosine = float(np.mean((a * b).sum(1) / np.linalg.norm(a, axis=1) / np.linalg.norm(b, axis=1)))
     print(
-        f"# serving race, all-MiniLM-L6-v2, {len(data)} sentences (SST-2 dev + MRPC dev) per scenario; "
+        f"# serving race, all-MiniLM-L6-v2, {len(data)} sentences ({args.texts}) per scenario; "
         f"{args.clients} keep-alive clients, load generator on the same machine; {args.threads} threads per "
         f"server; median of {args.rounds} interleaved rounds; ratio: median of per-round ratios to {ref.name}"
     )
@@ -411,23 +427,28 @@ def race(args: argparse.Namespace) -> None:
     for srv in servers:
         if srv.version:
             print(f"# {srv.name}: {srv.version}")
+    # ratios to the reference, and to every other infinity engine raced (like for like: fp32 to fp32, int8 to int8)
+    others = [s for s in servers if s is not ref and s.name.startswith("infinity-")]
     print(
         "| server | per request | sentences/s | vs "
-        + ref.name
+        + " | vs ".join(s.name for s in [ref, *others])
         + " | p50 ms | p99 ms | failed | RSS MiB (peak) | cosine to ref |"
     )
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print("|---|---:|---:|" + "---:|" * (len(others) + 7))
     for per in scenarios:
         for srv in servers:
             rs = srv.results[per]
             rate = statistics.median(r["rate"] for r in rs)
-            ratio = statistics.median(r["rate"] / q["rate"] for r, q in zip(rs, ref.results[per], strict=True))
+            ratios = " | ".join(
+                f"{statistics.median(r['rate'] / q['rate'] for r, q in zip(rs, o.results[per], strict=True)):.2f}x"
+                for o in [ref, *others]
+            )
             p50 = statistics.median(r["p50"] for r in rs)
             p99 = statistics.median(r["p99"] for r in rs)
             failed = sum(len(r["failures"]) for r in rs)
             now, peak = srv.memory
             print(
-                f"| {srv.name} | {per} | {rate:,.1f} | {ratio:.2f}x | {p50:,.0f} | {p99:,.0f} | {failed} | "
+                f"| {srv.name} | {per} | {rate:,.1f} | {ratios} | {p50:,.0f} | {p99:,.0f} | {failed} | "
                 f"{now:,.0f} ({peak:,.0f}) | {srv.cosine:.4f} |"
             )
     for srv in servers:
@@ -442,6 +463,8 @@ def main() -> None:
     p.add_argument("--reference", default="infinity-torch", help="the contestant the ratios are to")
     p.add_argument("--infinity", default="infinity_emb", help="the infinity_emb command (in its own venv)")
     p.add_argument("--clients", type=int, default=32)
+    p.add_argument("--texts", choices=["glue", "abc"], default="glue", help="the sentences sent (see race_texts)")
+    p.add_argument("--sentences", type=int, default=1688, help="send the first N of them per scenario")
     p.add_argument("--batch", type=int, default=16, help="sentences per request in the batched scenario")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--rounds", type=int, default=3)

@@ -65,6 +65,42 @@ def test_minilm_export_matches_torch_on_unseen_text(minilm_dir, minilm_ct2, dev2
     assert np.abs(small - got).max() < 1e-5
 
 
+def test_fast_path_passes_and_vectors_match_a_plain_ctranslate2_loop(minilm_dir, minilm_ct2, dev200) -> None:
+    """The CPU fast path's own pass size (CTranslate2's budget, not the torch default), the same vectors as
+    the loop a user would write on the export's files, and pairs still read with their token types."""
+    import ctranslate2
+    from tokenizers import Tokenizer
+
+    from cramkit.infer.backends.ct2 import CPU_BATCH_TOKENS
+    from cramkit.infer.engine import default_batch_tokens
+
+    i8 = Engine(minilm_ct2["int8"], threads=1)
+    assert i8.max_batch_tokens == CPU_BATCH_TOKENS < default_batch_tokens("cpu")
+    assert i8.info()["max_batch_tokens"] == CPU_BATCH_TOKENS
+    assert Engine(minilm_ct2["int8"], threads=1, max_batch_tokens=2048).max_batch_tokens == 2048  # asked: kept
+    got = i8.embed(dev200)
+    # the plain loop: the export's tokenizer, 32 length-sorted texts a pass, forward_batch, mean in numpy
+    tok = Tokenizer.from_file(str(minilm_ct2["int8"] / "tokenizer" / "tokenizer.json"))
+    tok.enable_truncation(i8.max_length)
+    tok.no_padding()
+    enc = ctranslate2.Encoder(str(minilm_ct2["int8"]), device="cpu", intra_threads=1)
+    ids = [e.ids for e in tok.encode_batch(dev200)]
+    order = np.argsort([len(x) for x in ids], kind="stable")
+    plain = np.zeros_like(got)
+    for i in range(0, len(ids), 32):
+        rows = [ids[j] for j in order[i : i + 32]]
+        h = np.asarray(enc.forward_batch(rows).last_hidden_state)
+        n = np.asarray([len(r) for r in rows])
+        mean = (h * (np.arange(h.shape[1])[None, :] < n[:, None])[..., None]).sum(1) / n[:, None]
+        plain[order[i : i + 32]] = mean / np.linalg.norm(mean, axis=1, keepdims=True)
+    assert cosines(plain, got).min() > 0.99999 and np.abs(plain - got).max() < 1e-4
+    # pairs: the second text's token types reach CTranslate2 (float32: torch's vectors to 1e-4)
+    pairs = [(a, b) for a, b in zip(dev200[:24], dev200[24:48], strict=True)]
+    ref = Engine(cramkit.load(f"hf:{minilm_dir}"), device="cpu").embed(pairs)
+    f32 = Engine(minilm_ct2["float32"], threads=1).embed(pairs)
+    assert np.abs(ref - f32).max() < 1e-4
+
+
 def test_serve_runs_a_ct2_export(minilm_dir, minilm_ct2, dev200) -> None:
     from serve.test_server import start
 

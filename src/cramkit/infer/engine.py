@@ -101,10 +101,11 @@ class Engine:
     or an export format (``onnx``, ``ct2``, a registered one): asking for a format with a torch model exports
     it (at full precision) to a temporary directory first. The engine holds one runner
     (``model.runner()``) and never asks which backend it is.
-    max_batch_tokens: padded tokens per forward pass (rows x longest row; default from the device:
-    :func:`default_batch_tokens`); max_length: cut inputs to this many tokens ([CLS]/[SEP] included),
-    default the model's limit; threads: an export runtime's CPU threads (default: the cores this process
-    may use; torch keeps its own setting).
+    max_batch_tokens: padded tokens per forward pass (rows x longest row; default the runner's ``batch_tokens``
+    where it has one, e.g. 512 for CTranslate2 on a CPU, else from the device: :func:`default_batch_tokens`);
+    max_length: cut inputs to this many tokens ([CLS]/[SEP] included), default the model's limit;
+    threads: an export runtime's CPU threads (default: the cores this process may use; torch keeps its own
+    setting).
     """
 
     def __init__(
@@ -158,7 +159,9 @@ class Engine:
         self.source: str = str(src.source)
         self.pad_id: int = src.pad_id
         self.model_max_length: int = int(src.max_length)
-        self.max_batch_tokens = int(max_batch_tokens or default_batch_tokens(self.device))
+        # the runner's own budget where it has one (CTranslate2 on a CPU: smaller passes), else the device's
+        own_budget = getattr(self.runner, "batch_tokens", None)
+        self.max_batch_tokens = int(max_batch_tokens or own_budget or default_batch_tokens(self.device))
         self.max_length = min(int(max_length), self.model_max_length) if max_length else self.model_max_length
         if self.max_length < 3:
             raise CramkitError(f"max_length must be at least 3 tokens, got {self.max_length}")

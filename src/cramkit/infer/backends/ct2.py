@@ -69,11 +69,13 @@ class Ct2Runner:
     """Forward passes of a CTranslate2 export on numpy batches."""
 
     name = "ct2"
-    batch_tokens = CPU_BATCH_TOKENS  # the Engine's default budget with this runner (its own: the device's)
 
     def __init__(self, model: ExportedModel) -> None:
         self.model = model
         self.encoder, self.head, self.rows = model.handle
+        # the Engine's default budget with this runner on a CPU (elsewhere: the device's own)
+        on_cpu = str(getattr(self.encoder, "device", "cpu")) == "cpu"
+        self.batch_tokens: int | None = CPU_BATCH_TOKENS if on_cpu else None
         # what CTranslate2 computes in on this machine (int8 weights: int8_float32; bfloat16 without
         # bfloat16 instructions: float32)
         self.precision = str(self.encoder.compute_type)

@@ -44,6 +44,7 @@ from cramkit.index.chunking import (
     write_chunks,
 )
 from cramkit.index.embedding import dist_info, embed_to_memmap, encoder_fingerprint, texts_key
+from cramkit.index.ondisk import peak_rss_mb
 from cramkit.io import (
     BadJson,
     atomic_path,
@@ -165,16 +166,6 @@ def retrieval_prompts(engine: Any, prompt_name: str | None = None) -> dict[str, 
 
 def _file_sizes(d: Path) -> dict[str, int]:
     return {f.name: f.stat().st_size for f in sorted(d.iterdir()) if f.is_file()}
-
-
-def _peak_rss_mb() -> float | None:
-    try:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return round(int(line.split()[1]) / 1024, 1)
-    except OSError:
-        pass
-    return None
 
 
 # ---------------------------------------------------------------------------------------------- build
@@ -393,7 +384,7 @@ def build_index(
                 seconds = time.perf_counter() - t_start
                 build = {"seconds": round(seconds, 2), **timing, "index_seconds": round(t_index, 2)}
                 build["chunks_per_s"] = round(len(chunks) / seconds, 2)
-                build["peak_rss_mb"] = _peak_rss_mb()
+                build["peak_rss_mb"] = peak_rss_mb()
                 return _publish(out, data, {**base, "params": params, "recall": recall, "build": build})
             parts = ondisk.part_count(len(vectors), workers, shard_n)
             del vectors
@@ -450,7 +441,7 @@ def _finish_on_disk(out: Path, prep: dict[str, Any], target: float) -> dict[str,
     prepare_seconds = float(prep["build"].get("prepare_seconds", 0))
     build["seconds"] = round(prepare_seconds + fill_seconds + time.perf_counter() - t0, 2)
     build["chunks_per_s"] = round(base["count"] / max(build["seconds"], 1e-9), 2)
-    build["peak_rss_mb"] = max(x for x in [_peak_rss_mb() or 0.0, *(r or 0.0 for r in obuild["part_peak_rss_mb"])])
+    build["peak_rss_mb"] = max(x for x in [peak_rss_mb() or 0.0, *(r or 0.0 for r in obuild["part_peak_rss_mb"])])
     return _publish(out, data, {**base, "params": params, "recall": recall, "build": build})
 
 
@@ -995,7 +986,7 @@ def retro_neighbours(
             "chunks_per_s": round((len(spans) - start) / max(time.perf_counter() - t0, 1e-9), 1),
             "resumed_after": start,
             "store_shards": len(bounds) + 1,
-            "peak_rss_mb": _peak_rss_mb(),
+            "peak_rss_mb": peak_rss_mb(),
             "index_on_disk": bool(m["plan"].get("on_disk")),
             "reused_index_vectors": bool(same_store),
         }

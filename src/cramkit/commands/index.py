@@ -164,7 +164,13 @@ def register(sub: argparse._SubParsersAction) -> None:
 def _common(p: argparse.ArgumentParser, batch: bool = True) -> None:
     p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N")
     if batch:
-        p.add_argument("--max-batch-tokens", type=int, default=16384, help="padded tokens per forward pass")
+        p.add_argument(
+            "--max-batch-tokens",
+            type=int,
+            default=None,
+            help="padded tokens per forward pass (default: the runtime's own, 512 for a CTranslate2 export on a CPU; "
+            "else 2048 on a CPU, 16384 on CUDA)",
+        )
     p.add_argument("--block", type=int, default=1024, help="chunks embedded between progress commits")
 
 

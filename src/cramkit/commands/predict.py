@@ -47,7 +47,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--keep-text", action="store_true", help="copy each row's input text into the predictions")
     p.add_argument("--top-k", type=int, default=5, help="fill-mask: candidates per [MASK] (default 5)")
     p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N")
-    p.add_argument("--max-batch-tokens", type=int, default=16384, help="padded tokens per batch (default 16384)")
+    p.add_argument(
+        "--max-batch-tokens",
+        type=int,
+        default=None,
+        help="padded tokens per forward pass (default: the runtime's own, 512 for a CTranslate2 export on a CPU; "
+        "else 2048 on a CPU, 16384 on CUDA)",
+    )
     p.add_argument("--max-length", type=int, default=None, help="cut inputs to this many tokens (default: the model's)")
     add_reading_args(p, doc_split=False, text_field=False)
     p.set_defaults(func=run)

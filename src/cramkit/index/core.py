@@ -140,7 +140,7 @@ def make_chunks(
     return chunks, params
 
 
-def _engine(loaded: Any, device: str, max_batch_tokens: int) -> Any:
+def _engine(loaded: Any, device: str, max_batch_tokens: int | None) -> Any:
     from cramkit.infer import Engine
 
     return Engine(loaded, device=device, max_batch_tokens=max_batch_tokens)
@@ -186,7 +186,7 @@ def build_index(
     pooling: str | None = None,
     store_tokenizer: str | None = None,
     device: str = "auto",
-    max_batch_tokens: int = 16384,
+    max_batch_tokens: int | None = None,
     block: int = 1024,
     overwrite: bool = False,
     progress: bool | str = "auto",
@@ -646,7 +646,7 @@ class Index:
                     raise CramkitError(
                         f"{self.encoder_dir} differs from the encoder the index was built with; rebuild the index"
                     )
-            self._engine = _engine(loaded, self.device, 16384)
+            self._engine = _engine(loaded, self.device, None)
         return self._engine
 
     @property
@@ -739,7 +739,7 @@ def add_to_index(
     store_tokenizer: str | None = None,
     reading: dict[str, Any] | None = None,
     device: str = "auto",
-    max_batch_tokens: int = 16384,
+    max_batch_tokens: int | None = None,
     block: int = 1024,
     progress: bool | str = "auto",
 ) -> dict[str, Any]:

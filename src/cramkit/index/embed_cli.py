@@ -89,7 +89,7 @@ def embed_source(
     store_tokenizer: str | None = None,
     overwrite: bool = False,
     device: str = "auto",
-    max_batch_tokens: int = 16384,
+    max_batch_tokens: int | None = None,
     block: int = 1024,
     format: str = "npy",  # noqa: A002 (the flag's name)
     shard: str | tuple[int, int] | None = None,

@@ -43,7 +43,7 @@ class CramkitEmbedder:
         pooling: str | None = None,
         normalize: bool | None = None,
         device: str = "auto",
-        max_batch_tokens: int = 16384,
+        max_batch_tokens: int | None = None,
         threads: int | None = None,
         prompt_name: str | None = None,
     ) -> None:

@@ -139,7 +139,7 @@ def predict(
     keep_text: bool = False,
     top_k: int = 5,
     device: str = "auto",
-    max_batch_tokens: int = 16384,
+    max_batch_tokens: int | None = None,
     max_length: int | None = None,
     backend: str = "auto",
     choices: list[str] | None = None,

@@ -2,8 +2,8 @@
 budgets per forward pass, on the texts of bench_fastpath.py (short: ABC science sentences; long: ABC rural
 passages of 180+ words). One Engine per budget in this process, rounds interleaved (the order reversed every
 other round); the figure is each budget's speed against the first's, the median of per-round ratios (the
-first's seconds / its seconds: below 1.0 it is slower). It chose the default of ``cramkit embed``, ``predict`` and ``index
-build`` (the runtime's own: 2,048 on a CPU) over the 16,384 they had passed before.
+first's seconds / its seconds: below 1.0 it is slower). It chose the default of ``cramkit embed``,
+``predict`` and ``index build`` (the runtime's own: 2,048 on a CPU) over the 16,384 they had passed before.
 
     python bench/bench_budget.py [--budgets 2048,16384] [--threads 1] [--rounds 4] [--short 600] [--long 120]
 """

@@ -133,7 +133,7 @@ def scaling_worker(args: argparse.Namespace) -> None:
     torch.set_num_threads(args.threads or max(1, 2 // ctx.world))
     torch.manual_seed(0)
     cfg = ModelConfig(**TINY)
-    model = P.apply_parallel(MaskedLM(cfg), P.ParallelConfig(strategy=args.strategy), ctx)
+    model = P.parallelize(MaskedLM(cfg), P.ParallelConfig(strategy=args.strategy), ctx)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
     per_rank = args.global_batch // ctx.world
     accum = max(1, per_rank // args.micro)

@@ -10,10 +10,16 @@ split trained with the same seed by every method, so the methods differ only in 
 
 - ``head``: a fresh classifier on the pooled output (the default ``cramkit finetune``);
 - ``prompt``: the task's built-in template and label words through the MLM head (PET / LM-BFF);
-- ``ptuning``: the encoder frozen, ``--prefix-len`` trainable keys/values per layer and a head (P-tuning v2).
+- ``ptuning``: the encoder frozen, ``--prefix-len`` trainable keys/values per layer and a head (P-tuning v2);
+- ``setfit``: the encoder trained on pairs of the K-shot rows (same label or not), then a logistic regression
+  (SetFit; one pass over 2 x 20 pairs per row, ``--steps`` does not apply); needs no MLM head.
+
+A task is a registered name or ``files:DIR`` (DIR/train.tsv and DIR/dev.tsv with ``text`` and ``label`` columns,
+e.g. what ``bench/make_source_tasks.py`` writes).
 
     python bench/bench_fewshot.py --model runs/minilm-head --tasks glue/sst2,glue/mrpc --k 16 --splits 5
     python bench/bench_fewshot.py --model runs/tiny-zh --tasks clue/eprstmt,clue/csl --data-dir ../shared/data/fewclue
+    python bench/bench_fewshot.py --model hf:MINILM --tasks files:tasks/abc,glue/sst2 --methods head,setfit
 
 Each result is appended to ``--out`` (JSON lines) as soon as it is known, and a finished (model, task, method)
 is not trained again: a killed bench resumes. The table goes to stdout (and ``--table``).
@@ -31,7 +37,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_infer import machine  # noqa: E402
 
-METHODS = ("head", "prompt", "ptuning")
+METHODS = ("head", "prompt", "ptuning", "setfit")
 
 
 def run_one(model: str, task_name: str, data_dir: str | None, method: str, args: argparse.Namespace) -> dict:
@@ -53,10 +59,19 @@ def run_one(model: str, task_name: str, data_dir: str | None, method: str, args:
         "prefix_len": args.prefix_len,
         "max_eval_examples": getattr(args, "max_eval_examples", 0),  # 0: every dev row
     }
-    task = get_task(task_name, data_dir=data_dir)
+    if task_name.startswith("files:"):
+        from cramkit.tasks.resolve import resolve_task
+
+        folder = Path(task_name.removeprefix("files:"))
+        task = resolve_task(
+            train=folder / "train.tsv", dev=folder / "dev.tsv", text_a="text", label="label", name=folder.name
+        )
+    else:
+        task = get_task(task_name, data_dir=data_dir)
     fewclue = is_fewclue(task)
     splits = [str(i) for i in range(args.splits)]
-    work = Path(args.work) / f"{Path(model).name}-{task_name.replace('/', '-')}-{method}-k{args.k}-{args.steps}"
+    tag = task_name.replace("/", "-").replace(":", "-")
+    work = Path(args.work) / f"{Path(model).name}-{tag}-{method}-k{args.k}-{args.steps}"
     t0 = time.time()
     res = fewshot_run(task, model, config_from(settings), work, splits, k=None if fewclue else args.k, progress=False)
     few = res["fewshot"]

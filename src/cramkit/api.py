@@ -160,7 +160,7 @@ def finetune(
     (``train``, optional ``dev``: else ``dev_fraction`` of train is held out), or on a ``mixture`` of tasks
     (``"glue/mrpc,glue/cola"`` or a registered name; ``rates``, or ``weighting`` sum|gradnorm|pcgrad with a
     ``primary`` task). ``settings`` are FinetuneConfig fields (lr=2e-5, epochs=3, seeds=[0, 1, 2],
-    method="ptuning", ...) on top of ``config``. ``prompt`` and ``label_words`` (``{"0": "terrible", "1":
+    method="ptuning" or "setfit", ...) on top of ``config``. ``prompt`` and ``label_words`` (``{"0": "terrible", "1":
     "great"}``): prompt-based fine-tuning through the MLM head. With ``out`` the model of the median seed is
     saved there (``cramkit.load(out)``; None: one task trains in a temporary directory and keeps no model, a
     mixture or a few-shot protocol writes to finetune-NAME). ``few_shot=K``: LM-BFF's protocol, ``splits``

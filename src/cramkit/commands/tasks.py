@@ -24,7 +24,9 @@ warmup then cosine decay, max_length 128, dropout 0.1, the model's own pooling (
 model's mean; else the first token through BERT's pooler). Override any with --set KEY=VALUE.
 
 few labels: --few-shot 16 --splits 5 (LM-BFF's protocol, any task); --method prompt (the MLM head through a
-template: --prompt TEMPLATE --label-words LABEL=WORD,...); --method ptuning (deep prompts, encoder frozen).
+template: --prompt TEMPLATE --label-words LABEL=WORD,...); --method ptuning (deep prompts, encoder frozen);
+--method setfit (SetFit: the encoder learns from pairs of rows, then a logistic regression; any encoder,
+e.g. all-MiniLM-L6-v2, which has no MLM head).
 
 FewCLUE (a task folder in FewCLUE's layout): --fewshot-splits 0-4 trains on train_K for each K, scores
 on test_public, and reports each split with the mean and standard deviation (FewCLUE's protocol).
@@ -275,10 +277,12 @@ def _method_args(g: argparse._ArgumentGroup, suite: bool = False) -> None:
     g.add_argument("--splits", type=int, default=5, metavar="S", help="with --few-shot: how many splits (5)")
     g.add_argument(
         "--method",
-        choices=["head", "prompt", "ptuning"],
+        choices=["head", "prompt", "ptuning", "setfit"],
         help="head: a fresh classifier on the pooled output (default); prompt: the MLM head scores label "
         "words through a template; ptuning: the encoder frozen, trainable prefixes at every layer and a "
-        "head (only those are stored, with the base model's checksum)",
+        "head (only those are stored, with the base model's checksum); setfit: the encoder trained on pairs "
+        "of rows (same label or not), then a logistic-regression head (SetFit: no MLM head needed; "
+        "--set setfit_pairs=20 pairs of each kind per row)",
     )
     if not suite:
         g.add_argument(

@@ -201,6 +201,8 @@ def _method_unfit(task: Task, cfg: FinetuneConfig) -> str | None:
         return f"a {task.kind} task: a prompt needs classes"
     if cfg.method == "prompt" and not (cfg.prompt and cfg.label_words) and builtin_prompt(task.name) is None:
         return "no built-in prompt: fine-tune it alone with --prompt and --label-words"
+    if cfg.method == "setfit" and (task.kind != "classification" or task.is_multiple_choice):
+        return f"a {task.kind} task: SetFit fits a classifier"
     if cfg.method == "ptuning" and task.is_multiple_choice:
         return "multiple choice: deep prompts train a classification or regression head"
     return None

@@ -53,12 +53,22 @@ AUTO_LR = {384: 4e-5, 0: 1e-3}
 
 
 def auto_lr(cfg: FinetuneConfig, hidden: int | None) -> float:
-    """The peak learning rate: ``cfg.lr``, or for "auto" AUTO_LR's rate of the widest width <= ``hidden``
-    (a model that declares no width, e.g. a student: Cramming's 4e-5)."""
+    """The peak learning rate of ``cfg.method``: ``prefix_lr`` for deep prompts, the encoder's rate for SetFit
+    (``setfit.body_lr``), else ``cfg.lr``, or for "auto" AUTO_LR's rate of the widest width <= ``hidden`` (a
+    model that declares no width, e.g. a student: Cramming's 4e-5)."""
+    if cfg.method == "ptuning":
+        return cfg.prefix_lr
+    if cfg.method == "setfit":
+        from cramkit.recipes.setfit import body_lr
+
+        return body_lr(cfg, hidden)
     if cfg.lr != "auto":
         return float(cfg.lr)
     width = 384 if hidden is None else int(hidden)
     return AUTO_LR[max(w for w in AUTO_LR if w <= width)]
+
+
+METHODS = ("head", "prompt", "ptuning", "setfit")
 
 
 @dataclass
@@ -101,20 +111,31 @@ class FinetuneConfig(ExampleSettings):
     eval_every: str = "epoch"  # dev metrics logged during training: 'epoch', a period ('200steps'), 'never'
     keep: Literal["last", "best"] = "last"  # the kept model: the last, or the one with the best dev score
     # how the task meets the encoder: a fresh head on the pooled output; the MLM head scoring label words
-    # through a template (PET / LM-BFF); or deep prompts on a frozen encoder (P-tuning v2)
-    method: Literal["head", "prompt", "ptuning"] = "head"
+    # through a template (PET / LM-BFF); deep prompts on a frozen encoder (P-tuning v2); or the encoder trained
+    # on pairs of rows to embed the labels apart, then a logistic-regression head (SetFit)
+    method: Literal["head", "prompt", "ptuning", "setfit"] = "head"
     prompt: str = ""  # method=prompt: the template, e.g. '{text_a} It was [MASK] .' ('': the task's built-in)
     label_words: str = ""  # method=prompt: LABEL=WORD,... ('': the task's built-in)
     prefix_len: int = 16  # method=ptuning: trainable keys and values per layer
     prefix_lr: float = 2e-2  # method=ptuning: the learning rate of the prefixes and the head
+    # method=setfit: positive and negative pairs per labelled row (SetFit's num_iterations); one pass over them,
+    # batch_size pairs a step (epochs and min_steps do not apply)
+    setfit_pairs: int = 20
+    setfit_lr: float | Literal["auto"] = "auto"  # method=setfit: the encoder's rate (auto: 2e-5; 1e-3 below 384)
 
     def validate(self) -> None:
-        if self.method not in ("head", "prompt", "ptuning"):
-            raise CramkitError(f"finetune.method is head, prompt or ptuning, got {self.method!r}")
+        if self.method not in METHODS:
+            raise CramkitError(f"finetune.method is one of {', '.join(METHODS)}, got {self.method!r}")
         if (self.prompt or self.label_words) and self.method == "head":
             self.method = "prompt"  # a template or label words given: prompt-based fine-tuning
         if (self.prompt or self.label_words) and self.method != "prompt":
-            raise CramkitError("--prompt and --label-words apply to prompt-based fine-tuning, not method=ptuning")
+            raise CramkitError(
+                f"--prompt and --label-words apply to prompt-based fine-tuning, not method={self.method}"
+            )
+        if self.setfit_pairs < 1 or self.setfit_lr != "auto" and not self.setfit_lr > 0:
+            raise CramkitError(
+                f"finetune.setfit_pairs and setfit_lr must be positive, got {self.setfit_pairs}, {self.setfit_lr}"
+            )
         if self.prefix_len < 1 or self.prefix_lr <= 0:
             raise CramkitError(
                 f"finetune.prefix_len and prefix_lr must be positive, got {self.prefix_len}, {self.prefix_lr}"
@@ -236,6 +257,9 @@ def resolve_pooling(cfg: FinetuneConfig, loaded: LoadedModel) -> FinetuneConfig:
         return cfg
     import dataclasses
 
+    if cfg.method == "setfit":  # sentence vectors: the model's own pooling, mean when it declares none
+        first = loaded.extra.get("st_pooling") == "cls"
+        return dataclasses.replace(cfg, pooling="first" if first else "mean", pooler_dense=False)
     if loaded.extra.get("st_pooling") == "mean":
         return dataclasses.replace(cfg, pooling="mean", pooler_dense=False)
     return dataclasses.replace(cfg, pooling="first")
@@ -246,6 +270,13 @@ def resolve_prompt(task: Task, loaded: LoadedModel, cfg: FinetuneConfig) -> Prom
     words (the user's, else the task's built-in ones) checked against the task's labels and the model's
     vocabulary. One CramkitError line for each thing that does not fit."""
     if cfg.method == "head":
+        return None
+    if cfg.method == "setfit":
+        if task.kind != "classification" or task.labels is None or task.is_multiple_choice:
+            raise CramkitError(
+                f"--method setfit: task {task.name} is {task.kind}; SetFit fits a classifier on sentence "
+                "vectors, so it needs a classification task: leave out --method for this task"
+            )
         return None
     if cfg.method == "ptuning":
         if task.is_multiple_choice or task.kind != "classification" and not task.is_regression:
@@ -451,6 +482,66 @@ class ClassifierObjective(ExampleObjective):
             self.best = None  # damaged: the next evaluation keeps its model
 
 
+class SetFitObjective(ClassifierObjective):
+    """``--method setfit`` (``recipes/setfit.py``) for the engine, the body: batches of pairs, the squared error
+    of their cosine; each evaluation fits the head first (then scores the dev split as fine-tuning does)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        from cramkit.recipes import setfit
+
+        super().__init__(*args, **kwargs)
+        assert self.train.labels is not None and isinstance(self.train, Encoded)  # checked by the caller
+        self.examples = self.train
+        pairs, targets = setfit.make_pairs(self.train.labels, self.cfg.setfit_pairs, self.seed)
+        self.pairs = setfit.pair_rows(self.train, pairs, targets)
+        self.title = f"{self.title} (setfit, {len(pairs):,} pairs)"
+        self.plot = {**self.plot, "loss_name": "training loss (squared error of the pairs' cosine)"}
+
+    def build_model(self):
+        from cramkit.recipes import setfit
+
+        plain = super().build_model()
+        model = setfit.classifier_class()(plain.cfg, plain.num_labels, plain.head_cfg)
+        model.load_state_dict(plain.state_dict(), strict=True)
+        return model
+
+    def train_loader(self, micro: int, *, rank: int = 0, world: int = 1) -> BatchLoader:
+        import torch
+
+        assert self.pairs.labels is not None  # make_pairs gives every pair its target
+        return BatchLoader(
+            self.pairs,
+            self.cfg.batch_size,
+            micro,
+            rank,
+            world,
+            seed=self.seed,
+            chunk=self.cfg.bucket_chunk,
+            pad_id=self.loaded.pad_id,
+            with_types=self.loaded.with_types,
+            columns={"targets": torch.from_numpy(self.pairs.labels)},
+        )
+
+    def loss(self, model, batch: dict, device):
+        import torch.nn.functional as F
+
+        ids = batch["input_ids"].to(device, non_blocking=True)
+        mask, types = batch["attention_mask"], batch["token_type_ids"]
+        mask = mask.to(device, non_blocking=True) if mask is not None else None
+        types = types.to(device, non_blocking=True) if types is not None else None
+        pooled, logits = model(ids, mask, types, embed=True)
+        cos = F.cosine_similarity(pooled[0::2].float(), pooled[1::2].float(), dim=-1)
+        loss = F.mse_loss(cos, batch["targets"].to(device, non_blocking=True))
+        return loss + 0.0 * logits.sum()  # the head takes part in every step (DDP expects every parameter's grad)
+
+    def evaluate(self, model, ctx, precision: str) -> dict[str, float] | None:
+        from cramkit.recipes.setfit import fit_head
+
+        plain = getattr(model, "module", model)
+        fit_head(plain, self.examples, self.cfg, self.loaded.pad_id, self.loaded.with_types)
+        return super().evaluate(model, ctx, precision)
+
+
 BEST_FILE, BEST_WEIGHTS = "best.json", "best.safetensors"
 
 
@@ -481,7 +572,7 @@ def train_config(
         eval_every = f"{steps_per_epoch}steps" if steps_per_epoch else "never"
     return example_config(
         budget=f"{steps}steps",
-        lr=cfg.prefix_lr if cfg.method == "ptuning" else cast(float, cfg.lr),  # auto_lr resolved "auto"
+        lr=cast(float, cfg.lr),  # the method's rate (auto_lr)
         betas=(cfg.betas[0], cfg.betas[1]),
         eps=cfg.eps,
         weight_decay=cfg.weight_decay,
@@ -525,15 +616,18 @@ def train_one_seed(
     from cramkit.train.epochs import epoch_steps, train_epochs
 
     cfg = dataclasses.replace(cfg, lr=auto_lr(cfg, getattr(loaded, "hidden", None)))
-    objective = ClassifierObjective(
-        loaded, train, num_labels, cfg, seed, desc, resume_hint, multilabel, multiple_choice, prompt
-    )
+    kind: type[ClassifierObjective] = ClassifierObjective
+    steps = max(epoch_steps(len(train), cfg.batch_size, cfg.epochs), cfg.min_steps)
+    if cfg.method == "setfit":
+        from cramkit.recipes import setfit
+
+        kind, steps = SetFitObjective, setfit.steps(cfg, len(train))
+    objective = kind(loaded, train, num_labels, cfg, seed, desc, resume_hint, multilabel, multiple_choice, prompt)
     objective.dev = dev
     if run is not None:
         objective.best_dir = Path(run)
         Path(run).mkdir(parents=True, exist_ok=True)
         objective.resume_best()
-    steps = max(epoch_steps(len(train), cfg.batch_size, cfg.epochs), cfg.min_steps)
     per_epoch = eval_period(cfg, len(train), steps)
     tcfg = train_config(cfg, seed, steps, progress="auto" if progress else False, steps_per_epoch=per_epoch)
     done = train_epochs(objective, tcfg, run, examples=len(train), batch_size=cfg.batch_size, ctx=ctx)
@@ -545,7 +639,7 @@ def train_one_seed(
     stats = {
         "seed": seed,
         "steps": done.steps,
-        "lr": cfg.prefix_lr if cfg.method == "ptuning" else cfg.lr,
+        "lr": cfg.lr,
         "examples_seen": done.examples_seen,
         "train_seconds": round(done.seconds, 3),
         "examples_per_s": round(done.examples_per_s, 2),

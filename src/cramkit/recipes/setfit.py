@@ -1,0 +1,171 @@
+"""``finetune --method setfit``: few labels through the contrastive stage (SetFit, Tunstall et al. 2022).
+
+A sentence encoder (all-MiniLM-L6-v2, or any encoder ``cramkit.load`` opens) learns a task from a handful of
+labels in two steps, with no prompt and no MLM head:
+
+1. **the body**: pairs drawn from the labelled rows, ``pairs_per_example`` positive pairs (same label) and as many
+   negative ones (another label) per row, train the encoder so that the cosine of two pooled vectors is 1 for a
+   positive pair and 0 for a negative one (SetFit's CosineSimilarityLoss: the squared error). 16 rows per class
+   give 2 x 20 x 32 = 1,280 pairs: many more training signals than the 32 rows themselves;
+2. **the head**: a logistic regression on the trained encoder's unit-length pooled vectors of the labelled rows
+   (L2, C = 1, scikit-learn's default, fitted to convergence by L-BFGS), written into the classifier of an
+   ordinary ``SequenceClassifier`` (:func:`fit_head`).
+
+The body trains through the one engine (``recipes.finetune.SetFitObjective``: its checkpoints, resume,
+torchrun, metrics); the head is fitted at every evaluation (so ``eval_every`` and ``keep=best`` see the model as
+it would be kept) and at the end, before the final checkpoint. The result is a model directory like ``--method
+head``'s: ``predict``, ``serve``, ``export`` and ``cramkit.load`` read it as they read any classifier.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from cramkit.data.batching import Encoded, EncodedChoices
+from cramkit.errors import CramkitError
+
+if TYPE_CHECKING:
+    from cramkit.recipes.finetune import FinetuneConfig
+
+L2_C = 1.0  # the head's inverse regularisation strength (scikit-learn's LogisticRegression default)
+
+
+def body_lr(cfg: FinetuneConfig, hidden: int | None) -> float:
+    """The encoder's learning rate: ``cfg.setfit_lr``, or for "auto" SetFit's 2e-5 from width 384 up and 1e-3
+    below (the contrastive stage's rule: a narrow model barely moves at 2e-5)."""
+    if cfg.setfit_lr != "auto":
+        return float(cfg.setfit_lr)
+    return 2e-5 if (hidden or 384) >= 384 else 1e-3
+
+
+def make_pairs(labels: np.ndarray, per_example: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """SetFit's pairs: for each of ``per_example`` rounds and each row, one row of the same label (another row
+    when the label has one) and one of another label. Returns the pairs [P, 2] (row indices) and their target
+    cosines [P] (1.0 same label, 0.0 not)."""
+    labels = np.asarray(labels)
+    classes = np.unique(labels)
+    if len(classes) < 2:
+        raise CramkitError(
+            f"--method setfit learns from pairs of different labels, but every training row has label {classes[0]!r}"
+            if len(classes)
+            else "--method setfit: no labelled training rows"
+        )
+    rng = np.random.default_rng(seed)
+    members = {c: np.flatnonzero(labels == c) for c in classes}
+    others = {c: np.flatnonzero(labels != c) for c in classes}
+    pairs, targets = [], []
+    for _ in range(per_example):
+        for i, label in enumerate(labels):
+            same = members[label]
+            if len(same) > 1:
+                j = i
+                while j == i:
+                    j = int(same[rng.integers(len(same))])
+            else:
+                j = i
+            pairs.append((i, j))
+            targets.append(1.0)
+            pairs.append((i, int(others[label][rng.integers(len(others[label]))])))
+            targets.append(0.0)
+    return np.asarray(pairs, dtype=np.int64), np.asarray(targets, dtype=np.float32)
+
+
+def pair_rows(train: Encoded, pairs: np.ndarray, targets: np.ndarray) -> EncodedChoices:
+    """The pairs as two-row examples (the batch loader keeps an example's rows together and buckets by length)."""
+    flat = pairs.reshape(-1)
+    rows = Encoded(
+        ids=[train.ids[i] for i in flat],
+        b_start=train.b_start[flat],
+        lengths=train.lengths[flat],
+        labels=None,
+        idx=flat,
+        truncated=train.truncated[flat],
+    )
+    return EncodedChoices(
+        pairs=rows, offsets=np.arange(0, len(flat) + 1, 2, dtype=np.int64), labels=targets, idx=np.arange(len(pairs))
+    )
+
+
+def steps(cfg: FinetuneConfig, examples: int) -> int:
+    """Optimizer steps of the body: one pass over its pairs, ``batch_size`` pairs a step."""
+    return math.ceil(2 * cfg.setfit_pairs * examples / cfg.batch_size)
+
+
+def classifier_class() -> Any:
+    from cramkit.model.heads import SequenceClassifier
+
+    class PairClassifier(SequenceClassifier):
+        """A SequenceClassifier whose forward also gives the pooled vectors (``embed=True``), so that the body's
+        loss goes through the (DDP-wrapped) forward; its weights are a SequenceClassifier's."""
+
+        def forward(  # embed by keyword only
+            self, input_ids, attention_mask=None, token_type_ids=None, labels=None, *, embed: bool = False
+        ):
+            if not embed:
+                return super().forward(input_ids, attention_mask, token_type_ids, labels)
+            pooled = self.pool(self.encoder(input_ids, attention_mask, token_type_ids), attention_mask)
+            return pooled, self.classifier(pooled)
+
+    return PairClassifier
+
+
+def pooled_vectors(model: Any, enc: Encoded, cfg: FinetuneConfig, pad_id: int, with_types: bool) -> np.ndarray:
+    """The classifier's input (the pooled output) for every example of ``enc``, float32 [n, hidden]."""
+    import torch
+
+    from cramkit.model import forward
+
+    class Pooled(torch.nn.Module):
+        def __init__(self, inner: Any) -> None:
+            super().__init__()
+            self.inner = inner
+
+        def forward(self, ids, mask=None, types=None):
+            return None, self.inner.pool(self.inner.encoder(ids, mask, types), mask).float()
+
+    device = next(model.parameters()).device
+    runner = forward.TorchRunner(Pooled(model), device, cfg.precision)
+    return forward.logits(
+        runner,
+        enc,
+        pad_id=pad_id,
+        with_types=with_types,
+        max_tokens=forward.default_batch_tokens(runner.device),
+        max_rows=cfg.eval_batch_size,
+        width=model.cfg.hidden,
+    )
+
+
+def fit_head(model: Any, enc: Encoded, cfg: FinetuneConfig, pad_id: int, with_types: bool) -> None:
+    """Fit ``model.classifier`` as a multinomial logistic regression (L2, C = ``L2_C``, no intercept) on the
+    unit-length pooled vectors of the labelled ``enc``: mean cross-entropy + |W|^2 / (2 C n), minimised by L-BFGS
+    in float64. The classifier reads the raw pooled vector ``x``, so it gets W / m (m: the training vectors' mean
+    length): its logits are the regression's times |x| / m, which keeps every prediction (a positive scale) and
+    the probabilities' calibration on average. (On unit vectors the regression is the stronger one: K=16 SST-2
+    from all-MiniLM-L6-v2, 5 splits, 66.5% mean accuracy vs 63.6% on raw vectors with an intercept.)"""
+    import torch
+    import torch.nn.functional as F
+
+    assert enc.labels is not None
+    raw = torch.from_numpy(pooled_vectors(model, enc, cfg, pad_id, with_types)).double()
+    length = raw.norm(dim=1, keepdim=True).clamp_min(1e-12)
+    x, y = raw / length, torch.from_numpy(np.asarray(enc.labels)).long()
+    n, classes = len(y), model.classifier.out_features
+    weight = torch.zeros(classes, x.shape[1], dtype=torch.float64, requires_grad=True)
+    opt = torch.optim.LBFGS(
+        [weight], lr=1.0, max_iter=500, tolerance_grad=1e-7, tolerance_change=1e-10, line_search_fn="strong_wolfe"
+    )
+
+    def closure() -> torch.Tensor:
+        opt.zero_grad()
+        loss = F.cross_entropy(x @ weight.T, y) + (weight**2).sum() / (2 * L2_C * n)
+        loss.backward()
+        return loss
+
+    opt.step(closure)
+    with torch.no_grad():
+        model.classifier.weight.copy_((weight / length.mean()).to(model.classifier.weight.dtype))
+        model.classifier.bias.zero_()

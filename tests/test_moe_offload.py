@@ -53,6 +53,8 @@ def _one_line(proc: subprocess.CompletedProcess, *needles: str) -> str:
 
 
 def test_offloaded_outputs_equal_resident_and_experts_leave_memory(moe_run: Path, tmp_path: Path) -> None:
+    import torch
+
     import cramkit
     from cramkit.infer import Engine
     from cramkit.model.moe import moe_layers
@@ -66,8 +68,16 @@ def test_offloaded_outputs_equal_resident_and_experts_leave_memory(moe_run: Path
     expert_params = sum(m.w_in.numel() + m.w_out.numel() for m in layers)
     # a model directory too (its weights file found through cramkit-model.json), not only the run's checkpoint
     model_dir = cramkit.load(moe_run).save(tmp_path / "model")
-    for source, cache in ((moe_run, 0), (moe_run, 3), (moe_run, EXPERTS), (model_dir, 1)):
+    for source, cache in ((moe_run, 0), (moe_run, 3), (moe_run, EXPERTS), (model_dir, 0)):
         eng = Engine(source, device="cpu", max_batch_tokens=96, offload_experts=True, expert_cache=cache)
+        if source == model_dir:  # the directory saved again with other experts: the engine keeps the file it read
+            other = cramkit.load(model_dir)
+            with torch.no_grad():
+                for m in moe_layers(other.model):
+                    m.w_in.mul_(2.0)
+            other.save(model_dir)
+            changed = Engine(model_dir, device="cpu", max_batch_tokens=96).embed(TEXTS)
+            assert np.abs(changed - want_vec).max() > 1e-3
         got_vec, got_mask = eng.embed(TEXTS), eng.fill_mask(MASKED, top_k=3)
         np.testing.assert_allclose(got_vec, want_vec, rtol=1e-5, atol=1e-5)
         assert [[[t["id"] for t in m] for m in r] for r in got_mask] == [

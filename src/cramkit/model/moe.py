@@ -26,7 +26,9 @@ experts among E feed-forward networks of the dense block's shape.
 from __future__ import annotations
 
 import math
+import os
 import threading
+import weakref
 from collections import OrderedDict
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -311,6 +313,14 @@ class ExpertStore:
         self.reads = self.hits = 0
         self.lock = threading.Lock()
         self.stream = torch.cuda.Stream(device) if device.type == "cuda" else None
+        # the file as it is now, held open: a model directory saved again over it (a new file renamed into
+        # place) does not change the experts this store serves; read through /proc/self/fd where there is one
+        self._fd: int | None = None
+        self.path = str(file) if file is not None else ""
+        if file is not None and os.path.isdir("/proc/self/fd"):
+            self._fd = os.open(file, os.O_RDONLY)
+            self.path = f"/proc/self/fd/{self._fd}"
+            weakref.finalize(self, os.close, self._fd)  # closed with the store (or at exit)
 
     def fetch(self, wanted: list[int]) -> dict[int, tuple[Expert, Any]]:
         """Experts ``wanted`` (ids): each with the event its copy records (None: ready now)."""
@@ -341,7 +351,7 @@ class ExpertStore:
         from safetensors import safe_open
 
         out: dict[int, tuple[Expert, Any]] = {}
-        with safe_open(str(self.file), framework="pt", device="cpu") as f:
+        with safe_open(self.path, framework="pt", device="cpu") as f:
             slices = {name: f.get_slice(key) for name, key in self.keys.items()}
             for i in ids:
                 parts = [slices[name][i] if name in slices else None for name in EXPERT_PARAMS]

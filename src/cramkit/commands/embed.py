@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 
+from cramkit.commands.predict import add_offload_args
 from cramkit.commands.reading import add_reading_args
 
 
@@ -82,6 +83,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "else 2048 on a CPU, 16384 on CUDA)",
     )
     p.add_argument("--block", type=int, default=1024, help="rows embedded between progress commits")
+    add_offload_args(p)
     p.set_defaults(func=run)
 
 
@@ -121,6 +123,8 @@ def run(args: argparse.Namespace) -> int:
         shard=args.shard,
         prompt_name=args.prompt_name,
         dimensions=args.dimensions,
+        offload_experts=args.offload_experts,
+        expert_cache=args.expert_cache,
     )
     from cramkit.index.embedding import dist_info
 

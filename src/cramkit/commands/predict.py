@@ -55,8 +55,27 @@ def register(sub: argparse._SubParsersAction) -> None:
         "else 2048 on a CPU, 16384 on CUDA)",
     )
     p.add_argument("--max-length", type=int, default=None, help="cut inputs to this many tokens (default: the model's)")
+    add_offload_args(p)
     add_reading_args(p, doc_split=False, text_field=False)
     p.set_defaults(func=run)
+
+
+def add_offload_args(p: argparse.ArgumentParser) -> None:
+    """--offload-experts and --expert-cache (predict, embed, serve): a mixture-of-experts model's experts read
+    as the router picks them instead of all resident (``cramkit.infer.Engine``'s ``offload_experts``)."""
+    p.add_argument(
+        "--offload-experts",
+        action="store_true",
+        help="mixture-of-experts model: keep the experts out of memory and bring in only those each batch's router "
+        "picks (CPU: read from the model's safetensors file, memory-mapped; CUDA: copied from host memory)",
+    )
+    p.add_argument(
+        "--expert-cache",
+        default=None,
+        metavar="N",
+        help="with --offload-experts: experts kept resident per MoE layer, least recently used leaving first "
+        "(default 0)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -82,6 +101,8 @@ def run(args: argparse.Namespace) -> int:
         task=args.task,
         base=args.base,
         choices=_columns_list(args.choices, "--choices"),
+        offload_experts=args.offload_experts,
+        expert_cache=args.expert_cache,
         **reading_kwargs(args),
     )
     line = f"predicted {res['rows']} rows in {res['seconds']:.2f}s ({res['examples_per_s']:,.1f} examples/s)"

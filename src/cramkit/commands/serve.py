@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import os
 
+from cramkit.commands.predict import add_offload_args
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
@@ -32,6 +34,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         default=None,
         help="padded tokens per forward pass (default: 2048 on a CPU, 16384 on CUDA)",
     )
+    add_offload_args(p)
     p.add_argument("--max-wait-ms", type=float, default=5.0, help="how long a batch waits for more requests")
     p.add_argument("--max-length", type=int, default=None, help="cut inputs to this many tokens")
     p.add_argument("--max-inputs", type=int, default=1024, help="inputs per request (default 1024)")
@@ -107,5 +110,7 @@ def run(args: argparse.Namespace) -> int:
         index=args.index,
         threads=args.threads,
         base=args.base,
+        offload_experts=args.offload_experts,
+        expert_cache=args.expert_cache,
     )
     return 0

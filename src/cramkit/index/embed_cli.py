@@ -95,6 +95,8 @@ def embed_source(
     shard: str | tuple[int, int] | None = None,
     prompt_name: str | None = None,
     dimensions: int | None = None,
+    offload_experts: bool = False,
+    expert_cache: int | None = None,
 ) -> dict[str, Any] | None:
     """Embed ``source`` into ``out`` (resuming an unfinished run of the same job); the ``embed.json`` record.
 
@@ -103,12 +105,15 @@ def embed_source(
     N (every shard given the same ``out``); the record then says which parts are still ``waiting``.
     prompt_name: one of the model's named prompts put before each text (default: its default prompt, if any).
     dimensions: the vectors cut to that many leading dimensions, renormalised (one of a Matryoshka model's, as
-    ``Engine.embed``; any other size is one line naming them)."""
+    ``Engine.embed``; any other size is one line naming them). offload_experts, expert_cache: a mixture-of-experts
+    model's experts brought in as its routers pick them (:class:`~cramkit.infer.Engine`)."""
     from cramkit.index.core import load_encoder
     from cramkit.infer import Engine
+    from cramkit.infer.engine import check_expert_cache
     from cramkit.load import check_source
 
     check_source(str(model))
+    check_expert_cache(expert_cache, offload_experts)
     if format not in ("npy", "parquet"):
         raise CramkitError(f"--format {format!r}: use npy or parquet")
     if shard is not None and format != "parquet":
@@ -128,7 +133,13 @@ def embed_source(
         loaded = load_encoder(model)
         pooling = pooling or loaded.pooling
         normalize = loaded.normalize if normalize is None else normalize
-        engine = Engine(loaded, device=device, max_batch_tokens=max_batch_tokens)
+        engine = Engine(
+            loaded,
+            device=device,
+            max_batch_tokens=max_batch_tokens,
+            offload_experts=offload_experts,
+            expert_cache=expert_cache,
+        )
         prompt = engine.prompt_text(prompt_name)  # an unknown name: one line, before any reading
         dims = engine.check_dimensions(dimensions)  # None: the whole vector
         texts, ids, docs, what = read_inputs(

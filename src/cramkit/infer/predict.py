@@ -147,6 +147,8 @@ def predict(
     errors: str = "strict",
     task: str | None = None,
     base: str | os.PathLike | None = None,
+    offload_experts: bool = False,
+    expert_cache: int | None = None,
 ) -> dict[str, Any]:
     """Predict every row of ``input_file`` with ``model`` (anything ``cramkit.load`` opens, exports included,
     or an opened model); write them to ``out`` (.jsonl, .csv or .tsv); return a summary (rows, examples/s,
@@ -158,10 +160,14 @@ def predict(
     row is predicted. keep_text: copy each row's input text(s) into its prediction. task: the head of a model
     trained on a mixture (one head per task). choices: a multiple-choice model's choice columns (default:
     those it was trained on, else ``choices``); its context column defaults to the one it was trained on too.
-    base: the base model of a deep-prompt directory (finetune --method ptuning)."""
+    base: the base model of a deep-prompt directory (finetune --method ptuning). offload_experts, expert_cache:
+    a mixture-of-experts model's experts brought in as its routers pick them (:class:`~cramkit.infer.Engine`)."""
     from cramkit.infer import Engine
     from cramkit.infer.backends import ExportedModel
+    from cramkit.infer.engine import check_expert_cache
     from cramkit.io import check_out_file
+
+    check_expert_cache(expert_cache, offload_experts)  # a bad value: one line before anything is read
     from cramkit.load import LoadedModel, for_task, is_export, load
 
     if out is not None:
@@ -173,7 +179,15 @@ def predict(
     if isinstance(model, LoadedModel):
         model = for_task(model, task)
     given = label not in ("auto", None)
-    engine = Engine(model, backend=backend, device=device, max_batch_tokens=max_batch_tokens, max_length=max_length)
+    engine = Engine(
+        model,
+        backend=backend,
+        device=device,
+        max_batch_tokens=max_batch_tokens,
+        max_length=max_length,
+        offload_experts=offload_experts,
+        expert_cache=expert_cache,
+    )
     trained = _trained_columns(engine)
     if label == "auto":
         label = trained.get("label") or "label"

@@ -12,6 +12,11 @@ experts among E feed-forward networks of the dense block's shape.
   [E, C, hidden] buffer, filled and read back by gathers (tokens sorted by expert; no loop over tokens).
 - Inference (``eval()``) and ``capacity`` = 0: nothing is dropped; the tokens, sorted by expert, run through
   each expert's slice (a loop over the E experts, whose counts the host reads once per layer).
+- Offloaded inference (:func:`offload_experts`, InfMoE's idea): the stacked expert weights leave the module for
+  an :class:`ExpertStore`, which brings in only the experts the router picked for the current pass: on a CPU read
+  from the model's safetensors file (memory-mapped, per expert), on CUDA copied from pinned host memory on a
+  side stream (each expert's copy overlapping the previous experts' compute); an LRU of ``cache`` experts per
+  layer stays resident. The outputs are the resident model's (the same experts run on the same rows).
 - :class:`MoEStats` of the last forward: the load-balancing loss (Switch: ``E * sum_e f_e * P_e``, 1 when
   balanced), the router z-loss (ST-MoE: mean squared logsumexp of the logits), the fraction of assignments
   dropped and the busiest expert's load over the mean (1 = balanced, E = all on one). The training objective
@@ -21,7 +26,12 @@ experts among E feed-forward networks of the dense block's shape.
 from __future__ import annotations
 
 import math
-from typing import NamedTuple
+import os
+import threading
+import weakref
+from collections import OrderedDict
+from pathlib import Path
+from typing import Any, NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -70,6 +80,7 @@ class MoE(nn.Module):
         self.b_in = nn.Parameter(torch.zeros(experts, intermediate)) if bias else None
         self.b_out = nn.Parameter(torch.zeros(experts, hidden)) if bias else None
         self.stats: MoEStats | None = None
+        self.store: ExpertStore | None = None  # offloaded inference: the experts live there (offload_experts)
         # expert parallelism (``cramkit.train.parallel.apply_ep``): this rank holds experts
         # [ep_rank * E / ep_size, (ep_rank + 1) * E / ep_size) of the stacked weights (DTensor shards) and the
         # tokens of every rank routed to them are exchanged by all-to-all; None = every expert here
@@ -112,6 +123,8 @@ class MoE(nn.Module):
         starts = counts.cumsum(0) - counts
         if self.ep_group is not None:
             y, dropped = self._expert_parallel(x, expert, counts, order, starts, gates)
+        elif self.store is not None:  # offloaded inference: only the picked experts are brought in
+            y, dropped = self._all(x, counts, order, gates), logits.new_zeros(())
         elif self.training and self.capacity > 0:
             y, dropped = self._capacity(x, expert, counts, order, starts, gates)
         elif torch.compiler.is_exporting():  # a static graph (ONNX): every expert on every token, weighted
@@ -245,16 +258,180 @@ class MoE(nn.Module):
         rows = x[order % tokens]
         outs = []
         start = 0
-        for i, count in enumerate(counts.tolist()):
+        sizes = counts.tolist()
+        store = self.store
+        fetched = store.fetch([i for i, c in enumerate(sizes) if c]) if store is not None else {}
+        for i, count in enumerate(sizes):
+            if store is not None:
+                if not count:  # an expert no token picked is not brought in (it would add no row)
+                    continue
+                w_in, w_out, b_in, b_out = store.ready(fetched.pop(i))
+            else:
+                w_in, w_out = self.w_in[i], self.w_out[i]
+                b_in = None if self.b_in is None else self.b_in[i]
+                b_out = None if self.b_out is None else self.b_out[i]
             part = rows[start : start + count]
-            h = F.linear(part, self.w_in[i], None if self.b_in is None else self.b_in[i])
-            outs.append(F.linear(self._ffn(h), self.w_out[i], None if self.b_out is None else self.b_out[i]))
+            h = F.linear(part, w_in, b_in)
+            outs.append(F.linear(self._ffn(h), w_out, b_out))
             start += count
         sorted_out = torch.cat(outs)
         out = torch.empty_like(sorted_out)
         out[order] = sorted_out
         picked = out.view(self.top_k, tokens, hidden)
         return (picked * gates.t()[..., None].to(picked.dtype)).sum(0)
+
+
+# ------------------------------------------------------------------------------------ offloaded experts
+
+EXPERT_PARAMS = ("w_in", "w_out", "b_in", "b_out")
+Expert = tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None]
+
+
+class ExpertStore:
+    """One MoE layer's experts held outside the module; :meth:`fetch` brings in the experts a pass needs.
+
+    file: the safetensors file holding the stacked weights under ``keys`` (param name -> key), read per expert
+    through ``safe_open`` (a memory map: only the picked experts' pages are read, and the map is released once
+    the pass has used them); or ``host``: the stacked weights in (pinned) host memory, copied to ``device``
+    on a side stream. ``cache``: how many experts stay resident (least recently used leaves first; 0: none,
+    each pass brings in what it needs). ``reads`` and ``hits`` count the experts brought in and found resident.
+    """
+
+    def __init__(
+        self,
+        *,
+        experts: int,
+        device: torch.device,
+        cache: int,
+        file: Path | None = None,
+        keys: dict[str, str] | None = None,
+        host: dict[str, torch.Tensor] | None = None,
+    ) -> None:
+        self.experts, self.device, self.cache = experts, device, cache
+        self.file, self.keys, self.host = file, keys or {}, host or {}
+        self.resident: OrderedDict[int, tuple[Expert, Any]] = OrderedDict()
+        self.reads = self.hits = 0
+        self.lock = threading.Lock()
+        self.stream = torch.cuda.Stream(device) if device.type == "cuda" else None
+        # the file as it is now, held open: a model directory saved again over it (a new file renamed into
+        # place) does not change the experts this store serves; read through /proc/self/fd where there is one
+        self._fd: int | None = None
+        self.path = str(file) if file is not None else ""
+        if file is not None and os.path.isdir("/proc/self/fd"):
+            self._fd = os.open(file, os.O_RDONLY)
+            self.path = f"/proc/self/fd/{self._fd}"
+            weakref.finalize(self, os.close, self._fd)  # closed with the store (or at exit)
+
+    def fetch(self, wanted: list[int]) -> dict[int, tuple[Expert, Any]]:
+        """Experts ``wanted`` (ids): each with the event its copy records (None: ready now)."""
+        with self.lock:
+            out: dict[int, tuple[Expert, Any]] = {}
+            missing = []
+            for i in wanted:
+                if i in self.resident:
+                    self.resident.move_to_end(i)
+                    out[i] = self.resident[i]
+                    self.hits += 1
+                else:
+                    missing.append(i)
+            self.reads += len(missing)
+            if missing:
+                got = self._read(missing) if self.file is not None else self._copy(missing)
+                for i, entry in got.items():
+                    out[i] = entry
+                    if self.cache > 0:
+                        self.resident[i] = entry
+                        while len(self.resident) > self.cache:
+                            self.resident.popitem(last=False)
+            return out
+
+    def _read(self, ids: list[int]) -> dict[int, tuple[Expert, Any]]:
+        """From the memory-mapped file: zero-copy views of the map for this pass (a copy for the cache, so
+        that a resident expert does not keep the map alive)."""
+        from safetensors import safe_open
+
+        out: dict[int, tuple[Expert, Any]] = {}
+        with safe_open(self.path, framework="pt", device="cpu") as f:
+            slices = {name: f.get_slice(key) for name, key in self.keys.items()}
+            for i in ids:
+                parts = [slices[name][i] if name in slices else None for name in EXPERT_PARAMS]
+                if self.cache > 0:
+                    parts = [None if p is None else p.clone() for p in parts]
+                if self.device.type != "cpu":
+                    parts = [None if p is None else p.to(self.device) for p in parts]
+                out[i] = (_expert(parts), None)
+        return out
+
+    def _copy(self, ids: list[int]) -> dict[int, tuple[Expert, Any]]:
+        """From host memory to the device, each expert's copy on the side stream (non-blocking from pinned
+        memory) with an event: the compute waits for an expert only when it reaches it."""
+        out: dict[int, tuple[Expert, Any]] = {}
+        for i in ids:
+            if self.stream is None:
+                parts = [self.host[n][i].to(self.device) if n in self.host else None for n in EXPERT_PARAMS]
+                out[i] = (_expert(parts), None)
+                continue
+            with torch.cuda.stream(self.stream):
+                parts = [
+                    self.host[n][i].to(self.device, non_blocking=True) if n in self.host else None
+                    for n in EXPERT_PARAMS
+                ]
+                event = torch.cuda.Event()
+                event.record(self.stream)
+            out[i] = (_expert(parts), event)
+        return out
+
+    def ready(self, entry: tuple[Expert, Any]) -> Expert:
+        """An expert's weights once its copy is done (the current stream waits for it; the weights are kept
+        from reuse by the side stream's allocator until the current stream is past them)."""
+        weights, event = entry
+        if event is not None:
+            current = torch.cuda.current_stream(self.device)
+            current.wait_event(event)
+            for w in weights:
+                if w is not None:
+                    w.record_stream(current)
+        return weights
+
+
+def _expert(parts: list[torch.Tensor | None]) -> Expert:
+    w_in, w_out, b_in, b_out = parts
+    assert w_in is not None and w_out is not None
+    return w_in, w_out, b_in, b_out
+
+
+def offload_experts(
+    model: nn.Module,
+    *,
+    device: torch.device,
+    cache: int,
+    file: Path | None = None,
+    keys: dict[str, str] | None = None,
+) -> list[MoE]:
+    """Move the experts of ``model``'s MoE layers out of it into one :class:`ExpertStore` each; the modules keep the
+    router and run only the experts each pass picks (inference only). On a CPU ``file`` (a safetensors file)
+    and ``keys`` (the module's parameter name, ``encoder.layers.1.mlp.w_in``, -> its key in the file) are
+    needed: the experts are read from the file's memory map; on CUDA the experts go to pinned host memory.
+    Layers already offloaded are left as they are. Returns the MoE layers."""
+    layers = []
+    for name, module in model.named_modules():
+        if not isinstance(module, MoE):
+            continue
+        layers.append(module)
+        if module.store is not None:
+            continue
+        params = {p: getattr(module, p) for p in EXPERT_PARAMS if getattr(module, p) is not None}
+        if device.type == "cuda":
+            host = {p: w.detach().to("cpu").pin_memory() for p, w in params.items()}
+            store = ExpertStore(experts=module.experts, device=device, cache=cache, host=host)
+        else:
+            assert file is not None and keys is not None
+            mine = {p: keys[f"{name}.{p}"] for p in params}
+            store = ExpertStore(experts=module.experts, device=device, cache=cache, file=file, keys=mine)
+        for p in EXPERT_PARAMS:
+            setattr(module, p, None)  # the resident copy goes: the store holds the experts now
+        module.store = store
+    return layers
 
 
 def _local(t: torch.Tensor | None) -> torch.Tensor | None:

@@ -54,11 +54,14 @@ def build_engines(
     max_length: int | None = None,
     threads: int | None = None,
     base: str | None = None,
+    offload_experts: bool = False,
+    expert_cache: int | None = None,
 ) -> dict[str, Any]:
     """name -> :class:`cramkit.infer.Engine` for each model (``NAME=MODEL`` or ``MODEL``). A model trained
     on a mixture is served once per task, as NAME-TASK (e.g. mix-mrpc), its heads sharing one encoder.
     Deep-prompt directories (finetune --method ptuning) are loaded on ``base``, read once: every task's
-    prefixes share its encoder in memory."""
+    prefixes share its encoder in memory. offload_experts, expert_cache: a mixture-of-experts model's experts
+    brought in as its routers pick them (:class:`~cramkit.infer.Engine`)."""
     from cramkit.infer import Engine
     from cramkit.load import directory_kind, for_task, load, load_directory_architecture, task_heads
 
@@ -84,6 +87,8 @@ def build_engines(
                 max_batch_tokens=max_batch_tokens,
                 max_length=max_length,
                 threads=threads,
+                offload_experts=offload_experts,
+                expert_cache=expert_cache,
             )
     return engines
 
@@ -213,6 +218,8 @@ def serve(
     threads: int | None = None,
     grace_s: float = 30.0,
     base: str | None = None,
+    offload_experts: bool = False,
+    expert_cache: int | None = None,
 ) -> None:
     """Serve ``sources`` over HTTP until SIGINT/SIGTERM (then finish in-flight requests, up to ``grace_s``).
     The same as ``cramkit serve MODEL...``; a bad limit, port or wait is one line before anything is loaded."""
@@ -221,6 +228,9 @@ def serve(
     limits = limits or Limits()
     if max_batch_tokens is not None and max_batch_tokens < 1:
         raise CramkitError(f"--max-batch-tokens must be positive, got {max_batch_tokens}")
+    from cramkit.infer.engine import check_expert_cache
+
+    check_expert_cache(expert_cache, offload_experts)
     limits.check()
     if max_wait_ms < 0:
         raise CramkitError(
@@ -254,6 +264,8 @@ def serve(
         max_length=max_length,
         threads=threads,
         base=base,
+        offload_experts=offload_experts,
+        expert_cache=expert_cache,
     )
     app = create_app(engines, max_wait_ms=max_wait_ms, limits=limits, api_key=api_key, index=idx, index_path=index)
     connections, backlog = connection_limits(limits.max_connections)
@@ -263,7 +275,9 @@ def serve(
     for name, eng in engines.items():
         print(
             f"model {name}: {eng.kind}, {eng.backend} ({eng.runner.precision}) on {eng.device}, "
-            f"max_length {eng.max_length}, {eng.max_batch_tokens} tokens per forward pass <- {eng.source}",
+            f"max_length {eng.max_length}, {eng.max_batch_tokens} tokens per forward pass"
+            + (f", experts offloaded (cache {eng.offload['cache']} per layer)" if eng.offload else "")
+            + f" <- {eng.source}",
             flush=True,
         )
     print(f"serving on http://{host}:{real_port} (OpenAPI docs: /docs; Ctrl-C stops)", flush=True)

@@ -121,3 +121,55 @@ def test_setfit_bad_input_is_one_line(tiny_run: Path, sst2_files, tmp_path: Path
     proc = _setfit(str(tiny_run), sst2_files, out, *args)
     assert proc.returncode == 2 and needle in proc.stderr, proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1 and not (out / "model.safetensors").exists()
+
+
+def test_setfit_killed_midway_resumes_to_the_same_model(tiny_run: Path, sst2_files, tmp_path: Path) -> None:
+    """kill -9 after a checkpoint of the body: the same command resumes from it and ends with the model and
+    scores of an uninterrupted run, bit for bit (the pairs and their batches follow from the seed)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    def argv(out: Path) -> list[str]:
+        return [
+            sys.executable,
+            "-m",
+            "cramkit",
+            "finetune",
+            "--from",
+            str(tiny_run),
+            "--train",
+            str(sst2_files[0]),
+            "--dev",
+            str(sst2_files[1]),
+            "--text-a",
+            "sentence",
+            "--method",
+            "setfit",
+            "--out",
+            str(out),
+            "--no-progress",
+            *("--set", "setfit_pairs=10", "--set", "batch_size=8", "--set", "checkpoint_every=20steps"),
+        ]
+
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    killed = tmp_path / "killed"
+    proc = subprocess.Popen(argv(killed), stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+    latest = killed / "seeds" / "seed-0" / "checkpoints" / "latest"
+    deadline = time.time() + 240
+    while time.time() < deadline and proc.poll() is None and not latest.is_file():
+        time.sleep(0.05)
+    assert proc.poll() is None, proc.communicate()[1][-2000:]
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    resumed = subprocess.run(argv(killed), capture_output=True, text=True, env=env, timeout=300)
+    assert resumed.returncode == 0 and "resuming" in resumed.stderr, resumed.stderr[-2000:]
+    straight = subprocess.run(argv(tmp_path / "straight"), capture_output=True, text=True, env=env, timeout=300)
+    assert straight.returncode == 0, straight.stderr[-2000:]
+    a = json.loads((killed / "results.json").read_text())
+    b = json.loads((tmp_path / "straight" / "results.json").read_text())
+    assert a["median"] == b["median"] and a["seeds"][0]["steps"] == b["seeds"][0]["steps"] == 100
+    wa, wb = load_file(str(killed / "model.safetensors")), load_file(str(tmp_path / "straight" / "model.safetensors"))
+    assert wa.keys() == wb.keys() and all(np.array_equal(wa[k], wb[k]) for k in wa)

@@ -45,8 +45,8 @@ def sst2_files(glue_dir: Path, tmp_path_factory) -> tuple[Path, Path]:
     return root / "train.tsv", root / "dev.tsv"
 
 
-def _setfit(source: str, files: tuple[Path, Path], out: Path, *args: str):
-    return cli(
+def _args(source: str, files: tuple[Path, Path], out: Path, *args: str) -> list[str]:
+    return [
         "finetune",
         "--from",
         source,
@@ -62,7 +62,11 @@ def _setfit(source: str, files: tuple[Path, Path], out: Path, *args: str):
         str(out),
         "--no-progress",
         *args,
-    )
+    ]
+
+
+def _setfit(source: str, files: tuple[Path, Path], out: Path, *args: str):
+    return cli(*_args(source, files, out, *args))
 
 
 def test_setfit_trains_the_body_on_pairs_and_fits_a_head_that_predict_and_load_agree_with(
@@ -133,26 +137,8 @@ def test_setfit_killed_midway_resumes_to_the_same_model(tiny_run: Path, sst2_fil
     import time
 
     def argv(out: Path) -> list[str]:
-        return [
-            sys.executable,
-            "-m",
-            "cramkit",
-            "finetune",
-            "--from",
-            str(tiny_run),
-            "--train",
-            str(sst2_files[0]),
-            "--dev",
-            str(sst2_files[1]),
-            "--text-a",
-            "sentence",
-            "--method",
-            "setfit",
-            "--out",
-            str(out),
-            "--no-progress",
-            *("--set", "setfit_pairs=10", "--set", "batch_size=8", "--set", "checkpoint_every=20steps"),
-        ]
+        settings = ("--set", "setfit_pairs=10", "--set", "batch_size=8", "--set", "checkpoint_every=20steps")
+        return [sys.executable, "-m", "cramkit", *_args(str(tiny_run), sst2_files, out, *settings)]
 
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     killed = tmp_path / "killed"

@@ -397,8 +397,14 @@ class ClassifierObjective(ExampleObjective):
     def train_loader(self, micro: int, *, rank: int = 0, world: int = 1) -> BatchLoader:
         import torch
 
+        return self.batches(self.train, {"labels": torch.from_numpy(self.train.labels)}, micro, rank, world)
+
+    def batches(
+        self, enc: Encoded | EncodedChoices, columns: dict[str, Any], micro: int, rank: int, world: int
+    ) -> BatchLoader:
+        """Length-bucketed batches of ``enc`` by (seed, epoch), with ``columns`` (labels, targets) per example."""
         return BatchLoader(
-            self.train,
+            enc,
             self.cfg.batch_size,
             micro,
             rank,
@@ -407,7 +413,7 @@ class ClassifierObjective(ExampleObjective):
             chunk=self.cfg.bucket_chunk,
             pad_id=self.loaded.pad_id,
             with_types=self.loaded.with_types,
-            columns={"labels": torch.from_numpy(self.train.labels)},
+            columns=columns,
         )
 
     def loss(self, model, batch: dict, device):
@@ -509,18 +515,7 @@ class SetFitObjective(ClassifierObjective):
         import torch
 
         assert self.pairs.labels is not None  # make_pairs gives every pair its target
-        return BatchLoader(
-            self.pairs,
-            self.cfg.batch_size,
-            micro,
-            rank,
-            world,
-            seed=self.seed,
-            chunk=self.cfg.bucket_chunk,
-            pad_id=self.loaded.pad_id,
-            with_types=self.loaded.with_types,
-            columns={"targets": torch.from_numpy(self.pairs.labels)},
-        )
+        return self.batches(self.pairs, {"targets": torch.from_numpy(self.pairs.labels)}, micro, rank, world)
 
     def loss(self, model, batch: dict, device):
         import torch.nn.functional as F
@@ -535,10 +530,12 @@ class SetFitObjective(ClassifierObjective):
         return loss + 0.0 * logits.sum()  # the head takes part in every step (DDP expects every parameter's grad)
 
     def evaluate(self, model, ctx, precision: str) -> dict[str, float] | None:
-        from cramkit.recipes.setfit import fit_head
+        from cramkit.recipes.setfit import fit_head, pooled_view
 
         plain = getattr(model, "module", model)
-        fit_head(plain, self.examples, self.cfg, self.loaded.pad_id, self.loaded.with_types)
+        device, loaded = next(plain.parameters()).device, self.loaded
+        vectors = predict(pooled_view(plain), self.examples, self.cfg, device, loaded.pad_id, loaded.with_types)
+        fit_head(plain, vectors, cast(np.ndarray, self.examples.labels))
         return super().evaluate(model, ctx, precision)
 
 

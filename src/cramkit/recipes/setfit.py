@@ -112,47 +112,36 @@ def classifier_class() -> Any:
     return PairClassifier
 
 
-def pooled_vectors(model: Any, enc: Encoded, cfg: FinetuneConfig, pad_id: int, with_types: bool) -> np.ndarray:
-    """The classifier's input (the pooled output) for every example of ``enc``, float32 [n, hidden]."""
+def pooled_view(model: Any) -> Any:
+    """``model`` (a SequenceClassifier) seen as a "classifier" whose outputs are its pooled vectors, the
+    classifier's input ([n, hidden] float32; ``recipes.finetune.predict`` runs it in the passes of any model)."""
     import torch
-
-    from cramkit.model import forward
 
     class Pooled(torch.nn.Module):
         def __init__(self, inner: Any) -> None:
             super().__init__()
-            self.inner = inner
+            self.inner, self.num_labels = inner, inner.cfg.hidden
 
         def forward(self, ids, mask=None, types=None):
             return None, self.inner.pool(self.inner.encoder(ids, mask, types), mask).float()
 
-    device = next(model.parameters()).device
-    runner = forward.TorchRunner(Pooled(model), device, cfg.precision)
-    return forward.logits(
-        runner,
-        enc,
-        pad_id=pad_id,
-        with_types=with_types,
-        max_tokens=forward.default_batch_tokens(runner.device),
-        max_rows=cfg.eval_batch_size,
-        width=model.cfg.hidden,
-    )
+    return Pooled(model)
 
 
-def fit_head(model: Any, enc: Encoded, cfg: FinetuneConfig, pad_id: int, with_types: bool) -> None:
+def fit_head(model: Any, vectors: np.ndarray, labels: np.ndarray) -> None:
     """Fit ``model.classifier`` as a multinomial logistic regression (L2, C = ``L2_C``, no intercept) on the
-    unit-length pooled vectors of the labelled ``enc``: mean cross-entropy + |W|^2 / (2 C n), minimised by L-BFGS
-    in float64. The classifier reads the raw pooled vector ``x``, so it gets W / m (m: the training vectors' mean
-    length): its logits are the regression's times |x| / m, which keeps every prediction (a positive scale) and
-    the probabilities' calibration on average. (On unit vectors the regression is the stronger one: K=16 SST-2
-    from all-MiniLM-L6-v2, 5 splits, 66.5% mean accuracy vs 63.6% on raw vectors with an intercept.)"""
+    unit-length ``vectors`` (the pooled outputs of the labelled rows, :func:`pooled_view`) and their ``labels``:
+    mean cross-entropy + |W|^2 / (2 C n), minimised by L-BFGS in float64. The classifier reads the raw pooled
+    vector ``x``, so it gets W / m (m: the training vectors' mean length): its logits are the regression's times
+    |x| / m, which keeps every prediction (a positive scale) and the probabilities' calibration on average. (On
+    unit vectors the regression is the stronger one: K=16 SST-2 from all-MiniLM-L6-v2, 5 splits, 66.5% mean
+    accuracy vs 63.6% on raw vectors with an intercept.)"""
     import torch
     import torch.nn.functional as F
 
-    assert enc.labels is not None
-    raw = torch.from_numpy(pooled_vectors(model, enc, cfg, pad_id, with_types)).double()
+    raw = torch.from_numpy(np.asarray(vectors)).double()
     length = raw.norm(dim=1, keepdim=True).clamp_min(1e-12)
-    x, y = raw / length, torch.from_numpy(np.asarray(enc.labels)).long()
+    x, y = raw / length, torch.from_numpy(np.asarray(labels)).long()
     n, classes = len(y), model.classifier.out_features
     weight = torch.zeros(classes, x.shape[1], dtype=torch.float64, requires_grad=True)
     opt = torch.optim.LBFGS(

@@ -118,6 +118,7 @@ def test_minilm_without_an_mlm_head_takes_setfit_where_a_prompt_is_refused(
         (("--regression",), "needs a classification task"),
         (("--prompt", "{sentence} It was [MASK] ."), "not method=setfit"),
         (("--set", "setfit_pairs=0"), "setfit_pairs and setfit_lr must be positive"),
+        (("--prefix-len", "8"), "give it with --method ptuning"),
     ],
 )
 def test_setfit_bad_input_is_one_line(tiny_run: Path, sst2_files, tmp_path: Path, args, needle) -> None:

@@ -358,6 +358,8 @@ def _config(args: argparse.Namespace):
     for flag in ("method", "prefix_len"):
         if getattr(args, flag, None) is not None:
             overrides[flag] = getattr(args, flag)
+    if getattr(args, "prefix_len", None) is not None and overrides.get("method", base.get("method")) != "ptuning":
+        raise CramkitError("--prefix-len sizes deep prompts: give it with --method ptuning")
     if args.seeds:
         try:
             overrides["seeds"] = [int(s) for s in args.seeds.split(",") if s.strip()]

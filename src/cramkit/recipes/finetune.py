@@ -61,7 +61,7 @@ def auto_lr(cfg: FinetuneConfig, hidden: int | None) -> float:
     if cfg.method == "setfit":
         from cramkit.recipes.setfit import body_lr
 
-        return body_lr(cfg, hidden)
+        return body_lr(cfg.setfit_lr, hidden)
     if cfg.lr != "auto":
         return float(cfg.lr)
     width = 384 if hidden is None else int(hidden)
@@ -618,7 +618,7 @@ def train_one_seed(
     if cfg.method == "setfit":
         from cramkit.recipes import setfit
 
-        kind, steps = SetFitObjective, setfit.steps(cfg, len(train))
+        kind, steps = SetFitObjective, setfit.steps(cfg.setfit_pairs, len(train), cfg.batch_size)
     objective = kind(loaded, train, num_labels, cfg, seed, desc, resume_hint, multilabel, multiple_choice, prompt)
     objective.dev = dev
     if run is not None:

@@ -20,24 +20,21 @@ head``'s: ``predict``, ``serve``, ``export`` and ``cramkit.load`` read it as the
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from cramkit.data.batching import Encoded, EncodedChoices
 from cramkit.errors import CramkitError
 
-if TYPE_CHECKING:
-    from cramkit.recipes.finetune import FinetuneConfig
-
 L2_C = 1.0  # the head's inverse regularisation strength (scikit-learn's LogisticRegression default)
 
 
-def body_lr(cfg: FinetuneConfig, hidden: int | None) -> float:
-    """The encoder's learning rate: ``cfg.setfit_lr``, or for "auto" SetFit's 2e-5 from width 384 up and 1e-3
-    below (the contrastive stage's rule: a narrow model barely moves at 2e-5)."""
-    if cfg.setfit_lr != "auto":
-        return float(cfg.setfit_lr)
+def body_lr(setting: float | str, hidden: int | None) -> float:
+    """The encoder's learning rate: ``setting`` (finetune's ``setfit_lr``), or for "auto" SetFit's 2e-5 from
+    width 384 up and 1e-3 below (the contrastive stage's rule: a narrow model barely moves at 2e-5)."""
+    if setting != "auto":
+        return float(setting)
     return 2e-5 if (hidden or 384) >= 384 else 1e-3
 
 
@@ -89,9 +86,10 @@ def pair_rows(train: Encoded, pairs: np.ndarray, targets: np.ndarray) -> Encoded
     )
 
 
-def steps(cfg: FinetuneConfig, examples: int) -> int:
-    """Optimizer steps of the body: one pass over its pairs, ``batch_size`` pairs a step."""
-    return math.ceil(2 * cfg.setfit_pairs * examples / cfg.batch_size)
+def steps(pairs_per_example: int, examples: int, batch_size: int) -> int:
+    """Optimizer steps of the body: one pass over its pairs (2 x ``pairs_per_example`` per row), ``batch_size``
+    pairs a step."""
+    return math.ceil(2 * pairs_per_example * examples / batch_size)
 
 
 def classifier_class() -> Any:

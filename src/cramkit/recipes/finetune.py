@@ -497,7 +497,6 @@ class SetFitObjective(ClassifierObjective):
 
         super().__init__(*args, **kwargs)
         assert self.train.labels is not None and isinstance(self.train, Encoded)  # checked by the caller
-        self.examples = self.train
         pairs, targets = setfit.make_pairs(self.train.labels, self.cfg.setfit_pairs, self.seed)
         self.pairs = setfit.pair_rows(self.train, pairs, targets)
         self.title = f"{self.title} (setfit, {len(pairs):,} pairs)"
@@ -534,8 +533,8 @@ class SetFitObjective(ClassifierObjective):
 
         plain = getattr(model, "module", model)
         device, loaded = next(plain.parameters()).device, self.loaded
-        vectors = predict(pooled_view(plain), self.examples, self.cfg, device, loaded.pad_id, loaded.with_types)
-        fit_head(plain, vectors, cast(np.ndarray, self.examples.labels))
+        vectors = predict(pooled_view(plain), self.train, self.cfg, device, loaded.pad_id, loaded.with_types)
+        fit_head(plain, vectors, cast(np.ndarray, self.train.labels))
         return super().evaluate(model, ctx, precision)
 
 

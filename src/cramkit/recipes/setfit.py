@@ -111,8 +111,8 @@ def classifier_class() -> Any:
 
 
 def pooled_view(model: Any) -> Any:
-    """``model`` (a SequenceClassifier) seen as a "classifier" whose outputs are its pooled vectors, the
-    classifier's input ([n, hidden] float32; ``recipes.finetune.predict`` runs it in the passes of any model)."""
+    """``model`` (a :func:`classifier_class` model) seen as a "classifier" whose outputs are its pooled vectors,
+    the classifier's input ([n, hidden] float32; ``recipes.finetune.predict`` runs it in the passes of any model)."""
     import torch
 
     class Pooled(torch.nn.Module):
@@ -121,7 +121,7 @@ def pooled_view(model: Any) -> Any:
             self.inner, self.num_labels = inner, inner.cfg.hidden
 
         def forward(self, ids, mask=None, types=None):
-            return None, self.inner.pool(self.inner.encoder(ids, mask, types), mask).float()
+            return None, self.inner(ids, mask, types, embed=True)[0].float()
 
     return Pooled(model)
 

@@ -6,10 +6,12 @@
 Each run trains the same model on the same synthetic global batches (``--micro-batches`` micro-batches of
 ``--micro`` sequences of 128 tokens) through the trainer's own paths: one process (``forward_backward``, as
 ``cramkit pretrain``), and P processes of one thread each through ``cramkit.train.pipeline.Pipeline`` with the
-GPipe and 1F1B schedules. Reported per configuration: the mean optimizer-step time after warm-up, its ratio to
-one process with one thread (the baseline, measured in the same invocation), the idle fraction
-1 - T1 / (P * Tpp) (the share of the P processes' time not spent on the one-process work: bubble plus
-communication), and the schedule's theoretical bubble (P - 1) / (M + P - 1).
+GPipe, 1F1B and interleaved 1F1B schedules (interleaved: 2 stages per process, so the 4 blocks make 4 stages
+of one block). Reported per configuration: the mean optimizer-step time after warm-up, its ratio to one process
+with one thread (the baseline, measured in the same invocation), the idle fraction 1 - T1 / (P * Tpp) (the
+share of the P processes' time not spent on the one-process work: bubble plus communication), and the
+schedule's theoretical bubble, (P - 1) / (M + P - 1), or with V stages per process
+((P - 1) / V) / (M + (P - 1) / V) (Narayanan et al. 2021).
 """
 
 from __future__ import annotations
@@ -103,6 +105,7 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--schedule", default="1f1b")
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--schedules", default="gpipe,1f1b,interleaved", help="the pipelined runs, comma-separated")
     args = ap.parse_args()
     if args.what == "worker":
         return worker(args)
@@ -120,13 +123,14 @@ def main() -> None:
         two = run(1, "1f1b", args, threads=p)
         print(f"| {m} | 1 process, 1 thread (baseline) | {base['step_s']:.3f} | 1.00 | - | - |")
         print(f"| {m} | 1 process, {p} threads | {two['step_s']:.3f} | {two['step_s'] / base['step_s']:.2f} | - | - |")
-        for schedule in ("gpipe", "1f1b"):
+        for schedule in args.schedules.split(","):
             r = run(p, schedule, args)
             drift = max(abs(a - b) for a, b in zip(r["losses"], base["losses"], strict=True))
             idle = 1 - base["step_s"] / (p * r["step_s"])
+            bubble = (p - 1) / (2 if schedule == "interleaved" else 1)
             print(
                 f"| {m} | {p} processes, pp={p}, {schedule} | {r['step_s']:.3f} | {r['step_s'] / base['step_s']:.2f} "
-                f"| {idle:.2f} | {(p - 1) / (m + p - 1):.2f} |"
+                f"| {idle:.2f} | {bubble / (m + bubble):.2f} |"
             )
             assert drift < 1e-4 * max(1.0, abs(base["losses"][0])), f"losses differ from one process by {drift}"
         print(f"load average now {os.getloadavg()[0]:.1f}", file=sys.stderr)

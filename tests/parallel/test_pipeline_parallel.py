@@ -69,6 +69,54 @@ def test_pp2_with_document_masks_follows_one_process(store, tmp_path):  # noqa: 
     _close(val_losses(tmp_path / "pp2"), val_losses(tmp_path / "one"))
 
 
+def test_interleaved_schedule_follows_one_process_and_resumes_on_one(store, tmp_path):  # noqa: F811
+    # four blocks in four stages on two processes (Megatron's interleaving, looped: rank 0 holds stages 0 and
+    # 2, rank 1 stages 1 and 3, the embeddings on the first and the head on the last), each step's 4
+    # micro-batches through torch's interleaved 1F1B schedule: the single-process curve
+    four = ("--set", "model.layers=4")
+    one = pretrain(1, store, tmp_path / "one", *four)
+    run = tmp_path / "inter"
+    _close(pretrain(2, store, run, *four, "--set", "parallel.pp=2", "--set", "parallel.pp_schedule=interleaved"), one)
+    # evaluation goes round the two ranks twice (stage to stage)
+    _close(val_losses(run), val_losses(tmp_path / "one"))
+    # the checkpoint is the whole model: resumed on one process, it continues the single-process curve
+    _rewind(run, 3)
+    cramkit(1, "pretrain", "--resume", str(run), "--set", "parallel.pp=1", "--set", "parallel.pp_schedule=1f1b")
+    _close(losses(run), one)
+
+
+def test_pp2_with_fsdp_follows_one_process(store, reference, tmp_path):  # noqa: F811
+    # FSDP2 inside the pipeline: each stage sharded as a root of its own (its blocks one by one) over the
+    # data-parallel ranks (here one: the DTensor path with its gradient sync, tied copies and clipping)
+    run = tmp_path / "ppfsdp"
+    _close(pretrain(2, store, run, "--set", "parallel.pp=2", "--set", "parallel.strategy=fsdp"), losses(reference))
+    _close(val_losses(run), val_losses(reference))
+    # its checkpoint (DTensor shards) resumes on one process
+    _rewind(run, 3)
+    cramkit(1, "pretrain", "--resume", str(run), "--set", "parallel.pp=1", "--set", "parallel.strategy=ddp")
+    _close(losses(run), losses(reference))
+
+
+@pytest.mark.slow
+def test_pp2_by_tp2_on_four_processes(store, reference, tmp_path):  # noqa: F811
+    # a ("dp", "pp", "tp") mesh of 1 x 2 x 2: each stage's blocks split over two tensor-parallel ranks
+    run = tmp_path / "pptp"
+    _close(pretrain(4, store, run, "--set", "parallel.pp=2", "--set", "parallel.tp=2"), losses(reference))
+    _close(val_losses(run), val_losses(reference))
+
+
+@pytest.mark.slow
+def test_3d_mesh_on_eight_processes(store, reference, tmp_path):  # noqa: F811
+    # dp 2 x pp 2 x tp 2, FSDP2 over the data-parallel ranks: the single-process curve
+    run = tmp_path / "3d"
+    sets = ("--set", "parallel.pp=2", "--set", "parallel.tp=2", "--set", "parallel.strategy=fsdp")
+    _close(pretrain(8, store, run, *sets), losses(reference))
+    # and it resumes on one process
+    _rewind(run, 3)
+    cramkit(1, "pretrain", "--resume", str(run), "--set", "parallel.pp=1", "--set", "parallel.tp=1")
+    _close(losses(run), losses(reference))
+
+
 def test_one_process_checkpoint_resumes_at_pp2(store, reference, tmp_path):  # noqa: F811
     run = tmp_path / "resumed"
     shutil.copytree(reference, run)
@@ -98,8 +146,19 @@ def test_refusals(store, tmp_path):  # noqa: F811
     # pp on one process
     line = _refused(1, store, tmp_path, "parallel.pp=2")
     assert "this is one process" in line and "--nproc 2" in line
-    # pp with tensor parallelism
-    assert "not supported" in _refused(1, store, tmp_path, "parallel.pp=2", "parallel.tp=2")
+    # pp x tp not dividing the processes (a 3-D mesh needs a multiple of pp x tp)
+    line = _refused(2, store, tmp_path, "parallel.pp=2", "parallel.tp=2")
+    assert "must divide the number of processes (2)" in line and "multiple of 4" in line
+    # interleaving: stages per process that do not divide the layers, or that the schedule cannot run
+    line = _refused(2, store, tmp_path, "parallel.pp=2", "parallel.pp_schedule=interleaved")
+    assert "into 4 stages (2 processes x 2 stages each)" in line and "model.layers (2)" in line
+    line = _refused(2, store, tmp_path, "parallel.pp=2", "parallel.pp_virtual=2")
+    assert "needs parallel.pp_schedule=interleaved" in line
+    line = _refused(2, store, tmp_path, "parallel.pp=2", "parallel.pp_schedule=interleaved", "parallel.pp_virtual=1")
+    assert "at least 2 stages per process" in line
+    # pipelining keeps a stage's parameters on its device
+    sets = ("parallel.pp=2", "parallel.strategy=fsdp", "parallel.cpu_offload=true")
+    assert "cpu_offload" in _refused(2, store, tmp_path, *sets)
     # pp not dividing the processes (3 processes, two stages)
     line = _refused(3, store, tmp_path, "parallel.pp=2")
     assert "must divide the number of processes (3)" in line

@@ -165,11 +165,12 @@ def _launch(args: argparse.Namespace) -> int:
 
         cfg = resolve_config(args.preset or "tiny-cpu", args.overrides)
         from cramkit.train.parallel import check_ep
-        from cramkit.train.pipeline import check_pp
+        from cramkit.train.pipeline import check_pp, stages_per_rank
 
         # pipeline and expert-parallel degrees the processes allow
-        check_pp(cfg.model, cfg.parallel.pp, args.nproc * args.nnodes)
-        check_ep(cfg.model, cfg.parallel.ep, args.nproc * args.nnodes)
+        world = args.nproc * args.nnodes
+        check_pp(cfg.model, cfg.parallel.pp, world, virtual=stages_per_rank(cfg.parallel), tp=cfg.parallel.tp)
+        check_ep(cfg.model, cfg.parallel.ep, world)
     out = args.out
     if out is None and args.resume is None and args.nnodes > 1:
         raise CramkitError(

@@ -20,7 +20,7 @@ from cramkit.runtime import Precision
 from cramkit.text.tokenizer import LANGS, MAX_VOCAB_SIZE
 from cramkit.train.budget import parse_budget, parse_every
 from cramkit.train.parallel import ParallelConfig, check_ep, check_tp
-from cramkit.train.pipeline import check_pp
+from cramkit.train.pipeline import check_pp, stages_per_rank
 from cramkit.train.report import report_to_setting, require_trackers
 from cramkit.train.schedule import SCHEDULES
 
@@ -259,7 +259,7 @@ class RunConfig:
 
     def validate(self) -> None:
         check_tp(self.model, self.parallel.tp)
-        check_pp(self.model, self.parallel.pp)
+        check_pp(self.model, self.parallel.pp, virtual=stages_per_rank(self.parallel))
         check_ep(self.model, self.parallel.ep)
 
     def to_dict(self) -> dict[str, Any]:

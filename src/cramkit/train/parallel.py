@@ -57,7 +57,10 @@ class ParallelConfig:
     # pipeline parallelism (train/pipeline.py): the encoder's blocks cut into this many stages, one per rank of a
     # pipeline; data parallelism runs over the world size / pp pipelines; micro-batches scheduled by pp_schedule
     pp: int = 1
-    pp_schedule: Literal["gpipe", "1f1b"] = "1f1b"
+    pp_schedule: Literal["gpipe", "1f1b", "interleaved"] = "1f1b"
+    # stages per process (Megatron's virtual stages, looped: rank r holds stages r, r + pp, ...): 0 = 1, or 2 with
+    # the interleaved schedule (which needs at least 2: a bubble smaller by that factor, more messages)
+    pp_virtual: int = 0
     # expert parallelism: each mixture-of-experts layer's experts split across this many ranks (all of them), the
     # tokens exchanged by all-to-all; the other weights replicated, their gradients averaged as DDP's
     ep: int = 1
@@ -74,9 +77,17 @@ class ParallelConfig:
             )
         if self.pp < 1:
             raise CramkitError(f"parallel.pp must be at least 1 (1 = no pipeline parallelism), got {self.pp}")
-        if self.pp > 1 and self.tp > 1:
+        if self.pp_virtual < 0:
+            raise CramkitError(f"parallel.pp_virtual must be 0 (automatic) or a stage count, got {self.pp_virtual}")
+        if self.pp_virtual > 1 and self.pp_schedule != "interleaved":
             raise CramkitError(
-                f"parallel.pp={self.pp} with parallel.tp={self.tp} (a 3-D mesh) is not supported; use one of them"
+                f"parallel.pp_virtual={self.pp_virtual} (stages per process) needs parallel.pp_schedule=interleaved; "
+                f"the {self.pp_schedule} schedule runs one stage per process"
+            )
+        if self.pp_virtual == 1 and self.pp_schedule == "interleaved":
+            raise CramkitError(
+                "parallel.pp_schedule=interleaved needs at least 2 stages per process (parallel.pp_virtual=2, the "
+                "default); with one use parallel.pp_schedule=1f1b"
             )
         if self.ep < 1:
             raise CramkitError(f"parallel.ep must be at least 1 (1 = no expert parallelism), got {self.ep}")
@@ -85,10 +96,10 @@ class ParallelConfig:
                 f"parallel.ep={self.ep} runs with parallel.strategy=ddp only, without parallel.tp, parallel.pp or "
                 "cpu_offload; drop one of them"
             )
-        if self.pp > 1 and (self.strategy == "fsdp" or self.cpu_offload):
+        if self.pp > 1 and self.cpu_offload:
             raise CramkitError(
-                f"parallel.pp={self.pp} runs its pipelines data-parallel with parallel.strategy=ddp only (FSDP2 "
-                "and cpu_offload are not supported with pipelining); set parallel.strategy=ddp"
+                f"parallel.pp={self.pp} does not work with parallel.cpu_offload (a stage's parameters stay on its "
+                "device); drop one of them"
             )
 
 
@@ -460,10 +471,15 @@ def apply_tp(model: nn.Module, mesh: Any) -> None:
     plain = unwrap(model)
     tp = mesh.size()
     plan: dict[str, Any] = {}
-    word = _find(plain, ("encoder.embeddings.word", "embeddings.word"))
-    plan[word] = RowwiseParallel(input_layouts=Replicate(), output_layouts=Replicate())
-    prefix = word.removesuffix("embeddings.word")
-    for i in range(len(_blocks(plain))):
+    # (a pipeline stage, ``pipeline.prune``, may lack the embeddings and has Identity for others' blocks)
+    encoder = getattr(plain, "encoder", None)
+    staged = isinstance(encoder, nn.Module) and getattr(encoder, "embeddings", True) is None
+    word = None if staged else _find(plain, ("encoder.embeddings.word", "embeddings.word"))
+    if word is not None:
+        plan[word] = RowwiseParallel(input_layouts=Replicate(), output_layouts=Replicate())
+    prefix = "encoder." if hasattr(plain, "encoder") else ""
+    blocks = [(i, b) for i, b in enumerate(_blocks(plain)) if not isinstance(b, nn.Identity)]
+    for i, _ in blocks:
         plan[f"{prefix}layers.{i}.attn.out"] = RowwiseParallel()
         plan[f"{prefix}layers.{i}.mlp.fc_out"] = RowwiseParallel()
     head = getattr(plain, "head", None)
@@ -471,7 +487,7 @@ def apply_tp(model: nn.Module, mesh: Any) -> None:
     if decoder is not None:  # logits stay split over the vocabulary for the loss-parallel cross-entropy
         plan["head.decoder"] = ColwiseParallel(output_layouts=Shard(-1), use_local_output=False)
     parallelize_module(plain, mesh, plan)
-    for block in cast("list[Block]", _blocks(plain)):  # check_tp: a cramkit encoder's blocks (no MoE)
+    for block in cast("list[Block]", [b for _, b in blocks]):  # check_tp: a cramkit encoder's blocks (no MoE)
         mlp = cast("MLP", block.mlp)
         _split_rows(block.attn.qkv, mesh, 3)
         _split_rows(mlp.fc_in, mesh, 2 if mlp.glu else 1)
@@ -480,7 +496,7 @@ def apply_tp(model: nn.Module, mesh: Any) -> None:
         block.mlp.register_forward_pre_hook(_into_tp_region(mesh))
     if decoder is not None:
         assert head is not None  # the decoder is head.decoder
-        if cast("ModelConfig", plain.cfg).tie_embeddings:  # distributed one module at a time: tie the two again
+        if word is not None and cast("ModelConfig", plain.cfg).tie_embeddings:  # tie the two again
             head.decoder.weight = plain.get_submodule(word).weight
         plain.register_forward_hook(_local_loss)
         _enable_loss_parallel()

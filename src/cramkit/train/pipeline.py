@@ -369,8 +369,8 @@ class Pipeline(nn.Module):
             word = self.lm.encoder.embeddings.word.weight
             if word.grad is None:
                 word.grad = torch.zeros_like(word)
-            if isinstance(word, DTensor):  # tensor parallel: the two copies' gradients alike (the embedding's
-                word.grad = word.grad.redistribute(placements=word.placements)  # comes back replicated)
+            if isinstance(word, DTensor) and isinstance(word.grad, DTensor):  # tensor parallel: the two copies'
+                word.grad = word.grad.redistribute(placements=word.placements)  # alike (the embedding's: replicated)
             dist.all_reduce(_local(word.grad), group=g.tied)
 
     def clip_grad_norm(self, max_norm: float) -> torch.Tensor:

@@ -19,7 +19,16 @@ and its children; every step also reports its own VmHWM. Steps:
 - ``merge``: merge into ``lists.ivfdata``, tune, write (``ondisk.merge``).
 - ``query``: recall@10 of both against exact search on the fresh queries; latency of one query at a time
   (median) and queries/s of a batch of 1000, the in-RAM index read into memory against the on-disk one
-  memory-mapped.
+  memory-mapped. ``--skip-ram`` leaves the in-RAM baseline out (at 20M vectors it takes hours).
+- ``autofaiss`` (``--autofaiss PYTHON``, a virtual environment with autofaiss): autofaiss's own build of the
+  same vectors under the same memory budget, tuned by autofaiss for 10 ms a query; recall@10 against the
+  same exact search (``bench/autofaiss_step.py``).
+
+``--cgroup DIR``: the bench runs inside a cgroup v1 memory group (for instance one limited to 4 GiB:
+``mkdir /sys/fs/cgroup/memory/b && echo 4G > /sys/fs/cgroup/memory/b/memory.limit_in_bytes``, then start the
+bench from a shell whose PID is written to ``b/cgroup.procs``); each step then also reports the group's peak
+(``memory.max_usage_in_bytes``: anonymous memory and the page cache of memory-mapped files together, what the
+kernel holds to the limit) and how often the limit made the kernel reclaim (``memory.failcnt``).
 """
 
 from __future__ import annotations
@@ -63,9 +72,9 @@ def _tree(pid: int) -> list[int]:
     return pids
 
 
-def run_step(args: argparse.Namespace, step: str) -> dict:
-    """Run ``step`` in a child process; its JSON result with the sampled peaks (MiB)."""
-    cmd = [sys.executable, __file__, "--step", step, *sys.argv[1:]]
+def run_step(args: argparse.Namespace, step: str, cmd: list[str] | None = None) -> dict:
+    """Run ``step`` in a child process (this script, or ``cmd``); its JSON result with the sampled peaks (MiB)."""
+    cmd = cmd or [sys.executable, __file__, "--step", step, *sys.argv[1:]]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
     peak = {"rss": 0, "anon": 0, "anon_per_process": 0}
     done = threading.Event()
@@ -79,6 +88,10 @@ def run_step(args: argparse.Namespace, step: str) -> dict:
             time.sleep(0.2)
 
     t = threading.Thread(target=sample, daemon=True)
+    cg = Path(args.cgroup) if args.cgroup else None
+    if cg:  # the group's peak, page cache of memory-mapped files included, counted from here
+        (cg / "memory.max_usage_in_bytes").write_text("0")
+        fails = int((cg / "memory.failcnt").read_text())
     t0 = time.perf_counter()
     t.start()
     out, _ = proc.communicate()
@@ -91,6 +104,9 @@ def run_step(args: argparse.Namespace, step: str) -> dict:
     res["sampled_peak_rss_mib"] = round(peak["rss"] / 1024)
     res["sampled_peak_anon_mib"] = round(peak["anon"] / 1024)
     res["sampled_peak_anon_per_process_mib"] = round(peak["anon_per_process"] / 1024)
+    if cg:
+        res["cgroup_peak_mib"] = round(int((cg / "memory.max_usage_in_bytes").read_text()) / 2**20)
+        res["cgroup_limit_hits"] = int((cg / "memory.failcnt").read_text()) - fails
     print(f"[{step}] {json.dumps(res)}", file=sys.stderr, flush=True)
     return res
 
@@ -141,10 +157,15 @@ def step(args: argparse.Namespace) -> dict:
                 "ivfdata_bytes": (data / "lists.ivfdata").stat().st_size, "vmhwm_mib": ondisk.peak_rss_mb(),
                 **build}  # fmt: skip
     if args.step == "query":
+        vectors = ann.open_rows(vpath)  # as ``cramkit.index`` opens them for queries: no read-ahead
         q = np.load(qpath)
-        _, truth = ann.exact_search(vectors, q, 10)
+        if (work / "truth.npy").is_file():  # computed by an earlier query step: the search alone is measured
+            truth = np.load(work / "truth.npy", allow_pickle=False)
+        else:
+            _, truth = ann.exact_search(vectors, q, 10)
+            np.save(work / "truth.npy", truth)  # (and the autofaiss step's)
         out = {}
-        for name in ("ram", "disk"):
+        for name in ("disk",) if args.skip_ram else ("ram", "disk"):
             if name == "ram":
                 index = ann._faiss().read_index(str(work / "ram.index"))  # read into memory
                 plan, params = ann.plan_index(n, d, budget, "ivfsq8"), args.ram_params
@@ -177,6 +198,10 @@ def main() -> None:
     p.add_argument("--step", default=None)
     p.add_argument("--ram-params", type=json.loads, default=None)
     p.add_argument("--keep", action="store_true", help="keep WORK (default: removed at the end)")
+    p.add_argument("--cgroup", metavar="DIR", help="a cgroup v1 memory group this process runs in: its peak per step")
+    p.add_argument("--skip-ram", action="store_true", help="no in-RAM baseline (at sizes where it takes hours)")
+    p.add_argument("--autofaiss", metavar="PYTHON", help="also build with autofaiss, run by this interpreter")
+    p.add_argument("--autofaiss-key", help="the index autofaiss builds (a Faiss factory string; default: its choice)")
     args = p.parse_args()
     if args.step:
         print(json.dumps(step(args)), flush=True)
@@ -184,10 +209,18 @@ def main() -> None:
     Path(args.work).mkdir(parents=True, exist_ok=True)
     res = {"machine": f"{platform.node()} {platform.machine()} {os.cpu_count()} cores", "load_start": os.getloadavg()}
     res["when"] = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    if args.cgroup:
+        res["cgroup_limit_mib"] = round(int((Path(args.cgroup) / "memory.limit_in_bytes").read_text()) / 2**20)
     for s in ("gen", "ram", "prepare", "fill", "merge"):
-        res[s] = run_step(args, s)
-    sys.argv += ["--ram-params", json.dumps(res["ram"]["params"])]
+        if not (s == "ram" and args.skip_ram):
+            res[s] = run_step(args, s)
+    if not args.skip_ram:
+        sys.argv += ["--ram-params", json.dumps(res["ram"]["params"])]
     res["query"] = run_step(args, "query")
+    if args.autofaiss:
+        cmd = [args.autofaiss, str(HERE / "autofaiss_step.py"), "--work", args.work, "--memory", args.memory]
+        cmd += ["--index-key", args.autofaiss_key] if args.autofaiss_key else []
+        res["autofaiss"] = run_step(args, "autofaiss", cmd)
     res["load_end"] = os.getloadavg()
     print(json.dumps(res, indent=1))
     if not args.keep:

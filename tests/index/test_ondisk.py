@@ -329,3 +329,23 @@ def test_memory_budget_chooses_the_on_disk_index(tmp_path, embedded, pretrained_
     err = fails(capsys, "index", "build", str(embedded), "--encoder", str(pretrained_run), "--out",
                 str(tmp_path / "y"), "--shard", "2/2")  # fmt: skip
     assert "--shard 2/2" in err
+
+
+def test_vectors_for_rescoring_are_mapped_without_read_ahead(tmp_path):
+    # re-scoring reads a query's few candidate rows: the index maps vectors.npy with MADV_RANDOM, so the kernel
+    # does not read ahead around each row (which, under a memory limit below the file's size, evicted the lists)
+    rows = np.random.default_rng(0).normal(size=(5000, 16)).astype(np.float32)
+    np.save(tmp_path / "vectors.npy", rows)
+    mapped = ann.open_rows(tmp_path / "vectors.npy")
+    assert np.array_equal(mapped[[3, 4000, 17]], rows[[3, 4000, 17]]) and not mapped.flags.writeable
+    smaps = Path("/proc/self/smaps")
+    if not smaps.is_file():
+        pytest.skip("no /proc/self/smaps to read the mapping's advice from")
+    found, flags = False, ""
+    for line in smaps.read_text().splitlines():
+        if line.endswith(str(tmp_path / "vectors.npy")):
+            found = True
+        elif found and line.startswith("VmFlags:"):
+            flags = line
+            break
+    assert found and " rr" in flags, flags  # VM_RAND_READ: the advice is on the mapping

@@ -566,7 +566,7 @@ class Index:
                 )
         self.chunks = ChunkTable(self.data_dir)
         try:
-            self.vectors = np.load(self.data_dir / "vectors.npy", mmap_mode="r", allow_pickle=False)
+            self.vectors = ann.open_rows(self.data_dir / "vectors.npy")
         except (OSError, ValueError) as exc:
             raise CramkitError(f"{self.data_dir / 'vectors.npy'} is damaged ({exc}); rebuild the index") from None
         if self.vectors.shape != (m["count"], m["dim"]) or len(self.chunks) != m["count"]:

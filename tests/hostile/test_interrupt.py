@@ -41,6 +41,12 @@ def test_a_swallowed_ctrl_c_still_ends_the_command() -> None:
     assert took < 20
 
 
+def _sigint_default() -> None:
+    """In the child: Ctrl-C as at a terminal. A suite started in the background (``nohup ... &``) passes SIGINT
+    on ignored, and cramkit rightly leaves an ignored SIGINT ignored (``cli.entry``)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def started(log: Path, proc: subprocess.Popen, mark: str, timeout: float = 180) -> bool:
     """Whether ``proc`` printed ``mark`` (it is past Python's start-up, in cramkit's own code) in time."""
     t0 = time.monotonic()
@@ -61,7 +67,9 @@ def test_ctrl_c_while_exporting_stops_and_leaves_nothing(pretrained_run: Path, t
     for delay in (0.0, 1.5, 5.0):
         log = tmp_path / f"log-{delay}"
         with log.open("w") as sink:
-            proc = subprocess.Popen(cmd, stdout=sink, stderr=subprocess.STDOUT, text=True, env=ENV)
+            proc = subprocess.Popen(
+                cmd, stdout=sink, stderr=subprocess.STDOUT, text=True, env=ENV, preexec_fn=_sigint_default
+            )
             if not started(log, proc, "[onnx] exporting"):
                 proc.kill()
                 raise AssertionError(f"the export did not start:\n{log.read_text()}")

@@ -15,7 +15,6 @@ import json
 import logging
 import os
 import resource
-import sys
 import time
 from pathlib import Path
 
@@ -92,7 +91,6 @@ def main() -> None:
         "faiss": faiss.__version__,
     }
     print(json.dumps(out, default=str), flush=True)
-    sys.exit(0)
 
 
 if __name__ == "__main__":

@@ -151,7 +151,6 @@ class _Stage(nn.Module):
         enc = model.encoder
         self.cfg = model.cfg
         self.own, self.first, self.last = own, stage == 0, stage == stages - 1
-        self.final = self.last  # (the model's last block computes its queries at the masked positions only)
         self.layers = nn.ModuleList(enc.layers[i] for i in own)
         self.embeddings = enc.embeddings if self.first else None
         self.final_norm = enc.final_norm if self.last else None
@@ -175,7 +174,8 @@ class _Stage(nn.Module):
         if segments is not None:
             mask, last_mask = _segment_masks(segments, None, chosen, x.dtype)
         for j, block in enumerate(self.layers):
-            sel, m = (chosen, last_mask) if self.final and j == len(self.layers) - 1 else (None, mask)
+            # (the model's last block computes its queries at the masked positions only)
+            sel, m = (chosen, last_mask) if self.last and j == len(self.layers) - 1 else (None, mask)
             if self.cfg.gradient_checkpointing and self.training:
                 from torch.utils.checkpoint import checkpoint
 

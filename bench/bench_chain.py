@@ -17,6 +17,10 @@ Models, each scored with ``cramkit.evaluate_retrieval`` (exact search, nDCG@10 a
 - with ``--simcse``, ``minilm+simcse`` and ``mlm+simcse``: the unsupervised mode instead (SimCSE: each training
   headline and passage its own positive through dropout), same steps and batch.
 
+With ``--scratch BUDGET`` instead: a model cramkit pretrains from nothing on the same training text
+(``cramkit.pretrain(TRAIN_TEXT, budget=BUDGET)``, the preset the machine gets), then ``scratch+con`` and
+``scratch+simcse`` from it: what the contrastive stage and SimCSE do for a cramkit-pretrained model.
+
 A finished stage is not run again (its results.json), so the bench resumes where it stopped.
 
     python bench/bench_chain.py --corpus ../shared/data/corpus/nltk-abc --seeds 0,1,2 --work /tmp/chain
@@ -110,10 +114,9 @@ def main() -> None:
     ap.add_argument("--work", default="bench-chain")
     ap.add_argument("--anchored", action="store_true", help="also a masked-LM stage held to MiniLM's vectors")
     ap.add_argument("--simcse", action="store_true", help="also SimCSE (text only) from MiniLM and the MLM stage")
+    ap.add_argument("--scratch", default=None, metavar="BUDGET", help="only a model pretrained from nothing, and after")
     args = ap.parse_args()
     import torch
-
-    import cramkit
 
     torch.set_num_threads(1)
     work = Path(args.work)
@@ -123,6 +126,30 @@ def main() -> None:
     minilm = f"hf:{minilm_dir()}"
     rows = {"minilm": [score(minilm, beir)]}
     print(json.dumps({"model": "minilm", **rows["minilm"][0]}), flush=True)
+    if args.scratch:
+        stages = scratch_stages(args, work, text, pairs, beir, rows)
+    else:
+        stages = minilm_stages(args, work, text, pairs, beir, rows, minilm)
+    run_stages(args, work, stages, beir, rows)
+
+
+def scratch_stages(args, work: Path, text: Path, pairs, beir: Path, rows: dict) -> list:
+    import cramkit
+
+    run = work / "scratch"
+    if not (run / "checkpoints").is_dir():
+        t0 = time.time()
+        cramkit.pretrain([str(text)], budget=args.scratch, out=run, overrides=["train.progress=false"])
+        print(f"pretraining from nothing: {time.time() - t0:.0f} s", file=sys.stderr, flush=True)
+    rows["scratch"] = [score(run, beir)]
+    print(json.dumps({"model": "scratch", **rows["scratch"][0]}), flush=True)
+    texts = [(t, t, None) for t in dict.fromkeys(x for a, b, _ in pairs for x in (a, b))]
+    return [("scratch+con", str(run), pairs), ("scratch+simcse", str(run), texts)]
+
+
+def minilm_stages(args, work: Path, text: Path, pairs, beir: Path, rows: dict, minilm: str) -> list:
+    import cramkit
+
     variants = [("mlm", [])]
     if args.anchored:  # the anchors of `pretrain --from` (RESULTS, "Few labels: adaptation with an anchor")
         variants.append(("mlm-anchored", ["train.keep_vectors=1", "data.doc_mask=true"]))
@@ -141,6 +168,10 @@ def main() -> None:
     if args.simcse:  # text only: each training headline and passage once, its own positive (dropout noise)
         texts = [(t, t, None) for t in dict.fromkeys(x for a, b, _ in pairs for x in (a, b))]
         stages += [("minilm+simcse", minilm, texts), ("mlm+simcse", str(mlm), texts)]
+    return stages
+
+
+def run_stages(args, work: Path, stages: list, beir: Path, rows: dict) -> None:
     for name, start, rows_in in stages:
         rows[name] = []
         for seed in [int(s) for s in args.seeds.split(",")]:

@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import sys
 import tempfile
@@ -132,7 +133,9 @@ def speed(args: argparse.Namespace, work: Path) -> dict:
     ours, theirs = [], []
     for r in range(args.rounds):
         timed = argparse.Namespace(**{**vars(args), "lr": None, "steps": args.speed_steps})
-        res = _train(f"hf:{model}", pairs, work / f"speed-{r}", 0, timed)
+        out = work / f"speed-{r}"
+        shutil.rmtree(out, ignore_errors=True)  # a finished run there would be resumed, not timed
+        res = _train(f"hf:{model}", pairs, out, 0, timed)
         ours.append(res["examples_per_s"])
         theirs.append(st_train(model, pairs, args.speed_steps, args.batch))
         print(f"round {r}: cramkit {ours[-1]:.1f} pairs/s, sentence-transformers {theirs[-1]:.1f}", flush=True)

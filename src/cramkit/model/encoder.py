@@ -254,6 +254,55 @@ def select_positions(keep: torch.Tensor) -> Selection:
     return Selection(flat, slots, valid)
 
 
+UNPAD_GROUP = 16  # rows per attention group of an unpadded batch (sorted by length: each padded to its own longest)
+
+
+class Packing(NamedTuple):
+    """An unpadded batch (MosaicBERT's unpadding): the blocks' linear layers, norms and MLP run on its N real
+    tokens ``[N, hidden]`` only, attention in groups of rows of similar length, each group padded only to its own
+    longest row. ``flat`` [N]: where each real token (row-major in the batch) sits in the groups' concatenated
+    ``[rows_g * width_g]`` layouts (a token keeps its column: rotary positions are unchanged); ``groups``: each
+    group's (rows, width, additive key mask [rows, 1, 1, width] or None when nothing in it is padded)."""
+
+    flat: torch.Tensor
+    groups: tuple[tuple[int, int, torch.Tensor | None], ...]
+
+
+def pack(attention_mask: torch.Tensor, dtype: torch.dtype, group: int = UNPAD_GROUP) -> tuple[torch.Tensor, Packing]:
+    """[B, L] 1/0 mask -> the real tokens' row-major indices in ``[B * L]`` and their ``Packing``."""
+    keep = attention_mask.bool()
+    batch, length = keep.shape
+    src = keep.reshape(-1).nonzero().squeeze(1)
+    cols = torch.arange(length, device=keep.device).expand(batch, length)
+    width = torch.where(keep, cols + 1, 0).amax(1)  # a row's last real column + 1
+    order = torch.argsort(width, stable=True)
+    sorted_width = width[order].tolist()
+    base = torch.empty(batch, dtype=torch.long, device=keep.device)  # where each row's column 0 sits
+    groups, offset = [], 0
+    bases: list[int] = []
+    for start in range(0, batch, group):
+        rows = min(group, batch - start)
+        w = max(1, sorted_width[start + rows - 1])
+        bases.extend(offset + r * w for r in range(rows))
+        groups.append((rows, w))
+        offset += rows * w
+    base[order] = torch.tensor(bases, dtype=torch.long, device=keep.device)
+    flat = base[src // length] + src % length
+    real = torch.zeros(offset, dtype=torch.bool, device=keep.device).index_fill(0, flat, True)
+    low = torch.finfo(dtype).min
+    masks: list[tuple[int, int, torch.Tensor | None]] = []
+    for (rows, w), part in zip(groups, real.split([r * w for r, w in groups]), strict=True):
+        ok = part.view(rows, 1, 1, w)
+        masks.append(
+            (
+                rows,
+                w,
+                None if bool(ok.all()) else torch.zeros(ok.shape, dtype=dtype, device=ok.device).masked_fill(~ok, low),
+            )
+        )
+    return src, Packing(flat, tuple(masks))
+
+
 @overload
 def local(t: torch.Tensor) -> torch.Tensor: ...
 @overload
@@ -282,14 +331,18 @@ class Attention(nn.Module):
         mask: torch.Tensor | None,
         select: Selection | None = None,
         prefix: torch.Tensor | None = None,
+        packing: Packing | None = None,
     ) -> torch.Tensor:
         """[B, L, hidden] -> [B, L, hidden]; with ``select``, queries (and the output, [N, hidden]) only
         at the selected positions, keys and values at all of them. ``prefix`` [2, P, hidden]: keys and values
-        every query also attends to (P-tuning v2's deep prompts; no position)."""
+        every query also attends to (P-tuning v2's deep prompts; no position). With ``packing``, ``x`` is the
+        [N, hidden] real tokens of a padded batch, and so is the output: the projections run on them only."""
         if select is not None:
             if prefix is not None:
                 raise ValueError("prefix keys and values with sparse prediction are not supported")
             return self._selected(x, mask, select)
+        if packing is not None:
+            return self._packed(x, packing)
         batch, length, _ = x.shape
         heads, head_dim = self.heads, self.cfg.head_dim
         q, k, v = (
@@ -305,6 +358,22 @@ class Attention(nn.Module):
         p = self.cfg.attention_dropout if self.training else 0.0
         y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p)
         return self.out(y.transpose(1, 2).reshape(batch, length, heads * head_dim))
+
+    def _packed(self, x: torch.Tensor, packing: Packing) -> torch.Tensor:
+        """[N, hidden] real tokens -> [N, hidden]: the projections on them, attention group by group."""
+        heads, head_dim = self.heads, self.cfg.head_dim
+        qkv = F.linear(x, local(self.qkv.weight), local(self.qkv.bias))
+        sizes = [rows * width for rows, width, _ in packing.groups]
+        laid = qkv.new_zeros(sum(sizes), qkv.shape[-1]).index_copy(0, packing.flat, qkv)
+        p = self.cfg.attention_dropout if self.training else 0.0
+        ys = []
+        for (rows, width, mask), part in zip(packing.groups, laid.split(sizes), strict=True):
+            q, k, v = part.view(rows, width, 3, heads, head_dim).permute(2, 0, 3, 1, 4).unbind(0)
+            if self.rotary is not None:
+                q, k = self.rotary(q), self.rotary(k)
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p)
+            ys.append(y.transpose(1, 2).reshape(rows * width, heads * head_dim))
+        return self.out(torch.cat(ys).index_select(0, packing.flat))
 
     def _selected(self, x: torch.Tensor, mask: torch.Tensor | None, select: Selection) -> torch.Tensor:
         batch, length, _ = x.shape
@@ -381,15 +450,17 @@ class Block(nn.Module):
         mask: torch.Tensor | None = None,
         select: Selection | None = None,
         prefix: torch.Tensor | None = None,
+        packing: Packing | None = None,
     ) -> torch.Tensor:
         """[B, L, hidden] -> [B, L, hidden]; with ``select``, only the selected positions' outputs
         ([N, hidden], row-major): keys and values still see every position. ``prefix``: the attention's
-        extra keys and values ([2, P, hidden])."""
+        extra keys and values ([2, P, hidden]). ``packing``: ``x`` and the output are an unpadded batch's
+        [N, hidden] real tokens."""
         if select is None:
             if self.pre:
-                x = x + self.dropout(self._attend(self.norm_attn(x), mask, prefix))
+                x = x + self.dropout(self._attend(self.norm_attn(x), mask, prefix, packing))
                 return x + self.dropout(self.mlp(self.norm_mlp(x)))
-            x = self.norm_attn(self.alpha * x + self.dropout(self._attend(x, mask, prefix)))
+            x = self.norm_attn(self.alpha * x + self.dropout(self._attend(x, mask, prefix, packing)))
             return self.norm_mlp(self.alpha * x + self.dropout(self.mlp(x)))
         if prefix is not None:
             raise ValueError("prefix keys and values with sparse prediction are not supported")
@@ -400,8 +471,17 @@ class Block(nn.Module):
         x = self.norm_attn(self.alpha * residual + self.dropout(self.attn(x, mask, select)))
         return self.norm_mlp(self.alpha * x + self.dropout(self.mlp(x)))
 
-    def _attend(self, x: torch.Tensor, mask: torch.Tensor | None, prefix: torch.Tensor | None) -> torch.Tensor:
-        # the prefix only when there is one: an exporter's stand-in attention (cramkit.infer.backends.onnx) takes none
+    def _attend(
+        self,
+        x: torch.Tensor,
+        mask: torch.Tensor | None,
+        prefix: torch.Tensor | None,
+        packing: Packing | None = None,
+    ) -> torch.Tensor:
+        # a prefix or packing only when there is one: an exporter's stand-in attention (cramkit.infer.backends.onnx)
+        # takes neither
+        if packing is not None:
+            return self.attn(x, mask, packing=packing)
         return self.attn(x, mask) if prefix is None else self.attn(x, mask, prefix=prefix)
 
 
@@ -445,15 +525,27 @@ class Encoder(nn.Module):
         select: torch.Tensor | None = None,
         prefix: torch.Tensor | None = None,
         segments: torch.Tensor | None = None,
+        unpad: bool = False,
     ) -> torch.Tensor:
         """Hidden states ``[B, L, hidden]``; with ``select`` ([B, L] bool, at least one True), only those
         positions' ``[N, hidden]`` (row-major, as ``hidden[select]``), the last block computing its
         queries, MLP and norms only there (sparse prediction: the same values, less work). ``prefix``
         [layers, 2, P, hidden]: keys and values each layer's attention also sees (P-tuning v2). ``segments``
         [B, L] ints: a position attends only to positions of its own segment (the documents of a packed
-        sequence)."""
+        sequence). ``unpad``: the blocks' projections, norms and MLP skip the padding (attention still runs
+        padded); the same values up to rounding, less work the more is padded. Only without ``select``,
+        ``prefix`` and ``segments``; a batch with nothing padded runs as it is."""
         x = self.embeddings(input_ids, token_type_ids)
         mask = _mask_for(attention_mask, x.dtype)
+        if (
+            unpad
+            and attention_mask is not None
+            and mask is not None
+            and select is None
+            and prefix is None
+            and segments is None
+        ):
+            return self._unpadded(x, attention_mask)
         chosen = select_positions(select) if select is not None else None
         last_mask = mask
         if segments is not None:
@@ -471,6 +563,19 @@ class Encoder(nn.Module):
             else:
                 x = block(x, mask, sel, pre)
         return self.final_norm(x)
+
+    def _unpadded(self, x: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        """The blocks over the real tokens of ``x`` [B, L, hidden] only (``Packing``); hidden states [B, L,
+        hidden], zeros at the padding."""
+        batch, length, width = x.shape
+        src, packing = pack(attention_mask, x.dtype)
+        x = x.reshape(-1, width).index_select(0, src)
+        for block in self.layers:
+            if self.cfg.gradient_checkpointing and self.training:
+                x = checkpoint(block, x, None, None, None, packing, use_reentrant=False)
+            else:
+                x = block(x, None, None, None, packing)
+        return x.new_zeros(batch * length, width).index_copy(0, src, self.final_norm(x)).view(batch, length, width)
 
 
 def _segment_masks(

@@ -47,7 +47,6 @@ from cramkit.train.objectives import ExampleObjective
 
 PathLike = str | os.PathLike
 
-BUCKET = 16  # texts per encoder pass (sorted by length: little padding)
 POSITIVE_LABELS = ("1", "paraphrase", "entailment", "true", "yes", "positive")
 
 
@@ -376,7 +375,7 @@ def _embedder_class() -> Any:
             self.log_scale = nn.Parameter(torch.tensor(math.log(1.0 / temperature)), requires_grad=learn)
 
         def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-            hidden = self.encoder(input_ids, attention_mask, None)
+            hidden = self.encoder(input_ids, attention_mask, None, unpad=True)
             return pool_hidden(hidden, attention_mask, self.pooling, None).float()
 
     return Embedder
@@ -460,25 +459,22 @@ class ContrastiveObjective(ExampleObjective):
         )
 
     def _embed(self, model: Any, ids: Any, mask: Any) -> Any:
-        """The vectors of every text of the batch (anchors, positives, negatives), in ``BUCKET``-text passes of
-        texts of similar length (sorted: each pass is padded only to its own longest text); under
-        ``micro_batch``, passes of that many texts with the activations recomputed in the backward pass
-        (only the vectors stay in memory)."""
+        """The vectors of every text of the batch (anchors, positives, negatives) in one unpadded pass (the
+        encoder's projections and MLP on the real tokens only, attention in groups of texts of similar length);
+        under ``micro_batch``, passes of that many texts of similar length with the activations recomputed in
+        the backward pass (only the vectors stay in memory)."""
         import torch
         from torch.utils.checkpoint import checkpoint
 
+        if not self.cfg.micro_batch:
+            return model(ids, mask)
         lengths = mask.sum(1)
         order = torch.argsort(lengths, stable=True)
-        chunk = self.cfg.micro_batch or BUCKET
         outs = []
-        for i in range(0, ids.shape[0], chunk):
-            rows = order[i : i + chunk]
+        for i in range(0, ids.shape[0], self.cfg.micro_batch):
+            rows = order[i : i + self.cfg.micro_batch]
             width = int(lengths[rows].max())
-            sub_ids, sub_mask = ids[rows, :width], mask[rows, :width]
-            if self.cfg.micro_batch:
-                outs.append(checkpoint(model, sub_ids, sub_mask, use_reentrant=False))
-            else:
-                outs.append(model(sub_ids, sub_mask))
+            outs.append(checkpoint(model, ids[rows, :width], mask[rows, :width], use_reentrant=False))
         return torch.cat(outs)[torch.argsort(order)]
 
     def evaluate(self, model: Any, ctx: Any, precision: str) -> dict[str, float] | None:

@@ -48,7 +48,7 @@ from cramkit.train.budget import format_seconds, parse_budget, parse_every
 from cramkit.train.config import RunConfig, TrainConfig
 from cramkit.train.metrics import MetricsLog, Progress, peak_flops, plot_losses
 from cramkit.train.objectives import MLMObjective, Objective, TrainData
-from cramkit.train.optim import build_optimizer
+from cramkit.train.optim import build_optimizer, reuse_embedding_grads
 from cramkit.train.pipeline import Pipeline
 from cramkit.train.prefetch import Prefetcher
 from cramkit.train.schedule import accumulation_steps, lr_factor, split_batch
@@ -223,6 +223,8 @@ class Trainer:
             )
             # the ranks that read different batches (with tensor parallelism, one per group of parallel.tp ranks)
             self.data_ctx = parallel.data_context(ctx, pcfg)
+        if ctx.world == 1 and device.type == "cpu" and not compile_on and self.pipe is None:
+            reuse_embedding_grads(self.model)
         self.optimizer = build_optimizer(
             self.model,
             tcfg.optimizer,

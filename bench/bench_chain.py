@@ -21,6 +21,10 @@ With ``--scratch BUDGET`` instead: a model cramkit pretrains from nothing on the
 (``cramkit.pretrain(TRAIN_TEXT, budget=BUDGET)``, the preset the machine gets), then ``scratch+con`` and
 ``scratch+simcse`` from it: what the contrastive stage and SimCSE do for a cramkit-pretrained model.
 
+With ``--matryoshka 256,128,64`` instead: MiniLM -> contrastive with the loss also on those leading dimensions
+(``minilm+con-mat``), against ``minilm+con`` trained without; both scored at the full vector and at each cut
+(vectors cut and renormalised, exact search; nDCG@10 computed here, equal to ``evaluate_retrieval``'s at full).
+
 A finished stage is not run again (its results.json), so the bench resumes where it stopped.
 
     python bench/bench_chain.py --corpus ../shared/data/corpus/nltk-abc --seeds 0,1,2 --work /tmp/chain
@@ -114,6 +118,7 @@ def main() -> None:
     ap.add_argument("--work", default="bench-chain")
     ap.add_argument("--anchored", action="store_true", help="also a masked-LM stage held to MiniLM's vectors")
     ap.add_argument("--simcse", action="store_true", help="also SimCSE (text only) from MiniLM and the MLM stage")
+    ap.add_argument("--matryoshka", default=None, metavar="DIMS", help="only Matryoshka training against none")
     ap.add_argument("--scratch", default=None, metavar="BUDGET", help="only a model pretrained from nothing, and after")
     args = ap.parse_args()
     import torch
@@ -126,11 +131,70 @@ def main() -> None:
     minilm = f"hf:{minilm_dir()}"
     rows = {"minilm": [score(minilm, beir)]}
     print(json.dumps({"model": "minilm", **rows["minilm"][0]}), flush=True)
+    if args.matryoshka:
+        matryoshka(args, work, pairs, beir, minilm)
+        return
     if args.scratch:
         stages = scratch_stages(args, work, text, pairs, beir, rows)
     else:
         stages = minilm_stages(args, work, text, pairs, beir, rows, minilm)
     run_stages(args, work, stages, beir, rows)
+
+
+def cut_ndcg(model: str | Path, beir: Path, dims: list[int]) -> dict[int, float]:
+    """nDCG@10 x100 of the one relevant passage per query (query i -> passage i), vectors cut to each of
+    ``dims`` leading dimensions and renormalised, exact search."""
+    import numpy as np
+
+    from cramkit.infer import Engine
+
+    queries = [json.loads(line)["text"] for line in (beir / "queries.jsonl").read_text(encoding="utf-8").splitlines()]
+    passages = [json.loads(line)["text"] for line in (beir / "corpus.jsonl").read_text(encoding="utf-8").splitlines()]
+    engine = Engine(str(model), device="cpu")
+    q, c = engine.embed(queries, normalize=False), engine.embed(passages, normalize=False)
+    out = {}
+    for d in dims:
+        qd, cd = q[:, :d], c[:, :d]
+        qd = qd / np.linalg.norm(qd, axis=1, keepdims=True)
+        cd = cd / np.linalg.norm(cd, axis=1, keepdims=True)
+        s = qd @ cd.T
+        rank = (s > s[np.arange(len(q)), np.arange(len(q))][:, None]).sum(1)  # passages scored above the right one
+        out[d] = round(float(np.where(rank < 10, 1.0 / np.log2(rank + 2), 0.0).mean() * 100), 2)
+    return out
+
+
+def matryoshka(args: argparse.Namespace, work: Path, pairs, beir: Path, minilm: str) -> None:
+    from cramkit.recipes import contrastive as con
+
+    dims = [384, *[int(d) for d in args.matryoshka.split(",")]]
+    table = {}
+    for name, mat in (("minilm+con", ""), ("minilm+con-mat", args.matryoshka)):
+        table[name] = []
+        for seed in [int(s) for s in args.seeds.split(",")]:
+            out = work / f"{name}-{seed}"
+            cfg = con.config_from(
+                {
+                    "budget": f"{args.steps}steps",
+                    "batch_size": args.batch,
+                    "seed": seed,
+                    "dev_fraction": 0.0,
+                    "checkpoint_every": "never",
+                    "device": "cpu",
+                    "matryoshka": mat,
+                }
+            )
+            con.train_embeddings(minilm, pairs, cfg, out, progress=False)
+            row = cut_ndcg(out, beir, dims)
+            table[name].append(row)
+            print(json.dumps({"model": name, "seed": seed, **row}), flush=True)
+    print("| model | " + " | ".join(f"{d} dims" for d in dims) + " |")
+    print("|---|" + "---:|" * len(dims))
+    for name, rs in table.items():
+        cells = []
+        for d in dims:
+            xs = [r[d] for r in rs]
+            cells.append(f"{statistics.mean(xs):.2f} ± {statistics.stdev(xs) if len(xs) > 1 else 0.0:.2f}")
+        print(f"| {name} | " + " | ".join(cells) + " |")
 
 
 def scratch_stages(args, work: Path, text: Path, pairs, beir: Path, rows: dict) -> list:

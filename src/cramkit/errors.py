@@ -24,6 +24,7 @@ EXTRAS = {
     "starlette": "serve",
     "uvicorn": "serve",
     "prometheus_client": "serve",
+    "orjson": "serve",
     "onnx": "onnx",
     "onnxruntime": "onnx",
     "onnxscript": "onnx",

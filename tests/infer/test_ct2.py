@@ -101,6 +101,20 @@ def test_fast_path_passes_and_vectors_match_a_plain_ctranslate2_loop(minilm_dir,
     assert np.abs(ref - f32).max() < 1e-4
 
 
+def test_passes_run_side_by_side_one_thread_each_with_the_same_vectors(minilm_ct2, dev200) -> None:
+    """On a CPU a CTranslate2 export runs one thread per pass and as many passes at once as threads; the
+    vectors and their order are those of one pass at a time."""
+    from cramkit.model.forward import run_passes
+
+    one, two = Engine(minilm_ct2["int8"], threads=1), Engine(minilm_ct2["int8"], threads=2)
+    assert (one.workers, two.workers) == (1, 2)
+    enc = two.tokenize(dev200)
+    assert len(two.batches(enc)) > 4  # several passes, so two run at once
+    assert np.abs(one.embed(dev200) - two.embed(dev200)).max() < 1e-5
+    # the helper keeps the passes' order whatever finishes first
+    assert run_passes(lambda b: int(b[0]), [np.array([i]) for i in range(9)], workers=3) == list(range(9))
+
+
 def test_serve_runs_a_ct2_export(minilm_dir, minilm_ct2, dev200) -> None:
     from serve.test_server import start
 

@@ -366,6 +366,11 @@ class Engine:
     def _pad(self, enc: Encoded, rows: np.ndarray | None) -> forward.Inputs:
         return forward.pad(enc, rows, self.pad_id, self.with_types)
 
+    @property
+    def workers(self) -> int:
+        """Forward passes the runtime runs at once (CTranslate2 on a CPU: one per thread; else 1)."""
+        return int(getattr(self.runner, "workers", 1))
+
     def batches(self, enc: Encoded) -> list[np.ndarray]:
         """Length-sorted index batches within the token budget (each one :func:`fits`)."""
         return forward.passes(enc, self.max_batch_tokens)
@@ -390,8 +395,9 @@ class Engine:
         n = len(enc)
         mean: np.ndarray | None = None
         cls: Any = None  # an array, made with mean
-        for batch in self.batches(enc):
-            m, c = self.embed_pass(enc, batch)
+        batches = self.batches(enc)
+        outs = forward.run_passes(lambda rows: self.embed_pass(enc, rows), batches, self.workers)
+        for batch, (m, c) in zip(batches, outs, strict=True):
             if mean is None:
                 mean = np.zeros((n, m.shape[1]), dtype=np.float32)
                 cls = np.zeros((n, c.shape[1]), dtype=np.float32)
@@ -467,6 +473,7 @@ class Engine:
             with_types=self.with_types,
             max_tokens=self.max_batch_tokens,
             width=len(self.labels or []) or 1,
+            workers=self.workers,
         )
 
     def logits_pass(self, enc: Encoded, rows: np.ndarray | None = None) -> np.ndarray:

@@ -15,13 +15,17 @@ backends run the very same passes as :class:`TorchRunner`.
 from __future__ import annotations
 
 import contextlib
-from typing import TYPE_CHECKING, Any, Protocol, cast
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar, cast
 
 import numpy as np
 
 from cramkit.data.batching import Encoded, token_budget_batches
 from cramkit.errors import CramkitError
 from cramkit.runtime import autocast, resolve_device, resolve_precision
+
+T = TypeVar("T")
 
 if TYPE_CHECKING:
     import torch
@@ -149,6 +153,15 @@ class TorchRunner:
             return p.cpu().numpy(), t.cpu().numpy()
 
 
+def run_passes(fn: Callable[[np.ndarray], T], batches: list[np.ndarray], workers: int = 1) -> list[T]:
+    """``fn`` over each pass, results in order; ``workers`` > 1: that many passes at once, for a runtime that
+    runs several in parallel (CTranslate2 on a CPU: one thread per pass)."""
+    if workers <= 1 or len(batches) <= 1:
+        return [fn(b) for b in batches]
+    with ThreadPoolExecutor(min(workers, len(batches)), thread_name_prefix="cramkit-pass") as pool:
+        return list(pool.map(fn, batches))
+
+
 def logits(
     runner: Runner,
     enc: Encoded,
@@ -158,12 +171,14 @@ def logits(
     max_tokens: int,
     max_rows: int = MAX_BATCH_ROWS,
     width: int = 1,
+    workers: int = 1,
 ) -> np.ndarray:
     """The head's outputs [n, C] float32 for every input of ``enc``, in its order, pass by pass (``width``:
-    C when there is no input)."""
+    C when there is no input; ``workers``: passes at once, :func:`run_passes`)."""
     out: np.ndarray | None = None
-    for rows in passes(enc, max_tokens, max_rows):
-        part = runner.logits(pad(enc, rows, pad_id, with_types))
+    batches = passes(enc, max_tokens, max_rows)
+    parts = run_passes(lambda rows: runner.logits(pad(enc, rows, pad_id, with_types)), batches, workers)
+    for rows, part in zip(batches, parts, strict=True):
         if out is None:
             out = np.zeros((len(enc), part.shape[1]), dtype=np.float32)
         out[rows] = part

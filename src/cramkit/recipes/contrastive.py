@@ -469,7 +469,7 @@ class ContrastiveObjective(ExampleObjective):
         if not self.cfg.micro_batch:
             return model(ids, mask)
         lengths = mask.sum(1)
-        order = torch.argsort(lengths, stable=True)
+        order = torch.argsort(lengths, descending=True, stable=True)
         outs = []
         for i in range(0, ids.shape[0], self.cfg.micro_batch):
             rows = order[i : i + self.cfg.micro_batch]

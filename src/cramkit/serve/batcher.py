@@ -80,14 +80,15 @@ class Request:
 
 
 class Lane:
-    """A bounded queue with one worker thread; ``submit`` from the event loop, answers come back there.
+    """A bounded queue with ``workers`` worker threads (one unless the runtime runs several passes at once);
+    ``submit`` from the event loop, answers come back there.
 
-    Subclasses say how the worker takes (:meth:`_take`) and runs (:meth:`_work`) what is queued; the
-    worker's measured rate (cost units per second) feeds admission."""
+    Subclasses say how a worker takes (:meth:`_take`) and runs (:meth:`_work`) what is queued; the
+    workers' measured rate (cost units per second, each) feeds admission."""
 
     unit = "inputs"
 
-    def __init__(self, name: str, *, max_queue: int, timeout_s: float, metrics: Any = None) -> None:
+    def __init__(self, name: str, *, max_queue: int, timeout_s: float, metrics: Any = None, workers: int = 1) -> None:
         self.name = name
         self.max_queue = int(max_queue)
         self.timeout_s = float(timeout_s)
@@ -95,23 +96,26 @@ class Lane:
         self._queue: collections.deque[Any] = collections.deque()
         self._depth = 0  # inputs queued
         self._cost = 0.0  # their cost
-        self.rate = 0.0  # cost per second of the work so far (moving average; 0: not measured yet)
-        self.busy = 0.0  # cost of the work running now
+        self.rate = 0.0  # cost per second of one worker's work so far (moving average; 0: not measured yet)
+        self.busy = 0.0  # cost of the work running now (all workers)
         self.per_input = 0.0  # mean cost of one input so far
         self._held = 0  # inputs of requests admitted and not yet submitted (being tokenised)
         self._held_cost = 0.0
         self._cond = threading.Condition()
         self._stopping = False
-        self._thread = threading.Thread(target=self._run, name=f"queue-{name}", daemon=True)
+        self._threads = [
+            threading.Thread(target=self._run, name=f"queue-{name}-{i}", daemon=True) for i in range(max(1, workers))
+        ]
 
     # ---------------------------------------------------------------------------- event-loop side
 
     def start(self) -> None:
-        self._thread.start()
+        for thread in self._threads:
+            thread.start()
 
     @property
     def alive(self) -> bool:
-        return self._thread.is_alive() and not self._stopping
+        return all(t.is_alive() for t in self._threads) and not self._stopping
 
     @contextlib.contextmanager
     def reserve(self, n: int) -> Iterator[None]:
@@ -137,7 +141,7 @@ class Lane:
                 1,
             )
         if self.rate > 0 and (depth or self.busy):
-            wait = (self.busy + self._cost + self._held_cost + cost) / self.rate
+            wait = (self.busy + self._cost + self._held_cost + cost) / (self.rate * len(self._threads))
             if wait > self.timeout_s / 2:
                 raise Overloaded(
                     f"{self.name!r} has {depth} {self.unit} queued: this request would wait about "
@@ -159,8 +163,10 @@ class Lane:
         with self._cond:
             self._stopping = True
             self._cond.notify_all()
-        if self._thread.is_alive():
-            self._thread.join(timeout)
+        end = time.monotonic() + timeout
+        for thread in self._threads:
+            if thread.is_alive():
+                thread.join(max(0.0, end - time.monotonic()))
 
     # ---------------------------------------------------------------------------- worker side
 
@@ -170,6 +176,11 @@ class Lane:
         self._cost = max(0.0, self._cost + cost)
         if self.metrics is not None:
             self.metrics.queue_depth.labels(self.name).set(self._depth)
+
+    def _busy(self, cost: float) -> None:
+        """Work of ``cost`` starting (positive) or done (negative)."""
+        with self._cond:
+            self.busy = max(0.0, self.busy + cost)
 
     def _measured(self, n: int, cost: float, seconds: float) -> None:
         if n:
@@ -196,8 +207,8 @@ class Lane:
             if not backlog:  # waiting for work is not work
                 start = time.perf_counter()
             n, cost = self._work(work)
-            self._measured(n, cost, time.perf_counter() - start)  # the worker's whole cycle, not the pass alone
-            self.busy = 0.0
+            with self._cond:
+                self._measured(n, cost, time.perf_counter() - start)  # the worker's whole cycle, not the pass alone
 
     def _take(self) -> Any:  # pragma: no cover - abstract
         raise NotImplementedError
@@ -270,7 +281,9 @@ class Batcher(Lane):
         timeout_s: float,
         metrics: Any = None,
     ) -> None:
-        super().__init__(name, max_queue=max_queue, timeout_s=timeout_s, metrics=metrics)
+        # as many workers as passes the engine's runtime runs at once: each takes the next pass while another runs
+        workers = int(getattr(engine, "workers", 1))
+        super().__init__(name, max_queue=max_queue, timeout_s=timeout_s, metrics=metrics, workers=workers)
         self.engine = engine
         self.max_batch_tokens = int(engine.max_batch_tokens)
         self.max_wait = max(0.0, float(max_wait_ms)) / 1000.0
@@ -350,7 +363,8 @@ class Batcher(Lane):
         job0 = parts[0][0]
         task = job0.task
         enc = merge(parts)
-        self.busy = float(enc.lengths.sum())
+        running = float(enc.lengths.sum())
+        self._busy(running)
         start = time.perf_counter()
         error: BaseException | None = None
         try:
@@ -365,28 +379,32 @@ class Batcher(Lane):
                 raise ValueError(f"unknown task {task}")
         except BaseException as exc:  # noqa: BLE001 - every caller gets the failure, the worker lives on
             error = exc
+        finally:
+            self._busy(-running)
         elapsed = time.perf_counter() - start
-        self.batches += 1
+        with self._cond:
+            self.batches += 1
         if self.metrics is not None:
             m, name = self.metrics, self.name
             m.inference_seconds.labels(name, task).observe(elapsed)
             m.batch_tokens.labels(name).observe(len(enc) * int(enc.lengths.max()))
             m.batch_inputs.labels(name).observe(len(enc))
             m.batch_requests.labels(name).observe(len({id(job) for job, _ in parts}))
-        at = 0
-        for job, rows in parts:
-            if job.failed:
-                continue
-            if error is not None:
-                job.failed = True
-                self._drop(job)
-                job.answer(None, error)
-                continue
-            self._scatter(job, rows, out, at)
-            at += len(rows)
-            job.done += len(rows)
-            if job.done == job.n:
-                job.answer(job.result)
+        with self._cond:  # another worker may be filling other rows of the same jobs
+            at = 0
+            for job, rows in parts:
+                if job.failed:
+                    continue
+                if error is not None:
+                    job.failed = True
+                    self._drop(job)
+                    job.answer(None, error)
+                    continue
+                self._scatter(job, rows, out, at)
+                at += len(rows)
+                job.done += len(rows)
+                if job.done == job.n:
+                    job.answer(job.result)
         return len(enc), float(enc.lengths.sum())
 
     def _drop(self, job: Job) -> None:
@@ -449,10 +467,12 @@ class SearchQueue(Lane):
                     return req
 
     def _work(self, req: Search) -> tuple[int, float]:
-        self.busy = req.cost
+        self._busy(req.cost)
         try:
             hits, error = self.index.search(req.texts, req.k), None
         except BaseException as exc:  # noqa: BLE001 - the caller gets the failure, the worker lives on
             hits, error = None, exc
+        finally:
+            self._busy(-req.cost)
         req.answer(hits, error)
         return req.n, req.cost

@@ -80,6 +80,7 @@ class Ct2Runner:
         # bfloat16 instructions: float32)
         self.precision = str(self.encoder.compute_type)
         self.ct2 = _ctranslate2()
+        self.workers = int(self.encoder.num_encoders) if on_cpu else 1  # passes CTranslate2 runs at once
 
     def _hidden(self, x: Inputs) -> tuple[np.ndarray, np.ndarray]:
         """(last hidden states [B, L, H] float32, mask [B, L] float32)."""
@@ -445,7 +446,11 @@ class Ct2Backend(Backend):
         level = ct2.get_log_level()
         ct2.set_log_level(logging.ERROR)  # e.g. that bfloat16 weights run as float32 here: info() says so
         try:
-            encoder = ct2.Encoder(str(path), device="cpu", intra_threads=int(threads or cpu_cores()), files=model_files)
+            # one thread per forward pass and as many passes at once as threads (the Engine and the server's batcher
+            # run them concurrently): on 2 cores 1.15x two-thread passes when quiet, and a neighbour on one core
+            # no longer stalls every pass (bench/RESULTS.md, "CTranslate2: one thread per pass")
+            workers = int(threads or cpu_cores())
+            encoder = ct2.Encoder(str(path), device="cpu", intra_threads=1, inter_threads=workers, files=model_files)
         except Exception as exc:  # noqa: BLE001 - a damaged or crafted model file
             raise CramkitError(
                 f"{path}: CTranslate2 cannot load it ({str(exc)[:200]}); export the model again"

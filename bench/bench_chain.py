@@ -89,7 +89,9 @@ def score(model: str | Path, beir: Path) -> dict[str, float]:
     return {"ndcg@10": round(m["ndcg@10"], 2), "recall@1": round(m["recall@1"], 2)}
 
 
-def contrastive(model: str, pairs, out: Path, seed: int, args: argparse.Namespace, objective: str) -> dict:
+def contrastive(
+    model: str, pairs, out: Path, seed: int, args: argparse.Namespace, objective: str, matryoshka: str = ""
+) -> dict:
     from cramkit.recipes import contrastive as con
 
     cfg = con.config_from(
@@ -101,6 +103,7 @@ def contrastive(model: str, pairs, out: Path, seed: int, args: argparse.Namespac
             "dev_fraction": 0.0,
             "checkpoint_every": "never",
             "device": "cpu",
+            "matryoshka": matryoshka,
         }
     )
     return con.train_embeddings(model, pairs, cfg, out, progress=False)
@@ -164,26 +167,13 @@ def cut_ndcg(model: str | Path, beir: Path, dims: list[int]) -> dict[int, float]
 
 
 def matryoshka(args: argparse.Namespace, work: Path, pairs, beir: Path, minilm: str) -> None:
-    from cramkit.recipes import contrastive as con
-
     dims = [384, *[int(d) for d in args.matryoshka.split(",")]]
     table = {}
     for name, mat in (("minilm+con", ""), ("minilm+con-mat", args.matryoshka)):
         table[name] = []
         for seed in [int(s) for s in args.seeds.split(",")]:
             out = work / f"{name}-{seed}"
-            cfg = con.config_from(
-                {
-                    "budget": f"{args.steps}steps",
-                    "batch_size": args.batch,
-                    "seed": seed,
-                    "dev_fraction": 0.0,
-                    "checkpoint_every": "never",
-                    "device": "cpu",
-                    "matryoshka": mat,
-                }
-            )
-            con.train_embeddings(minilm, pairs, cfg, out, progress=False)
+            contrastive(minilm, pairs, out, seed, args, "contrastive", mat)
             row = cut_ndcg(out, beir, dims)
             table[name].append(row)
             print(json.dumps({"model": name, "seed": seed, **row}), flush=True)

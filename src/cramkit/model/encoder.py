@@ -533,8 +533,8 @@ class Encoder(nn.Module):
         [layers, 2, P, hidden]: keys and values each layer's attention also sees (P-tuning v2). ``segments``
         [B, L] ints: a position attends only to positions of its own segment (the documents of a packed
         sequence). ``unpad``: the blocks' projections, norms and MLP skip the padding, attention runs in groups
-        of rows of similar length (``pack``); the same values up to rounding, less work the more is padded. Only without ``select``,
-        ``prefix`` and ``segments``; a batch with nothing padded runs as it is."""
+        of rows of similar length (``pack``); the same values up to rounding, less work the more is padded. Only
+        without ``select``, ``prefix`` and ``segments``; a batch with nothing padded runs as it is."""
         x = self.embeddings(input_ids, token_type_ids)
         mask = _mask_for(attention_mask, x.dtype)
         if (

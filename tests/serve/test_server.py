@@ -291,3 +291,5 @@ def test_command_line_errors_are_one_line(ft_model, tmp_path: Path) -> None:
     assert proc.returncode == 2 and "two models are named" in proc.stderr
     proc = cli("serve", str(ft_model), "--port", "0", "--index", str(tmp_path / "no-index"))
     assert proc.returncode == 2 and "Traceback" not in proc.stderr and "index" in proc.stderr
+    proc = cli("serve", str(ft_model), "--port", "0", "--threads", "-1")
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr and "--threads must be at least 1" in proc.stderr

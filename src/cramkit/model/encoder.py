@@ -341,38 +341,32 @@ class Attention(nn.Module):
             if prefix is not None:
                 raise ValueError("prefix keys and values with sparse prediction are not supported")
             return self._selected(x, mask, select)
+        qkv = F.linear(x, local(self.qkv.weight), local(self.qkv.bias))
         if packing is not None:
-            return self._packed(x, packing)
-        batch, length, _ = x.shape
+            return self._packed(qkv, packing)
+        return self.out(self._heads(qkv, mask, prefix))
+
+    def _heads(self, qkv: torch.Tensor, mask: torch.Tensor | None, prefix: torch.Tensor | None = None) -> torch.Tensor:
+        """Projections [B, L, 3 * hidden] -> the heads' attention [B, L, hidden] (before the output projection)."""
+        batch, length, _ = qkv.shape
         heads, head_dim = self.heads, self.cfg.head_dim
-        q, k, v = (
-            F.linear(x, local(self.qkv.weight), local(self.qkv.bias))
-            .view(batch, length, 3, heads, head_dim)
-            .permute(2, 0, 3, 1, 4)
-            .unbind(0)
-        )
+        q, k, v = qkv.view(batch, length, 3, heads, head_dim).permute(2, 0, 3, 1, 4).unbind(0)
         if self.rotary is not None:
             q, k = self.rotary(q), self.rotary(k)
         if prefix is not None:
             k, v, mask = with_prefix(prefix.to(k.dtype), k, v, mask, heads)
         p = self.cfg.attention_dropout if self.training else 0.0
         y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p)
-        return self.out(y.transpose(1, 2).reshape(batch, length, heads * head_dim))
+        return y.transpose(1, 2).reshape(batch, length, heads * head_dim)
 
-    def _packed(self, x: torch.Tensor, packing: Packing) -> torch.Tensor:
-        """[N, hidden] real tokens -> [N, hidden]: the projections on them, attention group by group."""
-        heads, head_dim = self.heads, self.cfg.head_dim
-        qkv = F.linear(x, local(self.qkv.weight), local(self.qkv.bias))
+    def _packed(self, qkv: torch.Tensor, packing: Packing) -> torch.Tensor:
+        """Projections [N, 3 * hidden] of the real tokens -> [N, hidden]: attention group by group."""
         sizes = [rows * width for rows, width, _ in packing.groups]
         laid = qkv.new_zeros(sum(sizes), qkv.shape[-1]).index_copy(0, packing.flat, qkv)
-        p = self.cfg.attention_dropout if self.training else 0.0
-        ys = []
-        for (rows, width, mask), part in zip(packing.groups, laid.split(sizes), strict=True):
-            q, k, v = part.view(rows, width, 3, heads, head_dim).permute(2, 0, 3, 1, 4).unbind(0)
-            if self.rotary is not None:
-                q, k = self.rotary(q), self.rotary(k)
-            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p)
-            ys.append(y.transpose(1, 2).reshape(rows * width, heads * head_dim))
+        ys = [
+            self._heads(part.view(rows, width, -1), mask).reshape(rows * width, -1)
+            for (rows, width, mask), part in zip(packing.groups, laid.split(sizes), strict=True)
+        ]
         return self.out(torch.cat(ys).index_select(0, packing.flat))
 
     def _selected(self, x: torch.Tensor, mask: torch.Tensor | None, select: Selection) -> torch.Tensor:
@@ -558,11 +552,14 @@ class Encoder(nn.Module):
             if i == last:
                 mask = last_mask
             pre = prefix[i] if prefix is not None else None
-            if self.cfg.gradient_checkpointing and self.training:
-                x = checkpoint(block, x, mask, sel, pre, use_reentrant=False)
-            else:
-                x = block(x, mask, sel, pre)
+            x = self._block(block, x, mask, sel, pre)
         return self.final_norm(x)
+
+    def _block(self, block: nn.Module, x: torch.Tensor, *args: Any) -> torch.Tensor:
+        """``block(x, *args)``, its activations recomputed in the backward pass under gradient checkpointing."""
+        if self.cfg.gradient_checkpointing and self.training:
+            return checkpoint(block, x, *args, use_reentrant=False)
+        return block(x, *args)
 
     def _unpadded(self, x: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         """The blocks over the real tokens of ``x`` [B, L, hidden] only (``Packing``); hidden states [B, L,
@@ -571,10 +568,7 @@ class Encoder(nn.Module):
         src, packing = pack(attention_mask, x.dtype)
         x = x.reshape(-1, width).index_select(0, src)
         for block in self.layers:
-            if self.cfg.gradient_checkpointing and self.training:
-                x = checkpoint(block, x, None, None, None, packing, use_reentrant=False)
-            else:
-                x = block(x, None, None, None, packing)
+            x = self._block(block, x, None, None, None, packing)
         return x.new_zeros(batch * length, width).index_copy(0, src, self.final_norm(x)).view(batch, length, width)
 
 

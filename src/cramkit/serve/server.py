@@ -238,6 +238,8 @@ def serve(
         )
     if not 0 <= port < 65536:
         raise CramkitError(f"--port must be 0..65535, got {port}")
+    if threads is not None and threads < 0:
+        raise CramkitError(f"--threads must be at least 1 (0 or left out: every core), got {threads}")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     import torch
     import uvicorn

@@ -137,10 +137,7 @@ def reuse_embedding_grads(model: nn.Module, min_rows: int = 4096) -> int:
                 return  # already dense (a second micro-batch added into it, or a tied weight's summed gradient)
             if not buffer:
                 buffer.append(torch.zeros_like(p))
-            dense = buffer[0].zero_()
-            grad = grad.coalesce()
-            dense.index_add_(0, grad.indices()[0], grad.values())
-            p.grad = dense
+            p.grad = buffer[0].zero_().add_(grad)
 
         weight.register_post_accumulate_grad_hook(densify)
         changed += 1

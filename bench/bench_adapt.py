@@ -31,28 +31,38 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_fewshot import bench_task  # noqa: E402
 from bench_infer import machine  # noqa: E402
 
 
 def is_fewclue(task_name: str, data_dir: str) -> bool:
     from cramkit.tasks.clue import is_fewclue as check
-    from cramkit.tasks.registry import get_task
 
-    return check(get_task(task_name, data_dir=data_dir))
+    return check(bench_task(task_name, data_dir))
+
+
+def task_files(task_name: str) -> dict:
+    """cramkit.finetune's keywords for the task: a registered name, or ``files:DIR``'s train.tsv and dev.tsv."""
+    if not task_name.startswith("files:"):
+        return {"task": task_name}
+    folder = Path(task_name.removeprefix("files:"))
+    return {"train": folder / "train.tsv", "dev": folder / "dev.tsv", "text_a": "text", "label": "label"}
+
+
+def slug(task_name: str) -> str:
+    return task_name.replace("/", "-").replace(":", "-")
 
 
 def task_text(task_name: str, args: argparse.Namespace) -> tuple[str, list[str]]:
     """The text a task-adaptive run reads: (path, extra pretrain arguments)."""
-    from cramkit.tasks.registry import get_task
-
-    task = get_task(task_name, data_dir=args.data_dir)
+    task = bench_task(task_name, args.data_dir)
     if is_fewclue(task_name, args.data_dir):  # FewCLUE ships its task's unlabelled text
         name = task_name.split("/")[-1]
         path = Path(args.data_dir) / name / "unlabeled.json"
         field = json.loads(path.open(encoding="utf-8").readline())
         key = next(k for k in ("sentence", "content", "text", "sentence1") if k in field)
         return str(path), ["--text-field", key]
-    text = Path(args.work) / f"{task_name.replace('/', '-')}-train.txt"
+    text = Path(args.work) / f"{slug(task_name)}-train.txt"
     if not text.is_file():
         text.parent.mkdir(parents=True, exist_ok=True)
         rows = task.examples(task.train_split)
@@ -62,7 +72,7 @@ def task_text(task_name: str, args: argparse.Namespace) -> tuple[str, list[str]]
 
 def adapt(model: str, task_name: str, anchor: str, settings: list[str], args: argparse.Namespace) -> Path:
     """The task-adaptive run: MODEL continued on the task's text (no labels) for --budget, with ``settings``."""
-    out = Path(args.work) / f"adapted-{task_name.replace('/', '-')}-{anchor}"
+    out = Path(args.work) / f"adapted-{slug(task_name)}-{anchor}"
     if (out / "checkpoints" / "latest").exists():
         return out
     text, extra = task_text(task_name, args)
@@ -79,9 +89,8 @@ def drift(model: str, adapted: Path, task_name: str, args: argparse.Namespace) -
 
     import cramkit
     from cramkit.infer import Engine
-    from cramkit.tasks.registry import get_task
 
-    task = get_task(task_name, data_dir=args.data_dir)
+    task = bench_task(task_name, args.data_dir)
     texts = [r.text_a for r in task.examples(task.dev_splits[0])][:400]
     a = Engine(cramkit.load(model), device="cpu").embed(texts, pooling="mean", normalize=True)
     b = Engine(cramkit.load(str(adapted)), device="cpu").embed(texts, pooling="mean", normalize=True)
@@ -95,7 +104,7 @@ def finetune(model: str, which: str, task_name: str, labels: int | None, args: a
     t0 = time.time()
     if labels is None:  # FewCLUE: one score per split
         splits = args.fewshot_splits.split(",")
-        work = Path(args.work) / f"eval-{task_name.replace('/', '-')}-{which}"
+        work = Path(args.work) / f"eval-{slug(task_name)}-{which}"
         res = cramkit.evaluate(
             model,
             args.data_dir,
@@ -111,7 +120,7 @@ def finetune(model: str, which: str, task_name: str, labels: int | None, args: a
     else:
         res = cramkit.finetune(
             model,
-            task=task_name,
+            **task_files(task_name),
             data_dir=args.data_dir,
             progress=False,
             seeds=[int(s) for s in args.seeds.split(",")],

@@ -33,6 +33,10 @@ import os
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from cramkit.tasks.registry import Task
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_infer import machine  # noqa: E402
@@ -40,12 +44,24 @@ from bench_infer import machine  # noqa: E402
 METHODS = ("head", "prompt", "ptuning", "setfit")
 
 
+def bench_task(task_name: str, data_dir: str | None) -> Task:
+    """A registered task, or ``files:DIR``: DIR/train.tsv and DIR/dev.tsv with ``text`` and ``label`` columns."""
+    from cramkit.tasks.registry import get_task
+    from cramkit.tasks.resolve import resolve_task
+
+    if not task_name.startswith("files:"):
+        return get_task(task_name, data_dir=data_dir)
+    folder = Path(task_name.removeprefix("files:"))
+    return resolve_task(
+        train=folder / "train.tsv", dev=folder / "dev.tsv", text_a="text", label="label", name=folder.name
+    )
+
+
 def run_one(model: str, task_name: str, data_dir: str | None, method: str, args: argparse.Namespace) -> dict:
     """One (model, task, method): LM-BFF's splits (``--k``), or FewCLUE's own splits 0-4 for a FewCLUE task."""
     from cramkit.recipes.evaluate import fewshot_run
     from cramkit.recipes.finetune import config_from
     from cramkit.tasks.clue import is_fewclue
-    from cramkit.tasks.registry import get_task
 
     settings = {
         "method": method,
@@ -59,15 +75,7 @@ def run_one(model: str, task_name: str, data_dir: str | None, method: str, args:
         "prefix_len": args.prefix_len,
         "max_eval_examples": getattr(args, "max_eval_examples", 0),  # 0: every dev row
     }
-    if task_name.startswith("files:"):
-        from cramkit.tasks.resolve import resolve_task
-
-        folder = Path(task_name.removeprefix("files:"))
-        task = resolve_task(
-            train=folder / "train.tsv", dev=folder / "dev.tsv", text_a="text", label="label", name=folder.name
-        )
-    else:
-        task = get_task(task_name, data_dir=data_dir)
+    task = bench_task(task_name, data_dir)
     fewclue = is_fewclue(task)
     splits = [str(i) for i in range(args.splits)]
     tag = task_name.replace("/", "-").replace(":", "-")

@@ -32,10 +32,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_fewshot import bench_task  # noqa: E402
-from bench_infer import machine  # noqa: E402
+from bench_infer import machine, results_so_far  # noqa: E402
 
 
-def is_fewclue(task_name: str, data_dir: str) -> bool:
+def is_fewclue(task_name: str, data_dir: str | None) -> bool:
     from cramkit.tasks.clue import is_fewclue as check
 
     return check(bench_task(task_name, data_dir))
@@ -144,7 +144,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", required=True)
     ap.add_argument("--task", action="append", required=True)
-    ap.add_argument("--data-dir", required=True)
+    ap.add_argument("--data-dir", help="the suite's folder (a files:DIR task needs none)")
     ap.add_argument("--labels", action="append", type=int, default=[], help="GLUE: labelled rows (default 500)")
     ap.add_argument("--seeds", default="0,1,2,3,4")
     ap.add_argument("--fewshot-splits", default="0,1,2,3,4", help="FewCLUE: the splits scored")
@@ -157,8 +157,7 @@ def main() -> None:
     args = ap.parse_args()
     anchors = {"plain": []} | {a.split(":", 1)[0]: a.split(":", 1)[1].split(",") for a in args.anchor}
     out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    rows = [json.loads(line) for line in out.read_text().splitlines()] if out.is_file() else []
+    rows = results_so_far(out)
     done = {(r["task"], r["labels"], r["model"]) for r in rows}
 
     def record(row: dict) -> None:

@@ -25,7 +25,7 @@ from collections import Counter
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_infer import machine  # noqa: E402
+from bench_infer import machine, results_so_far  # noqa: E402
 
 
 def chance(task_name: str, data_dir: str, split: str) -> float:
@@ -109,8 +109,7 @@ def main() -> None:
     ap.add_argument("--out", default="runs/bench-defaults.jsonl")
     args = ap.parse_args()
     out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    done = [json.loads(line) for line in out.read_text().splitlines()] if out.is_file() else []
+    done = results_so_far(out)
     key = {(r["model"], r["task"], r["lr"], r["rows"]) for r in done}
     rows = list(done)
     for model in args.model:

@@ -93,6 +93,12 @@ def texts() -> list[str]:
     return sst + mrpc
 
 
+def results_so_far(path: Path) -> list[dict]:
+    """A resumable bench's JSON-lines results (none yet: []); its parent folder made for the next ones."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.is_file() else []
+
+
 def machine() -> str:
     cpu = platform.processor() or platform.machine()
     try:

@@ -25,7 +25,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_infer import machine  # noqa: E402
+from bench_infer import machine, results_so_far  # noqa: E402
 
 
 def run(name: str, source: str, method: str, seed: int, args: argparse.Namespace) -> dict:
@@ -103,8 +103,7 @@ def main() -> None:
     ap.add_argument("--out", default="runs/bench-prefix-full.jsonl")
     args = ap.parse_args()
     out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    rows = [json.loads(line) for line in out.read_text().splitlines()] if out.is_file() else []
+    rows = results_so_far(out)
     done = {(r["model"], r["method"], r["seed"], r["epochs"]) for r in rows}
     for seed in (int(s) for s in args.seeds.split(",")):  # seed-major: a stopped bench has every model's first seeds
         for spec in args.model:

@@ -6,7 +6,9 @@ unlabelled file), once plainly and once per ``--anchor NAME:SETTING[,SETTING]`` 
 ``l2sp:train.l2sp=1``); then fine-tune the model directly and every adapted one with today's defaults:
 
 - a GLUE task on its first N labelled rows (``--labels N``), one score per ``--seeds`` seed, on its dev split;
-- a FewCLUE task on its own few-shot splits (``--fewshot-splits``: train_S), scored on test_public.
+- a FewCLUE task on its own few-shot splits (``--fewshot-splits``: train_S), scored on test_public;
+- ``files:DIR`` (DIR/train.tsv and DIR/dev.tsv, ``text`` and ``label`` columns; bench/make_source_tasks.py) like
+  a GLUE task.
 
 Scores: mean ± sd and median (min-max) over seeds or splits; drift: the mean cosine between the model's and the
 adapted model's mean-pooled sentence vectors of 400 dev texts (1 = unchanged).

@@ -76,8 +76,8 @@ def main() -> None:
         return 100.0 * right / len(dev)
 
     print(f"before training: {accuracy():.2f}")
-    decay = [p for n, p in model.named_parameters() if p.ndim >= 2]
-    rest = [p for n, p in model.named_parameters() if p.ndim < 2]
+    decay = [p for p in model.parameters() if p.ndim >= 2]
+    rest = [p for p in model.parameters() if p.ndim < 2]
     opt = torch.optim.AdamW(
         [{"params": decay, "weight_decay": 0.01}, {"params": rest, "weight_decay": 0.0}],
         lr=args.lr,

@@ -142,7 +142,8 @@ def main() -> None:
         "--data-dir",
         action="append",
         default=None,
-        help="SUITE=DIR, e.g. glue=../shared/data/glue (default: $CRAMKIT_GLUE_DIR, $CRAMKIT_CLUE_DIR)",
+        help="SUITE=DIR, e.g. glue=../shared/data/glue, or DIR for every suite (default: $CRAMKIT_GLUE_DIR, "
+        "$CRAMKIT_CLUE_DIR)",
     )
     ap.add_argument("--methods", default=",".join(METHODS))
     ap.add_argument("--k", type=int, default=16)
@@ -158,8 +159,11 @@ def main() -> None:
     args = ap.parse_args()
     dirs = {"glue": os.environ.get("CRAMKIT_GLUE_DIR"), "clue": os.environ.get("CRAMKIT_CLUE_DIR")}
     for item in args.data_dir or []:
-        suite, _, path = item.partition("=")
-        dirs[suite] = path
+        suite, eq, path = item.partition("=")
+        if eq and suite in dirs:
+            dirs[suite] = path
+        else:  # a bare DIR (a path may hold "=" too): every suite's
+            dirs = dict.fromkeys(dirs, item)
     out = Path(args.out)
     done = {}
     if out.is_file():

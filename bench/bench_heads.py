@@ -4,7 +4,9 @@ A prompt (PET / LM-BFF) asks the MLM head which label word fits the template's `
 the head's answer at a mask depends on the sentence. For each model: its top words at the mask of probe
 sentences that call for very different words, how many different first words they get, and the task's
 built-in prompt scored before any training (``cramkit.recipes.finetune.zero_shot``: at most 512 evenly spaced
-dev rows, and how many labels it predicts at all).
+dev rows, and how many labels it predicts at all), and the same scored again with each label's score centred on
+its mean over those rows (no labels used: a head whose words carry the task but lean to one label scores
+well centred; a head that does not read the context stays at chance either way).
 
     python bench/bench_heads.py --model runs/minilm-head --model runs/tiny --task glue/sst2 --data-dir glue
 """
@@ -42,6 +44,18 @@ def top_words(loaded, probes: tuple[str, ...], k: int = 5) -> list[list[str]]:
     return out
 
 
+def centred_score(task, loaded, cfg, prompt) -> float:
+    """The prompt before training on zero_shot's rows, each label's score less its mean over the rows."""
+    from cramkit.recipes.finetune import ZERO_SHOT_ROWS, build_model, encode_task_examples, predict
+
+    rows = task.examples(task.scored_splits[0])
+    rows = rows[:: max(1, -(-len(rows) // ZERO_SHOT_ROWS))]
+    enc = encode_task_examples(task, loaded.tokenizer, rows, 128, prompt)
+    model = build_model(loaded, task.num_labels, cfg, prompt=prompt)
+    logits = predict(model, enc, cfg, torch.device("cpu"), loaded.pad_id, loaded.with_types)
+    return task.score(task.compute_metrics(logits - logits.mean(0, keepdims=True), enc.labels, rows))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", action="append", required=True, help="a model with an MLM head (repeatable)")
@@ -55,8 +69,8 @@ def main() -> None:
     task = get_task(args.task, data_dir=args.data_dir)
     cfg = FinetuneConfig(method="prompt")
     print(f"{machine()}; {args.task}'s built-in prompt; top words at the mask of {len(PROBES)} probe sentences\n")
-    print("| model | first word at the mask, per probe | different first words | prompt before training |")
-    print("|---|---|---:|---|")
+    print("| model | first word at the mask, per probe | different first words | prompt before training | centred |")
+    print("|---|---|---:|---|---:|")
     for name in args.model:
         loaded = cramkit.load(name)
         words = top_words(loaded, PROBES)
@@ -65,7 +79,8 @@ def main() -> None:
         before = zero_shot(task, loaded, cfg, prompt, 128, torch.device("cpu"))
         firsts = [w[0] for w in words]
         zero = f"{before['score']:.1f} on {before['examples']} rows, {before['labels_predicted']} label(s) predicted"
-        print(f"| {Path(name).name} | {' / '.join(firsts)} | {len(set(firsts))} | {zero} |", flush=True)
+        centred = centred_score(task, loaded, cfg, prompt)
+        print(f"| {Path(name).name} | {' / '.join(firsts)} | {len(set(firsts))} | {zero} | {centred:.1f} |", flush=True)
         for probe, w in zip(PROBES, words, strict=True):
             print(f"  {probe!r}: {', '.join(w)}", file=sys.stderr)
 

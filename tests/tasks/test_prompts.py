@@ -370,6 +370,12 @@ def test_builtin_label_words_fall_back_to_words_the_vocabulary_holds_whole(tiny_
     assert spec is not None and spec.label_words == {"0": "bad", "1": "good"}
     with pytest.raises(CramkitError, match="'terrible' 2"):  # the user's own words are never replaced
         resolve_prompt(task, run, FinetuneConfig(method="prompt", label_words="0=terrible,1=great"))
+    # a pair task's yes/no fall back on true/false (as "bad"/"good" above); where no built-in choice is whole in
+    # the vocabulary (1,500 pieces: "yes" and "false" are cut), one line names them and asks for --label-words
+    mrpc = get_task("glue/mrpc", data_dir=glue_dir)
+    assert all(len(run.tokenizer.encode(w, add_special_tokens=False).ids) > 1 for w in ("yes", "false"))
+    with pytest.raises(CramkitError, match=r"built-in label words \(0=no,1=yes; 0=false,1=true\).*--label-words"):
+        resolve_prompt(mrpc, run, FinetuneConfig(method="prompt"))
 
 
 def test_a_template_in_the_files_own_field_names_loads_back(tiny_run: Path, sst2_files, tmp_path: Path) -> None:

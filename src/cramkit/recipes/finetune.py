@@ -297,9 +297,10 @@ def resolve_prompt(task: Task, loaded: LoadedModel, cfg: FinetuneConfig) -> Prom
     if not isinstance(getattr(loaded.model, "head", None), MLMHead):
         src = loaded.source
         raise CramkitError(
-            f"--from {src} has no masked-LM head, which a prompt scores its label words with; give it one with "
-            f"a short continued pretraining on any text of yours (`cramkit pretrain TEXT --from {src} --budget 2m "
-            "--out runs/with-head`), then fine-tune --from runs/with-head"
+            f"--from {src} has no masked-LM head, which a prompt scores its label words with; give it one by "
+            f"continuing the whole model on text like the task's (`cramkit pretrain TEXT --from {src} --budget 30m "
+            "--out runs/with-head`; a head trained for minutes, or with train.head_only, predicts word frequencies "
+            "whatever the sentence), then fine-tune --from runs/with-head"
         )
     words: str | dict[str, str]  # LABEL=WORD,... or the built-in prompt's {label: word}
     template, words = cfg.prompt, cfg.label_words
@@ -323,7 +324,14 @@ def resolve_prompt(task: Task, loaded: LoadedModel, cfg: FinetuneConfig) -> Prom
         except CramkitError as exc:
             first = first or exc
     else:
-        raise cast(CramkitError, first)
+        if words:  # the user's own words are never replaced: what is wrong with them
+            raise cast(CramkitError, first)
+        tried = "; ".join(",".join(f"{k}={v}" for k, v in c.items()) for c in choices if isinstance(c, dict))
+        raise CramkitError(
+            f"task {task.name}'s built-in label words ({tried}) are not single tokens (or equally long) in the "
+            f"vocabulary of {loaded.source}: give --label-words LABEL=WORD,... with words it holds whole "
+            f"({first})"
+        )
     if "text_b" in spec.fields and trained_inputs(task) == "single":
         raise CramkitError(
             f"--prompt {template!r} names the second text, but task {task.name} has one text per example"
@@ -687,7 +695,8 @@ def zero_shot_line(before: dict[str, Any], task: Task, source: str) -> str:
     return (
         f"{line}, the same label for every row: the MLM head of {source} does not read the context at the mask "
         "yet (a head trained for minutes predicts word frequencies), so the prompt starts no better than a "
-        f"fresh classifier (--method head); a longer `cramkit pretrain TEXT --from {source}` gives it one"
+        f"fresh classifier (--method head); continuing the whole model longer on text like the task's "
+        f"(`cramkit pretrain TEXT --from {source} --budget 30m`) gives it one"
     )
 
 

@@ -58,9 +58,16 @@ BUILTIN: dict[str, tuple[str, dict[str, str]]] = {
 
 # label words to fall back on, in order, where a model's vocabulary cuts the first choice into several
 # tokens (a tokenizer trained on a small corpus may not hold "terrible" whole)
+# (one cut "yes" in two: a pair task's yes/no/maybe fall back on true/false/perhaps)
+_YES_NO_FALLBACK = {"yes": "true", "no": "false", "maybe": "perhaps"}
 FALLBACK_WORDS: dict[str, list[dict[str, str]]] = {
     "glue/sst2": [{"0": "bad", "1": "good"}],
     "glue/cola": [{"0": "wrong", "1": "right"}, {"0": "bad", "1": "good"}],
+    **{
+        name: [{label: _YES_NO_FALLBACK[word] for label, word in words.items()}]
+        for name, (_, words) in BUILTIN.items()
+        if set(words.values()) <= set(_YES_NO_FALLBACK)
+    },
 }
 
 

@@ -299,8 +299,9 @@ def resolve_prompt(task: Task, loaded: LoadedModel, cfg: FinetuneConfig) -> Prom
         raise CramkitError(
             f"--from {src} has no masked-LM head, which a prompt scores its label words with; give it one by "
             f"continuing the whole model on text like the task's (`cramkit pretrain TEXT --from {src} --budget 30m "
-            "--out runs/with-head`; a head trained for minutes, or with train.head_only, predicts word frequencies "
-            "whatever the sentence), then fine-tune --from runs/with-head"
+            "--set train.keep_vectors=1 --out runs/with-head`, which also keeps its sentence vectors; a head "
+            "trained for minutes, or with train.head_only, predicts word frequencies whatever the sentence), "
+            "then fine-tune --from runs/with-head"
         )
     words: str | dict[str, str]  # LABEL=WORD,... or the built-in prompt's {label: word}
     template, words = cfg.prompt, cfg.label_words

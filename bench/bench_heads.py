@@ -3,7 +3,7 @@
 A prompt (PET / LM-BFF) asks the MLM head which label word fits the template's ``[MASK]``; that works only if
 the head's answer at a mask depends on the sentence. For each model: its top words at the mask of probe
 sentences that call for very different words, how many different first words they get, and the task's
-built-in prompt scored before any training (``cramkit.recipes.finetune.zero_shot``: at most 512 evenly spaced
+built-in prompt scored before any training (``cramkit.recipes.finetune.zero_shot_logits``: at most 512 evenly spaced
 dev rows, and how many labels it predicts at all), and the same scored again with each label's score centred on
 its mean over those rows (no labels used: a head whose words carry the task but lean to one label scores
 well centred; a head that does not read the context stays at chance either way).
@@ -44,16 +44,15 @@ def top_words(loaded, probes: tuple[str, ...], k: int = 5) -> list[list[str]]:
     return out
 
 
-def centred_score(task, loaded, cfg, prompt) -> float:
-    """The prompt before training on zero_shot's rows, each label's score less its mean over the rows."""
-    from cramkit.recipes.finetune import ZERO_SHOT_ROWS, build_model, encode_task_examples, predict
+def prompt_scores(task, loaded, cfg, prompt) -> tuple[float, int, int, float]:
+    """The prompt before training on zero_shot's rows: score, rows, labels predicted, and the score with each
+    label's logit less its mean over the rows."""
+    from cramkit.recipes.finetune import zero_shot_logits
 
-    rows = task.examples(task.scored_splits[0])
-    rows = rows[:: max(1, -(-len(rows) // ZERO_SHOT_ROWS))]
-    enc = encode_task_examples(task, loaded.tokenizer, rows, 128, prompt)
-    model = build_model(loaded, task.num_labels, cfg, prompt=prompt)
-    logits = predict(model, enc, cfg, torch.device("cpu"), loaded.pad_id, loaded.with_types)
-    return task.score(task.compute_metrics(logits - logits.mean(0, keepdims=True), enc.labels, rows))
+    rows, labels, logits = zero_shot_logits(task, loaded, cfg, prompt, 128, torch.device("cpu"))
+    score = task.score(task.compute_metrics(logits, labels, rows))
+    centred = task.score(task.compute_metrics(logits - logits.mean(0, keepdims=True), labels, rows))
+    return score, len(rows), len(set(logits.argmax(1).tolist())), centred
 
 
 def main() -> None:
@@ -63,7 +62,7 @@ def main() -> None:
     ap.add_argument("--data-dir", required=True)
     args = ap.parse_args()
     import cramkit
-    from cramkit.recipes.finetune import FinetuneConfig, resolve_prompt, zero_shot
+    from cramkit.recipes.finetune import FinetuneConfig, resolve_prompt
     from cramkit.tasks.registry import get_task
 
     task = get_task(args.task, data_dir=args.data_dir)
@@ -76,10 +75,9 @@ def main() -> None:
         words = top_words(loaded, PROBES)
         prompt = resolve_prompt(task, loaded, cfg)
         assert prompt is not None
-        before = zero_shot(task, loaded, cfg, prompt, 128, torch.device("cpu"))
+        score, examples, predicted, centred = prompt_scores(task, loaded, cfg, prompt)
         firsts = [w[0] for w in words]
-        zero = f"{before['score']:.1f} on {before['examples']} rows, {before['labels_predicted']} label(s) predicted"
-        centred = centred_score(task, loaded, cfg, prompt)
+        zero = f"{score:.1f} on {examples} rows, {predicted} label(s) predicted"
         print(f"| {Path(name).name} | {' / '.join(firsts)} | {len(set(firsts))} | {zero} | {centred:.1f} |", flush=True)
         for probe, w in zip(PROBES, words, strict=True):
             print(f"  {probe!r}: {', '.join(w)}", file=sys.stderr)

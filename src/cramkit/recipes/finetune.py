@@ -670,19 +670,25 @@ def zero_shot(
     for every row means the MLM head does not read the context at the mask: a head trained for minutes
     predicts the words' frequencies, whatever the sentence, and the prompt then starts no better than a
     fresh classifier."""
-    split = task.scored_splits[0]
-    rows = task.examples(split)
+    rows, labels, logits = zero_shot_logits(task, loaded, cfg, prompt, max_length, device)
+    return {
+        "split": task.scored_splits[0],
+        "examples": len(rows),
+        "score": task.score(task.compute_metrics(logits, labels, rows)),
+        "labels_predicted": len(set(logits.argmax(1).tolist())),
+    }
+
+
+def zero_shot_logits(
+    task: Task, loaded: LoadedModel, cfg: FinetuneConfig, prompt: PromptSpec, max_length: int, device: Any
+) -> tuple[list[Any], np.ndarray, np.ndarray]:
+    """:func:`zero_shot`'s rows (at most ZERO_SHOT_ROWS of the first scored split, evenly spaced), their labels
+    and the prompt's logits for them before training."""
+    rows = task.examples(task.scored_splits[0])
     rows = rows[:: max(1, -(-len(rows) // ZERO_SHOT_ROWS))]
     enc = encode_task_examples(task, loaded.tokenizer, rows, max_length, prompt)
     model = build_model(loaded, task.num_labels, cfg, prompt=prompt)
-    logits = predict(model, enc, cfg, device, loaded.pad_id, loaded.with_types)
-    metrics = task.compute_metrics(logits, enc.labels, rows)
-    return {
-        "split": split,
-        "examples": len(rows),
-        "score": task.score(metrics),
-        "labels_predicted": len(set(logits.argmax(1).tolist())),
-    }
+    return rows, enc.labels, predict(model, enc, cfg, device, loaded.pad_id, loaded.with_types)
 
 
 def zero_shot_line(before: dict[str, Any], task: Task, source: str) -> str:
@@ -697,7 +703,7 @@ def zero_shot_line(before: dict[str, Any], task: Task, source: str) -> str:
         f"{line}, the same label for every row: the MLM head of {source} does not read the context at the mask "
         "yet (a head trained for minutes predicts word frequencies), so the prompt starts no better than a "
         f"fresh classifier (--method head); continuing the whole model longer on text like the task's "
-        f"(`cramkit pretrain TEXT --from {source} --budget 30m`) gives it one"
+        f"(`cramkit pretrain TEXT --from {source} --budget 30m --set train.keep_vectors=1`) gives it one"
     )
 
 

@@ -15,6 +15,7 @@ opens as one store. ``mmap=False`` reads the .bin files with ``os.pread`` instea
 from __future__ import annotations
 
 import contextlib
+import glob
 import hashlib
 import json
 import os
@@ -50,6 +51,24 @@ _NOTED: set[Path] = set()  # folders whose files could not be memory-mapped (sai
 
 def _with(prefix: Path, suffix: str) -> Path:
     return prefix.parent / (prefix.name + suffix)
+
+
+# files that make a directory a folder of text to read, not a token store, when both are there
+TEXT_SUFFIXES = (".txt", ".jsonl", ".tokens", ".parquet", ".csv", ".tsv")
+
+
+def is_store(path: str | os.PathLike) -> bool:
+    """Whether ``path`` names a token store, as every verb that takes one decides it: PREFIX or
+    PREFIX.bin/.idx/.json of a store, a sharded store's PREFIX (NAME.json beside NAME-00000.bin/.idx, as
+    ``data build --shard-size`` and ``data join`` write it), or a directory holding a store and no text."""
+    p = Path(path)
+    if p.is_dir():
+        return any(p.glob("*.idx")) and not any(f.suffix in TEXT_SUFFIXES for f in p.iterdir())
+    base = p.with_suffix("") if p.suffix in (".bin", ".idx", ".json") else p
+    if _with(base, ".idx").is_file() and _with(base, ".bin").is_file():
+        return True
+    shards = base.parent.glob(glob.escape(base.name) + "-[0-9][0-9][0-9][0-9][0-9].idx")
+    return _with(base, ".json").is_file() and any(shards)
 
 
 def store_dtype(vocab_size: int) -> np.dtype:

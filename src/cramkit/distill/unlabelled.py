@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
+from cramkit.data.tokenstore import is_store
 from cramkit.errors import CramkitError
 
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s+")
@@ -34,9 +35,9 @@ def read_unlabelled(path: str | os.PathLike, *, limit: int = 0, seed: int = 0, m
         except UnicodeDecodeError:
             raise CramkitError(f"--unlabelled {path} is not UTF-8 text; convert it (iconv -t utf-8)") from None
         return lines[:limit] if limit > 0 else lines
-    if not p.exists() and not p.with_suffix(".idx").exists():
+    if not is_store(p):
         raise CramkitError(
-            f"--unlabelled {path}: no such file or token store; give a text file (one text per line) or a "
+            f"--unlabelled {path} is neither a text file nor a token store; give a text file (one text per line) or a "
             "token store directory (cramkit data build)"
         )
     return _from_store(p, limit, seed, max_words)

@@ -27,6 +27,7 @@ from typing import Any
 
 import numpy as np
 
+from cramkit.data.tokenstore import is_store
 from cramkit.errors import CramkitError
 from cramkit.index import ann
 from cramkit.index.chunking import (
@@ -65,18 +66,6 @@ DATA_FILES = ("vectors.npy", "chunks.npy", "text_offsets.npy", "texts.bin", "doc
 
 def _log(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
-
-
-def is_store(source: str) -> bool:
-    """Whether ``source`` names a token store (PREFIX, PREFIX.bin/.idx, or a directory holding one)."""
-    p = Path(source)
-    if p.suffix in (".idx", ".bin") and p.with_suffix(".idx").is_file():
-        return True
-    if p.is_dir():
-        return any(p.glob("*.idx")) and not any(
-            f.suffix in (".txt", ".jsonl", ".tokens", ".parquet") for f in p.iterdir()
-        )
-    return p.parent.joinpath(p.name + ".idx").is_file()
 
 
 def load_encoder(source: str, device: str = "auto") -> Any:

@@ -35,7 +35,7 @@ def read_inputs(
 ) -> tuple[list[str], np.ndarray, np.ndarray, dict[str, Any]]:
     """(texts, row ids, document ids, what they are) of ``source``; a file is decoded with ``encoding`` and
     ``errors``. A file's row is its own document; a store's chunk belongs to its sequence's document."""
-    from cramkit.index.core import is_store
+    from cramkit.data.tokenstore import is_store
 
     if is_store(source):
         from cramkit.data.tokenstore import TokenStore

@@ -24,6 +24,7 @@ import yaml
 
 from cramkit import runtime
 from cramkit.config import load_yaml
+from cramkit.data.tokenstore import is_store
 from cramkit.errors import CramkitError
 from cramkit.io import json_loads, read_json, read_json_object
 from cramkit.train import checkpoint as ckpt
@@ -36,17 +37,6 @@ RUN_FILE = "run.json"
 def default_out(preset: str) -> Path:
     name = Path(preset).stem if preset.endswith((".yaml", ".yml")) else preset
     return Path("runs") / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}"
-
-
-def _is_store(path: str) -> bool:
-    """A token store: a directory holding *.idx/*.bin, or a prefix / .bin / .idx file of one."""
-    p = Path(path)
-    if p.is_dir():
-        return any(p.glob("*.idx")) and not any(p.glob("*.txt"))
-    base = p.with_suffix("") if p.suffix in (".bin", ".idx") else p
-    if base.with_suffix(".json").is_file() and any(base.parent.glob(f"{base.name}-*.idx")):
-        return True  # a sharded store: NAME.json lists NAME-00000.bin/.idx, ...
-    return base.with_suffix(".idx").is_file() and base.with_suffix(".bin").is_file()
 
 
 def _cache_key(file: Path) -> Any:
@@ -446,7 +436,7 @@ def _fresh_config(
 
 def _preset_for_text(inputs: list[str], source_options: dict) -> str | None:
     """tiny-zh when the raw text given is Chinese (said in the log), else None (the default preset)."""
-    if not inputs or any(_is_store(s) for s in inputs):
+    if not inputs or any(is_store(s) for s in inputs):
         return None
     from cramkit.text.sources import detect_language, iter_documents
 
@@ -694,9 +684,9 @@ def _prepare(run, cfg, inputs, tokenizer, resume, preset, source_options, saved,
     from cramkit.train.parallel import init_distributed, main_first
 
     store = None
-    if len(inputs) == 1 and _is_store(inputs[0]):
+    if len(inputs) == 1 and is_store(inputs[0]):
         store = str(Path(inputs[0]).resolve())
-    elif any(_is_store(s) for s in inputs):
+    elif any(is_store(s) for s in inputs):
         raise CramkitError(f"give either one token store or raw text sources, not a mix: {inputs}")
     sources = [] if store else inputs
 

@@ -1,5 +1,11 @@
 """Shared fixtures: the real data in ../shared/data (skipped with a reason when absent), one torch thread
-per test, real runs and models made by the real commands."""
+per test, real runs and models made by the real commands (kept in the zoo, tests/zoo.py), and the tiers.
+
+The tiers: a test that starts a process (`python -m cramkit`, torchrun, a server, a script) is marked
+``integration`` (or ``smoke``: one of the few that cross a real boundary in the default tier; or ``slow``).
+The default tier (``pytest``: not integration, not slow) runs every other test in-process, and a test of it
+that starts such a process fails, naming the marker. ``dist`` tests are integration tests.
+"""
 
 from __future__ import annotations
 
@@ -9,6 +15,8 @@ import sys
 from pathlib import Path
 
 import pytest
+
+from zoo import artefact
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED_DATA = Path(os.environ.get("CRAMKIT_SHARED_DATA", REPO.parent / "shared" / "data"))
@@ -96,12 +104,11 @@ def builtin_docs() -> list[str]:
 
 
 @pytest.fixture(scope="session")
-def tok_dir(tmp_path_factory, builtin_docs):
+def tok_dir(builtin_docs):
     """A 3000-token WordPiece tokenizer trained on the stdlib docstrings, saved with save_tokenizer."""
     from cramkit.text.tokenizer import save_tokenizer, train_tokenizer
 
-    tok = train_tokenizer(builtin_docs[:300], 3000)
-    return save_tokenizer(tok, tmp_path_factory.mktemp("tok"))
+    return artefact("tok", [], lambda p: save_tokenizer(train_tokenizer(builtin_docs[:300], 3000), p))
 
 
 @pytest.fixture(scope="session")
@@ -123,23 +130,78 @@ TINY_MODEL_SETS = [
 
 
 def run_pretrain(out: Path, *args: str, steps: int = 10, nproc: int = 1, timeout: float = 300) -> Path:
-    """A run directory made by the real `cramkit pretrain` (a tiny model, ``steps`` optimizer steps)."""
-    cmd = [sys.executable, "-m", "cramkit", "pretrain", "--budget", f"{steps}steps", "--out", str(out)]
+    """A run directory made by the real `cramkit pretrain` (a tiny model, ``steps`` optimizer steps), run
+    in this process through ``cli.main`` (``--nproc`` > 1 launches torchrun from there)."""
+    from clirun import cli
+
+    cmd = ["pretrain", "--budget", f"{steps}steps", "--out", str(out)]
     for item in TINY_MODEL_SETS:
         cmd += ["--set", item]
     cmd += args  # after the defaults: a --set here wins
     if nproc > 1:
         cmd += ["--nproc", str(nproc)]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
+    proc = cli(*cmd)
     assert proc.returncode == 0, f"cramkit pretrain failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}"
     return out
 
 
 @pytest.fixture(scope="session")
-def pretrained_run(tmp_path_factory, tok_dir) -> Path:
+def pretrained_run(tok_dir) -> Path:
     """`cramkit pretrain` on the built-in corpus, one process: a real run directory to load and fine-tune."""
-    return run_pretrain(tmp_path_factory.mktemp("pretrained") / "run", "--tokenizer", str(tok_dir))
+    return artefact("pretrained", [], lambda p: run_pretrain(p, "--tokenizer", str(tok_dir)))
+
+
+@pytest.fixture(scope="session")
+def tiny_run(glue_dir: Path) -> Path:
+    """`cramkit pretrain` (10 steps) on 3,000 SST-2 training sentences with its own 1,500-word tokenizer."""
+    from tasks.test_finetune import make_tiny_run, sst2_sentences
+
+    def build(p: Path) -> None:
+        make_tiny_run(p / "run", sst2_sentences(glue_dir))
+
+    return artefact("tiny-sst2", [_glue_key(glue_dir)], build) / "run"
+
+
+PROCESS_MARKS = ("integration", "smoke", "slow")
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        if item.get_closest_marker("dist"):
+            item.add_marker(pytest.mark.integration)
+
+
+def _starts_a_process(args: object) -> bool:
+    """Whether a Popen argument list starts cramkit, torchrun, a Python script or a server (not a library's
+    own helper process, such as torch.compile's workers)."""
+    argv = [str(a) for a in args] if isinstance(args, (list, tuple)) else str(args).split()
+    if not argv:
+        return False
+    exe = Path(argv[0]).name
+    if exe in ("cramkit", "torchrun", "uvicorn"):
+        return True
+    if not exe.startswith("python") and argv[0] != sys.executable:
+        return False
+    return not any("site-packages" in a for a in argv[1:3])
+
+
+@pytest.fixture(autouse=True)
+def _unit_tier_starts_no_process(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """In the default tier a test runs the command in-process (tests/clirun.py); starting one fails here."""
+    if any(request.node.get_closest_marker(m) for m in PROCESS_MARKS):
+        return
+    real = subprocess.Popen.__init__
+
+    def guarded(self, args, *rest, **kw):  # type: ignore[no-untyped-def]
+        if _starts_a_process(args):
+            raise AssertionError(
+                f"a default-tier test started a process ({' '.join(map(str, args))[:120]}): run the command "
+                "in-process with clirun.cli, or mark the test pytest.mark.integration (smoke: a real boundary)"
+            )
+        real(self, args, *rest, **kw)
+
+    monkeypatch.setattr(subprocess.Popen, "__init__", guarded)
 
 
 @pytest.fixture(autouse=True)
@@ -154,28 +216,32 @@ def one_thread():
 
 
 @pytest.fixture(scope="session")
-def models_base(tmp_path_factory) -> Path:
-    return tmp_path_factory.getbasetemp() / "infer-models"
-
-
-@pytest.fixture(scope="session")
-def ft_model(models_base, pretrained_run, glue_dir) -> Path:
+def ft_model(pretrained_run, glue_dir) -> Path:
     """A classifier made by the real `cramkit finetune --out` from the real `pretrained_run`."""
     from infer.models import finetuned
 
-    models_base.mkdir(exist_ok=True)
-    return finetuned(models_base, pretrained_run, glue_dir)
+    return artefact("ft-sst2", [_glue_key(glue_dir)], lambda p: finetuned(_mkdir(p), pretrained_run, glue_dir))
 
 
 @pytest.fixture(scope="session")
-def ft_onnx(models_base, ft_model) -> Path:
+def ft_onnx(ft_model) -> Path:
     from infer.models import onnx_export
 
-    return onnx_export(models_base, ft_model, quantize=False)
+    return artefact("ft-onnx", [], lambda p: onnx_export(_mkdir(p), ft_model, quantize=False))
 
 
 @pytest.fixture(scope="session")
-def ft_onnx_int8(models_base, ft_model) -> Path:
+def ft_onnx_int8(ft_model) -> Path:
     from infer.models import onnx_export
 
-    return onnx_export(models_base, ft_model, quantize=True)
+    return artefact("ft-onnx-int8", [], lambda p: onnx_export(_mkdir(p), ft_model, quantize=True))
+
+
+def _mkdir(p: Path) -> Path:
+    p.mkdir(parents=True)
+    return p
+
+
+def _glue_key(glue_dir: Path) -> str:
+    """What decides a GLUE-trained artefact: the real GLUE's path, or the built-in GLUE-shaped tasks."""
+    return str(glue_dir) if glue_dir.is_relative_to(SHARED_DATA) else "builtin"

@@ -16,29 +16,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from clirun import cli, one_line
 from conftest import TINY_MODEL_SETS
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false"}
 TINY = [x for item in TINY_MODEL_SETS for x in ("--set", item)]
-
-
-def cli(*args: str, cwd: Path | None = None, timeout: float = 240) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", "cramkit", *map(str, args)]
-    return subprocess.run(
-        cmd, capture_output=True, text=True, timeout=timeout, env=ENV, cwd=cwd, stdin=subprocess.DEVNULL
-    )
-
-
-def one_line(proc: subprocess.CompletedProcess, *needles: str) -> str:
-    """The single error line of a failed command; it must contain every needle."""
-    err = proc.stderr.strip()
-    assert proc.returncode == 2, f"exit {proc.returncode}\nstdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
-    assert "Traceback" not in err, err
-    lines = [line for line in err.splitlines() if line.strip()]
-    assert len(lines) == 1 and lines[0].startswith("cramkit: error:"), err
-    for needle in needles:
-        assert needle in lines[0], f"{needle!r} not in: {lines[0]}"
-    return lines[0]
 
 
 @pytest.fixture(scope="module")

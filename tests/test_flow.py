@@ -4,9 +4,6 @@ export, and a real pretrained BERT fine-tuned, exported and checked against tran
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -14,17 +11,11 @@ import pytest
 import torch
 
 import cramkit
+from clirun import cli
 from conftest import run_pretrain
 from cramkit.errors import CramkitError
 from cramkit.infer import Engine
 from cramkit.train.metrics import read_metrics
-
-
-def cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    return subprocess.run(
-        [sys.executable, "-m", "cramkit", *args], capture_output=True, text=True, timeout=timeout, env=env
-    )
 
 
 def ok(*args: str) -> str:

@@ -6,14 +6,13 @@ the outputs are the all-resident model's; the refusals are one line each (exit 2
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from clirun import cli as _cli
 from cramkit.errors import CramkitError
 
 EXPERTS = 8
@@ -34,12 +33,6 @@ def moe_run(tmp_path_factory: pytest.TempPathFactory, tok_dir: Path) -> Path:
     from conftest import run_pretrain
 
     return run_pretrain(tmp_path_factory.mktemp("moe-offload") / "run", "--tokenizer", str(tok_dir), *MOE, steps=12)
-
-
-def _cli(*args: object, timeout: float = 300) -> subprocess.CompletedProcess:
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    cmd = [sys.executable, "-m", "cramkit", *map(str, args)]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
 
 
 def _one_line(proc: subprocess.CompletedProcess, *needles: str) -> str:

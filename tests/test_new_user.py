@@ -15,18 +15,9 @@ from pathlib import Path
 
 import pytest
 
+from clirun import cli
+
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1"}
-
-
-def cli(*args: object, timeout: float = 300) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "cramkit", *map(str, args)],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env=ENV,
-        stdin=subprocess.DEVNULL,
-    )
 
 
 def one_line(proc: subprocess.CompletedProcess, *needles: str) -> str:

@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from clirun import cli
 from cramkit.data.loader import PretrainData
 from cramkit.data.mlm import DataConfig
 from cramkit.data.stage import stage
@@ -44,10 +45,7 @@ STEPS = 4
 
 
 def cramkit(*args: str, check: bool = True, timeout: float = 180) -> subprocess.CompletedProcess:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
-    proc = subprocess.run(
-        [sys.executable, "-m", "cramkit", *args], capture_output=True, text=True, timeout=timeout, env=env
-    )
+    proc = cli(*args)
     if check:
         assert proc.returncode == 0, f"cramkit {' '.join(args)} failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}"
     return proc

@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import csv
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from clirun import cli as cramkit
 from conftest import _need
 
 TRAIN_ROWS, DEV_ROWS = 300, 100
@@ -52,13 +51,6 @@ def sst_csv(sst2_rows, tmp_path_factory) -> dict[str, Path]:
             w.writerow(["sentence", "label"])
             w.writerows(rows)
     return out
-
-
-def cramkit(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
-    return subprocess.run(
-        [sys.executable, "-m", "cramkit", *args], capture_output=True, text=True, timeout=timeout, env=env
-    )
 
 
 @pytest.fixture(scope="session")

@@ -15,16 +15,11 @@ import numpy as np
 import pytest
 
 import cramkit
+from clirun import cli
 from cramkit.cli import main
 from cramkit.index import ann
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
-
-
-def cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "cramkit", *args], capture_output=True, text=True, timeout=timeout, env=ENV
-    )
 
 
 def fails(capsys, *args: str) -> str:

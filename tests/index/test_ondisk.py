@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 import cramkit
+from clirun import cli
 from cramkit.cli import main
 from cramkit.index import ann
 
@@ -25,10 +26,6 @@ ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
 
 def cmd(*args: str) -> list[str]:
     return [sys.executable, "-m", "cramkit", *args]
-
-
-def cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
-    return subprocess.run(cmd(*args), capture_output=True, text=True, timeout=timeout, env=ENV)
 
 
 def fails(capsys, *args: str) -> str:

@@ -1,29 +1,12 @@
-"""Models for the inference and server tests, built once per session through the real commands."""
+"""Models for the inference and server tests, built through the real commands (once: conftest puts them in the zoo)."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
+from clirun import cli, ok
 
-def cli(*args: str, timeout: float = 300, cwd: Path | None = None) -> subprocess.CompletedProcess:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
-    return subprocess.run(
-        [sys.executable, "-m", "cramkit", *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env=env,
-        cwd=cwd,
-    )
-
-
-def ok(*args: str) -> str:
-    proc = cli(*args)
-    assert proc.returncode == 0, f"cramkit {' '.join(args)} failed:\n{proc.stdout}\n{proc.stderr}"
-    return proc.stdout + proc.stderr
+__all__ = ["cli", "finetuned", "ok", "onnx_export", "sst2"]
 
 
 def sst2(glue_dir: Path, split: str) -> list[tuple[str, str]]:
@@ -34,8 +17,6 @@ def sst2(glue_dir: Path, split: str) -> list[tuple[str, str]]:
 def finetuned(base: Path, pretrained_run: Path, glue_dir: Path) -> Path:
     """`cramkit finetune` of the tiny pretraining run on 400 SST-2 training sentences (--out), once."""
     out = base / "ft-sst2"
-    if (out / "cramkit-model.json").is_file():
-        return out
     rows = sst2(glue_dir, "train")[:400]
     train = base / "sst2-train.tsv"
     train.write_text("sentence\tlabel\n" + "".join(f"{s}\t{y}\n" for s, y in rows), encoding="utf-8")
@@ -63,8 +44,6 @@ def finetuned(base: Path, pretrained_run: Path, glue_dir: Path) -> Path:
 def onnx_export(base: Path, model: Path, quantize: bool) -> Path:
     """`cramkit export MODEL --format onnx [--quantize int8]`, once."""
     out = base / (f"{model.name}-onnx" + ("-int8" if quantize else ""))
-    if (out / "cramkit-onnx.json").is_file():
-        return out
     ok(
         "export",
         str(model),

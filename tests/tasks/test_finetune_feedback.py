@@ -4,21 +4,12 @@ plot), the best epoch's model kept on request, and a labelled test file scored."
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 import cramkit
-
-
-def cli(*args: str) -> subprocess.CompletedProcess:
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    return subprocess.run(
-        [sys.executable, "-m", "cramkit", *args], capture_output=True, text=True, timeout=600, env=env
-    )
+from clirun import cli
 
 
 def _files(glue_dir: Path, root: Path) -> tuple[Path, Path, Path]:

@@ -5,9 +5,6 @@ export and serve."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -15,15 +12,9 @@ import pytest
 import torch
 
 import cramkit
+from clirun import cli
 from cramkit.errors import CramkitError
 from cramkit.tasks.mixtures import Mixture, mixture_rates, resolve_mixture
-
-
-def cli(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    return subprocess.run(
-        [sys.executable, "-m", "cramkit", *args], capture_output=True, text=True, timeout=timeout, env=env
-    )
 
 
 def test_rate_rules():

@@ -5,14 +5,12 @@ the suite's average, and fine-tuning a SuperGLUE task through the real command."
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from clirun import cli as run_cli
 from cramkit.errors import CramkitError
 from cramkit.tasks.registry import get_suite, get_task
 
@@ -594,13 +592,6 @@ def test_broken_json_and_non_utf8_files_are_one_clear_line(tmp_path: Path) -> No
     train.write_bytes('{"premise": "caf\u00e9"}\n'.encode("latin-1"))
     with pytest.raises(CramkitError, match="is not UTF-8 text"):
         get_task("superglue/rte", data_dir=root).examples("train")
-
-
-def run_cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
-    return subprocess.run(
-        [sys.executable, "-m", "cramkit", *args], capture_output=True, text=True, timeout=timeout, env=env
-    )
 
 
 def test_cli_unknown_field_is_one_line_and_exit_2(tmp_path: Path) -> None:

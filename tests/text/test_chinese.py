@@ -5,28 +5,17 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
 
+from clirun import cli as cramkit
 from conftest import TINY_MODEL_SETS, _need
 from cramkit.text.sources import detect_language, iter_documents
 from cramkit.text.tokenizer import is_cjk_char, load_tokenizer, train_tokenizer
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
-
-
-def cramkit(*args: str, env: dict | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "cramkit", *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env=env or ENV,
-    )
 
 
 @pytest.fixture(scope="session")

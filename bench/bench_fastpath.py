@@ -35,7 +35,7 @@ from typing import Any
 import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
-DATA = Path(os.environ.get("CRAMKIT_SHARED_DATA") or REPO.parent / "shared" / "data")  # or /work/shared/data
+DATA = Path(os.environ.get("CRAMKIT_SHARED_DATA") or REPO.parent / "shared" / "data")
 ABC = DATA / "corpus" / "nltk-abc"
 
 

@@ -220,21 +220,24 @@ def ft_model(pretrained_run, glue_dir) -> Path:
     """A classifier made by the real `cramkit finetune --out` from the real `pretrained_run`."""
     from infer.models import finetuned
 
-    return artefact("ft-sst2", [_glue_key(glue_dir)], lambda p: finetuned(_mkdir(p), pretrained_run, glue_dir))
+    built = artefact("ft-sst2", [_glue_key(glue_dir)], lambda p: finetuned(_mkdir(p), pretrained_run, glue_dir))
+    return built / "ft-sst2"
 
 
 @pytest.fixture(scope="session")
 def ft_onnx(ft_model) -> Path:
     from infer.models import onnx_export
 
-    return artefact("ft-onnx", [], lambda p: onnx_export(_mkdir(p), ft_model, quantize=False))
+    built = artefact("ft-onnx", [str(ft_model)], lambda p: onnx_export(_mkdir(p), ft_model, quantize=False))
+    return built / "ft-sst2-onnx"
 
 
 @pytest.fixture(scope="session")
 def ft_onnx_int8(ft_model) -> Path:
     from infer.models import onnx_export
 
-    return artefact("ft-onnx-int8", [], lambda p: onnx_export(_mkdir(p), ft_model, quantize=True))
+    built = artefact("ft-onnx-int8", [str(ft_model)], lambda p: onnx_export(_mkdir(p), ft_model, quantize=True))
+    return built / "ft-sst2-onnx-int8"
 
 
 def _mkdir(p: Path) -> Path:

@@ -22,8 +22,7 @@ from cramkit.errors import CramkitError
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-# modules under cramkit.commands, each with `register(subparsers)`; missing ones are skipped so the
-# command stays usable while an area is being built.
+# modules under cramkit.commands, each with `register(subparsers)`, in the order `cramkit --help` lists them
 COMMAND_MODULES = ("data", "pretrain", "tasks", "predict", "export", "distill", "serve", "embed", "index")
 
 
@@ -36,13 +35,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"cramkit {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in COMMAND_MODULES:
-        try:
-            module = importlib.import_module(f"cramkit.commands.{name}")
-        except ModuleNotFoundError as exc:
-            if exc.name == f"cramkit.commands.{name}":
-                continue
-            raise
-        module.register(sub)
+        importlib.import_module(f"cramkit.commands.{name}").register(sub)
     return parser
 
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import logging
 import os
 import signal
 import subprocess
@@ -52,6 +53,23 @@ def _environment(cwd: str | os.PathLike | None, env: Mapping[str, str] | None) -
                 signal.signal(sig, handler)
 
 
+@contextlib.contextmanager
+def _log_to(stream: io.StringIO) -> Iterator[None]:
+    """cramkit's log records (warnings and up) on ``stream`` as bare messages, as a process prints them through
+    logging's last-resort handler (under pytest the root logger has handlers of its own that would take them)."""
+    logger = logging.getLogger("cramkit")
+    handler = logging.StreamHandler(stream)
+    handler.setLevel(logging.WARNING)
+    propagate = logger.propagate
+    logger.addHandler(handler)
+    logger.propagate = False
+    try:
+        yield
+    finally:
+        logger.removeHandler(handler)
+        logger.propagate = propagate
+
+
 def cli(
     *args: object,
     cwd: str | os.PathLike | None = None,
@@ -64,7 +82,7 @@ def cli(
 
     argv = [str(a) for a in args]
     out, err = _Capture(), _Capture()
-    with _environment(cwd, env), contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+    with _environment(cwd, env), contextlib.redirect_stdout(out), contextlib.redirect_stderr(err), _log_to(err):
         try:
             code = cramkit_cli.main(argv)
         except SystemExit as exc:

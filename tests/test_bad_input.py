@@ -327,6 +327,7 @@ def test_hf_index_cannot_name_files_outside_the_model_folder(tmp_path, minilm_di
 # ---------------------------------------------------------------------- 23: an export's tokenizer
 
 
+@pytest.mark.integration
 def test_remote_code_export_tokenizer_loads_without_a_prompt(tmp_path, pretrained_run):
     out = tmp_path / "hf"
     proc = cli("export", pretrained_run, "--out", out)

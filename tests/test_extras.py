@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.integration  # `cramkit serve` in a process without its extra
+
 
 @pytest.mark.parametrize("missing", ["fastapi", "starlette"])
 def test_serve_without_its_extra_says_which_to_install(tmp_path: Path, pretrained_run: Path, missing: str) -> None:

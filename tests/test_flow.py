@@ -38,6 +38,7 @@ def _losses(run: Path) -> dict[int, float]:
     return {r["step"]: r["loss"] for r in read_metrics(run) if "loss" in r}
 
 
+@pytest.mark.integration
 def test_two_process_run_loads_finetunes_predicts_and_exports(tmp_path, tok_dir, builtin_docs) -> None:
     every = ("--set", "train.log_every=1")
     run = run_pretrain(tmp_path / "run2", "--tokenizer", str(tok_dir), *every, nproc=2, steps=6)
@@ -101,6 +102,7 @@ def test_two_process_run_loads_finetunes_predicts_and_exports(tmp_path, tok_dir,
     assert res["kept_seed"] == 0
 
 
+@pytest.mark.integration
 def test_pretrained_bert_finetuned_exports_to_transformers_with_equal_logits(minilm_dir, glue_dir, tmp_path) -> None:
     transformers = pytest.importorskip("transformers")
     lines = (glue_dir / "SST-2" / "train.tsv").read_text(encoding="utf-8").splitlines()

@@ -155,6 +155,7 @@ def test_every_verb_refuses_the_same_mistakes_from_both_doors(pretrained_run, gl
     assert "no such directory" in said and not out.exists()
 
 
+@pytest.mark.integration
 def test_the_verbs_are_one_function_each_and_distill_stays_a_package():
     """Every verb of the command line has its typed Python function; ``cramkit.distill`` is the verb and still
     the package (``import cramkit.distill.core``); ``import cramkit`` imports no torch."""

@@ -9,6 +9,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.integration  # bench/gpu_day.py --dry-run in a process
+
 REPO = Path(__file__).resolve().parents[1]
 
 

@@ -130,6 +130,7 @@ def test_every_text_verb_takes_the_reading_options():
         assert "reading text:" in out
 
 
+@pytest.mark.integration
 def test_latin1_corpus_is_indexed_and_embedded(tmp_path, minilm_dir):
     latin = tmp_path / "latin.txt"
     text = "Le café est très bon.\n\nUne crème brûlée à Noël.\n\nLe garçon mange.\n"
@@ -414,6 +415,7 @@ def test_nproc_with_a_mistyped_setting_fails_once_before_torchrun(tmp_path):
     )
 
 
+@pytest.mark.integration
 def test_onnx_export_says_when_fusions_were_skipped(pretrained_run, tmp_path, monkeypatch, capsys):
     pytest.importorskip("onnxruntime")
     import onnxruntime.transformers.optimizer as optimizer

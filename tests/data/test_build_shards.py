@@ -17,6 +17,8 @@ from cramkit.cli import main
 from cramkit.data.build import build_store
 from cramkit.data.tokenstore import TokenStore
 
+pytestmark = pytest.mark.integration  # two `cramkit data build` processes at once
+
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
 
 

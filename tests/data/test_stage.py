@@ -157,6 +157,7 @@ def test_staged_and_pread_runs_train_like_in_place(stores, reference, tmp_path):
     assert losses(tmp_path / "prefix") == reference
 
 
+@pytest.mark.integration
 def test_kill_9_during_staging_then_rerun_trains_correctly(stores, reference, tmp_path):
     one, _ = stores
     cache = tmp_path / "cache"

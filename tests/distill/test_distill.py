@@ -219,6 +219,7 @@ def test_empty_or_unlabelled_train_file(teacher, sst_csv, nltk_data, tmp_path, c
     assert not (out / MODEL_FILE).exists()
 
 
+@pytest.mark.integration
 def test_missing_tagger_through_the_cli(teacher, sst_csv, tmp_path):
     import os
     import subprocess

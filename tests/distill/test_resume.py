@@ -19,6 +19,8 @@ from cramkit.cli import main
 
 from .conftest import SMALL
 
+pytestmark = pytest.mark.integration  # kill -9 of a `cramkit distill` process
+
 BILSTM = ["--student", "bilstm", "--set", "lstm_hidden=32", "--set", "fc_hidden=32"]
 
 

@@ -124,6 +124,7 @@ def _one_line_error(proc, *needles: str) -> None:
         assert needle in proc.stderr, proc.stderr
 
 
+@pytest.mark.integration
 def test_model_config_asking_for_terabytes_is_refused_before_allocating(ft_model, tmp_path) -> None:
     bad = tmp_path / "huge"
     shutil.copytree(ft_model, bad)
@@ -136,6 +137,7 @@ def test_model_config_asking_for_terabytes_is_refused_before_allocating(ft_model
     _one_line_error(proc, "cramkit-model.json", "parameters", "GiB")
 
 
+@pytest.mark.integration
 def test_student_config_asking_for_terabytes_is_refused_before_allocating(tmp_path) -> None:
     from safetensors.numpy import save_file
 
@@ -156,6 +158,7 @@ def test_student_config_asking_for_terabytes_is_refused_before_allocating(tmp_pa
     _one_line_error(proc, "cramkit-model.json", "parameters", "GiB")
 
 
+@pytest.mark.integration
 def test_model_directory_links_to_files_outside_are_refused(ft_model, tmp_path) -> None:
     rows = tmp_path / "rows.txt"
     rows.write_text("a fine film\n")

@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.integration  # commands run on a small filesystem through a shell
+
 
 def _on_full_disk(tmp_path: Path, *args: str, free_kb: int = 8, size_kb: int = 1024) -> subprocess.CompletedProcess:
     """`cramkit ARGS` with DISK (a ``size_kb`` KiB tmpfs with ``free_kb`` KiB left) mounted at tmp_path/disk."""

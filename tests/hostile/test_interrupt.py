@@ -11,6 +11,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
 
 SWALLOWED = """
@@ -30,6 +32,7 @@ print("finished", flush=True)
 """
 
 
+@pytest.mark.integration
 def test_a_swallowed_ctrl_c_still_ends_the_command() -> None:
     t0 = time.monotonic()
     proc = subprocess.run([sys.executable, "-c", SWALLOWED], capture_output=True, text=True, timeout=60, env=ENV)
@@ -57,6 +60,7 @@ def started(log: Path, proc: subprocess.Popen, mark: str, timeout: float = 180) 
     return False
 
 
+@pytest.mark.integration
 def test_ctrl_c_while_exporting_stops_and_leaves_nothing(pretrained_run: Path, tmp_path: Path) -> None:
     """SIGINT at several points of `cramkit export --format onnx` (exporting the graph, optimising, checking):
     exit 130, one line, no output and no temporary directory left; the same command then exports. (A signal
@@ -88,6 +92,7 @@ def test_ctrl_c_while_exporting_stops_and_leaves_nothing(pretrained_run: Path, t
     assert (out / "model.onnx").is_file()
 
 
+@pytest.mark.integration
 def test_the_command_line_starts_without_torch() -> None:
     """`cramkit --help` and the parser import no torch (nor numpy): the facade and cramkit.model load them on
     first use, so the help is instant and a Ctrl-C during start-up lands in cramkit's handler."""

@@ -83,6 +83,7 @@ def test_crafted_onnx_manifest_fields_are_one_line(ft_onnx, tmp_path) -> None:
             load_onnx(bad)
 
 
+@pytest.mark.integration
 def test_tokenizer_regex_that_panics_the_rust_tokenizer_is_one_line(ft_model, tmp_path) -> None:
     bad = tmp_path / "bad"
     shutil.copytree(ft_model, bad)

@@ -129,6 +129,7 @@ def test_embed_and_index_take_the_directory_lock(pretrained_run, tmp_path, refus
         refused(["index", "add", str(idx), str(docs), "--device", "cpu"], "in use")
 
 
+@pytest.mark.integration
 def test_rerun_cleans_what_a_killed_export_left(ft_model, tmp_path) -> None:
     """kill -9 during `export --format onnx` leaves its temporary directory; the same command again removes
     it (and those of other killed writers: a predictions file's, an HF export's)."""

@@ -35,6 +35,7 @@ def test_a_truncated_store_is_refused_before_the_read(tmp_path: Path) -> None:
         seqs.gather(np.array([250, 300]))
 
 
+@pytest.mark.integration
 def test_pretrain_with_its_store_truncated_ends_with_one_line(tmp_path: Path) -> None:
     run = tmp_path / "run"
     proc = subprocess.Popen(

@@ -270,6 +270,7 @@ def test_a_model_without_an_encoder_is_refused(tmp_path, capsys, tok):
 # ------------------------------------------------------------------------------------------ real models
 
 
+@pytest.mark.integration
 def test_minilm_far_above_a_barely_trained_run_on_mrpc(
     mrpc_beir, real_glue_dir, minilm_dir, pretrained_run, tmp_path, capsys
 ):
@@ -308,7 +309,9 @@ def test_through_an_index(mrpc_beir, pretrained_run, minilm_dir, tmp_path, capsy
     assert via["search"]["kind"] == "index" and via["search"]["index_kind"] == "flat"
     assert via["search"]["documents_indexed_as"] == "text"
     for m, v in exact["metrics"].items():
-        assert via["metrics"][m] == pytest.approx(v, abs=1e-6)
+        # Faiss's inner products and numpy's differ in the last bits: a near-tie of a barely trained model's
+        # scores may rank the other way (a few 1e-4 points); a wrong document would move a metric by points
+        assert via["metrics"][m] == pytest.approx(v, abs=1e-2)
         assert via["exact_on_index_vectors"][m] == pytest.approx(v, abs=1e-6)
     assert "| ndcg@10 |" in (tmp_path / "r" / "results.md").read_text()
     capsys.readouterr()

@@ -242,6 +242,7 @@ def _kill_when_committed(proc: subprocess.Popen, progress: Path, timeout: float 
     pytest.fail("no progress committed in time")
 
 
+@pytest.mark.integration
 def test_killed_embed_resumes(tmp_path, builtin_docs, pretrained_run):
     lines = [" ".join(d.split())[:200] for d in builtin_docs[:600]]
     src = tmp_path / "lines.txt"
@@ -513,6 +514,7 @@ def test_other_encoder_at_query_time(tiny_index, minilm_dir, capsys):
 # -------------------------------------------------------------------------------------------- quality
 
 
+@pytest.mark.integration
 def test_minilm_mrpc_paraphrases(tmp_path, real_glue_dir, minilm_dir):
     glue_dir = real_glue_dir
     """A few MRPC paraphrase pairs: index the second sentences, query with the first."""

@@ -113,6 +113,7 @@ def test_workers_build_equals_the_single_process_one(builds):
     assert (_data(builds["workers"]) / "faiss.index").read_bytes() == index_file
 
 
+@pytest.mark.integration
 def test_shards_resume_after_a_kill_and_merge_like_one_process(tmp_path, builds, embedded, pretrained_run):
     out = tmp_path / "sharded"
     first = build(embedded, pretrained_run, out, "--on-disk", "--shard", "0/2")
@@ -144,6 +145,7 @@ def test_shards_resume_after_a_kill_and_merge_like_one_process(tmp_path, builds,
     assert late.returncode == 2 and "already holds an index" in late.stderr
 
 
+@pytest.mark.integration
 def test_two_shards_started_together_share_one_out(tmp_path, builds, embedded, pretrained_run):
     """A scheduler starts both shards at once: one prepares while the other waits, each fills its part, the
     last one merges; the result is the one-process index, byte for byte."""
@@ -223,6 +225,7 @@ def test_crafted_list_paths_are_refused(tmp_path, builds, capsys):
     assert "does not grow it" in fails(capsys, "index", "add", str(builds["disk"]), "x.txt")
 
 
+@pytest.mark.integration
 def test_query_and_serve_over_the_on_disk_index(tmp_path, builds, pretrained_run):
     import httpx
 
@@ -274,6 +277,7 @@ def retro_disk(tmp_path_factory, builtin_docs, tok_dir, pretrained_run) -> tuple
     return d / "store", d / "idx"
 
 
+@pytest.mark.integration
 def test_retro_neighbours_on_disk_resume_after_a_kill(tmp_path, retro_disk):
     store, idx = retro_disk
     whole = tmp_path / "whole"

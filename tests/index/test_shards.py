@@ -143,6 +143,7 @@ def _copy_without_part1(src: Path, dst: Path) -> Path:
     return dst
 
 
+@pytest.mark.integration
 def test_killed_shard_resumes_and_leaves_the_others(tmp_path, embedded, lines, pretrained_run):
     out = _copy_without_part1(embedded["parquet"], tmp_path / "e")
     part0 = (out / PART0).stat()
@@ -321,6 +322,7 @@ def test_index_build_from_parquet_embeddings(tmp_path, embedded, lines, pretrain
     assert "names part '../outside.parquet', which is not a file inside" in err
 
 
+@pytest.mark.integration
 def test_cramkit_embedder_in_ray_data(embedded, lines, pretrained_run):
     """The class in a real local Ray instance (one CPU, one actor), pandas batches (numpy: called directly)."""
     pytest.importorskip("ray.data")

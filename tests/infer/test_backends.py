@@ -16,6 +16,7 @@ import pytest
 from safetensors.numpy import load_file
 
 import cramkit
+from clirun import cli_process
 from cramkit.errors import CramkitError
 from cramkit.infer import Engine, backends
 from infer.models import cli, sst2
@@ -97,18 +98,19 @@ def _installed(tmp_path: Path) -> dict[str, str]:
     return {"PYTHONPATH": os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")])}
 
 
+@pytest.mark.integration  # an installed package: its entry point is read by a new process
 def test_an_installed_format_exports_predicts_and_serves(ft_model, glue_dir, tmp_path, monkeypatch):
     from serve.test_server import start
 
     for key, value in _installed(tmp_path).items():
         monkeypatch.setenv(key, value)
     out = tmp_path / "bag"
-    proc = cli("export", str(ft_model), "--format", "bag", "--out", str(out))
+    proc = cli_process("export", str(ft_model), "--format", "bag", "--out", str(out))
     assert proc.returncode == 0, proc.stderr
     assert "[bag] wrote a bag of" in proc.stderr and (out / "cramkit-bag.json").is_file()
     rows = tmp_path / "dev.tsv"
     rows.write_text("sentence\tlabel\n" + "".join(f"{s}\t{y}\n" for s, y in sst2(glue_dir, "dev")[:20]))
-    proc = cli("predict", "--from", str(out), str(rows), "--out", str(tmp_path / "p.jsonl"))
+    proc = cli_process("predict", "--from", str(out), str(rows), "--out", str(tmp_path / "p.jsonl"))
     assert proc.returncode == 0, proc.stderr
     preds = [json.loads(line) for line in (tmp_path / "p.jsonl").read_text().splitlines()]
     assert len(preds) == 20 and {p["label"] for p in preds} <= {"0", "1"}
@@ -127,7 +129,7 @@ def test_an_installed_format_exports_predicts_and_serves(ft_model, glue_dir, tmp
         server.wait(30)
     # without the package, the directory is not a model cramkit knows: one line
     monkeypatch.delenv("PYTHONPATH")
-    proc = cli("predict", "--from", str(out), str(rows))
+    proc = cli_process("predict", "--from", str(out), str(rows))
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
 
 

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 import cramkit
+from clirun import cli_process
 from cramkit.errors import CramkitError
 from cramkit.infer import Engine
 from cramkit.infer.backends import open_export as load_ct2
@@ -30,12 +31,14 @@ def cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 @pytest.fixture(scope="module")
 def minilm_ct2(minilm_dir, tmp_path_factory) -> dict[str, Path]:
-    """all-MiniLM-L6-v2 exported through the command line, float32 and int8."""
+    """all-MiniLM-L6-v2 exported by `cramkit export` processes, float32 and int8 (the integration tier)."""
     base = tmp_path_factory.mktemp("ct2")
     out = {}
     for q in ("float32", "int8"):
         out[q] = base / f"minilm-{q}"
-        said = ok("export", f"hf:{minilm_dir}", "--format", "ct2", "--quantize", q, "--out", str(out[q]))
+        proc = cli_process("export", f"hf:{minilm_dir}", "--format", "ct2", "--quantize", q, "--out", str(out[q]))
+        said = proc.stdout + proc.stderr
+        assert proc.returncode == 0, said
         assert f"CTranslate2 {q}" in said and "cosine_mean_mean" in said, said
     return out
 
@@ -45,6 +48,7 @@ def dev200(glue_dir) -> list[str]:
     return [s for s, _ in sst2(glue_dir, "dev")[:200]]  # never seen by the export's check
 
 
+@pytest.mark.integration
 def test_minilm_export_matches_torch_on_unseen_text(minilm_dir, minilm_ct2, dev200) -> None:
     ref = Engine(cramkit.load(f"hf:{minilm_dir}"), device="cpu").embed(dev200)
     f32 = Engine(minilm_ct2["float32"], threads=1)  # a CTranslate2 export is run by CTranslate2 by itself
@@ -65,6 +69,7 @@ def test_minilm_export_matches_torch_on_unseen_text(minilm_dir, minilm_ct2, dev2
     assert np.abs(small - got).max() < 1e-5
 
 
+@pytest.mark.integration
 def test_fast_path_passes_and_vectors_match_a_plain_ctranslate2_loop(minilm_dir, minilm_ct2, dev200) -> None:
     """The CPU fast path's own pass size (CTranslate2's budget, not the torch default), the same vectors as
     the loop a user would write on the export's files, and pairs still read with their token types."""
@@ -101,6 +106,7 @@ def test_fast_path_passes_and_vectors_match_a_plain_ctranslate2_loop(minilm_dir,
     assert np.abs(ref - f32).max() < 1e-4
 
 
+@pytest.mark.integration
 def test_passes_run_side_by_side_one_thread_each_with_the_same_vectors(minilm_ct2, dev200) -> None:
     """On a CPU a CTranslate2 export runs one thread per pass and as many passes at once as threads; the
     vectors and their order are those of one pass at a time."""
@@ -115,6 +121,7 @@ def test_passes_run_side_by_side_one_thread_each_with_the_same_vectors(minilm_ct
     assert run_passes(lambda b: int(b[0]), [np.array([i]) for i in range(9)], workers=3) == list(range(9))
 
 
+@pytest.mark.integration
 def test_serve_runs_a_ct2_export(minilm_dir, minilm_ct2, dev200) -> None:
     from serve.test_server import start
 
@@ -134,6 +141,7 @@ def test_serve_runs_a_ct2_export(minilm_dir, minilm_ct2, dev200) -> None:
         proc.wait(30)
 
 
+@pytest.mark.integration
 def test_crafted_or_incomplete_exports_are_one_line(minilm_ct2, tmp_path) -> None:
     good = minilm_ct2["float32"]
     man = json.loads((good / MANIFEST).read_text())
@@ -235,6 +243,7 @@ def test_what_ct2_cannot_run_is_one_line(tok, tmp_path) -> None:
     assert proc.returncode == 2 and "the hf format takes no quantize" in proc.stderr, proc.stderr
 
 
+@pytest.mark.integration
 def test_without_ctranslate2_the_export_names_the_extra(minilm_dir, tmp_path) -> None:
     # a module of that name that cannot be imported stands in for one that is not installed
     (tmp_path / "ctranslate2.py").write_text(

@@ -35,6 +35,7 @@ def test_fp32_export_matches_torch_on_unseen_text(ft_model, ft_onnx, glue_dir) -
     assert ref.classify(dev).labels == got.classify(dev).labels
 
 
+@pytest.mark.integration
 def test_python_export_to_onnx_is_the_commands(ft_model, ft_onnx, glue_dir, tmp_path) -> None:
     """`cramkit.export(MODEL, OUT, format="onnx")` writes what `cramkit export --format onnx` writes."""
     out = cramkit.export(ft_model, tmp_path / "py-onnx", format="onnx")
@@ -165,6 +166,7 @@ BERT_SHAPE = (
 )
 
 
+@pytest.mark.integration
 def test_bert_shaped_export_runs_fused_attention(tmp_path_factory, tok_dir, tmp_path) -> None:
     """A BERT-shaped encoder's attention is one ONNX Runtime MultiHeadAttention per layer (no softmax left),
     with the same outputs as torch; int8 quantizes its projections for the instruction set it is asked
@@ -184,6 +186,7 @@ def test_bert_shaped_export_runs_fused_attention(tmp_path_factory, tok_dir, tmp_
     assert man8["check"]["cosine_mean_mean"] > 0.98 and man8["embed_diff"] > 0
 
 
+@pytest.mark.integration
 def test_every_encoder_shape_fuses_its_attention(tmp_path_factory, tok_dir, tmp_path) -> None:
     """Pre-LN with RMSNorm, rotary positions and a SwiGLU MLP: the rotary embedding stays in the graph,
     the attention core is fused, the outputs are torch's."""
@@ -201,6 +204,7 @@ def test_every_encoder_shape_fuses_its_attention(tmp_path_factory, tok_dir, tmp_
     assert man["check"]["worst_relative_diff"] < 1e-4 and man["embed_diff"] < 1e-4
 
 
+@pytest.mark.integration
 def test_export_falls_back_to_the_plain_attention_graph(tmp_path_factory, tok_dir, tmp_path, monkeypatch) -> None:
     """When the fused attention cannot be exported, the plain graph is, and the manifest says why."""
     from cramkit.infer.backends import onnx as onnx_mod
@@ -241,6 +245,7 @@ def test_int8_quantizes_for_the_cpu_it_runs_on(ft_onnx, ft_onnx_int8) -> None:
     assert ISA_FORMATS["avx2"][0] and not ISA_FORMATS["avx512_vnni"][0] and not ISA_FORMATS["arm64"][0]
 
 
+@pytest.mark.integration
 def test_int8_ships_only_what_passes_its_bar(ft_model, tmp_path, monkeypatch) -> None:
     """When int8 everywhere and its fallback (MLP down-projections in fp32) both miss the bar, nothing is shipped:
     one line with both checks' figures, and no --out."""

@@ -131,6 +131,7 @@ def _same_predictions(want: list[dict], got: list[dict], tol: float) -> None:
             assert a["label"] == b["label"], (a, b)
 
 
+@pytest.mark.integration
 def test_a_prompt_model_exports_to_onnx_and_predicts_as_the_torch_model(
     prompt_model: Path, prompt_onnx: Path, files, tmp_path: Path, capsys
 ) -> None:
@@ -155,6 +156,7 @@ def test_a_prompt_model_exports_to_onnx_and_predicts_as_the_torch_model(
     assert np.abs(a.probs - b.probs).max() < 1e-4 and a.labels == b.labels
 
 
+@pytest.mark.integration
 def test_a_deep_prompt_model_exports_to_one_standalone_graph(
     prefix_model: Path, run: Path, files, tmp_path: Path, capsys
 ) -> None:
@@ -193,6 +195,7 @@ def test_a_deep_prompt_model_exports_to_one_standalone_graph(
     assert off < 1e-4 * max(1.0, np.abs(want).max()) and np.abs(want - alone).max() > 1000 * max(off, 1e-7)
 
 
+@pytest.mark.integration
 def test_a_served_prompt_export_answers_predict(prompt_model: Path, prompt_onnx: Path) -> None:
     import httpx
 

@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 import numpy as np
+import pytest
 import torch
 
 from cramkit.data.mlm import PackedSequences
@@ -59,6 +60,7 @@ def test_a_document_does_not_see_its_neighbour() -> None:
     assert torch.allclose(sparse[:2], sparse_other[:2], atol=1e-5)  # (positions 1 and 3: the first document)
 
 
+@pytest.mark.integration
 def test_pretrain_with_doc_mask_runs(tmp_path) -> None:
     out = tmp_path / "run"
     proc = subprocess.run(

@@ -297,6 +297,7 @@ def test_minilm_round_trip_export(minilm_dir: Path, tmp_path: Path) -> None:
     assert not (out / "tokenizer.json").exists()  # the previous export was replaced, not merged
 
 
+@pytest.mark.integration
 def test_hf_reads_back_cramkit_own_export(tmp_path: Path, pretrained_run: Path) -> None:
     """`cramkit export RUN` of a non-BERT architecture writes model_type "cramkit"; `hf:DIR` reads it back
     (its weights, config and tokenizer; never its modeling_cramkit.py), and `cramkit predict` runs it."""
@@ -467,6 +468,7 @@ VARIANTS = {
 }
 
 
+@pytest.mark.integration
 def test_exports_load_in_transformers_without_cramkit(tmp_path: Path, pretrained_run: Path) -> None:
     """Every variant (and the `cramkit export` CLI on a run directory) loads in a process with no cramkit."""
     ids, mask = _inputs(TINY.vocab_size)

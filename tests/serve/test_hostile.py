@@ -21,6 +21,8 @@ import pytest
 
 from infer.models import cli, sst2
 
+pytestmark = pytest.mark.integration  # a `cramkit serve` process under attack
+
 NOFILE = 256  # the server's open-file limit (ulimit -n)
 
 

@@ -15,6 +15,8 @@ from cramkit.infer import Engine
 from infer.models import cli
 from serve.test_server import start
 
+pytestmark = pytest.mark.integration  # a `cramkit serve` process
+
 
 @pytest.fixture(scope="module")
 def cross_encoder(pretrained_run: Path, glue_dir: Path, tmp_path_factory) -> Path:

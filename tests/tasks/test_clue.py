@@ -320,6 +320,7 @@ def _submission_ids_cover_test(file: Path, test: Path, labels: set[str]) -> None
     assert sorted(r["id"] for r in rows) == sorted(r["id"] for r in _lines(test))
 
 
+@pytest.mark.integration
 def test_fewclue_protocol_through_eval_clue(fewclue: Path, zh_run: Path, tmp_path: Path) -> None:
     root = tmp_path / "few"
     for key in ("eprstmt", "cluewsc"):  # cluewsc is present but not asked for

@@ -36,6 +36,7 @@ def _train(tiny_run: Path, pairs: Path, out: Path, *more: str):
     )
 
 
+@pytest.mark.integration
 def test_the_stage_teaches_a_pretrained_run_to_find_paraphrases(tiny_run: Path, mrpc_pairs: Path, tmp_path) -> None:
     out = tmp_path / "emb"
     proc = _train(tiny_run, mrpc_pairs, out, "--budget", "40steps")
@@ -60,6 +61,7 @@ def test_the_stage_teaches_a_pretrained_run_to_find_paraphrases(tiny_run: Path, 
     assert len(other.stderr.strip().splitlines()) == 1
 
 
+@pytest.mark.integration
 def test_simcse_and_matryoshka_on_single_texts(tiny_run: Path, mrpc_pairs: Path, tmp_path) -> None:
     text = tmp_path / "lines.txt"
     lines = [line.split("\t")[0] for line in mrpc_pairs.read_text(encoding="utf-8").splitlines()[1:200]]
@@ -241,6 +243,7 @@ def cramkit_task(glue_dir: Path):
     return get_task("glue/mrpc", data_dir=glue_dir)
 
 
+@pytest.mark.integration
 def test_the_hf_export_of_an_embedding_model_is_a_sentence_transformers_folder(
     minilm_dir: Path, tiny_run: Path, mrpc_pairs: Path, tmp_path
 ) -> None:

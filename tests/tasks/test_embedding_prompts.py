@@ -134,6 +134,7 @@ def test_embed_index_and_retrieval_use_the_prompts(prompted: Path, tmp_path: Pat
     assert "prompts: queries 'query'" in (tmp_path / "ev" / "results.md").read_text()
 
 
+@pytest.mark.integration
 def test_the_server_takes_prompt_name(prompted: Path) -> None:
     from serve.test_server import start
 

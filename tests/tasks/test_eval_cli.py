@@ -177,6 +177,7 @@ def _tsv(path: Path, header: list[str], rows: list[list[str]]) -> None:
     path.write_text("\n".join("\t".join(r) for r in [header, *rows]) + "\n", encoding="utf-8")
 
 
+@pytest.mark.integration
 def test_eval_mnli_both_dev_sets_ax_and_stsb_regression(glue_dir: Path, tiny_run: Path, tmp_path: Path) -> None:
     """Tasks whose data we lack, from small files in the official layout: MNLI (two dev sets, two test
     files, and the AX diagnostic predicted by the MNLI model) and STS-B (regression)."""
@@ -322,6 +323,7 @@ def test_eval_tasks_filter_missing_split_and_resume(tiny_run: Path, small_glue: 
     assert rc == 2 and "unknown GLUE task" in err
 
 
+@pytest.mark.integration
 def test_finetune_killed_midway_resumes_to_the_same_result(tiny_run: Path, small_glue: Path, tmp_path: Path) -> None:
     """`cramkit finetune --out` killed (SIGKILL) after a checkpoint: the same command resumes the seed from
     its checkpoint, keeps the finished seed, and ends with what an uninterrupted run gives, bit for bit."""

@@ -182,6 +182,7 @@ def test_seeds_median_and_test_predictions(tiny_run: Path, glue_dir: Path, tmp_p
     assert {r.split("\t")[1] for r in rows[1:]} <= {"0", "1"}
 
 
+@pytest.mark.integration
 def test_minilm_learns_sst2(minilm_dir: Path, sst2: Task) -> None:
     """The real all-MiniLM-L6-v2 checkpoint, 400 SST-2 examples, one epoch: clearly above chance."""
     task = subset_task(sst2, 400, 300)

@@ -202,6 +202,7 @@ def test_rerun_reuses_and_other_settings_refused(mix_dir: Path, tiny_run: Path, 
     assert r.returncode == 2 and "other settings" in r.stderr and "Traceback" not in r.stderr
 
 
+@pytest.mark.integration
 def test_predict_export_serve_take_a_task(mix_dir: Path, glue_dir: Path, tmp_path: Path):
     src = glue_dir / "MRPC" / "dev.tsv"
     rows = src.read_text(encoding="utf-8-sig").splitlines()[:21]

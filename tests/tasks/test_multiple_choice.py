@@ -358,6 +358,7 @@ def val_inputs(copa: Path) -> tuple[list[str], list[list[str]]]:
     return [r["premise"] for r in rows], [[r["choice1"], r["choice2"]] for r in rows]
 
 
+@pytest.mark.integration
 def test_onnx_export_scores_the_pairs_as_torch_does(mc_model: Path, mc_onnx: Path, copa: Path, tmp_path: Path) -> None:
     manifest = json.loads((mc_onnx / "cramkit-onnx.json").read_text())
     assert manifest["kind"] == "multiple_choice" and "logits" in manifest["outputs"]
@@ -410,6 +411,7 @@ def test_ct2_export_scores_the_pairs_as_torch_does(mc_model: Path, copa: Path, t
         np.testing.assert_allclose(a, b, atol=1e-4, rtol=0)
 
 
+@pytest.mark.integration
 def test_hf_export_is_a_bert_for_multiple_choice_with_our_logits(
     minilm_dir: Path, copa: Path, pretrained_run: Path, mc_model: Path, tmp_path: Path
 ) -> None:
@@ -483,6 +485,7 @@ def test_hf_export_is_a_bert_for_multiple_choice_with_our_logits(
     assert len(proc.stderr.strip().splitlines()) == 1
 
 
+@pytest.mark.integration
 def test_serve_predicts_choices_and_refuses_malformed_input(mc_model: Path, mc_onnx: Path, copa: Path) -> None:
     from serve.test_server import start
 

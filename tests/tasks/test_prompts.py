@@ -221,6 +221,7 @@ def test_a_prefix_directory_with_crafted_weights_is_one_line(tiny_run: Path, sst
         cramkit.load(out, base=tiny_run)
 
 
+@pytest.mark.integration
 def test_one_served_base_answers_each_task_with_its_own_prefixes(tiny_run: Path, sst2_files, tmp_path: Path) -> None:
     from cramkit.infer import Engine
     from serve.test_server import start
@@ -264,6 +265,7 @@ def test_auto_pooling_is_the_models_own(minilm_dir: Path, tiny_run: Path) -> Non
     assert (mine.pooling, mine.pooler_dense) == ("first", True)
 
 
+@pytest.mark.integration
 def test_minilm_gets_a_head_with_its_encoder_frozen_and_then_takes_a_prompt(
     minilm_dir: Path, sst2_files, tmp_path: Path
 ) -> None:

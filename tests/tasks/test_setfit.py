@@ -101,6 +101,7 @@ def test_setfit_trains_the_body_on_pairs_and_fits_a_head_that_predict_and_load_a
     assert train_acc >= 85, proc.stdout
 
 
+@pytest.mark.integration
 def test_minilm_without_an_mlm_head_takes_setfit_where_a_prompt_is_refused(
     minilm_dir: Path, sst2_files, tmp_path: Path
 ) -> None:
@@ -128,6 +129,7 @@ def test_setfit_bad_input_is_one_line(tiny_run: Path, sst2_files, tmp_path: Path
     assert len(proc.stderr.strip().splitlines()) == 1 and not (out / "model.safetensors").exists()
 
 
+@pytest.mark.integration
 def test_setfit_killed_midway_resumes_to_the_same_model(tiny_run: Path, sst2_files, tmp_path: Path) -> None:
     """kill -9 after a checkpoint of the body: the same command resumes from it and ends with the model and
     scores of an uninterrupted run, bit for bit (the pairs and their batches follow from the seed)."""

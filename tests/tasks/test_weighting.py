@@ -174,6 +174,7 @@ def _metrics(out: Path) -> list[dict]:
     return [json.loads(x) for x in (out / "run" / "metrics.jsonl").read_text().splitlines() if x.strip()]
 
 
+@pytest.mark.integration
 def test_pcgrad_and_primary_through_the_cli(tiny_run: Path, glue_dir: Path, tmp_path: Path):
     out = tmp_path / "pcgrad"
     r = cli(*_argv(tiny_run, glue_dir, out, "--weighting", "pcgrad"))
@@ -207,6 +208,7 @@ def test_pcgrad_and_primary_through_the_cli(tiny_run: Path, glue_dir: Path, tmp_
     assert "loss.cola" in m and "grad_norm.cola" not in m
 
 
+@pytest.mark.integration
 def test_weighted_mixture_killed_midway_resumes_bit_for_bit(tiny_run: Path, glue_dir: Path, tmp_path: Path):
     extra = ("--weighting", "pcgrad", "--set", "checkpoint_every=4steps", "--set", "epochs=3")
     env = {**os.environ, "OMP_NUM_THREADS": "1"}

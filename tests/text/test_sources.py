@@ -233,6 +233,7 @@ def test_a_csv_is_read_by_its_column_never_its_header_or_labels(tmp_path):
         list(iter_documents([str(tmp_path / "gz.csv.gz")]))
 
 
+@pytest.mark.integration
 def test_pretrain_on_a_csv_trains_on_the_column(tmp_path):
     """Through the real command: refused with one line without --text-field, then the store holds the reviews'
     tokens and none of the label words."""

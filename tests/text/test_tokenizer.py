@@ -62,6 +62,7 @@ def test_round_trip_on_builtin_corpus(tok, builtin_docs):
     assert all(checked)
 
 
+@pytest.mark.integration
 def test_round_trip_on_real_corpora(webtext_dir, wikitext_dir):
     files = [webtext_dir / "grail.txt", webtext_dir / "pirates.txt", wikitext_dir / "wiki.valid.tokens"]
     docs = list(iter_documents([str(f) for f in files], encoding="latin-1"))
@@ -136,6 +137,7 @@ print("\\n".join(sorted(v, key=v.get)))
 """
 
 
+@pytest.mark.integration
 def test_training_is_deterministic_across_processes(wikitext_dir):
     # HF's WordPiece trainer alone gives a different vocabulary (or ids) from run to run on this file
     # (huggingface/tokenizers#1794); ours must not

@@ -18,6 +18,8 @@ import torch
 
 from cramkit.train.metrics import read_metrics
 
+pytestmark = pytest.mark.integration  # `cramkit pretrain --from/--inherit` processes, SIGTERM and kill -9
+
 SMALL = [
     "train.micro_batch=4",
     "train.batch_size=4",

@@ -37,6 +37,7 @@ def test_fp8_is_refused_on_the_cpu_with_one_line() -> None:
         resolve_precision("fp8", torch.device("cpu"))
 
 
+@pytest.mark.integration
 def test_fp8_pretrain_on_the_cpu_is_one_line(tmp_path) -> None:
     out = tmp_path / "run"
     proc = subprocess.run(

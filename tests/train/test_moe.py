@@ -32,6 +32,7 @@ def _rewind(run: Path, step: int) -> None:
     (root / "latest").write_text(f"step-{step:06d}\n")
 
 
+@pytest.mark.integration
 def test_moe_pretrain_learns_logs_load_and_resumes_bit_exact(
     tmp_path: Path, tiny: list[str], small_store: Path, glue_dir: Path
 ) -> None:

@@ -24,6 +24,7 @@ def _curve(run: Path) -> list[dict]:
     return [{k: r[k] for k in KEYS if k in r} for r in read_metrics(run)]
 
 
+@pytest.mark.integration
 def test_pretrain_raw_text_learns(tmp_path: Path, tiny: list[str], wiki_files: list[str]) -> None:
     run = pretrain(
         wiki_files,
@@ -86,6 +87,7 @@ def test_store_input_and_tokenizer_mismatch(
         pretrain(str(small_store), budget="2steps", out=run, overrides=tiny)
 
 
+@pytest.mark.smoke
 def test_sigterm_saves_and_resume_is_bit_exact(tmp_path: Path, tiny: list[str], small_store: Path) -> None:
     settings = [*tiny, "train.eval_every=25steps", "train.checkpoint_every=never"]
     budget = "150steps"
@@ -215,6 +217,7 @@ def _command(store: Path, out: Path, budget: str, settings: list[str]) -> list[s
     return cmd
 
 
+@pytest.mark.integration
 def test_second_process_on_the_same_run_is_refused(tiny: list[str], tmp_path: Path, small_store: Path) -> None:
     """Two `cramkit pretrain` on one --out: the second gets one line and touches nothing (issue 12, item 5)."""
     run = tmp_path / "run"
@@ -237,6 +240,7 @@ def test_second_process_on_the_same_run_is_refused(tiny: list[str], tmp_path: Pa
     assert not list((run / "checkpoints").glob("*.tmp"))
 
 
+@pytest.mark.integration
 def test_resume_of_a_finished_run_says_so_and_extending_explains_the_schedule(
     tiny: list[str], tmp_path: Path, small_store: Path
 ) -> None:
@@ -251,6 +255,7 @@ def test_resume_of_a_finished_run_says_so_and_extending_explains_the_schedule(
     assert max(r["step"] for r in read_metrics(run) if "loss" in r) == 6
 
 
+@pytest.mark.integration
 def test_second_ctrl_c_aborts_without_damaging_what_is_saved(
     tiny: list[str], tmp_path: Path, small_store: Path
 ) -> None:

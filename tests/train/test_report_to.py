@@ -15,6 +15,8 @@ import pytest
 
 from conftest import run_pretrain
 
+pytestmark = pytest.mark.integration  # trackers read back in processes of their own
+
 INSTALLED = [name for name in ("tensorboard", "wandb", "mlflow", "trackio") if importlib.util.find_spec(name)]
 FIRST, LAST = 6, 9  # steps of the first attempt, then of the resumed run
 

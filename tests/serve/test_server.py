@@ -41,6 +41,8 @@ class Server:
         assert abs(sum(d["score"] for d in r.json()) - 1) < 1e-5
 
 
+pytestmark = pytest.mark.smoke  # one real `cramkit serve` process per module, spoken to over HTTP
+
 def start(*args: str, timeout: float = 120) -> tuple[subprocess.Popen, str]:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
     proc = subprocess.Popen(

@@ -8,7 +8,7 @@ from pathlib import Path
 import torch
 
 from cramkit.train.config import TrainConfig
-from cramkit.train.parallel import ParallelConfig
+from cramkit.train.distributed import ParallelConfig
 from cramkit.train.trainer import fit
 
 

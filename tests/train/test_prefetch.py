@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from cramkit.train.config import TrainConfig
-from cramkit.train.parallel import ParallelConfig
+from cramkit.train.distributed import ParallelConfig
 from cramkit.train.prefetch import Prefetcher
 from cramkit.train.trainer import Trainer
 

@@ -12,7 +12,7 @@ import torch
 
 from cramkit.train.budget import format_seconds
 from cramkit.train.config import TrainConfig
-from cramkit.train.parallel import ParallelConfig
+from cramkit.train.distributed import ParallelConfig
 from cramkit.train.trainer import Trainer, TrainingInterrupted
 
 

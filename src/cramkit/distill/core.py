@@ -452,7 +452,7 @@ def distill(
     from cramkit.distill.teacher import teacher_key, teacher_logits
     from cramkit.io import check_out, claim_dir, dir_lock, write_json_atomic, write_text_atomic
     from cramkit.load import MODEL_FILE, load_torch
-    from cramkit.train.parallel import broadcast_object, fault_guard, init_distributed, main_first, shutdown
+    from cramkit.train.distributed import broadcast_object, fault_guard, init_distributed, main_first, shutdown
 
     t_start = time.perf_counter()
     cfg = (cfg or DistillConfig()).resolved(student)

@@ -655,8 +655,8 @@ def _train(source, rows, cfg, out: Path, dev_rows, progress: bool, skipped: int)
     import time
 
     from cramkit.load import load_torch
+    from cramkit.train.distributed import init_distributed, shutdown
     from cramkit.train.epochs import train_epochs
-    from cramkit.train.parallel import init_distributed, shutdown
 
     loaded = source if isinstance(source, LoadedModel) else load_torch(source, purpose="contrastive training")
     if loaded.encoder is None:

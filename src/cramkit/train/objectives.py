@@ -17,7 +17,7 @@ from cramkit.model.encoder import flops_per_token
 from cramkit.model.heads import IGNORE, MaskedLM
 from cramkit.model.moe import moe_losses
 from cramkit.runtime import autocast
-from cramkit.train import parallel
+from cramkit.train import distributed
 from cramkit.train.budget import parse_budget
 from cramkit.train.config import RunConfig
 
@@ -57,7 +57,7 @@ class Objective(Protocol):
         """Mean loss over the batch's ``count`` items (any finite graph when count is 0)."""
 
     def evaluate(
-        self, model: torch.nn.Module, ctx: parallel.DistContext, precision: str
+        self, model: torch.nn.Module, ctx: distributed.DistContext, precision: str
     ) -> float | dict[str, float] | None:
         """A held-out loss (lower is better), or None when the recipe evaluates elsewhere; or a dict of the loss
         (``val_loss``) and the recipe's own figures (dev metrics), which the engine logs beside it."""
@@ -154,7 +154,7 @@ class MLMObjective:
         }
 
     def evaluate(
-        self, model: torch.nn.Module, ctx: parallel.DistContext, precision: str
+        self, model: torch.nn.Module, ctx: distributed.DistContext, precision: str
     ) -> float | dict[str, float] | None:
         """Mean MLM loss over all predicted tokens of the held-out batches (the same batches every time)."""
         assert self.cfg is not None and self.data is not None  # (as in build_model)
@@ -170,5 +170,5 @@ class MLMObjective:
                 if n > 0:
                     total[0] += out.loss.double() * n
                     total[1] += n
-        parallel.all_reduce(total, ctx)
+        distributed.all_reduce(total, ctx)
         return float(total[0] / total[1]) if total[1] > 0 else None

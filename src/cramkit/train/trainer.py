@@ -43,7 +43,7 @@ import torch
 from cramkit import runtime
 from cramkit.errors import CramkitError
 from cramkit.train import checkpoint as ckpt
-from cramkit.train import parallel
+from cramkit.train import distributed, parallel
 from cramkit.train.budget import format_seconds, parse_budget, parse_every
 from cramkit.train.config import RunConfig, TrainConfig
 from cramkit.train.metrics import MetricsLog, Progress, peak_flops, plot_losses
@@ -138,7 +138,7 @@ def _from_json(value: Any) -> Any:
 def forward_backward(
     model: torch.nn.Module,
     batches: list[dict[str, torch.Tensor]],
-    ctx: parallel.DistContext,
+    ctx: distributed.DistContext,
     precision: str = "fp32",
     scaler: torch.amp.GradScaler | None = None,
     objective: Objective | None = None,
@@ -155,7 +155,7 @@ def forward_backward(
     device, world = ctx.device, ctx.world
     n_local = [objective.count(b) for b in batches]  # counted on the host batches
     counts = torch.tensor([float(sum(n_local))], dtype=torch.float64).to(device, non_blocking=True)
-    n_global = parallel.all_reduce(counts, ctx)[0].clamp_min(1.0)
+    n_global = distributed.all_reduce(counts, ctx)[0].clamp_min(1.0)
     loss_sum = torch.zeros((), dtype=torch.float64, device=device)
     tokens = 0
     for i, batch in enumerate(batches):
@@ -169,7 +169,7 @@ def forward_backward(
                 share = loss * (n_local[i] * world / n_global).to(loss.dtype)
                 loss_sum += loss.detach().double() * n_local[i]
             (scaler.scale(share) if scaler is not None else share).backward()
-    return parallel.all_reduce(loss_sum, ctx) / n_global, tokens
+    return distributed.all_reduce(loss_sum, ctx) / n_global, tokens
 
 
 # ---------------------------------------------------------------- the engine
@@ -183,13 +183,13 @@ class Trainer:
         self,
         objective: Objective,
         tcfg: TrainConfig,
-        pcfg: parallel.ParallelConfig,
+        pcfg: distributed.ParallelConfig,
         run: Path,
         *,
-        ctx: parallel.DistContext | None = None,
+        ctx: distributed.DistContext | None = None,
     ) -> None:
         self.objective, self.tcfg, self.run_dir = objective, tcfg, Path(run)
-        self.ctx = ctx = ctx or parallel.init_distributed(tcfg.device)
+        self.ctx = ctx = ctx or distributed.init_distributed(tcfg.device)
         self.device = device = ctx.device
         self.precision = runtime.resolve_precision(tcfg.precision, device)
         if tcfg.threads > 0:
@@ -222,7 +222,7 @@ class Trainer:
                 self.model, pcfg, ctx, self.precision, compile=compile_on, fp8_recipe=tcfg.fp8_recipe
             )
             # the ranks that read different batches (with tensor parallelism, one per group of parallel.tp ranks)
-            self.data_ctx = parallel.data_context(ctx, pcfg)
+            self.data_ctx = distributed.data_context(ctx, pcfg)
         if ctx.world == 1 and device.type == "cpu" and not compile_on and self.pipe is None:
             reuse_embedding_grads(self.model)
         self.optimizer = build_optimizer(
@@ -336,7 +336,7 @@ class Trainer:
         # when any rank was signalled
         signalled = stop is not None and stop.signum is not None
         agreed = torch.tensor([dt if self.ctx.is_main else 0.0, 1.0 if signalled else 0.0], dtype=torch.float64)
-        dt, stop_now = parallel.all_reduce(agreed, self.ctx).tolist()
+        dt, stop_now = distributed.all_reduce(agreed, self.ctx).tolist()
         s.step, s.tokens, s.elapsed = s.step + 1, s.tokens + tokens, s.elapsed + dt
         facts = {
             "step": s.step,
@@ -605,11 +605,11 @@ class Trainer:
 def fit(
     objective: Objective,
     tcfg: TrainConfig,
-    pcfg: parallel.ParallelConfig,
+    pcfg: distributed.ParallelConfig,
     run: Path,
     *,
     resume: bool = False,
-    ctx: parallel.DistContext | None = None,
+    ctx: distributed.DistContext | None = None,
 ) -> TrainResult:
     """Train ``objective`` into run directory ``run`` until ``tcfg.budget`` is spent; with ``resume``,
     continue from the run's latest checkpoint."""
@@ -638,7 +638,7 @@ def train(
     data: TrainData,
     *,
     resume: bool = False,
-    ctx: parallel.DistContext | None = None,
+    ctx: distributed.DistContext | None = None,
 ) -> TrainResult:
     """Pretrain ``MaskedLM(cfg.model)`` on ``data`` into run directory ``run`` until the budget is spent."""
     return fit(MLMObjective(cfg, data), cfg.train, cfg.parallel, run, resume=resume, ctx=ctx)

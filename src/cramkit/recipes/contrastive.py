@@ -386,6 +386,7 @@ class ContrastiveObjective(ExampleObjective):
     loss over them, and the dev pairs' retrieval at each evaluation."""
 
     flops_per_token = None
+    cfg: ContrastiveConfig  # (the hyperparameters the engine reports)
 
     def __init__(
         self,

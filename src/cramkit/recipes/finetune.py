@@ -368,6 +368,8 @@ class ClassifierObjective(ExampleObjective):
     number of micro-batches on each; the loss is the mean over the batch's examples. The batch order is a
     function of (seed, epoch), so a resumed run continues with the very batches it would have seen."""
 
+    cfg: FinetuneConfig  # (the hyperparameters the engine reports)
+
     def __init__(
         self,
         loaded: LoadedModel,

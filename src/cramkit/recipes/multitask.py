@@ -102,6 +102,8 @@ class MixtureLoader:
 class MixtureObjective(ExampleObjective):
     """Fine-tuning on a mixture for the engine (train/trainer.py): a MultiTaskModel, a MixtureLoader."""
 
+    cfg: FinetuneConfig  # (the hyperparameters the engine reports)
+
     def __init__(
         self,
         loaded: LoadedModel,

@@ -233,7 +233,7 @@ class Trainer:
             tcfg.eps,
             tcfg.weight_decay,
             device,
-            getattr(objective, "lr_scales", None),
+            objective.lr_scales,
         )
         from torch.distributed.tensor import DTensor
 
@@ -310,8 +310,7 @@ class Trainer:
         lr = tcfg.lr * lr_factor(fraction, tcfg.schedule, tcfg.warmup, tcfg.cooldown, tcfg.lr_start)
         for group in opt.param_groups:
             group["lr"] = lr * group.get("lr_scale", 1.0)
-        begin_step = getattr(self.objective, "begin_step", None)
-        info = (begin_step(fraction) if begin_step is not None else None) or {}
+        info = self.objective.begin_step(fraction) or {}
 
         batches = [next(self.loader) for _ in range(accum)]
         if self.pipe is not None:
@@ -475,7 +474,7 @@ class Trainer:
 
         from cramkit.config import to_dict
 
-        cfg = getattr(self.objective, "cfg", None)
+        cfg = self.objective.cfg
         settings = to_dict(cfg) if dataclasses.is_dataclass(cfg) and not isinstance(cfg, type) else {}
         return {**settings, "train": to_dict(self.tcfg), "world": self.ctx.world}
 
@@ -499,8 +498,7 @@ class Trainer:
             "mfu": mfu,
             "skipped": s.skipped or None,
         } | facts["info"]
-        step_metrics = getattr(self.objective, "step_metrics", None)
-        rec |= (step_metrics() if step_metrics is not None else None) or {}
+        rec |= self.objective.step_metrics() or {}
         self.log.write(rec)
         self.history.append(rec)
         fraction = self.budget.fraction(s.elapsed, s.tokens, s.step)
@@ -565,7 +563,7 @@ class Trainer:
             torch.utils.deterministic.fill_uninitialized_memory = was_filling  # type: ignore[attr-defined]  # (as above)
             if self.ctx.is_main:
                 with contextlib.suppress(Exception):
-                    plot_losses(self.run_dir, **getattr(self.objective, "plot", {}))
+                    plot_losses(self.run_dir, **self.objective.plot)
 
     def _interrupted(self, stop: runtime.StopFlag, finished: Path | None = None) -> None:
         """Raise TrainingInterrupted after saving (``finished``: the run had just ended, its final checkpoint is

@@ -43,12 +43,12 @@ def hf_flops_per_token(layers: int, hidden: int, inter: int, vocab: int, seq: in
 def ours(compile_: bool):
     from cramkit.model import MaskedLM
     from cramkit.model.encoder import flops_per_token
-    from cramkit.train import parallel
+    from cramkit.train import distributed, parallel
     from cramkit.train.config import resolve_config
 
     cfg = resolve_config("crammed-bert")
     mcfg = cfg.model.replace(vocab_size=VOCAB)
-    ctx = parallel.DistContext(rank=0, world=1, local_rank=0, device=torch.device("cuda"))
+    ctx = distributed.DistContext(rank=0, world=1, local_rank=0, device=torch.device("cuda"))
     model = MaskedLM(mcfg).cuda()
     train_model = parallel.parallelize(model, cfg.parallel, ctx, "bf16", compile=compile_)
     from cramkit.train.optim import build_optimizer

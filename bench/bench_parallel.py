@@ -28,6 +28,7 @@ import torch
 from cramkit.model.encoder import ModelConfig, count_parameters
 from cramkit.model.heads import IGNORE, MaskedLM
 from cramkit.train import checkpoint as ckpt
+from cramkit.train import distributed as D
 from cramkit.train import parallel as P
 
 CRAMMED = dict(vocab_size=32768, hidden=768, layers=16, heads=12, intermediate=3072, max_position=128)
@@ -50,7 +51,7 @@ def bench_stall(rounds: int, micro: int, root: Path) -> dict:
     model = MaskedLM(cfg)
     n_params = count_parameters(model)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
-    ctx = P.DistContext()
+    ctx = D.DistContext()
     ids, labels = batch(cfg, micro, 128, 0)
 
     def fwd_bwd() -> float:
@@ -129,11 +130,11 @@ def bench_stall(rounds: int, micro: int, root: Path) -> dict:
 
 
 def scaling_worker(args: argparse.Namespace) -> None:
-    ctx = P.init_distributed("cpu", P.ParallelConfig(strategy=args.strategy))
+    ctx = D.init_distributed("cpu", D.ParallelConfig(strategy=args.strategy))
     torch.set_num_threads(args.threads or max(1, 2 // ctx.world))
     torch.manual_seed(0)
     cfg = ModelConfig(**TINY)
-    model = P.parallelize(MaskedLM(cfg), P.ParallelConfig(strategy=args.strategy), ctx)
+    model = P.parallelize(MaskedLM(cfg), D.ParallelConfig(strategy=args.strategy), ctx)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
     per_rank = args.global_batch // ctx.world
     accum = max(1, per_rank // args.micro)
@@ -156,7 +157,7 @@ def scaling_worker(args: argparse.Namespace) -> None:
     if ctx.is_main:
         tokens = args.global_batch * 128 * len(times)
         print(json.dumps({"tokens_per_s": tokens / sum(times), "step_s": sum(times) / len(times)}))
-    P.shutdown(ctx)
+    D.shutdown(ctx)
 
 
 def run_scaling(strategy: str, nproc: int, global_batch: int, micro: int, steps: int, threads: int = 0) -> dict:

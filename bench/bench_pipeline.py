@@ -27,6 +27,7 @@ import torch
 
 from cramkit.model.encoder import ModelConfig
 from cramkit.model.heads import IGNORE, MaskedLM
+from cramkit.train import distributed as D
 from cramkit.train import parallel as P
 from cramkit.train.objectives import MLMObjective
 from cramkit.train.pipeline import Pipeline
@@ -47,8 +48,8 @@ def batches(cfg: ModelConfig, n: int, rows: int, seed: int) -> list[dict[str, to
 
 
 def worker(args: argparse.Namespace) -> None:
-    cfg = P.ParallelConfig(pp=int(os.environ.get("WORLD_SIZE", "1")), pp_schedule=args.schedule)
-    ctx = P.init_distributed("cpu", cfg)
+    cfg = D.ParallelConfig(pp=int(os.environ.get("WORLD_SIZE", "1")), pp_schedule=args.schedule)
+    ctx = D.init_distributed("cpu", cfg)
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     mcfg = ModelConfig(**TINY)
@@ -75,7 +76,7 @@ def worker(args: argparse.Namespace) -> None:
         losses.append(float(loss))
     if ctx.is_main:
         print(json.dumps({"step_s": sum(times) / len(times), "losses": losses}))
-    P.shutdown(ctx)
+    D.shutdown(ctx)
 
 
 def run(nproc: int, schedule: str, args: argparse.Namespace, threads: int = 1) -> dict:

@@ -38,7 +38,8 @@ def test_distilled_student_loads_predicts_and_follows_the_teacher(student, disti
     got = Engine(loaded, device="cpu").classify(dev)
     assert got.probs.shape == (len(dev), 2) and set(got.labels) <= {"0", "1"}
     # distillation moved the student's logits towards the teacher's: closer than a fresh student's
-    from cramkit.distill.core import DistillConfig, build_student
+    from cramkit.distill.core import DistillConfig
+    from cramkit.distill.students import build_student
 
     cfg = DistillConfig(lstm_hidden=32, fc_hidden=32, layers=1).resolved(student)
     fresh = build_student(student, t, cfg, pairs=False)

@@ -68,7 +68,7 @@ def test_bilstm_student_exports_to_onnx(distilled, tmp_path):
 def test_principal_components_keep_the_geometry_of_a_low_rank_table():
     """A table whose rows vary along 5 directions, reduced to 5 dims: distances between rows are kept
     (up to the rescaling to the original root-mean-square value); fewer dims lose them."""
-    from cramkit.distill.core import principal_components
+    from cramkit.distill.students import principal_components
 
     g = torch.Generator().manual_seed(0)
     table = torch.randn(200, 5, generator=g) @ torch.randn(5, 32, generator=g) + torch.randn(32, generator=g)

@@ -180,7 +180,7 @@ def test_bad_settings_are_one_line(changes: dict, message: str) -> None:
 
 
 def test_tensor_parallel_refuses_moe() -> None:
-    from cramkit.train.parallel import check_tp
+    from cramkit.train.tensor_parallel import check_tp
 
     with pytest.raises(CramkitError, match="does not split mixture-of-experts"):
         check_tp(ModelConfig(moe_experts=4), 2)

@@ -11,6 +11,7 @@ import torch
 from cramkit.errors import CramkitError
 from cramkit.model.encoder import ModelConfig
 from cramkit.model.heads import MaskedLM
+from cramkit.train import distributed as D
 from cramkit.train import parallel as P
 from cramkit.train.launch import torchrun_command
 
@@ -45,28 +46,28 @@ def _tiny() -> tuple[MaskedLM, torch.optim.Optimizer]:
 
 
 def test_single_process_needs_no_process_group():
-    ctx = P.init_distributed("cpu")
+    ctx = D.init_distributed("cpu")
     assert (ctx.world, ctx.rank, ctx.is_main, ctx.distributed) == (1, 0, True, False)
     model, _ = _tiny()
-    assert P.parallelize(model, P.ParallelConfig(strategy="fsdp"), ctx) is model
+    assert P.parallelize(model, D.ParallelConfig(strategy="fsdp"), ctx) is model
     with P.sync_gradients(model, False):  # a plain model has nothing to hold back
         pass
-    assert float(P.all_reduce(torch.ones(()), ctx)) == 1.0
+    assert float(D.all_reduce(torch.ones(()), ctx)) == 1.0
     with pytest.raises(CramkitError, match="cpu_offload"):
-        P.parallelize(model, P.ParallelConfig(cpu_offload=True), ctx)
+        P.parallelize(model, D.ParallelConfig(cpu_offload=True), ctx)
     with pytest.raises(CramkitError, match="parallel.timeout"):
-        P.ParallelConfig(timeout=0).validate()
+        D.ParallelConfig(timeout=0).validate()
 
 
 def test_tensor_parallel_settings_that_cannot_work_are_one_clear_line():
     from cramkit.train.config import resolve_config
 
-    ctx = P.init_distributed("cpu")
+    ctx = D.init_distributed("cpu")
     model, _ = _tiny()
     with pytest.raises(CramkitError, match="launch with --nproc 2"):
-        P.parallelize(model, P.ParallelConfig(tp=2), ctx)
+        P.parallelize(model, D.ParallelConfig(tp=2), ctx)
     with pytest.raises(CramkitError, match="parallel.cpu_offload"):
-        P.ParallelConfig(tp=2, cpu_offload=True, strategy="fsdp").validate()
+        D.ParallelConfig(tp=2, cpu_offload=True, strategy="fsdp").validate()
     heads = ["model.hidden=64", "model.heads=4", "model.intermediate=256", "model.vocab_size=1000"]
     assert resolve_config(overrides=[*heads, "parallel.tp=4"]).parallel.tp == 4
     assert resolve_config(overrides=[*heads, "parallel.tp=2", "model.vocab_size=1001"]).parallel.tp == 2

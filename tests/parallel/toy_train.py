@@ -1,4 +1,4 @@
-"""A tiny MaskedLM trained on synthetic batches through cramkit.train.parallel and cramkit.train.checkpoint.
+"""A tiny MaskedLM trained on synthetic batches through cramkit.train.distributed, parallel and checkpoint.
 
 Run by the tests under torchrun (or plainly, as one process). Each step's global batch is a function
 of the step index only; rank r trains on its slice, so any world size sees the same global batches.
@@ -18,6 +18,7 @@ import torch
 from cramkit.model.encoder import ModelConfig
 from cramkit.model.heads import IGNORE, MaskedLM
 from cramkit.train import checkpoint
+from cramkit.train import distributed as D
 from cramkit.train import parallel as P
 
 VOCAB, LENGTH, GLOBAL_BATCH, MICRO = 96, 16, 8, 2
@@ -48,15 +49,15 @@ def main() -> None:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
 
-    cfg = P.ParallelConfig(strategy=args.strategy, timeout=args.timeout, tp=args.tp)
-    ctx = P.init_distributed("cpu", cfg)
+    cfg = D.ParallelConfig(strategy=args.strategy, timeout=args.timeout, tp=args.tp)
+    ctx = D.init_distributed("cpu", cfg)
     torch.manual_seed(0)
     bert = dict(bias=True, norm_position="post", position="learned", activation="gelu") if args.bert else {}
     model = MaskedLM(
         ModelConfig(vocab_size=args.vocab, hidden=32, layers=2, heads=2, intermediate=64, max_position=LENGTH, **bert)
     )
     model = P.parallelize(model, cfg, ctx)
-    data = P.data_context(ctx, cfg)  # the ranks of a tensor-parallel group share their batches
+    data = D.data_context(ctx, cfg)  # the ranks of a tensor-parallel group share their batches
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.01)
     ckpt = checkpoint.Checkpointer(out, ctx, keep=2, async_save=not args.sync_save)
     start = 0
@@ -66,7 +67,7 @@ def main() -> None:
     losses: dict[int, float] = {}
     per_rank = GLOBAL_BATCH // data.world
     accum = per_rank // MICRO
-    with P.fault_guard(ctx):
+    with D.fault_guard(ctx):
         for step in range(start, args.steps):
             if step == args.die_at and ctx.rank == 1:
                 os._exit(3)
@@ -83,7 +84,7 @@ def main() -> None:
                     loss = outp.loss * outp.n_predicted / n_global
                     (loss * data.world).backward()
                 total += loss.detach()
-            P.all_reduce(total, data)
+            D.all_reduce(total, data)
             P.clip_grad_norm(model, 1.0)
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
@@ -94,7 +95,7 @@ def main() -> None:
                 time.sleep(args.timeout * 3)  # rank 0 would be stuck here if nothing ended the job
         ckpt.close()
     (out / f"losses-rank{ctx.rank}.json").write_text(json.dumps(losses))
-    P.shutdown(ctx)
+    D.shutdown(ctx)
 
 
 if __name__ == "__main__":

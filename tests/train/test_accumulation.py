@@ -3,7 +3,7 @@ from __future__ import annotations
 import torch
 
 from cramkit.model import MaskedLM, ModelConfig
-from cramkit.train.parallel import DistContext
+from cramkit.train.distributed import DistContext
 from cramkit.train.trainer import forward_backward
 
 

@@ -15,7 +15,7 @@ import torch
 from cramkit.errors import CramkitError
 from cramkit.model import MaskedLM, ModelConfig
 from cramkit.train import checkpoint as ckpt
-from cramkit.train import parallel as P
+from cramkit.train import distributed as D
 from cramkit.train.optim import build_optimizer
 
 
@@ -32,7 +32,7 @@ def _trained(seed: int = 0, layers: int = 1) -> tuple[MaskedLM, torch.optim.Opti
 
 
 def _save(run: Path, steps: tuple[int, ...], model, opt, keep: int = 2, async_save: bool = True) -> Path:
-    writer = ckpt.Checkpointer(run, P.DistContext(), keep=keep, async_save=async_save)
+    writer = ckpt.Checkpointer(run, D.DistContext(), keep=keep, async_save=async_save)
     try:
         for step in steps:
             last = writer.save(step, model, opt, {"step": step, "loader": {"epoch": 1}})
@@ -121,7 +121,7 @@ def test_full_disk_keeps_previous_checkpoint(tmp_path: Path, monkeypatch: pytest
         real(path, text)
 
     monkeypatch.setattr(ckpt, "_write_synced", full_disk)
-    writer = ckpt.Checkpointer(tmp_path, P.DistContext(), keep=2)
+    writer = ckpt.Checkpointer(tmp_path, D.DistContext(), keep=2)
     writer.save(2, model, opt, {"step": 2})
     with pytest.raises(CramkitError) as err:
         writer.close()

@@ -8,7 +8,8 @@ from pathlib import Path
 import torch
 
 from cramkit.train.config import TrainConfig
-from cramkit.train.parallel import ParallelConfig
+from cramkit.train.distributed import ParallelConfig
+from cramkit.train.objectives import Objective
 from cramkit.train.trainer import fit
 
 
@@ -29,7 +30,7 @@ class _Loader:
         pass
 
 
-class _Toy:
+class _Toy(Objective):
     title, resume_hint, flops_per_token = "toy", "rerun", None
 
     def build_model(self) -> torch.nn.Module:

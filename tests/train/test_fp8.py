@@ -15,7 +15,7 @@ import torch
 from cramkit.errors import CramkitError
 from cramkit.model import MaskedLM
 from cramkit.runtime import resolve_precision
-from cramkit.train import parallel
+from cramkit.train import distributed, parallel
 from cramkit.train.config import resolve_config
 
 
@@ -99,7 +99,7 @@ def test_float8_swap_keeps_names_and_loss_and_trains() -> None:
 
 def test_fp8_with_tensor_parallelism_is_refused() -> None:
     pytest.importorskip("torchao.float8")
-    cfg = parallel.ParallelConfig(tp=2)
-    ctx = parallel.DistContext(rank=0, world=2, local_rank=0, device=torch.device("cpu"))
+    cfg = distributed.ParallelConfig(tp=2)
+    ctx = distributed.DistContext(rank=0, world=2, local_rank=0, device=torch.device("cpu"))
     with pytest.raises(CramkitError, match="fp8 with tensor parallelism"):
         parallel.parallelize(_tiny(), cfg, ctx, "fp8")

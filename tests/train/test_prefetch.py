@@ -11,7 +11,8 @@ import pytest
 import torch
 
 from cramkit.train.config import TrainConfig
-from cramkit.train.parallel import ParallelConfig
+from cramkit.train.distributed import ParallelConfig
+from cramkit.train.objectives import Objective
 from cramkit.train.prefetch import Prefetcher
 from cramkit.train.trainer import Trainer
 
@@ -85,7 +86,7 @@ def test_a_dropped_prefetcher_stops_its_thread() -> None:
     assert not thread.is_alive()
 
 
-class _Toy:
+class _Toy(Objective):
     title, resume_hint, flops_per_token = "toy", "rerun", None
 
     def __init__(self, poison_at: int | None = None) -> None:

@@ -12,7 +12,8 @@ import torch
 
 from cramkit.train.budget import format_seconds
 from cramkit.train.config import TrainConfig
-from cramkit.train.parallel import ParallelConfig
+from cramkit.train.distributed import ParallelConfig
+from cramkit.train.objectives import Objective
 from cramkit.train.trainer import Trainer, TrainingInterrupted
 
 
@@ -33,7 +34,7 @@ class _Loader:
         pass
 
 
-class _Toy:
+class _Toy(Objective):
     title, resume_hint, flops_per_token = "toy", "rerun", None
 
     def __init__(self) -> None:

@@ -138,22 +138,8 @@ def build_store(
     vocab_size = tokenizer.get_vocab_size(with_added_tokens=True)
     dtype = store_dtype(vocab_size)
     workers = cpu_cores() if workers is None else int(workers)
-    if workers < 1:
-        raise CramkitError(f"--workers {workers} must be at least 1")
-    if quality_cutoff is not None and not quality_cutoff > 0:
-        raise CramkitError(
-            f"--quality-cutoff {quality_cutoff} must be a positive tokens-per-character ratio (e.g. 0.3)"
-        )
-    if not name or "/" in name or name.startswith("."):
-        raise CramkitError(f"--name {name!r} must be a plain file name such as 'train'")
-    if isinstance(sources, (str, os.PathLike)):
-        sources = [str(sources)]
-    sources = [str(s) for s in sources or []]
-    shard_info = None
-    if shard is not None:
-        sources = shard_sources(sources, shard)
-        shard_info = {"index": shard[0], "count": shard[1], "name": name, "files": sources}
-        name = shard_name(name, shard[0])
+    _check_build_options(workers, quality_cutoff, name)
+    sources, shard_info, name = _sources_of(sources, shard, name)
     out = Path(out_dir)
     if out.exists() and not out.is_dir():
         raise CramkitError(f"--out {out} exists and is not a directory; give a directory for the store")
@@ -163,7 +149,6 @@ def build_store(
     counts = {"dropped_quality": 0, "dropped_empty": 0}
     tok_json = tokenizer.to_str()
     created = not out.exists()
-    tmp_tok: Path | None = None
     writer = TokenStoreWriter(out / name, dtype, shard_bytes)
 
     def write(result) -> None:
@@ -175,32 +160,9 @@ def build_store(
             progress(writer.num_sequences, writer.num_tokens)
 
     try:
-        saved = os.environ.get("TOKENIZERS_PARALLELISM")
-        os.environ["TOKENIZERS_PARALLELISM"] = "false"  # one thread per worker (and none forked busy)
-        try:
-            if workers == 1:
-                for batch in _batches(docs, batch_chars):
-                    write(encode_texts(tokenizer, batch, dtype, quality_cutoff))
-            else:
-                _run_pool(docs, workers, batch_chars, tok_json, dtype, quality_cutoff, write)
-        finally:
-            if saved is None:
-                os.environ.pop("TOKENIZERS_PARALLELISM", None)
-            else:
-                os.environ["TOKENIZERS_PARALLELISM"] = saved
-        if stats.get("documents", 0) == 0:
-            where = ", ".join(sources) if sources else "the built-in corpus"
-            raise CramkitError(f"no documents found in {where}: the corpus is empty; give sources with text in them")
-        if writer.num_sequences == 0:
-            raise CramkitError(
-                f"all {stats['documents']} documents were dropped (quality cutoff {quality_cutoff}: "
-                f"{counts['dropped_quality']}, empty after tokenisation: {counts['dropped_empty']}); "
-                "raise --quality-cutoff or check the tokenizer"
-            )
-        tok_copy = out / f"{name}.tokenizer.json"
-        tmp_tok = out / f".{name}.tokenizer.json.tmp{os.getpid()}"
-        tmp_tok.write_text(tok_json, encoding="utf-8")
-        os.replace(tmp_tok, tok_copy)
+        _encode_documents(docs, tokenizer, tok_json, workers, batch_chars, dtype, quality_cutoff, write)
+        _check_kept(stats, writer, sources, quality_cutoff, counts)
+        tok_copy = _copy_tokenizer(tok_json, out / f"{name}.tokenizer.json")
         meta = {
             "tokenizer_hash": tokenizer_hash(tokenizer),
             "tokenizer_path": tok_path,
@@ -225,8 +187,6 @@ def build_store(
         return writer.finalize(meta)
     except BaseException as exc:
         writer.abort()
-        if tmp_tok is not None:
-            tmp_tok.unlink(missing_ok=True)
         if created and out.is_dir():
             shutil.rmtree(out, ignore_errors=True)  # nothing of a failed build is left behind
         if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
@@ -235,6 +195,85 @@ def build_store(
                 "kept (no partial store); free space there or give another --out"
             ) from None
         raise
+
+
+def _check_build_options(workers: int, quality_cutoff: float | None, name: str) -> None:
+    """One CramkitError for a worker count, quality cutoff or store name that cannot work."""
+    if workers < 1:
+        raise CramkitError(f"--workers {workers} must be at least 1")
+    if quality_cutoff is not None and not quality_cutoff > 0:
+        raise CramkitError(
+            f"--quality-cutoff {quality_cutoff} must be a positive tokens-per-character ratio (e.g. 0.3)"
+        )
+    if not name or "/" in name or name.startswith("."):
+        raise CramkitError(f"--name {name!r} must be a plain file name such as 'train'")
+
+
+def _sources_of(
+    sources: Sequence[str] | str | None, shard: tuple[int, int] | None, name: str
+) -> tuple[list[str], dict | None, str]:
+    """The sources as a list of strings, and with ``shard`` (i, N) those of shard i, what the store records of
+    the shard, and the shard store's name (``shard_name``); without it, no record and ``name`` itself."""
+    if isinstance(sources, (str, os.PathLike)):
+        sources = [str(sources)]
+    sources = [str(s) for s in sources or []]
+    if shard is None:
+        return sources, None, name
+    sources = shard_sources(sources, shard)
+    return sources, {"index": shard[0], "count": shard[1], "name": name, "files": sources}, shard_name(name, shard[0])
+
+
+def _encode_documents(
+    docs: Iterable[str],
+    tokenizer,
+    tok_json: str,
+    workers: int,
+    batch_chars: int,
+    dtype: np.dtype,
+    quality_cutoff: float | None,
+    write: Callable[[tuple], None],
+) -> None:
+    """Encode ``docs`` in batches (in this process with one worker, else in ``workers`` processes), each
+    batch's result passed to ``write`` in batch order; the tokenizers library's own threads off meanwhile."""
+    saved = os.environ.get("TOKENIZERS_PARALLELISM")
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"  # one thread per worker (and none forked busy)
+    try:
+        if workers == 1:
+            for batch in _batches(docs, batch_chars):
+                write(encode_texts(tokenizer, batch, dtype, quality_cutoff))
+        else:
+            _run_pool(docs, workers, batch_chars, tok_json, dtype, quality_cutoff, write)
+    finally:
+        if saved is None:
+            os.environ.pop("TOKENIZERS_PARALLELISM", None)
+        else:
+            os.environ["TOKENIZERS_PARALLELISM"] = saved
+
+
+def _check_kept(
+    stats: dict, writer: TokenStoreWriter, sources: list[str], quality_cutoff: float | None, counts: dict[str, int]
+) -> None:
+    """One CramkitError when the sources held no document, or when every document was dropped."""
+    if stats.get("documents", 0) == 0:
+        where = ", ".join(sources) if sources else "the built-in corpus"
+        raise CramkitError(f"no documents found in {where}: the corpus is empty; give sources with text in them")
+    if writer.num_sequences == 0:
+        raise CramkitError(
+            f"all {stats['documents']} documents were dropped (quality cutoff {quality_cutoff}: "
+            f"{counts['dropped_quality']}, empty after tokenisation: {counts['dropped_empty']}); "
+            "raise --quality-cutoff or check the tokenizer"
+        )
+
+
+def _copy_tokenizer(tok_json: str, path: Path) -> Path:
+    """The tokenizer written to ``path`` beside the store (atomically: a temporary file renamed into place)."""
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    try:
+        tmp.write_text(tok_json, encoding="utf-8")
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return path
 
 
 # ------------------------------------------------------------------------------------------ shards

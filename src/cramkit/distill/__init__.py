@@ -16,7 +16,8 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from cramkit.distill.augment import AugmentConfig, build_transfer, read_transfer
-    from cramkit.distill.core import DistillConfig, build_student, config_from, distill
+    from cramkit.distill.core import DistillConfig, config_from, distill
+    from cramkit.distill.students import build_student
     from cramkit.distill.unlabelled import read_unlabelled
 
 _WHERE = {
@@ -24,7 +25,7 @@ _WHERE = {
     "build_transfer": "augment",
     "read_transfer": "augment",
     "DistillConfig": "core",
-    "build_student": "core",
+    "build_student": "students",
     "config_from": "core",
     "distill": "core",
     "read_unlabelled": "unlabelled",

@@ -15,6 +15,7 @@ when complete (with a manifest written last).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -200,11 +201,21 @@ def _chunks(items: Sequence[Any], size: int) -> Iterator[tuple[int, list[Any]]]:
         yield s, list(items[s : s + size])
 
 
-def _pool(workers: int, table: PosTable | None, cfg: AugmentConfig, pairs: bool):
+@contextlib.contextmanager
+def _workers(workers: int, table: PosTable | None, cfg: AugmentConfig, pairs: bool) -> Iterator[Any]:
+    """A pool of ``workers`` processes sharing ``table`` and ``cfg`` (0: None, the work runs in this process),
+    terminated on leaving."""
+    if not workers:
+        yield None
+        return
     import multiprocessing as mp
 
     ctx = mp.get_context("fork" if "fork" in mp.get_all_start_methods() else "spawn")
-    return ctx.Pool(workers, initializer=_init, initargs=(table, cfg, pairs))
+    pool = ctx.Pool(workers, initializer=_init, initargs=(table, cfg, pairs))
+    try:
+        yield pool
+    finally:
+        pool.terminate()
 
 
 # ------------------------------------------------------------------------------------------ the set
@@ -277,9 +288,7 @@ def build_transfer(
     Originals come first (with their labels), then each example's copies in example order; then the
     unlabelled texts (as they are, no label). Returns the set read back.
     """
-    from tqdm import tqdm
-
-    from cramkit.io import clean_stale, write_json_atomic
+    from cramkit.io import write_json_atomic
 
     out = Path(out)
     if (out / MANIFEST).is_file():
@@ -295,43 +304,88 @@ def build_transfer(
     if cfg.p_pos > 0:  # loaded once here (the forked workers share it); fails early with how to install it
         _STATE["tagger"] = load_tagger()
     small = n < 500 or workers == 1  # not worth starting processes for
-    pool = _pool(workers, None, cfg, pairs) if not small else None
-    try:
-        # 1. POS tags of every training sentence (in parallel), then the per-tag unigram table
-        table = None
-        ta: list[list[str]] = [[""] * len(w) for w in wa]
-        tb: list[list[str] | None] = [[""] * len(w) if w is not None else None for w in wb]
-        if cfg.p_pos > 0:
-            sents = wa + [w for w in wb if w is not None]
-            tags: list[list[str]] = []
-            size = 512
-            with tqdm(total=len(sents), desc="POS tagging", unit="sent", disable=not progress) as bar:
-                parts = [c for _, c in _chunks(sents, size)]
-                for got in pool.imap(_tag_chunk, parts) if pool else map(_tag_chunk, parts):
-                    tags.extend(got)
-                    bar.update(len(got))
-            ta = tags[:n]
-            it = iter(tags[n:])
-            tb = [next(it) if w is not None else None for w in wb]
-            tagged = [list(zip(w, t, strict=True)) for w, t in zip(wa, ta, strict=True)]
-            tagged += [
-                list(zip(w, t, strict=True)) for w, t in zip(wb, tb, strict=True) if w is not None and t is not None
-            ]  # (t is None where w is)
-            table = PosTable(tagged)
+    # 1. POS tags of every training sentence (in parallel), then the per-tag unigram table
+    with _workers(0 if small else workers, None, cfg, pairs) as pool:
+        ta, tb, table = _pos_tags(wa, wb, cfg, pool, progress)
         t_tag = time.perf_counter() - t0
-    finally:
-        if pool is not None:
-            pool.terminate()
     # 2. the copies, in parallel, written in example order as they come
+    t1 = time.perf_counter()
+    _init(table, cfg, pairs)
+    with _workers(0 if small else workers, table, cfg, pairs) as pool:
+        originals = [(texts_a[i], b[i], labels[i]) for i in range(n)]
+        rows = [(i, wa[i], ta[i], wb[i], tb[i]) for i in range(n)]
+        counts = _write_rows(out, originals, rows, unlabelled, cfg.copies(pairs), pool, progress)
+        t_aug = time.perf_counter() - t1
+    manifest = {
+        "rows": counts["rows"],
+        "originals": counts["originals"],
+        "repeated_originals": n - counts["originals"],
+        "copies": counts["copies"],
+        "duplicates_dropped": counts["duplicates"],
+        "unlabelled": counts["unlabelled"],
+        "pairs": pairs,
+        "config": {**cfg.__dict__, "n_iter": cfg.copies(pairs)},
+        "workers": 1 if small else workers,
+        "seconds_tagging": round(t_tag, 3),
+        "seconds_augmenting": round(t_aug, 3),
+        "examples_per_s": round((n * cfg.copies(pairs)) / max(1e-9, t_aug), 1),
+    }
+    write_json_atomic(out / MANIFEST, manifest)
+    return read_transfer(out)
+
+
+def _pos_tags(
+    wa: list[list[str]], wb: list[list[str] | None], cfg: AugmentConfig, pool: Any, progress: bool
+) -> tuple[list[list[str]], list[list[str] | None], PosTable | None]:
+    """The POS tags of the words of every text a and b (tagged by ``pool``'s processes, or in this one without
+    a pool) and the per-tag unigram table drawn from; without ``p_pos`` empty tags and no table."""
+    from tqdm import tqdm
+
+    n = len(wa)
+    ta: list[list[str]] = [[""] * len(w) for w in wa]
+    tb: list[list[str] | None] = [[""] * len(w) if w is not None else None for w in wb]
+    if cfg.p_pos <= 0:
+        return ta, tb, None
+    sents = wa + [w for w in wb if w is not None]
+    tags: list[list[str]] = []
+    size = 512
+    with tqdm(total=len(sents), desc="POS tagging", unit="sent", disable=not progress) as bar:
+        parts = [c for _, c in _chunks(sents, size)]
+        for got in pool.imap(_tag_chunk, parts) if pool else map(_tag_chunk, parts):
+            tags.extend(got)
+            bar.update(len(got))
+    ta = tags[:n]
+    it = iter(tags[n:])
+    tb = [next(it) if w is not None else None for w in wb]
+    tagged = [list(zip(w, t, strict=True)) for w, t in zip(wa, ta, strict=True)]
+    tagged += [
+        list(zip(w, t, strict=True)) for w, t in zip(wb, tb, strict=True) if w is not None and t is not None
+    ]  # (t is None where w is)
+    return ta, tb, PosTable(tagged)
+
+
+def _write_rows(
+    out: Path,
+    originals: list[tuple[str, str | None, Any]],
+    rows: list[tuple],
+    unlabelled: Sequence[str],
+    per: int,
+    pool: Any,
+    progress: bool,
+) -> dict[str, int]:
+    """``out/transfer.jsonl``, renamed into place when complete: the ``originals`` (text a, text b, label),
+    the ``per`` edited copies of each of the ``rows`` (made by ``pool``'s processes, or in this one without a
+    pool) as they come, in example order, then the unlabelled texts; a row already written is not written
+    again. Returns the counts of what was written and dropped."""
+    from tqdm import tqdm
+
+    from cramkit.io import clean_stale
+
     out.mkdir(parents=True, exist_ok=True)
     clean_stale(out / ROWS)
     tmp = out / f".{ROWS}.tmp-{os.getpid()}"
-    rows = [(i, wa[i], ta[i], wb[i], tb[i]) for i in range(n)]
     seen: set[int] = set()
-    count = copies = dup = originals = extra = 0
-    t1 = time.perf_counter()
-    _init(table, cfg, pairs)
-    pool = _pool(workers, table, cfg, pairs) if not small else None
+    count = copies = dup = n_orig = extra = 0
     try:
         with open(tmp, "w", encoding="utf-8") as f:
 
@@ -345,10 +399,9 @@ def build_transfer(
                 count += 1
                 return True
 
-            for i in range(n):  # an original repeated in the training set is kept once
-                originals += put(texts_a[i], b[i], labels[i], True)
-            per = cfg.copies(pairs)
-            with tqdm(total=n * per, desc="augmenting", unit="ex", disable=not progress) as bar:
+            for a, bb, label in originals:  # an original repeated in the training set is kept once
+                n_orig += put(a, bb, label, True)
+            with tqdm(total=len(rows) * per, desc="augmenting", unit="ex", disable=not progress) as bar:
                 jobs = _chunks(rows, 64)
                 for got in pool.imap(_augment_chunk, jobs) if pool else map(_augment_chunk, jobs):
                     for mine in got:
@@ -362,25 +415,7 @@ def build_transfer(
             for t in unlabelled:
                 if t and t.strip():
                     extra += put(t, None, None, False)
-        t_aug = time.perf_counter() - t1
         os.replace(tmp, out / ROWS)
     finally:
-        if pool is not None:
-            pool.terminate()
         tmp.unlink(missing_ok=True)
-    manifest = {
-        "rows": count,
-        "originals": originals,
-        "repeated_originals": n - originals,
-        "copies": copies,
-        "duplicates_dropped": dup,
-        "unlabelled": extra,
-        "pairs": pairs,
-        "config": {**cfg.__dict__, "n_iter": cfg.copies(pairs)},
-        "workers": 1 if small else workers,
-        "seconds_tagging": round(t_tag, 3),
-        "seconds_augmenting": round(t_aug, 3),
-        "examples_per_s": round((n * cfg.copies(pairs)) / max(1e-9, t_aug), 1),
-    }
-    write_json_atomic(out / MANIFEST, manifest)
-    return read_transfer(out)
+    return {"rows": count, "originals": n_orig, "copies": copies, "duplicates": dup, "unlabelled": extra}

@@ -81,7 +81,7 @@ def distill(
 
 def check_student(student: str) -> None:
     """An unknown student's name: one line with the names there are (and the closest)."""
-    from cramkit.distill.core import STUDENTS
+    from cramkit.distill.students import STUDENTS
 
     if student not in STUDENTS:
         import difflib

@@ -311,7 +311,7 @@ def local(t: None) -> None: ...
 def local(t: torch.Tensor | None) -> torch.Tensor | None: ...
 def local(t: torch.Tensor | None) -> torch.Tensor | None:
     """The part of a weight this process computes with: the weight itself, or under tensor parallelism
-    (``cramkit.train.parallel.apply_tp``) this rank's shard of it."""
+    (``cramkit.train.tensor_parallel.apply_tp``) this rank's shard of it."""
     dtensor = sys.modules.get("torch.distributed.tensor")  # not imported: no DTensor exists (and its import is slow)
     return t.to_local() if dtensor is not None and isinstance(t, dtensor.DTensor) else t
 

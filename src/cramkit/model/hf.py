@@ -17,12 +17,14 @@ architecture has no export here: ONNX carries it). Export needs no transformers.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
 import re
 import shutil
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Literal
 
@@ -569,77 +571,18 @@ def export_hf(
     """
     from safetensors.torch import save_file
 
-    from cramkit.io import check_out, clean_stale
+    from cramkit.io import check_out
 
     out = Path(out_dir)
     check_out(out, own=[EXPORT_MARKER], replace=True, force=force)
     enc, head, clf = _parts(model_or_encoder)
     if not mlm_head:
         head = None
-    dtype = enc.embeddings.word.weight.dtype
-    problems = bert_incompatibilities(cfg)
-    if head is None and "head_transform=false" in problems:
-        problems.remove("head_transform=false")
-    multiple_choice = isinstance(clf, MultipleChoice)
-    if isinstance(clf, MultipleChoice) and (problems or clf.head_cfg.pooling != "first" or clf.pooler is None):
-        raise CramkitError(
-            "export_hf: this multiple-choice model has no BertForMultipleChoice equivalent "
-            f"({', '.join(problems) or f'pooling {clf.head_cfg.pooling}, pooler {clf.pooler is not None}'}); "
-            "export it with --format onnx"
-        )
-    if clf is not None and (clf.head_cfg.pooling != "first" or clf.pooler is None):
-        # not BertForSequenceClassification's head: the self-contained cramkit format carries it
-        problems = [*problems, f"classifier pooling={clf.head_cfg.pooling} pooler={clf.pooler is not None}"]
-    if not problems:
-        fmt = "bert"
-        arch = (
-            "BertForMultipleChoice"
-            if multiple_choice
-            else "BertForSequenceClassification"
-            if clf is not None
-            else "BertForMaskedLM"
-            if head is not None
-            else "BertModel"
-        )
-        prefix = "" if arch == "BertModel" else "bert."
-        weights = _bert_weights(enc, head, clf, cfg, prefix)
-        config = _bert_config(
-            cfg,
-            arch,
-            dtype,
-            clf.num_labels if clf is not None and not multiple_choice else None,
-            labels,
-            bool(getattr(clf, "multilabel", False)),
-        )
-    else:
-        fmt = "cramkit"
-        if clf is not None:
-            arch = "CramkitForSequenceClassification"
-        else:
-            arch = "CramkitForMaskedLM" if head is not None else "CramkitModel"
-        weights = {f"encoder.{k}": _t(v) for k, v in enc.state_dict().items()}
-        if clf is not None:
-            weights |= {f"classifier.{k}": _t(v) for k, v in clf.classifier.state_dict().items()}
-            if clf.pooler is not None:
-                weights |= {f"pooler.{k}": _t(v) for k, v in clf.pooler.state_dict().items()}
-        elif head is not None:
-            weights |= {f"head.{k}": _t(v) for k, v in head.state_dict().items()}
-            if cfg.tie_embeddings:
-                weights.pop("head.decoder.weight", None)
-        config = _cramkit_config(cfg, arch, dtype)
-        if clf is not None:
-            labels_cfg = _bert_config(cfg, arch, dtype, clf.num_labels, labels, bool(getattr(clf, "multilabel", False)))
-            for key in ("id2label", "label2id", "problem_type"):
-                if key in labels_cfg:
-                    config[key] = labels_cfg[key]
-            config["classifier_pooling"] = clf.head_cfg.pooling
-            config["classifier_pooler_dense"] = clf.pooler is not None
+    problems = _not_bert_because(cfg, head, clf)
+    fmt = "cramkit" if problems else "bert"
+    arch, weights, config = (_as_cramkit if problems else _as_bert)(enc, head, clf, cfg, labels)
 
-    out.parent.mkdir(parents=True, exist_ok=True)
-    clean_stale(out)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-{os.getpid()}-", dir=out.parent))
-    try:
-        os.chmod(tmp, 0o755)  # mkdtemp makes it private; an export is meant to be shared
+    with _replaced_atomically(out) as tmp:
         save_file(weights, str(tmp / "model.safetensors"), metadata={"format": "pt"})
         (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
         if fmt == "cramkit":
@@ -653,6 +596,90 @@ def export_hf(
             _write_sentence_transformers(tmp, sentence_transformers, cfg.hidden, trust=fmt == "cramkit")
             marker["sentence_transformers"] = sentence_transformers
         (tmp / EXPORT_MARKER).write_text(json.dumps(marker, indent=2) + "\n", encoding="utf-8")
+    return out
+
+
+def _not_bert_because(cfg: ModelConfig, head: nn.Module | None, clf: SequenceClassifier | None) -> list[str]:
+    """What keeps the model from transformers' own BERT classes (none: a plain BERT export); a CramkitError for a
+    multiple-choice model that is not BERT-shaped (the cramkit format has no multiple-choice class)."""
+    problems = bert_incompatibilities(cfg)
+    if head is None and "head_transform=false" in problems:
+        problems.remove("head_transform=false")
+    if isinstance(clf, MultipleChoice) and (problems or clf.head_cfg.pooling != "first" or clf.pooler is None):
+        raise CramkitError(
+            "export_hf: this multiple-choice model has no BertForMultipleChoice equivalent "
+            f"({', '.join(problems) or f'pooling {clf.head_cfg.pooling}, pooler {clf.pooler is not None}'}); "
+            "export it with --format onnx"
+        )
+    if clf is not None and (clf.head_cfg.pooling != "first" or clf.pooler is None):
+        # not BertForSequenceClassification's head: the self-contained cramkit format carries it
+        problems = [*problems, f"classifier pooling={clf.head_cfg.pooling} pooler={clf.pooler is not None}"]
+    return problems
+
+
+def _as_bert(
+    enc: Encoder, head: nn.Module | None, clf: SequenceClassifier | None, cfg: ModelConfig, labels: list[str] | None
+) -> tuple[str, dict[str, torch.Tensor], dict[str, Any]]:
+    """The architecture, weights and config.json of a plain BERT export."""
+    dtype = enc.embeddings.word.weight.dtype
+    multiple_choice = isinstance(clf, MultipleChoice)
+    arch = (
+        "BertForMultipleChoice"
+        if multiple_choice
+        else "BertForSequenceClassification"
+        if clf is not None
+        else "BertForMaskedLM"
+        if head is not None
+        else "BertModel"
+    )
+    prefix = "" if arch == "BertModel" else "bert."
+    weights = _bert_weights(enc, head, clf, cfg, prefix)
+    num_labels = clf.num_labels if clf is not None and not multiple_choice else None
+    config = _bert_config(cfg, arch, dtype, num_labels, labels, bool(getattr(clf, "multilabel", False)))
+    return arch, weights, config
+
+
+def _as_cramkit(
+    enc: Encoder, head: nn.Module | None, clf: SequenceClassifier | None, cfg: ModelConfig, labels: list[str] | None
+) -> tuple[str, dict[str, torch.Tensor], dict[str, Any]]:
+    """The architecture, weights (our own names) and config.json of a ``model_type: cramkit`` export."""
+    dtype = enc.embeddings.word.weight.dtype
+    if clf is not None:
+        arch = "CramkitForSequenceClassification"
+    else:
+        arch = "CramkitForMaskedLM" if head is not None else "CramkitModel"
+    weights = {f"encoder.{k}": _t(v) for k, v in enc.state_dict().items()}
+    if clf is not None:
+        weights |= {f"classifier.{k}": _t(v) for k, v in clf.classifier.state_dict().items()}
+        if clf.pooler is not None:
+            weights |= {f"pooler.{k}": _t(v) for k, v in clf.pooler.state_dict().items()}
+    elif head is not None:
+        weights |= {f"head.{k}": _t(v) for k, v in head.state_dict().items()}
+        if cfg.tie_embeddings:
+            weights.pop("head.decoder.weight", None)
+    config = _cramkit_config(cfg, arch, dtype)
+    if clf is not None:
+        labels_cfg = _bert_config(cfg, arch, dtype, clf.num_labels, labels, bool(getattr(clf, "multilabel", False)))
+        for key in ("id2label", "label2id", "problem_type"):
+            if key in labels_cfg:
+                config[key] = labels_cfg[key]
+        config["classifier_pooling"] = clf.head_cfg.pooling
+        config["classifier_pooler_dense"] = clf.pooler is not None
+    return arch, weights, config
+
+
+@contextlib.contextmanager
+def _replaced_atomically(out: Path) -> Iterator[Path]:
+    """A new temporary directory beside ``out`` to fill; when the block succeeds it becomes ``out`` in one
+    rename (an earlier export there removed after), readable by everyone; when it fails it is removed."""
+    from cramkit.io import clean_stale
+
+    out.parent.mkdir(parents=True, exist_ok=True)
+    clean_stale(out)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-{os.getpid()}-", dir=out.parent))
+    try:
+        os.chmod(tmp, 0o755)  # mkdtemp makes it private; an export is meant to be shared
+        yield tmp
         for f in tmp.rglob("*"):
             os.chmod(f, 0o755 if f.is_dir() else 0o644)
         if out.exists():
@@ -665,4 +692,3 @@ def export_hf(
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
-    return out

@@ -311,7 +311,7 @@ class ContinueObjective(MLMObjective):
         if self.reference is None or not isinstance(val, float):
             return val
         from cramkit.runtime import autocast
-        from cramkit.train import parallel
+        from cramkit.train import distributed
 
         assert self.data is not None  # (the run's data, as in MLMObjective.evaluate)
         ref = self._reference_on(ctx.device)
@@ -328,7 +328,7 @@ class ContinueObjective(MLMObjective):
                 cos = F.cosine_similarity(pooled(mine, seg), pooled(theirs, seg), dim=-1)
                 total[0] += cos.double().sum()
                 total[1] += cos.numel()
-        parallel.all_reduce(total, ctx)
+        distributed.all_reduce(total, ctx)
         if not total[1]:
             return val
         return {"val_loss": val, "start_cosine": round(float(total[0] / total[1]), 6)}

@@ -386,6 +386,7 @@ class ContrastiveObjective(ExampleObjective):
     loss over them, and the dev pairs' retrieval at each evaluation."""
 
     flops_per_token = None
+    cfg: ContrastiveConfig  # (the hyperparameters the engine reports)
 
     def __init__(
         self,
@@ -655,8 +656,8 @@ def _train(source, rows, cfg, out: Path, dev_rows, progress: bool, skipped: int)
     import time
 
     from cramkit.load import load_torch
+    from cramkit.train.distributed import init_distributed, shutdown
     from cramkit.train.epochs import train_epochs
-    from cramkit.train.parallel import init_distributed, shutdown
 
     loaded = source if isinstance(source, LoadedModel) else load_torch(source, purpose="contrastive training")
     if loaded.encoder is None:

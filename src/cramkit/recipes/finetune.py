@@ -368,6 +368,8 @@ class ClassifierObjective(ExampleObjective):
     number of micro-batches on each; the loss is the mean over the batch's examples. The batch order is a
     function of (seed, epoch), so a resumed run continues with the very batches it would have seen."""
 
+    cfg: FinetuneConfig  # (the hyperparameters the engine reports)
+
     def __init__(
         self,
         loaded: LoadedModel,
@@ -784,7 +786,7 @@ def _finetune(
             raise CramkitError(f"task {other.name} has labels {other.labels}, not {task.name}'s {task.labels}")
         tests.update(encode_test_splits(other, tok, max_length, prompt))
 
-    from cramkit.train.parallel import fault_guard, init_distributed, shutdown
+    from cramkit.train.distributed import fault_guard, init_distributed, shutdown
 
     ctx = init_distributed(cfg.device)  # under torchrun: one process group for every seed
     if ctx.distributed and out_dir is None:
@@ -802,7 +804,7 @@ def _finetune(
 def _finetune_seeds(
     task, loaded, cfg, out_dir, ctx, train, dev, tests, predict_also, progress, prompt=None
 ) -> dict[str, Any]:
-    from cramkit.train.parallel import main_first
+    from cramkit.train.distributed import main_first
 
     max_length = min(cfg.max_length, loaded.max_length)
     regression = task.is_regression

@@ -102,6 +102,8 @@ class MixtureLoader:
 class MixtureObjective(ExampleObjective):
     """Fine-tuning on a mixture for the engine (train/trainer.py): a MultiTaskModel, a MixtureLoader."""
 
+    cfg: FinetuneConfig  # (the hyperparameters the engine reports)
+
     def __init__(
         self,
         loaded: LoadedModel,
@@ -356,7 +358,7 @@ def finetune_mixture(
     rates = mixture_rates(mixture.rates, sizes)
 
     from cramkit.recipes.weighting import needs_task_gradients
-    from cramkit.train.parallel import fault_guard, init_distributed, shutdown
+    from cramkit.train.distributed import fault_guard, init_distributed, shutdown
 
     ctx = init_distributed(cfg.device)
     if weighting is not None and ctx.world > 1 and needs_task_gradients(weighting, index):
@@ -401,8 +403,8 @@ def check_weighting_settings(
 def _train_and_score(
     mixture, tasks, loaded, cfg, out_dir, ctx, train, dev, tests, rates, progress, weighting=None, primary=None
 ):
+    from cramkit.train.distributed import main_first
     from cramkit.train.epochs import epoch_steps, train_epochs
-    from cramkit.train.parallel import main_first
 
     seed = cfg.seeds[0]
     max_length = min(cfg.max_length, loaded.max_length)

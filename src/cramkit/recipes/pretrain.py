@@ -242,7 +242,7 @@ def pretrain(
     from cramkit.data.loader import PretrainData
     from cramkit.text.tokenizer import special_ids
     from cramkit.text.words import WordBoundaries
-    from cramkit.train.parallel import fault_guard, shutdown
+    from cramkit.train.distributed import fault_guard, shutdown
     from cramkit.train.trainer import fit
 
     overrides = _with_report_to(list(overrides) + ([f"train.budget={budget}"] if budget else []), report_to)
@@ -681,7 +681,7 @@ def _read_run_info(run: Path) -> dict[str, Any]:
 
 def _prepare(run, cfg, inputs, tokenizer, resume, preset, source_options, saved, *, begin, adapt_info):
     """Tokenizer, token store and final config of the run (rank 0 first, the others then read them)."""
-    from cramkit.train.parallel import init_distributed, main_first
+    from cramkit.train.distributed import init_distributed, main_first
 
     store = None
     if len(inputs) == 1 and is_store(inputs[0]):

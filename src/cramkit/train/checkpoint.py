@@ -67,7 +67,7 @@ from cramkit.rundir import (  # noqa: F401
 if TYPE_CHECKING:
     from torch.distributed.checkpoint.metadata import BytesStorageMetadata
 from cramkit.rundir import inside_checkpoint as _inside
-from cramkit.train.parallel import DistContext
+from cramkit.train.distributed import DistContext
 
 # a single-process save/load is what we mean when no process group exists: not worth a warning each time
 warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable or uninitialized")
@@ -253,11 +253,11 @@ def get_states(model: nn.Module, optimizer: torch.optim.Optimizer | None) -> tup
 
 
 def _whole(state: dict[str, Any], *, empty: bool = False) -> dict[str, Any]:
-    """``state`` with each tensor-parallel weight split per part (``parallel.split_per_part``: the fused
+    """``state`` with each tensor-parallel weight split per part (``tensor_parallel.split_per_part``: the fused
     Q/K/V and GLU projections) as one whole tensor: DCP writes a rank's part of a tensor as one block,
     but such a rank holds several (its rows of Q, of K and of V). Gathered (or, with ``empty``, allocated
     for loading into); every other tensor is left as it is."""
-    from cramkit.train.parallel import split_per_part
+    from cramkit.train.tensor_parallel import split_per_part
 
     def whole(v: Any) -> Any:
         if not split_per_part(v):
@@ -271,7 +271,7 @@ def _resplit(loaded: dict[str, Any], like: dict[str, Any]) -> dict[str, Any]:
     """Loaded whole tensors split again as the tensors of ``like`` (the inverse of :func:`_whole`)."""
     from torch.distributed.tensor import distribute_tensor
 
-    from cramkit.train.parallel import split_per_part
+    from cramkit.train.tensor_parallel import split_per_part
 
     return {
         k: distribute_tensor(v, like[k].device_mesh, like[k].placements) if split_per_part(like[k]) else v
@@ -281,7 +281,7 @@ def _resplit(loaded: dict[str, Any], like: dict[str, Any]) -> dict[str, Any]:
 
 def tied_aliases(model: nn.Module) -> list[str]:
     """Parameter names that repeat an earlier parameter (tied weights): stored once in model.safetensors."""
-    from cramkit.train.parallel import unwrap
+    from cramkit.train.distributed import unwrap
 
     seen: set[int] = set()
     aliases = []
@@ -510,7 +510,7 @@ class Checkpointer:
             return
         if isinstance(error, CramkitError):
             raise error
-        from cramkit.train.parallel import _is_comm_failure
+        from cramkit.train.distributed import _is_comm_failure
 
         if self.ctx.distributed and _is_comm_failure(error):
             first = str(error).strip().splitlines()[0][:200]

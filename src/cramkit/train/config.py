@@ -19,10 +19,12 @@ from cramkit.model.encoder import ModelConfig, config_parameters
 from cramkit.runtime import Precision
 from cramkit.text.tokenizer import LANGS, MAX_VOCAB_SIZE
 from cramkit.train.budget import parse_budget, parse_every
-from cramkit.train.parallel import ParallelConfig, check_ep, check_tp
+from cramkit.train.distributed import ParallelConfig
+from cramkit.train.parallel import check_ep
 from cramkit.train.pipeline import check_pp, stages_per_rank
 from cramkit.train.report import report_to_setting, require_trackers
 from cramkit.train.schedule import SCHEDULES
+from cramkit.train.tensor_parallel import check_tp
 
 
 @dataclass

@@ -19,9 +19,9 @@ import torch
 
 from cramkit.train import checkpoint as ckpt
 from cramkit.train.config import TrainConfig
+from cramkit.train.distributed import DistContext, ParallelConfig
 from cramkit.train.metrics import read_metrics
 from cramkit.train.objectives import Objective
-from cramkit.train.parallel import DistContext, ParallelConfig
 from cramkit.train.trainer import fit
 
 

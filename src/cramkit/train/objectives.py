@@ -1,4 +1,4 @@
-"""What the engine trains: the :class:`Objective` protocol, and masked-LM pretraining (:class:`MLMObjective`).
+"""What the engine trains: the :class:`Objective` base class, and masked-LM pretraining (:class:`MLMObjective`).
 
 An objective is a recipe: the model, its batches, its loss and its evaluation. Everything else (device,
 precision, parallelism, optimizer, schedules, checkpoints, resume, metrics) is the engine's
@@ -9,6 +9,8 @@ mixtures', the contrastive stage's, distillation's ``distill.objective.DistillOb
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from types import MappingProxyType
 from typing import Any, Protocol
 
 import torch
@@ -17,7 +19,7 @@ from cramkit.model.encoder import flops_per_token
 from cramkit.model.heads import IGNORE, MaskedLM
 from cramkit.model.moe import moe_losses
 from cramkit.runtime import autocast
-from cramkit.train import parallel
+from cramkit.train import distributed
 from cramkit.train.budget import parse_budget
 from cramkit.train.config import RunConfig
 
@@ -30,45 +32,65 @@ class TrainData(Protocol):
     def val_batches(self, micro_batch: int, max_batches: int, *, rank: int = 0, world: int = 1) -> Any: ...
 
 
-class Objective(Protocol):
-    """A recipe for the engine: the model, its batches, its loss and its evaluation."""
+class Objective:
+    """The base of every objective: a recipe for the engine (the model, its batches, its loss and its evaluation).
+
+    A subclass gives ``title``, ``resume_hint`` and ``flops_per_token`` and implements the methods up to
+    :meth:`evaluate`. The optional hooks after them have defaults that change nothing; the engine calls them
+    on every objective, and a recipe overrides those it needs."""
 
     title: str  # progress bar title, e.g. "pretrain 3m" or "sst2 seed 0"
     resume_hint: str  # the stop message's last words: how to continue the run
+    flops_per_token: float | None  # for MFU; None when unknown
 
-    @property
-    def flops_per_token(self) -> float | None:  # for MFU; None when unknown
-        ...
-
-    def build_model(self) -> torch.nn.Module: ...
+    def build_model(self) -> torch.nn.Module:
+        raise NotImplementedError
 
     def train_loader(self, micro: int, *, rank: int = 0, world: int = 1) -> Any:
         """An endless iterator of micro-batches with ``state_dict()`` / ``load_state_dict()``. The engine runs it
         in a thread of its own, ahead of the step (train/prefetch.py): its batches must follow from its state
         alone (its own seeded generators, no global random state)."""
+        raise NotImplementedError
 
     def count(self, batch: dict[str, torch.Tensor]) -> int:
         """Items the loss of ``batch`` averages over (predicted tokens, examples), from the host batch."""
+        raise NotImplementedError
 
     def tokens(self, batch: dict[str, torch.Tensor]) -> int:
         """Tokens ``batch`` feeds the model (for tokens/s)."""
+        raise NotImplementedError
 
     def loss(self, model: torch.nn.Module, batch: dict[str, torch.Tensor], device: torch.device) -> torch.Tensor:
         """Mean loss over the batch's ``count`` items (any finite graph when count is 0)."""
+        raise NotImplementedError
 
     def evaluate(
-        self, model: torch.nn.Module, ctx: parallel.DistContext, precision: str
+        self, model: torch.nn.Module, ctx: distributed.DistContext, precision: str
     ) -> float | dict[str, float] | None:
         """A held-out loss (lower is better), or None when the recipe evaluates elsewhere; or a dict of the loss
         (``val_loss``) and the recipe's own figures (dev metrics), which the engine logs beside it."""
+        raise NotImplementedError
 
-    # optional: ``lr_scales``, a dict of parameter-name prefix -> learning-rate multiplier (e.g. a fresh head
-    # on a pretrained encoder); ``begin_step(fraction) -> dict | None`` is called before each optimizer step with the
-    # fraction of the budget spent (e.g. a loss weight that decays with it); what it returns is logged; ``cfg``, the
-    # recipe's settings (a dataclass): reported to the trackers of train.report_to as the run's hyperparameters;
-    # ``step_metrics() -> dict | None``, called when a step is logged: the recipe's own figures of the steps since
-    # the last call (e.g. the experts' load of a mixture of experts, a mixture's per-task gradient norms), logged
-    # with the step (read only then: no device sync at other steps)
+    # ---- optional hooks: the defaults change nothing
+
+    # parameter-name prefix -> learning-rate multiplier (e.g. a fresh head on a pretrained encoder)
+    lr_scales: dict[str, float] | None = None
+    # the recipe's settings (a dataclass): reported to the trackers of train.report_to as the run's
+    # hyperparameters (anything else: none)
+    cfg: Any = None
+    # keywords of loss.png's plot (``train.metrics.plot_losses``: title, loss_name, x)
+    plot: Mapping[str, str] = MappingProxyType({})
+
+    def begin_step(self, fraction: float) -> dict[str, Any] | None:
+        """Called before each optimizer step with the fraction of the budget spent (e.g. a loss weight that
+        decays with it); what it returns is logged with the step."""
+        return None
+
+    def step_metrics(self) -> dict[str, float] | None:
+        """Called when a step is logged: the recipe's own figures of the steps since the last call (e.g. the
+        experts' load of a mixture of experts, a mixture's per-task gradient norms), logged with the step (read
+        only then: no device sync at other steps)."""
+        return None
 
 
 def _segments(batch: dict[str, torch.Tensor], device: torch.device) -> dict[str, torch.Tensor]:
@@ -77,7 +99,7 @@ def _segments(batch: dict[str, torch.Tensor], device: torch.device) -> dict[str,
     return {} if seg is None else {"segments": seg.to(device, non_blocking=True)}
 
 
-class ExampleObjective:
+class ExampleObjective(Objective):
     """The base of the objectives over examples (fine-tuning, mixtures, the contrastive stage, distillation):
     a batch carries the ``count`` of examples its loss averages over, and its tokens are the attention mask's
     ones (all of ``input_ids`` without a mask). A subclass adds the model, its batches, its loss and its
@@ -91,8 +113,10 @@ class ExampleObjective:
         return int(mask.sum()) if mask is not None else batch["input_ids"].numel()
 
 
-class MLMObjective:
+class MLMObjective(Objective):
     """Masked-LM pretraining (the Cramming recipe): loss over the masked positions only."""
+
+    cfg: RunConfig | None  # (the hyperparameters the engine reports)
 
     def __init__(self, cfg: RunConfig | None = None, data: TrainData | None = None) -> None:
         self.cfg, self.data = cfg, data
@@ -154,7 +178,7 @@ class MLMObjective:
         }
 
     def evaluate(
-        self, model: torch.nn.Module, ctx: parallel.DistContext, precision: str
+        self, model: torch.nn.Module, ctx: distributed.DistContext, precision: str
     ) -> float | dict[str, float] | None:
         """Mean MLM loss over all predicted tokens of the held-out batches (the same batches every time)."""
         assert self.cfg is not None and self.data is not None  # (as in build_model)
@@ -170,5 +194,5 @@ class MLMObjective:
                 if n > 0:
                     total[0] += out.loss.double() * n
                     total[1] += n
-        parallel.all_reduce(total, ctx)
+        distributed.all_reduce(total, ctx)
         return float(total[0] / total[1]) if total[1] > 0 else None

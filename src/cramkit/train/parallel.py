@@ -1,180 +1,36 @@
-"""Data and tensor parallelism through PyTorch's own engine (torchrun, DDP, FSDP2, DTensor), applied to a
-plain model.
+"""Data and tensor parallelism through PyTorch's own engine (DDP, FSDP2, DTensor), applied to a plain model
+on the processes of ``cramkit.train.distributed`` (torchrun's job, its context and collectives).
 
 Contract used by the trainer (``cramkit.train.trainer``):
 
-- ``init_distributed(device, cfg)`` joins torchrun's job (its facts from ``cramkit.runtime``) and
-  returns a :class:`DistContext`; without torchrun it is world size 1 and no process group is created.
 - ``parallelize(model, cfg, ctx)`` returns the module to train: the model itself (world 1),
   DDP-wrapped, or ``fully_shard``-ed per transformer block (FSDP2); with ``parallel.tp=T`` first split
-  across T ranks by tensor parallelism (``apply_tp``, on a 2-D ("dp", "tp") mesh). The model code knows
-  nothing of it but its local head count. Like torchtitan, each strategy is a separate function on a
-  plain model (``apply_tp``, ``apply_compile``, ``apply_ddp`` / ``apply_fsdp``), composed in that order.
-  With ``parallel.ep=N`` (``apply_ep``) each mixture-of-experts layer's experts are split over the N ranks.
-  Pipeline parallelism (``parallel.pp``) is ``cramkit.train.pipeline``, which the trainer uses instead.
-- ``data_context(ctx, cfg)``: the ranks that read different batches (a tensor-parallel group shares
-  its batches), for the data loader, the loss average and evaluation.
+  across T ranks by tensor parallelism (``cramkit.train.tensor_parallel.apply_tp``, on a 2-D ("dp", "tp")
+  mesh). The model code knows nothing of it but its local head count. Like torchtitan, each strategy is a
+  separate function on a plain model (``apply_tp``, ``apply_compile``, ``apply_ddp`` / ``apply_fsdp``),
+  composed in that order. With ``parallel.ep=N`` (``apply_ep``) each mixture-of-experts layer's experts are
+  split over the N ranks. Pipeline parallelism (``parallel.pp``) is ``cramkit.train.pipeline``, which the
+  trainer uses instead.
 - ``sync_gradients(model, enabled)`` is a context manager around forward+backward: gradients are
   reduced across ranks only on the last micro-step of an accumulation.
-- ``all_reduce(tensor, ctx)`` sums a tensor over ranks in place (no-op at world size 1).
-- ``fault_guard(ctx)`` turns a collective that failed because another rank died (or timed out) into
-  one clear :class:`CramkitError` instead of a deep traceback or a hang.
+- ``clip_grad_norm(model, max_norm)``: the global gradient norm over every rank's shards, and the clipping.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
-import datetime
 import math
-import os
 from collections.abc import Iterator
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal, cast
+from typing import Any
 
 import torch
 from torch import nn
 
 from cramkit import runtime
 from cramkit.errors import CramkitError
-
-if TYPE_CHECKING:
-    from cramkit.model.encoder import MLP, Block, ModelConfig
-
-
-@dataclass
-class ParallelConfig:
-    strategy: Literal["ddp", "fsdp"] = "ddp"  # used when the world size is above 1
-    cpu_offload: bool = False  # FSDP2: keep parameters, gradients and optimizer state in host memory
-    reshard_after_forward: bool = True  # FSDP2: free gathered parameters after forward
-    async_checkpoint: bool = True  # checkpoints are written in the background (train/checkpoint.py)
-    # seconds a collective may wait for the other ranks before the job stops with an error (a rank that
-    # died usually fails the collective at once; this bounds the case of a rank that hangs)
-    timeout: float = 600.0
-    # tensor parallelism: each layer split across this many ranks (attention heads, MLP width, vocabulary);
-    # data parallelism (``strategy``) runs over the world size / tp groups of ranks
-    tp: int = 1
-    # pipeline parallelism (train/pipeline.py): the encoder's blocks cut into this many stages, one per rank of a
-    # pipeline; data parallelism runs over the world size / pp pipelines; micro-batches scheduled by pp_schedule
-    pp: int = 1
-    pp_schedule: Literal["gpipe", "1f1b", "interleaved"] = "1f1b"
-    # stages per process (Megatron's virtual stages, looped: rank r holds stages r, r + pp, ...): 0 = 1, or 2 with
-    # the interleaved schedule (which needs at least 2: a bubble smaller by that factor, more messages)
-    pp_virtual: int = 0
-    # expert parallelism: each mixture-of-experts layer's experts split across this many ranks (all of them), the
-    # tokens exchanged by all-to-all; the other weights replicated, their gradients averaged as DDP's
-    ep: int = 1
-
-    def validate(self) -> None:
-        if self.timeout <= 0:
-            raise CramkitError(f"parallel.timeout must be a positive number of seconds, got {self.timeout}")
-        if self.tp < 1:
-            raise CramkitError(f"parallel.tp must be at least 1 (1 = no tensor parallelism), got {self.tp}")
-        if self.tp > 1 and self.cpu_offload:
-            raise CramkitError(
-                f"parallel.tp={self.tp} does not work with parallel.cpu_offload; drop one of them (tensor "
-                "parallelism already divides each rank's weights by tp)"
-            )
-        if self.pp < 1:
-            raise CramkitError(f"parallel.pp must be at least 1 (1 = no pipeline parallelism), got {self.pp}")
-        if self.pp_virtual < 0:
-            raise CramkitError(f"parallel.pp_virtual must be 0 (automatic) or a stage count, got {self.pp_virtual}")
-        if self.pp_virtual > 1 and self.pp_schedule != "interleaved":
-            raise CramkitError(
-                f"parallel.pp_virtual={self.pp_virtual} (stages per process) needs parallel.pp_schedule=interleaved; "
-                f"the {self.pp_schedule} schedule runs one stage per process"
-            )
-        if self.pp_virtual == 1 and self.pp_schedule == "interleaved":
-            raise CramkitError(
-                "parallel.pp_schedule=interleaved needs at least 2 stages per process (parallel.pp_virtual=2, the "
-                "default); with one use parallel.pp_schedule=1f1b"
-            )
-        if self.ep < 1:
-            raise CramkitError(f"parallel.ep must be at least 1 (1 = no expert parallelism), got {self.ep}")
-        if self.ep > 1 and (self.tp > 1 or self.pp > 1 or self.strategy == "fsdp" or self.cpu_offload):
-            raise CramkitError(
-                f"parallel.ep={self.ep} runs with parallel.strategy=ddp only, without parallel.tp, parallel.pp or "
-                "cpu_offload; drop one of them"
-            )
-        if self.pp > 1 and self.cpu_offload:
-            raise CramkitError(
-                f"parallel.pp={self.pp} does not work with parallel.cpu_offload (a stage's parameters stay on its "
-                "device); drop one of them"
-            )
-
-
-@dataclass
-class DistContext:
-    rank: int = 0
-    world: int = 1
-    local_rank: int = 0
-    device: torch.device = torch.device("cpu")
-    timeout: float = 600.0  # seconds a collective waits for the other ranks (ParallelConfig.timeout)
-    group: Any = None  # the process group of these ranks (None: all of them); see ``data_context``
-
-    @property
-    def is_main(self) -> bool:
-        return self.rank == 0
-
-    @property
-    def distributed(self) -> bool:
-        return self.world > 1
-
-
-def init_distributed(device: str = "auto", cfg: ParallelConfig | None = None) -> DistContext:
-    """Join torchrun's process group when launched by torchrun; otherwise a world of one.
-
-    NCCL on CUDA (with gloo beside it for CPU collectives such as checkpoint planning), gloo on CPU.
-    """
-    cfg = cfg or ParallelConfig()
-    job = runtime.torchrun()
-    dev = runtime.resolve_device(device)
-    if job.world <= 1:
-        return DistContext(device=dev, timeout=cfg.timeout)
-    rank, world, local_rank = job.rank, job.world, job.local_rank
-    if dev.type == "cuda":
-        if local_rank >= torch.cuda.device_count():
-            raise CramkitError(
-                f"local rank {local_rank} has no GPU (this node has {torch.cuda.device_count()}); "
-                "lower --nproc_per_node to the number of GPUs"
-            )
-        dev = torch.device("cuda", local_rank)
-        torch.cuda.set_device(dev)
-    import torch.distributed as dist
-
-    if not dist.is_initialized():
-        timeout = datetime.timedelta(seconds=cfg.timeout)
-        if dev.type == "cuda":
-            dist.init_process_group(backend="cpu:gloo,cuda:nccl", timeout=timeout, device_id=dev)
-        else:
-            dist.init_process_group(backend="gloo", timeout=timeout)
-    ctx = DistContext(rank=rank, world=world, local_rank=local_rank, device=dev, timeout=cfg.timeout)
-    _exit_on_sigterm(ctx)
-    return ctx
-
-
-def _exit_on_sigterm(ctx: DistContext) -> None:
-    """Outside the training loop (whose own handler saves a checkpoint first), a SIGTERM from torchrun
-    ends this rank at once with one line saying why, instead of a silent kill or a traceback."""
-    import signal
-    import sys
-    import threading
-
-    if threading.current_thread() is not threading.main_thread():
-        return
-
-    def handler(signum: int, frame: object) -> None:
-        print(
-            f"cramkit: rank {ctx.rank}/{ctx.world}: stopped by SIGTERM (torchrun stops every process of the "
-            "job when one of them fails or the job is cancelled: see its summary). Continue from the last "
-            "complete checkpoint with `cramkit pretrain --resume RUN`",
-            file=sys.stderr,
-            flush=True,
-        )
-        os._exit(128 + signum)
-
-    signal.signal(signal.SIGTERM, handler)
-
+from cramkit.train.distributed import DistContext, ParallelConfig, encoder_blocks, unwrap
+from cramkit.train.tensor_parallel import apply_tp, check_tp, split_per_part
 
 # ---------------------------------------------------------------------------------------------------
 # strategies, each a function on a plain model
@@ -182,7 +38,7 @@ def _exit_on_sigterm(ctx: DistContext) -> None:
 
 def apply_compile(model: nn.Module) -> nn.Module:
     """Compile each transformer block in place (keeps parameter names; torchtitan's per-block compile)."""
-    for block in _blocks(model):
+    for block in encoder_blocks(model):
         block.compile()
     return model
 
@@ -256,7 +112,7 @@ def apply_fsdp(model: nn.Module, cfg: ParallelConfig, ctx: DistContext, precisio
         ignored_params=set(ignored) or None,
         shard_placement_fn=placement,
     )
-    blocks = _blocks(model)
+    blocks = encoder_blocks(model)
     for i, block in enumerate(blocks):
         # the last block's parameters are needed again at once in backward: keep them gathered
         reshard = cfg.reshard_after_forward and i < len(blocks) - 1
@@ -382,203 +238,9 @@ def init_mesh(cfg: ParallelConfig, ctx: DistContext) -> Any:
     return init_device_mesh(ctx.device.type, (ctx.world // cfg.tp, cfg.tp), mesh_dim_names=("dp", "tp"))
 
 
-def data_context(ctx: DistContext, cfg: ParallelConfig) -> DistContext:
-    """The ranks that read different data: all of them, or with tensor parallelism one per tensor-parallel
-    group (the ``tp`` ranks of a group train on the same batch). Its ``rank``/``world`` pick the data shard,
-    its ``all_reduce`` sums over the ranks of this rank's data-parallel group (call on every rank)."""
-    if cfg.tp == 1 or not ctx.distributed:
-        return ctx
-    import torch.distributed as dist
-
-    dp = ctx.world // cfg.tp
-    groups = [dist.new_group([d * cfg.tp + j for d in range(dp)]) for j in range(cfg.tp)]  # as ``init_mesh``
-    return DistContext(
-        rank=ctx.rank // cfg.tp,
-        world=dp,
-        local_rank=ctx.local_rank,
-        device=ctx.device,
-        timeout=ctx.timeout,
-        group=groups[ctx.rank % cfg.tp],
-    )
-
-
 def _average_over(model: nn.Module, params: list[nn.Parameter], mesh: Any) -> None:
     """``sync_gradients`` averages these parameters' gradients (their local parts) over ``mesh``'s ranks."""
     model._cramkit_dp_sync = (params, mesh.get_group(), mesh.size())  # type: ignore[assignment]  # torch stubs: attrs are Tensor | Module
-
-
-# ---------------------------------------------------------------------------------------------------
-# tensor parallelism (Megatron-LM's split, with PyTorch's DTensor)
-
-
-def check_tp(model_cfg: Any, tp: int) -> None:
-    """One clear line when ``tp`` does not divide the attention heads or the MLP width (a vocabulary that
-    it does not divide is split unevenly)."""
-    if tp == 1 or model_cfg is None:
-        return
-    if getattr(model_cfg, "moe_experts", 0):
-        raise CramkitError(
-            f"parallel.tp={tp} does not split mixture-of-experts layers (model.moe_experts="
-            f"{model_cfg.moe_experts}); train MoE with parallel.tp=1 (DDP or FSDP2)"
-        )
-    glu = model_cfg.activation in ("gelu_glu", "swiglu")
-    sizes = [
-        ("model.heads", model_cfg.heads),
-        (
-            "the MLP width (model.intermediate / 2 with a GLU activation)" if glu else "model.intermediate",
-            model_cfg.intermediate // 2 if glu else model_cfg.intermediate,
-        ),
-    ]
-    for name, size in sizes:
-        if size % tp:
-            raise CramkitError(
-                f"parallel.tp={tp} must divide {name} ({size}): each of the {tp} ranks takes an equal part; "
-                f"choose a parallel.tp that divides it (or change the model)"
-            )
-
-
-def split_per_part(t: torch.Tensor) -> bool:
-    """Whether ``t`` is a tensor-parallel weight split per part: the fused Q/K/V projection (each rank
-    its heads' rows of Q, K and V) or a GLU input projection (its rows of each half)."""
-    from torch.distributed.tensor import DTensor
-    from torch.distributed.tensor.placement_types import _StridedShard
-
-    if not isinstance(t, DTensor):
-        return False
-    names = t.device_mesh.mesh_dim_names or ()
-    return any(isinstance(p, _StridedShard) and names[i] == "tp" for i, p in enumerate(t.placements))
-
-
-def apply_tp(model: nn.Module, mesh: Any) -> None:
-    """Split a cramkit encoder model across the ranks of the 1-D mesh ``mesh`` (tensor parallelism).
-
-    Megatron-LM's plan in the encoder's names (torchtitan's for Llama): the token embedding row-wise (the
-    vocabulary split, outputs summed), each block's Q/K/V and MLP input projections column-wise (each rank
-    computes its heads, its part of the MLP width), the attention output and MLP output projections
-    row-wise (partial outputs summed: two all-reduces per block forward, two backward), the MLM decoder
-    column-wise (each rank its part of the vocabulary) with torch's loss-parallel cross-entropy over the
-    masked positions (the logits are never gathered). The fused Q/K/V weight is split per part (rank r
-    holds its heads' rows of Q, of K and of V), like a GLU's two halves.
-
-    Everything else (norms, the position table, the MLM head's transform) is replicated, and so are
-    the activations between blocks: no sequence parallelism, because sparse prediction picks the
-    masked positions out of the whole sequence in the last block (a sequence-sharded activation would
-    need a gather there) and the MLM head reads only those positions.
-    """
-    from torch.distributed.tensor import Replicate, Shard
-    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
-
-    plain = unwrap(model)
-    tp = mesh.size()
-    plan: dict[str, Any] = {}
-    # (a pipeline stage, ``pipeline.prune``, may lack the embeddings and has Identity for others' blocks)
-    encoder = getattr(plain, "encoder", None)
-    staged = isinstance(encoder, nn.Module) and getattr(encoder, "embeddings", True) is None
-    word = None if staged else _find(plain, ("encoder.embeddings.word", "embeddings.word"))
-    if word is not None:
-        plan[word] = RowwiseParallel(input_layouts=Replicate(), output_layouts=Replicate())
-    prefix = "encoder." if hasattr(plain, "encoder") else ""
-    blocks = [(i, b) for i, b in enumerate(_blocks(plain)) if not isinstance(b, nn.Identity)]
-    for i, _ in blocks:
-        plan[f"{prefix}layers.{i}.attn.out"] = RowwiseParallel()
-        plan[f"{prefix}layers.{i}.mlp.fc_out"] = RowwiseParallel()
-    head = getattr(plain, "head", None)
-    decoder = getattr(head, "decoder", None)
-    if decoder is not None:  # logits stay split over the vocabulary for the loss-parallel cross-entropy
-        plan["head.decoder"] = ColwiseParallel(output_layouts=Shard(-1), use_local_output=False)
-    parallelize_module(plain, mesh, plan)
-    for block in cast("list[Block]", [b for _, b in blocks]):  # check_tp: a cramkit encoder's blocks (no MoE)
-        mlp = cast("MLP", block.mlp)
-        _split_rows(block.attn.qkv, mesh, 3)
-        _split_rows(mlp.fc_in, mesh, 2 if mlp.glu else 1)
-        block.attn.heads //= tp
-        block.attn.register_forward_pre_hook(_into_tp_region(mesh))
-        block.mlp.register_forward_pre_hook(_into_tp_region(mesh))
-    if decoder is not None:
-        assert head is not None  # the decoder is head.decoder
-        if word is not None and cast("ModelConfig", plain.cfg).tie_embeddings:  # tie the two again
-            head.decoder.weight = plain.get_submodule(word).weight
-        plain.register_forward_hook(_local_loss)
-        _enable_loss_parallel()
-
-
-def _find(model: nn.Module, names: tuple[str, ...]) -> str:
-    for name in names:
-        try:
-            model.get_submodule(name)
-            return name
-        except AttributeError:
-            continue
-    raise CramkitError(
-        f"{type(model).__name__} has no token embedding at {' or '.join(names)}; tensor parallelism needs a "
-        "cramkit encoder model"
-    )
-
-
-def _split_rows(linear: nn.Linear, mesh: Any, parts: int) -> None:
-    """Shard a projection's output rows over ``mesh``; with ``parts`` > 1 each of its ``parts`` equal
-    blocks of rows (Q, K, V; or a GLU's value and gate) is split, and a rank holds its rows of each."""
-    from torch.distributed.tensor import Shard, distribute_tensor
-    from torch.distributed.tensor.placement_types import _StridedShard
-
-    placement = _StridedShard(0, split_factor=parts) if parts > 1 else Shard(0)
-    for name in ("weight", "bias"):
-        tensor = getattr(linear, name)
-        if tensor is not None:
-            setattr(linear, name, nn.Parameter(distribute_tensor(tensor.detach(), mesh, [placement])))
-
-
-def _into_tp_region(mesh: Any) -> Any:
-    """A forward pre-hook: the replicated input enters a column-split layer unchanged, and its gradient
-    (each rank's part) is summed over the tensor-parallel ranks in backward (Megatron's "f")."""
-    from torch.distributed.tensor import DTensor, Partial, Replicate
-
-    def hook(module: nn.Module, args: tuple[Any, ...]) -> tuple[Any, ...]:
-        x = DTensor.from_local(args[0], mesh, [Replicate()], run_check=False)
-        return (x.to_local(grad_placements=[Partial()]), *args[1:])
-
-    return hook
-
-
-def _local_loss(module: nn.Module, args: tuple[Any, ...], out: Any) -> Any:
-    """The MLM loss (the same on every tensor-parallel rank) as a plain tensor; logits stay split."""
-    from torch.distributed.tensor import DTensor
-
-    loss = getattr(out, "loss", None)
-    # a copy: FSDP2 warns about a view returned by its root module
-    return out._replace(loss=loss.to_local().clone()) if isinstance(loss, DTensor) else out
-
-
-_loss_parallel: contextlib.AbstractContextManager | None = None
-
-
-def _enable_loss_parallel() -> None:
-    """Switch on torch's loss parallelism for this process (once): a cross-entropy over logits split on
-    the vocabulary is computed without gathering them, in forward and backward. Its context must enclose
-    the backward too, which runs in the trainer; it only changes cross-entropy on DTensors."""
-    global _loss_parallel
-    if _loss_parallel is None:
-        from torch.distributed.tensor.parallel import loss_parallel
-
-        _loss_parallel = loss_parallel()
-        _loss_parallel.__enter__()
-
-
-def unwrap(model: nn.Module) -> nn.Module:
-    """The plain model under a DDP wrapper (FSDP2 and compile-in-place keep the model itself)."""
-    return getattr(model, "module", model)
-
-
-def _blocks(model: nn.Module) -> list[nn.Module]:
-    model = unwrap(model)
-    encoder = getattr(model, "encoder", model)
-    layers = getattr(encoder, "layers", None)
-    if layers is None:
-        raise CramkitError(
-            f"{type(model).__name__} has no transformer blocks at .encoder.layers; FSDP and per-block "
-            "compile need a cramkit encoder model"
-        )
-    return list(layers)
 
 
 def _broadcast_from_rank0(model: nn.Module) -> None:
@@ -670,98 +332,3 @@ def clip_grad_norm(model: nn.Module, max_norm: float) -> torch.Tensor:
         for g in grads:
             g.mul_(scale.to(g.device))
     return total
-
-
-def all_reduce(tensor: torch.Tensor, ctx: DistContext, op: str = "sum") -> torch.Tensor:
-    """Reduce ``tensor`` over ranks in place (``op``: sum, max, min, avg); no-op at world size 1."""
-    if ctx.distributed:
-        import torch.distributed as dist
-
-        ops = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN}
-        if op == "avg":
-            dist.all_reduce(tensor, op=dist.ReduceOp.SUM, group=ctx.group)
-            tensor /= ctx.world
-        else:
-            dist.all_reduce(tensor, op=ops[op], group=ctx.group)
-    return tensor
-
-
-def broadcast_object(obj: object, ctx: DistContext, src: int = 0) -> object:
-    """Rank ``src``'s (small, trusted, in-memory) Python object on every rank."""
-    if not ctx.distributed:
-        return obj
-    import torch.distributed as dist
-
-    box = [obj]
-    dist.broadcast_object_list(box, src=src)
-    return box[0]
-
-
-@contextlib.contextmanager
-def main_first(ctx: DistContext, what: str = "preparing the data") -> Iterator[None]:
-    """Rank 0 runs the body first (e.g. training the tokenizer, building the token store into the run
-    directory); the other ranks run it after rank 0 succeeded (and then find its results cached).
-
-    The wait has no practical time limit (a corpus can take hours to tokenize); if rank 0 fails, the
-    others stop with an error naming it instead of waiting."""
-    if not ctx.distributed:
-        yield
-        return
-    import torch.distributed as dist
-
-    group = dist.new_group(backend="gloo", timeout=datetime.timedelta(days=1))
-    try:
-        if ctx.is_main:
-            try:
-                yield
-            except BaseException as exc:
-                dist.broadcast_object_list([f"{type(exc).__name__}: {exc}"], src=0, group=group)
-                raise
-            dist.broadcast_object_list([None], src=0, group=group)
-            return
-        box: list[object] = [None]
-        dist.broadcast_object_list(box, src=0, group=group)
-        if box[0] is not None:
-            raise CramkitError(f"rank {ctx.rank}: rank 0 failed while {what} ({box[0]}); see its message")
-        yield
-    finally:
-        dist.destroy_process_group(group)
-
-
-@contextlib.contextmanager
-def fault_guard(ctx: DistContext) -> Iterator[None]:
-    """A failed collective (a peer died, or timed out) becomes one clear error naming this rank."""
-    if not ctx.distributed:
-        yield
-        return
-    try:
-        yield
-    except CramkitError:
-        raise
-    except (RuntimeError, OSError) as exc:
-        if not _is_comm_failure(exc):
-            raise
-        first = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else type(exc).__name__
-        raise CramkitError(
-            f"rank {ctx.rank}/{ctx.world}: lost contact with the other ranks ({first}); another process "
-            "probably died or hung (see its log above). Resume from the last complete checkpoint with "
-            "`cramkit pretrain --resume RUN`"
-        ) from None
-
-
-def _is_comm_failure(exc: BaseException) -> bool:
-    import torch.distributed as dist
-
-    if isinstance(exc, getattr(dist, "DistError", ())):
-        return True
-    text = str(exc).lower()
-    markers = ("gloo", "nccl", "connection", "timed out", "timeout", "peer", "socket", "broken pipe")
-    return any(m in text for m in markers)
-
-
-def shutdown(ctx: DistContext) -> None:
-    if ctx.distributed:
-        import torch.distributed as dist
-
-        if dist.is_initialized():
-            dist.destroy_process_group()

@@ -15,7 +15,7 @@ schedule; the last stage returns each micro-batch's summed cross-entropy divided
 predicted tokens, so the gradients are exactly those of one process.
 
 The processes form a 3-D ("dp", "pp", "tp") mesh, a pipeline's P x T ranks consecutive: with ``parallel.tp=T``
-each stage's blocks are split over T ranks (``parallel.apply_tp``); pipelines read different batches, their
+each stage's blocks are split over T ranks (``tensor_parallel.apply_tp``); pipelines read different batches, their
 gradients averaged over the dp group (DDP's arithmetic) or, with ``parallel.strategy=fsdp``, each stage is an
 FSDP2 root of its own sharded over the dp group (the schedule tells FSDP2 which backward is the last). The tied
 word embedding / MLM decoder weight lives on the first and the last stage: its two gradients are summed after
@@ -36,10 +36,10 @@ from cramkit import runtime
 from cramkit.errors import CramkitError
 from cramkit.model.encoder import Selection, _segment_masks, select_positions
 from cramkit.model.heads import IGNORE, MaskedLM, MLMOutput
-from cramkit.train import parallel
+from cramkit.train import distributed, parallel, tensor_parallel
 
 if TYPE_CHECKING:
-    from cramkit.train.parallel import DistContext, ParallelConfig
+    from cramkit.train.distributed import DistContext, ParallelConfig
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved")
 
@@ -227,7 +227,7 @@ class Pipeline(nn.Module):
         self.virtual = stages_per_rank(cfg)
         check_pp(model.cfg, cfg.pp, ctx.world, virtual=self.virtual, tp=cfg.tp)
         if cfg.tp > 1:
-            parallel.check_tp(model.cfg, cfg.tp)
+            tensor_parallel.check_tp(model.cfg, cfg.tp)
         if cfg.pp_schedule not in SCHEDULES:
             raise CramkitError(f"parallel.pp_schedule={cfg.pp_schedule!r} is not one of {', '.join(SCHEDULES)}")
         self.cfg, self.ctx, self.precision = cfg, ctx, precision
@@ -240,7 +240,7 @@ class Pipeline(nn.Module):
         owns = prune(model, self.stage_ids, self.total)
         self.lm = model
         if cfg.tp > 1:  # each stage's blocks (and embeddings, head) split over the tensor-parallel ranks
-            parallel.apply_tp(model, g.mesh["tp"])
+            tensor_parallel.apply_tp(model, g.mesh["tp"])
         self.stages = nn.ModuleList(
             _Stage(model, own, s, self.total, precision, ctx.device)
             for own, s in zip(owns, self.stage_ids, strict=True)
@@ -255,7 +255,7 @@ class Pipeline(nn.Module):
                 parallel.apply_fsdp(stage, cfg, ctx, precision, g.mesh["dp"])
         self.is_first, self.is_last = g.rank == 0, g.rank == g.size - 1  # (which ranks hold the tied copies)
         self._schedules: dict[tuple[int, tuple[int, ...], bool], Any] = {}
-        self.data_ctx = parallel.DistContext(
+        self.data_ctx = distributed.DistContext(
             rank=g.dp_rank,
             world=g.dp_size,
             local_rank=ctx.local_rank,
@@ -317,7 +317,7 @@ class Pipeline(nn.Module):
         device, g = self.ctx.device, self.groups
         n_local = sum(count(b) for b in batches)
         counts = torch.tensor([float(n_local)], dtype=torch.float64, device=device)
-        n_global = float(parallel.all_reduce(counts, self.data_ctx)[0].clamp_min(1.0))
+        n_global = float(distributed.all_reduce(counts, self.data_ctx)[0].clamp_min(1.0))
         for stage in self.stages:
             st = cast("_Stage", stage)
             st.scale, st.sums = g.dp_size / n_global, []

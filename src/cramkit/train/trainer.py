@@ -43,7 +43,7 @@ import torch
 from cramkit import runtime
 from cramkit.errors import CramkitError
 from cramkit.train import checkpoint as ckpt
-from cramkit.train import parallel
+from cramkit.train import distributed, parallel
 from cramkit.train.budget import format_seconds, parse_budget, parse_every
 from cramkit.train.config import RunConfig, TrainConfig
 from cramkit.train.metrics import MetricsLog, Progress, peak_flops, plot_losses
@@ -138,7 +138,7 @@ def _from_json(value: Any) -> Any:
 def forward_backward(
     model: torch.nn.Module,
     batches: list[dict[str, torch.Tensor]],
-    ctx: parallel.DistContext,
+    ctx: distributed.DistContext,
     precision: str = "fp32",
     scaler: torch.amp.GradScaler | None = None,
     objective: Objective | None = None,
@@ -155,7 +155,7 @@ def forward_backward(
     device, world = ctx.device, ctx.world
     n_local = [objective.count(b) for b in batches]  # counted on the host batches
     counts = torch.tensor([float(sum(n_local))], dtype=torch.float64).to(device, non_blocking=True)
-    n_global = parallel.all_reduce(counts, ctx)[0].clamp_min(1.0)
+    n_global = distributed.all_reduce(counts, ctx)[0].clamp_min(1.0)
     loss_sum = torch.zeros((), dtype=torch.float64, device=device)
     tokens = 0
     for i, batch in enumerate(batches):
@@ -169,7 +169,7 @@ def forward_backward(
                 share = loss * (n_local[i] * world / n_global).to(loss.dtype)
                 loss_sum += loss.detach().double() * n_local[i]
             (scaler.scale(share) if scaler is not None else share).backward()
-    return parallel.all_reduce(loss_sum, ctx) / n_global, tokens
+    return distributed.all_reduce(loss_sum, ctx) / n_global, tokens
 
 
 # ---------------------------------------------------------------- the engine
@@ -183,13 +183,13 @@ class Trainer:
         self,
         objective: Objective,
         tcfg: TrainConfig,
-        pcfg: parallel.ParallelConfig,
+        pcfg: distributed.ParallelConfig,
         run: Path,
         *,
-        ctx: parallel.DistContext | None = None,
+        ctx: distributed.DistContext | None = None,
     ) -> None:
         self.objective, self.tcfg, self.run_dir = objective, tcfg, Path(run)
-        self.ctx = ctx = ctx or parallel.init_distributed(tcfg.device)
+        self.ctx = ctx = ctx or distributed.init_distributed(tcfg.device)
         self.device = device = ctx.device
         self.precision = runtime.resolve_precision(tcfg.precision, device)
         if tcfg.threads > 0:
@@ -222,7 +222,7 @@ class Trainer:
                 self.model, pcfg, ctx, self.precision, compile=compile_on, fp8_recipe=tcfg.fp8_recipe
             )
             # the ranks that read different batches (with tensor parallelism, one per group of parallel.tp ranks)
-            self.data_ctx = parallel.data_context(ctx, pcfg)
+            self.data_ctx = distributed.data_context(ctx, pcfg)
         if ctx.world == 1 and device.type == "cpu" and not compile_on and self.pipe is None:
             reuse_embedding_grads(self.model)
         self.optimizer = build_optimizer(
@@ -233,7 +233,7 @@ class Trainer:
             tcfg.eps,
             tcfg.weight_decay,
             device,
-            getattr(objective, "lr_scales", None),
+            objective.lr_scales,
         )
         from torch.distributed.tensor import DTensor
 
@@ -310,8 +310,7 @@ class Trainer:
         lr = tcfg.lr * lr_factor(fraction, tcfg.schedule, tcfg.warmup, tcfg.cooldown, tcfg.lr_start)
         for group in opt.param_groups:
             group["lr"] = lr * group.get("lr_scale", 1.0)
-        begin_step = getattr(self.objective, "begin_step", None)
-        info = (begin_step(fraction) if begin_step is not None else None) or {}
+        info = self.objective.begin_step(fraction) or {}
 
         batches = [next(self.loader) for _ in range(accum)]
         if self.pipe is not None:
@@ -336,7 +335,7 @@ class Trainer:
         # when any rank was signalled
         signalled = stop is not None and stop.signum is not None
         agreed = torch.tensor([dt if self.ctx.is_main else 0.0, 1.0 if signalled else 0.0], dtype=torch.float64)
-        dt, stop_now = parallel.all_reduce(agreed, self.ctx).tolist()
+        dt, stop_now = distributed.all_reduce(agreed, self.ctx).tolist()
         s.step, s.tokens, s.elapsed = s.step + 1, s.tokens + tokens, s.elapsed + dt
         facts = {
             "step": s.step,
@@ -475,7 +474,7 @@ class Trainer:
 
         from cramkit.config import to_dict
 
-        cfg = getattr(self.objective, "cfg", None)
+        cfg = self.objective.cfg
         settings = to_dict(cfg) if dataclasses.is_dataclass(cfg) and not isinstance(cfg, type) else {}
         return {**settings, "train": to_dict(self.tcfg), "world": self.ctx.world}
 
@@ -499,8 +498,7 @@ class Trainer:
             "mfu": mfu,
             "skipped": s.skipped or None,
         } | facts["info"]
-        step_metrics = getattr(self.objective, "step_metrics", None)
-        rec |= (step_metrics() if step_metrics is not None else None) or {}
+        rec |= self.objective.step_metrics() or {}
         self.log.write(rec)
         self.history.append(rec)
         fraction = self.budget.fraction(s.elapsed, s.tokens, s.step)
@@ -565,7 +563,7 @@ class Trainer:
             torch.utils.deterministic.fill_uninitialized_memory = was_filling  # type: ignore[attr-defined]  # (as above)
             if self.ctx.is_main:
                 with contextlib.suppress(Exception):
-                    plot_losses(self.run_dir, **getattr(self.objective, "plot", {}))
+                    plot_losses(self.run_dir, **self.objective.plot)
 
     def _interrupted(self, stop: runtime.StopFlag, finished: Path | None = None) -> None:
         """Raise TrainingInterrupted after saving (``finished``: the run had just ended, its final checkpoint is
@@ -605,11 +603,11 @@ class Trainer:
 def fit(
     objective: Objective,
     tcfg: TrainConfig,
-    pcfg: parallel.ParallelConfig,
+    pcfg: distributed.ParallelConfig,
     run: Path,
     *,
     resume: bool = False,
-    ctx: parallel.DistContext | None = None,
+    ctx: distributed.DistContext | None = None,
 ) -> TrainResult:
     """Train ``objective`` into run directory ``run`` until ``tcfg.budget`` is spent; with ``resume``,
     continue from the run's latest checkpoint."""
@@ -638,7 +636,7 @@ def train(
     data: TrainData,
     *,
     resume: bool = False,
-    ctx: parallel.DistContext | None = None,
+    ctx: distributed.DistContext | None = None,
 ) -> TrainResult:
     """Pretrain ``MaskedLM(cfg.model)`` on ``data`` into run directory ``run`` until the budget is spent."""
     return fit(MLMObjective(cfg, data), cfg.train, cfg.parallel, run, resume=resume, ctx=ctx)

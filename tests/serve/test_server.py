@@ -43,6 +43,7 @@ class Server:
 
 pytestmark = pytest.mark.smoke  # one real `cramkit serve` process per module, spoken to over HTTP
 
+
 def start(*args: str, timeout: float = 120) -> tuple[subprocess.Popen, str]:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
     proc = subprocess.Popen(

@@ -9,7 +9,7 @@
 The result carries the model (eval mode, on the CPU), its tokenizer, config and head: masked-LM,
 classification (label names in logit order), multi-label, regression, multiple choice (a score per
 (context, choice) pair), or a bare encoder. An export directory is opened by its format's backend
-(``cramkit.infer.backends``) into an :class:`~cramkit.infer.backends.ExportedModel` with the same
+(``cramkit.backends``) into an :class:`~cramkit.backends.ExportedModel` with the same
 description (kind, labels, tokenizer, limits, pooling) and ``runner()``: inference runs either the same way.
 What needs the torch model (fine-tuning, distillation, export) calls :func:`load_torch`, which names the
 model an export was made from instead.
@@ -30,10 +30,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
 from cramkit import rundir
+from cramkit.backends.base import KINDS as KINDS
+from cramkit.backends.base import LOGIT_KINDS as LOGIT_KINDS
+from cramkit.backends.base import ExportedModel
 from cramkit.errors import CramkitError
-from cramkit.infer.backends.base import KINDS as KINDS
-from cramkit.infer.backends.base import LOGIT_KINDS as LOGIT_KINDS
-from cramkit.infer.backends.base import ExportedModel
 from cramkit.io import json_loads, read_json
 from cramkit.model.loaded import MODEL_FILE as MODEL_FILE
 from cramkit.model.loaded import MODEL_FORMAT as MODEL_FORMAT
@@ -48,7 +48,7 @@ if TYPE_CHECKING:  # torch is imported by the functions that need it: `cramkit -
 
 POOLER_FILE = "pooler.safetensors"  # a run continued from a model with BERT's pooler keeps it here
 # what a directory holds, by the file that marks it, tried in this order after the export formats'
-# markers (cramkit.infer.backends.markers(): onnx, ct2, and any registered format): the one table of them
+# markers (cramkit.backends.markers(): onnx, ct2, and any registered format): the one table of them
 DIRECTORY_KINDS: tuple[tuple[str, str], ...] = (
     ("model", MODEL_FILE),  # a fine-tuned model, a student: LoadedModel.save
     ("run", "config.yaml"),  # a pretraining run (cramkit.rundir)
@@ -98,7 +98,7 @@ def check_source(source: str, flag: str = "--from") -> None:
 def directory_kind(path: PathLike) -> str | None:
     """What ``path`` is: an export format's name (onnx, ct2, ...), model, run, checkpoint (a run's step
     directory) or hf (see DIRECTORY_KINDS; ``hf:DIR`` is hf); None when it is none of them."""
-    from cramkit.infer import backends
+    from cramkit import backends
 
     text = str(path)
     if text.startswith("hf:"):
@@ -114,7 +114,7 @@ def directory_kind(path: PathLike) -> str | None:
 
 def is_export(path: PathLike) -> bool:
     """Whether ``path`` is an export directory of a registered format (cramkit export --format onnx|ct2|...)."""
-    from cramkit.infer import backends
+    from cramkit import backends
 
     return not str(path).startswith("hf:") and backends.kind_of(path) is not None
 
@@ -141,7 +141,7 @@ def load(
             )
         if device is not None and str(device) not in ("cpu", "auto"):
             raise CramkitError(f"{source} is an export; it runs on the CPU (device {device} given)")
-        from cramkit.infer import backends
+        from cramkit import backends
 
         return backends.open_export(source, threads=threads)
     return load_torch(source, step=step, device=device, task=task, base=base)
@@ -178,7 +178,7 @@ def load_torch(
         if not path.is_dir():
             raise CramkitError(f"{text} is a file; give the directory that holds it")
         kind = directory_kind(path)
-        from cramkit.infer import backends
+        from cramkit import backends
 
         if kind in backends.names():
             fmt = backends.get(str(kind))

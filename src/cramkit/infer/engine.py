@@ -42,8 +42,8 @@ from cramkit.model.forward import fits as fits
 if TYPE_CHECKING:
     import torch
 
+    from cramkit.backends import ExportedModel, Runner
     from cramkit.data.prompts import PromptSpec
-    from cramkit.infer.backends import ExportedModel, Runner
     from cramkit.load import LoadedModel
 
 TextOrPair = str | tuple[str, str] | list[str]
@@ -94,7 +94,7 @@ def probabilities(kind: str, logits: np.ndarray) -> np.ndarray | None:
 
 class Engine:
     """Batched inference over a model: a :class:`~cramkit.load.LoadedModel`, an
-    :class:`~cramkit.infer.backends.ExportedModel`, or a path (anything ``cramkit.load`` opens: a run, a
+    :class:`~cramkit.backends.ExportedModel`, or a path (anything ``cramkit.load`` opens: a run, a
     model directory, ``hf:DIR``, an export).
 
     backend: ``auto`` (the model's own: torch for a torch model, the export's format for an export), ``torch``,
@@ -126,7 +126,7 @@ class Engine:
         offload_experts: bool = False,
         expert_cache: int | None = None,
     ) -> None:
-        from cramkit.infer import backends
+        from cramkit import backends
         from cramkit.load import LoadedModel, for_task, load
 
         known = ("auto", "torch", *backends.names())
@@ -742,7 +742,7 @@ def _release_freed_memory() -> None:
 
 def compare_outputs(loaded: LoadedModel, exported: ExportedModel, texts: list[Any]) -> dict[str, Any]:
     """The largest differences between the torch model's and its export's outputs on ``texts`` (the check of
-    ``cramkit.infer.backends.write_export``)."""
+    ``cramkit.backends.write_export``)."""
     import torch
 
     ref = Engine(loaded, backend="torch", device="cpu", max_batch_tokens=4096)

@@ -162,8 +162,8 @@ def predict(
     those it was trained on, else ``choices``); its context column defaults to the one it was trained on too.
     base: the base model of a deep-prompt directory (finetune --method ptuning). offload_experts, expert_cache:
     a mixture-of-experts model's experts brought in as its routers pick them (:class:`~cramkit.infer.Engine`)."""
+    from cramkit.backends import ExportedModel
     from cramkit.infer import Engine
-    from cramkit.infer.backends import ExportedModel
     from cramkit.infer.engine import check_expert_cache
     from cramkit.io import check_out_file
 

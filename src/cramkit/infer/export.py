@@ -15,7 +15,7 @@ from typing import Any
 from cramkit import backends
 from cramkit.errors import CramkitError
 from cramkit.io import read_json
-from cramkit.load import LoadedModel, load_directory_architecture, load_torch
+from cramkit.load import LoadedModel, describe, load_torch
 
 
 def formats() -> tuple[str, ...]:
@@ -72,7 +72,7 @@ def export(
     name, arch = (
         (model.source, model.architecture)
         if isinstance(model, LoadedModel)
-        else (str(model), load_directory_architecture(model))
+        else (str(model), describe(model).architecture)
     )
     if backend is None and arch == "prefix":
         raise CramkitError(

@@ -495,7 +495,7 @@ def _python(tool: str) -> str:
 def race(args: argparse.Namespace) -> None:
     """Every contestant in its own process, at each thread count, on short and long texts."""
     import cramkit
-    from cramkit.infer.backends.onnx import cpu_isa
+    from cramkit.backends.onnx import cpu_isa
     from cramkit.infer.export import export
 
     work = args.work or Path(tempfile.mkdtemp(prefix="bench-race-"))

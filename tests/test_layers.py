@@ -24,7 +24,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("cramkit.model",),
     ("cramkit.rundir",),
     ("cramkit.train",),  # the engine: it imports neither load nor tasks
-    ("cramkit.infer.backends",),  # the export formats: cramkit.load opens exports through them
+    ("cramkit.backends",),  # the export formats: cramkit.load opens exports through them; below load and infer
     ("cramkit.load",),
     ("cramkit.recipes",),  # pretraining, adaptation, fine-tuning, mixtures, suites: run on the engine
     ("cramkit.distill", "cramkit.infer", "cramkit.serve", "cramkit.index"),

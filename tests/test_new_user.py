@@ -420,7 +420,7 @@ def test_onnx_export_says_when_fusions_were_skipped(pretrained_run, tmp_path, mo
     pytest.importorskip("onnxruntime")
     import onnxruntime.transformers.optimizer as optimizer
 
-    from cramkit.infer.backends import write_export
+    from cramkit.backends import write_export
     from cramkit.infer.engine import compare_outputs
     from cramkit.load import load
 

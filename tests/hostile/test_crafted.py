@@ -70,8 +70,8 @@ def test_external_data_in_a_subgraph_or_function_is_refused(ft_onnx, tmp_path) -
     import onnx
     from onnx import helper
 
+    from cramkit.backends import open_export as load_onnx
     from cramkit.errors import CramkitError
-    from cramkit.infer.backends import open_export as load_onnx
 
     for where in ("subgraph", "function"):
         bad = tmp_path / where

@@ -72,7 +72,7 @@ ONNX_CASES = [
 
 
 def test_crafted_onnx_manifest_fields_are_one_line(ft_onnx, tmp_path) -> None:
-    from cramkit.infer.backends import open_export as load_onnx
+    from cramkit.backends import open_export as load_onnx
 
     bad = tmp_path / "bad"
     shutil.copytree(ft_onnx, bad)

@@ -17,8 +17,9 @@ from safetensors.numpy import load_file
 
 import cramkit
 from clirun import cli_process
+from cramkit import backends
 from cramkit.errors import CramkitError
-from cramkit.infer import Engine, backends
+from cramkit.infer import Engine
 from infer.models import cli, sst2
 
 TOY = Path(__file__).with_name("toy_format.py")

@@ -15,10 +15,10 @@ import pytest
 
 import cramkit
 from clirun import cli_process
+from cramkit.backends import open_export as load_ct2
+from cramkit.backends.ct2 import MANIFEST
 from cramkit.errors import CramkitError
 from cramkit.infer import Engine
-from cramkit.infer.backends import open_export as load_ct2
-from cramkit.infer.backends.ct2 import MANIFEST
 
 from .models import cli, ok, sst2
 
@@ -76,7 +76,7 @@ def test_fast_path_passes_and_vectors_match_a_plain_ctranslate2_loop(minilm_dir,
     import ctranslate2
     from tokenizers import Tokenizer
 
-    from cramkit.infer.backends.ct2 import CPU_BATCH_TOKENS
+    from cramkit.backends.ct2 import CPU_BATCH_TOKENS
     from cramkit.infer.engine import default_batch_tokens
 
     i8 = Engine(minilm_ct2["int8"], threads=1)

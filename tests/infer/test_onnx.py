@@ -11,10 +11,10 @@ import onnx
 import pytest
 
 import cramkit
+from cramkit.backends import open_export as load_onnx
+from cramkit.backends.onnx import MANIFEST
 from cramkit.errors import CramkitError
 from cramkit.infer import Engine
-from cramkit.infer.backends import open_export as load_onnx
-from cramkit.infer.backends.onnx import MANIFEST
 
 from .models import cli, sst2
 
@@ -140,7 +140,7 @@ def _tiny(tmp_path_factory, tok_dir, name: str, *sets: str) -> Path:
 
 def _export_and_compare(run: Path, out: Path, **kwargs) -> dict:
     """`export_onnx` of ``run`` (a masked-LM encoder), its manifest, and its embeddings against torch's."""
-    from cramkit.infer.backends import write_export
+    from cramkit.backends import write_export
     from cramkit.infer.engine import compare_outputs
 
     loaded = cramkit.load(run)
@@ -207,7 +207,7 @@ def test_every_encoder_shape_fuses_its_attention(tmp_path_factory, tok_dir, tmp_
 @pytest.mark.integration
 def test_export_falls_back_to_the_plain_attention_graph(tmp_path_factory, tok_dir, tmp_path, monkeypatch) -> None:
     """When the fused attention cannot be exported, the plain graph is, and the manifest says why."""
-    from cramkit.infer.backends import onnx as onnx_mod
+    from cramkit.backends import onnx_graph as onnx_mod
 
     real, _ = onnx_mod._attention_op()
 
@@ -231,7 +231,7 @@ def test_deepnet_glu_shape_runs_fused_attention(tmp_path_factory, tok_dir, tmp_p
 
 
 def test_int8_quantizes_for_the_cpu_it_runs_on(ft_onnx, ft_onnx_int8) -> None:
-    from cramkit.infer.backends.onnx import ISA_FORMATS, cpu_isa
+    from cramkit.backends.onnx import ISA_FORMATS, cpu_isa
 
     fp32, int8 = (json.loads((d / MANIFEST).read_text()) for d in (ft_onnx, ft_onnx_int8))
     assert fp32["attention"] == {"fused": True} and fp32["graph_ops"]["MultiHeadAttention"] == 2
@@ -249,9 +249,9 @@ def test_int8_quantizes_for_the_cpu_it_runs_on(ft_onnx, ft_onnx_int8) -> None:
 def test_int8_ships_only_what_passes_its_bar(ft_model, tmp_path, monkeypatch) -> None:
     """When int8 everywhere and its fallback (MLP down-projections in fp32) both miss the bar, nothing is shipped:
     one line with both checks' figures, and no --out."""
-    from cramkit.infer.backends import onnx as onnx_backend
+    from cramkit.backends import onnx_int8
 
-    monkeypatch.setattr(onnx_backend, "INT8_MIN_COSINE", 1.01)  # a bar no quantized model meets
+    monkeypatch.setattr(onnx_int8, "INT8_MIN_COSINE", 1.01)  # a bar no quantized model meets
     out = tmp_path / "int8"
     with pytest.raises(
         CramkitError,

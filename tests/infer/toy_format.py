@@ -14,8 +14,8 @@ from typing import Any
 
 import numpy as np
 
+from cramkit.backends import Backend, ExportedModel, ExportJob
 from cramkit.errors import CramkitError
-from cramkit.infer.backends import Backend, ExportedModel, ExportJob
 
 WEIGHTS = "bag.safetensors"
 

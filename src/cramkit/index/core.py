@@ -626,9 +626,9 @@ class Index:
                         f"({self.encoder_source}); query with that encoder (or none: the index keeps a copy)"
                     )
             else:
-                from cramkit.load import directory_kind
+                from cramkit.load import describe
 
-                if directory_kind(self.encoder_dir) is None:
+                if describe(self.encoder_dir).kind is None:
                     raise CramkitError(f"{self.encoder_dir}: the index's encoder copy is missing; rebuild the index")
                 loaded = load_encoder(str(self.encoder_dir))
                 if encoder_fingerprint(loaded) != want:

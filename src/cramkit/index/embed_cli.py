@@ -109,7 +109,7 @@ def embed_source(
     model's experts brought in as its routers pick them (:class:`~cramkit.infer.Engine`)."""
     from cramkit.index.core import load_encoder
     from cramkit.infer import Engine
-    from cramkit.infer.engine import check_expert_cache
+    from cramkit.infer.offload import check_expert_cache
     from cramkit.load import check_source
 
     check_source(str(model))

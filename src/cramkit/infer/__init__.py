@@ -1,8 +1,7 @@
-"""Fast inference: the batched engine (torch, through ``cramkit.model.forward``) and the export formats with
-the runtimes that run them (``cramkit.infer.backends``: ONNX Runtime, CTranslate2, and any registered one).
+"""Fast inference: the batched engine (torch, through ``cramkit.model.forward``, or an export through its
+format's runtime: ``cramkit.backends``, ONNX Runtime, CTranslate2, any registered one), export, predict.
 
-Names are imported on first use, so that ``cramkit.load`` can read the backends' registry without loading
-the engine."""
+Names are imported on first use, so that importing a module of this package does not load the engine."""
 
 from __future__ import annotations
 

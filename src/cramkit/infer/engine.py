@@ -32,6 +32,8 @@ from cramkit.data.batching import (
     scores_to_choices,
 )
 from cramkit.errors import CramkitError
+from cramkit.infer.offload import check_expert_cache as check_expert_cache
+from cramkit.infer.offload import offload_model
 from cramkit.model import forward
 from cramkit.model.forward import CPU_BATCH_TOKENS as CPU_BATCH_TOKENS
 from cramkit.model.forward import CUDA_BATCH_TOKENS as CUDA_BATCH_TOKENS
@@ -42,8 +44,8 @@ from cramkit.model.forward import fits as fits
 if TYPE_CHECKING:
     import torch
 
+    from cramkit.backends import ExportedModel, Runner
     from cramkit.data.prompts import PromptSpec
-    from cramkit.infer.backends import ExportedModel, Runner
     from cramkit.load import LoadedModel
 
 TextOrPair = str | tuple[str, str] | list[str]
@@ -94,7 +96,7 @@ def probabilities(kind: str, logits: np.ndarray) -> np.ndarray | None:
 
 class Engine:
     """Batched inference over a model: a :class:`~cramkit.load.LoadedModel`, an
-    :class:`~cramkit.infer.backends.ExportedModel`, or a path (anything ``cramkit.load`` opens: a run, a
+    :class:`~cramkit.backends.ExportedModel`, or a path (anything ``cramkit.load`` opens: a run, a
     model directory, ``hf:DIR``, an export).
 
     backend: ``auto`` (the model's own: torch for a torch model, the export's format for an export), ``torch``,
@@ -126,7 +128,7 @@ class Engine:
         offload_experts: bool = False,
         expert_cache: int | None = None,
     ) -> None:
-        from cramkit.infer import backends
+        from cramkit import backends
         from cramkit.load import LoadedModel, for_task, load
 
         known = ("auto", "torch", *backends.names())
@@ -158,7 +160,7 @@ class Engine:
         self.loaded: LoadedModel | ExportedModel = src
         self.offload: dict[str, Any] | None = None
         if offload_experts:
-            self.offload = _offload(src, device, cache)
+            self.offload = offload_model(src, device, cache)
         self.runner: Runner = src.runner(device, precision)
         self.device = getattr(self.runner, "device", "cpu")
         self.model = getattr(self.runner, "model", None)  # the torch module, for a torch model
@@ -619,130 +621,9 @@ class Engine:
         return {"reads": sum(s.reads for s in stores), "hits": sum(s.hits for s in stores)}
 
 
-# ------------------------------------------------------------------------------------------ offloaded experts
-
-
-def check_expert_cache(value: Any, offload: bool = True) -> int:
-    """``expert_cache`` as an int (None: 0), or one CramkitError line: a non-negative integer, with offloading."""
-    if value is None:
-        return 0
-    if isinstance(value, str) and value.strip().isdigit():
-        value = int(value)
-    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-        raise CramkitError(
-            f"--expert-cache {value!r}: give a non-negative integer, the experts kept resident per MoE layer "
-            "(0: none, each pass reads the ones it needs)"
-        )
-    if not offload:
-        raise CramkitError("--expert-cache applies with --offload-experts (it sizes the offloaded experts' cache)")
-    return value
-
-
-def _offload(src: LoadedModel | ExportedModel, device: Any, cache: int) -> dict[str, Any]:
-    """Move the MoE experts of ``src`` out of memory (:func:`cramkit.model.moe.offload_experts`); one line
-    when the model has none or is an export, or when on a CPU its weights file cannot be found."""
-    from cramkit.load import LoadedModel
-    from cramkit.model.moe import MoE, offload_experts
-    from cramkit.runtime import resolve_device
-
-    if not isinstance(src, LoadedModel):
-        raise CramkitError(
-            f"--offload-experts: {src.source} is an export in the {src.backend.title} format; offloading experts "
-            "runs the torch model: give the model it was exported from"
-        )
-    names = [name for name, m in src.model.named_modules() if isinstance(m, MoE)]
-    if not names:
-        raise CramkitError(
-            f"--offload-experts: {src.source} is a dense model (no mixture-of-experts layers); drop the flag, or "
-            "give a model trained with --set model.moe_experts=E"
-        )
-    dev = resolve_device(device)
-    file = keys = None
-    if dev.type != "cuda":
-        file = _weights_file(src)
-        keys = _expert_keys(src, file, names)
-    layers = offload_experts(src.model, device=dev, cache=cache, file=file, keys=keys)
-    if dev.type != "cuda":
-        _release_freed_memory()
-    return {
-        "layers": len(layers),
-        "experts": layers[0].experts,
-        "cache": cache,
-        "from": str(file) if file is not None else "pinned host memory",
-    }
-
-
-def _weights_file(src: LoadedModel) -> Path:
-    """The safetensors file ``src``'s weights were read from: a model directory's, or a run checkpoint's."""
-    from cramkit import rundir
-
-    file = src.weights_file
-    run, checkpoint = src.extra.get("run"), src.extra.get("checkpoint")
-    if file is None and isinstance(run, str) and isinstance(checkpoint, str):
-        file = rundir.checkpoints_dir(Path(run)) / checkpoint / rundir.WEIGHTS_FILE
-    if file is None or not Path(file).is_file():
-        raise CramkitError(
-            f"--offload-experts on a CPU reads the experts from the model's safetensors file, and {src.source} "
-            "has none at hand; save the model first (cramkit.load(...).save(DIR)) and give DIR"
-        )
-    return Path(file)
-
-
-def _expert_keys(src: LoadedModel, file: Path, names: list[str]) -> dict[str, str]:
-    """Each MoE parameter's key in ``file`` (``encoder.layers.1.mlp.w_in``; a compiled or DDP run's prefixes
-    ignored), its shape and first expert checked against the loaded model's."""
-    import torch
-    from safetensors import SafetensorError, safe_open
-
-    from cramkit.model.moe import EXPERT_PARAMS
-
-    keys: dict[str, str] = {}
-    try:
-        with safe_open(str(file), framework="pt", device="cpu") as f:
-            stored = {k.replace("_orig_mod.", "").removeprefix("module."): k for k in f.keys()}  # noqa: SIM118
-            for name in names:
-                module = src.model.get_submodule(name)
-                for p in EXPERT_PARAMS:
-                    w = getattr(module, p)
-                    if w is None:
-                        continue
-                    full = f"{name}.{p}"
-                    tail = full[full.find("layers.") :] if "layers." in full else full
-                    found = [k for n, k in stored.items() if n == full] or [
-                        k for n, k in stored.items() if n.endswith("." + tail) or n == tail
-                    ]
-                    ok = len(found) == 1
-                    if ok:
-                        part = f.get_slice(found[0])
-                        ok = tuple(part.get_shape()) == tuple(w.shape) and torch.equal(part[0], w[0].detach().cpu())
-                    if not ok:
-                        raise CramkitError(
-                            f"--offload-experts: {file} does not hold the experts of {src.source} as loaded "
-                            f"({full}); give the model as it was saved"
-                        )
-                    keys[full] = found[0]
-    except (OSError, SafetensorError) as exc:
-        raise CramkitError(f"--offload-experts: {file} cannot be read ({exc})") from None
-    return keys
-
-
-def _release_freed_memory() -> None:
-    """Hand the freed experts' pages back to the system (glibc keeps freed heap memory otherwise)."""
-    import ctypes
-    import ctypes.util
-
-    name = ctypes.util.find_library("c")
-    try:
-        libc = ctypes.CDLL(name) if name else None
-        if libc is not None and hasattr(libc, "malloc_trim"):
-            libc.malloc_trim(0)
-    except OSError:
-        pass
-
-
 def compare_outputs(loaded: LoadedModel, exported: ExportedModel, texts: list[Any]) -> dict[str, Any]:
     """The largest differences between the torch model's and its export's outputs on ``texts`` (the check of
-    ``cramkit.infer.backends.write_export``)."""
+    ``cramkit.backends.write_export``)."""
     import torch
 
     ref = Engine(loaded, backend="torch", device="cpu", max_batch_tokens=4096)

@@ -1,5 +1,5 @@
 """Exporting a model: a Hugging Face directory (``model.hf.export_hf``) or any export format of
-``cramkit.infer.backends`` (ONNX Runtime, CTranslate2, a registered one), written by the one template
+``cramkit.backends`` (ONNX Runtime, CTranslate2, a registered one), written by the one template
 ``backends.write_export`` and checked against the torch model by the engine. ``cramkit.export`` and
 ``cramkit export`` both come here."""
 
@@ -12,10 +12,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from cramkit import backends
 from cramkit.errors import CramkitError
-from cramkit.infer import backends
 from cramkit.io import read_json
-from cramkit.load import LoadedModel, load_directory_architecture, load_torch
+from cramkit.load import LoadedModel, describe, load_torch
 
 
 def formats() -> tuple[str, ...]:
@@ -72,7 +72,7 @@ def export(
     name, arch = (
         (model.source, model.architecture)
         if isinstance(model, LoadedModel)
-        else (str(model), load_directory_architecture(model))
+        else (str(model), describe(model).architecture)
     )
     if backend is None and arch == "prefix":
         raise CramkitError(

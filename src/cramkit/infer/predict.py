@@ -162,25 +162,16 @@ def predict(
     those it was trained on, else ``choices``); its context column defaults to the one it was trained on too.
     base: the base model of a deep-prompt directory (finetune --method ptuning). offload_experts, expert_cache:
     a mixture-of-experts model's experts brought in as its routers pick them (:class:`~cramkit.infer.Engine`)."""
-    from cramkit.infer import Engine
-    from cramkit.infer.backends import ExportedModel
-    from cramkit.infer.engine import check_expert_cache
+    from cramkit.infer.offload import check_expert_cache
     from cramkit.io import check_out_file
 
     check_expert_cache(expert_cache, offload_experts)  # a bad value: one line before anything is read
-    from cramkit.load import LoadedModel, for_task, is_export, load
-
     if out is not None:
         check_out_file(out, inputs=[model, input_file])
-    if not isinstance(model, (LoadedModel, ExportedModel)):
-        if is_export(model) and task is not None:
-            raise CramkitError(f"--task applies to a model trained on a mixture; {model} is an export of one task")
-        model = load(model, base=base)
-    if isinstance(model, LoadedModel):
-        model = for_task(model, task)
-    given = label not in ("auto", None)
-    engine = Engine(
+    engine = _open_engine(
         model,
+        task=task,
+        base=base,
         backend=backend,
         device=device,
         max_batch_tokens=max_batch_tokens,
@@ -188,82 +179,14 @@ def predict(
         offload_experts=offload_experts,
         expert_cache=expert_cache,
     )
-    trained = _trained_columns(engine)
-    if label == "auto":
-        label = trained.get("label") or "label"
-    loaded = engine  # kind, labels and source, whichever the backend
-    if loaded.kind == "multiple_choice":
-        choices = choices or trained.get("choices") or ["choices"]
-        text_a = text_a or trained.get("text_a")
-    elif choices is not None:
-        raise CramkitError(f"--choices applies to a multiple-choice model; {loaded.source} is a {loaded.kind} model")
-    rows = read_rows(input_file, text_a, text_b, label, choices=choices, encoding=encoding, errors=errors)
-    if given and rows.label_column is None:
-        raise CramkitError(
-            f"{input_file} has no column {label!r} (--label; its columns: {', '.join(rows.columns)}); name the "
-            "gold label column, or --label none to predict without scoring"
-        )
-    if rows.gold is not None and loaded.kind in ("classifier", "regression", "multiple_choice"):
-        _check_gold(loaded, rows.gold, f"{input_file} column {rows.label_column!r}", rows.choices)
+    rows = _read_inputs(engine, input_file, text_a, text_b, label, choices, encoding, errors)
     inputs = rows.texts_a if rows.texts_b is None else list(zip(rows.texts_a, rows.texts_b, strict=True))
     start = time.perf_counter()
-    records: list[dict[str, Any]] = []
-    summary: dict[str, Any] = {"model": loaded.source, "kind": loaded.kind, "rows": len(inputs)}
-    if loaded.kind == "mlm":
-        filled = engine.fill_mask(rows.texts_a, top_k=top_k)
-        for i, masks in enumerate(filled):
-            records.append(
-                {
-                    "row": i,
-                    "masks": [[{"token": c["token"], "score": round(c["score"], 6)} for c in m] for m in masks],
-                }
-            )
-        summary["masks"] = sum(len(m) for m in filled)
-        if keep_text:
-            _add_texts(records, rows)
-    elif loaded.kind == "multiple_choice":
-        chosen = engine.choose(rows.texts_a, rows.choices or [])
-        for i, cs in enumerate(rows.choices or []):
-            k = int(chosen.chosen[i])
-            rec: dict[str, Any] = {
-                "row": i,
-                "label": k,
-                "answer": cs[k],
-                "probabilities": [round(float(p), 6) for p in chosen.probs[i]],
-            }
-            if chosen.truncated[i]:
-                rec["truncated"] = True
-            records.append(rec)
-        if keep_text:
-            _add_texts(records, rows)
-        if rows.gold is not None:
-            from cramkit.tasks.metrics import compute_metrics
-
-            gold = np.asarray([int(g) for g in rows.gold])
-            summary["metrics"] = compute_metrics(["accuracy"], chosen.chosen, gold)
-    elif loaded.kind == "encoder":
-        raise CramkitError(
-            f"{loaded.source} is a bare encoder (no head): fine-tune it first (cramkit finetune ... --out DIR), "
-            "or take embeddings with `cramkit embed`"
-        )
-    else:
-        res = engine.classify(inputs)
-        for i in range(len(inputs)):
-            rec = {"row": i}
-            if res.scores is not None:
-                rec["score"] = float(res.scores[i])
-            else:
-                assert res.labels is not None and res.probs is not None  # a classifier's (no scores)
-                rec["label"] = res.labels[i]
-                names = loaded.labels or [str(j) for j in range(res.probs.shape[1])]
-                rec["probabilities"] = {n: round(float(p), 6) for n, p in zip(names, res.probs[i], strict=True)}
-            if res.truncated[i]:
-                rec["truncated"] = True
-            records.append(rec)
-        if keep_text:
-            _add_texts(records, rows)
-        if rows.gold is not None:
-            summary["metrics"] = _metrics(loaded, res, rows.gold)
+    summary: dict[str, Any] = {"model": engine.source, "kind": engine.kind, "rows": len(inputs)}
+    records, found = _predict_rows(engine, rows, inputs, top_k)
+    if keep_text:
+        _add_texts(records, rows)
+    summary.update(found)
     elapsed = time.perf_counter() - start
     summary["seconds"] = round(elapsed, 3)
     summary["examples_per_s"] = round(len(inputs) / max(elapsed, 1e-9), 1)
@@ -274,6 +197,148 @@ def predict(
         with disk_errors(out):  # a full disk: one line naming it
             summary["out"] = str(write_predictions(records, out))
     return summary
+
+
+def _open_engine(
+    model: Any,
+    *,
+    task: str | None,
+    base: str | os.PathLike | None,
+    backend: str,
+    device: str,
+    max_batch_tokens: int | None,
+    max_length: int | None,
+    offload_experts: bool,
+    expert_cache: int | None,
+) -> Any:
+    """The engine over ``model``: a path loaded (a deep-prompt directory on ``base``), a mixture's model cut
+    to the head of ``task``, run by ``backend``."""
+    from cramkit.backends import ExportedModel
+    from cramkit.infer import Engine
+    from cramkit.load import LoadedModel, for_task, is_export, load
+
+    if not isinstance(model, (LoadedModel, ExportedModel)):
+        if is_export(model) and task is not None:
+            raise CramkitError(f"--task applies to a model trained on a mixture; {model} is an export of one task")
+        model = load(model, base=base)
+    if isinstance(model, LoadedModel):
+        model = for_task(model, task)
+    return Engine(
+        model,
+        backend=backend,
+        device=device,
+        max_batch_tokens=max_batch_tokens,
+        max_length=max_length,
+        offload_experts=offload_experts,
+        expert_cache=expert_cache,
+    )
+
+
+def _read_inputs(
+    engine: Any,
+    input_file: str | os.PathLike,
+    text_a: str | None,
+    text_b: str | None,
+    label: str | None,
+    choices: list[str] | None,
+    encoding: str | None,
+    errors: str,
+) -> Rows:
+    """The rows of ``input_file``, read by default through the columns the model was trained on (label
+    "auto": its label column, else ``label``), their gold labels checked against the model's before any row
+    is predicted."""
+    given = label not in ("auto", None)
+    trained = _trained_columns(engine)
+    if label == "auto":
+        label = trained.get("label") or "label"
+    if engine.kind == "multiple_choice":
+        choices = choices or trained.get("choices") or ["choices"]
+        text_a = text_a or trained.get("text_a")
+    elif choices is not None:
+        raise CramkitError(f"--choices applies to a multiple-choice model; {engine.source} is a {engine.kind} model")
+    rows = read_rows(input_file, text_a, text_b, label, choices=choices, encoding=encoding, errors=errors)
+    if given and rows.label_column is None:
+        raise CramkitError(
+            f"{input_file} has no column {label!r} (--label; its columns: {', '.join(rows.columns)}); name the "
+            "gold label column, or --label none to predict without scoring"
+        )
+    if rows.gold is not None and engine.kind in ("classifier", "regression", "multiple_choice"):
+        _check_gold(engine, rows.gold, f"{input_file} column {rows.label_column!r}", rows.choices)
+    return rows
+
+
+def _predict_rows(
+    engine: Any, rows: Rows, inputs: list[Any], top_k: int
+) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """Each row's prediction as a record, by the model's kind, and what the summary adds (the masks filled,
+    the metrics against the gold labels)."""
+    if engine.kind == "mlm":
+        return _fill_masks(engine, rows, top_k)
+    if engine.kind == "multiple_choice":
+        return _choose(engine, rows)
+    if engine.kind == "encoder":
+        raise CramkitError(
+            f"{engine.source} is a bare encoder (no head): fine-tune it first (cramkit finetune ... --out DIR), "
+            "or take embeddings with `cramkit embed`"
+        )
+    return _classify(engine, rows, inputs)
+
+
+def _fill_masks(engine: Any, rows: Rows, top_k: int) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """A masked-LM model: each row's [MASK]s, each with its ``top_k`` tokens and their probabilities."""
+    filled = engine.fill_mask(rows.texts_a, top_k=top_k)
+    records: list[dict[str, Any]] = []
+    for i, masks in enumerate(filled):
+        records.append(
+            {
+                "row": i,
+                "masks": [[{"token": c["token"], "score": round(c["score"], 6)} for c in m] for m in masks],
+            }
+        )
+    return records, {"masks": sum(len(m) for m in filled)}
+
+
+def _choose(engine: Any, rows: Rows) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """A multiple-choice model: each row's chosen choice (index and text) and every choice's probability."""
+    chosen = engine.choose(rows.texts_a, rows.choices or [])
+    records: list[dict[str, Any]] = []
+    for i, cs in enumerate(rows.choices or []):
+        k = int(chosen.chosen[i])
+        rec: dict[str, Any] = {
+            "row": i,
+            "label": k,
+            "answer": cs[k],
+            "probabilities": [round(float(p), 6) for p in chosen.probs[i]],
+        }
+        if chosen.truncated[i]:
+            rec["truncated"] = True
+        records.append(rec)
+    found: dict[str, Any] = {}
+    if rows.gold is not None:
+        from cramkit.tasks.metrics import compute_metrics
+
+        gold = np.asarray([int(g) for g in rows.gold])
+        found["metrics"] = compute_metrics(["accuracy"], chosen.chosen, gold)
+    return records, found
+
+
+def _classify(engine: Any, rows: Rows, inputs: list[Any]) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """A classifier (each row's label and probabilities) or a regressor (its score)."""
+    res = engine.classify(inputs)
+    records: list[dict[str, Any]] = []
+    for i in range(len(inputs)):
+        rec: dict[str, Any] = {"row": i}
+        if res.scores is not None:
+            rec["score"] = float(res.scores[i])
+        else:
+            assert res.labels is not None and res.probs is not None  # a classifier's (no scores)
+            rec["label"] = res.labels[i]
+            names = engine.labels or [str(j) for j in range(res.probs.shape[1])]
+            rec["probabilities"] = {n: round(float(p), 6) for n, p in zip(names, res.probs[i], strict=True)}
+        if res.truncated[i]:
+            rec["truncated"] = True
+        records.append(rec)
+    return records, ({"metrics": _metrics(engine, res, rows.gold)} if rows.gold is not None else {})
 
 
 def _trained_columns(engine: Any) -> dict[str, Any]:

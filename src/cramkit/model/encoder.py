@@ -472,7 +472,7 @@ class Block(nn.Module):
         prefix: torch.Tensor | None,
         packing: Packing | None = None,
     ) -> torch.Tensor:
-        # a prefix or packing only when there is one: an exporter's stand-in attention (cramkit.infer.backends.onnx)
+        # a prefix or packing only when there is one: an exporter's stand-in attention (cramkit.backends.onnx)
         # takes neither
         if packing is not None:
             return self.attn(x, mask, packing=packing)

@@ -1,7 +1,7 @@
 """What ``cramkit.load`` returns for a torch model: the model with everything needed to feed it and read its
 output, and the model directory it saves (``cramkit-model.json`` + ``model.safetensors`` + ``tokenizer/``).
 
-It sits below the loader and the export formats, which both take it (``cramkit.infer.backends`` exports one).
+It sits below the loader and the export formats, which both take it (``cramkit.backends`` exports one).
 No torch at import.
 """
 

@@ -63,17 +63,18 @@ def build_engines(
     prefixes share its encoder in memory. offload_experts, expert_cache: a mixture-of-experts model's experts
     brought in as its routers pick them (:class:`~cramkit.infer.Engine`)."""
     from cramkit.infer import Engine
-    from cramkit.load import directory_kind, for_task, load, load_directory_architecture, task_heads
+    from cramkit.load import describe, for_task, load, task_heads
 
     engines = {}
     base_loaded: LoadedModel | None = None
     for name, path in model_names(sources).items():
         models: dict[str, Any] = {name: path}
-        if directory_kind(path) == "model" and load_directory_architecture(path) == "prefix":
+        what = describe(path)
+        if what.kind == "model" and what.architecture == "prefix":
             if base is not None and base_loaded is None:
                 base_loaded = cast("LoadedModel", load(base))  # the base of a prefix model: a torch model
             models = {name: load(path, base=base_loaded)}  # without --base: one line naming the base
-        elif directory_kind(path) == "model" and _is_multitask(path):
+        elif what.kind == "model" and what.model_kind == "multitask":
             loaded = cast("LoadedModel", load(path))  # a model directory: a torch model
             heads = [h["name"] for h in task_heads(loaded.meta(), path)]
             models = {f"{name}-{h.split('/')[-1]}": for_task(loaded, h) for h in heads}
@@ -91,17 +92,6 @@ def build_engines(
                 expert_cache=expert_cache,
             )
     return engines
-
-
-def _is_multitask(path: str) -> bool:
-    from cramkit.io import json_loads
-    from cramkit.load import MODEL_FILE
-
-    try:
-        meta = json_loads((Path(path).expanduser() / MODEL_FILE).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return False  # load() names what is wrong with the file
-    return isinstance(meta, dict) and meta.get("kind") == "multitask"
 
 
 def open_index(path: str) -> Any:

@@ -30,15 +30,15 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from cramkit.backends.base import KINDS as KINDS
+from cramkit.backends.base import LOGIT_KINDS as LOGIT_KINDS
+from cramkit.backends.base import Backend as Backend
+from cramkit.backends.base import ExportedModel as ExportedModel
+from cramkit.backends.base import ExportJob as ExportJob
+from cramkit.backends.base import Runner as Runner
+from cramkit.backends.base import check_texts as check_texts
+from cramkit.backends.base import open_dir, read_manifest
 from cramkit.errors import CramkitError
-from cramkit.infer.backends.base import KINDS as KINDS
-from cramkit.infer.backends.base import LOGIT_KINDS as LOGIT_KINDS
-from cramkit.infer.backends.base import Backend as Backend
-from cramkit.infer.backends.base import ExportedModel as ExportedModel
-from cramkit.infer.backends.base import ExportJob as ExportJob
-from cramkit.infer.backends.base import Runner as Runner
-from cramkit.infer.backends.base import check_texts as check_texts
-from cramkit.infer.backends.base import open_dir, read_manifest
 
 if TYPE_CHECKING:
     from cramkit.model.loaded import LoadedModel
@@ -77,8 +77,8 @@ def _discover() -> None:
     if _DISCOVERED:
         return
     _DISCOVERED = True
-    from cramkit.infer.backends.ct2 import Ct2Backend
-    from cramkit.infer.backends.onnx import OnnxBackend
+    from cramkit.backends.ct2 import Ct2Backend
+    from cramkit.backends.onnx import OnnxBackend
 
     register(OnnxBackend)
     register(Ct2Backend)

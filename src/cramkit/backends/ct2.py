@@ -18,7 +18,7 @@ rotary positions, GELU / ReLU / GELU-GLU / SwiGLU; what CTranslate2's encoder sp
 student without a transformer encoder) is refused with one line naming ``--format onnx``. Masked-LM models
 are exported as their encoder (embeddings only; fill-mask needs ``--format onnx``).
 
-Exporting goes through the shared template (``cramkit.infer.backends.write_export``); loading through the
+Exporting goes through the shared template (``cramkit.backends.write_export``); loading through the
 shared reader (``open_export``: the manifest, every file a regular file inside the directory with its
 SHA-256), after which CTranslate2 is handed the files' bytes (its ``files=`` argument): it never opens a
 path of its own.
@@ -32,8 +32,8 @@ from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
+from cramkit.backends.base import KINDS, LOGIT_KINDS, Backend, ExportedModel, ExportJob, Inputs
 from cramkit.errors import CramkitError
-from cramkit.infer.backends.base import KINDS, LOGIT_KINDS, Backend, ExportedModel, ExportJob, Inputs
 
 if TYPE_CHECKING:
     from collections.abc import Iterable

@@ -1,5 +1,5 @@
 """What every export format shares: the model an export opens into, the export job, the backend's base
-class, the check texts and the one manifest reader (see ``cramkit.infer.backends``)."""
+class, the check texts and the one manifest reader (see ``cramkit.backends``)."""
 
 from __future__ import annotations
 

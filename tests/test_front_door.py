@@ -155,6 +155,18 @@ def test_every_verb_refuses_the_same_mistakes_from_both_doors(pretrained_run, gl
     assert "no such directory" in said and not out.exists()
 
 
+def test_embed_is_the_verb_and_the_package():
+    """``cramkit.embed(...)`` is ``cramkit embed``'s verb, and ``cramkit.embed`` still the package of embedding at
+    scale, whichever of its modules were imported first (in-process)."""
+    import cramkit.embed.parquet
+    import cramkit.index  # imports modules of cramkit.embed: the verb stays
+    from cramkit.embed.verb import embed_source
+
+    assert callable(cramkit.embed) and inspect.signature(cramkit.embed) == inspect.signature(embed_source)
+    assert cramkit.embed.parquet.read_vectors is cramkit.embed.read_vectors
+    assert cramkit.index.CramkitEmbedder is cramkit.embed.CramkitEmbedder
+
+
 def test_the_verbs_are_one_function_each_and_distill_stays_a_package():
     """Every verb of the command line has its typed Python function; ``cramkit.distill`` is the verb and still
     the package (``import cramkit.distill.core``); ``import cramkit`` imports no torch."""

@@ -26,17 +26,18 @@ from cramkit.errors import CramkitError
 from cramkit.load import LoadedModel, load  # the function shadows the module name `cramkit.load`
 
 if TYPE_CHECKING:
-    from cramkit.index.embed_cli import embed_source as embed
+    from cramkit.embed.verb import embed_source as embed
     from cramkit.index.evaluate import evaluate_retrieval, evaluate_sts
     from cramkit.infer.predict import predict
     from cramkit.recipes.pretrain import pretrain
+else:
+    from cramkit import embed  # the package, callable as the verb (cramkit.embed.verb.embed_source)
 
 # the verbs whose library function is the verb as it is (its checks inside): imported on first use, so that
 # `import cramkit` stays light
 _LAZY = {
     "pretrain": ("cramkit.recipes.pretrain", "pretrain"),
     "predict": ("cramkit.infer.predict", "predict"),
-    "embed": ("cramkit.index.embed_cli", "embed_source"),
     "evaluate_sts": ("cramkit.index.evaluate", "evaluate_sts"),
     "evaluate_retrieval": ("cramkit.index.evaluate", "evaluate_retrieval"),
 }

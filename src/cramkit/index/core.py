@@ -28,6 +28,10 @@ from typing import Any
 import numpy as np
 
 from cramkit.data.tokenstore import is_store
+from cramkit.embed.encoder import encoder_fingerprint, load_encoder, retrieval_prompts
+from cramkit.embed.memmap import dist_info, embed_to_memmap, texts_key
+from cramkit.embed.parquet import is_parquet_embeddings
+from cramkit.embed.store_text import decode_spans, store_chunk_spans, store_documents, store_tokenizer
 from cramkit.errors import CramkitError
 from cramkit.index import ann
 from cramkit.index.chunking import (
@@ -37,14 +41,10 @@ from cramkit.index.chunking import (
     append_chunks,
     chunk_store,
     chunk_text_sources,
-    decode_spans,
+    chunks_from_parquet,
     document_hashes,
-    store_chunk_spans,
-    store_documents,
-    store_tokenizer,
     write_chunks,
 )
-from cramkit.index.embedding import dist_info, embed_to_memmap, encoder_fingerprint, texts_key
 from cramkit.index.ondisk import peak_rss_mb
 from cramkit.io import (
     BadJson,
@@ -66,18 +66,6 @@ DATA_FILES = ("vectors.npy", "chunks.npy", "text_offsets.npy", "texts.bin", "doc
 
 def _log(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
-
-
-def load_encoder(source: str, device: str = "auto") -> Any:
-    from cramkit.load import load
-
-    loaded = load(source)
-    if not loaded.can_embed:
-        raise CramkitError(
-            f"{source}: this model ({loaded.architecture}) has no transformer encoder to take embeddings "
-            "from; index with an encoder, a pretraining run or a fine-tuned model"
-        )
-    return loaded
 
 
 def make_chunks(
@@ -138,19 +126,6 @@ def _engine(loaded: Any, device: str, max_batch_tokens: int | None) -> Any:
 def prompt_tokens(tokenizer: Any, prompt: str) -> int:
     """How many tokens ``prompt`` takes before a text (the room a chunk leaves it under the length limit)."""
     return len(tokenizer.encode(prompt, add_special_tokens=False).ids) if prompt else 0
-
-
-def retrieval_prompts(engine: Any, prompt_name: str | None = None) -> dict[str, dict[str, str | None]]:
-    """The prompt each side of retrieval gets: ``{"documents": {"name", "text"}, "queries": {...}}``.
-    Documents: ``prompt_name`` if given, else the encoder's prompt named document, passage or corpus, else
-    its default prompt; queries: its prompt named query, else its default prompt (sentence-transformers'
-    encode_document / encode_query). No prompt: name None, text ''."""
-    doc = prompt_name if prompt_name is not None else engine.retrieval_prompt_name("document")
-    query = engine.retrieval_prompt_name("query")
-    return {
-        "documents": {"name": doc, "text": engine.prompt_text(doc) if doc is not None else ""},
-        "queries": {"name": query, "text": engine.prompt_text(query) if query is not None else ""},
-    }
 
 
 def _file_sizes(d: Path) -> dict[str, int]:
@@ -259,8 +234,6 @@ def build_index(
             prompts = retrieval_prompts(engine, prompt_name)
             dims = engine.check_dimensions(dimensions)  # None: the whole vector
             doc_prompt = str(prompts["documents"]["text"] or "")
-            from cramkit.index.shards import chunks_from_parquet, is_parquet_embeddings
-
             if is_parquet_embeddings(source):  # embedded already (cramkit embed --format parquet): index those
                 if rank != 0:
                     return None

@@ -478,12 +478,12 @@ def embed_texts(
     """(embeddings [n, dim] float32, how many texts were cut to the model's limit), ``EMBED_BLOCK`` texts per
     call, with the model's pooling unless ``pooling`` is given; ``prompt``: a text put before each (None: the
     model's default prompt, if any)."""
-    from cramkit.index.embedding import _Bar
+    from cramkit.embed.progress import ProgressBar
 
     n = len(texts)
     out: np.ndarray | None = None
     truncated = 0
-    bar = _Bar("auto" if progress else False, desc, n, 0)
+    bar = ProgressBar("auto" if progress else False, desc, n, 0)
     t0 = time.perf_counter()
     try:
         for a in range(0, n, EMBED_BLOCK):
@@ -769,7 +769,7 @@ def evaluate_retrieval(
             )
         dimensions = idx.dimensions
     if idx is not None:
-        from cramkit.index.embedding import encoder_fingerprint
+        from cramkit.embed.encoder import encoder_fingerprint
 
         want = idx.manifest["encoder"].get("fingerprint")
         if encoder_fingerprint(engine.loaded) != want:
@@ -791,7 +791,7 @@ def evaluate_retrieval(
     seconds: dict[str, float] = {}
     t = time.perf_counter()
     pooling = idx.manifest["encoder"].get("pooling") if idx is not None else None
-    from cramkit.index.core import retrieval_prompts
+    from cramkit.embed.encoder import retrieval_prompts
 
     prompts = retrieval_prompts(engine)  # queries: the prompt named query; documents: document/passage/corpus
     if idx is not None:  # the index's own: what its chunks got, and what its queries get

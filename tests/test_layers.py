@@ -27,14 +27,19 @@ LAYERS: list[tuple[str, ...]] = [
     ("cramkit.infer.backends",),  # the export formats: cramkit.load opens exports through them
     ("cramkit.load",),
     ("cramkit.recipes",),  # pretraining, adaptation, fine-tuning, mixtures, suites: run on the engine
-    ("cramkit.distill", "cramkit.infer", "cramkit.serve", "cramkit.embed", "cramkit.index"),
+    ("cramkit.distill", "cramkit.infer", "cramkit.serve", "cramkit.embed", "cramkit.index", "cramkit.evaluate"),
     ("cramkit.api",),  # the verbs as Python functions: the one front door, called by the command line
     ("cramkit.commands", "cramkit.cli", "cramkit.__main__"),
 ]
 # the stages that sit side by side above load and train: none reaches into another's privates
-STAGES = ("cramkit.distill", "cramkit.infer", "cramkit.serve", "cramkit.embed", "cramkit.index")
-# stages of one layer that build on each other, (lower, higher): the lower never imports the higher
-ONE_WAY = [("cramkit.embed", "cramkit.index")]  # the index embeds its chunks; embedding knows no index
+STAGES = ("cramkit.distill", "cramkit.infer", "cramkit.serve", "cramkit.embed", "cramkit.index", "cramkit.evaluate")
+# stages of one layer that build on each other, (lower, higher): the lower never imports the higher. The index
+# embeds its chunks (embed); embedding evaluation embeds, and searches through an index
+ONE_WAY = [
+    ("cramkit.embed", "cramkit.index"),
+    ("cramkit.embed", "cramkit.evaluate"),
+    ("cramkit.index", "cramkit.evaluate"),
+]
 
 
 def _module_name(path: Path) -> str:

@@ -7,7 +7,10 @@ Faiss index, search, RETRO neighbours for a token store, and export to vector da
 """
 
 from cramkit.embed.embedder import CramkitEmbedder  # at home in cramkit.embed; kept here for older code
-from cramkit.index.core import Index, add_to_index, build_index, open, retro_neighbours
+from cramkit.index.add import add_to_index
+from cramkit.index.build import build_index
 from cramkit.index.export import export_index
+from cramkit.index.neighbours import retro_neighbours
+from cramkit.index.search import Index, open
 
 __all__ = ["CramkitEmbedder", "Index", "add_to_index", "build_index", "export_index", "open", "retro_neighbours"]

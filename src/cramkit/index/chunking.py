@@ -30,9 +30,11 @@ from typing import Any
 
 import numpy as np
 
+from cramkit.data.tokenstore import is_store
 from cramkit.embed.parquet import iter_parts, read_manifest
-from cramkit.embed.store_text import decode_spans, store_chunk_spans, store_documents
+from cramkit.embed.store_text import decode_spans, store_chunk_spans, store_documents, store_tokenizer
 from cramkit.errors import CramkitError
+from cramkit.index.manifest import MODES
 from cramkit.io import open_memmap
 from cramkit.text.tokenizer import encode_batch
 
@@ -184,6 +186,60 @@ def chunks_from_parquet(
     chunks.sources = list(source_ids)
     chunks.num_docs = len(docs)
     return chunks, m
+
+
+def make_chunks(
+    source: str | None,
+    loaded: Any,
+    *,
+    mode: str,
+    chunk_tokens: int | None,
+    overlap: int | None,
+    reading: dict[str, Any] | None = None,
+    tokenizer: str | None = None,
+    reserve: int = 0,
+) -> tuple[Chunks, dict[str, Any]]:
+    """The chunks of ``source`` (text files or a token store) and the parameters used; ``reading``: how
+    text files are read (keyword arguments of ``cramkit.text.iter_documents``: doc_split, encoding, ...);
+    ``reserve``: tokens of the length limit kept for a prompt put before each chunk."""
+    if mode not in MODES:
+        raise CramkitError(f"unknown --mode {mode!r}; use passages or retro")
+    limit = int(loaded.max_length) - 2 - reserve
+    if source is not None and is_store(source):
+        from cramkit.data.tokenstore import TokenStore
+
+        if overlap:
+            raise CramkitError("--overlap applies to text sources; a token store is cut without overlap")
+        store = TokenStore(source)
+        size = chunk_tokens or RETRO_CHUNK
+        chunks = chunk_store(store, store_tokenizer(store, loaded.tokenizer, tokenizer), chunk_tokens=size)
+        params = {"chunk_tokens": size, "overlap": 0, "store": True}
+    else:
+        if mode == "retro":
+            raise CramkitError(
+                f"--mode retro needs a token store (cramkit data build), not text files: {source or 'builtin'}"
+            )
+        size = chunk_tokens or min(128, limit)
+        ov = 16 if overlap is None else overlap
+        ov = min(ov, size - 1) if overlap is None else ov
+        chunks = chunk_text_sources(
+            [source] if source else None,
+            loaded.tokenizer,
+            chunk_tokens=size,
+            overlap=ov,
+            max_tokens=limit,
+            **(reading or {}),
+        )
+        doc_split = (reading or {}).get("doc_split", "auto")
+        params = {"chunk_tokens": size, "overlap": ov, "doc_split": doc_split, "store": False}
+    if len(chunks) == 0:
+        raise CramkitError(f"{source or 'the built-in corpus'}: no text to index (0 chunks); check the source")
+    return chunks, params
+
+
+def prompt_tokens(tokenizer: Any, prompt: str) -> int:
+    """How many tokens ``prompt`` takes before a text (the room a chunk leaves it under the length limit)."""
+    return len(tokenizer.encode(prompt, add_special_tokens=False).ids) if prompt else 0
 
 
 # ------------------------------------------------------------------------------------------ on disk

@@ -78,7 +78,7 @@ def bench_ray(lines: Path, model: str, actors: int, out: Path) -> tuple[float, f
     import ray
     import ray.data
 
-    from cramkit.index import CramkitEmbedder
+    from cramkit.embed import CramkitEmbedder
 
     texts = lines.read_text(encoding="utf-8").splitlines()
     t0 = time.perf_counter()

@@ -155,6 +155,23 @@ def test_every_verb_refuses_the_same_mistakes_from_both_doors(pretrained_run, gl
     assert "no such directory" in said and not out.exists()
 
 
+def test_embed_and_evaluate_stay_verbs_beside_their_packages():
+    """``cramkit.embed(...)`` is ``cramkit embed``'s verb, and ``cramkit.embed`` still the package of embedding at
+    scale; ``cramkit.evaluate`` stays the suites' verb when the package cramkit.evaluate's modules are imported
+    (in-process: whichever modules were imported first)."""
+    import cramkit.embed.parquet
+    import cramkit.evaluate.retrieval
+    import cramkit.index  # imports modules of cramkit.embed: the verb stays
+    from cramkit.api import evaluate
+    from cramkit.embed.verb import embed_source
+    from cramkit.evaluate.sts import evaluate_sts
+
+    assert callable(cramkit.embed) and inspect.signature(cramkit.embed) == inspect.signature(embed_source)
+    assert cramkit.embed.parquet.read_vectors is cramkit.embed.read_vectors
+    assert cramkit.index.CramkitEmbedder is cramkit.embed.CramkitEmbedder
+    assert cramkit.evaluate is evaluate and cramkit.evaluate_sts is evaluate_sts
+
+
 @pytest.mark.integration
 def test_the_verbs_are_one_function_each_and_distill_stays_a_package():
     """Every verb of the command line has its typed Python function; ``cramkit.distill`` is the verb and still

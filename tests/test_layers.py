@@ -27,12 +27,19 @@ LAYERS: list[tuple[str, ...]] = [
     ("cramkit.backends",),  # the export formats: cramkit.load opens exports through them; below load and infer
     ("cramkit.load",),
     ("cramkit.recipes",),  # pretraining, adaptation, fine-tuning, mixtures, suites: run on the engine
-    ("cramkit.distill", "cramkit.infer", "cramkit.serve", "cramkit.index"),
+    ("cramkit.distill", "cramkit.infer", "cramkit.serve", "cramkit.embed", "cramkit.index", "cramkit.evaluate"),
     ("cramkit.api",),  # the verbs as Python functions: the one front door, called by the command line
     ("cramkit.commands", "cramkit.cli", "cramkit.__main__"),
 ]
 # the stages that sit side by side above load and train: none reaches into another's privates
-STAGES = ("cramkit.distill", "cramkit.infer", "cramkit.serve", "cramkit.index")
+STAGES = ("cramkit.distill", "cramkit.infer", "cramkit.serve", "cramkit.embed", "cramkit.index", "cramkit.evaluate")
+# stages of one layer that build on each other, (lower, higher): the lower never imports the higher. The index
+# embeds its chunks (embed); embedding evaluation embeds, and searches through an index
+ONE_WAY = [
+    ("cramkit.embed", "cramkit.index"),
+    ("cramkit.embed", "cramkit.evaluate"),
+    ("cramkit.index", "cramkit.evaluate"),
+]
 
 
 def _module_name(path: Path) -> str:
@@ -184,6 +191,19 @@ def test_stages_keep_out_of_each_others_privates() -> None:
             private = [n for n in names if n.startswith("_")]
             if private or any(part.startswith("_") and part != "__init__" for part in target.split(".")):
                 bad.append(f"{path.relative_to(SRC)}:{line} {module} takes {private or target} from {theirs}")
+    assert not bad, "\n".join(bad)
+
+
+def test_stages_that_build_on_each_other_point_one_way() -> None:
+    modules = _modules()
+    bad = []
+    for lower, higher in ONE_WAY:
+        for module, path in modules.items():
+            if not (module == lower or module.startswith(lower + ".")):
+                continue
+            for target, _, line in _imports(path, modules):
+                if target == higher or target.startswith(higher + "."):
+                    bad.append(f"{path.relative_to(SRC)}:{line} {module} imports {target} (a stage above it)")
     assert not bad, "\n".join(bad)
 
 

@@ -21,24 +21,31 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from cramkit import distill  # the package, callable as the verb (cramkit.api.distill)
+
+# the package cramkit.evaluate (STS, retrieval) is imported before the verb cramkit.evaluate is bound: a package
+# imported later would take the verb's place
+from cramkit import evaluate as _evaluate_package
 from cramkit.api import evaluate, export, finetune, train_embeddings
 from cramkit.errors import CramkitError
 from cramkit.load import LoadedModel, load  # the function shadows the module name `cramkit.load`
 
 if TYPE_CHECKING:
-    from cramkit.index.embed_cli import embed_source as embed
-    from cramkit.index.evaluate import evaluate_retrieval, evaluate_sts
+    from cramkit.embed.verb import embed_source as embed
+    from cramkit.evaluate.retrieval import evaluate_retrieval
+    from cramkit.evaluate.sts import evaluate_sts
     from cramkit.infer.predict import predict
     from cramkit.recipes.pretrain import pretrain
+else:
+    from cramkit import embed  # the package, callable as the verb (cramkit.embed.verb.embed_source)
+del _evaluate_package  # imported for its place in sys.modules only (above)
 
 # the verbs whose library function is the verb as it is (its checks inside): imported on first use, so that
 # `import cramkit` stays light
 _LAZY = {
     "pretrain": ("cramkit.recipes.pretrain", "pretrain"),
     "predict": ("cramkit.infer.predict", "predict"),
-    "embed": ("cramkit.index.embed_cli", "embed_source"),
-    "evaluate_sts": ("cramkit.index.evaluate", "evaluate_sts"),
-    "evaluate_retrieval": ("cramkit.index.evaluate", "evaluate_retrieval"),
+    "evaluate_sts": ("cramkit.evaluate.sts", "evaluate_sts"),
+    "evaluate_retrieval": ("cramkit.evaluate.retrieval", "evaluate_retrieval"),
 }
 
 

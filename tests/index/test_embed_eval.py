@@ -15,7 +15,7 @@ import pytest
 import cramkit
 from cramkit.cli import main
 from cramkit.errors import CramkitError
-from cramkit.index import evaluate as ee
+from cramkit.evaluate import metrics, retrieval, sts
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -56,22 +56,22 @@ REL = {"b": 2, "c": 1, "x": 1, "z": 0}  # graded; x relevant but not retrieved; 
 def test_metrics_by_hand():
     dcg = 2 / math.log2(3) + 1 / math.log2(4)  # a (unjudged) 0 at rank 1
     idcg = 2 / math.log2(2) + 1 / math.log2(3) + 1 / math.log2(4)  # ideal: 2, 1, 1 (z's 0 adds nothing)
-    assert ee.ndcg_at_k(RANKED, REL, 3) == pytest.approx(dcg / idcg) == pytest.approx(0.562727, abs=1e-6)
-    assert ee.ndcg_at_k(RANKED, REL, 1) == 0.0
-    assert ee.ndcg_at_k(["b"], REL, 1) == 1.0
-    assert ee.recall_at_k(RANKED, REL, 1) == 0.0
-    assert ee.recall_at_k(RANKED, REL, 3) == pytest.approx(2 / 3)
-    assert ee.mrr_at_k(RANKED, REL, 3) == 0.5 and ee.mrr_at_k(RANKED, REL, 1) == 0.0
-    assert ee.average_precision_at_k(RANKED, REL, 3) == pytest.approx((1 / 2 + 2 / 3) / 3)
+    assert metrics.ndcg_at_k(RANKED, REL, 3) == pytest.approx(dcg / idcg) == pytest.approx(0.562727, abs=1e-6)
+    assert metrics.ndcg_at_k(RANKED, REL, 1) == 0.0
+    assert metrics.ndcg_at_k(["b"], REL, 1) == 1.0
+    assert metrics.recall_at_k(RANKED, REL, 1) == 0.0
+    assert metrics.recall_at_k(RANKED, REL, 3) == pytest.approx(2 / 3)
+    assert metrics.mrr_at_k(RANKED, REL, 3) == 0.5 and metrics.mrr_at_k(RANKED, REL, 1) == 0.0
+    assert metrics.average_precision_at_k(RANKED, REL, 3) == pytest.approx((1 / 2 + 2 / 3) / 3)
     # no relevant document: every metric 0, and the query is left out of the means
-    assert ee.ndcg_at_k(RANKED, {"a": 0}, 10) == ee.recall_at_k(RANKED, {"a": 0}, 10) == 0.0
+    assert metrics.ndcg_at_k(RANKED, {"a": 0}, 10) == metrics.recall_at_k(RANKED, {"a": 0}, 10) == 0.0
     run = {"q1": RANKED, "q2": ["x"]}
     qrels = {"q1": REL, "q2": {"x": 1}, "q3": {"a": 0}, "q4": {"b": 1}}  # q4 retrieved nothing
-    m = ee.retrieval_metrics(run, qrels, k=3)
+    m = metrics.retrieval_metrics(run, qrels, k=3)
     assert list(m) == ["ndcg@3", "recall@1", "recall@3", "recall@100", "mrr@3", "map@100"]
     assert m["ndcg@3"] == pytest.approx(100 * (dcg / idcg + 1 + 0) / 3)
     assert m["recall@1"] == pytest.approx(100 / 3) and m["mrr@3"] == pytest.approx(100 * 1.5 / 3)
-    assert ee.retrieval_metrics(run, {"q3": {"a": 0}}) == {}
+    assert metrics.retrieval_metrics(run, {"q3": {"a": 0}}) == {}
 
 
 def _ndcg_reference(ranked, rel, k):
@@ -94,10 +94,10 @@ def test_ndcg_matches_a_reference_on_graded_judgements_with_ties():
         rel = {d: rng.choice([0, 1, 1, 2, 2, 3]) for d in rng.sample(docs, rng.randint(1, 12))}  # many equal grades
         ranked = rng.sample(docs, rng.randint(0, 25))
         for k in (1, 3, 10, 100):
-            assert ee.ndcg_at_k(ranked, rel, k) == pytest.approx(_ndcg_reference(ranked, rel, k), abs=1e-12)
+            assert metrics.ndcg_at_k(ranked, rel, k) == pytest.approx(_ndcg_reference(ranked, rel, k), abs=1e-12)
     # equal grades: any order of the two grade-2 documents is ideal
     rel = {"a": 2, "b": 2, "c": 1}
-    assert ee.ndcg_at_k(["b", "a", "c"], rel, 10) == ee.ndcg_at_k(["a", "b", "c"], rel, 10) == 1.0
+    assert metrics.ndcg_at_k(["b", "a", "c"], rel, 10) == metrics.ndcg_at_k(["a", "b", "c"], rel, 10) == 1.0
 
 
 def test_sts_metrics_match_scipy_with_ties():
@@ -105,7 +105,7 @@ def test_sts_metrics_match_scipy_with_ties():
     rng = np.random.default_rng(0)
     gold = rng.integers(0, 6, 200).astype(float)  # STS-style scores 0..5: many ties
     sim = np.round(gold / 5 + rng.normal(0, 0.3, 200), 1)  # ties in the similarities too
-    m = ee.sts_metrics(sim, gold)
+    m = metrics.sts_metrics(sim, gold)
     assert m["spearman"] == pytest.approx(100 * stats.spearmanr(sim, gold).statistic, abs=1e-9)
     assert m["pearson"] == pytest.approx(100 * stats.pearsonr(sim, gold).statistic, abs=1e-9)
 
@@ -115,14 +115,14 @@ def test_exact_search_in_blocks_equals_a_full_sort():
     corpus = rng.normal(size=(53, 8)).astype(np.float32)
     corpus[20] = corpus[3]  # a tie: the earlier row first
     queries = np.concatenate([rng.normal(size=(10, 8)), corpus[3:4]]).astype(np.float32)
-    scores, ids = ee.exact_search(queries, corpus, 12, corpus_block=7, query_block=4)
+    scores, ids = metrics.exact_search(queries, corpus, 12, corpus_block=7, query_block=4)
     full = queries @ corpus.T
     for q in range(len(queries)):
         want = sorted(range(len(corpus)), key=lambda i: (-full[q, i], i))[:12]
         assert ids[q].tolist() == want
         np.testing.assert_allclose(scores[q], full[q, want], rtol=1e-6)
     assert ids[-1][:2].tolist() == [3, 20]
-    assert ee.exact_search(queries, corpus, 100)[1].shape == (11, 53)  # depth capped at the corpus
+    assert metrics.exact_search(queries, corpus, 100)[1].shape == (11, 53)  # depth capped at the corpus
 
 
 # -------------------------------------------------------------------------------------- crafted files
@@ -158,7 +158,7 @@ def write_beir(root: Path, corpus=None, queries=None, qrels=None, split: str = "
 
 
 def test_read_beir(tmp_path):
-    data = ee.read_beir(write_beir(tmp_path / "b"), "test")
+    data = retrieval.read_beir(write_beir(tmp_path / "b"), "test")
     assert data.corpus_ids == ["d1", "d2", "d3"]
     assert data.corpus_texts[0] == "Cats Cats purr when they are content."  # BEIR: title + " " + text
     assert data.corpus_texts[1] == "The stock market fell sharply on Monday."
@@ -197,7 +197,7 @@ def test_beir_refusals(tmp_path, capsys, pretrained_run):
     err = refused(root)
     assert "2 row(s) name a query id that is not in" in err and "(first: q9, q8)" in err and "--skip-bad-rows" in err
     # --skip-bad-rows: the judgements of unknown ids are left out and counted
-    res = ee.evaluate_retrieval(pretrained_run, root, None, skip_bad_rows=True, device="cpu", progress=False)
+    res = retrieval.evaluate_retrieval(pretrained_run, root, None, skip_bad_rows=True, device="cpu", progress=False)
     assert res["skipped_rows"] == {"qrels/test.tsv judgements of unknown ids": 3}
     assert res["counts"]["queries"] == 1 and res["counts"]["judgements"] == 1
 
@@ -214,7 +214,7 @@ def test_sts_reading_and_refusals(tmp_path, capsys, pretrained_run):
     f.write_text(
         head + "".join(f"{i}\tx\tf\t2012\t{i}\tnone\tnone\t{a}\t{b}\t{s}\n" for i, (a, b, s) in enumerate(rows))
     )
-    data = ee.read_sts(f)
+    data = sts.read_sts(f)
     assert data.columns == ("sentence1", "sentence2", "score") and data.scores == [4.8, 4.2, 0.0]
     assert data.texts_a[1] == 'A "woman" is slicing onions.'
     out = tmp_path / "o"
@@ -321,4 +321,4 @@ def test_through_an_index(mrpc_beir, pretrained_run, minilm_dir, tmp_path, capsy
     # an index of other documents
     other = write_beir(tmp_path / "other")
     with pytest.raises(CramkitError, match="does not hold the documents of"):
-        ee.evaluate_retrieval(pretrained_run, other, None, index=idx, device="cpu", progress=False)
+        retrieval.evaluate_retrieval(pretrained_run, other, None, index=idx, device="cpu", progress=False)

@@ -95,7 +95,7 @@ def run(args: argparse.Namespace) -> int:
     if args.join is not None:
         if args.source or args.model or args.out or args.shard:
             raise CramkitError("--join DIR takes no FILE_OR_STORE, --from, --out or --shard: it only joins DIR")
-        from cramkit.index.shards import join
+        from cramkit.embed.parquet import join
 
         with disk_errors(args.join):
             m = join(args.join)
@@ -126,7 +126,7 @@ def run(args: argparse.Namespace) -> int:
         offload_experts=args.offload_experts,
         expert_cache=args.expert_cache,
     )
-    from cramkit.index.embedding import dist_info
+    from cramkit.embed.memmap import dist_info
 
     if rec is None or dist_info()[0] != 0:
         return 0

@@ -135,7 +135,7 @@ def run_embed_eval(args: argparse.Namespace) -> int:
             progress=not args.no_progress,
             dimensions=args.dimensions,
         )
-    from cramkit.index.evaluate import summary_line
+    from cramkit.evaluate.results import summary_line
 
     print(summary_line(res))
     if res.get("skipped_rows"):

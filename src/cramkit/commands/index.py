@@ -17,7 +17,17 @@ def register(sub: argparse._SubParsersAction) -> None:
         "Faiss index tuned to a target recall@10 against exact search, and query it.",
     )
     verbs = p.add_subparsers(dest="index_command", metavar="VERB")
+    _add_build_parser(verbs)
+    _add_query_parser(verbs)
+    _add_info_parser(verbs)
+    _add_add_parser(verbs)
+    _add_neighbours_parser(verbs)
+    _add_export_parser(verbs)
+    p.set_defaults(func=lambda args: (p.print_help(), 2)[1])
 
+
+def _add_build_parser(verbs: argparse._SubParsersAction) -> None:
+    """`index build`: chunk, embed and index a corpus."""
     b = verbs.add_parser("build", help="chunk, embed and index a corpus (resumes an interrupted build)")
     b.add_argument(
         "source",
@@ -98,6 +108,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     _common(b)
     b.set_defaults(func=run_build)
 
+
+def _add_query_parser(verbs: argparse._SubParsersAction) -> None:
+    """`index query`: the k nearest chunks of a text."""
     q = verbs.add_parser("query", help="the k nearest chunks of a text")
     q.add_argument("index", metavar="IDX")
     q.add_argument("texts", metavar="TEXT", nargs="+")
@@ -107,11 +120,17 @@ def register(sub: argparse._SubParsersAction) -> None:
     q.add_argument("--device", default="cpu", help="cpu (default), cuda, cuda:N or auto")
     q.set_defaults(func=run_query)
 
+
+def _add_info_parser(verbs: argparse._SubParsersAction) -> None:
+    """`index info`: what an index holds and how it was built."""
     i = verbs.add_parser("info", help="size, kind, parameters and measured recall of an index")
     i.add_argument("index", metavar="IDX")
     i.add_argument("--json", action="store_true", help="print the information as JSON")
     i.set_defaults(func=run_info)
 
+
+def _add_add_parser(verbs: argparse._SubParsersAction) -> None:
+    """`index add`: more text into an index."""
     a = verbs.add_parser("add", help="chunk, embed and add more text (or another store) to an index")
     a.add_argument("index", metavar="IDX")
     a.add_argument("source", metavar="SOURCE_OR_STORE")
@@ -120,6 +139,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     _common(a)
     a.set_defaults(func=run_add)
 
+
+def _add_neighbours_parser(verbs: argparse._SubParsersAction) -> None:
+    """`index neighbours`: RETRO neighbours of a token store."""
     n = verbs.add_parser("neighbours", help="RETRO: k nearest chunks (other documents) of every store chunk")
     n.add_argument("index", metavar="IDX")
     n.add_argument("--store", required=True, help="the token store whose 64-token chunks get neighbours")
@@ -129,6 +151,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     _common(n, batch=False)  # --block: also the chunks searched between commits (a rerun resumes after the last)
     n.set_defaults(func=run_neighbours)
 
+
+def _add_export_parser(verbs: argparse._SubParsersAction) -> None:
+    """`index export`: an index into Parquet, LanceDB or Milvus."""
     e = verbs.add_parser(
         "export",
         help="copy an index's vectors, texts and ids into Parquet, LanceDB or Milvus",
@@ -158,7 +183,6 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="rows per insert / record batch / Parquet row group (default: sized by bytes per system)",
     )
     e.set_defaults(func=run_export)
-    p.set_defaults(func=lambda args: (p.print_help(), 2)[1])
 
 
 def _common(p: argparse.ArgumentParser, batch: bool = True) -> None:

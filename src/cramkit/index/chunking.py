@@ -1,6 +1,6 @@
 """Chunks of a corpus and their metadata, kept in memory-mapped arrays so search results come back as text.
 
-Two sources:
+Three sources:
 
 * raw text (``cramkit.text.sources``): each document is tokenised with the encoder's tokenizer and cut into
   passages of ``chunk_tokens`` word pieces, consecutive passages sharing ``overlap`` of them; a passage's text
@@ -8,6 +8,7 @@ Two sources:
 * a token store (``cramkit.data.tokenstore``): each sequence is cut into chunks of ``chunk_tokens`` store
   tokens (RETRO: 64, no overlap, the last chunk of a sequence shorter), decoded to text with the store's
   tokenizer. In RETRO mode a chunk's continuation is the next chunk of the same sequence.
+* Parquet embeddings (``cramkit embed --format parquet``): each row is a chunk of its own, with its vector.
 
 On disk (a directory, all ``.npy`` written with ``np.lib.format.open_memmap`` and read with
 ``np.load(mmap_mode="r")``, never pickled):
@@ -29,7 +30,11 @@ from typing import Any
 
 import numpy as np
 
+from cramkit.data.tokenstore import is_store
+from cramkit.embed.parquet import iter_parts, read_manifest
+from cramkit.embed.store_text import decode_spans, store_chunk_spans, store_documents, store_tokenizer
 from cramkit.errors import CramkitError
+from cramkit.index.manifest import MODES
 from cramkit.io import open_memmap
 from cramkit.text.tokenizer import encode_batch
 
@@ -119,26 +124,6 @@ def _add_passages(out: Chunks, docs: list[str], src_id: int, tokenizer: Any, siz
             out.rows.append((d, d, s, e, src_id, c0, c1))
 
 
-def store_chunk_spans(store: Any, chunk_tokens: int = RETRO_CHUNK) -> np.ndarray:
-    """int64 [n, 3] (sequence, token start, token end): every sequence cut into ``chunk_tokens`` pieces,
-    the last one shorter; the order of the store (the alignment of ``index neighbours``)."""
-    sizes = np.asarray(store.sizes, dtype=np.int64)
-    per = (sizes + chunk_tokens - 1) // chunk_tokens
-    seq = np.repeat(np.arange(len(sizes), dtype=np.int64), per)
-    first = np.concatenate([[0], np.cumsum(per)[:-1]]) if len(per) else np.zeros(0, np.int64)
-    start = (np.arange(len(seq), dtype=np.int64) - np.repeat(first, per)) * chunk_tokens
-    end = np.minimum(start + chunk_tokens, sizes[seq]) if len(seq) else start
-    return np.stack([seq, start, end], axis=1)
-
-
-def store_documents(store: Any) -> np.ndarray:
-    """int64 [sequences]: the document of each sequence (from the store's document index)."""
-    n = len(store)
-    if store.num_documents == 0:
-        return np.arange(n, dtype=np.int64)
-    return np.searchsorted(np.asarray(store.doc_idx), np.arange(n), side="right").astype(np.int64) - 1
-
-
 def document_hashes(store: Any, seq_doc: np.ndarray) -> np.ndarray:
     """uint64 per document: a hash of its token ids (same document in two stores -> same hash)."""
     n_docs = int(seq_doc.max()) + 1 if len(seq_doc) else 0
@@ -146,49 +131,6 @@ def document_hashes(store: Any, seq_doc: np.ndarray) -> np.ndarray:
     for s in range(len(store)):
         hashers[seq_doc[s]].update(np.ascontiguousarray(store[s], dtype="<i4").tobytes())
     return np.array([int.from_bytes(h.digest(), "little") for h in hashers], dtype=np.uint64)
-
-
-def decode_spans(store: Any, tokenizer: Any, spans: np.ndarray, batch: int = 4096) -> Iterator[str]:
-    """The text of each (sequence, start, end) span of ``store``, decoded with ``tokenizer``."""
-    for i in range(0, len(spans), batch):
-        part = spans[i : i + batch]
-        ids = [store[int(s)][int(a) : int(b)].astype(np.int64).tolist() for s, a, b in part]
-        yield from tokenizer.decode_batch(ids, skip_special_tokens=True)
-
-
-def store_tokenizer(store: Any, encoder_tokenizer: Any, given: str | None) -> Any:
-    """The tokenizer that decodes the store: ``given``; else the encoder's when the store was built with
-    it; else the copy the store keeps beside itself (``tokenizer_file``, checked against its hash)."""
-    from tokenizers import Tokenizer
-
-    from cramkit.io import inside
-    from cramkit.text.tokenizer import load_tokenizer, tokenizer_hash
-
-    want = store.meta.get("tokenizer_hash")
-    tok: Tokenizer | None
-    if given:
-        tok = load_tokenizer(given)
-        if want and tokenizer_hash(tok) != want:
-            raise CramkitError(
-                f"--store-tokenizer {given} is not the tokenizer token store {store.prefix} was built with; "
-                f"give the one it records ({store.meta.get('tokenizer_path') or 'see its .json'})"
-            )
-        return tok
-    if want is None or tokenizer_hash(encoder_tokenizer) == want:
-        return encoder_tokenizer
-    copy = store.meta.get("tokenizer_file")
-    if isinstance(copy, str) and copy:
-        try:
-            path = inside(store.prefix.parent, copy)
-            tok = Tokenizer.from_file(str(path)) if path.is_file() else None
-        except (ValueError, Exception):  # noqa: BLE001 - a damaged or foreign file: fall through to the error
-            tok = None
-        if tok is not None and tokenizer_hash(tok) == want:
-            return tok
-    raise CramkitError(
-        f"token store {store.prefix} was built with another tokenizer than the encoder's; give it with "
-        f"--store-tokenizer {store.meta.get('tokenizer_path') or 'DIR'} so its chunks can be decoded to text"
-    )
 
 
 def chunk_store(store: Any, tokenizer: Any, *, chunk_tokens: int = RETRO_CHUNK) -> Chunks:
@@ -202,6 +144,102 @@ def chunk_store(store: Any, tokenizer: Any, *, chunk_tokens: int = RETRO_CHUNK) 
     out.texts = list(decode_spans(store, tokenizer, spans))
     out.rows = [(int(seq_doc[s]), int(s), int(a), int(b), 0, -1, -1) for s, a, b in spans]
     return out
+
+
+def chunks_from_parquet(
+    folder: str | os.PathLike, fingerprint: str, vectors_path: Path
+) -> tuple[Chunks, dict[str, Any]]:
+    """The rows of a Parquet embedding folder as index chunks (one document per ``doc``, ``source`` kept), and
+    their vectors, L2-normalised, written to ``vectors_path`` (a new ``.npy``); (chunks, the manifest).
+    The folder must have been embedded by the encoder of ``fingerprint``."""
+    folder = Path(folder)
+    m = read_manifest(folder)
+    if m["encoder"]["fingerprint"] != fingerprint:
+        raise CramkitError(
+            f"{folder} was embedded by another encoder (fingerprint {m['encoder']['fingerprint']}, --encoder's "
+            f"{fingerprint}); index it with the encoder that embedded it ({m['encoder'].get('source')}): queries are "
+            "embedded with the index's encoder"
+        )
+    vectors_path.parent.mkdir(parents=True, exist_ok=True)
+    mm = open_memmap(vectors_path, np.float32, (int(m["rows"]), int(m["dim"])))
+    chunks = Chunks()
+    source_ids: dict[str, int] = {}
+    docs: set[int] = set()
+    at = 0
+    for t in iter_parts(folder):
+        n = t.num_rows
+        if at + n > len(mm):
+            raise CramkitError(f"{folder}: the parts hold more rows than its manifest's {len(mm)}; join it again")
+        vec = t.column("vector").combine_chunks().values.to_numpy(zero_copy_only=False).reshape(n, -1)
+        norm = np.linalg.norm(vec, axis=1, keepdims=True)
+        mm[at : at + n] = vec / np.maximum(norm, 1e-12)
+        texts = [x if x is not None else "" for x in t.column("text").to_pylist()]
+        for text, doc, src in zip(texts, t.column("doc").to_pylist(), t.column("source").to_pylist(), strict=True):
+            s = source_ids.setdefault(str(src), len(source_ids))
+            d = int(doc) if doc is not None else at
+            docs.add(d)
+            chunks.rows.append((d, d, 0, 0, s, 0, len(text)))
+        chunks.texts += texts
+        at += n
+    mm.flush()
+    del mm
+    chunks.sources = list(source_ids)
+    chunks.num_docs = len(docs)
+    return chunks, m
+
+
+def make_chunks(
+    source: str | None,
+    loaded: Any,
+    *,
+    mode: str,
+    chunk_tokens: int | None,
+    overlap: int | None,
+    reading: dict[str, Any] | None = None,
+    tokenizer: str | None = None,
+    reserve: int = 0,
+) -> tuple[Chunks, dict[str, Any]]:
+    """The chunks of ``source`` (text files or a token store) and the parameters used; ``reading``: how
+    text files are read (keyword arguments of ``cramkit.text.iter_documents``: doc_split, encoding, ...);
+    ``reserve``: tokens of the length limit kept for a prompt put before each chunk."""
+    if mode not in MODES:
+        raise CramkitError(f"unknown --mode {mode!r}; use passages or retro")
+    limit = int(loaded.max_length) - 2 - reserve
+    if source is not None and is_store(source):
+        from cramkit.data.tokenstore import TokenStore
+
+        if overlap:
+            raise CramkitError("--overlap applies to text sources; a token store is cut without overlap")
+        store = TokenStore(source)
+        size = chunk_tokens or RETRO_CHUNK
+        chunks = chunk_store(store, store_tokenizer(store, loaded.tokenizer, tokenizer), chunk_tokens=size)
+        params = {"chunk_tokens": size, "overlap": 0, "store": True}
+    else:
+        if mode == "retro":
+            raise CramkitError(
+                f"--mode retro needs a token store (cramkit data build), not text files: {source or 'builtin'}"
+            )
+        size = chunk_tokens or min(128, limit)
+        ov = 16 if overlap is None else overlap
+        ov = min(ov, size - 1) if overlap is None else ov
+        chunks = chunk_text_sources(
+            [source] if source else None,
+            loaded.tokenizer,
+            chunk_tokens=size,
+            overlap=ov,
+            max_tokens=limit,
+            **(reading or {}),
+        )
+        doc_split = (reading or {}).get("doc_split", "auto")
+        params = {"chunk_tokens": size, "overlap": ov, "doc_split": doc_split, "store": False}
+    if len(chunks) == 0:
+        raise CramkitError(f"{source or 'the built-in corpus'}: no text to index (0 chunks); check the source")
+    return chunks, params
+
+
+def prompt_tokens(tokenizer: Any, prompt: str) -> int:
+    """How many tokens ``prompt`` takes before a text (the room a chunk leaves it under the length limit)."""
+    return len(tokenizer.encode(prompt, add_special_tokens=False).ids) if prompt else 0
 
 
 # ------------------------------------------------------------------------------------------ on disk

@@ -40,7 +40,7 @@ import numpy as np
 
 from cramkit.errors import CramkitError
 from cramkit.index import ann
-from cramkit.index.core import Index
+from cramkit.index.search import Index
 from cramkit.io import atomic_path
 
 TARGETS = ("parquet", "lancedb", "milvus")

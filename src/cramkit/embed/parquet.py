@@ -36,12 +36,11 @@ from typing import Any
 
 import numpy as np
 
+from cramkit.embed.memmap import DONE_FILE, barrier, dist_info, embed_to_memmap, finished
 from cramkit.errors import CramkitError
-from cramkit.index.embedding import DONE_FILE, _barrier, dist_info, embed_to_memmap, finished
 from cramkit.io import file_lock, inside, json_loads, read_json_object, sha256_file, write_json_atomic
-from cramkit.runtime import parse_shard
 
-__all__ = ["embed_parts", "iter_parts", "join", "parse_shard", "read_manifest", "read_vectors"]
+__all__ = ["embed_parts", "iter_parts", "join", "read_manifest", "read_vectors"]
 
 PART_FORMAT = "cramkit-embeddings-parquet-1"
 META_KEY = b"cramkit"
@@ -150,8 +149,8 @@ def claim(lock_path: Path, what: str) -> contextlib.AbstractContextManager[None]
 class Job:
     """What every part of one embedding shares."""
 
-    key: str  # inputs, encoder, pooling, normalisation (embedding.texts_key)
-    fingerprint: str  # the encoder's (embedding.encoder_fingerprint)
+    key: str  # inputs, encoder, pooling, normalisation (memmap.texts_key)
+    fingerprint: str  # the encoder's (encoder.encoder_fingerprint)
     dim: int
     rows: int
     parts: int
@@ -276,7 +275,7 @@ def embed_parts(
             (out / DONE_FILE).unlink(missing_ok=True)
             for f in ("embeddings.npy", "ids.npy", "state.json"):
                 (out / f).unlink(missing_ok=True)
-    _barrier(world)
+    barrier(world)
     check_folder(out, key, fingerprint, dim, parts, overwrite=overwrite)
     start, end = n * k // parts, n * (k + 1) // parts
     path = out / part_name(k, parts)
@@ -325,14 +324,14 @@ def embed_parts(
             }
             write_json_atomic(_done_file(out, k, parts), rec)
             shutil.rmtree(work, ignore_errors=True)
-    _barrier(world)
+    barrier(world)
     try:
         manifest = join(out, quiet_missing=True)
     except CramkitError:
         if rank == 0:
             raise
         manifest = None
-    _barrier(world)
+    barrier(world)
     if manifest is None:
         missing = [part_name(j, parts) for j in range(parts) if _part_record_quick(out, j, parts) is None]
         return rec | {"part": k, "parts": parts, "dim": dim, "waiting": missing}
@@ -495,46 +494,3 @@ def is_parquet_embeddings(source: str | os.PathLike | None) -> bool:
     with contextlib.suppress(CramkitError):
         return read_json_object(p / DONE_FILE, "").get("format") == "parquet"
     return False
-
-
-def chunks_from_parquet(folder: str | os.PathLike, fingerprint: str, vectors_path: Path) -> tuple[Any, dict[str, Any]]:
-    """The rows of a Parquet embedding folder as index chunks (one document per ``doc``, ``source`` kept), and
-    their vectors, L2-normalised, written to ``vectors_path`` (a new ``.npy``); (chunks, the manifest).
-    The folder must have been embedded by the encoder of ``fingerprint``."""
-    from cramkit.index.chunking import Chunks
-    from cramkit.io import open_memmap
-
-    folder = Path(folder)
-    m = read_manifest(folder)
-    if m["encoder"]["fingerprint"] != fingerprint:
-        raise CramkitError(
-            f"{folder} was embedded by another encoder (fingerprint {m['encoder']['fingerprint']}, --encoder's "
-            f"{fingerprint}); index it with the encoder that embedded it ({m['encoder'].get('source')}): queries are "
-            "embedded with the index's encoder"
-        )
-    vectors_path.parent.mkdir(parents=True, exist_ok=True)
-    mm = open_memmap(vectors_path, np.float32, (int(m["rows"]), int(m["dim"])))
-    chunks = Chunks()
-    source_ids: dict[str, int] = {}
-    docs: set[int] = set()
-    at = 0
-    for t in iter_parts(folder):
-        n = t.num_rows
-        if at + n > len(mm):
-            raise CramkitError(f"{folder}: the parts hold more rows than its manifest's {len(mm)}; join it again")
-        vec = t.column("vector").combine_chunks().values.to_numpy(zero_copy_only=False).reshape(n, -1)
-        norm = np.linalg.norm(vec, axis=1, keepdims=True)
-        mm[at : at + n] = vec / np.maximum(norm, 1e-12)
-        texts = [x if x is not None else "" for x in t.column("text").to_pylist()]
-        for text, doc, src in zip(texts, t.column("doc").to_pylist(), t.column("source").to_pylist(), strict=True):
-            s = source_ids.setdefault(str(src), len(source_ids))
-            d = int(doc) if doc is not None else at
-            docs.add(d)
-            chunks.rows.append((d, d, 0, 0, s, 0, len(text)))
-        chunks.texts += texts
-        at += n
-    mm.flush()
-    del mm
-    chunks.sources = list(source_ids)
-    chunks.num_docs = len(docs)
-    return chunks, m

@@ -22,29 +22,11 @@ from typing import Any
 
 import numpy as np
 
+from cramkit.embed.progress import ProgressBar
 from cramkit.errors import CramkitError
 from cramkit.io import json_loads, open_memmap, write_json_atomic
 
 DONE_FILE = "embed.json"
-
-
-def encoder_fingerprint(loaded: Any) -> str:
-    """A hash of what decides an embedding: the tokenizer and every encoder weight (an export's: its files'
-    SHA-256)."""
-    import torch
-
-    from cramkit.text.tokenizer import tokenizer_hash
-
-    h = hashlib.blake2b(digest_size=16)
-    h.update(tokenizer_hash(loaded.tokenizer).encode())
-    if getattr(loaded, "encoder", None) is None:  # an export: its weights are its files
-        h.update(loaded.fingerprint().encode())
-        return h.hexdigest()
-    for name, t in sorted(loaded.encoder.state_dict().items()):
-        h.update(name.encode())
-        h.update(str(tuple(t.shape)).encode())
-        h.update(t.detach().to("cpu").contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
-    return h.hexdigest()
 
 
 def texts_key(texts: Sequence[str], *parts: str) -> str:
@@ -65,7 +47,7 @@ def dist_info() -> tuple[int, int]:
     return t.rank, t.world
 
 
-def _barrier(world: int) -> None:
+def barrier(world: int) -> None:
     if world <= 1:
         return
     import torch.distributed as dist
@@ -142,7 +124,7 @@ def embed_to_memmap(
             del mm
             np.save(out / "ids.npy", np.arange(n, dtype=np.int64) if ids is None else np.asarray(ids, np.int64))
             write_json_atomic(out / "state.json", state)
-    _barrier(world)
+    barrier(world)
     start, end = n * rank // world, n * (rank + 1) // world
     prog_file = out / f"progress-{rank}.json"
     prog = _read_json(prog_file) or {}
@@ -153,7 +135,7 @@ def embed_to_memmap(
         raise CramkitError(f"{out / 'embeddings.npy'} has shape {mm.shape}, expected {(n, dim)}; remove {out}")
     t0 = time.perf_counter()
     resumed = committed
-    bar = _Bar(progress if rank == 0 else False, desc, end - start, committed)
+    bar = ProgressBar(progress if rank == 0 else False, desc, end - start, committed)
     pos = start + committed
     truncated = 0
     try:  # the bar's line is ended whatever happens: an error is printed on a line of its own
@@ -172,7 +154,7 @@ def embed_to_memmap(
         bar.close()
     del mm
     seconds = time.perf_counter() - t0
-    _barrier(world)
+    barrier(world)
     record = {
         "key": key,
         "rows": n,
@@ -188,37 +170,5 @@ def embed_to_memmap(
     }
     if rank == 0:
         write_json_atomic(out / DONE_FILE, record)
-    _barrier(world)
+    barrier(world)
     return record
-
-
-class _Bar:
-    """tqdm in a terminal (rate and ETA), a line every 10 s otherwise."""
-
-    def __init__(self, enabled: bool | str, desc: str, total: int, initial: int) -> None:
-        self.tty = sys.stderr.isatty() if enabled == "auto" else bool(enabled)
-        self.enabled = bool(enabled)
-        self.total, self.desc, self.last = total, desc, time.perf_counter()
-        self.bar = None
-        if self.enabled and self.tty:
-            from tqdm.auto import tqdm
-
-            self.bar = tqdm(total=total, initial=initial, desc=desc, unit="ex", dynamic_ncols=True)
-
-    def update(self, done: int, new: int, seconds: float) -> None:
-        if self.bar is not None:
-            self.bar.update(done - self.bar.n)
-        elif self.enabled and (time.perf_counter() - self.last > 10 or done == self.total):
-            self.last = time.perf_counter()
-            rate = new / seconds if seconds > 0 else 0.0
-            eta = (self.total - done) / rate if rate > 0 else float("nan")
-            print(
-                f"{self.desc}: {done}/{self.total} ({100 * done / max(self.total, 1):.1f}%) "
-                f"{rate:,.1f} examples/s, ETA {eta:,.0f}s",
-                file=sys.stderr,
-                flush=True,
-            )
-
-    def close(self) -> None:
-        if self.bar is not None:
-            self.bar.close()

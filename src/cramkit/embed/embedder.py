@@ -1,7 +1,7 @@
 """``CramkitEmbedder``: cramkit's encoder as a callable class for batch engines (Ray Data's ``map_batches``).
 
     import ray
-    from cramkit.index import CramkitEmbedder
+    from cramkit.embed import CramkitEmbedder
 
     ds = ray.data.read_parquet("texts/")                     # a column "text"
     ds = ds.map_batches(CramkitEmbedder, fn_constructor_kwargs={"model": "hf:models/minilm"},
@@ -47,7 +47,7 @@ class CramkitEmbedder:
         threads: int | None = None,
         prompt_name: str | None = None,
     ) -> None:
-        from cramkit.index.core import load_encoder
+        from cramkit.embed.encoder import load_encoder
         from cramkit.infer import Engine
 
         if threads is not None:

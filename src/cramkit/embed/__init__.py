@@ -1,0 +1,62 @@
+"""Embedding at scale: the rows of a file, or the sequences (or chunks) of a token store, to vectors; resumable,
+split across torchrun processes and across machines.
+
+    cramkit.embed("texts.csv", "hf:models/minilm", "emb/")               # or `cramkit embed`: a memory map
+    cramkit.embed("texts.csv", MODEL, "emb/", format="parquet", shard="0/2")  # Parquet parts: shard 0 of 2
+    vectors, ids = cramkit.embed.read_vectors("emb/")                   # a Parquet folder's rows, in order
+    ds.map_batches(cramkit.embed.CramkitEmbedder, fn_constructor_kwargs={"model": "hf:DIR"})  # Ray Data
+
+Modules: ``verb`` (``cramkit embed``: its inputs, then a memory map or Parquet parts), ``memmap`` (embeddings
+streamed to a memory-mapped matrix, resumable), ``parquet`` (one Parquet file per part, the join, reading them
+back), ``encoder`` (the encoder loaded and fingerprinted, its retrieval prompts), ``store_text`` (a token store
+read back as text), ``embedder`` (``CramkitEmbedder`` for Ray Data), ``progress``.
+
+This package is also the verb: ``cramkit.embed(source, model, out, ...)`` calls
+:func:`cramkit.embed.verb.embed_source`. Its names load on first use (PEP 562): ``import cramkit`` imports this
+package and must not import numpy or torch."""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import sys
+import types
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from cramkit.embed.embedder import CramkitEmbedder
+    from cramkit.embed.parquet import read_vectors
+    from cramkit.embed.verb import embed_source
+
+_WHERE = {"CramkitEmbedder": "embedder", "embed_source": "verb", "read_vectors": "parquet"}
+
+__all__ = ["CramkitEmbedder", "embed_source", "read_vectors"]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _WHERE:
+        value = getattr(importlib.import_module(f"cramkit.embed.{_WHERE[name]}"), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'cramkit.embed' has no attribute {name!r}")
+
+
+def _verb() -> Any:
+    from cramkit.embed.verb import embed_source
+
+    return embed_source
+
+
+class _VerbModule(types.ModuleType):
+    """The package, callable as the verb (module ``__class__`` assignment, as ``cramkit.distill``: the package
+    stays a package, so ``import cramkit.embed.parquet`` and ``cramkit.embed.CramkitEmbedder`` work)."""
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return _verb()(*args, **kwargs)
+
+    @property
+    def __signature__(self) -> inspect.Signature:
+        return inspect.signature(_verb())
+
+
+sys.modules[__name__].__class__ = _VerbModule

@@ -1,0 +1,499 @@
+"""Build an index: chunk a corpus (or take Parquet embeddings as they are), embed the chunks (resuming an
+interrupted build), choose, build and tune the Faiss index, and publish the index directory
+(:mod:`cramkit.index.manifest`). An on-disk build fills its parts in several processes or on several machines
+(``--shard``) and merges them (:mod:`cramkit.index.ondisk`)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from cramkit.embed.encoder import encoder_fingerprint, load_encoder, retrieval_prompts
+from cramkit.embed.memmap import dist_info, embed_to_memmap, texts_key
+from cramkit.embed.parquet import is_parquet_embeddings
+from cramkit.errors import CramkitError
+from cramkit.index import ann, ondisk
+from cramkit.index.chunking import Chunks, chunks_from_parquet, make_chunks, prompt_tokens, write_chunks
+from cramkit.index.manifest import FORMAT, MANIFEST, file_sizes
+from cramkit.index.ondisk import peak_rss_mb
+from cramkit.io import atomic_path, check_out, dir_lock, write_json_atomic
+from cramkit.runtime import parse_shard
+
+
+def _log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def build_index(
+    source: str | None,
+    encoder: str,
+    out: str | os.PathLike,
+    *,
+    mode: str = "passages",
+    chunk_tokens: int | None = None,
+    overlap: int | None = None,
+    reading: dict[str, Any] | None = None,
+    memory: str | int = "4GB",
+    target_recall: float = 0.95,
+    kind: str = "auto",
+    pooling: str | None = None,
+    store_tokenizer: str | None = None,
+    device: str = "auto",
+    max_batch_tokens: int | None = None,
+    block: int = 1024,
+    overwrite: bool = False,
+    progress: bool | str = "auto",
+    prompt_name: str | None = None,
+    dimensions: int | None = None,
+    on_disk: bool | None = None,
+    workers: int = 1,
+    shard: str | None = None,
+) -> dict[str, Any] | None:
+    """Chunk ``source``, embed the chunks with ``encoder`` (resuming an interrupted build), build and tune
+    the Faiss index, write ``out``; the manifest (None on torchrun ranks other than 0, and for a ``shard``
+    whose parts are done while others are not).
+
+    prompt_name: the encoder's named prompt the chunks get (default: its prompt named document, passage or
+    corpus, else its default prompt, else none); queries get its prompt named query (else its default). The
+    manifest records both (``prompts``).
+
+    dimensions: the index holds each vector's first ``dimensions``, renormalised (one of a Matryoshka
+    encoder's, as ``Engine.embed``); its queries are cut the same way. The manifest records it.
+
+    on_disk: True keeps the IVF lists on disk (:mod:`cramkit.index.ondisk`); None: when the in-RAM index
+    would not fit ``memory``. An on-disk build fills its parts with ``workers`` processes; ``shard`` "i/N"
+    fills only shard i's parts (several machines sharing ``out``), and the run that finds every part done
+    merges them."""
+    budget, (shard_i, shard_n) = _check_options(target_recall, memory, kind, workers, shard, on_disk)
+    out = Path(out)
+    rank, _ = dist_info()
+    _check_out_dir(out, source, encoder, overwrite=overwrite)
+    work = out / ".build"
+    odw = work / "ondisk"
+    settings = {
+        "source": str(source),
+        "encoder": str(encoder),
+        "mode": mode,
+        "chunk_tokens": chunk_tokens,
+        "overlap": overlap,
+        "reading": reading or {},
+        "memory": budget,
+        "kind": kind,
+        "on_disk": on_disk,
+        "target_recall": target_recall,
+        "pooling": pooling,
+        "prompt_name": prompt_name,
+        "dimensions": dimensions,
+    }
+    with _out_lock(out, shard, rank):
+        prep = ondisk.read_prepared(odw, settings, overwrite=overwrite) if rank == 0 else None
+        if prep is None and shard is not None and (out / MANIFEST).is_file():
+            _log(f"{out}: the index is finished already (another shard merged it)")
+            return None
+        if prep is None:
+            t_start = time.perf_counter()
+            how = _open_encoder(encoder, pooling, device, max_batch_tokens, prompt_name, dimensions)
+            emb = _chunks_and_vectors(
+                source,
+                how,
+                work,
+                t_start,
+                rank=rank,
+                mode=mode,
+                chunk_tokens=chunk_tokens,
+                overlap=overlap,
+                reading=reading,
+                store_tokenizer=store_tokenizer,
+                block=block,
+                progress=progress,
+            )
+            if emb is None:  # a torchrun rank other than 0: its share is embedded
+                return None
+            t_embed = time.perf_counter()
+            data = _write_chunk_data(work / "data", emb.chunks)
+            vectors_path = work / "embed" / "embeddings.npy"
+            plan, n = _plan(vectors_path, budget, kind, on_disk)
+            fields = _manifest_fields(mode, encoder, how, emb, plan)
+            timing = {
+                "chunk_seconds": round(emb.chunk_seconds, 2),
+                "embed_seconds": emb.record["seconds"],
+                "resumed_rows": emb.record.get("resumed_rows", 0),
+                "memory_budget": budget,
+            }
+            _copy_encoder(out, how.loaded, how.fingerprint)
+            if not plan.get("on_disk"):
+                if shard is not None or workers > 1:
+                    raise CramkitError(
+                        "--shard and --workers fill the parts of an on-disk index, and this one fits --memory in "
+                        "RAM; add --on-disk, or drop them"
+                    )
+                return _build_in_ram(out, data, vectors_path, plan, fields, timing, target_recall, t_start, t_embed)
+            parts = ondisk.part_count(n, workers, shard_n)
+            prep = _prepare_on_disk(vectors_path, plan, odw, parts, settings, fields, timing, t_start)
+        if shard is None:
+            parts = int(prep["parts"])
+            ondisk.fill_parts(
+                odw, work / "embed" / "embeddings.npy", list(range(parts)), parts, workers=workers, log=_log
+            )
+            return _finish_on_disk(out, prep, target_recall)
+    return _fill_shard(out, prep, shard_i, shard_n, workers=workers, target=target_recall)
+
+
+def _check_options(
+    target_recall: float, memory: str | int, kind: str, workers: int, shard: str | None, on_disk: bool | None
+) -> tuple[int, tuple[int, int]]:
+    """One line for an option out of range or options that do not go together, before any work; (the memory
+    budget in bytes, (shard i, of N))."""
+    if not 0.0 < target_recall <= 1.0:
+        raise CramkitError(f"--target-recall must be in (0, 1], got {target_recall}")
+    budget = ann.parse_memory(memory)
+    if kind not in ann.KINDS:
+        raise CramkitError(f"unknown --kind {kind!r}; use one of {', '.join(ann.KINDS)}")
+    if not isinstance(workers, int) or workers < 1:
+        raise CramkitError(f"--workers must be a positive integer, got {workers!r}")
+    shard_of = parse_shard(shard)
+    if on_disk and kind in ("flat", "hnsw"):
+        ann.plan_index(1, 1, budget, kind, on_disk=True)  # its one-line refusal, before any work
+    if on_disk is not None and not on_disk and (shard is not None or workers > 1):
+        raise CramkitError("--shard and --workers fill the parts of an on-disk index; drop them or build --on-disk")
+    return budget, shard_of
+
+
+def _check_out_dir(out: Path, source: str | None, encoder: str, *, overwrite: bool) -> None:
+    """``out`` may be written: it holds no index (unless ``overwrite``), and follows the rule of every output."""
+    if (out / MANIFEST).is_file() and not overwrite:
+        raise CramkitError(
+            f"{out} already holds an index; grow it with `cramkit index add`, pick another --out or pass --overwrite"
+        )
+    check_out(out, inputs=[source, encoder], own=[MANIFEST, ".build"])
+
+
+def _out_lock(out: Path, shard: str | None, rank: int) -> contextlib.AbstractContextManager[None]:
+    """The lock on ``out`` while the build prepares it (a second process on the same --out would truncate this
+    one's memory map: SIGBUS). Several shard runs share --out: each waits its turn for the shared steps."""
+    if shard is not None:
+        return ondisk.waiting_lock(out / ".lock", f"--out {out}")
+    return dir_lock(out, "--out") if rank == 0 else contextlib.nullcontext()
+
+
+@dataclass
+class _Encoding:
+    """How the chunks are embedded: the encoder, its engine, and what else decides the vectors."""
+
+    loaded: Any
+    engine: Any
+    pooling: str
+    fingerprint: str
+    prompts: dict[str, dict[str, str | None]]  # documents' and queries' (retrieval_prompts)
+    dims: int | None  # the vectors cut to their leading dims (None: the whole vector)
+
+    @property
+    def doc_prompt(self) -> str:
+        return str(self.prompts["documents"]["text"] or "")
+
+
+def _open_encoder(
+    encoder: str,
+    pooling: str | None,
+    device: str,
+    max_batch_tokens: int | None,
+    prompt_name: str | None,
+    dimensions: int | None,
+) -> _Encoding:
+    """The encoder loaded into an engine, its pooling (default: the encoder's), fingerprint, retrieval prompts
+    and the dimensions kept, checked."""
+    from cramkit.infer import Engine
+
+    loaded = load_encoder(encoder)
+    pooling = pooling or loaded.pooling
+    if pooling not in ("mean", "cls"):
+        raise CramkitError(f"--pooling must be mean or cls, got {pooling!r}")
+    fp = encoder_fingerprint(loaded)
+    engine = Engine(loaded, device=device, max_batch_tokens=max_batch_tokens)
+    prompts = retrieval_prompts(engine, prompt_name)
+    dims = engine.check_dimensions(dimensions)  # None: the whole vector
+    return _Encoding(loaded, engine, pooling, fp, prompts, dims)
+
+
+@dataclass
+class _Embedded:
+    """The chunks of the corpus, whose vectors are in ``.build/embed/embeddings.npy``."""
+
+    chunks: Chunks
+    chunking: dict[str, Any]  # the chunking parameters (the manifest's "chunking")
+    record: dict[str, Any]  # the embedding's record (dim, seconds, resumed_rows)
+    pooling: str
+    chunk_seconds: float
+
+
+def _chunks_and_vectors(
+    source: str | None,
+    how: _Encoding,
+    work: Path,
+    t_start: float,
+    *,
+    rank: int,
+    mode: str,
+    chunk_tokens: int | None,
+    overlap: int | None,
+    reading: dict[str, Any] | None,
+    store_tokenizer: str | None,
+    block: int,
+    progress: bool | str,
+) -> _Embedded | None:
+    """The chunks of ``source`` with their vectors: Parquet embeddings (cramkit embed --format parquet) taken
+    as they are, else the source chunked and the chunks embedded (resuming). None on torchrun ranks other than
+    0, once their share is embedded."""
+    if is_parquet_embeddings(source):  # embedded already (cramkit embed --format parquet): index those
+        if rank != 0:
+            return None
+        emb = _read_parquet_embeddings(str(source), how, work, mode=mode, chunk_tokens=chunk_tokens, overlap=overlap)
+        emb.chunk_seconds = time.perf_counter() - t_start
+        _log(f"{len(emb.chunks)} embedded rows from {source} ({emb.chunk_seconds:.1f}s)")
+        return emb
+    chunks, cparams = make_chunks(
+        source,
+        how.loaded,
+        mode=mode,
+        chunk_tokens=chunk_tokens,
+        overlap=overlap,
+        reading=reading,
+        tokenizer=store_tokenizer,
+        reserve=prompt_tokens(how.loaded.tokenizer, how.doc_prompt),
+    )
+    t_chunk = time.perf_counter() - t_start
+    if rank == 0:
+        _log(f"{len(chunks)} chunks from {chunks.num_docs} documents ({t_chunk:.1f}s)")
+    rec = _embed_chunks(chunks, how, work / "embed", block=block, progress=progress)
+    if rank != 0:
+        return None
+    return _Embedded(chunks, cparams, rec, how.pooling, t_chunk)
+
+
+def _read_parquet_embeddings(
+    source: str, how: _Encoding, work: Path, *, mode: str, chunk_tokens: int | None, overlap: int | None
+) -> _Embedded:
+    """The rows of a folder of Parquet embeddings as chunks, their vectors written to the build's
+    ``embeddings.npy``; they must be the encoder's, of the index's dimensions, with the documents' prompt."""
+    if mode != "passages" or chunk_tokens is not None or overlap is not None:
+        raise CramkitError(
+            f"{source} holds finished Parquet embeddings: they are indexed as they are (--mode passages, "
+            "no --chunk-tokens or --overlap)"
+        )
+    chunks, emb = chunks_from_parquet(source, how.fingerprint, work / "embed" / "embeddings.npy")
+    if int(emb["dim"]) != (how.dims or how.engine.hidden_size):
+        raise CramkitError(
+            f"{source} holds vectors of {emb['dim']} dimensions, not {how.dims or how.engine.hidden_size}; embed "
+            "it again with --dimensions, or give its size to --dimensions here"
+        )
+    if emb.get("prompt", "") != how.doc_prompt:
+        raise CramkitError(
+            f"{source} was embedded with the prompt {emb.get('prompt', '')!r}, not {how.doc_prompt!r} (the "
+            "documents' prompt); embed it again with --prompt-name, or give the same --prompt-name here"
+        )
+    cparams = {"embeddings": str(source), "parts": len(emb["parts"])}
+    rec = {"dim": emb["dim"], "seconds": 0.0, "resumed_rows": 0}
+    return _Embedded(chunks, cparams, rec, emb.get("pooling") or how.pooling, 0.0)
+
+
+def _embed_chunks(chunks: Chunks, how: _Encoding, work: Path, *, block: int, progress: bool | str) -> dict[str, Any]:
+    """Embed the chunks into ``work`` (L2-normalised; resuming a matching unfinished job); the record."""
+    key = texts_key(
+        chunks.texts,
+        how.fingerprint,
+        how.pooling,
+        "normalized",
+        *([f"prompt:{how.doc_prompt}"] if how.doc_prompt else []),
+        *([f"dimensions:{how.dims}"] if how.dims else []),
+    )
+    return embed_to_memmap(
+        chunks.texts,
+        how.engine,
+        work,
+        key=key,
+        pooling=how.pooling,
+        normalize=True,
+        block=block,
+        progress=progress,
+        desc="embedding chunks",
+        prompt=how.doc_prompt,
+        dimensions=how.dims,
+    )
+
+
+def _write_chunk_data(data: Path, chunks: Chunks) -> Path:
+    """A fresh data folder holding the chunks' files (the vectors move in when the index is built)."""
+    shutil.rmtree(data, ignore_errors=True)
+    data.mkdir(parents=True)
+    write_chunks(data, chunks)
+    return data
+
+
+def _plan(vectors_path: Path, budget: int, kind: str, on_disk: bool | None) -> tuple[dict[str, Any], int]:
+    """The index for the embedded vectors: (its plan, chosen from their count and the memory budget, said in a
+    line; their count)."""
+    vectors = np.load(vectors_path, mmap_mode="r", allow_pickle=False)
+    plan = ann.plan_index(len(vectors), vectors.shape[1], budget, kind, on_disk)
+    _log(f"index: {plan['kind']}{' on disk' if plan.get('on_disk') else ''} ({plan['why']})")
+    return plan, len(vectors)
+
+
+def _manifest_fields(mode: str, encoder: str, how: _Encoding, emb: _Embedded, plan: dict[str, Any]) -> dict[str, Any]:
+    """What the manifest says of the index before it is built: the chunks, the encoder, the prompts, the plan."""
+    return {
+        "format": FORMAT,
+        "mode": mode,
+        "count": len(emb.chunks),
+        "dim": int(emb.record["dim"]),
+        "documents": emb.chunks.num_docs,
+        "sources": emb.chunks.sources,
+        "chunking": emb.chunking,
+        "encoder": {
+            "dir": "encoder",
+            "source": str(encoder),
+            "fingerprint": how.fingerprint,
+            "pooling": emb.pooling,
+            "normalize": True,
+            "max_length": int(how.loaded.max_length),
+            "dimensions": how.dims,  # the vectors cut to their leading dimensions (None: whole)
+        },
+        "prompts": how.prompts,
+        "plan": plan,
+    }
+
+
+def _build_in_ram(
+    out: Path,
+    data: Path,
+    vectors_path: Path,
+    plan: dict[str, Any],
+    fields: dict[str, Any],
+    timing: dict[str, Any],
+    target_recall: float,
+    t_start: float,
+    t_embed: float,
+) -> dict[str, Any]:
+    """Build and tune the in-RAM index over the embedded vectors, move them in beside it, publish the index."""
+    vectors = np.load(vectors_path, mmap_mode="r", allow_pickle=False)
+    index, params, recall = ann.build_and_tune(vectors, plan, target=target_recall, log=_log)
+    if index is not None:
+        ann.write(index, data / "faiss.index")
+    del index, vectors
+    t_index = time.perf_counter() - t_embed
+    os.replace(vectors_path, data / "vectors.npy")
+    seconds = time.perf_counter() - t_start
+    build = {"seconds": round(seconds, 2), **timing, "index_seconds": round(t_index, 2)}
+    build["chunks_per_s"] = round(fields["count"] / seconds, 2)
+    build["peak_rss_mb"] = peak_rss_mb()
+    return _publish(out, data, {**fields, "params": params, "recall": recall, "build": build})
+
+
+def _prepare_on_disk(
+    vectors_path: Path,
+    plan: dict[str, Any],
+    odw: Path,
+    parts: int,
+    settings: dict[str, Any],
+    fields: dict[str, Any],
+    timing: dict[str, Any],
+    t_start: float,
+) -> dict[str, Any]:
+    """Train the on-disk index and lay out its ``parts``; the prepared state, recorded for the runs that fill the
+    parts (every shard's) and for a rerun."""
+    ondisk.prepare(vectors_path, plan, odw, parts=parts, log=_log)
+    timing["prepare_seconds"] = round(time.perf_counter() - t_start, 2)
+    prep = {"settings": settings, "parts": parts, "manifest": fields, "build": timing}
+    write_json_atomic(odw / ondisk.PREPARED, prep)
+    return prep
+
+
+def _fill_shard(
+    out: Path, prep: dict[str, Any], shard_i: int, shard_n: int, *, workers: int, target: float
+) -> dict[str, Any] | None:
+    """Fill shard i's parts of an on-disk build; the shard that finds every part done merges them and publishes
+    the index (its manifest), the others say which shards are still to come (None)."""
+    odw = out / ".build" / "ondisk"
+    parts = int(prep["parts"])
+    mine = [p for p in range(parts) if p % shard_n == shard_i]
+    ondisk.fill_parts(odw, out / ".build" / "embed" / "embeddings.npy", mine, parts, workers=workers, log=_log)
+    left = ondisk.missing_parts(odw, parts)
+    if left:
+        who = sorted({p % shard_n for p in left})
+        _log(
+            f"shard {shard_i}/{shard_n}: its parts are built; {len(left)} part(s) of other shards are not yet "
+            f"({', '.join(f'--shard {i}/{shard_n}' for i in who)}); the last shard to finish merges them"
+        )
+        return None
+    with ondisk.waiting_lock(out / ".lock", f"--out {out}"):
+        if not (odw / ondisk.PREPARED).is_file():
+            _log(f"{out}: the index is finished already (another shard merged it)")
+            return None
+        return _finish_on_disk(out, prep, target)
+
+
+def _copy_encoder(out: Path, loaded: Any, fp: str) -> None:
+    """A copy of the encoder in ``out/encoder`` (kept when it is this one already): queries use exactly it."""
+    if not ((out / "encoder").is_dir() and _dir_fingerprint(out / "encoder") == fp):
+        with atomic_path(out / "encoder") as tmp:
+            loaded.save(tmp)
+
+
+def _finish_on_disk(out: Path, prep: dict[str, Any], target: float) -> dict[str, Any]:
+    """Merge the parts of an on-disk build, tune it, publish the index."""
+    work = out / ".build"
+    data, vectors_path = work / "data", work / "embed" / "embeddings.npy"
+    t0 = time.perf_counter()
+    base = prep["manifest"]
+    if not vectors_path.is_file() and (data / "vectors.npy").is_file():  # killed after the move below
+        os.replace(data / "vectors.npy", vectors_path)
+    params, recall, obuild = ondisk.merge(
+        work / "ondisk", vectors_path, base["plan"], data, target=target, parts=int(prep["parts"]), log=_log
+    )
+    os.replace(vectors_path, data / "vectors.npy")
+    build = {**prep["build"], **obuild}
+    fill_seconds = sum(s or 0 for s in obuild["part_seconds"])  # summed over parts: the work, not the wall time
+    prepare_seconds = float(prep["build"].get("prepare_seconds", 0))
+    build["seconds"] = round(prepare_seconds + fill_seconds + time.perf_counter() - t0, 2)
+    build["chunks_per_s"] = round(base["count"] / max(build["seconds"], 1e-9), 2)
+    build["peak_rss_mb"] = max(x for x in [peak_rss_mb() or 0.0, *(r or 0.0 for r in obuild["part_peak_rss_mb"])])
+    return _publish(out, data, {**base, "params": params, "recall": recall, "build": build})
+
+
+def _publish(out: Path, data: Path, fields: dict[str, Any]) -> dict[str, Any]:
+    """Move the finished ``data`` folder in as ``data-000`` and write the manifest (last); remove the work."""
+    (out / MANIFEST).unlink(missing_ok=True)
+    old = [p for p in out.glob("data-*") if p.is_dir()]
+    gen = out / "data-000"
+    shutil.rmtree(gen, ignore_errors=True)
+    os.replace(data, gen)
+    manifest = {
+        **{k: v for k, v in fields.items() if k not in ("params", "recall", "build")},
+        "data": gen.name,
+        "params": fields["params"],
+        "recall": fields["recall"],
+        "files": file_sizes(gen),
+        "build": fields["build"],
+        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+    write_json_atomic(out / MANIFEST, manifest)
+    for p in old:
+        if p != gen:
+            shutil.rmtree(p, ignore_errors=True)
+    shutil.rmtree(out / ".build", ignore_errors=True)
+    return manifest
+
+
+def _dir_fingerprint(d: Path) -> str | None:
+    """The fingerprint of the encoder in ``d`` (None: none there, or not one that loads)."""
+    try:
+        return encoder_fingerprint(load_encoder(str(d)))
+    except CramkitError:
+        return None

@@ -48,13 +48,18 @@ def artefact(name: str, recipe: object, build: Callable[[Path], object]) -> Path
     if (final / DONE).is_file():
         return final
     ROOT.mkdir(parents=True, exist_ok=True)
-    with open(ROOT / f"{name}-{key[:16]}.lock", "w") as lock:
+    lock_file = ROOT / f"{name}-{key[:16]}.lock"
+    with open(lock_file, "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if (final / DONE).is_file():  # another worker built it while this one waited
             return final
-        for stale in ROOT.iterdir():  # older versions of this artefact, and a build that died
-            if stale.is_dir() and re.fullmatch(re.escape(name) + r"-[0-9a-f]{16}", stale.name):
+        for stale in ROOT.iterdir():  # older versions of this artefact and their locks, and a build that died
+            if not re.fullmatch(re.escape(name) + r"-[0-9a-f]{16}(\.lock)?", stale.name) or stale == lock_file:
+                continue
+            if stale.is_dir():
                 shutil.rmtree(stale, ignore_errors=True)
+            else:
+                stale.unlink(missing_ok=True)
         try:
             build(final)
         except BaseException:

@@ -350,3 +350,14 @@ def test_vectors_for_rescoring_are_mapped_without_read_ahead(tmp_path):
             flags = line
             break
     assert found and " rr" in flags, flags  # VM_RAND_READ: the advice is on the mapping
+
+
+def test_shard_of_an_index_that_fits_in_ram_is_one_line(pretrained_run, tmp_path):
+    """`index build --shard 0/2` without --on-disk: the build's own refusal, not a lock's "held by pid" and a
+    RuntimeError from the waiting lock that took every error inside it for a held lock."""
+    rows = tmp_path / "rows.txt"
+    rows.write_text("a fine film\nanother text here\nthird row\n", encoding="utf-8")
+    proc = cli("index", "build", rows, "--encoder", pretrained_run, "--out", tmp_path / "ix", "--shard", "0/2")
+    last = proc.stderr.strip().splitlines()[-1]
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr and "held by pid" not in proc.stderr, proc.stderr
+    assert last.startswith("cramkit: error:") and "--on-disk" in last

@@ -82,15 +82,18 @@ def waiting_lock(path: Path, what: str, log: Callable[[str], None] = _log) -> It
     """``file_lock`` that waits for another process to release it (saying so once) instead of failing."""
     said = False
     while True:
-        try:
-            with file_lock(path, lambda pid: pid):
-                yield
-                return
+        held = contextlib.ExitStack()
+        try:  # only taking the lock waits: an error of the work inside it is the work's own
+            held.enter_context(file_lock(path, lambda pid: pid))
         except CramkitError as exc:
             if not said:
                 log(f"waiting for {what} (held by pid {exc})")
                 said = True
             time.sleep(0.5)
+            continue
+        with held:
+            yield
+        return
 
 
 # ---------------------------------------------------------------------------------------------- prepare

@@ -17,7 +17,8 @@ def test_truncation_is_reported_per_input_and_can_be_refused(ft_model) -> None:
     long = "the film is long and " * 200
     res = eng.classify(["a fine film", long, "dull"])
     assert res.truncated.tolist() == [False, True, False]
-    assert eng.embed([long, "short"]).shape[0] == 2 and eng.truncated.tolist() == [True, False]
+    vectors, cut = eng.embed_truncated([long, "short"])
+    assert vectors.shape[0] == 2 and cut.tolist() == [True, False] and not hasattr(eng, "truncated")
     with pytest.raises(CramkitError, match="input 1 is longer than the model's limit"):
         eng.classify(["fine", long], truncate=False)
     assert not eng.classify(["fine", "also fine"], truncate=False).truncated.any()

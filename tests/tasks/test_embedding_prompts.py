@@ -81,8 +81,7 @@ def test_the_stage_puts_the_prompts_before_each_side_and_records_them(prompted: 
         Engine(cramkit.load(tiny_run)).embed(TEXTS, prompt_name="query")
     # the prompt's tokens count toward the length limit: a text at the limit loses its end to the prompt
     long = " ".join(["word"] * 400)
-    eng.embed([long], prompt_name="passage")
-    assert eng.truncated.all()
+    assert eng.embed_truncated([long], prompt_name="passage")[1].all()
 
 
 def test_embed_index_and_retrieval_use_the_prompts(prompted: Path, tmp_path: Path) -> None:

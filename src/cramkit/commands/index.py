@@ -254,8 +254,8 @@ def run_query(args: argparse.Namespace) -> int:
     import cramkit.index
 
     idx = cramkit.index.open(args.index, encoder=args.encoder, device=args.device)
-    results = idx.search(args.texts, args.k)
-    for text, hits, cut in zip(args.texts, results, idx.last_truncated, strict=True):
+    results, truncated = idx.search_truncated(args.texts, args.k)
+    for text, hits, cut in zip(args.texts, results, truncated, strict=True):
         if cut:
             print(
                 f"note: the query was cut to the encoder's limit of {idx.engine().max_length} tokens",

@@ -141,11 +141,11 @@ def embed_to_memmap(
     try:  # the bar's line is ended whatever happens: an error is printed on a line of its own
         while pos < end:
             b = min(pos + block, end)
-            vecs = engine.embed(
+            vecs, cut = engine.embed_truncated(
                 list(texts[pos:b]), pooling=pooling, normalize=normalize, prompt=prompt, dimensions=dimensions
             )
             mm[pos:b] = vecs
-            truncated += int(np.asarray(engine.truncated).sum())
+            truncated += int(cut.sum())
             mm.flush()
             pos = b
             write_json_atomic(prog_file, {"start": start, "end": end, "committed": pos - start})

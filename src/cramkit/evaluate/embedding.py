@@ -63,7 +63,7 @@ def embed_texts(
     t0 = time.perf_counter()
     try:
         for a in range(0, n, EMBED_BLOCK):
-            vec = engine.embed(
+            vec, cut = engine.embed_truncated(
                 list(texts[a : a + EMBED_BLOCK]),
                 pooling=pooling,
                 normalize=normalize,
@@ -73,7 +73,7 @@ def embed_texts(
             if out is None:
                 out = np.zeros((n, vec.shape[1]), dtype=np.float32)
             out[a : a + len(vec)] = vec
-            truncated += int(np.asarray(engine.truncated).sum())
+            truncated += int(cut.sum())
             bar.update(min(a + EMBED_BLOCK, n), min(a + EMBED_BLOCK, n), time.perf_counter() - t0)
     finally:
         bar.close()

@@ -75,7 +75,6 @@ class Index:
         self._encoder_arg = encoder
         self.device = device
         self._engine: Any = None
-        self.last_truncated: list[bool] = []
         self._lock = threading.Lock()  # search from several threads (a server): one at a time
 
     # ------------------------------------------------------------------ metadata
@@ -153,6 +152,11 @@ class Index:
         return str(((self.manifest.get("prompts") or {}).get(side) or {}).get("text") or "")
 
     def embed(self, texts: Sequence[str]) -> np.ndarray:
+        """The queries' vectors, as the index's documents were embedded (its pooling, prompt, dimensions)."""
+        return self.embed_truncated(texts)[0]
+
+    def embed_truncated(self, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+        """(:meth:`embed`'s vectors, which queries were cut to the encoder's limit)."""
         if isinstance(texts, str) or not all(isinstance(t, str) for t in texts):
             raise CramkitError("queries must be a list of strings")
         if not texts:
@@ -160,15 +164,14 @@ class Index:
         if any(not t.strip() for t in texts):
             raise CramkitError("a query is empty; give some text")
         eng = self.engine()
-        vec = eng.embed(
+        vec, cut = eng.embed_truncated(
             list(texts),
             pooling=self.manifest["encoder"]["pooling"],
             normalize=True,
             prompt=self.prompt("queries"),
             dimensions=self.dimensions,
         )
-        self.last_truncated = [bool(x) for x in eng.truncated]
-        return vec
+        return vec, cut
 
     def _check_k(self, k: int) -> int:
         if not isinstance(k, (int, np.integer)) or isinstance(k, bool) or k < 1:
@@ -184,14 +187,20 @@ class Index:
 
     def search(self, texts: Sequence[str], k: int = 10) -> list[list[dict[str, Any]]]:
         """The ``k`` best chunks per query text, best first. Queries longer than the encoder's limit are
-        truncated to it (``last_truncated`` says which). Safe to call from several threads."""
+        truncated to it (:meth:`search_truncated` says which). Safe to call from several threads."""
+        return self.search_truncated(texts, k)[0]
+
+    def search_truncated(self, texts: Sequence[str], k: int = 10) -> tuple[list[list[dict[str, Any]]], list[bool]]:
+        """(:meth:`search`'s hits, which queries were cut to the encoder's limit)."""
         k = self._check_k(k)
         with self._lock:
-            scores, ids = self.search_vectors(self.embed(texts), k)
-        return [
+            vectors, cut = self.embed_truncated(texts)
+            scores, ids = self.search_vectors(vectors, k)
+        hits = [
             [self.hit(int(i), float(s)) for s, i in zip(sr, ir, strict=True) if i >= 0]
             for sr, ir in zip(scores, ids, strict=True)
         ]
+        return hits, [bool(x) for x in cut]
 
     def hit(self, i: int, score: float) -> dict[str, Any]:
         row = self.chunks.row(i)

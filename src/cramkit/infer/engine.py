@@ -180,7 +180,6 @@ class Engine:
         self.max_length = min(int(max_length), self.model_max_length) if max_length else self.model_max_length
         if self.max_length < 3:
             raise CramkitError(f"max_length must be at least 3 tokens, got {self.max_length}")
-        self.truncated = np.zeros(0, dtype=bool)
         # a prompt model (finetune --prompt), or its export, reads its inputs through its template
         self.prompt: PromptSpec | None = src.prompt
         self._prompts()  # an embedding model's named prompts, checked once (a malformed entry: one line)
@@ -338,7 +337,6 @@ class Engine:
             raise InputTooLong(
                 f"input {i} is longer than the model's limit of {limit} tokens; shorten it or allow truncation"
             )
-        self.truncated = enc.truncated
         return enc
 
     def tokenize_choices(
@@ -362,7 +360,6 @@ class Engine:
                 f"input {i} (with one of its choices) is longer than the model's limit of {self.max_length} "
                 "tokens; shorten it or allow truncation"
             )
-        self.truncated = enc.truncated
         return enc
 
     def _pad(self, enc: Encoded, rows: np.ndarray | None) -> forward.Inputs:
@@ -431,6 +428,31 @@ class Engine:
             pooled = pooled / np.maximum(norm, 1e-12)
         return pooled.astype(np.float32, copy=False)
 
+    def embed_truncated(
+        self,
+        texts: Sequence[TextOrPair],
+        pooling: str | None = None,
+        normalize: bool | None = None,
+        *,
+        truncate: bool = True,
+        dimensions: int | None = None,
+        prompt_name: str | None = None,
+        prompt: str | None = None,
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """(Sentence embeddings [n, hidden] (float32): mean of the last hidden states over real tokens,
+        or the first ([CLS]) token's; L2-normalised when ``normalize`` (default: the model's own);
+        ``dimensions``: cut to that many leading dimensions (a Matryoshka model's, :attr:`dimensions`);
+        ``prompt_name``: one of the model's :attr:`prompts` put before each text (default: its
+        :attr:`default_prompt_name`, if any); ``prompt``: that text itself ('' for none). The prompt's tokens
+        count toward the length limit; and which inputs were cut to the limit, a bool per input)."""
+        self._need_embed()
+        pooling = self.check_pooling(pooling)
+        dimensions = self.check_dimensions(dimensions)
+        normalize = self.normalize if normalize is None else normalize
+        enc = self.tokenize(self.with_prompt(texts, prompt_name, prompt), truncate=truncate)
+        mean, cls = self.embed_encoded(enc)
+        return self.finish_embeddings(mean if pooling == "mean" else cls, normalize, dimensions), enc.truncated
+
     def embed(
         self,
         texts: Sequence[TextOrPair],
@@ -442,19 +464,9 @@ class Engine:
         prompt_name: str | None = None,
         prompt: str | None = None,
     ) -> np.ndarray:
-        """Sentence embeddings [n, hidden] (float32): mean of the last hidden states over real tokens,
-        or the first ([CLS]) token's; L2-normalised when ``normalize`` (default: the model's own);
-        ``dimensions``: cut to that many leading dimensions (a Matryoshka model's, :attr:`dimensions`);
-        ``prompt_name``: one of the model's :attr:`prompts` put before each text (default: its
-        :attr:`default_prompt_name`, if any); ``prompt``: that text itself ('' for none). The prompt's tokens
-        count toward the length limit."""
-        self._need_embed()
-        pooling = self.check_pooling(pooling)
-        dimensions = self.check_dimensions(dimensions)
-        normalize = self.normalize if normalize is None else normalize
-        enc = self.tokenize(self.with_prompt(texts, prompt_name, prompt), truncate=truncate)
-        mean, cls = self.embed_encoded(enc)
-        return self.finish_embeddings(mean if pooling == "mean" else cls, normalize, dimensions)
+        """The embeddings of :meth:`embed_truncated`, without which inputs were cut."""
+        kw = {"truncate": truncate, "dimensions": dimensions, "prompt_name": prompt_name, "prompt": prompt}
+        return self.embed_truncated(texts, pooling, normalize, **kw)[0]
 
     # ------------------------------------------------------------------------------ classification
 
@@ -500,8 +512,9 @@ class Engine:
         return ClassifyResult(logits, probs, [names[j] if names else str(j) for j in top], None, truncated)
 
     def classify(self, inputs: Sequence[TextOrPair], *, truncate: bool = True) -> ClassifyResult:
-        logits = self.logits(inputs, truncate=truncate)
-        return self.classify_logits(logits, self.truncated)
+        self._need_head()
+        enc = self.tokenize(inputs, truncate=truncate)
+        return self.classify_logits(self.logits_encoded(enc), enc.truncated)
 
     # ------------------------------------------------------------------------------ multiple choice
 

@@ -184,13 +184,14 @@ def predict(
     start = time.perf_counter()
     summary: dict[str, Any] = {"model": engine.source, "kind": engine.kind, "rows": len(inputs)}
     records, found = _predict_rows(engine, rows, inputs, top_k)
+    truncated = found.pop("truncated")
     if keep_text:
         _add_texts(records, rows)
     summary.update(found)
     elapsed = time.perf_counter() - start
     summary["seconds"] = round(elapsed, 3)
     summary["examples_per_s"] = round(len(inputs) / max(elapsed, 1e-9), 1)
-    summary["truncated"] = int(engine.truncated.sum())
+    summary["truncated"] = truncated
     if out is not None:
         from cramkit.io import disk_errors
 
@@ -271,7 +272,7 @@ def _predict_rows(
     engine: Any, rows: Rows, inputs: list[Any], top_k: int
 ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """Each row's prediction as a record, by the model's kind, and what the summary adds (the masks filled,
-    the metrics against the gold labels)."""
+    the metrics against the gold labels; ``truncated``: how many rows were cut to the model's limit)."""
     if engine.kind == "mlm":
         return _fill_masks(engine, rows, top_k)
     if engine.kind == "multiple_choice":
@@ -286,7 +287,8 @@ def _predict_rows(
 
 def _fill_masks(engine: Any, rows: Rows, top_k: int) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """A masked-LM model: each row's [MASK]s, each with its ``top_k`` tokens and their probabilities."""
-    filled = engine.fill_mask(rows.texts_a, top_k=top_k)
+    enc = engine.tokenize(list(rows.texts_a))
+    filled = engine.fill_mask_encoded(enc, top_k)
     records: list[dict[str, Any]] = []
     for i, masks in enumerate(filled):
         records.append(
@@ -295,7 +297,7 @@ def _fill_masks(engine: Any, rows: Rows, top_k: int) -> tuple[list[dict[str, Any
                 "masks": [[{"token": c["token"], "score": round(c["score"], 6)} for c in m] for m in masks],
             }
         )
-    return records, {"masks": sum(len(m) for m in filled)}
+    return records, {"masks": sum(len(m) for m in filled), "truncated": int(enc.truncated.sum())}
 
 
 def _choose(engine: Any, rows: Rows) -> tuple[list[dict[str, Any]], dict[str, Any]]:
@@ -319,7 +321,7 @@ def _choose(engine: Any, rows: Rows) -> tuple[list[dict[str, Any]], dict[str, An
 
         gold = np.asarray([int(g) for g in rows.gold])
         found["metrics"] = compute_metrics(["accuracy"], chosen.chosen, gold)
-    return records, found
+    return records, {**found, "truncated": int(chosen.truncated.sum())}
 
 
 def _classify(engine: Any, rows: Rows, inputs: list[Any]) -> tuple[list[dict[str, Any]], dict[str, Any]]:
@@ -338,7 +340,8 @@ def _classify(engine: Any, rows: Rows, inputs: list[Any]) -> tuple[list[dict[str
         if res.truncated[i]:
             rec["truncated"] = True
         records.append(rec)
-    return records, ({"metrics": _metrics(engine, res, rows.gold)} if rows.gold is not None else {})
+    found = {"metrics": _metrics(engine, res, rows.gold)} if rows.gold is not None else {}
+    return records, {**found, "truncated": int(res.truncated.sum())}
 
 
 def _trained_columns(engine: Any) -> dict[str, Any]:

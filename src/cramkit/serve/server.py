@@ -96,13 +96,8 @@ def build_engines(
 
 def open_index(path: str) -> Any:
     """``cramkit.index.open(path)``, imported only when a server is given --index."""
-    try:
-        from cramkit import index as index_mod
-    except ImportError as exc:
-        raise CramkitError(
-            f"--index {path}: this cramkit has no retrieval index module ({exc}); install a cramkit with "
-            "cramkit.index, or start the server without --index"
-        ) from None
+    from cramkit import index as index_mod
+
     return index_mod.open(path)
 
 

@@ -1,6 +1,7 @@
 """Recipes: what cramkit trains, on the one engine (``cramkit.train``).
 
-- ``pretrain``: budgeted masked-LM pretraining from text or a token store (the Cramming recipe);
+- ``pretrain``: budgeted masked-LM pretraining from text or a token store (the Cramming recipe); ``pretrain_inputs``:
+  the run's tokenizer and token store, prepared and cached in the run directory;
 - ``adapt``: starting from a model (``--from``), growing its vocabulary, knowledge inheritance;
 - ``finetune``: a task's head, prompt-based fine-tuning, deep prompts, SetFit; per seed, with checkpoints. Its
   rooms: ``finetune_config`` (the settings), ``finetune_model`` (the model each method trains, its inputs and

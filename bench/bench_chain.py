@@ -93,8 +93,9 @@ def contrastive(
     model: str, pairs, out: Path, seed: int, args: argparse.Namespace, objective: str, matryoshka: str = ""
 ) -> dict:
     from cramkit.recipes import contrastive as con
+    from cramkit.recipes.contrastive_config import config_from
 
-    cfg = con.config_from(
+    cfg = config_from(
         {
             "objective": objective,
             "budget": f"{args.steps}steps",

@@ -78,8 +78,9 @@ def quality(args: argparse.Namespace, work: Path) -> list[dict]:
 
 def _train(model: str, pairs, out: Path, seed: int, args: argparse.Namespace, dev_fraction: float = 0.0) -> dict:
     from cramkit.recipes import contrastive as con
+    from cramkit.recipes.contrastive_config import config_from
 
-    cfg = con.config_from(
+    cfg = config_from(
         {
             "budget": f"{args.steps}steps",
             "batch_size": args.batch,

@@ -60,7 +60,7 @@ def bench_task(task_name: str, data_dir: str | None) -> Task:
 def run_one(model: str, task_name: str, data_dir: str | None, method: str, args: argparse.Namespace) -> dict:
     """One (model, task, method): LM-BFF's splits (``--k``), or FewCLUE's own splits 0-4 for a FewCLUE task."""
     from cramkit.recipes.evaluate import fewshot_run
-    from cramkit.recipes.finetune import config_from
+    from cramkit.recipes.finetune_config import config_from
     from cramkit.tasks.clue import is_fewclue
 
     settings = {

@@ -40,7 +40,8 @@ def minilm_dir() -> Path:
 
 def run_ours(task, loaded, cfg, seed: int) -> dict:
     from cramkit.data.batching import encode_examples
-    from cramkit.recipes.finetune import predict, train_one_seed
+    from cramkit.recipes.finetune import train_one_seed
+    from cramkit.recipes.finetune_model import predict
     from cramkit.runtime import resolve_device
 
     train_rows = task.examples("train")[: cfg.max_train_examples]
@@ -185,7 +186,7 @@ def main() -> int:
     torch.set_num_threads(args.threads)
 
     from cramkit.load import load
-    from cramkit.recipes.finetune import FinetuneConfig, config_from
+    from cramkit.recipes.finetune_config import FinetuneConfig, config_from
     from cramkit.tasks.registry import get_task
 
     task = get_task("glue/sst2", data_dir=args.glue_dir)

@@ -3,9 +3,9 @@
 A prompt (PET / LM-BFF) asks the MLM head which label word fits the template's ``[MASK]``; that works only if
 the head's answer at a mask depends on the sentence. For each model: its top words at the mask of probe
 sentences that call for very different words, how many different first words they get, and the task's
-built-in prompt scored before any training (``cramkit.recipes.finetune.zero_shot_logits``: at most 512 evenly spaced
-dev rows, and how many labels it predicts at all), and the same scored again with each label's score centred on
-its mean over those rows (no labels used: a head whose words carry the task but lean to one label scores
+built-in prompt scored before any training (``cramkit.recipes.finetune_prompt.zero_shot_logits``: at most 512 evenly
+spaced dev rows, and how many labels it predicts at all), and the same scored again with each label's score centred
+on its mean over those rows (no labels used: a head whose words carry the task but lean to one label scores
 well centred; a head that does not read the context stays at chance either way).
 
     python bench/bench_heads.py --model runs/minilm-head --model runs/tiny --task glue/sst2 --data-dir glue
@@ -47,7 +47,7 @@ def top_words(loaded, probes: tuple[str, ...], k: int = 5) -> list[list[str]]:
 def prompt_scores(task, loaded, cfg, prompt) -> tuple[float, int, int, float]:
     """The prompt before training on zero_shot's rows: score, rows, labels predicted, and the score with each
     label's logit less its mean over the rows."""
-    from cramkit.recipes.finetune import zero_shot_logits
+    from cramkit.recipes.finetune_prompt import zero_shot_logits
 
     rows, labels, logits = zero_shot_logits(task, loaded, cfg, prompt, 128, torch.device("cpu"))
     score = task.score(task.compute_metrics(logits, labels, rows))
@@ -62,7 +62,8 @@ def main() -> None:
     ap.add_argument("--data-dir", required=True)
     args = ap.parse_args()
     import cramkit
-    from cramkit.recipes.finetune import FinetuneConfig, resolve_prompt
+    from cramkit.recipes.finetune_config import FinetuneConfig
+    from cramkit.recipes.finetune_prompt import resolve_prompt
     from cramkit.tasks.registry import get_task
 
     task = get_task(args.task, data_dir=args.data_dir)

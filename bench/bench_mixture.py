@@ -63,7 +63,8 @@ def main() -> None:
 
     torch.set_num_threads(args.threads)
     import cramkit
-    from cramkit.recipes.finetune import FinetuneConfig, finetune
+    from cramkit.recipes.finetune import finetune
+    from cramkit.recipes.finetune_config import FinetuneConfig
     from cramkit.recipes.multitask import finetune_mixture
     from cramkit.tasks import get_task
     from cramkit.tasks.mixtures import Mixture

@@ -61,7 +61,8 @@ def main() -> None:
     if args.cost:
         return step_cost(args)
     import cramkit
-    from cramkit.recipes.finetune import FinetuneConfig, finetune
+    from cramkit.recipes.finetune import finetune
+    from cramkit.recipes.finetune_config import FinetuneConfig
     from cramkit.recipes.multitask import finetune_mixture
     from cramkit.tasks import get_task
     from cramkit.tasks.mixtures import Mixture
@@ -138,7 +139,8 @@ def step_cost(args: argparse.Namespace) -> None:
 
     import cramkit
     from cramkit.data.batching import BatchLoader
-    from cramkit.recipes.finetune import FinetuneConfig, encode_task_examples
+    from cramkit.recipes.finetune_config import FinetuneConfig
+    from cramkit.recipes.finetune_model import encode_task_examples
     from cramkit.recipes.multitask import MixtureObjective, build_multitask
     from cramkit.tasks import get_task
 

@@ -329,9 +329,9 @@ def _fields_of(cls_path: str) -> set[str]:
 
 # functions whose **kwargs are settings of a config class
 SETTINGS_OF = {
-    "cramkit.finetune": "cramkit.recipes.finetune.FinetuneConfig",
-    "cramkit.evaluate": "cramkit.recipes.finetune.FinetuneConfig",
-    "cramkit.train_embeddings": "cramkit.recipes.contrastive.ContrastiveConfig",
+    "cramkit.finetune": "cramkit.recipes.finetune_config.FinetuneConfig",
+    "cramkit.evaluate": "cramkit.recipes.finetune_config.FinetuneConfig",
+    "cramkit.train_embeddings": "cramkit.recipes.contrastive_config.ContrastiveConfig",
 }
 
 

@@ -24,8 +24,8 @@ from cramkit.errors import CramkitError
 
 if TYPE_CHECKING:
     from cramkit.load import LoadedModel
-    from cramkit.recipes.contrastive import ContrastiveConfig
-    from cramkit.recipes.finetune import FinetuneConfig
+    from cramkit.recipes.contrastive_config import ContrastiveConfig
+    from cramkit.recipes.finetune_config import FinetuneConfig
     from cramkit.tasks.mixtures import Mixture
 
 PathLike = str | os.PathLike
@@ -63,7 +63,7 @@ def finetune_config(
 ) -> FinetuneConfig:
     """The fine-tuning settings: ``config`` (e.g. from ``--config FILE``; default: the defaults) with
     ``settings`` (FinetuneConfig fields) and the keywords on top; an unknown or bad setting is one line."""
-    from cramkit.recipes.finetune import config_from
+    from cramkit.recipes.finetune_config import config_from
 
     over = dict(settings or {})
     _report_to(over, report_to)
@@ -101,7 +101,7 @@ def check_finetune(
             raise CramkitError("give either --mixture or --task/--train, not both")
         mix = resolve_mixture(mixture, rates)  # an unknown name or a bad rate: one line
         if weighting is not None or primary is not None:
-            from cramkit.recipes.finetune import FinetuneConfig
+            from cramkit.recipes.finetune_config import FinetuneConfig
             from cramkit.recipes.multitask import check_weighting_settings
 
             if rates:
@@ -267,7 +267,7 @@ def embedding_config(
 ) -> ContrastiveConfig:
     """The contrastive stage's settings: ``config`` with ``settings`` (ContrastiveConfig fields) on top."""
     from cramkit.config import to_dict
-    from cramkit.recipes import contrastive as con
+    from cramkit.recipes import contrastive_config
 
     over = {**(to_dict(config) if config is not None else {}), **(settings or {})}
     _report_to(over, report_to)
@@ -277,7 +277,7 @@ def embedding_config(
         from cramkit.train.budget import parse_budget
 
         parse_budget(str(over["budget"]), "--budget")
-    return con.config_from(over)
+    return contrastive_config.config_from(over)
 
 
 def train_embeddings(
@@ -308,6 +308,7 @@ def train_embeddings(
     ``report_to``: experiment trackers that also get the training metrics and settings ("tensorboard", "wandb",
     "mlflow", "trackio"; several as a list or comma-separated)."""
     from cramkit.recipes import contrastive as con
+    from cramkit.recipes import contrastive_data
 
     cfg = embedding_config(config, settings, objective=objective, report_to=report_to)
     the_task = None
@@ -316,7 +317,7 @@ def train_embeddings(
 
         the_task = resolve_task(task, data_dir=data_dir, skip_bad_rows=skip_bad_rows)
     _check_source(source)
-    rows, dev_rows, skipped = con.training_rows(
+    rows, dev_rows, skipped = contrastive_data.training_rows(
         cfg,
         train=train,
         dev=dev,

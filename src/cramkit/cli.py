@@ -52,8 +52,8 @@ def _setting_keys(verb: str | None) -> list[str]:
             for f in fields(cast("Callable[[], Any]", sec.default_factory)())  # every section has a factory
         ]
     if verb in ("finetune", "eval"):
-        from cramkit.recipes.contrastive import ContrastiveConfig
-        from cramkit.recipes.finetune import FinetuneConfig
+        from cramkit.recipes.contrastive_config import ContrastiveConfig
+        from cramkit.recipes.finetune_config import FinetuneConfig
 
         own = [f.name for f in fields(FinetuneConfig)]
         if verb == "eval":

@@ -78,17 +78,17 @@ def test_the_gathered_loss_of_each_share_averages_to_the_whole_batchs() -> None:
     one process with the whole batch."""
     import torch
 
-    from cramkit.recipes import contrastive as con
+    from cramkit.recipes import contrastive_data, contrastive_loss
 
     rows = [("a", "x", "n1"), ("b", "x", "n2"), ("c", "y", "n3"), ("y", "z", "n4")]  # duplicates on purpose
-    same = torch.from_numpy(con.same_text(con.make_pairs(rows)))
+    same = torch.from_numpy(contrastive_data.same_text(contrastive_data.make_pairs(rows)))
     assert same[0, 1] and same[1, 0] and same[3, 2]  # "x" twice; row 3's anchor is row 2's positive
     gen = torch.Generator().manual_seed(0)
     a, p, n = (torch.randn(4, 8, generator=gen) for _ in range(3))
     scale = torch.tensor(20.0)
-    whole = con.info_nce(a, torch.cat([p, n]), scale, same=same, symmetric=True, dims=[4])
+    whole = contrastive_loss.info_nce(a, torch.cat([p, n]), scale, same=same, symmetric=True, dims=[4])
     shares = [
-        con.info_nce(
+        contrastive_loss.info_nce(
             a[r * 2 : r * 2 + 2], torch.cat([p, n]), scale, same=same, symmetric=True, dims=[4], offset=r * 2,
             all_anchors=a,
         )

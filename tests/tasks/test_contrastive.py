@@ -15,6 +15,7 @@ import torch
 import cramkit
 from cramkit.errors import CramkitError
 from cramkit.recipes import contrastive as con
+from cramkit.recipes import contrastive_config, contrastive_data, contrastive_loss
 from infer.models import cli
 
 from .conftest import write_mrpc_pairs
@@ -142,20 +143,20 @@ def test_info_nce_is_cross_entropy_over_the_batch_with_duplicates_masked() -> No
             total += -(s[i, i] - torch.logsumexp(torch.stack(row), 0))
         return total / a.shape[0]
 
-    assert torch.allclose(con.info_nce(a, cand, scale), by_hand(a, cand), atol=1e-5)
+    assert torch.allclose(contrastive_loss.info_nce(a, cand, scale), by_hand(a, cand), atol=1e-5)
     same = torch.zeros(4, 8, dtype=torch.bool)
     same[0, 2] = same[2, 0] = True  # rows 0 and 2 share a positive text: not each other's negatives
-    assert torch.allclose(con.info_nce(a, cand, scale, same=same), by_hand(a, cand, same), atol=1e-5)
-    sym = con.info_nce(a, p, scale, symmetric=True)
+    assert torch.allclose(contrastive_loss.info_nce(a, cand, scale, same=same), by_hand(a, cand, same), atol=1e-5)
+    sym = contrastive_loss.info_nce(a, p, scale, symmetric=True)
     assert torch.allclose(sym, (by_hand(a, p) + by_hand(p, a)) / 2, atol=1e-5)
-    mat = con.info_nce(a, cand, scale, dims=[4])
+    mat = contrastive_loss.info_nce(a, cand, scale, dims=[4])
     assert torch.allclose(mat, (by_hand(a, cand) + by_hand(a[:, :4], cand[:, :4])) / 2, atol=1e-5)
 
 
 def test_collate_masks_the_same_text_and_keeps_each_rows_own_positive() -> None:
-    pairs = con.make_pairs([("a", "x", None), ("b", "x", None), ("c", "y", None), ("y", "z", None)])
+    pairs = contrastive_data.make_pairs([("a", "x", None), ("b", "x", None), ("c", "y", None), ("y", "z", None)])
     enc = [np.array([1, 5 + i, 2]) for i in range(len(pairs.texts))]
-    batch = con.collate_pairs(pairs, np.arange(4), enc, pad_id=0)
+    batch = contrastive_data.collate_pairs(pairs, np.arange(4), enc, pad_id=0)
     same = batch["same"].numpy()
     assert not same.diagonal().any()
     assert same[0, 1] and same[1, 0]  # "x" is both rows' positive
@@ -165,17 +166,17 @@ def test_collate_masks_the_same_text_and_keeps_each_rows_own_positive() -> None:
 
 def test_cached_negatives_give_the_gradients_of_the_whole_batch(tiny_run: Path, mrpc_pairs: Path) -> None:
     loaded = cramkit.load(tiny_run)
-    rows, _ = con.read_pairs(mrpc_pairs, "s1", "s2", None, objective="contrastive")
-    pairs = con.make_pairs(rows[:12])
+    rows, _ = contrastive_data.read_pairs(mrpc_pairs, "s1", "s2", None, objective="contrastive")
+    pairs = contrastive_data.make_pairs(rows[:12])
     from cramkit.data.batching import encode_texts
 
     enc = encode_texts(loaded.tokenizer, pairs.texts, None, 64).ids
     grads = []
     for micro in (0, 4):
-        cfg = con.ContrastiveConfig(dropout=0.0, micro_batch=micro, batch_size=12)
+        cfg = contrastive_config.ContrastiveConfig(dropout=0.0, micro_batch=micro, batch_size=12)
         objective = con.ContrastiveObjective(loaded, cfg, pairs, None, enc, "mean")
         model = objective.build_model()
-        batch = con.collate_pairs(pairs, np.arange(12), enc, loaded.pad_id)
+        batch = contrastive_data.collate_pairs(pairs, np.arange(12), enc, loaded.pad_id)
         loss = objective.loss(model, batch, torch.device("cpu"))
         loss.backward()
         grads.append({k: p.grad.clone() for k, p in model.named_parameters() if p.grad is not None})
@@ -211,11 +212,11 @@ def test_a_pair_task_gives_its_positives_and_a_single_text_task_is_refused(glue_
     from cramkit.tasks.registry import get_task
 
     mrpc = get_task("glue/mrpc", data_dir=glue_dir)
-    pairs = con.task_pairs(mrpc, "train")
+    pairs = contrastive_data.task_pairs(mrpc, "train")
     labelled = [r for r in mrpc.examples("train") if r.label == 1]
     assert len(pairs) == len(labelled) and pairs[0][:2] == (labelled[0].text_a, labelled[0].text_b)
     with pytest.raises(CramkitError, match="no pairs"):
-        con.task_pairs(get_task("glue/sst2", data_dir=glue_dir), "train")
+        contrastive_data.task_pairs(get_task("glue/sst2", data_dir=glue_dir), "train")
 
 
 def test_from_python_on_a_pair_task(tiny_run: Path, glue_dir: Path, tmp_path) -> None:

@@ -17,7 +17,7 @@ import cramkit
 import cramkit.index
 from cramkit.errors import CramkitError
 from cramkit.infer import Engine
-from cramkit.recipes import contrastive as con
+from cramkit.recipes import contrastive_config, contrastive_data
 from infer.models import cli
 
 from .conftest import write_mrpc_pairs
@@ -56,8 +56,8 @@ def prompted(tiny_run: Path, mrpc_pairs: Path, tmp_path_factory) -> Path:
 
 
 def test_the_stage_puts_the_prompts_before_each_side_and_records_them(prompted: Path, tiny_run: Path) -> None:
-    cfg = con.config_from({"query_prompt": "query: ", "passage_prompt": "passage: "})
-    assert con.with_prompts([("a", "b", "c"), ("d", "e", None)], cfg) == [
+    cfg = contrastive_config.config_from({"query_prompt": "query: ", "passage_prompt": "passage: "})
+    assert contrastive_data.with_prompts([("a", "b", "c"), ("d", "e", None)], cfg) == [
         ("query: a", "passage: b", "passage: c"),
         ("query: d", "passage: e", None),
     ]

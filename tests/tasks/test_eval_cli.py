@@ -182,7 +182,7 @@ def test_eval_mnli_both_dev_sets_ax_and_stsb_regression(glue_dir: Path, tiny_run
     """Tasks whose data we lack, from small files in the official layout: MNLI (two dev sets, two test
     files, and the AX diagnostic predicted by the MNLI model) and STS-B (regression)."""
     from cramkit.recipes.evaluate import evaluate_suite
-    from cramkit.recipes.finetune import FinetuneConfig
+    from cramkit.recipes.finetune_config import FinetuneConfig
 
     sents = sst2_sentences(glue_dir, 400)
     labels = ["entailment", "neutral", "contradiction"]

@@ -255,7 +255,8 @@ def test_one_served_base_answers_each_task_with_its_own_prefixes(tiny_run: Path,
 
 
 def test_auto_pooling_is_the_models_own(minilm_dir: Path, tiny_run: Path) -> None:
-    from cramkit.recipes.finetune import FinetuneConfig, resolve_pooling
+    from cramkit.recipes.finetune_config import FinetuneConfig
+    from cramkit.recipes.finetune_model import resolve_pooling
 
     st = resolve_pooling(FinetuneConfig(), cramkit.load(f"hf:{minilm_dir}"))  # sentence-transformers: mean
     assert (st.pooling, st.pooler_dense) == ("mean", False)
@@ -299,7 +300,8 @@ def test_minilm_gets_a_head_with_its_encoder_frozen_and_then_takes_a_prompt(
     for (name, a), (_, b) in zip(before.model.state_dict().items(), after.encoder.state_dict().items(), strict=True):
         assert torch.equal(a, b), name  # the encoder (and its tied embeddings) did not move
     assert after.kind == "mlm"
-    from cramkit.recipes.finetune import FinetuneConfig, resolve_pooling
+    from cramkit.recipes.finetune_config import FinetuneConfig
+    from cramkit.recipes.finetune_model import resolve_pooling
 
     assert resolve_pooling(FinetuneConfig(), after).pooling == "mean"  # the run pools as MiniLM did
     out = tmp_path / "prompt"
@@ -362,7 +364,8 @@ def test_the_prompt_is_scored_before_training(tiny_run: Path, sst2_files, tmp_pa
 
 
 def test_builtin_label_words_fall_back_to_words_the_vocabulary_holds_whole(tiny_run: Path, glue_dir: Path) -> None:
-    from cramkit.recipes.finetune import FinetuneConfig, resolve_prompt
+    from cramkit.recipes.finetune_config import FinetuneConfig
+    from cramkit.recipes.finetune_prompt import resolve_prompt
     from cramkit.tasks.registry import get_task
 
     task = get_task("glue/sst2", data_dir=glue_dir)

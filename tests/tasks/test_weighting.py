@@ -24,7 +24,7 @@ from .test_mixtures import cli
 def _batch(task_name: str, glue_dir: Path, loaded, n: int, flip: bool = False) -> dict:
     """A real batch of ``n`` training rows of a GLUE task (labels flipped with ``flip``: a task that conflicts)."""
     from cramkit.data.batching import BatchLoader
-    from cramkit.recipes.finetune import encode_task_examples
+    from cramkit.recipes.finetune_model import encode_task_examples
     from cramkit.tasks import get_task
 
     task = get_task(task_name, data_dir=glue_dir)
@@ -50,7 +50,7 @@ def real(tiny_run: Path, glue_dir: Path):
     """A multi-task model on the pretrained run's encoder (heads: mrpc, cola, mrpc with flipped labels), an
     objective over it, one real batch of each task, and each task's gradient on the encoder (rows)."""
     from cramkit.load import load_torch
-    from cramkit.recipes.finetune import FinetuneConfig
+    from cramkit.recipes.finetune_config import FinetuneConfig
     from cramkit.recipes.multitask import MixtureObjective, build_multitask
 
     loaded = load_torch(tiny_run, purpose="fine-tuning")

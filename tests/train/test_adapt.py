@@ -183,7 +183,8 @@ def test_continue_keeps_the_pooler_for_finetuning(continued: Path, minilm_dir: P
     from cramkit.errors import CramkitError
     from cramkit.io import sha256_file
     from cramkit.load import POOLER_FILE, load_pooler
-    from cramkit.recipes.finetune import FinetuneConfig, build_model
+    from cramkit.recipes.finetune_config import FinetuneConfig
+    from cramkit.recipes.finetune_model import build_model
 
     hf = load_file(str(minilm_dir / "model.safetensors"))
     entry = json.loads((continued / "run.json").read_text())["pooler"]

@@ -10,7 +10,8 @@ import torch
 from cramkit.infer import Engine
 from cramkit.load import load
 from cramkit.model.forward import MAX_BATCH_ROWS
-from cramkit.recipes.finetune import FinetuneConfig, predict
+from cramkit.recipes.finetune_config import FinetuneConfig
+from cramkit.recipes.finetune_model import predict
 
 
 def test_finetune_logits_are_the_engines_bit_for_bit(ft_model: Path, glue_dir: Path) -> None:

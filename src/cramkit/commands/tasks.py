@@ -9,6 +9,7 @@ from pathlib import Path
 
 from cramkit.commands import embed_eval
 from cramkit.commands.checks import add_report_to
+from cramkit.commands.finetune_report import report_fewshot, report_finetune, report_mixture
 from cramkit.errors import CramkitError
 
 FINETUNE_EPILOG = """\
@@ -41,6 +42,13 @@ examples:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
+    _finetune_parser(sub)
+    _eval_parser(sub)
+
+
+def _finetune_parser(sub: argparse._SubParsersAction) -> None:
+    """``cramkit finetune``: one task (registered, or from files), a mixture of tasks, few labels, or an encoder
+    trained to embed (the contrastive stage)."""
     p = sub.add_parser(
         "finetune",
         help="fine-tune an encoder on one task (GLUE or your own file) and score it",
@@ -56,31 +64,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="cramkit run / checkpoint directory, a model directory, or hf:PATH (a Hugging Face BERT directory)",
     )
     p.add_argument("--task", help="registered task name, e.g. glue/sst2 (see --list-tasks)")
-    p.add_argument(
-        "--mixture",
-        metavar="MIXTURE",
-        help="train several tasks together, one head each: a registered mixture (see --list-tasks) or "
-        "task names separated by commas, e.g. glue/mrpc,glue/rte",
-    )
-    p.add_argument(
-        "--rates",
-        metavar="RULE",
-        help="with --mixture: how often each task's batches are drawn: proportional (default: by size), "
-        "capped:N (size, at most N), temperature:T, equal, or one weight per task (2,1,1)",
-    )
-    p.add_argument(
-        "--weighting",
-        metavar="RULE",
-        help="with --mixture: every step takes one batch of every task and combines their gradients on the "
-        "encoder: sum (of the losses), gradnorm (each task's gradient scaled to the mean norm) or pcgrad "
-        "(conflicting components projected away); default without it: one task per step, drawn by --rates",
-    )
-    p.add_argument(
-        "--primary",
-        metavar="TASK",
-        help="with --mixture: the task that matters; the other tasks' gradients are kept only where they do not "
-        "oppose its gradient (implies --weighting sum unless given gradnorm)",
-    )
+    _mixture_args(p)
     p.add_argument("--list-tasks", action="store_true", help="list the registered tasks and mixtures and exit")
     p.add_argument(
         "--data-dir",
@@ -138,7 +122,42 @@ def register(sub: argparse._SubParsersAction) -> None:
         "(train on train_K, score on test_public; each split in --out/split-K, the mean and spread in --out)",
     )
     _method_args(p.add_argument_group("few labels: prompts (PET / LM-BFF) and deep prompts (P-tuning v2)"))
-    g = p.add_argument_group("a task from your own files (instead of --task)")
+    _file_task_args(p.add_argument_group("a task from your own files (instead of --task)"))
+    _embedding_args(p.add_argument_group("an encoder that embeds: the contrastive stage (instead of a classifier)"))
+    p.set_defaults(func=run_finetune)
+
+
+def _mixture_args(p: argparse.ArgumentParser) -> None:
+    """``finetune --mixture``: several tasks trained together, how often each is drawn, how their gradients meet."""
+    p.add_argument(
+        "--mixture",
+        metavar="MIXTURE",
+        help="train several tasks together, one head each: a registered mixture (see --list-tasks) or "
+        "task names separated by commas, e.g. glue/mrpc,glue/rte",
+    )
+    p.add_argument(
+        "--rates",
+        metavar="RULE",
+        help="with --mixture: how often each task's batches are drawn: proportional (default: by size), "
+        "capped:N (size, at most N), temperature:T, equal, or one weight per task (2,1,1)",
+    )
+    p.add_argument(
+        "--weighting",
+        metavar="RULE",
+        help="with --mixture: every step takes one batch of every task and combines their gradients on the "
+        "encoder: sum (of the losses), gradnorm (each task's gradient scaled to the mean norm) or pcgrad "
+        "(conflicting components projected away); default without it: one task per step, drawn by --rates",
+    )
+    p.add_argument(
+        "--primary",
+        metavar="TASK",
+        help="with --mixture: the task that matters; the other tasks' gradients are kept only where they do not "
+        "oppose its gradient (implies --weighting sum unless given gradnorm)",
+    )
+
+
+def _file_task_args(g: argparse._ArgumentGroup) -> None:
+    """A task from the user's own files: ``--train`` (``--dev``, ``--test``), its columns and label kind."""
     g.add_argument("--train", help="training file (.csv, .tsv or .jsonl with a header / named fields)")
     g.add_argument("--dev", help="dev file, scored after training (default: hold out --dev-fraction of --train)")
     g.add_argument(
@@ -159,7 +178,10 @@ def register(sub: argparse._SubParsersAction) -> None:
         "context, --label the right choice's index from 0",
     )
     g.add_argument("--name", help="name of the task (default: the train file's stem)")
-    c = p.add_argument_group("an encoder that embeds: the contrastive stage (instead of a classifier)")
+
+
+def _embedding_args(c: argparse._ArgumentGroup) -> None:
+    """``finetune --objective contrastive|simcse``: the contrastive stage's flags."""
     c.add_argument(
         "--objective",
         choices=("classify", "contrastive", "simcse"),
@@ -194,8 +216,10 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="--objective contrastive|simcse: the training budget as in pretraining: '10m' (time), "
         "'2000steps' or '5e6tok' (default: --set epochs, 1)",
     )
-    p.set_defaults(func=run_finetune)
 
+
+def _eval_parser(sub: argparse._SubParsersAction) -> None:
+    """``cramkit eval SUITE``: fine-tune and score on every task of a suite, or score a model's embeddings."""
     e = sub.add_parser(
         "eval",
         help="fine-tune and score on every task of a suite (glue, clue, fewclue, ...) present in --data-dir; "
@@ -455,11 +479,11 @@ def run_finetune(args: argparse.Namespace) -> int:
     if not res:  # under torchrun, a rank other than 0: rank 0 reports
         return 0
     if fewshot:
-        _report_fewshot(args, res)
+        report_fewshot(args, res)
     elif mixture is not None:
-        _report_mixture(res, Path(args.out or f"finetune-{mixture.name}"))
+        report_mixture(res, Path(args.out or f"finetune-{mixture.name}"))
     else:
-        _report_finetune(args, cfg, res)
+        report_finetune(args, cfg, res, Path(out))
     if res.get("skipped_rows"):
         print(f"skipped bad rows: {json.dumps(res['skipped_rows'])}", file=sys.stderr)
     return 0
@@ -485,44 +509,6 @@ def _default_out(args: argparse.Namespace) -> str:
     """finetune-TASK: the registered task's name, or the file task's (--name, else the train file's stem)."""
     name = (args.name or Path(args.train).stem) if args.train else str(args.task)
     return f"finetune-{name.replace('/', '-')}"
-
-
-def _report_finetune(args: argparse.Namespace, cfg, res: dict) -> None:
-    name = res["task"]
-    out = Path(args.out or _default_out(args))
-    n = len(cfg.seeds)
-    for split, med in res["median"].items():
-        metrics = ", ".join(f"{m} {v:.2f}" for m, v in med["metrics"].items())
-        each = ", ".join(f"{r['dev'][split]['score']:.2f}" for r in res["seeds"] if split in r.get("dev", {}))
-        how = (
-            f"median of {n} seeds: {each}" + ("; the mean of the middle two" if n % 2 == 0 else "")
-            if n > 1
-            else "1 seed"
-        )
-        print(f"{name} {split}: {metrics} ({how})")
-    for split, med in res.get("test", {}).items():
-        metrics = ", ".join(f"{m} {v:.2f}" for m, v in med["metrics"].items())
-        print(f"{name} {split} (labelled test file): {metrics} (median of {len(cfg.seeds)} seed(s))")
-    if cfg.keep == "best":
-        steps = ", ".join(str(r.get("best_step", "?")) for r in res["seeds"])
-        print(f"kept: the model of the best dev score (step {steps}); that dev score is optimistic, chosen on dev")
-    if res.get("method", "head") != "head":
-        trained = res.get("trainable_parameters") or 0
-        print(
-            f"method {res['method']}: {trained:,} parameters trained; "
-            f"{res['stored_bytes'] / 2**20:,.2f} MiB stored in {out}"
-        )
-    rate = sum(r["examples_per_s"] for r in res["seeds"]) / len(res["seeds"])
-    print(f"training: {rate:.1f} examples/s; results in {out / 'results.json'}")
-    kept = "the median seed" if n % 2 else "the lower of the two middle seeds"
-    base = f" --base {args.source}" if res.get("method") == "ptuning" else ""  # deep prompts run on their base
-    print(
-        f"model (seed {res['kept_seed']}, {kept} by dev score) saved in {out}: cramkit predict --from {out}{base} "
-        f"FILE; cramkit export {out}{base} --format onnx --out DIR"
-        if base
-        else f"model (seed {res['kept_seed']}, {kept} by dev score) saved in {out}: cramkit predict --from {out} "
-        f"FILE; cramkit export {out} --out DIR"
-    )
 
 
 def _run_contrastive(args: argparse.Namespace) -> int:
@@ -590,27 +576,6 @@ def _run_contrastive(args: argparse.Namespace) -> int:
     return 0
 
 
-def _report_fewshot(args: argparse.Namespace, res: dict) -> None:
-    """``--fewshot-splits`` (FewCLUE's protocol) or ``--few-shot K --splits S`` (LM-BFF's): each split's score,
-    then the mean and spread."""
-    from cramkit.recipes.evaluate import plus_minus
-
-    name, k = res["task"], args.few_shot
-    few = res["fewshot"]
-    keys = list(few["per_split"])
-    out = Path(args.out or f"finetune-{name.replace('/', '-')}-{f'{k}shot' if k is not None else 'fewshot'}")
-    scored = ", ".join(res["median"])
-    for key, one in few["per_split"].items():
-        print(
-            f"{name} split {key}: {scored} {res['main_metric']} {one['score']:.2f} (its dev {one['dev']['score']:.2f})"
-        )
-    what = f"FewCLUE splits {','.join(keys)}" if k is None else f"{len(keys)} few-shot splits (K={k} per class)"
-    print(
-        f"{name}: {scored} {res['main_metric']} {few['mean']:.2f}{plus_minus(few)} over {what}; results in "
-        f"{out / 'results.json'}" + (f", test.json predictions in {out / 'submission'}" if k is None else "")
-    )
-
-
 def _check_weighting_processes(args: argparse.Namespace, mixture) -> None:
     """``--weighting``/``--primary`` that combine the tasks' gradients in one process, given ``--nproc``."""
     from cramkit.recipes.weighting import check_weighting, needs_task_gradients
@@ -621,25 +586,6 @@ def _check_weighting_processes(args: argparse.Namespace, mixture) -> None:
             f"--weighting {weighting}{' with --primary' if index is not None else ''} combines the tasks' gradients "
             "in one process; leave out --nproc (only --weighting sum trains on several processes)"
         )
-
-
-def _report_mixture(res: dict, out: Path) -> None:
-    weighted = res.get("weighting") is not None
-    for name, entry in res["tasks"].items():
-        for split, r in entry["dev"].items():
-            metrics = ", ".join(f"{m} {v:.2f}" for m, v in r["metrics"].items())
-            how = f"{entry['batches']} batches" if weighted else f"rate {entry['rate']:.3f}, {entry['batches']} batches"
-            print(f"{name} {split}: {metrics} ({how})")
-    if res["score"] is not None:
-        print(f"mean of the tasks' main scores: {res['score']:.2f}")
-    if weighted:
-        primary = f", primary {res['primary']}" if res.get("primary") else ""
-        print(f"weighting {res['weighting']}{primary}: every step one batch of each task")
-    print(
-        f"training: {res['examples_per_s']:.1f} examples/s, {res['seconds_per_step']:.3f} s/step; "
-        f"results in {out / 'results.json'}"
-    )
-    print(f"model (one head per task) saved in {out}: cramkit predict --from {out} --task NAME FILE")
 
 
 def _launch_finetune(args: argparse.Namespace) -> int:

@@ -465,8 +465,9 @@ class Engine:
         prompt: str | None = None,
     ) -> np.ndarray:
         """The embeddings of :meth:`embed_truncated`, without which inputs were cut."""
-        kw = {"truncate": truncate, "dimensions": dimensions, "prompt_name": prompt_name, "prompt": prompt}
-        return self.embed_truncated(texts, pooling, normalize, **kw)[0]
+        return self.embed_truncated(
+            texts, pooling, normalize, truncate=truncate, dimensions=dimensions, prompt_name=prompt_name, prompt=prompt
+        )[0]
 
     # ------------------------------------------------------------------------------ classification
 

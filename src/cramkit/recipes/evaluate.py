@@ -24,7 +24,8 @@ from typing import Any, cast
 from cramkit.errors import CramkitError
 from cramkit.io import json_loads
 from cramkit.load import LoadedModel, load_torch
-from cramkit.recipes.finetune import FinetuneConfig, finetune, write_json
+from cramkit.recipes.finetune import finetune, write_json
+from cramkit.recipes.finetune_config import FinetuneConfig
 from cramkit.tasks.registry import Suite, Task, get_suite
 
 PathLike = str | os.PathLike
@@ -64,13 +65,74 @@ def evaluate_suite(
             "--few-shot K (LM-BFF's protocol) and --fewshot-splits (FewCLUE's) are two protocols: give one"
         )
     from cramkit.config import to_dict
-    from cramkit.tasks.clue import fewshot_task, is_fewclue
-    from cramkit.tasks.fewshot import few_shot_task
 
     spec = get_suite(suite)
     cfg = cfg or FinetuneConfig()
     wanted = _wanted(spec, tasks)
-    all_tasks = spec.tasks(data_dir, skip_bad_rows)
+    todo, skipped = _plan(spec, spec.tasks(data_dir, skip_bad_rows), wanted, cfg, few_shot, splits, fewshot_splits)
+    if fewshot_splits and todo and not any(ks for _, ks in todo):
+        raise CramkitError(
+            f"--fewshot-splits: no task to run in {data_dir} is in FewCLUE's layout (TASK/train_0.json ... "
+            "test_public.json); leave the option out"
+        )
+    for task, ks in todo:
+        if fewshot_splits and not ks:
+            print(
+                f"cramkit: note: {task.name} is not in FewCLUE's layout: --fewshot-splits does not apply to it",
+                file=sys.stderr,
+            )
+    if not todo:
+        raise CramkitError(
+            f"cramkit eval: no {suite.upper()} task to run in {data_dir} "
+            f"({'; '.join(f'{k}: {v}' for k, v in skipped.items())}). Its data: {spec.data_hint}"
+        )
+    loaded = load_torch(source, purpose="evaluation")  # once for all tasks
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    done, entries, submission = _run_tasks(todo, loaded, cfg, out, data_dir, progress, few_shot)
+
+    average = spec.average(entries)
+    results: dict[str, Any] = {
+        "suite": suite,
+        "source": str(source),
+        "data_dir": str(data_dir) if data_dir is not None else None,
+        "config": to_dict(cfg),
+        "tasks": done,
+        "entries": entries,
+        "average": average,
+        "average_note": spec.average_note,
+        "skipped": skipped,
+        "complete": not skipped and set(done) == set(spec.task_names),
+    }
+    if suite == "glue":  # the names results.json has always had for GLUE
+        results["glue_average"] = average
+        results["glue_average_over"] = sorted(entries)
+    results["submission"] = _collect_submission(out / SUBMISSION_DIR, submission)
+    write_json(out / "results.json", results)
+    write_report(
+        out,
+        results,
+        title=f"{suite.upper()} results",
+        average_name=f"{suite.upper()} average",
+        total=len(spec.task_names),
+    )
+    return results
+
+
+def _plan(
+    spec: Suite,
+    all_tasks: Sequence[Task],
+    wanted: set[str] | None,
+    cfg: FinetuneConfig,
+    few_shot: int | None,
+    splits: int,
+    fewshot_splits: Sequence[str] | None,
+) -> tuple[list[tuple[Task, list[str] | None]], dict[str, str]]:
+    """(the tasks to run, each with its few-shot splits or None for plain fine-tuning; the suite's tasks skipped,
+    each with why). Every few-shot split is drawn and read here, before anything is trained."""
+    from cramkit.tasks.clue import fewshot_task, is_fewclue
+    from cramkit.tasks.fewshot import few_shot_task
+
     present = {t.name for t in all_tasks}
     skipped = {name: "no data in --data-dir" for name in spec.task_names if name not in present}
     todo: list[tuple[Task, list[str] | None]] = []
@@ -108,25 +170,22 @@ def evaluate_suite(
         todo.append((task, None))
     if wanted is not None:
         skipped = {k: v for k, v in skipped.items() if k in wanted}
-    if fewshot_splits and todo and not any(ks for _, ks in todo):
-        raise CramkitError(
-            f"--fewshot-splits: no task to run in {data_dir} is in FewCLUE's layout (TASK/train_0.json ... "
-            "test_public.json); leave the option out"
-        )
-    for task, ks in todo:
-        if fewshot_splits and not ks:
-            print(
-                f"cramkit: note: {task.name} is not in FewCLUE's layout: --fewshot-splits does not apply to it",
-                file=sys.stderr,
-            )
-    if not todo:
-        raise CramkitError(
-            f"cramkit eval: no {suite.upper()} task to run in {data_dir} "
-            f"({'; '.join(f'{k}: {v}' for k, v in skipped.items())}). Its data: {spec.data_hint}"
-        )
-    loaded = load_torch(source, purpose="evaluation")  # once for all tasks
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    return todo, skipped
+
+
+def _run_tasks(
+    todo: list[tuple[Task, list[str] | None]],
+    loaded: LoadedModel,
+    cfg: FinetuneConfig,
+    out: Path,
+    data_dir: PathLike | None,
+    progress: bool,
+    few_shot: int | None,
+) -> tuple[dict[str, Any], dict[str, dict[str, float]], dict[str, list[str]]]:
+    """Every task fine-tuned into out/TASK (or its results reused when an earlier run finished it), with its
+    progress and an estimate of the time left on stderr. Returns (each task's summary, the median metrics of each
+    scored entry, each task's test prediction files)."""
+    from cramkit.config import to_dict
 
     done: dict[str, Any] = {}
     entries: dict[str, dict[str, float]] = {}  # "glue/mnli:dev_matched" -> median metrics
@@ -164,33 +223,7 @@ def evaluate_suite(
             key = task.name if len(res["median"]) == 1 else f"{task.name}:{split}"
             entries[key] = med["metrics"]
         submission[task.name] = _prediction_files(res)
-
-    average = spec.average(entries)
-    results: dict[str, Any] = {
-        "suite": suite,
-        "source": str(source),
-        "data_dir": str(data_dir) if data_dir is not None else None,
-        "config": to_dict(cfg),
-        "tasks": done,
-        "entries": entries,
-        "average": average,
-        "average_note": spec.average_note,
-        "skipped": skipped,
-        "complete": not skipped and set(done) == set(spec.task_names),
-    }
-    if suite == "glue":  # the names results.json has always had for GLUE
-        results["glue_average"] = average
-        results["glue_average_over"] = sorted(entries)
-    results["submission"] = _collect_submission(out / SUBMISSION_DIR, submission)
-    write_json(out / "results.json", results)
-    write_report(
-        out,
-        results,
-        title=f"{suite.upper()} results",
-        average_name=f"{suite.upper()} average",
-        total=len(spec.task_names),
-    )
-    return results
+    return done, entries, submission
 
 
 def _method_unfit(task: Task, cfg: FinetuneConfig) -> str | None:

@@ -26,18 +26,15 @@ from cramkit.config import to_dict
 from cramkit.data.batching import BatchLoader, Encoded, EncodedChoices
 from cramkit.errors import CramkitError
 from cramkit.load import LoadedModel
-from cramkit.recipes.finetune import (
-    FinetuneConfig,
-    auto_lr,
-    curve,
+from cramkit.recipes.finetune import curve, write_json
+from cramkit.recipes.finetune_config import FinetuneConfig, auto_lr, train_config
+from cramkit.recipes.finetune_model import (
     encode_task_examples,
     encode_test_splits,
     predict,
     resolve_pooling,
     task_columns,
-    train_config,
     trained_inputs,
-    write_json,
 )
 from cramkit.tasks.mixtures import Mixture
 from cramkit.tasks.registry import Task

@@ -11,31 +11,26 @@ labels in two steps, with no prompt and no MLM head:
    (L2, C = 1, scikit-learn's default, fitted to convergence by L-BFGS), written into the classifier of an
    ordinary ``SequenceClassifier`` (:func:`fit_head`).
 
-The body trains through the one engine (``recipes.finetune.SetFitObjective``: its checkpoints, resume,
-torchrun, metrics); the head is fitted at every evaluation (so ``eval_every`` and ``keep=best`` see the model as
-it would be kept) and at the end, before the final checkpoint. The result is a model directory like ``--method
-head``'s: ``predict``, ``serve``, ``export`` and ``cramkit.load`` read it as they read any classifier.
+The body trains through the one engine (:class:`SetFitObjective`: its checkpoints, resume, torchrun, metrics)
+at ``setfit_lr`` (``recipes.finetune_config.auto_lr``); the head is fitted at every evaluation (so ``eval_every``
+and ``keep=best`` see the model as it would be kept) and at the end, before the final checkpoint. The result is a
+model directory like ``--method head``'s: ``predict``, ``serve``, ``export`` and ``cramkit.load`` read it as they
+read any classifier.
 """
 
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
-from cramkit.data.batching import Encoded, EncodedChoices
+from cramkit.data.batching import BatchLoader, Encoded, EncodedChoices
 from cramkit.errors import CramkitError
+from cramkit.recipes.finetune_model import predict
+from cramkit.recipes.finetune_objective import ClassifierObjective
 
 L2_C = 1.0  # the head's inverse regularisation strength (scikit-learn's LogisticRegression default)
-
-
-def body_lr(setting: float | str, hidden: int | None) -> float:
-    """The encoder's learning rate: ``setting`` (finetune's ``setfit_lr``), or for "auto" SetFit's 2e-5 from
-    width 384 up and 1e-3 below (the contrastive stage's rule: a narrow model barely moves at 2e-5)."""
-    if setting != "auto":
-        return float(setting)
-    return 2e-5 if (hidden or 384) >= 384 else 1e-3
 
 
 def make_pairs(labels: np.ndarray, per_example: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
@@ -112,7 +107,8 @@ def classifier_class() -> Any:
 
 def pooled_view(model: Any) -> Any:
     """``model`` (a :func:`classifier_class` model) seen as a "classifier" whose outputs are its pooled vectors,
-    the classifier's input ([n, hidden] float32; ``recipes.finetune.predict`` runs it in the passes of any model)."""
+    the classifier's input ([n, hidden] float32; ``recipes.finetune_model.predict`` runs it in the passes of any
+    model)."""
     import torch
 
     class Pooled(torch.nn.Module):
@@ -156,3 +152,47 @@ def fit_head(model: Any, vectors: np.ndarray, labels: np.ndarray) -> None:
     with torch.no_grad():
         model.classifier.weight.copy_((weight / length.mean()).to(model.classifier.weight.dtype))
         model.classifier.bias.zero_()
+
+
+class SetFitObjective(ClassifierObjective):
+    """``--method setfit`` for the engine, the body: batches of pairs, the squared error of their cosine; each
+    evaluation fits the head first (then scores the dev split as fine-tuning does)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        assert self.train.labels is not None and isinstance(self.train, Encoded)  # checked by the caller
+        pairs, targets = make_pairs(self.train.labels, self.cfg.setfit_pairs, self.seed)
+        self.pairs = pair_rows(self.train, pairs, targets)
+        self.title = f"{self.title} (setfit, {len(pairs):,} pairs)"
+        self.plot = {**self.plot, "loss_name": "training loss (squared error of the pairs' cosine)"}
+
+    def build_model(self):
+        plain = super().build_model()
+        model = classifier_class()(plain.cfg, plain.num_labels, plain.head_cfg)
+        model.load_state_dict(plain.state_dict(), strict=True)
+        return model
+
+    def train_loader(self, micro: int, *, rank: int = 0, world: int = 1) -> BatchLoader:
+        import torch
+
+        assert self.pairs.labels is not None  # make_pairs gives every pair its target
+        return self.batches(self.pairs, {"targets": torch.from_numpy(self.pairs.labels)}, micro, rank, world)
+
+    def loss(self, model, batch: dict, device):
+        import torch.nn.functional as F
+
+        ids = batch["input_ids"].to(device, non_blocking=True)
+        mask, types = batch["attention_mask"], batch["token_type_ids"]
+        mask = mask.to(device, non_blocking=True) if mask is not None else None
+        types = types.to(device, non_blocking=True) if types is not None else None
+        pooled, logits = model(ids, mask, types, embed=True)
+        cos = F.cosine_similarity(pooled[0::2].float(), pooled[1::2].float(), dim=-1)
+        loss = F.mse_loss(cos, batch["targets"].to(device, non_blocking=True))
+        return loss + 0.0 * logits.sum()  # the head takes part in every step (DDP expects every parameter's grad)
+
+    def evaluate(self, model, ctx, precision: str) -> dict[str, float] | None:
+        plain = getattr(model, "module", model)
+        device, loaded = next(plain.parameters()).device, self.loaded
+        vectors = predict(pooled_view(plain), self.train, self.cfg, device, loaded.pad_id, loaded.with_types)
+        fit_head(plain, vectors, cast(np.ndarray, self.train.labels))
+        return super().evaluate(model, ctx, precision)

@@ -2,9 +2,9 @@
 
 An objective is a recipe: the model, its batches, its loss and its evaluation. Everything else (device,
 precision, parallelism, optimizer, schedules, checkpoints, resume, metrics) is the engine's
-(``cramkit.train.trainer``). The objectives over examples (fine-tuning's ``recipes.finetune.ClassifierObjective``,
-mixtures', the contrastive stage's, distillation's ``distill.objective.DistillObjective``) share
-:class:`ExampleObjective`.
+(``cramkit.train.trainer``). The objectives over examples (fine-tuning's
+``recipes.finetune_objective.ClassifierObjective``, mixtures', the contrastive stage's, distillation's
+``distill.objective.DistillObjective``) share :class:`ExampleObjective`.
 """
 
 from __future__ import annotations

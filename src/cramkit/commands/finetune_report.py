@@ -1,0 +1,86 @@
+"""What `cramkit finetune` prints when it is done: one task's medians over the seeds, a few-shot protocol's splits
+with their mean and spread, a mixture's tasks."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+
+def report_finetune(args: argparse.Namespace, cfg, res: dict, out: Path) -> None:
+    """One task's fine-tuning: each split's median metrics over the seeds, what was kept and where."""
+    name = res["task"]
+    n = len(cfg.seeds)
+    for split, med in res["median"].items():
+        metrics = ", ".join(f"{m} {v:.2f}" for m, v in med["metrics"].items())
+        each = ", ".join(f"{r['dev'][split]['score']:.2f}" for r in res["seeds"] if split in r.get("dev", {}))
+        how = (
+            f"median of {n} seeds: {each}" + ("; the mean of the middle two" if n % 2 == 0 else "")
+            if n > 1
+            else "1 seed"
+        )
+        print(f"{name} {split}: {metrics} ({how})")
+    for split, med in res.get("test", {}).items():
+        metrics = ", ".join(f"{m} {v:.2f}" for m, v in med["metrics"].items())
+        print(f"{name} {split} (labelled test file): {metrics} (median of {len(cfg.seeds)} seed(s))")
+    if cfg.keep == "best":
+        steps = ", ".join(str(r.get("best_step", "?")) for r in res["seeds"])
+        print(f"kept: the model of the best dev score (step {steps}); that dev score is optimistic, chosen on dev")
+    if res.get("method", "head") != "head":
+        trained = res.get("trainable_parameters") or 0
+        print(
+            f"method {res['method']}: {trained:,} parameters trained; "
+            f"{res['stored_bytes'] / 2**20:,.2f} MiB stored in {out}"
+        )
+    rate = sum(r["examples_per_s"] for r in res["seeds"]) / len(res["seeds"])
+    print(f"training: {rate:.1f} examples/s; results in {out / 'results.json'}")
+    kept = "the median seed" if n % 2 else "the lower of the two middle seeds"
+    base = f" --base {args.source}" if res.get("method") == "ptuning" else ""  # deep prompts run on their base
+    print(
+        f"model (seed {res['kept_seed']}, {kept} by dev score) saved in {out}: cramkit predict --from {out}{base} "
+        f"FILE; cramkit export {out}{base} --format onnx --out DIR"
+        if base
+        else f"model (seed {res['kept_seed']}, {kept} by dev score) saved in {out}: cramkit predict --from {out} "
+        f"FILE; cramkit export {out} --out DIR"
+    )
+
+
+def report_fewshot(args: argparse.Namespace, res: dict) -> None:
+    """``--fewshot-splits`` (FewCLUE's protocol) or ``--few-shot K --splits S`` (LM-BFF's): each split's score,
+    then the mean and spread."""
+    from cramkit.recipes.evaluate import plus_minus
+
+    name, k = res["task"], args.few_shot
+    few = res["fewshot"]
+    keys = list(few["per_split"])
+    out = Path(args.out or f"finetune-{name.replace('/', '-')}-{f'{k}shot' if k is not None else 'fewshot'}")
+    scored = ", ".join(res["median"])
+    for key, one in few["per_split"].items():
+        print(
+            f"{name} split {key}: {scored} {res['main_metric']} {one['score']:.2f} (its dev {one['dev']['score']:.2f})"
+        )
+    what = f"FewCLUE splits {','.join(keys)}" if k is None else f"{len(keys)} few-shot splits (K={k} per class)"
+    print(
+        f"{name}: {scored} {res['main_metric']} {few['mean']:.2f}{plus_minus(few)} over {what}; results in "
+        f"{out / 'results.json'}" + (f", test.json predictions in {out / 'submission'}" if k is None else "")
+    )
+
+
+def report_mixture(res: dict, out: Path) -> None:
+    """A mixture's fine-tuning: each task's dev metrics and batches, the mean score, where the model is."""
+    weighted = res.get("weighting") is not None
+    for name, entry in res["tasks"].items():
+        for split, r in entry["dev"].items():
+            metrics = ", ".join(f"{m} {v:.2f}" for m, v in r["metrics"].items())
+            how = f"{entry['batches']} batches" if weighted else f"rate {entry['rate']:.3f}, {entry['batches']} batches"
+            print(f"{name} {split}: {metrics} ({how})")
+    if res["score"] is not None:
+        print(f"mean of the tasks' main scores: {res['score']:.2f}")
+    if weighted:
+        primary = f", primary {res['primary']}" if res.get("primary") else ""
+        print(f"weighting {res['weighting']}{primary}: every step one batch of each task")
+    print(
+        f"training: {res['examples_per_s']:.1f} examples/s, {res['seconds_per_step']:.3f} s/step; "
+        f"results in {out / 'results.json'}"
+    )
+    print(f"model (one head per task) saved in {out}: cramkit predict --from {out} --task NAME FILE")

@@ -1,0 +1,164 @@
+"""Fine-tuning's settings: :class:`FinetuneConfig` (one recipe for every task), the learning rate each method
+trains at (:func:`auto_lr`) and the engine's TrainConfig for one run (:func:`train_config`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal, cast
+
+from cramkit.config import from_dict, to_dict
+from cramkit.errors import CramkitError
+from cramkit.recipes.learning_rate import EMBEDDING_LR, FINETUNE_LR, WIDE_FROM, width_lr
+from cramkit.train.config import ExampleSettings
+
+METHODS = ("head", "prompt", "ptuning", "setfit")
+
+
+@dataclass
+class FinetuneConfig(ExampleSettings):
+    """Fine-tuning hyperparameters; the defaults are one recipe for every task.
+
+    Defaults follow Cramming's GLUE-sane evaluation config: AdamW (lr 4e-5, betas 0.9/0.98, eps 1e-6),
+    batch size 16, 5 epochs, linear warmup over the first 10% of steps then cosine decay to 0, no
+    gradient clipping, max_length 128, first-token pooling through a dense+tanh pooler, dropout 0.1
+    (re-enabled for fine-tuning, as Cramming does). Weight decay 0.01 on matrices only (biases, norms
+    and scalars excluded, like Cramming's ``limited_decay_keys`` and the HF Trainer); Cramming's own
+    GLUE-sane file sets 0.0, which ``--set weight_decay=0`` reproduces. Two departures, for few labels and small
+    models: at least ``min_steps`` optimizer steps, and ``lr="auto"``: 4e-5 from width 384 up, 1e-3 below (a
+    tiny model after a short pretraining stays at chance at 4e-5; see :func:`auto_lr`).
+    """
+
+    lr: float | Literal["auto"] = "auto"  # auto: by the model's width (auto_lr)
+    batch_size: int = 16
+    epochs: float = 5.0  # Cramming's "GLUE-sane" rule: at most 5 epochs
+    # at least this many optimizer steps, whatever the data's size: with a few hundred labels, epochs alone
+    # give a few dozen steps and a model that has not left chance (LM-BFF trains 1,000 steps on 16 per class)
+    min_steps: int = 500
+    warmup: float = 0.1  # fraction of all steps
+    schedule: Literal["cosine", "linear", "constant"] = "cosine"
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.98])
+    eps: float = 1e-6
+    grad_clip: float = 0.0  # 0 = no clipping (Cramming)
+    # auto: the model's own pooling when it declares one (a sentence-transformers model: its mean or cls,
+    # mean without BERT's pooler), else the first token through the pooler (Cramming)
+    pooling: Literal["auto", "first", "mean"] = "auto"
+    pooler_dense: bool = True
+    attention_dropout: float = 0.1
+    seeds: list[int] = field(default_factory=lambda: [0])  # several seeds: the median is reported
+    # examples per scoring pass at most (each also within the device's token budget)
+    eval_batch_size: int = 128
+    bucket_chunk: int = 50  # batches per chunk sorted by length (length bucketing); 0 = no bucketing
+    max_eval_examples: int = 0  # score only the first N examples of each dev split (0 = all): quicker, rougher
+    micro_batch: int = 0  # examples per forward/backward on each process (0: the whole share of a batch)
+    compile: bool = False  # torch.compile each block (batches vary in length: recompiles cost)
+    eval_every: str = "epoch"  # dev metrics logged during training: 'epoch', a period ('200steps'), 'never'
+    keep: Literal["last", "best"] = "last"  # the kept model: the last, or the one with the best dev score
+    # how the task meets the encoder: a fresh head on the pooled output; the MLM head scoring label words
+    # through a template (PET / LM-BFF); deep prompts on a frozen encoder (P-tuning v2); or the encoder trained
+    # on pairs of rows to embed the labels apart, then a logistic-regression head (SetFit)
+    method: Literal["head", "prompt", "ptuning", "setfit"] = "head"
+    prompt: str = ""  # method=prompt: the template, e.g. '{text_a} It was [MASK] .' ('': the task's built-in)
+    label_words: str = ""  # method=prompt: LABEL=WORD,... ('': the task's built-in)
+    prefix_len: int = 16  # method=ptuning: trainable keys and values per layer
+    prefix_lr: float = 2e-2  # method=ptuning: the learning rate of the prefixes and the head
+    # method=setfit: positive and negative pairs per labelled row (SetFit's num_iterations); one pass over them,
+    # batch_size pairs a step (epochs and min_steps do not apply)
+    setfit_pairs: int = 20
+    setfit_lr: float | Literal["auto"] = "auto"  # method=setfit: the encoder's rate (auto: 2e-5; 1e-3 below 384)
+
+    def validate(self) -> None:
+        if self.method not in METHODS:
+            raise CramkitError(f"finetune.method is one of {', '.join(METHODS)}, got {self.method!r}")
+        if (self.prompt or self.label_words) and self.method == "head":
+            self.method = "prompt"  # a template or label words given: prompt-based fine-tuning
+        if (self.prompt or self.label_words) and self.method != "prompt":
+            raise CramkitError(
+                f"--prompt and --label-words apply to prompt-based fine-tuning, not method={self.method}"
+            )
+        if self.setfit_pairs < 1 or self.setfit_lr != "auto" and not self.setfit_lr > 0:
+            raise CramkitError(
+                f"finetune.setfit_pairs and setfit_lr must be positive, got {self.setfit_pairs}, {self.setfit_lr}"
+            )
+        if self.prefix_len < 1 or self.prefix_lr <= 0:
+            raise CramkitError(
+                f"finetune.prefix_len and prefix_lr must be positive, got {self.prefix_len}, {self.prefix_lr}"
+            )
+        for name in ("lr", "batch_size", "epochs", "max_length", "eval_batch_size"):
+            if getattr(self, name) != "auto" and getattr(self, name) <= 0:
+                raise CramkitError(f"finetune.{name} must be positive, got {getattr(self, name)}")
+        if not 0.0 <= self.warmup < 1.0:
+            raise CramkitError(f"finetune.warmup is a fraction of the steps in [0, 1), got {self.warmup}")
+        if len(self.betas) != 2:
+            raise CramkitError(f"finetune.betas needs two numbers, e.g. [0.9, 0.98]; got {self.betas}")
+        if not self.seeds:
+            raise CramkitError("finetune.seeds is empty; give at least one seed, e.g. --seeds 0")
+        if self.min_steps < 0:
+            raise CramkitError(f"finetune.min_steps must be 0 (epochs alone) or positive, got {self.min_steps}")
+        if self.micro_batch < 0:
+            raise CramkitError(f"finetune.micro_batch must be 0 (whole batch) or positive, got {self.micro_batch}")
+        self.check_shared("finetune.")
+        from cramkit.train.budget import parse_every
+
+        if self.eval_every != "epoch":
+            parse_every(self.eval_every, "finetune.eval_every")
+        if self.keep not in ("last", "best"):
+            raise CramkitError(f"finetune.keep is 'last' or 'best', got {self.keep!r}")
+        if self.keep == "best" and self.eval_every in ("never", "0", "off"):
+            raise CramkitError("finetune.keep=best picks among the dev evaluations: set eval_every (e.g. 'epoch')")
+        if not 0.0 <= self.attention_dropout < 1.0:
+            raise CramkitError(f"finetune.attention_dropout must be in [0, 1), got {self.attention_dropout}")
+
+
+def auto_lr(cfg: FinetuneConfig, hidden: int | None) -> float:
+    """The peak learning rate of ``cfg.method``: ``prefix_lr`` for deep prompts, the encoder's rate for SetFit
+    (``setfit_lr``; "auto": 2e-5, 1e-3 below width 384), else ``cfg.lr`` ("auto": Cramming's 4e-5 from width 384
+    up, 1e-3 below; :func:`~cramkit.recipes.learning_rate.width_lr`). A model that declares no width, e.g. a
+    student, counts as wide."""
+    if cfg.method == "ptuning":
+        return cfg.prefix_lr
+    if cfg.method == "setfit":
+        return width_lr(cfg.setfit_lr, hidden, wide=EMBEDDING_LR, undeclared_width=WIDE_FROM)
+    return width_lr(cfg.lr, hidden, wide=FINETUNE_LR, undeclared_width=WIDE_FROM)
+
+
+def train_config(
+    cfg: FinetuneConfig,
+    seed: int,
+    steps: int,
+    progress: bool | str = False,
+    steps_per_epoch: int | None = None,
+):
+    """The engine's TrainConfig for one fine-tuning run of ``steps`` optimizer steps; dev evaluations every
+    ``cfg.eval_every`` ('epoch': every ``steps_per_epoch`` steps)."""
+    from cramkit.train.config import example_config
+
+    eval_every = cfg.eval_every
+    if eval_every == "epoch":
+        eval_every = f"{steps_per_epoch}steps" if steps_per_epoch else "never"
+    return example_config(
+        budget=f"{steps}steps",
+        lr=cast(float, cfg.lr),  # the method's rate (auto_lr)
+        betas=(cfg.betas[0], cfg.betas[1]),
+        eps=cfg.eps,
+        weight_decay=cfg.weight_decay,
+        schedule=cfg.schedule,
+        warmup=cfg.warmup,
+        micro_batch=cfg.micro_batch,
+        batch_size=cfg.batch_size,
+        grad_clip=cfg.grad_clip,
+        precision=cfg.precision,
+        compile=cfg.compile,
+        device=cfg.device,
+        seed=seed,
+        checkpoint_every=cfg.checkpoint_every,
+        eval_every=eval_every,
+        progress=progress,
+        report_to=cfg.report_to,
+    )
+
+
+def config_from(overrides: dict[str, Any] | None = None, base: FinetuneConfig | None = None) -> FinetuneConfig:
+    """A FinetuneConfig from ``--set`` overrides (strict: unknown keys are errors) on top of ``base``."""
+    data = to_dict(base) if base is not None else {}
+    data.update(overrides or {})
+    return from_dict(FinetuneConfig, data, "finetune")

@@ -1,0 +1,162 @@
+"""Fine-tuning for the engine (train/trainer.py): :class:`ClassifierObjective`, the objective of every method's
+classifier (a head, a prompt, deep prompts): its length-bucketed batches, its loss, the dev split scored at each
+evaluation and, with ``keep=best``, the model of the best dev score kept (in memory, or beside the run's
+checkpoints for a resume). SetFit's body subclasses it (``recipes/setfit.py``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from cramkit.data.batching import BatchLoader, Encoded, EncodedChoices
+from cramkit.io import json_loads
+from cramkit.load import LoadedModel
+from cramkit.recipes.finetune_config import FinetuneConfig
+from cramkit.recipes.finetune_model import build_model, predict
+from cramkit.tasks.registry import Task
+from cramkit.train.objectives import ExampleObjective
+
+if TYPE_CHECKING:
+    from cramkit.data.prompts import PromptSpec
+
+BEST_FILE, BEST_WEIGHTS = "best.json", "best.safetensors"
+
+
+class ClassifierObjective(ExampleObjective):
+    """Fine-tuning for the engine (train/trainer.py): a SequenceClassifier on length-bucketed batches.
+
+    Every global batch of ``batch_size`` examples is split evenly over the processes, then into the same
+    number of micro-batches on each; the loss is the mean over the batch's examples. The batch order is a
+    function of (seed, epoch), so a resumed run continues with the very batches it would have seen."""
+
+    cfg: FinetuneConfig  # (the hyperparameters the engine reports)
+
+    def __init__(
+        self,
+        loaded: LoadedModel,
+        train: Encoded | EncodedChoices,
+        num_labels: int,
+        cfg: FinetuneConfig,
+        seed: int,
+        title: str,
+        resume_hint: str,
+        multilabel: bool = False,
+        multiple_choice: bool = False,
+        prompt: PromptSpec | None = None,
+    ) -> None:
+        self.loaded, self.train, self.num_labels, self.cfg, self.seed = loaded, train, num_labels, cfg, seed
+        self.prompt = prompt
+        self.multilabel, self.multiple_choice = multilabel, multiple_choice
+        self.title, self.resume_hint = title, resume_hint
+        self.flops_per_token = None
+        self.dev: tuple[Task, str, Encoded | EncodedChoices] | None = None  # scored at each evaluation
+        self.best_dir: Path | None = None  # where the best model so far is kept (keep=best), for a resume
+        self.best: tuple[float, dict | None] | None = None  # (dev score, weights when kept in memory)
+        self.plot = {"title": title, "loss_name": "training loss (cross-entropy)", "x": "step"}
+        if num_labels == 1 and not multiple_choice:
+            self.plot["loss_name"] = "training loss (MSE)"
+
+    def build_model(self):
+        return build_model(
+            self.loaded,
+            self.num_labels,
+            self.cfg,
+            multilabel=self.multilabel,
+            multiple_choice=self.multiple_choice,
+            prompt=self.prompt,
+        )
+
+    def train_loader(self, micro: int, *, rank: int = 0, world: int = 1) -> BatchLoader:
+        import torch
+
+        return self.batches(self.train, {"labels": torch.from_numpy(self.train.labels)}, micro, rank, world)
+
+    def batches(
+        self, enc: Encoded | EncodedChoices, columns: dict[str, Any], micro: int, rank: int, world: int
+    ) -> BatchLoader:
+        """Length-bucketed batches of ``enc`` by (seed, epoch), with ``columns`` (labels, targets) per example."""
+        return BatchLoader(
+            enc,
+            self.cfg.batch_size,
+            micro,
+            rank,
+            world,
+            seed=self.seed,
+            chunk=self.cfg.bucket_chunk,
+            pad_id=self.loaded.pad_id,
+            with_types=self.loaded.with_types,
+            columns=columns,
+        )
+
+    def loss(self, model, batch: dict, device):
+        inputs = {
+            k: (v.to(device, non_blocking=True) if v is not None else None)
+            for k, v in batch.items()
+            if k not in ("count", "labels")
+        }
+        loss, _ = model(**inputs, labels=batch["labels"].to(device, non_blocking=True))
+        return loss
+
+    def evaluate(self, model, ctx, precision: str) -> dict[str, float] | None:
+        """The dev split's loss and metrics (logged in metrics.jsonl and plotted); with keep=best, the model
+        is kept when its dev score is the best so far."""
+        if self.dev is None:
+            return None
+        import torch
+
+        task, split, enc = self.dev
+        plain = getattr(model, "module", model)  # DDP's module
+        logits = predict(
+            plain, enc, self.cfg, next(plain.parameters()).device, self.loaded.pad_id, self.loaded.with_types
+        )
+        preds = logits[:, 0] if task.is_regression else logits
+        metrics = task.compute_metrics(preds, enc.labels, task.examples(split))
+        score = task.score(metrics)
+        out = torch.from_numpy(logits)
+        labels = torch.from_numpy(np.asarray(enc.labels))
+        if task.is_regression:
+            loss = float(torch.nn.functional.mse_loss(out[:, 0], labels.float()))
+        else:  # multiple choice: -inf at missing choices is 0 after the softmax
+            loss = float(torch.nn.functional.cross_entropy(out, labels.long()))
+        if self.cfg.keep == "best" and (self.best is None or score > self.best[0]):
+            self._keep_best(plain, score)
+        return {"val_loss": loss, "dev_score": score, **{f"dev_{k}": v for k, v in metrics.items()}}
+
+    def _keep_best(self, model, score: float) -> None:
+        state = {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()}
+        if self.best_dir is None:
+            self.best = (score, state)
+            return
+        from safetensors.torch import save_file
+
+        from cramkit.io import atomic_path, write_json_atomic
+        from cramkit.model.loaded import unique_tensors as _unique_tensors
+
+        with atomic_path(self.best_dir / BEST_WEIGHTS) as tmp:
+            save_file({k: v.contiguous() for k, v in _unique_tensors(state).items()}, str(tmp))
+        write_json_atomic(self.best_dir / BEST_FILE, {"score": score})
+        self.best = (score, None)
+
+    def best_state(self) -> dict | None:
+        """The weights with the best dev score (None: nothing kept)."""
+        if self.best is not None and self.best[1] is not None:
+            return self.best[1]
+        if self.best_dir is not None and (self.best_dir / BEST_FILE).is_file():
+            from cramkit.model.hf import read_weights
+
+            return read_weights(self.best_dir / BEST_WEIGHTS)
+        return None
+
+    def resume_best(self) -> None:
+        """A resumed run knows the best dev score its earlier part kept."""
+        if self.best_dir is None or not (self.best_dir / BEST_FILE).is_file():
+            return
+        try:
+            self.best = (
+                float(json_loads((self.best_dir / BEST_FILE).read_text(encoding="utf-8"))["score"]),
+                None,
+            )
+        except (OSError, ValueError, KeyError, TypeError):
+            self.best = None  # damaged: the next evaluation keeps its model

@@ -269,7 +269,7 @@ def test_the_cheap_commands_run(tmp_path, monkeypatch, capsys) -> None:
     ran = {"finetune": 0, "eval": 0, "pretrain": 0, "distill": 0}
     failed: list[str] = []
     from cramkit.config import parse_overrides
-    from cramkit.distill.core import config_from as distill_config
+    from cramkit.distill.config import config_from as distill_config
     from cramkit.train.config import resolve_config
 
     for cmd in COMMANDS:

@@ -38,7 +38,7 @@ def test_distilled_student_loads_predicts_and_follows_the_teacher(student, disti
     got = Engine(loaded, device="cpu").classify(dev)
     assert got.probs.shape == (len(dev), 2) and set(got.labels) <= {"0", "1"}
     # distillation moved the student's logits towards the teacher's: closer than a fresh student's
-    from cramkit.distill.core import DistillConfig
+    from cramkit.distill.config import DistillConfig
     from cramkit.distill.students import build_student
 
     cfg = DistillConfig(lstm_hidden=32, fc_hidden=32, layers=1).resolved(student)
@@ -246,7 +246,7 @@ def test_missing_tagger_through_the_cli(teacher, sst_csv, tmp_path):
 
 
 def _small_cfg(**kw):
-    from cramkit.distill.core import DistillConfig
+    from cramkit.distill.config import DistillConfig
 
     base = dict(n_iter=2, epochs=1, baseline_epochs=1, speed_seconds=0.05, lstm_hidden=16, fc_hidden=16, device="cpu")
     return DistillConfig(**(base | kw))

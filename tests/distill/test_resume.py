@@ -125,7 +125,7 @@ def test_encoder_student_with_hidden_matching_resumes_exactly(teacher, sst_csv, 
     import torch
 
     from cramkit.data.batching import encode_texts
-    from cramkit.distill.core import DistillConfig
+    from cramkit.distill.config import DistillConfig
     from cramkit.distill.objective import DistillObjective, train_student
     from cramkit.distill.students import build_student
     from cramkit.infer.engine import Engine

@@ -85,7 +85,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from cramkit.config import parse_overrides
-    from cramkit.distill.core import config_from
+    from cramkit.distill.config import config_from
     from cramkit.distill.verb import check_student, distill  # distill is cramkit.distill(...)
 
     if args.nproc != 1:  # what would fail in every process fails here once: the student, the settings

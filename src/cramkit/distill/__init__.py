@@ -16,7 +16,8 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from cramkit.distill.augment import AugmentConfig, build_transfer, read_transfer
-    from cramkit.distill.core import DistillConfig, config_from, distill
+    from cramkit.distill.config import DistillConfig, config_from
+    from cramkit.distill.core import distill
     from cramkit.distill.students import build_student
     from cramkit.distill.unlabelled import read_unlabelled
 
@@ -24,9 +25,9 @@ _WHERE = {
     "AugmentConfig": "augment",
     "build_transfer": "augment",
     "read_transfer": "augment",
-    "DistillConfig": "core",
+    "DistillConfig": "config",
     "build_student": "students",
-    "config_from": "core",
+    "config_from": "config",
     "distill": "core",
     "read_unlabelled": "unlabelled",
 }

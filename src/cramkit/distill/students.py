@@ -10,7 +10,7 @@ from cramkit.errors import CramkitError
 from cramkit.load import LoadedModel
 
 if TYPE_CHECKING:
-    from cramkit.distill.core import DistillConfig
+    from cramkit.distill.config import DistillConfig
     from cramkit.model.encoder import Encoder
 
 STUDENTS = ("bilstm", "encoder")

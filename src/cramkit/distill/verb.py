@@ -40,7 +40,7 @@ def distill(
     transfer set (a text file, one text per line, or a token store). ``settings``: DistillConfig fields (epochs,
     layers, p_pos, max_unlabelled, ...). Writes the student's model directory with report.json and report.md to
     ``out``; returns the report. The same as ``cramkit distill --teacher MODEL --student NAME --out OUT``."""
-    from cramkit.distill.core import config_from
+    from cramkit.distill.config import config_from
     from cramkit.distill.core import distill as _distill
     from cramkit.io import disk_errors
     from cramkit.tasks.resolve import resolve_task

@@ -187,6 +187,7 @@ def test_malformed_jsonl_row_in_finetune_is_named(tmp_path):
     assert "two labels" not in line
 
 
+@pytest.mark.integration  # `cramkit data build` in a private mount namespace with a 64 KiB disk
 def test_full_disk_during_data_build(tmp_path, corpus, tok_dir):
     """A 64 KiB tmpfs (in a private mount namespace): the disk fills while the store is written."""
     if shutil.which("unshare") is None:

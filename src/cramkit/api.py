@@ -383,7 +383,7 @@ def export(
     model: PathLike | LoadedModel,
     out: PathLike,
     *,
-    format: str = "hf",  # noqa: A002 (the flag's name)
+    format: str = "hf",  # the flag's name
     quantize: str | None = None,
     step: int | None = None,
     mlm_head: bool = True,

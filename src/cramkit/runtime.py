@@ -209,7 +209,7 @@ def machine_memory(device: str) -> tuple[int | None, str]:
                     index = torchrun().local_rank % torch.cuda.device_count()
                 props = torch.cuda.get_device_properties(index)
                 return int(props.total_memory), f"GPU memory ({props.name})"
-        except Exception:  # noqa: BLE001 - no usable GPU: the RAM decides
+        except Exception:  # no usable GPU: the RAM decides
             pass
     try:
         return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"), "RAM"

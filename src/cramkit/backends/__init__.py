@@ -87,7 +87,7 @@ def _discover() -> None:
     for ep in entry_points(group=ENTRY_POINT_GROUP):
         try:
             register(ep.load())
-        except Exception as exc:  # noqa: BLE001 - a broken plugin must not take cramkit down
+        except Exception as exc:  # a broken plugin must not take cramkit down
             print(
                 f"cramkit: the export format {ep.name!r} ({ep.value}) could not be loaded: {exc}",
                 file=sys.stderr,

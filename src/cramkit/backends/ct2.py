@@ -451,7 +451,7 @@ class Ct2Backend(Backend):
             # no longer stalls every pass (bench/RESULTS.md, "CTranslate2: one thread per pass")
             workers = int(threads or cpu_cores())
             encoder = ct2.Encoder(str(path), device="cpu", intra_threads=1, inter_threads=workers, files=model_files)
-        except Exception as exc:  # noqa: BLE001 - a damaged or crafted model file
+        except Exception as exc:  # a damaged or crafted model file
             raise CramkitError(
                 f"{path}: CTranslate2 cannot load it ({str(exc)[:200]}); export the model again"
             ) from None

@@ -201,7 +201,7 @@ class OnnxBackend(Backend):
         try:
             try:
                 inputs, outputs = torch_export(loaded, tmp / "raw.onnx", opset, fused=why_not is None)
-            except Exception as exc:  # noqa: BLE001 - the fused attention is an optimisation
+            except Exception as exc:  # the fused attention is an optimisation
                 if why_not is not None or disk_problem(exc):
                     raise
                 reason: BaseException = exc
@@ -213,7 +213,7 @@ class OnnxBackend(Backend):
                 head_export(loaded, tmp / "head.onnx", opset)
         except CramkitError:
             raise
-        except Exception as exc:  # noqa: BLE001 - name the model and the exporter's reason
+        except Exception as exc:  # name the model and the exporter's reason
             if disk_problem(exc):
                 raise
             raise CramkitError(
@@ -269,7 +269,7 @@ class OnnxBackend(Backend):
             _refuse_external_data(path / name, files[name])
             try:
                 return ort.InferenceSession(files[name], opts, providers=["CPUExecutionProvider"])
-            except Exception as exc:  # noqa: BLE001 - a damaged or crafted model file
+            except Exception as exc:  # a damaged or crafted model file
                 raise CramkitError(
                     f"{path / name}: ONNX Runtime cannot load it ({str(exc)[:200]}); export the model again"
                 ) from None
@@ -300,7 +300,7 @@ class OnnxBackend(Backend):
         quiet.log_severity_level = 4  # the failure is this check's one line, not ONNX Runtime's log
         try:
             got = dict(zip(names, runner.main.run(names, runner._feed(x), quiet), strict=True))
-        except Exception as exc:  # noqa: BLE001 - ONNX Runtime's own errors: a graph that cannot take it
+        except Exception as exc:  # ONNX Runtime's own errors: a graph that cannot take it
             raise CramkitError(
                 f"{file} does not run on an input of max_length {n} tokens, the length {marker.name} allows "
                 f"({str(exc).splitlines()[0][:160]}); the manifest's max_length is beyond the model's position "

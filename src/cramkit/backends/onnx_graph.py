@@ -92,7 +92,7 @@ def _student_module(loaded: LoadedModel) -> Any:
             super().__init__()
             self.model = model
 
-        def forward(self, input_ids, attention_mask, token_type_ids=None):  # noqa: ANN001, ANN201
+        def forward(self, input_ids, attention_mask, token_type_ids=None):
             _, logits = self.model(input_ids, attention_mask, token_type_ids)
             return logits.float()
 
@@ -120,8 +120,8 @@ def _fused_layers(encoder: Encoder) -> Any:
             super().__init__()
             self.attn = attn
 
-        def forward(self, x, mask, select=None, prefix=None):  # noqa: ANN001, ANN201
-            attn = self.attn
+        def forward(self, x, mask, select=None, prefix=None):
+            attn: Any = self.attn  # the block's attention, of whichever encoder class
             batch, length, hidden = x.shape
             q, k, v = attn.qkv(x).chunk(3, dim=-1)
             if attn.rotary is not None:  # on [B, heads, L, head_dim], as the torch model does
@@ -172,13 +172,16 @@ def _export_module(loaded: LoadedModel, fused: bool) -> tuple[Any, list[str]]:
     layers = _fused_layers(encoder) if fused else encoder.layers
 
     class Graph(nn.Module):
+        model: Any  # the classifier, prompt or prefix model, read by what it has (duck-typed)
+        encoder: Any
+
         def __init__(self) -> None:
             super().__init__()
             self.model = model
             self.encoder = encoder
             self.layers = layers
 
-        def forward(self, input_ids, attention_mask, token_type_ids=None):  # noqa: ANN001, ANN201
+        def forward(self, input_ids, attention_mask, token_type_ids=None):
             enc = self.encoder
             x = enc.embeddings(input_ids, token_type_ids)
             if fused:  # MultiHeadAttention takes the 1/0 key padding mask
@@ -201,7 +204,7 @@ def _export_module(loaded: LoadedModel, fused: bool) -> tuple[Any, list[str]]:
                 out.append(hidden)
             return tuple(out)
 
-        def prompt_scores(self, input_ids, hidden):  # noqa: ANN001, ANN201
+        def prompt_scores(self, input_ids, hidden):
             """PromptClassifier's scores: the mean over the template's masks of log p(each label's word), the
             masked-LM head run at the masks only. Every input holds exactly ``masks`` of them (the engine
             encodes it through the template); the j-th mask of a row is found with fixed shapes (the first
@@ -287,11 +290,13 @@ def head_export(loaded: LoadedModel, path: Path, opset: int) -> None:
     head = loaded.model.head
 
     class Head(nn.Module):
+        head: Any
+
         def __init__(self) -> None:
             super().__init__()
             self.head = head
 
-        def forward(self, hidden):  # noqa: ANN001, ANN201
+        def forward(self, hidden):
             return self.head(hidden)
 
     n = torch.export.Dim("n", min=1)
@@ -332,7 +337,7 @@ def fuse(src: Path, dst: Path, loaded: LoadedModel) -> dict[str, Any]:
         stats = {k: v for k, v in stats.items() if v > 0}
         opt.save_model_to_file(str(dst))
         return {"applied": stats}
-    except Exception as exc:  # noqa: BLE001 - fusions are an optimisation: keep the plain graph
+    except Exception as exc:  # fusions are an optimisation: keep the plain graph
         from cramkit.io import disk_problem
 
         if disk_problem(exc):

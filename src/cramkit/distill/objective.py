@@ -45,7 +45,7 @@ class HiddenMatch(nn.Module):
         self.student, self.proj = student, proj
 
     def forward(self, input_ids, attention_mask=None, token_type_ids=None):
-        s = self.student
+        s: Any = self.student  # a SequenceClassifier: its encoder, pooling and head
         hidden = s.encoder(input_ids, attention_mask, token_type_ids)
         logits = s.classifier(s.dropout(s.pool(hidden, attention_mask)))
         return logits, self.proj(hidden.float())

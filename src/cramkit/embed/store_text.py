@@ -65,7 +65,7 @@ def store_tokenizer(store: Any, encoder_tokenizer: Any, given: str | None) -> An
         try:
             path = inside(store.prefix.parent, copy)
             tok = Tokenizer.from_file(str(path)) if path.is_file() else None
-        except (ValueError, Exception):  # noqa: BLE001 - a damaged or foreign file: fall through to the error
+        except (ValueError, Exception):  # a damaged or foreign file: fall through to the error
             tok = None
         if tok is not None and tokenizer_hash(tok) == want:
             return tok

@@ -87,7 +87,7 @@ def embed_source(
     device: str = "auto",
     max_batch_tokens: int | None = None,
     block: int = 1024,
-    format: str = "npy",  # noqa: A002 (the flag's name)
+    format: str = "npy",  # the flag's name
     shard: str | tuple[int, int] | None = None,
     prompt_name: str | None = None,
     dimensions: int | None = None,

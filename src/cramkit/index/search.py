@@ -225,6 +225,6 @@ class Index:
         return out
 
 
-def open(path: str | os.PathLike, *, encoder: str | None = None, device: str = "cpu") -> Index:  # noqa: A001
+def open(path: str | os.PathLike, *, encoder: str | None = None, device: str = "cpu") -> Index:
     """Open the index at ``path`` (memory-mapped); ``encoder``, when given, must be the one it was built with."""
     return Index(path, encoder=encoder, device=device)

@@ -19,7 +19,7 @@ from typing import Any, cast
 import numpy as np
 
 from cramkit.errors import CramkitError
-from cramkit.text.tables import PAIR_COLUMNS, TEXT_COLUMNS  # noqa: E402 (the usual column names)
+from cramkit.text.tables import PAIR_COLUMNS, TEXT_COLUMNS  # the usual column names
 
 CHOICES_HINT = "Fix the row, or name the choice columns with --choices COL[,COL...]."
 

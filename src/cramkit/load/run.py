@@ -63,7 +63,7 @@ def load_run(path: Path, step: int | None) -> LoadedModel:
         section = load_yaml(run / "config.yaml").get("model")
     except CramkitError:
         raise
-    except Exception as exc:  # noqa: BLE001 - a corrupt YAML file
+    except Exception as exc:  # a corrupt YAML file
         raise CramkitError(f"{run / 'config.yaml'} is not valid YAML ({exc}); restore the run's config") from None
     if not isinstance(section, dict):
         raise CramkitError(f"{run / 'config.yaml'} has no 'model:' section; is it a cramkit run?")

@@ -215,7 +215,7 @@ def read_weights(file: Path) -> dict[str, torch.Tensor]:
     if file.suffix == ".bin":
         try:
             state = torch.load(file, map_location="cpu", weights_only=True)
-        except Exception as exc:  # noqa: BLE001 - any unpickling failure is a bad file
+        except Exception as exc:  # any unpickling failure is a bad file
             raise CramkitError(
                 f"{file} could not be read as plain tensors ({exc}); convert it to safetensors"
             ) from None
@@ -325,7 +325,7 @@ def _resolve(path: str | Path) -> Path:
         raise CramkitError(
             f"hf:{name}: no such model on the Hugging Face hub (or it is private); check the name"
         ) from None
-    except Exception as exc:  # noqa: BLE001 - gated repo, server error, ...
+    except Exception as exc:  # gated repo, server error, ...
         first = (str(exc).strip().splitlines() or [""])[0]
         raise CramkitError(
             f"hf:{name}: could not download it from the Hugging Face hub ({type(exc).__name__}: {first}); "

@@ -43,6 +43,8 @@ from cramkit.train.objectives import ExampleObjective
 if TYPE_CHECKING:
     import torch
 
+    from cramkit.model.multitask import MultiTaskModel
+
 PathLike = str | os.PathLike
 SETTINGS_FILE = "mixture.json"
 
@@ -424,9 +426,9 @@ def _train_and_score(
         with main_first(ctx, "checking --out"):
             if ctx.is_main:
                 claim_dir(out, SETTINGS_FILE, settings, "a mixture fine-tuning")
-        done = _finished(out)
-        if done is not None:
-            return done if ctx.is_main else {}
+        finished = _finished(out)
+        if finished is not None:
+            return finished if ctx.is_main else {}
         run = out / "run"
     per_epoch = mixture.examples_per_epoch(sizes)
     # with a weighting, a step takes one batch of every task: the same examples per epoch in fewer steps
@@ -449,7 +451,7 @@ def _train_and_score(
     done = train_epochs(objective, tcfg, run, examples=per_epoch, batch_size=step_examples, ctx=ctx)
     if not ctx.is_main:
         return {}
-    model = done.model
+    model = cast("MultiTaskModel", done.model)  # what MixtureObjective trains
     if weighting is not None:  # every task's batch at every step
         drawn = np.full(len(tasks), done.steps)
     else:

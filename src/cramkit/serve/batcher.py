@@ -377,7 +377,7 @@ class Batcher(Lane):
                 out = self.engine.fill_mask_pass(enc, None, job0.top_k)
             else:  # pragma: no cover - the routes only submit known tasks
                 raise ValueError(f"unknown task {task}")
-        except BaseException as exc:  # noqa: BLE001 - every caller gets the failure, the worker lives on
+        except BaseException as exc:  # every caller gets the failure, the worker lives on
             error = exc
         finally:
             self._busy(-running)
@@ -470,7 +470,7 @@ class SearchQueue(Lane):
         self._busy(req.cost)
         try:
             hits, error = self.index.search(req.texts, req.k), None
-        except BaseException as exc:  # noqa: BLE001 - the caller gets the failure, the worker lives on
+        except BaseException as exc:  # the caller gets the failure, the worker lives on
             hits, error = None, exc
         finally:
             self._busy(-req.cost)

@@ -276,7 +276,7 @@ class Gate:
         """The app; an exception it lets out (Starlette has answered 500 already) becomes one log line."""
         try:
             await self.app(scope, receive, send)
-        except Exception as exc:  # noqa: BLE001 - one line, not a traceback; the server keeps serving
+        except Exception as exc:  # one line, not a traceback; the server keeps serving
             LOG(
                 "internal",
                 f"500 {scope.get('method')} {scope.get('path')}: {type(exc).__name__}: {exc} (at {_where(exc)})",
@@ -338,7 +338,7 @@ async def queued(state: ServerState, lane: Lane, req: Any) -> Any:
         raise invalid(str(exc), 413) from None
     except CramkitError as exc:
         raise invalid(str(exc)) from None
-    except Exception as exc:  # noqa: BLE001 - the model failed: say so, keep serving
+    except Exception as exc:  # the model failed: say so, keep serving
         raise ApiError(500, f"the model failed on this input ({type(exc).__name__}: {exc})", "Backend") from None
 
 

@@ -406,7 +406,7 @@ class Checkpointer:
                 done.set_result(None)
             except (KeyboardInterrupt, SystemExit):
                 raise
-            except BaseException as exc:  # noqa: BLE001 - reported by _raise (CheckpointException is one)
+            except BaseException as exc:  # reported by _raise (CheckpointException is one)
                 done.set_exception(exc)
             self._done(done, tmp, final, state)
             self._raise()
@@ -419,7 +419,7 @@ class Checkpointer:
         if staging is not None:
             try:
                 staging.result()
-            except Exception as exc:  # noqa: BLE001 - reported with the fix
+            except Exception as exc:  # reported with the fix
                 with self._lock:
                     self._error = self._error or exc
                 self._raise()
@@ -472,7 +472,7 @@ class Checkpointer:
                 write_text_atomic(self.root / LATEST, final.name + "\n")
                 _fsync_dir(self.root)
                 self._prune(final)
-        except BaseException as exc:  # noqa: BLE001 - reported by wait()
+        except BaseException as exc:  # reported by wait()
             if self.ctx.is_main:
                 shutil.rmtree(tmp, ignore_errors=True)
             with self._lock:
@@ -590,7 +590,7 @@ def load(
             dcp.load(state_dict, storage_reader=_reader(path), process_group=process_group, no_dist=not _dist_on())
     except (CramkitError, KeyboardInterrupt, SystemExit):
         raise
-    except BaseException as exc:  # noqa: BLE001 - DCP's CheckpointException is a BaseException
+    except BaseException as exc:  # DCP's CheckpointException is a BaseException
         first = _reason(exc)
         raise CramkitError(
             f"{path}: cannot load this checkpoint into the current model ({first}); it was written for a "

@@ -48,7 +48,7 @@ def _produce(loader: Any, out: queue.Queue, stop: threading.Event, pin: bool) ->
             item: Any = (_pinned(batch) if pin else batch, copy.deepcopy(loader.state_dict()))
         except StopIteration:
             item = _END
-        except BaseException as error:  # noqa: BLE001 - handed to the consumer, raised there
+        except BaseException as error:  # handed to the consumer, raised there
             item = _Failed(error)
         while not stop.is_set():
             try:

@@ -33,8 +33,8 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_fewshot import bench_task  # noqa: E402
-from bench_infer import machine, results_so_far  # noqa: E402
+from bench_fewshot import bench_task
+from bench_infer import machine, results_so_far
 
 
 def is_fewclue(task_name: str, data_dir: str | None) -> bool:

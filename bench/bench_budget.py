@@ -17,8 +17,8 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_fastpath import long_texts, short_texts, uptime  # noqa: E402
-from bench_mixture import minilm  # noqa: E402
+from bench_fastpath import long_texts, short_texts, uptime
+from bench_mixture import minilm
 
 
 def main() -> None:

@@ -41,7 +41,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_infer import machine, minilm_dir  # noqa: E402
+from bench_infer import machine, minilm_dir
 
 
 def articles(corpus: Path, min_lines: int = 4) -> list[list[str]]:

@@ -29,8 +29,8 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_infer import machine, minilm_dir  # noqa: E402
-from make_beir import make_beir, read_mrpc  # noqa: E402
+from bench_infer import machine, minilm_dir
+from make_beir import make_beir, read_mrpc
 
 
 def positives(glue: Path, split: str) -> list[tuple[str, str, None]]:

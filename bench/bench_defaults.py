@@ -25,7 +25,7 @@ from collections import Counter
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_infer import machine, results_so_far  # noqa: E402
+from bench_infer import machine, results_so_far
 
 
 def chance(task_name: str, data_dir: str, split: str) -> float:

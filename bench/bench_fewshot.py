@@ -39,7 +39,7 @@ if TYPE_CHECKING:
     from cramkit.tasks.registry import Task
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_infer import machine  # noqa: E402
+from bench_infer import machine
 
 METHODS = ("head", "prompt", "ptuning", "setfit")
 

@@ -27,7 +27,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_pretrain import hf_model, masked_batch  # noqa: E402
+from bench_pretrain import hf_model, masked_batch
 
 SHAPE = (16, 768, 12, 3072)  # layers, hidden, heads, intermediate (crammed-bert)
 VOCAB, LENGTH = 32768, 128

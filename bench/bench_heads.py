@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_infer import machine  # noqa: E402
+from bench_infer import machine
 
 PROBES = (
     "a gripping , funny and moving film . it was [MASK] .",

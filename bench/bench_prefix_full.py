@@ -25,7 +25,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_infer import machine, results_so_far  # noqa: E402
+from bench_infer import machine, results_so_far
 
 
 def run(name: str, source: str, method: str, seed: int, args: argparse.Namespace) -> dict:

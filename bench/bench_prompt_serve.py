@@ -33,7 +33,7 @@ from pathlib import Path
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_infer import machine, minilm_dir  # noqa: E402
+from bench_infer import machine, minilm_dir
 
 TASKS = ("glue/sst2", "glue/cola", "glue/mrpc")
 

@@ -56,13 +56,13 @@ from typing import Any
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_infer import machine, minilm_dir, texts  # noqa: E402
+from bench_infer import machine, minilm_dir, texts
 
 ROOT = Path(__file__).resolve().parent.parent
 NAME = "minilm"  # the model's name on every server
 
 
-async def _request(reader, writer, path: bytes, body: bytes) -> tuple[int, bytes]:  # noqa: ANN001
+async def _request(reader, writer, path: bytes, body: bytes) -> tuple[int, bytes]:
     writer.write(
         b"POST "
         + path

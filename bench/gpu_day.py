@@ -48,8 +48,8 @@ from typing import Any
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_gpu import hf_flops_per_token  # noqa: E402
-from bench_pretrain import hf_model, masked_batch  # noqa: E402
+from bench_gpu import hf_flops_per_token
+from bench_pretrain import hf_model, masked_batch
 
 TASKS = {"glue/mrpc": "MRPC F1", "glue/cola": "CoLA MCC", "glue/sst2": "SST-2 acc"}
 

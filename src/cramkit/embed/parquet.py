@@ -195,15 +195,20 @@ def _foreign(path: Path, meta: dict[str, Any] | None, key: str, fingerprint: str
 
 
 def check_folder(out: Path, key: str, fingerprint: str, dim: int, parts: int, *, overwrite: bool) -> None:
-    """Every Parquet file in ``out`` belongs to this job; a foreign one is removed with ``overwrite``, else
-    one CramkitError naming it."""
+    """Every Parquet file in ``out`` belongs to this job; a foreign part (``part-K-of-P.parquet``) is removed
+    with ``overwrite``; anything else is one CramkitError naming it (never a user's own file removed)."""
     for p in sorted(out.glob("*.parquet")):
         why = _foreign(p, part_meta(p), key, fingerprint, dim, parts)
         if why is None:
             continue
-        if overwrite:
+        if overwrite and _PART.fullmatch(p.name):  # a part of another embedding: --overwrite replaces it
             p.unlink(missing_ok=True)
             continue
+        if overwrite:
+            raise CramkitError(
+                f"{p} {why}, and it is no part of `cramkit embed` (part-KKKKK-of-PPPPP.parquet): --overwrite "
+                "replaces only what cramkit embed wrote; move it away or choose another --out"
+            )
         raise CramkitError(
             f"{p} {why}; --out {out} may hold the parts of one embedding only: move it away, choose another "
             "--out, or pass --overwrite to replace what is not this embedding's"

@@ -268,6 +268,10 @@ def _record_meta(
     return meta
 
 
+# what `cramkit embed` writes in --out (besides embed.json): .npy and its progress, or Parquet parts
+OWN_FILES = ("embeddings.npy", "ids.npy", "state.json", "progress-*.json", "part-[0-9]*-of-[0-9]*.parquet")
+
+
 def _clear_other_embeddings(out: Path, overwrite: bool) -> None:
     """Finished embeddings of other inputs or another model in ``out``: one line, or removed with ``overwrite``
     (by rank 0; the lock stays: this process holds it)."""
@@ -277,10 +281,9 @@ def _clear_other_embeddings(out: Path, overwrite: bool) -> None:
         raise CramkitError(
             f"{out} holds finished embeddings of other inputs or another model; pick another --out or pass --overwrite"
         )
-    if dist_info()[0] == 0:
+    if dist_info()[0] == 0:  # only what `cramkit embed` writes: never the inputs or other files in ``out``
         (out / DONE_FILE).unlink(missing_ok=True)
-        for p in out.iterdir():
-            if p.is_dir():
-                shutil.rmtree(p)
-            elif p.name != ".lock":  # the lock stays: this process holds it
-                p.unlink()
+        for name in OWN_FILES:
+            for p in out.glob(name):
+                p.unlink(missing_ok=True)
+        shutil.rmtree(out / ".work", ignore_errors=True)  # the Parquet parts' progress

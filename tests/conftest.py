@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from zoo import artefact
+from zoo import ZOO_KEY_ENV, artefact, source_key
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED_DATA = Path(os.environ.get("CRAMKIT_SHARED_DATA", REPO.parent / "shared" / "data"))
@@ -25,6 +25,9 @@ SHARED_DATA = Path(os.environ.get("CRAMKIT_SHARED_DATA", REPO.parent / "shared" 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# one OpenMP thread, as every `cramkit` process the tests start gets (clirun.PROCESS_ENV): Faiss's k-means and
+# CTranslate2 then compute the same bytes in-process as in a process of their own
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
 def _need(path: Path) -> Path:
@@ -163,6 +166,13 @@ def tiny_run(glue_dir: Path) -> Path:
 
 
 PROCESS_MARKS = ("integration", "smoke", "slow")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """The zoo's key, computed once by the controller: every xdist worker then builds and reads the same
+    artefacts even if a source file is saved while the tests run."""
+    if not hasattr(config, "workerinput"):
+        os.environ.setdefault(ZOO_KEY_ENV, source_key())
 
 
 @pytest.hookimpl(tryfirst=True)

@@ -23,11 +23,15 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 ROOT = Path(os.environ.get("CRAMKIT_TEST_ZOO", REPO / ".pytest_cache" / "zoo"))
 DONE = ".zoo-done"
+ZOO_KEY_ENV = "CRAMKIT_TEST_ZOO_KEY"  # set by conftest's pytest_configure for the whole session
 
 
 @functools.cache
 def source_key() -> str:
-    """A hash of what decides an artefact's bytes: cramkit's source and the tests' build helpers."""
+    """A hash of what decides an artefact's bytes: cramkit's source and the tests' build helpers (once per
+    session: the controller's, passed to xdist workers through the environment)."""
+    if os.environ.get(ZOO_KEY_ENV):
+        return os.environ[ZOO_KEY_ENV]
     from importlib.metadata import version
 
     h = hashlib.sha256(f"{sys.version} torch {version('torch')} tokenizers {version('tokenizers')}".encode())

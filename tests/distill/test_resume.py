@@ -4,6 +4,7 @@ run gives; a finished run is not redone; other settings on the same --out are re
 from __future__ import annotations
 
 import json
+import math
 import os
 import signal
 import subprocess
@@ -208,7 +209,10 @@ def test_distill_on_two_processes(teacher, sst_csv, nltk_data, tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.count("| teacher |") == 1  # one report, from rank 0
     rep = json.loads((out / "report.json").read_text())
-    assert rep["training"]["distilled"]["steps"] == 149  # 5 epochs of 951 examples in batches of 32
+    distilled = rep["training"]["distilled"]
+    # 5 epochs of the 951-row transfer set in global batches of 128 (the encoder student's default), 2 ranks
+    assert distilled["examples"] == rep["transfer_set"]["rows"] == 951 and rep["config"]["batch_size"] == 128
+    assert distilled["steps"] == math.ceil(5 * 951 / 128)
     assert set(rep["scores"]) == {"teacher", "student", "labels_only"}
     assert cramkit.load(out).config.layers == 1
     again = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=300)

@@ -2,8 +2,8 @@
 
 ``cli(...)`` calls ``cramkit.cli.main`` in this process, with stdout and stderr captured, the working
 directory and environment set for the call and restored after it, and returns what a subprocess would (a
-``CompletedProcess`` with returncode, stdout, stderr). ``--nproc N`` (N > 1) runs as a process: what
-torchrun's workers print reaches the file descriptors, not this process's captured streams. An exception
+``CompletedProcess`` with returncode, stdout, stderr); with ``--nproc N`` what torchrun's workers print goes
+to the file descriptors, not to this capture (use ``cli_process`` to read it). An exception
 that escapes ``main`` becomes a traceback on stderr and exit status 1, as ``python -m cramkit`` would print
 it, so "no traceback" assertions hold. A refusal costs milliseconds this way instead of the 10 s of a fresh
 interpreter importing torch.
@@ -83,8 +83,6 @@ def cli(
     from cramkit import cli as cramkit_cli
 
     argv = [str(a) for a in args]
-    if _launches_processes(argv):  # torchrun's workers write to the file descriptors, not to sys.stdout
-        return cli_process(*argv, cwd=cwd, env=env, timeout=timeout or 600)
     out, err = _Capture(), _Capture()
     with _environment(cwd, env), contextlib.redirect_stdout(out), contextlib.redirect_stderr(err), _log_to(err):
         try:
@@ -95,14 +93,6 @@ def cli(
             traceback.print_exc(file=sys.stderr)
             code = 1
     return subprocess.CompletedProcess(["cramkit", *argv], code, out.getvalue(), err.getvalue())
-
-
-def _launches_processes(argv: list[str]) -> bool:
-    """``--nproc N`` (N > 1): the command relaunches itself under torchrun."""
-    for i, a in enumerate(argv[:-1]):
-        if a == "--nproc" and argv[i + 1].isdigit() and int(argv[i + 1]) > 1:
-            return True
-    return any(a.startswith("--nproc=") and a.split("=", 1)[1].isdigit() and int(a.split("=", 1)[1]) > 1 for a in argv)
 
 
 def cli_process(

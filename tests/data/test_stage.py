@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from clirun import cli
+from clirun import cli, cli_process
 from cramkit.data.loader import PretrainData
 from cramkit.data.mlm import DataConfig
 from cramkit.data.stage import stage
@@ -300,11 +300,12 @@ def test_crafted_manifest_is_refused(stores, tmp_path, bad):
 @pytest.mark.dist
 def test_two_processes_stage_once_per_node(stores, reference, tmp_path):
     cache = tmp_path / "cache"
-    proc = cramkit(
+    proc = cli_process(  # a process: torchrun's workers print to the file descriptors
         *pretrain_args(stores[1], tmp_path / "run", "data.stage=local", f"data.stage_dir={cache}"),
         "--nproc",
         "2",
     )
+    assert proc.returncode == 0, proc.stderr[-3000:]
     out = proc.stdout + proc.stderr
     assert out.count("cramkit: staged") == 1  # local rank 0 copied; rank 1 waited for it, then read the copy
     assert sorted(losses(tmp_path / "run")) == sorted(reference)

@@ -363,11 +363,14 @@ def test_the_prompt_is_scored_before_training(tiny_run: Path, sst2_files, tmp_pa
     assert f"the prompt before training: accuracy {before['score']:.1f} on 64 dev rows" in proc.stderr
 
 
-def test_builtin_label_words_fall_back_to_words_the_vocabulary_holds_whole(tiny_run: Path, glue_dir: Path) -> None:
+def test_builtin_label_words_fall_back_to_words_the_vocabulary_holds_whole(tiny_run: Path, real_glue_dir: Path) -> None:
+    """What a 1,500-piece vocabulary of SST-2's own sentences keeps whole (the real GLUE: on a clone without
+    ../shared, the built-in GLUE-shaped text has other words)."""
     from cramkit.recipes.finetune_config import FinetuneConfig
     from cramkit.recipes.finetune_prompt import resolve_prompt
     from cramkit.tasks.registry import get_task
 
+    glue_dir = real_glue_dir
     task = get_task("glue/sst2", data_dir=glue_dir)
     run = cramkit.load(tiny_run)  # a tokenizer trained on a small corpus cuts "terrible" in two
     assert len(run.tokenizer.encode("terrible", add_special_tokens=False).ids) > 1

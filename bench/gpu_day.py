@@ -96,8 +96,16 @@ class Day:
 # ------------------------------------------------------------------------------------------- 1. the step
 
 
-def _ours(shape: tuple[int, int, int, int], vocab: int, length: int, device: torch.device, fp8: str | None):
-    """cramkit's MaskedLM as the engine builds it: float8 layers (fp8), per-block compile on CUDA."""
+def _ours(
+    shape: tuple[int, int, int, int],
+    vocab: int,
+    length: int,
+    device: torch.device,
+    fp8: str | None,
+    whole: bool = False,
+):
+    """cramkit's MaskedLM as the engine builds it: float8 layers (fp8), per-block compile on CUDA (``whole``:
+    the whole model compiled as one, the embedding, the MLM head and its loss in the graph too)."""
     from cramkit.model import MaskedLM
     from cramkit.model.encoder import flops_per_token
     from cramkit.train import parallel
@@ -112,7 +120,9 @@ def _ours(shape: tuple[int, int, int, int], vocab: int, length: int, device: tor
     model = MaskedLM(mcfg).to(device)
     if fp8:
         parallel.apply_float8(model, fp8)
-    if device.type == "cuda":
+    if whole:
+        model.compile()
+    elif device.type == "cuda":
         parallel.apply_compile(model)
     t = cfg.train
     opt = build_optimizer(model, "adamw", t.lr, t.betas, t.eps, t.weight_decay, device)
@@ -147,7 +157,9 @@ def step_phase(day: Day, args: argparse.Namespace, device: torch.device) -> None
         "HF BertForMaskedLM (SDPA), eager, bf16": lambda: _hf(shape, vocab, length, device),
         "cramkit MaskedLM, engine, bf16": lambda: _ours(shape, vocab, length, device, None),
     }
-    why_not = fp8_ready(device)
+    if args.whole_compile:
+        kinds["cramkit MaskedLM, whole-model compile, bf16"] = lambda: _ours(shape, vocab, length, device, None, True)
+    why_not = fp8_ready(device) if args.fp8_recipes else "not asked for (--fp8-recipes '')"
     if why_not is None:
         for recipe in args.fp8_recipes.split(","):
             kinds[f"cramkit MaskedLM, engine, fp8 {recipe}"] = lambda r=recipe: _ours(shape, vocab, length, device, r)
@@ -211,6 +223,69 @@ def step_phase(day: Day, args: argparse.Namespace, device: torch.device) -> None
     if why_not:
         day.line(f"\nfp8 not measured: {why_not}.")
     day.bare = {name: batch * length / statistics.median(ts) for name, ts in times.items()}  # type: ignore[attr-defined]
+    if args.profile:
+        name = "cramkit MaskedLM, engine, bf16"
+        profile_step(day, steps[name], sync, batch * length / statistics.median(times[name]), batch * length)
+
+
+# the kernels of a step by kind, from their names (cuBLAS/CUTLASS matrix products, attention, Inductor's fused
+# Triton kernels, the optimizer's, the rest)
+KERNEL_KINDS = (
+    ("matrix products", ("gemm", "cutlass", "nvjet", "sm90_xmma", "cublas", "_mm_")),
+    ("attention", ("flash", "fmha", "attention", "sdpa")),
+    ("optimizer", ("adam", "foreach", "multi_tensor")),
+    ("fused elementwise (Triton)", ("triton",)),
+)
+
+
+def profile_step(day: Day, step: Callable[[], None], sync: Callable[[], Any], tps: float, tokens: int) -> None:
+    """Where a step's GPU time goes: torch.profiler over 3 steps, kernels grouped by kind, the busy share."""
+    from torch.profiler import ProfilerActivity, profile
+
+    step()
+    sync()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(3):
+            step()
+        sync()
+    events = [e for e in prof.key_averages() if getattr(e, "self_device_time_total", 0) > 0]
+    total = sum(e.self_device_time_total for e in events)  # microseconds over the 3 steps
+    if not total:  # the dry run: no GPU kernels to group
+        day.line("\n_Where the step goes: no GPU kernels recorded (no GPU)_")
+        return
+    wall = 3 * tokens / tps * 1e6
+    kinds: dict[str, float] = {}
+    for e in events:
+        low = e.key.lower()
+        kind = next((k for k, keys in KERNEL_KINDS if any(x in low for x in keys)), "other")
+        kinds[kind] = kinds.get(kind, 0.0) + e.self_device_time_total
+    day.line(
+        f"\n### Where the engine's step goes (torch.profiler, 3 steps): GPU busy {total / wall:.0%} of the "
+        f"step's wall time ({wall / 3e3:.1f} ms a step)"
+    )
+    day.line("\n| kind | ms per step | share of GPU time |")
+    day.line("|---|---:|---:|")
+    for kind, t in sorted(kinds.items(), key=lambda kv: -kv[1]):
+        day.line(f"| {kind} | {t / 3e3:.2f} | {t / total:.0%} |")
+    day.line("\n| top kernels | ms per step | calls per step |")
+    day.line("|---|---:|---:|")
+    for e in sorted(events, key=lambda e: -e.self_device_time_total)[:15]:
+        day.line(f"| `{e.key[:90]}` | {e.self_device_time_total / 3e3:.2f} | {e.count / 3:.0f} |")
+    day.record(phase="profile", kinds={k: v / 3e3 for k, v in kinds.items()}, busy=total / wall)
+
+
+# ------------------------------------------------------------------------------------------- 0. the doctor
+
+
+def doctor_phase(day: Day, args: argparse.Namespace, device: torch.device) -> None:
+    """``cramkit doctor`` on this machine: its CPU (instruction sets, fp32/bf16/int8 ceilings) and GPU."""
+    out = Path(args.out) / "doctor.json"
+    cmd = [sys.executable, "-m", "cramkit", "doctor", "--no-save", "--json", str(out), "--seconds", "0.3"]
+    proc = subprocess.run(cmd, env=os.environ, capture_output=True, text=True)
+    if proc.returncode:
+        raise RuntimeError(f"cramkit doctor failed: {proc.stderr.strip().splitlines()[-1:]}")
+    day.line("\n### The machine (`cramkit doctor`)\n\n```\n" + proc.stdout.strip() + "\n```")
+    day.record(phase="doctor", **json.loads(out.read_text()))
 
 
 # ---------------------------------------------------------------------------- 2. the loop, 3. the quality
@@ -257,16 +332,22 @@ def loop_phase(day: Day, args: argparse.Namespace, device: torch.device) -> None
     mfus = [r["mfu"] for r in half if r.get("mfu") is not None]
     mfu = statistics.median(mfus) if mfus else float("nan")
     val = [r["val_loss"] for r in recs if r.get("val_loss") is not None]
+    micro = _saved_micro_batch(run)
     bare = getattr(day, "bare", {}).get("cramkit MaskedLM, engine, bf16" if args.precision != "fp8" else "")
     day.line(
         f"\n### The loop: `cramkit pretrain --preset {args.preset} --budget {args.budget} --set "
         f"train.batch_size={args.batch_size} --set train.precision={args.precision}` on {args.corpus_note}"
     )
-    day.line("\n| steps | tokens seen | tokens/s (second half) | MFU | vs the bare step | held-out MLM loss | wall s |")
-    day.line("|---:|---:|---:|---:|---:|---:|---:|")
+    day.line(
+        "\n| micro-batch | steps | tokens seen | tokens/s (second half) | MFU | vs the bare step | held-out MLM loss "
+        "| wall s |"
+    )
+    day.line("|---:|---:|---:|---:|---:|---:|---:|---:|")
     ratio = f"{tps / bare:.0%}" if bare else "n/a"
     vloss = f"{val[-1]:.3f}" if val else "n/a"
-    day.line(f"| {last['step']} | {last['tokens']:,} | {tps:,.0f} | {mfu:.1%} | {ratio} | {vloss} | {wall:.0f} |")
+    day.line(
+        f"| {micro} | {last['step']} | {last['tokens']:,} | {tps:,.0f} | {mfu:.1%} | {ratio} | {vloss} | {wall:.0f} |"
+    )
     day.record(
         phase="loop",
         steps=last["step"],
@@ -277,8 +358,19 @@ def loop_phase(day: Day, args: argparse.Namespace, device: torch.device) -> None
         wall_s=wall,
         budget=args.budget,
         precision=args.precision,
+        micro_batch=micro,
     )
     day.run = run  # type: ignore[attr-defined]
+
+
+def _saved_micro_batch(run: Path) -> Any:
+    """The micro-batch the run trained with (train.micro_batch=auto resolved), from its saved config."""
+    from cramkit.config import load_yaml
+
+    try:
+        return load_yaml(run / "config.yaml")["train"]["micro_batch"]
+    except Exception:
+        return "?"
 
 
 def quality_phase(day: Day, args: argparse.Namespace, device: torch.device) -> None:
@@ -455,9 +547,11 @@ def main() -> None:
     p.add_argument("--precision", default="auto", help="pretraining precision of the loop (auto = bf16)")
     p.add_argument("--epochs", type=float, default=2.0)
     p.add_argument("--deadline", type=float, default=470, help="seconds: later phases are skipped past it")
-    p.add_argument("--phases", default="step,loop,quality,fewshot")
+    p.add_argument("--phases", default="doctor,step,loop,quality,fewshot")
     p.add_argument("--micro-batch", type=int, default=128, help="sequences per step in the step phase")
     p.add_argument("--fp8-recipes", default="tensorwise", help="torchao float8 scalings to time: tensorwise,rowwise")
+    p.add_argument("--whole-compile", action="store_true", help="step: also time the whole model compiled as one")
+    p.add_argument("--profile", action="store_true", help="step: where the engine's step spends its GPU time")
     p.add_argument("--set", action="append", default=[], help="more --set KEY=VALUE for the pretraining run")
     p.add_argument("--minilm", default=None, help="all-MiniLM-L6-v2's folder: the fewshot phase gives it a head")
     p.add_argument("--head-corpus", nargs="+", default=None, help="the MiniLM head's text (default: --corpus)")
@@ -499,6 +593,8 @@ def main() -> None:
     wanted = set(args.phases.split(","))
     day.line(f"## GPU day, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}{' (dry run)' if args.dry_run else ''}")
     minutes = args.minutes * 60
+    if "doctor" in wanted:
+        day.phase("doctor", 30, lambda: doctor_phase(day, args, device))
     if "step" in wanted:
         day.phase("step", 60, lambda: step_phase(day, args, device))
     if "loop" in wanted:

@@ -28,6 +28,9 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # one OpenMP thread, as every `cramkit` process the tests start gets (clirun.PROCESS_ENV): Faiss's k-means and
 # CTranslate2 then compute the same bytes in-process as in a process of their own
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+# precision auto is fp32 on every CPU here, whichever CI machine runs the tests (an AMX Xeon would pick bf16):
+# the same numbers everywhere; tests/test_precision_rule.py fakes the CPU's flags to test the bf16 rule itself
+os.environ.setdefault("CRAMKIT_CPU_BF16", "0")
 
 
 def _need(path: Path) -> Path:

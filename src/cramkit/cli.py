@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable
 
 # modules under cramkit.commands, each with `register(subparsers)`, in the order `cramkit --help` lists them
-COMMAND_MODULES = ("data", "pretrain", "tasks", "predict", "export", "distill", "serve", "embed", "index")
+COMMAND_MODULES = ("data", "pretrain", "tasks", "predict", "export", "distill", "serve", "embed", "index", "doctor")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -3,7 +3,9 @@
 - :func:`resolve_device`: ``auto`` is CUDA when present, else the CPU; a CUDA device asked for on a
   machine without one is an error, not a silent CPU run.
 - :func:`resolve_precision` and :func:`autocast`: one rule for training and inference alike. The
-  allowed values are :data:`PRECISIONS`; ``auto`` is bf16 autocast on CUDA and fp32 on the CPU; fp16
+  allowed values are :data:`PRECISIONS`; ``auto`` is bf16 autocast on CUDA and on a CPU that computes bf16
+  natively (AMX or AVX512_BF16 in its flags: :func:`cpu_bf16`), fp32 on any other CPU; :func:`precision_rule`
+  says which and why (printed at the start of a run). Weights stay fp32 either way; fp16
   needs CUDA (its loss scaling is the trainer's); fp8 (training only) is bf16 autocast with the encoder's
   matrix multiplies in float8 through torchao, on a GPU with FP8 tensor cores.
 - :func:`torchrun`: the facts torchrun puts in the environment (rank, local rank, world size). Nothing
@@ -18,6 +20,7 @@ torch is imported where it is used, so that the command line starts without it.
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import signal
 import sys
@@ -53,12 +56,59 @@ def resolve_device(name: str | torch.device | None = "auto") -> torch.device:
     return device
 
 
+# the CPU flags (as /proc/cpuinfo names them) that make bf16 matrix products native, the fastest first
+CPU_BF16_FLAGS: tuple[str, ...] = ("amx_bf16", "avx512_bf16")
+CPU_BF16_ENV = "CRAMKIT_CPU_BF16"  # 0: auto is fp32 on any CPU; 1: bf16 on any CPU (a test, a CPU the flags miss)
+
+
+@functools.lru_cache(maxsize=1)
+def cpu_flags() -> frozenset[str]:
+    """The CPU's instruction-set flags as Linux names them in /proc/cpuinfo (empty where it cannot be read)."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            for line in f:
+                if line.startswith(("flags", "Features")):
+                    return frozenset(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return frozenset()
+
+
+def cpu_bf16() -> str | None:
+    """Why this CPU computes bf16 natively (the flag, or the override), or None where it does not."""
+    forced = os.environ.get(CPU_BF16_ENV, "").strip()
+    if forced == "0":
+        return None
+    found = next((flag for flag in CPU_BF16_FLAGS if flag in cpu_flags()), None)
+    if found is None and forced == "1":
+        return f"{CPU_BF16_ENV}=1"
+    return found
+
+
+def precision_rule(asked: str, device: torch.device) -> tuple[str, str]:
+    """The precision actually used on ``device`` (fp32, bf16, fp16 or fp8) for ``asked`` (one of PRECISIONS),
+    and the reason in words (what ``auto`` chose, and how to opt out)."""
+    if asked not in PRECISIONS:
+        raise CramkitError(f"precision must be one of {', '.join(PRECISIONS)}; got {asked!r}")
+    if asked != "auto":
+        return resolve_precision(asked, device), "asked for"
+    if device.type == "cuda":
+        return "bf16", "auto: bf16 autocast on CUDA, fp32 weights; train.precision=fp32 to opt out"
+    native = cpu_bf16()
+    if native is not None:
+        return "bf16", (
+            f"auto: bf16 autocast, this CPU computes bf16 natively ({native}); fp32 weights; "
+            "train.precision=fp32 to opt out"
+        )
+    return "fp32", "auto: fp32, this CPU has no native bf16 (no amx_bf16 or avx512_bf16 flag)"
+
+
 def resolve_precision(asked: str, device: torch.device) -> str:
     """The precision actually used on ``device`` (fp32, bf16 or fp16) for ``asked`` (one of PRECISIONS)."""
     if asked not in PRECISIONS:
         raise CramkitError(f"precision must be one of {', '.join(PRECISIONS)}; got {asked!r}")
     if asked == "auto":
-        return "bf16" if device.type == "cuda" else "fp32"
+        return precision_rule(asked, device)[0]
     if asked == "fp16" and device.type != "cuda":
         raise CramkitError("precision fp16 needs a CUDA device; use fp32 (or bf16) on the CPU")
     if asked == "fp8":

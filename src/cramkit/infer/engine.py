@@ -640,7 +640,7 @@ def compare_outputs(loaded: LoadedModel, exported: ExportedModel, texts: list[An
     ``cramkit.backends.write_export``)."""
     import torch
 
-    ref = Engine(loaded, backend="torch", device="cpu", max_batch_tokens=4096)
+    ref = Engine(loaded, backend="torch", device="cpu", precision="fp32", max_batch_tokens=4096)
     got = Engine(exported, max_batch_tokens=4096)
     res: dict[str, Any] = {"texts": len(texts)}
     with torch.inference_mode():

@@ -26,7 +26,7 @@ from cramkit.errors import CramkitError
 from cramkit.io import read_json_object
 from cramkit.recipes.pretrain_inputs import RUN_FILE, prepare_run
 from cramkit.train import checkpoint as ckpt
-from cramkit.train.config import RunConfig, check_fits, resolve_config
+from cramkit.train.config import RunConfig, check_fits, resolve_config, resolve_micro_batch
 from cramkit.train.report import report_to_setting, require_trackers
 
 
@@ -239,7 +239,11 @@ def _new_run(
         )
     run = Path(out) if out is not None else default_out(preset)
     _refuse_checkpoints(run)
-    # the model must fit before anything is written (the exact vocabulary is checked again below)
+    # the micro-batch that fits (train.micro_batch=auto), then the model must fit before anything is written
+    # (the exact vocabulary is checked again below)
+    cfg, chosen = resolve_micro_batch(cfg, min(cfg.model.vocab_size, cfg.tokenizer.vocab_size))
+    if chosen and runtime.torchrun().rank == 0:
+        print(f"cramkit: {chosen}", file=sys.stderr)
     check_fits(cfg, min(cfg.model.vocab_size, cfg.tokenizer.vocab_size))
     created = run if not run.exists() and runtime.torchrun().world == 1 else None
     run.mkdir(parents=True, exist_ok=True)

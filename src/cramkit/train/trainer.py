@@ -45,7 +45,7 @@ from cramkit.errors import CramkitError
 from cramkit.train import checkpoint as ckpt
 from cramkit.train import distributed, parallel
 from cramkit.train.budget import format_seconds, parse_budget, parse_every
-from cramkit.train.config import RunConfig, TrainConfig
+from cramkit.train.config import AUTO_MICRO_CPU, RunConfig, TrainConfig
 from cramkit.train.metrics import MetricsLog, Progress, peak_flops, plot_losses
 from cramkit.train.objectives import MLMObjective, Objective, TrainData
 from cramkit.train.optim import build_optimizer, reuse_embedding_grads
@@ -191,7 +191,7 @@ class Trainer:
         self.objective, self.tcfg, self.run_dir = objective, tcfg, Path(run)
         self.ctx = ctx = ctx or distributed.init_distributed(tcfg.device)
         self.device = device = ctx.device
-        self.precision = runtime.resolve_precision(tcfg.precision, device)
+        self.precision, self.precision_reason = runtime.precision_rule(tcfg.precision, device)
         if tcfg.threads > 0:
             torch.set_num_threads(tcfg.threads)
         self.budget = parse_budget(tcfg.budget)
@@ -254,7 +254,8 @@ class Trainer:
         # the global batch is exactly train.batch_size on any number of processes: each data-parallel rank takes
         # an equal share in micro-batches of at most train.micro_batch
         data = self.data_ctx
-        self.micro, self.target_accum = split_batch(tcfg.batch_size, tcfg.micro_batch, data.world)
+        cap = tcfg.micro_batch if isinstance(tcfg.micro_batch, int) else AUTO_MICRO_CPU  # (resolved by pretrain)
+        self.micro, self.target_accum = split_batch(tcfg.batch_size, cap, data.world)
         # a thread prepares the next step's micro-batches while the model runs this one (train/prefetch.py):
         # a step takes all of its micro-batches before its first forward (their item counts weight the loss)
         loader = objective.train_loader(self.micro, rank=data.rank, world=data.world)
@@ -266,8 +267,13 @@ class Trainer:
         self.val_loss: float | None = None
         self.history: list[dict[str, Any]] = []
         self._resumed = False
-        # MFU against the dense bf16 peak, fp8 included (torchtitan's convention)
+        # MFU against the dense bf16 peak, fp8 included (torchtitan's convention); on a CPU against its measured
+        # matrix-product ceiling at the run's precision, when `cramkit doctor` has measured it
         self._peak = peak_flops(device) if self.precision in ("bf16", "fp16", "fp8") else None
+        if device.type == "cpu":  # on a CPU: the matrix-product rate `cramkit doctor` measured at this precision
+            from cramkit.doctor import cpu_ceiling
+
+            self._peak = cpu_ceiling(self.precision, torch.get_num_threads())
         self._window: list[float] = []
         self._eta_mark: tuple[float, float] | None = None  # (budget fraction, elapsed) at the last log line
         self._unsettled: list[dict[str, Any]] = []  # steps whose device values the host has not read yet
@@ -497,6 +503,7 @@ class Trainer:
             "grad_norm": norm if math.isfinite(norm) else str(norm),
             "mfu": mfu,
             "skipped": s.skipped or None,
+            "precision": self.precision,
         } | facts["info"]
         rec |= self.objective.step_metrics() or {}
         self.log.write(rec)
@@ -531,6 +538,8 @@ class Trainer:
         self.log.start_reporting(s.step, self.hyperparameters())
         show = tcfg.progress if self.ctx.is_main else False
         self._bar = Progress(show, self.objective.title, self.budget.fraction(s.elapsed, s.tokens, s.step))
+        if self.ctx.is_main:
+            self._bar.note(f"cramkit: {self.objective.title}: precision {self.precision} ({self.precision_reason})")
         self.train_model.train()
         try:
             with runtime.StopFlag(announce=self.ctx.is_main) as stop:

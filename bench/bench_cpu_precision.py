@@ -1,0 +1,138 @@
+"""precision auto on a CPU: bf16 autocast against fp32, in training and in the torch inference path.
+
+1. **pretrain**: ``cramkit pretrain CORPUS --preset tiny-cpu --budget B`` at ``--threads`` threads, once with
+   ``train.precision=fp32`` and once with ``auto`` (bf16 on a CPU with AMX or AVX512_BF16), repetitions
+   interleaved: tokens/s (second half of the run) and the held-out MLM loss at the same time budget.
+2. **embed**: all-MiniLM-L6-v2 through ``Engine`` (torch) on ``--sentences`` lines of the corpus, fp32 and
+   bf16 autocast: sentences/s (median of the repetitions) and the cosine of each bf16 vector to its fp32 one.
+
+Where the CPU has no native bf16 the ``auto`` rows are fp32 too (the rule's own choice) and the bf16 embed row is
+measured on a tenth of the sentences (emulated bf16 is slow). Rows go to stdout and ``--out``/cpu_precision.md.
+
+    python bench/bench_cpu_precision.py --corpus DIR_OR_FILE --minilm DIR [--budget 60s] [--threads 1] [--reps 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+
+def pretrain(corpus: list[str], out: Path, precision: str, budget: str, threads: int) -> dict[str, float]:
+    from cramkit.train.metrics import read_metrics
+
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads))
+    env.pop("CRAMKIT_CPU_BF16", None)  # the rule as a user gets it
+    cmd = [sys.executable, "-m", "cramkit", "pretrain", *corpus, "--preset", "tiny-cpu", "--out", str(out)]
+    cmd += ["--budget", budget, "--no-progress", "--set", f"train.precision={precision}"]
+    cmd += ["--set", f"train.threads={threads}", "--set", "train.checkpoint_every=never", "--set", "train.log_every=5"]
+    cmd += ["--set", "train.device=cpu"]  # the CPU's rule, also on a machine with a GPU
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    if proc.returncode:
+        raise RuntimeError(f"pretrain {precision} failed: {proc.stderr.strip().splitlines()[-1:]}")
+    recs = read_metrics(out)
+    train = [r for r in recs if r.get("tokens_per_s")]
+    last = max(train, key=lambda r: r["step"])
+    half = [r for r in train if r["elapsed"] >= last["elapsed"] / 2] or train
+    val = [r["val_loss"] for r in recs if r.get("val_loss") is not None]
+    return {
+        "tokens_per_s": statistics.median(r["tokens_per_s"] for r in half),
+        "tokens": last["tokens"],
+        "val_loss": val[-1] if val else float("nan"),
+        "used": last.get("precision", "?"),
+    }
+
+
+def embed(minilm: str, texts: list[str], precision: str, threads: int) -> tuple[float, np.ndarray]:
+    import torch
+
+    from cramkit.infer.engine import Engine
+
+    torch.set_num_threads(threads)
+    eng = Engine(f"hf:{minilm}", backend="torch", device="cpu", precision=precision)
+    eng.embed(texts[:32])
+    t0 = time.perf_counter()
+    vecs = np.asarray(eng.embed(texts))
+    return len(texts) / (time.perf_counter() - t0), vecs
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--corpus", nargs="+", required=True)
+    p.add_argument("--minilm", help="all-MiniLM-L6-v2's folder (HF layout): the embed rows")
+    p.add_argument("--budget", default="60s")
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--reps", type=int, default=2)
+    p.add_argument("--sentences", type=int, default=1000)
+    p.add_argument("--out", default="bench/out/cpu_precision")
+    args = p.parse_args()
+    from cramkit import doctor, runtime
+
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    md = out / "cpu_precision.md"
+    md.write_text("")
+
+    def line(text: str = "") -> None:
+        print(text, flush=True)
+        with md.open("a") as f:
+            f.write(text + "\n")
+
+    flags = [f for f in doctor.FLAGS if f in runtime.cpu_flags()]
+    line(f"### precision auto on a CPU: {doctor.cpu_name()}, flags {', '.join(flags)}; {args.threads} thread(s)")
+    line(f"\n`cramkit pretrain CORPUS --preset tiny-cpu --budget {args.budget}`, {args.reps} interleaved repetitions")
+    line("\n| precision asked | used | tokens/s (median, 2nd half) | tokens seen | held-out MLM loss |")
+    line("|---|---|---:|---:|---:|")
+    rows: dict[str, list[dict[str, float]]] = {"fp32": [], "auto": []}
+    for rep in range(args.reps):
+        for precision in rows:
+            rows[precision].append(
+                pretrain(args.corpus, out / f"run-{precision}-{rep}", precision, args.budget, args.threads)
+            )
+    for precision, rs in rows.items():
+        tps = statistics.median(r["tokens_per_s"] for r in rs)
+        toks = statistics.median(r["tokens"] for r in rs)
+        losses = ", ".join(f"{r['val_loss']:.3f}" for r in rs)
+        line(f"| {precision} | {rs[0]['used']} | {tps:,.0f} | {toks:,.0f} | {losses} |")
+    if args.minilm:
+        corpus = [Path(c) for c in args.corpus]
+        files = [f for c in corpus for f in (sorted(c.rglob("*.txt")) if c.is_dir() else [c])]
+        texts: list[str] = []
+        for f in files:
+            texts += [
+                t.strip() for t in f.read_text(encoding="utf-8", errors="replace").splitlines() if 20 < len(t) < 400
+            ]
+            if len(texts) >= args.sentences:
+                break
+        texts = texts[: args.sentences]
+        native = runtime.cpu_bf16() is not None
+        sub = texts if native else texts[: max(32, len(texts) // 10)]
+        rates: dict[str, list[float]] = {"fp32": [], "bf16": []}
+        vecs: dict[str, np.ndarray] = {}
+        for _ in range(args.reps):
+            for precision in rates:
+                r, v = embed(args.minilm, sub, precision, args.threads)
+                rates[precision].append(r)
+                vecs[precision] = v
+        cos = (vecs["fp32"] * vecs["bf16"]).sum(1) / (
+            np.linalg.norm(vecs["fp32"], axis=1) * np.linalg.norm(vecs["bf16"], axis=1)
+        )
+        line(f"\nall-MiniLM-L6-v2 through Engine (torch), {len(sub)} corpus sentences, {args.threads} thread(s)")
+        line("\n| precision | sentences/s (median) | vs fp32 | cosine to fp32 (min / mean) |")
+        line("|---|---:|---:|---:|")
+        base = statistics.median(rates["fp32"])
+        for precision, rs in rates.items():
+            rate = statistics.median(rs)
+            c = "1 / 1" if precision == "fp32" else f"{cos.min():.4f} / {cos.mean():.4f}"
+            line(f"| {precision} | {rate:,.1f} | {rate / base:.2f}x | {c} |")
+
+
+if __name__ == "__main__":
+    main()

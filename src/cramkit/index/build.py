@@ -341,9 +341,23 @@ def _plan(vectors_path: Path, budget: int, kind: str, on_disk: bool | None) -> t
     """The index for the embedded vectors: (its plan, chosen from their count and the memory budget, said in a
     line; their count)."""
     vectors = np.load(vectors_path, mmap_mode="r", allow_pickle=False)
+    _check_finite(vectors)
     plan = ann.plan_index(len(vectors), vectors.shape[1], budget, kind, on_disk)
     _log(f"index: {plan['kind']}{' on disk' if plan.get('on_disk') else ''} ({plan['why']})")
     return plan, len(vectors)
+
+
+def _check_finite(vectors: np.ndarray, block: int = 65536) -> None:
+    """One CramkitError when a vector the encoder made holds NaN or infinity (an index of them reports a perfect
+    recall and answers nothing); read block by block."""
+    for a in range(0, len(vectors), block):
+        bad = ~np.isfinite(vectors[a : a + block]).all(axis=1)
+        if bad.any():
+            r = a + int(np.argmax(bad))
+            raise CramkitError(
+                f"the encoder's vector of chunk {r} holds NaN or infinite values (its outputs overflow or its weights "
+                "are damaged); check the encoder (`cramkit embed` a few lines with it), then build again"
+            )
 
 
 def _manifest_fields(mode: str, encoder: str, how: _Encoding, emb: _Embedded, plan: dict[str, Any]) -> dict[str, Any]:

@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 
 from cramkit.data.tokenstore import is_store
-from cramkit.embed.parquet import iter_parts, read_manifest
+from cramkit.embed.parquet import iter_parts, part_vectors, read_manifest
 from cramkit.embed.store_text import decode_spans, store_chunk_spans, store_documents, store_tokenizer
 from cramkit.errors import CramkitError
 from cramkit.index.manifest import MODES
@@ -167,11 +167,11 @@ def chunks_from_parquet(
     source_ids: dict[str, int] = {}
     docs: set[int] = set()
     at = 0
-    for t in iter_parts(folder):
+    for path, t in iter_parts(folder):  # (read_manifest checked each part's rows and columns)
         n = t.num_rows
         if at + n > len(mm):
             raise CramkitError(f"{folder}: the parts hold more rows than its manifest's {len(mm)}; join it again")
-        vec = t.column("vector").combine_chunks().values.to_numpy(zero_copy_only=False).reshape(n, -1)
+        vec = part_vectors(path, t, int(m["dim"]))
         norm = np.linalg.norm(vec, axis=1, keepdims=True)
         mm[at : at + n] = vec / np.maximum(norm, 1e-12)
         texts = [x if x is not None else "" for x in t.column("text").to_pylist()]
@@ -184,6 +184,8 @@ def chunks_from_parquet(
         at += n
     mm.flush()
     del mm
+    if at != int(m["rows"]):
+        raise CramkitError(f"{folder}: the parts hold {at} rows, its manifest {m['rows']}; join it again")
     chunks.sources = list(source_ids)
     chunks.num_docs = len(docs)
     return chunks, m

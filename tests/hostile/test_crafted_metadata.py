@@ -204,3 +204,109 @@ def test_read_vectors_refuses_nan_parts(parquet, tmp_path) -> None:
     _rewrite(d, PART1, _vectors(t, np.full((n, dim), np.nan)))
     with pytest.raises(CramkitError, match=r"part-00001-of-00002.parquet: row 0 \(id 20\) holds NaN"):
         read_vectors(d)
+
+
+# ---------------------------------------------------------------------------------------- data join (case 11)
+
+
+@pytest.fixture(scope="module")
+def shards(tmp_path_factory, builtin_docs, tok_dir) -> Path:
+    """Two shards of four text files (`cramkit data build --shard i/2`, one after the other in this process)."""
+    base = tmp_path_factory.mktemp("shards")
+    src = base / "src"
+    src.mkdir()
+    for i in range(4):
+        (src / f"f{i}.txt").write_text("\n\n".join(builtin_docs[i * 10 : i * 10 + 10]), encoding="utf-8")
+    out = base / "store"
+    for i in range(2):
+        ok("data", "build", src, "--tokenizer", tok_dir, "--out", out, "--shard", f"{i}/2", "--workers", "1", "--quiet")
+    return out
+
+
+@pytest.mark.parametrize(
+    "change, says",
+    [
+        ({"shard": {"count": 10**10}}, "field 'count' must be an integer from 1 to 99,999, got 10000000000"),
+        ({"shard": {"count": 1e10}}, "field 'count' must be an integer from 1 to 99,999"),
+        ({"shard": {"count": "2"}}, "field 'count' must be an integer"),
+        ({"shard": {"count": 1}}, "is shard 1 of 1: no such shard"),
+        ({"shard": {"files": [["a.txt"]]}}, "field 'files' must be a list of strings"),
+        ({"shard": {"files": "a.txt"}}, "field 'files' must be a list of strings"),
+        ({"num_sequences": None}, "field 'num_sequences' must be an integer"),
+        ({"num_sequences": "12"}, "field 'num_sequences' must be an integer"),
+        ({"num_sequences": 10**10}, "records 10000000000 sequences"),
+        ({"num_tokens": 1.5}, "field 'num_tokens' must be an integer"),
+        ({"max_token_id": [1]}, "field 'max_token_id' must be an integer"),
+        ({"counts": {"documents": "12"}}, "(counts): field 'documents' must be an integer"),
+        ({"counts": {"tokens": 1e10}}, "(counts): field 'tokens' must be an integer"),
+        ({"counts": [1]}, "field 'counts' must be a JSON object"),
+        ({"checksums": {"train-00001.bin": 5}}, "field 'checksums' must map file names to strings"),
+        ({"dtype": None}, "field 'dtype' must be a string"),
+    ],
+)
+def test_data_join_refuses_crafted_shard_records(shards, tmp_path, change, says) -> None:
+    d = _copy(shards, tmp_path / "store")
+    rec_file = d / "train-00001.json"
+    rec = json.loads(rec_file.read_text())
+    for key, value in change.items():
+        rec[key] = rec[key] | value if isinstance(value, dict) and key == "shard" else value
+    rec_file.write_text(json.dumps(rec))
+    one_line(cli("data", "join", d), str(rec_file), says, "rebuild that shard")
+    assert not (d / "train.json").exists()
+
+
+def test_data_join_refuses_a_missing_count(shards, tmp_path) -> None:
+    d = _copy(shards, tmp_path / "store")
+    rec = json.loads((d / "train-00000.json").read_text())
+    del rec["num_sequences"]
+    (d / "train-00000.json").write_text(json.dumps(rec))
+    one_line(cli("data", "join", d), f"{d / 'train-00000.json'}: field 'num_sequences' is missing")
+    # the honest shards join
+    assert "joined 2 shards" in ok("data", "join", _copy(shards, tmp_path / "good"))
+
+
+# ------------------------------------------------------------------------------------- --prefix-len (case 14)
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("--prefix-len", "100001"),
+        ("--prefix-len", "1000000000"),
+        ("--prefix-len", "0"),
+        ("--set", "prefix_len=1e9"),
+        ("--set", "prefix_len=100001"),
+        ("--set", "prefix_len=true"),
+    ],
+)
+def test_prefix_len_beyond_what_loads_is_one_line(pretrained_run, tmp_path, args) -> None:
+    train = tmp_path / "train.csv"
+    rows = "".join(f"row {i} is {'good' if i % 2 else 'bad'},{i % 2}\n" for i in range(40))
+    train.write_text("sentence,label\n" + rows)
+    out = tmp_path / "ft"
+    proc = cli("finetune", "--from", pretrained_run, "--train", train, "--text-a", "sentence", "--method", "ptuning",
+               "--out", out, "--no-progress", *args)  # fmt: skip
+    says = {"0": "must be positive", "prefix_len=true": "finetune.prefix_len: expected an integer"}.get(
+        args[-1], "must be an integer from 1 to 100,000"
+    )
+    one_line(proc, says)
+    assert not out.exists() or not any(out.iterdir())
+
+
+def test_prefix_classifier_refuses_what_it_cannot_allocate() -> None:
+    from cramkit.errors import CramkitError
+    from cramkit.model.encoder import ModelConfig
+    from cramkit.model.heads import ClassifierConfig
+    from cramkit.model.prompting import PrefixClassifier
+
+    cfg = ModelConfig(vocab_size=100, hidden=1024, layers=4096, heads=16, intermediate=64)
+    with pytest.raises(CramkitError, match=r"--prefix-len 100000: the prefixes alone need 3,125.0 GiB"):
+        PrefixClassifier(cfg, 2, ClassifierConfig(), 100_000, encoder=torch_stub())
+    with pytest.raises(CramkitError, match="must be an integer from 1 to 100,000, got 100001"):
+        PrefixClassifier(cfg, 2, ClassifierConfig(), 100_001, encoder=torch_stub())
+
+
+def torch_stub():
+    from torch import nn
+
+    return nn.Identity()

@@ -310,3 +310,24 @@ def torch_stub():
     from torch import nn
 
     return nn.Identity()
+
+
+# ------------------------------------------------- the on-disk build's prepared state (a resumable writer's record)
+
+
+def test_on_disk_build_refuses_a_crafted_part_count(builtin_docs, pretrained_run, tmp_path) -> None:
+    docs = tmp_path / "docs.txt"
+    docs.write_text("\n\n".join(d.replace("\n\n", "\n") for d in builtin_docs[:120]), encoding="utf-8")
+    idx = tmp_path / "idx"
+    build = ["index", "build", docs, "--encoder", pretrained_run, "--out", idx, "--on-disk", "--device", "cpu",
+             "--chunk-tokens", "32", "--overlap", "0"]  # fmt: skip
+    ok(*build, "--shard", "0/2")
+    prepared = idx / ".build" / "ondisk" / "prepared.json"
+    good = json.loads(prepared.read_text())
+    for parts in (1e10, 10**10, "2", None, [2]):
+        prepared.write_text(json.dumps(good | {"parts": parts}))
+        one_line(cli(*build, "--shard", "1/2"), f"{prepared}: field 'parts' must be an integer", "remove it")
+        assert not (idx / "index.json").exists()
+    prepared.write_text(json.dumps(good))
+    ok(*build, "--shard", "1/2")
+    assert json.loads((idx / "index.json").read_text())["plan"]["on_disk"]

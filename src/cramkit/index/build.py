@@ -25,6 +25,7 @@ from cramkit.index.chunking import Chunks, chunks_from_parquet, make_chunks, pro
 from cramkit.index.manifest import FORMAT, MANIFEST, file_sizes
 from cramkit.index.ondisk import peak_rss_mb
 from cramkit.io import atomic_path, check_out, dir_lock, write_json_atomic
+from cramkit.meta import meta_int
 from cramkit.runtime import parse_shard
 
 
@@ -139,7 +140,7 @@ def build_index(
             parts = ondisk.part_count(n, workers, shard_n)
             prep = _prepare_on_disk(vectors_path, plan, odw, parts, settings, fields, timing, t_start)
         if shard is None:
-            parts = int(prep["parts"])
+            parts = _prep_parts(odw, prep)
             ondisk.fill_parts(
                 odw, work / "embed" / "embeddings.npy", list(range(parts)), parts, workers=workers, log=_log
             )
@@ -435,7 +436,7 @@ def _fill_shard(
     """Fill shard i's parts of an on-disk build; the shard that finds every part done merges them and publishes
     the index (its manifest), the others say which shards are still to come (None)."""
     odw = out / ".build" / "ondisk"
-    parts = int(prep["parts"])
+    parts = _prep_parts(odw, prep)
     mine = [p for p in range(parts) if p % shard_n == shard_i]
     ondisk.fill_parts(odw, out / ".build" / "embed" / "embeddings.npy", mine, parts, workers=workers, log=_log)
     left = ondisk.missing_parts(odw, parts)
@@ -451,6 +452,13 @@ def _fill_shard(
             _log(f"{out}: the index is finished already (another shard merged it)")
             return None
         return _finish_on_disk(out, prep, target)
+
+
+def _prep_parts(odw: Path, prep: dict[str, Any]) -> int:
+    """The number of parts the prepared state of an on-disk build records, checked before a list is sized
+    from it (a damaged or crafted state file is one line)."""
+    fix = "remove it (or pass --overwrite) to prepare the on-disk index again"
+    return meta_int(prep, "parts", odw / ondisk.PREPARED, fix, lo=1, hi=1 << 20)
 
 
 def _copy_encoder(out: Path, loaded: Any, fp: str) -> None:
@@ -469,7 +477,13 @@ def _finish_on_disk(out: Path, prep: dict[str, Any], target: float) -> dict[str,
     if not vectors_path.is_file() and (data / "vectors.npy").is_file():  # killed after the move below
         os.replace(data / "vectors.npy", vectors_path)
     params, recall, obuild = ondisk.merge(
-        work / "ondisk", vectors_path, base["plan"], data, target=target, parts=int(prep["parts"]), log=_log
+        work / "ondisk",
+        vectors_path,
+        base["plan"],
+        data,
+        target=target,
+        parts=_prep_parts(work / "ondisk", prep),
+        log=_log,
     )
     os.replace(vectors_path, data / "vectors.npy")
     build = {**prep["build"], **obuild}

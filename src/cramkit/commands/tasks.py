@@ -389,13 +389,17 @@ def _config(args: argparse.Namespace):
             overrides["seeds"] = [int(s) for s in args.seeds.split(",") if s.strip()]
         except ValueError:
             raise CramkitError(f"--seeds {args.seeds!r}: give comma-separated integers, e.g. 0,1,2") from None
-    return finetune_config(
+    cfg = finetune_config(
         None,
         {**base, **overrides},
         prompt=getattr(args, "prompt", None),
         label_words=getattr(args, "label_words", None),
         report_to=getattr(args, "report_to", None),
     )
+    from cramkit.model.prompting import check_prefix_len
+
+    check_prefix_len(cfg.prefix_len)  # --prefix-len, --set or --config: bounded before any work
+    return cfg
 
 
 def _print_config(cfg) -> int:

@@ -302,6 +302,33 @@ def shard_sources(sources: Sequence[str], shard: tuple[int, int]) -> list[str]:
     return files[len(files) * i // n : len(files) * (i + 1) // n]
 
 
+def _shard_record(p: Path, meta: dict, name: str, index: int) -> dict:
+    """``meta`` (the record ``p`` of shard ``index`` of the store ``name``) with every field the join reads typed
+    and bounded (cramkit.meta), before any of it sizes a list; one CramkitError naming the file and field."""
+    from cramkit.meta import MAX_PARTS, meta_dict, meta_int, meta_str, meta_strings
+
+    fix = "the record is damaged or crafted: rebuild that shard with `cramkit data build ... --shard i/N`"
+    info = meta.get("shard")
+    if not isinstance(info, dict) or info.get("name") != name or info.get("index") != index:
+        raise CramkitError(f"{p} is not the record of a shard of {name} (cramkit data build --shard i/N); move it away")
+    where = f"{p} (shard)"
+    count = meta_int(info, "count", where, fix, lo=1, hi=MAX_PARTS)
+    if index >= count:
+        raise CramkitError(f"{p} is shard {index} of {count}: no such shard; {fix}")
+    meta_strings(info, "files", where, fix, default=[])
+    for key in ("num_sequences", "num_documents"):
+        meta_int(meta, key, p, fix, hi=1 << 40)
+    meta_int(meta, "num_tokens", p, fix, hi=1 << 56)
+    meta_int(meta, "max_token_id", p, fix, lo=-1, hi=(1 << 32) - 1)
+    meta_str(meta, "dtype", p, fix)
+    for key, value in meta_dict(meta, "counts", p, fix, default={}).items():
+        meta_int({key: value}, key, f"{p} (counts)", fix, hi=1 << 56)
+    sums = meta_dict(meta, "checksums", p, fix, default={})
+    if not all(isinstance(v, str) for v in sums.values()):
+        raise CramkitError(f"{p}: field 'checksums' must map file names to strings; {fix}")
+    return meta
+
+
 def join_shards(out_dir: str | os.PathLike, name: str = "train") -> Path:
     """Write ``out_dir/NAME.json`` (and ``NAME.tokenizer.json``), the manifest that opens the stores
     ``NAME-00000`` ... ``NAME-{N-1}`` built by ``cramkit data build --shard i/N`` as one sharded store;
@@ -324,12 +351,7 @@ def join_shards(out_dir: str | os.PathLike, name: str = "train") -> Path:
         if not m:
             continue
         meta = read_json_object(p, "rebuild that shard with `cramkit data build ... --shard i/N`")
-        info = meta.get("shard")
-        if not isinstance(info, dict) or info.get("name") != name or info.get("index") != int(m.group(1)):
-            raise CramkitError(
-                f"{p} is not the record of a shard of {name} (cramkit data build --shard i/N); move it away"
-            )
-        found[int(m.group(1))] = (p, meta)
+        found[int(m.group(1))] = (p, _shard_record(p, meta, name, int(m.group(1))))
     final = out / f"{name}.json"
     if not found:
         raise CramkitError(f"{out} holds no shards of {name} ({name}-00000.json ...); build them with --shard i/N")
@@ -372,6 +394,11 @@ def join_shards(out_dir: str | os.PathLike, name: str = "train") -> Path:
     for i in range(count):
         store = TokenStore(out / shard_name(name, i))  # checks its files: headers, sizes, names inside out
         meta = found[i][1]
+        if (meta["num_sequences"], meta["num_tokens"]) != (len(store), store.num_tokens):
+            raise CramkitError(
+                f"{found[i][0]} records {meta['num_sequences']} sequences and {meta['num_tokens']} tokens, its "
+                f"store holds {len(store)} and {store.num_tokens}; rebuild that shard with --shard {i}/{count}"
+            )
         pairs += store.shards
         checksums.update(meta.get("checksums") or {})
         for k, v in (meta.get("counts") or {}).items():

@@ -25,6 +25,7 @@ import numpy as np
 from cramkit.embed.progress import ProgressBar
 from cramkit.errors import CramkitError
 from cramkit.io import json_loads, open_memmap, write_json_atomic
+from cramkit.meta import meta_int
 
 DONE_FILE = "embed.json"
 
@@ -101,7 +102,7 @@ def embed_to_memmap(
     n = len(texts)
     dim = int(dimensions or engine.hidden_size or 0)
     done = finished(out, key)
-    if done is not None and (out / "embeddings.npy").is_file():
+    if done is not None and (out / "embeddings.npy").is_file() and (done.get("rows"), done.get("dim")) == (n, dim):
         return done
     state = {"key": key, "rows": n, "dim": dim, "world_size": world}
     if rank == 0:
@@ -128,8 +129,10 @@ def embed_to_memmap(
     start, end = n * rank // world, n * (rank + 1) // world
     prog_file = out / f"progress-{rank}.json"
     prog = _read_json(prog_file) or {}
-    committed = int(prog.get("committed", 0)) if prog.get("start") == start and prog.get("end") == end else 0
-    committed = max(0, min(committed, end - start))
+    committed = 0
+    if prog.get("start") == start and prog.get("end") == end:  # rows of this job: a number past them is damage
+        fix = f"remove {prog_file} to embed those rows again (or restore it)"
+        committed = meta_int(prog, "committed", prog_file, fix, hi=end - start, default=0)
     mm = np.load(out / "embeddings.npy", mmap_mode="r+", allow_pickle=False)
     if mm.shape != (n, dim):
         raise CramkitError(f"{out / 'embeddings.npy'} has shape {mm.shape}, expected {(n, dim)}; remove {out}")

@@ -39,6 +39,7 @@ import numpy as np
 from cramkit.embed.memmap import DONE_FILE, barrier, dist_info, embed_to_memmap, finished
 from cramkit.errors import CramkitError
 from cramkit.io import file_lock, inside, json_loads, read_json_object, sha256_file, write_json_atomic
+from cramkit.meta import MAX_DIM, MAX_PARTS, MAX_ROWS, meta_dict, meta_int, meta_str
 
 __all__ = ["embed_parts", "iter_parts", "join", "read_manifest", "read_vectors"]
 
@@ -75,14 +76,74 @@ def schema(dim: int, meta: dict[str, Any] | None = None) -> Any:
 
 
 def part_meta(path: Path) -> dict[str, Any] | None:
-    """The ``cramkit`` metadata of a Parquet file (None: none, or not a readable Parquet file)."""
+    """The ``cramkit`` metadata of a Parquet file (None: none, or not a readable Parquet file), its numbers
+    checked (:func:`check_part_meta`)."""
     _, pq = _pyarrow()
     try:
         md = pq.read_schema(path).metadata or {}
         meta = json_loads(md[META_KEY]) if META_KEY in md else None
     except Exception:  # not Parquet, truncated (a killed copy), unreadable: the caller names the file
         return None
-    return meta if isinstance(meta, dict) and meta.get("format") == PART_FORMAT else None
+    if not (isinstance(meta, dict) and meta.get("format") == PART_FORMAT):
+        return None
+    return check_part_meta(path, meta)
+
+
+def check_part_meta(path: Path, meta: dict[str, Any]) -> dict[str, Any]:
+    """``meta``, the ``cramkit`` metadata of the part ``path``, when every field that sizes or selects anything
+    has its type and range (a part of ``parts`` in a file named for it, rows start..end of rows_total); else one
+    CramkitError naming the file and the field. Nothing is sized from a number before it is checked here."""
+    where = f"{path} (its cramkit schema metadata)"
+    fix = "the part is damaged or crafted: move it away, or embed its shard again"
+    meta_str(meta, "key", where, fix)
+    meta_str(meta, "encoder_fingerprint", where, fix)
+    meta_int(meta, "dim", where, fix, lo=1, hi=MAX_DIM)
+    parts = meta_int(meta, "parts", where, fix, lo=1, hi=MAX_PARTS)
+    k = meta_int(meta, "part", where, fix, hi=parts - 1)
+    rows = meta_int(meta, "rows_total", where, fix, hi=MAX_ROWS)
+    start = meta_int(meta, "start", where, fix, hi=rows)
+    meta_int(meta, "end", where, fix, lo=start, hi=rows)
+    meta_int(meta, "shards", where, fix, lo=1, hi=parts, default=parts)
+    meta_int(meta, "world_size", where, fix, lo=1, hi=parts, default=1)
+    for name in ("pooling", "prompt", "prompt_name", "model", "source"):
+        if meta.get(name) is not None:
+            meta_str(meta, name, where, fix)
+    named = _PART.fullmatch(path.name)
+    if named and (int(named.group(1)), int(named.group(2))) != (k, parts):
+        raise CramkitError(f"{where} says part {k} of {parts}, its name another; {fix}")
+    return meta
+
+
+def check_part_file(path: Path, rows: int, dim: int) -> None:
+    """One CramkitError naming ``path`` unless it is a readable Parquet file of ``rows`` rows whose columns are
+    those of a part (``id`` int64, ``vector`` a fixed-size list of ``dim`` float32, ``text`` string, ``doc``
+    int64, ``source`` string): checked from its footer, before any row is read."""
+    pa, pq = _pyarrow()
+    fix = "the part is damaged or crafted: embed its shard again, then `cramkit embed --join`"
+    try:
+        f = pq.ParquetFile(path)
+        sch, n = f.schema_arrow, f.metadata.num_rows
+    except Exception as exc:  # not Parquet (a file of zeros), truncated, unreadable
+        raise CramkitError(f"{path} is not a readable Parquet file ({str(exc)[:120]}); {fix}") from None
+    want = {"id": pa.int64(), "text": pa.string(), "doc": pa.int64(), "source": pa.string()}
+    for name in COLUMNS:
+        got = sch.field(name).type if name in sch.names else None
+        if name == "vector":
+            ok = (
+                got is not None
+                and pa.types.is_fixed_size_list(got)
+                and got.list_size == dim
+                and got.value_type == pa.float32()
+            )
+            what = f"a fixed-size list of {dim} float32"
+        else:
+            ok = got is not None and (got == want[name] or (want[name] == pa.string() and got == pa.large_string()))
+            what = str(want[name])
+        if not ok:
+            has = "missing" if got is None else f"of type {got}"
+            raise CramkitError(f"{path}: column {name!r} is {has}, not {what}; {fix}")
+    if n != rows:
+        raise CramkitError(f"{path} holds {n} rows, its record {rows}; {fix}")
 
 
 def _utf8(texts: Sequence[str]) -> Any:
@@ -232,11 +293,27 @@ def _part_record(out: Path, k: int, parts: int, key: str) -> dict[str, Any] | No
     rec = None
     with contextlib.suppress(CramkitError):
         rec = read_json_object(done, "") if done.is_file() else None
-    if rec is None or rec.get("bytes") != path.stat().st_size or rec.get("key") != key:
+    if not _record_ok(rec, path, key, meta["end"] - meta["start"]):
         rec = {"file": path.name, "rows": meta["end"] - meta["start"], "bytes": path.stat().st_size, "key": key}
         rec |= {"sha256": sha256_file(path), "seconds": 0.0, "resumed_rows": 0, "truncated": 0}
         write_json_atomic(done, rec)
     return rec
+
+
+def _record_ok(rec: dict[str, Any] | None, path: Path, key: str, rows: int) -> bool:
+    """Whether ``rec`` (a part's record in ``.work``) is this file's, complete and of the right types; else it
+    is made again from the file (a kill between the rename and the record, or a damaged record)."""
+    if rec is None or rec.get("bytes") != path.stat().st_size or rec.get("key") != key or rec.get("rows") != rows:
+        return False
+    counts = [rec.get(name, 0) for name in ("resumed_rows", "truncated")]
+    seconds = rec.get("seconds", 0.0)
+    return (
+        isinstance(rec.get("sha256"), str)
+        and all(isinstance(c, int) and not isinstance(c, bool) and 0 <= c <= rows for c in counts)
+        and isinstance(seconds, (int, float))
+        and not isinstance(seconds, bool)
+        and 0 <= seconds < float("inf")
+    )
 
 
 def embed_parts(
@@ -391,8 +468,10 @@ def join(out: str | os.PathLike, *, quiet_missing: bool = False) -> dict[str, An
         )
     records = []
     for k in range(parts):
-        rec = _part_record(out, k, parts, first["key"])
         m = metas[have[k]]
+        if m is not None:
+            check_part_file(have[k], m["end"] - m["start"], m["dim"])
+        rec = _part_record(out, k, parts, first["key"])
         if rec is None or m is None or rec["rows"] != m["end"] - m["start"]:
             raise CramkitError(f"{have[k]}: its record does not match the file; run its shard again")
         records.append(rec)
@@ -434,16 +513,26 @@ def join(out: str | os.PathLike, *, quiet_missing: bool = False) -> dict[str, An
 
 
 def read_manifest(out: str | os.PathLike) -> dict[str, Any]:
-    """The manifest of a Parquet embedding folder, checked: every part named there is a plain file inside
-    the folder, present, of the size recorded."""
+    """The manifest of a Parquet embedding folder, checked before anything is sized from it: its numbers typed
+    and bounded, every part named there a plain file inside the folder, present, of the size recorded, a
+    Parquet file of the rows and columns recorded (its footer), the parts' rows adding up to ``rows``."""
     out = Path(out)
-    if not (out / DONE_FILE).is_file():
+    file = out / DONE_FILE
+    if not file.is_file():
         raise CramkitError(f"{out} holds no {DONE_FILE}: the embedding is unfinished; run `cramkit embed --join {out}`")
-    m = read_json_object(out / DONE_FILE, f"run `cramkit embed --join {out}`")
+    fix = f"it is damaged or crafted: run `cramkit embed --join {out}` again"
+    m = read_json_object(file, fix)
     if m.get("format") != "parquet" or not isinstance(m.get("parts"), list) or not m["parts"]:
-        raise CramkitError(
-            f"{out / DONE_FILE} is not the manifest of Parquet embeddings (cramkit embed --format parquet)"
-        )
+        raise CramkitError(f"{file} is not the manifest of Parquet embeddings (cramkit embed --format parquet)")
+    rows = meta_int(m, "rows", file, fix, hi=MAX_ROWS)
+    dim = meta_int(m, "dim", file, fix, lo=1, hi=MAX_DIM)
+    meta_str(meta_dict(m, "encoder", file, fix), "fingerprint", f"{file} (encoder)", fix)
+    if m.get("pooling") not in (None, "mean", "cls"):
+        raise CramkitError(f"{file}: field 'pooling' must be mean or cls, got {str(m['pooling'])[:40]!r}; {fix}")
+    meta_str(m, "prompt", file, fix, default="")
+    if len(m["parts"]) > MAX_PARTS:
+        raise CramkitError(f"{file} lists {len(m['parts'])} parts, more than {MAX_PARTS}; {fix}")
+    total = 0
     for part in m["parts"]:
         name = part.get("file") if isinstance(part, dict) else None
         try:
@@ -452,24 +541,59 @@ def read_manifest(out: str | os.PathLike) -> dict[str, Any]:
             path = inside(out, name)
         except ValueError:
             raise CramkitError(
-                f"{out / DONE_FILE} names part {name!r}, which is not a file inside {out}; a manifest may only "
+                f"{file} names part {name!r}, which is not a file inside {out}; a manifest may only "
                 f"list files beside it (damaged or crafted): run `cramkit embed --join {out}` again"
             ) from None
+        n = meta_int(part, "rows", f"{file} (part {name})", fix, hi=MAX_ROWS)
         if not path.is_file() or path.stat().st_size != part.get("bytes"):
             raise CramkitError(
-                f"{path} is missing or changed since {out / DONE_FILE} was written; run its shard again, then "
+                f"{path} is missing or changed since {file} was written; run its shard again, then "
                 f"`cramkit embed --join {out}`"
             )
+        check_part_file(path, n, dim)
+        total += n
+    if total != rows:
+        raise CramkitError(f"{file} records {rows} rows, its parts {total}; {fix}")
     return m
 
 
-def iter_parts(out: str | os.PathLike) -> Iterator[Any]:
-    """The parts of a Parquet embedding folder as Arrow tables, in row order (the manifest checked)."""
+def iter_parts(out: str | os.PathLike) -> Iterator[tuple[Path, Any]]:
+    """The parts of a Parquet embedding folder as (file, Arrow table), in row order (the manifest and each
+    part's footer checked; a part whose pages do not read is one CramkitError naming it)."""
     _, pq = _pyarrow()
     out = Path(out)
     m = read_manifest(out)
     for part in m["parts"]:
-        yield pq.read_table(out / part["file"], columns=list(COLUMNS))
+        path = out / part["file"]
+        try:
+            table = pq.read_table(path, columns=list(COLUMNS))
+        except Exception as exc:  # damaged pages behind a readable footer
+            raise CramkitError(
+                f"{path} does not read as Parquet ({str(exc)[:120]}); the part is damaged: embed its shard "
+                f"again, then `cramkit embed --join {out}`"
+            ) from None
+        yield path, table
+
+
+def part_vectors(path: Path, table: Any, dim: int, first_row: int = 0) -> np.ndarray:
+    """The ``vector`` column of a part's table as float32 [rows, dim], every value finite; else one
+    CramkitError naming the part and the first bad row: a null, NaN or infinite vector is found by no query (an
+    index of them reports a perfect recall and answers nothing)."""
+    col = table.column("vector").combine_chunks()
+    n = table.num_rows
+    if col.null_count:
+        r = int(np.argmax(col.is_null().to_numpy(zero_copy_only=False)))
+        raise CramkitError(f"{path}: row {first_row + r} has no vector (null); embed that shard again")
+    vectors = col.values.to_numpy(zero_copy_only=False)[col.offset * dim : (col.offset + n) * dim].reshape(n, dim)
+    bad = ~np.isfinite(vectors).all(axis=1)
+    if bad.any():
+        r = int(np.argmax(bad))
+        raise CramkitError(
+            f"{path}: row {first_row + r} (id {table.column('id')[r]}) holds NaN or infinite values "
+            f"({int(bad.sum())} such rows); such vectors cannot be searched: embed that shard again (and check "
+            "the model: its outputs overflow)"
+        )
+    return vectors
 
 
 def read_vectors(out: str | os.PathLike) -> tuple[np.ndarray, np.ndarray]:
@@ -478,10 +602,9 @@ def read_vectors(out: str | os.PathLike) -> tuple[np.ndarray, np.ndarray]:
     vecs = np.empty((m["rows"], m["dim"]), np.float32)
     ids = np.empty(m["rows"], np.int64)
     at = 0
-    for t in iter_parts(out):
+    for path, t in iter_parts(out):
         n = t.num_rows
-        col = t.column("vector").combine_chunks()
-        vecs[at : at + n] = col.values.to_numpy(zero_copy_only=False).reshape(n, m["dim"])
+        vecs[at : at + n] = part_vectors(path, t, m["dim"])
         ids[at : at + n] = t.column("id").to_numpy()
         at += n
     if at != m["rows"]:

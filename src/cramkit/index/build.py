@@ -25,6 +25,7 @@ from cramkit.index.chunking import Chunks, chunks_from_parquet, make_chunks, pro
 from cramkit.index.manifest import FORMAT, MANIFEST, file_sizes
 from cramkit.index.ondisk import peak_rss_mb
 from cramkit.io import atomic_path, check_out, dir_lock, write_json_atomic
+from cramkit.meta import meta_int
 from cramkit.runtime import parse_shard
 
 
@@ -139,7 +140,7 @@ def build_index(
             parts = ondisk.part_count(n, workers, shard_n)
             prep = _prepare_on_disk(vectors_path, plan, odw, parts, settings, fields, timing, t_start)
         if shard is None:
-            parts = int(prep["parts"])
+            parts = _prep_parts(odw, prep)
             ondisk.fill_parts(
                 odw, work / "embed" / "embeddings.npy", list(range(parts)), parts, workers=workers, log=_log
             )
@@ -341,9 +342,23 @@ def _plan(vectors_path: Path, budget: int, kind: str, on_disk: bool | None) -> t
     """The index for the embedded vectors: (its plan, chosen from their count and the memory budget, said in a
     line; their count)."""
     vectors = np.load(vectors_path, mmap_mode="r", allow_pickle=False)
+    _check_finite(vectors)
     plan = ann.plan_index(len(vectors), vectors.shape[1], budget, kind, on_disk)
     _log(f"index: {plan['kind']}{' on disk' if plan.get('on_disk') else ''} ({plan['why']})")
     return plan, len(vectors)
+
+
+def _check_finite(vectors: np.ndarray, block: int = 65536) -> None:
+    """One CramkitError when a vector the encoder made holds NaN or infinity (an index of them reports a perfect
+    recall and answers nothing); read block by block."""
+    for a in range(0, len(vectors), block):
+        bad = ~np.isfinite(vectors[a : a + block]).all(axis=1)
+        if bad.any():
+            r = a + int(np.argmax(bad))
+            raise CramkitError(
+                f"the encoder's vector of chunk {r} holds NaN or infinite values (its outputs overflow or its weights "
+                "are damaged); check the encoder (`cramkit embed` a few lines with it), then build again"
+            )
 
 
 def _manifest_fields(mode: str, encoder: str, how: _Encoding, emb: _Embedded, plan: dict[str, Any]) -> dict[str, Any]:
@@ -421,7 +436,7 @@ def _fill_shard(
     """Fill shard i's parts of an on-disk build; the shard that finds every part done merges them and publishes
     the index (its manifest), the others say which shards are still to come (None)."""
     odw = out / ".build" / "ondisk"
-    parts = int(prep["parts"])
+    parts = _prep_parts(odw, prep)
     mine = [p for p in range(parts) if p % shard_n == shard_i]
     ondisk.fill_parts(odw, out / ".build" / "embed" / "embeddings.npy", mine, parts, workers=workers, log=_log)
     left = ondisk.missing_parts(odw, parts)
@@ -437,6 +452,13 @@ def _fill_shard(
             _log(f"{out}: the index is finished already (another shard merged it)")
             return None
         return _finish_on_disk(out, prep, target)
+
+
+def _prep_parts(odw: Path, prep: dict[str, Any]) -> int:
+    """The number of parts the prepared state of an on-disk build records, checked before a list is sized
+    from it (a damaged or crafted state file is one line)."""
+    fix = "remove it (or pass --overwrite) to prepare the on-disk index again"
+    return meta_int(prep, "parts", odw / ondisk.PREPARED, fix, lo=1, hi=1 << 20)
 
 
 def _copy_encoder(out: Path, loaded: Any, fp: str) -> None:
@@ -455,7 +477,13 @@ def _finish_on_disk(out: Path, prep: dict[str, Any], target: float) -> dict[str,
     if not vectors_path.is_file() and (data / "vectors.npy").is_file():  # killed after the move below
         os.replace(data / "vectors.npy", vectors_path)
     params, recall, obuild = ondisk.merge(
-        work / "ondisk", vectors_path, base["plan"], data, target=target, parts=int(prep["parts"]), log=_log
+        work / "ondisk",
+        vectors_path,
+        base["plan"],
+        data,
+        target=target,
+        parts=_prep_parts(work / "ondisk", prep),
+        log=_log,
     )
     os.replace(vectors_path, data / "vectors.npy")
     build = {**prep["build"], **obuild}

@@ -22,6 +22,7 @@ On disk (a directory, all ``.npy`` written with ``np.lib.format.open_memmap`` an
 from __future__ import annotations
 
 import hashlib
+import io
 import os
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -31,11 +32,11 @@ from typing import Any
 import numpy as np
 
 from cramkit.data.tokenstore import is_store
-from cramkit.embed.parquet import iter_parts, read_manifest
+from cramkit.embed.parquet import iter_parts, part_vectors, read_manifest
 from cramkit.embed.store_text import decode_spans, store_chunk_spans, store_documents, store_tokenizer
 from cramkit.errors import CramkitError
 from cramkit.index.manifest import MODES
-from cramkit.io import open_memmap
+from cramkit.io import atomic_path, open_memmap
 from cramkit.text.tokenizer import encode_batch
 
 COLUMNS = ("doc", "seq", "tok_start", "tok_end", "source", "char_start", "char_end")
@@ -166,11 +167,11 @@ def chunks_from_parquet(
     source_ids: dict[str, int] = {}
     docs: set[int] = set()
     at = 0
-    for t in iter_parts(folder):
+    for path, t in iter_parts(folder):  # (read_manifest checked each part's rows and columns)
         n = t.num_rows
         if at + n > len(mm):
             raise CramkitError(f"{folder}: the parts hold more rows than its manifest's {len(mm)}; join it again")
-        vec = t.column("vector").combine_chunks().values.to_numpy(zero_copy_only=False).reshape(n, -1)
+        vec = part_vectors(path, t, int(m["dim"]))
         norm = np.linalg.norm(vec, axis=1, keepdims=True)
         mm[at : at + n] = vec / np.maximum(norm, 1e-12)
         texts = [x if x is not None else "" for x in t.column("text").to_pylist()]
@@ -183,6 +184,8 @@ def chunks_from_parquet(
         at += n
     mm.flush()
     del mm
+    if at != int(m["rows"]):
+        raise CramkitError(f"{folder}: the parts hold {at} rows, its manifest {m['rows']}; join it again")
     chunks.sources = list(source_ids)
     chunks.num_docs = len(docs)
     return chunks, m
@@ -245,6 +248,18 @@ def prompt_tokens(tokenizer: Any, prompt: str) -> int:
 # ------------------------------------------------------------------------------------------ on disk
 
 
+def save_npy(path: str | os.PathLike, array: np.ndarray) -> None:
+    """``array`` saved as ``path`` (.npy), complete whenever that name exists (a temporary name, then a rename):
+    a kill or a full disk never leaves a truncated file under it. A full disk is an OSError naming itself (numpy
+    writing to a file says only "N requested and M written")."""
+    buf = io.BytesIO()
+    np.save(buf, np.asarray(array), allow_pickle=False)
+    with atomic_path(path) as tmp, open(tmp, "wb") as fh:
+        fh.write(buf.getbuffer())
+        fh.flush()
+        os.fsync(fh.fileno())
+
+
 def write_chunks(directory: str | os.PathLike, chunks: Chunks) -> None:
     """Write ``chunks`` into ``directory`` (see the module docstring for the files)."""
     d = Path(directory)
@@ -263,8 +278,8 @@ def write_chunks(directory: str | os.PathLike, chunks: Chunks) -> None:
             fh.write(b)
             pos += len(b)
             offsets[i + 1] = pos
-    np.save(d / "text_offsets.npy", offsets)
-    np.save(d / "doc_hash.npy", np.asarray(chunks.doc_hash, dtype=np.uint64))
+    save_npy(d / "text_offsets.npy", offsets)
+    save_npy(d / "doc_hash.npy", np.asarray(chunks.doc_hash, dtype=np.uint64))
 
 
 def append_chunks(

@@ -16,10 +16,11 @@ import numpy as np
 from cramkit.embed import store_text
 from cramkit.embed.memmap import embed_to_memmap, texts_key
 from cramkit.errors import CramkitError
-from cramkit.index.chunking import RETRO_CHUNK, document_hashes
+from cramkit.index.chunking import RETRO_CHUNK, document_hashes, save_npy
 from cramkit.index.ondisk import peak_rss_mb
 from cramkit.index.search import Index
 from cramkit.io import check_out, dir_lock, open_memmap, read_json_object, write_json_atomic
+from cramkit.meta import meta_int
 
 
 def _log(msg: str) -> None:
@@ -104,7 +105,9 @@ def retro_neighbours(
         )
         result.flush()
         del result
-        np.save(out / "chunks.npy", spans)
+        # the final names, each complete when it appears (a temporary name, then a rename), neighbours.json
+        # last: a kill or a full disk at any point leaves a state a rerun finishes (see _resume)
+        save_npy(out / "chunks.npy", spans)
         os.replace(out / ".neighbours.npy", out / "neighbours.npy")
         info = {
             "index": str(path),
@@ -169,14 +172,21 @@ def _embed_store_chunks(
 
 def _resume(out: Path, job: dict[str, Any], progress_file: Path, n: int, k: int) -> tuple[Any, int, int]:
     """(the result memory map ``.neighbours.npy``, the rows already committed, the candidates dropped so far):
-    an earlier run of the same job is continued, anything else started over."""
-    before = read_json_object(progress_file, "") if progress_file.is_file() else {}
-    start = 0
-    if before.get("job") == job and (out / ".neighbours.npy").is_file():
+    an earlier run of the same job is continued from wherever it was killed (every row committed included,
+    and after ``.neighbours.npy`` was renamed to its final name), anything else started over."""
+    fix = f"remove {progress_file} to compute the neighbours again from the start (or restore it)"
+    before = read_json_object(progress_file, fix) if progress_file.is_file() else {}
+    start = dropped = 0
+    if before.get("job") == job:
+        done = meta_int(before, "done", progress_file, fix, hi=n)
+        dropped = meta_int(before, "dropped", progress_file, fix, default=0)
+        work, final = out / ".neighbours.npy", out / "neighbours.npy"
+        if done == n and not work.is_file() and final.is_file():  # killed after the rename, before the record
+            os.replace(final, work)
         try:
-            result = np.load(out / ".neighbours.npy", mmap_mode="r+", allow_pickle=False)
+            result = np.load(work, mmap_mode="r+", allow_pickle=False)
             if result.shape == (n, k) and result.dtype == np.int32:
-                start = int(before.get("done", 0))
+                start = done
         except (OSError, ValueError):
             start = 0
     if start == 0:
@@ -184,7 +194,7 @@ def _resume(out: Path, job: dict[str, Any], progress_file: Path, n: int, k: int)
         result = open_memmap(out / ".neighbours.npy", np.int32, (n, k))
     else:
         _log(f"resumed after {start} of {n} chunks")
-    return result, start, int(before.get("dropped", 0)) if start else 0
+    return result, start, dropped if start else 0
 
 
 def _fill_neighbours(
@@ -204,6 +214,8 @@ def _fill_neighbours(
     """Search the query rows from ``start`` on, block by block (a block never spans two store shards), into
     ``result``; each block flushed, then ``commit(rows done, dropped)``. The candidates dropped (same document)."""
     n = len(result)
+    if start >= n:  # every row committed already (a run killed before its final rename)
+        return dropped
     t0 = time.perf_counter()
     step = max(1, int(block))
     starts = sorted({*range(start, n, step), *(b for b in bounds if start < b < n)})

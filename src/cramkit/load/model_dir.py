@@ -164,14 +164,14 @@ def _build_prefix_model(
     names by checksum."""
     from cramkit.config import from_dict
     from cramkit.model.heads import ClassifierConfig
-    from cramkit.model.prompting import PrefixClassifier, encoder_digest
+    from cramkit.model.prompting import MAX_PREFIX_LEN, PrefixClassifier, encoder_digest
 
     info = (meta.get("extra") or {}).get("base")
     if not (
         isinstance(info, dict)
         and isinstance(info.get("sha256"), str)
         and isinstance(info.get("prefix_len"), int)
-        and 1 <= info["prefix_len"] <= 100_000
+        and 1 <= info["prefix_len"] <= MAX_PREFIX_LEN
     ):
         raise CramkitError(
             f"{file}: a deep-prompt directory needs extra.base (sha256, prefix_len); it is damaged "

@@ -17,11 +17,27 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from cramkit.errors import CramkitError
 from cramkit.model.encoder import Encoder, ModelConfig, init_weights
 from cramkit.model.heads import ClassifierConfig, MLMHead, classification_loss, pool_hidden
 
 if TYPE_CHECKING:
     from cramkit.data.prompts import PromptSpec
+
+# the most prefix keys/values per layer a deep-prompt model may have: what training accepts and what a
+# deep-prompt directory may record (cramkit.load refuses more); 16-128 is usual
+MAX_PREFIX_LEN = 100_000
+
+
+def check_prefix_len(prefix_len: object, cfg: ModelConfig | None = None) -> int:
+    """``prefix_len`` when it is an integer from 1 to :data:`MAX_PREFIX_LEN`; else one CramkitError naming
+    ``--prefix-len`` (``finetune.prefix_len``) and the fix, before anything is sized from it."""
+    if isinstance(prefix_len, bool) or not isinstance(prefix_len, int) or not 1 <= prefix_len <= MAX_PREFIX_LEN:
+        raise CramkitError(
+            f"--prefix-len (finetune.prefix_len) must be an integer from 1 to {MAX_PREFIX_LEN:,}, got "
+            f"{str(prefix_len)[:40]}; deep prompts of 16 to 128 per layer are usual"
+        )
+    return prefix_len
 
 
 class PromptClassifier(nn.Module):
@@ -82,7 +98,16 @@ class PrefixClassifier(nn.Module):
         self.classifier = nn.Linear(cfg.hidden, num_labels)
         init_weights(self, cfg)
         # small at first: the prefixes draw little attention until trained (the frozen model's own outputs)
-        self.prefix = nn.Parameter(torch.randn(cfg.layers, 2, prefix_len, cfg.hidden) * cfg.init_std)
+        check_prefix_len(prefix_len)
+        try:
+            self.prefix = nn.Parameter(torch.randn(cfg.layers, 2, prefix_len, cfg.hidden) * cfg.init_std)
+        except (RuntimeError, MemoryError):  # torch's "can't allocate memory"
+            need = cfg.layers * 2 * prefix_len * cfg.hidden * 4 / 2**30
+            raise CramkitError(
+                f"--prefix-len {prefix_len}: the prefixes alone need {need:,.1f} GiB ({cfg.layers} layers x 2 x "
+                f"{prefix_len} x {cfg.hidden}), more than this machine has; give a smaller --prefix-len (16 to 128 "
+                "is usual)"
+            ) from None
         self.encoder = encoder if encoder is not None else Encoder(cfg)
         self.encoder.requires_grad_(False)
 

@@ -1,7 +1,8 @@
 """`cramkit index export` onto what is already there (issue 50, case 15): `--overwrite` replaces only an earlier
-export of its own (a Parquet file or part files with cramkit's metadata), never a user's Parquet, never the
-current directory; Milvus Lite onto a file that is not a database is one line of cramkit's, not the library's
-logged traceback before it, and the file is kept."""
+export of its own (a Parquet file or part files with cramkit's metadata, a LanceDB table with it, a Milvus
+collection of its fields), never a user's Parquet, table or collection, never the current directory; Milvus Lite onto a
+file that is not a database is one line of cramkit's, not the library's logged traceback before it, and the
+file is kept."""
 
 from __future__ import annotations
 
@@ -72,3 +73,25 @@ def test_milvus_lite_onto_a_file_that_is_not_a_database(small_index: Path, tmp_p
     assert bad.read_bytes() == b"not a database\n"
     # what Milvus Lite and pymilvus log (a 13-line traceback on a terminal) reaches no handler
     assert not [r for r in caplog.records if r.name.startswith(("milvus_lite", "pymilvus"))]
+
+
+def test_database_overwrite_replaces_only_an_earlier_export(small_index: Path, tmp_path: Path) -> None:
+    """A user's own LanceDB table or Milvus collection of the name given is never replaced by --overwrite."""
+    lancedb = pytest.importorskip("lancedb")
+    lance = tmp_path / "lance"
+    lancedb.connect(str(lance)).create_table("mine", data=pa.table({"x": [1, 2, 3]}))
+    args = ("index", "export", small_index, "--to", "lancedb", "--uri", lance, "--name")
+    one_line(cli(*args, "mine", "--overwrite"), "'mine'", "not an export", "is kept")
+    assert lancedb.connect(str(lance)).open_table("mine").count_rows() == 3
+    assert cli(*args, "ours").returncode == 0 and cli(*args, "ours", "--overwrite").returncode == 0
+    pytest.importorskip("milvus_lite")
+    from pymilvus import MilvusClient
+
+    db = tmp_path / "m.db"
+    client = MilvusClient(str(db))
+    client.create_collection("mine", dimension=4)
+    args = ("index", "export", small_index, "--to", "milvus", "--uri", db, "--name")
+    one_line(cli(*args, "mine", "--overwrite"), "'mine'", "not an export", "is kept")
+    assert "mine" in client.list_collections()
+    assert cli(*args, "ours").returncode == 0 and cli(*args, "ours", "--overwrite").returncode == 0
+    assert sorted(client.list_collections()) == ["mine", "ours"]

@@ -14,6 +14,10 @@ export therefore never carries quantisation error. The metric is the index's own
 normalised vectors (cosine), written into the target as ``IP`` (Milvus), ``dot`` (LanceDB) or the
 ``cramkit`` metadata of the Parquet schema.
 
+``--overwrite`` replaces only an earlier export of this command's, never a user's own data: a Parquet file (or a
+directory of ``part-NNNNN.parquet`` files) whose schema carries the ``cramkit`` metadata, a LanceDB table whose
+schema carries it, a Milvus collection of exactly these fields; anything else of the name is one line, kept.
+
 Nothing half-written ever looks finished:
 
 - Parquet: written under a temporary sibling name and renamed onto ``URI`` once complete.
@@ -364,7 +368,7 @@ def _to_lancedb(
     exists = name in _lance_tables(db)
     if exists:
         try:
-            db.open_table(name)
+            old = db.open_table(name)
         except Exception:  # files without a committed version: what a killed or failed export leaves
             log(f"dropping LanceDB table {name!r}: files of an interrupted export, no committed version")
             db.drop_table(name)
@@ -372,6 +376,11 @@ def _to_lancedb(
     if exists and not overwrite:
         raise CramkitError(
             f"LanceDB table {name!r} exists at {uri}; pass --overwrite to replace it, or choose another --name"
+        )
+    if exists and b"cramkit" not in (old.schema.metadata or {}):
+        raise CramkitError(
+            f"LanceDB table {name!r} at {uri} is not an export of `cramkit index export` (no cramkit metadata in its "
+            "schema); --overwrite replaces only an earlier export: choose another --name (the table is kept)"
         )
     n = batch_rows(idx, LANCE_BATCH_BYTES) if rows is None else rows
     schema = arrow_schema(int(idx.manifest["dim"]), describe(idx))
@@ -506,6 +515,16 @@ def _milvus_client(uri: str, records: list[logging.LogRecord]) -> Any:
         ) from None
 
 
+def _exported_collection(client: Any, name: str) -> bool:
+    """Whether the Milvus collection ``name`` has the shape this command writes: the columns of
+    :data:`COLUMNS`, in order (Milvus Lite keeps no collection description to carry cramkit's metadata)."""
+    try:
+        fields = [f.get("name") for f in client.describe_collection(name).get("fields") or []]
+    except Exception:  # (pymilvus' errors, a reply of another shape): not one to replace
+        return False
+    return fields == list(COLUMNS)
+
+
 def _to_milvus(
     idx: Index, uri: str, name: str, *, overwrite: bool, rows: int | None, kind: str, log: Log
 ) -> dict[str, Any]:
@@ -535,6 +554,12 @@ def _to_milvus_quietly(
         if name in existing and not overwrite:
             raise CramkitError(
                 f"Milvus collection {name!r} exists at {uri}; pass --overwrite to replace it, or choose another --name"
+            )
+        if name in existing and not _exported_collection(client, name):
+            raise CramkitError(
+                f"Milvus collection {name!r} at {uri} is not an export of `cramkit index export` (its fields are "
+                f"not {', '.join(COLUMNS)}); --overwrite replaces only an earlier export: choose another --name "
+                "(the collection is kept)"
             )
         tmp = name + PARTIAL
         if tmp in existing:

@@ -213,6 +213,7 @@ PRODUCTS = (
     ("checkpoints", "a pretraining run"),
     ("cramkit-model.json", "a model directory"),
     ("cramkit-onnx.json", "an ONNX export"),
+    ("cramkit-ct2.json", "a CTranslate2 export"),
     ("cramkit_export.json", "a Hugging Face export"),
     ("config.json", "a Hugging Face model"),
     ("index.json", "an index"),
@@ -256,6 +257,7 @@ def check_out(
     own: Iterable[str] = (),
     replace: bool = False,
     force: bool = False,
+    kin: Iterable[str] = (),
 ) -> list[str]:
     """The rule for every command that writes a directory ``out``; a CramkitError naming the fix, else the
     entries of ``out`` that will be removed (only with ``replace`` and ``force``: the caller says so).
@@ -266,7 +268,11 @@ def check_out(
     - never over another product: a directory holding a run, a model, an export, an index... without any of
       ``own`` (the marker files of this command's own earlier output, which it resumes or replaces) is
       refused, naming what it holds, ``force`` or not;
-    - ``replace`` (the command swaps in a new ``out``): any other non-empty directory needs ``force``.
+    - ``replace`` (the command swaps in a new ``out``): only what the command made before is replaced, what
+      its manifest (``own``) lists (:func:`stray_entry`); ``force`` also replaces the output of a kindred
+      command (``kin``: another export format's), on the same terms. A directory it did not make, or one
+      holding anything its manifest does not list (a user's notes, a model two levels down), is refused,
+      ``force`` or not: nothing outside the command's own outputs is ever deleted.
     """
     out = Path(out)
     _refuse_inputs(out, inputs, replace)
@@ -277,27 +283,116 @@ def check_out(
     dst = out.resolve()
     if replace and (dst == Path.cwd().resolve() or dst == Path(dst.anchor)):
         raise CramkitError(f"--out {out} is the current or root directory; choose a new directory")
-    if any((out / name).exists() for name in own):
-        return []
-    entries = sorted(p.name for p in out.iterdir() if p.name != ".lock")
-    product = holds(out)
-    if product is None and not (replace and entries):
-        return []
-    inner = next(
-        (f"{name}/, {what}" for name in entries if (out / name).is_dir() and (what := holds(out / name))), None
-    )
-    if force and (product or inner):
+    mine = next((name for name in own if (out / name).is_file()), None)
+    if not replace:
+        if mine is not None or any((out / name).exists() for name in own):
+            return []
+        product = holds(out)
+        if product is None:
+            return []
         raise CramkitError(
-            f"--out {out} holds {product or inner}, which --force never replaces (it replaces only this "
-            f"command's own output or a directory of other files); choose another --out, or delete it yourself"
+            f"--out {out} holds {product}; writing there would replace it. Choose another --out (or delete "
+            f"{out} yourself)"
         )
-    if not force or not replace:
-        also = "pass --force to replace it, " if replace and not (product or inner) else ""
+    entries = sorted(p.name for p in out.iterdir() if p.name != ".lock")
+    if not entries:
+        return []
+    other = None if mine is not None else next((name for name in kin if (out / name).is_file()), None)
+    marker = mine or other
+    if marker is None:
+        inner = next(
+            (f"{name}/, {what}" for name in entries if (out / name).is_dir() and (what := holds(out / name))), None
+        )
+        what = holds(out) or inner or "other files (" + ", ".join(entries[:5]) + ")"
         raise CramkitError(
-            f"--out {out} holds {product or 'other files (' + ', '.join(entries[:5]) + ')'}; writing there "
-            f"would replace it. Choose another --out ({also}or delete {out} yourself)"
+            f"--out {out} holds {what}, which this command never replaces, --force or not (it replaces only its "
+            "own earlier output, what that output's manifest lists); choose another --out (a new or empty "
+            f"directory), or move {out}'s contents away yourself"
+        )
+    stray = stray_entry(out, marker)
+    if stray is not None:
+        raise CramkitError(
+            f"--out {out} holds {stray}, which the output there ({marker}) did not write; replacing that output "
+            f"would delete it, --force or not. Move {stray} out of {out}, or choose another --out"
+        )
+    if other is None:
+        return []
+    if not force:
+        raise CramkitError(
+            f"--out {out} holds {holds(out) or 'another export (' + other + ')'}; pass --force to replace it (only "
+            f"what its {other} lists), or choose another --out"
         )
     return entries
+
+
+# entries beyond this many under an output are not walked: no output of cramkit's holds as many
+_MOST_ENTRIES = 100_000
+
+
+def listing(root: str | os.PathLike) -> list[str]:
+    """Every file and folder under ``root`` (links not followed), as sorted relative POSIX paths: what an
+    output records in its manifest (``"entries"``) so that a later ``--force``/``--overwrite`` replaces
+    exactly that (:func:`stray_entry`)."""
+    root = Path(root)
+    found = []
+    for here, dirs, files in os.walk(root):
+        rel = Path(here).relative_to(root)
+        found += [(rel / name).as_posix() for name in (*dirs, *files)]
+    return sorted(found)
+
+
+def stray_entry(out: str | os.PathLike, marker: str) -> str | None:
+    """The first entry under ``out`` that the output whose manifest is ``out/marker`` did not write (its
+    ``"entries"``: :func:`listing`), or None. A manifest without that list (written before it existed)
+    vouches for its top-level names: the files its ``"files"`` names, its tokenizer, and the names every
+    export writes (:data:`EXPORT_NAMES`)."""
+    out = Path(out)
+    try:
+        meta = json_loads((out / marker).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, BadJson):
+        meta = None
+    meta = meta if isinstance(meta, dict) else {}
+    listed = meta.get("entries")
+    exact = isinstance(listed, list) and all(isinstance(x, str) for x in listed)
+    if isinstance(listed, list) and exact:
+        own = set(listed)
+    else:
+        files = meta.get("files")
+        own = {marker, *EXPORT_NAMES, *(files if isinstance(files, (dict, list)) else ())}
+    seen = 0
+    for here, dirs, files in os.walk(out):
+        rel = Path(here).relative_to(out)
+        for name in sorted((*dirs, *files)):
+            path = (rel / name).as_posix()
+            seen += 1
+            if seen > _MOST_ENTRIES:
+                return f"over {_MOST_ENTRIES:,} entries"
+            if path == ".lock":
+                continue
+            top = path.split("/", 1)[0]
+            if path not in own and (exact or top not in own):
+                return path + ("/" if name in dirs else "")
+        if not exact and rel == Path("."):
+            dirs[:] = []  # (without a list: the top-level names vouch for what lies under them)
+    return None
+
+
+# what an export writes besides its format's own files (a manifest without "entries" vouches for these names)
+EXPORT_NAMES = (
+    "tokenizer",
+    "tokenizer.json",
+    "vocab.txt",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "config.json",
+    "model.safetensors",
+    "modeling_cramkit.py",
+    "modules.json",
+    "sentence_bert_config.json",
+    "config_sentence_transformers.json",
+    "1_Pooling",
+    "2_Normalize",
+)
 
 
 def check_out_file(out: str | os.PathLike, *, inputs: Iterable[Any] = ()) -> None:

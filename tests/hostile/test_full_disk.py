@@ -125,3 +125,22 @@ def test_continued_pretraining_on_a_full_disk_says_so(minilm_dir, tmp_path) -> N
     proc = _on_full_disk(tmp_path, *args, free_kb=20 * 1024, size_kb=20 * 1024)
     _one_line(proc, "could not write a checkpoint", "disk is full", "run the same command again")
     assert "--resume" not in proc.stderr
+
+
+def test_milvus_lite_export_on_a_full_disk(pretrained_run, tmp_path) -> None:
+    """Milvus Lite fills the disk while the rows go in: cramkit's one line and nothing else (the library's
+    logged tracebacks are kept from the terminal), at two points (the first write, the inserts)."""
+    pytest.importorskip("milvus_lite")
+    from clirun import cli
+
+    docs = tmp_path / "docs.txt"
+    docs.write_text("\n\n".join(f"document {i} about topic {i % 7} and several more words" for i in range(30)))
+    idx = tmp_path / "idx"
+    assert cli("index", "build", docs, "--encoder", pretrained_run, "--out", idx, "--device", "cpu").returncode == 0
+    for free_kb in (8, 1):
+        proc = _on_full_disk(
+            tmp_path, "index", "export", str(idx), "--to", "milvus", "--uri", str(tmp_path / "disk" / "v.db"),
+            free_kb=free_kb,
+        )  # fmt: skip
+        _one_line(proc, "no space left", "free space")
+        assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr[-3000:]

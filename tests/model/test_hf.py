@@ -357,9 +357,13 @@ def test_export_refuses_foreign_directory(tmp_path: Path) -> None:
     with pytest.raises(CramkitError, match=r"holds other files \(notes.txt\)"):
         export_hf(model, TINY, foreign)
     assert (foreign / "notes.txt").read_text() == "keep me" and len(list(foreign.iterdir())) == 1
-    export_hf(model, TINY, foreign, force=True)
-    assert not (foreign / "notes.txt").exists() and (foreign / "modeling_cramkit.py").exists()
-    assert [p.name for p in tmp_path.iterdir()] == ["mine"]  # no temporary directories left behind
+    with pytest.raises(CramkitError, match=r"holds other files \(notes.txt\).*--force or not"):
+        export_hf(model, TINY, foreign, force=True)  # --force never deletes what an export did not write
+    assert (foreign / "notes.txt").read_text() == "keep me" and len(list(foreign.iterdir())) == 1
+    out = export_hf(model, TINY, tmp_path / "new")
+    export_hf(model, TINY, out)  # its own earlier export (every entry listed by its manifest): replaced
+    assert (out / "modeling_cramkit.py").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["mine", "new"]  # no temporary directories left behind
 
 
 def _tokenizer_dir(root: Path) -> Path:

@@ -116,7 +116,7 @@ def test_bucketing_covers_every_example_once_and_cuts_padding() -> None:
 
 def test_config_is_strict_and_has_the_glue_sane_defaults() -> None:
     cfg = FinetuneConfig()
-    assert (cfg.lr, cfg.batch_size, cfg.epochs, cfg.max_length, cfg.warmup) == ("auto", 16, 5.0, 128, 0.1)
+    assert (cfg.lr, cfg.batch_size, cfg.epoch_count, cfg.max_length, cfg.warmup) == ("auto", 16, 5.0, 128, 0.1)
     # auto: Cramming's 4e-5 from MiniLM's width up, 1e-3 for narrower models; a number is taken as given
     assert [auto_lr(cfg, h) for h in (64, 256, 384, 768, None)] == [1e-3, 1e-3, 4e-5, 4e-5, 4e-5]
     assert auto_lr(config_from({"lr": "2e-5"}), 256) == 2e-5
@@ -130,7 +130,7 @@ def test_the_steps_are_the_epochs_or_the_floor(tiny_run: Path, sst2: Task, tmp_p
     them, 'epoch' evaluations spread as the epochs would be); enough rows train their epochs."""
     from cramkit.train.metrics import read_metrics
 
-    assert FinetuneConfig().min_steps > 0  # the default has a floor
+    assert FinetuneConfig().step_floor == 500 and FinetuneConfig(epochs=1).step_floor == 0  # a default floor
     few = subset_task(sst2, 40, 50)  # 3 batches an epoch: 5 epochs = 15 steps < 40
     cfg = FinetuneConfig(min_steps=40, seeds=[0], max_length=32)
     res = finetune(few, tiny_run, cfg, tmp_path / "few", progress=False)

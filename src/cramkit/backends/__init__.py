@@ -116,6 +116,12 @@ def markers() -> tuple[tuple[str, str], ...]:
     return tuple((b.name, b.marker) for b in backends().values())
 
 
+def export_markers() -> tuple[str, ...]:
+    """The manifest file of every export format: the Hugging Face export's and each backend's (what ``--force``
+    may replace, the files it lists only: ``cramkit.io.check_out``'s ``kin``)."""
+    return ("cramkit_export.json", *(marker for _, marker in markers()))  # (model.hf.EXPORT_MARKER)
+
+
 def check_architecture(backend: Backend, architecture: str, source: str) -> None:
     """One line naming --format onnx when ``backend`` cannot hold a model of ``architecture`` (a prompt or a
     deep-prompt model, for a format without :attr:`Backend.prompts`)."""
@@ -144,7 +150,7 @@ def write_export(
     (``cramkit.infer.engine.compare_outputs``). texts: its inputs (default: real text, :func:`check_texts`).
     options: the format's own (``Backend.options``; ONNX: ``isa``, ``opset``). A non-empty ``out`` that is
     not a previous export of this format is refused unless ``force``."""
-    from cramkit.io import atomic_path, check_out, write_json_atomic
+    from cramkit.io import atomic_path, check_out, listing, write_json_atomic
     from cramkit.text.tokenizer import save_tokenizer
 
     b = get(backend) if isinstance(backend, str) else backend
@@ -163,7 +169,8 @@ def write_export(
         )
     b.available()
     out = Path(out)
-    check_out(out, inputs=[loaded], own=[b.marker], replace=True, force=force)
+    kin = export_markers()
+    check_out(out, inputs=[loaded], own=[b.marker], replace=True, force=force, kin=kin)
     start = time.perf_counter()
     loaded.model.to("cpu").eval()
     texts = list(texts or check_texts())
@@ -211,6 +218,8 @@ def write_export(
             )
         manifest["check"] = check
         manifest["seconds"] = round(time.perf_counter() - start, 1)
+        manifest["entries"] = sorted([*listing(tmp), b.marker])  # what a later export replaces: this, no more
+        check_out(out, inputs=[loaded], own=[b.marker], replace=True, force=force, kin=kin)  # (added meanwhile?)
         write_json_atomic(tmp / b.marker, manifest)
     job.say(f"done in {time.perf_counter() - start:.1f}s: {b.summary(manifest)}")
     return out

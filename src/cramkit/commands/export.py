@@ -40,7 +40,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--no-mlm-head", action="store_true", help="export the encoder only (BertModel)")
     p.add_argument(
-        "--force", action="store_true", help="replace --out even if it is not a previous export (never a run or model)"
+        "--force",
+        action="store_true",
+        help="replace an export of another format in --out (only the files its manifest lists; a directory "
+        "an export did not make is never replaced)",
     )
     p.set_defaults(func=run)
 

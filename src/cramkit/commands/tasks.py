@@ -20,9 +20,10 @@ examples:
 
 defaults (Cramming's GLUE-sane recipe, one for all tasks): lr auto (4e-5; 1e-3 for models narrower than
 384, e.g. the tiny presets), batch 16, 5 epochs and at least
-500 steps (min_steps: small data trains too), AdamW (0.9, 0.98, eps 1e-6, weight decay 0.01), 10% linear
-warmup then cosine decay, max_length 128, dropout 0.1, the model's own pooling (a sentence-transformers
-model's mean; else the first token through BERT's pooler). Override any with --set KEY=VALUE.
+500 steps (small data trains too; only when neither epochs nor min_steps is set: --set epochs=1 trains one
+epoch), AdamW (0.9, 0.98, eps 1e-6, weight decay 0.01), 10% linear warmup then cosine decay, max_length
+128, dropout 0.1, the model's own pooling (a sentence-transformers model's mean; else the first token
+through BERT's pooler). Override any with --set KEY=VALUE.
 
 few labels: --few-shot 16 --splits 5 (LM-BFF's protocol, any task); --method prompt (the MLM head through a
 template: --prompt TEMPLATE --label-words LABEL=WORD,...); --method ptuning (deep prompts, encoder frozen);

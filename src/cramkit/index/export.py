@@ -14,6 +14,10 @@ export therefore never carries quantisation error. The metric is the index's own
 normalised vectors (cosine), written into the target as ``IP`` (Milvus), ``dot`` (LanceDB) or the
 ``cramkit`` metadata of the Parquet schema.
 
+``--overwrite`` replaces only an earlier export of this command's, never a user's own data: a Parquet file (or a
+directory of ``part-NNNNN.parquet`` files) whose schema carries the ``cramkit`` metadata, a LanceDB table whose
+schema carries it, a Milvus collection of exactly these fields; anything else of the name is one line, kept.
+
 Nothing half-written ever looks finished:
 
 - Parquet: written under a temporary sibling name and renamed onto ``URI`` once complete.
@@ -27,7 +31,9 @@ Nothing half-written ever looks finished:
 
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
 import os
 import re
 import sys
@@ -41,7 +47,7 @@ import numpy as np
 from cramkit.errors import CramkitError
 from cramkit.index import ann
 from cramkit.index.search import Index
-from cramkit.io import atomic_path
+from cramkit.io import atomic_path, disk_problem
 
 TARGETS = ("parquet", "lancedb", "milvus")
 COLUMNS = ("id", "vector", "text", "doc", "source")
@@ -248,15 +254,14 @@ def _to_parquet(idx: Index, uri: str, *, overwrite: bool, rows: int | None, log:
     out = Path(uri.removeprefix("file://")).expanduser()
     if out.resolve() == idx.path.resolve() or idx.path.resolve() in out.resolve().parents:
         raise CramkitError(f"--uri {uri} lies inside the index {idx.path}; write the export elsewhere")
+    if out.resolve() == Path.cwd().resolve() or out.resolve() in Path.cwd().resolve().parents or not out.name:
+        raise CramkitError(
+            f"--uri {uri} is the current directory or holds it; give a new file NAME.parquet or a new directory"
+        )
     if out.exists() or out.is_symlink():
         if not overwrite:
             raise CramkitError(f"--uri {uri} exists; pass --overwrite to replace it, or choose another --uri")
-        if out.is_dir() and out.suffix == ".parquet":
-            raise CramkitError(f"--uri {uri} is a directory; give a new file name (it is kept)")
-        if not out.is_dir() and out.suffix != ".parquet":
-            raise CramkitError(f"--uri {uri} is a file; a directory export needs a new name (the file is kept)")
-        if out.is_dir() and any(p.suffix != ".parquet" for p in out.iterdir()):
-            raise CramkitError(f"--uri {uri} holds files other than Parquet; --overwrite never replaces it")
+        _check_parquet_target(out, uri)
     group = rows or batch_rows(idx, PARQUET_GROUP_BYTES)
     schema = arrow_schema(int(idx.manifest["dim"]), describe(idx))
     single = out.suffix == ".parquet"
@@ -273,6 +278,42 @@ def _to_parquet(idx: Index, uri: str, *, overwrite: bool, rows: int | None, log:
             files.append(out.name if single else f"{out.name}/{path.name}")
     log(f"wrote {len(idx)} rows in {len(files)} Parquet file(s), row groups of {group} rows")
     return {"name": str(out), "files": files, "row_group_rows": group, "db_index": None}
+
+
+def _exported_here(path: Path) -> bool:
+    """Whether ``path`` is a Parquet file this command wrote: its schema carries cramkit's metadata."""
+    import pyarrow.parquet as pq
+
+    if path.is_symlink() or not path.is_file():
+        return False
+    try:
+        meta = pq.read_schema(str(path)).metadata or {}
+    except Exception:  # not Parquet, damaged, unreadable: not an export of cramkit's
+        return False
+    return b"cramkit" in meta
+
+
+def _check_parquet_target(out: Path, uri: str) -> None:
+    """``--overwrite`` replaces only an earlier export: a file NAME.parquet, or a directory of its part files,
+    that this command wrote (:func:`_exported_here`); anything else is one line naming it, and kept."""
+    if out.is_dir() and out.suffix == ".parquet":
+        raise CramkitError(f"--uri {uri} is a directory; give a new file name (it is kept)")
+    if not out.is_dir() and out.suffix != ".parquet":
+        raise CramkitError(f"--uri {uri} is a file; a directory export needs a new name (the file is kept)")
+    if not out.is_dir():
+        if not _exported_here(out):
+            raise CramkitError(
+                f"--uri {uri} is a file `cramkit index export` did not write (no cramkit metadata in a Parquet "
+                "schema); --overwrite replaces only an earlier export: choose another --uri (the file is kept)"
+            )
+        return
+    for n, p in enumerate(sorted(out.iterdir())):
+        if n >= 10_000 or not (re.fullmatch(r"part-\d{5,}\.parquet", p.name) and _exported_here(p)):
+            raise CramkitError(
+                f"--uri {uri} holds {p.name}, which `cramkit index export` did not write (it writes "
+                "part-NNNNN.parquet files with cramkit metadata); --overwrite replaces only an earlier export: "
+                "choose another --uri (nothing was changed)"
+            )
 
 
 # -------------------------------------------------------------------------------------------- LanceDB
@@ -327,7 +368,7 @@ def _to_lancedb(
     exists = name in _lance_tables(db)
     if exists:
         try:
-            db.open_table(name)
+            old = db.open_table(name)
         except Exception:  # files without a committed version: what a killed or failed export leaves
             log(f"dropping LanceDB table {name!r}: files of an interrupted export, no committed version")
             db.drop_table(name)
@@ -335,6 +376,11 @@ def _to_lancedb(
     if exists and not overwrite:
         raise CramkitError(
             f"LanceDB table {name!r} exists at {uri}; pass --overwrite to replace it, or choose another --name"
+        )
+    if exists and b"cramkit" not in (old.schema.metadata or {}):
+        raise CramkitError(
+            f"LanceDB table {name!r} at {uri} is not an export of `cramkit index export` (no cramkit metadata in its "
+            "schema); --overwrite replaces only an earlier export: choose another --name (the table is kept)"
         )
     n = batch_rows(idx, LANCE_BATCH_BYTES) if rows is None else rows
     schema = arrow_schema(int(idx.manifest["dim"]), describe(idx))
@@ -388,7 +434,53 @@ def _lance_index(table: Any, idx: Index, log: Log) -> str | None:
 # --------------------------------------------------------------------------------------------- Milvus
 
 
-def _milvus_client(uri: str) -> Any:
+# the loggers of the Milvus client and of Milvus Lite (which runs in this process): what they log while cramkit
+# exports (a traceback for a file that is not a database, for a full disk) is kept from the terminal and read
+# for the one line cramkit prints (:func:`_why`)
+MILVUS_LOGGERS = ("pymilvus", "milvus_lite")
+
+
+@contextlib.contextmanager
+def _library_logs(*roots: str) -> Iterator[list[logging.LogRecord]]:
+    """The records the loggers ``roots`` (and those under them with handlers of their own: pymilvus configures
+    ``pymilvus.milvus_client``) emit while the block runs, collected instead of printed. Import the libraries
+    first: pymilvus sets its loggers up when it is imported."""
+    records: list[logging.LogRecord] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            records.append(record)
+
+    keep = Keep(logging.WARNING)
+    below = tuple(r + "." for r in roots)
+    names = [*roots, *(n for n in list(logging.Logger.manager.loggerDict) if n.startswith(below))]
+    loggers = [logging.getLogger(n) for n in names]
+    saved = [(logger, logger.handlers[:], logger.propagate) for logger in loggers]
+    for logger in loggers:
+        if logger.name in roots or logger.handlers:
+            logger.handlers, logger.propagate = [keep], False
+    try:
+        yield records
+    finally:
+        for logger, handlers, propagate in saved:
+            logger.handlers, logger.propagate = handlers, propagate
+
+
+def _full(exc: BaseException, records: list[logging.LogRecord]) -> str | None:
+    """A full disk (or quota, or read-only file system) behind a Milvus failure: in ``exc`` or in an exception
+    the library logged (Milvus Lite's own, which pymilvus reports only as a message); None for any other."""
+    logged = [r.exc_info[1] for r in records if r.exc_info and r.exc_info[1] is not None]
+    return next((p for p in map(disk_problem, (exc, *logged)) if p is not None), None)
+
+
+def _why(exc: BaseException, records: list[logging.LogRecord]) -> str:
+    """Why a Milvus call failed, in a few words: a full disk when that is the cause, else the first line of
+    the first exception Milvus Lite logged (the cause; pymilvus' own is a summary), else of ``exc``."""
+    logged = [r.exc_info[1] for r in records if r.exc_info and r.exc_info[1] is not None]
+    return _full(exc, records) or _first_line(logged[0] if logged else exc)
+
+
+def _milvus_client(uri: str, records: list[logging.LogRecord]) -> Any:
     _need("pymilvus", "'cramkit[milvus]' (pymilvus; for a local file also milvus-lite)")
     from pymilvus import MilvusClient
 
@@ -405,17 +497,56 @@ def _milvus_client(uri: str) -> Any:
     try:
         return MilvusClient(uri=uri, token=token, timeout=30)
     except Exception as exc:
+        why = _why(exc, records)
+        if _full(exc, records):
+            raise CramkitError(
+                f"--uri {uri}: Milvus cannot write there ({why}); free space there (or choose another --uri) and "
+                "export again"
+            ) from None
+        if local and why != _first_line(exc):  # Milvus Lite logged why it cannot open the path
+            raise CramkitError(
+                f"--uri {uri}: Milvus Lite cannot open it as a database ({why}); give a Milvus Lite database or a "
+                "new NAME.db (what is there is kept)"
+            ) from None
         start = "check the file and that no other process holds it" if local else "start Milvus there"
         raise CramkitError(
-            f"--uri {uri}: cannot connect to Milvus ({_first_line(exc)}); {start}, or give the right URI "
+            f"--uri {uri}: cannot connect to Milvus ({why}); {start}, or give the right URI "
             "(and MILVUS_TOKEN for a server that needs one)"
         ) from None
+
+
+def _exported_collection(client: Any, name: str) -> bool:
+    """Whether the Milvus collection ``name`` has the shape this command writes: the columns of
+    :data:`COLUMNS`, in order (Milvus Lite keeps no collection description to carry cramkit's metadata)."""
+    try:
+        fields = [f.get("name") for f in client.describe_collection(name).get("fields") or []]
+    except Exception:  # (pymilvus' errors, a reply of another shape): not one to replace
+        return False
+    return fields == list(COLUMNS)
 
 
 def _to_milvus(
     idx: Index, uri: str, name: str, *, overwrite: bool, rows: int | None, kind: str, log: Log
 ) -> dict[str, Any]:
-    client = _milvus_client(uri)
+    _need("pymilvus", "'cramkit[milvus]' (pymilvus; for a local file also milvus-lite)")
+    import pymilvus  # noqa: F401  (first: it configures its loggers when imported)
+
+    with _library_logs(*MILVUS_LOGGERS) as records:
+        return _to_milvus_quietly(idx, uri, name, records, overwrite=overwrite, rows=rows, kind=kind, log=log)
+
+
+def _to_milvus_quietly(
+    idx: Index,
+    uri: str,
+    name: str,
+    records: list[logging.LogRecord],
+    *,
+    overwrite: bool,
+    rows: int | None,
+    kind: str,
+    log: Log,
+) -> dict[str, Any]:
+    client = _milvus_client(uri, records)
     from pymilvus import DataType
 
     try:
@@ -423,6 +554,12 @@ def _to_milvus(
         if name in existing and not overwrite:
             raise CramkitError(
                 f"Milvus collection {name!r} exists at {uri}; pass --overwrite to replace it, or choose another --name"
+            )
+        if name in existing and not _exported_collection(client, name):
+            raise CramkitError(
+                f"Milvus collection {name!r} at {uri} is not an export of `cramkit index export` (its fields are "
+                f"not {', '.join(COLUMNS)}); --overwrite replaces only an earlier export: choose another --name "
+                "(the collection is kept)"
             )
         tmp = name + PARTIAL
         if tmp in existing:
@@ -486,11 +623,19 @@ def _to_milvus(
     except CramkitError:
         raise
     except Exception as exc:
-        if type(exc).__module__.startswith("pymilvus"):
+        if not type(exc).__module__.startswith("pymilvus") and disk_problem(exc) is None:
+            raise
+        why = _why(exc, records)
+        if _full(exc, records):  # a full disk: what this export wrote is dropped at once, to give the space back
+            with contextlib.suppress(Exception):
+                client.drop_collection(name + PARTIAL)
             raise CramkitError(
-                f"Milvus at {uri} refused the export of {name!r}: {_first_line(exc)}; what was written is left "
-                f"in the collection {name + PARTIAL!r}, which the next export drops"
+                f"Milvus at {uri} could not store the export of {name!r}: {why}; free space there and export "
+                f"again (what this export wrote, {name + PARTIAL!r}, is dropped now or by the next export)"
             ) from None
-        raise
+        raise CramkitError(
+            f"Milvus at {uri} refused the export of {name!r}: {why}; what was written is left "
+            f"in the collection {name + PARTIAL!r}, which the next export drops"
+        ) from None
     finally:
         client.close()

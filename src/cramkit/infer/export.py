@@ -46,12 +46,13 @@ def export(
     """Write ``model`` (anything ``cramkit.load`` takes but an export, or a loaded model) to ``out`` as a
     Hugging Face directory (``format="hf"``) or in an export format: ``onnx`` for ONNX Runtime
     (``quantize="int8"`` for dynamic int8 weights), ``ct2`` for CTranslate2 (``quantize``: float32 (default),
-    int8, int8_float32 or bfloat16), or any registered format. ``out`` is replaced atomically; a non-empty
-    ``out`` that is not a previous export is refused unless ``force``. task: the head to export of a model
-    trained on a mixture. base: of a deep-prompt directory (finetune --method ptuning), the base model it was
-    trained on; the ONNX export holds both (it runs without the base). A prompt model (finetune --prompt)
-    exports to ONNX with its template (the export reads inputs through it) or to a Hugging Face
-    BertForMaskedLM with the template recorded. options: the format's own (ONNX: ``isa``, ``opset``)."""
+    int8, int8_float32 or bfloat16), or any registered format. ``out`` is replaced atomically when it holds
+    a previous export of this format (``force``: of another format) and nothing its manifest does not list; any
+    other non-empty ``out`` is refused (``force`` never deletes what an export did not write). task: the head
+    to export of a model trained on a mixture. base: of a deep-prompt directory (finetune --method ptuning),
+    the base model it was trained on; the ONNX export holds both (it runs without the base). A prompt model
+    (finetune --prompt) exports to ONNX with its template (the export reads inputs through it) or to a Hugging
+    Face BertForMaskedLM with the template recorded. options: the format's own (ONNX: ``isa``, ``opset``)."""
     known = formats()
     if format not in known:
         raise CramkitError(f"format must be one of {', '.join(known)}, got {format!r}")
@@ -85,11 +86,11 @@ def export(
     from cramkit.model.hf import EXPORT_MARKER
 
     marker = backend.marker if backend is not None else EXPORT_MARKER
-    removed = check_out(out, inputs=[model], own=[marker], replace=True, force=force)
-    if removed:
+    removed = check_out(out, inputs=[model], own=[marker], replace=True, force=force, kin=backends.export_markers())
+    if removed:  # another format's export, every entry of it listed by its manifest
         shown = ", ".join(removed[:20]) + (f" and {len(removed) - 20} more" if len(removed) > 20 else "")
         print(
-            f"cramkit: --force: {out} will be replaced; removing its {len(removed)} entries: {shown}",
+            f"cramkit: --force: {out} holds an export of another format; replacing its {len(removed)} entries: {shown}",
             file=sys.stderr,
         )
     from cramkit.load import for_task

@@ -571,10 +571,11 @@ def export_hf(
     """
     from safetensors.torch import save_file
 
-    from cramkit.io import check_out
+    from cramkit.backends import export_markers
+    from cramkit.io import check_out, listing
 
     out = Path(out_dir)
-    check_out(out, own=[EXPORT_MARKER], replace=True, force=force)
+    check_out(out, own=[EXPORT_MARKER], replace=True, force=force, kin=export_markers())
     enc, head, clf = _parts(model_or_encoder)
     if not mlm_head:
         head = None
@@ -595,6 +596,8 @@ def export_hf(
         if sentence_transformers is not None:
             _write_sentence_transformers(tmp, sentence_transformers, cfg.hidden, trust=fmt == "cramkit")
             marker["sentence_transformers"] = sentence_transformers
+        marker["entries"] = sorted([*listing(tmp), EXPORT_MARKER])  # what a later export replaces: this, no more
+        check_out(out, own=[EXPORT_MARKER], replace=True, force=force, kin=export_markers())  # (added meanwhile?)
         (tmp / EXPORT_MARKER).write_text(json.dumps(marker, indent=2) + "\n", encoding="utf-8")
     return out
 

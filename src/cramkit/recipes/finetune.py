@@ -60,9 +60,9 @@ def eval_period(cfg: FinetuneConfig, examples: int, steps: int) -> int:
     from cramkit.train.epochs import epoch_steps
 
     per_epoch = epoch_steps(examples, cfg.batch_size, 1)
-    if steps <= epoch_steps(examples, cfg.batch_size, cfg.epochs):
+    if steps <= epoch_steps(examples, cfg.batch_size, cfg.epoch_count):
         return per_epoch
-    return max(per_epoch, math.ceil(steps / max(1, math.ceil(cfg.epochs))))
+    return max(per_epoch, math.ceil(steps / max(1, math.ceil(cfg.epoch_count))))
 
 
 def train_one_seed(
@@ -86,11 +86,11 @@ def train_one_seed(
     stats). With ``run`` (a directory) checkpoints go there and a run killed midway resumes from them.
     dev: (task, split, encoded) scored at every evaluation (``cfg.eval_every``); with ``cfg.keep == "best"``
     the model returned is the one with the best dev score."""
-    from cramkit.train.epochs import epoch_steps, train_epochs
+    from cramkit.train.epochs import train_epochs
 
     cfg = dataclasses.replace(cfg, lr=auto_lr(cfg, getattr(loaded, "hidden", None)))
     kind: type[ClassifierObjective] = ClassifierObjective
-    steps = max(epoch_steps(len(train), cfg.batch_size, cfg.epochs), cfg.min_steps)
+    steps = cfg.steps(len(train))[0]  # the epochs, or the step floor when the user set neither
     if cfg.method == "setfit":
         from cramkit.recipes import setfit
 
@@ -188,6 +188,10 @@ def _finetune(
         raise CramkitError(f"task {task.name}: the {task.train_split} split is empty; nothing to fine-tune on")
     if torchrun().is_main:  # under torchrun: once
         from cramkit.text.coverage import unk_report
+
+        floor = cfg.steps(len(train_rows))[1] if cfg.method != "setfit" else None
+        if floor is not None:  # the step floor, not the epochs, chose the steps: the first line says so
+            print(f"finetune: {floor}", file=sys.stderr)
 
         texts = [t for e in train_rows for t in (e.text_a, e.text_b, *(e.choices or ())) if t]
         unk_report(tok, texts, str(loaded.source), verbose=progress)

@@ -12,6 +12,8 @@ from cramkit.recipes.learning_rate import EMBEDDING_LR, FINETUNE_LR, WIDE_FROM, 
 from cramkit.train.config import ExampleSettings
 
 METHODS = ("head", "prompt", "ptuning", "setfit")
+DEFAULT_EPOCHS = 5.0  # Cramming's "GLUE-sane" rule: at most 5 epochs
+DEFAULT_MIN_STEPS = 500  # the step floor for few labels, when the user sets neither epochs nor min_steps
 
 
 @dataclass
@@ -24,16 +26,19 @@ class FinetuneConfig(ExampleSettings):
     (re-enabled for fine-tuning, as Cramming does). Weight decay 0.01 on matrices only (biases, norms
     and scalars excluded, like Cramming's ``limited_decay_keys`` and the HF Trainer); Cramming's own
     GLUE-sane file sets 0.0, which ``--set weight_decay=0`` reproduces. Two departures, for few labels and small
-    models: at least ``min_steps`` optimizer steps, and ``lr="auto"``: 4e-5 from width 384 up, 1e-3 below (a
-    tiny model after a short pretraining stays at chance at 4e-5; see :func:`auto_lr`).
+    models: when neither ``epochs`` nor ``min_steps`` is set, at least 500 optimizer steps (a step count the user
+    sets is never overridden: :meth:`steps`), and ``lr="auto"``: 4e-5 from width 384 up, 1e-3 below (a tiny
+    model after a short pretraining stays at chance at 4e-5; see :func:`auto_lr`).
     """
 
     lr: float | Literal["auto"] = "auto"  # auto: by the model's width (auto_lr)
     batch_size: int = 16
-    epochs: float = 5.0  # Cramming's "GLUE-sane" rule: at most 5 epochs
+    # None: Cramming's "GLUE-sane" rule, 5 epochs (with the step floor below); a number: exactly that many
+    epochs: float | None = None
     # at least this many optimizer steps, whatever the data's size: with a few hundred labels, epochs alone
-    # give a few dozen steps and a model that has not left chance (LM-BFF trains 1,000 steps on 16 per class)
-    min_steps: int = 500
+    # give a few dozen steps and a model that has not left chance (LM-BFF trains 1,000 steps on 16 per class).
+    # None: 500 when epochs is not set either, else none (the user's epochs win); 0: epochs alone
+    min_steps: int | None = None
     warmup: float = 0.1  # fraction of all steps
     schedule: Literal["cosine", "linear", "constant"] = "cosine"
     betas: list[float] = field(default_factory=lambda: [0.9, 0.98])
@@ -84,7 +89,7 @@ class FinetuneConfig(ExampleSettings):
                 f"finetune.prefix_len and prefix_lr must be positive, got {self.prefix_len}, {self.prefix_lr}"
             )
         for name in ("lr", "batch_size", "epochs", "max_length", "eval_batch_size"):
-            if getattr(self, name) != "auto" and getattr(self, name) <= 0:
+            if getattr(self, name) not in ("auto", None) and getattr(self, name) <= 0:
                 raise CramkitError(f"finetune.{name} must be positive, got {getattr(self, name)}")
         if not 0.0 <= self.warmup < 1.0:
             raise CramkitError(f"finetune.warmup is a fraction of the steps in [0, 1), got {self.warmup}")
@@ -92,7 +97,7 @@ class FinetuneConfig(ExampleSettings):
             raise CramkitError(f"finetune.betas needs two numbers, e.g. [0.9, 0.98]; got {self.betas}")
         if not self.seeds:
             raise CramkitError("finetune.seeds is empty; give at least one seed, e.g. --seeds 0")
-        if self.min_steps < 0:
+        if self.min_steps is not None and self.min_steps < 0:
             raise CramkitError(f"finetune.min_steps must be 0 (epochs alone) or positive, got {self.min_steps}")
         if self.micro_batch < 0:
             raise CramkitError(f"finetune.micro_batch must be 0 (whole batch) or positive, got {self.micro_batch}")
@@ -107,6 +112,38 @@ class FinetuneConfig(ExampleSettings):
             raise CramkitError("finetune.keep=best picks among the dev evaluations: set eval_every (e.g. 'epoch')")
         if not 0.0 <= self.attention_dropout < 1.0:
             raise CramkitError(f"finetune.attention_dropout must be in [0, 1), got {self.attention_dropout}")
+
+    @property
+    def epoch_count(self) -> float:
+        """The epochs trained over (before the step floor): ``epochs``, or the default 5."""
+        return DEFAULT_EPOCHS if self.epochs is None else float(self.epochs)
+
+    @property
+    def step_floor(self) -> int:
+        """The fewest optimizer steps: ``min_steps`` as set, else 500 when ``epochs`` is not set either, else 0."""
+        if self.min_steps is not None:
+            return int(self.min_steps)
+        return DEFAULT_MIN_STEPS if self.epochs is None else 0
+
+    def steps(self, examples: int) -> tuple[int, str | None]:
+        """The optimizer steps of a run over ``examples`` rows, and the rule that chose them when it was the
+        step floor (None: the epochs): one line for the user, since it trains more epochs than ``epochs``."""
+        from cramkit.train.epochs import epoch_steps
+
+        by_epochs = epoch_steps(examples, self.batch_size, self.epoch_count)
+        floor = self.step_floor
+        if floor <= by_epochs:
+            return by_epochs, None
+        per_epoch = epoch_steps(examples, self.batch_size, 1)
+        rule = (
+            f"the step floor for few labels (min_steps {floor}, the default when neither epochs nor min_steps is set)"
+            if self.min_steps is None
+            else f"the step floor min_steps={floor}"
+        )
+        return floor, (
+            f"training {floor} steps ({floor / per_epoch:.1f} epochs of {examples} rows), not the {by_epochs} of "
+            f"{self.epoch_count:g} epochs: {rule}; --set epochs=N trains exactly N epochs"
+        )
 
 
 def auto_lr(cfg: FinetuneConfig, hidden: int | None) -> float:

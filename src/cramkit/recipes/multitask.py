@@ -433,7 +433,7 @@ def _train_and_score(
     per_epoch = mixture.examples_per_epoch(sizes)
     # with a weighting, a step takes one batch of every task: the same examples per epoch in fewer steps
     step_examples = cfg.batch_size * (len(tasks) if weighting is not None else 1)
-    steps = epoch_steps(per_epoch, step_examples, cfg.epochs)
+    steps = epoch_steps(per_epoch, step_examples, cfg.epoch_count)  # (no step floor: a mixture's epochs)
     objective = MixtureObjective(
         loaded,
         tasks,

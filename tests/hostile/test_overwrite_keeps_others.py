@@ -51,3 +51,24 @@ def test_parquet_overwrite_never_removes_a_users_table(pretrained_run: Path, tmp
     assert "Traceback" not in line and mine.is_file()
     for path, data in files.items():
         assert path.read_bytes() == data
+
+
+def test_index_build_overwrite_removes_only_the_index_it_replaces(pretrained_run: Path, tmp_path: Path) -> None:
+    """`index build --overwrite` swaps in the new index and removes the data folder the old manifest named, never
+    a user's folder that happens to be called data-something (it removed every data-* folder before)."""
+    import json
+
+    docs = tmp_path / "docs.txt"
+    docs.write_text("\n".join(f"document number {i} about films and books" for i in range(40)) + "\n", "utf-8")
+    out = tmp_path / "index"
+    assert cli("index", "build", docs, "--encoder", pretrained_run, "--out", out).returncode == 0
+    first = json.loads((out / "index.json").read_text())["data"]
+    (out / "data-2024").mkdir()
+    (out / "data-2024" / "mine.txt").write_text("a user's own data\n")
+    proc = cli("index", "build", docs, "--encoder", pretrained_run, "--out", out, "--overwrite")
+    assert proc.returncode == 0, proc.stderr
+    now = json.loads((out / "index.json").read_text())["data"]
+    assert now != first and (out / now).is_dir() and not (out / first).exists()
+    assert (out / "data-2024" / "mine.txt").read_text() == "a user's own data\n"
+    hits = cli("index", "query", out, "films and books", "-k", "3")
+    assert hits.returncode == 0 and "document number" in hits.stdout

@@ -6,7 +6,9 @@ interrupted build), choose, build and tune the Faiss index, and publish the inde
 from __future__ import annotations
 
 import contextlib
+import json
 import os
+import re
 import shutil
 import sys
 import time
@@ -496,11 +498,14 @@ def _finish_on_disk(out: Path, prep: dict[str, Any], target: float) -> dict[str,
 
 
 def _publish(out: Path, data: Path, fields: dict[str, Any]) -> dict[str, Any]:
-    """Move the finished ``data`` folder in as ``data-000`` and write the manifest (last); remove the work."""
-    (out / MANIFEST).unlink(missing_ok=True)
-    old = [p for p in out.glob("data-*") if p.is_dir()]
-    gen = out / "data-000"
-    shutil.rmtree(gen, ignore_errors=True)
+    """Move the finished ``data`` folder in under a free ``data-NNN`` name, write the manifest (the switch: a
+    reader sees the old index or the new one), then remove the data folder the old manifest named and the work.
+    Nothing else in ``out`` is touched (a user's ``data-2024/`` stays)."""
+    old = _current_data(out)
+    number = 0
+    while (out / f"data-{number:03d}").exists():
+        number += 1
+    gen = out / f"data-{number:03d}"
     os.replace(data, gen)
     manifest = {
         **{k: v for k, v in fields.items() if k not in ("params", "recall", "build")},
@@ -512,11 +517,22 @@ def _publish(out: Path, data: Path, fields: dict[str, Any]) -> dict[str, Any]:
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
     write_json_atomic(out / MANIFEST, manifest)
-    for p in old:
-        if p != gen:
-            shutil.rmtree(p, ignore_errors=True)
+    if old is not None and old != gen:
+        shutil.rmtree(old, ignore_errors=True)
     shutil.rmtree(out / ".build", ignore_errors=True)
     return manifest
+
+
+def _current_data(out: Path) -> Path | None:
+    """The data folder the index in ``out`` names now (None: no readable manifest, or a name that is not one
+    cramkit gives: ``data-NNN`` directly inside ``out``)."""
+    try:
+        name = json.loads((out / MANIFEST).read_text(encoding="utf-8")).get("data")
+    except (OSError, ValueError, AttributeError):
+        return None
+    if not (isinstance(name, str) and re.fullmatch(r"data-\d{3,6}", name) and (out / name).is_dir()):
+        return None
+    return out / name
 
 
 def _dir_fingerprint(d: Path) -> str | None:

@@ -433,7 +433,11 @@ def tune(
 
 
 def write(index: Any, path: Path) -> None:
-    _faiss().write_index(index, str(path))
+    """``index`` written to ``path`` through Python's file object: a full disk is an OSError even when only the
+    last buffered bytes fail (Faiss's own writer only prints a failed close)."""
+    faiss = _faiss()
+    with open(path, "wb") as fh:
+        faiss.write_index(index, faiss.PyCallbackIOWriter(fh.write))
 
 
 def read(path: Path, *, rows: int, dim: int, mmap: bool = True) -> tuple[Any, bool]:

@@ -72,9 +72,9 @@ class Index:
             self.mmapped = True
         elif self.plan["kind"] != "flat":
             self.index, self.mmapped = ann.read(self.data_dir / "faiss.index", mmap=mmap, **shape)
-        # the files memory-mapped (the chunk table's; Faiss's lists): checked before each search, so that one cut
-        # short under a running server is a refused request, not SIGBUS
-        mapped = ["chunks.npy", "text_offsets.npy", "doc_hash.npy", "texts.bin"]
+        # the files memory-mapped (the chunk table's; Faiss's lists), and the vectors: checked before each search,
+        # so that one cut short under a running server is a refused request (500), not SIGBUS
+        mapped = ["vectors.npy", "chunks.npy", "text_offsets.npy", "doc_hash.npy", "texts.bin"]
         mapped += [str(ivfdata)] if on_disk else ["faiss.index"] if self.mmapped else []
         self._mapped = MappedFiles({self.data_dir / f: int(m["files"][f]) for f in mapped})
         self._encoder_arg = encoder

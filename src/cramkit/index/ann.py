@@ -244,7 +244,7 @@ def add(index: Any, vectors: np.ndarray, rows: np.ndarray, *, log: Any = None, b
 
 
 def exact_search(
-    vectors: np.ndarray, queries: np.ndarray, k: int, block: int = 262_144, exclude: np.ndarray | None = None
+    vectors: np.ndarray | Rows, queries: np.ndarray, k: int, block: int = 262_144, exclude: np.ndarray | None = None
 ) -> tuple:
     """Exact top-k by inner product over (memory-mapped) ``vectors``, streamed in row blocks; rows in the
     sorted array ``exclude`` are left out."""
@@ -306,7 +306,7 @@ def check_params(plan: dict[str, Any], params: Any, where: Any) -> dict[str, Any
 
 def search(
     index: Any,
-    vectors: np.ndarray,
+    vectors: np.ndarray | Rows,
     plan: dict[str, Any],
     params: dict[str, Any],
     queries: np.ndarray,
@@ -340,7 +340,7 @@ def search(
     return rerank(vectors, q, check_ids(cand, len(vectors), where), k)
 
 
-def rerank(vectors: np.ndarray, q: np.ndarray, cand: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+def rerank(vectors: np.ndarray | Rows, q: np.ndarray, cand: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
     """Exact scores of the candidate ids against the (memory-mapped) vectors; the best k of them."""
     nq, kk = cand.shape
     out_d = np.full((nq, k), -np.inf, dtype=np.float32)

@@ -249,13 +249,11 @@ class Rows:
         return self.shape[0]
 
     def __del__(self) -> None:
-        fd = getattr(self, "fd", None)
-        if fd is not None:
-            os.close(fd)
-            self.fd = None
+        if getattr(self, "fd", None) is not None:
+            os.close(self.fd)
 
     def _read_into(self, out: np.ndarray, a: int) -> None:
-        view, pos = memoryview(out).cast("B"), self.offset + a * self.row_bytes
+        view, pos = out.data.cast("B"), self.offset + a * self.row_bytes
         done = 0
         while done < len(view):
             got = os.preadv(self.fd, [view[done:]], pos + done)

@@ -55,7 +55,8 @@ class Index:
                 )
         self.chunks = ChunkTable(self.data_dir)
         try:
-            self.vectors = ann.open_rows(self.data_dir / "vectors.npy")  # read with pread: never mapped
+            # read with pread, never mapped; indexed like the [n, dim] array it stands for (rows, slices, arrays)
+            self.vectors: Any = ann.open_rows(self.data_dir / "vectors.npy")
         except OSError as exc:
             raise CramkitError(f"{self.data_dir / 'vectors.npy'} is damaged ({exc}); rebuild the index") from None
         if self.vectors.shape != (m["count"], m["dim"]) or len(self.chunks) != m["count"]:

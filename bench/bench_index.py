@@ -128,7 +128,7 @@ def part_ann(args: argparse.Namespace) -> list[tuple]:
     idx_file = work / "bench.faiss"
     if index is not None:
         ann.write(index, idx_file)
-        index, mm = ann.read(idx_file, mmap=True)
+        index, mm = ann.read(idx_file, mmap=True, rows=args.n, dim=args.dim)
     t = time.perf_counter()
     _, ids = ann.search(index, x, plan, params, q, 10)
     ours_batch_qps = len(q) / (time.perf_counter() - t)

@@ -170,7 +170,7 @@ def step(args: argparse.Namespace) -> dict:
                 index = ann._faiss().read_index(str(work / "ram.index"))  # read into memory
                 plan, params = ann.plan_index(n, d, budget, "ivfsq8"), args.ram_params
             else:
-                index = ann.read_on_disk(work / "disk" / "faiss.index", work / "disk" / "lists.ivfdata")
+                index = ann.read_on_disk(work / "disk" / "faiss.index", work / "disk" / "lists.ivfdata", rows=n, dim=d)
                 plan, params = plan_disk, json.loads((work / "disk" / "params.json").read_text())
             t0 = time.perf_counter()
             _, ids = ann.search(index, vectors, plan, params, q, 10)

@@ -23,6 +23,7 @@ parameters are tuned against exact search over the rest, added afterwards.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import sys
@@ -33,6 +34,7 @@ from typing import Any
 import numpy as np
 
 from cramkit.errors import CramkitError
+from cramkit.index.checks import Rows, check_ids, validate_faiss_index
 
 FLAT_MAX = 50_000  # below this many vectors exact search is fast enough
 HNSW_MAX = 300_000  # above this HNSW takes too long to build on a few cores
@@ -242,7 +244,7 @@ def add(index: Any, vectors: np.ndarray, rows: np.ndarray, *, log: Any = None, b
 
 
 def exact_search(
-    vectors: np.ndarray, queries: np.ndarray, k: int, block: int = 262_144, exclude: np.ndarray | None = None
+    vectors: np.ndarray | Rows, queries: np.ndarray, k: int, block: int = 262_144, exclude: np.ndarray | None = None
 ) -> tuple:
     """Exact top-k by inner product over (memory-mapped) ``vectors``, streamed in row blocks; rows in the
     sorted array ``exclude`` are left out."""
@@ -288,17 +290,33 @@ def set_params(index: Any, plan: dict[str, Any], params: dict[str, Any], k: int)
         faiss.extract_index_ivf(index).nprobe = int(params["nprobe"])
 
 
+def check_params(plan: dict[str, Any], params: Any, where: Any) -> dict[str, Any]:
+    """The manifest's search parameters, each an integer in its range (a crafted efSearch of 10^12 would size
+    Faiss's candidate heap)."""
+    bounds = {"hnsw": {"efSearch": 1 << 16}, "ivfsq8": {"nprobe": 1 << 20, "refine": 1024}}
+    want = bounds.get(plan["kind"], bounds["ivfsq8"] if plan["kind"] in IVF_KINDS else {})
+    if not isinstance(params, dict):
+        raise CramkitError(f"{where}: field 'params' is not an object; rebuild the index")
+    for name, most in want.items():
+        v = params.get(name, 1 if name == "refine" else None)
+        if not isinstance(v, int) or isinstance(v, bool) or not 1 <= v <= most:
+            raise CramkitError(f"{where}: params.{name} {v!r} is not an integer in 1..{most}; rebuild the index")
+    return params
+
+
 def search(
     index: Any,
-    vectors: np.ndarray,
+    vectors: np.ndarray | Rows,
     plan: dict[str, Any],
     params: dict[str, Any],
     queries: np.ndarray,
     k: int,
     exclude: np.ndarray | None = None,
+    where: Any = "faiss.index",
 ) -> tuple[np.ndarray, np.ndarray]:
     """(scores, ids) [nq, k], best first; ids -1 where fewer than k were found. ``exclude``: ids an IVF index
-    holds that are left out of the results (Faiss's search-time ID selector)."""
+    holds that are left out of the results (Faiss's search-time ID selector). An id beyond the vectors (a
+    damaged or crafted list) is :class:`~cramkit.index.checks.DamagedIndex`, naming ``where``."""
     q = np.ascontiguousarray(queries, dtype=np.float32)
     if plan["kind"] == "flat" or index is None:
         return exact_search(vectors, q, min(k, len(vectors)))
@@ -309,7 +327,8 @@ def search(
         faiss.omp_set_num_threads(1)
     try:
         if plan["kind"] == "hnsw":
-            return index.search(q, k)
+            found_d, found_i = index.search(q, k)
+            return found_d, check_ids(found_i, len(vectors), where)
         kk = min(int(index.ntotal), k * int(params.get("refine", 1)))
         if exclude is not None and len(exclude):
             keep = faiss.IDSelectorNot(faiss.IDSelectorBatch(np.ascontiguousarray(exclude, dtype=np.int64)))
@@ -318,10 +337,10 @@ def search(
             _, cand = index.search(q, kk)
     finally:
         faiss.omp_set_num_threads(threads)
-    return rerank(vectors, q, cand, k)
+    return rerank(vectors, q, check_ids(cand, len(vectors), where), k)
 
 
-def rerank(vectors: np.ndarray, q: np.ndarray, cand: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+def rerank(vectors: np.ndarray | Rows, q: np.ndarray, cand: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
     """Exact scores of the candidate ids against the (memory-mapped) vectors; the best k of them."""
     nq, kk = cand.shape
     out_d = np.full((nq, k), -np.inf, dtype=np.float32)
@@ -414,40 +433,43 @@ def tune(
 
 
 def write(index: Any, path: Path) -> None:
-    _faiss().write_index(index, str(path))
-
-
-def read(path: Path, *, mmap: bool = True) -> tuple[Any, bool]:
-    """(index, memory-mapped?) - memory-mapped where Faiss allows it for the index type."""
+    """``index`` written to ``path`` through Python's file object: a full disk is an OSError even when only the
+    last buffered bytes fail (Faiss's own writer only prints a failed close)."""
     faiss = _faiss()
+    with open(path, "wb") as fh:
+        faiss.write_index(index, faiss.PyCallbackIOWriter(fh.write))
+
+
+def read(path: Path, *, rows: int, dim: int, mmap: bool = True) -> tuple[Any, bool]:
+    """(index, memory-mapped?) - memory-mapped where Faiss allows it for the index type; checked
+    (:func:`~cramkit.index.checks.validate_faiss_index`) to hold ``rows`` vectors of ``dim`` dimensions."""
+    faiss = _faiss()
+    index, mapped = None, False
     if mmap:
+        with contextlib.suppress(RuntimeError, MemoryError):
+            index, mapped = faiss.read_index(str(path), faiss.IO_FLAG_MMAP | faiss.IO_FLAG_READ_ONLY), True
+    if index is None:
         try:
-            return faiss.read_index(str(path), faiss.IO_FLAG_MMAP | faiss.IO_FLAG_READ_ONLY), True
-        except RuntimeError:
-            pass
-    try:
-        return faiss.read_index(str(path)), False
-    except RuntimeError as exc:
-        msg = str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__
-        raise CramkitError(f"{path} is not a readable Faiss index ({msg}); rebuild the index") from None
+            index = faiss.read_index(str(path))
+        except (RuntimeError, MemoryError) as exc:
+            raise CramkitError(f"{path} is not a readable Faiss index ({_last_line(exc)}); rebuild the index") from None
+    validate_faiss_index(index, path, rows=rows, dim=dim)
+    return index, mapped
 
 
-def open_rows(path: Path) -> np.ndarray:
-    """``path`` (a ``.npy`` of vectors) memory-mapped read-only for random row reads: the kernel is told not to
-    read ahead (``MADV_RANDOM``), so re-scoring a query's few candidates reads their pages only. With the
-    default read-ahead each row read pulls in up to a few hundred KB around it, and under a memory limit smaller
-    than the file that evicts the inverted lists (measured at 20M x 64 in a 4 GiB cgroup: 80 ms a query against
-    a few ms; bench/RESULTS.md)."""
-    import mmap
-
-    rows = np.load(path, mmap_mode="r", allow_pickle=False)
-    mapped = getattr(rows, "_mmap", None)  # numpy's memmap keeps its mmap object here
-    if mapped is not None and hasattr(mmap, "MADV_RANDOM"):
-        mapped.madvise(mmap.MADV_RANDOM)
-    return rows
+def _last_line(exc: BaseException) -> str:
+    return str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__
 
 
-def read_on_disk(path: Path, ivfdata: Path) -> Any:
+def open_rows(path: Path) -> Rows:
+    """``path`` (a ``.npy`` of vectors) for random row reads (:class:`~cramkit.index.checks.Rows`: ``pread``,
+    no read-ahead, never memory-mapped: a file cut short under a server is an error, not SIGBUS). Measured at
+    20M x 64 in a 4 GiB cgroup, reading candidates with the default read-ahead evicted the inverted lists
+    (80 ms a query against a few ms; bench/RESULTS.md)."""
+    return Rows(path)
+
+
+def read_on_disk(path: Path, ivfdata: Path, *, rows: int, dim: int) -> Any:
     """An index whose inverted lists are on disk (``plan["on_disk"]``), its lists memory-mapped read-only from
     ``ivfdata``. The list file named inside ``path`` is never opened: it must be ``ivfdata``'s name (a crafted
     faiss.index naming another file, ../ or absolute, is refused), and ``ivfdata`` itself is the checked path."""
@@ -455,9 +477,8 @@ def read_on_disk(path: Path, ivfdata: Path) -> Any:
     try:
         index = faiss.read_index(str(path), faiss.IO_FLAG_SKIP_IVF_DATA | faiss.IO_FLAG_READ_ONLY)
         lists = faiss.downcast_InvertedLists(faiss.extract_index_ivf(index).invlists)
-    except RuntimeError as exc:
-        msg = str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__
-        raise CramkitError(f"{path} is not a readable Faiss index ({msg}); rebuild the index") from None
+    except (RuntimeError, MemoryError) as exc:
+        raise CramkitError(f"{path} is not a readable Faiss index ({_last_line(exc)}); rebuild the index") from None
     if not isinstance(lists, faiss.OnDiskInvertedLists):
         raise CramkitError(f"{path} does not keep its lists on disk, yet the manifest says so; rebuild the index")
     if lists.filename != ivfdata.name:
@@ -467,6 +488,7 @@ def read_on_disk(path: Path, ivfdata: Path) -> Any:
         )
     if not ivfdata.is_file() or os.path.getsize(ivfdata) < int(lists.totsize):  # a short map would SIGBUS
         raise CramkitError(f"{ivfdata} is missing or shorter than its index says; the index is damaged, rebuild it")
+    validate_faiss_index(index, path, rows=rows, dim=dim)  # before any list is read: offsets inside the file
     lists.filename = str(ivfdata)
     lists.read_only = True
     try:

@@ -20,6 +20,7 @@ single process adds them in, so the result does not depend on how many parts or 
 from __future__ import annotations
 
 import contextlib
+import errno
 import math
 import multiprocessing
 import os
@@ -33,7 +34,8 @@ import numpy as np
 
 from cramkit.errors import CramkitError
 from cramkit.index import ann
-from cramkit.io import file_lock, json_loads, read_json_object, write_json_atomic
+from cramkit.index.checks import validate_faiss_index
+from cramkit.io import disk_problem, file_lock, json_loads, read_json_object, write_json_atomic
 
 PART_ROWS = 2_000_000  # rows per part at most: a part is in one process's memory while it is filled
 PREPARED = "prepared.json"
@@ -259,6 +261,60 @@ def _stdout_to_stderr() -> Iterator[None]:
         os.close(saved)
 
 
+def _merge_lists(faiss: Any, ivf: Any, parts: list[Any], path: Path) -> int:
+    """The inverted lists ``parts`` merged, list by list in their order, into a new list file at ``path``
+    (Faiss's ``OnDiskInvertedLists`` layout: each list's codes then its ids), installed in ``ivf``; the entries.
+
+    The file's blocks are allocated (posix_fallocate) before a byte of it is written through its memory map:
+    a disk that cannot hold it is one line here, never SIGBUS while Faiss writes a sparse page."""
+    nlist, cs = int(ivf.nlist), int(ivf.code_size)
+    per = np.array([[il.list_size(j) for j in range(nlist)] for il in parts], dtype=np.uint64).reshape(-1, nlist)
+    sizes = np.ascontiguousarray(per.sum(axis=0), dtype=np.uint64)
+    ntotal, total = int(sizes.sum()), int(sizes.sum()) * (cs + 8)
+    path.unlink(missing_ok=True)
+    on_disk = faiss.OnDiskInvertedLists(nlist, cs, str(path))
+    with _stdout_to_stderr():
+        on_disk.update_totsize(max(total, 1))  # creates the file (sparse) and maps it; nothing written yet
+    try:
+        _allocate(path, total)
+    except BaseException:
+        del on_disk
+        path.unlink(missing_ok=True)
+        raise
+    on_disk.set_all_lists_sizes(faiss.swig_ptr(sizes))  # offsets as merge_from_multiple lays them out
+    for j in range(nlist):
+        at = 0
+        for i, il in enumerate(parts):
+            n = int(per[i, j])
+            if n:
+                on_disk.update_entries(j, at, n, il.get_ids(j), il.get_codes(j))
+                at += n
+    ivf.replace_invlists(on_disk, True)
+    on_disk.this.disown()
+    return ntotal
+
+
+def _allocate(path: Path, size: int) -> None:
+    """Allocate ``size`` bytes of ``path`` for real; a full disk is one line (the file is removed by the caller)."""
+    try:
+        with open(path, "r+b") as f:
+            try:
+                os.posix_fallocate(f.fileno(), 0, max(size, 1))
+            except OSError as exc:
+                if exc.errno not in (errno.EOPNOTSUPP, errno.EINVAL):
+                    raise
+                # a file system without fallocate: at least refuse what the free space cannot hold
+                st = os.statvfs(path)
+                if st.f_bavail * st.f_frsize < size:
+                    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path)) from None
+    except OSError as exc:
+        problem = disk_problem(exc) or exc.strerror or str(exc)
+        raise CramkitError(
+            f"cannot write {path} ({size / 2**20:,.1f} MiB, the merged inverted lists): {problem}; free space there "
+            "and run the same command again: the filled parts are kept, and any index already in --out is untouched"
+        ) from None
+
+
 def merge(
     work: Path, vectors_path: Path, plan: dict[str, Any], data: Path, *, target: float, parts: int, log: Callable = _log
 ) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
@@ -271,28 +327,24 @@ def merge(
     index = faiss.read_index(str(work / TRAINED))
     ivf = faiss.extract_index_ivf(index)
     opened = []  # the parts' indexes, kept alive while their memory-mapped lists are read
-    lists = faiss.InvertedListsPtrVector()
+    lists = []
     records = []
     for p in range(parts):
         name = part_name(p, parts)
         part = faiss.read_index(str(work / f"{name}.index"), faiss.IO_FLAG_MMAP | faiss.IO_FLAG_READ_ONLY)
+        validate_faiss_index(part, work / f"{name}.index", rows=int(part.ntotal), dim=int(index.d))
         opened.append(part)
-        lists.push_back(faiss.extract_index_ivf(part).invlists)
+        lists.append(faiss.extract_index_ivf(part).invlists)
         records.append(read_json_object(work / f"{name}.json", ""))
     # the held-out rows go in last (where an in-RAM build adds them after tuning): a list file is never grown
     # after the merge, and tuning leaves them out of the results instead
     held = faiss.read_index(str(work / TRAINED))
     ann.add(held, vectors, qids)
     opened.append(held)
-    lists.push_back(faiss.extract_index_ivf(held).invlists)
+    lists.append(faiss.extract_index_ivf(held).invlists)
     ivfdata = data / plan.get("ivfdata", ann.IVFDATA)
-    ivfdata.unlink(missing_ok=True)
-    on_disk = faiss.OnDiskInvertedLists(ivf.nlist, ivf.code_size, str(ivfdata))
-    with _stdout_to_stderr():
-        ntotal = on_disk.merge_from_multiple(lists.data(), lists.size(), False, False)
+    ntotal = _merge_lists(faiss, ivf, lists, ivfdata)
     ivf.ntotal = index.ntotal = ntotal
-    ivf.replace_invlists(on_disk, True)
-    on_disk.this.disown()
     del opened, lists
     t_merge = time.perf_counter() - t0
     log(f"merged {parts} part(s) and the held-out rows, {ntotal} vectors, into {ivfdata.name} in {t_merge:.1f}s")

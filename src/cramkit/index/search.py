@@ -14,6 +14,7 @@ import numpy as np
 from cramkit.embed.encoder import encoder_fingerprint, load_encoder
 from cramkit.errors import CramkitError
 from cramkit.index import ann
+from cramkit.index.checks import MappedFiles
 from cramkit.index.chunking import ChunkTable
 from cramkit.index.manifest import DATA_FILES, MANIFEST, inside_index, read_manifest
 
@@ -54,24 +55,29 @@ class Index:
                 )
         self.chunks = ChunkTable(self.data_dir)
         try:
-            self.vectors = ann.open_rows(self.data_dir / "vectors.npy")
-        except (OSError, ValueError) as exc:
+            # read with pread, never mapped; indexed like the [n, dim] array it stands for (rows, slices, arrays)
+            self.vectors: Any = ann.open_rows(self.data_dir / "vectors.npy")
+        except OSError as exc:
             raise CramkitError(f"{self.data_dir / 'vectors.npy'} is damaged ({exc}); rebuild the index") from None
         if self.vectors.shape != (m["count"], m["dim"]) or len(self.chunks) != m["count"]:
             raise CramkitError(f"{self.path}: the data files do not match the manifest's count; rebuild the index")
         self.plan = m["plan"]
-        self.params = m.get("params") or {}
+        self.params = ann.check_params(self.plan, m.get("params") or {}, self.path / MANIFEST)
         self.index = None
         self.mmapped = False
+        shape = {"rows": m["count"], "dim": m["dim"]}
         if on_disk:  # the lists memory-mapped from the checked file, whatever name faiss.index holds
             self.index = ann.read_on_disk(
-                self.data_dir / "faiss.index", inside_index(self.data_dir, ivfdata, "ivfdata")
+                self.data_dir / "faiss.index", inside_index(self.data_dir, ivfdata, "ivfdata"), **shape
             )
             self.mmapped = True
         elif self.plan["kind"] != "flat":
-            self.index, self.mmapped = ann.read(self.data_dir / "faiss.index", mmap=mmap)
-            if self.index.ntotal != m["count"] or self.index.d != m["dim"]:
-                raise CramkitError(f"{self.data_dir / 'faiss.index'} does not match the manifest; rebuild the index")
+            self.index, self.mmapped = ann.read(self.data_dir / "faiss.index", mmap=mmap, **shape)
+        # the files memory-mapped (the chunk table's; Faiss's lists), and the vectors: checked before each search,
+        # so that one cut short under a running server is a refused request (500), not SIGBUS
+        mapped = ["vectors.npy", "chunks.npy", "text_offsets.npy", "doc_hash.npy", "texts.bin"]
+        mapped += [str(ivfdata)] if on_disk else ["faiss.index"] if self.mmapped else []
+        self._mapped = MappedFiles({self.data_dir / f: int(m["files"][f]) for f in mapped})
         self._encoder_arg = encoder
         self.device = device
         self._engine: Any = None
@@ -183,7 +189,9 @@ class Index:
     def search_vectors(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
         """(scores, chunk ids) [nq, k] for normalised query vectors."""
         k = self._check_k(k)
-        return ann.search(self.index, self.vectors, self.plan, self.params, queries, k)
+        self._mapped.check()  # a file Faiss maps cut short since it was opened: refused, not SIGBUS
+        where = self.data_dir / "faiss.index"
+        return ann.search(self.index, self.vectors, self.plan, self.params, queries, k, where=where)
 
     def search(self, texts: Sequence[str], k: int = 10) -> list[list[dict[str, Any]]]:
         """The ``k`` best chunks per query text, best first. Queries longer than the encoder's limit are
@@ -196,10 +204,11 @@ class Index:
         with self._lock:
             vectors, cut = self.embed_truncated(texts)
             scores, ids = self.search_vectors(vectors, k)
-        hits = [
-            [self.hit(int(i), float(s)) for s, i in zip(sr, ir, strict=True) if i >= 0]
-            for sr, ir in zip(scores, ids, strict=True)
-        ]
+            self._mapped.check()  # the chunk table read below: still whole
+            hits = [
+                [self.hit(int(i), float(s)) for s, i in zip(sr, ir, strict=True) if i >= 0]
+                for sr, ir in zip(scores, ids, strict=True)
+            ]
         return hits, [bool(x) for x in cut]
 
     def hit(self, i: int, score: float) -> dict[str, Any]:

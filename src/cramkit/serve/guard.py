@@ -25,6 +25,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from cramkit.errors import CramkitError
+from cramkit.index.checks import DamagedIndex
 from cramkit.infer.engine import InputTooLong
 from cramkit.serve.batcher import Batcher, Job, Lane, Overloaded, SearchQueue, Stopped
 from cramkit.serve.metrics import Metrics
@@ -336,6 +337,8 @@ async def queued(state: ServerState, lane: Lane, req: Any) -> Any:
         ) from None
     except InputTooLong as exc:
         raise invalid(str(exc), 413) from None
+    except DamagedIndex as exc:  # the server's index, not the request: 500, and the server keeps serving
+        raise ApiError(500, str(exc), "Backend") from None
     except CramkitError as exc:
         raise invalid(str(exc)) from None
     except Exception as exc:  # the model failed: say so, keep serving

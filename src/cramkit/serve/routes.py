@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import json
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, cast
@@ -130,20 +129,36 @@ async def openai_embeddings(request: Request) -> Response:
 
 async def tokenize(request: Request) -> Response:
     """TEI's /tokenize: per input, its tokens as the model reads them (id, text, special, start and stop
-    offsets in characters; null for a special token), cut at the model's limit when ``truncate``."""
+    offsets in characters; null for a special token), cut at the model's limit when ``truncate``.
+
+    Admitted like /embed (room for its inputs in the model's lane while they are tokenised), and its answer
+    bounded like theirs: at most the model's ``max_length`` tokens per input, so that ``truncate: false`` on
+    long texts (a 2 MB body answered with 146 MB of tokens) is a 413, not the server's memory."""
     state = _state(request)
     body = await read_json(request)
-    name, engine, _ = state.pick(body, request)
+    name, engine, batcher = state.pick(body, request)
     req = TokenizeRequest.parse(body, Context(state.limits, engine, name))
     items = req.inputs.items
     if engine.can_embed:  # the tokens /embed reads: the prompt first
         items = engine.with_prompt(items, req.prompt_name)
     special = req.add_special_tokens
+    most = len(items) * engine.max_length
     from cramkit.text.tokenizer import encode_batch
 
-    def tokens() -> list[list[dict[str, Any]]]:
+    def encode() -> list[Any]:
+        encs = encode_batch(engine.tokenizer, items, add_special_tokens=special)
+        total = sum(min(len(e.ids), engine.max_length) if req.truncate else len(e.ids) for e in encs)
+        if total > most:
+            raise invalid(
+                f"tokenize: {total} tokens in {len(items)} inputs; an answer holds at most {engine.max_length} (the "
+                f"model's limit) per input: pass truncate: true, or split the texts",
+                413,
+            )
+        return encs
+
+    def tokens(encs: list[Any]) -> list[list[dict[str, Any]]]:
         out = []
-        for enc in encode_batch(engine.tokenizer, items, add_special_tokens=special):
+        for enc in encs:
             rows = []
             for tid, tok, (start, stop), sp in zip(
                 enc.ids, enc.tokens, enc.offsets, enc.special_tokens_mask, strict=True
@@ -162,8 +177,9 @@ async def tokenize(request: Request) -> Response:
             out.append(rows)
         return out
 
-    result = await run_in_threadpool(tokens)
-    return Response(json.dumps(result), 200, None, "application/json")
+    with reserved(state, batcher, len(items)):
+        encs = await run_in_threadpool(encode)
+    return await _response(lambda: tokens(encs), most, None)
 
 
 # ------------------------------------------------------------------------------------------ scores

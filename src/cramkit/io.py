@@ -410,6 +410,7 @@ def check_out_file(out: str | os.PathLike, *, inputs: Iterable[Any] = ()) -> Non
 _DISK = {errno.ENOSPC: "no space left on the device", errno.EROFS: "read-only file system"}
 if hasattr(errno, "EDQUOT"):
     _DISK[errno.EDQUOT] = "disk quota exceeded"
+_SHORT_WRITE = re.compile(r"\b\d+ requested and \d+ written\b")
 _DISK_TEXT = ("No space left on device", "Disk quota exceeded", "Read-only file system", "os error 28")
 
 
@@ -423,6 +424,8 @@ def disk_problem(exc: BaseException) -> str | None:
         if isinstance(cur, OSError) and cur.errno in _DISK:
             return f"{cur.filename}: {_DISK[cur.errno]}" if cur.filename else _DISK[cur.errno]
         text = str(cur)
+        if _SHORT_WRITE.search(text):  # numpy's tofile/save on a full disk: no errno, only the counts
+            return "no space left on the device (a write came up short)"
         for needle in _DISK_TEXT:
             if needle in text:
                 return "no space left on the device" if needle == "os error 28" else needle.lower()

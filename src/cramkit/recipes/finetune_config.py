@@ -88,6 +88,9 @@ class FinetuneConfig(ExampleSettings):
             raise CramkitError(
                 f"finetune.prefix_len and prefix_lr must be positive, got {self.prefix_len}, {self.prefix_lr}"
             )
+        from cramkit.model.prompting import check_prefix_len  # (torch: only when a config is checked)
+
+        check_prefix_len(self.prefix_len)
         for name in ("lr", "batch_size", "epochs", "max_length", "eval_batch_size"):
             if getattr(self, name) not in ("auto", None) and getattr(self, name) <= 0:
                 raise CramkitError(f"finetune.{name} must be positive, got {getattr(self, name)}")

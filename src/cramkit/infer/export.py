@@ -154,6 +154,7 @@ def _export_hf(loaded: LoadedModel, out: Path, mlm_head: bool, force: bool) -> E
             f"{loaded.source} is a prompt model: its classifier is its masked-LM head; drop --no-mlm-head "
             "(or export the encoder of the run it was fine-tuned from)"
         )
+    from cramkit.backends import export_markers
     from cramkit.model.hf import export_hf
     from cramkit.text.tokenizer import save_tokenizer
 
@@ -169,6 +170,7 @@ def _export_hf(loaded: LoadedModel, out: Path, mlm_head: bool, force: bool) -> E
             labels=loaded.labels,
             prompt=prompt.meta() if prompt is not None else None,
             sentence_transformers=_sentence_transformers(loaded),
+            kin=export_markers(),
         )
     fmt = read_json(done / "cramkit_export.json", "export the model again")
     arch = fmt["architecture"]

@@ -558,6 +558,7 @@ def export_hf(
     labels: list[str] | None = None,
     prompt: dict[str, Any] | None = None,
     sentence_transformers: dict[str, Any] | None = None,
+    kin: tuple[str, ...] = (),
 ) -> Path:
     """Write a Hugging Face model directory (config.json, model.safetensors, tokenizer files).
 
@@ -568,14 +569,17 @@ def export_hf(
     model's template and label words (``PromptSpec.meta()``), recorded in ``cramkit_export.json``.
     sentence_transformers: an embedding model's pooling ("mean" | "cls"), normalize, max_length (and
     matryoshka): the folder is also a sentence-transformers model (modules.json, 1_Pooling, 2_Normalize).
+    kin: the manifest files of every export format (an earlier export of any of them may be replaced).
     """
     from safetensors.torch import save_file
 
-    from cramkit.backends import export_markers
     from cramkit.io import check_out, listing
 
     out = Path(out_dir)
-    check_out(out, own=[EXPORT_MARKER], replace=True, force=force, kin=export_markers())
+    # kin: the manifests of the other export formats, whose earlier exports --force may replace (the caller,
+    # above the formats, names them: cramkit.backends.export_markers)
+    kin = kin or (EXPORT_MARKER,)
+    check_out(out, own=[EXPORT_MARKER], replace=True, force=force, kin=kin)
     enc, head, clf = _parts(model_or_encoder)
     if not mlm_head:
         head = None
@@ -597,7 +601,7 @@ def export_hf(
             _write_sentence_transformers(tmp, sentence_transformers, cfg.hidden, trust=fmt == "cramkit")
             marker["sentence_transformers"] = sentence_transformers
         marker["entries"] = sorted([*listing(tmp), EXPORT_MARKER])  # what a later export replaces: this, no more
-        check_out(out, own=[EXPORT_MARKER], replace=True, force=force, kin=export_markers())  # (added meanwhile?)
+        check_out(out, own=[EXPORT_MARKER], replace=True, force=force, kin=kin)  # (added meanwhile?)
         (tmp / EXPORT_MARKER).write_text(json.dumps(marker, indent=2) + "\n", encoding="utf-8")
     return out
 

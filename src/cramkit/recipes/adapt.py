@@ -318,7 +318,7 @@ class ContinueObjective(MLMObjective):
         tcfg = self.cfg.train
         total = torch.zeros(2, dtype=torch.float64, device=ctx.device)
         with torch.no_grad():
-            for batch in self.data.val_batches(tcfg.micro_batch, tcfg.eval_batches, rank=ctx.rank, world=ctx.world):
+            for batch in self.data.val_batches(tcfg.micro, tcfg.eval_batches, rank=ctx.rank, world=ctx.world):
                 ids = batch["input_ids"].to(ctx.device, non_blocking=True)
                 seg = batch.get("segments")
                 seg = seg.to(ctx.device, non_blocking=True) if seg is not None else None

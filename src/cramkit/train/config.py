@@ -99,6 +99,11 @@ class TrainConfig:
     # (comma-separated); their files go into the run directory (train/report.py)
     report_to: str = "none"
 
+    @property
+    def micro(self) -> int:
+        """``micro_batch`` as a number (``auto`` is resolved by the pretraining recipe; unresolved: the CPU's)."""
+        return self.micro_batch if isinstance(self.micro_batch, int) else AUTO_MICRO_CPU
+
     def validate(self) -> None:
         parse_budget(self.budget)
         parse_every(self.checkpoint_every, "train.checkpoint_every")
@@ -307,8 +312,7 @@ def estimate_training_bytes(cfg: RunConfig, vocab_size: int | None = None) -> tu
     state, plus the activations of one micro-batch kept for the backward pass (a lower bound)."""
     m = cfg.model if vocab_size is None else cfg.model.replace(vocab_size=vocab_size)
     params = config_parameters(m)
-    tokens = int(cfg.train.micro_batch) if cfg.train.micro_batch != "auto" else AUTO_MICRO_CPU
-    tokens *= cfg.data.seq_len
+    tokens = cfg.train.micro * cfg.data.seq_len
     act_bytes = 4 if cfg.train.precision == "fp32" else 2  # auto may pick bf16: count the least
     per_layer = tokens * (6 * m.hidden + m.intermediate) * act_bytes
     layers_kept = 1 if m.gradient_checkpointing else m.layers

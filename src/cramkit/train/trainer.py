@@ -45,7 +45,7 @@ from cramkit.errors import CramkitError
 from cramkit.train import checkpoint as ckpt
 from cramkit.train import distributed, parallel
 from cramkit.train.budget import format_seconds, parse_budget, parse_every
-from cramkit.train.config import AUTO_MICRO_CPU, RunConfig, TrainConfig
+from cramkit.train.config import RunConfig, TrainConfig
 from cramkit.train.metrics import MetricsLog, Progress, peak_flops, plot_losses
 from cramkit.train.objectives import MLMObjective, Objective, TrainData
 from cramkit.train.optim import build_optimizer, reuse_embedding_grads
@@ -254,8 +254,7 @@ class Trainer:
         # the global batch is exactly train.batch_size on any number of processes: each data-parallel rank takes
         # an equal share in micro-batches of at most train.micro_batch
         data = self.data_ctx
-        cap = tcfg.micro_batch if isinstance(tcfg.micro_batch, int) else AUTO_MICRO_CPU  # (resolved by pretrain)
-        self.micro, self.target_accum = split_batch(tcfg.batch_size, cap, data.world)
+        self.micro, self.target_accum = split_batch(tcfg.batch_size, tcfg.micro, data.world)
         # a thread prepares the next step's micro-batches while the model runs this one (train/prefetch.py):
         # a step takes all of its micro-batches before its first forward (their item counts weight the loss)
         loader = objective.train_loader(self.micro, rank=data.rank, world=data.world)

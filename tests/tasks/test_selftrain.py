@@ -239,3 +239,19 @@ def test_interrupted_labelling_resumes_and_a_rerun_reuses_the_labels(
     total = json.loads((out / "split-0" / "results.json").read_text())["self_training"]["unlabelled_rows"]
     assert calls["rows"] == total - 80 + 8  # the rows left, then the dev rows it calibrates on (K=4 per class)
     assert len(list(labels.glob("*/teacher-*.npy"))) == 1 and not list(labels.glob("*/*.progress.json"))
+
+
+def test_one_task_from_files_through_the_command(tiny_run: Path, glue_dir: Path, tmp_path: Path) -> None:
+    lines = (glue_dir / "SST-2" / "train.tsv").read_text(encoding="utf-8").splitlines()
+    (tmp_path / "train.tsv").write_text("\n".join(lines[:41]) + "\n", encoding="utf-8")
+    (tmp_path / "dev.tsv").write_text("\n".join([lines[0], *lines[100:140]]) + "\n", encoding="utf-8")
+    (tmp_path / "more.txt").write_text("\n".join(x.split("\t")[0] for x in lines[3000:3150]) + "\n", encoding="utf-8")
+    out = tmp_path / "out"
+    files = ["--train", tmp_path / "train.tsv", "--dev", tmp_path / "dev.tsv", "--text-a", "sentence"]
+    proc = cli("finetune", "--from", tiny_run, *files, "--unlabelled", tmp_path / "more.txt", "--out", out, *FAST)
+    assert proc.returncode == 0, proc.stderr
+    st = json.loads((out / "results.json").read_text())["self_training"]
+    assert st["unlabelled_rows"] == 150 and proc.stderr.count("cramkit: self-training: ") == 1
+    model = Path(st["model"])  # the student (OUT), or the teacher's when it collapsed: the line names the one kept
+    assert (model / "model.safetensors").is_file() and f"saved in {model}" in proc.stdout
+    assert model == (out / "teacher" if st["collapsed"] else out)

@@ -88,6 +88,7 @@ def check_finetune(
     splits: int = 5,
     fewshot_splits: str | Sequence[str] | None = None,
     config: FinetuneConfig | None = None,
+    unlabelled: Any = None,
 ) -> Mixture | None:
     """What :func:`finetune`'s routes allow together, checked before anything is read (the command line
     checks it before it starts processes too); the resolved mixture when one is given."""
@@ -119,6 +120,8 @@ def check_finetune(
         )
     if few_shot is not None and splits < 1:
         raise CramkitError(f"--splits must be at least 1, got {splits}")
+    if unlabelled is not None and mixture is not None:
+        raise CramkitError("--unlabelled self-trains one task; leave out --mixture")
     if (few_shot is not None or fewshot_splits) and mixture is not None:
         flag = "--few-shot" if few_shot is not None else "--fewshot-splits"
         raise CramkitError(f"{flag} runs one task in one process; leave out --nproc and --mixture")
@@ -148,6 +151,7 @@ def finetune(
     few_shot: int | None = None,
     splits: int = 5,
     fewshot_splits: str | Sequence[str] | None = None,
+    unlabelled: PathLike | Sequence[str] | None = None,
     out: PathLike | None = None,
     progress: bool = True,
     prompt: str | None = None,
@@ -166,7 +170,10 @@ def finetune(
     mixture or a few-shot protocol writes to finetune-NAME). ``few_shot=K``: LM-BFF's protocol, ``splits``
     splits of K examples per class (and a dev set of K per class that picks the checkpoint), scored on the
     task's dev split;
-    ``fewshot_splits`` ("0,1,2,3,4" or "few_all"): FewCLUE's. Returns the results (also out/results.json).
+    ``fewshot_splits`` ("0,1,2,3,4" or "few_all"): FewCLUE's. ``unlabelled`` (a file as ``train``'s columns, or
+    a .txt of one text per line; or a list of texts): self-training, the model fine-tuned on the labels labels
+    them and a student learns from both (with ``few_shot``: on every split; the ``self_train_*`` settings).
+    Returns the results (also out/results.json).
     ``report_to``: experiment trackers that also get the training metrics and settings ("tensorboard",
     "wandb", "mlflow", "trackio"; several as a list or comma-separated). The same as ``cramkit finetune``."""
     cfg = finetune_config(config, settings, prompt=prompt, label_words=label_words, report_to=report_to)
@@ -181,6 +188,7 @@ def finetune(
         splits=splits,
         fewshot_splits=fewshot_splits,
         config=cfg,
+        unlabelled=unlabelled,
     )
     if mix is not None:
         return _finetune_mixture(source, mix, data_dir, cfg, out, skip_bad_rows, weighting, primary, progress)
@@ -202,6 +210,11 @@ def finetune(
         skip_bad_rows=skip_bad_rows,
     )
     _check_source(source)
+    rows = None
+    if unlabelled is not None:
+        from cramkit.recipes.selftrain import unlabelled_rows
+
+        rows = unlabelled_rows(unlabelled, the_task, cfg, text_a=text_a, text_b=text_b, skip_bad_rows=skip_bad_rows)
     stem = the_task.name.replace("/", "-")
     if few_shot is not None or fewshot_splits:
         from cramkit.recipes.evaluate import fewshot_run
@@ -217,8 +230,12 @@ def finetune(
             given = fewshot_splits if isinstance(fewshot_splits, str) else ",".join(fewshot_splits or ())
             keys, suffix = parse_fewshot_splits(given), "fewshot"
         where = out or f"finetune-{stem}-{suffix}"
-        return fewshot_run(the_task, source, cfg, where, keys, k=few_shot, progress=progress)
+        return fewshot_run(the_task, source, cfg, where, keys, k=few_shot, progress=progress, unlabelled=rows)
     _preload(the_task)
+    if rows is not None:
+        from cramkit.recipes.selftrain import run_self_train
+
+        return run_self_train(the_task, source, cfg, out, rows, progress=progress)
     from cramkit.recipes.finetune import finetune as _finetune
 
     return _finetune(the_task, source, cfg, out, progress=progress)  # out None: a temporary directory

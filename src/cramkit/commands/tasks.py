@@ -122,6 +122,13 @@ def _finetune_parser(sub: argparse._SubParsersAction) -> None:
         help="a task in FewCLUE's layout: FewCLUE's protocol over these splits, e.g. 0-4, 0,2 or few_all "
         "(train on train_K, score on test_public; each split in --out/split-K, the mean and spread in --out)",
     )
+    p.add_argument(
+        "--unlabelled",
+        metavar="FILE",
+        help="self-training: texts without labels (a .txt of one per line, or a table read with --train's columns); "
+        "the model fine-tuned on the labels labels them, and a student learns from the labels and the confident "
+        "pseudo-labels (with --few-shot: on every split); settings: --set self_train_*",
+    )
     _method_args(p.add_argument_group("few labels: prompts (PET / LM-BFF) and deep prompts (P-tuning v2)"))
     _file_task_args(p.add_argument_group("a task from your own files (instead of --task)"))
     _embedding_args(p.add_argument_group("an encoder that embeds: the contrastive stage (instead of a classifier)"))
@@ -463,6 +470,7 @@ def run_finetune(args: argparse.Namespace) -> int:
         few_shot=args.few_shot,
         splits=args.splits,
         fewshot_splits=args.fewshot_splits,
+        unlabelled=args.unlabelled,
     )
     mixture = check_finetune(task=args.task, train=args.train, config=cfg, **routes)
     fewshot = args.fewshot_splits or args.few_shot is not None
@@ -470,6 +478,8 @@ def run_finetune(args: argparse.Namespace) -> int:
         if fewshot:
             flag = "--few-shot" if args.few_shot is not None else "--fewshot-splits"
             raise CramkitError(f"{flag} runs one task in one process; leave out --nproc and --mixture")
+        if args.unlabelled:
+            raise CramkitError("--unlabelled self-trains in one process; leave out --nproc")
         if mixture is not None and (args.weighting is not None or args.primary is not None):
             _check_weighting_processes(args, mixture)
         return _launch_finetune(args)
@@ -488,7 +498,11 @@ def run_finetune(args: argparse.Namespace) -> int:
     elif mixture is not None:
         report_mixture(res, Path(args.out or f"finetune-{mixture.name}"))
     else:
-        report_finetune(args, cfg, res, Path(out))
+        report_finetune(args, cfg, res, Path(res.get("self_training", {}).get("model") or out))
+    if res.get("self_training") and fewshot:
+        from cramkit.recipes.selftrain import fewshot_line
+
+        print(fewshot_line(res))
     if res.get("skipped_rows"):
         print(f"skipped bad rows: {json.dumps(res['skipped_rows'])}", file=sys.stderr)
     return 0
@@ -526,6 +540,7 @@ def _run_contrastive(args: argparse.Namespace) -> int:
             "--negative, --budget and the --*-prompt flags belong to --objective contrastive or simcse; add it"
         )
     unfit = [f for f, v in (("--mixture", args.mixture), ("--prompt", args.prompt), ("--few-shot", args.few_shot)) if v]
+    unfit += ["--unlabelled"] * bool(args.unlabelled)
     unfit += ["--fewshot-splits"] * bool(args.fewshot_splits)
     if unfit:
         raise CramkitError(f"--objective {args.objective} trains an embedding model; {', '.join(unfit)} do not apply")

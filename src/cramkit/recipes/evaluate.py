@@ -270,9 +270,11 @@ def finetune_fewshot(
     *,
     progress: bool = True,
     k: int | None = None,
+    unlabelled: list[tuple[str, str | None]] | None = None,
 ) -> dict[str, Any]:
     """A few-shot protocol on one task, each split fine-tuned into out_dir/split-S/ (its model, results, test
-    predictions), the splits' scores reported with their mean and standard deviation.
+    predictions), the splits' scores reported with their mean and standard deviation. ``unlabelled``: each split
+    self-trained on these rows (recipes/selftrain.py).
 
     FewCLUE's (``k`` None): split S trains on train_S (dev_S scored alongside, picking the kept seed) and is
     scored on test_public. LM-BFF's (``k``): split S (``splits`` are "0", "1", ...) is K examples per class
@@ -303,8 +305,12 @@ def finetune_fewshot(
         run = out / f"split-{key}"
         if k is not None:  # a split directory holds one draw: another K (or task) is never mixed into it
             _claim_sample(run, view, k, key)
-        res = _finished(run, loaded.source, to_dict(cfg), None)
-        if res is None:
+        res = _finished(run, loaded.source, to_dict(cfg), None) if unlabelled is None else None
+        if res is None and unlabelled is not None:
+            from cramkit.recipes.selftrain import self_train
+
+            res = self_train(view, loaded, cfg, run, unlabelled, progress=progress, label=f"split {key}")
+        elif res is None:
             res = finetune(view, loaded, cfg, run, progress=progress)
         scored = {s: res["median"][s] for s in view.scored_splits}
         per_split[key] = {
@@ -316,6 +322,7 @@ def finetune_fewshot(
             "trainable_parameters": res.get("trainable_parameters"),
             "lr": (res.get("seeds") or [{}])[0].get("lr"),  # the rate lr "auto" chose
             **({"zero_shot": res["zero_shot"]} if "zero_shot" in res else {}),
+            **({"self_training": res["self_training"]} if "self_training" in res else {}),
         }
         for split, path in res.get("test_predictions", {}).get("files", {}).items():
             files[f"{key}:{split}"] = path
@@ -351,6 +358,10 @@ def finetune_fewshot(
     skipped = {s: n for s, n in task.skipped.items() if n}
     if skipped:
         results["skipped_rows"] = skipped
+    if unlabelled is not None:
+        from cramkit.recipes.selftrain import summary
+
+        results["self_training"] = summary(per_split)
     out.mkdir(parents=True, exist_ok=True)
     write_json(out / "results.json", results)
     return results
@@ -365,11 +376,12 @@ def fewshot_run(
     *,
     k: int | None = None,
     progress: bool = True,
+    unlabelled: list[tuple[str, str | None]] | None = None,
 ) -> dict[str, Any]:
     """``finetune --fewshot-splits`` (FewCLUE's protocol) or ``finetune --few-shot K --splits S`` (LM-BFF's,
     ``k``): every split is drawn and read before anything is trained or written; out_dir is checked as every
     output is; then :func:`finetune_fewshot`, results.md and scores.png with the mean and spread, and the test
-    predictions in out_dir/submission (FewCLUE)."""
+    predictions in out_dir/submission (FewCLUE). ``unlabelled``: every split self-trained on these rows."""
     from cramkit.io import check_out, disk_errors
     from cramkit.tasks.clue import fewshot_task
     from cramkit.tasks.fewshot import few_shot_task
@@ -381,7 +393,7 @@ def fewshot_run(
     out = Path(out_dir)
     check_out(out, inputs=[source], own=[f"split-{key}" for key in splits])
     with disk_errors(out):
-        res = finetune_fewshot(task, source, cfg, out, splits, progress=progress, k=k)
+        res = finetune_fewshot(task, source, cfg, out, splits, progress=progress, k=k, unlabelled=unlabelled)
         what = f"FewCLUE splits {','.join(splits)}" if k is None else f"{len(splits)} few-shot splits, K={k} per class"
         report = {
             "source": str(source),

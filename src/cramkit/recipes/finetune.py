@@ -81,11 +81,13 @@ def train_one_seed(
     ctx: Any = None,
     dev: tuple[Task, str, Encoded | EncodedChoices] | None = None,
     prompt: PromptSpec | None = None,
+    targets: np.ndarray | None = None,
 ):
     """Train a fresh classifier on ``train`` with ``seed`` through the training engine; returns (model,
     stats). With ``run`` (a directory) checkpoints go there and a run killed midway resumes from them.
     dev: (task, split, encoded) scored at every evaluation (``cfg.eval_every``); with ``cfg.keep == "best"``
-    the model returned is the one with the best dev score."""
+    the model returned is the one with the best dev score. targets: soft targets [rows, classes] of the rows
+    (self-training's student: recipes/selftrain.py) instead of their labels."""
     from cramkit.train.epochs import train_epochs
 
     cfg = dataclasses.replace(cfg, lr=auto_lr(cfg, getattr(loaded, "hidden", None)))
@@ -95,7 +97,13 @@ def train_one_seed(
         from cramkit.recipes import setfit
 
         kind, steps = setfit.SetFitObjective, setfit.steps(cfg.setfit_pairs, len(train), cfg.batch_size)
+    if targets is not None:
+        from cramkit.recipes.selftrain import SoftTargetObjective
+
+        kind = SoftTargetObjective
     objective = kind(loaded, train, num_labels, cfg, seed, desc, resume_hint, multilabel, multiple_choice, prompt)
+    if targets is not None:
+        objective.targets = targets  # type: ignore[attr-defined]
     objective.dev = dev
     if run is not None:
         objective.best_dir = Path(run)
@@ -142,6 +150,7 @@ def finetune(
     *,
     progress: bool = True,
     predict_also: Sequence[Task] = (),
+    targets: np.ndarray | None = None,
 ) -> dict[str, Any]:
     """Fine-tune ``source`` on ``task`` once per seed; evaluate on the dev split(s); write results.
 
@@ -150,16 +159,16 @@ def finetune(
     median dev score go to out_dir/predictions/. predict_also: test-only tasks with the same labels
     predicted by the same model (GLUE's diagnostic set AX by the MNLI model). ``out_dir`` follows the rule of
     every output (``cramkit.io.check_out``: never into its input, never over another product), checked
-    before anything is read; a full disk gets one line.
+    before anything is read; a full disk gets one line. targets: soft targets of the train rows (self-training).
     """
     cfg = cfg or FinetuneConfig()
     from cramkit.io import check_out, disk_errors
 
     if out_dir is None:
-        return _finetune(task, source, cfg, None, progress, predict_also)
+        return _finetune(task, source, cfg, None, progress, predict_also, targets)
     check_out(out_dir, inputs=[source], own=[SETTINGS_FILE])
     with disk_errors(out_dir):
-        return _finetune(task, source, cfg, out_dir, progress, predict_also)
+        return _finetune(task, source, cfg, out_dir, progress, predict_also, targets)
 
 
 def _finetune(
@@ -169,6 +178,7 @@ def _finetune(
     out_dir: PathLike | None,
     progress: bool,
     predict_also: Sequence[Task],
+    targets: np.ndarray | None = None,
 ) -> dict[str, Any]:
     from cramkit.load import load_torch
 
@@ -184,6 +194,7 @@ def _finetune(
     train_rows = task.examples(task.train_split)
     if cfg.max_train_examples:
         train_rows = train_rows[: cfg.max_train_examples]
+        targets = targets[: len(train_rows)] if targets is not None else None
     if not train_rows:
         raise CramkitError(f"task {task.name}: the {task.train_split} split is empty; nothing to fine-tune on")
     if torchrun().is_main:  # under torchrun: once
@@ -218,13 +229,15 @@ def _finetune(
     lock = dir_lock(out_dir, "--out") if out_dir is not None and ctx.is_main else contextlib.nullcontext()
     try:
         with lock, fault_guard(ctx):
-            return _finetune_seeds(task, loaded, cfg, out_dir, ctx, train, dev, tests, predict_also, progress, prompt)
+            return _finetune_seeds(
+                task, loaded, cfg, out_dir, ctx, train, dev, tests, predict_also, progress, prompt, targets
+            )
     finally:
         shutdown(ctx)
 
 
 def _finetune_seeds(
-    task, loaded, cfg, out_dir, ctx, train, dev, tests, predict_also, progress, prompt=None
+    task, loaded, cfg, out_dir, ctx, train, dev, tests, predict_also, progress, prompt=None, targets=None
 ) -> dict[str, Any]:
     from cramkit.train.distributed import main_first
 
@@ -238,7 +251,9 @@ def _finetune_seeds(
         before = zero_shot(task, loaded, cfg, prompt, max_length, ctx.device)
         if progress:
             print(zero_shot_line(before, task, loaded.source), file=sys.stderr)
-    per_seed, test_logits, states = _train_seeds(task, loaded, cfg, seeds_dir, ctx, train, dev, tests, progress, prompt)
+    per_seed, test_logits, states = _train_seeds(
+        task, loaded, cfg, seeds_dir, ctx, train, dev, tests, progress, prompt, targets
+    )
     if not ctx.is_main:
         return {}
     results = _results(task, loaded, cfg, max_length, len(train), dev, prompt, before, per_seed)
@@ -274,6 +289,7 @@ def _train_seeds(
     tests: dict[tuple[str, str], Encoded | EncodedChoices],
     progress: bool,
     prompt: PromptSpec | None,
+    targets: np.ndarray | None = None,
 ) -> tuple[list[dict[str, Any]], list[dict[tuple[str, str], np.ndarray]], list[dict[str, Any] | None]]:
     """Every seed trained and scored, or its results reused when an earlier (interrupted) invocation finished it:
     (each seed's stats, its test logits by (task, split), its weights: None when they stay in its checkpoint).
@@ -305,6 +321,7 @@ def _train_seeds(
             multiple_choice=task.is_multiple_choice,
             dev=(task, task.selection_splits[0], dev[task.selection_splits[0]]) if dev else None,
             prompt=prompt,
+            targets=targets,
         )
         if not ctx.is_main:  # rank 0 scores and writes; the others go on to the next seed's training
             continue

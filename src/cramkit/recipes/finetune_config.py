@@ -70,6 +70,16 @@ class FinetuneConfig(ExampleSettings):
     # batch_size pairs a step (epochs and min_steps do not apply)
     setfit_pairs: int = 20
     setfit_lr: float | Literal["auto"] = "auto"  # method=setfit: the encoder's rate (auto: 2e-5; 1e-3 below 384)
+    # self-training (--unlabelled FILE): the teacher fine-tuned on the labels labels the unlabelled rows; a student
+    # learns from the labels and the confident pseudo-labels (recipes/selftrain.py)
+    self_train_teachers: int = 1  # teachers labelling together (an ensemble of seeds; their mean probabilities)
+    self_train_rounds: int = 1  # rounds: the student of one labels again for the next
+    # the calibrated probability a pseudo-label needs; auto: the most confident rows of each predicted class
+    self_train_threshold: float | Literal["auto"] = "auto"
+    self_train_fraction: float = 0.5  # at most this share of the unlabelled rows kept, equally among the classes
+    self_train_epochs: float = 2.0  # the student's epochs over labels + kept rows (at least the step floor)
+    self_train_soft: bool = True  # soft targets: the teacher's calibrated probabilities (false: its labels)
+    self_train_mask: float = 0.0  # noise: each word of a pseudo-labelled row masked with this probability
 
     def validate(self) -> None:
         if self.method not in METHODS:
@@ -84,6 +94,7 @@ class FinetuneConfig(ExampleSettings):
             raise CramkitError(
                 f"finetune.setfit_pairs and setfit_lr must be positive, got {self.setfit_pairs}, {self.setfit_lr}"
             )
+        self._check_self_train()
         if self.prefix_len < 1 or self.prefix_lr <= 0:
             raise CramkitError(
                 f"finetune.prefix_len and prefix_lr must be positive, got {self.prefix_len}, {self.prefix_lr}"
@@ -115,6 +126,24 @@ class FinetuneConfig(ExampleSettings):
             raise CramkitError("finetune.keep=best picks among the dev evaluations: set eval_every (e.g. 'epoch')")
         if not 0.0 <= self.attention_dropout < 1.0:
             raise CramkitError(f"finetune.attention_dropout must be in [0, 1), got {self.attention_dropout}")
+
+    def _check_self_train(self) -> None:
+        if not 1 <= self.self_train_teachers <= 16 or not 1 <= self.self_train_rounds <= 10:
+            raise CramkitError(
+                f"finetune.self_train_teachers is 1..16 and self_train_rounds 1..10, got {self.self_train_teachers}, "
+                f"{self.self_train_rounds}"
+            )
+        if self.self_train_threshold != "auto" and not 0.0 <= float(self.self_train_threshold) < 1.0:
+            raise CramkitError(
+                f"finetune.self_train_threshold is a probability in [0, 1) or auto, got {self.self_train_threshold}"
+            )
+        if not 0.0 < self.self_train_fraction <= 1.0 or not 0.0 <= self.self_train_mask < 1.0:
+            raise CramkitError(
+                f"finetune.self_train_fraction is in (0, 1] and self_train_mask in [0, 1), got "
+                f"{self.self_train_fraction}, {self.self_train_mask}"
+            )
+        if not 0.0 < self.self_train_epochs <= 1000:
+            raise CramkitError(f"finetune.self_train_epochs must be in (0, 1000], got {self.self_train_epochs}")
 
     @property
     def epoch_count(self) -> float:

@@ -1,0 +1,257 @@
+"""Self-training (issue 49): ``cramkit finetune ... --unlabelled FILE``, on the real SST-2 (its training sentences
+without their labels as the unlabelled text) and through the real command."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import cramkit
+from cramkit.recipes import selftrain
+from cramkit.recipes.finetune_config import FinetuneConfig
+from infer.models import cli
+
+FAST = ["--set", "min_steps=6", "--set", "max_length=48", "--set", "self_train_epochs=0.05", "--no-progress"]
+
+
+def sst2_unlabelled(glue_dir: Path, out: Path, n: int = 300, start: int = 20000) -> Path:
+    """``n`` of SST-2's training sentences (from row ``start``, away from the few-shot draws' usual rows are not
+    guaranteed: self-training drops any that is a labelled or dev row) as a TSV with a ``sentence`` column."""
+    lines = (glue_dir / "SST-2" / "train.tsv").read_text(encoding="utf-8").splitlines()[1:]
+    texts = [line.split("\t")[0] for line in lines[start : start + n]]
+    out.write_text("sentence\n" + "\n".join(texts) + "\n", encoding="utf-8")
+    return out
+
+
+def _fewshot(tiny_run: Path, glue_dir: Path, out: Path, unlabelled: Path, *extra: str):
+    return cli(
+        "finetune",
+        "--task",
+        "glue/sst2",
+        "--from",
+        tiny_run,
+        "--data-dir",
+        glue_dir,
+        "--few-shot",
+        "4",
+        "--splits",
+        "2",
+        "--unlabelled",
+        unlabelled,
+        "--out",
+        out,
+        *FAST,
+        *extra,
+    )
+
+
+def test_unlabelled_trains_a_student_on_every_split_and_writes_what_it_did(
+    tiny_run: Path, real_glue_dir: Path, tmp_path: Path
+) -> None:
+    glue_dir = real_glue_dir
+    unlabelled = sst2_unlabelled(glue_dir, tmp_path / "unlabelled.tsv", start=0)
+    out = tmp_path / "st"
+    proc = _fewshot(tiny_run, glue_dir, out, unlabelled, "--set", "min_steps=40")  # a teacher of both classes
+    assert proc.returncode == 0, proc.stderr
+    res = json.loads((out / "results.json").read_text())
+    assert "self-training: teacher" in proc.stdout and "-> student" in proc.stdout
+    st = res["self_training"]
+    assert len(st["teacher"]["scores"]) == 2 and len(st["student"]["scores"]) == 2
+    for key in ("0", "1"):
+        assert proc.stderr.count(f"cramkit: self-training split {key}: ") == 1  # one line per split
+        one = res["fewshot"]["per_split"][key]["self_training"]
+        split = json.loads((out / f"split-{key}" / "results.json").read_text())
+        assert split["self_training"] == one
+        if one["collapsed"]:  # a 10-step teacher may answer one class: then it is the result, said so
+            assert split["score"] == one["teacher"]["score"] and one["student"] is None
+            continue
+        # the pseudo-labels: balanced over the classes, within the fraction, each class's confidence cut recorded
+        kept = one["distribution"]
+        assert set(kept) == {"0", "1"} and kept["0"] == kept["1"] > 0
+        assert one["kept_rows"] == sum(kept.values()) <= 0.5 * one["unlabelled_rows"] + 1
+        assert set(one["thresholds"]) == {"0", "1"} and all(0.5 <= v <= 1 for v in one["thresholds"].values())
+        assert one["unlabelled_rows"] <= 300 and one["seconds"] > 0
+        assert one["teacher"]["score"] is not None and one["student"]["score"] == split["score"]
+        assert split["train_examples"] == 8 + one["kept_rows"]  # the labels and the kept rows
+        assert (out / f"split-{key}" / "model.safetensors").is_file()  # the student, loadable
+        assert (out / f"split-{key}" / "teacher" / "model.safetensors").is_file()
+        assert list((out / f"split-{key}" / "labels").glob("*/teacher-*.npy"))  # the labels, committed
+    assert len(st["collapsed"]) < 2  # at least one student trained and checked above (split 0 here)
+    # the same command again: nothing is trained or labelled again
+    again = _fewshot(tiny_run, glue_dir, out, unlabelled, "--set", "min_steps=40")
+    assert again.returncode == 0, again.stderr
+    assert again.stderr.count("(done earlier, reused)") == 2
+    assert json.loads((out / "results.json").read_text())["self_training"] == st
+
+
+def test_python_api_on_a_file_task_with_a_list_of_texts(tiny_run: Path, glue_dir: Path, tmp_path: Path) -> None:
+    lines = (glue_dir / "SST-2" / "train.tsv").read_text(encoding="utf-8").splitlines()
+    (tmp_path / "train.tsv").write_text("\n".join(lines[:41]) + "\n", encoding="utf-8")
+    (tmp_path / "dev.tsv").write_text("\n".join([lines[0], *lines[100:140]]) + "\n", encoding="utf-8")
+    texts = [line.split("\t")[0] for line in lines[3000:3200]]
+    res = cramkit.finetune(
+        tiny_run,
+        train=tmp_path / "train.tsv",
+        dev=tmp_path / "dev.tsv",
+        text_a="sentence",
+        unlabelled=texts,
+        out=tmp_path / "out",
+        progress=False,
+        min_steps=6,
+        max_length=48,
+        self_train_epochs=0.05,
+    )
+    st = res["self_training"]
+    assert st["unlabelled_rows"] == 200 and (st["collapsed"] or st["kept_rows"] > 0)
+    assert json.loads((tmp_path / "out" / "results.json").read_text())["self_training"] == st
+    assert "self_train_fraction" in st["settings"] and st["rounds"][0]["temperatures"]
+
+
+def test_a_teacher_that_answers_one_class_is_caught_and_not_trained_on(
+    tiny_run: Path, glue_dir: Path, tmp_path: Path
+) -> None:
+    unlabelled = sst2_unlabelled(glue_dir, tmp_path / "unlabelled.tsv", n=120)
+    out = tmp_path / "st"
+    # a threshold no pseudo-label reaches: a selection of one class (or none) is a collapse; and the 6-step teacher
+    # of the tiny model answers one class for every row (on the real SST-2: "the teacher answers '1' for 100%")
+    proc = _fewshot(tiny_run, glue_dir, out, unlabelled, "--splits", "1", "--set", "self_train_threshold=0.999999")
+    assert proc.returncode == 0, proc.stderr
+    res = json.loads((out / "results.json").read_text())
+    one = res["fewshot"]["per_split"]["0"]["self_training"]
+    assert one["collapsed"] and one["student"] is None and one["kept_rows"] == 0
+    assert res["self_training"]["collapsed"] == ["0"]
+    assert res["fewshot"]["per_split"]["0"]["score"] == one["teacher"]["score"]  # the teacher's result
+    lines = [x for x in proc.stderr.splitlines() if "self-training split 0" in x]
+    assert len(lines) == 1 and "no student is trained on it; the result is the teacher's" in lines[0]
+    assert "the teacher answers" in lines[0] or "keeps no row of the 120 unlabelled rows" in lines[0]
+    assert not (out / "split-0" / "model.safetensors").exists()  # no student was trained
+    assert "collapsed (the teacher's result kept) on split(s) 0" in proc.stdout
+
+
+def test_select_catches_one_class_and_keeps_the_classes_balanced() -> None:
+    cfg = FinetuneConfig()
+    rng = np.random.default_rng(0)
+    one_class = np.stack([np.full(100, 0.9), np.full(100, 0.1)], 1)
+    one_class[:3] = [0.2, 0.8]  # 97% one class
+    sel = selftrain.select(one_class, cfg, ["neg", "pos"])
+    assert "answers 'neg' for 97% of the 100 unlabelled rows" in sel["collapsed"] and not len(sel["keep"])
+    p = rng.uniform(0.5, 1.0, 1000)
+    skewed = np.stack([p, 1 - p], 1)
+    skewed[:300] = skewed[:300, ::-1]  # 700 neg, 300 pos predicted
+    sel = selftrain.select(skewed, cfg, ["neg", "pos"])
+    assert sel["collapsed"] is None and sel["kept"] == {"neg": 250, "pos": 250}  # 0.5 x 1000 / 2 each
+    conf = skewed.max(1)
+    neg = np.flatnonzero(skewed.argmax(1) == 0)
+    assert sel["thresholds"]["neg"] == pytest.approx(np.sort(conf[neg])[::-1][249], abs=1e-4)  # the most confident
+    cfg.self_train_fraction = 1.0
+    assert selftrain.select(skewed, cfg, ["neg", "pos"])["kept"] == {"neg": 300, "pos": 300}  # the rarest's count
+
+
+def test_temperature_scaling_fits_overconfident_logits() -> None:
+    rng = np.random.default_rng(1)
+    labels = rng.integers(0, 2, 2000)
+    right = rng.random(2000) < 0.7  # 70% right, but logits that say 99.9%
+    pred = np.where(right, labels, 1 - labels)
+    logits = np.zeros((2000, 2))
+    logits[np.arange(2000), pred] = 7.0
+    t = selftrain.fit_temperature(logits, labels)
+    assert 7.0 / np.log(0.7 / 0.3) == pytest.approx(t, rel=0.1)  # softmax(7 / t) = 0.7
+
+
+def test_bad_unlabelled_files_are_one_line_or_counted(tiny_run: Path, glue_dir: Path, tmp_path: Path) -> None:
+    base = ["finetune", "--task", "glue/sst2", "--from", tiny_run, "--data-dir", glue_dir, "--few-shot", "4"]
+    cases = {
+        "empty.csv": ("sentence,id\na fine film,1\n,2\n", "row 2: an empty text"),
+        "latin1.tsv": (None, "is not valid UTF-8"),
+        "nocol.csv": ("title,stars\ngreat,5\n", "no usual text column among title, stars"),
+        "short.jsonl": ('{"sentence": "good"}\n{"other": "x"}\n', "line 2: no value for 'sentence'"),
+        "missing.txt": (None, "does not exist"),
+    }
+    for name, (text, needle) in cases.items():
+        path = tmp_path / name
+        if name == "latin1.tsv":
+            path.write_bytes("sentence\ncafé crème\n".encode("latin-1"))
+        elif text is not None:
+            path.write_text(text, encoding="utf-8")
+        out = tmp_path / f"out-{name}"
+        proc = cli(*base, "--unlabelled", path, "--out", out)
+        err = proc.stderr.strip()
+        assert proc.returncode == 2 and needle in err and str(path) in err, (name, err)
+        assert len(err.splitlines()) == 1 and "Traceback" not in err and not out.exists()
+    # --skip-bad-rows: the bad rows are skipped and counted in one line, the rest is read
+    task = cramkit.tasks.registry.get_task("glue/sst2", data_dir=glue_dir)
+    rows, skipped = selftrain.read_unlabelled(tmp_path / "short.jsonl", task, skip_bad_rows=True)
+    assert rows == [("good", None)] and skipped == 1
+    (tmp_path / "blank.tsv").write_text("sentence\nok one\n \nok two\n", encoding="utf-8")
+    rows, skipped = selftrain.read_unlabelled(tmp_path / "blank.tsv", task, skip_bad_rows=True)
+    assert [a for a, _ in rows] == ["ok one", "ok two"]
+    (tmp_path / "lines.txt").write_text("one text\n\ntwo text\n", encoding="utf-8")
+    assert selftrain.read_unlabelled(tmp_path / "lines.txt", task)[0] == [("one text", None), ("two text", None)]
+    # with a mixture, or a method self-training does not train: one line, before anything is read
+    for extra, needle in (
+        (["--method", "setfit"], "method setfit is not supported for self-training"),
+        (["--set", "self_train_fraction=0"], "self_train_fraction is in (0, 1]"),
+    ):
+        proc = cli(*base, "--unlabelled", tmp_path / "lines.txt", *extra, "--out", tmp_path / "x")
+        assert proc.returncode == 2 and needle in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+    proc = cli("finetune", "--mixture", "glue/sst2,glue/cola", "--from", tiny_run, "--unlabelled", tmp_path / "a.txt")
+    assert proc.returncode == 2 and "--unlabelled self-trains one task; leave out --mixture" in proc.stderr
+
+
+def test_interrupted_labelling_resumes_and_a_rerun_reuses_the_labels(
+    tiny_run: Path, glue_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Ctrl-C after two labelling batches (in process: the engine raises KeyboardInterrupt, as the signal handler
+    would): exit 130, the batches done are committed; the same command labels only the rest, and once finished
+    the labels are reused."""
+    from cramkit.infer.engine import Engine
+
+    unlabelled = sst2_unlabelled(glue_dir, tmp_path / "unlabelled.tsv", n=200)
+    monkeypatch.setattr(selftrain, "LABEL_CHUNK", 40)
+    calls = {"n": 0, "rows": 0}
+    real = Engine.logits
+
+    def interrupted(self, inputs, **kw):
+        if len(inputs) == 40 or calls["n"]:  # the labelling batches
+            calls["n"] += 1
+            calls["rows"] += len(inputs)
+            if calls["n"] == 3:
+                raise KeyboardInterrupt
+        return real(self, inputs, **kw)
+
+    monkeypatch.setattr(Engine, "logits", interrupted)
+    out = tmp_path / "st"
+    args = ("--splits", "1")
+    proc = _fewshot(tiny_run, glue_dir, out, unlabelled, *args)
+    assert proc.returncode == 130 and "interrupted" in proc.stderr
+    labels = out / "split-0" / "labels"
+    progress = list(labels.glob("*/teacher-*.progress.json"))
+    assert len(progress) == 1 and json.loads(progress[0].read_text())["done"] == 80
+    assert not list(labels.glob("*/teacher-*[0-9a-f].npy"))  # not complete: not under the final name
+
+    calls.update(n=-1000, rows=0)  # counts every labelling batch from here on, interrupts none
+    proc = _fewshot(tiny_run, glue_dir, out, unlabelled, *args)
+    assert proc.returncode == 0, proc.stderr
+    assert "labelling resumed at row 80" in proc.stderr
+    total = json.loads((out / "split-0" / "results.json").read_text())["self_training"]["unlabelled_rows"]
+    assert calls["rows"] == total - 80 + 8  # the rows left, then the dev rows it calibrates on (K=4 per class)
+    assert len(list(labels.glob("*/teacher-*.npy"))) == 1 and not list(labels.glob("*/*.progress.json"))
+
+
+def test_one_task_from_files_through_the_command(tiny_run: Path, glue_dir: Path, tmp_path: Path) -> None:
+    lines = (glue_dir / "SST-2" / "train.tsv").read_text(encoding="utf-8").splitlines()
+    (tmp_path / "train.tsv").write_text("\n".join(lines[:41]) + "\n", encoding="utf-8")
+    (tmp_path / "dev.tsv").write_text("\n".join([lines[0], *lines[100:140]]) + "\n", encoding="utf-8")
+    (tmp_path / "more.txt").write_text("\n".join(x.split("\t")[0] for x in lines[3000:3150]) + "\n", encoding="utf-8")
+    out = tmp_path / "out"
+    files = ["--train", tmp_path / "train.tsv", "--dev", tmp_path / "dev.tsv", "--text-a", "sentence"]
+    proc = cli("finetune", "--from", tiny_run, *files, "--unlabelled", tmp_path / "more.txt", "--out", out, *FAST)
+    assert proc.returncode == 0, proc.stderr
+    st = json.loads((out / "results.json").read_text())["self_training"]
+    assert st["unlabelled_rows"] == 150 and proc.stderr.count("cramkit: self-training: ") == 1
+    model = Path(st["model"])  # the student (OUT), or the teacher's when it collapsed: the line names the one kept
+    assert (model / "model.safetensors").is_file() and f"saved in {model}" in proc.stdout
+    assert model == (out / "teacher" if st["collapsed"] else out)

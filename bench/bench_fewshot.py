@@ -156,11 +156,6 @@ def auto_table(rows: list[dict]) -> list[str]:
             f"| mean | {auto['mean']:.1f} ± {auto['sd']:.1f} | | {hindsight:.1f} | {sum(gaps) / len(gaps):+.1f} | | | "
             f"{sum(ratios) / len(ratios):.1f}x |"
         )
-        wall = sum(singles[m]["seconds"] for m in singles) / len(singles)
-        lines.append(
-            f"\nwall seconds for {len(gaps)} splits: auto {auto['seconds']:.0f}, one method {wall:.0f} on average "
-            f"({auto['seconds'] / wall:.1f}x)"
-        )
     return lines
 
 

@@ -12,7 +12,10 @@ split trained with the same seed by every method, so the methods differ only in 
 - ``prompt``: the task's built-in template and label words through the MLM head (PET / LM-BFF);
 - ``ptuning``: the encoder frozen, ``--prefix-len`` trainable keys/values per layer and a head (P-tuning v2);
 - ``setfit``: the encoder trained on pairs of the K-shot rows (same label or not), then a logistic regression
-  (SetFit; one pass over 2 x 20 pairs per row, ``--steps`` does not apply); needs no MLM head.
+  (SetFit; one pass over 2 x 20 pairs per row, ``--steps`` does not apply); needs no MLM head;
+- ``auto``: ``--method auto``, the method that 4-fold cross-validation on the K-shot training rows scores best
+  (a quarter of each method's steps per fold), then trained on them as that method alone would be. Its own table
+  sets it against the best single method in hindsight on each split, and gives what the cross-validation cost.
 
 A task is a registered name or ``files:DIR`` (DIR/train.tsv and DIR/dev.tsv with ``text`` and ``label`` columns,
 e.g. what ``bench/make_source_tasks.py`` writes).
@@ -20,6 +23,7 @@ e.g. what ``bench/make_source_tasks.py`` writes).
     python bench/bench_fewshot.py --model runs/minilm-head --tasks glue/sst2,glue/mrpc --k 16 --splits 5
     python bench/bench_fewshot.py --model runs/tiny-zh --tasks clue/eprstmt,clue/csl --data-dir ../shared/data/fewclue
     python bench/bench_fewshot.py --model hf:MINILM --tasks files:tasks/abc,glue/sst2 --methods head,setfit
+    python bench/bench_fewshot.py --model hf:MINILM --tasks glue/sst2 --methods head,setfit,ptuning,auto
 
 Each result is appended to ``--out`` (JSON lines) as soon as it is known, and a finished (model, task, method)
 is not trained again: a killed bench resumes. The table goes to stdout (and ``--table``).
@@ -41,7 +45,7 @@ if TYPE_CHECKING:
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_infer import machine
 
-METHODS = ("head", "prompt", "ptuning", "setfit")
+METHODS = ("head", "prompt", "ptuning", "setfit", "auto")
 
 
 def bench_task(task_name: str, data_dir: str | None) -> Task:
@@ -97,7 +101,62 @@ def run_one(model: str, task_name: str, data_dir: str | None, method: str, args:
         "trainable_parameters": res.get("trainable_parameters"),
         "seconds": round(time.time() - t0, 1),
         **zero_shot(few, splits),
+        **({"auto": auto_splits(work, splits)} if method == "auto" else {}),
     }
+
+
+def auto_splits(work: Path, splits: list[str]) -> list[dict]:
+    """``--method auto`` on each split: the method chosen, every candidate's CV mean, the seconds of the
+    cross-validation and of the final training (from each split's results.json)."""
+    rows = []
+    for s in splits:
+        auto = json.loads((work / f"split-{s}" / "results.json").read_text(encoding="utf-8"))["method_auto"]
+        rows.append(
+            {
+                "chosen": auto["chosen"],
+                "cv": {m: round(c["mean"], 2) for m, c in auto["cv"].items()},
+                "cv_seconds": auto["cv_seconds"],
+                "final_seconds": auto["final_seconds"],
+                "skipped": sorted(auto["skipped"]),
+            }
+        )
+    return rows
+
+
+def auto_table(rows: list[dict]) -> list[str]:
+    """``--method auto`` against the best single method in hindsight on each split (the same splits and seed): its
+    score, the method it chose, the best one and its score, and the cost of the cross-validation."""
+    by = {(r["model"], r["task"], r["method"]): r for r in rows}
+    lines = []
+    for model, task in dict.fromkeys((r["model"], r["task"]) for r in rows):
+        auto = by.get((model, task, "auto"))
+        singles = {m: by[model, task, m] for m in METHODS if m != "auto" and (model, task, m) in by}
+        if auto is None or not singles:
+            continue
+        lines += [
+            "",
+            f"{Path(model).name} {task}: --method auto against the best method in hindsight per split",
+            "",
+            "| split | auto | chose | best in hindsight | auto - best | CV s | final s | CV / final |",
+            "|---|---|---|---|---|---|---|---|",
+        ]
+        gaps, ratios = [], []
+        for i, (score, one) in enumerate(zip(auto["scores"], auto["auto"], strict=True)):
+            best = max(singles, key=lambda m: singles[m]["scores"][i])
+            top = singles[best]["scores"][i]
+            ratio = one["cv_seconds"] / one["final_seconds"] if one["final_seconds"] else float("nan")
+            gaps.append(score - top)
+            ratios.append(ratio)
+            lines.append(
+                f"| {i} | {score:.1f} | {one['chosen']} | {best} {top:.1f} | {score - top:+.1f} | "
+                f"{one['cv_seconds']:.0f} | {one['final_seconds']:.0f} | {ratio:.1f}x |"
+            )
+        hindsight = sum(max(s["scores"][i] for s in singles.values()) for i in range(len(gaps))) / len(gaps)
+        lines.append(
+            f"| mean | {auto['mean']:.1f} ± {auto['sd']:.1f} | | {hindsight:.1f} | {sum(gaps) / len(gaps):+.1f} | | | "
+            f"{sum(ratios) / len(ratios):.1f}x |"
+        )
+    return lines
 
 
 def zero_shot(few: dict, splits: list[str]) -> dict:
@@ -191,6 +250,7 @@ def main() -> None:
         "(accuracy or the task's metric, %)",
         "",
         *table(rows, args.methods.split(",")),
+        *auto_table(rows),
     ]
     text = "\n".join(lines)
     print(text)

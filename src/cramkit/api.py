@@ -122,6 +122,10 @@ def check_finetune(
         raise CramkitError(f"--splits must be at least 1, got {splits}")
     if unlabelled is not None and mixture is not None:
         raise CramkitError("--unlabelled self-trains one task; leave out --mixture")
+    if config is not None and config.method == "auto":
+        from cramkit.recipes.method_auto import check_route
+
+        check_route(config, few_shot=few_shot)
     if (few_shot is not None or fewshot_splits) and mixture is not None:
         flag = "--few-shot" if few_shot is not None else "--fewshot-splits"
         raise CramkitError(f"{flag} runs one task in one process; leave out --nproc and --mixture")
@@ -164,10 +168,10 @@ def finetune(
     (``train``, optional ``dev``: else ``dev_fraction`` of train is held out), or on a ``mixture`` of tasks
     (``"glue/mrpc,glue/cola"`` or a registered name; ``rates``, or ``weighting`` sum|gradnorm|pcgrad with a
     ``primary`` task). ``settings`` are FinetuneConfig fields (lr=2e-5, epochs=3, seeds=[0, 1, 2],
-    method="ptuning" or "setfit", ...) on top of ``config``. ``prompt`` and ``label_words`` (``{"0": "terrible", "1":
-    "great"}``): prompt-based fine-tuning through the MLM head. With ``out`` the model of the median seed is
-    saved there (``cramkit.load(out)``; None: one task trains in a temporary directory and keeps no model, a
-    mixture or a few-shot protocol writes to finetune-NAME). ``few_shot=K``: LM-BFF's protocol, ``splits``
+    method="ptuning", "setfit" or "auto", ...) on top of ``config``. ``prompt`` and ``label_words``
+    (``{"0": "terrible", "1": "great"}``): prompt-based fine-tuning through the MLM head. With ``out`` the model of
+    the median seed is saved there (``cramkit.load(out)``; None: one task trains in a temporary directory and keeps
+    no model, a mixture or a few-shot protocol writes to finetune-NAME). ``few_shot=K``: LM-BFF's protocol, ``splits``
     splits of K examples per class (and a dev set of K per class that picks the checkpoint), scored on the
     task's dev split;
     ``fewshot_splits`` ("0,1,2,3,4" or "few_all"): FewCLUE's. ``unlabelled`` (a file as ``train``'s columns, or
@@ -234,6 +238,9 @@ def finetune(
     _preload(the_task)
     if rows is not None:
         from cramkit.recipes.selftrain import run_self_train
+
+        if not isinstance(source, (str, os.PathLike)):
+            raise CramkitError("unlabelled: the teacher and the student load the model afresh; give its directory")
 
         return run_self_train(the_task, source, cfg, out, rows, progress=progress)
     from cramkit.recipes.finetune import finetune as _finetune
@@ -380,6 +387,10 @@ def evaluate(
         from cramkit.tasks.clue import parse_fewshot_splits
 
         keys = parse_fewshot_splits(fewshot_splits if isinstance(fewshot_splits, str) else ",".join(fewshot_splits))
+    if cfg.method == "auto":
+        from cramkit.recipes.method_auto import check_route
+
+        check_route(cfg, few_shot=few_shot, suite=few_shot is None and not keys)
     _check_source(source)
     return evaluate_suite(
         the_suite.name,

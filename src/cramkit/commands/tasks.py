@@ -309,12 +309,13 @@ def _method_args(g: argparse._ArgumentGroup, suite: bool = False) -> None:
     g.add_argument("--splits", type=int, default=5, metavar="S", help="with --few-shot: how many splits (5)")
     g.add_argument(
         "--method",
-        choices=["head", "prompt", "ptuning", "setfit"],
+        choices=["head", "prompt", "ptuning", "setfit", "auto"],
         help="head: a fresh classifier on the pooled output (default); prompt: the MLM head scores label "
         "words through a template; ptuning: the encoder frozen, trainable prefixes at every layer and a "
         "head (only those are stored, with the base model's checksum); setfit: the encoder trained on pairs "
         "of rows (same label or not), then a logistic-regression head (SetFit: no MLM head needed; "
-        "--set setfit_pairs=20 pairs of each kind per row)",
+        "--set setfit_pairs=20 pairs of each kind per row); auto: the one of them that cross-validation on the "
+        "labelled rows scores best, trained on all of them (few labels; --set auto_folds=4)",
     )
     if not suite:
         g.add_argument(
@@ -390,7 +391,8 @@ def _config(args: argparse.Namespace):
     for flag in ("method", "prefix_len"):
         if getattr(args, flag, None) is not None:
             overrides[flag] = getattr(args, flag)
-    if getattr(args, "prefix_len", None) is not None and overrides.get("method", base.get("method")) != "ptuning":
+    method = overrides.get("method", base.get("method"))
+    if getattr(args, "prefix_len", None) is not None and method not in ("ptuning", "auto"):
         raise CramkitError("--prefix-len sizes deep prompts: give it with --method ptuning")
     if args.seeds:
         try:
@@ -475,6 +477,8 @@ def run_finetune(args: argparse.Namespace) -> int:
     mixture = check_finetune(task=args.task, train=args.train, config=cfg, **routes)
     fewshot = args.fewshot_splits or args.few_shot is not None
     if args.nproc != 1:
+        if cfg.method == "auto":
+            raise CramkitError("--method auto trains its candidates one by one in one process: leave out --nproc")
         if fewshot:
             flag = "--few-shot" if args.few_shot is not None else "--fewshot-splits"
             raise CramkitError(f"{flag} runs one task in one process; leave out --nproc and --mixture")

@@ -162,6 +162,10 @@ def finetune(
     before anything is read; a full disk gets one line. targets: soft targets of the train rows (self-training).
     """
     cfg = cfg or FinetuneConfig()
+    if cfg.method == "auto":  # cross-validation chooses the method, then trains it here (recipes/method_auto.py)
+        from cramkit.recipes.method_auto import finetune_auto
+
+        return finetune_auto(task, source, cfg, out_dir, progress=progress, predict_also=predict_also)
     from cramkit.io import check_out, disk_errors
 
     if out_dir is None:

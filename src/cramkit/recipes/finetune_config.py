@@ -11,7 +11,7 @@ from cramkit.errors import CramkitError
 from cramkit.recipes.learning_rate import EMBEDDING_LR, FINETUNE_LR, WIDE_FROM, width_lr
 from cramkit.train.config import ExampleSettings
 
-METHODS = ("head", "prompt", "ptuning", "setfit")
+METHODS = ("head", "prompt", "ptuning", "setfit", "auto")
 DEFAULT_EPOCHS = 5.0  # Cramming's "GLUE-sane" rule: at most 5 epochs
 DEFAULT_MIN_STEPS = 500  # the step floor for few labels, when the user sets neither epochs nor min_steps
 
@@ -60,8 +60,9 @@ class FinetuneConfig(ExampleSettings):
     keep: Literal["last", "best"] = "last"  # the kept model: the last, or the one with the best dev score
     # how the task meets the encoder: a fresh head on the pooled output; the MLM head scoring label words
     # through a template (PET / LM-BFF); deep prompts on a frozen encoder (P-tuning v2); or the encoder trained
-    # on pairs of rows to embed the labels apart, then a logistic-regression head (SetFit)
-    method: Literal["head", "prompt", "ptuning", "setfit"] = "head"
+    # on pairs of rows to embed the labels apart, then a logistic-regression head (SetFit); or auto: the one of
+    # them that cross-validation on the labelled rows scores best (recipes/method_auto.py)
+    method: Literal["head", "prompt", "ptuning", "setfit", "auto"] = "head"
     prompt: str = ""  # method=prompt: the template, e.g. '{text_a} It was [MASK] .' ('': the task's built-in)
     label_words: str = ""  # method=prompt: LABEL=WORD,... ('': the task's built-in)
     prefix_len: int = 16  # method=ptuning: trainable keys and values per layer
@@ -80,13 +81,20 @@ class FinetuneConfig(ExampleSettings):
     self_train_epochs: float = 2.0  # the student's epochs over labels + kept rows (at least the step floor)
     self_train_soft: bool = True  # soft targets: the teacher's calibrated probabilities (false: its labels)
     self_train_mask: float = 0.0  # noise: each word of a pseudo-labelled row masked with this probability
+    # method=auto: stratified folds of the labelled rows; the methods it chooses among (prompt only where the model
+    # has an MLM head that reads the context); the fraction of each method's steps (setfit: of its pairs) a
+    # cross-validation run trains; the most labelled rows it takes (it is for few labels)
+    auto_folds: int = 4
+    auto_methods: str = "head,setfit,ptuning,prompt"
+    auto_steps: float = 0.25
+    auto_max_rows: int = 1000
 
     def validate(self) -> None:
         if self.method not in METHODS:
             raise CramkitError(f"finetune.method is one of {', '.join(METHODS)}, got {self.method!r}")
         if (self.prompt or self.label_words) and self.method == "head":
             self.method = "prompt"  # a template or label words given: prompt-based fine-tuning
-        if (self.prompt or self.label_words) and self.method != "prompt":
+        if (self.prompt or self.label_words) and self.method not in ("prompt", "auto"):
             raise CramkitError(
                 f"--prompt and --label-words apply to prompt-based fine-tuning, not method={self.method}"
             )
@@ -102,6 +110,9 @@ class FinetuneConfig(ExampleSettings):
         from cramkit.model.prompting import check_prefix_len  # (torch: only when a config is checked)
 
         check_prefix_len(self.prefix_len)
+        from cramkit.recipes.method_auto import check_settings
+
+        check_settings(self)  # the auto_* settings
         for name in ("lr", "batch_size", "epochs", "max_length", "eval_batch_size"):
             if getattr(self, name) not in ("auto", None) and getattr(self, name) <= 0:
                 raise CramkitError(f"finetune.{name} must be positive, got {getattr(self, name)}")

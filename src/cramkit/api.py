@@ -216,28 +216,14 @@ def finetune(
     _check_source(source)
     rows = None
     if unlabelled is not None:
-        from cramkit.recipes.selftrain import unlabelled_rows
+        from cramkit.distill.selftrain import unlabelled_rows
 
         rows = unlabelled_rows(unlabelled, the_task, cfg, text_a=text_a, text_b=text_b, skip_bad_rows=skip_bad_rows)
-    stem = the_task.name.replace("/", "-")
     if few_shot is not None or fewshot_splits:
-        from cramkit.recipes.evaluate import fewshot_run
-
-        if not isinstance(source, (str, os.PathLike)):
-            raise CramkitError("few_shot and fewshot_splits load the model once per split: give its directory")
-
-        if few_shot is not None:
-            keys, suffix = [str(i) for i in range(splits)], f"{few_shot}shot"
-        else:
-            from cramkit.tasks.clue import parse_fewshot_splits
-
-            given = fewshot_splits if isinstance(fewshot_splits, str) else ",".join(fewshot_splits or ())
-            keys, suffix = parse_fewshot_splits(given), "fewshot"
-        where = out or f"finetune-{stem}-{suffix}"
-        return fewshot_run(the_task, source, cfg, where, keys, k=few_shot, progress=progress, unlabelled=rows)
+        return _fewshot(the_task, source, cfg, out, few_shot, splits, fewshot_splits, rows, progress)
     _preload(the_task)
     if rows is not None:
-        from cramkit.recipes.selftrain import run_self_train
+        from cramkit.distill.selftrain import run_self_train
 
         if not isinstance(source, (str, os.PathLike)):
             raise CramkitError("unlabelled: the teacher and the student load the model afresh; give its directory")
@@ -246,6 +232,58 @@ def finetune(
     from cramkit.recipes.finetune import finetune as _finetune
 
     return _finetune(the_task, source, cfg, out, progress=progress)  # out None: a temporary directory
+
+
+def _fewshot(
+    the_task: Any,
+    source: Any,
+    cfg: Any,
+    out: Any,
+    few_shot: int | None,
+    splits: int,
+    fewshot_splits: Any,
+    rows: Any,
+    progress: bool,
+) -> dict[str, Any]:
+    """``finetune(few_shot=K)`` (LM-BFF's protocol) or ``finetune(fewshot_splits=...)`` (FewCLUE's), each split
+    self-trained on ``rows`` when there are unlabelled rows."""
+    stem = the_task.name.replace("/", "-")
+    from cramkit.recipes.evaluate import fewshot_run
+
+    if not isinstance(source, (str, os.PathLike)):
+        raise CramkitError("few_shot and fewshot_splits load the model once per split: give its directory")
+
+    if few_shot is not None:
+        keys, suffix = [str(i) for i in range(splits)], f"{few_shot}shot"
+    else:
+        from cramkit.tasks.clue import parse_fewshot_splits
+
+        given = fewshot_splits if isinstance(fewshot_splits, str) else ",".join(fewshot_splits or ())
+        keys, suffix = parse_fewshot_splits(given), "fewshot"
+    where = out or f"finetune-{stem}-{suffix}"
+    if rows is None:
+        return fewshot_run(the_task, source, cfg, where, keys, k=few_shot, progress=progress)
+    import functools
+
+    from cramkit.distill.selftrain import self_train, summary
+
+    every = functools.partial(_self_train_split, self_train, rows)
+    return fewshot_run(
+        the_task,
+        source,
+        cfg,
+        where,
+        keys,
+        k=few_shot,
+        progress=progress,
+        train_split=every,
+        summarize=lambda per_split: {"self_training": summary(per_split)},
+    )
+
+
+def _self_train_split(self_train: Any, rows: Any, view: Any, loaded: Any, cfg: Any, run: Any, **kw: Any) -> Any:
+    """One split of a few-shot protocol self-trained on ``rows`` (the unlabelled text every split shares)."""
+    return self_train(view, loaded, cfg, run, rows, **kw)
 
 
 def _finetune_mixture(

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import cramkit
-from cramkit.recipes import selftrain
+from cramkit.distill import selftrain
 from cramkit.recipes.finetune_config import FinetuneConfig
 from infer.models import cli
 

@@ -576,9 +576,7 @@ def export_hf(
     from cramkit.io import check_out, listing
 
     out = Path(out_dir)
-    # kin: the manifests of the other export formats, whose earlier exports --force may replace (the caller,
-    # above the formats, names them: cramkit.backends.export_markers)
-    kin = kin or (EXPORT_MARKER,)
+    kin = kin or (EXPORT_MARKER,)  # (the caller, above the formats, names theirs: backends.export_markers)
     check_out(out, own=[EXPORT_MARKER], replace=True, force=force, kin=kin)
     enc, head, clf = _parts(model_or_encoder)
     if not mlm_head:

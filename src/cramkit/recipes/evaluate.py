@@ -17,7 +17,7 @@ import shutil
 import statistics
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, cast
 
@@ -29,6 +29,8 @@ from cramkit.recipes.finetune_config import FinetuneConfig
 from cramkit.tasks.registry import Suite, Task, get_suite
 
 PathLike = str | os.PathLike
+# trains one split of a few-shot protocol: (task view, model, config, its directory, progress=, label=) -> results
+SplitTrainer = Callable[..., dict[str, Any]]
 SUBMISSION_DIR = "submission"
 
 
@@ -270,11 +272,13 @@ def finetune_fewshot(
     *,
     progress: bool = True,
     k: int | None = None,
-    unlabelled: list[tuple[str, str | None]] | None = None,
+    train_split: SplitTrainer | None = None,
+    summarize: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """A few-shot protocol on one task, each split fine-tuned into out_dir/split-S/ (its model, results, test
-    predictions), the splits' scores reported with their mean and standard deviation. ``unlabelled``: each split
-    self-trained on these rows (recipes/selftrain.py).
+    predictions), the splits' scores reported with their mean and standard deviation. ``train_split``: how a
+    split is trained instead of :func:`finetune` (self-training, distill/selftrain.py: the api passes it), and
+    ``summarize``: what its results add to the whole's, from every split's.
 
     FewCLUE's (``k`` None): split S trains on train_S (dev_S scored alongside, picking the kept seed) and is
     scored on test_public. LM-BFF's (``k``): split S (``splits`` are "0", "1", ...) is K examples per class
@@ -305,11 +309,9 @@ def finetune_fewshot(
         run = out / f"split-{key}"
         if k is not None:  # a split directory holds one draw: another K (or task) is never mixed into it
             _claim_sample(run, view, k, key)
-        res = _finished(run, loaded.source, to_dict(cfg), None) if unlabelled is None else None
-        if res is None and unlabelled is not None:
-            from cramkit.recipes.selftrain import self_train
-
-            res = self_train(view, loaded, cfg, run, unlabelled, progress=progress, label=f"split {key}")
+        res = _finished(run, loaded.source, to_dict(cfg), None) if train_split is None else None
+        if res is None and train_split is not None:
+            res = train_split(view, loaded, cfg, run, progress=progress, label=f"split {key}")
         elif res is None:
             res = finetune(view, loaded, cfg, run, progress=progress)
         scored = {s: res["median"][s] for s in view.scored_splits}
@@ -358,10 +360,8 @@ def finetune_fewshot(
     skipped = {s: n for s, n in task.skipped.items() if n}
     if skipped:
         results["skipped_rows"] = skipped
-    if unlabelled is not None:
-        from cramkit.recipes.selftrain import summary
-
-        results["self_training"] = summary(per_split)
+    if summarize is not None:
+        results.update(summarize(per_split))
     out.mkdir(parents=True, exist_ok=True)
     write_json(out / "results.json", results)
     return results
@@ -376,12 +376,13 @@ def fewshot_run(
     *,
     k: int | None = None,
     progress: bool = True,
-    unlabelled: list[tuple[str, str | None]] | None = None,
+    train_split: SplitTrainer | None = None,
+    summarize: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """``finetune --fewshot-splits`` (FewCLUE's protocol) or ``finetune --few-shot K --splits S`` (LM-BFF's,
     ``k``): every split is drawn and read before anything is trained or written; out_dir is checked as every
     output is; then :func:`finetune_fewshot`, results.md and scores.png with the mean and spread, and the test
-    predictions in out_dir/submission (FewCLUE). ``unlabelled``: every split self-trained on these rows."""
+    predictions in out_dir/submission (FewCLUE). ``train_split``, ``summarize``: as :func:`finetune_fewshot`'s."""
     from cramkit.io import check_out, disk_errors
     from cramkit.tasks.clue import fewshot_task
     from cramkit.tasks.fewshot import few_shot_task
@@ -393,7 +394,9 @@ def fewshot_run(
     out = Path(out_dir)
     check_out(out, inputs=[source], own=[f"split-{key}" for key in splits])
     with disk_errors(out):
-        res = finetune_fewshot(task, source, cfg, out, splits, progress=progress, k=k, unlabelled=unlabelled)
+        res = finetune_fewshot(
+            task, source, cfg, out, splits, progress=progress, k=k, train_split=train_split, summarize=summarize
+        )
         what = f"FewCLUE splits {','.join(splits)}" if k is None else f"{len(splits)} few-shot splits, K={k} per class"
         report = {
             "source": str(source),

@@ -32,7 +32,7 @@ from cramkit.config import to_dict
 from cramkit.data.batching import Encoded, EncodedChoices
 from cramkit.errors import CramkitError
 from cramkit.load import LoadedModel
-from cramkit.recipes.finetune_config import FinetuneConfig, auto_lr, train_config
+from cramkit.recipes.finetune_config import SETTINGS_FILE, FinetuneConfig, auto_lr, train_config
 from cramkit.recipes.finetune_model import (
     build_model,
     encode_task_examples,
@@ -87,7 +87,7 @@ def train_one_seed(
     stats). With ``run`` (a directory) checkpoints go there and a run killed midway resumes from them.
     dev: (task, split, encoded) scored at every evaluation (``cfg.eval_every``); with ``cfg.keep == "best"``
     the model returned is the one with the best dev score. targets: soft targets [rows, classes] of the rows
-    (self-training's student: recipes/selftrain.py) instead of their labels."""
+    (self-training's student: distill/selftrain.py) instead of their labels."""
     from cramkit.train.epochs import train_epochs
 
     cfg = dataclasses.replace(cfg, lr=auto_lr(cfg, getattr(loaded, "hidden", None)))
@@ -98,7 +98,7 @@ def train_one_seed(
 
         kind, steps = setfit.SetFitObjective, setfit.steps(cfg.setfit_pairs, len(train), cfg.batch_size)
     if targets is not None:
-        from cramkit.recipes.selftrain import SoftTargetObjective
+        from cramkit.recipes.finetune_objective import SoftTargetObjective
 
         kind = SoftTargetObjective
     objective = kind(loaded, train, num_labels, cfg, seed, desc, resume_hint, multilabel, multiple_choice, prompt)
@@ -165,7 +165,7 @@ def finetune(
     if cfg.method == "auto":  # cross-validation chooses the method, then trains it here (recipes/method_auto.py)
         from cramkit.recipes.method_auto import finetune_auto
 
-        return finetune_auto(task, source, cfg, out_dir, progress=progress, predict_also=predict_also)
+        return finetune_auto(task, source, cfg, out_dir, train=finetune, progress=progress, predict_also=predict_also)
     from cramkit.io import check_out, disk_errors
 
     if out_dir is None:
@@ -468,9 +468,6 @@ def _write_test_predictions(
         key = split if owner is task else f"{owner.name}:{split}"
         written["files"][key] = str(path)
     return written
-
-
-SETTINGS_FILE = "finetune.json"
 
 
 def _claim(out: Path, task: Task, loaded: LoadedModel, cfg: FinetuneConfig) -> Path:

@@ -11,6 +11,9 @@ from cramkit.errors import CramkitError
 from cramkit.recipes.learning_rate import EMBEDDING_LR, FINETUNE_LR, WIDE_FROM, width_lr
 from cramkit.train.config import ExampleSettings
 
+SETTINGS_FILE = "finetune.json"  # a fine-tuning's settings in its output directory (a rerun with others is refused)
+AUTO_CANDIDATES = ("head", "setfit", "ptuning", "prompt")  # what method=auto chooses among (recipes/method_auto.py)
+
 METHODS = ("head", "prompt", "ptuning", "setfit", "auto")
 DEFAULT_EPOCHS = 5.0  # Cramming's "GLUE-sane" rule: at most 5 epochs
 DEFAULT_MIN_STEPS = 500  # the step floor for few labels, when the user sets neither epochs nor min_steps
@@ -72,7 +75,7 @@ class FinetuneConfig(ExampleSettings):
     setfit_pairs: int = 20
     setfit_lr: float | Literal["auto"] = "auto"  # method=setfit: the encoder's rate (auto: 2e-5; 1e-3 below 384)
     # self-training (--unlabelled FILE): the teacher fine-tuned on the labels labels the unlabelled rows; a student
-    # learns from the labels and the confident pseudo-labels (recipes/selftrain.py)
+    # learns from the labels and the confident pseudo-labels (distill/selftrain.py)
     self_train_teachers: int = 1  # teachers labelling together (an ensemble of seeds; their mean probabilities)
     self_train_rounds: int = 1  # rounds: the student of one labels again for the next
     # the calibrated probability a pseudo-label needs; auto: the most confident rows of each predicted class
@@ -88,6 +91,25 @@ class FinetuneConfig(ExampleSettings):
     auto_methods: str = "head,setfit,ptuning,prompt"
     auto_steps: float = 0.25
     auto_max_rows: int = 1000
+
+    def _check_auto(self) -> None:
+        """The ``auto_*`` settings (method=auto), one line for a bad one."""
+        names = [m.strip() for m in str(self.auto_methods).split(",") if m.strip()]
+        unknown = [m for m in names if m not in AUTO_CANDIDATES]
+        if not names or unknown:
+            raise CramkitError(
+                f"finetune.auto_methods is a comma-separated list of {', '.join(AUTO_CANDIDATES)}, got "
+                f"{self.auto_methods!r}"
+            )
+        if not 2 <= self.auto_folds <= 20:
+            raise CramkitError(f"finetune.auto_folds is the folds of cross-validation, 2 to 20, got {self.auto_folds}")
+        if not 0.0 < self.auto_steps <= 1.0:
+            raise CramkitError(
+                "finetune.auto_steps is the fraction of each method's steps a cross-validation run trains, in "
+                f"(0, 1], got {self.auto_steps}"
+            )
+        if self.auto_max_rows < 1:
+            raise CramkitError(f"finetune.auto_max_rows must be positive, got {self.auto_max_rows}")
 
     def validate(self) -> None:
         if self.method not in METHODS:
@@ -110,9 +132,7 @@ class FinetuneConfig(ExampleSettings):
         from cramkit.model.prompting import check_prefix_len  # (torch: only when a config is checked)
 
         check_prefix_len(self.prefix_len)
-        from cramkit.recipes.method_auto import check_settings
-
-        check_settings(self)  # the auto_* settings
+        self._check_auto()
         for name in ("lr", "batch_size", "epochs", "max_length", "eval_batch_size"):
             if getattr(self, name) not in ("auto", None) and getattr(self, name) <= 0:
                 raise CramkitError(f"finetune.{name} must be positive, got {getattr(self, name)}")

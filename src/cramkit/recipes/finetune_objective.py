@@ -160,3 +160,29 @@ class ClassifierObjective(ExampleObjective):
             )
         except (OSError, ValueError, KeyError, TypeError):
             self.best = None  # damaged: the next evaluation keeps its model
+
+
+class SoftTargetObjective(ClassifierObjective):
+    """The student for the engine: fine-tuning's objective (its batches, dev evaluations, ``keep=best``) with
+    soft targets ``targets`` [rows, classes] for every row (a labelled row's one-hot, a pseudo-labelled row's
+    calibrated probabilities) and the KL divergence to them (distillation's soft loss at temperature 1)."""
+
+    targets: np.ndarray
+
+    def train_loader(self, micro: int, *, rank: int = 0, world: int = 1):
+        import torch
+
+        columns = {"labels": torch.from_numpy(self.train.labels), "targets": torch.from_numpy(self.targets)}
+        return self.batches(self.train, columns, micro, rank, world)
+
+    def loss(self, model, batch: dict, device):
+        import torch.nn.functional as F
+
+        inputs = {
+            k: (v.to(device, non_blocking=True) if v is not None else None)
+            for k, v in batch.items()
+            if k not in ("count", "labels", "targets")
+        }
+        _, logits = model(**inputs)
+        targets = batch["targets"].to(device, non_blocking=True)
+        return F.kl_div(F.log_softmax(logits.float(), -1), targets, reduction="batchmean")

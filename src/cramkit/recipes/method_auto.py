@@ -25,6 +25,7 @@ import os
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
@@ -39,27 +40,7 @@ if TYPE_CHECKING:
 
 PathLike = str | os.PathLike
 AUTO_FILE = "method-auto.json"
-CANDIDATES = ("head", "setfit", "ptuning", "prompt")
 CV_SPLIT = "cv_fold"
-
-
-def check_settings(cfg: FinetuneConfig) -> None:
-    """The ``auto_*`` settings, one line for a bad one (``FinetuneConfig.validate``)."""
-    names = [m.strip() for m in str(cfg.auto_methods).split(",") if m.strip()]
-    unknown = [m for m in names if m not in CANDIDATES]
-    if not names or unknown:
-        raise CramkitError(
-            f"finetune.auto_methods is a comma-separated list of {', '.join(CANDIDATES)}, got {cfg.auto_methods!r}"
-        )
-    if not 2 <= cfg.auto_folds <= 20:
-        raise CramkitError(f"finetune.auto_folds is the folds of cross-validation, 2 to 20, got {cfg.auto_folds}")
-    if not 0.0 < cfg.auto_steps <= 1.0:
-        raise CramkitError(
-            f"finetune.auto_steps is the fraction of each method's steps a cross-validation run trains, in (0, 1], "
-            f"got {cfg.auto_steps}"
-        )
-    if cfg.auto_max_rows < 1:
-        raise CramkitError(f"finetune.auto_max_rows must be positive, got {cfg.auto_max_rows}")
 
 
 def check_route(cfg: FinetuneConfig, *, few_shot: int | None = None, suite: bool = False) -> None:
@@ -215,16 +196,19 @@ def finetune_auto(
     cfg: FinetuneConfig,
     out_dir: PathLike | None,
     *,
+    train: Callable[..., dict[str, Any]],
     progress: bool = True,
     predict_also: Any = (),
 ) -> dict[str, Any]:
     """``--method auto`` on ``task``: cross-validation among the candidate methods on its labelled training rows,
-    then the best one trained on all of them by :func:`cramkit.recipes.finetune.finetune` into ``out_dir``.
+    then the best one trained on all of them by ``train`` (:func:`cramkit.recipes.finetune.finetune`, which calls
+    this and passes itself) into ``out_dir``.
     Returns that training's results with ``method_auto`` added (also out_dir/results.json)."""
     from cramkit.config import to_dict
+    from cramkit.io import write_json_atomic
     from cramkit.load import LoadedModel as Loaded
     from cramkit.load import load_torch
-    from cramkit.recipes.finetune import SETTINGS_FILE, finetune, write_json
+    from cramkit.recipes.finetune_config import SETTINGS_FILE
     from cramkit.runtime import torchrun
 
     if torchrun().world > 1:
@@ -248,9 +232,9 @@ def finetune_auto(
         why = "; ".join(f"{m}: {w}" for m, w in skipped.items())
         raise CramkitError(f"--method auto: none of auto_methods={cfg.auto_methods} fits task {task.name} ({why})")
     folds = make_folds(task, rows, cfg.auto_folds, cfg.seeds[0]) if len(methods) > 1 else []
-    cv = _cross_validate(task, loaded, cfg, rows, folds, methods, out_dir, progress) if folds else {}
+    cv = _cross_validate(task, loaded, cfg, rows, folds, methods, out_dir, progress, train) if folds else {}
     chosen = max(methods, key=lambda m: (cv[m]["mean"], -methods.index(m))) if cv else methods[0]
-    res = finetune(task, loaded, method_cfg(cfg, chosen), out_dir, progress=progress, predict_also=predict_also)
+    res = train(task, loaded, method_cfg(cfg, chosen), out_dir, progress=progress, predict_also=predict_also)
     final = sum(float(s.get("train_seconds", 0.0)) for s in res.get("seeds", []))
     spent = sum(c["train_seconds"] for c in cv.values())
     res["config"] = to_dict(cfg)  # what was asked (method auto): a rerun of it reuses these results
@@ -270,7 +254,7 @@ def finetune_auto(
         from cramkit.io import disk_errors
 
         with disk_errors(out_dir):
-            write_json(Path(out_dir) / "results.json", res)
+            write_json_atomic(Path(out_dir) / "results.json", res)
     print(summary_line(res["method_auto"]), file=sys.stderr, flush=True)
     return res
 
@@ -284,6 +268,7 @@ def _cross_validate(
     methods: list[str],
     out_dir: PathLike | None,
     progress: bool,
+    train: Callable[..., dict[str, Any]],
 ) -> dict[str, dict[str, Any]]:
     """Every candidate trained on all folds but one and scored on that one; each run recorded in
     ``out_dir/method-auto.json`` as it finishes (a rerun of the same settings and rows reuses it). Returns each
@@ -293,7 +278,6 @@ def _cross_validate(
 
     from cramkit.config import to_dict
     from cramkit.io import dir_lock, disk_errors, json_loads, write_json_atomic
-    from cramkit.recipes.finetune import finetune
 
     key = {
         "task": task.name,
@@ -327,11 +311,11 @@ def _cross_validate(
                 if isinstance(runs.get(name), dict) and "score" in runs[name]:
                     continue
                 inside = set(held)
-                train = [rows[i] for i in range(len(rows)) if i not in inside]
-                view = fold_view(task, train, [rows[i] for i in held])
+                train_rows = [rows[i] for i in range(len(rows)) if i not in inside]
+                view = fold_view(task, train_rows, [rows[i] for i in held])
                 t0 = time.perf_counter()
                 with contextlib.redirect_stderr(io.StringIO()):  # the engine's notes, twice for each of F x M runs
-                    res = finetune(view, loaded, cv_cfg(cfg, method, len(rows), len(train)), None, progress=False)
+                    res = train(view, loaded, cv_cfg(cfg, method, len(rows), len(train_rows)), None, progress=False)
                 runs[name] = {
                     "score": float(res["score"]),
                     "train_seconds": sum(float(s["train_seconds"]) for s in res["seeds"]),

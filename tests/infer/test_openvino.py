@@ -4,6 +4,7 @@ checked against torch, opened by predict, embed, index build and serve like any 
 from __future__ import annotations
 
 import json
+import shutil
 import sys
 from pathlib import Path
 
@@ -47,6 +48,18 @@ def test_classifier_export_matches_torch_on_unseen_text(ft_model, ft_openvino, g
     # two passes side by side (two streams of one thread): the same outputs
     two = Engine(ft_openvino, threads=2, max_batch_tokens=128)
     assert two.workers == 2 and np.abs(two.logits(dev) - b).max() < 1e-5
+
+
+def test_labels_the_ir_does_not_give_are_refused_on_load(ft_openvino, tmp_path) -> None:
+    bad = tmp_path / "bad"
+    shutil.copytree(ft_openvino, bad)
+    man = json.loads((bad / MANIFEST).read_text())
+    (bad / MANIFEST).write_text(json.dumps(dict(man, labels=["a", "b", "c", "d"])))
+    rows = tmp_path / "rows.txt"
+    rows.write_text("a fine film\nawful\n")
+    proc = cli("predict", "--from", str(bad), str(rows), "--out", str(tmp_path / "p.jsonl"))
+    one_line(proc, "model.xml gives logits of shape [1, 2] where the manifest says [1, 4]", "export the model again")
+    assert not (tmp_path / "p.jsonl").exists()
 
 
 def test_predict_embed_index_and_serve_open_it(ft_model, ft_openvino, glue_dir, builtin_docs, tmp_path) -> None:

@@ -555,8 +555,8 @@ def race(args: argparse.Namespace) -> None:
     cols = [(kind, t) for kind in sets for t in args.thread_list]
     print(
         "| contestant | "
-        + " | ".join(f"{k}, {t} thr: sent/s (vs ST)" for k, t in cols)
-        + " | cosine to ST (short): mean / min | (long): mean / min | peak RSS, long (MB) |"
+        + " | ".join(f"{k}, {t} thr: sent/s (vs the first)" for k, t in cols)
+        + " | cosine to the first (short): mean / min | (long): mean / min | peak RSS, long (MB) |"
     )
     print("|---|" + "---:|" * (len(cols) + 3))
     base_label = contestants[0][0].format(isa=isa)

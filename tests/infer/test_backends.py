@@ -81,9 +81,9 @@ def test_registry_refuses_what_it_cannot_tell_apart(bag_registered):
 
     with pytest.raises(CramkitError, match="two backends are named 'bag'"):
         backends.register(Other)
-    with pytest.raises(CramkitError, match="format must be one of hf, onnx, ct2, bag"):
+    with pytest.raises(CramkitError, match="format must be one of hf, onnx, ct2, openvino, bag"):
         cramkit.export("nowhere", "out", format="nope")
-    with pytest.raises(CramkitError, match="backend must be one of auto, torch, onnx, ct2, bag"):
+    with pytest.raises(CramkitError, match="backend must be one of auto, torch, onnx, ct2, openvino, bag"):
         Engine("nowhere", backend="nope")
 
 

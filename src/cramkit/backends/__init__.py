@@ -1,7 +1,8 @@
 """Export formats and the inference backends that run them, behind one seam.
 
-A *backend* is one export format and the runtime that runs it: ``onnx`` (ONNX Runtime, ``backends/onnx.py``)
-and ``ct2`` (CTranslate2, ``backends/ct2.py``) are built in. Everything the formats share lives here, once:
+A *backend* is one export format and the runtime that runs it: ``onnx`` (ONNX Runtime, ``backends/onnx.py``),
+``ct2`` (CTranslate2, ``backends/ct2.py``) and ``openvino`` (OpenVINO, ``backends/openvino.py``) are built
+in. Everything the formats share lives here, once:
 
 - :func:`write_export`, the one export template: the output check (a non-empty ``out`` that is not a
   previous export is refused unless ``force``), the atomic directory, the tokenizer, the manifest's shared
@@ -79,9 +80,11 @@ def _discover() -> None:
     _DISCOVERED = True
     from cramkit.backends.ct2 import Ct2Backend
     from cramkit.backends.onnx import OnnxBackend
+    from cramkit.backends.openvino import OpenVinoBackend
 
     register(OnnxBackend)
     register(Ct2Backend)
+    register(OpenVinoBackend)
     from importlib.metadata import entry_points
 
     for ep in entry_points(group=ENTRY_POINT_GROUP):

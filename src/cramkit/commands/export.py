@@ -18,17 +18,26 @@ def register(sub: argparse._SubParsersAction) -> None:
         "biases, GELU; e.g. --preset bert-base, or any hf: import) become plain BertForMaskedLM / BertModel / "
         "BertForSequenceClassification that transformers loads with no custom code; other architectures ship "
         "modeling_cramkit.py and load with trust_remote_code=True. --format onnx writes an ONNX Runtime model, "
-        "--format ct2 a CTranslate2 encoder (ctranslate2.Encoder); an installed package may add formats "
+        "--format ct2 a CTranslate2 encoder (ctranslate2.Encoder), --format openvino an OpenVINO IR; --target cpu "
+        "picks the fastest for this CPU; an installed package may add formats "
         "(entry points 'cramkit.backends').",
     )
     p.add_argument("source", metavar="MODEL", help="a run, a checkpoint, a model directory (finetune --out) or hf:DIR")
     p.add_argument("--out", required=True, help="the directory to write (replaced atomically)")
-    p.add_argument("--format", default="hf", help="hf (default), onnx, ct2 or a registered format")
+    p.add_argument("--format", default="hf", help="hf (default), onnx, ct2, openvino or a registered format")
     p.add_argument(
         "--quantize",
         default=None,
         help="--format onnx: int8 (dynamic int8 weights); --format ct2: the stored weight type, "
-        "int8, int8_float32, float32 (default) or bfloat16",
+        "int8, int8_float32, float32 (default) or bfloat16; --format openvino: bf16 (bf16 compute where the CPU "
+        "has it; fp32 weights)",
+    )
+    p.add_argument(
+        "--target",
+        choices=["cpu"],
+        default=None,
+        help="cpu: the format and quantization fastest on this machine's CPU, from its instruction sets "
+        "(OpenVINO bf16 with AMX or AVX512_BF16, else CTranslate2 int8); instead of --format/--quantize",
     )
     p.add_argument("--step", type=int, default=None, help="export checkpoint step-N of a run instead of the latest")
     p.add_argument("--task", help="of a model fine-tuned on a mixture: the task whose head to export")
@@ -61,6 +70,7 @@ def run(args: argparse.Namespace) -> int:
         force=args.force,
         task=args.task,
         base=args.base,
+        target=args.target,
     )
     print(done.summary)
     return 0

@@ -238,9 +238,9 @@ class Rows:
             raise damaged(self.path, f"is not a float32 [n, dim] array ({dtype}, shape {shape})")
         self.shape = (int(shape[0]), int(shape[1]))
         self.row_bytes = self.shape[1] * 4
-        self.fd = os.open(self.path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+        self.fd: int | None = os.open(self.path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
         if os.fstat(self.fd).st_size != self.offset + self.shape[0] * self.row_bytes:
-            os.close(self.fd)
+            self.close()
             raise damaged(self.path, f"is {os.path.getsize(self.path)} bytes, not the size of its {self.shape} rows")
         if hasattr(os, "posix_fadvise"):
             os.posix_fadvise(self.fd, 0, 0, os.POSIX_FADV_RANDOM)
@@ -248,9 +248,15 @@ class Rows:
     def __len__(self) -> int:
         return self.shape[0]
 
+    def close(self) -> None:
+        """Close the file, once: a descriptor closed twice closes whatever reused its number meanwhile (seen in
+        CI: pytest's own capture file, closed by the ``__del__`` of a refused file's Rows)."""
+        fd, self.fd = getattr(self, "fd", None), None
+        if fd is not None:
+            os.close(fd)
+
     def __del__(self) -> None:
-        if getattr(self, "fd", None) is not None:
-            os.close(self.fd)
+        self.close()
 
     def _read_into(self, out: np.ndarray, a: int) -> None:
         view, pos = out.data.cast("B"), self.offset + a * self.row_bytes
@@ -314,5 +320,6 @@ class MappedFiles:
             raise DamagedIndex(self.broken)
 
     def __del__(self) -> None:
-        for _, fd, _ in getattr(self, "files", []):
+        files, self.files = getattr(self, "files", []), []  # closed once (see Rows.close)
+        for _, fd, _ in files:
             os.close(fd)

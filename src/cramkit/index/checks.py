@@ -260,9 +260,12 @@ class Rows:
 
     def _read_into(self, out: np.ndarray, a: int) -> None:
         view, pos = out.data.cast("B"), self.offset + a * self.row_bytes
+        fd = self.fd
+        if fd is None:
+            raise damaged(self.path, "was closed (its index was closed)")
         done = 0
         while done < len(view):
-            got = os.preadv(self.fd, [view[done:]], pos + done)
+            got = os.preadv(fd, [view[done:]], pos + done)
             if got <= 0:
                 raise damaged(self.path, f"was cut short under this process (row {a + done // self.row_bytes} gone)")
             done += got

@@ -141,40 +141,60 @@ def test_lancedb(tmp_path, minilm_index, truth, capsys, monkeypatch):
     assert table.version > v1 and table.count_rows() == len(cramkit.index.open(minilm_index))
 
 
-def test_milvus_lite(tmp_path, minilm_index, truth, capsys):
+@pytest.mark.integration  # Milvus Lite only in processes of its own (tests/index/milvus_child.py says why)
+def test_milvus_lite(tmp_path, minilm_index, truth):
     pytest.importorskip("milvus_lite")
-    from pymilvus import MilvusClient
+    from clirun import cli_process
+
+    from .milvus_child import milvus
 
     db = tmp_path / "vectors.db"
-    res = cli("index", "export", str(minilm_index), "--to", "milvus", "--uri", str(db), "--name", "flat")
+    to = ("index", "export", minilm_index, "--to", "milvus", "--uri", db, "--name")
+    res = cli_process(*to, "flat")
     assert res.returncode == 0, res.stderr
-    args = ["index", "export", str(minilm_index), "--to", "milvus", "--uri", str(db), "--name", "graph"]
-    assert main([*args, "--db-index", "hnsw"]) == 0  # in-process: Milvus Lite then serves this test too
-    client = MilvusClient(str(db))
-    assert sorted(client.list_collections()) == ["flat", "graph"]
-    assert client.describe_index("flat", "vector")["metric_type"] == "IP"
-    assert client.describe_index("graph", "vector")["index_type"] == "HNSW"
+    res = cli_process(*to, "graph", "--db-index", "hnsw")
+    assert res.returncode == 0, res.stderr
     q, want = truth
+    np.save(tmp_path / "q.npy", np.asarray(q, dtype=np.float32))
+    seen = milvus(
+        db,
+        """
+q = np.load(sys.argv[2])
+out = {"collections": sorted(client.list_collections()),
+       "metric": client.describe_index("flat", "vector")["metric_type"],
+       "graph": client.describe_index("graph", "vector")["index_type"], "rows": {}, "hits": {}}
+for name in ("flat", "graph"):
+    client.load_collection(name)  # Milvus Lite keeps no load state across processes
+    out["rows"][name] = int(client.get_collection_stats(name)["row_count"])
+    res = client.search(name, data=[v.tolist() for v in q], limit=10, search_params={"metric_type": "IP"})
+    out["hits"][name] = [[h["id"] for h in row] for row in res]
+row = client.query("flat", filter="id == 0", output_fields=["text", "doc", "source"])[0]
+out["row"] = [row["text"], row["doc"], row["source"]]
+""",
+        tmp_path / "q.npy",
+    )
     n = len(cramkit.index.open(minilm_index))
+    assert seen["collections"] == ["flat", "graph"] and seen["metric"] == "IP" and seen["graph"] == "HNSW"
     for name in ("flat", "graph"):
-        client.load_collection(name)  # Milvus Lite keeps no load state across processes
-        assert int(client.get_collection_stats(name)["row_count"]) == n
-        res = client.search(name, data=[v.tolist() for v in q], limit=10, search_params={"metric_type": "IP"})
-        got = [[h["id"] for h in row] for row in res]
-        assert agreement(got, want) >= 0.9, name
-    row = client.query("flat", filter="id == 0", output_fields=["text", "doc", "source"])[0]
+        assert seen["rows"][name] == n
+        assert agreement(seen["hits"][name], want) >= 0.9, name
     hit = cramkit.index.open(minilm_index).hit(0, 0.0)
-    assert (row["text"], row["doc"], row["source"]) == (hit["text"], hit["doc"], hit["source"])
+    assert seen["row"] == [hit["text"], hit["doc"], hit["source"]]
     # what a killed export leaves (the partial collection) is dropped by the next one; the target is
     # refused while it exists, replaced with --overwrite
-    client.create_collection("flat__cramkit_partial", dimension=4)
-    err = fails(capsys, "index", "export", str(minilm_index), "--to", "milvus", "--uri", str(db), "--name", "flat")
-    assert "exists" in err and "--overwrite" in err
-    args = ["index", "export", str(minilm_index), "--to", "milvus", "--uri", str(db), "--name", "flat", "--overwrite"]
-    assert main(args) == 0
-    assert "interrupted export" in capsys.readouterr().err
-    assert sorted(client.list_collections()) == ["flat", "graph"]
-    assert int(client.get_collection_stats("flat")["row_count"]) == n
+    milvus(db, 'client.create_collection("flat__cramkit_partial", dimension=4)')
+    args = ["index", "export", minilm_index, "--to", "milvus", "--uri", db, "--name", "flat"]
+    res = cli_process(*args)
+    err = res.stderr.strip()
+    assert res.returncode == 2 and "exists" in err and "--overwrite" in err and err.count("\n") == 0, err
+    res = cli_process(*args, "--overwrite")
+    assert res.returncode == 0 and "interrupted export" in res.stderr, res.stderr
+    after = milvus(
+        db,
+        'client.load_collection("flat")\n'
+        'out = [sorted(client.list_collections()), int(client.get_collection_stats("flat")["row_count"])]',
+    )
+    assert after == [["flat", "graph"], n]
 
 
 def test_faults(tmp_path, minilm_index, capsys, monkeypatch):

@@ -1,7 +1,8 @@
-"""Milvus Lite in a process of its own, for the tests: Milvus Lite 3.x serves a database from a thread of the process
-that opens it and closes file descriptors it no longer owns when it shuts down (seen in CI: pytest's own capture file
-closed under it, every later test of that worker failing). So no test opens Milvus Lite in the pytest process: the
-export runs through `cli_process`, and what a test asks of the database runs here, in ``python -c``."""
+"""Milvus Lite and pymilvus in processes of their own, for the tests. In an xdist worker of the default tier
+(not in a single pytest process), a test that ran them in-process had pytest's own capture file closed under it,
+and every later test of that worker failed (three CI runs on a fresh clone; not isolated further). So no test
+runs them in the pytest process: the exports go through `cli_process`, and what a test asks of the database runs
+here, in ``python -c``."""
 
 from __future__ import annotations
 

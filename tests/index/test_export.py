@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import socket
+import subprocess
 import sys
 from pathlib import Path
 
@@ -197,19 +198,30 @@ out["row"] = [row["text"], row["doc"], row["source"]]
     assert after == [["flat", "graph"], n]
 
 
-def test_faults(tmp_path, minilm_index, capsys, monkeypatch):
+@pytest.mark.integration  # pymilvus and Milvus Lite only in processes of their own (tests/index/milvus_child.py)
+def test_milvus_faults(tmp_path, minilm_index):
+    from clirun import cli_process, one_line
+
     idx = str(minilm_index)
     with socket.socket() as s:  # a port nothing listens on
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    err = fails(capsys, "index", "export", idx, "--to", "milvus", "--uri", f"http://127.0.0.1:{port}")
-    assert "cannot connect to Milvus" in err and "start Milvus" in err and err.count("\n") == 1
+    to = ("index", "export", idx, "--to", "milvus", "--uri")
+    one_line(cli_process(*to, f"http://127.0.0.1:{port}"), "cannot connect to Milvus", "start Milvus")
+    one_line(cli_process(*to, tmp_path / "x.db", "--name", "1x"), "--name")
+    one_line(cli_process(*to, "milvus.example"), "http://HOST:19530")
+    # Milvus Lite not installed (blocked in that process): the line names what to install, nothing is written
+    code = "import sys; sys.modules['milvus_lite'] = None; from cramkit.cli import main; sys.exit(main(sys.argv[1:]))"
+    argv = [sys.executable, "-c", code, *map(str, to), str(tmp_path / "m.db")]
+    proc = subprocess.run(argv, capture_output=True, text=True)
+    line = one_line(proc, "milvus_lite, which is not installed: pip install")
+    assert line and not (tmp_path / "m.db").exists()
+
+
+def test_faults(tmp_path, minilm_index, capsys, monkeypatch):
+    idx = str(minilm_index)
     err = fails(capsys, "index", "export", idx, "--to", "qdrant", "--uri", str(tmp_path / "q"))
     assert "parquet, lancedb, milvus" in err
-    err = fails(capsys, "index", "export", idx, "--to", "milvus", "--uri", str(tmp_path / "x.db"), "--name", "1x")
-    assert "--name" in err
-    err = fails(capsys, "index", "export", idx, "--to", "milvus", "--uri", "milvus.example")
-    assert "http://HOST:19530" in err
     err = fails(capsys, "index", "export", idx, "--to", "lancedb", "--uri", str(tmp_path / "l"), "--db-index", "ivf")
     assert "auto, flat, hnsw" in err
     err = fails(capsys, "index", "export", str(tmp_path / "none"), "--to", "parquet", "--uri", str(tmp_path / "p"))
@@ -217,10 +229,9 @@ def test_faults(tmp_path, minilm_index, capsys, monkeypatch):
     err = fails(capsys, "index", "export", idx, "--to", "parquet", "--uri", str(minilm_index / "in.parquet"))
     assert "inside the index" in err
     # a package that is not installed: the line names what to install
-    for module, to, uri in (
+    for module, to, uri in (  # (the modules blocked: pymilvus is never imported in this process)
         ("lancedb", "lancedb", "l"),
         ("pymilvus", "milvus", "m.db"),
-        ("milvus_lite", "milvus", "m.db"),
     ):
         with monkeypatch.context() as m:
             m.setitem(sys.modules, module, None)

@@ -17,16 +17,16 @@ from infer.models import cli
 FAST = ["--set", "min_steps=6", "--set", "max_length=48", "--set", "self_train_epochs=0.05", "--no-progress"]
 
 
-def sst2_unlabelled(glue_dir: Path, out: Path, n: int = 300, start: int = 20000) -> Path:
+def sst2_unlabelled(real_glue_dir: Path, out: Path, n: int = 300, start: int = 20000) -> Path:
     """``n`` of SST-2's training sentences (from row ``start``, away from the few-shot draws' usual rows are not
     guaranteed: self-training drops any that is a labelled or dev row) as a TSV with a ``sentence`` column."""
-    lines = (glue_dir / "SST-2" / "train.tsv").read_text(encoding="utf-8").splitlines()[1:]
+    lines = (real_glue_dir / "SST-2" / "train.tsv").read_text(encoding="utf-8").splitlines()[1:]
     texts = [line.split("\t")[0] for line in lines[start : start + n]]
     out.write_text("sentence\n" + "\n".join(texts) + "\n", encoding="utf-8")
     return out
 
 
-def _fewshot(tiny_run: Path, glue_dir: Path, out: Path, unlabelled: Path, *extra: str):
+def _fewshot(tiny_run: Path, real_glue_dir: Path, out: Path, unlabelled: Path, *extra: str):
     return cli(
         "finetune",
         "--task",
@@ -34,7 +34,7 @@ def _fewshot(tiny_run: Path, glue_dir: Path, out: Path, unlabelled: Path, *extra
         "--from",
         tiny_run,
         "--data-dir",
-        glue_dir,
+        real_glue_dir,
         "--few-shot",
         "4",
         "--splits",
@@ -51,10 +51,10 @@ def _fewshot(tiny_run: Path, glue_dir: Path, out: Path, unlabelled: Path, *extra
 def test_unlabelled_trains_a_student_on_every_split_and_writes_what_it_did(
     tiny_run: Path, real_glue_dir: Path, tmp_path: Path
 ) -> None:
-    glue_dir = real_glue_dir
-    unlabelled = sst2_unlabelled(glue_dir, tmp_path / "unlabelled.tsv", start=0)
+    real_glue_dir = real_glue_dir
+    unlabelled = sst2_unlabelled(real_glue_dir, tmp_path / "unlabelled.tsv", start=0)
     out = tmp_path / "st"
-    proc = _fewshot(tiny_run, glue_dir, out, unlabelled, "--set", "min_steps=40")  # a teacher of both classes
+    proc = _fewshot(tiny_run, real_glue_dir, out, unlabelled, "--set", "min_steps=40")  # a teacher of both classes
     assert proc.returncode == 0, proc.stderr
     res = json.loads((out / "results.json").read_text())
     assert "self-training: teacher" in proc.stdout and "-> student" in proc.stdout
@@ -81,14 +81,14 @@ def test_unlabelled_trains_a_student_on_every_split_and_writes_what_it_did(
         assert list((out / f"split-{key}" / "labels").glob("*/teacher-*.npy"))  # the labels, committed
     assert len(st["collapsed"]) < 2  # at least one student trained and checked above (split 0 here)
     # the same command again: nothing is trained or labelled again
-    again = _fewshot(tiny_run, glue_dir, out, unlabelled, "--set", "min_steps=40")
+    again = _fewshot(tiny_run, real_glue_dir, out, unlabelled, "--set", "min_steps=40")
     assert again.returncode == 0, again.stderr
     assert again.stderr.count("(done earlier, reused)") == 2
     assert json.loads((out / "results.json").read_text())["self_training"] == st
 
 
-def test_python_api_on_a_file_task_with_a_list_of_texts(tiny_run: Path, glue_dir: Path, tmp_path: Path) -> None:
-    lines = (glue_dir / "SST-2" / "train.tsv").read_text(encoding="utf-8").splitlines()
+def test_python_api_on_a_file_task_with_a_list_of_texts(tiny_run: Path, real_glue_dir: Path, tmp_path: Path) -> None:
+    lines = (real_glue_dir / "SST-2" / "train.tsv").read_text(encoding="utf-8").splitlines()
     (tmp_path / "train.tsv").write_text("\n".join(lines[:41]) + "\n", encoding="utf-8")
     (tmp_path / "dev.tsv").write_text("\n".join([lines[0], *lines[100:140]]) + "\n", encoding="utf-8")
     texts = [line.split("\t")[0] for line in lines[3000:3200]]
@@ -111,13 +111,13 @@ def test_python_api_on_a_file_task_with_a_list_of_texts(tiny_run: Path, glue_dir
 
 
 def test_a_teacher_that_answers_one_class_is_caught_and_not_trained_on(
-    tiny_run: Path, glue_dir: Path, tmp_path: Path
+    tiny_run: Path, real_glue_dir: Path, tmp_path: Path
 ) -> None:
-    unlabelled = sst2_unlabelled(glue_dir, tmp_path / "unlabelled.tsv", n=120)
+    unlabelled = sst2_unlabelled(real_glue_dir, tmp_path / "unlabelled.tsv", n=120)
     out = tmp_path / "st"
     # a threshold no pseudo-label reaches: a selection of one class (or none) is a collapse; and the 6-step teacher
     # of the tiny model answers one class for every row (on the real SST-2: "the teacher answers '1' for 100%")
-    proc = _fewshot(tiny_run, glue_dir, out, unlabelled, "--splits", "1", "--set", "self_train_threshold=0.999999")
+    proc = _fewshot(tiny_run, real_glue_dir, out, unlabelled, "--splits", "1", "--set", "self_train_threshold=0.999999")
     assert proc.returncode == 0, proc.stderr
     res = json.loads((out / "results.json").read_text())
     one = res["fewshot"]["per_split"]["0"]["self_training"]
@@ -161,8 +161,8 @@ def test_temperature_scaling_fits_overconfident_logits() -> None:
     assert 7.0 / np.log(0.7 / 0.3) == pytest.approx(t, rel=0.1)  # softmax(7 / t) = 0.7
 
 
-def test_bad_unlabelled_files_are_one_line_or_counted(tiny_run: Path, glue_dir: Path, tmp_path: Path) -> None:
-    base = ["finetune", "--task", "glue/sst2", "--from", tiny_run, "--data-dir", glue_dir, "--few-shot", "4"]
+def test_bad_unlabelled_files_are_one_line_or_counted(tiny_run: Path, real_glue_dir: Path, tmp_path: Path) -> None:
+    base = ["finetune", "--task", "glue/sst2", "--from", tiny_run, "--data-dir", real_glue_dir, "--few-shot", "4"]
     cases = {
         "empty.csv": ("sentence,id\na fine film,1\n,2\n", "row 2: an empty text"),
         "latin1.tsv": (None, "is not valid UTF-8"),
@@ -182,7 +182,7 @@ def test_bad_unlabelled_files_are_one_line_or_counted(tiny_run: Path, glue_dir: 
         assert proc.returncode == 2 and needle in err and str(path) in err, (name, err)
         assert len(err.splitlines()) == 1 and "Traceback" not in err and not out.exists()
     # --skip-bad-rows: the bad rows are skipped and counted in one line, the rest is read
-    task = cramkit.tasks.registry.get_task("glue/sst2", data_dir=glue_dir)
+    task = cramkit.tasks.registry.get_task("glue/sst2", data_dir=real_glue_dir)
     rows, skipped = selftrain.read_unlabelled(tmp_path / "short.jsonl", task, skip_bad_rows=True)
     assert rows == [("good", None)] and skipped == 1
     (tmp_path / "blank.tsv").write_text("sentence\nok one\n \nok two\n", encoding="utf-8")
@@ -202,14 +202,14 @@ def test_bad_unlabelled_files_are_one_line_or_counted(tiny_run: Path, glue_dir: 
 
 
 def test_interrupted_labelling_resumes_and_a_rerun_reuses_the_labels(
-    tiny_run: Path, glue_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tiny_run: Path, real_glue_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Ctrl-C after two labelling batches (in process: the engine raises KeyboardInterrupt, as the signal handler
     would): exit 130, the batches done are committed; the same command labels only the rest, and once finished
     the labels are reused."""
     from cramkit.infer.engine import Engine
 
-    unlabelled = sst2_unlabelled(glue_dir, tmp_path / "unlabelled.tsv", n=200)
+    unlabelled = sst2_unlabelled(real_glue_dir, tmp_path / "unlabelled.tsv", n=200)
     monkeypatch.setattr(selftrain, "LABEL_CHUNK", 40)
     calls = {"n": 0, "rows": 0}
     real = Engine.logits
@@ -225,7 +225,7 @@ def test_interrupted_labelling_resumes_and_a_rerun_reuses_the_labels(
     monkeypatch.setattr(Engine, "logits", interrupted)
     out = tmp_path / "st"
     args = ("--splits", "1")
-    proc = _fewshot(tiny_run, glue_dir, out, unlabelled, *args)
+    proc = _fewshot(tiny_run, real_glue_dir, out, unlabelled, *args)
     assert proc.returncode == 130 and "interrupted" in proc.stderr
     labels = out / "split-0" / "labels"
     progress = list(labels.glob("*/teacher-*.progress.json"))
@@ -233,7 +233,7 @@ def test_interrupted_labelling_resumes_and_a_rerun_reuses_the_labels(
     assert not list(labels.glob("*/teacher-*[0-9a-f].npy"))  # not complete: not under the final name
 
     calls.update(n=-1000, rows=0)  # counts every labelling batch from here on, interrupts none
-    proc = _fewshot(tiny_run, glue_dir, out, unlabelled, *args)
+    proc = _fewshot(tiny_run, real_glue_dir, out, unlabelled, *args)
     assert proc.returncode == 0, proc.stderr
     assert "labelling resumed at row 80" in proc.stderr
     total = json.loads((out / "split-0" / "results.json").read_text())["self_training"]["unlabelled_rows"]
@@ -241,8 +241,8 @@ def test_interrupted_labelling_resumes_and_a_rerun_reuses_the_labels(
     assert len(list(labels.glob("*/teacher-*.npy"))) == 1 and not list(labels.glob("*/*.progress.json"))
 
 
-def test_one_task_from_files_through_the_command(tiny_run: Path, glue_dir: Path, tmp_path: Path) -> None:
-    lines = (glue_dir / "SST-2" / "train.tsv").read_text(encoding="utf-8").splitlines()
+def test_one_task_from_files_through_the_command(tiny_run: Path, real_glue_dir: Path, tmp_path: Path) -> None:
+    lines = (real_glue_dir / "SST-2" / "train.tsv").read_text(encoding="utf-8").splitlines()
     (tmp_path / "train.tsv").write_text("\n".join(lines[:41]) + "\n", encoding="utf-8")
     (tmp_path / "dev.tsv").write_text("\n".join([lines[0], *lines[100:140]]) + "\n", encoding="utf-8")
     (tmp_path / "more.txt").write_text("\n".join(x.split("\t")[0] for x in lines[3000:3150]) + "\n", encoding="utf-8")

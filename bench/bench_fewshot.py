@@ -115,6 +115,7 @@ def auto_splits(work: Path, splits: list[str]) -> list[dict]:
             {
                 "chosen": auto["chosen"],
                 "cv": {m: round(c["mean"], 2) for m, c in auto["cv"].items()},
+                "lead": {m: [c["lead"], c["lead_se"]] for m, c in auto["cv"].items() if "lead" in c},
                 "cv_seconds": auto["cv_seconds"],
                 "final_seconds": auto["final_seconds"],
                 "skipped": sorted(auto["skipped"]),
@@ -155,6 +156,13 @@ def auto_table(rows: list[dict]) -> list[str]:
         lines.append(
             f"| mean | {auto['mean']:.1f} ± {auto['sd']:.1f} | | {hindsight:.1f} | {sum(gaps) / len(gaps):+.1f} | | | "
             f"{sum(ratios) / len(ratios):.1f}x |"
+        )
+        n = len(gaps)
+        fixed = max(singles, key=lambda m: sum(singles[m]["scores"][:n]))
+        best_mean = sum(singles[fixed]["scores"][:n]) / n
+        lines.append(
+            f"| best single method | | | {fixed} {best_mean:.1f} (the one method best over these {n} splits) | "
+            f"{auto['mean'] - best_mean:+.1f} | | | |"
         )
     return lines
 

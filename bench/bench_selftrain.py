@@ -37,7 +37,7 @@ def unlabelled_texts(task, n: int, start: int) -> list[tuple[str, str | None]]:
 
 
 def run_one(model: str, task_name: str, data_dir: str | None, args: argparse.Namespace) -> dict:
-    from cramkit.recipes.evaluate import fewshot_run
+    from cramkit.api import _fewshot
     from cramkit.recipes.finetune_config import config_from
 
     settings = {
@@ -61,7 +61,8 @@ def run_one(model: str, task_name: str, data_dir: str | None, args: argparse.Nam
     tag = task_name.replace("/", "-").replace(":", "-")
     work = Path(args.work) / f"{Path(model).name}-{tag}-k{args.k}-{args.steps}-u{args.unlabelled}-{args.tag}"
     t0 = time.time()
-    res = fewshot_run(task, model, config_from(settings), work, splits, k=args.k, progress=False, unlabelled=rows)
+    # cramkit.finetune(few_shot=K, unlabelled=...)'s own path, with the task object the bench built
+    res = _fewshot(task, model, config_from(settings), work, args.k, args.splits, None, rows, False)
     st = res["self_training"]
     per = res["fewshot"]["per_split"]
     return {

@@ -3,18 +3,24 @@
 Which method wins depends on the task (SetFit on topic tasks, the head on SST-2, deep prompts on MRPC), and the
 spread between splits is larger than any gap between them, so no default can choose. Cross-validation can:
 
-1. the labelled training rows are dealt into ``auto_folds`` folds that keep the classes balanced (each class's rows
-   shuffled and dealt in turn; a regression task's rows by the order of their scores);
+1. every labelled row the run may look at is pooled: the training rows and, under a few-shot protocol, the dev
+   rows drawn to choose checkpoints (LM-BFF's K per class, FewCLUE's dev_K; never a split the score is read
+   from), then dealt into ``auto_folds`` folds that keep the classes balanced (each class's rows shuffled and
+   dealt in turn; a regression task's rows by the order of their scores);
 2. every candidate method (``auto_methods``: head, SetFit, deep prompts, and prompts where the model has an MLM
    head that reads the context) is trained on the other folds and scored on the held-out one with the task's
    metric, ``auto_steps`` of its steps (SetFit: of its pairs) so that F folds x M methods cost about M x
    ``auto_steps`` x F trainings, not F x M;
-3. the method with the best mean score over the folds (ties: the order of ``auto_methods``) is trained on every
-   labelled row by the normal path, ``--method X``'s: the same settings, the same model, the same files.
+3. the first candidate (head by default) is kept unless another beats it on the folds by more than the standard
+   error of their paired differences (the largest such lead wins): with 8-16 rows held out per fold, smaller
+   gaps are noise, and choosing on noise cost 5 points against the best method in hindsight (bench/RESULTS.md);
+   the choice is trained on the training rows by the normal path, ``--method X``'s: the same settings, the same
+   model, the same files.
 
-Every candidate's fold scores, mean and sd, the methods left out and why, the choice and what the
-cross-validation cost against the final training go to results.json (``method_auto``) and one line. Each finished
-cross-validation run is recorded in ``OUT/method-auto.json``, so a run killed midway resumes where it stopped.
+Every candidate's fold scores, mean, sd and lead over the first, the methods left out and why, the choice and what
+the cross-validation cost against the final training go to results.json (``method_auto``) and one line. Each
+finished cross-validation run is recorded in ``OUT/method-auto.json``, so a run killed midway resumes where it
+stopped.
 """
 
 from __future__ import annotations
@@ -231,9 +237,10 @@ def finetune_auto(
     if not methods:
         why = "; ".join(f"{m}: {w}" for m, w in skipped.items())
         raise CramkitError(f"--method auto: none of auto_methods={cfg.auto_methods} fits task {task.name} ({why})")
-    folds = make_folds(task, rows, cfg.auto_folds, cfg.seeds[0]) if len(methods) > 1 else []
-    cv = _cross_validate(task, loaded, cfg, rows, folds, methods, out_dir, progress, train) if folds else {}
-    chosen = max(methods, key=lambda m: (cv[m]["mean"], -methods.index(m))) if cv else methods[0]
+    pool = rows + selection_rows(task)
+    folds = make_folds(task, pool, cfg.auto_folds, cfg.seeds[0]) if len(methods) > 1 else []
+    cv = _cross_validate(task, loaded, cfg, pool, len(rows), folds, methods, out_dir, progress, train) if folds else {}
+    chosen = choose(cv, methods) if cv else methods[0]
     res = train(task, loaded, method_cfg(cfg, chosen), out_dir, progress=progress, predict_also=predict_also)
     final = sum(float(s.get("train_seconds", 0.0)) for s in res.get("seeds", []))
     spent = sum(c["train_seconds"] for c in cv.values())
@@ -242,6 +249,8 @@ def finetune_auto(
         "chosen": chosen,
         "folds": cfg.auto_folds if cv else 0,
         "rows": len(rows),
+        "cv_rows": len(pool) if cv else 0,
+        "rule": f"{methods[0]} unless another leads it by more than the standard error of the fold differences",
         "metric": task.main_metric,
         "cv_steps": cfg.auto_steps,
         "cv": cv,
@@ -264,15 +273,17 @@ def _cross_validate(
     loaded: LoadedModel,
     cfg: FinetuneConfig,
     rows: list[Example],
+    train_rows: int,
     folds: list[list[int]],
     methods: list[str],
     out_dir: PathLike | None,
     progress: bool,
     train: Callable[..., dict[str, Any]],
 ) -> dict[str, dict[str, Any]]:
-    """Every candidate trained on all folds but one and scored on that one; each run recorded in
+    """Every candidate trained on all folds of ``rows`` but one and scored on that one, for a quarter
+    (``auto_steps``) of the steps it trains on the ``train_rows`` training rows; each run recorded in
     ``out_dir/method-auto.json`` as it finishes (a rerun of the same settings and rows reuses it). Returns each
-    method's fold scores, mean, sd and training seconds."""
+    method's fold scores, mean, sd, lead over the first method with its standard error, and training seconds."""
     import contextlib
     import io
 
@@ -283,7 +294,7 @@ def _cross_validate(
         "task": task.name,
         "source": str(loaded.source),
         "config": to_dict(cfg),
-        "folds": [[int(rows[i].idx) for i in fold] for fold in folds],
+        "folds": [[["train" if i < train_rows else "dev", int(rows[i].idx)] for i in fold] for fold in folds],
     }
     record = Path(out_dir) / AUTO_FILE if out_dir is not None else None
     runs: dict[str, Any] = {}
@@ -311,11 +322,11 @@ def _cross_validate(
                 if isinstance(runs.get(name), dict) and "score" in runs[name]:
                     continue
                 inside = set(held)
-                train_rows = [rows[i] for i in range(len(rows)) if i not in inside]
-                view = fold_view(task, train_rows, [rows[i] for i in held])
+                fit = [rows[i] for i in range(len(rows)) if i not in inside]
+                view = fold_view(task, fit, [rows[i] for i in held])
                 t0 = time.perf_counter()
                 with contextlib.redirect_stderr(io.StringIO()):  # the engine's notes, twice for each of F x M runs
-                    res = train(view, loaded, cv_cfg(cfg, method, len(rows), len(train_rows)), None, progress=False)
+                    res = train(view, loaded, cv_cfg(cfg, method, train_rows, len(fit)), None, progress=False)
                 runs[name] = {
                     "score": float(res["score"]),
                     "train_seconds": sum(float(s["train_seconds"]) for s in res["seeds"]),
@@ -342,7 +353,26 @@ def _cross_validate(
             "folds": [round(s, 3) for s in scores],
             "train_seconds": round(sum(runs[f"{method}/{f}"]["train_seconds"] for f in range(len(folds))), 2),
         }
+    first = out[methods[0]]["folds"]
+    for method in methods[1:]:
+        diffs = [a - b for a, b in zip(out[method]["folds"], first, strict=True)]
+        out[method]["lead"] = round(statistics.fmean(diffs), 3)
+        out[method]["lead_se"] = round(statistics.stdev(diffs) / math.sqrt(len(diffs)), 3) if len(diffs) > 1 else 0.0
     return out
+
+
+def choose(cv: dict[str, dict[str, Any]], methods: list[str]) -> str:
+    """The first of ``methods`` unless another beats it on the folds by more than the standard error of the
+    paired differences (``lead`` > ``lead_se``); among several such, the largest lead (ties: the earlier one)."""
+    ahead = [m for m in methods[1:] if cv[m]["lead"] > 0 and cv[m]["lead"] > cv[m]["lead_se"]]
+    return max(ahead, key=lambda m: (cv[m]["lead"], -methods.index(m))) if ahead else methods[0]
+
+
+def selection_rows(task: Task) -> list[Example]:
+    """The labelled rows of the splits a run looks at to choose (checkpoints, the kept seed) and that no score is
+    read from: a few-shot protocol's drawn dev rows; none for a task whose dev split is its score."""
+    scored = set(task.scored_splits)
+    return [e for s in task.dev_splits if s not in scored for e in task.examples(s)]
 
 
 def summary_line(auto: dict[str, Any]) -> str:
@@ -353,6 +383,8 @@ def summary_line(auto: dict[str, Any]) -> str:
         return f"method auto: {chosen}, the only method that fits (no cross-validation; {left})"
     best = cv[chosen]
     others = [f"{m} {c['mean']:.1f} ± {c['sd']:.1f}" for m, c in cv.items() if m != chosen]
+    if chosen == next(iter(cv)) and len(cv) > 1:
+        others.append("no other ahead by more than its standard error")
     others += [f"{m} skipped: {w}" for m, w in auto["skipped"].items()]
     ratio = auto["cost_ratio"]
     cost = f"{ratio:.1f}x the final training ({auto['final_seconds']:.0f} s)" if ratio is not None else "n/a"

@@ -73,6 +73,8 @@ def test_unlabelled_trains_a_student_on_every_split_and_writes_what_it_did(
         assert set(kept) == {"0", "1"} and kept["0"] == kept["1"] > 0
         assert one["kept_rows"] == sum(kept.values()) <= 0.5 * one["unlabelled_rows"] + 1
         assert set(one["thresholds"]) == {"0", "1"} and all(0.5 <= v <= 1 for v in one["thresholds"].values())
+        assert min(one["thresholds"].values()) <= one["expected_accuracy"]["kept"] <= 1
+        assert f"the teacher expects {one['expected_accuracy']['kept']:.0%} of them right" in proc.stderr
         assert one["unlabelled_rows"] <= 300 and one["seconds"] > 0
         assert one["teacher"]["score"] is not None and one["student"]["score"] == split["score"]
         assert split["train_examples"] == 8 + one["kept_rows"]  # the labels and the kept rows
@@ -146,6 +148,11 @@ def test_select_catches_one_class_and_keeps_the_classes_balanced() -> None:
     conf = skewed.max(1)
     neg = np.flatnonzero(skewed.argmax(1) == 0)
     assert sel["thresholds"]["neg"] == pytest.approx(np.sort(conf[neg])[::-1][249], abs=1e-4)  # the most confident
+    # the pseudo-labels' expected accuracy: the mean probability of the answer, over all rows and the kept ones
+    kept = np.concatenate([np.sort(conf[neg])[::-1][:250], np.sort(conf[skewed.argmax(1) == 1])[::-1][:250]])
+    assert sel["expected_accuracy"]["all"] == pytest.approx(conf.mean(), abs=1e-4)
+    assert sel["expected_accuracy"]["kept"] == pytest.approx(kept.mean(), abs=1e-4)
+    assert sel["expected_accuracy"]["kept"] > sel["expected_accuracy"]["all"]
     cfg.self_train_fraction = 1.0
     assert selftrain.select(skewed, cfg, ["neg", "pos"])["kept"] == {"neg": 300, "pos": 300}  # the rarest's count
 

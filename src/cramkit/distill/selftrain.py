@@ -244,7 +244,7 @@ def select(probs: np.ndarray, cfg: FinetuneConfig, names: Sequence[str]) -> dict
     out["kept_rows"] = len(chosen)
     out["keep"] = chosen
     # the teacher's calibrated probability of its own answer, averaged: the share of pseudo-labels it expects
-    # right (SST-2, K=16: 71.4% expected on the kept half, 71.5% right against the rows' true labels)
+    # right (SST-2, K=16, 3 teachers: 68.9% expected on the kept half, 69.8% right against the true labels)
     out["expected_accuracy"] = {
         "all": round(float(conf.mean()), 4),
         "kept": round(float(conf[chosen].mean()), 4) if len(chosen) else None,

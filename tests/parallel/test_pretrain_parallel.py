@@ -19,7 +19,7 @@ import pytest
 from cramkit.train import checkpoint as dcp
 from cramkit.train.metrics import read_metrics
 
-from .conftest import _env
+from .conftest import _env, run_job
 
 pytestmark = pytest.mark.dist
 
@@ -75,7 +75,7 @@ def cramkit(nproc: int, *args: str, launcher: str = "torchrun", timeout: float =
         ]
     else:
         cmd = [sys.executable, "-m", "cramkit", *args, "--nproc", str(nproc)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=_env())
+    proc = run_job(cmd, timeout)
     assert proc.returncode == 0, (
         f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stdout[-2000:]}\n{proc.stderr[-5000:]}"
     )

@@ -54,6 +54,7 @@ def run_one(model: str, task_name: str, data_dir: str | None, args: argparse.Nam
         "self_train_mask": args.mask,
         "self_train_rounds": args.rounds,
         "self_train_teachers": args.teachers,
+        "self_train_prior": args.prior,
     }
     task = bench_task(task_name, data_dir)
     rows = unlabelled_texts(task, args.unlabelled, args.from_row)
@@ -105,6 +106,7 @@ def main() -> None:
     ap.add_argument("--mask", type=float, default=0.0)
     ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("--teachers", type=int, default=1)
+    ap.add_argument("--prior", default="auto", help="self_train_prior: auto (the label words), none, LABEL=TEXT,...")
     ap.add_argument("--tag", default="default", help="names this configuration in --out and --work")
     ap.add_argument("--out", default="bench-selftrain.jsonl")
     ap.add_argument("--work", default="bench-selftrain-runs")

@@ -262,3 +262,69 @@ def test_one_task_from_files_through_the_command(tiny_run: Path, real_glue_dir: 
     model = Path(st["model"])  # the student (OUT), or the teacher's when it collapsed: the line names the one kept
     assert (model / "model.safetensors").is_file() and f"saved in {model}" in proc.stdout
     assert model == (out / "teacher" if st["collapsed"] else out)
+
+
+class _Marker:
+    """Unpickling this would write a file: a crafted cache must never be unpickled."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def __reduce__(self):
+        return (Path.write_text, (self.path, "pwned"))
+
+
+@pytest.mark.integration  # 50 s: the public model as teacher, student and prior
+def test_the_label_words_prior_labels_with_the_teacher(minilm_dir: Path, real_glue_dir: Path, tmp_path: Path) -> None:
+    # the public sentence encoder: its embeddings of SST-2's built-in prompt filled with each label word
+    # ("It was terrible ." / "It was great .") are a zero-shot teacher (71% on SST-2's dev split, bench/RESULTS.md)
+    unlabelled = sst2_unlabelled(real_glue_dir, tmp_path / "unlabelled.tsv", n=200)
+    out = tmp_path / "st"
+    args = ["--splits", "1", "--set", "min_steps=2"]
+    proc = _fewshot(f"hf:{minilm_dir}", real_glue_dir, out, unlabelled, *args)
+    assert proc.returncode == 0, proc.stderr
+    one = json.loads((out / "split-0" / "results.json").read_text())["self_training"]
+    prior = one["prior"]
+    assert prior["used"] and prior["source"] == "the built-in prompt"
+    assert prior["descriptions"] == {"0": "It was terrible .", "1": "It was great ."}
+    assert prior["labelled_rows"] == 16 and 0.001 <= prior["temperature"] <= 100  # 4 + 4 training, 4 + 4 dev rows
+    assert "labelled with the label words' prior ('It was terrible .' / 'It was great .'" in proc.stderr
+    # its answers on the unlabelled rows, against their true labels: well above chance
+    (cache,) = (out / "split-0" / "labels").glob("*/prior-*.npy")
+    cos = np.load(cache, allow_pickle=False)
+    lines = (real_glue_dir / "SST-2" / "train.tsv").read_text(encoding="utf-8").splitlines()[1:]
+    truth = np.array([int(line.split("\t")[1]) for line in lines[20000:20200]])
+    assert cos.shape == (200, 2) and (cos.argmax(1) == truth).mean() >= 0.6
+    # a crafted cache (an object array, which only pickle could read) is refused in one line, never unpickled
+    marker = tmp_path / "marker"
+    with open(cache, "wb") as fh:
+        np.save(fh, np.array([_Marker(marker)], dtype=object), allow_pickle=True)
+    (out / "split-0" / "results.json").unlink()
+    again = _fewshot(f"hf:{minilm_dir}", real_glue_dir, out, unlabelled, *args)
+    assert again.returncode != 0 and not marker.exists()
+    assert f"{cache} is not a float32 .npy array" in again.stderr and "Traceback" not in again.stderr
+
+
+def test_the_prior_s_descriptions_and_their_refusals(tiny_run: Path, real_glue_dir: Path, tmp_path: Path) -> None:
+    from cramkit.distill.prior import descriptions
+    from cramkit.tasks.registry import get_task
+
+    sst2, mrpc = (get_task(n, data_dir=real_glue_dir) for n in ("glue/sst2", "glue/mrpc"))
+    cfg = FinetuneConfig()
+    assert descriptions(sst2, cfg, pair=False) == (
+        {"0": "It was terrible .", "1": "It was great ."},
+        "the built-in prompt",
+    )
+    assert descriptions(mrpc, cfg, pair=True)[0] is None  # a pair task: no prior by default
+    assert descriptions(sst2, FinetuneConfig(self_train_prior="none"), pair=False) == (None, "self_train_prior none")
+    own = FinetuneConfig(self_train_prior="1=A wonderful film.,0=A dreadful film.")
+    assert descriptions(sst2, own, pair=False) == (
+        {"0": "A dreadful film.", "1": "A wonderful film."},
+        "self_train_prior",
+    )
+    # descriptions that do not name the task's labels: one line through the command
+    unlabelled = sst2_unlabelled(real_glue_dir, tmp_path / "unlabelled.tsv", n=40)
+    proc = _fewshot(tiny_run, real_glue_dir, tmp_path / "st", unlabelled, "--set", "self_train_prior=pos=good")
+    assert proc.returncode != 0
+    err = proc.stderr.strip().splitlines()
+    assert len(err) == 1 and "self_train_prior: the descriptions name labels ['pos']" in err[0], proc.stderr

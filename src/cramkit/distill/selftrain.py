@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import math
 import os
 import sys
 import time
@@ -33,6 +32,7 @@ from typing import Any
 
 import numpy as np
 
+from cramkit.distill.calibrate import fit_temperature, softmax
 from cramkit.errors import CramkitError
 from cramkit.load import LoadedModel
 from cramkit.recipes.finetune_config import FinetuneConfig
@@ -180,32 +180,12 @@ def check(task: Task, cfg: FinetuneConfig) -> None:
             f"--unlabelled trains the teacher and the student with --method head; method {cfg.method} is not "
             "supported for self-training"
         )
+    from cramkit.distill.prior import descriptions
+
+    descriptions(task, cfg, _is_pair_task(task))  # the label words' prior: descriptions of the task's labels
 
 
 # ------------------------------------------------------------------------------------------ the labels
-
-
-def fit_temperature(logits: np.ndarray, labels: np.ndarray) -> float:
-    """The temperature that minimises the negative log-likelihood of ``labels`` (temperature scaling, Guo et al.
-    2017), searched on a log grid from 0.05 to 20."""
-    grid = np.exp(np.linspace(np.log(0.05), np.log(20.0), 121))
-    z = logits.astype(np.float64)
-    best, best_nll = 1.0, math.inf
-    for t in grid:
-        s = z / t
-        s = s - s.max(1, keepdims=True)
-        logp = s - np.log(np.exp(s).sum(1, keepdims=True))
-        nll = float(-logp[np.arange(len(labels)), labels].mean())
-        if nll < best_nll - 1e-12:
-            best, best_nll = float(t), nll
-    return best
-
-
-def softmax(logits: np.ndarray, temperature: float = 1.0) -> np.ndarray:
-    s = logits.astype(np.float64) / temperature
-    s = s - s.max(1, keepdims=True)
-    e = np.exp(s)
-    return e / e.sum(1, keepdims=True)
 
 
 def select(probs: np.ndarray, cfg: FinetuneConfig, names: Sequence[str]) -> dict[str, Any]:
@@ -364,6 +344,7 @@ def self_train(
     doc); returns the student's results (the teacher's when it collapsed) with ``self_training``. ``label``
     names the run in the printed line (a few-shot split: "split 0")."""
     from cramkit.config import to_dict
+    from cramkit.distill.prior import prior_probs
     from cramkit.io import claim_dir, write_json_atomic
     from cramkit.load import load_torch
     from cramkit.recipes.finetune import finetune
@@ -396,8 +377,11 @@ def self_train(
         teachers.append((tdir, res))
     report: dict[str, Any] = {"settings": _own(cfg), "unlabelled": key, "rounds": []}
     teacher_dirs, teacher_res, res = [d for d, _ in teachers], teachers[0][1], teachers[0][1]
+    prior, report["prior"] = prior_probs(loaded, task, rows, cfg, out / "labels" / key, _is_pair_task(task))
     for r in range(1, cfg.self_train_rounds + 1):
         probs, stats = _teacher_probs(teacher_dirs, task, rows, out / "labels" / key, cfg, progress)
+        if prior is not None:  # the label words' prior weighs as much as the trained teachers together
+            probs = ((probs + prior) / 2).astype(np.float32)
         names = [str(x) for x in (task.labels or range(probs.shape[1]))]
         sel = select(probs, cfg, names)
         keep = sel.pop("keep")
@@ -467,6 +451,13 @@ def line(res: dict[str, Any], label: str = "") -> str:
     cuts = ", ".join(f"{k} {v:.2f}" for k, v in st["thresholds"].items())
     expected = (st.get("expected_accuracy") or {}).get("kept")
     right = f"; the teacher expects {expected:.0%} of them right" if expected is not None else ""
+    prior = st.get("prior") or {}
+    if prior.get("used"):
+        words = " / ".join(repr(v) for v in prior["descriptions"].values())
+        right += (
+            f"; labelled with the label words' prior ({words}: {prior['labelled_accuracy']:.0%} of the "
+            f"{prior['labelled_rows']} labelled rows right)"
+        )
     return (
         f"{what}teacher {teacher:.2f} -> student {st['student']['score']:.2f} ({res.get('main_metric')}); "
         f"{st['kept_rows']:,} of {st['unlabelled_rows']:,} unlabelled rows kept ({dist}; confidence from "

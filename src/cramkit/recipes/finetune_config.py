@@ -84,6 +84,8 @@ class FinetuneConfig(ExampleSettings):
     self_train_epochs: float = 2.0  # the student's epochs over labels + kept rows (at least the step floor)
     self_train_soft: bool = True  # soft targets: the teacher's calibrated probabilities (false: its labels)
     self_train_mask: float = 0.0  # noise: each word of a pseudo-labelled row masked with this probability
+    # the label words' prior (distill/prior.py): auto (the task's built-in prompt), none, or LABEL=TEXT,...
+    self_train_prior: str = "auto"
     # method=auto: stratified folds of the labelled rows; the methods it chooses among (prompt only where the model
     # has an MLM head that reads the context); the fraction of each method's steps (setfit: of its pairs) a
     # cross-validation run trains; the most labelled rows it takes (it is for few labels)

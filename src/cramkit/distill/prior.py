@@ -28,6 +28,7 @@ from cramkit.recipes.finetune_config import FinetuneConfig
 from cramkit.tasks.registry import Task
 
 MASK = "[MASK]"
+CALIBRATION_ROWS = 2000  # labelled rows the temperature is fitted on, at most
 
 
 def descriptions(task: Task, cfg: FinetuneConfig, pair: bool) -> tuple[dict[str, str] | None, str]:
@@ -76,6 +77,7 @@ def prior_probs(
     cfg: FinetuneConfig,
     root: Path,
     pair: bool,
+    progress: bool = True,
 ) -> tuple[np.ndarray | None, dict[str, Any]]:
     """The prior's calibrated probabilities over ``rows`` (None when there is none or it is no better than chance
     on the labelled rows) and what it was: descriptions, temperature, its accuracy on the labelled rows."""
@@ -93,6 +95,7 @@ def prior_probs(
     names = list(desc)
     anchors = engine.embed(list(desc.values()), normalize=True)
     labelled = [e for s in [task.train_split, *task.selection_splits[:1]] if s for e in task.examples(s)]
+    labelled = labelled[:CALIBRATION_ROWS]
     y = np.asarray([int(e.label) for e in labelled])  # type: ignore[arg-type]
     cos = engine.embed([e.text_a for e in labelled], normalize=True) @ anchors.T
     scale = fit_temperature(cos, y)
@@ -118,7 +121,15 @@ def prior_probs(
         except (ValueError, OSError) as exc:  # a damaged or crafted file (an object array would need pickle)
             raise CramkitError(f"{cache} is not a float32 .npy array ({exc}); delete it to recompute") from None
     else:
-        cos_rows = engine.embed([a for a, _ in rows], normalize=True) @ anchors.T
+        from tqdm import tqdm
+
+        parts = []
+        bar = tqdm(total=len(rows), desc="label words' prior", unit="row", disable=not progress, leave=False)
+        for i in range(0, len(rows), 512):
+            parts.append(engine.embed([a for a, _ in rows[i : i + 512]], normalize=True) @ anchors.T)
+            bar.update(len(rows[i : i + 512]))
+        bar.close()
+        cos_rows = np.concatenate(parts) if parts else np.zeros((0, len(names)), np.float32)
         root.mkdir(parents=True, exist_ok=True)
         with atomic_path(cache) as tmp, open(tmp, "wb") as fh:
             np.save(fh, cos_rows.astype(np.float32), allow_pickle=False)

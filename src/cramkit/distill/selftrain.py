@@ -2,7 +2,8 @@
 labels the unlabelled ones, a student of the same backbone learns from the labels and the confident pseudo-labels.
 
 1. The teacher: the ordinary fine-tuning of the labelled rows into OUT/teacher (``self_train_teachers`` N > 1:
-   an ensemble of N seeds, OUT/teacher-I), resumed or reused like any fine-tuning.
+   an ensemble of N seeds, OUT/teacher-I), resumed or reused like any fine-tuning; with it, where the task has
+   label words, their prior (``distill/prior.py``: the backbone's embeddings against a description of each class).
 2. Its labels: the teacher's logits over the unlabelled rows through the inference engine, in batches committed
    as they are done (``distill/teacher.py``: a memory-mapped .npy renamed into place when complete, no pickle), so
    a run stopped midway (Ctrl-C, kill -9) resumes where the labelling stopped and a rerun reuses them. They are
@@ -377,7 +378,7 @@ def self_train(
         teachers.append((tdir, res))
     report: dict[str, Any] = {"settings": _own(cfg), "unlabelled": key, "rounds": []}
     teacher_dirs, teacher_res, res = [d for d, _ in teachers], teachers[0][1], teachers[0][1]
-    prior, report["prior"] = prior_probs(loaded, task, rows, cfg, out / "labels" / key, _is_pair_task(task))
+    prior, report["prior"] = prior_probs(loaded, task, rows, cfg, out / "labels" / key, _is_pair_task(task), progress)
     for r in range(1, cfg.self_train_rounds + 1):
         probs, stats = _teacher_probs(teacher_dirs, task, rows, out / "labels" / key, cfg, progress)
         if prior is not None:  # the label words' prior weighs as much as the trained teachers together

@@ -22,12 +22,12 @@ from typing import Any
 
 import numpy as np
 
+from cramkit.data.prompts import MASK
 from cramkit.errors import CramkitError
 from cramkit.load import LoadedModel
 from cramkit.recipes.finetune_config import FinetuneConfig
 from cramkit.tasks.registry import Task
 
-MASK = "[MASK]"
 CALIBRATION_ROWS = 2000  # labelled rows the temperature is fitted on, at most
 
 

@@ -306,25 +306,53 @@ def test_the_label_words_prior_labels_with_the_teacher(minilm_dir: Path, real_gl
 
 
 def test_the_prior_s_descriptions_and_their_refusals(tiny_run: Path, real_glue_dir: Path, tmp_path: Path) -> None:
-    from cramkit.distill.prior import descriptions
+    from cramkit.distill.prior import PriorSpec, prior_spec
+    from cramkit.errors import CramkitError
     from cramkit.tasks.registry import get_task
 
     sst2, mrpc = (get_task(n, data_dir=real_glue_dir) for n in ("glue/sst2", "glue/mrpc"))
     cfg = FinetuneConfig()
-    assert descriptions(sst2, cfg, pair=False) == (
-        {"0": "It was terrible .", "1": "It was great ."},
-        "the built-in prompt",
-    )
-    assert descriptions(mrpc, cfg, pair=True)[0] is None  # a pair task: no prior by default
-    assert descriptions(sst2, FinetuneConfig(self_train_prior="none"), pair=False) == (None, "self_train_prior none")
+    terrible_great = {"0": "It was terrible .", "1": "It was great ."}
+    assert prior_spec(sst2, cfg, pair=False) == (PriorSpec("the built-in prompt", terrible_great), "")
+    spec, _ = prior_spec(mrpc, cfg, pair=True)  # a pair task of two classes: the similarity of its two texts
+    assert spec is not None and spec.kind == "similarity" and spec.descriptions is None
+    assert prior_spec(sst2, FinetuneConfig(self_train_prior="none"), pair=False) == (None, "self_train_prior none")
     own = FinetuneConfig(self_train_prior="1=A wonderful film.,0=A dreadful film.")
-    assert descriptions(sst2, own, pair=False) == (
-        {"0": "A dreadful film.", "1": "A wonderful film."},
-        "self_train_prior",
+    assert prior_spec(sst2, own, pair=False) == (
+        PriorSpec("self_train_prior", {"0": "A dreadful film.", "1": "A wonderful film."}),
+        "",
     )
+    with pytest.raises(CramkitError, match="task glue/mrpc pairs two texts; descriptions of its classes score one"):
+        prior_spec(mrpc, own, pair=True)
+    with pytest.raises(CramkitError, match="glue/sst2 has one text per row; the similarity prior scores pairs"):
+        prior_spec(sst2, FinetuneConfig(self_train_prior="similarity"), pair=False)
     # descriptions that do not name the task's labels: one line through the command
     unlabelled = sst2_unlabelled(real_glue_dir, tmp_path / "unlabelled.tsv", n=40)
     proc = _fewshot(tiny_run, real_glue_dir, tmp_path / "st", unlabelled, "--set", "self_train_prior=pos=good")
     assert proc.returncode != 0
     err = proc.stderr.strip().splitlines()
     assert len(err) == 1 and "self_train_prior: the descriptions name labels ['pos']" in err[0], proc.stderr
+
+
+@pytest.mark.integration  # 9 s: the public model's embeddings of 364 pairs
+def test_the_similarity_prior_on_mrpc_s_pairs(minilm_dir: Path, real_glue_dir: Path, tmp_path: Path) -> None:
+    # a pair task has no description of a class; the public sentence encoder's cosine of the two texts, Platt-scaled
+    # on split 0's 64 labelled rows, labels MRPC's unlabelled training pairs well above the majority class
+    from cramkit.distill.prior import prior_probs
+    from cramkit.tasks.fewshot import few_shot_task
+    from cramkit.tasks.registry import get_task
+
+    view = few_shot_task(get_task("glue/mrpc", data_dir=real_glue_dir), k=16, split=0)
+    pool = [e for e in get_task("glue/mrpc", data_dir=real_glue_dir).examples("train")[2000:2300]]
+    rows = [(e.text_a, e.text_b) for e in pool]
+    loaded = cramkit.load(f"hf:{minilm_dir}")
+    probs, info = prior_probs(loaded, view, rows, FinetuneConfig(max_length=64), tmp_path, pair=True, progress=False)
+    assert probs is not None and info["used"] and info["kind"] == "similarity", info
+    assert info["labelled_rows"] == 64 and info["slope"] > 0  # alike pairs are MRPC's "1", equivalent
+    truth = np.array([e.label for e in pool])
+    assert probs.shape == (300, 2) and np.allclose(probs.sum(1), 1, atol=1e-5)
+    assert (probs.argmax(1) == truth).mean() >= max(truth.mean(), 1 - truth.mean()) + 0.03
+    (cache,) = tmp_path.glob("prior-*.npy")
+    assert np.load(cache, allow_pickle=False).shape == (300, 1)  # the raw cosines, one per pair
+    again, _ = prior_probs(loaded, view, rows, FinetuneConfig(max_length=64), tmp_path, pair=True, progress=False)
+    assert again is not None and np.array_equal(again, probs)  # read back from the cache

@@ -40,3 +40,22 @@ def softmax(logits: np.ndarray, temperature: float = 1.0) -> np.ndarray:
     s = s - s.max(1, keepdims=True)
     e = np.exp(s)
     return e / e.sum(1, keepdims=True)
+
+
+def fit_platt(scores: np.ndarray, labels: np.ndarray, l2: float = 1e-3) -> tuple[float, float]:
+    """The slope and offset of P(label 1 | score) = sigmoid(slope * score + offset) that minimise the mean negative
+    log-likelihood of the 0/1 ``labels`` plus ``l2 * slope**2 / 2`` (Platt scaling; the penalty keeps the slope
+    finite when the rows are separable): Newton's method, which a two-parameter convex problem needs a few steps of."""
+    x = np.stack([scores.astype(np.float64).ravel(), np.ones(len(labels))], 1)
+    y = labels.astype(np.float64)
+    theta = np.zeros(2)
+    ridge = np.diag([l2, 1e-9])
+    for _ in range(100):
+        p = 1.0 / (1.0 + np.exp(-np.clip(x @ theta, -60, 60)))
+        grad = x.T @ (p - y) / len(y) + ridge @ theta
+        hess = (x * (p * (1 - p))[:, None]).T @ x / len(y) + ridge
+        step = np.linalg.solve(hess, grad)
+        theta -= step
+        if float(np.abs(step).max()) < 1e-10:
+            break
+    return float(theta[0]), float(theta[1])

@@ -11,10 +11,17 @@ head to score a word at a mask: on SST-2 at K=16 from all-MiniLM-L6-v2 the descr
 test split, ahead of every method trained on the 32 labels (67.5 ± 4.1 for the head), and averaged with the head
 73.5 ± 1.6 over 5 splits (bench/RESULTS.md, 2026-11-29). Averaged with the trained teachers (half the weight), it
 labels the unlabelled rows; a prior no better than chance on the labelled rows is left out, and said so.
+
+A task that pairs two texts (MRPC's paraphrases) has no description of a class, but a sentence encoder's own
+question is its answer: how alike are the two texts? Its prior is the cosine of their embeddings, Platt-scaled on
+the labelled rows (a slope and an offset: which class the alike pairs are, and from where), for a task of two
+classes. On MRPC at K=16 it scores 74.6-81.5 F1 on the dev pairs, ahead of the head trained on the same 32 rows
+(67.8 ± 8.1).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import re
 from pathlib import Path
@@ -28,11 +35,25 @@ from cramkit.load import LoadedModel
 from cramkit.recipes.finetune_config import FinetuneConfig
 from cramkit.tasks.registry import Task
 
-CALIBRATION_ROWS = 2000  # labelled rows the temperature is fitted on, at most
+CALIBRATION_ROWS = 2000  # labelled rows the temperature (or the slope and offset) is fitted on, at most
+SIMILARITY = "similarity"
 
 
-def descriptions(task: Task, cfg: FinetuneConfig, pair: bool) -> tuple[dict[str, str] | None, str]:
-    """{label: description} for the task's classes and where they come from; (None, why) without a prior."""
+@dataclasses.dataclass(frozen=True)
+class PriorSpec:
+    """What the prior scores a row by: a description of each class (one text), or the similarity of a pair."""
+
+    source: str
+    descriptions: dict[str, str] | None = None  # None: the cosine of a pair's two texts
+
+    @property
+    def kind(self) -> str:
+        return "descriptions" if self.descriptions is not None else SIMILARITY
+
+
+def prior_spec(task: Task, cfg: FinetuneConfig, pair: bool) -> tuple[PriorSpec | None, str]:
+    """The task's prior from ``self_train_prior``, or (None, why there is none); a setting that cannot fit the task
+    is one line (CramkitError)."""
     from cramkit.data.prompts import parse_label_words
     from cramkit.tasks.prompts import builtin_prompt
 
@@ -40,20 +61,34 @@ def descriptions(task: Task, cfg: FinetuneConfig, pair: bool) -> tuple[dict[str,
     names = [str(x) for x in (task.labels or [])]
     if setting == "none":
         return None, "self_train_prior none"
+    if setting == SIMILARITY or (setting == "auto" and pair):
+        if not pair:
+            raise CramkitError(
+                f"self_train_prior similarity: task {task.name} has one text per row; the similarity prior scores "
+                "pairs (give LABEL=TEXT,... to describe its classes)"
+            )
+        if len(names) != 2:
+            if setting == "auto":
+                return None, f"task {task.name} pairs two texts in {len(names)} classes; the similarity prior needs 2"
+            raise CramkitError(
+                f"self_train_prior similarity: task {task.name} has {len(names)} classes; the similarity prior "
+                "tells two apart (use self_train_prior none)"
+            )
+        return PriorSpec("the two texts' cosine"), ""
     if setting == "auto":
         builtin = builtin_prompt(task.name)
         if builtin is None:
             return None, f"task {task.name} has no built-in label words (give self_train_prior LABEL=TEXT,...)"
         template, words = builtin
-        if pair or "{text_b}" in template:
-            return None, f"task {task.name} pairs two texts; the label words' prior describes one"
+        if "{text_b}" in template:
+            return None, f"task {task.name}'s prompt reads two texts; the label words' prior describes one"
         out = {label: _fill(template, word) for label, word in words.items()}
         source = "the built-in prompt"
     else:
         if pair:
             raise CramkitError(
                 f"self_train_prior: task {task.name} pairs two texts; descriptions of its classes score one text "
-                "(use self_train_prior none)"
+                "(use self_train_prior similarity or none)"
             )
         out = parse_label_words(setting, "self_train_prior")
         source = "self_train_prior"
@@ -62,12 +97,39 @@ def descriptions(task: Task, cfg: FinetuneConfig, pair: bool) -> tuple[dict[str,
             f"self_train_prior: the descriptions name labels {sorted(out)}, task {task.name} has {names}; give one "
             "LABEL=TEXT per label"
         )
-    return {label: out[label] for label in (names or sorted(out))}, source
+    return PriorSpec(source, {label: out[label] for label in (names or sorted(out))}), ""
 
 
 def _fill(template: str, word: str) -> str:
     text = re.sub(r"\{[a-z_]+\}", " ", template).replace(MASK, word)
     return " ".join(text.split())
+
+
+def _raw(engine: Any, anchors: np.ndarray | None, pairs: list[tuple[str, str | None]]) -> np.ndarray:
+    """Each row's cosines with the descriptions [n, classes], or of its two texts [n, 1] (anchors None)."""
+    a = engine.embed([x for x, _ in pairs], normalize=True)
+    if anchors is not None:
+        return np.asarray(a @ anchors.T, np.float32)
+    b = engine.embed([y or "" for _, y in pairs], normalize=True)
+    return np.asarray((a * b).sum(1, keepdims=True), np.float32)
+
+
+def _fit(raw: np.ndarray, y: np.ndarray) -> dict[str, float]:
+    """The calibration of the raw cosines on the labelled rows: a temperature (descriptions: it never changes the
+    answer), or Platt's slope and offset (a pair's cosine: they choose the class and the boundary)."""
+    from cramkit.distill.calibrate import fit_platt, fit_temperature
+
+    if raw.shape[1] == 1:
+        slope, offset = fit_platt(raw[:, 0], y)
+        return {"slope": round(slope, 6), "offset": round(offset, 6)}
+    return {"temperature": round(fit_temperature(raw, y), 6)}
+
+
+def _logits(raw: np.ndarray, fit: dict[str, float]) -> np.ndarray:
+    if "temperature" in fit:
+        return raw.astype(np.float64) / fit["temperature"]
+    z = fit["slope"] * raw.astype(np.float64) + fit["offset"]
+    return np.concatenate([np.zeros_like(z), z], 1)
 
 
 def prior_probs(
@@ -80,61 +142,63 @@ def prior_probs(
     progress: bool = True,
 ) -> tuple[np.ndarray | None, dict[str, Any]]:
     """The prior's calibrated probabilities over ``rows`` (None when there is none or it is no better than chance
-    on the labelled rows) and what it was: descriptions, temperature, its accuracy on the labelled rows."""
-    from cramkit.distill.calibrate import fit_temperature, softmax
+    on the labelled rows) and what it was: its kind, descriptions, calibration, its accuracy on the labelled rows."""
+    from cramkit.distill.calibrate import softmax
     from cramkit.distill.teacher import teacher_key
     from cramkit.infer.engine import Engine
     from cramkit.io import atomic_path
 
-    desc, source = descriptions(task, cfg, pair)
-    if desc is None:
-        return None, {"used": False, "why": source}
+    spec, why = prior_spec(task, cfg, pair)
+    if spec is None:
+        return None, {"used": False, "why": why}
     engine = Engine(loaded, device=cfg.device, max_length=min(cfg.max_length, loaded.max_length))
     if not engine.can_embed:
         return None, {"used": False, "why": f"{loaded.source} gives no sentence embeddings"}
-    names = list(desc)
-    anchors = engine.embed(list(desc.values()), normalize=True)
+    desc = spec.descriptions
+    anchors = None if desc is None else engine.embed(list(desc.values()), normalize=True)
     labelled = [e for s in [task.train_split, *task.selection_splits[:1]] if s for e in task.examples(s)]
     labelled = labelled[:CALIBRATION_ROWS]
     y = np.asarray([int(e.label) for e in labelled])  # type: ignore[arg-type]
-    cos = engine.embed([e.text_a for e in labelled], normalize=True) @ anchors.T
-    scale = fit_temperature(cos, y)
-    right = float((cos.argmax(1) == y).mean())
-    chance = 1.0 / len(names)
+    raw = _raw(engine, anchors, [(e.text_a, e.text_b) for e in labelled])
+    fit = _fit(raw, y)
+    right = float((_logits(raw, fit).argmax(1) == y).mean())
+    classes = len(desc) if desc is not None else 2
+    chance = max(1.0 / classes, float(np.bincount(y, minlength=classes).max() / max(len(y), 1)))
     info: dict[str, Any] = {
-        "descriptions": desc,
-        "source": source,
-        "temperature": round(scale, 6),
+        "kind": spec.kind,
+        **({"descriptions": desc} if desc is not None else {}),
+        "source": spec.source,
+        **fit,
         "labelled_rows": len(y),
         "labelled_accuracy": round(right, 4),
     }
-    if right <= chance:  # above it, the temperature weighs the prior by what the labelled rows say of it
+    if right <= chance:  # above it, the calibration weighs the prior by what the labelled rows say of it
         why = f"it answers {right:.0%} of the {len(y)} labelled rows right, no better than chance ({chance:.0%})"
         return None, {**info, "used": False, "why": why}
-    key = hashlib.sha256(
-        f"{teacher_key(loaded, engine.max_length)}:{sorted(desc.items())}:{len(rows)}".encode()
-    ).hexdigest()[:16]
+    what = sorted(desc.items()) if desc is not None else SIMILARITY
+    key = hashlib.sha256(f"{teacher_key(loaded, engine.max_length)}:{what}:{len(rows)}".encode()).hexdigest()[:16]
     cache = root / f"prior-{key}.npy"
+    width = raw.shape[1]
     if cache.is_file():
         try:
-            cos_rows = np.load(cache, allow_pickle=False)
+            raw_rows = np.load(cache, allow_pickle=False)
         except (ValueError, OSError) as exc:  # a damaged or crafted file (an object array would need pickle)
             raise CramkitError(f"{cache} is not a float32 .npy array ({exc}); delete it to recompute") from None
     else:
         from tqdm import tqdm
 
         parts = []
-        bar = tqdm(total=len(rows), desc="label words' prior", unit="row", disable=not progress, leave=False)
+        bar = tqdm(total=len(rows), desc="prior", unit="row", disable=not progress, leave=False)
         for i in range(0, len(rows), 512):
-            parts.append(engine.embed([a for a, _ in rows[i : i + 512]], normalize=True) @ anchors.T)
+            parts.append(_raw(engine, anchors, rows[i : i + 512]))
             bar.update(len(rows[i : i + 512]))
         bar.close()
-        cos_rows = np.concatenate(parts) if parts else np.zeros((0, len(names)), np.float32)
+        raw_rows = np.concatenate(parts) if parts else np.zeros((0, width), np.float32)
         root.mkdir(parents=True, exist_ok=True)
         with atomic_path(cache) as tmp, open(tmp, "wb") as fh:
-            np.save(fh, cos_rows.astype(np.float32), allow_pickle=False)
-    if cos_rows.dtype != np.float32 or cos_rows.shape != (len(rows), len(names)):
+            np.save(fh, raw_rows.astype(np.float32), allow_pickle=False)
+    if raw_rows.dtype != np.float32 or raw_rows.shape != (len(rows), width):
         raise CramkitError(
-            f"{cache} holds {cos_rows.dtype} {cos_rows.shape}, not float32 [{len(rows)}, {len(names)}]; delete it"
+            f"{cache} holds {raw_rows.dtype} {raw_rows.shape}, not float32 [{len(rows)}, {width}]; delete it"
         )
-    return softmax(cos_rows, scale).astype(np.float32), {**info, "used": True}
+    return softmax(_logits(raw_rows, fit)).astype(np.float32), {**info, "used": True}

@@ -181,9 +181,9 @@ def check(task: Task, cfg: FinetuneConfig) -> None:
             f"--unlabelled trains the teacher and the student with --method head; method {cfg.method} is not "
             "supported for self-training"
         )
-    from cramkit.distill.prior import descriptions
+    from cramkit.distill.prior import prior_spec
 
-    descriptions(task, cfg, _is_pair_task(task))  # the label words' prior: descriptions of the task's labels
+    prior_spec(task, cfg, _is_pair_task(task))  # the prior: descriptions of the task's labels, or a pair's similarity
 
 
 # ------------------------------------------------------------------------------------------ the labels
@@ -454,11 +454,13 @@ def line(res: dict[str, Any], label: str = "") -> str:
     right = f"; the teacher expects {expected:.0%} of them right" if expected is not None else ""
     prior = st.get("prior") or {}
     if prior.get("used"):
-        words = " / ".join(repr(v) for v in prior["descriptions"].values())
-        right += (
-            f"; labelled with the label words' prior ({words}: {prior['labelled_accuracy']:.0%} of the "
-            f"{prior['labelled_rows']} labelled rows right)"
+        kind = (
+            "the label words' prior (" + " / ".join(repr(v) for v in prior["descriptions"].values())
+            if "descriptions" in prior
+            else "the similarity prior (the two texts' cosine"
         )
+        share = f"{prior['labelled_accuracy']:.0%} of the {prior['labelled_rows']} labelled rows right"
+        right += f"; labelled with {kind}: {share})"
     return (
         f"{what}teacher {teacher:.2f} -> student {st['student']['score']:.2f} ({res.get('main_metric')}); "
         f"{st['kept_rows']:,} of {st['unlabelled_rows']:,} unlabelled rows kept ({dist}; confidence from "

@@ -78,12 +78,15 @@ def run_one(model: str, task_name: str, data_dir: str | None, method: str, args:
         "max_length": args.max_length,
         "prefix_len": args.prefix_len,
         "max_eval_examples": getattr(args, "max_eval_examples", 0),  # 0: every dev row
+        "prior": args.prior,
+        "head_init": args.head_init,
     }
     task = bench_task(task_name, data_dir)
     fewclue = is_fewclue(task)
     splits = [str(i) for i in range(args.splits)]
     tag = task_name.replace("/", "-").replace(":", "-")
-    work = Path(args.work) / f"{Path(model).name}-{tag}-{method}-k{args.k}-{args.steps}"
+    init = "" if (args.prior, args.head_init) == ("auto", "auto") else f"-{args.head_init}-{_slug(args.prior)}"
+    work = Path(args.work) / f"{Path(model).name}-{tag}-{method}-k{args.k}-{args.steps}{init}"
     t0 = time.time()
     res = fewshot_run(task, model, config_from(settings), work, splits, k=None if fewclue else args.k, progress=False)
     few = res["fewshot"]
@@ -100,9 +103,17 @@ def run_one(model: str, task_name: str, data_dir: str | None, method: str, args:
         "sd": round(few["std"], 2),
         "trainable_parameters": res.get("trainable_parameters"),
         "seconds": round(time.time() - t0, 1),
+        "prior": args.prior,
+        "head_init": args.head_init,
         **zero_shot(few, splits),
         **({"auto": auto_splits(work, splits)} if method == "auto" else {}),
     }
+
+
+def _slug(text: str) -> str:
+    import hashlib
+
+    return text if text.isalnum() else hashlib.sha256(text.encode()).hexdigest()[:8]
 
 
 def auto_splits(work: Path, splits: list[str]) -> list[dict]:
@@ -220,6 +231,8 @@ def main() -> None:
     ap.add_argument("--eval-every", type=int, default=50)
     ap.add_argument("--max-length", type=int, default=128)
     ap.add_argument("--prefix-len", type=int, default=16)
+    ap.add_argument("--prior", default="auto", help="the prior setting: auto, none, LABEL=TEXT,... (descriptions)")
+    ap.add_argument("--head-init", default="auto", choices=("auto", "random"), help="the head_init setting")
     ap.add_argument("--out", default="bench-fewshot.jsonl")
     ap.add_argument("--work", default="bench-fewshot-runs", help="where each split's run is kept")
     ap.add_argument("--table", default=None, help="also write the Markdown table here")
@@ -236,12 +249,13 @@ def main() -> None:
     if out.is_file():
         for line in out.read_text(encoding="utf-8").splitlines():
             row = json.loads(line)
-            done[(row["model"], row["task"], row["method"], row["k"], row["steps"])] = row
+            init = (row.get("prior", "auto"), row.get("head_init", "before head_init"))  # older rows: random heads
+            done[(row["model"], row["task"], row["method"], row["k"], row["steps"], *init)] = row
     rows = []
     for model in args.model:
         for task in args.tasks.split(","):
             for method in args.methods.split(","):
-                key = (model, task, method, args.k, args.steps)
+                key = (model, task, method, args.k, args.steps, args.prior, args.head_init)
                 if key not in done:
                     print(
                         f"{model} {task} {method}: {args.splits} splits of K={args.k} ...",

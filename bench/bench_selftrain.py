@@ -54,7 +54,8 @@ def run_one(model: str, task_name: str, data_dir: str | None, args: argparse.Nam
         "self_train_mask": args.mask,
         "self_train_rounds": args.rounds,
         "self_train_teachers": args.teachers,
-        "self_train_prior": args.prior,
+        "prior": args.prior,
+        "head_init": args.head_init,
     }
     task = bench_task(task_name, data_dir)
     rows = unlabelled_texts(task, args.unlabelled, args.from_row)
@@ -73,7 +74,7 @@ def run_one(model: str, task_name: str, data_dir: str | None, args: argparse.Nam
         "steps": args.steps,
         "unlabelled": len(rows),
         "tag": args.tag,
-        "settings": {k: v for k, v in settings.items() if k.startswith("self_train")},
+        "settings": {k: v for k, v in settings.items() if k.startswith(("self_train", "prior", "head_init"))},
         "teacher": [round(x, 2) for x in st["teacher"]["scores"]],
         "student": [round(x, 2) for x in st["student"]["scores"]],
         "teacher_mean": round(st["teacher"]["mean"], 2),
@@ -106,7 +107,8 @@ def main() -> None:
     ap.add_argument("--mask", type=float, default=0.0)
     ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("--teachers", type=int, default=1)
-    ap.add_argument("--prior", default="auto", help="self_train_prior: auto (the label words), none, LABEL=TEXT,...")
+    ap.add_argument("--prior", default="auto", help="the prior setting: auto, none, similarity, LABEL=TEXT,...")
+    ap.add_argument("--head-init", default="auto", choices=("auto", "random"), help="the head_init setting")
     ap.add_argument("--tag", default="default", help="names this configuration in --out and --work")
     ap.add_argument("--out", default="bench-selftrain.jsonl")
     ap.add_argument("--work", default="bench-selftrain-runs")

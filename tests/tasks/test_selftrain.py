@@ -306,8 +306,8 @@ def test_the_label_words_prior_labels_with_the_teacher(minilm_dir: Path, real_gl
 
 
 def test_the_prior_s_descriptions_and_their_refusals(tiny_run: Path, real_glue_dir: Path, tmp_path: Path) -> None:
-    from cramkit.distill.prior import PriorSpec, prior_spec
     from cramkit.errors import CramkitError
+    from cramkit.recipes.label_prior import PriorSpec, prior_spec
     from cramkit.tasks.registry import get_task
 
     sst2, mrpc = (get_task(n, data_dir=real_glue_dir) for n in ("glue/sst2", "glue/mrpc"))
@@ -316,22 +316,24 @@ def test_the_prior_s_descriptions_and_their_refusals(tiny_run: Path, real_glue_d
     assert prior_spec(sst2, cfg, pair=False) == (PriorSpec("the built-in prompt", terrible_great), "")
     spec, _ = prior_spec(mrpc, cfg, pair=True)  # a pair task of two classes: the similarity of its two texts
     assert spec is not None and spec.kind == "similarity" and spec.descriptions is None
-    assert prior_spec(sst2, FinetuneConfig(self_train_prior="none"), pair=False) == (None, "self_train_prior none")
-    own = FinetuneConfig(self_train_prior="1=A wonderful film.,0=A dreadful film.")
+    assert prior_spec(sst2, FinetuneConfig(prior="none"), pair=False) == (None, "prior none")
+    own = FinetuneConfig(prior="1=A wonderful film.,0=A dreadful film.")
     assert prior_spec(sst2, own, pair=False) == (
-        PriorSpec("self_train_prior", {"0": "A dreadful film.", "1": "A wonderful film."}),
+        PriorSpec("the prior setting", {"0": "A dreadful film.", "1": "A wonderful film."}),
         "",
     )
-    with pytest.raises(CramkitError, match="task glue/mrpc pairs two texts; descriptions of its classes score one"):
+    with pytest.raises(
+        CramkitError, match="prior: task glue/mrpc pairs two texts; descriptions of its classes score one"
+    ):
         prior_spec(mrpc, own, pair=True)
     with pytest.raises(CramkitError, match="glue/sst2 has one text per row; the similarity prior scores pairs"):
-        prior_spec(sst2, FinetuneConfig(self_train_prior="similarity"), pair=False)
+        prior_spec(sst2, FinetuneConfig(prior="similarity"), pair=False)
     # descriptions that do not name the task's labels: one line through the command
     unlabelled = sst2_unlabelled(real_glue_dir, tmp_path / "unlabelled.tsv", n=40)
-    proc = _fewshot(tiny_run, real_glue_dir, tmp_path / "st", unlabelled, "--set", "self_train_prior=pos=good")
+    proc = _fewshot(tiny_run, real_glue_dir, tmp_path / "st", unlabelled, "--set", "prior=pos=good")
     assert proc.returncode != 0
     err = proc.stderr.strip().splitlines()
-    assert len(err) == 1 and "self_train_prior: the descriptions name labels ['pos']" in err[0], proc.stderr
+    assert len(err) == 1 and "prior: the descriptions name labels ['pos']" in err[0], proc.stderr
 
 
 @pytest.mark.integration  # 9 s: the public model's embeddings of 364 pairs

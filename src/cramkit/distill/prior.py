@@ -1,8 +1,8 @@
 """The label words' prior (issue 49): a zero-shot teacher for self-training, from the backbone's sentence embeddings.
 
-Each class gets a description, the task's prompt with its text left out and the mask filled by the class's label
-word (SST-2's built-in ``{text_a} It was [MASK] .`` with terrible/great: "It was terrible ." / "It was great ."),
-or the user's own (``self_train_prior`` ``LABEL=TEXT,...``). A row's logits are its embedding's cosines with the
+Each class gets a description (``recipes/label_prior.py``: the task's prompt with its text left out and the mask
+filled by the class's label word, SST-2's "It was terrible ." / "It was great .", or the user's own, ``prior``
+``LABEL=TEXT,...``). A row's logits are its embedding's cosines with the
 descriptions, calibrated by one temperature fitted on every labelled row (the training rows and the selection dev
 rows: the prior never trained on them, so they are honest evidence); the temperature never changes its answer.
 
@@ -21,88 +21,17 @@ classes. On MRPC at K=16 it scores 74.6-81.5 F1 on the dev pairs, ahead of the h
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
-import re
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from cramkit.data.prompts import MASK
 from cramkit.errors import CramkitError
 from cramkit.load import LoadedModel
 from cramkit.recipes.finetune_config import FinetuneConfig
+from cramkit.recipes.label_prior import CALIBRATION_ROWS, SIMILARITY, prior_spec
 from cramkit.tasks.registry import Task
-
-CALIBRATION_ROWS = 2000  # labelled rows the temperature (or the slope and offset) is fitted on, at most
-SIMILARITY = "similarity"
-
-
-@dataclasses.dataclass(frozen=True)
-class PriorSpec:
-    """What the prior scores a row by: a description of each class (one text), or the similarity of a pair."""
-
-    source: str
-    descriptions: dict[str, str] | None = None  # None: the cosine of a pair's two texts
-
-    @property
-    def kind(self) -> str:
-        return "descriptions" if self.descriptions is not None else SIMILARITY
-
-
-def prior_spec(task: Task, cfg: FinetuneConfig, pair: bool) -> tuple[PriorSpec | None, str]:
-    """The task's prior from ``self_train_prior``, or (None, why there is none); a setting that cannot fit the task
-    is one line (CramkitError)."""
-    from cramkit.data.prompts import parse_label_words
-    from cramkit.tasks.prompts import builtin_prompt
-
-    setting = str(cfg.self_train_prior).strip()
-    names = [str(x) for x in (task.labels or [])]
-    if setting == "none":
-        return None, "self_train_prior none"
-    if setting == SIMILARITY or (setting == "auto" and pair):
-        if not pair:
-            raise CramkitError(
-                f"self_train_prior similarity: task {task.name} has one text per row; the similarity prior scores "
-                "pairs (give LABEL=TEXT,... to describe its classes)"
-            )
-        if len(names) != 2:
-            if setting == "auto":
-                return None, f"task {task.name} pairs two texts in {len(names)} classes; the similarity prior needs 2"
-            raise CramkitError(
-                f"self_train_prior similarity: task {task.name} has {len(names)} classes; the similarity prior "
-                "tells two apart (use self_train_prior none)"
-            )
-        return PriorSpec("the two texts' cosine"), ""
-    if setting == "auto":
-        builtin = builtin_prompt(task.name)
-        if builtin is None:
-            return None, f"task {task.name} has no built-in label words (give self_train_prior LABEL=TEXT,...)"
-        template, words = builtin
-        if "{text_b}" in template:
-            return None, f"task {task.name}'s prompt reads two texts; the label words' prior describes one"
-        out = {label: _fill(template, word) for label, word in words.items()}
-        source = "the built-in prompt"
-    else:
-        if pair:
-            raise CramkitError(
-                f"self_train_prior: task {task.name} pairs two texts; descriptions of its classes score one text "
-                "(use self_train_prior similarity or none)"
-            )
-        out = parse_label_words(setting, "self_train_prior")
-        source = "self_train_prior"
-    if names and set(out) != set(names):
-        raise CramkitError(
-            f"self_train_prior: the descriptions name labels {sorted(out)}, task {task.name} has {names}; give one "
-            "LABEL=TEXT per label"
-        )
-    return PriorSpec(source, {label: out[label] for label in (names or sorted(out))}), ""
-
-
-def _fill(template: str, word: str) -> str:
-    text = re.sub(r"\{[a-z_]+\}", " ", template).replace(MASK, word)
-    return " ".join(text.split())
 
 
 def _raw(engine: Any, anchors: np.ndarray | None, pairs: list[tuple[str, str | None]]) -> np.ndarray:
@@ -117,7 +46,7 @@ def _raw(engine: Any, anchors: np.ndarray | None, pairs: list[tuple[str, str | N
 def _fit(raw: np.ndarray, y: np.ndarray) -> dict[str, float]:
     """The calibration of the raw cosines on the labelled rows: a temperature (descriptions: it never changes the
     answer), or Platt's slope and offset (a pair's cosine: they choose the class and the boundary)."""
-    from cramkit.distill.calibrate import fit_platt, fit_temperature
+    from cramkit.recipes.calibrate import fit_platt, fit_temperature
 
     if raw.shape[1] == 1:
         slope, offset = fit_platt(raw[:, 0], y)
@@ -143,10 +72,10 @@ def prior_probs(
 ) -> tuple[np.ndarray | None, dict[str, Any]]:
     """The prior's calibrated probabilities over ``rows`` (None when there is none or it is no better than chance
     on the labelled rows) and what it was: its kind, descriptions, calibration, its accuracy on the labelled rows."""
-    from cramkit.distill.calibrate import softmax
     from cramkit.distill.teacher import teacher_key
     from cramkit.infer.engine import Engine
     from cramkit.io import atomic_path
+    from cramkit.recipes.calibrate import softmax
 
     spec, why = prior_spec(task, cfg, pair)
     if spec is None:

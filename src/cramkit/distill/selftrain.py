@@ -33,9 +33,9 @@ from typing import Any
 
 import numpy as np
 
-from cramkit.distill.calibrate import fit_temperature, softmax
 from cramkit.errors import CramkitError
 from cramkit.load import LoadedModel
+from cramkit.recipes.calibrate import fit_temperature, softmax
 from cramkit.recipes.finetune_config import FinetuneConfig
 from cramkit.tasks.registry import Example, Task
 
@@ -181,7 +181,7 @@ def check(task: Task, cfg: FinetuneConfig) -> None:
             f"--unlabelled trains the teacher and the student with --method head; method {cfg.method} is not "
             "supported for self-training"
         )
-    from cramkit.distill.prior import prior_spec
+    from cramkit.recipes.label_prior import prior_spec
 
     prior_spec(task, cfg, _is_pair_task(task))  # the prior: descriptions of the task's labels, or a pair's similarity
 

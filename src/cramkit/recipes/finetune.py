@@ -82,12 +82,14 @@ def train_one_seed(
     dev: tuple[Task, str, Encoded | EncodedChoices] | None = None,
     prompt: PromptSpec | None = None,
     targets: np.ndarray | None = None,
+    head_weight: np.ndarray | None = None,
 ):
     """Train a fresh classifier on ``train`` with ``seed`` through the training engine; returns (model,
     stats). With ``run`` (a directory) checkpoints go there and a run killed midway resumes from them.
     dev: (task, split, encoded) scored at every evaluation (``cfg.eval_every``); with ``cfg.keep == "best"``
     the model returned is the one with the best dev score. targets: soft targets [rows, classes] of the rows
-    (self-training's student: distill/selftrain.py) instead of their labels."""
+    (self-training's student: distill/selftrain.py) instead of their labels. head_weight: the head's starting
+    rows (recipes/label_prior.py's :func:`head_init`), else as initialised."""
     from cramkit.train.epochs import train_epochs
 
     cfg = dataclasses.replace(cfg, lr=auto_lr(cfg, getattr(loaded, "hidden", None)))
@@ -104,6 +106,7 @@ def train_one_seed(
     objective = kind(loaded, train, num_labels, cfg, seed, desc, resume_hint, multilabel, multiple_choice, prompt)
     if targets is not None:
         objective.targets = targets  # type: ignore[attr-defined]
+    objective.head_weight = head_weight
     objective.dev = dev
     if run is not None:
         objective.best_dir = Path(run)
@@ -217,6 +220,11 @@ def _finetune(
     for split, enc in dev.items():
         if enc.labels is None:
             raise CramkitError(f"task {task.name}: the {split} split has unlabelled examples; it cannot be scored")
+    from cramkit.recipes.label_prior import head_init, head_init_line
+
+    head = head_init(task, loaded, cfg, train_rows, max_length)
+    if head[0] is not None and progress and torchrun().is_main:
+        print(head_init_line(head[1]), file=sys.stderr)
     tests = encode_test_splits(task, tok, max_length, prompt)
     for other in predict_also:
         if other.labels != task.labels or other.kind != task.kind:
@@ -234,14 +242,14 @@ def _finetune(
     try:
         with lock, fault_guard(ctx):
             return _finetune_seeds(
-                task, loaded, cfg, out_dir, ctx, train, dev, tests, predict_also, progress, prompt, targets
+                task, loaded, cfg, out_dir, ctx, train, dev, tests, predict_also, progress, prompt, targets, head
             )
     finally:
         shutdown(ctx)
 
 
 def _finetune_seeds(
-    task, loaded, cfg, out_dir, ctx, train, dev, tests, predict_also, progress, prompt=None, targets=None
+    task, loaded, cfg, out_dir, ctx, train, dev, tests, predict_also, progress, prompt=None, targets=None, head=None
 ) -> dict[str, Any]:
     from cramkit.train.distributed import main_first
 
@@ -255,12 +263,14 @@ def _finetune_seeds(
         before = zero_shot(task, loaded, cfg, prompt, max_length, ctx.device)
         if progress:
             print(zero_shot_line(before, task, loaded.source), file=sys.stderr)
+    weight, init = head if head is not None else (None, {"used": False})
     per_seed, test_logits, states = _train_seeds(
-        task, loaded, cfg, seeds_dir, ctx, train, dev, tests, progress, prompt, targets
+        task, loaded, cfg, seeds_dir, ctx, train, dev, tests, progress, prompt, targets, weight
     )
     if not ctx.is_main:
         return {}
     results = _results(task, loaded, cfg, max_length, len(train), dev, prompt, before, per_seed)
+    results["head_init"] = init
     pick = _median_seed(task, per_seed)
     results["kept_seed"] = cfg.seeds[pick]
     if out_dir is not None:
@@ -294,6 +304,7 @@ def _train_seeds(
     progress: bool,
     prompt: PromptSpec | None,
     targets: np.ndarray | None = None,
+    head_weight: np.ndarray | None = None,
 ) -> tuple[list[dict[str, Any]], list[dict[tuple[str, str], np.ndarray]], list[dict[str, Any] | None]]:
     """Every seed trained and scored, or its results reused when an earlier (interrupted) invocation finished it:
     (each seed's stats, its test logits by (task, split), its weights: None when they stay in its checkpoint).
@@ -326,6 +337,7 @@ def _train_seeds(
             dev=(task, task.selection_splits[0], dev[task.selection_splits[0]]) if dev else None,
             prompt=prompt,
             targets=targets,
+            head_weight=head_weight,
         )
         if not ctx.is_main:  # rank 0 scores and writes; the others go on to the next seed's training
             continue

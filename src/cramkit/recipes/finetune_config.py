@@ -68,6 +68,11 @@ class FinetuneConfig(ExampleSettings):
     method: Literal["head", "prompt", "ptuning", "setfit", "auto"] = "head"
     prompt: str = ""  # method=prompt: the template, e.g. '{text_a} It was [MASK] .' ('': the task's built-in)
     label_words: str = ""  # method=prompt: LABEL=WORD,... ('': the task's built-in)
+    # the label words' prior (recipes/label_prior.py): a description of each class (auto: the task's built-in
+    # prompt filled with each label word; a pair task: the similarity of its texts), none, similarity, LABEL=TEXT,...
+    prior: str = "auto"
+    # method=head: auto starts the head from the prior's descriptions where there are some; random as initialised
+    head_init: Literal["auto", "random"] = "auto"
     prefix_len: int = 16  # method=ptuning: trainable keys and values per layer
     prefix_lr: float = 2e-2  # method=ptuning: the learning rate of the prefixes and the head
     # method=setfit: positive and negative pairs per labelled row (SetFit's num_iterations); one pass over them,
@@ -84,8 +89,6 @@ class FinetuneConfig(ExampleSettings):
     self_train_epochs: float = 2.0  # the student's epochs over labels + kept rows (at least the step floor)
     self_train_soft: bool = True  # soft targets: the teacher's calibrated probabilities (false: its labels)
     self_train_mask: float = 0.0  # noise: each word of a pseudo-labelled row masked with this probability
-    # the label words' prior (distill/prior.py): auto (the task's built-in prompt), none, or LABEL=TEXT,...
-    self_train_prior: str = "auto"
     # method=auto: stratified folds of the labelled rows; the methods it chooses among (prompt only where the model
     # has an MLM head that reads the context); the fraction of each method's steps (setfit: of its pairs) a
     # cross-validation run trains; the most labelled rows it takes (it is for few labels)

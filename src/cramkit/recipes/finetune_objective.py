@@ -54,12 +54,13 @@ class ClassifierObjective(ExampleObjective):
         self.dev: tuple[Task, str, Encoded | EncodedChoices] | None = None  # scored at each evaluation
         self.best_dir: Path | None = None  # where the best model so far is kept (keep=best), for a resume
         self.best: tuple[float, dict | None] | None = None  # (dev score, weights when kept in memory)
+        self.head_weight: np.ndarray | None = None  # the head's starting rows (recipes/label_prior.py), if any
         self.plot = {"title": title, "loss_name": "training loss (cross-entropy)", "x": "step"}
         if num_labels == 1 and not multiple_choice:
             self.plot["loss_name"] = "training loss (MSE)"
 
     def build_model(self):
-        return build_model(
+        model = build_model(
             self.loaded,
             self.num_labels,
             self.cfg,
@@ -67,6 +68,13 @@ class ClassifierObjective(ExampleObjective):
             multiple_choice=self.multiple_choice,
             prompt=self.prompt,
         )
+        if self.head_weight is not None:  # the head starts where the classes' descriptions point
+            import torch
+
+            with torch.no_grad():
+                model.classifier.weight.copy_(torch.from_numpy(self.head_weight))
+                model.classifier.bias.zero_()
+        return model
 
     def train_loader(self, micro: int, *, rank: int = 0, world: int = 1) -> BatchLoader:
         import torch

@@ -289,6 +289,11 @@ def test_the_label_words_prior_labels_with_the_teacher(minilm_dir: Path, real_gl
     assert prior["descriptions"] == {"0": "It was terrible .", "1": "It was great ."}
     assert prior["labelled_rows"] == 16 and 0.001 <= prior["temperature"] <= 100  # 4 + 4 training, 4 + 4 dev rows
     assert "labelled with the label words' prior ('It was terrible .' / 'It was great .'" in proc.stderr
+    # the teacher's and the student's heads start from the same descriptions, and say so
+    assert "finetune: the head starts from the classes' descriptions ('It was terrible .' / 'It was great .'" in (
+        proc.stderr
+    )
+    assert json.loads((out / "split-0" / "teacher" / "results.json").read_text())["head_init"]["used"]
     # its answers on the unlabelled rows, against their true labels: well above chance
     (cache,) = (out / "split-0" / "labels").glob("*/prior-*.npy")
     cos = np.load(cache, allow_pickle=False)

@@ -223,7 +223,7 @@ def _finetune(
     from cramkit.recipes.label_prior import head_init, head_init_line
 
     head = head_init(task, loaded, cfg, train_rows, max_length)
-    if head[0] is not None and progress and torchrun().is_main:
+    if head[0] is not None and torchrun().is_main:  # (like the step floor's line: said with or without bars)
         print(head_init_line(head[1]), file=sys.stderr)
     tests = encode_test_splits(task, tok, max_length, prompt)
     for other in predict_also:

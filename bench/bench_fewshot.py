@@ -67,6 +67,7 @@ def run_one(model: str, task_name: str, data_dir: str | None, method: str, args:
     from cramkit.recipes.finetune_config import config_from
     from cramkit.tasks.clue import is_fewclue
 
+    prior, head_init = getattr(args, "prior", "auto"), getattr(args, "head_init", "auto")  # gpu_day's own args
     settings = {
         "method": method,
         "batch_size": args.batch,
@@ -78,14 +79,14 @@ def run_one(model: str, task_name: str, data_dir: str | None, method: str, args:
         "max_length": args.max_length,
         "prefix_len": args.prefix_len,
         "max_eval_examples": getattr(args, "max_eval_examples", 0),  # 0: every dev row
-        "prior": args.prior,
-        "head_init": args.head_init,
+        "prior": prior,
+        "head_init": head_init,
     }
     task = bench_task(task_name, data_dir)
     fewclue = is_fewclue(task)
     splits = [str(i) for i in range(args.splits)]
     tag = task_name.replace("/", "-").replace(":", "-")
-    init = "" if (args.prior, args.head_init) == ("auto", "auto") else f"-{args.head_init}-{_slug(args.prior)}"
+    init = "" if (prior, head_init) == ("auto", "auto") else f"-{head_init}-{_slug(prior)}"
     work = Path(args.work) / f"{Path(model).name}-{tag}-{method}-k{args.k}-{args.steps}{init}"
     t0 = time.time()
     res = fewshot_run(task, model, config_from(settings), work, splits, k=None if fewclue else args.k, progress=False)
@@ -103,8 +104,8 @@ def run_one(model: str, task_name: str, data_dir: str | None, method: str, args:
         "sd": round(few["std"], 2),
         "trainable_parameters": res.get("trainable_parameters"),
         "seconds": round(time.time() - t0, 1),
-        "prior": args.prior,
-        "head_init": args.head_init,
+        "prior": prior,
+        "head_init": head_init,
         **zero_shot(few, splits),
         **({"auto": auto_splits(work, splits)} if method == "auto" else {}),
     }

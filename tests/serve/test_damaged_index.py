@@ -76,6 +76,25 @@ class Server:
         self.proc.wait(30)
 
 
+@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="counts threads through Linux's /proc")
+def test_no_thread_reads_the_lists_between_searches(on_disk):
+    """Faiss's search of on-disk lists starts threads that page the probed lists in and leaves them running
+    when it returns: one still reading when the file was cut killed the server (SIGBUS) past the size check
+    made before each search. Every search now joins them before it returns."""
+    import numpy as np
+
+    from cramkit.index.search import Index
+
+    index = Index(on_disk)
+    q = np.random.default_rng(0).standard_normal((2, index.manifest["dim"])).astype(np.float32)
+    q /= np.linalg.norm(q, axis=1, keepdims=True)
+    threads = len(list(Path("/proc/self/task").iterdir()))
+    for _ in range(3):
+        _, ids = index.search_vectors(q, 3)
+        assert (ids >= 0).all()
+        assert len(list(Path("/proc/self/task").iterdir())) == threads
+
+
 @pytest.mark.parametrize("victim", ["vectors.npy", "lists.ivfdata"])
 def test_a_file_cut_short_under_the_server_is_a_500_not_sigbus(on_disk, pretrained_run, tmp_path, victim):
     import httpx

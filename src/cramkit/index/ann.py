@@ -337,7 +337,23 @@ def search(
             _, cand = index.search(q, kk)
     finally:
         faiss.omp_set_num_threads(threads)
+        settle_prefetch(index)
     return rerank(vectors, q, check_ids(cand, len(vectors), where), k)
+
+
+def settle_prefetch(index: Any) -> None:
+    """Join the threads an on-disk index's search started to page its lists in (Faiss's ``prefetch_lists``:
+    up to 32, left running when the search returns). Joined here, no thread reads the mapped lists between
+    searches, so the size check before the next one (:class:`~cramkit.index.checks.MappedFiles`) is enough
+    to refuse a list file cut short (a prefetch thread still running when it was cut died of SIGBUS)."""
+    faiss = _faiss()
+    ivf = faiss.try_extract_index_ivf(index)
+    lists = faiss.downcast_InvertedLists(ivf.invlists) if ivf is not None else None
+    if isinstance(lists, faiss.OnDiskInvertedLists):
+        lists.prefetch_lists(faiss.swig_ptr(_NO_LISTS), 0)  # clears the queue, joins the threads, starts none
+
+
+_NO_LISTS = np.zeros(0, dtype=np.int64)
 
 
 def rerank(vectors: np.ndarray | Rows, q: np.ndarray, cand: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:

@@ -10,7 +10,8 @@ and :func:`check_ids` every id a search returns before it is used.
 A file that is memory-mapped and then cut short in place (a running server's files truncated under it) kills
 the process with SIGBUS on the next read of a page past the new end. The vectors are therefore never mapped:
 :class:`Rows` reads the rows it needs with ``pread`` (a short read is an error, not a signal); the files Faiss
-and the chunk table map are checked against their recorded sizes before each search (:class:`MappedFiles`).
+and the chunk table map are checked against their recorded sizes before each search (:class:`MappedFiles`), and
+no thread reads them between searches (Faiss's prefetch threads are joined before a search returns).
 """
 
 from __future__ import annotations

@@ -45,6 +45,43 @@ def test_the_untrained_head_answers_through_the_descriptions(minilm_dir: Path, r
     assert random is None and why == {"used": False, "why": "head_init random"}
 
 
+def test_label_names_that_name_something_become_descriptions() -> None:
+    from cramkit.recipes.label_prior import label_names
+
+    assert label_names(["negative", "positive"]) == {"negative": "negative", "positive": "positive"}
+    assert label_names(["not_spam", "spam"]) == {"not_spam": "not spam", "spam": "spam"}
+    assert label_names(["体育", "财经"]) == {"体育": "体育", "财经": "财经"}
+    for numbered in (["0", "1"], ["LABEL_0", "LABEL_1"], ["class 1", "class 2"], ["c1", "c2"], ["A", "B"], ["yes"]):
+        assert label_names(numbered) is None, numbered
+
+
+@pytest.mark.integration  # 15 s: the public model's embeddings of 32 training and 300 dev sentences
+def test_a_file_task_s_word_labels_start_the_head(minilm_dir: Path, real_glue_dir: Path, tmp_path: Path) -> None:
+    """A user's own file with no built-in prompt: its label names are the descriptions; numbered labels give none."""
+    import csv
+
+    from cramkit.load import load_torch
+    from cramkit.recipes.label_prior import head_init
+    from cramkit.tasks.resolve import resolve_task
+
+    with (real_glue_dir / "SST-2" / "train.tsv").open(encoding="utf-8") as fh:
+        rows = list(csv.DictReader(fh, delimiter="\t", quoting=csv.QUOTE_NONE))[:2000]
+    ours = [r for r in rows if len(r["sentence"].split()) >= 8]
+    train = [r for r in ours if r["label"] == "0"][:16] + [r for r in ours if r["label"] == "1"][:16]
+    loaded = load_torch(f"hf:{minilm_dir}", purpose="fine-tuning")
+    for words, used in ((("negative", "positive"), True), (("0", "1"), False)):
+        path = tmp_path / f"{words[0]}.tsv"
+        path.write_text("text\tlabel\n" + "".join(f"{r['sentence']}\t{words[int(r['label'])]}\n" for r in train))
+        task = resolve_task(train=path, dev=path, text_a="text")
+        weight, info = head_init(task, loaded, FinetuneConfig(max_length=64), task.examples("train"), 64)
+        assert (weight is not None) == used == info["used"], info
+        if used:
+            assert info["source"] == "the label names" and info["descriptions"] == {w: w for w in words}, info
+            assert info["labelled_accuracy"] > 0.5, info
+        else:
+            assert "no built-in label words" in info["why"], info
+
+
 def test_the_command_records_the_head_s_start(tiny_run: Path, real_glue_dir: Path, tmp_path: Path) -> None:
     fast = ["--few-shot", "4", "--splits", "1", "--set", "min_steps=4", "--set", "max_length=32", "--no-progress"]
     common = ["finetune", "--from", tiny_run, "--data-dir", real_glue_dir, *fast]

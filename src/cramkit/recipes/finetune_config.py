@@ -69,7 +69,8 @@ class FinetuneConfig(ExampleSettings):
     prompt: str = ""  # method=prompt: the template, e.g. '{text_a} It was [MASK] .' ('': the task's built-in)
     label_words: str = ""  # method=prompt: LABEL=WORD,... ('': the task's built-in)
     # the label words' prior (recipes/label_prior.py): a description of each class (auto: the task's built-in
-    # prompt filled with each label word; a pair task: the similarity of its texts), none, similarity, LABEL=TEXT,...
+    # prompt filled with each label word, else its label names where they are words; a pair task: the similarity
+    # of its texts), none, similarity, LABEL=TEXT,...
     prior: str = "auto"
     # method=head: auto starts the head from the prior's descriptions where there are some; random as initialised
     head_init: Literal["auto", "random"] = "auto"

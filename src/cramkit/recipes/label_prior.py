@@ -72,12 +72,16 @@ def prior_spec(task: Task, cfg: FinetuneConfig, pair: bool) -> tuple[PriorSpec |
     if setting == "auto":
         builtin = builtin_prompt(task.name)
         if builtin is None:
-            return None, f"task {task.name} has no built-in label words (give prior LABEL=TEXT,...)"
-        template, words = builtin
-        if "{text_b}" in template:
-            return None, f"task {task.name}'s prompt reads two texts; the label words' prior describes one"
-        out = {label: _fill(template, word) for label, word in words.items()}
-        source = "the built-in prompt"
+            named = label_names(names)
+            if named is None:
+                return None, f"task {task.name} has no built-in label words (give prior LABEL=TEXT,...)"
+            out, source = named, "the label names"
+        else:
+            template, words = builtin
+            if "{text_b}" in template:
+                return None, f"task {task.name}'s prompt reads two texts; the label words' prior describes one"
+            out = {label: _fill(template, word) for label, word in words.items()}
+            source = "the built-in prompt"
     else:
         if pair:
             raise CramkitError(
@@ -92,6 +96,23 @@ def prior_spec(task: Task, cfg: FinetuneConfig, pair: bool) -> tuple[PriorSpec |
             "LABEL=TEXT per label"
         )
     return PriorSpec(source, {label: out[label] for label in (names or sorted(out))}), ""
+
+
+_NUMBERED = re.compile(r"(label|class|cls|category|cat|c|l)?[\W_]*\d+", re.IGNORECASE)
+
+
+def label_names(names: list[str]) -> dict[str, str] | None:
+    """A task's own label names as its classes' descriptions (``positive``, ``not_spam`` -> "not spam", ``体育``),
+    or None where any of them names nothing (``0``, ``LABEL_1``, ``class 3``, ``A``): the head and the prior then start
+    from words the backbone reads. Where the names say nothing of the text (``early`` / ``late``), the check on the
+    training rows leaves them out."""
+    out = {}
+    for name in names:
+        text = " ".join(re.sub(r"[_\-]+", " ", name).split())
+        if not any(ch.isalpha() for ch in text) or _NUMBERED.fullmatch(text) or (len(text) == 1 and text.isascii()):
+            return None
+        out[name] = text
+    return out if len(out) >= 2 else None
 
 
 def _fill(template: str, word: str) -> str:

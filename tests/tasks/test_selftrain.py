@@ -75,6 +75,8 @@ def test_unlabelled_trains_a_student_on_every_split_and_writes_what_it_did(
         assert set(one["thresholds"]) == {"0", "1"} and all(0.5 <= v <= 1 for v in one["thresholds"].values())
         assert min(one["thresholds"].values()) <= one["expected_accuracy"]["kept"] <= 1
         assert f"the teacher expects {one['expected_accuracy']['kept']:.0%} of them right" in proc.stderr
+        if not one["prior"]["used"]:  # and why the teacher labelled alone (the prior is what pays: docs)
+            assert f"; no prior: {one['prior']['why']}" in proc.stderr, proc.stderr
         assert one["unlabelled_rows"] <= 300 and one["seconds"] > 0
         assert one["teacher"]["score"] is not None and one["student"]["score"] == split["score"]
         assert split["train_examples"] == 8 + one["kept_rows"]  # the labels and the kept rows

@@ -461,6 +461,8 @@ def line(res: dict[str, Any], label: str = "") -> str:
         )
         share = f"{prior['labelled_accuracy']:.0%} of the {prior['labelled_rows']} labelled rows right"
         right += f"; labelled with {kind}: {share})"
+    elif prior.get("why"):  # without one, unlabelled text gained nothing measurable (bench/RESULTS.md)
+        right += f"; no prior: {prior['why']}"
     return (
         f"{what}teacher {teacher:.2f} -> student {st['student']['score']:.2f} ({res.get('main_metric')}); "
         f"{st['kept_rows']:,} of {st['unlabelled_rows']:,} unlabelled rows kept ({dist}; confidence from "

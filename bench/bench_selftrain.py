@@ -29,10 +29,13 @@ from bench_fewshot import bench_task
 from bench_infer import machine
 
 
-def unlabelled_texts(task, n: int, start: int) -> list[tuple[str, str | None]]:
-    """``n`` of the task's training rows from row ``start`` (wrapping), their labels dropped."""
+def unlabelled_texts(task, n: int, start: int, min_words: int = 0) -> list[tuple[str, str | None]]:
+    """``n`` of the task's training rows from row ``start`` on (wrapping), their labels dropped; with ``min_words``
+    only rows whose first text has that many words (SST-2's training rows are mostly phrases of its sentences, the
+    text it is scored on whole sentences: unlabelled text of the kind a user scores)."""
     rows = task.examples(task.train_split)
-    picked = [rows[(start + i) % len(rows)] for i in range(min(n, len(rows)))]
+    order = [rows[(start + i) % len(rows)] for i in range(len(rows))]
+    picked = [e for e in order if len(e.text_a.split()) >= min_words][:n]
     return [(e.text_a, e.text_b) for e in picked]
 
 
@@ -58,7 +61,7 @@ def run_one(model: str, task_name: str, data_dir: str | None, args: argparse.Nam
         "head_init": args.head_init,
     }
     task = bench_task(task_name, data_dir)
-    rows = unlabelled_texts(task, args.unlabelled, args.from_row)
+    rows = unlabelled_texts(task, args.unlabelled, args.from_row, args.min_words)
     splits = [str(i) for i in range(args.splits)]
     tag = task_name.replace("/", "-").replace(":", "-")
     work = Path(args.work) / f"{Path(model).name}-{tag}-k{args.k}-{args.steps}-u{args.unlabelled}-{args.tag}"
@@ -74,6 +77,7 @@ def run_one(model: str, task_name: str, data_dir: str | None, args: argparse.Nam
         "steps": args.steps,
         "unlabelled": len(rows),
         "tag": args.tag,
+        "min_words": args.min_words,
         "settings": {k: v for k, v in settings.items() if k.startswith(("self_train", "prior", "head_init"))},
         "teacher": [round(x, 2) for x in st["teacher"]["scores"]],
         "student": [round(x, 2) for x in st["student"]["scores"]],
@@ -102,6 +106,7 @@ def main() -> None:
     ap.add_argument("--max-length", type=int, default=64)
     ap.add_argument("--unlabelled", type=int, default=4000, help="unlabelled training rows given to every split")
     ap.add_argument("--from-row", type=int, default=20000, help="the first training row taken as unlabelled")
+    ap.add_argument("--min-words", type=int, default=0, help="unlabelled rows of at least this many words only")
     ap.add_argument("--student-epochs", type=float, default=2.0)
     ap.add_argument("--fraction", type=float, default=0.5)
     ap.add_argument("--mask", type=float, default=0.0)

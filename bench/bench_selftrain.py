@@ -80,12 +80,18 @@ def run_one(model: str, task_name: str, data_dir: str | None, args: argparse.Nam
         "min_words": args.min_words,
         "settings": {k: v for k, v in settings.items() if k.startswith(("self_train", "prior", "head_init"))},
         "teacher": [round(x, 2) for x in st["teacher"]["scores"]],
-        "student": [round(x, 2) for x in st["student"]["scores"]],
+        # each split's own student (the teacher's score where it collapsed), and the model the run kept
+        "student": [
+            round((per[s]["self_training"]["student"] or per[s]["self_training"]["teacher"])["score"], 2)
+            for s in splits
+        ],
+        "result": [round(x, 2) for x in st["student"]["scores"]],
         "teacher_mean": round(st["teacher"]["mean"], 2),
         "teacher_sd": round(st["teacher"]["std"], 2),
         "student_mean": round(st["student"]["mean"], 2),
         "student_sd": round(st["student"]["std"], 2),
         "collapsed": st["collapsed"],
+        "teacher_kept": st.get("teacher_kept", []),
         "kept": [per[s]["self_training"]["kept_rows"] for s in splits],
         "seconds_per_split": [per[s]["self_training"]["seconds"] for s in splits],
         "labelling_seconds": [per[s]["self_training"]["rounds"][0]["labelling_seconds"] for s in splits],
@@ -134,7 +140,7 @@ def main() -> None:
                 f.write(json.dumps(done[key]) + "\n")
         rows.append(done[key])
     print(f"{machine()}; K={args.k} per class, {args.splits} splits, teacher {args.steps} steps of batch {args.batch}")
-    print("| task | unlabelled | head (teacher) | self-trained (student) | kept rows | s per split (median) |")
+    print("| task | unlabelled | head (teacher) | self-trained (the model kept) | kept rows | s per split (median) |")
     print("|---|---:|---|---|---:|---:|")
     for r in rows:
         print(

@@ -78,10 +78,17 @@ def test_unlabelled_trains_a_student_on_every_split_and_writes_what_it_did(
         if not one["prior"]["used"]:  # and why the teacher labelled alone (the prior is what pays: docs)
             assert f"; no prior: {one['prior']['why']}" in proc.stderr, proc.stderr
         assert one["unlabelled_rows"] <= 300 and one["seconds"] > 0
-        assert one["teacher"]["score"] is not None and one["student"]["score"] == split["score"]
-        assert split["train_examples"] == 8 + one["kept_rows"]  # the labels and the kept rows
-        assert (out / f"split-{key}" / "model.safetensors").is_file()  # the student, loadable
-        assert (out / f"split-{key}" / "teacher" / "model.safetensors").is_file()
+        # the model kept: the student only when it scores above the teacher on the dev rows that pick checkpoints
+        sel = "fewshot_dev"
+        assert one["kept"] == ("student" if one["student"][sel] > one["teacher"][sel] else "teacher")
+        assert split["score"] == one[one["kept"]]["score"] and one["model"] == str(out / f"split-{key}")
+        if one["kept"] == "teacher":
+            assert f"the teacher is kept ({one['kept_why']})" in proc.stderr
+        student = json.loads((out / f"split-{key}" / "student" / "results.json").read_text())
+        assert student["train_examples"] == 8 + one["kept_rows"]  # the labels and the kept rows
+        kept = out / f"split-{key}" / ("student" if one["kept"] == "student" else "teacher")
+        saved = out / f"split-{key}" / "model.safetensors"  # the model kept, loadable from OUT
+        assert saved.read_bytes() == (kept / "model.safetensors").read_bytes()
         assert list((out / f"split-{key}" / "labels").glob("*/teacher-*.npy"))  # the labels, committed
     assert len(st["collapsed"]) < 2  # at least one student trained and checked above (split 0 here)
     # the same command again: nothing is trained or labelled again
@@ -131,8 +138,28 @@ def test_a_teacher_that_answers_one_class_is_caught_and_not_trained_on(
     lines = [x for x in proc.stderr.splitlines() if "self-training split 0" in x]
     assert len(lines) == 1 and "no student is trained on it; the result is the teacher's" in lines[0]
     assert "the teacher answers" in lines[0] or "keeps no row of the 120 unlabelled rows" in lines[0]
-    assert not (out / "split-0" / "model.safetensors").exists()  # no student was trained
+    assert not (out / "split-0" / "student").exists() and one["kept"] == "teacher"  # no student was trained
+    teacher = (out / "split-0" / "teacher" / "model.safetensors").read_bytes()
+    assert (out / "split-0" / "model.safetensors").read_bytes() == teacher  # OUT holds the teacher, loadable
     assert "collapsed (the teacher's result kept) on split(s) 0" in proc.stdout
+
+
+def test_the_student_replaces_the_teacher_only_when_it_scores_higher_on_the_selection_dev() -> None:
+    from types import SimpleNamespace
+
+    few = SimpleNamespace(selection_splits=["fewshot_dev"], dev_splits=["fewshot_dev", "dev"])
+
+    def res(sel: float, dev: float) -> dict:
+        return {"median": {"fewshot_dev": {"score": sel}, "dev": {"score": dev}}, "score": dev}
+
+    teacher = res(84.375, 87.0)
+    assert selftrain.kept_model(few, teacher, res(96.875, 85.6))[0] == "student"
+    kept, why = selftrain.kept_model(few, teacher, res(84.375, 83.8))  # a tie: the student did not beat it
+    assert kept == "teacher" and why == "the student scores 84.38 on fewshot_dev, not above the teacher's 84.38"
+    assert selftrain.kept_model(few, teacher, res(80.0, 90.0))[0] == "teacher"  # its dev score is not looked at
+    assert selftrain.kept_model(few, teacher, None) == ("teacher", "no student was trained")
+    nodev = SimpleNamespace(selection_splits=[], dev_splits=[])
+    assert selftrain.kept_model(nodev, teacher, res(1.0, 1.0))[0] == "student"  # nothing to tell them apart by
 
 
 def test_select_catches_one_class_and_keeps_the_classes_balanced() -> None:
@@ -261,9 +288,10 @@ def test_one_task_from_files_through_the_command(tiny_run: Path, real_glue_dir: 
     assert proc.returncode == 0, proc.stderr
     st = json.loads((out / "results.json").read_text())["self_training"]
     assert st["unlabelled_rows"] == 150 and proc.stderr.count("cramkit: self-training: ") == 1
-    model = Path(st["model"])  # the student (OUT), or the teacher's when it collapsed: the line names the one kept
-    assert (model / "model.safetensors").is_file() and f"saved in {model}" in proc.stdout
-    assert model == (out / "teacher" if st["collapsed"] else out)
+    model = Path(st["model"])  # OUT holds the model kept, the student or the teacher, whichever scores higher on dev
+    assert model == out and (model / "model.safetensors").is_file() and f"saved in {model}" in proc.stdout
+    kept = (out / st["kept"] / "model.safetensors").read_bytes()
+    assert (out / "model.safetensors").read_bytes() == kept
 
 
 class _Marker:

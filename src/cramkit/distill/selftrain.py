@@ -16,7 +16,13 @@ labels the unlabelled ones, a student of the same backbone learns from the label
    (the teacher's calibrated probabilities; KL as distillation's), dropout on and, with ``self_train_mask``, words
    of the pseudo-labelled rows masked; ``self_train_rounds`` R > 1: the student labels again for the next one.
 
-OUT holds the last student (``cramkit.load(OUT)``); results.json adds ``self_training``: the pseudo-labels'
+5. The model kept: the student (OUT/student) replaces the teacher only when it scores higher on the dev rows
+   that pick checkpoints (it has more evaluations there than the teacher: a tie means it did not beat it); else,
+   and when the teacher collapsed, the teacher is kept. On the topic task abc the student ended under a head that
+   starts from good descriptions on 2 of 3 splits, each time level with it on those rows (bench/RESULTS.md).
+
+OUT holds the model kept (``cramkit.load(OUT)``, saved from OUT/student or OUT/teacher, so a resumed run copies
+from a finished model); results.json adds ``self_training``: which was kept and why, the pseudo-labels'
 distribution, the thresholds, the rows kept, the teacher's and the student's dev scores and the wall time.
 """
 
@@ -392,18 +398,23 @@ def self_train(
         if sel["collapsed"]:  # not trained on: the result stays the teacher's
             break
         view, targets = student_task(task, rows, probs, keep, cfg)
-        where = out if r == cfg.self_train_rounds else out / f"round-{r}"
+        where = out / ("student" if r == cfg.self_train_rounds else f"round-{r}")
         res = finetune(view, loaded, student_config(cfg), where, progress=progress, targets=targets)
         one["student_dev"] = _scores(res)
         teacher_dirs = [where]
-    final = dict(res)
     collapsed = report["rounds"][-1]["collapsed"]
     first = report["rounds"][0]
+    trained = not (collapsed and len(report["rounds"]) == 1)
+    kept, why = kept_model(task, teacher_res, res if trained else None)
+    final = dict(teacher_res if kept == "teacher" else res)
+    load_torch(teachers[0][0] if kept == "teacher" else teacher_dirs[0], purpose="self-training").save(out)
     report.update(
         collapsed=collapsed,
-        model=str(teacher_dirs[0]) if collapsed else str(out),
+        kept=kept,
+        kept_why=why,
+        model=str(out),
         teacher=_scores(teacher_res),
-        student=None if collapsed and len(report["rounds"]) == 1 else _scores(res),
+        student=_scores(res) if trained else None,
         distribution=report["rounds"][-1].get("kept", {}),
         thresholds=report["rounds"][-1].get("thresholds", {}),
         kept_rows=report["rounds"][-1].get("kept_rows", 0),
@@ -416,6 +427,22 @@ def self_train(
     write_json_atomic(out / "results.json", final)
     print(line(final, label), file=sys.stderr)
     return final
+
+
+def kept_model(task: Task, teacher: dict[str, Any], student: dict[str, Any] | None) -> tuple[str, str]:
+    """Which model a self-training keeps, ``"student"`` or ``"teacher"``, and why: the student only when it scores
+    higher than the teacher on the dev split that picks checkpoints (the student, trained for more steps, is
+    evaluated there more often, so a tie means it did not beat the teacher); the student when there is no such
+    split to tell them apart."""
+    if student is None:
+        return "teacher", "no student was trained"
+    split = task.selection_splits[0] if task.dev_splits else None
+    s, t = (_scores(student).get(split), _scores(teacher).get(split)) if split else (None, None)
+    if s is None or t is None:
+        return "student", "no dev rows pick checkpoints to compare it with the teacher"
+    if s > t:
+        return "student", f"{s:.2f} against the teacher's {t:.2f} on {split}"
+    return "teacher", f"the student scores {s:.2f} on {split}, not above the teacher's {t:.2f}"
 
 
 def _own(cfg: FinetuneConfig) -> dict[str, Any]:
@@ -448,6 +475,7 @@ def line(res: dict[str, Any], label: str = "") -> str:
             f"{what}{st['collapsed']}: no student is trained on it; the result is the teacher's, {teacher:.2f} "
             f"({res.get('main_metric')}, model in {st['model']}); {st['seconds']:.0f}s"
         )
+    kept = f"; the teacher is kept ({st['kept_why']})" if st.get("kept") == "teacher" else ""
     dist = ", ".join(f"{k} {v:,}" for k, v in st["distribution"].items())
     cuts = ", ".join(f"{k} {v:.2f}" for k, v in st["thresholds"].items())
     expected = (st.get("expected_accuracy") or {}).get("kept")
@@ -466,7 +494,7 @@ def line(res: dict[str, Any], label: str = "") -> str:
     return (
         f"{what}teacher {teacher:.2f} -> student {st['student']['score']:.2f} ({res.get('main_metric')}); "
         f"{st['kept_rows']:,} of {st['unlabelled_rows']:,} unlabelled rows kept ({dist}; confidence from "
-        f"{cuts}{right}); {st['seconds']:.0f}s"
+        f"{cuts}{right}){kept}; {st['seconds']:.0f}s"
     )
 
 
@@ -489,6 +517,7 @@ def summary(per_split: dict[str, dict[str, Any]]) -> dict[str, Any] | None:
         "teacher": spread([r["teacher"]["score"] for r in runs.values()]),
         "student": spread([per_split[k]["score"] for k in runs]),
         "collapsed": [k for k, r in runs.items() if r["collapsed"]],
+        "teacher_kept": [k for k, r in runs.items() if r.get("kept") == "teacher" and not r["collapsed"]],
         "seconds_per_split": {k: r["seconds"] for k, r in runs.items()},
     }
 
@@ -500,6 +529,8 @@ def fewshot_line(res: dict[str, Any]) -> str:
     collapsed = f"; collapsed (the teacher's result kept) on split(s) {', '.join(st['collapsed'])}" * bool(
         st["collapsed"]
     )
+    if st.get("teacher_kept"):
+        collapsed += f"; the student not above the teacher on split(s) {', '.join(st['teacher_kept'])}: teacher kept"
     per = sorted(st["seconds_per_split"].values())
     return (
         f"self-training: teacher {t['mean']:.2f} ± {t['std']:.2f} -> student {s['mean']:.2f} ± {s['std']:.2f} "

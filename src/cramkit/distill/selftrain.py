@@ -19,7 +19,7 @@ labels the unlabelled ones, a student of the same backbone learns from the label
 5. The model kept: the student (OUT/student) replaces the teacher only when it scores higher on the dev rows
    that pick checkpoints (it has more evaluations there than the teacher: a tie means it did not beat it); else,
    and when the teacher collapsed, the teacher is kept. On the topic task abc the student ended under a head that
-   starts from good descriptions on 2 of 3 splits, each time level with it on those rows (bench/RESULTS.md).
+   starts from good descriptions on 3 of 5 splits, twice level with it on those rows (bench/RESULTS.md).
 
 OUT holds the model kept (``cramkit.load(OUT)``, saved from OUT/student or OUT/teacher, so a resumed run copies
 from a finished model); results.json adds ``self_training``: which was kept and why, the pseudo-labels'

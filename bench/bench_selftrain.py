@@ -11,6 +11,10 @@ and the wall time per split (teacher, labelling, student).
 
     python bench/bench_selftrain.py --model hf:MINILM --tasks glue/sst2 --unlabelled 4000
     python bench/bench_selftrain.py --model hf:MINILM --tasks files:tasks/abc --unlabelled 2000 --text-column text
+    python bench/bench_selftrain.py --model hf:MINILM --tasks glue/sst2 --unlabelled 8000 --min-words 8 --rounds 2
+
+A row records each split's own student (``student``) and the model the run kept (``result``: the student, or the
+teacher where the student did not score above it on the drawn dev rows; ``teacher_kept`` names those splits).
 
 Each result is appended to ``--out`` (JSON lines) when known, and the split runs resume (a killed bench continues).
 """

@@ -19,8 +19,16 @@ PACKAGE = SRC / "cramkit"
 # lowest first; a module belongs to the longest prefix listed
 LAYERS: list[tuple[str, ...]] = [
     # the ground: errors, files, settings, where and how a process computes (runtime; doctor: the machine's
-    # measured ceilings, which the engine's progress line reads), metadata numbers checked
-    ("cramkit.errors", "cramkit.io", "cramkit.config", "cramkit.runtime", "cramkit.doctor", "cramkit.meta"),
+    # measured ceilings, which the engine's progress line reads), metadata numbers checked, progress shown
+    (
+        "cramkit.errors",
+        "cramkit.io",
+        "cramkit.config",
+        "cramkit.runtime",
+        "cramkit.doctor",
+        "cramkit.meta",
+        "cramkit.progress",
+    ),
     ("cramkit.text",),
     ("cramkit.data", "cramkit.tasks"),
     ("cramkit.model",),

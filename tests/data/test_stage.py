@@ -167,8 +167,8 @@ def test_kill_9_during_staging_then_rerun_trains_correctly(stores, reference, tm
         import sys, time
         import cramkit.data.stage as st
         st.BLOCK = 4096
-        update = st._Progress.update
-        st._Progress.update = lambda self, n: (update(self, n), time.sleep(0.02))
+        update = st.Progress.update
+        st.Progress.update = lambda self, n: (update(self, n), time.sleep(0.02))
         from cramkit.cli import main
         sys.exit(main({pretrain_args(one, tmp_path / "killed", "data.stage=local", f"data.stage_dir={cache}")!r}))
         """

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import math
 import signal
 from pathlib import Path
 
 import pytest
 import torch
 
-from cramkit.train.budget import format_seconds
+from cramkit.progress import format_seconds
 from cramkit.train.config import TrainConfig
 from cramkit.train.distributed import ParallelConfig
 from cramkit.train.objectives import Objective
@@ -139,13 +140,19 @@ def test_a_ctrl_c_during_the_final_evaluation_still_stops(tmp_path: Path) -> Non
     assert trainer.run().step == 4
 
 
-def test_time_left_follows_the_recent_rate_not_the_slow_first_steps() -> None:
+def test_time_left_follows_the_averaged_rate_not_the_slow_first_steps_or_one_slow_step() -> None:
     """A first step that took 10 s (allocation, compilation), then 1 s per 10% of the budget: ~8 s are left, not
-    the ~44 s the rate since the start would say."""
+    the ~44 s the rate since the start would say; then one step ten times slower moves it by seconds, not to the
+    70 s its own rate would say."""
+    from cramkit.progress import Pace
     from cramkit.train.budget import parse_budget
     from cramkit.train.trainer import _time_left
 
     steps = parse_budget("100steps")
-    assert _time_left(steps, 0.1, 10.0) == "~" + format_seconds(90.0)  # no earlier line: the rate since the start
-    assert _time_left(steps, 0.2, 11.0, (0.1, 10.0)) == "~" + format_seconds(8.0)
-    assert _time_left(parse_budget("60s"), 0.5, 30.0, (0.4, 24.0)) == format_seconds(30.0)  # a time budget: exact
+    assert _time_left(steps, 0.1, 10.0) == "~" + format_seconds(90.0)  # no pace yet: the rate since the start
+    pace = Pace(window=30.0)
+    assert _time_left(steps, 0.1, 10.0, pace) == "~" + format_seconds(90.0)  # the first line starts the pace
+    assert _time_left(steps, 0.2, 11.0, pace) == "~" + format_seconds(8.0)
+    slow = _time_left(steps, 0.3, 21.0, pace)  # 10 s for 10%: 0.1/s averaged with 0.01/s over a 30 s window
+    assert slow == "~" + format_seconds(0.7 / (0.1 + (1 - math.exp(-10 / 30)) * (0.01 - 0.1)))
+    assert _time_left(parse_budget("60s"), 0.5, 30.0, pace) == format_seconds(30.0)  # a time budget: exact

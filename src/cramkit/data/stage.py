@@ -37,6 +37,7 @@ import numpy as np
 from cramkit.data.tokenstore import TokenStore
 from cramkit.errors import CramkitError
 from cramkit.io import json_loads
+from cramkit.progress import Progress
 from cramkit.runtime import resolve_device, torchrun
 
 BLOCK = 16 << 20  # bytes per read from the shared file system
@@ -65,37 +66,6 @@ def _gb(n: float) -> str:
         if n >= scale:
             return f"{n / scale:,.2f} {unit}"
     return f"{n / 1e3:,.1f} kB"
-
-
-class _Progress:
-    """Bytes copied: tqdm in a terminal (rate and ETA), a line every 10 s otherwise."""
-
-    def __init__(self, desc: str, total: int) -> None:
-        self.desc, self.total, self.done = desc, total, 0
-        self.t0 = self.last = time.perf_counter()
-        self.bar = None
-        if sys.stderr.isatty():
-            from tqdm.auto import tqdm
-
-            self.bar = tqdm(total=total, desc=desc, unit="B", unit_scale=True, dynamic_ncols=True)
-
-    def update(self, n: int) -> None:
-        self.done += n
-        if self.bar is not None:
-            self.bar.update(n)
-        elif time.perf_counter() - self.last > 10:
-            self.last = time.perf_counter()
-            rate = self.done / (self.last - self.t0)
-            print(
-                f"{self.desc}: {_gb(self.done)} of {_gb(self.total)} ({100 * self.done / max(self.total, 1):.1f}%) "
-                f"{rate / 1e6:,.1f} MB/s, ETA {(self.total - self.done) / max(rate, 1):,.0f}s",
-                file=sys.stderr,
-                flush=True,
-            )
-
-    def close(self) -> None:
-        if self.bar is not None:
-            self.bar.close()
 
 
 def _not_writable(where: Path, exc: OSError) -> CramkitError:
@@ -169,7 +139,7 @@ def _fresh(rec: dict | None, src: os.stat_result, copy: Path, want: str | None) 
     )
 
 
-def _copy(src: Path, tmp: Path, progress: _Progress) -> str:
+def _copy(src: Path, tmp: Path, progress: Progress) -> str:
     """Copy ``src`` to ``tmp`` in large blocks, flushed to disk; the sha256 of what was read."""
     sha = hashlib.sha256()
     buf = bytearray(BLOCK)
@@ -270,7 +240,7 @@ def _stage_files(
                     )
                 stale.unlink()
         _make_room(root, folder, need, max_size)
-        progress = _Progress(f"staging {source.name}", need)
+        progress = Progress(f"staging {source.name}", need, unit="B")
         t0 = time.perf_counter()
         try:
             for f in todo:

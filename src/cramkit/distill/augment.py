@@ -339,7 +339,7 @@ def _pos_tags(
 ) -> tuple[list[list[str]], list[list[str] | None], PosTable | None]:
     """The POS tags of the words of every text a and b (tagged by ``pool``'s processes, or in this one without
     a pool) and the per-tag unigram table drawn from; without ``p_pos`` empty tags and no table."""
-    from tqdm import tqdm
+    from cramkit.progress import Progress
 
     n = len(wa)
     ta: list[list[str]] = [[""] * len(w) for w in wa]
@@ -349,7 +349,7 @@ def _pos_tags(
     sents = wa + [w for w in wb if w is not None]
     tags: list[list[str]] = []
     size = 512
-    with tqdm(total=len(sents), desc="POS tagging", unit="sent", disable=not progress) as bar:
+    with Progress("POS tagging", len(sents), unit="sentences", enabled="auto" if progress else False) as bar:
         parts = [c for _, c in _chunks(sents, size)]
         for got in pool.imap(_tag_chunk, parts) if pool else map(_tag_chunk, parts):
             tags.extend(got)
@@ -377,9 +377,8 @@ def _write_rows(
     the ``per`` edited copies of each of the ``rows`` (made by ``pool``'s processes, or in this one without a
     pool) as they come, in example order, then the unlabelled texts; a row already written is not written
     again. Returns the counts of what was written and dropped."""
-    from tqdm import tqdm
-
     from cramkit.io import clean_stale
+    from cramkit.progress import Progress
 
     out.mkdir(parents=True, exist_ok=True)
     clean_stale(out / ROWS)
@@ -401,7 +400,7 @@ def _write_rows(
 
             for a, bb, label in originals:  # an original repeated in the training set is kept once
                 n_orig += put(a, bb, label, True)
-            with tqdm(total=len(rows) * per, desc="augmenting", unit="ex", disable=not progress) as bar:
+            with Progress("augmenting", len(rows) * per, unit="rows", enabled="auto" if progress else False) as bar:
                 jobs = _chunks(rows, 64)
                 for got in pool.imap(_augment_chunk, jobs) if pool else map(_augment_chunk, jobs):
                     for mine in got:

@@ -114,10 +114,10 @@ def prior_probs(
         except (ValueError, OSError) as exc:  # a damaged or crafted file (an object array would need pickle)
             raise CramkitError(f"{cache} is not a float32 .npy array ({exc}); delete it to recompute") from None
     else:
-        from tqdm import tqdm
+        from cramkit.progress import Progress
 
         parts = []
-        bar = tqdm(total=len(rows), desc="prior", unit="row", disable=not progress, leave=False)
+        bar = Progress("prior", len(rows), unit="rows", enabled="auto" if progress else False, leave=False)
         for i in range(0, len(rows), 512):
             parts.append(_raw(engine, anchors, rows[i : i + 512]))
             bar.update(len(rows[i : i + 512]))

@@ -61,9 +61,8 @@ def teacher_logits(
     resumed) there. Returns the read-only memmap and what was done (rows computed, seconds)."""
     import time
 
-    from tqdm import tqdm
-
     from cramkit.infer.engine import Engine
+    from cramkit.progress import Progress
 
     root = Path(root)
     key = teacher_key(teacher, max_length)
@@ -94,7 +93,7 @@ def teacher_logits(
         write_json_atomic(state_path, {"done": 0, "rows": n})
     engine = Engine(teacher, device=device, max_length=max_length)
     t0 = time.perf_counter()
-    with tqdm(total=n, initial=start, desc="teacher logits", unit="ex", disable=not progress) as bar:
+    with Progress("teacher logits", n, unit="rows", initial=start, enabled="auto" if progress else False) as bar:
         for s in range(start, n, chunk):
             e = min(n, s + chunk)
             batch = [a if b is None else (a, b) for a, b in zip(inputs_a[s:e], inputs_b[s:e], strict=True)]

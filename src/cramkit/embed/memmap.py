@@ -22,10 +22,10 @@ from typing import Any
 
 import numpy as np
 
-from cramkit.embed.progress import ProgressBar
 from cramkit.errors import CramkitError
 from cramkit.io import json_loads, open_memmap, write_json_atomic
 from cramkit.meta import meta_int
+from cramkit.progress import Progress
 
 DONE_FILE = "embed.json"
 
@@ -138,7 +138,7 @@ def embed_to_memmap(
         raise CramkitError(f"{out / 'embeddings.npy'} has shape {mm.shape}, expected {(n, dim)}; remove {out}")
     t0 = time.perf_counter()
     resumed = committed
-    bar = ProgressBar(progress if rank == 0 else False, desc, end - start, committed)
+    bar = Progress(desc, end - start, unit="texts", initial=committed, enabled=progress if rank == 0 else False)
     pos = start + committed
     truncated = 0
     try:  # the bar's line is ended whatever happens: an error is printed on a line of its own
@@ -152,7 +152,7 @@ def embed_to_memmap(
             mm.flush()
             pos = b
             write_json_atomic(prog_file, {"start": start, "end": end, "committed": pos - start})
-            bar.update(pos - start, pos - start - resumed, time.perf_counter() - t0)
+            bar.to(pos - start)
     finally:
         bar.close()
     del mm

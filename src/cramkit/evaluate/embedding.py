@@ -4,14 +4,13 @@ embedded in blocks (with progress), and what the results record of it."""
 from __future__ import annotations
 
 import os
-import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from cramkit.embed.progress import ProgressBar
 from cramkit.errors import CramkitError
+from cramkit.progress import Progress
 
 if TYPE_CHECKING:
     from cramkit.infer.engine import Engine
@@ -59,8 +58,7 @@ def embed_texts(
     n = len(texts)
     out: np.ndarray | None = None
     truncated = 0
-    bar = ProgressBar("auto" if progress else False, desc, n, 0)
-    t0 = time.perf_counter()
+    bar = Progress(desc, n, unit="texts", enabled="auto" if progress else False)
     try:
         for a in range(0, n, EMBED_BLOCK):
             vec, cut = engine.embed_truncated(
@@ -74,7 +72,7 @@ def embed_texts(
                 out = np.zeros((n, vec.shape[1]), dtype=np.float32)
             out[a : a + len(vec)] = vec
             truncated += int(cut.sum())
-            bar.update(min(a + EMBED_BLOCK, n), min(a + EMBED_BLOCK, n), time.perf_counter() - t0)
+            bar.to(min(a + EMBED_BLOCK, n))
     finally:
         bar.close()
     if out is None:

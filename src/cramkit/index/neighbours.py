@@ -21,6 +21,7 @@ from cramkit.index.ondisk import peak_rss_mb
 from cramkit.index.search import Index
 from cramkit.io import check_out, dir_lock, open_memmap, read_json_object, write_json_atomic
 from cramkit.meta import meta_int
+from cramkit.progress import Progress
 
 
 def _log(msg: str) -> None:
@@ -216,23 +217,18 @@ def _fill_neighbours(
     n = len(result)
     if start >= n:  # every row committed already (a run killed before its final rename)
         return dropped
-    t0 = time.perf_counter()
     step = max(1, int(block))
     starts = sorted({*range(start, n, step), *(b for b in bounds if start < b < n)})
-    last_log = 0.0
+    bar = Progress("neighbours", n, unit="chunks", initial=start)
     for a, stop in zip(starts, [*starts[1:], n], strict=True):
         rows, leaks = _neighbours_of(idx, np.ascontiguousarray(q[a:stop]), q_hash[a:stop], cand_hash, k)
         dropped += leaks
         result[a:stop] = rows
         result.flush()
         commit(stop, dropped)
-        now = time.perf_counter()
-        if now - last_log >= 2.0 or stop == n:
-            last_log = now
-            rate = (stop - start) / max(now - t0, 1e-9)
-            shard_no = int(np.searchsorted(bounds, stop - 1, side="right"))
-            where = f" (store shard {shard_no + 1}/{len(bounds) + 1})" if bounds else ""
-            _log(f"neighbours: {stop}/{n} chunks{where}, {rate:,.0f} chunks/s, ETA {(n - stop) / max(rate, 1e-9):.0f}s")
+        shard_no = int(np.searchsorted(bounds, stop - 1, side="right"))
+        bar.to(stop, {"store_shard": f"{shard_no + 1}/{len(bounds) + 1}"} if bounds else None)
+    bar.close()
     return dropped
 
 

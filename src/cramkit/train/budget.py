@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from cramkit.errors import CramkitError
+from cramkit.progress import format_seconds
 
 _FORMS = "'30s', '5m', '24h', '2d' (time), '2e9tok' (tokens) or '1000steps' (optimizer steps)"
 _TIME_UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
@@ -89,12 +90,3 @@ def parse_every(text: str | int, where: str) -> Every:
     if unit in _TIME_UNITS:
         return Every("time", value * _TIME_UNITS[unit])
     return Every("steps", value)
-
-
-def format_seconds(seconds: float) -> str:
-    seconds = max(0.0, seconds)
-    if seconds < 60:
-        return f"{seconds:.0f}s"
-    if seconds < 3600:
-        return f"{int(seconds // 60)}m{int(seconds % 60):02d}s"
-    return f"{int(seconds // 3600)}h{int(seconds % 3600 // 60):02d}m"

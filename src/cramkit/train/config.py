@@ -81,7 +81,7 @@ class TrainConfig:
     eval_batches: int = 32  # micro-batches of held-out data per evaluation
     log_every: int = 10  # optimizer steps between lines in metrics.jsonl
     max_nan_steps: int = 5  # stop after this many non-finite losses in a row
-    progress: bool | str = "auto"  # tqdm progress bar; auto: when stderr is a terminal
+    progress: bool | str = "auto"  # auto: a bar in a terminal, a line every 10 s in a log; true: a bar; false: none
     threads: int = 0  # torch CPU threads (0 = PyTorch's default)
     # pretrain --from a model without an MLM head: the fresh head learns at this multiple of train.lr (the
     # encoder at train.lr), so that it catches up before its random gradients move the encoder far

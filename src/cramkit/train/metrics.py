@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import math
-import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -152,43 +151,3 @@ def plot_losses(
     plt.close(fig)
     tmp.replace(out)
     return out
-
-
-class Progress:
-    """A tqdm bar over the budget (percent spent) when stderr is a terminal; plain lines otherwise."""
-
-    def __init__(self, enabled: bool | str, desc: str, initial: float = 0.0) -> None:
-        use_bar = sys.stderr.isatty() if enabled == "auto" else bool(enabled)
-        self.bar = None
-        self.lines = enabled == "auto" and not use_bar
-        if use_bar:
-            from tqdm.auto import tqdm
-
-            self.bar = tqdm(
-                total=100.0,
-                initial=round(initial * 100, 1),
-                desc=desc,
-                unit="%",
-                bar_format="{desc} {percentage:3.0f}%|{bar}| {postfix}",
-                dynamic_ncols=True,
-            )
-
-    def update(self, fraction: float, fields: dict[str, str]) -> None:
-        if self.bar is not None:
-            self.bar.n = round(fraction * 100, 1)
-            self.bar.set_postfix_str(" ".join(f"{k}={v}" for k, v in fields.items()), refresh=True)
-        elif self.lines:
-            print(
-                f"[{fraction * 100:5.1f}%] " + " ".join(f"{k}={v}" for k, v in fields.items()),
-                file=sys.stderr,
-            )
-
-    def note(self, text: str) -> None:
-        if self.bar is not None:
-            self.bar.write(text, file=sys.stderr)
-        else:
-            print(text, file=sys.stderr)
-
-    def close(self) -> None:
-        if self.bar is not None:
-            self.bar.close()

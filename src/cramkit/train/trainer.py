@@ -42,11 +42,12 @@ import torch
 
 from cramkit import runtime
 from cramkit.errors import CramkitError
+from cramkit.progress import Pace, Progress, format_seconds
 from cramkit.train import checkpoint as ckpt
 from cramkit.train import distributed, parallel
-from cramkit.train.budget import format_seconds, parse_budget, parse_every
+from cramkit.train.budget import parse_budget, parse_every
 from cramkit.train.config import RunConfig, TrainConfig
-from cramkit.train.metrics import MetricsLog, Progress, peak_flops, plot_losses
+from cramkit.train.metrics import MetricsLog, peak_flops, plot_losses
 from cramkit.train.objectives import MLMObjective, Objective, TrainData
 from cramkit.train.optim import build_optimizer, reuse_embedding_grads
 from cramkit.train.pipeline import Pipeline
@@ -274,10 +275,10 @@ class Trainer:
 
             self._peak = cpu_ceiling(self.precision, torch.get_num_threads())
         self._window: list[float] = []
-        self._eta_mark: tuple[float, float] | None = None  # (budget fraction, elapsed) at the last log line
+        self._pace = Pace()  # the budget spent per second, behind the time left
         self._unsettled: list[dict[str, Any]] = []  # steps whose device values the host has not read yet
         self._window_tokens, self._window_time = 0, 0.0
-        self._bar = Progress(False, objective.title)  # notes only; run() shows the bar
+        self._bar = Progress(objective.title, 100.0, enabled=False)  # notes only; run() shows the bar
 
     # ------------------------------------------------------------ resume
 
@@ -485,7 +486,7 @@ class Trainer:
 
     # ------------------------------------------------------------ progress
 
-    def _log_step(self, facts: dict[str, Any]) -> None:
+    def _log_step(self, facts: dict[str, Any], last: bool = False) -> None:
         s, world = self.state, self.ctx.world
         tps = self._window_tokens / max(self._window_time, 1e-9)
         flops_tok = self.objective.flops_per_token
@@ -513,9 +514,8 @@ class Trainer:
             fields["mfu"] = f"{mfu:.1%}"
         if self.val_loss is not None:
             fields["val"] = f"{self.val_loss:.3f}"
-        fields["left"] = _time_left(self.budget, fraction, s.elapsed, self._eta_mark)
-        self._eta_mark = (fraction, s.elapsed)
-        self._bar.update(fraction, fields)
+        fields["left"] = _time_left(self.budget, fraction, s.elapsed, self._pace)
+        self._bar.to(round(fraction * 100, 1), fields, force=last)
         self._window, self._window_tokens, self._window_time = [], 0, 0.0
 
     # ------------------------------------------------------------ the run
@@ -536,7 +536,8 @@ class Trainer:
             self.log.truncate_after(0)
         self.log.start_reporting(s.step, self.hyperparameters())
         show = tcfg.progress if self.ctx.is_main else False
-        self._bar = Progress(show, self.objective.title, self.budget.fraction(s.elapsed, s.tokens, s.step))
+        initial = round(self.budget.fraction(s.elapsed, s.tokens, s.step) * 100, 1)
+        self._bar = Progress(self.objective.title, 100.0, initial=initial, enabled=show, counts=False, first=True)
         if self.ctx.is_main:
             self._bar.note(f"cramkit: {self.objective.title}: precision {self.precision} ({self.precision_reason})")
         self.train_model.train()
@@ -549,7 +550,7 @@ class Trainer:
                     done = self.budget.done(s.elapsed, s.tokens, s.step)
                     if s.step % tcfg.log_every == 0 or s.step == 1 or done or facts["stop"]:
                         self.settle()
-                        self._log_step(facts)
+                        self._log_step(facts, last=done or facts["stop"])
                     if done:
                         break
                     if self.eval_due():
@@ -625,14 +626,15 @@ def fit(
     return trainer.run()
 
 
-def _time_left(budget: Any, fraction: float, elapsed: float, mark: tuple[float, float] | None = None) -> str:
-    """Training time left: exact for a time budget; else the rest of the budget at the rate since ``mark`` (the
-    last log line), so the first steps (allocation, compilation, a cold cache) do not inflate every later
-    estimate; at the rate since the start when there is no mark yet."""
+def _time_left(budget: Any, fraction: float, elapsed: float, pace: Pace | None = None) -> str:
+    """Training time left: exact for a time budget; else the rest of the budget at ``pace``'s rate, averaged from
+    the first log line on (so the first steps, allocation, compilation, a cold cache, do not inflate every later
+    estimate, and one slow step does not swing it); at the rate since the start before ``pace`` has one."""
     if budget.kind == "time":
         return format_seconds(budget.amount - elapsed)
-    if mark is not None and fraction > mark[0] and elapsed > mark[1]:
-        return "~" + format_seconds((1 - fraction) * (elapsed - mark[1]) / (fraction - mark[0]))
+    left = pace.left(fraction, 1.0, elapsed) if pace is not None else None
+    if left is not None:
+        return "~" + format_seconds(left)
     if fraction <= 0:
         return "?"
     return "~" + format_seconds(elapsed / fraction - elapsed)

@@ -89,7 +89,7 @@ class Progress:
         if use_bar:
             from tqdm.auto import tqdm
 
-            fmt = "{desc} {percentage:3.0f}%|{bar}| {postfix}" if not counts else None
+            fmt = "{desc} {percentage:3.0f}%|{bar}|{postfix}" if not counts else None  # tqdm puts ", " first
             self.bar = tqdm(
                 total=total,
                 initial=initial,
@@ -112,11 +112,10 @@ class Progress:
         extra = " ".join(f"{k}={v}" for k, v in (fields or {}).items())
         now = time.perf_counter()
         left = self.pace.left(done, self.total, now)
-        if self.bar is not None:
-            self.bar.n = done
+        if self.bar is not None:  # tqdm redraws at most every 0.1 s however often it is updated
             if extra:
                 self.bar.set_postfix_str(extra, refresh=False)
-            self.bar.refresh()
+            self.bar.update(done - self.bar.n)
             return
         if not self.lines:
             return

@@ -58,6 +58,7 @@ def run_one(model: str, task_name: str, data_dir: str | None, args: argparse.Nam
         "max_length": args.max_length,
         "self_train_epochs": args.student_epochs,
         "self_train_fraction": args.fraction,
+        "self_train_balance": args.balance,
         "self_train_mask": args.mask,
         "self_train_rounds": args.rounds,
         "self_train_teachers": args.teachers,
@@ -119,6 +120,7 @@ def main() -> None:
     ap.add_argument("--min-words", type=int, default=0, help="unlabelled rows of at least this many words only")
     ap.add_argument("--student-epochs", type=float, default=2.0)
     ap.add_argument("--fraction", type=float, default=0.5)
+    ap.add_argument("--balance", choices=("equal", "predicted"), default="equal", help="self_train_balance")
     ap.add_argument("--mask", type=float, default=0.0)
     ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("--teachers", type=int, default=1)

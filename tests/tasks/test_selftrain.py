@@ -184,6 +184,11 @@ def test_select_catches_one_class_and_keeps_the_classes_balanced() -> None:
     assert sel["expected_accuracy"]["kept"] > sel["expected_accuracy"]["all"]
     cfg.self_train_fraction = 1.0
     assert selftrain.select(skewed, cfg, ["neg", "pos"])["kept"] == {"neg": 300, "pos": 300}  # the rarest's count
+    # predicted balance: each class's own most confident half, the teacher's 70/30 shares kept
+    cfg.self_train_fraction, cfg.self_train_balance = 0.5, "predicted"
+    sel = selftrain.select(skewed, cfg, ["neg", "pos"])
+    assert sel["kept"] == {"neg": 350, "pos": 150} and sel["collapsed"] is None
+    assert sel["thresholds"]["pos"] == pytest.approx(np.sort(conf[skewed.argmax(1) == 1])[::-1][149], abs=1e-4)
 
 
 def test_temperature_scaling_fits_overconfident_logits() -> None:

@@ -10,8 +10,10 @@ labels the unlabelled ones, a student of the same backbone learns from the label
    calibrated by temperature scaling fitted on the selection dev split (the few-shot protocol's sampled dev).
 3. The selection (:func:`select`): per predicted class the most confident rows, at most ``self_train_fraction`` of
    the unlabelled rows shared equally among the classes, and no class more than the rarest one (class balance
-   kept); ``self_train_threshold`` a number: only rows at least that probable. A teacher that answers one class for
-   (nearly) everything, or a selection of one class, is caught: one line, no student, the teacher's own result.
+   kept; ``self_train_balance=predicted``: each class's most confident ``self_train_fraction`` of the rows the
+   teacher gives it, its shares kept); ``self_train_threshold`` a number: only rows at least that probable. A
+   teacher that answers one class for (nearly) everything, or a selection of one class, is caught: one line, no
+   student, the teacher's own result.
 4. The student: the same backbone fine-tuned through the engine on the labels and the kept rows with soft targets
    (the teacher's calibrated probabilities; KL as distillation's), dropout on and, with ``self_train_mask``, words
    of the pseudo-labelled rows masked; ``self_train_rounds`` R > 1: the student labels again for the next one.
@@ -197,7 +199,8 @@ def check(task: Task, cfg: FinetuneConfig) -> None:
 
 def select(probs: np.ndarray, cfg: FinetuneConfig, names: Sequence[str]) -> dict[str, Any]:
     """The rows kept as pseudo-labels: per predicted class the most confident, at most ``self_train_fraction`` of
-    the rows shared equally among the classes and no class more than the rarest predicted one (only rows at least
+    the rows shared equally among the classes and no class more than the rarest predicted one (``predicted``
+    balance: that fraction of each class's predicted rows, in the teacher's shares; only rows at least
     ``self_train_threshold`` probable when it is a number). ``collapsed``: why nothing is trained on (the teacher
     answers one class for at least COLLAPSED of the rows, or the selection holds one class), else None."""
     n, classes = probs.shape
@@ -222,9 +225,12 @@ def select(probs: np.ndarray, cfg: FinetuneConfig, names: Sequence[str]) -> dict
         if cfg.self_train_threshold != "auto":
             rows = rows[conf[rows] >= float(cfg.self_train_threshold)]
         pools.append(rows[np.argsort(-conf[rows], kind="stable")])
-    present = [len(p) for p in pools if len(p)]
-    per_class = min([int(cfg.self_train_fraction * n / classes), *present]) if present else 0
-    keep = [p[:per_class] for p in pools]
+    if cfg.self_train_balance == "predicted":  # each class's own most confident share: the teacher's shares
+        keep = [p[: int(round(cfg.self_train_fraction * int(predicted[c])))] for c, p in enumerate(pools)]
+    else:  # an equal share each, and no class more than the rarest predicted one
+        present = [len(p) for p in pools if len(p)]
+        per_class = min([int(cfg.self_train_fraction * n / classes), *present]) if present else 0
+        keep = [p[:per_class] for p in pools]
     out["kept"] = {names[c]: len(k) for c, k in enumerate(keep)}
     out["thresholds"] = {names[c]: round(float(conf[k].min()), 4) for c, k in enumerate(keep) if len(k)}
     chosen = np.sort(np.concatenate(keep)) if keep else np.zeros(0, dtype=np.int64)

@@ -86,7 +86,10 @@ class FinetuneConfig(ExampleSettings):
     self_train_rounds: int = 1  # rounds: the student of one labels again for the next
     # the calibrated probability a pseudo-label needs; auto: the most confident rows of each predicted class
     self_train_threshold: float | Literal["auto"] = "auto"
-    self_train_fraction: float = 0.5  # at most this share of the unlabelled rows kept, equally among the classes
+    self_train_fraction: float = 0.5  # at most this share of the unlabelled rows kept
+    # how the kept rows share out among the classes: equal (no class more than the rarest predicted one) or
+    # predicted (each class's most confident self_train_fraction of the rows the teacher gives it: its shares kept)
+    self_train_balance: Literal["equal", "predicted"] = "equal"
     self_train_epochs: float = 2.0  # the student's epochs over labels + kept rows (at least the step floor)
     self_train_soft: bool = True  # soft targets: the teacher's calibrated probabilities (false: its labels)
     self_train_mask: float = 0.0  # noise: each word of a pseudo-labelled row masked with this probability

@@ -70,10 +70,10 @@ def test_work_done_within_two_seconds_prints_nothing(clock: Clock, capsys) -> No
 
 def test_a_training_run_shows_its_share_and_fields_and_disabled_shows_nothing(clock: Clock, capsys) -> None:
     bar = Progress("pretrain", 100.0, counts=False, first=True)
-    bar.to(12.5, {"loss": "2.310", "left": "~1m00s"})
+    assert bar.to(12.5, {"loss": "2.310", "left": "~1m00s"})  # shown: the caller starts its next average
     clock.now += 1.0
-    bar.to(13.0, {"loss": "2.300"})
-    bar.to(100.0, {"loss": "2.000"})
+    assert not bar.to(13.0, {"loss": "2.300"})  # not shown: the caller keeps averaging
+    assert bar.to(100.0, {"loss": "2.000"})
     assert capsys.readouterr().err.splitlines() == ["[ 12.5%] loss=2.310 left=~1m00s", "[100.0%] loss=2.000"]
     quiet = Progress("pretrain", 100.0, enabled=False)
     quiet.to(50.0)

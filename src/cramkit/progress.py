@@ -105,9 +105,10 @@ class Progress:
         """``n`` more units done."""
         self.to(self.done + n)
 
-    def to(self, done: float, fields: dict[str, str] | None = None, *, force: bool = False) -> None:
+    def to(self, done: float, fields: dict[str, str] | None = None, *, force: bool = False) -> bool:
         """``done`` units done in all; ``fields`` shown after the counts (``loss=2.31 lr=1e-4``); ``force``: a
-        line now (the last before a stop), however soon after the previous one."""
+        line now (the last before a stop), however soon after the previous one. Whether ``fields`` were shown
+        (a bar shows each; a log only its lines)."""
         self.done = done
         extra = " ".join(f"{k}={v}" for k, v in (fields or {}).items())
         now = time.perf_counter()
@@ -116,17 +117,17 @@ class Progress:
             if extra:
                 self.bar.set_postfix_str(extra, refresh=False)
             self.bar.update(done - self.bar.n)
-            return
+            return True
         if not self.lines:
-            return
+            return False
         due = self.last is None or now - self.last >= self.every or (done >= self.total and self.shown)
         if not (due or force):
-            return
+            return False
         self.last, self.shown = now, True
         share = 100 * done / self.total if self.total else 100.0
         if not self.counts:
             print(f"[{share:5.1f}%] {extra}".rstrip(), file=sys.stderr, flush=True)
-            return
+            return True
         seconds = now - self.t0
         rate = (done - self.start) / seconds if seconds > 0 else 0.0
         if left is None and rate > 0:
@@ -136,6 +137,7 @@ class Progress:
         line = f"{self.desc}: {_amount(done, self.unit)} of {_amount(self.total, self.unit)}"
         line += "" if self.unit == "B" else f" {self.unit}"
         print(f"{line} ({share:.1f}%), {per_s}, {eta} left {extra}".rstrip(), file=sys.stderr, flush=True)
+        return True
 
     def note(self, text: str) -> None:
         """A line of its own, above the bar in a terminal."""

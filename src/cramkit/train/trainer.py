@@ -278,6 +278,8 @@ class Trainer:
         self._pace = Pace()  # the budget spent per second, behind the time left
         self._unsettled: list[dict[str, Any]] = []  # steps whose device values the host has not read yet
         self._window_tokens, self._window_time = 0, 0.0
+        # what the shown line averages: the steps since the last line shown (a log shows one per ~10 s)
+        self._shown: list[float] = [0.0, 0.0, 0.0, 0.0]  # loss sum, losses, tokens, seconds
         self._bar = Progress(objective.title, 100.0, enabled=False)  # notes only; run() shows the bar
 
     # ------------------------------------------------------------ resume
@@ -509,13 +511,18 @@ class Trainer:
         self.log.write(rec)
         self.history.append(rec)
         fraction = self.budget.fraction(s.elapsed, s.tokens, s.step)
-        fields = {"loss": f"{rec['loss']:.3f}", "tok/s": f"{tps:,.0f}", "lr": f"{facts['lr']:.2e}"}
+        shown = self._shown
+        for i, v in enumerate((sum(window), len(window), self._window_tokens, self._window_time)):
+            shown[i] += v
+        loss = shown[0] / shown[1] if shown[1] else float("nan")
+        fields = {"loss": f"{loss:.3f}", "tok/s": f"{shown[2] / max(shown[3], 1e-9):,.0f}", "lr": f"{facts['lr']:.2e}"}
         if mfu is not None:
             fields["mfu"] = f"{mfu:.1%}"
         if self.val_loss is not None:
             fields["val"] = f"{self.val_loss:.3f}"
         fields["left"] = _time_left(self.budget, fraction, s.elapsed, self._pace)
-        self._bar.to(round(fraction * 100, 1), fields, force=last)
+        if self._bar.to(round(fraction * 100, 1), fields, force=last):
+            self._shown = [0.0, 0.0, 0.0, 0.0]
         self._window, self._window_tokens, self._window_time = [], 0, 0.0
 
     # ------------------------------------------------------------ the run

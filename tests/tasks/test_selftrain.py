@@ -191,6 +191,17 @@ def test_select_catches_one_class_and_keeps_the_classes_balanced() -> None:
     assert sel["thresholds"]["pos"] == pytest.approx(np.sort(conf[skewed.argmax(1) == 1])[::-1][149], abs=1e-4)
 
 
+def test_the_balance_setting_is_read_and_a_wrong_one_is_one_line(tmp_path: Path, capsys) -> None:
+    from cramkit.cli import main
+
+    args = ["finetune", "--task", "glue/sst2", "--from", str(tmp_path / "none"), "--unlabelled", "x.txt"]
+    assert main([*args, "--set", "self_train_balance=shares"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == "cramkit: error: finetune.self_train_balance: 'shares' is not one of 'equal', 'predicted'"
+    assert main([*args, "--set", "self_train_balance=predicted", "--print-config"]) == 0
+    assert "self_train_balance: predicted" in capsys.readouterr().out
+
+
 def test_temperature_scaling_fits_overconfident_logits() -> None:
     rng = np.random.default_rng(1)
     labels = rng.integers(0, 2, 2000)

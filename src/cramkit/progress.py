@@ -1,8 +1,8 @@
 """Progress of long work, shown one way everywhere: a tqdm bar (rate, time left) when stderr is a terminal; in a log
 file a plain line ``FIRST_LINE`` seconds in, then every ``LINE_EVERY`` seconds and at the end (never one line per
-step; work done within ``FIRST_LINE`` seconds prints none), with what is
-done of the total, its share, the rate and the time left at a rate smoothed over about half a minute (:class:`Pace`),
-so that a slow first step (allocation, compilation, a cold cache) or one slow batch does not swing it."""
+step; work done within ``FIRST_LINE`` seconds prints none), with what is done of the total, its share, the rate and
+the time left at a rate smoothed over about half a minute (:class:`Pace`), so that a slow first step (allocation,
+compilation, a cold cache) or one slow batch does not swing it."""
 
 from __future__ import annotations
 

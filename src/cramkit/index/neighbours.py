@@ -219,16 +219,15 @@ def _fill_neighbours(
         return dropped
     step = max(1, int(block))
     starts = sorted({*range(start, n, step), *(b for b in bounds if start < b < n)})
-    bar = Progress("neighbours", n, unit="chunks", initial=start)
-    for a, stop in zip(starts, [*starts[1:], n], strict=True):
-        rows, leaks = _neighbours_of(idx, np.ascontiguousarray(q[a:stop]), q_hash[a:stop], cand_hash, k)
-        dropped += leaks
-        result[a:stop] = rows
-        result.flush()
-        commit(stop, dropped)
-        shard_no = int(np.searchsorted(bounds, stop - 1, side="right"))
-        bar.to(stop, {"store_shard": f"{shard_no + 1}/{len(bounds) + 1}"} if bounds else None)
-    bar.close()
+    with Progress("neighbours", n, unit="chunks", initial=start) as bar:
+        for a, stop in zip(starts, [*starts[1:], n], strict=True):
+            rows, leaks = _neighbours_of(idx, np.ascontiguousarray(q[a:stop]), q_hash[a:stop], cand_hash, k)
+            dropped += leaks
+            result[a:stop] = rows
+            result.flush()
+            commit(stop, dropped)
+            shard_no = int(np.searchsorted(bounds, stop - 1, side="right"))
+            bar.to(stop, {"store_shard": f"{shard_no + 1}/{len(bounds) + 1}"} if bounds else None)
     return dropped
 
 

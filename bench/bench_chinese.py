@@ -23,14 +23,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-DATA = Path(os.environ.get("CRAMKIT_SHARED_DATA", Path(__file__).resolve().parents[2] / "shared" / "data"))
+from shared_data import SHARED
+
+DATA = SHARED
 FEWCLUE = DATA / "fewclue"
 TASKS = {  # FewCLUE task -> text fields, fine-tuning epochs (the few-shot sets are 32 rows; iflytek 928).
     # A tiny model from 32 rows: lr 1e-4 for 20 epochs did not fit the training rows (loss 0.68 -> 0.65);

@@ -10,6 +10,7 @@ Where the CPU has no native bf16 the ``auto`` rows are fp32 too (the rule's own 
 measured on a tenth of the sentences (emulated bf16 is slow). Rows go to stdout and ``--out``/cpu_precision.md.
 
     python bench/bench_cpu_precision.py --corpus DIR_OR_FILE --minilm DIR [--budget 60s] [--threads 1] [--reps 2]
+        [--parts pretrain,embed]
 """
 
 from __future__ import annotations
@@ -72,6 +73,7 @@ def main() -> None:
     p.add_argument("--reps", type=int, default=2)
     p.add_argument("--sentences", type=int, default=1000)
     p.add_argument("--out", default="bench/out/cpu_precision")
+    p.add_argument("--parts", default="pretrain,embed", help="which rows: pretrain, embed or both")
     args = p.parse_args()
     from cramkit import doctor, runtime
 
@@ -91,19 +93,21 @@ def main() -> None:
     line("\n| precision asked | used | tokens/s (median, 2nd half) | tokens seen | held-out MLM loss |")
     line("|---|---|---:|---:|---:|")
     rows: dict[str, list[dict[str, float]]] = {"fp32": [], "auto": []}
-    for rep in range(args.reps):
+    for rep in range(args.reps if "pretrain" in args.parts else 0):
         for precision in rows:
             rows[precision].append(
                 pretrain(args.corpus, out / f"run-{precision}-{rep}", precision, args.budget, args.threads)
             )
     for precision, rs in rows.items():
+        if not rs:
+            continue
         tps = statistics.median(r["tokens_per_s"] for r in rs)
         toks = statistics.median(r["tokens"] for r in rs)
         losses = ", ".join(f"{r['val_loss']:.3f}" for r in rs)
         line(f"| {precision} | {rs[0]['used']} | {tps:,.0f} | {toks:,.0f} | {losses} |")
-    if args.minilm:
+    if args.minilm and "embed" in args.parts:
         corpus = [Path(c) for c in args.corpus]
-        files = [f for c in corpus for f in (sorted(c.rglob("*.txt")) if c.is_dir() else [c])]
+        files = [f for c in corpus for f in (sorted(c.rglob("*")) if c.is_dir() else [c]) if f.suffix != ".md"]
         texts: list[str] = []
         for f in files:
             texts += [
@@ -112,6 +116,8 @@ def main() -> None:
             if len(texts) >= args.sentences:
                 break
         texts = texts[: args.sentences]
+        if not texts:
+            raise SystemExit(f"no lines of 20-400 characters in {', '.join(args.corpus)}")
         native = runtime.cpu_bf16() is not None
         sub = texts if native else texts[: max(32, len(texts) // 10)]
         rates: dict[str, list[float]] = {"fp32": [], "bf16": []}

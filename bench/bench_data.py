@@ -22,6 +22,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from shared_data import SHARED
+
 os.environ["TOKENIZERS_PARALLELISM"] = "false"
 
 
@@ -29,7 +31,7 @@ from cramkit.data import DataConfig, PretrainData, TokenStore, build_store
 from cramkit.data.build import _batches
 from cramkit.text import iter_documents, special_ids, train_tokenizer
 
-DATA = Path(os.environ.get("CRAMKIT_SHARED_DATA", Path(__file__).resolve().parents[2] / "shared" / "data"))
+DATA = SHARED
 
 
 def anon_mb() -> float:

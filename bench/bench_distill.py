@@ -27,8 +27,9 @@ import sys
 import time
 from pathlib import Path
 
+from shared_data import SHARED
+
 REPO = Path(__file__).resolve().parents[1]
-SHARED = REPO.parent / "shared" / "data"
 GLUE = Path(os.environ.get("CRAMKIT_GLUE_DIR", SHARED / "glue"))
 
 

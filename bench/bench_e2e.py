@@ -28,8 +28,9 @@ from pathlib import Path
 
 import torch
 
+from shared_data import SHARED
+
 REPO = Path(__file__).resolve().parents[1]
-SHARED = REPO.parent / "shared" / "data"
 NOVELS = SHARED / "corpus" / "english-novels-100"
 SHAPE = {"layers": 4, "hidden": 256, "heads": 4, "intermediate": 1024}
 

@@ -30,8 +30,9 @@ import tempfile
 import time
 from pathlib import Path
 
+from shared_data import SHARED
+
 ROOT = Path(__file__).resolve().parents[1]
-SHARED = ROOT.parent / "shared" / "data"
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "PYTHONUNBUFFERED": "1"}
 ENV["PYTHONPATH"] = os.pathsep.join(p for p in [str(ROOT / "src"), os.environ.get("PYTHONPATH", "")] if p)
 sys.path.insert(0, str(ROOT / "src"))  # this checkout's cramkit, in this process as in the commands it runs

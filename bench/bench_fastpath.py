@@ -34,8 +34,10 @@ from typing import Any
 
 import numpy as np
 
+from shared_data import SHARED
+
 REPO = Path(__file__).resolve().parents[1]
-DATA = Path(os.environ.get("CRAMKIT_SHARED_DATA") or REPO.parent / "shared" / "data")
+DATA = SHARED
 ABC = DATA / "corpus" / "nltk-abc"
 
 

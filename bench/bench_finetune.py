@@ -22,6 +22,8 @@ import sys
 import time
 from pathlib import Path
 
+from shared_data import GLUE
+
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -171,7 +173,7 @@ class _ListDataset(torch.utils.data.Dataset):
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--glue-dir", default=str(REPO.parent / "shared" / "data" / "glue"))
+    ap.add_argument("--glue-dir", default=str(GLUE))
     ap.add_argument("--n-train", type=int, default=4000)
     ap.add_argument("--epochs", type=float, default=1.0)
     ap.add_argument("--seeds", default="0,1,2")

@@ -37,8 +37,9 @@ from pathlib import Path
 
 import numpy as np
 
+from shared_data import SHARED
+
 ROOT = Path(__file__).resolve().parents[1]
-SHARED = ROOT.parent / "shared" / "data"
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 

@@ -17,7 +17,10 @@ sentences (``cramkit.finetune``, one epoch), exported fp32 and int8, and all thr
 ``--race``: every contestant in its own process, the anchors in their own virtual environments under
 $BENCH_VENVS (required for the race, no default: onnx-st with sentence-transformers[onnx], onnx-optimum with
 optimum[onnxruntime], onnx-fastembed with fastembed), at each of ``--thread-list`` and on both text sets
-(``--short N``, ``--long N``: the first N of each), with each process's peak RSS (see ``race``). ``--only
+(``--short N``, ``--long N``: the first N of each), with each process's peak RSS (see ``race``), each
+contestant's FLOP/s as a share of this CPU's measured matrix-product rate at its precision (``cramkit doctor``'s
+measurement, taken at the race's end) and, when ``cramkit:torch`` races, every contestant's cosine to its fp32
+vectors. ``cramkit:torch`` is fp32 and ``cramkit:torch-bf16`` bf16 autocast on every CPU. ``--only
 tool:variant,...`` races those contestants only (the first is the baseline), e.g. ``--only
 cramkit:torch,cramkit:ct2-int8,ct2:int8,cramkit:openvino,cramkit:onnx`` needs no anchor environments.
 """
@@ -40,8 +43,9 @@ from typing import Any
 
 import numpy as np
 
+from shared_data import GLUE
+
 REPO = Path(__file__).resolve().parents[1]
-GLUE = REPO.parent / "shared" / "data" / "glue"
 
 
 def minilm_dir() -> Path:
@@ -337,6 +341,7 @@ CONTESTANTS = [  # name, tool, variant; the first is the baseline
     ("ctranslate2.Encoder float32", "ct2", "float32"),
     ("ctranslate2.Encoder int8", "ct2", "int8"),
     ("cramkit Engine torch fp32", "cramkit", "torch"),
+    ("cramkit Engine torch bf16 autocast", "cramkit", "torch-bf16"),
     ("cramkit Engine onnx fp32", "cramkit", "onnx"),
     ("cramkit Engine onnx int8", "cramkit", "onnx-int8"),
     ("cramkit Engine ct2 float32", "cramkit", "ct2"),
@@ -344,6 +349,7 @@ CONTESTANTS = [  # name, tool, variant; the first is the baseline
     ("cramkit Engine openvino f32", "cramkit", "openvino"),
     ("cramkit Engine openvino bf16", "cramkit", "openvino-bf16"),
 ]
+FP32_REFERENCE = "cramkit Engine torch fp32"  # when it races, every contestant's cosine to it is shown too
 # the exports the cramkit contestants run: variant -> (format, quantize, manifest)
 EXPORTS = {
     "onnx": ("onnx", None, "cramkit-onnx.json"),
@@ -468,8 +474,9 @@ def _contestant(spec: dict[str, Any]) -> Any:
     import cramkit
     from cramkit.infer import Engine
 
-    if variant == "torch":
-        engine = Engine(cramkit.load(f"hf:{root}"), device="cpu")
+    if variant in ("torch", "torch-bf16"):  # fp32 named: precision auto is bf16 on a CPU that computes it
+        precision = "bf16" if variant == "torch-bf16" else "fp32"
+        engine = Engine(cramkit.load(f"hf:{root}"), device="cpu", precision=precision)
     else:
         engine = Engine(work / variant, threads=threads)
     return engine.embed
@@ -550,6 +557,9 @@ def race(args: argparse.Namespace) -> None:
         for threads in args.thread_list:
             results[kind, threads] = _race_one(args, work, root, isa, kind, threads, versions, contestants)
     print(f"# uptime at end: {_uptime()}")
+    from cramkit import doctor
+
+    ceilings = {t: doctor.cpu_matmul(2048, 384, 1536, t) for t in args.thread_list}
     for tool, v in versions.items():
         print(f"# {tool}: " + ", ".join(f"{k} {x}" for k, x in v.items()))
     cols = [(kind, t) for kind in sets for t in args.thread_list]
@@ -575,6 +585,68 @@ def race(args: argparse.Namespace) -> None:
             + "".join(f" | {c[0]:.4f} / {c[1]:.4f}" for c in cos)
             + f" | {peak:,.0f} |"
         )
+    flops = {kind: forward_flops(root, data) for kind, data in sets.items()}
+    print_shares(contestants, results, flops, ceilings, {k: len(d) for k, d in sets.items()}, isa)
+    if any(name == FP32_REFERENCE for name, _, _ in contestants):
+        print(f"# cosine to {FP32_REFERENCE}, short: mean / min; long: mean / min")
+        for name, _, _ in contestants:
+            label = name.format(isa=isa)
+            cos = [results[kind, args.thread_list[0]][label]["cosine_fp32"] for kind in sets]
+            print(f"# {label}: " + "; ".join(f"{c[0]:.4f} / {c[1]:.4f}" for c in cos))
+
+
+def forward_flops(root: Path, data: list[str], max_length: int = 256) -> float:
+    """The matrix-product FLOPs of one forward pass of the model at ``root`` over ``data``, counting each text's
+    own tokens (no padding): per layer and token the projections and the MLP (2 FLOPs a multiply-add), and
+    attention's scores and values at the text's length."""
+    from tokenizers import Tokenizer
+
+    cfg = json.loads((root / "config.json").read_text(encoding="utf-8"))
+    h, inter, layers = cfg["hidden_size"], cfg["intermediate_size"], cfg["num_hidden_layers"]
+    tok = Tokenizer.from_file(str(root / "tokenizer.json"))
+    tok.no_padding()
+    tok.enable_truncation(max_length)
+    total = 0.0
+    for enc in tok.encode_batch(data):
+        n = len(enc.ids)
+        total += 2.0 * layers * (n * (4 * h * h + 2 * h * inter) + 2 * n * n * h)
+    return total
+
+
+def contestant_precision(variant: str) -> str:
+    """The precision whose matrix-product ceiling a contestant is measured against."""
+    if "int8" in variant:
+        return "int8"
+    return "bf16" if "bf16" in variant else "fp32"
+
+
+def print_shares(
+    contestants: list[tuple[str, str, str]],
+    results: dict[tuple[str, int], dict[str, Any]],
+    flops: dict[str, float],
+    ceilings: dict[int, dict[str, float]],
+    n: dict[str, int],
+    isa: str,
+) -> None:
+    """Each contestant's FLOP/s as a share of this CPU's measured matrix-product rate at its precision and
+    thread count (``cramkit doctor``'s measurement, an encoder layer's MLP product)."""
+    cols = list(results)
+    print("\n# FLOP/s of each contestant as a share of the measured ceiling at its precision (cramkit doctor)")
+    print(
+        "# ceilings, GFLOP/s (int8: GOP/s): "
+        + "; ".join(f"{t} thr: " + ", ".join(f"{k} {v:,.0f}" for k, v in c.items()) for t, c in ceilings.items())
+    )
+    print("| contestant | precision | " + " | ".join(f"{k}, {t} thr: GFLOP/s (share)" for k, t in cols) + " |")
+    print("|---|---|" + "---:|" * len(cols))
+    for name, _, variant in contestants:
+        label = name.format(isa=isa)
+        prec = contestant_precision(variant)
+        cells = []
+        for kind, threads in cols:
+            rate = flops[kind] / n[kind] * results[kind, threads][label]["rate"] / 1e9
+            ceiling = ceilings[threads].get(prec)
+            cells.append(f"{rate:,.1f} ({rate / ceiling:.0%})" if ceiling else f"{rate:,.1f}")
+        print(f"| {label} | {prec} | " + " | ".join(cells) + " |")
 
 
 def _chosen(only: list[str] | None) -> list[tuple[str, str, str]]:
@@ -652,9 +724,13 @@ def _race_one(
         res[name] = {"rate": n / statistics.median(times[name]), "peak_rss_mb": said["peak_rss_mb"]}
     base = next(iter(outs))
     res["base"] = res[base]["rate"]
+    ref = outs.get(FP32_REFERENCE)
     for name, out in outs.items():
         cos = cosine(out, outs[base])
         res[name]["cosine"] = (float(cos.mean()), float(cos.min()))
+        if ref is not None:
+            cos = cosine(out, ref)
+            res[name]["cosine_fp32"] = (float(cos.mean()), float(cos.min()))
     return res
 
 

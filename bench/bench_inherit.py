@@ -32,8 +32,9 @@ from pathlib import Path
 
 import torch
 
+from shared_data import SHARED
+
 REPO = Path(__file__).resolve().parents[1]
-SHARED = REPO.parent / "shared" / "data"
 NOVELS = SHARED / "corpus" / "english-novels-100"
 GLUE = SHARED / "glue"
 

@@ -21,8 +21,9 @@ import sys
 import time
 from pathlib import Path
 
+from shared_data import GLUE
+
 REPO = Path(__file__).resolve().parents[1]
-GLUE = REPO.parent / "shared" / "data" / "glue"
 
 
 def minilm() -> Path:

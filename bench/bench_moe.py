@@ -26,6 +26,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from shared_data import SHARED
+
 SHAPE = [
     "model.hidden=128",
     "model.layers=4",
@@ -108,7 +110,7 @@ def main() -> None:
 
     from cramkit.recipes.pretrain import pretrain
 
-    shared = Path(os.environ.get("CRAMKIT_SHARED_DATA", Path(__file__).resolve().parents[2] / "shared" / "data"))
+    shared = SHARED
     text = args.text or [
         str(shared / "wikitext-2" / "wiki.test.tokens"),
         str(shared / "wikitext-2" / "wiki.valid.tokens"),

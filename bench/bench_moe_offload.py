@@ -30,6 +30,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from shared_data import SHARED
+
 SHAPE = [
     "model.hidden=256",
     "model.layers=4",
@@ -136,7 +138,7 @@ def main() -> None:
         print(json.dumps(child(args.run, args.texts, cache, args.passes, args.max_batch_tokens)))
         return
 
-    shared = Path(os.environ.get("CRAMKIT_SHARED_DATA", Path(__file__).resolve().parents[2] / "shared" / "data"))
+    shared = SHARED
     out = Path(args.out)
     started = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
     if args.run is None:

@@ -21,8 +21,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from shared_data import GLUE
+
 REPO = Path(__file__).resolve().parents[1]
-GLUE = REPO.parent / "shared" / "data" / "glue"
 
 
 def minilm_dir() -> Path:

@@ -25,8 +25,9 @@ from pathlib import Path
 
 import torch
 
+from shared_data import SHARED
+
 REPO = Path(__file__).resolve().parents[1]
-SHARED = REPO.parent / "shared" / "data"
 
 
 def hf_model(layers: int, hidden: int, heads: int, inter: int, vocab: int, dropout: bool = True):

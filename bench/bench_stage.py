@@ -27,6 +27,8 @@ import threading
 import time
 from pathlib import Path
 
+from shared_data import SHARED
+
 # label -> (DataConfig settings, whether the node-local cache is emptied first)
 MODES = {
     "mmap in place": ([], True),
@@ -218,8 +220,7 @@ def main() -> None:
     if not args.fuse_python:
         raise SystemExit("give --fuse-python (or $BENCH_FUSE_PYTHON): the python of a venv with mfusepy installed")
 
-    repo = Path(__file__).resolve().parents[1]
-    shared = repo.parent / "shared" / "data"
+    shared = SHARED
     corpus = args.corpus or [str(shared / "corpus" / "english-novels-100")]
     work = Path(args.work or tempfile.mkdtemp(prefix="bench-stage-"))
     src, mnt, tok, cache = work / "src", work / "mnt", work / "tok", work / "cache"

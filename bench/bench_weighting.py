@@ -16,15 +16,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import sys
 import time
 from pathlib import Path
 
+from shared_data import GLUE
+
 REPO = Path(__file__).resolve().parents[1]
 # ../shared/data beside the repository, or $CRAMKIT_SHARED_DATA (as the tests take it)
-GLUE = Path(os.environ.get("CRAMKIT_SHARED_DATA", REPO.parent / "shared" / "data")) / "glue"
 ARMS = ("rates", "sum", "gradnorm", "pcgrad", "primary")
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))

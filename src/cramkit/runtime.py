@@ -58,6 +58,8 @@ def resolve_device(name: str | torch.device | None = "auto") -> torch.device:
 
 # the CPU flags (as /proc/cpuinfo names them) that make bf16 matrix products native, the fastest first
 CPU_BF16_FLAGS: tuple[str, ...] = ("amx_bf16", "avx512_bf16")
+# how a user keeps fp32 (pretrain's setting is train.precision; finetune's and distill's, precision)
+OPT_OUT = "--set precision=fp32 to opt out (pretrain: train.precision=fp32)"
 CPU_BF16_ENV = "CRAMKIT_CPU_BF16"  # 0: auto is fp32 on any CPU; 1: bf16 on any CPU (a test, a CPU the flags miss)
 
 
@@ -93,13 +95,10 @@ def precision_rule(asked: str, device: torch.device) -> tuple[str, str]:
     if asked != "auto":
         return resolve_precision(asked, device), "asked for"
     if device.type == "cuda":
-        return "bf16", "auto: bf16 autocast on CUDA, fp32 weights; train.precision=fp32 to opt out"
+        return "bf16", f"auto: bf16 autocast on CUDA, fp32 weights; {OPT_OUT}"
     native = cpu_bf16()
     if native is not None:
-        return "bf16", (
-            f"auto: bf16 autocast, this CPU computes bf16 natively ({native}); fp32 weights; "
-            "train.precision=fp32 to opt out"
-        )
+        return "bf16", (f"auto: bf16 autocast, this CPU computes bf16 natively ({native}); fp32 weights; {OPT_OUT}")
     return "fp32", "auto: fp32, this CPU has no native bf16 (no amx_bf16 or avx512_bf16 flag)"
 
 

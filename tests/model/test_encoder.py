@@ -257,3 +257,26 @@ def test_rope_model_reads_inputs_longer_than_max_position() -> None:
         dense = model(ids, attention_mask=mask).logits[:, 30:].reshape(-1, cfg.vocab_size)
     assert torch.allclose(sparse, dense, atol=1e-5)
     assert short.shape == (3, 20, cfg.hidden)
+
+
+def test_cpu_bf16_training_attention_is_computed_in_fp32() -> None:
+    """Training in bf16 on a CPU, attention runs in fp32 (torch's bf16 CPU attention backward is slow): the
+    result is fp32 attention rounded to bf16, under autocast too; without gradients it stays plain bf16."""
+    import torch.nn.functional as F
+
+    from cramkit.model.encoder import attend
+
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(2, 4, 16, 8, dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
+    mask = torch.ones(2, 1, 1, 16, dtype=torch.bool)
+    mask[1, ..., 12:] = False
+    want = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), attn_mask=mask).to(torch.bfloat16)
+    plain = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    assert not torch.equal(plain, want)  # bf16 attention differs: the comparison below can fail
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        got = attend(q, k, v, mask, 0.0)
+    assert got.dtype == torch.bfloat16 and torch.equal(got, want)
+    got.float().sum().backward()
+    assert q.grad is not None and q.grad.dtype == torch.bfloat16 and torch.isfinite(q.grad.float()).all()
+    with torch.no_grad():
+        assert torch.equal(attend(q, k, v, mask, 0.0), plain)

@@ -29,7 +29,7 @@ TARGETS = ("cpu",)
 def cpu_target() -> tuple[str, str | None, str]:
     """The export format and quantization that run fastest on this machine's CPU, from its flags
     (``cramkit.runtime.cpu_flags``), and why in words: OpenVINO bf16 where the CPU computes bf16 natively
-    (AMX, AVX512_BF16; on a 2-core AMX Xeon 1.1-1.3x the CTranslate2 int8 Engine at one thread, about 1.0-1.1x at
+    (AMX, AVX512_BF16; on a 2-core AMX Xeon 1.1-1.3x the CTranslate2 int8 Engine at one thread, 1.0-1.3x at
     two, vectors at cosine 1.000 to fp32 where int8's are 0.997),
     otherwise CTranslate2 int8 (the fastest path on a plain AVX2 CPU, bench/RESULTS.md), each falling back to
     what is installed."""

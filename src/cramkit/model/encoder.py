@@ -316,6 +316,21 @@ def local(t: torch.Tensor | None) -> torch.Tensor | None:
     return t.to_local() if dtensor is not None and isinstance(t, dtensor.DTensor) else t
 
 
+def attend(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, dropout: float
+) -> torch.Tensor:
+    """``F.scaled_dot_product_attention``; on a CPU, when training in bf16, computed in fp32: torch's CPU
+    attention backward in bf16 took 4x its fp32 time and a third of a bf16 training step on an AMX Xeon
+    (bench/RESULTS.md, "The silicon on an AMX Xeon"); the projections around it stay in bf16."""
+    if q.device.type == "cpu" and q.dtype == torch.bfloat16 and q.requires_grad and torch.is_grad_enabled():
+        if mask is not None and mask.is_floating_point():
+            mask = mask.float()
+        with torch.autocast("cpu", enabled=False):  # autocast would cast them back to bf16
+            y = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), attn_mask=mask, dropout_p=dropout)
+        return y.to(torch.bfloat16)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout)
+
+
 class Attention(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
@@ -356,7 +371,7 @@ class Attention(nn.Module):
         if prefix is not None:
             k, v, mask = with_prefix(prefix.to(k.dtype), k, v, mask, heads)
         p = self.cfg.attention_dropout if self.training else 0.0
-        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p)
+        y = attend(q, k, v, mask, p)
         return y.transpose(1, 2).reshape(batch, length, heads * head_dim)
 
     def _packed(self, qkv: torch.Tensor, packing: Packing) -> torch.Tensor:
@@ -388,7 +403,7 @@ class Attention(nn.Module):
         q = q.new_zeros(batch * width, heads, head_dim).index_copy(0, select.slots, q)
         q = q.view(batch, width, heads, head_dim).transpose(1, 2)
         p = self.cfg.attention_dropout if self.training else 0.0
-        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p)
+        y = attend(q, k, v, mask, p)
         y = y.transpose(1, 2).reshape(batch * width, hidden).index_select(0, select.slots)
         return self.out(y)
 

@@ -29,7 +29,7 @@ import sys
 import time
 from pathlib import Path
 
-from shared_data import SHARED
+from _shared_data import SHARED
 
 DATA = SHARED
 FEWCLUE = DATA / "fewclue"

@@ -22,7 +22,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from shared_data import SHARED
+from _shared_data import SHARED
 
 os.environ["TOKENIZERS_PARALLELISM"] = "false"
 

@@ -27,7 +27,7 @@ import sys
 import time
 from pathlib import Path
 
-from shared_data import SHARED
+from _shared_data import SHARED
 
 REPO = Path(__file__).resolve().parents[1]
 GLUE = Path(os.environ.get("CRAMKIT_GLUE_DIR", SHARED / "glue"))

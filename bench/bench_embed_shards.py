@@ -30,7 +30,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from shared_data import SHARED
+from _shared_data import SHARED
 
 ROOT = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "PYTHONUNBUFFERED": "1"}

@@ -34,7 +34,7 @@ from typing import Any
 
 import numpy as np
 
-from shared_data import SHARED
+from _shared_data import SHARED
 
 REPO = Path(__file__).resolve().parents[1]
 DATA = SHARED

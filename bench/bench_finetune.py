@@ -22,7 +22,7 @@ import sys
 import time
 from pathlib import Path
 
-from shared_data import GLUE
+from _shared_data import GLUE
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")

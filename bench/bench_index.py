@@ -36,7 +36,7 @@ from pathlib import Path
 
 import numpy as np
 
-from shared_data import SHARED
+from _shared_data import SHARED
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -37,7 +37,7 @@ from pathlib import Path
 
 import numpy as np
 
-from shared_data import SHARED
+from _shared_data import SHARED
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).resolve().parent))

@@ -43,7 +43,7 @@ from typing import Any
 
 import numpy as np
 
-from shared_data import GLUE
+from _shared_data import GLUE
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -32,7 +32,7 @@ from pathlib import Path
 
 import torch
 
-from shared_data import SHARED
+from _shared_data import SHARED
 
 REPO = Path(__file__).resolve().parents[1]
 NOVELS = SHARED / "corpus" / "english-novels-100"

@@ -21,7 +21,7 @@ import sys
 import time
 from pathlib import Path
 
-from shared_data import GLUE
+from _shared_data import GLUE
 
 REPO = Path(__file__).resolve().parents[1]
 

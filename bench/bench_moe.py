@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from shared_data import SHARED
+from _shared_data import SHARED
 
 SHAPE = [
     "model.hidden=128",

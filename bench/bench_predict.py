@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from shared_data import GLUE
+from _shared_data import GLUE
 
 REPO = Path(__file__).resolve().parents[1]
 

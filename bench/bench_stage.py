@@ -27,7 +27,7 @@ import threading
 import time
 from pathlib import Path
 
-from shared_data import SHARED
+from _shared_data import SHARED
 
 # label -> (DataConfig settings, whether the node-local cache is emptied first)
 MODES = {

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 BENCH = Path(__file__).resolve().parents[1] / "bench"
-SCRIPTS = sorted(BENCH.glob("*.py"))
+SCRIPTS = sorted(p for p in BENCH.glob("*.py") if not p.name.startswith("_"))  # _NAME.py: a helper they import
 
 
 def test_there_are_bench_scripts() -> None:

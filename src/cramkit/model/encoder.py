@@ -319,9 +319,8 @@ def local(t: torch.Tensor | None) -> torch.Tensor | None:
 def attend(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, dropout: float
 ) -> torch.Tensor:
-    """``F.scaled_dot_product_attention``; on a CPU, when training in bf16, computed in fp32: torch's CPU
-    attention backward in bf16 took 4x its fp32 time and a third of a bf16 training step on an AMX Xeon
-    (bench/RESULTS.md, "The silicon on an AMX Xeon"); the projections around it stay in bf16."""
+    """``F.scaled_dot_product_attention``; in fp32 when training in bf16 on a CPU, where torch's bf16 attention
+    backward took 4x fp32's time (bench/RESULTS.md, "The silicon on an AMX Xeon"); projections stay bf16."""
     if q.device.type == "cpu" and q.dtype == torch.bfloat16 and q.requires_grad and torch.is_grad_enabled():
         if mask is not None and mask.is_floating_point():
             mask = mask.float()

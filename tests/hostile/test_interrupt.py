@@ -83,6 +83,11 @@ def test_ctrl_c_while_exporting_stops_and_leaves_nothing(pretrained_run: Path, t
             proc.send_signal(signal.SIGINT)
             proc.wait(timeout=60)
         text = log.read_text()
+        if proc.returncode != 130 and text.rstrip().splitlines()[-1].startswith("exported "):
+            # the signal came after the export was complete, as the interpreter exited (a fast machine): what
+            # it wrote is whole
+            assert (out / "model.onnx").is_file() and (out / "cramkit-onnx.json").is_file(), text
+            break
         assert proc.returncode == 130, f"delay {delay}: exit {proc.returncode}\n{text}"
         assert text.rstrip().splitlines()[-1] == "cramkit: interrupted", text
         assert "Traceback" not in text, text

@@ -220,8 +220,7 @@ def main() -> None:
     if not args.fuse_python:
         raise SystemExit("give --fuse-python (or $BENCH_FUSE_PYTHON): the python of a venv with mfusepy installed")
 
-    shared = SHARED
-    corpus = args.corpus or [str(shared / "corpus" / "english-novels-100")]
+    corpus = args.corpus or [str(SHARED / "corpus" / "english-novels-100")]
     work = Path(args.work or tempfile.mkdtemp(prefix="bench-stage-"))
     src, mnt, tok, cache = work / "src", work / "mnt", work / "tok", work / "cache"
     py = [sys.executable, "-m", "cramkit"]

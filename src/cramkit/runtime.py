@@ -98,7 +98,7 @@ def precision_rule(asked: str, device: torch.device) -> tuple[str, str]:
         return "bf16", f"auto: bf16 autocast on CUDA, fp32 weights; {OPT_OUT}"
     native = cpu_bf16()
     if native is not None:
-        return "bf16", (f"auto: bf16 autocast, this CPU computes bf16 natively ({native}); fp32 weights; {OPT_OUT}")
+        return "bf16", f"auto: bf16 autocast, this CPU computes bf16 natively ({native}); fp32 weights; {OPT_OUT}"
     return "fp32", "auto: fp32, this CPU has no native bf16 (no amx_bf16 or avx512_bf16 flag)"
 
 

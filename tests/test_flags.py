@@ -29,3 +29,29 @@ def test_the_flag_list_is_frozen() -> None:
     added, removed = sorted(set(now) - set(frozen)), sorted(set(frozen) - set(now))
     assert not added, f"new flags {added}: make each a setting (--set KEY=VALUE), or add it to {FROZEN.name}"
     assert not removed, f"flags gone {removed}: users' command lines break; keep them, or drop them from {FROZEN.name}"
+
+
+def _actions(parser: argparse.ArgumentParser, words: list[str]) -> list[tuple[str, argparse.Action]]:
+    out: list[tuple[str, argparse.Action]] = []
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                out += _actions(sub, [*words, name])
+        elif action.option_strings and action.help:
+            out.append((" ".join([*words, action.option_strings[-1]]), action))
+    return out
+
+
+def test_a_flag_help_states_its_default_from_the_default_itself() -> None:
+    """A default is decided once: a help that names its flag's default reads it (``%(default)s``, or the library's
+    constant in an f-string), so changing the default cannot leave the help saying another value."""
+    import re
+
+    stale = []
+    for flag, action in _actions(build_parser(), ["cramkit"]):
+        default = action.default
+        if default in (None, False, True, argparse.SUPPRESS) or isinstance(default, list):
+            continue
+        if re.search(r"default:? " + re.escape(str(default)) + r"\b", action.help or ""):
+            stale.append(f"{flag}: {action.help!r}")
+    assert not stale, "write %(default)s instead of the value:\n" + "\n".join(stale)

@@ -34,6 +34,7 @@ import numpy as np
 
 from cramkit.backends.base import KINDS, LOGIT_KINDS, Backend, ExportedModel, ExportJob, Inputs
 from cramkit.errors import CramkitError
+from cramkit.model.forward import PASS_TOKENS
 
 if TYPE_CHECKING:
     from collections.abc import Iterable
@@ -48,11 +49,8 @@ MODEL_FILES = ("model.bin", "config.json", "vocabulary.json")
 HEAD_FILE = "head.safetensors"
 # the kinds with a pooler + linear head (run in numpy); a multiple-choice model's scores each pair row
 HEAD_KINDS = LOGIT_KINDS
-# padded tokens per forward pass CTranslate2 is fastest with on a CPU: its passes run one matrix product
-# after another over all of a pass's tokens, and a pass of 512 keeps their activations in cache. Against
-# 2,048 (the torch default) it is 1.15x (load 3) to 1.5x (load 8) on short texts at 1 and 2 threads, int8 and
-# float32 alike (bench/bench_fastpath.py; bench/RESULTS.md, "The CPU fast path against a plain CTranslate2 loop")
-CPU_BATCH_TOKENS = 512
+# padded tokens per pass on a CPU: small ones (model/forward.py's PASS_TOKENS says why)
+CPU_BATCH_TOKENS = PASS_TOKENS["ct2-cpu"]
 
 
 def _ctranslate2() -> Any:

@@ -48,6 +48,7 @@ import numpy as np
 
 from cramkit.backends.base import KINDS, Backend, ExportedModel, ExportJob, Inputs, check_summary
 from cramkit.errors import CramkitError
+from cramkit.model.forward import PASS_TOKENS
 
 if TYPE_CHECKING:
     from cramkit.model.loaded import LoadedModel
@@ -58,11 +59,9 @@ FILES = ("model.xml", "model.bin")
 # the largest model.xml a cramkit export may hold: a 24-layer encoder's is under 1 MB (the weights are in
 # model.bin); a bigger one is refused before it is read
 MAX_XML_BYTES = 32 << 20
-# padded tokens per pass: as for CTranslate2, small passes keep a pass's activations in cache when computing f32
-# (bench/RESULTS.md, "OpenVINO on a plain AVX2 CPU"); bf16 on AMX gains from larger ones (+6% on short texts,
-# +17% on long at 2,048; 8,192 loses again: "The silicon on an AMX Xeon")
-CPU_BATCH_TOKENS = 512
-BF16_BATCH_TOKENS = 2048
+# padded tokens per pass on a CPU, by the precision computed (model/forward.py's PASS_TOKENS says why)
+CPU_BATCH_TOKENS = PASS_TOKENS["openvino-f32"]
+BF16_BATCH_TOKENS = PASS_TOKENS["openvino-bf16"]
 # OpenVINO's name for the precision --quantize asks for
 PRECISION_HINT = {None: "f32", "bf16": "bf16"}
 INPUTS = ("input_ids", "attention_mask", "token_type_ids")

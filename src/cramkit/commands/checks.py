@@ -15,3 +15,32 @@ def add_report_to(p: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
         "directory (RUN/tb, RUN/wandb, RUN/mlruns, RUN/trackio) unless WANDB_DIR, MLFLOW_TRACKING_URI or "
         "TRACKIO_DIR say otherwise",
     )
+
+
+def add_pass_args(
+    p: argparse.ArgumentParser | argparse._ArgumentGroup, device: str = "auto, cpu, cuda, cuda:N"
+) -> None:
+    """``--device`` and ``--max-batch-tokens``: where the inference verbs' forward passes run, and how large
+    they are (the defaults: cramkit.model.forward's PASS_TOKENS)."""
+    from cramkit.model.forward import PASS_TOKENS_HELP
+
+    p.add_argument("--device", default="auto", help=device)
+    p.add_argument("--max-batch-tokens", type=int, default=None, metavar="N", help=PASS_TOKENS_HELP)
+
+
+def add_offload_args(p: argparse.ArgumentParser) -> None:
+    """--offload-experts and --expert-cache (predict, embed, serve): a mixture-of-experts model's experts read
+    as the router picks them instead of all resident (``cramkit.infer.Engine``'s ``offload_experts``)."""
+    p.add_argument(
+        "--offload-experts",
+        action="store_true",
+        help="mixture-of-experts model: keep the experts out of memory and bring in only those each batch's router "
+        "picks (CPU: read from the model's safetensors file, memory-mapped; CUDA: copied from host memory)",
+    )
+    p.add_argument(
+        "--expert-cache",
+        default=None,
+        metavar="N",
+        help="with --offload-experts: experts kept resident per MoE layer, least recently used leaving first "
+        "(default 0)",
+    )

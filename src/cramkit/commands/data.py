@@ -9,6 +9,7 @@ from pathlib import Path
 
 from cramkit.commands.reading import add_reading_args, reading_kwargs
 from cramkit.errors import CramkitError
+from cramkit.text.tokenizer import MIN_FREQUENCY, VOCAB_SIZE, ZH_VOCAB_SIZE
 
 
 def _source_args(p: argparse.ArgumentParser) -> None:
@@ -31,7 +32,7 @@ def register(sub) -> None:
         "--vocab-size",
         type=int,
         default=None,
-        help="tokens in the vocabulary (default 32768; 21128 for Chinese, as bert-base-chinese)",
+        help=f"tokens in the vocabulary (default {VOCAB_SIZE}; {ZH_VOCAB_SIZE} for Chinese, as bert-base-chinese)",
     )
     train.add_argument(
         "--lang",
@@ -47,8 +48,8 @@ def register(sub) -> None:
     train.add_argument(
         "--min-frequency",
         type=int,
-        default=2,
-        help="times a piece must occur to enter the vocabulary (default 2)",
+        default=MIN_FREQUENCY,
+        help="times a piece must occur to enter the vocabulary (default %(default)s)",
     )
     train.set_defaults(func=cmd_tokenizer_train)
     tok.set_defaults(func=lambda a: _help(tok))
@@ -59,7 +60,7 @@ def register(sub) -> None:
     _source_args(build)
     build.add_argument("--tokenizer", required=True, help="directory with tokenizer.json or vocab.txt (or either file)")
     build.add_argument("--out", required=True, help="directory for NAME.bin, NAME.idx, NAME.json")
-    build.add_argument("--name", default="train", help="store name inside --out (default: train)")
+    build.add_argument("--name", default="train", help="store name inside --out (default: %(default)s)")
     build.add_argument("--force", action="store_true", help="replace a store of that --name already in --out")
     build.add_argument("--workers", type=int, default=None, help="encoding processes (default: all cores)")
     build.add_argument("--dedup", action="store_true", help="drop exact duplicate documents")
@@ -87,13 +88,13 @@ def register(sub) -> None:
     build.set_defaults(func=cmd_data_build)
     join = dsub.add_parser("join", help="join the shards of `data build --shard i/N` into one store (NAME.json)")
     join.add_argument("store", metavar="DIR", help="the --out of the shards")
-    join.add_argument("--name", default="train", help="store name inside DIR (default: train)")
+    join.add_argument("--name", default="train", help="store name inside DIR (default: %(default)s)")
     join.set_defaults(func=cmd_data_join)
     inspect = dsub.add_parser("inspect", help="counts, a length histogram and decoded samples of a store")
     inspect.add_argument("store", metavar="DIR", help="store directory (or NAME prefix / NAME.idx)")
     inspect.add_argument("--name", default=None, help="store name when DIR holds several")
     inspect.add_argument("--tokenizer", default=None, help="tokenizer to decode with (default: the store's copy)")
-    inspect.add_argument("--samples", type=int, default=3, help="documents decoded and shown (default 3)")
+    inspect.add_argument("--samples", type=int, default=3, help="documents decoded and shown (default %(default)s)")
     inspect.set_defaults(func=cmd_data_inspect)
     data.set_defaults(func=lambda a: _help(data))
 
@@ -117,7 +118,7 @@ _LANG_NAMES = {"zh": "Chinese, one token per character", "generic": "generic Wor
 
 def cmd_tokenizer_train(args: argparse.Namespace) -> int:
     from cramkit.text.sources import detect_language, iter_documents
-    from cramkit.text.tokenizer import ZH_VOCAB_SIZE, save_tokenizer, train_tokenizer
+    from cramkit.text.tokenizer import save_tokenizer, train_tokenizer
 
     _refuse_overwrite(args.out, ["tokenizer.json", "vocab.txt"], args.force)
     t0 = time.time()
@@ -127,7 +128,7 @@ def cmd_tokenizer_train(args: argparse.Namespace) -> int:
         guess = detect_language(iter_documents(args.sources, **reading_kwargs(args)))
         lang = guess.lang
         print(f"tokenizer: {guess.describe()}: {_LANG_NAMES[lang]} (--lang to choose)")
-    vocab_size = args.vocab_size or (ZH_VOCAB_SIZE if lang == "zh" else 32768)
+    vocab_size = args.vocab_size or (ZH_VOCAB_SIZE if lang == "zh" else VOCAB_SIZE)
     tok = train_tokenizer(
         lambda: iter_documents(args.sources, stats=stats, **reading_kwargs(args)),
         vocab_size,

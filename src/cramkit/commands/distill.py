@@ -54,7 +54,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--dev", help="dev file, scored for teacher and student")
     p.add_argument("--text-a", help="column with the (first) text")
     p.add_argument("--text-b", help="column with the second text of a pair")
-    p.add_argument("--label", default="label", help="label column (default: label)")
+    p.add_argument("--label", default="label", help="label column (default: %(default)s)")
     p.add_argument("--regression", action="store_true", help="the label is a number")
     p.add_argument(
         "--unlabelled",

@@ -15,10 +15,12 @@ def register(sub: argparse._SubParsersAction) -> None:
         "at the crammed-bert shape. The CPU figures are kept in the cache directory, and CPU training runs then "
         "report their model FLOP/s as a share of them.",
     )
-    p.add_argument("--hidden", type=int, default=384, help="the layer's width (default 384, all-MiniLM-L6-v2's)")
-    p.add_argument("--intermediate", type=int, default=1536, help="the MLP's width (default 1536)")
-    p.add_argument("--tokens", type=int, default=2048, help="tokens per product (default 2048: 16 x 128)")
-    p.add_argument("--seconds", type=float, default=0.4, help="time per measurement (default 0.4)")
+    p.add_argument(
+        "--hidden", type=int, default=384, help="the layer's width (default %(default)s, all-MiniLM-L6-v2's)"
+    )
+    p.add_argument("--intermediate", type=int, default=1536, help="the MLP's width (default %(default)s)")
+    p.add_argument("--tokens", type=int, default=2048, help="tokens per product (default %(default)s: 16 x 128)")
+    p.add_argument("--seconds", type=float, default=0.4, help="time per measurement (default %(default)s)")
     p.add_argument("--json", metavar="FILE", help="also write the figures to FILE")
     p.add_argument("--no-save", action="store_true", help="do not keep the figures in the cache directory")
     p.set_defaults(func=run)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 
-from cramkit.commands.predict import add_offload_args
+from cramkit.commands.checks import add_offload_args, add_pass_args
 from cramkit.commands.reading import add_reading_args
 
 
@@ -74,14 +74,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--store-tokenizer", default=None, help="the token store's tokenizer, when not the model's")
     p.add_argument("--overwrite", action="store_true", help="replace finished embeddings of other inputs in DIR")
-    p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N")
-    p.add_argument(
-        "--max-batch-tokens",
-        type=int,
-        default=None,
-        help="padded tokens per forward pass (default: the runtime's own, 512 for a CTranslate2 export on a CPU; "
-        "else 2048 on a CPU, 16384 on CUDA)",
-    )
+    add_pass_args(p)
     p.add_argument("--block", type=int, default=1024, help="rows embedded between progress commits")
     add_offload_args(p)
     p.set_defaults(func=run)

@@ -7,7 +7,9 @@ import argparse
 import json
 import sys
 
+from cramkit.commands.checks import add_pass_args
 from cramkit.errors import CramkitError
+from cramkit.evaluate.metrics import CUTOFF
 
 EMBED_EVALS = ("sts", "retrieval")
 
@@ -62,9 +64,10 @@ def add_arguments(e: argparse.ArgumentParser) -> None:
         help="retrieval: search through this index (cramkit index build DATA/corpus.jsonl --encoder MODEL) "
         "instead of exact search; exact search over its vectors is reported beside it",
     )
-    g.add_argument("-k", "--k", type=int, metavar="K", help="retrieval: the cut-off of nDCG and MRR (default 10)")
-    g.add_argument("--device", default="auto", help="auto (default), cpu, cuda, cuda:N")
-    g.add_argument("--max-batch-tokens", type=int, metavar="N", help="padded tokens per forward pass")
+    g.add_argument(
+        "-k", "--k", type=int, metavar="K", help=f"retrieval: the cut-off of nDCG and MRR (default {CUTOFF})"
+    )
+    add_pass_args(g, device="auto (default), cpu, cuda, cuda:N")
     g.add_argument(
         "--dimensions",
         type=int,
@@ -128,7 +131,7 @@ def run_embed_eval(args: argparse.Namespace) -> int:
             args.out or "eval-retrieval",
             split=args.split or "test",
             index=args.index,
-            k=10 if args.k is None else args.k,
+            k=CUTOFF if args.k is None else args.k,
             skip_bad_rows=args.skip_bad_rows,
             device=args.device,
             max_batch_tokens=args.max_batch_tokens,
@@ -152,7 +155,7 @@ def _print_settings(args: argparse.Namespace, what: str) -> int:
             text_a=args.text_a or "sentence1", text_b=args.text_b or "sentence2", label=args.label or "score"
         )
     else:
-        settings.update(split=args.split or "test", index=args.index, k=10 if args.k is None else args.k)
+        settings.update(split=args.split or "test", index=args.index, k=CUTOFF if args.k is None else args.k)
     settings.update(skip_bad_rows=args.skip_bad_rows, device=args.device, max_batch_tokens=args.max_batch_tokens)
     settings.update(dimensions=args.dimensions)
     print(yaml.safe_dump({"eval": settings}, sort_keys=False), end="")

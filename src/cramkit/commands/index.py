@@ -6,7 +6,9 @@ import argparse
 import json
 import sys
 
+from cramkit.commands.checks import add_pass_args
 from cramkit.commands.reading import add_reading_args, reading_kwargs
+from cramkit.index.manifest import OVERLAP, PASSAGE_TOKENS, RETRO_CHUNK
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -49,15 +51,17 @@ def _add_build_parser(verbs: argparse._SubParsersAction) -> None:
         "--chunk-tokens",
         type=int,
         default=None,
-        help="tokens per chunk (default: 128 for passages, 64 for retro)",
+        help=f"tokens per chunk (default: {PASSAGE_TOKENS} for passages, {RETRO_CHUNK} for retro)",
     )
-    b.add_argument("--overlap", type=int, default=None, help="tokens shared by consecutive passages (default 16)")
-    b.add_argument("--memory", default="4GB", help="RAM budget for the index (default 4GB)")
+    b.add_argument(
+        "--overlap", type=int, default=None, help=f"tokens shared by consecutive passages (default {OVERLAP})"
+    )
+    b.add_argument("--memory", default="4GB", help="RAM budget for the index (default %(default)s)")
     b.add_argument(
         "--target-recall",
         type=float,
         default=0.95,
-        help="recall@10 against exact search to tune for (default 0.95)",
+        help="recall@10 against exact search to tune for (default %(default)s)",
     )
     b.add_argument(
         "--kind",
@@ -114,7 +118,7 @@ def _add_query_parser(verbs: argparse._SubParsersAction) -> None:
     q = verbs.add_parser("query", help="the k nearest chunks of a text")
     q.add_argument("index", metavar="IDX")
     q.add_argument("texts", metavar="TEXT", nargs="+")
-    q.add_argument("-k", type=int, default=10, help="results per query (default 10)")
+    q.add_argument("-k", type=int, default=10, help="results per query (default %(default)s)")
     q.add_argument("--encoder", default=None, help="the encoder (default: the index's own copy); must match")
     q.add_argument("--json", action="store_true", help="print JSON lines")
     q.add_argument("--device", default="cpu", help="cpu (default), cuda, cuda:N or auto")
@@ -146,7 +150,7 @@ def _add_neighbours_parser(verbs: argparse._SubParsersAction) -> None:
     n.add_argument("index", metavar="IDX")
     n.add_argument("--store", required=True, help="the token store whose 64-token chunks get neighbours")
     n.add_argument("--out", required=True, metavar="DIR", help="directory for neighbours.npy")
-    n.add_argument("-k", type=int, default=2, help="neighbours per chunk (default 2)")
+    n.add_argument("-k", type=int, default=2, help="neighbours per chunk (default %(default)s)")
     n.add_argument("--store-tokenizer", default=None, help="the token store's tokenizer, when not the encoder's")
     _common(n, batch=False)  # --block: also the chunks searched between commits (a rerun resumes after the last)
     n.set_defaults(func=run_neighbours)
@@ -186,15 +190,10 @@ def _add_export_parser(verbs: argparse._SubParsersAction) -> None:
 
 
 def _common(p: argparse.ArgumentParser, batch: bool = True) -> None:
-    p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N")
     if batch:
-        p.add_argument(
-            "--max-batch-tokens",
-            type=int,
-            default=None,
-            help="padded tokens per forward pass (default: the runtime's own, 512 for a CTranslate2 export on a CPU; "
-            "else 2048 on a CPU, 16384 on CUDA)",
-        )
+        add_pass_args(p)
+    else:
+        p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N")
     p.add_argument("--block", type=int, default=1024, help="chunks embedded between progress commits")
 
 

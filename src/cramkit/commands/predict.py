@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 
+from cramkit.commands.checks import add_offload_args, add_pass_args
 from cramkit.commands.reading import add_reading_args, reading_kwargs
 
 
@@ -45,37 +46,12 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="of a deep-prompt directory (finetune --method ptuning): the base model it was trained on",
     )
     p.add_argument("--keep-text", action="store_true", help="copy each row's input text into the predictions")
-    p.add_argument("--top-k", type=int, default=5, help="fill-mask: candidates per [MASK] (default 5)")
-    p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N")
-    p.add_argument(
-        "--max-batch-tokens",
-        type=int,
-        default=None,
-        help="padded tokens per forward pass (default: the runtime's own, 512 for a CTranslate2 export on a CPU; "
-        "else 2048 on a CPU, 16384 on CUDA)",
-    )
+    p.add_argument("--top-k", type=int, default=5, help="fill-mask: candidates per [MASK] (default %(default)s)")
+    add_pass_args(p)
     p.add_argument("--max-length", type=int, default=None, help="cut inputs to this many tokens (default: the model's)")
     add_offload_args(p)
     add_reading_args(p, doc_split=False, text_field=False)
     p.set_defaults(func=run)
-
-
-def add_offload_args(p: argparse.ArgumentParser) -> None:
-    """--offload-experts and --expert-cache (predict, embed, serve): a mixture-of-experts model's experts read
-    as the router picks them instead of all resident (``cramkit.infer.Engine``'s ``offload_experts``)."""
-    p.add_argument(
-        "--offload-experts",
-        action="store_true",
-        help="mixture-of-experts model: keep the experts out of memory and bring in only those each batch's router "
-        "picks (CPU: read from the model's safetensors file, memory-mapped; CUDA: copied from host memory)",
-    )
-    p.add_argument(
-        "--expert-cache",
-        default=None,
-        metavar="N",
-        help="with --offload-experts: experts kept resident per MoE layer, least recently used leaving first "
-        "(default 0)",
-    )
 
 
 def run(args: argparse.Namespace) -> int:

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-# as cramkit.text.sources.DOC_SPLITS (not imported from there: `cramkit --help` stays instant)
-DOC_SPLITS = ("auto", "file", "blank", "wikitext")
+from cramkit.text.sources import DOC_SPLITS
 
 
 def add_reading_args(

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 
-from cramkit.commands.predict import add_offload_args
+from cramkit.commands.checks import add_offload_args, add_pass_args
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -18,8 +18,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         "ONNX export (cramkit export --format onnx); NAME=MODEL names it (requests pick a model by name).",
     )
     p.add_argument("models", nargs="+", metavar="MODEL", help="a model (or NAME=MODEL); several are served by name")
-    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
-    p.add_argument("--port", type=int, default=8080, help="port (default 8080; 0 picks a free one)")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default %(default)s)")
+    p.add_argument("--port", type=int, default=8080, help="port (default %(default)s; 0 picks a free one)")
     p.add_argument(
         "--backend",
         default="auto",
@@ -27,17 +27,11 @@ def register(sub: argparse._SubParsersAction) -> None:
         "otherwise; torch, onnx, ct2 or a registered format: onnx, ct2, ... export a torch model at "
         "startup",
     )
-    p.add_argument("--device", default="auto", help="torch backend: auto, cpu, cuda, cuda:N")
-    p.add_argument(
-        "--max-batch-tokens",
-        type=int,
-        default=None,
-        help="padded tokens per forward pass (default: 2048 on a CPU, 16384 on CUDA)",
-    )
+    add_pass_args(p, device="torch backend: auto, cpu, cuda, cuda:N")
     add_offload_args(p)
     p.add_argument("--max-wait-ms", type=float, default=5.0, help="how long a batch waits for more requests")
     p.add_argument("--max-length", type=int, default=None, help="cut inputs to this many tokens")
-    p.add_argument("--max-inputs", type=int, default=1024, help="inputs per request (default 1024)")
+    p.add_argument("--max-inputs", type=int, default=1024, help="inputs per request (default %(default)s)")
     p.add_argument("--max-input-chars", type=int, default=50_000, help="characters per input")
     p.add_argument("--max-choices", type=int, default=64, help="choices per input of a multiple-choice model")
     p.add_argument("--max-payload-bytes", type=int, default=2_000_000, help="request body size")

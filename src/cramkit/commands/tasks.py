@@ -172,12 +172,12 @@ def _file_task_args(g: argparse._ArgumentGroup) -> None:
         "--dev-fraction",
         type=float,
         default=0.1,
-        help="without --dev: this fraction of the shuffled train rows is held out for scoring (default 0.1)",
+        help="without --dev: this fraction of the shuffled train rows is held out for scoring (default %(default)s)",
     )
     g.add_argument("--test", help="test file (labels optional); predictions are written")
     g.add_argument("--text-a", help="column with the (first) text")
     g.add_argument("--text-b", help="column with the second text of a pair")
-    g.add_argument("--label", default="label", help="label column (default: label)")
+    g.add_argument("--label", default="label", help="label column (default: %(default)s)")
     g.add_argument("--regression", action="store_true", help="the label is a number (MSE, Pearson/Spearman)")
     g.add_argument(
         "--choices",

@@ -15,6 +15,8 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
+CUTOFF = 10  # the cut-off of nDCG and MRR by default (BEIR's)
+
 
 def relevant_count(relevance: Mapping[str, float]) -> int:
     """How many of the judged documents are relevant (score at least 1)."""
@@ -57,14 +59,14 @@ def average_precision_at_k(ranked: Sequence[str], relevance: Mapping[str, float]
     return total / n if n else 0.0
 
 
-def metric_names(k: int = 10) -> list[str]:
+def metric_names(k: int = CUTOFF) -> list[str]:
     """The retrieval metrics reported, main (nDCG@k) first."""
     recalls = sorted({1, k, 100})
     return [f"ndcg@{k}", *(f"recall@{r}" for r in recalls), f"mrr@{k}", "map@100"]
 
 
 def retrieval_metrics(
-    run: Mapping[str, Sequence[str]], qrels: Mapping[str, Mapping[str, float]], k: int = 10
+    run: Mapping[str, Sequence[str]], qrels: Mapping[str, Mapping[str, float]], k: int = CUTOFF
 ) -> dict[str, float]:
     """The means (x100) of :func:`metric_names` over the queries of ``qrels`` that have a relevant document
     (a query missing from ``run`` retrieved nothing). Empty when no query has one."""

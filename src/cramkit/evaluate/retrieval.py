@@ -20,7 +20,7 @@ import numpy as np
 
 from cramkit.errors import CramkitError
 from cramkit.evaluate.embedding import check_model, embed_texts, model_info, open_engine
-from cramkit.evaluate.metrics import exact_search, relevant_count, retrieval_metrics
+from cramkit.evaluate.metrics import CUTOFF, exact_search, relevant_count, retrieval_metrics
 from cramkit.evaluate.results import SCALE, check_results_out, short_source, write_outputs
 from cramkit.evaluate.rows import BadRows, parse_number
 
@@ -247,7 +247,7 @@ def evaluate_retrieval(
     *,
     split: str = "test",
     index: str | os.PathLike | None = None,
-    k: int = 10,
+    k: int = CUTOFF,
     skip_bad_rows: bool = False,
     device: str = "auto",
     max_batch_tokens: int | None = None,

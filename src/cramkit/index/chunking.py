@@ -35,12 +35,11 @@ from cramkit.data.tokenstore import is_store
 from cramkit.embed.parquet import iter_parts, part_vectors, read_manifest
 from cramkit.embed.store_text import decode_spans, store_chunk_spans, store_documents, store_tokenizer
 from cramkit.errors import CramkitError
-from cramkit.index.manifest import MODES
+from cramkit.index.manifest import MODES, OVERLAP, PASSAGE_TOKENS, RETRO_CHUNK
 from cramkit.io import atomic_path, open_memmap
 from cramkit.text.tokenizer import encode_batch
 
 COLUMNS = ("doc", "seq", "tok_start", "tok_end", "source", "char_start", "char_end")
-RETRO_CHUNK = 64
 
 
 @dataclass
@@ -85,8 +84,8 @@ def chunk_text_sources(
     sources: Sequence[str] | None,
     tokenizer: Any,
     *,
-    chunk_tokens: int = 128,
-    overlap: int = 16,
+    chunk_tokens: int = PASSAGE_TOKENS,
+    overlap: int = OVERLAP,
     max_tokens: int | None = None,
     **reading: Any,
 ) -> Chunks:
@@ -222,8 +221,8 @@ def make_chunks(
             raise CramkitError(
                 f"--mode retro needs a token store (cramkit data build), not text files: {source or 'builtin'}"
             )
-        size = chunk_tokens or min(128, limit)
-        ov = 16 if overlap is None else overlap
+        size = chunk_tokens or min(PASSAGE_TOKENS, limit)
+        ov = OVERLAP if overlap is None else overlap
         ov = min(ov, size - 1) if overlap is None else ov
         chunks = chunk_text_sources(
             [source] if source else None,

@@ -44,13 +44,13 @@ from typing import Any
 
 import numpy as np
 
+from cramkit.embed.parquet import COLUMNS  # the columns of `cramkit embed --format parquet`
 from cramkit.errors import CramkitError
 from cramkit.index import ann
 from cramkit.index.search import Index
 from cramkit.io import atomic_path, disk_problem
 
 TARGETS = ("parquet", "lancedb", "milvus")
-COLUMNS = ("id", "vector", "text", "doc", "source")
 DB_INDEXES = ("auto", "flat", "hnsw")
 PARTIAL = "__cramkit_partial"
 # Milvus: one insert call is capped at 64 MiB by its gRPC limit; its maintainers advise batches of 20-40 MB

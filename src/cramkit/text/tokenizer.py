@@ -32,8 +32,10 @@ if TYPE_CHECKING:
 
 SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 LANGS = ("generic", "zh")
+VOCAB_SIZE = 32768  # the default vocabulary, for text that is not Chinese (BERT's is 30,522)
 ZH_VOCAB_SIZE = 21128  # bert-base-chinese's: room for the 20,902 ideographs of the main CJK block
 MAX_VOCAB_SIZE = 1 << 20  # HF's trainer aborts the process on absurd sizes; no encoder needs more
+MIN_FREQUENCY = 2  # times a piece must occur to enter the vocabulary, by default
 
 
 @dataclass(frozen=True)
@@ -63,11 +65,11 @@ def _bert_template(tok: tokenizers.Tokenizer) -> None:
 
 def train_tokenizer(
     documents: Iterable[str] | Callable[[], Iterable[str]],
-    vocab_size: int = 32768,
+    vocab_size: int = VOCAB_SIZE,
     *,
     lowercase: bool = True,
     strip_accents: bool = True,
-    min_frequency: int = 2,
+    min_frequency: int = MIN_FREQUENCY,
     lang: str = "generic",
 ) -> tokenizers.Tokenizer:
     """Train a BERT WordPiece tokenizer on ``documents``; the special tokens get ids 0..4.
@@ -86,10 +88,12 @@ def train_tokenizer(
     from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 
     if vocab_size < len(SPECIAL_TOKENS) + 1:
-        raise CramkitError(f"--vocab-size {vocab_size} is too small; use at least a few hundred (32768 is usual)")
+        raise CramkitError(
+            f"--vocab-size {vocab_size} is too small; use at least a few hundred ({VOCAB_SIZE} is usual)"
+        )
     if vocab_size > MAX_VOCAB_SIZE:
         raise CramkitError(
-            f"--vocab-size {vocab_size:,} is too large; use at most {MAX_VOCAB_SIZE:,} (32768 is usual, BERT "
+            f"--vocab-size {vocab_size:,} is too large; use at most {MAX_VOCAB_SIZE:,} ({VOCAB_SIZE} is usual, BERT "
             "uses 30522, multilingual models 250,000)"
         )
     if min_frequency < 1:

@@ -17,7 +17,7 @@ from cramkit.data.mlm import DataConfig
 from cramkit.errors import CramkitError
 from cramkit.model.encoder import ModelConfig, config_parameters
 from cramkit.runtime import Precision
-from cramkit.text.tokenizer import LANGS, MAX_VOCAB_SIZE
+from cramkit.text.tokenizer import LANGS, MAX_VOCAB_SIZE, MIN_FREQUENCY, VOCAB_SIZE
 from cramkit.train.budget import parse_budget, parse_every
 from cramkit.train.distributed import ParallelConfig
 from cramkit.train.parallel import check_ep
@@ -31,10 +31,10 @@ from cramkit.train.tensor_parallel import check_tp
 class TokenizerConfig:
     """WordPiece tokenizer trained on the run's sources (unless a tokenizer or a store is given)."""
 
-    vocab_size: int = 32768
+    vocab_size: int = VOCAB_SIZE
     lowercase: bool = True
     strip_accents: bool = True
-    min_frequency: int = 2
+    min_frequency: int = MIN_FREQUENCY
     lang: str = "auto"  # zh: character-level for Chinese; generic: BERT's; auto: zh when the text is Chinese
 
     def validate(self) -> None:
@@ -43,7 +43,7 @@ class TokenizerConfig:
         if not 100 <= self.vocab_size <= MAX_VOCAB_SIZE:
             raise CramkitError(
                 f"tokenizer.vocab_size must be between 100 and {MAX_VOCAB_SIZE:,}, got {self.vocab_size:,} "
-                "(32768 is usual; BERT uses 30522)"
+                f"({VOCAB_SIZE} is usual; BERT uses 30522)"
             )
         if self.min_frequency < 1:
             raise CramkitError(f"tokenizer.min_frequency must be at least 1, got {self.min_frequency}")

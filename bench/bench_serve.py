@@ -17,9 +17,10 @@ A warm-up (the first 64 texts, one per request) precedes each measurement, and i
 mean cosine to the reference's vectors.
 
 Contestants (``--contestants``, comma-separated):
-  torch, onnx, onnx-int8, ct2, ct2-int8
+  torch, onnx, onnx-int8, ct2, ct2-int8, openvino, openvino-bf16
                                   ``cramkit serve`` with that backend (the exports made by ``cramkit export``;
-                                  onnx and ct2: full precision, float32);
+                                  onnx, ct2 and openvino: full precision, float32; openvino-bf16 computes
+                                  bf16 where the CPU has it);
   NAME@SRC                        the same, importing cramkit from the directory SRC (an A/B of the server);
   infinity-torch                  ``infinity_emb v2 --engine torch`` from ``--infinity`` (a venv's
                                   infinity_emb), fp32;
@@ -267,7 +268,7 @@ def exported(work: Path, fmt: str, quantize: str) -> Path:
     d = work / f"minilm-{fmt}-{quantize}"
     if not d.is_dir():
         cmd = [sys.executable, "-m", "cramkit", "export", f"hf:{minilm_dir()}", "--out", str(d), "--format", fmt]
-        full = quantize == "float32" and fmt == "onnx"  # ONNX's full precision is the default, no --quantize
+        full = quantize == "float32" and fmt in ("onnx", "openvino")  # their full precision: no --quantize
         subprocess.run(cmd if full else [*cmd, "--quantize", quantize], check=True)
     return d
 
@@ -327,9 +328,12 @@ def contestants(args: argparse.Namespace, work: Path) -> list[Server]:
             continue
         if base == "torch":
             backend, model = "torch", f"hf:{minilm_dir()}"
-        else:  # onnx, onnx-int8, ct2 (float32), ct2-int8
+        else:  # onnx, onnx-int8, ct2 (float32), ct2-int8, openvino (f32), openvino-bf16
             backend, _, quantize = base.partition("-")
-            if backend not in ("onnx", "ct2") or quantize not in ("", "int8"):
+            if (backend, quantize) not in {(b, q) for b in ("onnx", "ct2") for q in ("", "int8")} | {
+                ("openvino", ""),
+                ("openvino", "bf16"),
+            }:
                 raise SystemExit(f"unknown contestant {spec!r}")
             model = str(exported(work, backend, quantize or "float32"))
         argv = [

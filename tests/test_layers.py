@@ -19,7 +19,8 @@ PACKAGE = SRC / "cramkit"
 # lowest first; a module belongs to the longest prefix listed
 LAYERS: list[tuple[str, ...]] = [
     # the ground: errors, files, settings, where and how a process computes (runtime; doctor: the machine's
-    # measured ceilings, which the engine's progress line reads), metadata numbers checked, progress shown
+    # measured ceilings, which the engine's progress line reads), metadata numbers checked, progress shown, names
+    # imported on first use (lazy)
     (
         "cramkit.errors",
         "cramkit.io",
@@ -28,6 +29,7 @@ LAYERS: list[tuple[str, ...]] = [
         "cramkit.doctor",
         "cramkit.meta",
         "cramkit.progress",
+        "cramkit.lazy",
     ),
     ("cramkit.text",),
     ("cramkit.data", "cramkit.tasks"),

@@ -18,7 +18,7 @@ verbs with sub-verbs keep them in their package: ``cramkit.index.build_index``, 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from cramkit import distill  # the package, callable as the verb (cramkit.api.distill)
 
@@ -27,6 +27,7 @@ from cramkit import distill  # the package, callable as the verb (cramkit.api.di
 from cramkit import evaluate as _evaluate_package
 from cramkit.api import evaluate, export, finetune, train_embeddings
 from cramkit.errors import CramkitError
+from cramkit.lazy import lazy_names
 from cramkit.load import LoadedModel, load  # the function shadows the module name `cramkit.load`
 
 if TYPE_CHECKING:
@@ -41,24 +42,15 @@ del _evaluate_package  # imported for its place in sys.modules only (above)
 
 # the verbs whose library function is the verb as it is (its checks inside): imported on first use, so that
 # `import cramkit` stays light
-_LAZY = {
-    "pretrain": ("cramkit.recipes.pretrain", "pretrain"),
-    "predict": ("cramkit.infer.predict", "predict"),
-    "evaluate_sts": ("cramkit.evaluate.sts", "evaluate_sts"),
-    "evaluate_retrieval": ("cramkit.evaluate.retrieval", "evaluate_retrieval"),
-}
-
-
-def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        import importlib
-
-        module, attr = _LAZY[name]
-        value = getattr(importlib.import_module(module), attr)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module 'cramkit' has no attribute {name!r}")
-
+__getattr__ = lazy_names(
+    __name__,
+    {
+        "pretrain": "cramkit.recipes.pretrain",
+        "predict": "cramkit.infer.predict",
+        "evaluate_sts": "cramkit.evaluate.sts",
+        "evaluate_retrieval": "cramkit.evaluate.retrieval",
+    },
+)
 
 __version__ = "0.1.0"
 __all__ = [

@@ -8,11 +8,9 @@ cramkit`` imports this package and must not import torch."""
 
 from __future__ import annotations
 
-import importlib
-import inspect
-import sys
-import types
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from cramkit.lazy import callable_package, lazy_names
 
 if TYPE_CHECKING:
     from cramkit.distill.augment import AugmentConfig, build_transfer, read_transfer
@@ -20,17 +18,6 @@ if TYPE_CHECKING:
     from cramkit.distill.core import distill
     from cramkit.distill.students import build_student
     from cramkit.distill.unlabelled import read_unlabelled
-
-_WHERE = {
-    "AugmentConfig": "augment",
-    "build_transfer": "augment",
-    "read_transfer": "augment",
-    "DistillConfig": "config",
-    "build_student": "students",
-    "config_from": "config",
-    "distill": "core",
-    "read_unlabelled": "unlabelled",
-}
 
 __all__ = [
     "AugmentConfig",
@@ -42,32 +29,17 @@ __all__ = [
     "read_transfer",
     "read_unlabelled",
 ]
-
-
-def __getattr__(name: str) -> Any:
-    if name in _WHERE:
-        value = getattr(importlib.import_module(f"cramkit.distill.{_WHERE[name]}"), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module 'cramkit.distill' has no attribute {name!r}")
-
-
-def _verb() -> Any:
-    from cramkit.distill.verb import distill
-
-    return distill
-
-
-class _VerbModule(types.ModuleType):
-    """The package, callable as the verb (module ``__class__`` assignment: the package stays a package, so
-    ``import cramkit.distill.core`` and ``cramkit.distill.DistillConfig`` work as before)."""
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        return _verb()(*args, **kwargs)
-
-    @property
-    def __signature__(self) -> inspect.Signature:
-        return inspect.signature(_verb())
-
-
-sys.modules[__name__].__class__ = _VerbModule
+__getattr__ = lazy_names(
+    __name__,
+    {
+        "AugmentConfig": "cramkit.distill.augment",
+        "build_transfer": "cramkit.distill.augment",
+        "read_transfer": "cramkit.distill.augment",
+        "DistillConfig": "cramkit.distill.config",
+        "config_from": "cramkit.distill.config",
+        "build_student": "cramkit.distill.students",
+        "distill": "cramkit.distill.core",
+        "read_unlabelled": "cramkit.distill.unlabelled",
+    },
+)
+callable_package(__name__, "cramkit.distill.verb", "distill")

@@ -17,46 +17,22 @@ package and must not import numpy or torch."""
 
 from __future__ import annotations
 
-import importlib
-import inspect
-import sys
-import types
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from cramkit.lazy import callable_package, lazy_names
 
 if TYPE_CHECKING:
     from cramkit.embed.embedder import CramkitEmbedder
     from cramkit.embed.parquet import read_vectors
     from cramkit.embed.verb import embed_source
 
-_WHERE = {"CramkitEmbedder": "embedder", "embed_source": "verb", "read_vectors": "parquet"}
-
 __all__ = ["CramkitEmbedder", "embed_source", "read_vectors"]
-
-
-def __getattr__(name: str) -> Any:
-    if name in _WHERE:
-        value = getattr(importlib.import_module(f"cramkit.embed.{_WHERE[name]}"), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module 'cramkit.embed' has no attribute {name!r}")
-
-
-def _verb() -> Any:
-    from cramkit.embed.verb import embed_source
-
-    return embed_source
-
-
-class _VerbModule(types.ModuleType):
-    """The package, callable as the verb (module ``__class__`` assignment, as ``cramkit.distill``: the package
-    stays a package, so ``import cramkit.embed.parquet`` and ``cramkit.embed.CramkitEmbedder`` work)."""
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        return _verb()(*args, **kwargs)
-
-    @property
-    def __signature__(self) -> inspect.Signature:
-        return inspect.signature(_verb())
-
-
-sys.modules[__name__].__class__ = _VerbModule
+__getattr__ = lazy_names(
+    __name__,
+    {
+        "CramkitEmbedder": "cramkit.embed.embedder",
+        "embed_source": "cramkit.embed.verb",
+        "read_vectors": "cramkit.embed.parquet",
+    },
+)
+callable_package(__name__, "cramkit.embed.verb", "embed_source")

@@ -5,22 +5,16 @@ Names are imported on first use, so that importing a module of this package does
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from cramkit.lazy import lazy_names
 
 if TYPE_CHECKING:
     from cramkit.infer.engine import ClassifyResult, Engine
     from cramkit.runtime import resolve_device
 
 __all__ = ["ClassifyResult", "Engine", "resolve_device"]
-
-
-def __getattr__(name: str) -> Any:
-    if name in ("ClassifyResult", "Engine"):
-        from cramkit.infer import engine
-
-        return getattr(engine, name)
-    if name == "resolve_device":
-        from cramkit.runtime import resolve_device
-
-        return resolve_device
-    raise AttributeError(f"module 'cramkit.infer' has no attribute {name!r}")
+__getattr__ = lazy_names(
+    __name__,
+    {"ClassifyResult": "cramkit.infer.engine", "Engine": "cramkit.infer.engine", "resolve_device": "cramkit.runtime"},
+)

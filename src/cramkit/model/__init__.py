@@ -7,24 +7,13 @@ The names below are imported on first use (PEP 562), so that reading a model dir
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from cramkit.lazy import lazy_names
 
 if TYPE_CHECKING:
     from cramkit.model.encoder import Encoder, ModelConfig, count_parameters, flops_per_token
     from cramkit.model.heads import IGNORE, ClassifierConfig, MaskedLM, MLMOutput, SequenceClassifier
-
-_WHERE = {
-    "Encoder": "encoder",
-    "ModelConfig": "encoder",
-    "count_parameters": "encoder",
-    "flops_per_token": "encoder",
-    "IGNORE": "heads",
-    "ClassifierConfig": "heads",
-    "MaskedLM": "heads",
-    "MLMOutput": "heads",
-    "SequenceClassifier": "heads",
-}
 
 __all__ = [
     "IGNORE",
@@ -37,9 +26,17 @@ __all__ = [
     "count_parameters",
     "flops_per_token",
 ]
-
-
-def __getattr__(name: str) -> Any:
-    if name not in _WHERE:
-        raise AttributeError(f"module 'cramkit.model' has no attribute {name!r}")
-    return getattr(importlib.import_module(f"cramkit.model.{_WHERE[name]}"), name)
+__getattr__ = lazy_names(
+    __name__,
+    {
+        "Encoder": "cramkit.model.encoder",
+        "ModelConfig": "cramkit.model.encoder",
+        "count_parameters": "cramkit.model.encoder",
+        "flops_per_token": "cramkit.model.encoder",
+        "IGNORE": "cramkit.model.heads",
+        "ClassifierConfig": "cramkit.model.heads",
+        "MaskedLM": "cramkit.model.heads",
+        "MLMOutput": "cramkit.model.heads",
+        "SequenceClassifier": "cramkit.model.heads",
+    },
+)

@@ -1,0 +1,47 @@
+"""Names a package imports on first use (PEP 562), and a package callable as its verb: one implementation for
+``cramkit``, ``cramkit.model``, ``cramkit.infer``, ``cramkit.embed`` and ``cramkit.distill``, so that ``import
+cramkit`` and ``cramkit --help`` load no torch and no engine until a name is used."""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import sys
+import types
+from collections.abc import Callable, Mapping
+from typing import Any
+
+
+def lazy_names(package: str, where: Mapping[str, str]) -> Callable[[str], Any]:
+    """The module ``__getattr__`` of ``package``: each name of ``where`` is imported on first use from the module
+    it maps to (``"cramkit.x.y"``, or ``"cramkit.x.y:other"`` where the name there differs), then kept in the
+    package, so that later uses are plain attribute reads."""
+
+    def __getattr__(name: str) -> Any:
+        if name not in where:
+            raise AttributeError(f"module {package!r} has no attribute {name!r}")
+        module, _, attr = where[name].partition(":")
+        value = getattr(importlib.import_module(module), attr or name)
+        setattr(sys.modules[package], name, value)
+        return value
+
+    return __getattr__
+
+
+def callable_package(package: str, module: str, verb: str) -> None:
+    """Make the package ``package`` callable as the function ``verb`` of ``module`` (imported at the first call),
+    its signature too, by assigning the module's ``__class__``: the package stays a package, so its submodules
+    (``import cramkit.distill.core``) and its names keep working."""
+
+    def target() -> Any:
+        return getattr(importlib.import_module(module), verb)
+
+    class VerbPackage(types.ModuleType):
+        def __call__(self, *args: Any, **kwargs: Any) -> Any:
+            return target()(*args, **kwargs)
+
+        @property
+        def __signature__(self) -> inspect.Signature:
+            return inspect.signature(target())
+
+    sys.modules[package].__class__ = VerbPackage

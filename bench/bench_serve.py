@@ -383,6 +383,9 @@ def race(args: argparse.Namespace) -> None:
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
     servers = contestants(args, work)
+    named = [s for s in servers if args.reference in (s.name, s.name.removeprefix("cramkit "))]
+    if not named:
+        raise SystemExit(f"--reference {args.reference!r} is not a contestant: {', '.join(s.name for s in servers)}")
     scenarios = {
         1: [[s] for s in data],
         args.batch: [data[i : i + args.batch] for i in range(0, len(data), args.batch)],
@@ -417,7 +420,7 @@ def race(args: argparse.Namespace) -> None:
     finally:
         for srv in servers:
             srv.stop()
-    ref = next((s for s in servers if s.name == args.reference), servers[-1])
+    ref = named[0]
     for srv in servers:
         if srv.warm is not None and ref.warm is not None:
             a, b = srv.warm, ref.warm

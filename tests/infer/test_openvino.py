@@ -154,6 +154,10 @@ def test_target_cpu_picks_by_the_cpus_flags(monkeypatch, flags, missing, want) -
         assert "no native bf16" in why
     for module in missing:
         assert module in why or f"cramkit[{'ct2' if module == 'ctranslate2' else module}]" in why
+    # for a server: CTranslate2 int8 on every CPU, bf16 or not (ONNX Runtime int8 without it)
+    fmt, quantize, why = cpu_target(serving=True)
+    assert (fmt, quantize) == (("onnx", "int8") if "ctranslate2" in missing else ("ct2", "int8"))
+    assert why.startswith("for serving many small requests")
 
 
 def test_target_cpu_through_the_command(ft_model, tmp_path, monkeypatch) -> None:
@@ -170,6 +174,10 @@ def test_target_cpu_through_the_command(ft_model, tmp_path, monkeypatch) -> None
     assert "--format openvino --quantize bf16: this CPU computes bf16 natively (amx_bf16)" in said
     man = json.loads((tmp_path / "amx" / MANIFEST).read_text())
     assert man["quantize"] == "bf16" and man["check"]["label_agreement"] >= 0.98
+    # the same CPU, for a server: CTranslate2 int8, whose passes of a few requests each are the faster there
+    said = ok("export", str(ft_model), "--target", "cpu-serve", "--out", str(tmp_path / "serve"))
+    assert "cramkit: --target cpu-serve: --format ct2 --quantize int8: for serving many small requests" in said
+    assert (tmp_path / "serve" / "cramkit-ct2.json").is_file()
     # --target decides the format: asking for one too is one line
     proc = cli("export", str(ft_model), "--target", "cpu", "--format", "onnx", "--out", str(tmp_path / "both"))
     one_line(proc, "--target cpu picks the format and quantization itself; drop --format and --quantize")

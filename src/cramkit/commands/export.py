@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import argparse
 
+from cramkit.infer.export import TARGETS
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
@@ -34,10 +36,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "--target",
-        choices=["cpu"],
+        choices=TARGETS,
         default=None,
-        help="cpu: the format and quantization fastest on this machine's CPU, from its instruction sets "
-        "(OpenVINO bf16 with AMX or AVX512_BF16, else CTranslate2 int8); instead of --format/--quantize",
+        help="the format and quantization fastest on this machine's CPU, from its instruction sets, instead of "
+        "--format/--quantize: cpu for batch work (predict, embed, index build: OpenVINO bf16 with AMX or "
+        "AVX512_BF16, else CTranslate2 int8); cpu-serve for cramkit serve (CTranslate2 int8)",
     )
     p.add_argument("--step", type=int, default=None, help="export checkpoint step-N of a run instead of the latest")
     p.add_argument("--task", help="of a model fine-tuned on a mixture: the task whose head to export")

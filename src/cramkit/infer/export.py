@@ -23,16 +23,20 @@ def formats() -> tuple[str, ...]:
     return ("hf", *backends.names())
 
 
-TARGETS = ("cpu",)
+# cpu: the fastest for batch work (predict, embed, index build over files: long passes); cpu-serve: for a
+# server answering many small requests (short passes, every one of another shape)
+TARGETS = ("cpu", "cpu-serve")
 
 
-def cpu_target() -> tuple[str, str | None, str]:
+def cpu_target(serving: bool = False) -> tuple[str, str | None, str]:
     """The export format and quantization that run fastest on this machine's CPU, from its flags
-    (``cramkit.runtime.cpu_flags``), and why in words: OpenVINO bf16 where the CPU computes bf16 natively
-    (AMX, AVX512_BF16; on a 2-core AMX Xeon 1.1-1.3x the CTranslate2 int8 Engine at one thread, 1.0-1.3x at
-    two, vectors at cosine 1.000 to fp32 where int8's are 0.997),
-    otherwise CTranslate2 int8 (the fastest path on a plain AVX2 CPU, bench/RESULTS.md), each falling back to
-    what is installed."""
+    (``cramkit.runtime.cpu_flags``), and why in words. For batch work: OpenVINO bf16 where the CPU computes bf16
+    natively (AMX, AVX512_BF16; on a 2-core AMX Xeon 1.1-1.3x the CTranslate2 int8 Engine at one thread, 1.0-1.3x
+    at two, vectors at cosine 1.000 to fp32 where int8's are 0.997), otherwise CTranslate2 int8 (the fastest path
+    on a plain AVX2 CPU). For serving (``serving``): CTranslate2 int8 on every CPU (on the AMX Xeon `cramkit
+    serve` of OpenVINO bf16 was 0.62-0.88x CTranslate2 int8's sentences/s at one sentence a request, round by
+    round, a tie at 16: a server's passes hold a few requests, each of another shape, and OpenVINO pays for every
+    change of shape; bench/RESULTS.md, "Serving on an AMX Xeon"). Each falls back to what is installed."""
     import importlib.util
 
     from cramkit.runtime import cpu_bf16, cpu_flags
@@ -41,16 +45,23 @@ def cpu_target() -> tuple[str, str | None, str]:
         return importlib.util.find_spec(module) is not None
 
     native = cpu_bf16()
-    if native is not None and installed("openvino"):
+    if native is not None and installed("openvino") and not serving:
         return "openvino", "bf16", f"this CPU computes bf16 natively ({native}): OpenVINO with bf16 compute"
-    if native is None:
+    if serving:
+        why = "for serving many small requests"
+    elif native is None:
         isas = [f for f in ("avx512_vnni", "avx_vnni", "avx512f", "avx2") if f in cpu_flags()]
         why = f"this CPU has no native bf16 ({', '.join(isas) or 'not even AVX2'})"
     else:
         why = f"this CPU computes bf16 ({native}) but OpenVINO is not installed (pip install 'cramkit[openvino]')"
     if installed("ctranslate2"):
-        return "ct2", "int8", f"{why}: CTranslate2 int8, the fastest path measured without OpenVINO bf16"
-    return "onnx", "int8", f"{why}, nor CTranslate2 (pip install 'cramkit[ct2]'): ONNX Runtime int8"
+        return (
+            "ct2",
+            "int8",
+            f"{why}: CTranslate2 int8, the fastest path measured "
+            + ("for a server on every CPU" if serving else "without OpenVINO bf16"),
+        )
+    return "onnx", "int8", f"{why}, without CTranslate2 (pip install 'cramkit[ct2]'): ONNX Runtime int8"
 
 
 @dataclass
@@ -84,7 +95,8 @@ def export(
     the base model it was trained on; the ONNX export holds both (it runs without the base). A prompt model
     (finetune --prompt) exports to ONNX with its template (the export reads inputs through it) or to a Hugging
     Face BertForMaskedLM with the template recorded. target: ``cpu`` picks the format and quantization that run
-    fastest on this machine's CPU (:func:`cpu_target`; ``format`` and ``quantize`` are then left unset).
+    fastest on this machine's CPU for batch work, ``cpu-serve`` for a server (:func:`cpu_target`; ``format`` and
+    ``quantize`` are then left unset).
     options: the format's own (ONNX: ``isa``, ``opset``)."""
     if target is not None:
         if target not in TARGETS:
@@ -94,8 +106,8 @@ def export(
                 f"--target {target} picks the format and quantization itself; drop --format and --quantize (or "
                 "--target)"
             )
-        format, quantize, why = cpu_target()
-        print(f"cramkit: --target cpu: --format {format} --quantize {quantize or 'none'}: {why}", file=sys.stderr)
+        format, quantize, why = cpu_target(serving=target == "cpu-serve")
+        print(f"cramkit: --target {target}: --format {format} --quantize {quantize or 'none'}: {why}", file=sys.stderr)
     known = formats()
     if format not in known:
         raise CramkitError(f"format must be one of {', '.join(known)}, got {format!r}")

@@ -5,12 +5,15 @@
    interleaved: tokens/s (second half of the run) and the held-out MLM loss at the same time budget.
 2. **embed**: all-MiniLM-L6-v2 through ``Engine`` (torch) on ``--sentences`` lines of the corpus, fp32 and
    bf16 autocast: sentences/s (median of the repetitions) and the cosine of each bf16 vector to its fp32 one.
+3. **contrastive**: the contrastive stage on all-MiniLM-L6-v2 (``cramkit finetune --objective contrastive --task
+   glue/mrpc``: one epoch over MRPC's 2,474 paraphrase pairs), fp32 and ``auto``, one seed a repetition
+   (``--reps``), interleaved: pairs/s and the held-out pairs' recall@1, MRR and loss after training.
 
 Where the CPU has no native bf16 the ``auto`` rows are fp32 too (the rule's own choice) and the bf16 embed row is
 measured on a tenth of the sentences (emulated bf16 is slow). Rows go to stdout and ``--out``/cpu_precision.md.
 
     python bench/bench_cpu_precision.py --corpus DIR_OR_FILE --minilm DIR [--budget 60s] [--threads 1] [--reps 2]
-        [--parts pretrain,embed]
+        [--parts pretrain,embed,contrastive] [--glue ../shared/data/glue]
 """
 
 from __future__ import annotations
@@ -64,6 +67,22 @@ def embed(minilm: str, texts: list[str], precision: str, threads: int) -> tuple[
     return len(texts) / (time.perf_counter() - t0), vecs
 
 
+def contrastive(minilm: str, glue: str, out: Path, precision: str, seed: int, threads: int) -> dict[str, float]:
+    import json
+
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads))
+    env.pop("CRAMKIT_CPU_BF16", None)  # the rule as a user gets it
+    cmd = [sys.executable, "-m", "cramkit", "finetune", "--objective", "contrastive", "--from", f"hf:{minilm}"]
+    cmd += ["--task", "glue/mrpc", "--data-dir", glue, "--out", str(out), "--no-progress"]
+    cmd += ["--set", f"precision={precision}", "--set", f"seed={seed}", "--set", "device=cpu"]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    if proc.returncode:
+        raise RuntimeError(f"contrastive {precision} failed: {proc.stderr.strip().splitlines()[-1:]}")
+    res = json.loads((out / "results.json").read_text())
+    used = "bf16" if "precision bf16" in proc.stdout + proc.stderr else "fp32"
+    return {"pairs_per_s": res["examples_per_s"], "used": used, **res["after"]}  # type: ignore[dict-item]
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--corpus", nargs="+", required=True)
@@ -73,7 +92,10 @@ def main() -> None:
     p.add_argument("--reps", type=int, default=2)
     p.add_argument("--sentences", type=int, default=1000)
     p.add_argument("--out", default="bench/out/cpu_precision")
-    p.add_argument("--parts", default="pretrain,embed", help="which rows: pretrain, embed or both")
+    p.add_argument(
+        "--parts", default="pretrain,embed", help="which rows: pretrain, embed, contrastive (comma-separated)"
+    )
+    p.add_argument("--glue", help="GLUE's folder (MRPC in it): the contrastive rows")
     args = p.parse_args()
     from cramkit import doctor, runtime
 
@@ -89,10 +111,13 @@ def main() -> None:
 
     flags = [f for f in doctor.FLAGS if f in runtime.cpu_flags()]
     line(f"### precision auto on a CPU: {doctor.cpu_name()}, flags {', '.join(flags)}; {args.threads} thread(s)")
-    line(f"\n`cramkit pretrain CORPUS --preset tiny-cpu --budget {args.budget}`, {args.reps} interleaved repetitions")
-    line("\n| precision asked | used | tokens/s (median, 2nd half) | tokens seen | held-out MLM loss |")
-    line("|---|---|---:|---:|---:|")
     rows: dict[str, list[dict[str, float]]] = {"fp32": [], "auto": []}
+    if "pretrain" in args.parts:
+        line(
+            f"\n`cramkit pretrain CORPUS --preset tiny-cpu --budget {args.budget}`, {args.reps} interleaved repetitions"
+        )
+        line("\n| precision asked | used | tokens/s (median, 2nd half) | tokens seen | held-out MLM loss |")
+        line("|---|---|---:|---:|---:|")
     for rep in range(args.reps if "pretrain" in args.parts else 0):
         for precision in rows:
             rows[precision].append(
@@ -138,6 +163,28 @@ def main() -> None:
             rate = statistics.median(rs)
             c = "1 / 1" if precision == "fp32" else f"{cos.min():.4f} / {cos.mean():.4f}"
             line(f"| {precision} | {rate:,.1f} | {rate / base:.2f}x | {c} |")
+
+    if args.minilm and args.glue and "contrastive" in args.parts:
+        runs: dict[str, list[dict[str, float]]] = {"fp32": [], "auto": []}
+        for seed in range(args.reps):
+            for precision in runs:
+                runs[precision].append(
+                    contrastive(
+                        args.minilm, args.glue, out / f"contrastive-{precision}-{seed}", precision, seed, args.threads
+                    )
+                )
+        seeds = f"seeds 0-{args.reps - 1}, {args.threads} thread(s)"
+        line(f"\nThe contrastive stage on all-MiniLM-L6-v2, MRPC's paraphrase pairs, {seeds}")
+        cols = "pairs/s (median) | vs fp32 | dev recall@1 per seed | dev MRR per seed | dev loss per seed"
+        line(f"\n| precision asked | used | {cols} |")
+        line("|---|---|---:|---:|---|---|---|")
+        base = statistics.median(r["pairs_per_s"] for r in runs["fp32"])
+        for precision, rs in runs.items():
+            rate = statistics.median(r["pairs_per_s"] for r in rs)
+            r1 = ", ".join(f"{r['dev_recall_at_1']:.1f}" for r in rs)
+            mrr = ", ".join(f"{r['dev_mrr']:.1f}" for r in rs)
+            loss = ", ".join(f"{r['val_loss']:.4f}" for r in rs)
+            line(f"| {precision} | {rs[0]['used']} | {rate:,.1f} | {rate / base:.2f}x | {r1} | {mrr} | {loss} |")
 
 
 if __name__ == "__main__":

@@ -36,8 +36,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "--target",
-        choices=TARGETS,
         default=None,
+        metavar="|".join(TARGETS),
         help="the format and quantization fastest on this machine's CPU, from its instruction sets, instead of "
         "--format/--quantize: cpu for batch work (predict, embed, index build: OpenVINO bf16 with AMX or "
         "AVX512_BF16, else CTranslate2 int8); cpu-serve for cramkit serve (CTranslate2 int8)",

@@ -41,6 +41,29 @@ PRECISIONS: tuple[str, ...] = ("auto", "fp32", "bf16", "fp16", "fp8")
 # ---------------------------------------------------------------------------------- device, precision
 
 
+# Padded tokens per forward pass by default, by where the pass runs: the one table of them (model/forward.py,
+# the export runners, the Engine and the command line's help read it; kept here, where no numpy is imported, for
+# the help). On a CPU, a pass small enough for the MLP's activations to stay in cache (bench/RESULTS.md, "Token
+# budget on the CPU"); CTranslate2, and OpenVINO computing f32, run one matrix product after another over all of
+# a pass's tokens and are fastest at 512 ("The CPU fast path against a plain CTranslate2 loop", "OpenVINO on a
+# plain AVX2 CPU"); OpenVINO computing bf16 on AMX gains from 2,048 (+6% on short texts, +17% on long; 8,192
+# loses again: "The silicon on an AMX Xeon"); on CUDA a large one.
+PASS_TOKENS: dict[str, int] = {
+    "cpu": 2048,
+    "cuda": 16384,
+    "ct2-cpu": 512,
+    "openvino-f32": 512,
+    "openvino-bf16": 2048,
+}
+# the help of every verb's --max-batch-tokens, from the table above
+PASS_TOKENS_HELP = (
+    f"padded tokens per forward pass (default: the runtime's own on a CPU: {PASS_TOKENS['ct2-cpu']} for a "
+    f"CTranslate2 export, {PASS_TOKENS['openvino-f32']} for an OpenVINO one computing f32, "
+    f"{PASS_TOKENS['openvino-bf16']} computing bf16; else {PASS_TOKENS['cpu']} on a CPU, {PASS_TOKENS['cuda']} "
+    "on CUDA)"
+)
+
+
 def resolve_device(name: str | torch.device | None = "auto") -> torch.device:
     """The torch device for ``name`` (auto | cpu | cuda | cuda:N); auto: CUDA when present, else CPU."""
     import torch

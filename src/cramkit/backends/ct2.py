@@ -34,7 +34,7 @@ import numpy as np
 
 from cramkit.backends.base import KINDS, LOGIT_KINDS, Backend, ExportedModel, ExportJob, Inputs
 from cramkit.errors import CramkitError
-from cramkit.model.forward import PASS_TOKENS
+from cramkit.runtime import PASS_TOKENS
 
 if TYPE_CHECKING:
     from collections.abc import Iterable
@@ -49,7 +49,7 @@ MODEL_FILES = ("model.bin", "config.json", "vocabulary.json")
 HEAD_FILE = "head.safetensors"
 # the kinds with a pooler + linear head (run in numpy); a multiple-choice model's scores each pair row
 HEAD_KINDS = LOGIT_KINDS
-# padded tokens per pass on a CPU: small ones (model/forward.py's PASS_TOKENS says why)
+# padded tokens per pass on a CPU: small ones (runtime.PASS_TOKENS says why)
 CPU_BATCH_TOKENS = PASS_TOKENS["ct2-cpu"]
 
 

@@ -48,7 +48,7 @@ import numpy as np
 
 from cramkit.backends.base import KINDS, Backend, ExportedModel, ExportJob, Inputs, check_summary
 from cramkit.errors import CramkitError
-from cramkit.model.forward import PASS_TOKENS
+from cramkit.runtime import PASS_TOKENS
 
 if TYPE_CHECKING:
     from cramkit.model.loaded import LoadedModel
@@ -59,7 +59,7 @@ FILES = ("model.xml", "model.bin")
 # the largest model.xml a cramkit export may hold: a 24-layer encoder's is under 1 MB (the weights are in
 # model.bin); a bigger one is refused before it is read
 MAX_XML_BYTES = 32 << 20
-# padded tokens per pass on a CPU, by the precision computed (model/forward.py's PASS_TOKENS says why)
+# padded tokens per pass on a CPU, by the precision computed (runtime.PASS_TOKENS says why)
 CPU_BATCH_TOKENS = PASS_TOKENS["openvino-f32"]
 BF16_BATCH_TOKENS = PASS_TOKENS["openvino-bf16"]
 # OpenVINO's name for the precision --quantize asks for

@@ -21,8 +21,8 @@ def add_pass_args(
     p: argparse.ArgumentParser | argparse._ArgumentGroup, device: str = "auto, cpu, cuda, cuda:N"
 ) -> None:
     """``--device`` and ``--max-batch-tokens``: where the inference verbs' forward passes run, and how large
-    they are (the defaults: cramkit.model.forward's PASS_TOKENS)."""
-    from cramkit.model.forward import PASS_TOKENS_HELP
+    they are (the defaults: cramkit.runtime.PASS_TOKENS)."""
+    from cramkit.runtime import PASS_TOKENS_HELP
 
     p.add_argument("--device", default="auto", help=device)
     p.add_argument("--max-batch-tokens", type=int, default=None, metavar="N", help=PASS_TOKENS_HELP)

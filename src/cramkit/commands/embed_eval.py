@@ -9,7 +9,7 @@ import sys
 
 from cramkit.commands.checks import add_pass_args
 from cramkit.errors import CramkitError
-from cramkit.evaluate.metrics import CUTOFF
+from cramkit.evaluate import CUTOFF
 
 EMBED_EVALS = ("sts", "retrieval")
 

@@ -8,7 +8,7 @@ import sys
 
 from cramkit.commands.checks import add_pass_args
 from cramkit.commands.reading import add_reading_args, reading_kwargs
-from cramkit.index.manifest import OVERLAP, PASSAGE_TOKENS, RETRO_CHUNK
+from cramkit.index import OVERLAP, PASSAGE_TOKENS, RETRO_CHUNK
 
 
 def register(sub: argparse._SubParsersAction) -> None:

@@ -13,3 +13,5 @@ package first, so that importing it later cannot take the verb's place; the func
 ``from cramkit.evaluate.sts import evaluate_sts`` (or ``cramkit.evaluate_sts``), never as attributes of
 ``cramkit.evaluate``. This package must stay light (no numpy, no torch).
 """
+
+CUTOFF = 10  # the cut-off of nDCG and MRR by default (BEIR's): the metrics and `cramkit eval`'s help read it

@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-CUTOFF = 10  # the cut-off of nDCG and MRR by default (BEIR's)
+from cramkit.evaluate import CUTOFF
 
 
 def relevant_count(relevance: Mapping[str, float]) -> int:

@@ -19,8 +19,9 @@ from typing import Any
 import numpy as np
 
 from cramkit.errors import CramkitError
+from cramkit.evaluate import CUTOFF
 from cramkit.evaluate.embedding import check_model, embed_texts, model_info, open_engine
-from cramkit.evaluate.metrics import CUTOFF, exact_search, relevant_count, retrieval_metrics
+from cramkit.evaluate.metrics import exact_search, relevant_count, retrieval_metrics
 from cramkit.evaluate.results import SCALE, check_results_out, short_source, write_outputs
 from cramkit.evaluate.rows import BadRows, parse_number
 

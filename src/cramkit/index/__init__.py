@@ -6,11 +6,34 @@ Faiss index, search, RETRO neighbours for a token store, and export to vector da
     cramkit.index.export_index("idx", "milvus", "http://localhost:19530")  # or `cramkit index export`
 """
 
-from cramkit.embed.embedder import CramkitEmbedder  # at home in cramkit.embed; kept here for older code
-from cramkit.index.add import add_to_index
-from cramkit.index.build import build_index
-from cramkit.index.export import export_index
-from cramkit.index.neighbours import retro_neighbours
-from cramkit.index.search import Index, open
+from typing import TYPE_CHECKING
+
+from cramkit.lazy import lazy_names
+
+if TYPE_CHECKING:
+    from cramkit.embed.embedder import CramkitEmbedder
+    from cramkit.index.add import add_to_index
+    from cramkit.index.build import build_index
+    from cramkit.index.export import export_index
+    from cramkit.index.neighbours import retro_neighbours
+    from cramkit.index.search import Index, open
+
+# how text is cut by default: passages of 128 word pieces, 16 shared by neighbours (or fewer where the encoder's
+# limit is shorter); a token store into RETRO's chunks of 64 tokens (kept here, light, for the command's help)
+PASSAGE_TOKENS = 128
+OVERLAP = 16
+RETRO_CHUNK = 64
 
 __all__ = ["CramkitEmbedder", "Index", "add_to_index", "build_index", "export_index", "open", "retro_neighbours"]
+__getattr__ = lazy_names(
+    __name__,
+    {
+        "CramkitEmbedder": "cramkit.embed.embedder",  # at home in cramkit.embed; kept here for older code
+        "add_to_index": "cramkit.index.add",
+        "build_index": "cramkit.index.build",
+        "export_index": "cramkit.index.export",
+        "retro_neighbours": "cramkit.index.neighbours",
+        "Index": "cramkit.index.search",
+        "open": "cramkit.index.search",
+    },
+)

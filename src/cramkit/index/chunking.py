@@ -35,7 +35,8 @@ from cramkit.data.tokenstore import is_store
 from cramkit.embed.parquet import iter_parts, part_vectors, read_manifest
 from cramkit.embed.store_text import decode_spans, store_chunk_spans, store_documents, store_tokenizer
 from cramkit.errors import CramkitError
-from cramkit.index.manifest import MODES, OVERLAP, PASSAGE_TOKENS, RETRO_CHUNK
+from cramkit.index import OVERLAP, PASSAGE_TOKENS, RETRO_CHUNK
+from cramkit.index.manifest import MODES
 from cramkit.io import atomic_path, open_memmap
 from cramkit.text.tokenizer import encode_batch
 

@@ -23,11 +23,6 @@ from cramkit.io import BadJson, inside, json_loads
 MANIFEST = "index.json"
 FORMAT = "cramkit-index-1"
 MODES = ("passages", "retro")
-# how text is cut by default: passages of 128 word pieces, 16 shared by neighbours (or fewer where the encoder's
-# limit is shorter); a token store into RETRO's chunks of 64 tokens
-PASSAGE_TOKENS = 128
-OVERLAP = 16
-RETRO_CHUNK = 64
 DATA_FILES = ("vectors.npy", "chunks.npy", "text_offsets.npy", "texts.bin", "doc_hash.npy")
 
 

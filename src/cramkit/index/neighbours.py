@@ -16,8 +16,8 @@ import numpy as np
 from cramkit.embed import store_text
 from cramkit.embed.memmap import embed_to_memmap, texts_key
 from cramkit.errors import CramkitError
+from cramkit.index import RETRO_CHUNK
 from cramkit.index.chunking import document_hashes, save_npy
-from cramkit.index.manifest import RETRO_CHUNK
 from cramkit.index.ondisk import peak_rss_mb
 from cramkit.index.search import Index
 from cramkit.io import check_out, dir_lock, open_memmap, read_json_object, write_json_atomic

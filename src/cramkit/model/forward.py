@@ -23,7 +23,7 @@ import numpy as np
 
 from cramkit.data.batching import Encoded, token_budget_batches
 from cramkit.errors import CramkitError
-from cramkit.runtime import autocast, resolve_device, resolve_precision
+from cramkit.runtime import PASS_TOKENS, autocast, resolve_device, resolve_precision
 
 T = TypeVar("T")
 
@@ -32,28 +32,8 @@ if TYPE_CHECKING:
 
     from cramkit.model.heads import MaskedLM
 
-# Padded tokens per forward pass by default, by where the pass runs: the one table of them (the runners, the
-# Engine and the command line's help read it). On a CPU, a pass small enough for the MLP's activations to stay
-# in cache (bench/RESULTS.md, "Token budget on the CPU"); CTranslate2, and OpenVINO computing f32, run one
-# matrix product after another over all of a pass's tokens and are fastest at 512 ("The CPU fast path against a
-# plain CTranslate2 loop", "OpenVINO on a plain AVX2 CPU"); OpenVINO computing bf16 on AMX gains from 2,048
-# (+6% on short texts, +17% on long; 8,192 loses again: "The silicon on an AMX Xeon"); on CUDA a large one.
-PASS_TOKENS: dict[str, int] = {
-    "cpu": 2048,
-    "cuda": 16384,
-    "ct2-cpu": 512,
-    "openvino-f32": 512,
-    "openvino-bf16": 2048,
-}
-CPU_BATCH_TOKENS = PASS_TOKENS["cpu"]
+CPU_BATCH_TOKENS = PASS_TOKENS["cpu"]  # padded tokens per forward pass by default (runtime.PASS_TOKENS)
 CUDA_BATCH_TOKENS = PASS_TOKENS["cuda"]
-# the help of every verb's --max-batch-tokens, from the table above
-PASS_TOKENS_HELP = (
-    f"padded tokens per forward pass (default: the runtime's own on a CPU: {PASS_TOKENS['ct2-cpu']} for a "
-    f"CTranslate2 export, {PASS_TOKENS['openvino-f32']} for an OpenVINO one computing f32, "
-    f"{PASS_TOKENS['openvino-bf16']} computing bf16; else {PASS_TOKENS['cpu']} on a CPU, {PASS_TOKENS['cuda']} "
-    "on CUDA)"
-)
 MAX_BATCH_ROWS = 1024  # rows per forward pass, whatever their length
 
 Inputs = dict[str, np.ndarray | None]  # input_ids, attention_mask (None: nothing padded), token_type_ids

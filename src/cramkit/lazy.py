@@ -5,7 +5,6 @@ cramkit`` and ``cramkit --help`` load no torch and no engine until a name is use
 from __future__ import annotations
 
 import importlib
-import inspect
 import sys
 import types
 from collections.abc import Callable, Mapping
@@ -41,7 +40,9 @@ def callable_package(package: str, module: str, verb: str) -> None:
             return target()(*args, **kwargs)
 
         @property
-        def __signature__(self) -> inspect.Signature:
+        def __signature__(self) -> Any:  # inspect.Signature (inspect imported only when asked)
+            import inspect
+
             return inspect.signature(target())
 
     sys.modules[package].__class__ = VerbPackage

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from cramkit.commands.reading import add_reading_args, reading_kwargs
 from cramkit.errors import CramkitError
-from cramkit.text.tokenizer import MIN_FREQUENCY, VOCAB_SIZE, ZH_VOCAB_SIZE
+from cramkit.text import MIN_FREQUENCY, VOCAB_SIZE, ZH_VOCAB_SIZE
 
 
 def _source_args(p: argparse.ArgumentParser) -> None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import argparse
 
-from cramkit.infer.export import TARGETS
+from cramkit.infer import TARGETS
 
 
 def register(sub: argparse._SubParsersAction) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from cramkit.text.sources import DOC_SPLITS
+from cramkit.text import DOC_SPLITS
 
 
 def add_reading_args(

@@ -13,6 +13,11 @@ if TYPE_CHECKING:
     from cramkit.infer.engine import ClassifyResult, Engine
     from cramkit.runtime import resolve_device
 
+# what `cramkit export --target` picks for (cramkit.infer.export.cpu_target): cpu, the fastest for batch work
+# (predict, embed, index build over files: long passes); cpu-serve, for a server answering many small requests
+# (short passes, every one of another shape). Here, light, for the command's help
+TARGETS = ("cpu", "cpu-serve")
+
 __all__ = ["ClassifyResult", "Engine", "resolve_device"]
 __getattr__ = lazy_names(
     __name__,

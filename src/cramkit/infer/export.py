@@ -14,6 +14,7 @@ from typing import Any
 
 from cramkit import backends
 from cramkit.errors import CramkitError
+from cramkit.infer import TARGETS
 from cramkit.io import read_json
 from cramkit.load import LoadedModel, describe, load_torch
 
@@ -21,11 +22,6 @@ from cramkit.load import LoadedModel, describe, load_torch
 def formats() -> tuple[str, ...]:
     """hf, then every registered export format (onnx, ct2, ...)."""
     return ("hf", *backends.names())
-
-
-# cpu: the fastest for batch work (predict, embed, index build over files: long passes); cpu-serve: for a
-# server answering many small requests (short passes, every one of another shape)
-TARGETS = ("cpu", "cpu-serve")
 
 
 def cpu_target(serving: bool = False) -> tuple[str, str | None, str]:

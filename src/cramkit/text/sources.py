@@ -37,11 +37,11 @@ from typing import Literal, cast
 
 from cramkit.errors import CramkitError
 from cramkit.io import BadJson, LoneSurrogate, json_loads, json_row
+from cramkit.text import DOC_SPLITS
 from cramkit.text.encoding import open_binary
 
 log = logging.getLogger("cramkit.text")
 
-DOC_SPLITS = ("auto", "file", "blank", "wikitext")
 TEXT_SUFFIXES = {".txt", ".text", ".tokens", ".raw"}
 JSONL_SUFFIXES = {".jsonl", ".ndjson"}
 JSON_SUFFIXES = {".json"}  # JSON Lines (as CLUE ships it) or one JSON document: told apart by content

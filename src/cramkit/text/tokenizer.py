@@ -26,16 +26,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
 from cramkit.errors import CramkitError
+from cramkit.text import MIN_FREQUENCY, VOCAB_SIZE
 
 if TYPE_CHECKING:
     import tokenizers
 
 SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 LANGS = ("generic", "zh")
-VOCAB_SIZE = 32768  # the default vocabulary, for text that is not Chinese (BERT's is 30,522)
-ZH_VOCAB_SIZE = 21128  # bert-base-chinese's: room for the 20,902 ideographs of the main CJK block
 MAX_VOCAB_SIZE = 1 << 20  # HF's trainer aborts the process on absurd sizes; no encoder needs more
-MIN_FREQUENCY = 2  # times a piece must occur to enter the vocabulary, by default
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,8 @@ from cramkit.data.mlm import DataConfig
 from cramkit.errors import CramkitError
 from cramkit.model.encoder import ModelConfig, config_parameters
 from cramkit.runtime import Precision
-from cramkit.text.tokenizer import LANGS, MAX_VOCAB_SIZE, MIN_FREQUENCY, VOCAB_SIZE
+from cramkit.text import MIN_FREQUENCY, VOCAB_SIZE
+from cramkit.text.tokenizer import LANGS, MAX_VOCAB_SIZE
 from cramkit.train.budget import parse_budget, parse_every
 from cramkit.train.distributed import ParallelConfig
 from cramkit.train.parallel import check_ep

@@ -182,10 +182,10 @@ def test_target_cpu_through_the_command(ft_model, tmp_path, monkeypatch) -> None
     proc = cli("export", str(ft_model), "--target", "cpu", "--format", "onnx", "--out", str(tmp_path / "both"))
     one_line(proc, "--target cpu picks the format and quantization itself; drop --format and --quantize")
     assert not (tmp_path / "both").exists()
-    # a target cramkit does not have: one line naming them
-    proc = cli("export", str(ft_model), "--target", "gpu", "--out", str(tmp_path / "gpu"))
-    one_line(proc, "target must be one of cpu, cpu-serve, got 'gpu'")
-    assert not (tmp_path / "gpu").exists()
+    # a target cramkit does not have: one line naming them, and the nearest
+    proc = cli("export", str(ft_model), "--target", "cpu-serv", "--out", str(tmp_path / "typo"))
+    one_line(proc, "target must be one of cpu, cpu-serve, got 'cpu-serv'; did you mean cpu-serve?")
+    assert not (tmp_path / "typo").exists()
 
 
 def test_prompt_models_and_missing_openvino_are_one_line(ft_model, tmp_path, monkeypatch) -> None:

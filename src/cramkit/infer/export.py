@@ -96,7 +96,11 @@ def export(
     options: the format's own (ONNX: ``isa``, ``opset``)."""
     if target is not None:
         if target not in TARGETS:
-            raise CramkitError(f"target must be one of {', '.join(TARGETS)}, got {target!r}")
+            import difflib
+
+            close = difflib.get_close_matches(target, TARGETS, n=1)
+            hint = f"; did you mean {close[0]}?" if close else ""
+            raise CramkitError(f"target must be one of {', '.join(TARGETS)}, got {target!r}{hint}")
         if format != "hf" or quantize is not None:
             raise CramkitError(
                 f"--target {target} picks the format and quantization itself; drop --format and --quantize (or "

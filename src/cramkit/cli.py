@@ -147,32 +147,45 @@ def main(argv: list[str] | None = None) -> int:
     args.argv = raw  # what was typed, for verbs that relaunch themselves (finetune --nproc)
     try:
         result = args.func(args)
-    except CramkitError as exc:
+    except (CramkitError, ImportError, OSError) as exc:
+        stopped = isinstance(exc, CramkitError) and exc.exit_code > 128  # a stop that says what it saved
+        if errors.INTERRUPTED and not stopped:  # after a Ctrl-C, a library turned its KeyboardInterrupt into this
+            return _interrupted()
+        return _failed(exc)
+    except KeyboardInterrupt:
+        return _interrupted()
+    return int(result or 0)
+
+
+def _failed(exc: CramkitError | ImportError | OSError) -> int:
+    """The one line for a failure the user can act on, and its exit status."""
+    if isinstance(exc, CramkitError):
         # exit status 128+N: stopped by signal N as asked (Ctrl-C, SIGTERM), work saved; not an error
         kind = "" if exc.exit_code > 128 else "error: "
         print(f"cramkit: {kind}{exc}", file=sys.stderr)
         return exc.exit_code
-    except ImportError as exc:  # an optional dependency that is not installed: the extra that brings it
+    if isinstance(exc, ImportError):  # an optional dependency that is not installed: the extra that brings it
         missing = errors.missing_extra(exc)
         if missing is None:
-            raise
+            raise exc
         print(f"cramkit: error: {missing}", file=sys.stderr)
         return missing.exit_code
-    except KeyboardInterrupt:
-        print("cramkit: interrupted", file=sys.stderr)
-        if errors.ABORT_AT_ONCE:  # the command line (entry): exit now, see entry()
-            sys.stdout.flush()
-            sys.stderr.flush()
-            os._exit(130)
-        return 130
-    except OSError as exc:
-        # a full disk, a permission problem, ...: name the file and stop without a traceback
-        if os.environ.get("CRAMKIT_DEBUG"):
-            raise
-        where = f" ({exc.filename})" if getattr(exc, "filename", None) else ""
-        print(f"cramkit: error: {exc.strerror or exc}{where}", file=sys.stderr)
-        return 2
-    return int(result or 0)
+    # a full disk, a permission problem, ...: name the file and stop without a traceback
+    if os.environ.get("CRAMKIT_DEBUG"):
+        raise exc
+    where = f" ({exc.filename})" if getattr(exc, "filename", None) else ""
+    print(f"cramkit: error: {exc.strerror or exc}{where}", file=sys.stderr)
+    return 2
+
+
+def _interrupted() -> int:
+    """A Ctrl-C ended the command: one line, exit status 130."""
+    print("cramkit: interrupted", file=sys.stderr)
+    if errors.ABORT_AT_ONCE:  # the command line (entry): exit now, see entry()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(130)
+    return 130
 
 
 # how long a Ctrl-C may take to reach the command's handler before the process ends anyway
@@ -194,6 +207,7 @@ class Interrupt:
         self.since: float | None = None
 
     def __call__(self, signum: int, frame: Any) -> None:
+        errors.INTERRUPTED = True
         if self.since is None:
             self.since = time.monotonic()
             threading.Thread(target=self._stop_late, name="cramkit-interrupt", daemon=True).start()

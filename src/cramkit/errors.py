@@ -18,6 +18,10 @@ class CramkitError(Exception):
 # ends the process at once; called as a library, KeyboardInterrupt is raised instead.
 ABORT_AT_ONCE = False
 
+# Set by the command line's SIGINT handler (cli.Interrupt): a failure that follows a Ctrl-C is the Ctrl-C's doing
+# (a KeyboardInterrupt raised inside a library's import or a broad ``except`` there surfaces as another error)
+INTERRUPTED = False
+
 # optional dependencies -> the extra of pyproject.toml that installs them
 EXTRAS = {
     "fastapi": "serve",

@@ -44,6 +44,25 @@ def test_a_swallowed_ctrl_c_still_ends_the_command() -> None:
     assert took < 20
 
 
+def test_an_error_after_a_ctrl_c_is_the_ctrl_c(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys) -> None:
+    """A KeyboardInterrupt raised inside a library's import can surface as another error (CI saw `cramkit export`
+    answer "torch's ONNX exporter failed (AttributeError: module 'onnx_ir' has no attribute 'DEBUG')" to a Ctrl-C):
+    once the handler has seen the signal, the command says it was interrupted and exits 130."""
+    from cramkit import cli, errors
+
+    missing = str(tmp_path / "no-such-run")
+    assert cli.main(["export", missing, "--out", str(tmp_path / "e")]) == 2  # without a Ctrl-C: the error itself
+    assert "no-such-run" in capsys.readouterr().err
+    monkeypatch.setattr(errors, "INTERRUPTED", False)
+    handler = cli.Interrupt()
+    handler.since = 0.0  # as after a first signal: no second timer thread (it would end this test process)
+    with pytest.raises(KeyboardInterrupt):
+        handler(signal.SIGINT, None)
+    assert errors.INTERRUPTED
+    assert cli.main(["export", missing, "--out", str(tmp_path / "e")]) == 130
+    assert capsys.readouterr().err.strip() == "cramkit: interrupted"
+
+
 def _sigint_default() -> None:
     """In the child: Ctrl-C as at a terminal. A suite started in the background (``nohup ... &``) passes SIGINT
     on ignored, and cramkit rightly leaves an ignored SIGINT ignored (``cli.entry``)."""

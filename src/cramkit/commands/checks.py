@@ -5,6 +5,43 @@ from __future__ import annotations
 import argparse
 
 
+def add_training_args(
+    p: argparse.ArgumentParser | argparse._ArgumentGroup,
+    settings: str,
+    *,
+    nproc: str | None = None,
+    progress: str = "no progress bar",
+) -> None:
+    """What every training verb (pretrain, finetune, distill, eval of a suite) takes: ``--set KEY=VALUE`` (its
+    ``settings`` help), ``--no-progress``, ``--report-to`` and, where the verb starts torchrun, ``--nproc``."""
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE", help=settings)
+    p.add_argument("--no-progress", action="store_true", help=progress)
+    add_report_to(p)
+    if nproc is not None:
+        p.add_argument("--nproc", type=int, default=1, metavar="N", help=nproc)
+
+
+def add_finetune_file_args(p: argparse.ArgumentParser | argparse._ArgumentGroup, what: str) -> None:
+    """``--config FILE.yaml``, ``--print-config`` and ``--skip-bad-rows``: finetune's and eval's (``what``: the
+    settings' name in the help)."""
+    p.add_argument(
+        "--config",
+        metavar="FILE.yaml",
+        help=f"a YAML file of {what} settings (keys of --set, at the top level or under 'finetune:'); "
+        "--set and the flags override it",
+    )
+    p.add_argument(
+        "--print-config",
+        action="store_true",
+        help=f"print the {what} settings this command would use (YAML) and exit; nothing is read or written",
+    )
+    p.add_argument(
+        "--skip-bad-rows",
+        action="store_true",
+        help="skip (and count) malformed rows instead of stopping at the first one",
+    )
+
+
 def add_report_to(p: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
     """``--report-to``: the training verbs' experiment trackers (train/report.py)."""
     p.add_argument(

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from cramkit.commands.checks import add_report_to
+from cramkit.commands.checks import add_training_args
 
 EPILOG = """\
 examples:
@@ -63,22 +63,11 @@ def register(sub: argparse._SubParsersAction) -> None:
         "(its documents, decoded and cut into sentences; --set max_unlabelled=N)",
     )
     p.add_argument("--cache", help="folder for the transfer set and teacher logits (default OUT/cache)")
-    p.add_argument(
-        "--set",
-        dest="overrides",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="a distillation setting, e.g. --set epochs=5 --set layers=2 --set p_pos=0",
-    )
-    p.add_argument("--no-progress", action="store_true", help="no progress bars")
-    add_report_to(p)
-    p.add_argument(
-        "--nproc",
-        type=int,
-        default=1,
-        metavar="N",
-        help="training processes on this machine (starts torchrun; DDP, one per GPU)",
+    add_training_args(
+        p,
+        "a distillation setting, e.g. --set epochs=5 --set layers=2 --set p_pos=0",
+        nproc="training processes on this machine (starts torchrun; DDP, one per GPU)",
+        progress="no progress bars",
     )
     p.set_defaults(func=run)
 

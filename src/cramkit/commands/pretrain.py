@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from cramkit import runtime
-from cramkit.commands.checks import add_report_to
+from cramkit.commands.checks import add_training_args
 from cramkit.commands.reading import add_reading_args, reading_kwargs
 from cramkit.errors import CramkitError
 
@@ -69,25 +69,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--budget", help="training budget: 30s, 5m, 24h (time), 2e9tok (tokens), 1000steps")
     p.add_argument("--out", help="run directory (default: runs/<preset>-<timestamp>)")
-    p.add_argument(
-        "--set",
-        dest="overrides",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="override a setting, e.g. --set train.lr=1e-3 (repeatable)",
-    )
     p.add_argument("--resume", metavar="RUN", help="continue the run in RUN from its latest checkpoint")
     p.add_argument("--tokenizer", metavar="DIR", help="use this tokenizer instead of training one")
     add_reading_args(p)
-    p.add_argument("--no-progress", action="store_true", help="no progress bar (same as --set train.progress=false)")
-    add_report_to(p)
-    p.add_argument(
-        "--nproc",
-        type=int,
-        default=1,
-        metavar="N",
-        help="processes on this machine (starts torchrun; one per GPU)",
+    add_training_args(
+        p,
+        "override a setting, e.g. --set train.lr=1e-3 (repeatable)",
+        nproc="processes on this machine (starts torchrun; one per GPU)",
+        progress="no progress bar (same as --set train.progress=false)",
     )
     p.add_argument("--nnodes", type=int, default=1, help="machines taking part (with --nproc; torchrun c10d)")
     p.add_argument("--node-rank", type=int, default=None, help="this machine's index, 0..nnodes-1")
@@ -107,47 +96,33 @@ def run(args: argparse.Namespace) -> int:
         if args.preset is not None:
             raise CramkitError("give --preset NAME or --config FILE.yaml, not both (--config is a preset file)")
         args.preset = args.config
+    given = {  # what the command passes on, to cramkit.pretrain or (--print-config) to the resolved settings
+        "preset": args.preset,
+        "budget": args.budget,
+        "overrides": args.overrides,
+        "resume": args.resume,
+        "tokenizer": args.tokenizer,
+        "init": args.init,
+        "inherit": args.inherit,
+        "extend_vocab": args.extend_vocab,
+        "upcycle": args.upcycle,
+        "report_to": args.report_to,
+        **reading_kwargs(args),
+    }
     if args.print_config:
         import yaml
 
         from cramkit.config import to_dict
         from cramkit.recipes.pretrain import resolved_config
 
-        cfg = resolved_config(
-            args.inputs or None,
-            preset=args.preset,
-            budget=args.budget,
-            overrides=args.overrides,
-            resume=args.resume,
-            tokenizer=args.tokenizer,
-            init=args.init,
-            inherit=args.inherit,
-            extend_vocab=args.extend_vocab,
-            upcycle=args.upcycle,
-            report_to=args.report_to,
-            **reading_kwargs(args),
-        )
+        cfg = resolved_config(args.inputs or None, **given)
         print(yaml.safe_dump(to_dict(cfg), sort_keys=False), end="")
         return 0
     if args.nproc != 1 or args.nnodes != 1:
         return _launch(args)
     import cramkit
 
-    run_dir = cramkit.pretrain(
-        args.inputs or None,
-        preset=args.preset,
-        budget=args.budget,
-        out=args.out,
-        overrides=args.overrides,
-        resume=args.resume,
-        tokenizer=args.tokenizer,
-        init=args.init,
-        inherit=args.inherit,
-        extend_vocab=args.extend_vocab,
-        upcycle=args.upcycle,
-        report_to=args.report_to,
-        **reading_kwargs(args),
-    )
+    run_dir = cramkit.pretrain(args.inputs or None, out=args.out, **given)
     if runtime.torchrun().is_main:  # under torchrun: once, not once per process
         print(f"cramkit: run directory {run_dir} (metrics.jsonl, loss.png, checkpoints/)")
     return 0

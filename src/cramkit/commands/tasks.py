@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from cramkit.commands import embed_eval
-from cramkit.commands.checks import add_report_to
+from cramkit.commands.checks import add_finetune_file_args, add_training_args
 from cramkit.commands.finetune_report import report_fewshot, report_finetune, report_mixture
 from cramkit.errors import CramkitError
 
@@ -81,40 +81,13 @@ def _finetune_parser(sub: argparse._SubParsersAction) -> None:
         "results.json, test predictions (default: finetune-TASK)",
     )
     p.add_argument("--seeds", help="comma-separated seeds, e.g. 0,1,2 (the median is reported)")
-    p.add_argument(
-        "--set",
-        dest="overrides",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="override a fine-tuning setting, e.g. --set lr=2e-5 --set epochs=3; others: batch_size, "
+    add_finetune_file_args(p, "fine-tuning")
+    add_training_args(
+        p,
+        "override a fine-tuning setting, e.g. --set lr=2e-5 --set epochs=3; others: batch_size, "
         "max_length, warmup, weight_decay, dropout, pooling (first|mean), max_train_examples (use only the "
         "first N training rows; 0 = all), device, precision (an unknown key lists them all)",
-    )
-    p.add_argument(
-        "--config",
-        metavar="FILE.yaml",
-        help="a YAML file of fine-tuning settings (keys of --set, at the top level or under 'finetune:'); "
-        "--set and the flags override it",
-    )
-    p.add_argument(
-        "--print-config",
-        action="store_true",
-        help="print the fine-tuning settings this command would use (YAML) and exit; nothing is read or written",
-    )
-    p.add_argument(
-        "--skip-bad-rows",
-        action="store_true",
-        help="skip (and count) malformed rows instead of stopping at the first one",
-    )
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
-    add_report_to(p)
-    p.add_argument(
-        "--nproc",
-        type=int,
-        default=1,
-        metavar="N",
-        help="processes on this machine (starts torchrun; DDP, one per GPU); needs --out",
+        nproc="processes on this machine (starts torchrun; DDP, one per GPU); needs --out",
     )
     p.add_argument(
         "--fewshot-splits",
@@ -269,30 +242,13 @@ def _eval_parser(sub: argparse._SubParsersAction) -> None:
         help="tasks in FewCLUE's layout: the splits to train on, e.g. 0-4 (FewCLUE's protocol), 0,2 or "
         "few_all (the default); each is scored on test_public, reported with the mean and spread",
     )
-    e.add_argument(
-        "--set",
-        dest="overrides",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="override a fine-tuning setting for every task, e.g. --set epochs=3 --set "
-        "max_train_examples=2000 (as in cramkit finetune)",
-    )
-    e.add_argument(
-        "--config",
-        metavar="FILE.yaml",
-        help="a YAML file of fine-tuning settings (keys of --set, at the top level or under 'finetune:'); "
-        "--set and the flags override it",
-    )
-    e.add_argument(
-        "--print-config",
-        action="store_true",
-        help="print the fine-tuning settings this command would use (YAML) and exit; nothing is read or written",
-    )
-    e.add_argument("--skip-bad-rows", action="store_true", help="skip (and count) malformed rows instead of stopping")
+    add_finetune_file_args(e, "fine-tuning")
     _method_args(e.add_argument_group("few labels (every task of the suite; prompts: the built-in ones)"), suite=True)
-    e.add_argument("--no-progress", action="store_true", help="no progress bar")
-    add_report_to(e)
+    add_training_args(
+        e,
+        "override a fine-tuning setting for every task, e.g. --set epochs=3 --set max_train_examples=2000 (as in "
+        "cramkit finetune)",
+    )
     embed_eval.add_arguments(e)
     e.set_defaults(func=run_eval)
 

@@ -36,8 +36,9 @@ from pathlib import Path
 from typing import Any, cast
 
 from cramkit.errors import CramkitError
-from cramkit.io import BadJson, LoneSurrogate, json_loads, json_row
+from cramkit.io import BadJson, json_loads
 from cramkit.tasks.glue import SKIP_HINT, BadRow, parse_label
+from cramkit.tasks.jsonlines import JsonLinesSplit, NoGold
 from cramkit.tasks.registry import Example, PathLike, Suite, Task, register_family, register_suite
 
 log = logging.getLogger("cramkit.tasks")
@@ -142,10 +143,6 @@ CSLDCP_LABELS = [
     "地球物理学",
     "植物保护",
 ]
-
-
-class NoGold(BadRow):
-    """A row the official data leaves without a gold label (NLI's ``-``): always skipped, counted."""
 
 
 def _field(row: dict, name: str, where: str):
@@ -308,72 +305,6 @@ def _row_id(row: dict, fallback: int, where: str) -> int:
             except ValueError:
                 raise BadRow(f"{where}: {key} '{row[key]}' is not an integer. {SKIP_HINT}") from None
     return fallback
-
-
-class JsonLinesSplit:
-    """Loader of one CLUE/FewCLUE file: ``JsonLinesSplit(...)()`` -> list[Example]; ``.skipped`` after a call."""
-
-    def __init__(
-        self,
-        task: str,
-        path: Path,
-        parse: Callable[[dict, str, int], list[Example]],
-        *,
-        skip_bad_rows: bool = False,
-        hint: str = "",
-    ):
-        self.task, self.path, self.parse = task, Path(path), parse
-        self.skip_bad_rows, self.hint = skip_bad_rows, hint
-        self.source = str(self.path)
-        self.skipped = 0
-
-    def __call__(self) -> list[Example]:
-        if not self.path.is_file():
-            raise CramkitError(f"{self.task}: the split needs the file {self.path}, which does not exist. {self.hint}")
-        self.skipped = 0
-        no_gold = 0
-        out: list[Example] = []
-        n = 0
-        try:
-            text = self.path.read_text(encoding="utf-8-sig")
-        except UnicodeDecodeError as e:
-            raise CramkitError(
-                f"{self.path} is not UTF-8 text (byte {e.start}); CLUE files are UTF-8 JSON Lines"
-            ) from None
-        for lineno, line in enumerate(text.split("\n"), 1):  # lines end at newlines only
-            if not line.strip():
-                continue
-            where = f"{self.path}, line {lineno}"
-            try:
-                try:
-                    row, _ = json_row(line)
-                except LoneSurrogate as e:
-                    raise BadRow(f"{where}: {e}. {SKIP_HINT}") from None
-                except BadJson as e:
-                    raise BadRow(
-                        f"{where} is {e}; CLUE files hold one JSON object per line (JSON Lines). {SKIP_HINT}"
-                    ) from None
-                if not isinstance(row, dict):
-                    raise BadRow(
-                        f"{where} holds a JSON {type(row).__name__}, not an object; CLUE files hold one "
-                        f"JSON object per line (JSON Lines). {SKIP_HINT}"
-                    )
-                out.extend(self.parse(row, where, n))
-            except NoGold:
-                no_gold += 1
-            except BadRow as e:
-                if not self.skip_bad_rows:
-                    raise CramkitError(str(e)) from None
-                self.skipped += 1
-            n += 1
-        if no_gold:
-            log.info("%s: %d rows of %s have no gold label ('-'): skipped", self.task, no_gold, self.path)
-        if self.skipped:
-            log.warning("%s: skipped %d bad rows of %s", self.task, self.skipped, self.path)
-        self.skipped += no_gold
-        if not out:
-            raise CramkitError(f"{self.path} holds no {self.task} rows; use the file from the CLUE download")
-        return out
 
 
 def _classification_parser(spec: ClueSpec, labelled: bool):
@@ -544,11 +475,11 @@ def make_clue_task(key: str, data_dir: PathLike | None = None, skip_bad_rows: bo
         path = folder / f"{split}.json"
         if spec.reader is None and kind == "clue":
             parse = _chid_parser(False, None, None)  # replaced when the answers are read
-            loader = JsonLinesSplit(name, path, parse, skip_bad_rows=skip_bad_rows, hint=hint)
+            loader = JsonLinesSplit(name, path, parse, suite="CLUE", skip_bad_rows=skip_bad_rows, hint=hint)
             splits[split] = _ChidCluePart(loader, folder / f"{split}_answer.json" if labelled else None)
             continue
         parse = _chid_parser(labelled, None, None) if spec.reader is None else _classification_parser(spec, labelled)
-        splits[split] = JsonLinesSplit(name, path, parse, skip_bad_rows=skip_bad_rows, hint=hint)
+        splits[split] = JsonLinesSplit(name, path, parse, suite="CLUE", skip_bad_rows=skip_bad_rows, hint=hint)
     if kind == "fewclue":
         roles: dict[str, Any] = {
             "train_split": "train_few_all",

@@ -40,14 +40,15 @@ import os
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any, cast
 
 import numpy as np
 
 from cramkit.errors import CramkitError
-from cramkit.io import BadJson, json_row
 from cramkit.tasks.glue import SKIP_HINT, BadRow
+from cramkit.tasks.jsonlines import JsonLinesSplit
 from cramkit.tasks.registry import Example, PathLike, Suite, Task, register_family, register_suite
 
 log = logging.getLogger("cramkit.tasks")
@@ -330,56 +331,11 @@ SPECS: dict[str, SgSpec] = {
 SUPERGLUE_TASKS = ["boolq", "cb", "copa", "multirc", "record", "rte", "wic", "wsc"]
 
 
-class JsonlSplit:
-    """Loader of one official SuperGLUE file: ``JsonlSplit(...)()`` -> list[Example]; ``.skipped`` after."""
-
-    def __init__(self, task: str, spec: SgSpec, path: Path, test: bool, skip_bad_rows: bool, hint: str):
-        self.task, self.spec, self.path, self.test = task, spec, Path(path), test
-        self.skip_bad_rows, self.hint = skip_bad_rows, hint
-        self.source = str(self.path)
-        self.skipped = 0
-
-    def __call__(self) -> list[Example]:
-        if not self.path.is_file():
-            raise CramkitError(f"{self.task}: the split needs the file {self.path}, which does not exist. {self.hint}")
-        self.skipped = 0
-        out: list[Example] = []
-        try:
-            self._read(out)
-        except UnicodeDecodeError as e:
-            raise CramkitError(
-                f"{self.path} is not UTF-8 text (byte {e.start} of a line); the SuperGLUE files are UTF-8"
-            ) from None
-        if self.skipped:
-            log.warning("%s: skipped %d bad rows of %s", self.task, self.skipped, self.path)
-        if not out:
-            raise CramkitError(f"{self.path} holds no {self.task} rows; use the file from the SuperGLUE download")
-        return out
-
-    def _read(self, out: list[Example]) -> None:
-        seen: dict[int, int] = {}  # idx -> line
-        with open(self.path, encoding="utf-8-sig") as f:
-            for lineno, line in enumerate(f, 1):
-                if not line.strip():
-                    continue
-                where = f"{self.path}, line {lineno}"
-                try:
-                    try:
-                        row, _ = json_row(line)
-                    except BadJson as e:  # a lone surrogate escape included: not text the tokenizer takes
-                        raise BadRow(f"{where}: {e}. {SKIP_HINT}") from None
-                    rows = self.spec.parse(row, where, self.test)
-                    for ex in rows:
-                        if ex.idx in seen:
-                            raise BadRow(f"{where}: idx {ex.idx} was already used on line {seen[ex.idx]}. {SKIP_HINT}")
-                except BadRow as e:
-                    if self.skip_bad_rows:
-                        self.skipped += 1
-                        continue
-                    raise CramkitError(str(e)) from None
-                for ex in rows:
-                    seen[ex.idx] = lineno
-                out.extend(rows)
+def _parse(
+    parse: Callable[[dict, str, bool], list[Example]], row: dict, where: str, n: int, test: bool
+) -> list[Example]:
+    """A SuperGLUE row's examples (``n``, the row's place, is not used: every row carries its idx)."""
+    return parse(row, where, test)
 
 
 class _SuperGlueTask(Task):
@@ -501,7 +457,15 @@ def make_superglue_task(key: str, data_dir: PathLike | None = None, skip_bad_row
         raise CramkitError(f"{name}: there is no folder {folder}. {_hint(spec, folder)}")
     hint = _hint(spec, folder)
     splits = {
-        split: JsonlSplit(name, spec, folder / fname, split == "test", skip_bad_rows, hint)
+        split: JsonLinesSplit(
+            name,
+            folder / fname,
+            partial(_parse, spec.parse, test=split == "test"),
+            suite="SuperGLUE",
+            skip_bad_rows=skip_bad_rows,
+            unique_idx=True,
+            hint=hint,
+        )
         for split, fname in spec.files
     }
     test_only = len(spec.files) == 1

@@ -52,6 +52,8 @@ def test_a_flag_help_states_its_default_from_the_default_itself() -> None:
         default = action.default
         if default in (None, False, True, argparse.SUPPRESS) or isinstance(default, list):
             continue
-        if re.search(r"default:? " + re.escape(str(default)) + r"\b", action.help or ""):
+        # "default 5", "default: 5" or a bare "(5)"
+        value = re.escape(str(default))
+        if re.search(rf"default:? {value}\b|\({value}\)", action.help or ""):
             stale.append(f"{flag}: {action.help!r}")
     assert not stale, "write %(default)s instead of the value:\n" + "\n".join(stale)

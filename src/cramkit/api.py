@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 from cramkit.distill.verb import check_student as check_student
 from cramkit.distill.verb import distill as distill
 from cramkit.errors import CramkitError
+from cramkit.recipes import DEV_FRACTION, FEWSHOT_SPLITS
 
 if TYPE_CHECKING:
     from cramkit.load import LoadedModel
@@ -85,7 +86,7 @@ def check_finetune(
     weighting: str | None = None,
     primary: str | None = None,
     few_shot: int | None = None,
-    splits: int = 5,
+    splits: int = FEWSHOT_SPLITS,
     fewshot_splits: str | Sequence[str] | None = None,
     config: FinetuneConfig | None = None,
     unlabelled: Any = None,
@@ -146,14 +147,14 @@ def finetune(
     regression: bool = False,
     choices: Sequence[str] | None = None,
     name: str | None = None,
-    dev_fraction: float = 0.1,
+    dev_fraction: float = DEV_FRACTION,
     skip_bad_rows: bool = False,
     mixture: str | None = None,
     rates: str | None = None,
     weighting: str | None = None,
     primary: str | None = None,
     few_shot: int | None = None,
-    splits: int = 5,
+    splits: int = FEWSHOT_SPLITS,
     fewshot_splits: str | Sequence[str] | None = None,
     unlabelled: PathLike | Sequence[str] | None = None,
     out: PathLike | None = None,
@@ -403,7 +404,7 @@ def evaluate(
     fewshot_splits: str | Sequence[str] | None = None,
     progress: bool = True,
     few_shot: int | None = None,
-    splits: int = 5,
+    splits: int = FEWSHOT_SPLITS,
     skip_bad_rows: bool = False,
     report_to: str | Sequence[str] | None = None,
     config: FinetuneConfig | None = None,

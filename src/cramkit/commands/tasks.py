@@ -11,6 +11,7 @@ from cramkit.commands import embed_eval
 from cramkit.commands.checks import add_finetune_file_args, add_training_args
 from cramkit.commands.finetune_report import report_fewshot, report_finetune, report_mixture
 from cramkit.errors import CramkitError
+from cramkit.recipes import DEV_FRACTION, FEWSHOT_SPLITS
 
 FINETUNE_EPILOG = """\
 examples:
@@ -144,7 +145,7 @@ def _file_task_args(g: argparse._ArgumentGroup) -> None:
     g.add_argument(
         "--dev-fraction",
         type=float,
-        default=0.1,
+        default=DEV_FRACTION,
         help="without --dev: this fraction of the shuffled train rows is held out for scoring (default %(default)s)",
     )
     g.add_argument("--test", help="test file (labels optional); predictions are written")
@@ -262,7 +263,13 @@ def _method_args(g: argparse._ArgumentGroup, suite: bool = False) -> None:
         "keeps the best checkpoint) drawn from the training data, --splits times; scored on the task's "
         "dev split; the mean and standard deviation over the splits are reported",
     )
-    g.add_argument("--splits", type=int, default=5, metavar="S", help="with --few-shot: how many splits (5)")
+    g.add_argument(
+        "--splits",
+        type=int,
+        default=FEWSHOT_SPLITS,
+        metavar="S",
+        help="with --few-shot: how many splits (default %(default)s)",
+    )
     g.add_argument(
         "--method",
         choices=["head", "prompt", "ptuning", "setfit", "auto"],

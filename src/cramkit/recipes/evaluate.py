@@ -24,6 +24,7 @@ from typing import Any, cast
 from cramkit.errors import CramkitError
 from cramkit.io import json_loads
 from cramkit.load import LoadedModel, load_torch
+from cramkit.recipes import FEWSHOT_SPLITS
 from cramkit.recipes.finetune import finetune, write_json
 from cramkit.recipes.finetune_config import FinetuneConfig
 from cramkit.tasks.registry import Suite, Task, get_suite
@@ -51,7 +52,7 @@ def evaluate_suite(
     tasks: Sequence[str] | None = None,
     fewshot_splits: Sequence[str] | None = None,
     few_shot: int | None = None,
-    splits: int = 5,
+    splits: int = FEWSHOT_SPLITS,
 ) -> dict[str, Any]:
     """Fine-tune and score ``source`` on every task of ``suite`` (a registered :class:`Suite`) whose data
     is in data_dir.

@@ -294,7 +294,7 @@ def get_task(name: str, *, data_dir: PathLike | None = None, skip_bad_rows: bool
     return entry(data_dir=data_dir, skip_bad_rows=skip_bad_rows)
 
 
-def hold_out(task: Task, fraction: float = 0.1, seed: int = 0) -> Task:
+def hold_out(task: Task, fraction: float, seed: int = 0) -> Task:
     """``task`` with a dev split held out of its train split: ``fraction`` of the rows, shuffled with
     ``seed`` (the same rows every time); the rest is the new train split."""
     import dataclasses

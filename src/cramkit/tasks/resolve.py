@@ -48,7 +48,7 @@ def resolve_task(
     regression: bool = False,
     choices: Sequence[str] | None = None,
     name: str | None = None,
-    dev_fraction: float | None = 0.1,
+    dev_fraction: float | None = None,
     skip_bad_rows: bool = False,
 ) -> Task:
     """A registered ``task`` (its files in ``data_dir``) or a task from the user's files: ``train`` with the
@@ -86,7 +86,7 @@ def resolve_task(
             choices=list(choices) if choices is not None else None,
             skip_bad_rows=skip_bad_rows,
         )
-        return found if dev is not None else hold_out(found, float(dev_fraction or 0.1))
+        return found if dev is not None or dev_fraction is None else hold_out(found, float(dev_fraction))
     if not task:
         raise CramkitError(
             "name a task (--task glue/sst2, task='glue/sst2') or give your own files (--train FILE, train=)"

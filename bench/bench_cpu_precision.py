@@ -9,11 +9,16 @@
    glue/mrpc``: one epoch over MRPC's 2,474 paraphrase pairs), fp32 and ``auto``, one seed a repetition
    (``--reps``), interleaved: pairs/s and the held-out pairs' recall@1, MRR and loss after training.
 
+4. **distill**: ``cramkit distill`` of all-MiniLM-L6-v2 fine-tuned on 2,000 SST-2 rows (fp32, made once) into
+   the BiLSTM and into a 2-layer encoder on 1,500 sentences (n_iter 6, the transfer set and the teacher's logits
+   cached once), fp32 and ``auto``, one seed a repetition: the distilled student's training examples/s and its
+   SST-2 dev accuracy, with the labels-only student's.
+
 Where the CPU has no native bf16 the ``auto`` rows are fp32 too (the rule's own choice) and the bf16 embed row is
 measured on a tenth of the sentences (emulated bf16 is slow). Rows go to stdout and ``--out``/cpu_precision.md.
 
     python bench/bench_cpu_precision.py --corpus DIR_OR_FILE --minilm DIR [--budget 60s] [--threads 1] [--reps 2]
-        [--parts pretrain,embed,contrastive] [--glue ../shared/data/glue]
+        [--parts pretrain,embed,contrastive,distill] [--glue ../shared/data/glue]
 """
 
 from __future__ import annotations
@@ -83,6 +88,49 @@ def contrastive(minilm: str, glue: str, out: Path, precision: str, seed: int, th
     return {"pairs_per_s": res["examples_per_s"], "used": used, **res["after"]}  # type: ignore[dict-item]
 
 
+def teacher(minilm: str, glue: str, out: Path, threads: int) -> Path:
+    """all-MiniLM-L6-v2 fine-tuned on 2,000 SST-2 rows for 2 epochs (fp32), made once in ``out``."""
+    if not (out / "cramkit-model.json").is_file():
+        env = dict(os.environ, OMP_NUM_THREADS=str(threads))
+        cmd = [sys.executable, "-m", "cramkit", "finetune", "--task", "glue/sst2", "--data-dir", glue]
+        cmd += ["--from", f"hf:{minilm}", "--out", str(out), "--no-progress", "--set", "precision=fp32"]
+        for kv in ("max_train_examples=2000", "epochs=2", "batch_size=32", "lr=5e-5", "max_length=64", "device=cpu"):
+            cmd += ["--set", kv]
+        proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
+        if proc.returncode:
+            raise RuntimeError(f"the teacher failed: {proc.stderr.strip().splitlines()[-1:]}")
+    return out
+
+
+def distill(
+    teacher_dir: Path, glue: str, cache: Path, out: Path, student: str, precision: str, seed: int, threads: int
+) -> dict[str, float | str]:
+    """``cramkit distill`` of the SST-2 teacher into ``student`` on 1,500 sentences (n_iter 6): the distilled
+    student's training examples/s, its dev accuracy, and the labels-only student's."""
+    import json
+
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads))
+    env.pop("CRAMKIT_CPU_BF16", None)  # the rule as a user gets it
+    cmd = [sys.executable, "-m", "cramkit", "distill", "--teacher", str(teacher_dir), "--task", "glue/sst2"]
+    cmd += ["--data-dir", glue, "--cache", str(cache), "--student", student, "--out", str(out), "--no-progress"]
+    sets = [f"precision={precision}", f"seed={seed}", "device=cpu", f"threads={threads}", "max_train_examples=1500"]
+    sets += ["n_iter=6", "max_length=64", "workers=2", "speed_examples=200", "speed_seconds=1"]
+    sets += ["epochs=4"] if student == "bilstm" else ["layers=2", "epochs=0.5", "baseline_epochs=1"]
+    for kv in sets:
+        cmd += ["--set", kv]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    if proc.returncode:
+        raise RuntimeError(f"distill {student} {precision} failed: {proc.stderr.strip().splitlines()[-1:]}")
+    rep = json.loads((out / "report.json").read_text())
+    used = "bf16" if "precision bf16" in proc.stdout + proc.stderr else "fp32"
+    return {
+        "examples_per_s": rep["training"]["distilled"]["examples_per_s"],
+        "used": used,
+        "student": rep["scores"]["student"]["score"],
+        "labels_only": rep["scores"]["labels_only"]["score"],
+    }
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--corpus", nargs="+", required=True)
@@ -93,9 +141,12 @@ def main() -> None:
     p.add_argument("--sentences", type=int, default=1000)
     p.add_argument("--out", default="bench/out/cpu_precision")
     p.add_argument(
-        "--parts", default="pretrain,embed", help="which rows: pretrain, embed, contrastive (comma-separated)"
+        "--parts",
+        default="pretrain,embed",
+        help="which rows: pretrain, embed, contrastive, distill (comma-separated)",
     )
-    p.add_argument("--glue", help="GLUE's folder (MRPC in it): the contrastive rows")
+    p.add_argument("--students", default="bilstm,encoder", help="the distill rows' students (comma-separated)")
+    p.add_argument("--glue", help="GLUE's folder (MRPC and SST-2 in it): the contrastive and distill rows")
     args = p.parse_args()
     from cramkit import doctor, runtime
 
@@ -185,6 +236,32 @@ def main() -> None:
             mrr = ", ".join(f"{r['dev_mrr']:.1f}" for r in rs)
             loss = ", ".join(f"{r['val_loss']:.4f}" for r in rs)
             line(f"| {precision} | {rs[0]['used']} | {rate:,.1f} | {rate / base:.2f}x | {r1} | {mrr} | {loss} |")
+
+    if args.minilm and args.glue and "distill" in args.parts:
+        t = teacher(args.minilm, args.glue, out / "teacher", args.threads)
+        for student in args.students.split(","):
+            got: dict[str, list[dict[str, float | str]]] = {"fp32": [], "auto": []}
+            for seed in range(args.reps):
+                for precision in got:
+                    where = out / f"distill-{student}-{precision}-{seed}"
+                    got[precision].append(
+                        distill(t, args.glue, out / "distill-cache", where, student, precision, seed, args.threads)
+                    )
+            what = "the BiLSTM" if student == "bilstm" else "the 2-layer encoder"
+            line(
+                f"\n`cramkit distill` of an SST-2 teacher into {what}, seeds 0-{args.reps - 1}, "
+                f"{args.threads} thread(s)"
+            )
+            line(
+                "\n| precision asked | used | training examples/s (median) | vs fp32 | dev acc per seed | labels only |"
+            )
+            line("|---|---|---:|---:|---|---|")
+            base = statistics.median(float(r["examples_per_s"]) for r in got["fp32"])
+            for precision, rs in got.items():
+                rate = statistics.median(float(r["examples_per_s"]) for r in rs)
+                acc = ", ".join(f"{float(r['student']):.2f}" for r in rs)
+                lab = ", ".join(f"{float(r['labels_only']):.2f}" for r in rs)
+                line(f"| {precision} | {rs[0]['used']} | {rate:,.1f} | {rate / base:.2f}x | {acc} | {lab} |")
 
 
 if __name__ == "__main__":

@@ -20,7 +20,8 @@ optimum[onnxruntime], onnx-fastembed with fastembed), at each of ``--thread-list
 (``--short N``, ``--long N``: the first N of each), with each process's peak RSS (see ``race``), each
 contestant's FLOP/s as a share of this CPU's measured matrix-product rate at its precision (``cramkit doctor``'s
 measurement, taken at the race's end) and, when ``cramkit:torch`` races, every contestant's cosine to its fp32
-vectors. ``cramkit:torch`` is fp32 and ``cramkit:torch-bf16`` bf16 autocast on every CPU. ``--only
+vectors. ``cramkit:torch`` is fp32 and ``cramkit:torch-bf16`` bf16 autocast on every CPU; ``cramkit:torch-compile-bf16``
+bf16 weights through torch.compile (inductor, frozen, dynamic shapes; compiled before the timing). ``--only
 tool:variant,...`` races those contestants only (the first is the baseline), e.g. ``--only
 cramkit:torch,cramkit:ct2-int8,ct2:int8,cramkit:openvino,cramkit:onnx`` needs no anchor environments.
 """
@@ -342,6 +343,7 @@ CONTESTANTS = [  # name, tool, variant; the first is the baseline
     ("ctranslate2.Encoder int8", "ct2", "int8"),
     ("cramkit Engine torch fp32", "cramkit", "torch"),
     ("cramkit Engine torch bf16 autocast", "cramkit", "torch-bf16"),
+    ("cramkit Engine torch bf16 weights, torch.compile", "cramkit", "torch-compile-bf16"),
     ("cramkit Engine onnx fp32", "cramkit", "onnx"),
     ("cramkit Engine onnx int8", "cramkit", "onnx-int8"),
     ("cramkit Engine ct2 float32", "cramkit", "ct2"),
@@ -477,6 +479,16 @@ def _contestant(spec: dict[str, Any]) -> Any:
     if variant in ("torch", "torch-bf16"):  # fp32 named: precision auto is bf16 on a CPU that computes it
         precision = "bf16" if variant == "torch-bf16" else "fp32"
         engine = Engine(cramkit.load(f"hf:{root}"), device="cpu", precision=precision)
+    elif variant == "torch-compile-bf16":  # a candidate path, not one cramkit offers: bench/RESULTS.md says why
+        import torch._inductor.config as inductor
+
+        engine = Engine(cramkit.load(f"hf:{root}"), device="cpu", precision="fp32")
+        runner = engine.runner
+        inductor.freezing, inductor.cpp_wrapper = True, True
+        runner.encoder = torch.compile(runner.encoder.to(torch.bfloat16), dynamic=True)  # type: ignore[attr-defined]
+        torch.set_num_threads(1)
+        runner.workers = threads  # type: ignore[attr-defined]  # passes side by side, one thread each
+        engine.embed(json.loads(Path(spec["texts"]).read_text(encoding="utf-8")))  # compiled for every shape
     else:
         engine = Engine(work / variant, threads=threads)
     return engine.embed

@@ -21,6 +21,37 @@ def add_training_args(
         p.add_argument("--nproc", type=int, default=1, metavar="N", help=nproc)
 
 
+def add_file_task_args(g: argparse.ArgumentParser | argparse._ArgumentGroup, *, dev: str, held_out: bool) -> None:
+    """A task from the user's own files (finetune, distill): ``--train``, ``--dev`` (its ``dev`` help), the
+    columns and the label kind; ``held_out`` (finetune): also ``--dev-fraction``, ``--test``, ``--choices`` and
+    ``--name``."""
+    from cramkit.recipes import DEV_FRACTION
+
+    g.add_argument("--train", help="training file (.csv, .tsv or .jsonl with a header / named fields)")
+    g.add_argument("--dev", help=dev)
+    if held_out:
+        g.add_argument(
+            "--dev-fraction",
+            type=float,
+            default=DEV_FRACTION,
+            help="without --dev: this fraction of the shuffled train rows is held out for scoring (default "
+            "%(default)s)",
+        )
+        g.add_argument("--test", help="test file (labels optional); predictions are written")
+    g.add_argument("--text-a", help="column with the (first) text")
+    g.add_argument("--text-b", help="column with the second text of a pair")
+    g.add_argument("--label", default="label", help="label column (default: %(default)s)")
+    g.add_argument("--regression", action="store_true", help="the label is a number (MSE, Pearson/Spearman)")
+    if held_out:
+        g.add_argument(
+            "--choices",
+            metavar="COL[,COL...]",
+            help="multiple choice: the choice columns (or one JSONL field holding a list); --text-a is the "
+            "context, --label the right choice's index from 0",
+        )
+        g.add_argument("--name", help="name of the task (default: the train file's stem)")
+
+
 def add_finetune_file_args(p: argparse.ArgumentParser | argparse._ArgumentGroup, what: str) -> None:
     """``--config FILE.yaml``, ``--print-config`` and ``--skip-bad-rows``: finetune's and eval's (``what``: the
     settings' name in the help)."""

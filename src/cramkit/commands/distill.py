@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from cramkit.commands.checks import add_training_args
+from cramkit.commands.checks import add_file_task_args, add_training_args
 
 EPILOG = """\
 examples:
@@ -50,12 +50,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--out", required=True, help="output directory: the student model, report.json, report.md")
     p.add_argument("--task", help="registered task name, e.g. glue/sst2")
     p.add_argument("--data-dir", help="GLUE root folder; default $CRAMKIT_GLUE_DIR")
-    p.add_argument("--train", help="training file (.csv, .tsv or .jsonl with a header)")
-    p.add_argument("--dev", help="dev file, scored for teacher and student")
-    p.add_argument("--text-a", help="column with the (first) text")
-    p.add_argument("--text-b", help="column with the second text of a pair")
-    p.add_argument("--label", default="label", help="label column (default: %(default)s)")
-    p.add_argument("--regression", action="store_true", help="the label is a number")
+    add_file_task_args(p, dev="dev file, scored for teacher and student", held_out=False)
     p.add_argument(
         "--unlabelled",
         metavar="FILE_OR_STORE",

@@ -8,10 +8,10 @@ import sys
 from pathlib import Path
 
 from cramkit.commands import embed_eval
-from cramkit.commands.checks import add_finetune_file_args, add_training_args
+from cramkit.commands.checks import add_file_task_args, add_finetune_file_args, add_training_args
 from cramkit.commands.finetune_report import report_fewshot, report_finetune, report_mixture
 from cramkit.errors import CramkitError
-from cramkit.recipes import DEV_FRACTION, FEWSHOT_SPLITS
+from cramkit.recipes import FEWSHOT_SPLITS
 
 FINETUNE_EPILOG = """\
 examples:
@@ -104,7 +104,11 @@ def _finetune_parser(sub: argparse._SubParsersAction) -> None:
         "pseudo-labels (with --few-shot: on every split); settings: --set self_train_*",
     )
     _method_args(p.add_argument_group("few labels: prompts (PET / LM-BFF) and deep prompts (P-tuning v2)"))
-    _file_task_args(p.add_argument_group("a task from your own files (instead of --task)"))
+    add_file_task_args(
+        p.add_argument_group("a task from your own files (instead of --task)"),
+        dev="dev file, scored after training (default: hold out --dev-fraction of --train)",
+        held_out=True,
+    )
     _embedding_args(p.add_argument_group("an encoder that embeds: the contrastive stage (instead of a classifier)"))
     p.set_defaults(func=run_finetune)
 
@@ -136,30 +140,6 @@ def _mixture_args(p: argparse.ArgumentParser) -> None:
         help="with --mixture: the task that matters; the other tasks' gradients are kept only where they do not "
         "oppose its gradient (implies --weighting sum unless given gradnorm)",
     )
-
-
-def _file_task_args(g: argparse._ArgumentGroup) -> None:
-    """A task from the user's own files: ``--train`` (``--dev``, ``--test``), its columns and label kind."""
-    g.add_argument("--train", help="training file (.csv, .tsv or .jsonl with a header / named fields)")
-    g.add_argument("--dev", help="dev file, scored after training (default: hold out --dev-fraction of --train)")
-    g.add_argument(
-        "--dev-fraction",
-        type=float,
-        default=DEV_FRACTION,
-        help="without --dev: this fraction of the shuffled train rows is held out for scoring (default %(default)s)",
-    )
-    g.add_argument("--test", help="test file (labels optional); predictions are written")
-    g.add_argument("--text-a", help="column with the (first) text")
-    g.add_argument("--text-b", help="column with the second text of a pair")
-    g.add_argument("--label", default="label", help="label column (default: %(default)s)")
-    g.add_argument("--regression", action="store_true", help="the label is a number (MSE, Pearson/Spearman)")
-    g.add_argument(
-        "--choices",
-        metavar="COL[,COL...]",
-        help="multiple choice: the choice columns (or one JSONL field holding a list); --text-a is the "
-        "context, --label the right choice's index from 0",
-    )
-    g.add_argument("--name", help="name of the task (default: the train file's stem)")
 
 
 def _embedding_args(c: argparse._ArgumentGroup) -> None:

@@ -7,6 +7,7 @@ import argparse
 
 from cramkit.commands.checks import add_offload_args, add_pass_args
 from cramkit.commands.reading import add_reading_args
+from cramkit.embed import BLOCK
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -75,7 +76,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--store-tokenizer", default=None, help="the token store's tokenizer, when not the model's")
     p.add_argument("--overwrite", action="store_true", help="replace finished embeddings of other inputs in DIR")
     add_pass_args(p)
-    p.add_argument("--block", type=int, default=1024, help="rows embedded between progress commits")
+    p.add_argument(
+        "--block", type=int, default=BLOCK, help="rows embedded between progress commits (default %(default)s)"
+    )
     add_offload_args(p)
     p.set_defaults(func=run)
 

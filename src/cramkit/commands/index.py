@@ -8,6 +8,7 @@ import sys
 
 from cramkit.commands.checks import add_pass_args
 from cramkit.commands.reading import add_reading_args, reading_kwargs
+from cramkit.embed import BLOCK
 from cramkit.index import OVERLAP, PASSAGE_TOKENS, RETRO_CHUNK
 
 
@@ -194,7 +195,9 @@ def _common(p: argparse.ArgumentParser, batch: bool = True) -> None:
         add_pass_args(p)
     else:
         p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N")
-    p.add_argument("--block", type=int, default=1024, help="chunks embedded between progress commits")
+    p.add_argument(
+        "--block", type=int, default=BLOCK, help="chunks embedded between progress commits (default %(default)s)"
+    )
 
 
 def run_build(args: argparse.Namespace) -> int:

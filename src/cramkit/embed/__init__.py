@@ -21,6 +21,10 @@ from typing import TYPE_CHECKING
 
 from cramkit.lazy import callable_package, lazy_names
 
+# rows (or chunks) embedded between two commits of the work done: what a stopped run redoes at most; the embed and
+# index verbs' --block
+BLOCK = 1024
+
 if TYPE_CHECKING:
     from cramkit.embed.embedder import CramkitEmbedder
     from cramkit.embed.parquet import read_vectors

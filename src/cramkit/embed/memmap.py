@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from cramkit.embed import BLOCK
 from cramkit.errors import CramkitError
 from cramkit.io import json_loads, open_memmap, write_json_atomic
 from cramkit.meta import meta_int
@@ -83,7 +84,7 @@ def embed_to_memmap(
     pooling: str,
     normalize: bool,
     ids: np.ndarray | None = None,
-    block: int = 1024,
+    block: int = BLOCK,
     progress: bool | str = "auto",
     desc: str = "embed",
     meta: dict | None = None,

@@ -36,6 +36,7 @@ from typing import Any
 
 import numpy as np
 
+from cramkit.embed import BLOCK
 from cramkit.embed.memmap import DONE_FILE, barrier, dist_info, embed_to_memmap, finished
 from cramkit.errors import CramkitError
 from cramkit.io import file_lock, inside, json_loads, read_json_object, sha256_file, write_json_atomic
@@ -329,7 +330,7 @@ def embed_parts(
     normalize: bool,
     shard: tuple[int, int] = (0, 1),
     overwrite: bool = False,
-    block: int = 1024,
+    block: int = BLOCK,
     progress: bool | str = "auto",
     meta: dict[str, Any] | None = None,
     prompt: str = "",

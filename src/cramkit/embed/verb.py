@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 
+from cramkit.embed import BLOCK
 from cramkit.embed.encoder import encoder_fingerprint, load_encoder
 from cramkit.embed.memmap import DONE_FILE, dist_info, embed_to_memmap, finished, texts_key
 from cramkit.errors import CramkitError
@@ -86,7 +87,7 @@ def embed_source(
     overwrite: bool = False,
     device: str = "auto",
     max_batch_tokens: int | None = None,
-    block: int = 1024,
+    block: int = BLOCK,
     format: str = "npy",  # the flag's name
     shard: str | tuple[int, int] | None = None,
     prompt_name: str | None = None,

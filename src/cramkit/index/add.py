@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 
 from cramkit.data.tokenstore import is_store
+from cramkit.embed import BLOCK
 from cramkit.embed.memmap import embed_to_memmap, texts_key
 from cramkit.errors import CramkitError
 from cramkit.index import ann
@@ -33,7 +34,7 @@ def add_to_index(
     reading: dict[str, Any] | None = None,
     device: str = "auto",
     max_batch_tokens: int | None = None,
-    block: int = 1024,
+    block: int = BLOCK,
     progress: bool | str = "auto",
 ) -> dict[str, Any]:
     """Chunk and embed ``source`` like the index's build (its document split; ``reading``: the encoding

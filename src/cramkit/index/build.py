@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from cramkit.embed import BLOCK
 from cramkit.embed.encoder import encoder_fingerprint, load_encoder, retrieval_prompts
 from cramkit.embed.memmap import dist_info, embed_to_memmap, texts_key
 from cramkit.embed.parquet import is_parquet_embeddings
@@ -51,7 +52,7 @@ def build_index(
     store_tokenizer: str | None = None,
     device: str = "auto",
     max_batch_tokens: int | None = None,
-    block: int = 1024,
+    block: int = BLOCK,
     overwrite: bool = False,
     progress: bool | str = "auto",
     prompt_name: str | None = None,

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from cramkit.embed import store_text
+from cramkit.embed import BLOCK, store_text
 from cramkit.embed.memmap import embed_to_memmap, texts_key
 from cramkit.errors import CramkitError
 from cramkit.index import RETRO_CHUNK
@@ -37,7 +37,7 @@ def retro_neighbours(
     k: int = 2,
     store_tokenizer: str | None = None,
     device: str = "auto",
-    block: int = 1024,
+    block: int = BLOCK,
     progress: bool | str = "auto",
 ) -> dict[str, Any]:
     """For every ``chunk_tokens`` chunk of ``store``: its ``k`` nearest index chunks from other documents.

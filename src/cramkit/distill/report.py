@@ -124,7 +124,9 @@ def report_md(r: dict[str, Any]) -> str:
         f"augmented copies, {ts.get('unlabelled', 0):,} unlabelled)"
     )
     if ts.get("examples_per_s"):
-        lines.append(f"; augmentation {ts['examples_per_s']:,.0f} examples/s on {ts.get('workers')} processes")
+        workers = ts.get("workers")
+        procs = f"{workers} process" + ("" if workers == 1 else "es")
+        lines.append(f"; augmentation {ts['examples_per_s']:,.0f} examples/s on {procs}")
         spent = ts.get("seconds_tagging", 0) + ts.get("seconds_augmenting", 0)
         if ts.get("cached"):
             lines.append(" (built by an earlier run, reused)")

@@ -52,19 +52,18 @@ def add_file_task_args(g: argparse.ArgumentParser | argparse._ArgumentGroup, *, 
         g.add_argument("--name", help="name of the task (default: the train file's stem)")
 
 
-def add_finetune_file_args(p: argparse.ArgumentParser | argparse._ArgumentGroup, what: str) -> None:
-    """``--config FILE.yaml``, ``--print-config`` and ``--skip-bad-rows``: finetune's and eval's (``what``: the
-    settings' name in the help)."""
+def add_finetune_config_args(p: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
+    """``--config FILE.yaml``, ``--print-config`` and ``--skip-bad-rows``: finetune's and eval's."""
     p.add_argument(
         "--config",
         metavar="FILE.yaml",
-        help=f"a YAML file of {what} settings (keys of --set, at the top level or under 'finetune:'); "
+        help="a YAML file of fine-tuning settings (keys of --set, at the top level or under 'finetune:'); "
         "--set and the flags override it",
     )
     p.add_argument(
         "--print-config",
         action="store_true",
-        help=f"print the {what} settings this command would use (YAML) and exit; nothing is read or written",
+        help="print the fine-tuning settings this command would use (YAML) and exit; nothing is read or written",
     )
     p.add_argument(
         "--skip-bad-rows",

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from cramkit.commands import embed_eval
-from cramkit.commands.checks import add_file_task_args, add_finetune_file_args, add_training_args
+from cramkit.commands.checks import add_file_task_args, add_finetune_config_args, add_training_args
 from cramkit.commands.finetune_report import report_fewshot, report_finetune, report_mixture
 from cramkit.errors import CramkitError
 from cramkit.recipes import FEWSHOT_SPLITS
@@ -82,7 +82,7 @@ def _finetune_parser(sub: argparse._SubParsersAction) -> None:
         "results.json, test predictions (default: finetune-TASK)",
     )
     p.add_argument("--seeds", help="comma-separated seeds, e.g. 0,1,2 (the median is reported)")
-    add_finetune_file_args(p, "fine-tuning")
+    add_finetune_config_args(p)
     add_training_args(
         p,
         "override a fine-tuning setting, e.g. --set lr=2e-5 --set epochs=3; others: batch_size, "
@@ -223,7 +223,7 @@ def _eval_parser(sub: argparse._SubParsersAction) -> None:
         help="tasks in FewCLUE's layout: the splits to train on, e.g. 0-4 (FewCLUE's protocol), 0,2 or "
         "few_all (the default); each is scored on test_public, reported with the mean and spread",
     )
-    add_finetune_file_args(e, "fine-tuning")
+    add_finetune_config_args(e)
     _method_args(e.add_argument_group("few labels (every task of the suite; prompts: the built-in ones)"), suite=True)
     add_training_args(
         e,

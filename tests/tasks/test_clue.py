@@ -230,7 +230,7 @@ def test_a_file_that_is_not_json_lines(tmp_path: Path, capsys) -> None:
     (tmp_path / "d" / "afqmc" / "train.json").write_text("sentence1\tsentence2\tlabel\n一\t二\t0\n", encoding="utf-8")
     argv = ["finetune", "--task", "clue/afqmc", "--data-dir", str(tmp_path / "d"), "--from", str(tmp_path)]
     rc, _, err = _run(argv, capsys)
-    assert rc == 2 and "train.json, line 1 is not valid JSON" in err and "JSON Lines" in err
+    assert rc == 2 and "train.json, line 1: not valid JSON" in err and "JSON Lines" in err
     assert "Traceback" not in err
     row = {"sentence1": "双十一花呗提额在哪", "sentence2": "里可以提花呗额度", "label": "0"}
     (tmp_path / "d" / "afqmc" / "train.json").write_bytes(json.dumps(row, ensure_ascii=False).encode("gbk"))

@@ -587,7 +587,7 @@ def test_broken_json_and_non_utf8_files_are_one_clear_line(tmp_path: Path) -> No
     root = write_superglue(tmp_path / "d", {"RTE": FILES["RTE"]})
     train = root / "RTE" / "train.jsonl"
     train.write_text(train.read_text() + '{"premise": "p", "hypothesis": \n', encoding="utf-8")
-    with pytest.raises(CramkitError, match=r"RTE/train.jsonl, line 2 is not valid JSON"):
+    with pytest.raises(CramkitError, match=r"RTE/train.jsonl, line 2: not valid JSON"):
         get_task("superglue/rte", data_dir=root).examples("train")
     train.write_bytes('{"premise": "caf\u00e9"}\n'.encode("latin-1"))
     with pytest.raises(CramkitError, match="is not UTF-8 text"):

@@ -91,7 +91,7 @@ class JsonLinesSplit:
             raise BadRow(f"{where}: {e}. {SKIP_HINT}") from None
         except BadJson as e:
             raise BadRow(
-                f"{where} is {e}; {self.suite} files hold one JSON object per line (JSON Lines). {SKIP_HINT}"
+                f"{where}: {e}; {self.suite} files hold one JSON object per line (JSON Lines). {SKIP_HINT}"
             ) from None
         if not isinstance(row, dict):
             raise BadRow(

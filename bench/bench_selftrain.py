@@ -62,6 +62,7 @@ def run_one(model: str, task_name: str, data_dir: str | None, args: argparse.Nam
         "self_train_mask": args.mask,
         "self_train_rounds": args.rounds,
         "self_train_teachers": args.teachers,
+        "self_train_neighbours": args.neighbours == "on",
         "prior": args.prior,
         "head_init": args.head_init,
     }
@@ -98,6 +99,8 @@ def run_one(model: str, task_name: str, data_dir: str | None, args: argparse.Nam
         "collapsed": st["collapsed"],
         "teacher_kept": st.get("teacher_kept", []),
         "kept": [per[s]["self_training"]["kept_rows"] for s in splits],
+        # the neighbours' labels' accuracy on each split's drawn dev rows (None where left out)
+        "neighbours_dev": [(per[s]["self_training"].get("neighbours") or {}).get("dev_accuracy") for s in splits],
         "seconds_per_split": [per[s]["self_training"]["seconds"] for s in splits],
         "labelling_seconds": [per[s]["self_training"]["rounds"][0]["labelling_seconds"] for s in splits],
         "seconds": round(time.time() - t0, 1),
@@ -124,6 +127,7 @@ def main() -> None:
     ap.add_argument("--mask", type=float, default=0.0)
     ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("--teachers", type=int, default=1)
+    ap.add_argument("--neighbours", choices=("on", "off"), default="on", help="self_train_neighbours")
     ap.add_argument("--prior", default="auto", help="the prior setting: auto, none, similarity, LABEL=TEXT,...")
     ap.add_argument("--head-init", default="auto", choices=("auto", "random"), help="the head_init setting")
     ap.add_argument("--tag", default="default", help="names this configuration in --out and --work")

@@ -341,11 +341,15 @@ def test_the_label_words_prior_labels_with_the_teacher(minilm_dir: Path, real_gl
     )
     assert json.loads((out / "split-0" / "teacher" / "results.json").read_text())["head_init"]["used"]
     # its answers on the unlabelled rows, against their true labels: well above chance
-    (cache,) = (out / "split-0" / "labels").glob("*/prior-*.npy")
-    cos = np.load(cache, allow_pickle=False)
+    (cache,) = (out / "split-0" / "labels").glob("*/embeddings-*-a.npy")  # the rows' vectors, kept for a rerun
+    vectors = np.load(cache, allow_pickle=False)
+    from cramkit.infer.engine import Engine
+
+    engine = Engine(cramkit.load(f"hf:{minilm_dir}"), max_length=64)
+    cos = vectors @ engine.embed(["It was terrible .", "It was great ."], normalize=True).T
     lines = (real_glue_dir / "SST-2" / "train.tsv").read_text(encoding="utf-8").splitlines()[1:]
     truth = np.array([int(line.split("\t")[1]) for line in lines[20000:20200]])
-    assert cos.shape == (200, 2) and (cos.argmax(1) == truth).mean() >= 0.6
+    assert vectors.shape == (200, 384) and (cos.argmax(1) == truth).mean() >= 0.6
     # a crafted cache (an object array, which only pickle could read) is refused in one line, never unpickled
     marker = tmp_path / "marker"
     with open(cache, "wb") as fh:
@@ -405,7 +409,78 @@ def test_the_similarity_prior_on_mrpc_s_pairs(minilm_dir: Path, real_glue_dir: P
     truth = np.array([e.label for e in pool])
     assert probs.shape == (300, 2) and np.allclose(probs.sum(1), 1, atol=1e-5)
     assert (probs.argmax(1) == truth).mean() >= max(truth.mean(), 1 - truth.mean()) + 0.03
-    (cache,) = tmp_path.glob("prior-*.npy")
-    assert np.load(cache, allow_pickle=False).shape == (300, 1)  # the raw cosines, one per pair
+    for which in "ab":  # each text's vectors, kept
+        (cache,) = tmp_path.glob(f"embeddings-*-{which}.npy")
+        assert np.load(cache, allow_pickle=False).shape == (300, 384)
     again, _ = prior_probs(loaded, view, rows, FinetuneConfig(max_length=64), tmp_path, pair=True, progress=False)
     assert again is not None and np.array_equal(again, probs)  # read back from the cache
+
+
+def test_label_spreading_reaches_what_the_neighbours_hold() -> None:
+    # two chains of rows, one labelled row at an end of each: every row takes its own chain's class; a row linked to
+    # nothing the labels reach gets equal shares; each class's mass is made equal, so a class with more labelled
+    # rows does not take the rows between
+    from cramkit.distill.neighbours import spread
+
+    angles = np.concatenate([np.linspace(0.0, 0.3, 20), np.linspace(1.5, 1.8, 20)])
+    vectors = np.stack([np.cos(angles), np.sin(angles), np.zeros(40)], 1).astype(np.float32)
+    seeds = np.full(40, -1)
+    seeds[0], seeds[39] = 0, 1
+    shares = spread(vectors, seeds, 2, k=3)
+    assert shares.shape == (40, 2) and np.allclose(shares.sum(1), 1, atol=1e-5)
+    assert (shares[:20].argmax(1) == 0).all() and (shares[20:].argmax(1) == 1).all()
+    alone = np.concatenate([vectors, [[0.0, 0.0, 1.0]]]).astype(np.float32)  # orthogonal to all: no link has weight
+    shares = spread(alone, np.append(seeds, -1), 2, k=3)
+    assert np.allclose(shares[-1], [0.5, 0.5])
+
+
+@pytest.mark.integration  # 25 s: the public model's embeddings of 1,000 news sentences
+def test_the_neighbours_label_a_topic_task(minilm_dir: Path, shared_data: Path, tmp_path: Path) -> None:
+    # ABC news, rural vs science (a topic task): the labelled rows' classes spread over all-MiniLM-L6-v2's
+    # neighbours label the unlabelled sentences well above chance
+    from cramkit.distill.neighbours import neighbour_probs
+    from cramkit.tasks.fewshot import few_shot_task
+    from cramkit.tasks.resolve import resolve_task
+
+    rows, truth = [], []
+    for label in ("rural", "science"):
+        text = (shared_data / "corpus" / "nltk-abc" / f"{label}.txt").read_text(encoding="utf-8", errors="replace")
+        lines = [" ".join(x.split()) for x in text.splitlines() if len(x.split()) >= 8]
+        rows += [(t, label) for t in dict.fromkeys(lines)][:700]
+    rng = np.random.default_rng(0)
+    rows = [rows[i] for i in rng.permutation(len(rows))]
+    table = "text\tlabel\n" + "".join(f"{t.replace(chr(9), ' ')}\t{y}\n" for t, y in rows[:400])
+    (tmp_path / "train.tsv").write_text(table, encoding="utf-8")
+    (tmp_path / "dev.tsv").write_text(table, encoding="utf-8")
+    task = resolve_task(train=tmp_path / "train.tsv", dev=tmp_path / "dev.tsv", text_a="text", label="label")
+    view = few_shot_task(task, k=16, split=0)
+    pool = rows[400:1400]
+    truth = np.array([task.labels.index(y) for _, y in pool])
+    loaded = cramkit.load(f"hf:{minilm_dir}")
+    cfg = FinetuneConfig(max_length=64)
+    probs, info = neighbour_probs(loaded, view, [(t, None) for t, _ in pool], cfg, tmp_path / "labels", False, False)
+    assert probs is not None and info["used"], info
+    # weighed on the 64 labelled rows (32 training, 32 drawn dev) held out in folds, against a linear classifier
+    assert info["labelled_rows"] == 64 and 0.001 <= info["temperature"] <= 100
+    assert info["held_out_loss"] < info["linear_loss"] and info["held_out_accuracy"] >= 0.75
+    assert probs.shape == (1000, 2) and np.allclose(probs.sum(1), 1, atol=1e-5)
+    assert (probs.argmax(1) == truth).mean() >= 0.8
+    # the vectors are kept for the prior and a rerun; a crafted cache is refused in one line, never unpickled
+    (cache,) = (tmp_path / "labels").glob("embeddings-*-a.npy")
+    assert np.load(cache, allow_pickle=False).shape == (1000, 384)
+    again, _ = neighbour_probs(loaded, view, [(t, None) for t, _ in pool], cfg, tmp_path / "labels", False, False)
+    assert again is not None and np.allclose(again, probs, atol=1e-6)
+    marker = tmp_path / "marker"
+    with open(cache, "wb") as fh:
+        np.save(fh, np.array([_Marker(marker)], dtype=object), allow_pickle=True)
+    with pytest.raises(cramkit.CramkitError, match="is not a float32 .npy array"):
+        neighbour_probs(loaded, view, [(t, None) for t, _ in pool], cfg, tmp_path / "labels", False, False)
+    assert not marker.exists()
+    # left out, and why: a task of pairs, a setting that turns them off
+    off = FinetuneConfig(max_length=64, self_train_neighbours=False)
+    assert neighbour_probs(loaded, view, [], off, tmp_path, False, False) == (
+        None,
+        {"used": False, "why": "self_train_neighbours false"},
+    )
+    none, why = neighbour_probs(loaded, view, [], cfg, tmp_path, True, False)
+    assert none is None and "pairs two texts" in why["why"]

@@ -21,7 +21,6 @@ same 32 rows (67.8 ± 8.1) and of the student self-trained with it (75.6 ± 3.8;
 
 from __future__ import annotations
 
-import hashlib
 from pathlib import Path
 from typing import Any
 
@@ -30,8 +29,53 @@ import numpy as np
 from cramkit.errors import CramkitError
 from cramkit.load import LoadedModel
 from cramkit.recipes.finetune_config import FinetuneConfig
-from cramkit.recipes.label_prior import CALIBRATION_ROWS, SIMILARITY, prior_spec
+from cramkit.recipes.label_prior import CALIBRATION_ROWS, prior_spec
 from cramkit.tasks.registry import Task
+
+STEP_ROWS = 512  # rows embedded per call: the progress line's step
+
+
+def embed_rows(engine: Any, texts: list[str], root: Path, which: str = "a", progress: bool = True) -> np.ndarray:
+    """The backbone's unit-length sentence embeddings of ``texts`` [n, width], float32, computed once into
+    ``root``/embeddings-KEY-``which``.npy (KEY the engine's model and input length; renamed into place when
+    complete; loaded without pickle, its dtype and shape checked): the label words' prior and the neighbours'
+    labels (``distill/neighbours.py``) read the same vectors."""
+    from cramkit.distill.teacher import teacher_key
+    from cramkit.io import atomic_path
+    from cramkit.progress import Progress
+
+    cache = root / f"embeddings-{teacher_key(engine.loaded, engine.max_length)}-{which}.npy"
+    if cache.is_file():
+        try:
+            vectors = np.load(cache, allow_pickle=False)
+        except (ValueError, OSError) as exc:  # a damaged or crafted file (an object array would need pickle)
+            raise CramkitError(f"{cache} is not a float32 .npy array ({exc}); delete it to recompute") from None
+        if vectors.dtype != np.float32 or vectors.ndim != 2 or len(vectors) != len(texts):
+            raise CramkitError(
+                f"{cache} holds {vectors.dtype} {vectors.shape}, not float32 vectors of {len(texts)} rows; delete it"
+            )
+        return vectors
+    parts = []
+    bar = Progress("embeddings", len(texts), unit="rows", enabled="auto" if progress else False, leave=False)
+    for i in range(0, len(texts), STEP_ROWS):
+        parts.append(np.asarray(engine.embed(texts[i : i + STEP_ROWS], normalize=True), np.float32))
+        bar.update(len(texts[i : i + STEP_ROWS]))
+    bar.close()
+    vectors = np.concatenate(parts) if parts else np.zeros((0, 1), np.float32)
+    cache.parent.mkdir(parents=True, exist_ok=True)
+    with atomic_path(cache) as tmp, open(tmp, "wb") as fh:
+        np.save(fh, vectors, allow_pickle=False)
+    return vectors
+
+
+def backbone_engine(loaded: LoadedModel, cfg: FinetuneConfig) -> tuple[Any, str]:
+    """The inference engine over the backbone's sentence embeddings, or None and why (a model without them)."""
+    from cramkit.infer.engine import Engine
+
+    engine = Engine(loaded, device=cfg.device, max_length=min(cfg.max_length, loaded.max_length))
+    if not engine.can_embed:
+        return None, f"{loaded.source} gives no sentence embeddings"
+    return engine, ""
 
 
 def _raw(engine: Any, anchors: np.ndarray | None, pairs: list[tuple[str, str | None]]) -> np.ndarray:
@@ -72,17 +116,14 @@ def prior_probs(
 ) -> tuple[np.ndarray | None, dict[str, Any]]:
     """The prior's calibrated probabilities over ``rows`` (None when there is none or it is no better than chance
     on the labelled rows) and what it was: its kind, descriptions, calibration, its accuracy on the labelled rows."""
-    from cramkit.distill.teacher import teacher_key
-    from cramkit.infer.engine import Engine
-    from cramkit.io import atomic_path
     from cramkit.recipes.calibrate import softmax
 
     spec, why = prior_spec(task, cfg, pair)
     if spec is None:
         return None, {"used": False, "why": why}
-    engine = Engine(loaded, device=cfg.device, max_length=min(cfg.max_length, loaded.max_length))
-    if not engine.can_embed:
-        return None, {"used": False, "why": f"{loaded.source} gives no sentence embeddings"}
+    engine, why = backbone_engine(loaded, cfg)
+    if engine is None:
+        return None, {"used": False, "why": why}
     desc = spec.descriptions
     anchors = None if desc is None else engine.embed(list(desc.values()), normalize=True)
     labelled = [e for s in [task.train_split, *task.selection_splits[:1]] if s for e in task.examples(s)]
@@ -104,30 +145,10 @@ def prior_probs(
     if right <= chance:  # above it, the calibration weighs the prior by what the labelled rows say of it
         why = f"it answers {right:.0%} of the {len(y)} labelled rows right, no better than chance ({chance:.0%})"
         return None, {**info, "used": False, "why": why}
-    what = sorted(desc.items()) if desc is not None else SIMILARITY
-    key = hashlib.sha256(f"{teacher_key(loaded, engine.max_length)}:{what}:{len(rows)}".encode()).hexdigest()[:16]
-    cache = root / f"prior-{key}.npy"
-    width = raw.shape[1]
-    if cache.is_file():
-        try:
-            raw_rows = np.load(cache, allow_pickle=False)
-        except (ValueError, OSError) as exc:  # a damaged or crafted file (an object array would need pickle)
-            raise CramkitError(f"{cache} is not a float32 .npy array ({exc}); delete it to recompute") from None
+    a = embed_rows(engine, [x for x, _ in rows], root, "a", progress)
+    if anchors is not None:
+        raw_rows = np.asarray(a @ anchors.T, np.float32)
     else:
-        from cramkit.progress import Progress
-
-        parts = []
-        bar = Progress("prior", len(rows), unit="rows", enabled="auto" if progress else False, leave=False)
-        for i in range(0, len(rows), 512):
-            parts.append(_raw(engine, anchors, rows[i : i + 512]))
-            bar.update(len(rows[i : i + 512]))
-        bar.close()
-        raw_rows = np.concatenate(parts) if parts else np.zeros((0, width), np.float32)
-        root.mkdir(parents=True, exist_ok=True)
-        with atomic_path(cache) as tmp, open(tmp, "wb") as fh:
-            np.save(fh, raw_rows.astype(np.float32), allow_pickle=False)
-    if raw_rows.dtype != np.float32 or raw_rows.shape != (len(rows), width):
-        raise CramkitError(
-            f"{cache} holds {raw_rows.dtype} {raw_rows.shape}, not float32 [{len(rows)}, {width}]; delete it"
-        )
+        b = embed_rows(engine, [y or "" for _, y in rows], root, "b", progress)
+        raw_rows = np.asarray((a * b).sum(1, keepdims=True), np.float32)
     return softmax(_logits(raw_rows, fit)).astype(np.float32), {**info, "used": True}

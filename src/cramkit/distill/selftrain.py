@@ -7,7 +7,9 @@ labels the unlabelled ones, a student of the same backbone learns from the label
 2. Its labels: the teacher's logits over the unlabelled rows through the inference engine, in batches committed
    as they are done (``distill/teacher.py``: a memory-mapped .npy renamed into place when complete, no pickle), so
    a run stopped midway (Ctrl-C, kill -9) resumes where the labelling stopped and a rerun reuses them. They are
-   calibrated by temperature scaling fitted on the selection dev split (the few-shot protocol's sampled dev).
+   calibrated by temperature scaling fitted on the selection dev split (the few-shot protocol's sampled dev);
+   averaged with the neighbours' labels (``distill/neighbours.py``: the labelled rows' classes spread over the
+   backbone's nearest-neighbour graph of all the rows, calibrated on that dev split; they lift a topic task).
 3. The selection (:func:`select`): per predicted class the most confident rows, at most ``self_train_fraction`` of
    the unlabelled rows shared equally among the classes, and no class more than the rarest one (class balance
    kept; ``self_train_balance=predicted``: each class's most confident ``self_train_fraction`` of the rows the
@@ -357,6 +359,7 @@ def self_train(
     doc); returns the student's results (the teacher's when it collapsed) with ``self_training``. ``label``
     names the run in the printed line (a few-shot split: "split 0")."""
     from cramkit.config import to_dict
+    from cramkit.distill.neighbours import neighbour_probs
     from cramkit.distill.prior import prior_probs
     from cramkit.io import claim_dir, write_json_atomic
     from cramkit.load import load_torch
@@ -390,11 +393,15 @@ def self_train(
         teachers.append((tdir, res))
     report: dict[str, Any] = {"settings": _own(cfg), "unlabelled": key, "rounds": []}
     teacher_dirs, teacher_res, res = [d for d, _ in teachers], teachers[0][1], teachers[0][1]
-    prior, report["prior"] = prior_probs(loaded, task, rows, cfg, out / "labels" / key, _is_pair_task(task), progress)
+    pair, labels_dir = _is_pair_task(task), out / "labels" / key
+    prior, report["prior"] = prior_probs(loaded, task, rows, cfg, labels_dir, pair, progress)
+    neighbours, report["neighbours"] = neighbour_probs(loaded, task, rows, cfg, labels_dir, pair, progress)
     for r in range(1, cfg.self_train_rounds + 1):
-        probs, stats = _teacher_probs(teacher_dirs, task, rows, out / "labels" / key, cfg, progress)
+        probs, stats = _teacher_probs(teacher_dirs, task, rows, labels_dir, cfg, progress)
         if prior is not None:  # the label words' prior weighs as much as the trained teachers together
             probs = ((probs + prior) / 2).astype(np.float32)
+        if neighbours is not None:  # and the neighbours' labels as much as those two
+            probs = ((probs + neighbours) / 2).astype(np.float32)
         names = [str(x) for x in (task.labels or range(probs.shape[1]))]
         sel = select(probs, cfg, names)
         keep = sel.pop("keep")
@@ -497,6 +504,15 @@ def line(res: dict[str, Any], label: str = "") -> str:
         right += f"; labelled with {kind}: {share})"
     elif prior.get("why"):  # without one, unlabelled text gained nothing measurable (bench/RESULTS.md)
         right += f"; no prior: {prior['why']}"
+    near = st.get("neighbours") or {}
+    if "held_out_accuracy" in near:  # weighed on the labelled rows: taken, or left out and why
+        right += (
+            f"; with the neighbours' labels ({near['held_out_accuracy']:.0%} of the {near['labelled_rows']} labelled "
+            f"rows right held out, log-loss {near['held_out_loss']:.3f} against a linear classifier's "
+            f"{near['linear_loss']:.3f})"
+            if near["used"]
+            else "; no neighbours' labels: held out, they answer the labelled rows no better than a linear classifier"
+        )
     return (
         f"{what}teacher {teacher:.2f} -> student {st['student']['score']:.2f} ({res.get('main_metric')}); "
         f"{st['kept_rows']:,} of {st['unlabelled_rows']:,} unlabelled rows kept ({dist}; confidence from "

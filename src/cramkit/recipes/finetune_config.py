@@ -92,6 +92,8 @@ class FinetuneConfig(ExampleSettings):
     self_train_balance: Literal["equal", "predicted"] = "equal"
     self_train_epochs: float = 2.0  # the student's epochs over labels + kept rows (at least the step floor)
     self_train_soft: bool = True  # soft targets: the teacher's calibrated probabilities (false: its labels)
+    # label spreading over the backbone's embeddings joins the labellers (single texts; weighed on the dev rows)
+    self_train_neighbours: bool = True
     self_train_mask: float = 0.0  # noise: each word of a pseudo-labelled row masked with this probability
     # method=auto: stratified folds of the labelled rows; the methods it chooses among (prompt only where the model
     # has an MLM head that reads the context); the fraction of each method's steps (setfit: of its pairs) a

@@ -122,21 +122,16 @@ def pooled_view(model: Any) -> Any:
     return Pooled(model)
 
 
-def fit_head(model: Any, vectors: np.ndarray, labels: np.ndarray) -> None:
-    """Fit ``model.classifier`` as a multinomial logistic regression (L2, C = ``L2_C``, no intercept) on the
-    unit-length ``vectors`` (the pooled outputs of the labelled rows, :func:`pooled_view`) and their ``labels``:
-    mean cross-entropy + |W|^2 / (2 C n), minimised by L-BFGS in float64. The classifier reads the raw pooled
-    vector ``x``, so it gets W / m (m: the training vectors' mean length): its logits are the regression's times
-    |x| / m, which keeps every prediction (a positive scale) and the probabilities' calibration on average. (On
-    unit vectors the regression is the stronger one: K=16 SST-2 from all-MiniLM-L6-v2, 5 splits, 66.5% mean
-    accuracy vs 63.6% on raw vectors with an intercept.)"""
+def logistic_regression(vectors: np.ndarray, labels: np.ndarray, classes: int) -> np.ndarray:
+    """The weights [classes, width] of a multinomial logistic regression (L2, C = ``L2_C``, no intercept) on the
+    ``vectors`` made unit-length and their ``labels``: mean cross-entropy + |W|^2 / (2 C n), minimised by L-BFGS in
+    float64 (SetFit's head; the neighbours' labels' yardstick, ``distill/neighbours.py``)."""
     import torch
     import torch.nn.functional as F
 
     raw = torch.from_numpy(np.asarray(vectors)).double()
-    length = raw.norm(dim=1, keepdim=True).clamp_min(1e-12)
-    x, y = raw / length, torch.from_numpy(np.asarray(labels)).long()
-    n, classes = len(y), model.classifier.out_features
+    x = raw / raw.norm(dim=1, keepdim=True).clamp_min(1e-12)
+    y = torch.from_numpy(np.asarray(labels)).long()
     weight = torch.zeros(classes, x.shape[1], dtype=torch.float64, requires_grad=True)
     opt = torch.optim.LBFGS(
         [weight], lr=1.0, max_iter=500, tolerance_grad=1e-7, tolerance_change=1e-10, line_search_fn="strong_wolfe"
@@ -144,13 +139,27 @@ def fit_head(model: Any, vectors: np.ndarray, labels: np.ndarray) -> None:
 
     def closure() -> torch.Tensor:
         opt.zero_grad()
-        loss = F.cross_entropy(x @ weight.T, y) + (weight**2).sum() / (2 * L2_C * n)
+        loss = F.cross_entropy(x @ weight.T, y) + (weight**2).sum() / (2 * L2_C * len(y))
         loss.backward()
         return loss
 
     opt.step(closure)
+    return weight.detach().numpy()
+
+
+def fit_head(model: Any, vectors: np.ndarray, labels: np.ndarray) -> None:
+    """Fit ``model.classifier`` as :func:`logistic_regression` on the pooled outputs of the labelled rows
+    (:func:`pooled_view`) and their ``labels``. The classifier reads the raw pooled vector ``x``, so it gets W / m
+    (m: the training vectors' mean length): its logits are the regression's times |x| / m, which keeps every
+    prediction (a positive scale) and the probabilities' calibration on average. (On unit vectors the regression is
+    the stronger one: K=16 SST-2 from all-MiniLM-L6-v2, 5 splits, 66.5% mean accuracy vs 63.6% on raw vectors with
+    an intercept.)"""
+    import torch
+
+    weight = logistic_regression(vectors, labels, model.classifier.out_features)
+    length = float(np.linalg.norm(np.asarray(vectors, np.float64), axis=1).clip(1e-12).mean())
     with torch.no_grad():
-        model.classifier.weight.copy_((weight / length.mean()).to(model.classifier.weight.dtype))
+        model.classifier.weight.copy_(torch.from_numpy(weight / length).to(model.classifier.weight.dtype))
         model.classifier.bias.zero_()
 
 

@@ -462,7 +462,8 @@ def test_the_neighbours_label_a_topic_task(minilm_dir: Path, shared_data: Path, 
     assert probs is not None and info["used"], info
     # weighed on the 64 labelled rows (32 training, 32 drawn dev) held out in folds, against a linear classifier
     assert info["labelled_rows"] == 64 and 0.001 <= info["temperature"] <= 100
-    assert info["held_out_loss"] < info["linear_loss"] and info["held_out_accuracy"] >= 0.75
+    assert info["lead"] == pytest.approx(info["linear_loss"] - info["held_out_loss"], abs=2e-4)
+    assert info["lead"] > info["lead_se"] > 0 and info["held_out_accuracy"] >= 0.75
     assert probs.shape == (1000, 2) and np.allclose(probs.sum(1), 1, atol=1e-5)
     assert (probs.argmax(1) == truth).mean() >= 0.8
     # the vectors are kept for the prior and a rerun; a crafted cache is refused in one line, never unpickled

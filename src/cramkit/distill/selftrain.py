@@ -511,7 +511,7 @@ def line(res: dict[str, Any], label: str = "") -> str:
             f"rows right held out, log-loss {near['held_out_loss']:.3f} against a linear classifier's "
             f"{near['linear_loss']:.3f})"
             if near["used"]
-            else "; no neighbours' labels: held out, they answer the labelled rows no better than a linear classifier"
+            else "; no neighbours' labels: held out, they do not lead a linear classifier on the labelled rows"
         )
     return (
         f"{what}teacher {teacher:.2f} -> student {st['student']['score']:.2f} ({res.get('main_metric')}); "

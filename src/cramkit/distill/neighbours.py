@@ -12,12 +12,14 @@ task abc at K=16, from all-MiniLM-L6-v2's embeddings of 8,000 unlabelled rows, t
 sentences 89.5 ± 1.1% right against 80.3 ± 1.3 for a linear classifier on the same 32 rows' embeddings; on SST-2,
 whose neighbours are topical, 59.2 ± 4.2 against 65.1 ± 5.6 (bench/RESULTS.md, 2026-11-30). So the labelled rows
 decide, held out: in ``FOLDS`` folds each fold's labels are spread from the others', and a logistic regression
-on the same vectors fitted on the others answers them too. The neighbours join the labellers only when their
-held-out answers, calibrated, lead that linear classifier's in log-loss (a proper score: on 64 rows accuracy moves
-in steps of 1.6 points) by more than the standard error of the rows' differences, the rule ``--method auto``
-applies between methods; the temperature is fitted on those answers. Otherwise (and for a task that pairs two
-texts: a pair's neighbours are not its class's) they are left out, and the run says why. On abc they joined on 4
-of 5 splits (on the fifth the two were level), on SST-2 on none.
+on the same vectors fitted on the others answers them too. The neighbours join the labellers unless their
+held-out answers, calibrated, trail that linear classifier's in log-loss (a proper score: on 64 rows accuracy moves
+in steps of 1.6 points) by more than ``MARGIN`` of the standard error of the rows' differences: a tie joins, since
+the neighbours carry what the unlabelled rows hold and the held-out rows cannot show. The temperature is fitted on
+those answers. Otherwise (and for a task that pairs two texts: a pair's neighbours are not its class's) they are
+left out, and the run says why. The margin was set on 10 splits (abc: level on one, -0.05 standard errors, ahead
+by 1.3-2.2 on four; SST-2: -0.79 to -2.2 on four, +0.58 on one); on abc the student with them scored 90.0 on that
+level split against 75.2 without.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from cramkit.tasks.registry import Task
 NEIGHBOURS = 30  # links per row
 ALPHA = 0.99  # how far the labels travel: the share of each step taken from the neighbours
 STEPS = 30
+MARGIN = 0.5  # standard errors the neighbours may trail the linear classifier by, held out, and still join
 FOLDS = 4  # the labelled rows' folds: the neighbours are weighed on each fold spread from the others
 BLOCK = 2048  # rows whose similarities are computed at once (a block of [BLOCK, n] float32)
 
@@ -134,11 +137,11 @@ def neighbour_probs(
         "lead_se": round(se, 4),
         "temperature": round(temperature, 6),
     }
-    if not lead.mean() > se:
+    if lead.mean() < -MARGIN * se:
         why = (
-            f"held out, their calibrated log-loss on the {len(y)} labelled rows ({theirs.mean():.3f}) does not lead "
-            f"a linear classifier's on the same vectors ({ours.mean():.3f}) by more than its standard error "
-            f"({se:.3f}): the backbone's neighbours are not shown to share the task's classes"
+            f"held out, their calibrated log-loss on the {len(y)} labelled rows ({theirs.mean():.3f}) is above a "
+            f"linear classifier's on the same vectors ({ours.mean():.3f}) by more than {MARGIN} of its standard "
+            f"error ({se:.3f}): the backbone's neighbours do not share the task's classes"
         )
         return None, {**info, "used": False, "why": why}
     shares = spread(vectors, np.concatenate([y, np.full(len(rows), -1)]), classes)[len(y) :]

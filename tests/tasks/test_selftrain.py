@@ -420,17 +420,17 @@ def test_label_spreading_reaches_what_the_neighbours_hold() -> None:
     # two chains of rows, one labelled row at an end of each: every row takes its own chain's class; a row linked to
     # nothing the labels reach gets equal shares; each class's mass is made equal, so a class with more labelled
     # rows does not take the rows between
-    from cramkit.distill.neighbours import spread
+    from cramkit.distill.neighbours import graph, spread
 
     angles = np.concatenate([np.linspace(0.0, 0.3, 20), np.linspace(1.5, 1.8, 20)])
     vectors = np.stack([np.cos(angles), np.sin(angles), np.zeros(40)], 1).astype(np.float32)
     seeds = np.full(40, -1)
     seeds[0], seeds[39] = 0, 1
-    shares = spread(vectors, seeds, 2, k=3)
+    shares = spread(graph(vectors, k=3), seeds, 2)
     assert shares.shape == (40, 2) and np.allclose(shares.sum(1), 1, atol=1e-5)
     assert (shares[:20].argmax(1) == 0).all() and (shares[20:].argmax(1) == 1).all()
     alone = np.concatenate([vectors, [[0.0, 0.0, 1.0]]]).astype(np.float32)  # orthogonal to all: no link has weight
-    shares = spread(alone, np.append(seeds, -1), 2, k=3)
+    shares = spread(graph(alone, k=3), np.append(seeds, -1), 2)
     assert np.allclose(shares[-1], [0.5, 0.5])
 
 

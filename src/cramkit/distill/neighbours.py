@@ -41,11 +41,10 @@ FOLDS = 4  # the labelled rows' folds: the neighbours are weighed on each fold s
 BLOCK = 2048  # rows whose similarities are computed at once (a block of [BLOCK, n] float32)
 
 
-def spread(vectors: np.ndarray, seeds: np.ndarray, classes: int, k: int = NEIGHBOURS) -> np.ndarray:
-    """Label spreading over the ``k``-nearest-neighbour graph of unit-length ``vectors`` [n, d] from the labelled
-    rows: ``seeds`` [n] holds each row's class, or -1 for an unlabelled row. Returns each row's share of each
-    class [n, classes] (rows sum to 1; a row the labels never reach gets equal shares), every class's total mass
-    made equal first."""
+def graph(vectors: np.ndarray, k: int = NEIGHBOURS) -> Any:
+    """The normalised ``k``-nearest-neighbour graph of unit-length ``vectors`` [n, d] (a sparse torch tensor
+    D^-1/2 W D^-1/2, W the cosines cubed of each row's ``k`` nearest, made symmetric), built once for every
+    :func:`spread` over the same rows."""
     import torch
 
     x = torch.from_numpy(np.ascontiguousarray(vectors, np.float32))
@@ -60,17 +59,24 @@ def spread(vectors: np.ndarray, seeds: np.ndarray, classes: int, k: int = NEIGHB
         cols.append(idx.reshape(-1))
         vals.append(top.clamp(min=0).pow(3).reshape(-1))
     r, c, v = torch.cat(rows), torch.cat(cols), torch.cat(vals)
-    graph = torch.sparse_coo_tensor(
+    links = torch.sparse_coo_tensor(
         torch.stack([torch.cat([r, c]), torch.cat([c, r])]), torch.cat([v, v]), (n, n), check_invariants=True
-    )
-    graph = graph.coalesce()
-    degree = torch.zeros(n).index_add_(0, graph.indices()[0], graph.values()).clamp(min=1e-12)
-    scale = degree.rsqrt()
-    i0, i1 = graph.indices()
-    norm = torch.sparse_coo_tensor(
-        graph.indices(), graph.values() * scale[i0] * scale[i1], (n, n), check_invariants=True
     ).coalesce()
-    start = torch.zeros(n, classes)
+    degree = torch.zeros(n).index_add_(0, links.indices()[0], links.values()).clamp(min=1e-12)
+    scale = degree.rsqrt()
+    i0, i1 = links.indices()
+    return torch.sparse_coo_tensor(
+        links.indices(), links.values() * scale[i0] * scale[i1], (n, n), check_invariants=True
+    ).coalesce()
+
+
+def spread(norm: Any, seeds: np.ndarray, classes: int) -> np.ndarray:
+    """Label spreading over ``norm`` (:func:`graph`) from the labelled rows: ``seeds`` [n] holds each row's class,
+    or -1 for an unlabelled row. Returns each row's share of each class [n, classes] (rows sum to 1; a row the
+    labels never reach gets equal shares), every class's total mass made equal first."""
+    import torch
+
+    start = torch.zeros(len(seeds), classes)
     labelled = torch.from_numpy(np.flatnonzero(seeds >= 0))
     start[labelled, torch.from_numpy(seeds[seeds >= 0].astype(np.int64))] = 1.0
     f = start.clone()
@@ -113,13 +119,13 @@ def neighbour_probs(
     y = np.asarray([int(e.label) for e in labelled])  # type: ignore[arg-type]
     classes = len(task.labels) if task.labels else int(y.max()) + 1
     own = np.asarray(engine.embed([e.text_a for e in labelled], normalize=True), np.float32)
-    vectors = np.concatenate([own, embed_rows(engine, [a for a, _ in rows], root, "a", progress)])
+    links = graph(np.concatenate([own, embed_rows(engine, [a for a, _ in rows], root, "a", progress)]))
     fold = folds(y)
     held = np.zeros((len(y), classes))  # each labelled row's log-shares, spread from the other folds' labels
     linear = np.zeros((len(y), classes))  # and the linear classifier's logits, fitted on the other folds
     for f in range(FOLDS):
         seeds = np.concatenate([np.where(fold == f, -1, y), np.full(len(rows), -1)])
-        held[fold == f] = np.log(np.clip(spread(vectors, seeds, classes)[: len(y)][fold == f], 1e-6, None))
+        held[fold == f] = np.log(np.clip(spread(links, seeds, classes)[: len(y)][fold == f], 1e-6, None))
         linear[fold == f] = own[fold == f] @ logistic_regression(own[fold != f], y[fold != f], classes).T
     temperature, theirs = calibrated_losses(held, y)
     ours = calibrated_losses(linear, y)[1]
@@ -144,7 +150,7 @@ def neighbour_probs(
             f"error ({se:.3f}): the backbone's neighbours do not share the task's classes"
         )
         return None, {**info, "used": False, "why": why}
-    shares = spread(vectors, np.concatenate([y, np.full(len(rows), -1)]), classes)[len(y) :]
+    shares = spread(links, np.concatenate([y, np.full(len(rows), -1)]), classes)[len(y) :]
     return softmax(np.log(np.clip(shares, 1e-6, None)), temperature).astype(np.float32), {**info, "used": True}
 
 

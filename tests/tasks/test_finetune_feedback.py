@@ -61,7 +61,8 @@ def test_dev_after_every_epoch_best_kept_and_labelled_test_scored(tiny_run: Path
     assert all({"val_loss", "dev_accuracy"} <= set(x) for x in evals)
     res = json.loads((out / "results.json").read_text())
     seed = res["seeds"][0]
-    best = max(evals, key=lambda x: x["dev_score"])
+    top = max(x["dev_score"] for x in evals)  # the best score; of equal ones the lowest dev loss
+    best = min((x for x in evals if x["dev_score"] == top), key=lambda x: x["val_loss"])
     assert seed["best_step"] == best["step"] and [x["step"] for x in seed["dev_curve"]] == [6, 12, 18]
     # the kept model is the best epoch's: its dev accuracy is the best logged one (and the reported one)
     assert res["median"]["dev"]["metrics"]["accuracy"] == pytest.approx(best["dev_accuracy"], abs=1e-6)
@@ -113,3 +114,12 @@ def test_eval_every_never_and_bad_keep(tiny_run: Path, glue_dir: Path, tmp_path:
         "keep=first",
     )
     assert r.returncode == 2 and "Traceback" not in r.stderr
+
+
+def test_equal_dev_scores_keep_the_lower_dev_loss():
+    """A few dev rows score checkpoints alike (32 rows: steps of 3 points); the lower loss then decides, and an
+    earlier best kept from a resumed run's best.json (written before losses were kept) yields to an equal score."""
+    from cramkit.recipes.finetune_objective import rank
+
+    assert rank(84.375, 0.261) > rank(84.375, 0.296) > rank(81.25, 0.1)
+    assert rank(84.375, 0.5) > rank(84.375, float("inf"))

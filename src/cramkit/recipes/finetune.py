@@ -42,7 +42,7 @@ from cramkit.recipes.finetune_model import (
     task_columns,
     trained_inputs,
 )
-from cramkit.recipes.finetune_objective import BEST_WEIGHTS, ClassifierObjective
+from cramkit.recipes.finetune_objective import BEST_WEIGHTS, ClassifierObjective, rank
 from cramkit.recipes.finetune_prompt import resolve_prompt, zero_shot, zero_shot_line
 from cramkit.runtime import torchrun
 from cramkit.tasks.registry import Task
@@ -134,7 +134,8 @@ def train_one_seed(
         "trainable_parameters": sum(p.numel() for p in done.model.parameters() if p.requires_grad),
     }
     if cfg.keep == "best" and done.evals:
-        stats["best_step"] = max(done.evals, key=lambda r: r.get("dev_score", float("-inf")))["step"]
+        best = max(done.evals, key=lambda r: rank(r.get("dev_score", float("-inf")), r.get("val_loss", float("inf"))))
+        stats["best_step"] = best["step"]
     return done.model, stats
 
 

@@ -14,7 +14,9 @@ and the wall time per split (teacher, labelling, student).
     python bench/bench_selftrain.py --model hf:MINILM --tasks glue/sst2 --unlabelled 8000 --min-words 8 --rounds 2
 
 A row records each split's own student (``student``) and the model the run kept (``result``: the student, or the
-teacher where the student did not score above it on the drawn dev rows; ``teacher_kept`` names those splits).
+teacher where the student scored below it on the drawn dev rows; ``teacher_kept`` names those splits); with
+``--trace`` also what each way of picking the teacher's and the student's checkpoint would have scored
+(``picks``, bench/_trace_dev.py).
 
 Each result is appended to ``--out`` (JSON lines) when known, and the split runs resume (a killed bench continues).
 """
@@ -29,6 +31,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _trace_dev import install, picks
 from bench_fewshot import bench_task
 from bench_infer import machine
 
@@ -104,6 +107,10 @@ def run_one(model: str, task_name: str, data_dir: str | None, args: argparse.Nam
         "seconds_per_split": [per[s]["self_training"]["seconds"] for s in splits],
         "labelling_seconds": [per[s]["self_training"]["rounds"][0]["labelling_seconds"] for s in splits],
         "seconds": round(time.time() - t0, 1),
+        # --trace: what each way of picking the teacher's and the student's checkpoint scored (bench/_trace_dev.py)
+        "picks": {s: {who: picks(work / f"split-{s}" / who) for who in ("teacher", "student")} for s in splits}
+        if args.trace
+        else None,
     }
 
 
@@ -130,10 +137,15 @@ def main() -> None:
     ap.add_argument("--neighbours", choices=("on", "off"), default="on", help="self_train_neighbours")
     ap.add_argument("--prior", default="auto", help="the prior setting: auto, none, similarity, LABEL=TEXT,...")
     ap.add_argument("--head-init", default="auto", choices=("auto", "random"), help="the head_init setting")
+    ap.add_argument(
+        "--trace", action="store_true", help="score every dev evaluation on the scored split too (_trace_dev.py)"
+    )
     ap.add_argument("--tag", default="default", help="names this configuration in --out and --work")
     ap.add_argument("--out", default="bench-selftrain.jsonl")
     ap.add_argument("--work", default="bench-selftrain-runs")
     args = ap.parse_args()
+    if args.trace:
+        install()
     out = Path(args.out)
     done = {}
     if out.is_file():

@@ -53,3 +53,43 @@ def test_bench_script_answers_help(script: Path, monkeypatch: pytest.MonkeyPatch
         runpy.run_path(str(script), run_name="__main__")
     assert exit_.value.code in (0, None), out.getvalue()
     assert "usage:" in out.getvalue()
+
+
+def test_trace_dev_reads_what_each_checkpoint_rule_would_have_scored(
+    tiny_run: Path, real_glue_dir: Path, tmp_path: Path
+) -> None:
+    """bench/_trace_dev.py scores every dev evaluation of a real few-shot run on the scored split; the rule cramkit
+    keeps by (the best dev score, of equal ones the lowest dev loss) is the one whose score the run reports."""
+    import cramkit
+
+    sys.path.insert(0, str(BENCH))
+    try:
+        trace_dev = importlib.import_module("_trace_dev")
+    finally:
+        sys.path.remove(str(BENCH))
+    from cramkit.recipes.finetune_objective import ClassifierObjective
+
+    plain = ClassifierObjective.evaluate
+    undo = trace_dev.install()
+    assert ClassifierObjective.evaluate is not plain
+    try:
+        res = cramkit.finetune(
+            tiny_run,
+            task="glue/sst2",
+            data_dir=real_glue_dir,
+            few_shot=4,
+            splits=1,
+            out=tmp_path / "fs",
+            min_steps=12,
+            eval_every="3steps",
+            max_length=48,
+            progress=False,
+        )
+    finally:
+        undo()
+    assert ClassifierObjective.evaluate is plain  # undone: the rest of the process is not traced
+    picks = trace_dev.picks(tmp_path / "fs" / "split-0")
+    assert picks is not None and set(picks) == set(trace_dev.RULES)
+    assert picks["last"]["step"] == 12 and all(p["full_dev"] <= picks["oracle"]["full_dev"] for p in picks.values())
+    assert picks["tie"]["full_dev"] == pytest.approx(res["fewshot"]["per_split"]["0"]["score"], abs=0.01)
+    assert trace_dev.picks(tmp_path / "nothing") is None

@@ -466,8 +466,8 @@ def kept_model(
     teacher_right, student_right = answers
     b = int((teacher_right & ~student_right).sum())
     c = int((student_right & ~teacher_right).sum())
-    rows = f"on {split} the student scores {s:.2f}, the teacher {t:.2f}; {b} rows only the teacher answers right, {c}"
-    rows += " only the student"
+    rows = f"on {split} the student scores {s:.2f}, the teacher {t:.2f}; {b} row{'s' * (b != 1)} only the teacher "
+    rows += f"answers right, {c} only the student"
     if b - c > 2 * (b + c) ** 0.5:
         return "teacher", f"the teacher is ahead beyond chance: {rows}"
     return "student", rows

@@ -586,7 +586,7 @@ def fewshot_line(res: dict[str, Any]) -> str:
         st["collapsed"]
     )
     if st.get("teacher_kept"):
-        collapsed += f"; the student below the teacher on split(s) {', '.join(st['teacher_kept'])}: teacher kept"
+        collapsed += f"; the teacher ahead beyond chance on split(s) {', '.join(st['teacher_kept'])}: teacher kept"
     per = sorted(st["seconds_per_split"].values())
     return (
         f"self-training: teacher {t['mean']:.2f} ± {t['std']:.2f} -> student {s['mean']:.2f} ± {s['std']:.2f} "

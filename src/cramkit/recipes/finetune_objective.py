@@ -26,9 +26,9 @@ BEST_FILE, BEST_WEIGHTS = "best.json", "best.safetensors"
 
 def rank(score: float, loss: float) -> tuple[float, float]:
     """How ``keep=best`` orders dev evaluations: the higher score, and of equal scores the lower dev loss (a
-    proper score that still separates checkpoints which a few dev rows score alike). On abc K=16 a student picked
-    at the first of four equal scores on its 32 dev rows (step 200 of 1,006, dev loss 0.296) scored 84.6 on the
-    500 dev sentences; bench/RESULTS.md, "Few labels: ties on the dev rows"."""
+    proper score that still separates checkpoints which a few dev rows score alike: 32 rows score in steps of 3
+    points). On abc K=16 a self-trained student kept at the first of four equal scores (step 200 of 1,006) scored
+    84.6 on the 500 dev sentences; bench/RESULTS.md, "which checkpoint a self-trained student keeps"."""
     return score, -loss
 
 

@@ -67,8 +67,10 @@ def pick(evals: list[dict[str, Any]], rule: str) -> dict[str, Any]:
     """The evaluation ``rule`` keeps (see the module's doc)."""
     if rule == "first":
         return max(evals, key=lambda r: r["dev_score"])
-    if rule == "tie":
-        return max(evals, key=lambda r: (r["dev_score"], -r["val_loss"]))
+    if rule == "tie":  # cramkit's own order for keep=best
+        from cramkit.recipes.finetune_objective import rank
+
+        return max(evals, key=lambda r: rank(r["dev_score"], r["val_loss"]))
     if rule == "loss":
         return min(evals, key=lambda r: r["val_loss"])
     if rule == "last":

@@ -63,6 +63,7 @@ def run_one(model: str, task_name: str, data_dir: str | None, args: argparse.Nam
         "self_train_fraction": args.fraction,
         "self_train_balance": args.balance,
         "self_train_mask": args.mask,
+        "self_train_soft": args.soft == "on",
         "self_train_rounds": args.rounds,
         "self_train_teachers": args.teachers,
         "self_train_neighbours": args.neighbours == "on",
@@ -135,6 +136,9 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("--teachers", type=int, default=1)
     ap.add_argument("--neighbours", choices=("on", "off"), default="on", help="self_train_neighbours")
+    ap.add_argument(
+        "--soft", choices=("on", "off"), default="on", help="self_train_soft: off, the student learns hard labels"
+    )
     ap.add_argument("--prior", default="auto", help="the prior setting: auto, none, similarity, LABEL=TEXT,...")
     ap.add_argument("--head-init", default="auto", choices=("auto", "random"), help="the head_init setting")
     ap.add_argument(

@@ -308,6 +308,7 @@ def test_interrupted_labelling_resumes_and_a_rerun_reuses_the_labels(
     proc = _fewshot(tiny_run, real_glue_dir, out, unlabelled, *args)
     assert proc.returncode == 0, proc.stderr
     assert "labelling resumed at row 80" in proc.stderr
+    assert "self-training split 0: teacher trained earlier, reused (" in proc.stderr  # says what it starts from
     st = json.loads((out / "split-0" / "results.json").read_text())["self_training"]
     total, compared = st["unlabelled_rows"], 2 * 8 if st["student"] is not None else 0
     # the rows left, the dev rows it calibrates on (K=4 per class), then the teacher's and the student's answers

@@ -265,7 +265,9 @@ def _teacher_probs(
         teacher = load_torch(tdir, purpose="self-training")
         max_length = min(cfg.max_length, teacher.max_length)
         cached = (root / f"teacher-{teacher_key(teacher, max_length)}.npy").is_file()
-        if not cached and progress:
+        if cached:  # a rerun: said whatever the progress setting, as the labelling resumed is
+            print(f"cramkit: self-training: {tdir.name}'s labels of {len(rows):,} rows, reused", file=sys.stderr)
+        elif progress:
             print(f"cramkit: self-training: {tdir.name} labels {len(rows):,} unlabelled rows", file=sys.stderr)
         logits, done = teacher_logits(
             teacher,
@@ -391,6 +393,11 @@ def self_train(
         res = finished_result(tdir / "results.json", key="median")
         if res is None or res.get("config") != to_dict(tcfg) or res.get("source") != loaded.source:
             res = finetune(task, loaded, tcfg, tdir, progress=progress)
+        else:  # a rerun after a stop: say what it starts from
+            print(
+                f"{_what(label)}{tdir.name} trained earlier, reused ({_scores(res)['score']:.2f} on dev)",
+                file=sys.stderr,
+            )
         teachers.append((tdir, res))
     report: dict[str, Any] = {"settings": _own(cfg), "unlabelled": key, "rounds": []}
     teacher_dirs, teacher_res, res = [d for d, _ in teachers], teachers[0][1], teachers[0][1]
@@ -512,10 +519,14 @@ def _scores(res: dict[str, Any]) -> dict[str, float]:
     return {**{s: round(m["score"], 2) for s, m in res.get("median", {}).items()}, "score": res.get("score")}
 
 
+def _what(label: str) -> str:
+    return f"cramkit: self-training{f' {label}' if label else ''}: "
+
+
 def line(res: dict[str, Any], label: str = "") -> str:
     """The one line a self-training prints: the teacher's score, the student's, the rows kept and the time."""
     st = res["self_training"]
-    what = f"cramkit: self-training{f' {label}' if label else ''}: "
+    what = _what(label)
     teacher = st["teacher"]["score"]
     if st["collapsed"]:
         return (

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -315,6 +316,15 @@ def test_interrupted_labelling_resumes_and_a_rerun_reuses_the_labels(
     # on them (which model is kept)
     assert calls["rows"] == total - 80 + 8 + compared
     assert len(list(labels.glob("*/teacher-*.npy"))) == 1 and not list(labels.glob("*/*.progress.json"))
+
+    # stopped during the student (kill -9): the rerun reuses the teacher and its labels, and says so
+    shutil.rmtree(out / "split-0" / "student")
+    (out / "split-0" / "results.json").unlink()
+    calls.update(n=-1000, rows=0)
+    proc = _fewshot(tiny_run, real_glue_dir, out, unlabelled, *args)
+    assert proc.returncode == 0, proc.stderr
+    assert f"self-training split 0: teacher's labels of {total:,} rows, reused" in proc.stderr
+    assert calls["rows"] == 8 + compared  # only the calibration and the comparison: nothing labelled again
 
 
 def test_one_task_from_files_through_the_command(tiny_run: Path, real_glue_dir: Path, tmp_path: Path) -> None:

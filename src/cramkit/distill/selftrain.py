@@ -251,7 +251,13 @@ def select(probs: np.ndarray, cfg: FinetuneConfig, names: Sequence[str]) -> dict
 
 
 def _teacher_probs(
-    teachers: list[Path], task: Task, rows: list[tuple[str, str | None]], root: Path, cfg: FinetuneConfig, progress
+    teachers: list[Path],
+    task: Task,
+    rows: list[tuple[str, str | None]],
+    root: Path,
+    cfg: FinetuneConfig,
+    progress: bool,
+    label: str = "",
 ) -> tuple[np.ndarray, dict[str, Any]]:
     """The teachers' mean calibrated probabilities over ``rows`` (each teacher's logits cached in ``root``)."""
     from cramkit.distill.teacher import teacher_key, teacher_logits
@@ -266,9 +272,9 @@ def _teacher_probs(
         max_length = min(cfg.max_length, teacher.max_length)
         cached = (root / f"teacher-{teacher_key(teacher, max_length)}.npy").is_file()
         if cached:  # a rerun: said whatever the progress setting, as the labelling resumed is
-            print(f"cramkit: self-training: {tdir.name}'s labels of {len(rows):,} rows, reused", file=sys.stderr)
+            print(f"{_what(label)}{tdir.name}'s labels of {len(rows):,} rows, reused", file=sys.stderr)
         elif progress:
-            print(f"cramkit: self-training: {tdir.name} labels {len(rows):,} unlabelled rows", file=sys.stderr)
+            print(f"{_what(label)}{tdir.name} labels {len(rows):,} unlabelled rows", file=sys.stderr)
         logits, done = teacher_logits(
             teacher,
             [a for a, _ in rows],
@@ -405,7 +411,7 @@ def self_train(
     prior, report["prior"] = prior_probs(loaded, task, rows, cfg, labels_dir, pair, progress)
     neighbours, report["neighbours"] = neighbour_probs(loaded, task, rows, cfg, labels_dir, pair, progress)
     for r in range(1, cfg.self_train_rounds + 1):
-        probs, stats = _teacher_probs(teacher_dirs, task, rows, labels_dir, cfg, progress)
+        probs, stats = _teacher_probs(teacher_dirs, task, rows, labels_dir, cfg, progress, label)
         if prior is not None:  # the label words' prior weighs as much as the trained teachers together
             probs = ((probs + prior) / 2).astype(np.float32)
         if neighbours is not None:  # and the neighbours' labels as much as those two

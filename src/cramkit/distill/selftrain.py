@@ -286,7 +286,7 @@ def _teacher_probs(
             progress=progress,
         )
         if done.get("resumed_from"):
-            print(f"cramkit: self-training: labelling resumed at row {done['resumed_from']:,}", file=sys.stderr)
+            print(f"{_what(label)}labelling resumed at row {done['resumed_from']:,}", file=sys.stderr)
         reused = reused and bool(done.get("cached"))
         seconds += float(done.get("seconds", 0.0))
         temp = 1.0

@@ -42,7 +42,7 @@ def hf_flops_per_token(layers: int, hidden: int, inter: int, vocab: int, seq: in
 
 def ours(compile_: bool):
     from cramkit.model import MaskedLM
-    from cramkit.model.encoder import flops_per_token
+    from cramkit.model.config import flops_per_token
     from cramkit.train import distributed, parallel
     from cramkit.train.config import resolve_config
 

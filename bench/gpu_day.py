@@ -107,7 +107,7 @@ def _ours(
     """cramkit's MaskedLM as the engine builds it: float8 layers (fp8), per-block compile on CUDA (``whole``:
     the whole model compiled as one, the embedding, the MLM head and its loss in the graph too)."""
     from cramkit.model import MaskedLM
-    from cramkit.model.encoder import flops_per_token
+    from cramkit.model.config import flops_per_token
     from cramkit.train import parallel
     from cramkit.train.config import resolve_config
     from cramkit.train.optim import build_optimizer

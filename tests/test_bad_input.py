@@ -101,7 +101,7 @@ def test_a_model_that_cannot_fit_is_refused_before_allocating(tmp_path, corpus):
 
 
 def test_memory_estimate_counts_parameters_exactly():
-    from cramkit.model.encoder import config_parameters as count_parameters
+    from cramkit.model.config import config_parameters as count_parameters
     from cramkit.model.heads import MaskedLM
     from cramkit.train.config import estimate_training_bytes, resolve_config
 

@@ -195,10 +195,10 @@ def _write_config(root: Path, **changes: object) -> Path:
     ("changes", "expected"),
     [
         (
-            {"model_type": "roberta", "architectures": ["RobertaModel"]},
-            "model_type 'roberta' is not supported",
+            {"model_type": "deberta-v2", "architectures": ["DebertaV2Model"]},
+            "model_type 'deberta-v2' is not supported",
         ),
-        ({"model_type": "distilbert"}, "model_type 'distilbert' is not supported"),
+        ({"model_type": "t5"}, "model_type 't5' is not supported"),
         ({"position_embedding_type": "relative_key"}, "position_embedding_type 'relative_key'"),
         ({"hidden_act": "gelu_new"}, "hidden_act 'gelu_new'"),
         ({"architectures": ["BertLMHeadModel"], "is_decoder": True}, "architecture 'BertLMHeadModel'"),

@@ -10,7 +10,8 @@ import torch
 import torch.nn.functional as F
 
 from cramkit.errors import CramkitError
-from cramkit.model.encoder import Block, ModelConfig, config_parameters, count_parameters
+from cramkit.model.config import config_parameters
+from cramkit.model.encoder import Block, ModelConfig, count_parameters
 from cramkit.model.heads import MaskedLM
 from cramkit.model.moe import MoE, moe_layers, moe_losses, upcycle_state
 

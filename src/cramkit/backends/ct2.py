@@ -27,6 +27,7 @@ path of its own.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
@@ -116,7 +117,8 @@ class Ct2Runner:
         hidden, mask = self._hidden(x)
         pooled = self._mean(hidden, mask) if self.model.manifest["head"]["pooling"] == "mean" else hidden[:, 0]
         if "pooler.weight" in head:
-            pooled = np.tanh(pooled @ head["pooler.weight"].T + head["pooler.bias"])
+            activation = POOLER_ACTIVATIONS[self.model.manifest["head"].get("activation", "tanh")]
+            pooled = activation(pooled @ head["pooler.weight"].T + head["pooler.bias"])
         return (pooled @ head["classifier.weight"].T + head["classifier.bias"]).astype(np.float32)
 
     def mask_topk(self, x: Inputs, where: np.ndarray, k: int) -> tuple[Any, Any]:
@@ -130,6 +132,21 @@ class Ct2Runner:
 
 # CTranslate2's DataType ids (include/ctranslate2/types.h) and their sizes in bytes
 _DTYPE_BYTES = {0: 4, 1: 1, 2: 2, 3: 4, 4: 2, 5: 2}
+
+
+def _gelu(x: np.ndarray) -> np.ndarray:
+    """Exact GELU (ELECTRA's classifier), x * Phi(x)."""
+    import math
+
+    return x * 0.5 * (1.0 + np.vectorize(math.erf, otypes=[np.float32])(x / math.sqrt(2.0)))
+
+
+# a classifier head's pooler activation (ClassifierConfig.pooler_activation) in numpy
+POOLER_ACTIVATIONS: dict[str, Callable[[np.ndarray], np.ndarray]] = {
+    "tanh": np.tanh,
+    "relu": lambda x: np.maximum(x, 0),
+    "gelu": _gelu,
+}
 
 
 def model_bin_layout(data: bytes, where: Path) -> dict[str, tuple[tuple[int, ...], int]]:
@@ -312,8 +329,8 @@ def _spec(loaded: LoadedModel) -> Any:
         spec.encoder.embeddings[1].weight = _np(emb.token_type.weight)
     # absolute positions as the table cramkit adds (scaled sinusoid or learned); rotary: a table of zeros
     # (the attention rotates queries and keys), as long as the inputs may be
-    if cfg.position == "learned":
-        table = _np(emb.position.weight)
+    if cfg.position == "learned":  # RoBERTa's rows from its offset on: CTranslate2 counts positions from 0
+        table = _np(emb.position.weight)[cfg.position_offset :]
     elif cfg.position == "sinusoidal":
         table = _np(emb.sinusoid) * float(emb.position_scale.detach())
     else:
@@ -362,7 +379,10 @@ def _head_tensors(loaded: LoadedModel) -> tuple[dict[str, np.ndarray], dict[str,
         tensors["pooler.weight"] = _np(pooler.weight)
         tensors["pooler.bias"] = _np(pooler.bias)
     pooling = "mean" if model.head_cfg.pooling == "mean" else "first"
-    return tensors, {"pooling": pooling, "pooler": "pooler.weight" in tensors}
+    head = {"pooling": pooling, "pooler": "pooler.weight" in tensors}
+    if model.head_cfg.pooler_activation != "tanh":  # DistilBERT's relu, ELECTRA's gelu (absent: tanh)
+        head["activation"] = model.head_cfg.pooler_activation
+    return tensors, head
 
 
 class Ct2Backend(Backend):
@@ -387,6 +407,11 @@ class Ct2Backend(Backend):
     def incompatibilities(self, loaded: LoadedModel) -> list[str]:
         if loaded.encoder is None:
             return [f"a {loaded.architecture} model has no transformer encoder"]
+        cfg = loaded.encoder.cfg
+        if cfg.relative_buckets:
+            return ["CTranslate2's encoder has no relative position bias (MPNet)"]
+        if cfg.embedding_width != cfg.hidden:
+            return ["CTranslate2's encoder has no projection after embeddings narrower than its layers (ELECTRA)"]
         if loaded.kind in HEAD_KINDS:
             model = loaded.model
             if not hasattr(model, "classifier") or getattr(model, "head_cfg", None) is None:
@@ -431,6 +456,11 @@ class Ct2Backend(Backend):
             head = meta.get("head") or {}
             if HEAD_FILE not in meta["files"] or head.get("pooling") not in ("first", "mean"):
                 raise CramkitError(f"{file}: a {meta['kind']} export lists {HEAD_FILE} and its head's pooling")
+            if head.get("activation", "tanh") not in POOLER_ACTIVATIONS:
+                raise CramkitError(
+                    f"{file}: the head's activation {head.get('activation')!r} is not one of "
+                    f"{', '.join(POOLER_ACTIVATIONS)}; re-export the model"
+                )
 
     def open(self, path: Path, meta: dict[str, Any], files: dict[str, bytes], threads: int | None) -> Any:
         ct2 = _ctranslate2()

@@ -28,6 +28,8 @@ def attention_plan(loaded: LoadedModel) -> str | None:
     why not (the export keeps the plain graph of matrix multiplies and a softmax)."""
     if loaded.encoder is None:
         return f"a {loaded.architecture} model: exported as its own graph"
+    if loaded.encoder.relative is not None:
+        return "MPNet's relative position bias is added to the attention scores, which the fused operator does not take"
     return None
 
 
@@ -186,8 +188,8 @@ def _export_module(loaded: LoadedModel, fused: bool) -> tuple[Any, list[str]]:
             x = enc.embeddings(input_ids, token_type_ids)
             if fused:  # MultiHeadAttention takes the 1/0 key padding mask
                 mask = attention_mask.to(torch.int32)
-            else:  # always a mask: no data-dependent branch
-                mask = additive_mask(attention_mask, x.dtype)
+            else:  # always a mask: no data-dependent branch (MPNet's relative position bias added to it)
+                mask = enc.with_relative(additive_mask(attention_mask, x.dtype), x.dtype, input_ids.shape[1])
             for i, block in enumerate(self.layers):
                 # a deep-prompt model: each layer's prefix keys and values baked in (PrefixClassifier.prefix)
                 x = block(x, mask, None, self.model.prefix[i]) if prefix else block(x, mask)
@@ -230,7 +232,7 @@ def torch_export(loaded: LoadedModel, path: Path, opset: int, fused: bool) -> tu
     module, outputs = _export_module(loaded, fused)
     names = ["input_ids", "attention_mask"] + (["token_type_ids"] if loaded.with_types else [])
     cfg = loaded.config
-    longest = int(getattr(cfg, "max_position", 0) or loaded.max_length)
+    longest = int(getattr(cfg, "positions", 0) or loaded.max_length)  # RoBERTa's: the table's rows past its offset
     if getattr(cfg, "position", None) == "rope":
         longest = max(longest, loaded.max_length)
     longest = max(longest, 17)

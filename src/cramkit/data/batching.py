@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from cramkit.text.tokenizer import encode_batch
+from cramkit.text.tokenizer import encode_batch, special_id
 
 
 @dataclass
@@ -54,8 +54,10 @@ def encode_texts(
     labels: np.ndarray | None = None,
     idx: np.ndarray | None = None,
 ) -> Encoded:
-    """``[CLS] a [SEP]`` or ``[CLS] a [SEP] b [SEP]`` per example, cut longest-first to max_length."""
-    cls_id, sep_id = tokenizer.token_to_id("[CLS]"), tokenizer.token_to_id("[SEP]")
+    """``[CLS] a [SEP]`` or ``[CLS] a [SEP] b [SEP]`` per example (RoBERTa's ``<s> a </s></s> b </s>`` where the
+    tokenizer's own template joins a pair so), cut longest-first to max_length."""
+    cls_id, sep_id = special_id(tokenizer, "cls"), special_id(tokenizer, "sep")
+    joint = [sep_id] * pair_separators(tokenizer)
     enc_a = encode_batch(tokenizer, [t or "" for t in texts_a], add_special_tokens=False)
     pair_pos = [i for i, t in enumerate(texts_b or []) if t is not None]
     enc_b = {}
@@ -68,9 +70,9 @@ def encode_texts(
         a = ea.ids
         if i in enc_b:
             b = enc_b[i].ids
-            na, nb = truncate_pair(len(a), len(b), max_length - 3)
-            seq = [cls_id, *a[:na], sep_id, *b[:nb], sep_id]
-            b_start[i] = na + 2
+            na, nb = truncate_pair(len(a), len(b), max_length - 2 - len(joint))
+            seq = [cls_id, *a[:na], *joint, *b[:nb], sep_id]
+            b_start[i] = na + 1 + len(joint)
             truncated[i] = na < len(a) or nb < len(b)
         else:
             seq = [cls_id, *a[: max_length - 2], sep_id]
@@ -85,6 +87,16 @@ def encode_texts(
         idx=idx if idx is not None else np.arange(len(ids), dtype=np.int64),
         truncated=truncated,
     )
+
+
+def pair_separators(tokenizer: Any) -> int:
+    """How many separators stand between a pair's two texts: RoBERTa's template (``</s></s>``) two, BERT's one."""
+    processor = getattr(tokenizer, "post_processor", None)
+    try:
+        added = processor.num_special_tokens_to_add(True) if processor is not None else 3
+    except Exception:  # a processor without the count: BERT's layout
+        added = 3
+    return 2 if added == 4 else 1
 
 
 def encode_examples(tokenizer: Any, examples: Sequence[Any], max_length: int, *, regression: bool = False) -> Encoded:

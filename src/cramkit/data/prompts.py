@@ -24,7 +24,7 @@ import numpy as np
 
 from cramkit.data.batching import Encoded, truncate_pair
 from cramkit.errors import CramkitError
-from cramkit.text.tokenizer import encode_batch
+from cramkit.text.tokenizer import encode_batch, special_id
 
 MASK, SEP = "[MASK]", "[SEP]"
 # the names a template may give the first and the second text of any task
@@ -156,10 +156,10 @@ def prompt_spec(
             f"--label-words names label(s) {', '.join(map(repr, extra))}, which the task does not have; its "
             f"labels are {', '.join(labels)}"
         )
-    mask_id = tokenizer.token_to_id(MASK)
+    mask_id = special_id(tokenizer, "mask")
     if mask_id is None:
         raise CramkitError("the model's tokenizer has no [MASK] token; prompts need a masked-LM vocabulary")
-    unk = tokenizer.token_to_id("[UNK]")
+    unk = special_id(tokenizer, "unk")
     ids: list[tuple[int, ...]] = []
     encs = encode_batch(tokenizer, [words[x] for x in labels], add_special_tokens=False)
     for label, enc in zip(labels, encs, strict=True):
@@ -217,8 +217,8 @@ def encode_prompts(
 ) -> Encoded:
     """``[CLS] template-with-texts [SEP]`` per example (``b_start``: where the template's [SEP] ends the
     first segment); the texts are cut longest first so that the template and its masks always fit."""
-    cls_id, sep_id = tokenizer.token_to_id("[CLS]"), tokenizer.token_to_id("[SEP]")
-    unk = tokenizer.token_to_id("[UNK]")
+    cls_id, sep_id = special_id(tokenizer, "cls"), special_id(tokenizer, "sep")
+    unk = special_id(tokenizer, "unk")
     unk = int(unk) if unk is not None else 0
     n = len(texts_a)
     literal = [w for kind, w in spec.parts if kind == "text"]

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 from cramkit.errors import CramkitError
 from cramkit.load import LoadedModel
+from cramkit.text.tokenizer import special_id
 
 if TYPE_CHECKING:
     from cramkit.distill.config import DistillConfig
@@ -55,7 +56,7 @@ def build_student(student: str, teacher: LoadedModel, cfg: DistillConfig, *, pai
             dropout=cfg.dropout,
             pairs=pairs,
             pad_token_id=teacher.pad_id,
-            sep_token_id=int(tok.token_to_id("[SEP]")),
+            sep_token_id=int(special_id(tok, "sep") or 0),
         )
         model = BiLSTMStudent(scfg, n, multilabel=kind == "multilabel")
         if word is not None:
@@ -122,7 +123,12 @@ def _build_encoder_student(teacher: LoadedModel, cfg: DistillConfig, n: int, com
             "size an encoder student from; use --student bilstm"
         )
     head_src = getattr(teacher.model, "head_cfg", None) or ClassifierConfig()
-    head = ClassifierConfig(pooling=head_src.pooling, pooler_dense=head_src.pooler_dense, dropout=cfg.dropout)
+    head = ClassifierConfig(
+        pooling=head_src.pooling,
+        pooler_dense=head_src.pooler_dense,
+        dropout=cfg.dropout,
+        pooler_activation=head_src.pooler_activation,
+    )
     multilabel = common["kind"] == "multilabel"
     layers = cfg.layers or max(1, tcfg.layers // 3)
     if cfg.init == "teacher":
@@ -198,6 +204,8 @@ def _copy_encoder(model: Any, src_model: Any, src_enc: Any, picked: list[int], *
     dst = model.encoder
     dst.embeddings.load_state_dict(src_enc.embeddings.state_dict())
     dst.final_norm.load_state_dict(src_enc.final_norm.state_dict())
+    if src_enc.relative is not None:  # MPNet's relative position bias, shared by the layers
+        dst.relative.load_state_dict(src_enc.relative.state_dict())
     for j, i in enumerate(picked):
         dst.layers[j].load_state_dict(src_enc.layers[i].state_dict())
     if with_head:

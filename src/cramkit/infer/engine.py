@@ -40,6 +40,7 @@ from cramkit.model.forward import CUDA_BATCH_TOKENS as CUDA_BATCH_TOKENS
 from cramkit.model.forward import MAX_BATCH_ROWS as MAX_BATCH_ROWS
 from cramkit.model.forward import default_batch_tokens as default_batch_tokens
 from cramkit.model.forward import fits as fits
+from cramkit.text.tokenizer import special_id
 
 if TYPE_CHECKING:
     import torch
@@ -233,7 +234,7 @@ class Engine:
 
     @property
     def can_fill_mask(self) -> bool:
-        return self.kind == "mlm" and self.tokenizer.token_to_id("[MASK]") is not None
+        return self.kind == "mlm" and special_id(self.tokenizer, "mask") is not None
 
     @property
     def hidden_size(self) -> int | None:
@@ -554,7 +555,7 @@ class Engine:
             raise CramkitError(
                 f"{self.source} has no masked-LM head; fill-mask needs a pretraining run or an MLM model"
             )
-        mask_id = self.tokenizer.token_to_id("[MASK]")
+        mask_id = special_id(self.tokenizer, "mask")
         if mask_id is None:
             raise CramkitError(f"{self.source}: the tokenizer has no [MASK] token")
         return int(mask_id)
@@ -588,7 +589,7 @@ class Engine:
 
     def count_masks(self, enc: Encoded) -> int:
         """How many [MASK] tokens the tokenised inputs hold (0 without a [MASK] token)."""
-        mask_id = self.tokenizer.token_to_id("[MASK]")
+        mask_id = special_id(self.tokenizer, "mask")
         return 0 if mask_id is None else sum(int((np.asarray(a) == mask_id).sum()) for a in enc.ids)
 
     def fill_mask(

@@ -46,7 +46,7 @@ def check_size(cfg: Any, file: Path) -> None:
     """Refuse, before allocating, a model (its config, or a module built on the meta device) too big for
     this machine's RAM to hold even its fp32 weights: a config read from a file (``cramkit-model.json``, a
     run's config.yaml, an HF config.json) may ask for any size. The parameter count is pretraining's."""
-    from cramkit.model.encoder import config_parameters
+    from cramkit.model.config import config_parameters
     from cramkit.runtime import machine_memory
 
     params = config_parameters(cfg) if not hasattr(cfg, "parameters") else sum(p.numel() for p in cfg.parameters())
@@ -60,8 +60,9 @@ def check_size(cfg: Any, file: Path) -> None:
 
 
 def default_max_length(cfg: Any) -> int:
-    """A model's input limit when nothing records one: 512 with rotary positions, else its position table."""
-    return 512 if cfg.position == "rope" else int(cfg.max_position)
+    """A model's input limit when nothing records one: 512 with rotary positions, else its position table's rows
+    (past RoBERTa's offset)."""
+    return 512 if cfg.position == "rope" else int(cfg.max_position) - int(getattr(cfg, "position_offset", 0))
 
 
 def check_vocab(loaded: LoadedModel) -> None:
@@ -77,10 +78,12 @@ def check_vocab(loaded: LoadedModel) -> None:
             f"{loaded.source}: the tokenizer has {vocab} tokens but the model's embedding has {rows} rows; "
             "the tokenizer and weights come from different vocabularies. Keep the tokenizer saved with them"
         )
-    for token in ("[CLS]", "[SEP]"):
-        tid = loaded.tokenizer.token_to_id(token)
+    from cramkit.text.tokenizer import SPECIAL_ROLES, special_id
+
+    for role in ("cls", "sep"):
+        tid = special_id(loaded.tokenizer, role)
         if tid is None or tid >= rows:
             raise CramkitError(
-                f"{loaded.source}: the tokenizer has no usable {token} token; cramkit needs a BERT-style "
-                "vocabulary with [CLS], [SEP] and [PAD]"
+                f"{loaded.source}: the tokenizer has no usable {' or '.join(SPECIAL_ROLES[role])} token; cramkit "
+                "needs a BERT- or RoBERTa-style vocabulary with [CLS], [SEP] and [PAD] (or <s>, </s> and <pad>)"
             )

@@ -1,7 +1,8 @@
-"""The reader of a Hugging Face directory (``hf:DIR``, a hub id, or a directory with config.json): a BERT
-model (safetensors only) with its head (masked-LM, sequence classifier, multiple choice, or none), the pooling,
-normalisation, length and prompts a sentence-transformers folder records, and cramkit's own
-``model_type: cramkit`` exports (their ``modeling_cramkit.py`` is never run)."""
+"""The reader of a Hugging Face directory (``hf:DIR``, a hub id, or a directory with config.json): a BERT,
+RoBERTa / XLM-R / CamemBERT, DistilBERT, ELECTRA or MPNet model (safetensors only) with its head (masked-LM,
+sequence classifier, multiple choice, or none), the pooling, normalisation, length and prompts a
+sentence-transformers folder records, and cramkit's own ``model_type: cramkit`` exports (their
+``modeling_cramkit.py`` is never run)."""
 
 from __future__ import annotations
 
@@ -126,8 +127,10 @@ def _hf_labels(hf: dict[str, Any], state: dict[str, Any]) -> tuple[str, int, lis
 
 def load_hf(name: str, text: str) -> LoadedModel:
     """The model of a Hugging Face directory (``hf:DIR``, or a directory with config.json; ``name``: the
-    directory or hub id, ``text``: as given): BERT's architectures, sentence-transformers' pooling and prompts,
-    or cramkit's own ``model_type: cramkit`` export."""
+    directory or hub id, ``text``: as given): the architectures of the families cramkit imports
+    (``cramkit.model.architectures``), sentence-transformers' pooling and prompts, or cramkit's own
+    ``model_type: cramkit`` export."""
+    from cramkit.model.architectures import family_of
     from cramkit.model.encoder import Encoder
     from cramkit.model.heads import ClassifierConfig, MaskedLM, MultipleChoice, SequenceClassifier
     from cramkit.model.hf import _read_hf_config, _resolve, load_hf_config, load_hf_encoder_state
@@ -141,14 +144,20 @@ def load_hf(name: str, text: str) -> LoadedModel:
     check_size(cfg, root / "config.json")
     state = load_hf_encoder_state(root, cfg)
     enc_state = {k: v for k, v in state.items() if not k.startswith(("head.", "pooler.", "classifier."))}
-    arch = (hf.get("architectures") or ["BertModel"])[0]
+    family = family_of(cfg.hf_model_type, root / "config.json")
+    arch = (hf.get("architectures") or [family.class_name(cfg.hf_model_type, "encoder")])[0]
     labels = None
     head = None
     model: nn.Module
-    if arch in ("BertForSequenceClassification", "BertForMultipleChoice") or "classifier.weight" in state:
+    if arch.endswith(("ForSequenceClassification", "ForMultipleChoice")) or "classifier.weight" in state:
         dropout = hf.get("classifier_dropout")
-        head_cfg = ClassifierConfig(pooling="first", pooler_dense=True, dropout=float(dropout or cfg.dropout))
-        if arch == "BertForMultipleChoice":
+        head_cfg = ClassifierConfig(
+            pooling="first",
+            pooler_dense=True,
+            dropout=float(dropout or cfg.dropout),
+            pooler_activation=family.pooler_activation,  # type: ignore[arg-type]  # a family's is one of them
+        )
+        if arch.endswith("ForMultipleChoice"):
             kind, model = "multiple_choice", MultipleChoice(cfg, head_cfg)
         else:
             kind, n, labels = _hf_labels(hf, state)
@@ -158,7 +167,12 @@ def load_hf(name: str, text: str) -> LoadedModel:
         full = {f"encoder.{k}": v for k, v in enc_state.items()}
         full |= {k: v for k, v in state.items() if k.startswith(("pooler.", "classifier."))}
         load_weights(model, full, f"hf:{root}")
-        head = {"pooling": "first", "pooler_dense": True, "dropout": head_cfg.dropout}
+        head = {
+            "pooling": "first",
+            "pooler_dense": True,
+            "dropout": head_cfg.dropout,
+            "pooler_activation": head_cfg.pooler_activation,
+        }
     elif any(k.startswith("head.") for k in state) and "head.transform.0.weight" in state:
         kind = "mlm"
         model = MaskedLM(cfg)
@@ -184,7 +198,7 @@ def load_hf(name: str, text: str) -> LoadedModel:
         max_length=max_length,
         pooling=pooling or ("cls" if kind in ("classifier", "multiple_choice") else "mean"),
         normalize=normalize,
-        with_types=cfg.type_vocab_size > 0,
+        with_types=cfg.segment_types,
         head=head,
         extra={"hf_architecture": arch, **({"st_pooling": pooling} if pooling else {}), **_st_prompts(root)},
         weights_file=_single_weights_file(root),
@@ -252,7 +266,7 @@ def _load_cramkit_export(root: Path, hf: dict[str, Any]) -> LoadedModel:
         labels=labels,
         max_length=default_max_length(cfg),
         pooling="cls" if head and head["pooling"] == "first" else "mean",
-        with_types=cfg.type_vocab_size > 0,
+        with_types=cfg.segment_types,
         head=head,
         extra={"hf_architecture": arch, **_st_prompts(root)},
         weights_file=_single_weights_file(root),

@@ -89,7 +89,7 @@ def load_run(path: Path, step: int | None) -> LoadedModel:
         tokenizer=load_tokenizer(run / "tokenizer"),
         max_length=default_max_length(cfg),
         pooling="mean",
-        with_types=cfg.type_vocab_size > 0,
+        with_types=cfg.segment_types,
         extra={"run": str(run), "checkpoint": checkpoint.name, **_run_pooling(run)},
         pooler_state=pooler,
     )

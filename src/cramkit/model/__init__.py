@@ -12,7 +12,8 @@ from typing import TYPE_CHECKING
 from cramkit.lazy import lazy_names
 
 if TYPE_CHECKING:
-    from cramkit.model.encoder import Encoder, ModelConfig, count_parameters, flops_per_token
+    from cramkit.model.config import ModelConfig, flops_per_token
+    from cramkit.model.encoder import Encoder, count_parameters
     from cramkit.model.heads import IGNORE, ClassifierConfig, MaskedLM, MLMOutput, SequenceClassifier
 
 __all__ = [
@@ -30,9 +31,9 @@ __getattr__ = lazy_names(
     __name__,
     {
         "Encoder": "cramkit.model.encoder",
-        "ModelConfig": "cramkit.model.encoder",
+        "ModelConfig": "cramkit.model.config",
         "count_parameters": "cramkit.model.encoder",
-        "flops_per_token": "cramkit.model.encoder",
+        "flops_per_token": "cramkit.model.config",
         "IGNORE": "cramkit.model.heads",
         "ClassifierConfig": "cramkit.model.heads",
         "MaskedLM": "cramkit.model.heads",

@@ -8,11 +8,9 @@ Hugging Face's ``BertModel`` parameter for parameter, so its weights import exac
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import sys
-from dataclasses import dataclass
-from typing import Any, Literal, NamedTuple, overload
+from typing import Any, NamedTuple, overload
 
 import torch
 import torch.nn.functional as F
@@ -20,108 +18,8 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from cramkit.errors import CramkitError
+from cramkit.model.config import ModelConfig
 from cramkit.model.moe import MoE
-
-
-@dataclass
-class ModelConfig:
-    """Architecture of the encoder (see the presets in ``cramkit/presets``)."""
-
-    vocab_size: int = 32768
-    hidden: int = 768
-    layers: int = 12
-    heads: int = 12
-    # width of the first MLP projection; with a GLU activation it is split in two halves (value, gate),
-    # so the second projection reads ``intermediate // 2`` features (Cramming's convention).
-    intermediate: int = 3072
-    activation: Literal["gelu", "gelu_glu", "relu", "swiglu"] = "gelu_glu"
-    norm: Literal["layernorm", "rmsnorm"] = "layernorm"
-    # pre: x + f(norm(x)); post: norm(x + f(x)) (original BERT); deepnorm: norm(alpha * x + f(x)) with
-    # sub-layer init scaled by beta (DeepNet, arXiv 2203.00555)
-    norm_position: Literal["pre", "post", "deepnorm"] = "pre"
-    norm_eps: float = 1e-12
-    bias: bool = False
-    position: Literal["sinusoidal", "learned", "rope"] = "sinusoidal"
-    max_position: int = 512
-    rope_base: float = 10000.0
-    type_vocab_size: int = 0  # token-type (segment) embeddings; 2 in BERT, 0 = none (Cramming)
-    embedding_norm: bool = True
-    final_norm: bool = True  # a norm after the last block (pre-LN only; post-LN already ends in one)
-    tie_embeddings: bool = True
-    head_transform: bool = True  # MLM head: dense + activation + norm before the vocabulary projection
-    dropout: float = 0.0
-    attention_dropout: float = 0.0
-    init_std: float = 0.02
-    pad_token_id: int = 0
-    gradient_checkpointing: bool = False
-    # mixture of experts (cramkit.model.moe): every moe_every-th block's MLP becomes moe_experts experts of its
-    # shape, each token going to its moe_top_k; 0 experts = dense
-    moe_experts: int = 0
-    moe_top_k: int = 1
-    moe_every: int = 1  # 1: every block; 2: blocks 2, 4, ... (every other one, as Switch and GShard)
-    moe_capacity: float = 1.25  # training: an expert takes capacity * k * tokens / experts assignments; 0 = all
-    moe_aux: float = 0.01  # weight of the load-balancing loss (Switch)
-    moe_z_loss: float = 0.001  # weight of the router z-loss (ST-MoE)
-
-    def validate(self) -> None:
-        for name in ("vocab_size", "hidden", "layers", "heads", "intermediate", "max_position"):
-            if getattr(self, name) <= 0:
-                raise CramkitError(f"model.{name} must be positive, got {getattr(self, name)}")
-        if self.hidden % self.heads:
-            raise CramkitError(f"model.hidden ({self.hidden}) must be divisible by model.heads ({self.heads})")
-        if self.activation in ("gelu_glu", "swiglu") and self.intermediate % 2:
-            raise CramkitError(f"model.intermediate ({self.intermediate}) must be even with a GLU activation")
-        if self.position == "rope" and (self.hidden // self.heads) % 2:
-            raise CramkitError("model.position=rope needs an even head dimension (hidden / heads)")
-        for name in ("dropout", "attention_dropout"):
-            if not 0.0 <= getattr(self, name) < 1.0:
-                raise CramkitError(f"model.{name} must be in [0, 1), got {getattr(self, name)}")
-        self._validate_moe()
-
-    def _validate_moe(self) -> None:
-        for name in ("moe_capacity", "moe_aux", "moe_z_loss"):
-            if getattr(self, name) < 0:
-                raise CramkitError(f"model.{name} must not be negative, got {getattr(self, name)}")
-        if self.moe_experts == 0:
-            return
-        if self.moe_experts < 2:
-            raise CramkitError(
-                f"model.moe_experts={self.moe_experts}: a mixture of experts needs at least 2 experts (0 = dense)"
-            )
-        if not 1 <= self.moe_top_k <= self.moe_experts:
-            raise CramkitError(
-                f"model.moe_top_k={self.moe_top_k} must be between 1 and model.moe_experts ({self.moe_experts})"
-            )
-        if self.moe_every < 1:
-            raise CramkitError(f"model.moe_every={self.moe_every} must be at least 1 (1 = every block is MoE)")
-        if not self.moe_layers:
-            raise CramkitError(
-                f"model.moe_every={self.moe_every} exceeds model.layers={self.layers}: no block would be MoE"
-            )
-
-    def is_moe(self, index: int) -> bool:
-        """Whether block ``index`` (0-based) has a mixture-of-experts MLP: blocks moe_every, 2*moe_every, ..."""
-        return self.moe_experts > 0 and self.moe_every > 0 and (index + 1) % self.moe_every == 0
-
-    @property
-    def moe_layers(self) -> list[int]:
-        return [i for i in range(self.layers) if self.is_moe(i)]
-
-    @property
-    def head_dim(self) -> int:
-        return self.hidden // self.heads
-
-    @property
-    def deepnorm_alpha(self) -> float:
-        # encoder-only DeepNet: alpha = (2N)^(1/4), beta = (8N)^(-1/4)
-        return (2.0 * self.layers) ** 0.25 if self.norm_position == "deepnorm" else 1.0
-
-    @property
-    def deepnorm_beta(self) -> float:
-        return (8.0 * self.layers) ** -0.25 if self.norm_position == "deepnorm" else 1.0
-
-    def replace(self, **changes: Any) -> ModelConfig:
-        return dataclasses.replace(self, **changes)
 
 
 class RMSNorm(nn.Module):
@@ -134,10 +32,11 @@ class RMSNorm(nn.Module):
         return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
 
 
-def make_norm(cfg: ModelConfig) -> nn.Module:
+def make_norm(cfg: ModelConfig, width: int = 0) -> nn.Module:
+    """The config's norm over ``width`` features (0: hidden)."""
     if cfg.norm == "rmsnorm":
-        return RMSNorm(cfg.hidden, cfg.norm_eps)
-    return nn.LayerNorm(cfg.hidden, eps=cfg.norm_eps, bias=cfg.bias)
+        return RMSNorm(width or cfg.hidden, cfg.norm_eps)
+    return nn.LayerNorm(width or cfg.hidden, eps=cfg.norm_eps, bias=cfg.bias)
 
 
 def activation_fn(name: str) -> nn.Module:
@@ -198,27 +97,32 @@ class Embeddings(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.cfg = cfg
-        self.word = nn.Embedding(cfg.vocab_size, cfg.hidden, padding_idx=None)
+        width = cfg.embedding_width
+        self.word = nn.Embedding(cfg.vocab_size, width, padding_idx=None)
         if cfg.position == "learned":
-            self.position = nn.Embedding(cfg.max_position, cfg.hidden)
+            self.position = nn.Embedding(cfg.max_position, width)
         elif cfg.position == "sinusoidal":
             # "scaled sinusoidal": a fixed table times one learned scalar (Cramming, after FLASH)
-            self.register_buffer("sinusoid", sinusoidal_table(cfg.max_position, cfg.hidden), persistent=False)
+            self.register_buffer("sinusoid", sinusoidal_table(cfg.max_position, width), persistent=False)
             self.position_scale = nn.Parameter(torch.tensor(cfg.hidden**-0.5))
-        self.token_type = nn.Embedding(cfg.type_vocab_size, cfg.hidden) if cfg.type_vocab_size else None
-        self.norm = make_norm(cfg) if cfg.embedding_norm else nn.Identity()
+        self.token_type = nn.Embedding(cfg.type_vocab_size, width) if cfg.type_vocab_size else None
+        self.norm = make_norm(cfg, width) if cfg.embedding_norm else nn.Identity()
         self.dropout = nn.Dropout(cfg.dropout)
+        # ELECTRA's embeddings narrower than the blocks: projected to hidden after their norm
+        self.project = nn.Linear(width, cfg.hidden) if width != cfg.hidden else None
 
     def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None = None) -> torch.Tensor:
         length = input_ids.shape[1]
-        if length > self.cfg.max_position and self.cfg.position != "rope":
+        if length > self.cfg.positions and self.cfg.position != "rope":
             raise CramkitError(
-                f"sequence length {length} exceeds model.max_position={self.cfg.max_position}; "
+                f"sequence length {length} exceeds the model's {self.cfg.positions} positions "
+                f"(model.max_position={self.cfg.max_position}); "
                 "shorten the inputs or use a model with more positions"
             )
         x = self.word(input_ids)
         if self.cfg.position == "learned":
-            x = x + self.position.weight[:length]
+            offset = self.cfg.position_offset
+            x = x + self.position.weight[offset : offset + length]
         elif self.cfg.position == "sinusoidal":
             x = x + self.sinusoid[:length].to(x.dtype) * self.position_scale
         if self.token_type is not None:
@@ -226,7 +130,24 @@ class Embeddings(nn.Module):
                 x = x + self.token_type.weight[0]
             else:
                 x = x + self.token_type(token_type_ids)
-        return self.dropout(self.norm(x))
+        x = self.dropout(self.norm(x))
+        return self.project(x) if self.project is not None else x
+
+
+def relative_buckets(length: int, buckets: int, max_distance: int, device: torch.device) -> torch.Tensor:
+    """[L, L] bucket of each (query, key) offset: T5's bidirectional scheme as MPNet computes it (half the
+    buckets per direction, exact below a quarter of them, logarithmic up to ``max_distance``)."""
+    pos = torch.arange(length, dtype=torch.long, device=device)
+    n = pos[:, None] - pos[None, :]  # query - key
+    half = buckets // 2
+    out = (n < 0).to(torch.long) * half
+    n = n.abs()
+    exact = half // 2
+    large = exact + (torch.log(n.float().clamp_min(1) / exact) / math.log(max_distance / exact) * (half - exact)).to(
+        torch.long
+    )
+    large = large.clamp_max(half - 1)
+    return out + torch.where(n < exact, n, large)
 
 
 class Selection(NamedTuple):
@@ -524,6 +445,19 @@ class Encoder(nn.Module):
         self.layers = nn.ModuleList(Block(cfg, i) for i in range(cfg.layers))
         use_final = cfg.final_norm and cfg.norm_position == "pre"
         self.final_norm = make_norm(cfg) if use_final else nn.Identity()
+        # MPNet: one relative position bias per bucket and head, shared by the layers
+        self.relative = nn.Embedding(cfg.relative_buckets, cfg.heads) if cfg.relative_buckets else None
+
+    def with_relative(self, mask: torch.Tensor | None, dtype: torch.dtype, length: int) -> torch.Tensor | None:
+        """The additive attention ``mask`` (padding, segments; None: nothing) plus MPNet's relative position bias
+        [1, heads, L, L] where the model has one."""
+        if self.relative is None:
+            return mask
+        buckets = relative_buckets(
+            length, self.cfg.relative_buckets, self.cfg.relative_max_distance, self.relative.weight.device
+        )
+        bias = self.relative(buckets).permute(2, 0, 1).unsqueeze(0).to(dtype)  # [1, heads, L, L]
+        return bias if mask is None else mask + bias
 
     def forward(
         self,
@@ -545,6 +479,10 @@ class Encoder(nn.Module):
         without ``select``, ``prefix`` and ``segments``; a batch with nothing padded runs as it is."""
         x = self.embeddings(input_ids, token_type_ids)
         mask = _mask_for(attention_mask, x.dtype)
+        if self.relative is not None:  # a bias over every (query, key): no unpadding, no sparse last block
+            if select is not None:
+                return self.forward(input_ids, attention_mask, token_type_ids, None, prefix, segments)[select]
+            unpad = False
         if (
             unpad
             and attention_mask is not None
@@ -560,6 +498,8 @@ class Encoder(nn.Module):
             if prefix is not None:
                 raise ValueError("document segments with prefix keys and values are not supported")
             mask, last_mask = _segment_masks(segments, mask, chosen, x.dtype)
+        if self.relative is not None:
+            mask = last_mask = self.with_relative(mask, x.dtype, x.shape[1])
         last = len(self.layers) - 1
         for i, block in enumerate(self.layers):
             sel = chosen if i == last else None
@@ -658,43 +598,8 @@ def init_weights(module: nn.Module, cfg: ModelConfig) -> None:
                     nn.init.xavier_normal_(m.fc_out.weight, gain=beta)
 
 
-def config_parameters(m: ModelConfig) -> int:
-    """Parameters of ``MaskedLM(m)``, computed from the sizes (nothing allocated; exact for our encoder)."""
-    h, i, v = m.hidden, m.intermediate, m.vocab_size
-    norm = h * (2 if m.norm == "layernorm" and m.bias else 1)
-    b = 1 if m.bias else 0
-    glu = m.activation in ("gelu_glu", "swiglu")
-    attn = h * 3 * h + 3 * h * b + h * h + h * b
-    mlp = h * i + i * b + (i // 2 if glu else i) * h + h * b
-    block = attn + mlp + 2 * norm
-    moe = len(m.moe_layers) * ((m.moe_experts - 1) * mlp + h * m.moe_experts) if m.moe_experts else 0
-    emb = v * h + (m.max_position * h if m.position == "learned" else 1 if m.position == "sinusoidal" else 0)
-    emb += m.type_vocab_size * h + (norm if m.embedding_norm else 0)
-    final = norm if m.final_norm and m.norm_position == "pre" else 0
-    head = (h * h + h * b + norm if m.head_transform else 0) + (0 if m.tie_embeddings else v * h) + v * b
-    return emb + m.layers * block + moe + final + head
-
-
 def count_parameters(module: nn.Module, *, exclude_embeddings: bool = False) -> int:
     total = sum(p.numel() for p in module.parameters())
     if exclude_embeddings:
         total -= sum(p.numel() for m in module.modules() if isinstance(m, nn.Embedding) for p in m.parameters())
     return total
-
-
-def flops_per_token(cfg: ModelConfig, seq_len: int, predicted_fraction: float = 1.0) -> float:
-    """Training FLOPs per input token (forward + backward = 3x forward, 2 FLOPs per MAC).
-
-    Counts the matrix multiplies: the blocks, attention scores and values, and the MLM head only at the
-    predicted fraction of positions (sparse prediction). Used for model FLOPs utilisation (MFU). An MoE block
-    counts its router and the top-k experts each token goes to (not the capacity's padding).
-    """
-    h, layers = cfg.hidden, cfg.layers
-    mlp_out_in = cfg.intermediate // 2 if cfg.activation in ("gelu_glu", "swiglu") else cfg.intermediate
-    mlp = h * cfg.intermediate + mlp_out_in * h
-    per_block = 4 * h * h + mlp  # qkv + out + mlp in/out (MACs)
-    # an MoE block: the router, and k experts instead of one MLP
-    moe = len(cfg.moe_layers) * ((cfg.moe_top_k - 1) * mlp + h * cfg.moe_experts) if cfg.moe_experts else 0
-    attention = 2 * seq_len * h  # QK^T and AV (MACs per token per layer)
-    head = (h * h if cfg.head_transform else 0) + h * cfg.vocab_size
-    return 6.0 * (layers * (per_block + attention) + moe + predicted_fraction * head)

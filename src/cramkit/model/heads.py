@@ -3,6 +3,7 @@ choice."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal, NamedTuple
 
@@ -26,15 +27,18 @@ class MLMHead(nn.Module):
     def __init__(self, cfg: ModelConfig, word_embeddings: nn.Embedding) -> None:
         super().__init__()
         self.transform: nn.Module
+        width = cfg.embedding_width  # ELECTRA's generator: back to the embeddings' width, the decoder tied to them
         if cfg.head_transform:
             self.transform = nn.Sequential(
-                nn.Linear(cfg.hidden, cfg.hidden, bias=cfg.bias),
+                nn.Linear(cfg.hidden, width, bias=cfg.bias),
                 activation_fn("relu" if cfg.activation == "relu" else "gelu"),
-                make_norm(cfg),
+                make_norm(cfg, width),
             )
+        elif width != cfg.hidden:
+            raise ValueError("an MLM head without its transform needs embedding_size equal to hidden")
         else:
             self.transform = nn.Identity()
-        self.decoder = nn.Linear(cfg.hidden, cfg.vocab_size, bias=cfg.bias)
+        self.decoder = nn.Linear(width, cfg.vocab_size, bias=cfg.bias)
         if cfg.tie_embeddings:
             self.decoder.weight = word_embeddings.weight
 
@@ -90,15 +94,28 @@ class ClassifierConfig:
     """The fine-tuning head: pooling of the encoder output and a linear classifier (or regressor)."""
 
     pooling: Literal["first", "mean"] = "first"
-    pooler_dense: bool = True  # dense + tanh on the pooled vector (BERT's pooler)
+    pooler_dense: bool = True  # dense + activation on the pooled vector (BERT's pooler)
     dropout: float = 0.1
+    # the pooler's activation: tanh (BERT, RoBERTa, MPNet), relu (DistilBERT's pre_classifier), gelu (ELECTRA)
+    pooler_activation: Literal["tanh", "relu", "gelu"] = "tanh"
+
+
+_POOLER_ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+    "tanh": torch.tanh,
+    "relu": F.relu,
+    "gelu": F.gelu,
+}
 
 
 def pool_hidden(
-    hidden: torch.Tensor, attention_mask: torch.Tensor | None, pooling: str, pooler: nn.Module | None
+    hidden: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    pooling: str,
+    pooler: nn.Module | None,
+    activation: str = "tanh",
 ) -> torch.Tensor:
-    """One vector per sequence: the first token's or the mean over real tokens, then BERT's pooler
-    (dense + tanh) when there is one."""
+    """One vector per sequence: the first token's or the mean over real tokens, then the pooler (dense +
+    ``activation``: BERT's tanh) when there is one."""
     if pooling == "mean":
         if attention_mask is None:
             pooled = hidden.mean(dim=1)
@@ -107,7 +124,7 @@ def pool_hidden(
             pooled = (hidden * weights).sum(1) / weights.sum(1).clamp_min(1.0)
     else:
         pooled = hidden[:, 0]
-    return torch.tanh(pooler(pooled)) if pooler is not None else pooled
+    return _POOLER_ACTIVATIONS[activation](pooler(pooled)) if pooler is not None else pooled
 
 
 class SequenceClassifier(nn.Module):
@@ -132,7 +149,7 @@ class SequenceClassifier(nn.Module):
         init_weights(self, cfg)
 
     def pool(self, hidden: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.Tensor:
-        return pool_hidden(hidden, attention_mask, self.head_cfg.pooling, self.pooler)
+        return pool_hidden(hidden, attention_mask, self.head_cfg.pooling, self.pooler, self.head_cfg.pooler_activation)
 
     def forward(
         self,

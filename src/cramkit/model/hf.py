@@ -21,65 +21,46 @@ import contextlib
 import dataclasses
 import json
 import os
-import re
 import shutil
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, cast
 
 import torch
 from torch import nn
 
 from cramkit.errors import CramkitError
 from cramkit.io import BadJson, folder_file, json_loads, read_json
+from cramkit.model.architectures import READ_SUFFIXES, Family, family_of
 from cramkit.model.encoder import Encoder, ModelConfig
 from cramkit.model.heads import MaskedLM, MultipleChoice, SequenceClassifier
 
 TEMPLATE = Path(__file__).with_name("hf_modeling_template.py")
 EXPORT_MARKER = "cramkit_export.json"
 TOKENIZER_FILES = ("tokenizer.json", "vocab.txt", "tokenizer_config.json", "special_tokens_map.json")
-SUPPORTED_ARCHITECTURES = (
-    "BertModel",
-    "BertForMaskedLM",
-    "BertForPreTraining",
-    "BertForSequenceClassification",
-    "BertForTokenClassification",
-    "BertForQuestionAnswering",
-    "BertForMultipleChoice",
-    "BertForNextSentencePrediction",
+# ModelConfig fields a family's config.json must carry back unchanged for an export under its model_type
+_ARCHITECTURE_FIELDS = (
+    "vocab_size",
+    "hidden",
+    "layers",
+    "heads",
+    "intermediate",
+    "activation",
+    "norm",
+    "norm_position",
+    "norm_eps",
+    "bias",
+    "position",
+    "max_position",
+    "embedding_norm",
+    "final_norm",
+    "position_offset",
+    "embedding_size",
+    "relative_buckets",
+    "relative_max_distance",
+    "moe_experts",
 )
-SUPPORTED_HIDDEN_ACT: dict[str, Literal["gelu", "relu"]] = {"gelu": "gelu", "relu": "relu"}
-
-# our Encoder's names <-> BertModel's names, per layer ("{i}" is the layer index); q/k/v handled apart
-_EMBEDDING_NAMES = {
-    "embeddings.word_embeddings.weight": "embeddings.word.weight",
-    "embeddings.position_embeddings.weight": "embeddings.position.weight",
-    "embeddings.token_type_embeddings.weight": "embeddings.token_type.weight",
-    "embeddings.LayerNorm.weight": "embeddings.norm.weight",
-    "embeddings.LayerNorm.bias": "embeddings.norm.bias",
-}
-_LAYER_NAMES = {
-    "attention.output.dense": "attn.out",
-    "attention.output.LayerNorm": "norm_attn",
-    "intermediate.dense": "mlp.fc_in",
-    "output.dense": "mlp.fc_out",
-    "output.LayerNorm": "norm_mlp",
-}
-_HEAD_NAMES = {
-    "cls.predictions.transform.dense.weight": "head.transform.0.weight",
-    "cls.predictions.transform.dense.bias": "head.transform.0.bias",
-    "cls.predictions.transform.LayerNorm.weight": "head.transform.2.weight",
-    "cls.predictions.transform.LayerNorm.bias": "head.transform.2.bias",
-    "cls.predictions.decoder.weight": "head.decoder.weight",
-    "cls.predictions.bias": "head.decoder.bias",
-    "pooler.dense.weight": "pooler.weight",
-    "pooler.dense.bias": "pooler.bias",
-    "classifier.weight": "classifier.weight",
-    "classifier.bias": "classifier.bias",
-}
-# present in some checkpoints, never needed: buffers and the next-sentence head
-_IGNORED = re.compile(r"(embeddings\.position_ids|cls\.seq_relationship\..*|cls\.predictions\.decoder\.bias)$")
 
 
 # ----------------------------------------------------------------------------------------------- import
@@ -101,66 +82,20 @@ def _read_hf_config(path: str | Path) -> tuple[Path, dict[str, Any]]:
 
 
 def load_hf_config(path: str | Path) -> ModelConfig:
-    """The ModelConfig of a Hugging Face BERT checkpoint (its directory or its config.json).
+    """The ModelConfig of a Hugging Face checkpoint of a family cramkit imports (BERT, RoBERTa / XLM-R /
+    CamemBERT, DistilBERT, ELECTRA, MPNet: ``cramkit.model.architectures``), from its directory or config.json.
 
     Anything our encoder cannot reproduce exactly raises a CramkitError that says what it is.
     """
     file, hf = _read_hf_config(path)
     model_type = hf.get("model_type")
-    archs = hf.get("architectures") or []
-    if model_type != "bert":
-        raise CramkitError(
-            f"{file}: model_type {model_type!r} is not supported; cramkit imports BERT checkpoints "
-            f"(model_type 'bert': {', '.join(SUPPORTED_ARCHITECTURES[:4])}). Convert the model to BERT "
-            "or pretrain with cramkit"
-        )
-    bad_arch = [a for a in archs if a not in SUPPORTED_ARCHITECTURES]
+    family = family_of(model_type, file)
+    readable = [family.model_types[str(model_type)] + suffix for suffix in READ_SUFFIXES]
+    bad_arch = [a for a in hf.get("architectures") or [] if a not in readable]
     if bad_arch:
-        raise CramkitError(
-            f"{file}: architecture {bad_arch[0]!r} is not supported; supported: {', '.join(SUPPORTED_ARCHITECTURES)}"
-        )
-    problems = []
-    pos = hf.get("position_embedding_type", "absolute")
-    if pos != "absolute":
-        problems.append(f"position_embedding_type {pos!r} (only 'absolute' learned positions are supported)")
-    act = hf.get("hidden_act", "gelu")
-    if act not in SUPPORTED_HIDDEN_ACT:
-        problems.append(
-            f"hidden_act {act!r} (supported: {', '.join(SUPPORTED_HIDDEN_ACT)}; "
-            "tanh-approximated GELU variants would not match exactly)"
-        )
-    if hf.get("is_decoder"):
-        problems.append("is_decoder=true (a causal decoder, not a bidirectional encoder)")
-    if hf.get("add_cross_attention"):
-        problems.append("add_cross_attention=true (cross-attention layers)")
-    if hf.get("chunk_size_feed_forward", 0) not in (0, None):
-        pass  # chunking changes speed, not results
-    if problems:
-        raise CramkitError(f"{file}: cannot import this BERT checkpoint exactly: " + "; ".join(problems))
+        raise CramkitError(f"{file}: architecture {bad_arch[0]!r} is not supported; supported: {', '.join(readable)}")
     try:
-        cfg = ModelConfig(
-            vocab_size=int(hf.get("vocab_size", 30522)),
-            hidden=int(hf.get("hidden_size", 768)),
-            layers=int(hf.get("num_hidden_layers", 12)),
-            heads=int(hf.get("num_attention_heads", 12)),
-            intermediate=int(hf.get("intermediate_size", 3072)),
-            activation=SUPPORTED_HIDDEN_ACT[act],
-            norm="layernorm",
-            norm_position="post",
-            norm_eps=float(hf.get("layer_norm_eps", 1e-12)),
-            bias=True,
-            position="learned",
-            max_position=int(hf.get("max_position_embeddings", 512)),
-            type_vocab_size=int(hf.get("type_vocab_size", 2)),
-            embedding_norm=True,
-            final_norm=False,
-            tie_embeddings=bool(hf.get("tie_word_embeddings", True)),
-            head_transform=True,
-            dropout=float(hf.get("hidden_dropout_prob", 0.1)),
-            attention_dropout=float(hf.get("attention_probs_dropout_prob", 0.1)),
-            init_std=float(hf.get("initializer_range", 0.02)),
-            pad_token_id=int(hf.get("pad_token_id") or 0),
-        )
+        cfg = ModelConfig(**family.config_in(hf, file), hf_model_type=str(model_type))
     except (TypeError, ValueError) as exc:
         raise CramkitError(f"{file}: a size field has a bad value ({exc})") from None
     try:
@@ -233,51 +168,17 @@ def read_weights(file: Path) -> dict[str, torch.Tensor]:
         ) from None
 
 
-def _strip(name: str) -> str:
-    name = name.replace("LayerNorm.gamma", "LayerNorm.weight").replace("LayerNorm.beta", "LayerNorm.bias")
-    return name[len("bert.") :] if name.startswith("bert.") else name
-
-
 def load_hf_encoder_state(path: str | Path, cfg: ModelConfig) -> dict[str, torch.Tensor]:
-    """HF BERT weights under our names: Encoder keys (``layers.0.attn.qkv.weight``), plus ``head.*``
-    (MLM head), ``pooler.*`` and ``classifier.*`` when the checkpoint has them."""
+    """A Hugging Face checkpoint's weights under our names: Encoder keys (``layers.0.attn.qkv.weight``), plus
+    ``head.*`` (MLM head), ``pooler.*`` and ``classifier.*`` when the checkpoint has them."""
     root = Path(path)
+    family = family_of(cfg.hf_model_type, root / "config.json")
     raw: dict[str, torch.Tensor] = {}
     for file in _weight_files(root):
-        raw.update({_strip(k): v for k, v in read_weights(file).items()})
-    out: dict[str, torch.Tensor] = {}
-    unknown = []
-    qkv: dict[tuple[int, str], dict[str, torch.Tensor]] = {}
-    for name, tensor in raw.items():
-        if name in _EMBEDDING_NAMES:
-            out[_EMBEDDING_NAMES[name]] = tensor
-        elif name in _HEAD_NAMES:
-            out[_HEAD_NAMES[name]] = tensor
-        elif m := re.fullmatch(r"encoder\.layer\.(\d+)\.(.+)\.(weight|bias)", name):
-            i, sub, kind = int(m[1]), m[2], m[3]
-            if sub in ("attention.self.query", "attention.self.key", "attention.self.value"):
-                qkv.setdefault((i, kind), {})[sub.rsplit(".", 1)[1]] = tensor
-            elif sub in _LAYER_NAMES:
-                out[f"layers.{i}.{_LAYER_NAMES[sub]}.{kind}"] = tensor
-            else:
-                unknown.append(name)
-        elif not _IGNORED.fullmatch(name):
-            unknown.append(name)
-    if "head.decoder.bias" not in out and "cls.predictions.decoder.bias" in raw:
-        out["head.decoder.bias"] = raw["cls.predictions.decoder.bias"]
-    for (i, kind), parts in sorted(qkv.items()):
-        if set(parts) != {"query", "key", "value"}:
-            raise CramkitError(
-                f"{root}: layer {i} lacks attention {kind}s for {sorted({'query', 'key', 'value'} - set(parts))}"
-            )
-        out[f"layers.{i}.attn.qkv.{kind}"] = torch.cat([parts["query"], parts["key"], parts["value"]], dim=0)
+        raw.update(read_weights(file))
+    out = family.rename(raw, root)
     if cfg.tie_embeddings:
         out.pop("head.decoder.weight", None)  # the word embeddings themselves
-    if unknown:
-        raise CramkitError(
-            f"{root}: weights cramkit cannot place: {', '.join(sorted(unknown)[:5])}"
-            f"{' ...' if len(unknown) > 5 else ''}; this is not a plain BERT checkpoint"
-        )
     # every encoder parameter present, with the shape our config expects
     with torch.device("meta"):
         expected = Encoder(cfg).state_dict()
@@ -374,78 +275,42 @@ def _t(x: torch.Tensor) -> torch.Tensor:
     return x.detach().to("cpu").contiguous().clone()
 
 
-def _bert_weights(
-    enc: Encoder, head: nn.Module | None, clf: SequenceClassifier | None, cfg: ModelConfig, prefix: str
-) -> dict[str, torch.Tensor]:
-    sd = enc.state_dict()
-    inv = {v: k for k, v in _EMBEDDING_NAMES.items()}
-    out = {prefix + inv[k]: _t(v) for k, v in sd.items() if k in inv}
-    if not cfg.type_vocab_size:  # BERT always adds a token-type row: add one of zeros
-        out[prefix + "embeddings.token_type_embeddings.weight"] = torch.zeros(
-            1, cfg.hidden, dtype=sd["embeddings.word.weight"].dtype
-        )
-    h = cfg.hidden
-    for i in range(cfg.layers):
-        src, dst = f"layers.{i}.", f"{prefix}encoder.layer.{i}."
-        for kind in ("weight", "bias"):
-            q, k, v = sd[f"{src}attn.qkv.{kind}"].split(h, dim=0)
-            for part, t in (("query", q), ("key", k), ("value", v)):
-                out[f"{dst}attention.self.{part}.{kind}"] = _t(t)
-            for theirs, ours in _LAYER_NAMES.items():
-                out[f"{dst}{theirs}.{kind}"] = _t(sd[f"{src}{ours}.{kind}"])
-    if head is not None:
-        hs = head.state_dict()
-        for theirs, ours in _HEAD_NAMES.items():
-            if ours.startswith("head.") and ours[5:] in hs:
-                if ours == "head.decoder.weight" and cfg.tie_embeddings:
-                    continue  # tied to the word embeddings, as HF writes it
-                out[theirs] = _t(hs[ours[5:]])
-    if clf is not None:
-        assert clf.pooler is not None  # export_hf writes a classifier as BERT's only with a dense pooler
-        out[prefix + "pooler.dense.weight"] = _t(clf.pooler.weight)
-        out[prefix + "pooler.dense.bias"] = _t(clf.pooler.bias)
-        out["classifier.weight"], out["classifier.bias"] = _t(clf.classifier.weight), _t(clf.classifier.bias)
-    return out
-
-
-def _bert_config(
-    cfg: ModelConfig,
-    arch: str,
-    dtype: torch.dtype,
-    num_labels: int | None,
-    labels: list[str] | None = None,
-    multilabel: bool = False,
-) -> dict[str, Any]:
+def _labels_config(num_labels: int | None, labels: list[str] | None = None, multilabel: bool = False) -> dict[str, Any]:
+    """config.json's id2label, label2id and problem_type of a classifier with ``num_labels`` outputs."""
+    if num_labels is None:
+        return {}
+    names = labels if labels is not None and len(labels) == num_labels else None
+    names = names or [f"LABEL_{i}" for i in range(num_labels)]
     config: dict[str, Any] = {
-        "architectures": [arch],
-        "model_type": "bert",
-        "vocab_size": cfg.vocab_size,
-        "hidden_size": cfg.hidden,
-        "num_hidden_layers": cfg.layers,
-        "num_attention_heads": cfg.heads,
-        "intermediate_size": cfg.intermediate,
-        "hidden_act": cfg.activation,
-        "hidden_dropout_prob": cfg.dropout,
-        "attention_probs_dropout_prob": cfg.attention_dropout,
-        "max_position_embeddings": cfg.max_position,
-        "type_vocab_size": max(cfg.type_vocab_size, 1),
-        "initializer_range": cfg.init_std,
-        "layer_norm_eps": cfg.norm_eps,
-        "pad_token_id": cfg.pad_token_id,
-        "position_embedding_type": "absolute",
-        "tie_word_embeddings": cfg.tie_embeddings,
-        "torch_dtype": str(dtype).removeprefix("torch."),
+        "id2label": {str(i): n for i, n in enumerate(names)},
+        "label2id": {n: i for i, n in enumerate(names)},
     }
-    if num_labels is not None:
-        names = labels if labels is not None and len(labels) == num_labels else None
-        names = names or [f"LABEL_{i}" for i in range(num_labels)]
-        config["id2label"] = {str(i): n for i, n in enumerate(names)}
-        config["label2id"] = {n: i for i, n in enumerate(names)}
-        if num_labels == 1:
-            config["problem_type"] = "regression"
-        elif multilabel:
-            config["problem_type"] = "multi_label_classification"
+    if num_labels == 1:
+        config["problem_type"] = "regression"
+    elif multilabel:
+        config["problem_type"] = "multi_label_classification"
     return config
+
+
+def export_family(cfg: ModelConfig) -> tuple[Family, str] | tuple[None, list[str]]:
+    """The family and model_type an export writes ``cfg`` under (its own where it was imported, else BERT), or
+    None and why it cannot: what a config.json of that type would not carry back unchanged."""
+    model_type = cfg.hf_model_type or "bert"
+    family = family_of(model_type, Path("config.json"))
+    problems = bert_incompatibilities(cfg) if model_type == "bert" and not cfg.hf_model_type else []
+    if not problems:
+        try:
+            back = ModelConfig(**family.config_in(family.config_out(cfg), Path("config.json")))
+        except (CramkitError, TypeError, ValueError) as exc:
+            return None, [str(exc)]
+        if back.type_vocab_size == 1 and cfg.type_vocab_size == 0:
+            back = back.replace(type_vocab_size=0)  # a row of zeros is written for a model with no token types
+        problems = [
+            f"{f}={getattr(cfg, f)}"
+            for f in (*_ARCHITECTURE_FIELDS, "type_vocab_size")
+            if getattr(back, f) != getattr(cfg, f)
+        ]
+    return (family, model_type) if not problems else (None, problems)
 
 
 def _cramkit_config(cfg: ModelConfig, arch: str, dtype: torch.dtype) -> dict[str, Any]:
@@ -467,6 +332,12 @@ def _cramkit_config(cfg: ModelConfig, arch: str, dtype: torch.dtype) -> dict[str
 
 
 def _write_tokenizer(tokenizer_dir: Path, out: Path, cfg: ModelConfig) -> None:
+    """The tokenizer files beside an export: tokenizer_config.json names a class transformers has (BERT's, or for
+    another tokenizer the generic one reading tokenizer.json) and the special tokens the tokenizer holds, so that
+    AutoTokenizer (given trust_remote_code=True for a remote-code export, whose config.json needs it) loads it
+    without remote code."""
+    from cramkit.text.tokenizer import SPECIAL_ROLES, SPECIAL_TOKENS
+
     tokenizer_dir = Path(tokenizer_dir)
     if not tokenizer_dir.is_dir():
         raise CramkitError(f"tokenizer directory {tokenizer_dir} does not exist")
@@ -475,9 +346,6 @@ def _write_tokenizer(tokenizer_dir: Path, out: Path, cfg: ModelConfig) -> None:
         raise CramkitError(f"{tokenizer_dir}: no tokenizer.json or vocab.txt to export")
     for f in copied:
         shutil.copyfile(folder_file(tokenizer_dir, f), out / f)
-    # tokenizer_config.json names the plain BERT class, so that BertTokenizerFast.from_pretrained(DIR) and
-    # AutoTokenizer (given trust_remote_code=True for a remote-code export, whose config.json needs it)
-    # load the tokenizer as BERT's own, never through remote code
     tok_cfg: dict[str, Any] = {}
     if "tokenizer_config.json" in copied:
         try:
@@ -497,17 +365,15 @@ def _write_tokenizer(tokenizer_dir: Path, out: Path, cfg: ModelConfig) -> None:
         vocab = set((tokenizer_dir / "vocab.txt").read_text(encoding="utf-8").split("\n"))
         klass = "BertTokenizer"
     specials = {
-        key: token
-        for key, token in (
-            ("unk_token", "[UNK]"),
-            ("sep_token", "[SEP]"),
-            ("pad_token", "[PAD]"),
-            ("cls_token", "[CLS]"),
-            ("mask_token", "[MASK]"),
-        )
-        if token in vocab
+        f"{role}_token": next(t for t in names if t in vocab)
+        for role, names in SPECIAL_ROLES.items()
+        if any(t in vocab for t in names)
     }
-    tok_cfg = {**tok_cfg, "tokenizer_class": klass, "model_max_length": cfg.max_position, **specials}
+    if not all(t in SPECIAL_TOKENS for t in specials.values()) and klass == "BertTokenizerFast":
+        # RoBERTa's <s> </s> <mask> (BPE, SentencePiece, MPNet's): transformers' generic class reads tokenizer.json
+        klass = "PreTrainedTokenizerFast"
+        specials |= {"bos_token": specials.get("cls_token", "<s>"), "eos_token": specials.get("sep_token", "</s>")}
+    tok_cfg = {**tok_cfg, "tokenizer_class": klass, "model_max_length": cfg.positions, **specials}
     (out / "tokenizer_config.json").write_text(json.dumps(tok_cfg, indent=2) + "\n", encoding="utf-8")
 
 
@@ -581,9 +447,12 @@ def export_hf(
     enc, head, clf = _parts(model_or_encoder)
     if not mlm_head:
         head = None
-    problems = _not_bert_because(cfg, head, clf)
-    fmt = "cramkit" if problems else "bert"
-    arch, weights, config = (_as_cramkit if problems else _as_bert)(enc, head, clf, cfg, labels)
+    family, model_type, problems = _not_own_type_because(cfg, head, clf)
+    fmt = model_type if family is not None else "cramkit"
+    if family is not None:
+        arch, weights, config = _as_family(family, model_type, enc, head, clf, cfg, labels)
+    else:
+        arch, weights, config = _as_cramkit(enc, head, clf, cfg, labels)
 
     with _replaced_atomically(out) as tmp:
         save_file(weights, str(tmp / "model.safetensors"), metadata={"format": "pt"})
@@ -604,44 +473,79 @@ def export_hf(
     return out
 
 
-def _not_bert_because(cfg: ModelConfig, head: nn.Module | None, clf: SequenceClassifier | None) -> list[str]:
-    """What keeps the model from transformers' own BERT classes (none: a plain BERT export); a CramkitError for a
-    multiple-choice model that is not BERT-shaped (the cramkit format has no multiple-choice class)."""
-    problems = bert_incompatibilities(cfg)
-    if head is None and "head_transform=false" in problems:
-        problems.remove("head_transform=false")
-    if isinstance(clf, MultipleChoice) and (problems or clf.head_cfg.pooling != "first" or clf.pooler is None):
+def _not_own_type_because(
+    cfg: ModelConfig, head: nn.Module | None, clf: SequenceClassifier | None
+) -> tuple[Family | None, str, list[str]]:
+    """The family and model_type the model is written under (its own, or BERT), or None and what keeps it from
+    them (the cramkit format then carries it); a CramkitError where nothing can: a multiple-choice model of
+    another shape, or a model whose architecture the cramkit format does not hold."""
+    if head is None:
+        cfg = cfg.replace(head_transform=True)  # no MLM head written: its shape does not matter
+    family, found = export_family(cfg)
+    problems = [] if family is not None else cast("list[str]", found)
+    model_type = cast(str, found) if family is not None else ""
+    if family is not None and clf is not None:
+        activation = clf.head_cfg.pooler_activation
+        if clf.head_cfg.pooling != "first" or clf.pooler is None or activation != family.pooler_activation:
+            problems = [
+                f"classifier pooling={clf.head_cfg.pooling} pooler={clf.pooler is not None} activation={activation}"
+            ]
+    if isinstance(clf, MultipleChoice) and (problems or clf.head_cfg.pooler_activation != "tanh"):
         raise CramkitError(
-            "export_hf: this multiple-choice model has no BertForMultipleChoice equivalent "
-            f"({', '.join(problems) or f'pooling {clf.head_cfg.pooling}, pooler {clf.pooler is not None}'}); "
-            "export it with --format onnx"
+            "export_hf: this multiple-choice model has no transformers equivalent "
+            f"({', '.join(problems) or 'its pooler activation'}); export it with --format onnx"
         )
-    if clf is not None and (clf.head_cfg.pooling != "first" or clf.pooler is None):
-        # not BertForSequenceClassification's head: the self-contained cramkit format carries it
-        problems = [*problems, f"classifier pooling={clf.head_cfg.pooling} pooler={clf.pooler is not None}"]
-    return problems
+    if problems and (cfg.position_offset or cfg.embedding_size or cfg.relative_buckets):
+        raise CramkitError(
+            f"export_hf: this {cfg.hf_model_type or 'cramkit'} model cannot be written under its own model_type "
+            f"({', '.join(problems)}), and the cramkit format does not hold its position offset, embedding "
+            "projection or relative position bias; export it with --format onnx"
+        )
+    return (None if problems else family), model_type, problems
 
 
-def _as_bert(
-    enc: Encoder, head: nn.Module | None, clf: SequenceClassifier | None, cfg: ModelConfig, labels: list[str] | None
+def _as_family(
+    family: Family,
+    model_type: str,
+    enc: Encoder,
+    head: nn.Module | None,
+    clf: SequenceClassifier | None,
+    cfg: ModelConfig,
+    labels: list[str] | None,
 ) -> tuple[str, dict[str, torch.Tensor], dict[str, Any]]:
-    """The architecture, weights and config.json of a plain BERT export."""
+    """The architecture, weights and config.json of an export under the family's own model_type (BERT,
+    RoBERTa, ...): what transformers, sentence-transformers and TEI load with no custom code."""
     dtype = enc.embeddings.word.weight.dtype
-    multiple_choice = isinstance(clf, MultipleChoice)
-    arch = (
-        "BertForMultipleChoice"
-        if multiple_choice
-        else "BertForSequenceClassification"
+    kind = (
+        "multiple_choice"
+        if isinstance(clf, MultipleChoice)
+        else "classifier"
         if clf is not None
-        else "BertForMaskedLM"
+        else "mlm"
         if head is not None
-        else "BertModel"
+        else "encoder"
     )
-    prefix = "" if arch == "BertModel" else "bert."
-    weights = _bert_weights(enc, head, clf, cfg, prefix)
-    num_labels = clf.num_labels if clf is not None and not multiple_choice else None
-    config = _bert_config(cfg, arch, dtype, num_labels, labels, bool(getattr(clf, "multilabel", False)))
-    return arch, weights, config
+    ours = {k: _t(v) for k, v in enc.state_dict().items()}
+    if not cfg.type_vocab_size and model_type != "mpnet" and model_type != "distilbert":
+        ours["embeddings.token_type.weight"] = torch.zeros(1, cfg.embedding_width, dtype=dtype)
+    if head is not None and clf is None:
+        ours |= {f"head.{k}": _t(v) for k, v in head.state_dict().items()}
+        if cfg.tie_embeddings:
+            ours.pop("head.decoder.weight", None)  # tied to the word embeddings, as transformers writes it
+    if clf is not None:
+        ours |= {f"classifier.{k}": _t(v) for k, v in clf.classifier.state_dict().items()}
+        assert clf.pooler is not None  # _not_own_type_because sent a classifier without one to the cramkit format
+        ours |= {f"pooler.{k}": _t(v) for k, v in clf.pooler.state_dict().items()}
+    arch = family.class_name(model_type, kind)
+    num_labels = clf.num_labels if clf is not None and kind == "classifier" else None
+    config = {
+        "architectures": [arch],
+        "model_type": model_type,
+        **family.config_out(cfg),
+        **_labels_config(num_labels, labels, bool(getattr(clf, "multilabel", False))),
+        "torch_dtype": str(dtype).removeprefix("torch."),
+    }
+    return arch, family.weights(ours, cfg, kind), config
 
 
 def _as_cramkit(
@@ -664,7 +568,7 @@ def _as_cramkit(
             weights.pop("head.decoder.weight", None)
     config = _cramkit_config(cfg, arch, dtype)
     if clf is not None:
-        labels_cfg = _bert_config(cfg, arch, dtype, clf.num_labels, labels, bool(getattr(clf, "multilabel", False)))
+        labels_cfg = _labels_config(clf.num_labels, labels, bool(getattr(clf, "multilabel", False)))
         for key in ("id2label", "label2id", "problem_type"):
             if key in labels_cfg:
                 config[key] = labels_cfg[key]

@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from cramkit.text.tokenizer import special_id
+
 if TYPE_CHECKING:
     import torch
     from torch import nn
@@ -76,7 +78,7 @@ class LoadedModel:
 
     @property
     def pad_id(self) -> int:
-        pad = self.tokenizer.token_to_id("[PAD]")
+        pad = special_id(self.tokenizer, "pad")
         return int(pad) if pad is not None else int(getattr(self.config, "pad_token_id", 0) or 0)
 
     @property

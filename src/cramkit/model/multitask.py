@@ -35,7 +35,11 @@ class TaskHead(nn.Module):
         self.classifier = nn.Linear(cfg.hidden, num_labels)
 
     def forward(self, hidden: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.Tensor:
-        return self.classifier(self.dropout(pool_hidden(hidden, attention_mask, self.head_cfg.pooling, self.pooler)))
+        return self.classifier(
+            self.dropout(
+                pool_hidden(hidden, attention_mask, self.head_cfg.pooling, self.pooler, self.head_cfg.pooler_activation)
+            )
+        )
 
 
 class MultiTaskModel(nn.Module):

@@ -113,7 +113,7 @@ class PrefixClassifier(nn.Module):
 
     def pool(self, hidden: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.Tensor:
         """One vector per sequence for the head (the pooling, then BERT's pooler when there is one)."""
-        return pool_hidden(hidden, attention_mask, self.head_cfg.pooling, self.pooler)
+        return pool_hidden(hidden, attention_mask, self.head_cfg.pooling, self.pooler, self.head_cfg.pooler_activation)
 
     def own_state(self) -> dict[str, torch.Tensor]:
         """What a task stores: the prefixes and the head (no encoder weight)."""

@@ -124,8 +124,12 @@ def build_model(
         model.load_state_dict({k: v for k, v in state.items() if k.startswith(("encoder.", "head."))}, strict=True)
         return model
     pool = resolve_pooling(cfg, loaded)  # pooling=auto: the model's own
+    source_head = getattr(loaded.model, "head_cfg", None)  # a classifier's pooler keeps its activation
     head = ClassifierConfig(
-        pooling=cast(Literal["first", "mean"], pool.pooling), pooler_dense=pool.pooler_dense, dropout=cfg.dropout
+        pooling=cast(Literal["first", "mean"], pool.pooling),
+        pooler_dense=pool.pooler_dense,
+        dropout=cfg.dropout,
+        pooler_activation=getattr(source_head, "pooler_activation", "tanh"),
     )
     if cfg.method == "ptuning":
         model = PrefixClassifier(model_cfg, num_labels, head, cfg.prefix_len)

@@ -11,13 +11,15 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+from cramkit.text.tokenizer import special_id
+
 UNK_WARN_RATE = 0.05  # above this share of [UNK] pieces the text is in a language the vocabulary lacks
 SAMPLE = 2000  # texts looked at (spread over the whole list)
 
 
 def unk_rate(tokenizer: Any, texts: Sequence[str]) -> tuple[float, int]:
     """(share of ``[UNK]`` among the word pieces, number of pieces) of up to SAMPLE of ``texts``."""
-    unk = tokenizer.token_to_id("[UNK]")
+    unk = special_id(tokenizer, "unk")
     if unk is None or not texts:
         return 0.0, 0
     step = max(1, len(texts) // SAMPLE)

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from cramkit.errors import CramkitError
+from cramkit.text.tokenizer import special_id
 
 if TYPE_CHECKING:
     import tokenizers
@@ -103,7 +104,7 @@ def extend_vocabulary(
     """A copy of ``tok`` with the ``n`` most frequent split words of ``counts`` added as whole tokens."""
     from tokenizers import Tokenizer
 
-    unk = tok.token_to_id("[UNK]")
+    unk = special_id(tok, "unk")
     vocab = tok.get_vocab(with_added_tokens=True)
     words: list[str] = []
     pieces: list[list[int]] = []

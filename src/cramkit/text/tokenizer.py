@@ -32,6 +32,15 @@ if TYPE_CHECKING:
     import tokenizers
 
 SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
+# each special token's role and its spellings: BERT's (WordPiece: BERT, DistilBERT, ELECTRA, ModernBERT, DeBERTa)
+# first, then RoBERTa's (BPE and SentencePiece: RoBERTa, XLM-R, CamemBERT; MPNet mixes both)
+SPECIAL_ROLES = {
+    "pad": ("[PAD]", "<pad>"),
+    "unk": ("[UNK]", "<unk>"),
+    "cls": ("[CLS]", "<s>"),
+    "sep": ("[SEP]", "</s>"),
+    "mask": ("[MASK]", "<mask>"),
+}
 LANGS = ("generic", "zh")
 MAX_VOCAB_SIZE = 1 << 20  # HF's trainer aborts the process on absurd sizes; no encoder needs more
 
@@ -220,15 +229,14 @@ def save_tokenizer(tok: tokenizers.Tokenizer, out_dir: str | os.PathLike) -> Pat
 
         tok = Tokenizer.from_str(tok.to_str())
         _bert_template(tok)
-    specials = {
-        "unk_token": "[UNK]",
-        "sep_token": "[SEP]",
-        "pad_token": "[PAD]",
-        "cls_token": "[CLS]",
-        "mask_token": "[MASK]",
-    }
+    specials = {f"{role}_token": special_token(tok, role) for role in ("unk", "sep", "pad", "cls", "mask")}
+    specials = {k: v for k, v in specials.items() if v is not None}
+    bert = all(token in SPECIAL_TOKENS for token in specials.values())
+    if not bert:  # RoBERTa's names: its bos/eos are its cls/sep
+        specials |= {"bos_token": specials.get("cls_token", "<s>"), "eos_token": specials.get("sep_token", "</s>")}
     config = {
-        "tokenizer_class": "BertTokenizer",
+        # BERT's WordPiece, or any other tokenizer.json (BPE, Unigram) read by transformers' generic class
+        "tokenizer_class": "BertTokenizer" if bert else "PreTrainedTokenizerFast",
         "do_lower_case": lowercase,
         "strip_accents": strip if strip is not None else None,
         "tokenize_chinese_chars": bool(norm.get("handle_chinese_chars", True)),
@@ -366,14 +374,31 @@ def tokenizer_hash(tok: tokenizers.Tokenizer) -> str:
     return hashlib.sha256(json.dumps(key, sort_keys=True, ensure_ascii=True).encode()).hexdigest()[:32]
 
 
+def special_token(tok: tokenizers.Tokenizer, role: str) -> str | None:
+    """The tokenizer's spelling of a special token's ``role`` (pad, unk, cls, sep, mask): BERT's ``[MASK]`` or
+    RoBERTa's ``<mask>``; where it has both, the one it declares special (MPNet's vocabulary is BERT's, whose
+    ``[CLS]`` is a plain word there, plus its special ``<s>``); None without either."""
+    present = [t for t in SPECIAL_ROLES[role] if tok.token_to_id(t) is not None]
+    if len(present) > 1:
+        declared = {t.content for t in tok.get_added_tokens_decoder().values() if t.special}
+        present = [t for t in present if t in declared] or present
+    return present[0] if present else None
+
+
+def special_id(tok: tokenizers.Tokenizer, role: str) -> int | None:
+    """The id of the special token of ``role`` (see :func:`special_token`), None without one."""
+    token = special_token(tok, role)
+    return None if token is None else tok.token_to_id(token)
+
+
 def special_ids(tok: tokenizers.Tokenizer) -> SpecialIds:
-    """Ids of [PAD] [UNK] [CLS] [SEP] [MASK]; CramkitError naming the missing ones."""
-    ids = {t: tok.token_to_id(t) for t in SPECIAL_TOKENS}
-    missing = [t for t, i in ids.items() if i is None]
+    """Ids of the pad, unk, cls, sep and mask tokens ([PAD] ... or <pad> ...); CramkitError naming the missing ones."""
+    ids = {role: special_id(tok, role) for role in SPECIAL_ROLES}
+    missing = [" or ".join(SPECIAL_ROLES[r]) for r, i in ids.items() if i is None]
     if missing:
         raise CramkitError(
-            f"the tokenizer lacks the special token(s) {' '.join(missing)}; use a BERT-style WordPiece "
+            f"the tokenizer lacks the special token(s) {', '.join(missing)}; use a BERT- or RoBERTa-style "
             "tokenizer (train one with `cramkit tokenizer train`)"
         )
     found = cast("dict[str, int]", ids)  # none missing
-    return SpecialIds(found["[PAD]"], found["[UNK]"], found["[CLS]"], found["[SEP]"], found["[MASK]"])
+    return SpecialIds(found["pad"], found["unk"], found["cls"], found["sep"], found["mask"])

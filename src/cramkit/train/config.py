@@ -15,7 +15,7 @@ from cramkit import runtime
 from cramkit.config import from_dict, load_preset, merge, parse_overrides, to_dict
 from cramkit.data.mlm import DataConfig
 from cramkit.errors import CramkitError
-from cramkit.model.encoder import ModelConfig, config_parameters
+from cramkit.model.config import ModelConfig, config_parameters
 from cramkit.runtime import Precision
 from cramkit.text import MIN_FREQUENCY, VOCAB_SIZE
 from cramkit.text.tokenizer import LANGS, MAX_VOCAB_SIZE

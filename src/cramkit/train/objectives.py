@@ -15,7 +15,7 @@ from typing import Any, Protocol
 
 import torch
 
-from cramkit.model.encoder import flops_per_token
+from cramkit.model.config import flops_per_token
 from cramkit.model.heads import IGNORE, MaskedLM
 from cramkit.model.moe import moe_losses
 from cramkit.runtime import autocast

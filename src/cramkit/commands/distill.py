@@ -46,7 +46,13 @@ def register(sub: argparse._SubParsersAction) -> None:
         metavar="MODEL",
         help="a fine-tuned model directory (cramkit finetune --out) or hf:DIR with a classification head",
     )
-    p.add_argument("--student", required=True, metavar="NAME", help="bilstm or encoder")
+    p.add_argument(
+        "--student",
+        required=True,
+        metavar="NAME",
+        help="bilstm, encoder (the teacher's layers), or a pretrained small model to start from (hf:DIR, e.g. "
+        "all-MiniLM-L6-v2, or a model directory: all of its layers)",
+    )
     p.add_argument("--out", required=True, help="output directory: the student model, report.json, report.md")
     p.add_argument("--task", help="registered task name, e.g. glue/sst2")
     p.add_argument("--data-dir", help="GLUE root folder; default $CRAMKIT_GLUE_DIR")

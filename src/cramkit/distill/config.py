@@ -44,7 +44,7 @@ class DistillConfig(ExampleSettings):
     fc_hidden: int = 200
     init_embeddings: bool = True  # start the embedding from the teacher's token embeddings
     # encoder student
-    layers: int = 0  # 0: a third of the teacher's (at least 1)
+    layers: int = 0  # 0: a third of the teacher's (at least 1); from a pretrained model (init=MODEL), all of its
     hidden: int = 0  # 0: the teacher's (or the init run's)
     layer_map: list[int] = field(default_factory=list)  # teacher layers to copy (default evenly spaced)
     init: str = "teacher"  # teacher | random | a pretrained run / model directory / hf:DIR

@@ -176,6 +176,7 @@ def _build_encoder_student(teacher: LoadedModel, cfg: DistillConfig, n: int, com
                 f"hidden={cfg.hidden} but init={cfg.init} has width {src.config.hidden}; give a run of that width "
                 "or drop hidden"
             )
+        layers = cfg.layers or src.config.layers  # a pretrained small model: all of it unless layers says
         picked = _pick_layers(src.config.layers, layers, cfg.layer_map, f"init={cfg.init}")
         scfg = src.config.replace(
             layers=layers, dropout=cfg.dropout, attention_dropout=cfg.dropout, gradient_checkpointing=False

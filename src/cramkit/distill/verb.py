@@ -45,8 +45,7 @@ def distill(
     from cramkit.io import disk_errors
     from cramkit.tasks.resolve import resolve_task
 
-    check_student(student)
-    over = dict(settings)
+    student, over = student_and_settings(student, settings)
     if report_to is not None:
         from cramkit.train.report import report_to_setting
 
@@ -79,13 +78,34 @@ def distill(
         return _distill(teacher, the_task, student, cfg, out, cache=cache, unlabelled=texts, progress=progress)
 
 
+def student_and_settings(student: str, settings: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    """The student's kind and the settings it adds: ``--student hf:DIR`` (or a model directory) is a small
+    pretrained encoder, all of its layers (``encoder`` with ``init=DIR``); else a name in STUDENTS."""
+    check_student(student)
+    if is_model_student(student):
+        if settings.get("init") not in (None, student):
+            raise CramkitError(f"--student {student} and init={settings['init']}: give the model once, as --student")
+        return "encoder", {**settings, "init": student}
+    return student, dict(settings)
+
+
+def is_model_student(student: str) -> bool:
+    """``--student`` names a model (``hf:DIR``, a hub id, or a directory) rather than a kind of student."""
+    from cramkit.distill.students import STUDENTS
+
+    return student not in STUDENTS and (student.startswith("hf:") or os.path.isdir(student))
+
+
 def check_student(student: str) -> None:
     """An unknown student's name: one line with the names there are (and the closest)."""
     from cramkit.distill.students import STUDENTS
 
-    if student not in STUDENTS:
+    if student not in STUDENTS and not is_model_student(student):
         import difflib
 
         close = difflib.get_close_matches(student, STUDENTS, n=1)
         hint = f" (did you mean {close[0]}?)" if close else ""
-        raise CramkitError(f"--student {student!r}: unknown student{hint}; choose one of {', '.join(STUDENTS)}")
+        raise CramkitError(
+            f"--student {student!r}: unknown student{hint}; choose one of {', '.join(STUDENTS)}, or a pretrained "
+            "small model (hf:DIR or a model directory) to start from"
+        )

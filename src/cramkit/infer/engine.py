@@ -40,7 +40,7 @@ from cramkit.model.forward import CUDA_BATCH_TOKENS as CUDA_BATCH_TOKENS
 from cramkit.model.forward import MAX_BATCH_ROWS as MAX_BATCH_ROWS
 from cramkit.model.forward import default_batch_tokens as default_batch_tokens
 from cramkit.model.forward import fits as fits
-from cramkit.text.tokenizer import special_id
+from cramkit.text.tokenizer import special_id, special_token
 
 if TYPE_CHECKING:
     import torch
@@ -327,6 +327,9 @@ class Engine:
             else:
                 raise CramkitError(f"input {i} is a {type(x).__name__}; give a string or a pair of strings")
         limit = max_length or self.max_length
+        mask = special_token(self.tokenizer, "mask") if self.kind == "mlm" else None
+        if mask is not None and mask != "[MASK]":  # cramkit's spelling of the blank, for RoBERTa's <mask> too
+            a = [t.replace("[MASK]", mask) for t in a]
         if self.prompt is not None:
             from cramkit.data.prompts import encode_prompts
 
@@ -595,7 +598,8 @@ class Engine:
     def fill_mask(
         self, texts: Sequence[str], top_k: int = 5, *, truncate: bool = True
     ) -> list[list[list[dict[str, Any]]]]:
-        """For each text, for each [MASK] in it, the ``top_k`` tokens with their probabilities."""
+        """For each text, for each [MASK] in it (or the tokenizer's own spelling, RoBERTa's ``<mask>``), the ``top_k``
+        tokens with their probabilities."""
         self._need_mlm()
         return self.fill_mask_encoded(self.tokenize(list(texts), truncate=truncate), top_k)
 

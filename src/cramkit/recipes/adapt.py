@@ -402,13 +402,13 @@ def teacher_start(source: str) -> Start:
     return Start(source, cfg, {}, None, teacher.tokenizer, training_masking(teacher), teacher=teacher)
 
 
-def check_teacher_fits(begin: Start, cfg: RunConfig) -> None:
-    """The teacher must read the student's sequences."""
+def check_fits(begin: Start, cfg: RunConfig, flag: str) -> None:
+    """The model started from (``--from``) or learned from (``--inherit``) must read the run's sequences."""
     t = begin.config
-    if t.position != "rope" and cfg.data.seq_len > t.max_position:
+    if t.position != "rope" and cfg.data.seq_len > t.positions:
         raise CramkitError(
-            f"--inherit {begin.source}: data.seq_len={cfg.data.seq_len} is longer than the teacher reads "
-            f"(model.max_position={t.max_position}); set data.seq_len={t.max_position} or less"
+            f"{flag} {begin.source}: data.seq_len={cfg.data.seq_len} is longer than the model reads "
+            f"({t.positions} positions); set data.seq_len={t.positions} or less"
         )
 
 

@@ -462,14 +462,18 @@ def _start_config(
         base = load_preset(preset or "continue")
         base["model"] = adapt.config_dict(begin.config)
         base["data"] = {**(base.get("data") or {}), **begin.masking}
+        if begin.config.position != "rope":  # the preset's sequences, at most as long as the model reads
+            seq_len = int(base["data"].get("seq_len", 128))
+            base["data"]["seq_len"] = min(seq_len, begin.config.positions)
         cfg = resolve_config(base=base, overrides=overrides)
         adapt.check_architecture(begin, cfg.model, upcycle=upcycle)
+        adapt.check_fits(begin, cfg, "--from")
     else:
         begin = adapt.teacher_start(cast(str, inherit))  # (neither --from nor --inherit returned above)
         base = load_preset(preset or "tiny-cpu")
         base["data"] = {**(base.get("data") or {}), "add_cls": begin.masking.get("add_cls", False)}
         cfg = resolve_config(base=base, overrides=overrides)
-        adapt.check_teacher_fits(begin, cfg)
+        adapt.check_fits(begin, cfg, "--inherit")
     return cfg, begin
 
 

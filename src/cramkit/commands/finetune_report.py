@@ -64,6 +64,14 @@ def report_fewshot(args: argparse.Namespace, res: dict) -> None:
         f"{name}: {scored} {res['main_metric']} {few['mean']:.2f}{plus_minus(few)} over {what}; results in "
         f"{out / 'results.json'}" + (f", test.json predictions in {out / 'submission'}" if k is None else "")
     )
+    base = few.get("frozen_baseline")
+    if base is not None:
+        lead = few["mean"] - base["mean"]
+        print(
+            f"{name}: {base['what']}: {res['main_metric']} {base['mean']:.2f}{plus_minus({**base, 'splits': keys})} "
+            f"({lead:+.2f} for {res['method']})"
+            + ("; the recipe trails it: try --method setfit or --method auto" if lead < 0 else "")
+        )
 
 
 def report_mixture(res: dict, out: Path) -> None:

@@ -226,6 +226,7 @@ def _export_hf(loaded: LoadedModel, out: Path, mlm_head: bool, force: bool) -> E
             prompt=prompt.meta() if prompt is not None else None,
             sentence_transformers=_sentence_transformers(loaded),
             kin=export_markers(),
+            pooler_state=loaded.pooler_state,
         )
     fmt = read_json(done / "cramkit_export.json", "export the model again")
     arch = fmt["architecture"]

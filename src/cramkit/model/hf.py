@@ -356,19 +356,12 @@ def _write_tokenizer(tokenizer_dir: Path, out: Path, cfg: ModelConfig) -> None:
             tok_cfg = {}
     for key in ("auto_map", "tokenizer_file"):  # never remote code; tokenizer.json sits beside it
         tok_cfg.pop(key, None)
-    vocab: set[str] = set()
-    if (tokenizer_dir / "tokenizer.json").exists():
-        tok = read_json(out / "tokenizer.json", "re-save the tokenizer")
-        vocab = set((tok.get("model") or {}).get("vocab") or {}) | {t["content"] for t in tok.get("added_tokens", [])}
-        klass = "BertTokenizerFast"  # plain BERT: loads without remote code
-    else:
-        vocab = set((tokenizer_dir / "vocab.txt").read_text(encoding="utf-8").split("\n"))
-        klass = "BertTokenizer"
-    specials = {
-        f"{role}_token": next(t for t in names if t in vocab)
-        for role, names in SPECIAL_ROLES.items()
-        if any(t in vocab for t in names)
-    }
+    from cramkit.text.tokenizer import load_tokenizer, special_token
+
+    tok = load_tokenizer(out)  # tokenizer.json (else vocab.txt): the special tokens it declares
+    klass = "BertTokenizerFast" if (tokenizer_dir / "tokenizer.json").exists() else "BertTokenizer"
+    specials = {f"{role}_token": special_token(tok, role) for role in SPECIAL_ROLES}
+    specials = {k: v for k, v in specials.items() if v is not None}
     if not all(t in SPECIAL_TOKENS for t in specials.values()) and klass == "BertTokenizerFast":
         # RoBERTa's <s> </s> <mask> (BPE, SentencePiece, MPNet's): transformers' generic class reads tokenizer.json
         klass = "PreTrainedTokenizerFast"
@@ -425,6 +418,7 @@ def export_hf(
     prompt: dict[str, Any] | None = None,
     sentence_transformers: dict[str, Any] | None = None,
     kin: tuple[str, ...] = (),
+    pooler_state: dict[str, torch.Tensor] | None = None,
 ) -> Path:
     """Write a Hugging Face model directory (config.json, model.safetensors, tokenizer files).
 
@@ -436,6 +430,8 @@ def export_hf(
     sentence_transformers: an embedding model's pooling ("mean" | "cls"), normalize, max_length (and
     matryoshka): the folder is also a sentence-transformers model (modules.json, 1_Pooling, 2_Normalize).
     kin: the manifest files of every export format (an earlier export of any of them may be replaced).
+    pooler_state: the base model's pooler (``weight``, ``bias``) an imported checkpoint brought and an encoder keeps
+    beside it (``LoadedModel.pooler_state``): written back where the family's base model has one.
     """
     from safetensors.torch import save_file
 
@@ -451,6 +447,8 @@ def export_hf(
     fmt = model_type if family is not None else "cramkit"
     if family is not None:
         arch, weights, config = _as_family(family, model_type, enc, head, clf, cfg, labels)
+        if arch.endswith("Model") and pooler_state is not None and "pooler.dense.weight" in family.names:
+            weights |= {f"pooler.dense.{k}": _t(v) for k, v in pooler_state.items()}
     else:
         arch, weights, config = _as_cramkit(enc, head, clf, cfg, labels)
 

@@ -293,6 +293,7 @@ def finetune_fewshot(
     import dataclasses
 
     from cramkit.config import to_dict
+    from cramkit.recipes.frozen_baseline import frozen_baseline
     from cramkit.tasks.clue import fewshot_task
     from cramkit.tasks.fewshot import few_shot_task
 
@@ -330,6 +331,7 @@ def finetune_fewshot(
         for split, path in res.get("test_predictions", {}).get("files", {}).items():
             files[f"{key}:{split}"] = path
     scores = [per_split[key]["score"] for key in splits]
+    baseline = frozen_baseline(loaded, views, cfg.device, cfg.precision)
     first = views[0][1]
     median = {
         s: {
@@ -353,6 +355,7 @@ def finetune_fewshot(
             "per_split": per_split,
             "mean": statistics.fmean(scores),
             "std": statistics.stdev(scores) if len(scores) > 1 else 0.0,
+            **({"frozen_baseline": baseline} if baseline is not None else {}),
         },
         "train_examples": {key: per_split[key]["train_examples"] for key in splits},
         "trainable_parameters": per_split[splits[0]]["trainable_parameters"],

@@ -410,6 +410,10 @@ class Ct2Backend(Backend):
         cfg = loaded.encoder.cfg
         if cfg.relative_buckets:
             return ["CTranslate2's encoder has no relative position bias (MPNet)"]
+        if cfg.local_window:
+            return ["CTranslate2's encoder has no local attention layers (ModernBERT)"]
+        if not cfg.first_attention_norm:
+            return ["CTranslate2's encoder normalises every block's input (ModernBERT's first block has no norm)"]
         if cfg.embedding_width != cfg.hidden:
             return ["CTranslate2's encoder has no projection after embeddings narrower than its layers (ELECTRA)"]
         if loaded.kind in HEAD_KINDS:

@@ -30,6 +30,8 @@ def attention_plan(loaded: LoadedModel) -> str | None:
         return f"a {loaded.architecture} model: exported as its own graph"
     if loaded.encoder.relative is not None:
         return "MPNet's relative position bias is added to the attention scores, which the fused operator does not take"
+    if loaded.encoder.cfg.local_window:
+        return "the local attention layers' band over the keys is a mask the fused operator does not take"
     return None
 
 
@@ -188,11 +190,13 @@ def _export_module(loaded: LoadedModel, fused: bool) -> tuple[Any, list[str]]:
             x = enc.embeddings(input_ids, token_type_ids)
             if fused:  # MultiHeadAttention takes the 1/0 key padding mask
                 mask = attention_mask.to(torch.int32)
-            else:  # always a mask: no data-dependent branch (MPNet's relative position bias added to it)
-                mask = enc.with_relative(additive_mask(attention_mask, x.dtype), x.dtype, input_ids.shape[1])
+            else:  # always a mask: no data-dependent branch (MPNet's relative bias, local layers' band added)
+                mask = additive_mask(attention_mask, x.dtype)
+            masks = (mask, mask) if fused else enc.attention_masks(mask, x.dtype, input_ids.shape[1])
             for i, block in enumerate(self.layers):
                 # a deep-prompt model: each layer's prefix keys and values baked in (PrefixClassifier.prefix)
-                x = block(x, mask, None, self.model.prefix[i]) if prefix else block(x, mask)
+                m = enc.mask_of(i, masks)
+                x = block(x, m, None, self.model.prefix[i]) if prefix else block(x, m)
             hidden = enc.final_norm(x)
             out = []
             if "mean" in outputs:

@@ -60,9 +60,11 @@ def check_size(cfg: Any, file: Path) -> None:
 
 
 def default_max_length(cfg: Any) -> int:
-    """A model's input limit when nothing records one: 512 with rotary positions, else its position table's rows
-    (past RoBERTa's offset)."""
-    return 512 if cfg.position == "rope" else int(cfg.max_position) - int(getattr(cfg, "position_offset", 0))
+    """A model's input limit when nothing records one: its position table's rows (past RoBERTa's offset); with
+    rotary positions the length it was trained to (max_position), at most 512."""
+    if cfg.position == "rope":
+        return min(512, int(cfg.max_position))
+    return int(cfg.max_position) - int(getattr(cfg, "position_offset", 0))
 
 
 def check_vocab(loaded: LoadedModel) -> None:

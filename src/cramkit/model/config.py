@@ -49,6 +49,15 @@ class ModelConfig:
     # added to the attention scores; 0 = none
     relative_buckets: int = 0
     relative_max_distance: int = 128
+    # ModernBERT's alternating attention: every global_every-th layer (0, N, 2N, ...) attends to every key, the others
+    # only to keys within local_window positions, with rotary base local_rope_base (0: rope_base); 0 = all global
+    local_window: int = 0
+    global_every: int = 1
+    local_rope_base: float = 0.0
+    # pre-LN: the first block normalises its input before attention (ModernBERT's does not: its embeddings end in a
+    # norm); the MLM decoder's bias where the blocks have none (ModernBERT's decoder_bias)
+    first_attention_norm: bool = True
+    decoder_bias: bool = False
     # the Hugging Face model_type an imported model came from: `export --format hf` writes it back under it
     # (cramkit.model.architectures); "" = cramkit's own (a BERT-shaped config is written as BERT)
     hf_model_type: str = ""
@@ -83,6 +92,12 @@ class ModelConfig:
                 f"model.position_offset={self.position_offset} needs learned positions and fewer rows than "
                 f"model.max_position={self.max_position}"
             )
+        if self.local_window < 0 or self.global_every < 1 or self.local_rope_base < 0:
+            raise CramkitError(
+                "model.local_window and model.local_rope_base must not be negative, model.global_every at least 1"
+            )
+        if self.local_window and self.position != "rope":
+            raise CramkitError("model.local_window (local attention layers) needs model.position=rope")
         if self.relative_buckets and (self.relative_buckets < 4 or self.relative_max_distance < 4):
             raise CramkitError("model.relative_buckets and model.relative_max_distance must be at least 4")
         self._validate_moe()
@@ -107,6 +122,16 @@ class ModelConfig:
             raise CramkitError(
                 f"model.moe_every={self.moe_every} exceeds model.layers={self.layers}: no block would be MoE"
             )
+
+    def is_local(self, index: int) -> bool:
+        """Whether block ``index`` (0-based) sees only keys within ``local_window`` (ModernBERT's local layers)."""
+        return self.local_window > 0 and index % self.global_every != 0
+
+    @property
+    def pairwise_attention(self) -> bool:
+        """Whether attention carries a bias over (query, key) pairs (MPNet's relative positions, local windows): the
+        blocks then run on the padded batch, every position's queries computed (no unpadding, no sparse last block)."""
+        return bool(self.relative_buckets or self.local_window)
 
     def is_moe(self, index: int) -> bool:
         """Whether block ``index`` (0-based) has a mixture-of-experts MLP: blocks moe_every, 2*moe_every, ..."""
@@ -163,8 +188,10 @@ def config_parameters(m: ModelConfig) -> int:
     emb = v * e + (m.max_position * e if m.position == "learned" else 1 if m.position == "sinusoidal" else 0)
     emb += m.type_vocab_size * e + (enorm if m.embedding_norm else 0) + (e * h + h if e != h else 0)
     final = norm if m.final_norm and m.norm_position == "pre" else 0
-    head = (h * e + e * b + enorm if m.head_transform else 0) + (0 if m.tie_embeddings else v * e) + v * b
-    return emb + m.layers * block + moe + final + head + m.relative_buckets * m.heads
+    head = (h * e + e * b + enorm if m.head_transform else 0) + (0 if m.tie_embeddings else v * e)
+    head += v * (1 if m.bias or m.decoder_bias else 0)
+    first = norm if m.norm_position == "pre" and not m.first_attention_norm else 0  # ModernBERT's first block
+    return emb + m.layers * block - first + moe + final + head + m.relative_buckets * m.heads
 
 
 def flops_per_token(cfg: ModelConfig, seq_len: int, predicted_fraction: float = 1.0) -> float:

@@ -252,13 +252,14 @@ def attend(
 
 
 class Attention(nn.Module):
-    def __init__(self, cfg: ModelConfig) -> None:
+    def __init__(self, cfg: ModelConfig, index: int = 0) -> None:
         super().__init__()
         self.cfg = cfg
         self.heads = cfg.heads  # the heads this process computes (cfg.heads / tp under tensor parallelism)
         self.qkv = nn.Linear(cfg.hidden, 3 * cfg.hidden, bias=cfg.bias)
         self.out = nn.Linear(cfg.hidden, cfg.hidden, bias=cfg.bias)
-        self.rotary = Rotary(cfg.head_dim, cfg.max_position, cfg.rope_base) if cfg.position == "rope" else None
+        base = cfg.local_rope_base if cfg.is_local(index) and cfg.local_rope_base else cfg.rope_base
+        self.rotary = Rotary(cfg.head_dim, cfg.max_position, base) if cfg.position == "rope" else None
 
     def forward(
         self,
@@ -367,8 +368,9 @@ class Block(nn.Module):
         super().__init__()
         self.pre = cfg.norm_position == "pre"
         self.alpha = cfg.deepnorm_alpha
-        self.norm_attn = make_norm(cfg)
-        self.attn = Attention(cfg)
+        first_plain = index == 0 and self.pre and not cfg.first_attention_norm  # ModernBERT's first block
+        self.norm_attn = nn.Identity() if first_plain else make_norm(cfg)
+        self.attn = Attention(cfg, index)
         self.norm_mlp = make_norm(cfg)
         self.mlp: MLP | MoE = MLP(cfg) if not cfg.is_moe(index) else moe_mlp(cfg)
         self.dropout = nn.Dropout(cfg.dropout)
@@ -448,16 +450,30 @@ class Encoder(nn.Module):
         # MPNet: one relative position bias per bucket and head, shared by the layers
         self.relative = nn.Embedding(cfg.relative_buckets, cfg.heads) if cfg.relative_buckets else None
 
-    def with_relative(self, mask: torch.Tensor | None, dtype: torch.dtype, length: int) -> torch.Tensor | None:
-        """The additive attention ``mask`` (padding, segments; None: nothing) plus MPNet's relative position bias
-        [1, heads, L, L] where the model has one."""
-        if self.relative is None:
-            return mask
-        buckets = relative_buckets(
-            length, self.cfg.relative_buckets, self.cfg.relative_max_distance, self.relative.weight.device
-        )
-        bias = self.relative(buckets).permute(2, 0, 1).unsqueeze(0).to(dtype)  # [1, heads, L, L]
-        return bias if mask is None else mask + bias
+    def attention_masks(
+        self, mask: torch.Tensor | None, dtype: torch.dtype, length: int
+    ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """The additive masks of the global and the local layers: ``mask`` (padding, segments; None: nothing) plus
+        MPNet's relative position bias [1, heads, L, L] where the model has one, and for the local layers the band
+        that hides keys beyond ``local_window`` positions (ModernBERT)."""
+        cfg = self.cfg
+        if self.relative is not None:
+            buckets = relative_buckets(
+                length, cfg.relative_buckets, cfg.relative_max_distance, self.relative.weight.device
+            )
+            bias = self.relative(buckets).permute(2, 0, 1).unsqueeze(0).to(dtype)  # [1, heads, L, L]
+            mask = bias if mask is None else mask + bias
+        if not cfg.local_window:
+            return mask, mask
+        device = self.embeddings.word.weight.device
+        pos = torch.arange(length, device=device)
+        far = (pos[:, None] - pos[None, :]).abs() > cfg.local_window
+        band = torch.zeros(length, length, dtype=dtype, device=device).masked_fill(far, torch.finfo(dtype).min)
+        return mask, band if mask is None else mask + band
+
+    def mask_of(self, index: int, masks: tuple[torch.Tensor | None, torch.Tensor | None]) -> torch.Tensor | None:
+        """Block ``index``'s mask of :meth:`attention_masks`' pair."""
+        return masks[1] if self.cfg.is_local(index) else masks[0]
 
     def forward(
         self,
@@ -479,7 +495,7 @@ class Encoder(nn.Module):
         without ``select``, ``prefix`` and ``segments``; a batch with nothing padded runs as it is."""
         x = self.embeddings(input_ids, token_type_ids)
         mask = _mask_for(attention_mask, x.dtype)
-        if self.relative is not None:  # a bias over every (query, key): no unpadding, no sparse last block
+        if self.cfg.pairwise_attention:  # a bias over every (query, key): no unpadding, no sparse last block
             if select is not None:
                 return self.forward(input_ids, attention_mask, token_type_ids, None, prefix, segments)[select]
             unpad = False
@@ -498,13 +514,13 @@ class Encoder(nn.Module):
             if prefix is not None:
                 raise ValueError("document segments with prefix keys and values are not supported")
             mask, last_mask = _segment_masks(segments, mask, chosen, x.dtype)
-        if self.relative is not None:
-            mask = last_mask = self.with_relative(mask, x.dtype, x.shape[1])
+        masks = (mask, mask)
+        if self.cfg.pairwise_attention:
+            masks = self.attention_masks(mask, x.dtype, x.shape[1])
         last = len(self.layers) - 1
         for i, block in enumerate(self.layers):
             sel = chosen if i == last else None
-            if i == last:
-                mask = last_mask
+            mask = last_mask if i == last and chosen is not None else self.mask_of(i, masks)
             pre = prefix[i] if prefix is not None else None
             x = self._block(block, x, mask, sel, pre)
         return self.final_norm(x)

@@ -38,7 +38,7 @@ class MLMHead(nn.Module):
             raise ValueError("an MLM head without its transform needs embedding_size equal to hidden")
         else:
             self.transform = nn.Identity()
-        self.decoder = nn.Linear(width, cfg.vocab_size, bias=cfg.bias)
+        self.decoder = nn.Linear(width, cfg.vocab_size, bias=cfg.bias or cfg.decoder_bias)
         if cfg.tie_embeddings:
             self.decoder.weight = word_embeddings.weight
 

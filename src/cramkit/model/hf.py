@@ -32,7 +32,7 @@ from torch import nn
 
 from cramkit.errors import CramkitError
 from cramkit.io import BadJson, folder_file, json_loads, read_json
-from cramkit.model.architectures import READ_SUFFIXES, Family, family_of
+from cramkit.model.architectures import Family, family_of
 from cramkit.model.encoder import Encoder, ModelConfig
 from cramkit.model.heads import MaskedLM, MultipleChoice, SequenceClassifier
 
@@ -59,6 +59,12 @@ _ARCHITECTURE_FIELDS = (
     "embedding_size",
     "relative_buckets",
     "relative_max_distance",
+    "local_window",
+    "global_every",
+    "local_rope_base",
+    "first_attention_norm",
+    "decoder_bias",
+    "rope_base",
     "moe_experts",
 )
 
@@ -90,7 +96,7 @@ def load_hf_config(path: str | Path) -> ModelConfig:
     file, hf = _read_hf_config(path)
     model_type = hf.get("model_type")
     family = family_of(model_type, file)
-    readable = [family.model_types[str(model_type)] + suffix for suffix in READ_SUFFIXES]
+    readable = [family.model_types[str(model_type)] + suffix for suffix in family.read_suffixes]
     bad_arch = [a for a in hf.get("architectures") or [] if a not in readable]
     if bad_arch:
         raise CramkitError(f"{file}: architecture {bad_arch[0]!r} is not supported; supported: {', '.join(readable)}")
@@ -177,6 +183,8 @@ def load_hf_encoder_state(path: str | Path, cfg: ModelConfig) -> dict[str, torch
     for file in _weight_files(root):
         raw.update(read_weights(file))
     out = family.rename(raw, root)
+    if family.adjust_in is not None:
+        family.adjust_in(out, cfg)
     if cfg.tie_embeddings:
         out.pop("head.decoder.weight", None)  # the word embeddings themselves
     # every encoder parameter present, with the shape our config expects
@@ -484,7 +492,9 @@ def _not_own_type_because(
     model_type = cast(str, found) if family is not None else ""
     if family is not None and clf is not None:
         activation = clf.head_cfg.pooler_activation
-        if clf.head_cfg.pooling != "first" or clf.pooler is None or activation != family.pooler_activation:
+        if not family.writes("classifier"):
+            problems = [f"{family.name} has no classifier class with cramkit's head (a pooler and a linear layer)"]
+        elif clf.head_cfg.pooling != "first" or clf.pooler is None or activation != family.pooler_activation:
             problems = [
                 f"classifier pooling={clf.head_cfg.pooling} pooler={clf.pooler is not None} activation={activation}"
             ]
@@ -493,11 +503,19 @@ def _not_own_type_because(
             "export_hf: this multiple-choice model has no transformers equivalent "
             f"({', '.join(problems) or 'its pooler activation'}); export it with --format onnx"
         )
-    if problems and (cfg.position_offset or cfg.embedding_size or cfg.relative_buckets):
+    imported_only = (
+        cfg.position_offset
+        or cfg.embedding_size
+        or cfg.pairwise_attention
+        or not cfg.first_attention_norm
+        or cfg.decoder_bias
+    )
+    if problems and imported_only:
         raise CramkitError(
             f"export_hf: this {cfg.hf_model_type or 'cramkit'} model cannot be written under its own model_type "
-            f"({', '.join(problems)}), and the cramkit format does not hold its position offset, embedding "
-            "projection or relative position bias; export it with --format onnx"
+            f"({', '.join(problems)}), and the cramkit format does not hold what its architecture adds to cramkit's "
+            "(position offset, embedding projection, relative position bias, local attention); export it with "
+            "--format onnx"
         )
     return (None if problems else family), model_type, problems
 
@@ -524,7 +542,7 @@ def _as_family(
         else "encoder"
     )
     ours = {k: _t(v) for k, v in enc.state_dict().items()}
-    if not cfg.type_vocab_size and model_type != "mpnet" and model_type != "distilbert":
+    if not cfg.type_vocab_size and "embeddings.token_type.weight" in family.names.values():
         ours["embeddings.token_type.weight"] = torch.zeros(1, cfg.embedding_width, dtype=dtype)
     if head is not None and clf is None:
         ours |= {f"head.{k}": _t(v) for k, v in head.state_dict().items()}
@@ -534,6 +552,8 @@ def _as_family(
         ours |= {f"classifier.{k}": _t(v) for k, v in clf.classifier.state_dict().items()}
         assert clf.pooler is not None  # _not_own_type_because sent a classifier without one to the cramkit format
         ours |= {f"pooler.{k}": _t(v) for k, v in clf.pooler.state_dict().items()}
+    if family.adjust_out is not None:
+        family.adjust_out(ours, cfg)
     arch = family.class_name(model_type, kind)
     num_labels = clf.num_labels if clf is not None and kind == "classifier" else None
     config = {

@@ -224,6 +224,11 @@ class Pipeline(nn.Module):
                 f"parallel.pp={cfg.pp} pipelines masked-LM pretraining only (`cramkit pretrain`), not "
                 f"{type(model).__name__}; set parallel.pp=1"
             )
+        if model.cfg.pairwise_attention:
+            raise CramkitError(
+                f"parallel.pp={cfg.pp}: the stages rebuild plain attention masks, without this model's relative "
+                "position bias or local attention layers (MPNet, ModernBERT); set parallel.pp=1"
+            )
         self.virtual = stages_per_rank(cfg)
         check_pp(model.cfg, cfg.pp, ctx.world, virtual=self.virtual, tp=cfg.tp)
         if cfg.tp > 1:

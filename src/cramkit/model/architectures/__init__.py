@@ -15,12 +15,19 @@ from __future__ import annotations
 from pathlib import Path
 
 from cramkit.errors import CramkitError
-from cramkit.model.architectures import bert, distilbert, electra, mpnet, roberta
+from cramkit.model.architectures import bert, distilbert, electra, modernbert, mpnet, roberta
 from cramkit.model.architectures.family import KIND_SUFFIX, READ_SUFFIXES, UNSUPPORTED, Family
 
 __all__ = ["FAMILIES", "KIND_SUFFIX", "READ_SUFFIXES", "Family", "family_of", "supported_types"]
 
-FAMILIES: tuple[Family, ...] = (bert.FAMILY, roberta.FAMILY, distilbert.FAMILY, electra.FAMILY, mpnet.FAMILY)
+FAMILIES: tuple[Family, ...] = (
+    bert.FAMILY,
+    roberta.FAMILY,
+    distilbert.FAMILY,
+    electra.FAMILY,
+    mpnet.FAMILY,
+    modernbert.FAMILY,
+)
 
 
 def supported_types() -> list[str]:

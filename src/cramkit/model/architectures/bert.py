@@ -87,5 +87,4 @@ FAMILY = Family(
     config_out=config_out,
     classifier_pooler="base",
     ignored=(r"embeddings\.position_ids", r"cls\.seq_relationship\..*"),
-    tokenizer_class="BertTokenizerFast",
 )

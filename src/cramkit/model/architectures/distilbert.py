@@ -98,5 +98,4 @@ FAMILY = Family(
     config_out=config_out,
     pooler_activation="relu",
     ignored=(r"embeddings\.position_ids",),
-    tokenizer_class="DistilBertTokenizerFast",
 )

@@ -64,5 +64,4 @@ FAMILY = Family(
     config_out=config_out,
     pooler_activation="gelu",
     ignored=(r"embeddings\.position_ids", r"discriminator_predictions\..*"),
-    tokenizer_class="ElectraTokenizerFast",
 )

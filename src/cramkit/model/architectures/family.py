@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -35,7 +35,6 @@ UNSUPPORTED = {
     "longformer": "Longformer's sliding and global attention",
     "bigbird": "BigBird's sparse attention",
     "nomic_bert": "NomicBERT's rotary SwiGLU blocks",
-    "modernbert": "ModernBERT's alternating local and global rotary attention",
 }
 
 
@@ -50,7 +49,7 @@ class Family:
     # the base model's weights outside its layers: theirs -> ours (Encoder names; "pooler.*" the base's pooler)
     names: Mapping[str, str]
     layer: str  # a layer's prefix, "{i}" its index ("encoder.layer.{i}.")
-    qkv: tuple[str, str, str]  # a layer's query, key and value modules
+    qkv: tuple[str, ...]  # a layer's query, key and value modules (none where they are one, as ModernBERT's)
     layer_names: Mapping[str, str]  # a layer's other modules: theirs -> ours
     mlm: Mapping[str, str]  # the masked-LM head's weights (outside the base): theirs -> ours ("head.*")
     classifier: Mapping[
@@ -63,8 +62,16 @@ class Family:
     # classifier.dense): a multiple-choice model uses the base's pooler in every family
     classifier_pooler: str = "head"
     ignored: tuple[str, ...] = ()  # regexes of weights never needed (buffers, other heads)
-    tokenizer_class: str = "PreTrainedTokenizerFast"
-    extra_config: Mapping[str, Any] = field(default_factory=dict)
+    # the task classes (suffixes) it reads and writes; a family whose heads are not cramkit's lists fewer
+    read_suffixes: tuple[str, ...] = READ_SUFFIXES
+    # tensors that differ in layout beyond their names (ModernBERT's rotary halves, its GLU's order): applied to
+    # cramkit's names after import (``adjust_in``) and before export (``adjust_out``)
+    adjust_in: Callable[[dict[str, torch.Tensor], ModelConfig], None] | None = None
+    adjust_out: Callable[[dict[str, torch.Tensor], ModelConfig], None] | None = None
+
+    def writes(self, kind: str) -> bool:
+        """Whether the family has a task class cramkit can write a model of ``kind`` as."""
+        return KIND_SUFFIX[kind] in self.read_suffixes
 
     def class_name(self, model_type: str, kind: str) -> str:
         return self.model_types[model_type] + KIND_SUFFIX[kind]
@@ -135,7 +142,7 @@ class Family:
             if m := re.fullmatch(r"layers\.(\d+)\.(.+)\.(weight|bias)", name):
                 i, sub, what = int(m[1]), m[2], m[3]
                 theirs = prefix + self.layer.format(i=i)
-                if sub == "attn.qkv":
+                if sub == "attn.qkv" and self.qkv:
                     for part, t in zip(self.qkv, tensor.split(h, dim=0), strict=True):
                         out[f"{theirs}{part}.{what}"] = t
                 else:

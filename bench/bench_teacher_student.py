@@ -4,8 +4,8 @@ student (``--student hf:DIR``, e.g. all-MiniLM-L6-v2), scored on the task's dev 
 the logistic regression on its frozen embeddings of the split's labelled rows (the yardstick ``cramkit finetune
 --few-shot`` prints).
 
-    python bench/bench_selftrain.py --model hf:$MPNET --tasks glue/sst2 --data-dir $GLUE --unlabelled 8000 --tag mpnet \\
-        --work runs/st
+    python bench/bench_selftrain.py --model hf:$MPNET --tasks glue/sst2 --data-dir $GLUE --unlabelled 8000 \\
+        --tag mpnet --work runs/st
     python bench/bench_teacher_student.py --teacher-work runs/st/mpnet-glue-sst2-k16-200-u8000-mpnet \\
         --backbone hf:$MPNET --student hf:$MINILM --tasks glue/sst2 --data-dir $GLUE --unlabelled 8000
 

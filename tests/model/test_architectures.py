@@ -325,3 +325,36 @@ def test_a_modernbert_classifier_is_one_line_and_its_encoder_fine_tunes(
     assert len(err) == 1 and "export it with --format onnx" in err[0], err
     pytest.importorskip("onnxruntime")
     assert cli_main(["export", str(out), "--format", "onnx", "--out", str(tmp_path / "onnx")]) == 0
+
+
+@pytest.mark.parametrize(
+    ("model_type", "changes"),
+    [
+        ("modernbert", {"global_attn_every_n_layers": 0, "layer_types": None}),
+        ("modernbert", {"rope_parameters": "160000"}),
+        ("modernbert", {"layer_types": "full_attention"}),
+        ("modernbert", {"layer_types": ["full_attention", "full_attention", "sliding_attention", "full_attention"]}),
+        ("modernbert", {"local_attention": -8}),
+        ("modernbert", {"rope_parameters": {"full_attention": {"rope_type": "yarn", "rope_theta": 1.0}}}),
+        ("mpnet", {"relative_attention_num_buckets": 10**12}),
+        ("mpnet", {"pad_token_id": 40}),  # positions from 41 on: past the 34-row table
+        ("roberta", {"max_position_embeddings": "514"}),
+        ("distilbert", {"sinusoidal_pos_embds": True}),
+        ("electra", {"embedding_size": 10**9}),
+    ],
+)
+def test_crafted_family_configs_are_one_line(
+    model_type: str, changes: dict[str, Any], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A config.json that is broken or crafted (a zero layer period, a rotary base that is a string, a bucket count
+    of 10^12, an embedding a billion wide): one line naming the file, no traceback, nothing allocated for it."""
+    _tiny(tmp_path / "m", model_type, "encoder")
+    config = json.loads((tmp_path / "m" / "config.json").read_text())
+    config.update(changes)
+    (tmp_path / "m" / "config.json").write_text(json.dumps(config))
+    (tmp_path / "texts.txt").write_text("w1 w2\nw3\n")
+    capsys.readouterr()
+    args = ["embed", "--from", f"hf:{tmp_path / 'm'}", str(tmp_path / "texts.txt"), "--out", str(tmp_path / "e")]
+    assert cli_main(args) != 0
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "Traceback" not in err[0] and str(tmp_path / "m") in err[0], err

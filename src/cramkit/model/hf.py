@@ -183,8 +183,6 @@ def load_hf_encoder_state(path: str | Path, cfg: ModelConfig) -> dict[str, torch
     for file in _weight_files(root):
         raw.update(read_weights(file))
     out = family.rename(raw, root)
-    if family.adjust_in is not None:
-        family.adjust_in(out, cfg)
     if cfg.tie_embeddings:
         out.pop("head.decoder.weight", None)  # the word embeddings themselves
     # every encoder parameter present, with the shape our config expects
@@ -201,6 +199,8 @@ def load_hf_encoder_state(path: str | Path, cfg: ModelConfig) -> dict[str, torch
             raise CramkitError(
                 f"{root}: weight {k} has shape {tuple(out[k].shape)} but config.json implies {tuple(ref.shape)}"
             )
+    if family.adjust_in is not None:  # (on tensors of the shapes checked above)
+        family.adjust_in(out, cfg)
     return {k: v.float() if v.is_floating_point() else v for k, v in out.items()}
 
 

@@ -20,17 +20,25 @@ if TYPE_CHECKING:
 def _rope_bases(hf: dict[str, Any]) -> tuple[float, float]:
     """(global, local) rotary bases: transformers 5's ``rope_parameters`` or the older ``*_rope_theta``."""
     params = hf.get("rope_parameters") or {}
+    if not isinstance(params, dict) or not all(isinstance(p, dict) or p is None for p in params.values()):
+        raise ValueError("rope_parameters is not an object of objects")
     full = (params.get("full_attention") or {}).get("rope_theta", hf.get("global_rope_theta", 160000.0))
     local = (params.get("sliding_attention") or {}).get("rope_theta", hf.get("local_rope_theta", 10000.0))
     for p in params.values():
         if isinstance(p, dict) and p.get("rope_type", "default") != "default":
             raise ValueError(f"rope_type {p['rope_type']!r} (only the default rotary embedding is supported)")
+    if not all(isinstance(b, (int, float)) and not isinstance(b, bool) and b > 0 for b in (full, local)):
+        raise ValueError("a rope_theta is not a positive number")
     return float(full), float(local)
 
 
 def _global_every(hf: dict[str, Any], layers: int) -> int:
     every = number(hf, "global_attn_every_n_layers", 3)
+    if every < 1:
+        raise ValueError(f"global_attn_every_n_layers={every} (at least 1)")
     types = hf.get("layer_types")
+    if types is not None and not isinstance(types, list):
+        raise ValueError("layer_types is not a list")
     if types is not None:
         want = ["full_attention" if i % every == 0 else "sliding_attention" for i in range(layers)]
         if list(types) != want:

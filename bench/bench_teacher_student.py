@@ -30,10 +30,9 @@ from bench_selftrain import unlabelled_texts
 
 
 def kept_model(split_dir: Path) -> Path:
-    """The model a self-trained split kept (its student, or its teacher where the student lost)."""
-    info = json.loads((split_dir / "self-train.json").read_text())
-    kept = "teacher" if info.get("kept") == "teacher" or info.get("teacher_kept") else "student"
-    return split_dir / kept
+    """The model a self-trained split kept (its student, or its teacher where the student lost): the split
+    directory itself holds it."""
+    return split_dir
 
 
 def frozen(model: str, view, split: str) -> float:
@@ -96,11 +95,16 @@ def main() -> None:
     for split in (str(i) for i in range(args.splits)):
         if split in done:
             continue
+        if not (Path(args.teacher_work) / f"split-{split}" / "cramkit-model.json").is_file():
+            print(f"split {split}: its teacher is not finished yet; run the bench again later", flush=True)
+            continue
         row = {"task": args.tasks, "machine": machine(), **run_split(args, task, split, texts)}
         rows.append(row)
         with open(args.out, "a", encoding="utf-8") as f:
             f.write(json.dumps(row) + "\n")
         print(json.dumps(row), flush=True)
+    if not Path(args.out).is_file():
+        return
     every = [json.loads(line) for line in Path(args.out).read_text().splitlines() if line.strip()]
     for key in ("teacher", "student", "labels_only", "frozen_backbone", "frozen_student"):
         values = [r[key] for r in every]

@@ -500,7 +500,7 @@ def _not_own_type_because(
             ]
     if isinstance(clf, MultipleChoice) and (problems or clf.head_cfg.pooler_activation != "tanh"):
         raise CramkitError(
-            "export_hf: this multiple-choice model has no transformers equivalent "
+            "export_hf: this multiple-choice model has no BertForMultipleChoice equivalent "
             f"({', '.join(problems) or 'its pooler activation'}); export it with --format onnx"
         )
     imported_only = (

@@ -344,8 +344,6 @@ def _write_tokenizer(tokenizer_dir: Path, out: Path, cfg: ModelConfig) -> None:
     another tokenizer the generic one reading tokenizer.json) and the special tokens the tokenizer holds, so that
     AutoTokenizer (given trust_remote_code=True for a remote-code export, whose config.json needs it) loads it
     without remote code."""
-    from cramkit.text.tokenizer import SPECIAL_ROLES, SPECIAL_TOKENS
-
     tokenizer_dir = Path(tokenizer_dir)
     if not tokenizer_dir.is_dir():
         raise CramkitError(f"tokenizer directory {tokenizer_dir} does not exist")
@@ -364,16 +362,13 @@ def _write_tokenizer(tokenizer_dir: Path, out: Path, cfg: ModelConfig) -> None:
             tok_cfg = {}
     for key in ("auto_map", "tokenizer_file"):  # never remote code; tokenizer.json sits beside it
         tok_cfg.pop(key, None)
-    from cramkit.text.tokenizer import load_tokenizer, special_token
+    from cramkit.text.tokenizer import load_tokenizer, special_tokens_map
 
-    tok = load_tokenizer(out)  # tokenizer.json (else vocab.txt): the special tokens it declares
+    # tokenizer.json (else vocab.txt, whose names are BERT's): the special tokens it declares
+    bert, specials = special_tokens_map(load_tokenizer(out))
     klass = "BertTokenizerFast" if (tokenizer_dir / "tokenizer.json").exists() else "BertTokenizer"
-    specials = {f"{role}_token": special_token(tok, role) for role in SPECIAL_ROLES}
-    specials = {k: v for k, v in specials.items() if v is not None}
-    if not all(t in SPECIAL_TOKENS for t in specials.values()) and klass == "BertTokenizerFast":
-        # RoBERTa's <s> </s> <mask> (BPE, SentencePiece, MPNet's): transformers' generic class reads tokenizer.json
+    if not bert and klass == "BertTokenizerFast":  # RoBERTa's <s> </s> <mask>: the generic class reads tokenizer.json
         klass = "PreTrainedTokenizerFast"
-        specials |= {"bos_token": specials.get("cls_token", "<s>"), "eos_token": specials.get("sep_token", "</s>")}
     tok_cfg = {**tok_cfg, "tokenizer_class": klass, "model_max_length": cfg.positions, **specials}
     (out / "tokenizer_config.json").write_text(json.dumps(tok_cfg, indent=2) + "\n", encoding="utf-8")
 

@@ -229,11 +229,7 @@ def save_tokenizer(tok: tokenizers.Tokenizer, out_dir: str | os.PathLike) -> Pat
 
         tok = Tokenizer.from_str(tok.to_str())
         _bert_template(tok)
-    specials = {f"{role}_token": special_token(tok, role) for role in ("unk", "sep", "pad", "cls", "mask")}
-    specials = {k: v for k, v in specials.items() if v is not None}
-    bert = all(token in SPECIAL_TOKENS for token in specials.values())
-    if not bert:  # RoBERTa's names: its bos/eos are its cls/sep
-        specials |= {"bos_token": specials.get("cls_token", "<s>"), "eos_token": specials.get("sep_token", "</s>")}
+    bert, specials = special_tokens_map(tok)
     config = {
         # BERT's WordPiece, or any other tokenizer.json (BPE, Unigram) read by transformers' generic class
         "tokenizer_class": "BertTokenizer" if bert else "PreTrainedTokenizerFast",
@@ -389,6 +385,17 @@ def special_id(tok: tokenizers.Tokenizer, role: str) -> int | None:
     """The id of the special token of ``role`` (see :func:`special_token`), None without one."""
     token = special_token(tok, role)
     return None if token is None else tok.token_to_id(token)
+
+
+def special_tokens_map(tok: tokenizers.Tokenizer) -> tuple[bool, dict[str, str]]:
+    """Whether the tokenizer's special tokens are BERT's names, and transformers' ``special_tokens_map``
+    (``pad_token``, ..., ``mask_token``; with RoBERTa's names also ``bos_token``/``eos_token``, its cls/sep)."""
+    found = {f"{role}_token": special_token(tok, role) for role in SPECIAL_ROLES}
+    specials = {k: v for k, v in found.items() if v is not None}
+    bert = all(token in SPECIAL_TOKENS for token in specials.values())
+    if not bert:
+        specials |= {"bos_token": specials.get("cls_token", "<s>"), "eos_token": specials.get("sep_token", "</s>")}
+    return bert, specials
 
 
 def special_ids(tok: tokenizers.Tokenizer) -> SpecialIds:

@@ -78,8 +78,11 @@ def real(tiny_run: Path, glue_dir: Path):
 
 def test_pcgrad_never_opposes_a_task(real):
     _, _, _, rows = real
-    two = rows[[0, 2]]  # MRPC and MRPC with flipped labels: real gradients that conflict
-    assert torch.dot(two[0], two[1]) < 0
+    a, b = rows[0], rows[2]  # MRPC and MRPC with flipped labels: real gradients that conflict
+    assert torch.dot(a, b) < 0
+    # scale b so that the plain sum opposes a by construction (whatever tiny model this clone built):
+    # with k = 2|a|^2 / -(a.b), (a + kb).a = -|a|^2 < 0 and (a + kb).kb = k(k|b|^2 + a.b) > 0 by Cauchy-Schwarz
+    two = torch.stack([a, b * (2 * a.dot(a) / -a.dot(b))])
     assert torch.dot(two.sum(0), two[0]) * torch.dot(two.sum(0), two[1]) < 0  # the plain sum opposes one
     combined = combine(two, "pcgrad")
     scale = two.norm(dim=1).max() ** 2

@@ -208,6 +208,28 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.integration)
 
 
+def skip_summary(reports: list) -> str | None:
+    """One line: how many tests were skipped, by reason (most first), e.g. "skipped: 60 need ../shared (...);
+    37 need nvidia GPU"; None when none was."""
+    from collections import Counter
+
+    reasons: Counter[str] = Counter()
+    for report in reports:
+        longrepr = getattr(report, "longrepr", None)
+        reason = longrepr[2] if isinstance(longrepr, tuple) and len(longrepr) == 3 else str(longrepr)
+        reasons[reason.removeprefix("Skipped: ").strip()[:160]] += 1
+    if not reasons:
+        return None
+    return "skipped: " + "; ".join(f"{n} {reason}" for reason, n in reasons.most_common())
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Config) -> None:
+    """The README's command prints "97 skipped" with -q: say why, in one line."""
+    line = skip_summary(terminalreporter.stats.get("skipped", []))
+    if line:
+        terminalreporter.write_line(line)
+
+
 def _ours(frame_file: str) -> bool:
     """Whether a frame is the tests' or cramkit's own code (not the standard library's or another library's)."""
     return frame_file.startswith((str(REPO / "tests"), str(REPO / "src"), str(REPO / "bench")))

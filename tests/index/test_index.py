@@ -176,6 +176,19 @@ def small_store(tmp_path_factory, builtin_docs, tok_dir) -> Path:
     return d / "store"
 
 
+def test_embed_of_a_store_counts_its_rows(tmp_path, small_store, pretrained_run):
+    """`cramkit embed` of a token store said "embedded sequences rows x 64 dims": the rows' kind had replaced
+    their count in the record."""
+    from cramkit.data.tokenstore import TokenStore
+
+    proc = cli("embed", str(small_store), "--from", str(pretrained_run), "--out", str(tmp_path / "e"))
+    assert proc.returncode == 0, proc.stderr
+    n = len(TokenStore(small_store).sizes)
+    assert f"embedded {n} rows x " in proc.stdout, proc.stdout
+    record = json.loads((tmp_path / "e" / "embed.json").read_text())
+    assert record["rows"] == n and record["rows_kind"] == "sequences"
+
+
 def test_retro_neighbours(tmp_path, small_store, pretrained_run, capsys):
     from cramkit.data.tokenstore import TokenStore
 
@@ -226,6 +239,31 @@ def test_retro_neighbours(tmp_path, small_store, pretrained_run, capsys):
 
 
 # ----------------------------------------------------------------------------------------- kill, resume
+
+
+@pytest.mark.integration
+def test_a_closed_index_refuses_and_the_interpreter_exits_quietly(tiny_index: Path) -> None:
+    """A Python program that searches an index and exits printed "Exception ignored in Rows.__del__ ...
+    'NoneType' object has no attribute 'close'" (os.close gone at shutdown): the files close with the index
+    (``with``), or at exit before the modules are torn down."""
+    from cramkit.index.checks import DamagedIndex
+
+    with cramkit.index.open(tiny_index) as idx:
+        hits = idx.search(["topic 3"], k=2)
+        assert len(hits[0]) == 2
+    try:
+        idx.search(["topic 3"], k=2)
+        raise AssertionError("a closed index searched")
+    except (DamagedIndex, cramkit.CramkitError) as exc:
+        assert "closed" in str(exc)
+    program = (
+        "import cramkit.index, sys\n"
+        f"idx = cramkit.index.open({str(tiny_index)!r})\n"
+        "print(len(idx.search(['topic 3'], k=2)[0]))\n"  # left open: closed at exit
+    )
+    proc = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0 and proc.stdout.strip() == "2", proc.stderr
+    assert "Exception ignored" not in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
 
 
 def _kill_when_committed(proc: subprocess.Popen, progress: Path, timeout: float = 120) -> None:

@@ -136,11 +136,11 @@ def embed_source(
         if done is not None and done.get("format", "npy") == format:
             return done | {"resumed_rows": done["rows"], "seconds": 0.0, "examples_per_s": None}
         meta = _record_meta(source, model, what, how, prompt_name)
+        if what.get("rows"):  # what a store's rows are ("sequences", "chunks"): "rows" is their count
+            meta["rows_kind"] = meta.pop("rows")
         if format == "parquet":
             from cramkit.embed.parquet import embed_parts
 
-            if what.get("rows"):
-                meta["rows_kind"] = meta.pop("rows")
             return embed_parts(
                 texts,
                 ids,

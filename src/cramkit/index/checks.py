@@ -17,6 +17,7 @@ no thread reads them between searches (Faiss's prefetch threads are joined befor
 from __future__ import annotations
 
 import os
+import weakref
 from pathlib import Path
 from typing import Any
 
@@ -240,6 +241,9 @@ class Rows:
         self.shape = (int(shape[0]), int(shape[1]))
         self.row_bytes = self.shape[1] * 4
         self.fd: int | None = os.open(self.path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+        # closed once, by close() or when the object goes (also at interpreter exit, before modules are torn
+        # down: a __del__ at shutdown found os.close gone and printed "Exception ignored in Rows.__del__")
+        self._closer = weakref.finalize(self, os.close, self.fd)
         if os.fstat(self.fd).st_size != self.offset + self.shape[0] * self.row_bytes:
             self.close()
             raise damaged(self.path, f"is {os.path.getsize(self.path)} bytes, not the size of its {self.shape} rows")
@@ -251,13 +255,11 @@ class Rows:
 
     def close(self) -> None:
         """Close the file, once: a descriptor closed twice closes whatever reused its number meanwhile (seen in
-        CI: pytest's own capture file, closed by the ``__del__`` of a refused file's Rows)."""
-        fd, self.fd = getattr(self, "fd", None), None
-        if fd is not None:
-            os.close(fd)
-
-    def __del__(self) -> None:
-        self.close()
+        CI: pytest's own capture file, closed by a refused file's Rows)."""
+        self.fd = None
+        closer = getattr(self, "_closer", None)
+        if closer is not None:
+            closer()
 
     def _read_into(self, out: np.ndarray, a: int) -> None:
         view, pos = out.data.cast("B"), self.offset + a * self.row_bytes
@@ -309,6 +311,7 @@ class MappedFiles:
     def __init__(self, files: dict[Path, int]) -> None:
         self.files = [(p, os.open(p, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0)), size) for p, size in files.items()]
         self.broken: str | None = None
+        self._closer = weakref.finalize(self, _close_all, [fd for _, fd, _ in self.files])  # once (see Rows.close)
 
     def check(self) -> None:
         if self.broken is None:
@@ -323,7 +326,12 @@ class MappedFiles:
         if self.broken is not None:
             raise DamagedIndex(self.broken)
 
-    def __del__(self) -> None:
-        files, self.files = getattr(self, "files", []), []  # closed once (see Rows.close)
-        for _, fd, _ in files:
-            os.close(fd)
+    def close(self) -> None:
+        """Close the files, once; a check after this refuses (the index was closed)."""
+        self.files, self.broken = [], self.broken or "the index was closed"
+        self._closer()
+
+
+def _close_all(fds: list[int]) -> None:
+    for fd in fds:
+        os.close(fd)

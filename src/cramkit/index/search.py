@@ -93,6 +93,22 @@ class Index:
     def __len__(self) -> int:
         return int(self.manifest["count"])
 
+    def close(self) -> None:
+        """Release the index's files (the vectors, the memory-mapped lists and chunk table) and its encoder; a
+        search afterwards is refused. ``with cramkit.index.open(...) as idx:`` closes it on leaving."""
+        with self._lock:
+            closer = getattr(self.vectors, "close", None)
+            if closer is not None:
+                closer()
+            self._mapped.close()
+            self.index, self._engine = None, None
+
+    def __enter__(self) -> Index:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
     def info(self) -> dict[str, Any]:
         m = self.manifest
         return {

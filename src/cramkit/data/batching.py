@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from cramkit.text.tokenizer import encode_batch, special_id
+from cramkit.text.tokenizer import encode_prefixes, special_id
 
 
 @dataclass
@@ -58,11 +58,14 @@ def encode_texts(
     tokenizer's own template joins a pair so), cut longest-first to max_length."""
     cls_id, sep_id = special_id(tokenizer, "cls"), special_id(tokenizer, "sep")
     joint = [sep_id] * pair_separators(tokenizer)
-    enc_a = encode_batch(tokenizer, [t or "" for t in texts_a], add_special_tokens=False)
+    # each text tokenised only as far as the model reads it (a 49 MB line is not tokenised whole)
+    enc_a = encode_prefixes(tokenizer, [t or "" for t in texts_a], max_length, add_special_tokens=False)
     pair_pos = [i for i, t in enumerate(texts_b or []) if t is not None]
     enc_b = {}
     if pair_pos:
-        got = encode_batch(tokenizer, [t for t in texts_b or [] if t is not None], add_special_tokens=False)
+        got = encode_prefixes(
+            tokenizer, [t for t in texts_b or [] if t is not None], max_length, add_special_tokens=False
+        )
         enc_b = dict(zip(pair_pos, got, strict=True))
     ids, b_start = [], np.empty(len(enc_a), dtype=np.int64)
     truncated = np.zeros(len(enc_a), dtype=bool)

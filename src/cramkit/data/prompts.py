@@ -24,7 +24,7 @@ import numpy as np
 
 from cramkit.data.batching import Encoded, truncate_pair
 from cramkit.errors import CramkitError
-from cramkit.text.tokenizer import encode_batch, special_id
+from cramkit.text.tokenizer import encode_batch, encode_prefixes, special_id
 
 MASK, SEP = "[MASK]", "[SEP]"
 # the names a template may give the first and the second text of any task
@@ -241,7 +241,7 @@ def encode_prompts(
     toks = {
         name: [
             _no_masks(e.ids, spec.mask_id, unk)
-            for e in encode_batch(tokenizer, cast("list[str]", texts[name]), add_special_tokens=False)  # none absent
+            for e in encode_prefixes(tokenizer, cast("list[str]", texts[name]), room, add_special_tokens=False)
         ]
         for name in sorted(spec.fields)
     }

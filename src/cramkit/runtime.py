@@ -287,3 +287,16 @@ def machine_memory(device: str) -> tuple[int | None, str]:
         return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"), "RAM"
     except (ValueError, OSError, AttributeError):
         return None, "RAM"
+
+
+def die_with_parent(parent: int) -> None:
+    """In a worker process (a pool's initializer): be killed when ``parent``, the process that started it, dies,
+    even by ``kill -9`` (Linux's ``PR_SET_PDEATHSIG``; a worker whose parent is already gone exits at once).
+    Without it, ``kill -9`` of ``cramkit data build`` left its encoding workers waiting on their queue forever."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        with contextlib.suppress(OSError, AttributeError):  # no prctl (an unusual libc): the check below holds
+            ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL, 0, 0, 0)  # 1: PR_SET_PDEATHSIG
+    if os.getppid() != parent:
+        os._exit(1)

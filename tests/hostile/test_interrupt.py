@@ -4,6 +4,7 @@ cleanup, it is printed as "Exception ignored" and the program goes on)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -127,3 +128,49 @@ def test_the_command_line_starts_without_torch() -> None:
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=ENV)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "[]"
+
+
+def _children(pid: int) -> set[int]:
+    try:
+        return {int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()}
+    except OSError:
+        return set()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+@pytest.mark.integration
+@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="needs Linux's /proc to find the workers")
+def test_kill_9_of_data_build_takes_its_workers_with_it(tmp_path: Path, builtin_docs: list[str], tok_dir: Path):
+    """`kill -9` of `cramkit data build` while it encodes left both encoding workers alive, waiting forever."""
+    corpus = tmp_path / "docs.txt"
+    text = "\n\n".join(builtin_docs)
+    with open(corpus, "w", encoding="utf-8") as f:
+        while f.tell() < 40_000_000:  # long enough to be encoding for a while on a slow machine
+            f.write(text + "\n\n")
+    cmd = [sys.executable, "-m", "cramkit", "data", "build", str(corpus), "--tokenizer", str(tok_dir)]
+    proc = subprocess.Popen([*cmd, "--out", str(tmp_path / "store"), "--workers", "2"], env=ENV)
+    try:
+        deadline, workers = time.time() + 120, set()
+        while time.time() < deadline and len(workers) < 2 and proc.poll() is None:
+            time.sleep(0.2)
+            workers = _children(proc.pid)
+        assert len(workers) >= 2, f"no encoding workers seen (exit {proc.poll()})"
+        time.sleep(1.0)  # encoding
+        proc.kill()
+        proc.wait(timeout=30)
+        deadline = time.time() + 20
+        while time.time() < deadline and any(_alive(w) for w in workers):
+            time.sleep(0.2)
+        left = [w for w in workers if _alive(w)]
+        assert not left, f"workers {left} outlived their killed parent"
+    finally:
+        for w in _children(proc.pid) | workers if "workers" in locals() else set():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(w, signal.SIGKILL)
+        proc.kill()

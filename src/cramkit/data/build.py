@@ -23,14 +23,15 @@ import numpy as np
 
 from cramkit.data.tokenstore import TokenStoreWriter, store_dtype
 from cramkit.errors import CramkitError
-from cramkit.runtime import cpu_cores
+from cramkit.runtime import cpu_cores, die_with_parent
 
 BUILTIN_SOURCE = "builtin:stdlib-docstrings"
 _TOK = None  # the tokenizer inside a worker
 
 
-def _init_worker(tok_json: str) -> None:
+def _init_worker(tok_json: str, parent: int) -> None:
     global _TOK
+    die_with_parent(parent)
     os.environ["TOKENIZERS_PARALLELISM"] = "false"
     from tokenizers import Tokenizer
 
@@ -81,7 +82,8 @@ def _run_pool(docs, workers, batch_chars, tok_json, dtype, quality_cutoff, write
 
     # fork: no re-import of the caller's __main__ (spawn would re-run an unguarded script)
     method = "fork" if "fork" in mp.get_all_start_methods() else "spawn"
-    ex = ProcessPoolExecutor(workers, mp_context=mp.get_context(method), initializer=_init_worker, initargs=(tok_json,))
+    context, parent = mp.get_context(method), os.getpid()
+    ex = ProcessPoolExecutor(workers, mp_context=context, initializer=_init_worker, initargs=(tok_json, parent))
     try:
         pending: deque = deque()
         for batch in _batches(docs, batch_chars):

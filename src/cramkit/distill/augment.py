@@ -30,7 +30,7 @@ import numpy as np
 
 from cramkit.errors import CramkitError
 from cramkit.io import json_loads, read_json
-from cramkit.runtime import cpu_cores
+from cramkit.runtime import cpu_cores, die_with_parent
 
 MASK = "[MASK]"  # what a masked word is stored as; students read STUDENT_MASK instead
 STUDENT_MASK = "[UNK]"
@@ -162,7 +162,9 @@ def edit(
 _STATE: dict[str, Any] = {}
 
 
-def _init(table: PosTable | None, cfg: AugmentConfig, pairs: bool) -> None:
+def _init(table: PosTable | None, cfg: AugmentConfig, pairs: bool, parent: int | None = None) -> None:
+    if parent is not None:  # in a worker
+        die_with_parent(parent)
     _STATE.update(table=table, cfg=cfg, pairs=pairs)
 
 
@@ -211,7 +213,7 @@ def _workers(workers: int, table: PosTable | None, cfg: AugmentConfig, pairs: bo
     import multiprocessing as mp
 
     ctx = mp.get_context("fork" if "fork" in mp.get_all_start_methods() else "spawn")
-    pool = ctx.Pool(workers, initializer=_init, initargs=(table, cfg, pairs))
+    pool = ctx.Pool(workers, initializer=_init, initargs=(table, cfg, pairs, os.getpid()))
     try:
         yield pool
     finally:

@@ -36,6 +36,7 @@ from cramkit.errors import CramkitError
 from cramkit.index import ann
 from cramkit.index.checks import validate_faiss_index
 from cramkit.io import disk_problem, file_lock, json_loads, read_json_object, write_json_atomic
+from cramkit.runtime import die_with_parent
 
 PART_ROWS = 2_000_000  # rows per part at most: a part is in one process's memory while it is filled
 PREPARED = "prepared.json"
@@ -223,7 +224,7 @@ def fill_parts(
         results: Any = map(_fill_one, jobs)
         pool = None
     else:  # spawn: a forked Faiss/OpenMP runtime can hang the child
-        pool = multiprocessing.get_context("spawn").Pool(workers)
+        pool = multiprocessing.get_context("spawn").Pool(workers, initializer=die_with_parent, initargs=(os.getpid(),))
         results = pool.imap_unordered(_fill_one, jobs)
     try:
         for p, rec in results:

@@ -85,6 +85,22 @@ def test_interleaved_schedule_follows_one_process_and_resumes_on_one(store, tmp_
     _close(losses(run), one)
 
 
+def test_pp2_checkpoint_resumes_on_tp2_and_an_impossible_degree_is_one_line(store, reference, tmp_path):  # noqa: F811
+    # a pipeline checkpoint resumed with tensor parallelism: the optimizer's group settings are keyed by each
+    # group's first parameter, another one in each layout (was a KeyError on every rank under ChildFailedError)
+    from clirun import cli, one_line
+
+    run = tmp_path / "pp2"
+    pretrain(2, store, run, "--set", "parallel.pp=2")
+    _rewind(run, 3)
+    cramkit(2, "pretrain", "--resume", str(run), "--set", "parallel.pp=1", "--set", "parallel.tp=2")
+    _close(losses(run), losses(reference), tol=1e-4)
+    # pp=3 for a 2-layer model, under --nproc 2: one line before torchrun starts, naming the checkpoint's degrees
+    line = one_line(cli("pretrain", "--resume", str(run), "--nproc", "2", "--set", "parallel.pp=3"), "parallel.pp=3")
+    assert "written with parallel.pp=1, parallel.tp=2" in line and "on 2 processes" in line, line
+    assert "a resume may change parallel.pp, parallel.tp" in line
+
+
 def test_pp2_with_fsdp_follows_one_process(store, reference, tmp_path):  # noqa: F811
     # FSDP2 inside the pipeline: each stage sharded as a root of its own (its blocks one by one) over the
     # data-parallel ranks (here one: the DTensor path with its gradient sync, tied copies and clipping)

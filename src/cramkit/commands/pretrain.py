@@ -135,17 +135,8 @@ def _launch(args: argparse.Namespace) -> int:
 
     if runtime.torchrun().world > 1:
         raise CramkitError("--nproc given inside a torchrun job; use one or the other")
-    if args.resume is None and args.init is None:  # a mistyped setting: one message here, not one per process
-        from cramkit.train.config import resolve_config
-
-        cfg = resolve_config(args.preset or "tiny-cpu", args.overrides)
-        from cramkit.train.parallel import check_ep
-        from cramkit.train.pipeline import check_pp, stages_per_rank
-
-        # pipeline and expert-parallel degrees the processes allow
-        world = args.nproc * args.nnodes
-        check_pp(cfg.model, cfg.parallel.pp, world, virtual=stages_per_rank(cfg.parallel), tp=cfg.parallel.tp)
-        check_ep(cfg.model, cfg.parallel.ep, world)
+    if args.init is None:  # a mistyped setting or degree: one message here, not one per process
+        _check_degrees(args, args.nproc * args.nnodes)
     out = args.out
     if out is None and args.resume is None and args.nnodes > 1:
         raise CramkitError(
@@ -180,3 +171,45 @@ def _launch(args: argparse.Namespace) -> int:
     for item in args.overrides:
         argv += ["--set", item]
     return launch(args.nproc, argv, nnodes=args.nnodes, node_rank=args.node_rank, rdzv_endpoint=args.rdzv_endpoint)
+
+
+def _check_degrees(args: argparse.Namespace, world: int) -> None:
+    """The pipeline and expert-parallel degrees ``world`` processes allow, checked before torchrun starts them;
+    for ``--resume``, with the run's settings and the degrees its checkpoint was written with named (a resume may
+    change them: the checkpoint holds the whole model, resharded on load)."""
+    from cramkit.errors import CramkitError
+    from cramkit.train.config import resolve_config
+    from cramkit.train.parallel import check_ep
+    from cramkit.train.pipeline import check_pp, stages_per_rank
+
+    try:
+        if args.resume is None:
+            cfg = resolve_config(args.preset or "tiny-cpu", args.overrides)
+        else:
+            from cramkit.recipes.pretrain import resolved_config
+
+            cfg = resolved_config(resume=args.resume, overrides=args.overrides, budget=args.budget)
+        check_pp(cfg.model, cfg.parallel.pp, world, virtual=stages_per_rank(cfg.parallel), tp=cfg.parallel.tp)
+        check_ep(cfg.model, cfg.parallel.ep, world)
+    except CramkitError as exc:
+        if args.resume is None:
+            raise
+        raise CramkitError(f"{exc}. {_written_with(args.resume)}") from None
+
+
+def _written_with(run: str) -> str:
+    """What the latest checkpoint of ``run`` was written with, and what a resume may change."""
+    from cramkit import rundir
+
+    latest = rundir.find_latest(rundir.require_run_dir(run))
+    trainer = rundir.verify(latest).get("trainer") if latest is not None else None
+    trainer = trainer if isinstance(trainer, dict) else {}
+    saved, world = trainer.get("parallel"), trainer.get("world")
+    saved = saved if isinstance(saved, dict) else {}
+    degrees = ", ".join(f"parallel.{k}={saved[k]}" for k in ("pp", "tp", "ep", "strategy") if k in saved)
+    where = f"{latest.name if latest else run} was written with {degrees or 'other degrees'}"
+    where += f" on {world} processes" if isinstance(world, int) else ""
+    return (
+        f"{where}; a resume may change parallel.pp, parallel.tp, parallel.strategy and --nproc (the checkpoint "
+        "is resharded), as long as the new degrees fit the model and the processes"
+    )

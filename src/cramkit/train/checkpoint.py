@@ -582,7 +582,7 @@ def load(
 
     path = resolve_checkpoint(path)
     state = verify(path)
-    model_sd, optim_sd, _ = get_states(model, optimizer)
+    model_sd, optim_sd, current = get_states(model, optimizer)
     state_dict = {"model": _whole(model_sd, empty=True), "optim": _whole(optim_sd, empty=True)}
     try:
         with warnings.catch_warnings():
@@ -604,7 +604,12 @@ def load(
     if optimizer is None:
         set_state_dict(model, [], model_state_dict=state_dict["model"], optim_state_dict={}, options=_options())
     else:
-        hparams = {k: _from_json(v) for k, v in state.get("optimizer_hparams", {}).items()}
+        # a group's settings are keyed by its first parameter's name, which depends on the layout (a pipeline
+        # stage's first parameter, a tensor-parallel model's order): the saved ones where this layout names the
+        # same group, this optimizer's own otherwise (the learning rate is set again at every step)
+        saved = state.get("optimizer_hparams")
+        saved = saved if isinstance(saved, dict) else {}
+        hparams = {k: _from_json(saved.get(k, v)) for k, v in current.items()}
         set_state_dict(
             model,
             optimizer,

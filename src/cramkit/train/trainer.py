@@ -190,6 +190,8 @@ class Trainer:
         ctx: distributed.DistContext | None = None,
     ) -> None:
         self.objective, self.tcfg, self.run_dir = objective, tcfg, Path(run)
+        # recorded in each checkpoint: the layout it was written in (a resume may change it; one line names it)
+        self.degrees = {"pp": pcfg.pp, "tp": pcfg.tp, "ep": pcfg.ep, "strategy": pcfg.strategy}
         self.ctx = ctx = ctx or distributed.init_distributed(tcfg.device)
         self.device = device = ctx.device
         self.precision, self.precision_reason = runtime.precision_rule(tcfg.precision, device)
@@ -464,6 +466,7 @@ class Trainer:
             "budget": self.tcfg.budget,
             "fraction": self.budget.fraction(s.elapsed, s.tokens, s.step),
             "world": self.ctx.world,
+            "parallel": self.degrees,
             "reason": reason,
             "loader": _to_json(self.loader.state_dict()),
             "rng": ckpt.encode_rng(),

@@ -57,6 +57,26 @@ FAMILIES: dict[str, tuple[str, dict[str, Any], str]] = {
         {**SIZES, "num_hidden_layers": 4, "max_position_embeddings": 128, "local_attention": 8, "pad_token_id": 0},
         "bert",
     ),
+    # DeBERTa-v3's shape: no absolute positions or token types, disentangled attention with 8 log buckets (exact
+    # within 4 positions, logarithmic beyond: the 12-token inputs reach both) up to 16 positions
+    "deberta-v2": (
+        "DebertaV2Config",
+        {
+            **SIZES,
+            "max_position_embeddings": 32,
+            "relative_attention": True,
+            "position_buckets": 8,
+            "max_relative_positions": 16,
+            "pos_att_type": "p2c|c2p",
+            "share_att_key": True,
+            "norm_rel_ebd": "layer_norm",
+            "position_biased_input": False,
+            "type_vocab_size": 0,
+            "layer_norm_eps": 1e-7,
+            "pad_token_id": 0,
+        },
+        "bert",
+    ),
 }
 AUTO = {
     "encoder": "AutoModel",
@@ -203,9 +223,38 @@ def test_mpnet_relative_bias_beyond_the_exact_buckets(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(
+    "changes",
+    [
+        {"position_buckets": 16, "max_relative_positions": 64, "max_position_embeddings": 128},
+        # DeBERTa-v2's shape: absolute positions as well, two token types; max_relative_positions from the positions
+        {"position_biased_input": True, "type_vocab_size": 2, "max_relative_positions": -1, "position_buckets": 32},
+    ],
+)
+def test_deberta_far_positions_and_absolute_ones(tmp_path: Path, changes: dict[str, Any]) -> None:
+    """DeBERTa's log buckets far past the exact ones (distances up to 119 against a 64-position range, which they
+    saturate), and the v2 shape with absolute positions added: transformers' hidden states."""
+    name, kwargs, style = FAMILIES["deberta-v2"]
+    config = transformers.DebertaV2Config(vocab_size=VOCAB, **{**kwargs, **changes})
+    torch.manual_seed(0)
+    theirs = transformers.AutoModel.from_config(config).eval()
+    with torch.no_grad():
+        for p in theirs.parameters():
+            p.add_(torch.randn(p.shape, generator=torch.Generator().manual_seed(p.numel())) * 0.1)
+    theirs.save_pretrained(tmp_path / "m", safe_serialization=True)
+    _tokenizer(tmp_path / "m", style)
+    loaded = load(f"hf:{tmp_path / 'm'}")
+    length = min(120, config.max_position_embeddings)
+    ids = torch.randint(5, VOCAB, (2, length), generator=torch.Generator().manual_seed(3))
+    mask = torch.ones_like(ids)
+    mask[1, length // 2 :] = 0
+    _close(_ours(loaded.model.eval(), "encoder", ids, mask), _theirs(theirs, "encoder", ids, mask), "encoder", mask)
+
+
+@pytest.mark.parametrize(
     ("changes", "expected"),
     [
-        ({"model_type": "deberta-v2"}, "model_type 'deberta-v2' is not supported (DeBERTa's disentangled attention"),
+        ({"model_type": "deberta"}, "model_type 'deberta' is not supported (DeBERTa v1's attention"),
+        ({"model_type": "albert"}, "model_type 'albert' is not supported (ALBERT's shared layers"),
         (
             {"model_type": "gpt2"},
             "imports bert, roberta, xlm-roberta, camembert, distilbert, electra, mpnet, modernbert",
@@ -257,6 +306,8 @@ FORMATS = [
     ("mpnet", "classifier", "openvino"),
     ("modernbert", "encoder", "onnx"),  # the local layers' band and their own rotary base in the graph
     ("modernbert", "encoder", "openvino"),
+    ("deberta-v2", "classifier", "onnx"),  # the position terms in the plain attention graph
+    ("deberta-v2", "encoder", "openvino"),
 ]
 
 
@@ -291,6 +342,7 @@ def test_exports_of_each_family_match_torch(model_type: str, kind: str, fmt: str
         ("mpnet", "no relative position bias"),
         ("electra", "no projection after embeddings"),
         ("modernbert", "no local attention layers"),
+        ("deberta-v2", "no disentangled attention"),
     ],
 )
 def test_what_ctranslate2_cannot_hold_is_one_line(
@@ -341,6 +393,12 @@ def test_a_modernbert_classifier_is_one_line_and_its_encoder_fine_tunes(
         ("roberta", {"max_position_embeddings": "514"}),
         ("distilbert", {"sinusoidal_pos_embds": True}),
         ("electra", {"embedding_size": 10**9}),
+        ("deberta-v2", {"position_buckets": 10**12}),  # a 2 x 10^12-row table: refused before allocating
+        ("deberta-v2", {"position_buckets": 8, "max_relative_positions": 3}),  # no log bucket fits
+        ("deberta-v2", {"conv_kernel_size": 3}),  # DeBERTa-v2-xlarge's convolution: not imported
+        ("deberta-v2", {"pos_att_type": ["c2p"]}),
+        ("deberta-v2", {"share_att_key": False}),
+        ("deberta-v2", {"pos_att_type": "p2c|c2p", "pooler_hidden_act": "tanh"}),
     ],
 )
 def test_crafted_family_configs_are_one_line(

@@ -37,7 +37,7 @@ def _task(root: Path, rows: int = 200, seed: int = 0) -> tuple[Path, Path, Path]
     return root / "train.csv", root / "dev.csv", root / "docs.txt"
 
 
-@pytest.mark.parametrize("model_type", ["mpnet", "roberta"])
+@pytest.mark.parametrize("model_type", ["mpnet", "roberta", "deberta-v2"])
 def test_finetune_predict_and_export_back(model_type: str, tmp_path: Path) -> None:
     """finetune from hf:DIR -> predict -> export: transformers' own class of the family reads the export and
     gives the probabilities cramkit predicted."""

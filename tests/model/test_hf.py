@@ -195,8 +195,8 @@ def _write_config(root: Path, **changes: object) -> Path:
     ("changes", "expected"),
     [
         (
-            {"model_type": "deberta-v2", "architectures": ["DebertaV2Model"]},
-            "model_type 'deberta-v2' is not supported",
+            {"model_type": "deberta", "architectures": ["DebertaModel"]},
+            "model_type 'deberta' is not supported",
         ),
         ({"model_type": "t5"}, "model_type 't5' is not supported"),
         ({"position_embedding_type": "relative_key"}, "position_embedding_type 'relative_key'"),

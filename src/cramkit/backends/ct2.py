@@ -410,6 +410,8 @@ class Ct2Backend(Backend):
         cfg = loaded.encoder.cfg
         if cfg.relative_buckets:
             return ["CTranslate2's encoder has no relative position bias (MPNet)"]
+        if cfg.disentangled_buckets:
+            return ["CTranslate2's encoder has no disentangled attention (DeBERTa)"]
         if cfg.local_window:
             return ["CTranslate2's encoder has no local attention layers (ModernBERT)"]
         if not cfg.first_attention_norm:

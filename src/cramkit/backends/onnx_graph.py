@@ -30,6 +30,8 @@ def attention_plan(loaded: LoadedModel) -> str | None:
         return f"a {loaded.architecture} model: exported as its own graph"
     if loaded.encoder.relative is not None:
         return "MPNet's relative position bias is added to the attention scores, which the fused operator does not take"
+    if loaded.encoder.cfg.disentangled_buckets:
+        return "DeBERTa's position terms are added to the attention scores, which the fused operator does not take"
     if loaded.encoder.cfg.local_window:
         return "the local attention layers' band over the keys is a mask the fused operator does not take"
     return None

@@ -28,7 +28,8 @@ class ModelConfig:
     norm_position: Literal["pre", "post", "deepnorm"] = "pre"
     norm_eps: float = 1e-12
     bias: bool = False
-    position: Literal["sinusoidal", "learned", "rope"] = "sinusoidal"
+    # "none": no absolute positions (DeBERTa-v3: its attention's relative position terms only)
+    position: Literal["sinusoidal", "learned", "rope", "none"] = "sinusoidal"
     max_position: int = 512
     rope_base: float = 10000.0
     type_vocab_size: int = 0  # token-type (segment) embeddings; 2 in BERT, 0 = none (Cramming)
@@ -49,6 +50,12 @@ class ModelConfig:
     # added to the attention scores; 0 = none
     relative_buckets: int = 0
     relative_max_distance: int = 128
+    # DeBERTa-v2/v3's disentangled attention (cramkit.model.disentangled): 2 x disentangled_buckets relative position
+    # embeddings, shared by the layers and projected by each one's query and key projections, add content-to-position
+    # and position-to-content terms to every score (log buckets beyond half of them, up to
+    # disentangled_max_distance); 0 = none
+    disentangled_buckets: int = 0
+    disentangled_max_distance: int = 512
     # ModernBERT's alternating attention: every global_every-th layer (0, N, 2N, ...) attends to every key, the others
     # only to keys within local_window positions, with rotary base local_rope_base (0: rope_base); 0 = all global
     local_window: int = 0
@@ -84,7 +91,7 @@ class ModelConfig:
         for name in ("dropout", "attention_dropout"):
             if not 0.0 <= getattr(self, name) < 1.0:
                 raise CramkitError(f"model.{name} must be in [0, 1), got {getattr(self, name)}")
-        for name in ("position_offset", "embedding_size", "relative_buckets"):
+        for name in ("position_offset", "embedding_size", "relative_buckets", "disentangled_buckets"):
             if getattr(self, name) < 0:
                 raise CramkitError(f"model.{name} must not be negative, got {getattr(self, name)}")
         if self.position_offset and (self.position != "learned" or self.position_offset >= self.max_position):
@@ -100,6 +107,13 @@ class ModelConfig:
             raise CramkitError("model.local_window (local attention layers) needs model.position=rope")
         if self.relative_buckets and (self.relative_buckets < 4 or self.relative_max_distance < 4):
             raise CramkitError("model.relative_buckets and model.relative_max_distance must be at least 4")
+        if self.disentangled_buckets and (
+            self.disentangled_buckets < 4 or self.disentangled_max_distance <= self.disentangled_buckets // 2 + 1
+        ):
+            raise CramkitError(
+                "model.disentangled_buckets must be at least 4 and model.disentangled_max_distance more than half "
+                f"of them plus one (got {self.disentangled_buckets} and {self.disentangled_max_distance})"
+            )
         self._validate_moe()
 
     def _validate_moe(self) -> None:
@@ -131,7 +145,7 @@ class ModelConfig:
     def pairwise_attention(self) -> bool:
         """Whether attention carries a bias over (query, key) pairs (MPNet's relative positions, local windows): the
         blocks then run on the padded batch, every position's queries computed (no unpadding, no sparse last block)."""
-        return bool(self.relative_buckets or self.local_window)
+        return bool(self.relative_buckets or self.local_window or self.disentangled_buckets)
 
     def is_moe(self, index: int) -> bool:
         """Whether block ``index`` (0-based) has a mixture-of-experts MLP: blocks moe_every, 2*moe_every, ..."""
@@ -191,7 +205,8 @@ def config_parameters(m: ModelConfig) -> int:
     head = (h * e + e * b + enorm if m.head_transform else 0) + (0 if m.tie_embeddings else v * e)
     head += v * (1 if m.bias or m.decoder_bias else 0)
     first = norm if m.norm_position == "pre" and not m.first_attention_norm else 0  # ModernBERT's first block
-    return emb + m.layers * block - first + moe + final + head + m.relative_buckets * m.heads
+    disentangled = 2 * m.disentangled_buckets * h + norm if m.disentangled_buckets else 0  # the table and its norm
+    return emb + m.layers * block - first + moe + final + head + m.relative_buckets * m.heads + disentangled
 
 
 def flops_per_token(cfg: ModelConfig, seq_len: int, predicted_fraction: float = 1.0) -> float:
@@ -208,6 +223,8 @@ def flops_per_token(cfg: ModelConfig, seq_len: int, predicted_fraction: float = 
     # an MoE block: the router, and k experts instead of one MLP
     moe = len(cfg.moe_layers) * ((cfg.moe_top_k - 1) * mlp + h * cfg.moe_experts) if cfg.moe_experts else 0
     attention = 2 * seq_len * h  # QK^T and AV (MACs per token per layer)
+    # DeBERTa: queries and keys against the 2 x buckets position rows (the terms' gathers are not counted)
+    attention += 2 * 2 * cfg.disentangled_buckets * h
     e = cfg.embedding_width
     head = (h * e if cfg.head_transform else 0) + e * cfg.vocab_size
     return 6.0 * (layers * (per_block + attention) + moe + predicted_fraction * head)

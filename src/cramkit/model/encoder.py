@@ -19,6 +19,7 @@ from torch.utils.checkpoint import checkpoint
 
 from cramkit.errors import CramkitError
 from cramkit.model.config import ModelConfig
+from cramkit.model.disentangled import Disentangled
 from cramkit.model.moe import MoE
 
 
@@ -289,6 +290,8 @@ class Attention(nn.Module):
         q, k, v = qkv.view(batch, length, 3, heads, head_dim).permute(2, 0, 3, 1, 4).unbind(0)
         if self.rotary is not None:
             q, k = self.rotary(q), self.rotary(k)
+        if isinstance(mask, Disentangled):  # DeBERTa: this layer's position terms join the mask
+            q, mask = mask.scores(q, k, local(self.qkv.weight), local(self.qkv.bias))
         if prefix is not None:
             k, v, mask = with_prefix(prefix.to(k.dtype), k, v, mask, heads)
         p = self.cfg.attention_dropout if self.training else 0.0
@@ -449,14 +452,21 @@ class Encoder(nn.Module):
         self.final_norm = make_norm(cfg) if use_final else nn.Identity()
         # MPNet: one relative position bias per bucket and head, shared by the layers
         self.relative = nn.Embedding(cfg.relative_buckets, cfg.heads) if cfg.relative_buckets else None
+        # DeBERTa: relative position embeddings shared by the layers, normalised (cramkit.model.disentangled)
+        if cfg.disentangled_buckets:
+            self.disentangled = nn.Embedding(2 * cfg.disentangled_buckets, cfg.hidden)
+            self.disentangled_norm = make_norm(cfg)
 
-    def attention_masks(
-        self, mask: torch.Tensor | None, dtype: torch.dtype, length: int
-    ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    def attention_masks(self, mask: torch.Tensor | None, dtype: torch.dtype, length: int) -> tuple[Any, Any]:
         """The additive masks of the global and the local layers: ``mask`` (padding, segments; None: nothing) plus
-        MPNet's relative position bias [1, heads, L, L] where the model has one, and for the local layers the band
+        MPNet's relative position bias [1, heads, L, L] where the model has one (DeBERTa's: a :class:`Disentangled`
+        bundle in their place, from which each attention computes its own), and for the local layers the band
         that hides keys beyond ``local_window`` positions (ModernBERT)."""
         cfg = self.cfg
+        if cfg.disentangled_buckets:  # one bundle every layer turns into its own bias (Attention._heads)
+            table = F.dropout(self.disentangled_norm(self.disentangled.weight), cfg.dropout, self.training)
+            bundle = Disentangled.build(mask, table, length, cfg.disentangled_buckets, cfg.disentangled_max_distance)
+            return bundle, bundle  # (typed as masks: a block hands it to its attention unread)
         if self.relative is not None:
             buckets = relative_buckets(
                 length, cfg.relative_buckets, cfg.relative_max_distance, self.relative.weight.device

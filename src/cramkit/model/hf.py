@@ -59,6 +59,8 @@ _ARCHITECTURE_FIELDS = (
     "embedding_size",
     "relative_buckets",
     "relative_max_distance",
+    "disentangled_buckets",
+    "disentangled_max_distance",
     "local_window",
     "global_every",
     "local_rope_base",
@@ -509,8 +511,8 @@ def _not_own_type_because(
         raise CramkitError(
             f"export_hf: this {cfg.hf_model_type or 'cramkit'} model cannot be written under its own model_type "
             f"({', '.join(problems)}), and the cramkit format does not hold what its architecture adds to cramkit's "
-            "(position offset, embedding projection, relative position bias, local attention); export it with "
-            "--format onnx"
+            "(position offset, embedding projection, relative position bias, local or disentangled attention); export "
+            "it with --format onnx"
         )
     return (None if problems else family), model_type, problems
 

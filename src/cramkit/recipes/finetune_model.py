@@ -20,6 +20,7 @@ from cramkit.data.batching import (
 from cramkit.errors import CramkitError
 from cramkit.load import LoadedModel
 from cramkit.model import forward
+from cramkit.model.architectures import pooler_activation
 from cramkit.recipes.finetune_config import FinetuneConfig
 from cramkit.tasks.registry import Example, Task
 
@@ -124,12 +125,13 @@ def build_model(
         model.load_state_dict({k: v for k, v in state.items() if k.startswith(("encoder.", "head."))}, strict=True)
         return model
     pool = resolve_pooling(cfg, loaded)  # pooling=auto: the model's own
-    source_head = getattr(loaded.model, "head_cfg", None)  # a classifier's pooler keeps its activation
+    # a classifier's pooler keeps its activation; a new one takes the imported family's (exported under it)
+    source_head = getattr(loaded.model, "head_cfg", None)
     head = ClassifierConfig(
         pooling=cast(Literal["first", "mean"], pool.pooling),
         pooler_dense=pool.pooler_dense,
         dropout=cfg.dropout,
-        pooler_activation=getattr(source_head, "pooler_activation", "tanh"),
+        pooler_activation=getattr(source_head, "pooler_activation", pooler_activation(loaded.config.hf_model_type)),
     )
     if cfg.method == "ptuning":
         model = PrefixClassifier(model_cfg, num_labels, head, cfg.prefix_len)

@@ -227,7 +227,8 @@ class Pipeline(nn.Module):
         if model.cfg.pairwise_attention:
             raise CramkitError(
                 f"parallel.pp={cfg.pp}: the stages rebuild plain attention masks, without this model's relative "
-                "position bias or local attention layers (MPNet, ModernBERT); set parallel.pp=1"
+                "position bias, local attention layers or disentangled attention (MPNet, ModernBERT, DeBERTa); set "
+                "parallel.pp=1"
             )
         self.virtual = stages_per_rank(cfg)
         check_pp(model.cfg, cfg.pp, ctx.world, virtual=self.virtual, tp=cfg.tp)

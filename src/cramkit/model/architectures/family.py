@@ -28,8 +28,7 @@ READ_SUFFIXES = (*KIND_SUFFIX.values(), "ForPreTraining", "ForTokenClassificatio
 
 # the model types cramkit cannot reproduce, with what to do (one line each)
 UNSUPPORTED = {
-    "deberta": "DeBERTa's disentangled attention",
-    "deberta-v2": "DeBERTa's disentangled attention",
+    "deberta": "DeBERTa v1's attention (its relative positions without log buckets; deberta-v2 imports)",
     "albert": "ALBERT's shared layers",
     "xlnet": "XLNet's two-stream attention",
     "longformer": "Longformer's sliding and global attention",

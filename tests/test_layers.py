@@ -24,6 +24,8 @@ LAYERS: list[tuple[str, ...]] = [
     (
         "cramkit.errors",
         "cramkit.io",
+        "cramkit.outdir",
+        "cramkit.readback",
         "cramkit.config",
         "cramkit.runtime",
         "cramkit.doctor",

@@ -298,7 +298,7 @@ def _finetune_mixture(
     primary: str | None,
     progress: bool,
 ) -> dict[str, Any]:
-    from cramkit.io import check_out, disk_errors
+    from cramkit.io import RUN_OUTPUTS, check_out, disk_errors
     from cramkit.recipes.multitask import SETTINGS_FILE, finetune_mixture
     from cramkit.tasks.registry import get_task
     from cramkit.tasks.resolve import data_dir_for
@@ -307,7 +307,8 @@ def _finetune_mixture(
     _check_source(source)
     _preload(*tasks)
     where = Path(out or f"finetune-{mix.name}")
-    check_out(where, inputs=[source], own=[SETTINGS_FILE])
+    own = {SETTINGS_FILE: ("tasks", "config")}  # a mixture's settings
+    check_out(where, inputs=[source], own=own, writes=RUN_OUTPUTS, command="the mixture fine-tuning")
     with disk_errors(where):
         return finetune_mixture(
             mix,

@@ -28,6 +28,12 @@ T = TypeVar("T", bound="DataclassInstance")
 PRESET_DIR = Path(__file__).parent / "presets"
 
 
+def _show(value: Any, limit: int = 80) -> str:
+    """``repr(value)`` cut to ``limit`` characters: an error line never echoes a whole file's value."""
+    text = repr(value) if not isinstance(value, (list, dict)) or len(value) < 64 else f"<{type(value).__name__}>"
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
 def _suggest(key: str, valid: Iterable[str]) -> str:
     valid = list(valid)
     starts = [v for v in valid if v.startswith(key)] if key else []  # 'tiny': tiny-cpu and tiny-zh alike
@@ -54,30 +60,30 @@ def _coerce(value: Any, tp: Any, where: str) -> Any:
                 return _coerce(value, arg, where)
             except CramkitError as exc:
                 errors.append(str(exc))
-        raise CramkitError(errors[0] if errors else f"{where}: invalid value {value!r}")
+        raise CramkitError(errors[0] if errors else f"{where}: invalid value {_show(value)}")
     if origin is typing.Literal:
         allowed = typing.get_args(tp)
         if value not in allowed:
-            raise CramkitError(f"{where}: {value!r} is not one of {', '.join(repr(a) for a in allowed)}")
+            raise CramkitError(f"{where}: {_show(value)} is not one of {', '.join(repr(a) for a in allowed)}")
         return value
     if origin in (list, tuple):
         if isinstance(value, str):
             value = [v.strip() for v in value.split(",") if v.strip()]
         if not isinstance(value, (list, tuple)):
-            raise CramkitError(f"{where}: expected a list, got {value!r}")
+            raise CramkitError(f"{where}: expected a list, got {_show(value)}")
         (inner, *_) = typing.get_args(tp) or (Any,)
         items = [_coerce(v, inner, f"{where}[{i}]") for i, v in enumerate(value)]
         return items if origin is list else tuple(items)
     if origin is dict:
         if not isinstance(value, Mapping):
-            raise CramkitError(f"{where}: expected a mapping, got {value!r}")
+            raise CramkitError(f"{where}: expected a mapping, got {_show(value)}")
         return dict(value)
     if dataclasses.is_dataclass(tp):
         section = cast("type[DataclassInstance]", tp)  # a type hint: the class
         if isinstance(value, section):
             return value
         if not isinstance(value, Mapping):
-            raise CramkitError(f"{where}: expected a section of settings, got {value!r}")
+            raise CramkitError(f"{where}: expected a section of settings, got {_show(value)}")
         return from_dict(section, value, where)
     if tp is bool:
         if isinstance(value, bool):
@@ -86,10 +92,10 @@ def _coerce(value: Any, tp: Any, where: str) -> Any:
             return value.lower() in ("true", "yes", "on", "1")
         if isinstance(value, int) and value in (0, 1):
             return bool(value)
-        raise CramkitError(f"{where}: expected true or false, got {value!r}")
+        raise CramkitError(f"{where}: expected true or false, got {_show(value)}")
     if tp is int:
         if isinstance(value, bool):
-            raise CramkitError(f"{where}: expected an integer, got {value!r}")
+            raise CramkitError(f"{where}: expected an integer, got {_show(value)}")
         if isinstance(value, int):
             return value
         if isinstance(value, float) and value.is_integer():
@@ -101,21 +107,21 @@ def _coerce(value: Any, tp: Any, where: str) -> Any:
                 f = None
             if f is not None and f.is_integer():
                 return int(f)
-        raise CramkitError(f"{where}: expected an integer, got {value!r}")
+        raise CramkitError(f"{where}: expected an integer, got {_show(value)}")
     if tp is float:
         if isinstance(value, bool):
-            raise CramkitError(f"{where}: expected a number, got {value!r}")
+            raise CramkitError(f"{where}: expected a number, got {_show(value)}")
         try:
             number = float(value)
         except (TypeError, ValueError):
-            raise CramkitError(f"{where}: expected a number, got {value!r}") from None
+            raise CramkitError(f"{where}: expected a number, got {_show(value)}") from None
         if not math.isfinite(number):
-            raise CramkitError(f"{where}: expected a finite number, got {value!r}; give e.g. {where}=1e-3")
+            raise CramkitError(f"{where}: expected a finite number, got {_show(value)}; give e.g. {where}=1e-3")
         return number
     if tp is str:
         if isinstance(value, (str, int, float)) and not isinstance(value, bool):
             return str(value)
-        raise CramkitError(f"{where}: expected a string, got {value!r}")
+        raise CramkitError(f"{where}: expected a string, got {_show(value)}")
     return value
 
 
@@ -162,8 +168,8 @@ def parse_overrides(items: Iterable[str]) -> dict[str, Any]:
         if not key:
             raise CramkitError(f"--set {item!r}: the key is empty")
         try:
-            value = yaml.safe_load(raw) if raw.strip() else ""
-        except yaml.YAMLError:
+            value = parse_yaml(raw, f"--set {key[:80]}") if raw.strip() else ""
+        except (yaml.YAMLError, _Alias):  # not YAML (an alias included): the text as it is
             value = raw
         node = out
         parts = key.split(".")
@@ -190,16 +196,108 @@ def list_presets() -> list[str]:
     return sorted(p.stem for p in PRESET_DIR.glob("*.yaml"))
 
 
-def load_yaml(path: str | Path) -> dict[str, Any]:
-    path = Path(path)
+# a settings file (--config, --preset FILE, a run's config.yaml) is small and flat: bounded before anything is built
+SETTINGS_BYTES = 1 << 20
+SETTINGS_DEPTH = 8  # sections inside each other (a run's config.yaml nests 3)
+NUMBER_CHARS = 100  # the longest number a setting takes (Python's int() refuses over 4,300 digits)
+KEY_CHARS = 200
+ERROR_CHARS = 300  # a YAML parser's message, on one line, cut to this
+
+
+class _Alias(CramkitError):
+    """A YAML anchor or alias: refused in a settings file (one ``&x`` expanded by ``*x`` grows without bound);
+    an ``--set`` value holding one is taken as text."""
+
+
+def _one_line(exc: BaseException) -> str:
+    text = " ".join(str(exc).split())
+    return text if len(text) <= ERROR_CHARS else text[: ERROR_CHARS - 3] + "..."
+
+
+def _scan_yaml(text: str, where: str) -> None:
+    """Walk the YAML events of ``text`` (the parser alone: nothing built, no alias expanded) and refuse, in one
+    line naming ``where`` and the key, an anchor or alias, nesting deeper than SETTINGS_DEPTH, a key longer than
+    KEY_CHARS and a number longer than NUMBER_CHARS. yaml.YAMLError for text that is not YAML."""
+    levels: list[list[Any]] = []  # each open mapping ["map", key, awaiting a key] or sequence ["seq", index, None]
+    resolver = yaml.resolver.Resolver()
+
+    def here() -> str:
+        parts = [f"[{at}]" if kind == "seq" else ("." if i else "") + str(at) for i, (kind, at, _) in enumerate(levels)]
+        path = "".join(p for p in parts if p not in ("None", ".None"))
+        return f"{where}: {path}" if path else where
+
+    def done() -> None:  # a node ended: its sequence's next item, or its mapping's value or next key
+        if levels and levels[-1][0] == "seq":
+            levels[-1][1] += 1
+        elif levels:
+            levels[-1][2] = not levels[-1][2]
+
+    for event in yaml.parse(text, Loader=yaml.SafeLoader):
+        if isinstance(event, yaml.AliasEvent) or getattr(event, "anchor", None):
+            raise _Alias(f"{here()} uses a YAML anchor or alias (& or *); write each setting out in full")
+        if isinstance(event, (yaml.MappingStartEvent, yaml.SequenceStartEvent)):
+            if len(levels) >= SETTINGS_DEPTH:
+                raise CramkitError(f"{here()} nests over {SETTINGS_DEPTH} levels deep; settings are flat")
+            levels.append(["map", None, True] if isinstance(event, yaml.MappingStartEvent) else ["seq", 0, None])
+        elif isinstance(event, (yaml.MappingEndEvent, yaml.SequenceEndEvent)):
+            levels.pop()
+            done()
+        elif isinstance(event, yaml.ScalarEvent):
+            value = event.value
+            tag = event.tag if event.tag not in (None, "!") else None
+            if tag is None and event.implicit[0]:
+                tag = resolver.resolve(yaml.ScalarNode, value, (True, False))
+            if str(tag).endswith((":int", ":float")) and len(value) > NUMBER_CHARS:
+                raise CramkitError(
+                    f"{here()} is a number of {len(value):,} characters; a setting's number has at most {NUMBER_CHARS}"
+                )
+            if levels and levels[-1][0] == "map" and levels[-1][2]:  # a key
+                if len(value) > KEY_CHARS:
+                    raise CramkitError(f"{here()} has a key of {len(value):,} characters; no setting has")
+                levels[-1][1] = value
+            done()
+
+
+def parse_yaml(text: str | bytes, where: str) -> Any:
+    """The YAML value of settings ``text`` (``where`` names it in errors), read safely: UTF-8 text only, then
+    :func:`_scan_yaml`'s bounds before anything is built, then ``yaml.safe_load``. Every failure is one
+    CramkitError line, except text that is not YAML: yaml.YAMLError (:func:`load_yaml` says it in one line)."""
+    if isinstance(text, bytes):
+        if text.startswith((b"\xff\xfe", b"\xfe\xff")):
+            raise CramkitError(f"{where} is UTF-16 text; save it as UTF-8")
+        if b"\x00" in text:
+            raise CramkitError(f"{where} is a binary file, not YAML text; give a YAML file of settings (key: value)")
+        try:
+            text = text.decode("utf-8-sig")
+        except UnicodeDecodeError as exc:
+            raise CramkitError(f"{where} is not UTF-8 text (byte {exc.start:,}); save it as UTF-8") from None
+    _scan_yaml(text, where)
     try:
-        text = path.read_text(encoding="utf-8")
+        return yaml.safe_load(text)
+    except yaml.YAMLError:
+        raise
+    except (ValueError, TypeError, OverflowError, RecursionError) as exc:  # a value YAML's constructors refuse
+        raise CramkitError(f"{where} holds a value that cannot be read ({_one_line(exc)})") from None
+
+
+def load_yaml(path: str | Path) -> dict[str, Any]:
+    """The settings of the YAML file ``path`` as a nested dict: at most SETTINGS_BYTES, read by
+    :func:`parse_yaml`; every failure one line naming the file (and the key)."""
+    path = Path(path)
+    where = f"config file {path}"
+    try:
+        with open(path, "rb") as fh:
+            raw = fh.read(SETTINGS_BYTES + 1)
     except FileNotFoundError:
         raise CramkitError(f"config file {path} does not exist") from None
+    except OSError as exc:
+        raise CramkitError(f"{where} cannot be read ({exc.strerror or exc}); give a YAML file of settings") from None
+    if len(raw) > SETTINGS_BYTES:
+        raise CramkitError(f"{where} is over {SETTINGS_BYTES >> 20} MiB; a settings file is a few lines of key: value")
     try:
-        data = yaml.safe_load(text) or {}
+        data = parse_yaml(raw, where) or {}
     except yaml.YAMLError as exc:
-        raise CramkitError(f"config file {path} is not valid YAML: {exc}") from None
+        raise CramkitError(f"{where} is not valid YAML: {_one_line(exc)}") from None
     if not isinstance(data, dict):
         raise CramkitError(f"config file {path} must hold a mapping of settings at the top level")
     return data

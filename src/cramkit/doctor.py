@@ -13,9 +13,9 @@ precision (:func:`cpu_ceiling`) without measuring anything itself.
 
 from __future__ import annotations
 
-import json
 import os
 import platform
+import sys
 import time
 import warnings
 from collections.abc import Callable
@@ -177,12 +177,31 @@ def save(report: dict[str, Any]) -> Path:
     return path
 
 
+CEILINGS_BYTES = 1 << 20  # a few entries per CPU and thread count
+_SAID: set[Path] = set()  # the damaged caches said so once in this process
+
+
 def _read(path: Path) -> dict[str, Any]:
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+    """The ceilings cache ``path`` ({} when there is none); a damaged one (over CEILINGS_BYTES, nested too deep,
+    not JSON, not an object) is ignored with one stderr line, and ``cramkit doctor`` measures it again."""
+    from cramkit.io import BadJson, json_loads, json_text
+
+    if not path.is_file():
         return {}
-    return data if isinstance(data, dict) else {}
+    try:
+        data = json_loads(json_text(path, CEILINGS_BYTES), max_depth=8)
+        if not isinstance(data, dict):
+            raise BadJson("not a JSON object")
+    except (OSError, UnicodeDecodeError, BadJson) as exc:
+        if path not in _SAID:
+            _SAID.add(path)
+            print(
+                f"cramkit: the measured ceilings {path} are damaged ({str(exc)[:120]}); ignored (`cramkit doctor` "
+                "measures them again)",
+                file=sys.stderr,
+            )
+        return {}
+    return data
 
 
 def cpu_ceiling(precision: str, threads: int) -> float | None:

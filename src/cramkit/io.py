@@ -15,12 +15,23 @@ import json
 import os
 import re
 import shutil
+import stat
 import sys
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, ParamSpec, TypeVar
 
 from cramkit.errors import CramkitError
+from cramkit.outdir import (  # noqa: F401  (the folder rule's home; importable from here as before)
+    EXPORT_NAMES,
+    PRODUCTS,
+    RUN_OUTPUTS,
+    check_out,
+    check_out_file,
+    holds,
+    listing,
+    stray_entry,
+)
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -57,9 +68,43 @@ def clean_stale(path: str | os.PathLike) -> None:
             _remove(p)
 
 
-def write_text_atomic(path: str | os.PathLike, text: str) -> Path:
-    """Write ``text`` (UTF-8) to ``path`` through a temporary file in the same directory."""
+def special_file(path: str | os.PathLike) -> bool:
+    """Whether ``path`` (followed through links) is there and is neither a regular file nor a directory: a
+    character device (/dev/null, /dev/full, a terminal), a FIFO, a socket, a block device. A writer never
+    renames over one (it would replace the device with a file): it writes through (:func:`write_through`)."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return False
+    return not (stat.S_ISREG(mode) or stat.S_ISDIR(mode))
+
+
+def write_through(path: str | os.PathLike, fill: Callable[[Any], object], binary: bool = False) -> Path:
+    """Write to the special file ``path`` (:func:`special_file`) in place: opened and written, never renamed
+    over. A character device or FIFO takes the bytes (a FIFO waits for its reader); a block device or a socket
+    is refused in one line, as is a full or read-only device (:func:`disk_problem`)."""
     path = Path(path)
+    mode = os.stat(path).st_mode
+    if not (stat.S_ISCHR(mode) or stat.S_ISFIFO(mode)):
+        kind = "a block device" if stat.S_ISBLK(mode) else "a socket" if stat.S_ISSOCK(mode) else "not a file"
+        raise CramkitError(f"{path} is {kind}; cramkit writes only files, character devices and pipes: give a file")
+    try:
+        with open(path, "wb") if binary else open(path, "w", encoding="utf-8", newline="") as f:
+            fill(f)
+    except OSError as exc:
+        problem = disk_problem(exc)
+        if problem is None:
+            raise
+        raise CramkitError(f"cannot write {path}: {problem}; give another file (it was left as it was)") from None
+    return path
+
+
+def write_text_atomic(path: str | os.PathLike, text: str) -> Path:
+    """Write ``text`` (UTF-8) to ``path`` through a temporary file in the same directory (to a device or a
+    FIFO: straight through, :func:`write_through`)."""
+    path = Path(path)
+    if special_file(path):
+        return write_through(path, lambda f: f.write(text))
     path.parent.mkdir(parents=True, exist_ok=True)
     clean_stale(path)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
@@ -83,8 +128,13 @@ def write_json_atomic(path: str | os.PathLike, data: Any) -> Path:
 @contextlib.contextmanager
 def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     """Yield a temporary sibling of ``path`` (file or directory) to write; on success it replaces
-    ``path`` (an old directory there is removed); on any failure it is deleted."""
+    ``path`` (an old directory there is removed); on any failure it is deleted. A device or a FIFO at ``path``
+    is never replaced: what was written is copied into it (:func:`write_through`)."""
     path = Path(path)
+    if special_file(path):
+        with _written_through(path) as tmp:
+            yield tmp
+        return
     path.parent.mkdir(parents=True, exist_ok=True)
     clean_stale(path)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
@@ -102,6 +152,24 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
             os.replace(tmp, path)
     finally:
         _remove(tmp)
+
+
+@contextlib.contextmanager
+def _written_through(path: Path) -> Iterator[Path]:
+    """A temporary path (in the temporary directory, not beside the device: /dev is no place for it) whose
+    bytes go to the special file ``path`` once the body has written them."""
+    import tempfile
+
+    where = Path(tempfile.mkdtemp(prefix="cramkit-out-"))
+    tmp = where / path.name
+    try:
+        yield tmp
+        if tmp.is_dir():
+            raise CramkitError(f"{path} is not a directory; a folder cannot be written to it (it is kept)")
+        with open(tmp, "rb") as src:
+            write_through(path, lambda f: shutil.copyfileobj(src, f), binary=True)
+    finally:
+        _remove(where)
 
 
 def _remove(p: Path) -> None:
@@ -189,15 +257,16 @@ def claim_dir(directory: str | os.PathLike, file_name: str, settings: Any, what:
     whether they were recorded before; a CramkitError naming the fix when they differ, or when ``directory``
     holds another command's product (:func:`check_out`)."""
     directory = Path(directory)
-    check_out(directory, own=(file_name,))
+    fields = ("config",) if isinstance(settings, dict) and "config" in settings else tuple(settings or ())
+    check_out(directory, own={file_name: fields})  # the settings file proves the folder this verb's
     file = directory / file_name
     if not file.is_file():
         directory.mkdir(parents=True, exist_ok=True)
         write_json_atomic(file, settings)
         return False
     try:
-        before = json.loads(file.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        before = json_loads(json_text(file))  # bounded in size and depth: the file is read back, untrusted
+    except (OSError, UnicodeDecodeError, BadJson):
         before = None
     if before != json.loads(json.dumps(settings)):
         raise CramkitError(
@@ -205,205 +274,6 @@ def claim_dir(directory: str | os.PathLike, file_name: str, settings: Any, what:
             f"{directory} to start over"
         )
     return True
-
-
-# a file or folder that marks a directory as something cramkit made (the first one present names it)
-PRODUCTS = (
-    ("config.yaml", "a pretraining run"),
-    ("checkpoints", "a pretraining run"),
-    ("cramkit-model.json", "a model directory"),
-    ("cramkit-onnx.json", "an ONNX export"),
-    ("cramkit-ct2.json", "a CTranslate2 export"),
-    ("cramkit_export.json", "a Hugging Face export"),
-    ("config.json", "a Hugging Face model"),
-    ("index.json", "an index"),
-    ("embed.json", "embeddings"),
-    ("finetune.json", "a fine-tuning"),
-    ("distill.json", "a distillation"),
-    ("neighbours.json", "RETRO neighbours"),
-)
-
-
-def holds(directory: str | os.PathLike) -> str | None:
-    """What cramkit product ``directory`` holds ("a pretraining run (config.yaml)"), or None."""
-    d = Path(directory)
-    return next((f"{what} ({name})" for name, what in PRODUCTS if (d / name).exists()), None)
-
-
-def _source_path(source: Any) -> Path | None:
-    text = str(getattr(source, "source", source) or "")
-    path = Path(text[3:] if text.startswith("hf:") else text).expanduser()
-    return path.resolve() if text and path.exists() else None
-
-
-def _refuse_inputs(out: Path, inputs: Iterable[Any], replace: bool) -> None:
-    dst = out.expanduser().resolve()
-    for source in inputs:
-        src = _source_path(source)
-        if src is None:
-            continue
-        if dst == src or src in dst.parents or (replace and dst in src.parents):
-            rel = "is" if dst == src else "lies inside" if src in dst.parents else "contains"
-            raise CramkitError(
-                f"--out {out} {rel} {src}, which this command reads; writing it would destroy the source. "
-                "Choose an --out outside it"
-            )
-
-
-def check_out(
-    out: str | os.PathLike,
-    *,
-    inputs: Iterable[Any] = (),
-    own: Iterable[str] = (),
-    replace: bool = False,
-    force: bool = False,
-    kin: Iterable[str] = (),
-) -> list[str]:
-    """The rule for every command that writes a directory ``out``; a CramkitError naming the fix, else the
-    entries of ``out`` that will be removed (only with ``replace`` and ``force``: the caller says so).
-
-    - never into its own input: ``out`` is not, and does not lie inside, any of ``inputs`` (paths, ``hf:DIR``
-      or loaded models; with ``replace``, it does not contain one either);
-    - never over a file, and never ``.`` or ``/`` when it replaces ``out`` as a whole;
-    - never over another product: a directory holding a run, a model, an export, an index... without any of
-      ``own`` (the marker files of this command's own earlier output, which it resumes or replaces) is
-      refused, naming what it holds, ``force`` or not;
-    - ``replace`` (the command swaps in a new ``out``): only what the command made before is replaced, what
-      its manifest (``own``) lists (:func:`stray_entry`); ``force`` also replaces the output of a kindred
-      command (``kin``: another export format's), on the same terms. A directory it did not make, or one
-      holding anything its manifest does not list (a user's notes, a model two levels down), is refused,
-      ``force`` or not: nothing outside the command's own outputs is ever deleted.
-    """
-    out = Path(out)
-    _refuse_inputs(out, inputs, replace)
-    if out.exists() and not out.is_dir():
-        raise CramkitError(f"--out {out} is a file; give a directory (the file is kept)")
-    if not out.is_dir():
-        return []
-    dst = out.resolve()
-    if replace and (dst == Path.cwd().resolve() or dst == Path(dst.anchor)):
-        raise CramkitError(f"--out {out} is the current or root directory; choose a new directory")
-    mine = next((name for name in own if (out / name).is_file()), None)
-    if not replace:
-        if mine is not None or any((out / name).exists() for name in own):
-            return []
-        product = holds(out)
-        if product is None:
-            return []
-        raise CramkitError(
-            f"--out {out} holds {product}; writing there would replace it. Choose another --out (or delete "
-            f"{out} yourself)"
-        )
-    entries = sorted(p.name for p in out.iterdir() if p.name != ".lock")
-    if not entries:
-        return []
-    other = None if mine is not None else next((name for name in kin if (out / name).is_file()), None)
-    marker = mine or other
-    if marker is None:
-        inner = next(
-            (f"{name}/, {what}" for name in entries if (out / name).is_dir() and (what := holds(out / name))), None
-        )
-        what = holds(out) or inner or "other files (" + ", ".join(entries[:5]) + ")"
-        raise CramkitError(
-            f"--out {out} holds {what}, which this command never replaces, --force or not (it replaces only its "
-            "own earlier output, what that output's manifest lists); choose another --out (a new or empty "
-            f"directory), or move {out}'s contents away yourself"
-        )
-    stray = stray_entry(out, marker)
-    if stray is not None:
-        raise CramkitError(
-            f"--out {out} holds {stray}, which the output there ({marker}) did not write; replacing that output "
-            f"would delete it, --force or not. Move {stray} out of {out}, or choose another --out"
-        )
-    if other is None:
-        return []
-    if not force:
-        raise CramkitError(
-            f"--out {out} holds {holds(out) or 'another export (' + other + ')'}; pass --force to replace it (only "
-            f"what its {other} lists), or choose another --out"
-        )
-    return entries
-
-
-# entries beyond this many under an output are not walked: no output of cramkit's holds as many
-_MOST_ENTRIES = 100_000
-
-
-def listing(root: str | os.PathLike) -> list[str]:
-    """Every file and folder under ``root`` (links not followed), as sorted relative POSIX paths: what an
-    output records in its manifest (``"entries"``) so that a later ``--force``/``--overwrite`` replaces
-    exactly that (:func:`stray_entry`)."""
-    root = Path(root)
-    found = []
-    for here, dirs, files in os.walk(root):
-        rel = Path(here).relative_to(root)
-        found += [(rel / name).as_posix() for name in (*dirs, *files)]
-    return sorted(found)
-
-
-def stray_entry(out: str | os.PathLike, marker: str) -> str | None:
-    """The first entry under ``out`` that the output whose manifest is ``out/marker`` did not write (its
-    ``"entries"``: :func:`listing`), or None. A manifest without that list (written before it existed)
-    vouches for its top-level names: the files its ``"files"`` names, its tokenizer, and the names every
-    export writes (:data:`EXPORT_NAMES`)."""
-    out = Path(out)
-    try:
-        meta = json_loads((out / marker).read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, BadJson):
-        meta = None
-    meta = meta if isinstance(meta, dict) else {}
-    listed = meta.get("entries")
-    exact = isinstance(listed, list) and all(isinstance(x, str) for x in listed)
-    if isinstance(listed, list) and exact:
-        own = set(listed)
-    else:
-        files = meta.get("files")
-        own = {marker, *EXPORT_NAMES, *(files if isinstance(files, (dict, list)) else ())}
-    seen = 0
-    for here, dirs, files in os.walk(out):
-        rel = Path(here).relative_to(out)
-        for name in sorted((*dirs, *files)):
-            path = (rel / name).as_posix()
-            seen += 1
-            if seen > _MOST_ENTRIES:
-                return f"over {_MOST_ENTRIES:,} entries"
-            if path == ".lock":
-                continue
-            top = path.split("/", 1)[0]
-            if path not in own and (exact or top not in own):
-                return path + ("/" if name in dirs else "")
-        if not exact and rel == Path("."):
-            dirs[:] = []  # (without a list: the top-level names vouch for what lies under them)
-    return None
-
-
-# what an export writes besides its format's own files (a manifest without "entries" vouches for these names)
-EXPORT_NAMES = (
-    "tokenizer",
-    "tokenizer.json",
-    "vocab.txt",
-    "tokenizer_config.json",
-    "special_tokens_map.json",
-    "config.json",
-    "model.safetensors",
-    "modeling_cramkit.py",
-    "modules.json",
-    "sentence_bert_config.json",
-    "config_sentence_transformers.json",
-    "1_Pooling",
-    "2_Normalize",
-)
-
-
-def check_out_file(out: str | os.PathLike, *, inputs: Iterable[Any] = ()) -> None:
-    """The rule for a command that writes one file ``out``: never a directory (it is never replaced by a
-    file), never one of its inputs, never inside an input directory."""
-    out = Path(out)
-    if out.is_dir():
-        raise CramkitError(
-            f"--out {out} is a directory; give a file name (e.g. {out / 'predictions.jsonl'}); the directory is kept"
-        )
-    _refuse_inputs(out, inputs, replace=False)
 
 
 # write errors that are the disk's, not cramkit's: each becomes one line naming the path and the fix
@@ -545,10 +415,38 @@ def _replace_surrogates(value: Any, errors: str) -> Any:
     return value
 
 
-def json_loads(text: str | bytes) -> Any:
-    """``json.loads(text)`` with every failure one :class:`BadJson` naming the reason: not JSON, nested too
-    deep (never a RecursionError), an integer over Python's digit limit (never a bare ValueError). Strings
-    are kept as they are (names and paths); text to tokenize is read with :func:`json_row`."""
+MAX_JSON_DEPTH = 64  # arrays and objects inside each other: cramkit's own files nest a few levels
+MAX_JSON_BYTES = 64 << 20  # a JSON file read back whole (a manifest, a record, a cache): at most 64 MiB
+_JSON_STRING = re.compile(r'"(?:[^"\\]|\\.)*"')
+_JSON_NOT_BRACKET = re.compile(r"[^\[\]{}]+")
+_JSON_EMPTY_PAIR = re.compile(r"\[\]|\{\}")
+_JSON_OPENERS = re.compile(rf"[\[{{]{{{MAX_JSON_DEPTH + 1}}}")
+
+
+def too_deep(text: str | bytes, limit: int = MAX_JSON_DEPTH) -> bool:
+    """Whether JSON ``text`` nests arrays and objects more than ``limit`` deep (strings skipped), found at
+    C speed: the brackets alone, the innermost pairs removed ``limit`` times."""
+    if isinstance(text, (bytes, bytearray)):
+        text = bytes(text).decode("utf-8", "replace")
+    if text.count("[") + text.count("{") <= limit:
+        return False
+    brackets = _JSON_NOT_BRACKET.sub("", _JSON_STRING.sub("", text))
+    if limit == MAX_JSON_DEPTH and _JSON_OPENERS.search(brackets):
+        return True  # the usual bomb, found in one pass
+    for _ in range(limit):
+        brackets, n = _JSON_EMPTY_PAIR.subn("", brackets)
+        if not brackets or not n:
+            return False  # all matched, or what is left is not JSON (json.loads says so)
+    return bool(brackets)
+
+
+def json_loads(text: str | bytes, max_depth: int = MAX_JSON_DEPTH) -> Any:
+    """``json.loads(text)`` with every failure one :class:`BadJson` naming the reason: not JSON, nested more
+    than ``max_depth`` deep (checked first: never a RecursionError, here or in whoever walks the value), an
+    integer over Python's digit limit (never a bare ValueError). Strings are kept as they are (names and
+    paths); text to tokenize is read with :func:`json_row`."""
+    if too_deep(text, max_depth):
+        raise BadJson("not readable JSON (nested too deep)")  # over max_depth levels
     try:
         return json.loads(text)
     except json.JSONDecodeError as exc:
@@ -582,12 +480,22 @@ def replace_surrogates(value: Any, errors: str = "replace") -> Any:
         raise BadJson("not readable JSON (nested too deep)") from None
 
 
-def read_json(path: str | os.PathLike, fix: str) -> Any:
-    """The JSON value in ``path``; one clear line ending in ``fix`` when the file is missing, unreadable or
-    not valid JSON (invalid UTF-8, nesting too deep, an integer too long to convert included)."""
+def json_text(path: str | os.PathLike, max_bytes: int = MAX_JSON_BYTES) -> str:
+    """The UTF-8 text of JSON file ``path``, refused (:class:`BadJson`) over ``max_bytes`` before it is read:
+    ``json_loads(json_text(p))`` in place of ``json_loads(p.read_text())`` (the same errors otherwise)."""
+    with open(path, "rb") as fh:
+        data = fh.read(max_bytes + 1)
+    if len(data) > max_bytes:
+        raise BadJson(f"not readable JSON (over {max_bytes:,} bytes, more than such a file holds)")
+    return data.decode("utf-8")
+
+
+def read_json(path: str | os.PathLike, fix: str, max_bytes: int = MAX_JSON_BYTES) -> Any:
+    """The JSON value in ``path``; one clear line ending in ``fix`` when the file is missing, unreadable, over
+    ``max_bytes`` or not valid JSON (invalid UTF-8, nesting too deep, an integer too long to convert included)."""
     path = Path(path)
     try:
-        return json_loads(path.read_text(encoding="utf-8"))
+        return json_loads(json_text(path, max_bytes))
     except FileNotFoundError:
         raise CramkitError(f"{path} is missing; {fix}") from None
     except BadJson as exc:

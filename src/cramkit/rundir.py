@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
 from cramkit.errors import CramkitError
-from cramkit.io import BadJson, json_loads, sha256_file
+from cramkit.io import BadJson, json_loads, json_text, sha256_file
 
 if TYPE_CHECKING:
     import torch
@@ -42,7 +42,7 @@ def finished_result(
     if not path.is_file() or not all(Path(n).exists() for n in needs):
         return None
     try:
-        data = json_loads(path.read_text(encoding="utf-8"))
+        data = json_loads(json_text(path))
     except (OSError, ValueError, BadJson):
         return None
     return data if isinstance(data, dict) and (key is None or data.get(key)) else None
@@ -62,6 +62,36 @@ def checkpoints_dir(run: str | os.PathLike) -> Path:
 
 def is_run_dir(path: str | os.PathLike) -> bool:
     return (Path(path) / "config.yaml").is_file()
+
+
+# what a run writes at the top of its directory (the run's record, the engine's, its trackers')
+RUN_NAMES = (
+    "config.yaml",
+    "run.json",
+    "metrics.jsonl",
+    "loss.png",
+    "checkpoints",
+    "tokenizer",
+    "data",
+    "vocab-extension.json",
+    "pooler.safetensors",
+    "trackers.json",
+    "tb",
+    "wandb",
+    "mlruns",
+    "trackio",
+)
+
+
+def check_new_run(run: str | os.PathLike) -> None:
+    """A new run (``cramkit pretrain --out RUN``) goes into ``run`` only when it is new or empty, a run of
+    cramkit's (its ``run.json``, as a failed first attempt leaves it), or a folder holding none of
+    :data:`RUN_NAMES` (a user's ``metrics.jsonl`` or ``config.yaml`` is never appended to or replaced): else
+    one CramkitError naming the file and the fix (:func:`cramkit.io.check_out`)."""
+    from cramkit.io import check_out
+
+    own = {"run.json": ("inputs", "store", "tokenizer")}  # what pretrain records of the run
+    check_out(run, own=own, writes=RUN_NAMES, command="cramkit pretrain")
 
 
 def require_run_dir(path: str | os.PathLike) -> Path:
@@ -130,7 +160,7 @@ def read_state(path: str | os.PathLike) -> dict[str, Any]:
     file = Path(path) / STATE_FILE
     fix = "resume from another checkpoint (delete this one) or start a new run"
     try:
-        state = json_loads(file.read_text(encoding="utf-8"))
+        state = json_loads(json_text(file))
     except FileNotFoundError:
         raise CramkitError(f"{file} is missing: the checkpoint is incomplete; {fix}") from None
     except (UnicodeDecodeError, BadJson) as exc:

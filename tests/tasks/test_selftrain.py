@@ -85,7 +85,11 @@ def test_unlabelled_trains_a_student_on_every_split_and_writes_what_it_did(
         only = re.search(r"(\d+) rows? only the teacher answers right, (\d+) only the student", one["kept_why"])
         assert only is not None, one["kept_why"]
         b, c = int(only[1]), int(only[2])
-        assert b + c <= 8 and one["kept"] == ("teacher" if b - c > 2 * (b + c) ** 0.5 else "student")
+        # (issue 66: within chance, a tie or pseudo-labels expected worse than the teacher's dev rows keep the teacher)
+        worse = one["expected_accuracy"]["kept"] < one["teacher"]["fewshot_dev"] / 100
+        want = "teacher" if b == c or worse else "student"
+        want = ("teacher" if b > c else "student") if abs(b - c) > 2 * (b + c) ** 0.5 else want
+        assert b + c <= 8 and one["kept"] == want
         assert split["score"] == one[one["kept"]]["score"] and one["model"] == str(out / f"split-{key}")
         if one["kept"] == "teacher":
             assert f"the teacher is kept ({one['kept_why']})" in proc.stderr

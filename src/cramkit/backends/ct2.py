@@ -199,6 +199,7 @@ def model_bin_layout(data: bytes, where: Path) -> dict[str, tuple[tuple[int, ...
             raise CramkitError(
                 f"{where}: variable {name!r} of shape {list(shape)} holds {nbytes} bytes; export the model again"
             )
+        _refuse_nonfinite(where, name, dtype, memoryview(data)[pos : pos + nbytes], count)
         pos += nbytes
         layout[name] = (shape, dtype)
     for _ in range(take("<I")):
@@ -209,6 +210,21 @@ def model_bin_layout(data: bytes, where: Path) -> dict[str, tuple[tuple[int, ...
     if pos != len(data):
         raise CramkitError(f"{where}: {len(data) - pos} bytes after the last variable; export the model again")
     return layout
+
+
+# CTranslate2's floating-point DataType ids and how their bytes read (5, bfloat16: raw 16-bit words)
+_FLOAT_DTYPES = {0: "<f4", 4: "<f2", 5: None}
+
+
+def _refuse_nonfinite(where: Path, name: str, dtype: int, raw: memoryview, count: int) -> None:
+    """One line naming ``model.bin`` and the variable when a float variable (a weight table) holds NaN or inf."""
+    from cramkit.backends.finite import bf16_faults, refuse_table, weight_faults
+
+    if dtype not in _FLOAT_DTYPES:
+        return
+    kind = _FLOAT_DTYPES[dtype]
+    bad = bf16_faults(raw) if kind is None else weight_faults(np.frombuffer(raw, kind))
+    refuse_table(where, name, bad, count)
 
 
 def check_layout(layout: dict[str, tuple[tuple[int, ...], int]], meta: dict[str, Any], where: Path) -> int:
@@ -514,6 +530,9 @@ class Ct2Backend(Backend):
             for k, v in head.items():
                 if v.shape != shapes[k]:
                     raise CramkitError(f"{path / HEAD_FILE}: {k} has shape {list(v.shape)}, expected {list(shapes[k])}")
+            from cramkit.backends.finite import check_weights
+
+            check_weights(path / HEAD_FILE, sorted(head.items()))
         return encoder, head, rows
 
     def runner(self, model: ExportedModel) -> Ct2Runner:

@@ -96,8 +96,9 @@ def _node_tensors(nodes: Any) -> Iterator[Any]:
                 yield from _graph_tensors(sub)
 
 
-def _refuse_external_data(file: Path, data: bytes) -> None:
-    """A CramkitError when any tensor of the model (graph, subgraphs, functions) lives in an external file."""
+def _check_tensors(file: Path, data: bytes) -> None:
+    """A CramkitError when any tensor of the model (graph, subgraphs, functions) lives in an external file, or
+    holds NaN or infinity (a weight table of a crafted or damaged export)."""
     try:
         import onnx
         from google.protobuf.message import DecodeError
@@ -117,6 +118,26 @@ def _refuse_external_data(file: Path, data: bytes) -> None:
                 "hold every tensor inside the model, so this one was not written by cramkit. Refusing to load "
                 "it: export the model again"
             )
+        if t.data_type in _FLOAT_TYPES:
+            _refuse_nonfinite(file, t)
+
+
+# ONNX's floating-point element types (TensorProto.FLOAT, FLOAT16, DOUBLE, BFLOAT16)
+_FLOAT_TYPES = (1, 10, 11, 16)
+
+
+def _refuse_nonfinite(file: Path, tensor: Any) -> None:
+    """One line naming the file and the tensor when a float tensor holds NaN or infinity (``weight_faults``)."""
+    from onnx import numpy_helper
+
+    from cramkit.backends.finite import bf16_faults, refuse_table, weight_faults
+
+    if tensor.data_type == 16 and tensor.raw_data:  # bfloat16 as raw 16-bit words
+        bad, size = bf16_faults(tensor.raw_data), len(tensor.raw_data) // 2
+    else:
+        values = numpy_helper.to_array(tensor)
+        bad, size = weight_faults(values), int(values.size)
+    refuse_table(file, tensor.name, bad, size)
 
 
 # ---------------------------------------------------------------------------------------- the backend
@@ -266,7 +287,7 @@ class OnnxBackend(Backend):
         opts.log_severity_level = 3
 
         def session(name: str) -> Any:
-            _refuse_external_data(path / name, files[name])
+            _check_tensors(path / name, files[name])
             try:
                 return ort.InferenceSession(files[name], opts, providers=["CPUExecutionProvider"])
             except Exception as exc:  # a damaged or crafted model file

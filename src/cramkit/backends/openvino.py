@@ -30,8 +30,9 @@ CTranslate2 (``Ct2Runner.workers``).
 Loading (``cramkit.backends.open_export``) reads the manifest, checks every file's SHA-256, then here checks
 the IR before OpenVINO sees it: ``model.xml`` no larger than :data:`MAX_XML_BYTES` (refused before it is
 read), UTF-8, no document type declaration (no entity of any kind, external or internal), a ``<net>`` of IR
-version 10 or 11 whose every constant lies inside ``model.bin``; OpenVINO is then handed the two files'
-bytes (``Core.read_model(xml, weights)``) and never opens a path.
+version 10 or 11 whose every constant lies inside ``model.bin`` and holds no NaN or infinity
+(:func:`check_constants`); OpenVINO is then handed the two files' bytes (``Core.read_model(xml, weights)``)
+and never opens a path.
 """
 
 from __future__ import annotations
@@ -149,6 +150,35 @@ def check_ir(xml: bytes, weights: int, where: Path) -> tuple[str, dict[str, tupl
             )
         shapes[name] = shape
     return text, shapes
+
+
+# the IR's floating-point element types and how their bytes read (bf16: raw 16-bit words, finite.bf16_faults)
+FLOAT_CONSTANTS = {"f32": "<f4", "f16": "<f2", "f64": "<f8", "bf16": None}
+
+
+def check_constants(text: str, weights: bytes, where: Path) -> None:
+    """Refuse an IR whose floating-point constants (its weight tables, in model.bin) hold NaN or infinity, in one
+    line naming the file and the constant; ``text`` is :func:`check_ir`'s (every constant inside ``weights``)."""
+    import xml.etree.ElementTree as ET
+
+    from cramkit.backends.finite import bf16_faults, refuse_table, weight_faults
+
+    view = memoryview(weights)  # slices without copies
+    for layer in ET.fromstring(text).iter("layer"):
+        data = layer.find("data")
+        kind = None if data is None else data.get("element_type")
+        if layer.get("type") != "Const" or data is None or kind not in FLOAT_CONSTANTS:
+            continue
+        offset, size = int(data.get("offset", "0")), int(data.get("size", "0"))
+        raw = view[offset : offset + size]
+        dtype = FLOAT_CONSTANTS[kind]
+        if dtype is None:
+            raw = raw[: len(raw) // 2 * 2]
+            bad, count = bf16_faults(raw), len(raw) // 2
+        else:
+            values = np.frombuffer(raw[: len(raw) // np.dtype(dtype).itemsize * np.dtype(dtype).itemsize], dtype)
+            bad, count = weight_faults(values), values.size
+        refuse_table(where.parent / "model.bin", str(layer.get("name")), bad, count)
 
 
 def table_rows(shapes: dict[str, tuple[int, ...]], table: str) -> int | None:
@@ -323,6 +353,7 @@ class OpenVinoBackend(Backend):
         ov = _openvino()
         weights = files["model.bin"]
         text, shapes = check_ir(files["model.xml"], len(weights), path / "model.xml")
+        check_constants(text, weights, path / "model.xml")
         # OpenVINO gathers an id past a table's end as zeros: a max_length beyond the position table would give
         # wrong vectors, not an error, so it is refused here (and the tokenizer against the word table on load)
         positions = table_rows(shapes, "position")

@@ -35,6 +35,16 @@ def report_finetune(args: argparse.Namespace, cfg, res: dict, out: Path) -> None
     rate = sum(r["examples_per_s"] for r in res["seeds"]) / len(res["seeds"])
     print(f"training: {rate:.1f} examples/s; results in {out / 'results.json'}")
     kept = "the median seed" if n % 2 else "the lower of the two middle seeds"
+    st = res.get("self_training")
+    if st:  # self-training: the model kept is the student or the teacher, the other beside it
+        other = f"; the {'student' if st['kept'] == 'teacher' else 'teacher'} is in {st.get('other')}"
+        other *= bool(st.get("other"))
+        student = f", student {st['student']['score']:.2f}" if st.get("student") else " (no student trained)"
+        print(
+            f"self-training: teacher {st['teacher']['score']:.2f}{student} ({res['main_metric']}); the "
+            f"{st['kept']} is kept, saved in {out}{other}: cramkit predict --from {out} FILE"
+        )
+        return
     base = f" --base {args.source}" if res.get("method") == "ptuning" else ""  # deep prompts run on their base
     print(
         f"model (seed {res['kept_seed']}, {kept} by dev score) saved in {out}: cramkit predict --from {out}{base} "
@@ -55,15 +65,21 @@ def report_fewshot(args: argparse.Namespace, res: dict) -> None:
     keys = list(few["per_split"])
     out = Path(args.out or f"finetune-{name.replace('/', '-')}-{f'{k}shot' if k is not None else 'fewshot'}")
     scored = ", ".join(res["median"])
+    tests = res.get("test", {})
     for key, one in few["per_split"].items():
+        test = "".join(f"; {s} {one['test'][s]['score']:.2f}" for s in tests if s in one.get("test", {}))
         print(
-            f"{name} split {key}: {scored} {res['main_metric']} {one['score']:.2f} (its dev {one['dev']['score']:.2f})"
+            f"{name} split {key}: {scored} {res['main_metric']} {one['score']:.2f}{test} (its drawn dev rows "
+            f"{one['dev']['score']:.2f})"
         )
     what = f"FewCLUE splits {','.join(keys)}" if k is None else f"{len(keys)} few-shot splits (K={k} per class)"
     print(
         f"{name}: {scored} {res['main_metric']} {few['mean']:.2f}{plus_minus(few)} over {what}; results in "
         f"{out / 'results.json'}" + (f", test.json predictions in {out / 'submission'}" if k is None else "")
     )
+    for split, t in tests.items():  # a labelled --test file: scored by every split
+        spread = f" ± {t['std']:.2f}" if len(keys) > 1 else ""
+        print(f"{name}: {split} (labelled test file) {res['main_metric']} {t['score']:.2f}{spread} over {what}")
     base = few.get("frozen_baseline")
     if base is not None:
         lead = few["mean"] - base["mean"]
@@ -71,6 +87,13 @@ def report_fewshot(args: argparse.Namespace, res: dict) -> None:
             f"{name}: {base['what']}: {res['main_metric']} {base['mean']:.2f}{plus_minus({**base, 'splits': keys})} "
             f"({lead:+.2f} for {res['method']})"
             + ("; the recipe trails it: try --method setfit or --method auto" if lead < 0 else "")
+        )
+    kept = res.get("model")
+    if kept:  # the folder loads as the model of its best split
+        print(
+            f"model: split {kept['split']}'s, the best of the {kept['of']} splits on {scored} ({kept['score']:.2f}, "
+            f"chosen there: optimistic), copied into {out}: cramkit predict --from {out} FILE; each split's model is "
+            f"in {out}/split-S"
         )
 
 

@@ -87,7 +87,8 @@ def _finetune_parser(sub: argparse._SubParsersAction) -> None:
         p,
         "override a fine-tuning setting, e.g. --set lr=2e-5 --set epochs=3; others: batch_size, "
         "max_length, warmup, weight_decay, dropout, pooling (first|mean), max_train_examples (use only the "
-        "first N training rows; 0 = all), device, precision (an unknown key lists them all)",
+        "first N training rows; 0 = all), label_names (0=negative,1=positive: what the model answers), prior "
+        "(LABEL=TEXT,...: the classes described), device, precision (an unknown key lists them all)",
         nproc="processes on this machine (starts torchrun; DDP, one per GPU); needs --out",
     )
     p.add_argument(

@@ -36,7 +36,7 @@ import numpy as np
 
 from cramkit.data.tokenstore import TokenStore
 from cramkit.errors import CramkitError
-from cramkit.io import json_loads
+from cramkit.io import json_loads, json_text
 from cramkit.progress import Progress
 from cramkit.runtime import resolve_device, torchrun
 
@@ -77,7 +77,7 @@ def _not_writable(where: Path, exc: OSError) -> CramkitError:
 
 def _read_json(path: Path) -> dict:
     try:
-        data = json_loads(path.read_text(encoding="utf-8"))
+        data = json_loads(json_text(path))
     except (OSError, ValueError):
         return {}
     return data if isinstance(data, dict) else {}

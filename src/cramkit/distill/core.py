@@ -122,7 +122,7 @@ def distill(
 
     from cramkit.distill.report import cpu_speeds, dev_scores
     from cramkit.distill.students import build_student, parameter_counts
-    from cramkit.io import check_out, dir_lock
+    from cramkit.io import RUN_OUTPUTS, check_out, dir_lock
     from cramkit.load import load_torch
     from cramkit.train.distributed import fault_guard, init_distributed, shutdown
 
@@ -130,7 +130,8 @@ def distill(
     cfg = (cfg or DistillConfig()).resolved(student)
     cfg.validate()
     out = Path(out)
-    check_out(out, inputs=[teacher], own=[SETTINGS_FILE])
+    own = {SETTINGS_FILE: ("teacher", "config")}  # a distillation's settings
+    check_out(out, inputs=[teacher], own=own, writes=RUN_OUTPUTS, command="cramkit distill")
     if cfg.augment and cfg.p_pos > 0:
         from cramkit.distill.augment import find_tagger
 

@@ -26,7 +26,6 @@ from typing import Any
 
 import numpy as np
 
-from cramkit.errors import CramkitError
 from cramkit.load import LoadedModel
 from cramkit.recipes.finetune_config import FinetuneConfig
 from cramkit.recipes.label_prior import CALIBRATION_ROWS, prior_spec
@@ -38,23 +37,17 @@ STEP_ROWS = 512  # rows embedded per call: the progress line's step
 def embed_rows(engine: Any, texts: list[str], root: Path, which: str = "a", progress: bool = True) -> np.ndarray:
     """The backbone's unit-length sentence embeddings of ``texts`` [n, width], float32, computed once into
     ``root``/embeddings-KEY-``which``.npy (KEY the engine's model and input length; renamed into place when
-    complete; loaded without pickle, its dtype and shape checked): the label words' prior and the neighbours'
-    labels (``distill/neighbours.py``) read the same vectors."""
+    complete; read back only when its size, shape, dtype and values check out, else computed again): the label
+    words' prior and the neighbours' labels (``distill/neighbours.py``) read the same vectors."""
     from cramkit.distill.teacher import teacher_key
     from cramkit.io import atomic_path
     from cramkit.progress import Progress
 
     cache = root / f"embeddings-{teacher_key(engine.loaded, engine.max_length)}-{which}.npy"
     if cache.is_file():
-        try:
-            vectors = np.load(cache, allow_pickle=False)
-        except (ValueError, OSError) as exc:  # a damaged or crafted file (an object array would need pickle)
-            raise CramkitError(f"{cache} is not a float32 .npy array ({exc}); delete it to recompute") from None
-        if vectors.dtype != np.float32 or vectors.ndim != 2 or len(vectors) != len(texts):
-            raise CramkitError(
-                f"{cache} holds {vectors.dtype} {vectors.shape}, not float32 vectors of {len(texts)} rows; delete it"
-            )
-        return vectors
+        vectors = _cached(cache, engine, texts)
+        if vectors is not None:
+            return vectors
     parts = []
     bar = Progress("embeddings", len(texts), unit="rows", enabled="auto" if progress else False, leave=False)
     for i in range(0, len(texts), STEP_ROWS):
@@ -65,6 +58,25 @@ def embed_rows(engine: Any, texts: list[str], root: Path, which: str = "a", prog
     cache.parent.mkdir(parents=True, exist_ok=True)
     with atomic_path(cache) as tmp, open(tmp, "wb") as fh:
         np.save(fh, vectors, allow_pickle=False)
+    return vectors
+
+
+def _cached(cache: Path, engine: Any, texts: list[str]) -> np.ndarray | None:
+    """The vectors of ``cache`` when it holds one unit-length, finite float32 row per text, as wide as the
+    engine's (one text embedded to know it; :func:`cramkit.readback.read_array` checks the header against the
+    size first); else None, the bad file removed and said in one line, to be computed again."""
+    from cramkit.readback import BadCache, read_array, rebuilding
+
+    width = int(np.asarray(engine.embed(texts[:1], normalize=True)).shape[-1]) if texts else None
+    try:
+        vectors = read_array(cache, rows=len(texts), width=width, mmap=False)
+        norms = np.linalg.norm(vectors, axis=1) if len(vectors) else np.zeros(0)
+        if len(norms) and float(norms.max()) > 1.001:
+            raise BadCache(f"{cache} holds vectors longer than 1, and it keeps unit-length ones")
+    except BadCache as exc:
+        rebuilding(cache, str(exc), "embedding cache")
+        cache.unlink(missing_ok=True)
+        return None
     return vectors
 
 

@@ -152,13 +152,16 @@ def run_self_train(
     temporary directory, no model kept), a full disk one line."""
     import tempfile
 
-    from cramkit.io import check_out, disk_errors
+    from cramkit.io import RUN_OUTPUTS, check_out, disk_errors
     from cramkit.recipes.finetune import SETTINGS_FILE as FINETUNE_FILE
+    from cramkit.recipes.label_prior import first_lines
 
+    first_lines(task, cfg, unlabelled=True)  # classes without words: said first, with the flag that helps
     if out is None:
         with tempfile.TemporaryDirectory(prefix="cramkit-selftrain-") as tmp:
             return self_train(task, source, cfg, Path(tmp) / "out", rows, progress=progress)
-    check_out(out, inputs=[source], own=[SETTINGS_FILE, FINETUNE_FILE])
+    own = {SETTINGS_FILE: ("unlabelled", "config"), FINETUNE_FILE: ("task", "config")}  # a self-training's settings
+    check_out(out, inputs=[source], own=own, writes=RUN_OUTPUTS, command="the self-training")
     with disk_errors(out):
         return self_train(task, source, cfg, out, rows, progress=progress)
 
@@ -270,10 +273,8 @@ def _teacher_probs(
     for tdir in teachers:
         teacher = load_torch(tdir, purpose="self-training")
         max_length = min(cfg.max_length, teacher.max_length)
-        cached = (root / f"teacher-{teacher_key(teacher, max_length)}.npy").is_file()
-        if cached:  # a rerun: said whatever the progress setting, as the labelling resumed is
-            print(f"{_what(label)}{tdir.name}'s labels of {len(rows):,} rows, reused", file=sys.stderr)
-        elif progress:
+        cached = (root / f"teacher-{teacher_key(teacher, max_length)}.npy").is_file()  # (checked when read)
+        if progress and not cached:
             print(f"{_what(label)}{tdir.name} labels {len(rows):,} unlabelled rows", file=sys.stderr)
         logits, done = teacher_logits(
             teacher,
@@ -285,6 +286,8 @@ def _teacher_probs(
             device=cfg.device,
             progress=progress,
         )
+        if done.get("cached"):  # a rerun: said whatever the progress setting, as the labelling resumed is
+            print(f"{_what(label)}{tdir.name}'s labels of {len(rows):,} rows, reused", file=sys.stderr)
         if done.get("resumed_from"):
             print(f"{_what(label)}labelling resumed at row {done['resumed_from']:,}", file=sys.stderr)
         reused = reused and bool(done.get("cached"))
@@ -379,7 +382,14 @@ def self_train(
     t0 = time.perf_counter()
     out = Path(out_dir)
     loaded = source if isinstance(source, LoadedModel) else load_torch(source, purpose="fine-tuning")
+    given = len(rows)
     rows = _without_labelled(task, rows)
+    dropped = given - len(rows)
+    if not rows:
+        raise CramkitError(
+            f"--unlabelled: all {given:,} rows are the text of a labelled row or a dev row that picks the "
+            "checkpoint; give texts without labels"
+        )
     key = digest(rows)
     settings = {"task": task.name, "source": loaded.source, "unlabelled": key, "rows": len(rows)}
     settings["config"] = to_dict(cfg)
@@ -388,6 +398,12 @@ def self_train(
     if done is not None and done["self_training"].get("unlabelled") == key:
         print(line(done, label) + " (done earlier, reused)", file=sys.stderr)
         return done
+    if dropped:
+        print(
+            f"cramkit: self-training{f' {label}' if label else ''} drops {dropped:,} of the {given:,} unlabelled rows: "
+            f"the same text as a labelled row or a dev row that picks the checkpoint; {len(rows):,} left to label",
+            file=sys.stderr,
+        )
     plain: dict[str, Any] = {
         f.name: f.default for f in dataclasses.fields(FinetuneConfig) if f.name.startswith("self_train")
     }
@@ -405,7 +421,7 @@ def self_train(
                 file=sys.stderr,
             )
         teachers.append((tdir, res))
-    report: dict[str, Any] = {"settings": _own(cfg), "unlabelled": key, "rounds": []}
+    report: dict[str, Any] = {"settings": _own(cfg), "unlabelled": key, "dropped": dropped, "rounds": []}
     teacher_dirs, teacher_res, res = [d for d, _ in teachers], teachers[0][1], teachers[0][1]
     pair, labels_dir = _is_pair_task(task), out / "labels" / key
     prior, report["prior"] = prior_probs(loaded, task, rows, cfg, labels_dir, pair, progress)
@@ -433,7 +449,8 @@ def self_train(
     first = report["rounds"][0]
     trained = not (collapsed and len(report["rounds"]) == 1)
     answers = _right_on_selection(task, [teachers[0][0], teacher_dirs[0]], cfg) if trained else None
-    kept, why = kept_model(task, teacher_res, res if trained else None, answers)
+    expected = (report["rounds"][-1].get("expected_accuracy") or {}).get("kept")
+    kept, why = kept_model(task, teacher_res, res if trained else None, answers, expected)
     final = dict(teacher_res if kept == "teacher" else res)
     load_torch(teachers[0][0] if kept == "teacher" else teacher_dirs[0], purpose="self-training").save(out)
     report.update(
@@ -441,6 +458,7 @@ def self_train(
         kept=kept,
         kept_why=why,
         model=str(out),
+        other=str(_other_dir(kept, teachers[0][0], teacher_dirs[0])) if trained else None,
         teacher=_scores(teacher_res),
         student=_scores(res) if trained else None,
         distribution=report["rounds"][-1].get("kept", {}),
@@ -462,14 +480,20 @@ def kept_model(
     teacher: dict[str, Any],
     student: dict[str, Any] | None,
     answers: tuple[np.ndarray, np.ndarray] | None = None,
+    expected: float | None = None,
 ) -> tuple[str, str]:
-    """Which model a self-training keeps, ``"student"`` or ``"teacher"``, and why. ``answers``: whether the
-    teacher and the student answer each row of the dev split that picked the teacher's checkpoint right. The
-    student is kept unless the teacher is ahead there beyond chance: McNemar's test on the rows only one of them
-    answers right (the teacher's b against the student's c; the teacher is kept when b - c > 2 sqrt(b + c)). A
-    comparison of the two scores picked the teacher on one MRPC split in five where the student was 5.9 F1 ahead
-    on the 408 dev pairs (bench/RESULTS.md): 32 rows differ by a few rows by chance. No such split, or no
-    answers: the student."""
+    """Which model a self-training keeps, ``"student"`` or ``"teacher"``, and why: the student only where the
+    evidence says it is better. ``answers``: whether the teacher and the student answer each row of the dev split
+    that picked the teacher's checkpoint right; ``expected``: the share of the kept pseudo-labels the run expects
+    right (the labellers' calibrated confidence).
+
+    McNemar's test on the rows only one of them answers right (the teacher's b against the student's c) decides
+    where one is ahead beyond chance (``|b - c| > 2 sqrt(b + c)``). Within chance: a tie (b = c) keeps the teacher
+    (an SST-2 student of 66.32 was kept over a teacher of 71.20 on a tie of 56.25 each on 32 rows, issue 66), and so
+    do pseudo-labels the run expects right less often than the teacher answers those rows (the student learns from
+    them: it beats its labels by a little, not by much); else the student, whose labels are the better evidence (a
+    comparison of the two scores alone kept the teacher on an MRPC split where the student was 5.9 F1 ahead on the
+    408 dev pairs, bench/RESULTS.md). No such split, or no answers: the student."""
     if student is None:
         return "teacher", "no student was trained"
     split = task.selection_splits[0] if task.dev_splits else None
@@ -483,6 +507,16 @@ def kept_model(
     rows += f"answers right, {c} only the student"
     if b - c > 2 * (b + c) ** 0.5:
         return "teacher", f"the teacher is ahead beyond chance: {rows}"
+    if c - b > 2 * (b + c) ** 0.5:
+        return "student", f"the student is ahead beyond chance: {rows}"
+    if b == c:
+        return "teacher", f"the two tie, nothing says the student is better: {rows}"
+    accuracy = float(np.mean(teacher_right)) if len(teacher_right) else None
+    if expected is not None and accuracy is not None and expected < accuracy:
+        return "teacher", (
+            f"its pseudo-labels are expected {expected:.0%} right, under the teacher's {accuracy:.0%} on {split}, "
+            f"and the student is not ahead beyond chance: {rows}"
+        )
     return "student", rows
 
 
@@ -503,6 +537,11 @@ def _right_on_selection(task: Task, models: list[Path], cfg: FinetuneConfig) -> 
         engine = Engine(model, device=cfg.device, max_length=min(cfg.max_length, model.max_length))
         right.append(np.asarray(engine.logits(texts)).argmax(1) == labels)
     return right[0], right[1]
+
+
+def _other_dir(kept: str, teacher: Path, student: Path) -> Path:
+    """Where the model not kept is: the student's directory when the teacher is kept, else the teacher's."""
+    return student if kept == "teacher" else teacher
 
 
 def _own(cfg: FinetuneConfig) -> dict[str, Any]:
@@ -539,7 +578,9 @@ def line(res: dict[str, Any], label: str = "") -> str:
             f"{what}{st['collapsed']}: no student is trained on it; the result is the teacher's, {teacher:.2f} "
             f"({res.get('main_metric')}, model in {st['model']}); {st['seconds']:.0f}s"
         )
-    kept = f"; the teacher is kept ({st['kept_why']})" if st.get("kept") == "teacher" else ""
+    kept = f"; the {st.get('kept', 'student')} is kept ({st['kept_why']})" if st.get("kept_why") else ""
+    if st.get("other"):
+        kept += f"; the {'student' if st.get('kept') == 'teacher' else 'teacher'} is in {st['other']}"
     dist = ", ".join(f"{k} {v:,}" for k, v in st["distribution"].items())
     cuts = ", ".join(f"{k} {v:.2f}" for k, v in st["thresholds"].items())
     expected = (st.get("expected_accuracy") or {}).get("kept")
@@ -588,9 +629,13 @@ def summary(per_split: dict[str, dict[str, Any]]) -> dict[str, Any] | None:
 
     return {
         "teacher": spread([r["teacher"]["score"] for r in runs.values()]),
-        "student": spread([per_split[k]["score"] for k in runs]),
+        "student": spread([per_split[k]["score"] for k in runs]),  # the model kept on each split (its name since 49)
+        # each split's student itself (the teacher's score where it collapsed and none was trained)
+        "students": spread([(r["student"] or r["teacher"])["score"] for r in runs.values()]),
         "collapsed": [k for k, r in runs.items() if r["collapsed"]],
         "teacher_kept": [k for k, r in runs.items() if r.get("kept") == "teacher" and not r["collapsed"]],
+        "student_kept": [k for k, r in runs.items() if r.get("kept") == "student"],
+        "model": str(Path(next(iter(runs.values()))["model"]).parent),
         "seconds_per_split": {k: r["seconds"] for k, r in runs.items()},
     }
 
@@ -598,14 +643,20 @@ def summary(per_split: dict[str, dict[str, Any]]) -> dict[str, Any] | None:
 def fewshot_line(res: dict[str, Any]) -> str:
     """A few-shot protocol's self-training in one line: the teachers' mean ± sd against the students'."""
     st = res["self_training"]
-    t, s = st["teacher"], st["student"]
+    t, s = st["teacher"], st.get("students", st["student"])
     collapsed = f"; collapsed (the teacher's result kept) on split(s) {', '.join(st['collapsed'])}" * bool(
         st["collapsed"]
     )
-    if st.get("teacher_kept"):
-        collapsed += f"; the teacher ahead beyond chance on split(s) {', '.join(st['teacher_kept'])}: teacher kept"
+    kept, root = [], st.get("model", "OUT")
+    for who, other in (("student", "teacher"), ("teacher", "student")):
+        keys = st.get(f"{who}_kept", [])
+        if keys:
+            kept.append(f"the {who} on split(s) {', '.join(keys)} (the {other}s in {root}/split-S/{other})")
+    both = f"kept: {'; '.join(kept) or 'the teacher on every split'}: {st['student']['mean']:.2f} ± "
+    both += f"{st['student']['std']:.2f}"
     per = sorted(st["seconds_per_split"].values())
     return (
         f"self-training: teacher {t['mean']:.2f} ± {t['std']:.2f} -> student {s['mean']:.2f} ± {s['std']:.2f} "
-        f"({res['main_metric']}, {len(t['scores'])} splits); {per[len(per) // 2]:.0f}s per split (median){collapsed}"
+        f"({res['main_metric']}, {len(t['scores'])} splits); {both}; {per[len(per) // 2]:.0f}s per split (median)"
+        f"{collapsed}"
     )

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from cramkit.errors import CramkitError
-from cramkit.io import json_loads, open_memmap, write_json_atomic
+from cramkit.io import open_memmap, write_json_atomic
 from cramkit.load import LoadedModel
 
 
@@ -33,17 +33,50 @@ def teacher_key(teacher: LoadedModel, max_length: int) -> str:
     return hashlib.sha256(f"{digest}:{max_length}".encode()).hexdigest()[:16]
 
 
-def load_cached(root: Path, key: str) -> np.ndarray | None:
+LOGIT_BOUND = 1e6  # a logit over this in magnitude is no model's answer: the cache is damaged or crafted
+
+
+def load_cached(root: Path, key: str, rows: int | None = None, outputs: int | None = None) -> np.ndarray | None:
+    """The complete cache ``teacher-KEY.npy`` of ``root`` (read-only, memory-mapped), checked before use
+    (:func:`cramkit.readback.read_array`: its header against its size, ``rows`` x ``outputs`` float32, every
+    logit finite); None when there is none, or when it is bad: then it is removed, said in one line, and the
+    caller computes it again."""
+    from cramkit.readback import BadCache, read_array, rebuilding
+
     path = Path(root) / f"teacher-{key}.npy"
     if not path.is_file():
         return None
     try:
-        arr = np.load(path, mmap_mode="r", allow_pickle=False)
-    except (ValueError, OSError) as exc:  # a damaged or crafted file (object arrays would need pickle)
-        raise CramkitError(f"{path} is not a float32 .npy array ({exc}); delete it to recompute") from None
-    if arr.dtype != np.float32 or arr.ndim != 2:
-        raise CramkitError(f"{path} holds {arr.dtype} {arr.shape}, not float32 [rows, outputs]; delete it")
-    return arr
+        return read_array(path, rows=rows, width=outputs, bound=LOGIT_BOUND)
+    except BadCache as exc:
+        rebuilding(path, str(exc), "teacher's label cache")
+        path.unlink(missing_ok=True)
+        return None
+
+
+def _resume_from(part: Path, state_path: Path, n: int, outputs: int) -> int:
+    """The rows of an interrupted labelling that are done and may be kept: its progress record and its partial
+    array checked (:mod:`cramkit.readback`: sizes, shape, dtype, ``0 <= done <= n``, the rows said done finite
+    and written); 0 (start over, said in one line when they were bad) otherwise."""
+    from cramkit.readback import BadCache, check_values, npy_header, read_progress, rebuilding
+
+    if not (part.is_file() and state_path.is_file()):
+        return 0
+    try:
+        done = read_progress(state_path, n)
+        shape, dtype, _ = npy_header(part)
+        if shape != (n, outputs) or dtype != np.float32:
+            raise BadCache(f"{part} holds {dtype} {shape!r:.80}, not float32 ({n}, {outputs})")
+        arr = np.load(part, mmap_mode="r", allow_pickle=False)
+        check_values(arr, part, LOGIT_BOUND, upto=done)
+        for s in range(0, done, 1 << 16):  # a row said done but never written (all zeros) is not done
+            if not np.asarray(arr[s : min(done, s + (1 << 16))]).any(axis=1).all():
+                raise BadCache(f"{state_path} says {done:,} rows are done, but {part.name} holds unwritten rows")
+        del arr
+    except BadCache as exc:
+        rebuilding(part, str(exc), "teacher's unfinished labels")
+        return 0
+    return done
 
 
 def teacher_logits(
@@ -63,32 +96,21 @@ def teacher_logits(
 
     from cramkit.infer.engine import Engine
     from cramkit.progress import Progress
+    from cramkit.readback import BadCache, read_array
 
     root = Path(root)
     key = teacher_key(teacher, max_length)
     done_path = root / f"teacher-{key}.npy"
-    cached = load_cached(root, key)
-    n = len(inputs_a)
+    n, outputs = len(inputs_a), teacher.num_labels or 1
+    cached = load_cached(root, key, n, outputs)
     if cached is not None:
-        if cached.shape[0] != n:
-            raise CramkitError(f"{done_path} holds {cached.shape[0]} rows, the transfer set {n}; delete it")
         return cached, {"cached": True, "rows_computed": 0, "seconds": 0.0}
-    outputs = teacher.num_labels or 1
     part = root / f"teacher-{key}.partial.npy"
     state_path = root / f"teacher-{key}.progress.json"
-    start = 0
-    if part.is_file() and state_path.is_file():
-        try:
-            state = json_loads(state_path.read_text(encoding="utf-8"))
-            arr = np.lib.format.open_memmap(part, mode="r+")
-            if arr.shape == (n, outputs) and arr.dtype == np.float32:
-                start = int(state.get("done", 0))
-            else:
-                del arr
-                start = 0
-        except (OSError, ValueError):
-            start = 0
-    if start == 0:
+    start = _resume_from(part, state_path, n, outputs)
+    if start:
+        arr = np.lib.format.open_memmap(part, mode="r+")
+    else:
         arr = open_memmap(part, np.float32, (n, outputs))
         write_json_atomic(state_path, {"done": 0, "rows": n})
     engine = Engine(teacher, device=device, max_length=max_length)
@@ -105,8 +127,13 @@ def teacher_logits(
     del arr
     os.replace(part, done_path)
     state_path.unlink(missing_ok=True)
-    got = load_cached(root, key)
-    assert got is not None
+    try:
+        got = read_array(done_path, rows=n, width=outputs, bound=LOGIT_BOUND)
+    except BadCache as exc:  # what the teacher answered itself: its weights, not the cache, are at fault
+        done_path.unlink(missing_ok=True)
+        raise CramkitError(
+            f"{teacher.source} labelled the rows with unusable logits ({exc}); check its weights"
+        ) from None
     return got, {
         "cached": False,
         "resumed_from": start,

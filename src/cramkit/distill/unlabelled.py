@@ -34,6 +34,11 @@ def read_unlabelled(path: str | os.PathLike, *, limit: int = 0, seed: int = 0, m
             lines = [x.strip() for x in p.read_text(encoding="utf-8").splitlines() if x.strip()]
         except UnicodeDecodeError:
             raise CramkitError(f"--unlabelled {path} is not UTF-8 text; convert it (iconv -t utf-8)") from None
+        if not lines:  # said before anything trains, not once the teacher has
+            raise CramkitError(
+                f"--unlabelled {path} holds no text (it is empty or blank lines only); give a text file with one "
+                "text per line"
+            )
         return lines[:limit] if limit > 0 else lines
     if not is_store(p):
         raise CramkitError(

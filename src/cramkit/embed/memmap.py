@@ -24,7 +24,7 @@ import numpy as np
 
 from cramkit.embed import BLOCK
 from cramkit.errors import CramkitError
-from cramkit.io import json_loads, open_memmap, write_json_atomic
+from cramkit.io import json_loads, json_text, open_memmap, write_json_atomic
 from cramkit.meta import meta_int
 from cramkit.progress import Progress
 
@@ -61,16 +61,23 @@ def barrier(world: int) -> None:
 
 def _read_json(path: Path) -> dict | None:
     try:
-        data = json_loads(path.read_text(encoding="utf-8"))
+        data = json_loads(json_text(path))
     except (OSError, ValueError):
         return None
     return data if isinstance(data, dict) else None
 
 
+# the fields of what `cramkit embed` writes: its record (embed.json) and an unfinished job's state.json. A file
+# of that name without them is not cramkit's (a user's): it proves nothing and is never taken for a job
+RECORD_FIELDS = ("key", "rows", "dim")
+STATE_FIELDS = ("key", "rows", "dim", "world_size")
+
+
 def finished(out: str | os.PathLike, key: str | None = None) -> dict | None:
-    """The ``embed.json`` of a complete embedding in ``out`` (with that key, when given), else None."""
+    """The ``embed.json`` of a complete embedding in ``out`` (with that key, when given), else None (a file of
+    that name without the record's fields is none)."""
     done = _read_json(Path(out) / DONE_FILE)
-    if done is None or (key is not None and done.get("key") != key):
+    if done is None or not all(f in done for f in RECORD_FIELDS) or (key is not None and done.get("key") != key):
         return None
     return done
 
@@ -121,7 +128,9 @@ def embed_to_memmap(
                 )
             for p in out.glob("progress-*.json"):
                 p.unlink()
-            (out / "state.json").unlink(missing_ok=True)
+            # the job's state first (a key no job has: it is not resumed): a kill from here on leaves a folder
+            # the rerun knows for this command's own (cramkit.outdir), and starts over
+            write_json_atomic(out / "state.json", state | {"key": None})
             mm = open_memmap(out / "embeddings.npy", np.float32, (n, dim))
             del mm
             np.save(out / "ids.npy", np.arange(n, dtype=np.int64) if ids is None else np.asarray(ids, np.int64))

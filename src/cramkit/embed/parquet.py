@@ -260,10 +260,11 @@ def check_folder(out: Path, key: str, fingerprint: str, dim: int, parts: int, *,
     """Every Parquet file in ``out`` belongs to this job; a foreign part (``part-K-of-P.parquet``) is removed
     with ``overwrite``; anything else is one CramkitError naming it (never a user's own file removed)."""
     for p in sorted(out.glob("*.parquet")):
-        why = _foreign(p, part_meta(p), key, fingerprint, dim, parts)
+        meta = part_meta(p)
+        why = _foreign(p, meta, key, fingerprint, dim, parts)
         if why is None:
             continue
-        if overwrite and _PART.fullmatch(p.name):  # a part of another embedding: --overwrite replaces it
+        if overwrite and meta is not None and _PART.fullmatch(p.name):  # another embedding's: --overwrite replaces it
             p.unlink(missing_ok=True)
             continue
         if overwrite:
@@ -467,6 +468,7 @@ def join(out: str | os.PathLike, *, quiet_missing: bool = False) -> dict[str, An
             f"{out}: {len(missing)} of {parts} parts missing ({names}); run `cramkit embed` with {hint} and "
             f"--out {out} again, then --join"
         )
+    _agree(out, {k: (have[k], metas[have[k]]) for k in range(parts)}, first)
     records = []
     for k in range(parts):
         m = metas[have[k]]
@@ -504,10 +506,42 @@ def join(out: str | os.PathLike, *, quiet_missing: bool = False) -> dict[str, An
             if k in first
         },
     }
+    check_manifest(manifest, out / DONE_FILE, out)  # what a reader refuses is refused before anything is written
     old = finished(out)
     if old is None or {k: v for k, v in old.items() if k != "joined"} != manifest:
         write_json_atomic(out / DONE_FILE, manifest | {"joined": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
     return read_manifest(out)
+
+
+# what every part of one embedding says alike (the manifest takes them from the first part)
+_SHARED = ("rows_total", "shards", "world_size", "pooling", "normalize", "prompt", "prompt_name", "dimensions") + (
+    "model",
+    "source",
+    "kind",
+    "rows_kind",
+    "chunk_tokens",
+)
+
+
+def _agree(out: Path, parts: dict[int, tuple[Path, dict[str, Any] | None]], first: dict[str, Any]) -> None:
+    """One CramkitError naming the part when the parts do not make one embedding: a field of :data:`_SHARED`
+    that differs from the first part's, rows that do not follow on from the part before, a pooling no reader
+    takes. Checked before anything is written (a refused --join leaves the folder as it was)."""
+    fix = f"{out} may hold the parts of one embedding only: embed that shard again (or move it away)"
+    if first.get("pooling") not in (None, "mean", "cls"):
+        raise CramkitError(f"{out}: the parts' pooling {str(first['pooling'])[:40]!r} is not mean or cls; {fix}")
+    end = 0
+    for _, (path, meta) in sorted(parts.items()):
+        meta = meta or {}
+        differs = next((f for f in _SHARED if meta.get(f) != first.get(f)), None)
+        if differs is not None:
+            said = f"{json.dumps(meta.get(differs))[:40]}, the first part's {json.dumps(first.get(differs))[:40]}"
+            raise CramkitError(f"{path} says {differs} {said}; {fix}")
+        if meta.get("start") != end:
+            raise CramkitError(f"{path} holds rows from {meta.get('start')}, the part before it ends at {end}; {fix}")
+        end = int(meta["end"])
+    if end != first["rows_total"]:
+        raise CramkitError(f"{out}: the parts end at row {end}, the embedding holds {first['rows_total']}; {fix}")
 
 
 # ------------------------------------------------------------------------------------------- reading
@@ -521,8 +555,14 @@ def read_manifest(out: str | os.PathLike) -> dict[str, Any]:
     file = out / DONE_FILE
     if not file.is_file():
         raise CramkitError(f"{out} holds no {DONE_FILE}: the embedding is unfinished; run `cramkit embed --join {out}`")
+    m = read_json_object(file, f"it is damaged or crafted: run `cramkit embed --join {out}` again")
+    return check_manifest(m, file, out)
+
+
+def check_manifest(m: dict[str, Any], file: Path, out: Path) -> dict[str, Any]:
+    """``m``, the manifest ``file`` of the folder ``out`` (read back, or about to be written by --join), when a
+    reader can take it (see :func:`read_manifest`); else one CramkitError naming what is wrong."""
     fix = f"it is damaged or crafted: run `cramkit embed --join {out}` again"
-    m = read_json_object(file, fix)
     if m.get("format") != "parquet" or not isinstance(m.get("parts"), list) or not m["parts"]:
         raise CramkitError(f"{file} is not the manifest of Parquet embeddings (cramkit embed --format parquet)")
     rows = meta_int(m, "rows", file, fix, hi=MAX_ROWS)

@@ -14,7 +14,15 @@ import numpy as np
 
 from cramkit.embed import BLOCK
 from cramkit.embed.encoder import encoder_fingerprint, load_encoder
-from cramkit.embed.memmap import DONE_FILE, dist_info, embed_to_memmap, finished, texts_key
+from cramkit.embed.memmap import (
+    DONE_FILE,
+    RECORD_FIELDS,
+    STATE_FIELDS,
+    dist_info,
+    embed_to_memmap,
+    finished,
+    texts_key,
+)
 from cramkit.errors import CramkitError
 from cramkit.io import check_out, dir_lock, writes_to
 from cramkit.runtime import parse_shard
@@ -106,7 +114,7 @@ def embed_source(
     model's experts brought in as its routers pick them (:class:`~cramkit.infer.Engine`)."""
     part_of = _check_options(model, format, shard, offload_experts, expert_cache)
     out = Path(out)
-    check_out(out, inputs=[source, model], own=[DONE_FILE, "state.json", ".work"])
+    check_out(out, inputs=[source, model], own=MANIFESTS, writes=WRITES, command="cramkit embed")
     with _out_lock(out, format):  # a second process on the same --out would truncate this one's memory map (SIGBUS)
         how = _open_model(
             model,
@@ -271,6 +279,30 @@ def _record_meta(
 
 # what `cramkit embed` writes in --out (besides embed.json): .npy and its progress, or Parquet parts
 OWN_FILES = ("embeddings.npy", "ids.npy", "state.json", "progress-*.json", "part-[0-9]*-of-[0-9]*.parquet")
+# ... and under .work (the Parquet parts' progress)
+WORK_FILES = (".work/part-*-of-*.json", ".work/part-*-of-*/*.npy", ".work/part-*-of-*/*.json")
+WRITES = (DONE_FILE, *OWN_FILES, *WORK_FILES)
+
+
+def _is_part(path: Path) -> bool:
+    """Whether ``path`` is a Parquet part `cramkit embed` wrote (its cramkit metadata; damaged numbers too)."""
+    from cramkit.embed.parquet import part_meta
+
+    try:
+        return part_meta(path) is not None
+    except CramkitError:
+        return True
+
+
+# what shows a folder `cramkit embed`'s own (cramkit.outdir.check_out): its record, an unfinished job's state,
+# a Parquet part's record or state, a part with its metadata; a file that only bears one of these names does not
+MANIFESTS = {
+    DONE_FILE: RECORD_FIELDS,
+    "state.json": STATE_FIELDS,
+    ".work/part-*-of-*.json": ("file", "rows", "key"),
+    ".work/part-*-of-*/state.json": STATE_FIELDS,
+    "part-[0-9]*-of-[0-9]*.parquet": _is_part,
+}
 
 
 def _clear_other_embeddings(out: Path, overwrite: bool) -> None:

@@ -18,7 +18,13 @@ def check_results_out(out: Path, evaluation: str, inputs: Sequence[Any]) -> None
     """``out`` may be written: the rule of every cramkit output; a results.json there must be this kind's."""
     from cramkit.io import check_out, read_json_object
 
-    check_out(out, inputs=[i for i in inputs if i is not None], own=("results.json",))
+    check_out(
+        out,
+        inputs=[i for i in inputs if i is not None],
+        own={"results.json": ("evaluation", "metrics")},  # a results.json of cramkit's, not a file of that name
+        writes=("results.md", "scores.png"),
+        command=f"the {evaluation} evaluation",
+    )
     before = read_json_object(out / "results.json", "choose another --out") if (out / "results.json").is_file() else {}
     if before and before.get("evaluation") != evaluation:
         raise CramkitError(

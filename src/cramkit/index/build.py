@@ -6,7 +6,6 @@ interrupted build), choose, build and tune the Faiss index, and publish the inde
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import re
 import shutil
@@ -27,7 +26,7 @@ from cramkit.index import ann, ondisk
 from cramkit.index.chunking import Chunks, chunks_from_parquet, make_chunks, prompt_tokens, write_chunks
 from cramkit.index.manifest import FORMAT, MANIFEST, file_sizes
 from cramkit.index.ondisk import peak_rss_mb
-from cramkit.io import atomic_path, check_out, dir_lock, write_json_atomic
+from cramkit.io import atomic_path, check_out, dir_lock, json_loads, json_text, write_json_atomic
 from cramkit.meta import meta_int
 from cramkit.runtime import parse_shard
 
@@ -528,7 +527,7 @@ def _current_data(out: Path) -> Path | None:
     """The data folder the index in ``out`` names now (None: no readable manifest, or a name that is not one
     cramkit gives: ``data-NNN`` directly inside ``out``)."""
     try:
-        name = json.loads((out / MANIFEST).read_text(encoding="utf-8")).get("data")
+        name = json_loads(json_text(out / MANIFEST)).get("data")
     except (OSError, ValueError, AttributeError):
         return None
     if not (isinstance(name, str) and re.fullmatch(r"data-\d{3,6}", name) and (out / name).is_dir()):

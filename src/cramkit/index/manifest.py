@@ -18,7 +18,7 @@ from typing import Any
 
 from cramkit.errors import CramkitError
 from cramkit.index import ann
-from cramkit.io import BadJson, inside, json_loads
+from cramkit.io import BadJson, inside, json_loads, json_text
 
 MANIFEST = "index.json"
 FORMAT = "cramkit-index-1"
@@ -40,7 +40,7 @@ def read_manifest(root: Path) -> dict[str, Any]:
         hint = " (an interrupted build: rerun it to resume)" if (root / ".build").exists() else ""
         raise CramkitError(f"{root} is not a finished index: {MANIFEST} is missing{hint}")
     try:
-        m = json_loads(file.read_text(encoding="utf-8"))
+        m = json_loads(json_text(file))
     except BadJson as exc:
         raise CramkitError(f"{file} is {exc}; the index is damaged, rebuild it") from None
     except (OSError, UnicodeDecodeError) as exc:

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from cramkit.embed import BLOCK, store_text
-from cramkit.embed.memmap import embed_to_memmap, texts_key
+from cramkit.embed.memmap import STATE_FIELDS, embed_to_memmap, texts_key
 from cramkit.errors import CramkitError
 from cramkit.index import RETRO_CHUNK
 from cramkit.index.chunking import document_hashes, save_npy
@@ -59,11 +59,22 @@ def retro_neighbours(
         raise CramkitError(f"token store {store} is empty; nothing to find neighbours for")
     q_hash, cand_hash = _document_hashes(idx, ts, spans, path)
     out = Path(out)
-    check_out(
-        out, inputs=[path, store], own=["neighbours.json", "neighbours.npy", ".embed", ".neighbours.progress.json"]
-    )
+    check_out(out, inputs=[path, store], own=MANIFESTS, writes=WRITES, command="cramkit index neighbours")
+    # resumable: rows are committed block by block (the memory map flushed, then the count recorded), so a
+    # rerun after a kill continues after the last committed block of the same job
+    job = {
+        "index": str(Path(path).resolve()),
+        "data": m["data"],
+        "created": m.get("created"),
+        "store": str(ts.prefix),
+        "chunks": int(len(spans)),
+        "k": k,
+    }
+    progress_file = out / ".neighbours.progress.json"
     with dir_lock(out, "--out"):
         out.mkdir(parents=True, exist_ok=True)
+        if not progress_file.exists():  # the folder is this command's from here on: a kill leaves it resumable
+            write_json_atomic(progress_file, {"job": job, "done": 0, "dropped": 0})
         (out / "neighbours.json").unlink(missing_ok=True)
         same_store = (
             len(idx) == len(spans)
@@ -74,17 +85,6 @@ def retro_neighbours(
             q = idx.vectors
         else:
             q = _embed_store_chunks(idx, ts, spans, out / ".embed", store_tokenizer, block=block, progress=progress)
-        # resumable: rows are committed block by block (the memory map flushed, then the count recorded), so a
-        # rerun after a kill continues after the last committed block of the same job
-        job = {
-            "index": str(Path(path).resolve()),
-            "data": m["data"],
-            "created": m.get("created"),
-            "store": str(ts.prefix),
-            "chunks": int(len(spans)),
-            "k": k,
-        }
-        progress_file = out / ".neighbours.progress.json"
         result, start, dropped = _resume(out, job, progress_file, len(spans), k)
         bounds = _store_shard_bounds(ts, spans)
 
@@ -131,6 +131,16 @@ def retro_neighbours(
         progress_file.unlink(missing_ok=True)
         shutil.rmtree(out / ".embed", ignore_errors=True)
         return info
+
+
+# what shows a folder `index neighbours`' own (cramkit.outdir.check_out): its record, its progress, the state of
+# its store chunks' embedding; and what it writes there (a folder none of these claims holding one is refused)
+MANIFESTS = {
+    "neighbours.json": ("index", "store", "chunks", "k"),
+    ".neighbours.progress.json": ("job", "done"),
+    ".embed/state.json": STATE_FIELDS,
+}
+WRITES = ("neighbours.npy", "chunks.npy", ".embed/*.npy", ".embed/*.json")  # (.neighbours.npy: its work file, hidden)
 
 
 def _document_hashes(idx: Index, ts: Any, spans: np.ndarray, path: Any) -> tuple[np.ndarray, np.ndarray]:
@@ -191,8 +201,8 @@ def _resume(out: Path, job: dict[str, Any], progress_file: Path, n: int, k: int)
                 start = done
         except (OSError, ValueError):
             start = 0
-    if start == 0:
-        progress_file.unlink(missing_ok=True)
+    if start == 0:  # the job recorded from row 0 (never no record: it shows the folder this command's)
+        write_json_atomic(progress_file, {"job": job, "done": 0, "dropped": 0})
         result = open_memmap(out / ".neighbours.npy", np.int32, (n, k))
     else:
         _log(f"resumed after {start} of {n} chunks")

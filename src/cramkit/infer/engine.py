@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
+from cramkit.backends.finite import FiniteRunner, check_weights
 from cramkit.data.batching import (
     Encoded,
     EncodedChoices,
@@ -92,6 +93,13 @@ def probabilities(kind: str, logits: np.ndarray) -> np.ndarray | None:
     return p / p.sum(axis=1, keepdims=True)
 
 
+def check_model_weights(loaded: LoadedModel) -> None:
+    """One line naming the model when a weight of its torch module is NaN or infinite (training diverged, or
+    the file is damaged or crafted)."""
+    fix = "its training diverged or the file is damaged: train it again (a lower learning rate) or load a checkpoint"
+    check_weights(loaded.source, loaded.model.named_parameters(), fix)
+
+
 # ------------------------------------------------------------------------------------------ engine
 
 
@@ -142,6 +150,8 @@ class Engine:
             raise CramkitError(f"--offload-experts runs the torch model; drop --backend {backend} (or use torch)")
         self._tmp: Any = None
         src = load(model, threads=threads) if isinstance(model, (str, os.PathLike)) else model
+        if isinstance(src, LoadedModel):  # an export's tables are checked by its format, when it is opened
+            check_model_weights(src)
         own = "torch" if isinstance(src, LoadedModel) else src.backend_name
         if isinstance(src, LoadedModel) and src.kind == "multitask":
             for_task(src, None)  # one line: choose the task (load(..., task=NAME))
@@ -162,7 +172,8 @@ class Engine:
         self.offload: dict[str, Any] | None = None
         if offload_experts:
             self.offload = offload_model(src, device, cache)
-        self.runner: Runner = src.runner(device, precision)
+        # the one place outputs leave a backend: NaN or infinity there is an error naming the model, every verb
+        self.runner: Runner = FiniteRunner(src.runner(device, precision), str(src.source))
         self.device = getattr(self.runner, "device", "cpu")
         self.model = getattr(self.runner, "model", None)  # the torch module, for a torch model
         self.backend = self.runner.name

@@ -104,6 +104,7 @@ def load_torch(
         elif kind == "hf":
             loaded = load_hf(text, text)
         else:
+            _refuse_splits(text, path)
             raise CramkitError(
                 f"{text}: not a cramkit run (config.yaml), model directory ({MODEL_FILE}) nor a Hugging Face "
                 "directory (config.json); give the directory `cramkit pretrain --out` or `cramkit finetune --out` "
@@ -123,6 +124,17 @@ def load_torch(
     if device is not None:
         loaded.to(device)
     return loaded
+
+
+def _refuse_splits(text: str, path: Path) -> None:
+    """A few-shot run's folder written before it held a model itself: one line naming its splits' models."""
+    splits = sorted(p.name for p in path.glob("split-*") if (p / MODEL_FILE).is_file())
+    if splits:
+        names = ", ".join(f"{text}/{name}" for name in splits[:8]) + (", ..." if len(splits) > 8 else "")
+        raise CramkitError(
+            f"{text} is a few-shot run (cramkit finetune --few-shot) whose models are in its split folders: give one "
+            f"of {names} (results.json scores each), or run the command again to keep the best one in {text}"
+        )
 
 
 def _open_base(base: PathLike) -> LoadedModel:

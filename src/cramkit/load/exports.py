@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 from cramkit.backends.base import ExportedModel
 from cramkit.errors import CramkitError
-from cramkit.io import json_loads
+from cramkit.io import json_loads, json_text
 
 if TYPE_CHECKING:
     import torch
@@ -55,7 +55,7 @@ def refuse_export(text: str, path: Path, kind: str, purpose: str) -> NoReturn:
 def _export_source(manifest: Path) -> str:
     """Where an export says it came from (its manifest's ``source``), for messages."""
     try:
-        src = json_loads(manifest.read_text(encoding="utf-8")).get("source")
+        src = json_loads(json_text(manifest)).get("source")
     except (OSError, ValueError, AttributeError):
         src = None
     return f"it names {src[:200]}" if isinstance(src, str) and src else "its manifest does not say which"

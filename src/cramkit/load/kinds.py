@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from cramkit import rundir
-from cramkit.io import json_loads
+from cramkit.io import json_loads, json_text
 from cramkit.model.loaded import MODEL_FILE
 
 PathLike = str | os.PathLike
@@ -91,7 +91,7 @@ def load_directory_architecture(path: PathLike) -> str | None:
 def _model_meta(path: Path) -> dict[str, Any] | None:
     """A model directory's ``cramkit-model.json`` as a dict; None when it cannot be read or is not an object."""
     try:
-        meta = json_loads((path / MODEL_FILE).read_text(encoding="utf-8"))
+        meta = json_loads(json_text(path / MODEL_FILE))
     except (OSError, ValueError):
         return None
     return meta if isinstance(meta, dict) else None

@@ -314,6 +314,23 @@ def for_task(loaded: LoadedModel, task: str | None) -> LoadedModel:
     )
 
 
+def copy_model(src: Path, out: Path) -> Path:
+    """Copy the model directory ``src`` (what :meth:`LoadedModel.save` wrote) into ``out``, other files there kept:
+    ``cramkit-model.json`` first out and last in, as a save does (a few-shot run's best split into its folder)."""
+    from cramkit.io import atomic_path
+
+    if not (src / MODEL_FILE).is_file():
+        raise CramkitError(f"{src} holds no model ({MODEL_FILE}); run the command again to make it")
+    (out / MODEL_FILE).unlink(missing_ok=True)
+    with atomic_path(out / "model.safetensors") as tmp:
+        shutil.copyfile(src / "model.safetensors", tmp)
+    with atomic_path(out / "tokenizer") as tmp:
+        shutil.copytree(src / "tokenizer", tmp)
+    with atomic_path(out / MODEL_FILE) as tmp:
+        shutil.copyfile(src / MODEL_FILE, tmp)
+    return out
+
+
 def remove_model_files(out: Path) -> None:
     """Delete what :meth:`LoadedModel.save` wrote in ``out`` (for an aborted save)."""
     for name in (MODEL_FILE, "model.safetensors"):

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from cramkit import rundir
 from cramkit.errors import CramkitError
-from cramkit.io import json_loads
+from cramkit.io import json_loads, json_text
 from cramkit.load.common import check_size, default_max_length, load_weights
 from cramkit.load.kinds import is_checkpoint
 from cramkit.model.loaded import LoadedModel
@@ -121,7 +121,7 @@ def _run_pooling(run: Path) -> dict[str, str]:
     """``{"st_pooling": ...}`` of a run continued from a sentence-transformers model (run.json records the
     model's own pooling; fine-tuning pools as it did), else nothing."""
     try:
-        info = json_loads((run / "run.json").read_text(encoding="utf-8"))
+        info = json_loads(json_text(run / "run.json"))
     except (OSError, ValueError):
         return {}
     value = info.get("pooling") if isinstance(info, dict) else None

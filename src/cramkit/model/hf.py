@@ -31,7 +31,7 @@ import torch
 from torch import nn
 
 from cramkit.errors import CramkitError
-from cramkit.io import BadJson, folder_file, json_loads, read_json
+from cramkit.io import BadJson, folder_file, json_loads, json_text, read_json
 from cramkit.model.architectures import Family, family_of
 from cramkit.model.encoder import Encoder, ModelConfig
 from cramkit.model.heads import MaskedLM, MultipleChoice, SequenceClassifier
@@ -357,7 +357,7 @@ def _write_tokenizer(tokenizer_dir: Path, out: Path, cfg: ModelConfig) -> None:
     tok_cfg: dict[str, Any] = {}
     if "tokenizer_config.json" in copied:
         try:
-            tok_cfg = json_loads((out / "tokenizer_config.json").read_text(encoding="utf-8"))
+            tok_cfg = json_loads(json_text(out / "tokenizer_config.json"))
         except (BadJson, UnicodeDecodeError) as exc:
             raise CramkitError(f"{tokenizer_dir / 'tokenizer_config.json'} is {exc}; re-save the tokenizer") from None
         if not isinstance(tok_cfg, dict):

@@ -239,7 +239,9 @@ def train_embeddings(
     from cramkit.rundir import finished_result
 
     out = Path(out)
-    check_out(out, inputs=[source], own=[RESULTS])
+    own = {RESULTS: ("steps", "config"), "run/checkpoints/step-*/state.json": ("format",)}  # its results, its run
+    writes = (RESULTS, "model.safetensors", MODEL_FILE, "tokenizer", "run")
+    check_out(out, inputs=[source], own=own, writes=writes, command="the contrastive training")
     done = finished_result(out / RESULTS, needs=(out / MODEL_FILE,), key="steps")
     given = str(getattr(source, "source", source))
     if done is not None and done.get("config") == to_dict(cfg) and done.get("from") == given:

@@ -4,9 +4,8 @@ evaluate_suite("glue", "runs/tiny", "glue_data", "out/glue")
 # -> out/glue/results.json, results.md (task by task + the suite's average), scores.png, TASK/results.json,
 #    submission/ (every task's test predictions, in the leaderboard's file names and format)
 
-A task in FewCLUE's layout follows FewCLUE's protocol (:func:`finetune_fewshot`): for each split K asked
-for, train on train_K, score on test_public; its score is the mean over the splits, reported with their
-standard deviation (without ``fewshot_splits``: the one split ``few_all``).
+A task in FewCLUE's layout follows FewCLUE's protocol (:func:`finetune_fewshot`): train_K of each split K, scored
+on test_public; the mean over the splits and their standard deviation (without ``fewshot_splits``: ``few_all``).
 """
 
 from __future__ import annotations
@@ -22,7 +21,7 @@ from pathlib import Path
 from typing import Any, cast
 
 from cramkit.errors import CramkitError
-from cramkit.io import json_loads
+from cramkit.io import json_loads, json_text
 from cramkit.load import LoadedModel, load_torch
 from cramkit.recipes import FEWSHOT_SPLITS
 from cramkit.recipes.finetune import finetune, write_json
@@ -71,6 +70,8 @@ def evaluate_suite(
 
     spec = get_suite(suite)
     cfg = cfg or FinetuneConfig()
+    if cfg.label_names:
+        raise CramkitError("label_names names one task's labels: give it to cramkit finetune, not to a suite")
     wanted = _wanted(spec, tasks)
     todo, skipped = _plan(spec, spec.tasks(data_dir, skip_bad_rows), wanted, cfg, few_shot, splits, fewshot_splits)
     if fewshot_splits and todo and not any(ks for _, ks in todo):
@@ -185,9 +186,8 @@ def _run_tasks(
     progress: bool,
     few_shot: int | None,
 ) -> tuple[dict[str, Any], dict[str, dict[str, float]], dict[str, list[str]]]:
-    """Every task fine-tuned into out/TASK (or its results reused when an earlier run finished it), with its
-    progress and an estimate of the time left on stderr. Returns (each task's summary, the median metrics of each
-    scored entry, each task's test prediction files)."""
+    """Every task fine-tuned into out/TASK (or reused when an earlier run finished it), the time left on stderr:
+    (each task's summary, the median metrics of each scored entry, each task's test prediction files)."""
     from cramkit.config import to_dict
 
     done: dict[str, Any] = {}
@@ -275,20 +275,20 @@ def finetune_fewshot(
     k: int | None = None,
     train_split: SplitTrainer | None = None,
     summarize: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
+    keep_model: bool = False,
 ) -> dict[str, Any]:
     """A few-shot protocol on one task, each split fine-tuned into out_dir/split-S/ (its model, results, test
-    predictions), the splits' scores reported with their mean and standard deviation. ``train_split``: how a
-    split is trained instead of :func:`finetune` (self-training, distill/selftrain.py: the api passes it), and
-    ``summarize``: what its results add to the whole's, from every split's.
+    predictions). ``train_split``: how a split is trained instead of :func:`finetune` (self-training: the api
+    passes it), ``summarize``: what its results add to the whole's, from every split's.
 
-    FewCLUE's (``k`` None): split S trains on train_S (dev_S scored alongside, picking the kept seed) and is
-    scored on test_public. LM-BFF's (``k``): split S (``splits`` are "0", "1", ...) is K examples per class
-    for training and K for the dev set that keeps the best checkpoint (``keep=best``), drawn from the
-    training data (:func:`cramkit.tasks.fewshot.few_shot_task`), scored on the task's own scored splits.
+    FewCLUE's (``k`` None): split S trains on train_S (dev_S picks the kept seed), scored on test_public.
+    LM-BFF's (``k``): split S is K examples per class for training and K for the dev set that keeps the best
+    checkpoint, drawn from the training data (:func:`cramkit.tasks.fewshot.few_shot_task`), scored on the task's
+    own scored splits and on a labelled test file (``--test``).
 
-    Returns (and writes to out_dir/results.json) each split's metrics, their mean (``score``, ``median``:
-    the mean metrics, so that it reads like one fine-tuning's results) and the standard deviation over the
-    splits (``fewshot.std``; sample standard deviation, 0 for one split).
+    Returns (and writes to out_dir/results.json) each split's metrics, their mean (``score``, ``median``) and
+    standard deviation (``fewshot.std``), ``test``: a labelled test file's, per split and the mean. ``keep_model``:
+    out_dir also holds the model of the split best on the scored split (``model``): ``cramkit.load(out_dir)``.
     """
     import dataclasses
 
@@ -300,15 +300,18 @@ def finetune_fewshot(
     if k is None:
         views = [(s, fewshot_task(task, s)) for s in splits]  # a missing split fails before any training
     else:
-        views = [(s, few_shot_task(task, k, int(s))) for s in splits]
+        views = [(s, _with_tests(few_shot_task(task, k, int(s)), task)) for s in splits]
         if cfg.keep == "last" and cfg.eval_every not in ("never", "0", "off"):
             cfg = dataclasses.replace(cfg, keep="best")  # the sampled dev set picks the checkpoint
     loaded = source if isinstance(source, LoadedModel) else load_torch(source, purpose="fine-tuning")
     out = Path(out_dir)
     per_split: dict[str, Any] = {}
     files: dict[str, str] = {}
-    for key, view in views:
-        run = out / f"split-{key}"
+    from cramkit.progress import parts_left
+
+    clock: list[float] = []  # the seconds of each split trained by this invocation: the time left from them
+    for n, (key, view) in enumerate(views, 1):
+        run, t0 = out / f"split-{key}", time.perf_counter()
         if k is not None:  # a split directory holds one draw: another K (or task) is never mixed into it
             _claim_sample(run, view, k, key)
         res = _finished(run, loaded.source, to_dict(cfg), None) if train_split is None else None
@@ -316,6 +319,9 @@ def finetune_fewshot(
             res = train_split(view, loaded, cfg, run, progress=progress, label=f"split {key}")
         elif res is None:
             res = finetune(view, loaded, cfg, run, progress=progress)
+        if progress and n < len(views) and time.perf_counter() - t0 > 1:
+            clock.append(time.perf_counter() - t0)
+            print(f"cramkit: few-shot split {parts_left(n, len(views), clock)}", file=sys.stderr, flush=True)
         scored = {s: res["median"][s] for s in view.scored_splits}
         per_split[key] = {
             "score": res["score"],
@@ -327,9 +333,10 @@ def finetune_fewshot(
             "lr": (res.get("seeds") or [{}])[0].get("lr"),  # the rate lr "auto" chose
             **({"zero_shot": res["zero_shot"]} if "zero_shot" in res else {}),
             **({"self_training": res["self_training"]} if "self_training" in res else {}),
+            **({"test": res["test"]} if res.get("test") else {}),
         }
-        for split, path in res.get("test_predictions", {}).get("files", {}).items():
-            files[f"{key}:{split}"] = path
+        for split, path in res.get("test_predictions", {}).get("files", {}).items() if k is None else ():
+            files[f"{key}:{split}"] = path  # (LM-BFF's: a labelled --test file's, in each split's folder)
     scores = [per_split[key]["score"] for key in splits]
     baseline = frozen_baseline(loaded, views, cfg.device, cfg.precision)
     first = views[0][1]
@@ -361,12 +368,20 @@ def finetune_fewshot(
         "trainable_parameters": per_split[splits[0]]["trainable_parameters"],
         "test_predictions": {"files": files},
     }
+    tested = [s for s in first.test_splits if all(s in per_split[key].get("test", {}) for key in splits)]
+    for split in tested:  # a labelled test file: each split's score, their mean and spread
+        each = [per_split[key]["test"][split] for key in splits]
+        spread = statistics.stdev(x["score"] for x in each) if len(each) > 1 else 0.0
+        mean = statistics.fmean(x["score"] for x in each)
+        results.setdefault("test", {})[split] = {"metrics": _mean_metrics(each), "score": mean, "std": spread}
     skipped = {s: n for s, n in task.skipped.items() if n}
     if skipped:
         results["skipped_rows"] = skipped
     if summarize is not None:
         results.update(summarize(per_split))
     out.mkdir(parents=True, exist_ok=True)
+    if keep_model:
+        results["model"] = _keep_best_split(out, per_split, list(splits))
     write_json(out / "results.json", results)
     return results
 
@@ -387,7 +402,8 @@ def fewshot_run(
     ``k``): every split is drawn and read before anything is trained or written; out_dir is checked as every
     output is; then :func:`finetune_fewshot`, results.md and scores.png with the mean and spread, and the test
     predictions in out_dir/submission (FewCLUE). ``train_split``, ``summarize``: as :func:`finetune_fewshot`'s."""
-    from cramkit.io import check_out, disk_errors
+    from cramkit.io import RUN_OUTPUTS, check_out, disk_errors
+    from cramkit.recipes.label_prior import first_lines
     from cramkit.tasks.clue import fewshot_task
     from cramkit.tasks.fewshot import few_shot_task
 
@@ -395,12 +411,15 @@ def fewshot_run(
         view = fewshot_task(task, key) if k is None else few_shot_task(task, k, int(key))
         for split in (view.train_split, *view.dev_splits):
             view.examples(split)
+    first_lines(task, cfg, unlabelled=train_split is not None)  # labels without words: the flag that helps
     out = Path(out_dir)
-    check_out(out, inputs=[source], own=[f"split-{key}" for key in splits])
+    own = {"split-*/finetune.json": ("task", "config"), f"split-*/{SAMPLE_FILE}": ("task", "k", "split")}
+    check_out(out, inputs=[source], own=own, writes=RUN_OUTPUTS, command="the few-shot fine-tuning")
     with disk_errors(out):
         res = finetune_fewshot(
-            task, source, cfg, out, splits, progress=progress, k=k, train_split=train_split, summarize=summarize
-        )
+            task, source, cfg, out, splits, progress=progress, k=k, train_split=train_split, summarize=summarize,
+            keep_model=True,
+        )  # fmt: skip
         what = f"FewCLUE splits {','.join(splits)}" if k is None else f"{len(splits)} few-shot splits, K={k} per class"
         report = {
             "source": str(source),
@@ -414,23 +433,40 @@ def fewshot_run(
 SAMPLE_FILE = "fewshot-sample.json"
 
 
+def _with_tests(view: Task, task: Task) -> Task:
+    """A few-shot split's view with the task's labelled test files (``--test``) to score (not GLUE's unlabelled)."""
+    import dataclasses
+
+    tests = [s for s in task.test_splits if _split_present(task, s)]
+    tests = [s for s in tests if all(e.label is not None for e in task.examples(s)) and task.examples(s)]
+    if not tests:
+        return view
+    splits = {**view.splits, **{s: task.splits[s] for s in tests}}
+    cache = {**view._cache, **{s: task.examples(s) for s in tests}}
+    return dataclasses.replace(view, splits=splits, test_splits=tests, _cache=cache)
+
+
+def _keep_best_split(out: Path, per_split: dict[str, Any], keys: list[str]) -> dict[str, Any]:
+    """The model of the split best on the scored split (of equal ones the first) copied into ``out`` (loadable)."""
+    from cramkit.load.model_dir import copy_model
+
+    best = max(keys, key=lambda key: (per_split[key]["score"], -keys.index(key)))
+    copy_model(out / f"split-{best}", out)
+    return {"split": best, "from": str(out / f"split-{best}"), "score": per_split[best]["score"], "of": len(keys)}
+
+
 def _claim_sample(run: Path, view: Task, k: int, key: str) -> None:
     """Record which rows split ``key`` drew (``run``/fewshot-sample.json); a directory that holds another
     draw (another K, task or data) is refused: its finished seeds would otherwise be taken for this one's."""
     from cramkit.io import write_json_atomic
     from cramkit.tasks.fewshot import FEWSHOT_DEV
 
-    sample = {
-        "task": view.name,
-        "k": k,
-        "split": key,
-        "train": [int(e.idx) for e in view.examples("train")],
-        "dev": [int(e.idx) for e in view.examples(FEWSHOT_DEV)],
-    }
+    sample = {"task": view.name, "k": k, "split": key, "train": [int(e.idx) for e in view.examples("train")]}
+    sample["dev"] = [int(e.idx) for e in view.examples(FEWSHOT_DEV)]
     file = run / SAMPLE_FILE
     if file.is_file():
         try:
-            old = json_loads(file.read_text(encoding="utf-8"))
+            old = json_loads(json_text(file))
         except (OSError, ValueError):
             old = None
         if old != sample:
@@ -459,6 +495,7 @@ def _summary(res: dict[str, Any]) -> dict[str, Any]:
     }
     if "fewshot" in res:
         entry["fewshot"] = res["fewshot"]
+        entry.update({"test": res["test"]} if res.get("test") else {})
     else:
         entry["seeds"] = [
             {"seed": r["seed"], "dev": r["dev"], "examples_per_s": r["examples_per_s"]} for r in res["seeds"]
@@ -467,14 +504,12 @@ def _summary(res: dict[str, Any]) -> dict[str, Any]:
 
 
 def _prediction_files(res: dict[str, Any]) -> list[str]:
-    """The test prediction files of a task's results (written, and checked to cover every row of their
-    split, by Task.write_predictions)."""
+    """The test prediction files of a task's results (checked to cover their split by Task.write_predictions)."""
     return list(res.get("test_predictions", {}).get("files", {}).values())
 
 
 def _collect_submission(folder: Path, files: dict[str, list[str]]) -> dict[str, str]:
-    """Copy every task's test prediction files into ``folder`` (the leaderboard's names). Returns
-    {file name: task}."""
+    """Copy every task's test prediction files into ``folder`` (the leaderboard's names): {file name: task}."""
     out: dict[str, str] = {}
     for name, paths in files.items():
         for path in map(Path, paths):
@@ -505,8 +540,7 @@ def _split_present(task: Any, split: str) -> bool:
 def _finished(
     task_dir: Path, source: str, config: dict[str, Any], splits: Sequence[str] | None, k: int | None = None
 ) -> dict[str, Any] | None:
-    """The results of a task finished by an earlier (interrupted) run with the same model and settings
-    (and, for FewCLUE's protocol, the same splits)."""
+    """The results of a task an earlier (interrupted) run finished with the same model, settings and splits."""
     from cramkit.rundir import finished_result
 
     res = finished_result(task_dir / "results.json", key="median")
@@ -521,8 +555,8 @@ DIAGNOSTICS = {"glue/mnli": ("glue/ax",), "superglue/rte": ("superglue/axb", "su
 
 
 def _diagnostics(task: str, data_dir: PathLike | None) -> list:
-    """The diagnostic sets ``task``'s model predicts (GLUE's AX by MNLI's, SuperGLUE's AX-b and AX-g by
-    RTE's), those whose file is present."""
+    """The diagnostic sets ``task``'s model predicts whose file is present (GLUE's AX by MNLI's, SuperGLUE's AX-b
+    and AX-g by RTE's)."""
     from cramkit.tasks.registry import get_task
 
     out = []
@@ -554,14 +588,7 @@ def _rows(results: dict[str, Any]):
             suffix = {"dev_matched": "m", "dev_mismatched": "mm"}.get(split, split)
             label = short if len(res["median"]) == 1 else f"{short}-{suffix}"
             spread = res["fewshot"]["std"] if "fewshot" in res else None
-            yield (
-                f"{label}\n({res.get('main_metric') or 'score'})",
-                name,
-                split,
-                med["metrics"],
-                med["score"],
-                spread,
-            )
+            yield f"{label}\n({res.get('main_metric') or 'score'})", name, split, med["metrics"], med["score"], spread
 
 
 def _write_markdown(path: Path, results: dict[str, Any], title: str, average_name: str, total: int) -> None:
@@ -575,26 +602,31 @@ def _write_markdown(path: Path, results: dict[str, Any], title: str, average_nam
         "|---|---|---|---:|",
     ]
     for _, name, split, metrics, score, spread in _rows(results):
-        res = results["tasks"][name]
+        res, text = results["tasks"][name], ", ".join(f"{m} {v:.2f}" for m, v in metrics.items())
         if spread is None:
-            text = ", ".join(f"{m} {v:.2f}" for m, v in metrics.items())
             lines.append(f"| {name} | {split} | {text} | {score:.2f} |")
             continue
-        few = res["fewshot"]
-        text = ", ".join(f"{m} {v:.2f}" for m, v in metrics.items())
+        few, lmbff = res["fewshot"], res["fewshot"].get("protocol") == "lm-bff"
+        what, per = ("split", f" of K={few.get('k')} per class") if lmbff else ("FewCLUE split", "")
         if len(few["splits"]) < 2:  # one split has no spread to show
-            lines.append(f"| {name} | {split}: FewCLUE split {few['splits'][0]} | {text} | {score:.2f} |")
+            lines.append(f"| {name} | {split}: {what} {few['splits'][0]}{per} | {text} | {score:.2f} |")
         else:
             lines.append(
-                f"| {name} | {split}: mean ± sd over FewCLUE splits {', '.join(few['splits'])} | {text} "
+                f"| {name} | {split}: mean ± sd over {what}s {', '.join(few['splits'])}{per} | {text} "
                 f"(sd {spread:.2f}) | {score:.2f} ± {spread:.2f} |"
             )
         for k, one in few["per_split"].items():
             dev = one["dev"]["score"]
+            how = f"its {few.get('k')} per class -> {split} (its drawn dev rows {dev:.2f})" if lmbff else ""
+            text = ", ".join(f"{m} {v:.2f}" for m, v in one["metrics"].items())
             lines.append(
-                f"| | split {k}: train_{k} -> {split} (dev_{k} {dev:.2f}) | "
-                + ", ".join(f"{m} {v:.2f}" for m, v in one["metrics"].items())
-                + f" | {one['score']:.2f} |"
+                f"| | split {k}: {how or f'train_{k} -> {split} (dev_{k} {dev:.2f})'} | {text} | {one['score']:.2f} |"
+            )
+        for test, t in res.get("test", {}).items() if split == list(res["median"])[-1] else ():
+            each = ", ".join(f"{few['per_split'][k]['test'][test]['score']:.2f}" for k in few["splits"])
+            text = ", ".join(f"{m} {v:.2f}" for m, v in t["metrics"].items())
+            lines.append(
+                f"| {name} | {test} (labelled test file), splits {each} | {text} | {t['score']:.2f} ± {t['std']:.2f} |"
             )
     avg = results.get("average")
     avg_text = f"{avg:.2f}" if avg is not None else "n/a"
@@ -610,11 +642,20 @@ def _write_markdown(path: Path, results: dict[str, Any], title: str, average_nam
         lines += ["", "Skipped: " + "; ".join(f"{k} ({v})" for k, v in results["skipped"].items())]
     if any("f1" in m for _, _, _, m, _, _ in _rows(results)):
         lines += ["", "F1 is that of the positive class, label 1 (MRPC: paraphrase; QQP: duplicate)."]
-    if any("fewshot" in r for r in results["tasks"].values()):
+    protocols = {r["fewshot"].get("protocol") for r in results["tasks"].values() if "fewshot" in r}
+    if "fewclue" in protocols:
         lines += [
             "",
             "FewCLUE's protocol: for each split K, fine-tuned on train_K and scored on test_public (dev_K in "
             "brackets); the task's score is the mean over the splits, ± their sample standard deviation.",
+        ]
+    if "lm-bff" in protocols:
+        lines += [
+            "",
+            "LM-BFF's protocol (--few-shot K): each split draws K rows per class from the training rows to train on "
+            "and K more per class as the dev rows that pick the checkpoint; every split is scored on the task's dev "
+            "split (your own files: --dev, else the rows held out of --train) and on a labelled --test file; the "
+            "score is the mean over the splits, ± their sample standard deviation.",
         ]
     if results.get("average_note"):
         lines += ["", results["average_note"]]
@@ -641,13 +682,8 @@ def _write_chart(path: Path, results: dict[str, Any], title: str, average_name: 
     yerr = [e or float("nan") for e in errors] if any(errors) else None  # no bar for a task without spread
     bars = ax.bar(names, scores, color=colors, yerr=yerr, capsize=4)
     for bar, s, e in zip(bars, scores, errors, strict=True):
-        ax.annotate(
-            f"{s:.1f}" + (f"±{e:.1f}" if e else ""),
-            (bar.get_x() + bar.get_width() / 2, max(s + e, 0)),
-            ha="center",
-            va="bottom",
-            fontsize=8,
-        )
+        where = (bar.get_x() + bar.get_width() / 2, max(s + e, 0))
+        ax.annotate(f"{s:.1f}" + (f"±{e:.1f}" if e else ""), where, ha="center", va="bottom", fontsize=8)
     ax.set_ylabel("score (main metric)")
     ax.set_ylim(min(0.0, min(scores, default=0) - 5), 100)
     source = str(results["source"])

@@ -166,15 +166,19 @@ def finetune(
     before anything is read; a full disk gets one line. targets: soft targets of the train rows (self-training).
     """
     cfg = cfg or FinetuneConfig()
+    from cramkit.recipes.label_prior import given_label_names
+
+    given_label_names(task, cfg)  # label_names that do not name each label once: one line before anything
     if cfg.method == "auto":  # cross-validation chooses the method, then trains it here (recipes/method_auto.py)
         from cramkit.recipes.method_auto import finetune_auto
 
         return finetune_auto(task, source, cfg, out_dir, train=finetune, progress=progress, predict_also=predict_also)
-    from cramkit.io import check_out, disk_errors
+    from cramkit.io import RUN_OUTPUTS, check_out, disk_errors
 
     if out_dir is None:
         return _finetune(task, source, cfg, None, progress, predict_also, targets)
-    check_out(out_dir, inputs=[source], own=[SETTINGS_FILE])
+    own = {SETTINGS_FILE: ("task", "config")}  # its settings, as _claim records them: the folder is a fine-tuning's
+    check_out(out_dir, inputs=[source], own=own, writes=RUN_OUTPUTS, command="cramkit finetune")
     with disk_errors(out_dir):
         return _finetune(task, source, cfg, out_dir, progress, predict_also, targets)
 
@@ -549,6 +553,8 @@ def _save_model(
         "trained_inputs": trained_inputs(task),
         **task_columns(task),
     }
+    if cfg.label_names and task.labels is not None:  # the data's values the names stand for, in logit order
+        extra["label_values"] = [str(x) for x in task.labels]
     architecture, head = "encoder", getattr(model, "head_cfg", None)
     if cfg.method == "prompt":
         architecture, head = "prompt", None
@@ -565,7 +571,7 @@ def _save_model(
         kind=kind,
         config=model.cfg,
         tokenizer=loaded.tokenizer,
-        labels=[str(x) for x in task.labels] if task.labels is not None else None,
+        labels=_saved_labels(task, cfg),
         task=task.name,
         max_length=max_length,
         pooling="cls" if resolve_pooling(cfg, loaded).pooling == "first" else "mean",
@@ -574,6 +580,15 @@ def _save_model(
         architecture=architecture,
         extra=extra,
     ).save(out)
+
+
+def _saved_labels(task: Task, cfg: FinetuneConfig) -> list[str] | None:
+    """The labels a model saves, in logit order: the names ``label_names`` gives them, else the data's values."""
+    from cramkit.recipes.label_prior import given_label_names
+
+    if task.labels is None:
+        return None
+    return given_label_names(task, cfg) or [str(x) for x in task.labels]
 
 
 def write_json(path: Path, data: Any) -> None:

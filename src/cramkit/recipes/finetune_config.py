@@ -72,6 +72,9 @@ class FinetuneConfig(ExampleSettings):
     # prompt filled with each label word, else its label names where they are words; a pair task: the similarity
     # of its texts), none, similarity, LABEL=TEXT,...
     prior: str = "auto"
+    # the labels' names at training time, LABEL=NAME,... or NAME,... in the labels' order (labels 0/1:
+    # 0=negative,1=positive): the model saved, predict, serve and the export's id2label answer them ('': the data's)
+    label_names: str = ""
     # method=head: auto starts the head from the prior's descriptions where there are some; random as initialised
     head_init: Literal["auto", "random"] = "auto"
     prefix_len: int = 16  # method=ptuning: trainable keys and values per layer

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from cramkit.data.batching import BatchLoader, Encoded, EncodedChoices
-from cramkit.io import json_loads
+from cramkit.io import json_loads, json_text
 from cramkit.load import LoadedModel
 from cramkit.recipes.finetune_config import FinetuneConfig
 from cramkit.recipes.finetune_model import build_model, predict
@@ -172,7 +172,7 @@ class ClassifierObjective(ExampleObjective):
         if self.best_dir is None or not (self.best_dir / BEST_FILE).is_file():
             return
         try:
-            kept = json_loads((self.best_dir / BEST_FILE).read_text(encoding="utf-8"))
+            kept = json_loads(json_text(self.best_dir / BEST_FILE))
             self.best = (float(kept["score"]), float(kept.get("loss", float("inf"))), None)
         except (OSError, ValueError, KeyError, TypeError):
             self.best = None  # damaged: the next evaluation keeps its model

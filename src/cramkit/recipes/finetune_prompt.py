@@ -37,6 +37,7 @@ def resolve_prompt(task: Task, loaded: LoadedModel, cfg: FinetuneConfig) -> Prom
                 f"--method ptuning: task {task.name} is {task.kind}; deep prompts train a classification or "
                 "regression head: leave out --method for this task"
             )
+        check_prefix_memory(loaded, cfg)
         return None
     from cramkit.data.prompts import prompt_spec
     from cramkit.model.heads import MLMHead
@@ -91,6 +92,46 @@ def resolve_prompt(task: Task, loaded: LoadedModel, cfg: FinetuneConfig) -> Prom
             f"--prompt {template!r} names the second text, but task {task.name} has one text per example"
         )
     return spec
+
+
+PREFIX_MEMORY_SHARE = 0.8  # of this machine's memory (the GPU's, or the RAM) deep prompts may take
+
+
+def prefix_bytes(loaded: LoadedModel, cfg: FinetuneConfig, prefix_len: int) -> int:
+    """Bytes deep prompts of ``prefix_len`` take at least, at fp32: the prefixes with their gradients and Adam's
+    two moments, and the larger of a training step (every layer keeps, for the backward pass, its keys and
+    values with the prefix in front and its attention weights over them, for ``batch_size`` rows) and a scoring
+    pass (one layer's of those at a time, for ``eval_batch_size`` rows)."""
+    m = loaded.config
+    layers, hidden, heads = int(m.layers), int(m.hidden), int(m.heads)
+    length = min(cfg.max_length, loaded.max_length)
+    keys = length + prefix_len  # what every query attends to
+
+    def one_layer(rows: int) -> int:
+        return 4 * rows * keys * (2 * hidden + 2 * heads * length)  # keys and values; attention weights, softmax
+
+    params = 4 * 4 * layers * 2 * prefix_len * hidden
+    return params + max(layers * one_layer(cfg.batch_size), one_layer(cfg.eval_batch_size))
+
+
+def check_prefix_memory(loaded: LoadedModel, cfg: FinetuneConfig) -> None:
+    """One CramkitError line, before anything is allocated, when deep prompts of ``cfg.prefix_len`` need more
+    than PREFIX_MEMORY_SHARE of this machine's memory (:func:`prefix_bytes`), naming the most that fits."""
+    from cramkit.runtime import machine_memory
+
+    have, what = machine_memory(cfg.device)
+    need = prefix_bytes(loaded, cfg, cfg.prefix_len)
+    if have is None or need <= PREFIX_MEMORY_SHARE * have:
+        return
+    base, step = prefix_bytes(loaded, cfg, 0), prefix_bytes(loaded, cfg, 1) - prefix_bytes(loaded, cfg, 0)
+    most = int((PREFIX_MEMORY_SHARE * have - base) // max(step, 1))
+    room = f"at most {most:,} fits here" if most >= 1 else "none fits at this batch_size: lower it too"
+    raise CramkitError(
+        f"--prefix-len {cfg.prefix_len:,}: deep prompts that long need about {need / 2**30:,.1f} GiB (each of the "
+        f"{loaded.config.layers} layers' attention reads the {cfg.prefix_len:,} prefix keys for every row of a batch), "
+        f"more than this machine's {have / 2**30:,.1f} GiB of {what} can hold; give a smaller --prefix-len (16 to "
+        f"128 is usual; {room})"
+    )
 
 
 ZERO_SHOT_ROWS = 512  # rows of the scored split the prompt is tried on before training

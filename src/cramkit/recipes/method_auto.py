@@ -229,9 +229,10 @@ def finetune_auto(
             "(head), or --few-shot K to draw K per class, or --set auto_max_rows=N to cross-validate anyway"
         )
     if out_dir is not None:
-        from cramkit.io import check_out
+        from cramkit.io import RUN_OUTPUTS, check_out
 
-        check_out(out_dir, inputs=[source], own=[SETTINGS_FILE, AUTO_FILE])
+        own = {SETTINGS_FILE: ("task", "config"), AUTO_FILE: ("key", "runs")}  # a fine-tuning's, its cross-validation's
+        check_out(out_dir, inputs=[source], own=own, writes=RUN_OUTPUTS, command="cramkit finetune --method auto")
     loaded = source if isinstance(source, Loaded) else load_torch(source, purpose="fine-tuning")
     methods, skipped = candidates(task, loaded, cfg, rows)
     if not methods:
@@ -288,7 +289,7 @@ def _cross_validate(
     import io
 
     from cramkit.config import to_dict
-    from cramkit.io import dir_lock, disk_errors, json_loads, write_json_atomic
+    from cramkit.io import dir_lock, disk_errors, json_loads, json_text, write_json_atomic
 
     key = {
         "task": task.name,
@@ -300,7 +301,7 @@ def _cross_validate(
     runs: dict[str, Any] = {}
     if record is not None and record.is_file():
         try:
-            old = json_loads(record.read_text(encoding="utf-8"))
+            old = json_loads(json_text(record))
             runs = dict(old["runs"]) if isinstance(old, dict) and old.get("key") == key else {}
         except (OSError, ValueError, KeyError, TypeError):
             runs = {}  # damaged: cross-validate again

@@ -266,11 +266,17 @@ def _new_run(
 
 
 def _refuse_checkpoints(run: Path) -> None:
-    """A new run never goes into a directory that holds a run with checkpoints."""
+    """A new run never goes into a directory that holds a run with checkpoints, nor into a folder of the user's
+    that holds a file a run writes (``metrics.jsonl``, ``config.yaml``, ...) without a run's ``run.json``
+    (checked by the first process only: the others may find what it has begun writing)."""
     if ckpt.find_latest(run) is not None:
         raise CramkitError(
             f"--out {run} already holds a run with checkpoints; continue it with --resume {run} or choose another --out"
         )
+    if runtime.torchrun().rank == 0:
+        from cramkit.rundir import check_new_run
+
+        check_new_run(run)
 
 
 def _prepared_objective(start: _Start) -> tuple[RunConfig, Any, Any]:

@@ -18,7 +18,7 @@ import yaml
 
 from cramkit.data.tokenstore import is_store
 from cramkit.errors import CramkitError
-from cramkit.io import json_loads, read_json
+from cramkit.io import json_loads, json_text, read_json
 from cramkit.train.config import RunConfig, build_config, check_fits
 
 RUN_FILE = "run.json"
@@ -95,7 +95,7 @@ def prepare_run(run, cfg, inputs, tokenizer, resume, preset, source_options, sav
 def _cache_key(file: Path) -> Any:
     """The key a cache recorded in ``file``; None when it is unreadable (a damaged cache is built again)."""
     try:
-        return json_loads(file.read_text(encoding="utf-8"))
+        return json_loads(json_text(file))
     except (OSError, ValueError):
         return None
 

@@ -1,10 +1,11 @@
 """The HTTP server: FastAPI routes compatible with text-embeddings-inference (TEI) where they overlap.
 
-Routes: ``POST /embed`` (TEI), ``POST /predict`` (TEI; a multiple-choice model takes ``{"text",
-"choices"}``), ``POST /v1/embeddings`` (OpenAI-shaped), ``POST /tokenize`` (TEI), ``POST /rerank`` (TEI),
-``POST /fill-mask``, ``POST /search`` (with an index), ``GET /info``, ``GET /health``, ``GET /metrics``
-(Prometheus), ``/docs`` (OpenAPI). Several models are served by name: a ``"model"`` field in the body or a
-``?model=`` query parameter picks one (default: the first).
+Routes: ``POST /`` and ``POST /invocations`` (TEI's and SageMaker's: the route of the model's kind, which
+huggingface_hub's ``InferenceClient(model=URL)`` calls), ``POST /embed`` (TEI), ``POST /predict`` (TEI; a
+multiple-choice model takes ``{"text", "choices"}``), ``POST /v1/embeddings`` (OpenAI-shaped), ``POST
+/tokenize`` (TEI), ``POST /rerank`` (TEI), ``POST /fill-mask``, ``POST /search`` (with an index), ``GET /info``,
+``GET /health``, ``GET /metrics`` (Prometheus), ``/docs`` (OpenAPI). Several models are served by name: a
+``"model"`` field in the body or a ``?model=`` query parameter picks one (default: the first).
 
 The server is in three rooms: :mod:`~cramkit.serve.guard` (limits, the ASGI gate in front of the app, admission
 to the batchers, the error answers), :mod:`~cramkit.serve.bodies` (each request body declared once, on
@@ -16,7 +17,8 @@ invalid UTF-8 or JSON Python cannot take as text (a lone surrogate escape, nesti
 thousands of digits), 401 a missing or wrong API key, 404 an unknown model or route, 408 a client that
 sends its body too slowly, 413 a payload, input count, input length or answer size over the limits, 422
 wrong types or an empty list, 429 a full queue or one that could not answer before the timeout (with
-Retry-After), 503 a request that waited longer than the timeout or a server that is shutting down. Statuses
+Retry-After), 500 a model that answered NaN or infinity (naming it), 503 a request that waited longer than the
+timeout or a server that is shutting down. Statuses
 follow the exception's type, never its message. A 400 or a 5xx logs one line (rate-limited), never a
 traceback.
 """

@@ -20,11 +20,13 @@ from cramkit.serve.declare import (
     Inputs,
     Integer,
     ModelName,
+    Nested,
     NonEmptyText,
     OneOf,
     PromptName,
     Texts,
     declare,
+    union,
 )
 from cramkit.serve.guard import invalid
 
@@ -96,6 +98,39 @@ class PredictRequest(Body):
     raw_scores: bool = declare(Flag(False, "logits instead of probabilities"))
     truncate: bool = declare(Flag(True))
     model: str = declare(ModelName())
+
+
+@dataclass(frozen=True)
+class ClassificationParameters(Body):
+    """The ``parameters`` of the Inference API's text-classification, which huggingface_hub's
+    ``InferenceClient.text_classification`` sends."""
+
+    top_k: int = declare(Integer(0, 0, 100_000, "the best top_k labels per input (0, the default: every label)"))
+    function_to_apply: str | None = declare(
+        OneOf(
+            ("softmax", "sigmoid", "none"), description="the scores: default the model's (softmax, multilabel: sigmoid)"
+        )
+    )
+
+
+@dataclass(frozen=True)
+class TextClassificationRequest(PredictRequest):
+    """POST / (and /invocations) of a classifier: /predict's body with the Inference API's ``parameters``; the
+    answer is a list of labels per input, a single text's too (the shape huggingface_hub reads)."""
+
+    parameters: ClassificationParameters = declare(Nested(ClassificationParameters))
+
+
+# POST / and /invocations (TEI's, SageMaker's): the body of the route of the model's kind, which it reads as that
+# route does; its schema lists every field of the three, none required by itself
+KindRequest = union(
+    "KindRequest",
+    "POST / (TEI's) and /invocations (SageMaker's): /rerank's body for a cross-encoder given a query, /predict's "
+    "(with the Inference API's parameters) for a classifier, /embed's otherwise.",
+    TextClassificationRequest,
+    EmbedRequest,
+    RerankRequest,
+)
 
 
 @dataclass(frozen=True)

@@ -61,7 +61,12 @@ def describe(x: Any) -> str:
 async def read_json(request: Any) -> dict:
     """The request's body as a JSON object: 400 for bytes that are not UTF-8 JSON Python can take as text (a
     lone surrogate escape, nesting too deep, an integer of thousands of digits), 422 for JSON that is not an
-    object."""
+    object. Read once per request (a route that hands the request to another's handler, as POST / does, reads
+    the same object)."""
+    state = getattr(request, "state", None)
+    known = getattr(state, "cramkit_body", None)
+    if isinstance(known, dict):
+        return known
     raw = await request.body()
     try:
         text = raw.decode("utf-8")
@@ -84,6 +89,8 @@ async def read_json(request: Any) -> dict:
         )
     if not isinstance(body, dict):
         raise invalid(f"the body must be a JSON object, not {type(body).__name__}")
+    if state is not None:
+        state.cramkit_body = body
     return body
 
 
@@ -364,6 +371,56 @@ class Integer(Spec):
 
     def shape(self) -> dict[str, Any]:
         return {"type": "integer", "default": self.default, "minimum": self.lo, "maximum": self.hi}
+
+
+def union(name: str, doc: str, *bodies: type[Body]) -> type[Body]:
+    """A body of every field of ``bodies`` (the first declaration of a key wins), none of them required: what
+    a route that reads one of them, as the model it picks decides (POST /), documents."""
+    specs: dict[str, Spec] = {}
+    for body in bodies:
+        for key, spec in body.specs():
+            specs.setdefault(key, Unrequired(spec) if spec.required else spec)
+    fields = [(key, Any, declare(spec)) for key, spec in specs.items()]
+    made = dataclasses.make_dataclass(name, fields, bases=(Body,), frozen=True)
+    made.__doc__ = doc
+    return cast(type[Body], made)
+
+
+@dataclass(frozen=True)
+class Unrequired(Spec):
+    """``spec``'s field, which a body may leave out (absent or null: None)."""
+
+    spec: Spec
+
+    @property
+    def description(self) -> str | None:  # type: ignore[override]
+        return self.spec.description
+
+    def read(self, body: dict[str, Any], key: str, ctx: Context) -> Any:
+        return None if body.get(key) is None else self.spec.read(body, key, ctx)
+
+    def shape(self) -> dict[str, Any]:
+        return self.spec.shape()
+
+
+@dataclass(frozen=True)
+class Nested(Spec):
+    """A JSON object whose own fields are declared by the :class:`Body` ``body`` (absent or null: every field's
+    default), as the Inference API's ``parameters``."""
+
+    body: type[Body]
+    description: str | None = None
+
+    def read(self, body: dict[str, Any], key: str, ctx: Context) -> Any:
+        v = body.get(key)
+        if v is None:
+            v = {}
+        if not isinstance(v, dict):
+            raise invalid(f"'{key}' must be an object, not {describe(v)}")
+        return self.body.parse(v, ctx)
+
+    def shape(self) -> dict[str, Any]:
+        return self.body.schema()
 
 
 @dataclass(frozen=True)

@@ -24,6 +24,7 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import Response
 
+from cramkit.backends.finite import NonFiniteOutput
 from cramkit.errors import CramkitError
 from cramkit.index.checks import DamagedIndex
 from cramkit.infer.engine import InputTooLong
@@ -339,6 +340,8 @@ async def queued(state: ServerState, lane: Lane, req: Any) -> Any:
         raise invalid(str(exc), 413) from None
     except DamagedIndex as exc:  # the server's index, not the request: 500, and the server keeps serving
         raise ApiError(500, str(exc), "Backend") from None
+    except NonFiniteOutput as exc:  # the model, not the request: 500 naming it, and the server keeps serving
+        raise ApiError(500, f"model {getattr(lane, 'name', '?')!r} failed: {exc}", "Backend") from None
     except CramkitError as exc:
         raise invalid(str(exc)) from None
     except Exception as exc:  # the model failed: say so, keep serving

@@ -24,10 +24,12 @@ from cramkit.serve.batcher import Batcher, Search
 from cramkit.serve.bodies import (
     EmbedRequest,
     FillMaskRequest,
+    KindRequest,
     OpenAIEmbeddingsRequest,
     PredictRequest,
     RerankRequest,
     SearchRequest,
+    TextClassificationRequest,
     TokenizeRequest,
 )
 from cramkit.serve.declare import Body, ChoiceInputs, Context, read_json
@@ -215,36 +217,57 @@ async def rerank(request: Request) -> Response:
 
 
 async def predict(request: Request) -> Response:
+    return await _predict(request, pipeline=False)
+
+
+async def _predict(request: Request, pipeline: bool) -> Response:
+    """/predict; ``pipeline`` (POST / of a classifier): the body's Inference API ``parameters`` (top_k,
+    function_to_apply) too, and a list of labels per input, a single text's as well (what huggingface_hub's
+    ``InferenceClient.text_classification`` reads)."""
     state = _state(request)
     body = await read_json(request)
     name, engine, batcher = state.pick(body, request)
     if not engine.can_choose:
         need(engine.can_classify, name, "classification (/predict); it is a " + engine.kind + " model")
-    req = PredictRequest.parse(body, Context(state.limits, engine, name))
+    ctx = Context(state.limits, engine, name)
+    req = TextClassificationRequest.parse(body, ctx) if pipeline else PredictRequest.parse(body, ctx)
     if isinstance(req.inputs, ChoiceInputs):
         return await _predict_choices(state, req, req.inputs, name, engine, batcher)
     inputs = req.inputs
     with reserved(state, batcher, len(inputs.items)):
         enc = await _tokenize(engine, inputs.items, req.truncate)
     logits = await run(state, name, batcher, "classify", enc)
+    params = req.parameters if isinstance(req, TextClassificationRequest) else None
+    function = "none" if req.raw_scores else None
+    if params is not None and params.function_to_apply is not None:
+        function = params.function_to_apply
 
     def payload() -> Any:
-        out = _predictions(engine, logits, req.raw_scores)
-        return out[0] if inputs.single else out
+        out = _predictions(engine, logits, function, params.top_k if params is not None else 0)
+        return out[0] if inputs.single and not pipeline else out
 
     return await _response(payload, logits.size, enc.truncated)
 
 
-def _predictions(engine: Any, logits: np.ndarray, raw: bool) -> list[list[dict[str, Any]]]:
+def _predictions(engine: Any, logits: np.ndarray, function: str | None, top_k: int = 0) -> list[list[dict[str, Any]]]:
+    """Per input, every label (the best ``top_k``; 0: all) with its score, best first. function: the scores' --
+    None the model's own (softmax; a multilabel model's sigmoid), "none" the logits, "softmax", "sigmoid"."""
     from cramkit.infer.engine import probabilities
 
-    if engine.kind == "regression":
+    if engine.kind == "regression" and function in (None, "none"):
         return [[{"label": "score", "score": float(v)}] for v in logits[:, 0]]
-    scores = logits if raw else cast(np.ndarray, probabilities(engine.kind, logits))  # not None: no regression
+    if function == "none":
+        scores = logits
+    elif function is None:
+        scores = cast(np.ndarray, probabilities(engine.kind, logits))  # not None: no regression here
+    else:
+        scores = cast(np.ndarray, probabilities("multilabel" if function == "sigmoid" else "classifier", logits))
     names = engine.labels or [str(j) for j in range(logits.shape[1])]
+    if engine.kind == "regression":
+        names = ["score"]
     out = []
     for row in scores:
-        order = np.argsort(-row, kind="stable")
+        order = np.argsort(-row, kind="stable")[: top_k or None]
         out.append([{"label": names[j], "score": round(float(row[j]), 7)} for j in order])
     return out
 
@@ -281,6 +304,30 @@ async def _predict_choices(
         return out[0] if inputs.single else out
 
     return await _response(payload, rows, res.truncated)
+
+
+# ------------------------------------------------------------------------------------------ the model's own route
+
+
+async def by_kind(request: Request) -> Response:
+    """TEI's POST / (and SageMaker's /invocations): the route of the picked model's kind, with that route's
+    body -- /rerank for a cross-encoder given ``{"query", "texts"}``, /predict for a classifier (a regressor, a
+    multiple-choice model; with the Inference API's ``parameters`` and a list of labels per input: what
+    huggingface_hub's ``InferenceClient(model=URL).text_classification`` posts and reads), /embed otherwise
+    (``feature_extraction``'s)."""
+    state = _state(request)
+    body = await read_json(request)
+    name, engine, _ = state.pick(body, request)
+    if engine.can_rerank and "query" in body:
+        return await rerank(request)
+    if engine.can_classify or engine.can_choose:
+        return await _predict(request, pipeline=True)
+    if engine.can_embed:
+        return await embed(request)
+    raise invalid(
+        f"model {name!r} (a {engine.kind} model) answers none of /embed, /predict and /rerank, which "
+        f"{request.url.path} stands for; use a route it answers (GET /info says what each model does)"
+    )
 
 
 # ------------------------------------------------------------------------------------------ tokens, passages
@@ -385,6 +432,15 @@ class Route:
 
 
 TABLE = (
+    Route(
+        "/",
+        by_kind,
+        "The model's own route (TEI's POST /, as huggingface_hub's InferenceClient(model=URL) calls it): /rerank "
+        "for a cross-encoder given a query, /predict for a classifier (a list of labels per input, the Inference "
+        "API's parameters top_k and function_to_apply), /embed otherwise; the same body as that route",
+        KindRequest,
+    ),
+    Route("/invocations", by_kind, "SageMaker's route: the same as POST /", KindRequest),
     Route("/embed", embed, "Sentence embeddings (TEI's /embed): [[float, ...], ...] in input order", EmbedRequest),
     Route(
         "/predict",

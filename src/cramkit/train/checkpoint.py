@@ -42,7 +42,7 @@ import torch
 from torch import nn
 
 from cramkit.errors import CramkitError
-from cramkit.io import BadJson, json_loads, sha256_file, write_text_atomic
+from cramkit.io import BadJson, json_loads, json_text, sha256_file, write_text_atomic
 
 # the read side of the format (cramkit.rundir), under its old names too
 from cramkit.rundir import (  # noqa: F401
@@ -201,7 +201,7 @@ def _reader(path: Path) -> Any:
         def read_metadata(self, *args: Any, **kwargs: Any) -> Any:
             file = Path(self.path) / META_FILE
             try:
-                data = json_loads(file.read_text(encoding="utf-8"))
+                data = json_loads(json_text(file))
             except FileNotFoundError:
                 raise CramkitError(f"{file} is missing; the checkpoint is incomplete; resume from another") from None
             except (UnicodeDecodeError, BadJson) as exc:

@@ -294,8 +294,11 @@ class Reporter:
         require_trackers(self.names)
         state_path = self.run / STATE_FILE
         state: dict[str, Any] = {}
-        with contextlib.suppress(OSError, ValueError):
-            state = json.loads(state_path.read_text(encoding="utf-8"))
+        with contextlib.suppress(OSError, ValueError):  # bounded in size and depth; damaged: started afresh
+            from cramkit.io import json_loads, json_text
+
+            state = json_loads(json_text(state_path))
+        state = state if isinstance(state, dict) else {}
         title = title or run_name(self.run)
         plain = json.loads(json.dumps(dict(config), default=str))  # JSON values only
         for name in self.names:

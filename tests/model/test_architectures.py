@@ -416,3 +416,16 @@ def test_crafted_family_configs_are_one_line(
     assert cli_main(args) != 0
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "Traceback" not in err[0] and str(tmp_path / "m") in err[0], err
+
+
+def test_a_sentencepiece_only_folder_says_how_to_convert_it(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """DeBERTa-v3 on the hub ships spm.model, no tokenizer.json: one line naming the file and the conversion."""
+    _tiny(tmp_path / "m", "deberta-v2", "encoder")
+    (tmp_path / "m" / "tokenizer.json").unlink()
+    (tmp_path / "m" / "spm.model").write_bytes(b"\x0a\x05<pad>")  # never parsed by cramkit
+    (tmp_path / "texts.txt").write_text("w1 w2\n")
+    capsys.readouterr()
+    args = ["embed", "--from", f"hf:{tmp_path / 'm'}", str(tmp_path / "texts.txt"), "--out", str(tmp_path / "e")]
+    assert cli_main(args) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "spm.model" in err[0] and "save_pretrained" in err[0], err

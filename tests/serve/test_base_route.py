@@ -144,3 +144,4 @@ def test_a_model_that_answers_nan_is_a_500_naming_it_and_the_server_stays_up(cla
     assert good.status_code == 200 and all(np.isfinite(d["score"]) for d in good.json())
     assert httpx.post(f"{classifiers}/predict", json={"inputs": "a film"}, timeout=60).status_code == 200
     assert httpx.get(f"{classifiers}/health", timeout=60).json()["status"] == "ok"
+    assert httpx.get(f"{classifiers}/ping", timeout=60).json()["status"] == "ok"  # SageMaker's health check

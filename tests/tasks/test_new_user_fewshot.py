@@ -144,6 +144,14 @@ def test_label_names_name_what_the_model_answers(tiny_run: Path, glue_dir: Path,
         "negative",
         "positive",
     }
+    # the test file's gold 0/1 scored against the names (mapped by position): the same predictions, with metrics
+    scored = cli("predict", "--from", out, files["test"], "--out", tmp_path / "s.jsonl")
+    assert scored.returncode == 0, scored.stderr
+    gold = [line.rsplit(",", 1)[1] for line in files["test"].read_text().splitlines()[1:]]
+    got = [json.loads(line)["label"] for line in (tmp_path / "s.jsonl").read_text().splitlines()]
+    assert got == [a["label"] for a in answers] and "accuracy" in scored.stdout + scored.stderr
+    right = sum(g == {"negative": "0", "positive": "1"}[p] for g, p in zip(gold, got, strict=True))
+    assert f"{100 * right / len(gold):.2f}" in scored.stdout + scored.stderr
     exported = cli("export", out, "--format", "hf", "--out", tmp_path / "hf")
     assert exported.returncode == 0, exported.stderr
     config = json.loads((tmp_path / "hf" / "config.json").read_text())

@@ -13,7 +13,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         "serve",
         help="serve models over HTTP (embeddings, classification, fill-mask; TEI-compatible routes)",
         description="Serve one or more models over HTTP with FastAPI on uvicorn: POST /embed, /predict, "
-        "/v1/embeddings, /fill-mask (and /search with --index), GET /info, /health, /metrics, /docs. A batcher "
+        "/v1/embeddings, /fill-mask (and /search with --index), POST / and /invocations (TEI's and SageMaker's: "
+        "the route of the model's kind), GET /info, /health (and /ping), /metrics, /docs. A batcher "
         "merges concurrent requests into token-budgeted batches. MODEL is anything cramkit.load takes or an "
         "ONNX export (cramkit export --format onnx); NAME=MODEL names it (requests pick a model by name).",
     )

@@ -70,7 +70,9 @@ def check_teacher(teacher: LoadedModel, task: Any) -> str:
         have = list(teacher.labels or [])
         want = [str(x) for x in task.labels]
         names = [str(x) for x in task.label_names] if task.label_names else None
-        if have != want and have != names:
+        # a teacher trained with label_names answers names, recorded with the data's values in their order
+        values = teacher.extra.get("label_values") if isinstance(getattr(teacher, "extra", None), dict) else None
+        if have != want and have != names and values != want:
             raise CramkitError(
                 f"--teacher {teacher.source}: its labels {have} (in logit order) differ from task {task.name}'s "
                 f"{want}; distil with a teacher fine-tuned on this task's labels in this order (no silent remap)"

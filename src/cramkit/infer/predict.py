@@ -264,8 +264,23 @@ def _read_inputs(
             "gold label column, or --label none to predict without scoring"
         )
     if rows.gold is not None and engine.kind in ("classifier", "regression", "multiple_choice"):
+        rows.gold = _named_gold(engine, rows.gold)
         _check_gold(engine, rows.gold, f"{input_file} column {rows.label_column!r}", rows.choices)
     return rows
+
+
+def _named_gold(engine: Any, gold: list[str]) -> list[str]:
+    """Gold labels written as the training data's values (``0``/``1``) where the model answers the names it was
+    given (``--set label_names=...``, recorded with the values in ``label_values``): mapped by position. A file
+    that already spells the names, or a model without names, is read as it is."""
+    values = engine.loaded.extra.get("label_values") if engine.kind == "classifier" else None
+    labels = list(engine.labels or [])
+    if not isinstance(values, list) or len(values) != len(labels) or values == labels:
+        return gold
+    if any(g in set(labels) for g in gold):
+        return gold
+    to_name = dict(zip(map(str, values), labels, strict=True))
+    return [to_name.get(g, g) for g in gold]
 
 
 def _predict_rows(

@@ -184,7 +184,7 @@ def load_hf(name: str, text: str) -> LoadedModel:
         model = Encoder(cfg)
         load_weights(model, dict(enc_state), f"hf:{root}")
     if not any((root / f).is_file() for f in ("tokenizer.json", "vocab.txt")):
-        raise CramkitError(f"hf:{root}: no tokenizer.json or vocab.txt beside the weights")
+        raise CramkitError(_no_tokenizer(root))
     pooling, normalize, st_max = _st_pooling(root)
     max_length = default_max_length(cfg)
     if st_max:
@@ -257,7 +257,7 @@ def _load_cramkit_export(root: Path, hf: dict[str, Any]) -> LoadedModel:
         kind, model = "encoder", Encoder(cfg)
         load_weights(model, {k.removeprefix("encoder."): v for k, v in state.items()}, what)
     if not any((root / f).is_file() for f in ("tokenizer.json", "vocab.txt")):
-        raise CramkitError(f"hf:{root}: no tokenizer.json or vocab.txt beside the weights")
+        raise CramkitError(_no_tokenizer(root))
     return LoadedModel(
         model=model,
         kind=kind,
@@ -270,4 +270,17 @@ def _load_cramkit_export(root: Path, hf: dict[str, Any]) -> LoadedModel:
         head=head,
         extra={"hf_architecture": arch, **_st_prompts(root)},
         weights_file=_single_weights_file(root),
+    )
+
+
+def _no_tokenizer(root: Path) -> str:
+    """The line for a model folder without tokenizer.json or vocab.txt; a SentencePiece model (DeBERTa-v3's
+    spm.model, XLM-R's sentencepiece.bpe.model) is converted once by transformers, not parsed by cramkit."""
+    spm = next((p.name for p in sorted(root.glob("*.model")) if p.is_file()), None)
+    if spm is None:
+        return f"hf:{root}: no tokenizer.json or vocab.txt beside the weights"
+    return (
+        f"hf:{root}: no tokenizer.json or vocab.txt beside the weights, only the SentencePiece model {spm}; convert "
+        'it once with transformers (pip install sentencepiece): python -c "from transformers import AutoTokenizer '
+        f"as T; T.from_pretrained('{root}').save_pretrained('{root}')\", which writes tokenizer.json"
     )

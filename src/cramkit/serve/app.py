@@ -4,8 +4,9 @@ Routes: ``POST /`` and ``POST /invocations`` (TEI's and SageMaker's: the route o
 huggingface_hub's ``InferenceClient(model=URL)`` calls), ``POST /embed`` (TEI), ``POST /predict`` (TEI; a
 multiple-choice model takes ``{"text", "choices"}``), ``POST /v1/embeddings`` (OpenAI-shaped), ``POST
 /tokenize`` (TEI), ``POST /rerank`` (TEI), ``POST /fill-mask``, ``POST /search`` (with an index), ``GET /info``,
-``GET /health``, ``GET /metrics`` (Prometheus), ``/docs`` (OpenAPI). Several models are served by name: a
-``"model"`` field in the body or a ``?model=`` query parameter picks one (default: the first).
+``GET /health`` (and SageMaker's ``GET /ping``), ``GET /metrics`` (Prometheus), ``/docs`` (OpenAPI). Several
+models are served by name: a ``"model"`` field in the body or a ``?model=`` query parameter picks one (default:
+the first).
 
 The server is in three rooms: :mod:`~cramkit.serve.guard` (limits, the ASGI gate in front of the app, admission
 to the batchers, the error answers), :mod:`~cramkit.serve.bodies` (each request body declared once, on

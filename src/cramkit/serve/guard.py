@@ -32,7 +32,7 @@ from cramkit.serve.batcher import Batcher, Job, Lane, Overloaded, SearchQueue, S
 from cramkit.serve.metrics import Metrics
 
 # open without the API key
-OPEN_ROUTES = ("/health", "/docs", "/openapi.json", "/docs/oauth2-redirect", "/redoc")
+OPEN_ROUTES = ("/health", "/ping", "/docs", "/openapi.json", "/docs/oauth2-redirect", "/redoc")
 
 
 @dataclass

@@ -477,6 +477,7 @@ TABLE = (
     ),
     Route("/info", info, "The models served, their limits and the server's"),
     Route("/health", health, "200 while every model's batcher runs"),
+    Route("/ping", health, "SageMaker's health check: the same as /health"),
     Route("/metrics", metrics, "Prometheus metrics"),
 )
 ROUTES = tuple(route.path for route in TABLE)

@@ -207,3 +207,20 @@ def test_without_jieba_chinese_masks_characters(zh_corpus, tmp_path, monkeypatch
         "data.masking=whole_word",
     )
     assert proc.returncode == 2 and "jieba" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_nproc_names_and_checks_the_run_by_the_preset_it_trains(zh_corpus, tmp_path, monkeypatch):
+    """`cramkit pretrain zh.txt --nproc 2` named its run runs/tiny-cpu-... and checked the pipeline degree against
+    tiny-cpu, while the processes trained tiny-zh: the launcher decides the preset as the run does."""
+    import cramkit.train.launch as launch
+    from clirun import cli
+
+    seen: list[list[str]] = []
+    monkeypatch.setattr(launch, "launch", lambda nproc, argv, **kw: seen.append(argv) or 0)
+    proc = cli("pretrain", zh_corpus, "--nproc", "2", "--budget", "1steps", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    out = seen[0][seen[0].index("--out") + 1]
+    assert Path(out).name.startswith("tiny-zh-"), out
+    # the degree checked against tiny-zh's 4 layers (tiny-cpu has as many: a degree that divides neither)
+    bad = cli("pretrain", zh_corpus, "--nproc", "2", "--set", "parallel.pp=3", cwd=tmp_path)
+    assert bad.returncode == 2 and "parallel.pp=3" in bad.stderr and len(seen) == 1

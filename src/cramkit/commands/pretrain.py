@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from typing import Any
 
 from cramkit import runtime
 from cramkit.commands.checks import add_training_args
@@ -119,7 +120,7 @@ def run(args: argparse.Namespace) -> int:
         print(yaml.safe_dump(to_dict(cfg), sort_keys=False), end="")
         return 0
     if args.nproc != 1 or args.nnodes != 1:
-        return _launch(args)
+        return _launch(args, given)
     import cramkit
 
     run_dir = cramkit.pretrain(args.inputs or None, out=args.out, **given)
@@ -128,15 +129,16 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _launch(args: argparse.Namespace) -> int:
+def _launch(args: argparse.Namespace, given: dict[str, Any]) -> int:
     """``--nproc N``: the same command, without --nproc, on N processes started by torchrun."""
     from cramkit.errors import CramkitError
     from cramkit.train.launch import launch
 
     if runtime.torchrun().world > 1:
         raise CramkitError("--nproc given inside a torchrun job; use one or the other")
+    preset = "continue" if args.init is not None else None
     if args.init is None:  # a mistyped setting or degree: one message here, not one per process
-        _check_degrees(args, args.nproc * args.nnodes)
+        preset = _check_degrees(args, given, args.nproc * args.nnodes)
     out = args.out
     if out is None and args.resume is None and args.nnodes > 1:
         raise CramkitError(
@@ -146,8 +148,8 @@ def _launch(args: argparse.Namespace) -> int:
     if out is None and args.resume is None:
         from cramkit.recipes.pretrain import default_out
 
-        preset = args.preset or ("continue" if args.init else "tiny-cpu")
-        out = str(default_out(preset))  # chosen once, so every process writes into the same run
+        # chosen once, so every process writes into the same run, named by the preset the run trains (text-aware)
+        out = str(default_out(preset or args.preset or "tiny-cpu"))
     argv = ["pretrain", *args.inputs]
     for flag, value in (
         ("--preset", args.preset),
@@ -173,28 +175,25 @@ def _launch(args: argparse.Namespace) -> int:
     return launch(args.nproc, argv, nnodes=args.nnodes, node_rank=args.node_rank, rdzv_endpoint=args.rdzv_endpoint)
 
 
-def _check_degrees(args: argparse.Namespace, world: int) -> None:
-    """The pipeline and expert-parallel degrees ``world`` processes allow, checked before torchrun starts them;
-    for ``--resume``, with the run's settings and the degrees its checkpoint was written with named (a resume may
-    change them: the checkpoint holds the whole model, resharded on load)."""
+def _check_degrees(args: argparse.Namespace, given: dict[str, Any], world: int) -> str:
+    """The pipeline and expert-parallel degrees ``world`` processes allow, checked before torchrun starts them
+    against the configuration the run will train (the text-aware preset: ``tiny-zh`` for Chinese text); for
+    ``--resume``, with the degrees its checkpoint was written with named (a resume may change them: the checkpoint
+    holds the whole model, resharded on load). Returns the preset the run starts from ("" for a resume)."""
     from cramkit.errors import CramkitError
-    from cramkit.train.config import resolve_config
+    from cramkit.recipes.pretrain import resolved_start
     from cramkit.train.parallel import check_ep
     from cramkit.train.pipeline import check_pp, stages_per_rank
 
     try:
-        if args.resume is None:
-            cfg = resolve_config(args.preset or "tiny-cpu", args.overrides)
-        else:
-            from cramkit.recipes.pretrain import resolved_config
-
-            cfg = resolved_config(resume=args.resume, overrides=args.overrides, budget=args.budget)
+        cfg, preset = resolved_start(args.inputs or None, **given)
         check_pp(cfg.model, cfg.parallel.pp, world, virtual=stages_per_rank(cfg.parallel), tp=cfg.parallel.tp)
         check_ep(cfg.model, cfg.parallel.ep, world)
     except CramkitError as exc:
         if args.resume is None:
             raise
         raise CramkitError(f"{exc}. {_written_with(args.resume)}") from None
+    return preset
 
 
 def _written_with(run: str) -> str:

@@ -326,6 +326,15 @@ def _prepared_objective(start: _Start) -> tuple[RunConfig, Any, Any]:
 
 
 def resolved_config(
+    sources_or_store: str | os.PathLike | Sequence[str | os.PathLike] | None = None, **given: Any
+) -> RunConfig:
+    """The configuration :func:`pretrain` would train with (preset, then ``--set``, then what a model given
+    with ``init`` decides), validated, with nothing written: ``cramkit pretrain --print-config``. ``given``:
+    :func:`resolved_start`'s keywords."""
+    return resolved_start(sources_or_store, **given)[0]
+
+
+def resolved_start(
     sources_or_store: str | os.PathLike | Sequence[str | os.PathLike] | None = None,
     *,
     preset: str | None = None,
@@ -342,19 +351,21 @@ def resolved_config(
     extend_vocab: int = 0,
     upcycle: bool = False,
     report_to: str | Sequence[str] | None = None,
-) -> RunConfig:
-    """The configuration :func:`pretrain` would train with (preset, then ``--set``, then what a model given
-    with ``init`` decides), validated, with nothing written: ``cramkit pretrain --print-config``."""
+) -> tuple[RunConfig, str]:
+    """(the configuration :func:`pretrain` would train with, the preset it starts from: text-aware, ``tiny-zh``
+    for Chinese text, which names a default run directory; "" for a resumed run), decided once, nothing written
+    (``--nproc`` checks the degrees and names the run by it before the processes start)."""
     overrides = _with_report_to(list(overrides) + ([f"train.budget={budget}"] if budget else []), report_to)
     if resume is not None:
         run = ckpt.require_run_dir(resume)
-        return resolve_config(base=load_yaml(run / "config.yaml"), overrides=overrides)
+        return resolve_config(base=load_yaml(run / "config.yaml"), overrides=overrides), ""
     options = _source_options(encoding=encoding, errors=errors, text_field=text_field, doc_split=doc_split)
     init = str(init) if init is not None else None
     inherit = str(inherit) if inherit is not None else None
-    return _fresh_config(
+    cfg, _, chosen = _fresh_config(
         _inputs(sources_or_store), options, preset, overrides, init, inherit, tokenizer, extend_vocab, upcycle
-    )[0]
+    )
+    return cfg, chosen or ("continue" if init else "tiny-cpu")
 
 
 def _with_report_to(overrides: list[str], report_to: str | Sequence[str] | None) -> list[str]:

@@ -221,6 +221,8 @@ def test_nproc_names_and_checks_the_run_by_the_preset_it_trains(zh_corpus, tmp_p
     assert proc.returncode == 0, proc.stderr
     out = seen[0][seen[0].index("--out") + 1]
     assert Path(out).name.startswith("tiny-zh-"), out
+    # the processes run the command as typed (no flag rebuilt one by one, so none is dropped), without --nproc
+    assert seen[0] == ["pretrain", str(zh_corpus), "--budget", "1steps", "--out", out]
     # the degree checked against tiny-zh's 4 layers (tiny-cpu has as many: a degree that divides neither)
     bad = cli("pretrain", zh_corpus, "--nproc", "2", "--set", "parallel.pp=3", cwd=tmp_path)
     assert bad.returncode == 2 and "parallel.pp=3" in bad.stderr and len(seen) == 1

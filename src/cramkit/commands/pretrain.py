@@ -132,7 +132,7 @@ def run(args: argparse.Namespace) -> int:
 def _launch(args: argparse.Namespace, given: dict[str, Any]) -> int:
     """``--nproc N``: the same command, without --nproc, on N processes started by torchrun."""
     from cramkit.errors import CramkitError
-    from cramkit.train.launch import launch
+    from cramkit.train.launch import launch, without_flags
 
     if runtime.torchrun().world > 1:
         raise CramkitError("--nproc given inside a torchrun job; use one or the other")
@@ -150,28 +150,10 @@ def _launch(args: argparse.Namespace, given: dict[str, Any]) -> int:
 
         # chosen once, so every process writes into the same run, named by the preset the run trains (text-aware)
         out = str(default_out(preset or args.preset or "tiny-cpu"))
-    argv = ["pretrain", *args.inputs]
-    for flag, value in (
-        ("--preset", args.preset),
-        ("--budget", args.budget),
-        ("--out", out),
-        ("--resume", args.resume),
-        ("--tokenizer", args.tokenizer),
-        ("--encoding", args.encoding),
-        ("--errors", args.errors),
-        ("--text-field", args.text_field),
-        ("--doc-split", args.doc_split),
-        ("--from", args.init),
-        ("--inherit", args.inherit),
-        ("--extend-vocab", args.extend_vocab or None),
-        ("--report-to", args.report_to),
-    ):
-        if value is not None:
-            argv += [flag, str(value)]
-    if args.upcycle:
-        argv.append("--upcycle")
-    for item in args.overrides:
-        argv += ["--set", item]
+    # the command as typed, without the launcher's flags: a flag added to pretrain reaches the processes as it is
+    argv = without_flags(args.argv, ("--nproc", "--nnodes", "--node-rank", "--rdzv-endpoint"))
+    if out is not None and args.out is None:
+        argv += ["--out", out]
     return launch(args.nproc, argv, nnodes=args.nnodes, node_rank=args.node_rank, rdzv_endpoint=args.rdzv_endpoint)
 
 

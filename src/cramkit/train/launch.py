@@ -92,12 +92,23 @@ def relaunch(nproc: int, argv: Sequence[str]) -> int:
     processes through torchrun."""
     if runtime.torchrun().world > 1:
         raise CramkitError("--nproc given inside a torchrun job; use one or the other")
-    args, skip = [], False
+    return launch(nproc, without_flags(argv, ("--nproc",)))
+
+
+def without_flags(argv: Sequence[str], flags: Sequence[str]) -> list[str]:
+    """The command as typed without the launcher's own ``flags`` and their values (``--nproc 2``,
+    ``--nproc=2``, and the abbreviations argparse accepts, ``--npro 2``): what each process runs."""
+
+    def launcher(item: str) -> bool:
+        name = item.split("=", 1)[0]
+        return len(name) > 2 and any(flag.startswith(name) for flag in flags)
+
+    out, skip = [], False
     for item in argv:
         if skip:
             skip = False
-        elif item == "--nproc":
-            skip = True
-        elif not item.startswith("--nproc="):
-            args.append(item)
-    return launch(nproc, args)
+        elif item.startswith("--") and launcher(item):
+            skip = "=" not in item
+        else:
+            out.append(item)
+    return out

@@ -55,17 +55,20 @@ def _preload(*tasks: Any) -> None:
 
 
 def finetune_config(
-    config: FinetuneConfig | None = None,
+    config: FinetuneConfig | str | os.PathLike | None = None,
     settings: Mapping[str, Any] | None = None,
     *,
     prompt: str | None = None,
     label_words: str | Mapping[str, str] | None = None,
     report_to: str | Sequence[str] | None = None,
 ) -> FinetuneConfig:
-    """The fine-tuning settings: ``config`` (e.g. from ``--config FILE``; default: the defaults) with
-    ``settings`` (FinetuneConfig fields) and the keywords on top; an unknown or bad setting is one line."""
-    from cramkit.recipes.finetune_config import config_from
+    """The fine-tuning settings: ``config`` (a FinetuneConfig, or a settings file as ``--config FILE`` takes and
+    ``--print-config`` writes; default: the defaults) with ``settings`` (FinetuneConfig fields) and the keywords on
+    top; an unknown or bad setting is one line."""
+    from cramkit.recipes.finetune_config import config_from, settings_file
 
+    if isinstance(config, (str, os.PathLike)):
+        config = config_from(settings_file(config))
     over = dict(settings or {})
     _report_to(over, report_to)
     if prompt is not None:
@@ -162,14 +165,15 @@ def finetune(
     prompt: str | None = None,
     label_words: str | Mapping[str, str] | None = None,
     report_to: str | Sequence[str] | None = None,
-    config: FinetuneConfig | None = None,
+    config: FinetuneConfig | str | os.PathLike | None = None,
     **settings: Any,
 ) -> dict[str, Any]:
     """Fine-tune ``source`` (anything :func:`cramkit.load` takes) on a registered ``task``, on your files
     (``train``, optional ``dev``: else ``dev_fraction`` of train is held out), or on a ``mixture`` of tasks
     (``"glue/mrpc,glue/cola"`` or a registered name; ``rates``, or ``weighting`` sum|gradnorm|pcgrad with a
     ``primary`` task). ``settings`` are FinetuneConfig fields (lr=2e-5, epochs=3, seeds=[0, 1, 2],
-    method="ptuning", "setfit" or "auto", ...) on top of ``config``. ``prompt`` and ``label_words``
+    method="ptuning", "setfit" or "auto", ...) on top of ``config`` (a FinetuneConfig, or the file
+    ``cramkit finetune --print-config`` writes). ``prompt`` and ``label_words``
     (``{"0": "terrible", "1": "great"}``): prompt-based fine-tuning through the MLM head. With ``out`` the model of
     the median seed is saved there (``cramkit.load(out)``; None: one task trains in a temporary directory and keeps
     no model, a mixture or a few-shot protocol writes to finetune-NAME). ``few_shot=K``: LM-BFF's protocol, ``splits``
@@ -408,7 +412,7 @@ def evaluate(
     splits: int = FEWSHOT_SPLITS,
     skip_bad_rows: bool = False,
     report_to: str | Sequence[str] | None = None,
-    config: FinetuneConfig | None = None,
+    config: FinetuneConfig | str | os.PathLike | None = None,
     **settings: Any,
 ) -> dict[str, Any]:
     """Fine-tune and score ``source`` on every task of ``suite`` (glue, clue, ...) in ``data_dir`` (or only

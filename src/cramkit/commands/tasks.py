@@ -318,11 +318,9 @@ def _settings(args: argparse.Namespace) -> tuple[dict, dict]:
         overrides = {**overrides, **nested}
     base: dict = {}
     if getattr(args, "config", None):
-        from cramkit.config import load_yaml
+        from cramkit.recipes.finetune_config import settings_file
 
-        base = load_yaml(args.config)
-        if isinstance(base.get("finetune"), dict) and len(base) == 1:  # what --print-config writes
-            base = base["finetune"]
+        base = settings_file(args.config)
     return base, overrides
 
 

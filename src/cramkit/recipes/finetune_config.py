@@ -3,6 +3,7 @@ trains at (:func:`auto_lr`) and the engine's TrainConfig for one run (:func:`tra
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from typing import Any, Literal, cast
 
@@ -269,6 +270,18 @@ def train_config(
         progress=progress,
         report_to=cfg.report_to,
     )
+
+
+def settings_file(path: str | os.PathLike) -> dict[str, Any]:
+    """The settings in ``path``: what ``cramkit finetune --print-config`` writes (``finetune:`` and its fields) or
+    the fields alone, read as every settings file is (:func:`cramkit.config.load_yaml`: bounded, one line when bad).
+    The one reader of the file's shape, for ``--config FILE`` and ``cramkit.finetune(config=FILE)`` alike."""
+    from cramkit.config import load_yaml
+
+    data = load_yaml(path)
+    if isinstance(data.get("finetune"), dict) and len(data) == 1:
+        return dict(data["finetune"])
+    return data
 
 
 def config_from(overrides: dict[str, Any] | None = None, base: FinetuneConfig | None = None) -> FinetuneConfig:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Literal, cast
 
 from cramkit.config import from_dict, to_dict
@@ -278,7 +279,7 @@ def settings_file(path: str | os.PathLike) -> dict[str, Any]:
     The one reader of the file's shape, for ``--config FILE`` and ``cramkit.finetune(config=FILE)`` alike."""
     from cramkit.config import load_yaml
 
-    data = load_yaml(path)
+    data = load_yaml(Path(path))
     if isinstance(data.get("finetune"), dict) and len(data) == 1:
         return dict(data["finetune"])
     return data

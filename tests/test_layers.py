@@ -19,8 +19,8 @@ PACKAGE = SRC / "cramkit"
 # lowest first; a module belongs to the longest prefix listed
 LAYERS: list[tuple[str, ...]] = [
     # the ground: errors, files, settings, where and how a process computes (runtime; doctor: the machine's
-    # measured ceilings, which the engine's progress line reads), metadata numbers checked, progress shown, names
-    # imported on first use (lazy)
+    # measured ceilings, which the engine's progress line reads; peak: the instruction set's theoretical peak
+    # bounding them), metadata numbers checked, progress shown, names imported on first use (lazy)
     (
         "cramkit.errors",
         "cramkit.io",
@@ -29,6 +29,7 @@ LAYERS: list[tuple[str, ...]] = [
         "cramkit.config",
         "cramkit.runtime",
         "cramkit.doctor",
+        "cramkit.peak",
         "cramkit.meta",
         "cramkit.progress",
         "cramkit.lazy",

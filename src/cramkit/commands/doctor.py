@@ -12,8 +12,10 @@ def register(sub: argparse._SubParsersAction) -> None:
         description="Measure this machine's ceilings: the CPU's instruction sets (AVX2, AVX-512, VNNI, BF16, "
         "AMX) and what precision auto picks on it, the rate of an encoder layer's matrix product in fp32, bf16 "
         "and int8 at one thread and at all usable cores, memory bandwidth, and on a GPU its bf16 and fp8 rates "
-        "at the crammed-bert shape. The CPU figures are kept in the cache directory, and CPU training runs then "
-        "report their model FLOP/s as a share of them.",
+        "at the crammed-bert shape. Each CPU figure is the best of several samples, bounded by the instruction "
+        "set's theoretical peak (width x cores x clock). The CPU figures are kept in the cache directory, per "
+        "precision the best ever measured (a run under load or at smaller shapes never lowers one), and CPU "
+        "training runs then report their model FLOP/s as a share of them.",
     )
     p.add_argument(
         "--hidden", type=int, default=384, help="the layer's width (default %(default)s, all-MiniLM-L6-v2's)"
@@ -43,7 +45,10 @@ def run(args: argparse.Namespace) -> int:
         write_json_atomic(args.json, report)
     if not args.no_save:
         try:
-            print(f"kept in {doctor.save(report)} (CPU training runs report their share of it)")
+            path = doctor.save(report)
+            for line in report["kept_earlier"]:
+                print(line)
+            print(f"kept in {path}, the best figure of each precision (CPU training runs report their share of it)")
         except OSError as e:
             print(f"not kept ({e.strerror or e}): the cache directory is not writable; set XDG_CACHE_HOME")
     return 0

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +40,74 @@ def peak_flops(device: torch.device) -> float | None:
         if key.lower() in name.lower():
             return flops
     return None
+
+
+class Ceiling:
+    """The FLOP/s a run's MFU divides by, and the MFU itself, never above 100%.
+
+    On a GPU: its dense bf16 datasheet peak (:func:`peak_flops`), for bf16/fp16/fp8 runs. On a CPU: the matrix-
+    product rate `cramkit doctor` measured at the run's precision and thread count (cramkit.doctor.cpu_ceiling),
+    bounded by the instruction set's theoretical peak (cramkit.peak). A CPU run that computes faster than its
+    ceiling shows the ceiling was stale (measured under load, or at small shapes): it says so once, re-measures a
+    short sample (the main process only), raises the ceiling to the better of that and what the run reached
+    (capped at the peak) and keeps the raised figure in the doctor's cache. An MFU is at most 1.0 whatever the
+    figures (a FLOP count above the kernels' work would otherwise show above it)."""
+
+    def __init__(self, device: torch.device, precision: str, *, main: bool = True) -> None:
+        self.device, self.precision, self.main = device, precision, main
+        self.threads = torch.get_num_threads()
+        self._stale_said = False
+        self.peak: float | None = None  # the bound no ceiling passes (CPU: the ISA's theoretical peak)
+        self.isa = ""
+        if device.type == "cpu":
+            from cramkit import doctor
+
+            basis = doctor.cpu_basis(precision, self.threads)
+            self.flops = doctor.cpu_ceiling(precision, self.threads)
+            self.peak, self.isa, self._basis = basis.peak, basis.isa, basis.describe()
+        else:
+            self.flops = peak_flops(device) if precision in ("bf16", "fp16", "fp8") else None
+            self._basis = f"{precision} on {device.type}"
+
+    def describe(self) -> str:
+        """What the MFU figures are a share of, for the line that opens the run."""
+        if self.device.type != "cpu":
+            if self.flops is None:
+                return "no MFU (no datasheet peak for this GPU at this precision)"
+            return f"MFU against the GPU's dense bf16 peak, {self.flops / 1e12:,.0f} TFLOP/s"
+        from cramkit.doctor import gflops
+
+        if self.flops is None:
+            return f"no MFU: `cramkit doctor` has not measured the ceiling of {self._basis}"
+        return f"MFU against the measured ceiling, {gflops(self.flops / 1e9)} GFLOP/s ({self._basis})"
+
+    def mfu(self, flops_per_s: float, note: Callable[[str], None]) -> float | None:
+        """The share of the ceiling ``flops_per_s`` (the model FLOP/s of one process) is, at most 1.0; a CPU
+        ceiling below it is raised first (``note``: where the one line saying so goes)."""
+        if not self.flops or flops_per_s <= 0 or not math.isfinite(flops_per_s):
+            return None
+        if flops_per_s > self.flops and self.device.type == "cpu":
+            self._raise(flops_per_s, note)
+        return min(1.0, flops_per_s / self.flops)
+
+    def _raise(self, reached: float, note: Callable[[str], None]) -> None:
+        from cramkit import doctor
+
+        before, said = self.flops or 0.0, self._stale_said
+        measured = doctor.remeasure(self.precision, self.threads) if self.main and not said else None
+        best = max(reached, measured or 0.0)
+        self.flops = max(before, min(best, self.peak) if self.peak else best)
+        if self.main and self.flops > before:  # kept for the next run (the cache keeps the best figure)
+            doctor.raise_ceiling(self.precision, self.threads, self.flops, "a training run and a re-measure")
+        if self.main and not said:
+            g = doctor.gflops
+            again = f"{g(measured / 1e9)} GFLOP/s now" if measured else "no re-measure at this precision"
+            note(
+                f"cramkit: ceiling stale (measured {g(before / 1e9)} GFLOP/s, this run reached {g(reached / 1e9)} "
+                "GFLOP/s): "
+                f"re-measuring: {again}; MFU from here on against {g(self.flops / 1e9)} GFLOP/s ({self._basis})"
+            )
+        self._stale_said = True
 
 
 def _jsonable(value: Any) -> Any:
@@ -80,6 +148,8 @@ class MetricsLog:
         if not self.enabled:
             return
         record = {k: _jsonable(v) for k, v in record.items() if v is not None}
+        if isinstance(record.get("mfu"), float):  # a share of a ceiling: never above it (see Ceiling)
+            record["mfu"] = min(1.0, record["mfu"])
         with open(self.path, "a", encoding="utf-8") as f:
             f.write(json.dumps(record) + "\n")
         if self._reporter is not None:

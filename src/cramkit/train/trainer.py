@@ -47,7 +47,7 @@ from cramkit.train import checkpoint as ckpt
 from cramkit.train import distributed, parallel
 from cramkit.train.budget import parse_budget, parse_every
 from cramkit.train.config import RunConfig, TrainConfig
-from cramkit.train.metrics import MetricsLog, peak_flops, plot_losses
+from cramkit.train.metrics import Ceiling, MetricsLog, plot_losses
 from cramkit.train.objectives import MLMObjective, Objective, TrainData
 from cramkit.train.optim import build_optimizer, reuse_embedding_grads
 from cramkit.train.pipeline import Pipeline
@@ -270,12 +270,9 @@ class Trainer:
         self.history: list[dict[str, Any]] = []
         self._resumed = False
         # MFU against the dense bf16 peak, fp8 included (torchtitan's convention); on a CPU against its measured
-        # matrix-product ceiling at the run's precision, when `cramkit doctor` has measured it
-        self._peak = peak_flops(device) if self.precision in ("bf16", "fp16", "fp8") else None
-        if device.type == "cpu":  # on a CPU: the matrix-product rate `cramkit doctor` measured at this precision
-            from cramkit.doctor import cpu_ceiling
-
-            self._peak = cpu_ceiling(self.precision, torch.get_num_threads())
+        # matrix-product ceiling at the run's precision and threads, when `cramkit doctor` has measured it, raised
+        # when the run computes faster (a stale ceiling): never above 100% (metrics.Ceiling)
+        self._ceiling = Ceiling(device, self.precision, main=ctx.is_main)
         self._window: list[float] = []
         self._pace = Pace()  # the budget spent per second, behind the time left
         self._unsettled: list[dict[str, Any]] = []  # steps whose device values the host has not read yet
@@ -495,7 +492,7 @@ class Trainer:
         s, world = self.state, self.ctx.world
         tps = self._window_tokens / max(self._window_time, 1e-9)
         flops_tok = self.objective.flops_per_token
-        mfu = flops_tok * tps / (self._peak * world) if self._peak and flops_tok else None
+        mfu = self._ceiling.mfu(flops_tok * tps / world, self._bar.note) if flops_tok else None
         window, norm = self._window, facts["grad_norm"]
         rec = {
             "step": s.step,
@@ -549,7 +546,10 @@ class Trainer:
         initial = round(self.budget.fraction(s.elapsed, s.tokens, s.step) * 100, 1)
         self._bar = Progress(self.objective.title, 100.0, initial=initial, enabled=show, counts=False, first=True)
         if self.ctx.is_main:
-            self._bar.note(f"cramkit: {self.objective.title}: precision {self.precision} ({self.precision_reason})")
+            self._bar.note(
+                f"cramkit: {self.objective.title}: precision {self.precision} ({self.precision_reason}); "
+                f"{self._ceiling.describe()}"
+            )
         self.train_model.train()
         try:
             with runtime.StopFlag(announce=self.ctx.is_main) as stop:

@@ -161,21 +161,22 @@ def test_target_cpu_picks_by_the_cpus_flags(monkeypatch, flags, missing, want) -
 
 
 def test_target_cpu_through_the_command(ft_model, tmp_path, monkeypatch) -> None:
-    """`cramkit export --target cpu`: one line saying what it picked and why, then that export, checked."""
+    """`cramkit export --target cpu --no-race`: the CPU flags' rule (the fallback when a race cannot run; the race
+    itself: tests/infer/test_target_race.py), one line saying what it picked and why, then that export, checked."""
     # as the suite runs (CRAMKIT_CPU_BF16=0, a CPU without bf16 to cramkit): CTranslate2 int8
     pytest.importorskip("ctranslate2")
-    said = ok("export", str(ft_model), "--target", "cpu", "--out", str(tmp_path / "plain"))
+    said = ok("export", str(ft_model), "--target", "cpu", "--no-race", "--out", str(tmp_path / "plain"))
     picked = [line for line in said.splitlines() if line.startswith("cramkit: --target cpu")]
     assert picked == [f"cramkit: --target cpu: --format ct2 --quantize int8: {cpu_target()[2]}"], said
     assert (tmp_path / "plain" / "cramkit-ct2.json").is_file() and "CTranslate2 int8" in said
     # an AMX Xeon: OpenVINO bf16
     _no_override(monkeypatch, {"avx2", "avx512f", "amx_bf16", "avx512_bf16"})
-    said = ok("export", str(ft_model), "--target", "cpu", "--out", str(tmp_path / "amx"))
+    said = ok("export", str(ft_model), "--target", "cpu", "--no-race", "--out", str(tmp_path / "amx"))
     assert "--format openvino --quantize bf16: this CPU computes bf16 natively (amx_bf16)" in said
     man = json.loads((tmp_path / "amx" / MANIFEST).read_text())
     assert man["quantize"] == "bf16" and man["check"]["label_agreement"] >= 0.98
     # the same CPU, for a server: CTranslate2 int8, whose passes of a few requests each are the faster there
-    said = ok("export", str(ft_model), "--target", "cpu-serve", "--out", str(tmp_path / "serve"))
+    said = ok("export", str(ft_model), "--target", "cpu-serve", "--no-race", "--out", str(tmp_path / "serve"))
     assert "cramkit: --target cpu-serve: --format ct2 --quantize int8: for serving many small requests" in said
     assert (tmp_path / "serve" / "cramkit-ct2.json").is_file()
     # --target decides the format: asking for one too is one line

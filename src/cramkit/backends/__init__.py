@@ -145,6 +145,7 @@ def write_export(
     compare: Callable[[Any, Any, list[Any]], dict[str, Any]],
     texts: list[Any] | None = None,
     progress: bool = True,
+    race: dict[str, Any] | None = None,
     **options: Any,
 ) -> Path:
     """Export ``loaded`` to ``out`` in ``backend``'s format (atomically) and check it against the torch model.
@@ -152,7 +153,8 @@ def write_export(
     quantize: one of the format's ``quantize`` values (default its first). compare: the check
     (``cramkit.infer.engine.compare_outputs``). texts: its inputs (default: real text, :func:`check_texts`).
     options: the format's own (``Backend.options``; ONNX: ``isa``, ``opset``). A non-empty ``out`` that is
-    not a previous export of this format is refused unless ``force``."""
+    not a previous export of this format is refused unless ``force``. race: how ``export --target`` chose this
+    format (``cramkit.infer.race``), kept in the manifest as ``race``."""
     from cramkit.io import atomic_path, check_out, listing, write_json_atomic
     from cramkit.text.tokenizer import save_tokenizer
 
@@ -208,6 +210,8 @@ def write_export(
             "tokenizer": "tokenizer",
             "versions": b.versions(),
         }
+        if race is not None:
+            manifest["race"] = race
         job = ExportJob(loaded, tmp, quantize, texts, manifest, b, compare, progress, options)
         save_tokenizer(loaded.tokenizer, tmp / "tokenizer")
         b.write(job)

@@ -38,9 +38,18 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--target",
         default=None,
         metavar="|".join(TARGETS),
-        help="the format and quantization fastest on this machine's CPU, from its instruction sets, instead of "
-        "--format/--quantize: cpu for batch work (predict, embed, index build: OpenVINO bf16 with AMX or "
-        "AVX512_BF16, else CTranslate2 int8); cpu-serve for cramkit serve (CTranslate2 int8)",
+        help="instead of --format/--quantize, the format and quantization fastest on this machine's CPU, by a "
+        "race of the installed formats here (a few seconds of the model's forward, short and long texts, one "
+        "thread and all; the fastest whose outputs agree with fp32 torch): cpu for batch work (predict, embed, "
+        "index build), cpu-serve for cramkit serve (calls of a few short texts). The race is kept in the "
+        "manifest and cached per CPU model; where it cannot run, the CPU flags' rule decides",
+    )
+    p.add_argument(
+        "--race",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="with --target: --race races again (a cached race is not reused), --no-race takes the CPU flags' "
+        "rule without racing (default: $CRAMKIT_RACE, 1 or 0, else a matching cached race or a new one)",
     )
     p.add_argument("--step", type=int, default=None, help="export checkpoint step-N of a run instead of the latest")
     p.add_argument("--task", help="of a model fine-tuned on a mixture: the task whose head to export")
@@ -74,6 +83,7 @@ def run(args: argparse.Namespace) -> int:
         task=args.task,
         base=args.base,
         target=args.target,
+        race=args.race,
     )
     print(done.summary)
     return 0

@@ -79,6 +79,7 @@ def export(
     task: str | None = None,
     base: str | os.PathLike | LoadedModel | None = None,
     target: str | None = None,
+    race: bool | None = None,
     **options: Any,
 ) -> Exported:
     """Write ``model`` (anything ``cramkit.load`` takes but an export, or a loaded model) to ``out`` as a
@@ -91,23 +92,81 @@ def export(
     the base model it was trained on; the ONNX export holds both (it runs without the base). A prompt model
     (finetune --prompt) exports to ONNX with its template (the export reads inputs through it) or to a Hugging
     Face BertForMaskedLM with the template recorded. target: ``cpu`` picks the format and quantization that run
-    fastest on this machine's CPU for batch work, ``cpu-serve`` for a server (:func:`cpu_target`; ``format`` and
-    ``quantize`` are then left unset).
+    fastest on this machine's CPU for batch work, ``cpu-serve`` for a server, by racing the installed formats
+    here (``cramkit.infer.race``; ``format`` and ``quantize`` are then left unset). race: True races again (a
+    cached race of this kind of model on this CPU is not reused), False takes the CPU flags' rule
+    (:func:`cpu_target`) without racing; default: ``$CRAMKIT_RACE`` (1 or 0), else a matching cached race or a
+    new one.
     options: the format's own (ONNX: ``isa``, ``opset``)."""
     if target is not None:
-        if target not in TARGETS:
-            import difflib
+        loaded_model, format, quantize, record = _target(model, out, target, format, quantize, race, step, task, base)
+        return _export_to(loaded_model, out, format, quantize, mlm_head, force, progress, record, options)
+    if race is not None:
+        raise CramkitError("--race and --no-race apply to --target cpu or cpu-serve; add --target (or drop them)")
+    return _export_to(model, out, format, quantize, mlm_head, force, progress, None, options, step, task, base)
 
-            close = difflib.get_close_matches(target, TARGETS, n=1)
-            hint = f"; did you mean {close[0]}?" if close else ""
-            raise CramkitError(f"target must be one of {', '.join(TARGETS)}, got {target!r}{hint}")
-        if format != "hf" or quantize is not None:
-            raise CramkitError(
-                f"--target {target} picks the format and quantization itself; drop --format and --quantize (or "
-                "--target)"
-            )
-        format, quantize, why = cpu_target(serving=target == "cpu-serve")
-        print(f"cramkit: --target {target}: --format {format} --quantize {quantize or 'none'}: {why}", file=sys.stderr)
+
+def _target(
+    model: str | os.PathLike | LoadedModel,
+    out: str | os.PathLike,
+    target: str,
+    format: str,
+    quantize: str | None,
+    race: bool | None,
+    step: int | None,
+    task: str | None,
+    base: str | os.PathLike | LoadedModel | None,
+) -> tuple[LoadedModel, str, str | None, dict[str, Any]]:
+    """The model, read once, and the format and quantization ``target`` picks for it: by a race on this machine
+    (``cramkit.infer.race``), or, where none can run, by the CPU flags' rule (:func:`cpu_target`), said in one
+    line; and the record kept in the manifest."""
+    from cramkit.infer import race as racing
+    from cramkit.io import check_out
+    from cramkit.load import for_task
+
+    if target not in TARGETS:
+        import difflib
+
+        close = difflib.get_close_matches(target, TARGETS, n=1)
+        hint = f"; did you mean {close[0]}?" if close else ""
+        raise CramkitError(f"target must be one of {', '.join(TARGETS)}, got {target!r}{hint}")
+    if format != "hf" or quantize is not None:
+        raise CramkitError(
+            f"--target {target} picks the format and quantization itself; drop --format and --quantize (or --target)"
+        )
+    racing.wanted(race)  # a bad CRAMKIT_RACE: one line, before the model is read
+    if isinstance(model, LoadedModel) and (step is not None or base is not None):
+        raise CramkitError("step and base apply to a path, not to a loaded model (load it with them)")
+    # a bad --out is refused before the race (the format is not known yet: any export's there may be replaced)
+    markers = backends.export_markers()
+    check_out(out, inputs=[model], own=list(markers), replace=True, force=True, kin=markers)
+    loaded = model if isinstance(model, LoadedModel) else load_torch(model, step=step, purpose="export", base=base)
+    loaded = for_task(loaded, task)
+    try:
+        fmt, q, record = racing.pick(loaded, target, race)
+        return loaded, fmt, q, record
+    except racing.NoRace as exc:
+        fmt, q, why = cpu_target(serving=target == "cpu-serve")
+        line = f"cramkit: --target {target}: --format {fmt} --quantize {q or 'none'}: {why}"
+        forced = str(exc) in ("--no-race", f"{racing.RACE_ENV}=0")
+        print(line if forced else f"{line} (the CPU flags' rule: not raced, {exc})", file=sys.stderr)
+        return loaded, fmt, q, {"target": target, "raced": False, "why_not": str(exc), "rule": why}
+
+
+def _export_to(
+    model: str | os.PathLike | LoadedModel,
+    out: str | os.PathLike,
+    format: str,
+    quantize: str | None,
+    mlm_head: bool,
+    force: bool,
+    progress: bool,
+    record: dict[str, Any] | None,
+    options: dict[str, Any],
+    step: int | None = None,
+    task: str | None = None,
+    base: str | os.PathLike | LoadedModel | None = None,
+) -> Exported:
     known = formats()
     if format not in known:
         raise CramkitError(f"format must be one of {', '.join(known)}, got {format!r}")
@@ -168,7 +227,7 @@ def export(
         from cramkit.infer.engine import compare_outputs
 
         done = backends.write_export(
-            backend, loaded, out, quantize, force, compare=compare_outputs, progress=progress, **options
+            backend, loaded, out, quantize, force, compare=compare_outputs, progress=progress, race=record, **options
         )
         precision = quantize or backend.quantize[0] or "fp32"
         what = f"{backend.title} {precision}; cramkit serve {done}"

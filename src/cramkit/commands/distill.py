@@ -13,6 +13,13 @@ examples:
   cramkit distill --teacher out/sst2 --task glue/sst2 --student encoder --set layers=2 --out out/sst2-l2
   cramkit distill --teacher out/rev --train train.csv --dev dev.csv --text-a review --label stars \\
       --student bilstm --unlabelled more_reviews.txt --out out/rev-bilstm
+  cramkit distill --teacher hf:all-MiniLM-L6-v2 --student layers:3 --unlabelled sentences.txt --out mini-l3
+
+an embedding student (--student layers:N): N of an embedding teacher's layers (evenly spaced, the first and
+the last kept; --set layer_map=0,2,4 to choose), trained on the --unlabelled texts alone to give the
+teacher's vectors (1 - cosine, also on the leading Matryoshka dimensions: --set matryoshka=128,64 or the
+teacher's own); a held-out slice (--set held_out=N) scores its agreement with the teacher; the output is an
+embedding model (cramkit embed, serve, export).
 
 the transfer set follows Tang et al. 2019 (p_mask 0.1, p_pos 0.1, p_ng 0.25, n_iter 20 / 10 for pairs);
 the loss is MSE on the logits (--set loss=kl --set temperature=2 --set alpha=0.5 for KL mixed with the
@@ -24,7 +31,8 @@ finished work is not redone; other settings on the same --out are refused (use a
 settings (--set KEY=VALUE): augment, p_mask, p_pos, p_ng, n_iter, max_ngram, workers, max_train_examples,
 max_unlabelled, loss, temperature, alpha, hidden_weight, epochs, lr, batch_size, weight_decay, schedule, max_length,
 baseline, baseline_epochs, seed, device, precision, threads, checkpoint_every, speed_seconds, speed_examples,
-embedding_dim, lstm_hidden, fc_hidden, dropout, init_embeddings, layers, hidden, layer_map, init
+embedding_dim, lstm_hidden, fc_hidden, dropout, init_embeddings, layers, hidden, layer_map, init, matryoshka,
+held_out
 
 POS replacement needs NLTK's tagger: python -c "import nltk; nltk.download('averaged_perceptron_tagger_eng')".
 """
@@ -50,8 +58,9 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--student",
         required=True,
         metavar="NAME",
-        help="bilstm, encoder (the teacher's layers), or a pretrained small model to start from (hf:DIR, e.g. "
-        "all-MiniLM-L6-v2, or a model directory: all of its layers)",
+        help="bilstm, encoder (the teacher's layers), a pretrained small model to start from (hf:DIR, e.g. "
+        "all-MiniLM-L6-v2, or a model directory: all of its layers), or layers:N: an embedding student, N of an "
+        "embedding teacher's layers trained on --unlabelled text to give its vectors",
     )
     p.add_argument("--out", required=True, help="output directory: the student model, report.json, report.md")
     p.add_argument("--task", help="registered task name, e.g. glue/sst2")
@@ -61,7 +70,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--unlabelled",
         metavar="FILE_OR_STORE",
         help="extra text for the transfer set: a UTF-8 text file (one text per line) or a token store "
-        "(its documents, decoded and cut into sentences; --set max_unlabelled=N)",
+        "(its documents, decoded and cut into sentences; --set max_unlabelled=N); with --student layers:N, "
+        "the only text the embedding student learns from",
     )
     p.add_argument("--cache", help="folder for the transfer set and teacher logits (default OUT/cache)")
     add_training_args(
@@ -80,6 +90,10 @@ def run(args: argparse.Namespace) -> int:
 
     if args.nproc != 1:  # what would fail in every process fails here once: the student, the settings
         check_student(args.student)
+        if args.student.startswith("layers:"):
+            from cramkit.errors import CramkitError
+
+            raise CramkitError(f"--student {args.student} trains in one process; drop --nproc")
         config_from(parse_overrides(args.overrides))
         from cramkit.train.launch import relaunch
 
@@ -103,6 +117,10 @@ def run(args: argparse.Namespace) -> int:
         **parse_overrides(args.overrides),
     )
     if not rep:  # under torchrun, a rank other than 0: rank 0 reports
+        return 0
+    if rep.get("kind") == "embedding":  # --student layers:N: its agreement with the teacher, one line
+        print(rep["summary"])
+        print(f"student saved in {rep['out']}: cramkit embed FILE --from {rep['out']} --out VECTORS")
         return 0
     print((Path(args.out) / "report.md").read_text(encoding="utf-8"))
     print(f"student saved in {rep['out']}: cramkit predict --from {rep['out']} FILE")

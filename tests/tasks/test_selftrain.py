@@ -388,14 +388,16 @@ def test_the_label_words_prior_labels_with_the_teacher(minilm_dir: Path, real_gl
     lines = (real_glue_dir / "SST-2" / "train.tsv").read_text(encoding="utf-8").splitlines()[1:]
     truth = np.array([int(line.split("\t")[1]) for line in lines[20000:20200]])
     assert vectors.shape == (200, 384) and (cos.argmax(1) == truth).mean() >= 0.6
-    # a crafted cache (an object array, which only pickle could read) is refused in one line, never unpickled
+    # a crafted cache (an object array, which only pickle could read) is never unpickled: it is cramkit's own
+    # scratch, so it is said damaged in one line and computed again (docs/security.md, "Files cramkit reads back")
     marker = tmp_path / "marker"
     with open(cache, "wb") as fh:
         np.save(fh, np.array([_Marker(marker)], dtype=object), allow_pickle=True)
     (out / "split-0" / "results.json").unlink()
     again = _fewshot(f"hf:{minilm_dir}", real_glue_dir, out, unlabelled, *args)
-    assert again.returncode != 0 and not marker.exists()
-    assert f"{cache} is not a float32 .npy array" in again.stderr and "Traceback" not in again.stderr
+    assert again.returncode == 0 and not marker.exists(), again.stderr
+    assert f"{cache} is damaged" in again.stderr and "Traceback" not in again.stderr
+    np.testing.assert_allclose(np.load(cache, allow_pickle=False), vectors, atol=1e-5)
 
 
 def test_the_prior_s_descriptions_and_their_refusals(tiny_run: Path, real_glue_dir: Path, tmp_path: Path) -> None:
@@ -512,9 +514,9 @@ def test_the_neighbours_label_a_topic_task(minilm_dir: Path, shared_data: Path, 
     marker = tmp_path / "marker"
     with open(cache, "wb") as fh:
         np.save(fh, np.array([_Marker(marker)], dtype=object), allow_pickle=True)
-    with pytest.raises(cramkit.CramkitError, match="is not a float32 .npy array"):
-        neighbour_probs(loaded, view, [(t, None) for t, _ in pool], cfg, tmp_path / "labels", False, False)
-    assert not marker.exists()
+    rebuilt, _ = neighbour_probs(loaded, view, [(t, None) for t, _ in pool], cfg, tmp_path / "labels", False, False)
+    assert not marker.exists() and rebuilt is not None and np.allclose(rebuilt, probs, atol=1e-5)  # recomputed
+    assert np.load(cache, allow_pickle=False).shape == (1000, 384)
     # left out, and why: a task of pairs, a setting that turns them off
     off = FinetuneConfig(max_length=64, self_train_neighbours=False)
     assert neighbour_probs(loaded, view, [], off, tmp_path, False, False) == (

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import math
+import os
 import types
 import typing
 from collections.abc import Iterable, Mapping
@@ -278,6 +279,16 @@ def parse_yaml(text: str | bytes, where: str) -> Any:
         raise
     except (ValueError, TypeError, OverflowError, RecursionError) as exc:  # a value YAML's constructors refuse
         raise CramkitError(f"{where} holds a value that cannot be read ({_one_line(exc)})") from None
+
+
+def section_file(path: str | os.PathLike, section: str) -> dict[str, Any]:
+    """The settings in a verb's settings file ``path``: what its ``--print-config`` writes (``SECTION:`` and the
+    fields under it) or the fields alone, read as every settings file is (:func:`load_yaml`: bounded, one line
+    when bad). The one reader of that shape, for ``--config FILE`` and the Python verbs' ``config=FILE`` alike."""
+    data = load_yaml(Path(path))
+    if isinstance(data.get(section), dict) and len(data) == 1:
+        return dict(data[section])
+    return data
 
 
 def load_yaml(path: str | Path) -> dict[str, Any]:

@@ -74,6 +74,14 @@ def register(sub: argparse._SubParsersAction) -> None:
         "the only text the embedding student learns from",
     )
     p.add_argument("--cache", help="folder for the transfer set and teacher logits (default OUT/cache)")
+    p.add_argument(
+        "--config",
+        metavar="FILE",
+        help="a settings file (what --print-config writes: distill: and its fields); --set goes on top",
+    )
+    p.add_argument(
+        "--print-config", action="store_true", help="print the resolved settings (as YAML) and exit; nothing runs"
+    )
     add_training_args(
         p,
         "a distillation setting, e.g. --set epochs=5 --set layers=2 --set p_pos=0",
@@ -84,17 +92,26 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from cramkit.config import parse_overrides
+    from cramkit.config import parse_overrides, section_file, to_dict
     from cramkit.distill.config import config_from
     from cramkit.distill.verb import check_student, distill  # distill is cramkit.distill(...)
 
+    settings = section_file(args.config, "distill") if args.config else {}
+    settings.update(parse_overrides(args.overrides))  # --set on top of the file, as in finetune and pretrain
+    if args.print_config:
+        import yaml
+
+        check_student(args.student)
+        cfg = config_from(settings).resolved(args.student)
+        print(yaml.safe_dump({"distill": to_dict(cfg)}, sort_keys=False), end="")
+        return 0
     if args.nproc != 1:  # what would fail in every process fails here once: the student, the settings
         check_student(args.student)
         if args.student.startswith("layers:"):
             from cramkit.errors import CramkitError
 
             raise CramkitError(f"--student {args.student} trains in one process; drop --nproc")
-        config_from(parse_overrides(args.overrides))
+        config_from(settings)
         from cramkit.train.launch import relaunch
 
         return relaunch(args.nproc, args.argv)
@@ -114,7 +131,7 @@ def run(args: argparse.Namespace) -> int:
         cache=args.cache,
         progress=not args.no_progress,
         report_to=args.report_to,
-        **parse_overrides(args.overrides),
+        **settings,
     )
     if not rep:  # under torchrun, a rank other than 0: rank 0 reports
         return 0

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Literal, cast
 
 from cramkit.config import from_dict, to_dict
@@ -274,15 +273,12 @@ def train_config(
 
 
 def settings_file(path: str | os.PathLike) -> dict[str, Any]:
-    """The settings in ``path``: what ``cramkit finetune --print-config`` writes (``finetune:`` and its fields) or
-    the fields alone, read as every settings file is (:func:`cramkit.config.load_yaml`: bounded, one line when bad).
-    The one reader of the file's shape, for ``--config FILE`` and ``cramkit.finetune(config=FILE)`` alike."""
-    from cramkit.config import load_yaml
+    """The fine-tuning settings in ``path`` (what ``cramkit finetune --print-config`` writes, ``finetune:`` and its
+    fields, or the fields alone): :func:`cramkit.config.section_file`, for ``--config FILE`` and
+    ``cramkit.finetune(config=FILE)`` alike."""
+    from cramkit.config import section_file
 
-    data = load_yaml(Path(path))
-    if isinstance(data.get("finetune"), dict) and len(data) == 1:
-        return dict(data["finetune"])
-    return data
+    return section_file(path, "finetune")
 
 
 def config_from(overrides: dict[str, Any] | None = None, base: FinetuneConfig | None = None) -> FinetuneConfig:

@@ -326,9 +326,17 @@ class EmbeddingObjective(ExampleObjective):
 
 
 def _train(
-    student: LoadedModel, texts: list[str], targets: np.ndarray, cfg: DistillConfig, dims: list[int], run: Path, *,
-    max_length: int, prompt: str, progress: bool,
-) -> dict[str, Any]:  # fmt: skip
+    student: LoadedModel,
+    texts: list[str],
+    targets: np.ndarray,
+    cfg: DistillConfig,
+    dims: list[int],
+    run: Path,
+    *,
+    max_length: int,
+    prompt: str,
+    progress: bool,
+) -> dict[str, Any]:
     """``student.model`` trained in place on ``texts`` against ``targets`` for ``cfg.epochs`` through the engine
     in ``run`` (a killed run resumes from its latest checkpoint); what the training did."""
     import torch
@@ -435,8 +443,9 @@ def distill_embeddings(
     if not texts:
         raise CramkitError("--unlabelled holds no text; give a text file with one text per line")
     out = Path(out)
-    check_out(out, inputs=[teacher], own={SETTINGS_FILE: ("teacher", "config")}, writes=RUN_OUTPUTS,
-              command="cramkit distill")  # fmt: skip
+    check_out(
+        out, inputs=[teacher], own={SETTINGS_FILE: ("teacher", "config")}, writes=RUN_OUTPUTS, command="cramkit distill"
+    )
     t = teacher if isinstance(teacher, LoadedModel) else load_torch(teacher, purpose="distillation")
     check_embedding_teacher(t)
     max_length = min(cfg.max_length, int(t.max_length))
@@ -459,8 +468,17 @@ def distill_embeddings(
         t_held = np.asarray(vecs[held_rows])
         before = agreement(_student_vectors(st, held, cfg.device, max_length), t_held)
         prompt = _prompt(t)
-        training = _train(st, [texts[i] for i in train_rows], np.asarray(vecs[train_rows]), cfg, dims,
-                          out / "runs" / RUN, max_length=max_length, prompt=prompt, progress=progress)  # fmt: skip
+        training = _train(
+            st,
+            [texts[i] for i in train_rows],
+            np.asarray(vecs[train_rows]),
+            cfg,
+            dims,
+            out / "runs" / RUN,
+            max_length=max_length,
+            prompt=prompt,
+            progress=progress,
+        )
         after = agreement(_student_vectors(st, held, cfg.device, max_length), t_held)
         (out / "report.json").unlink(missing_ok=True)  # an old report must not describe the new model
         st.save(out)

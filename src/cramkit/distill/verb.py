@@ -49,8 +49,14 @@ def distill(
     from cramkit.tasks.resolve import resolve_task
 
     if is_embedding_student(student):
-        given = {"--task": task, "--data-dir": data_dir, "--train": train, "--dev": dev, "--text-a": text_a,
-                 "--text-b": text_b}  # fmt: skip
+        given = {
+            "--task": task,
+            "--data-dir": data_dir,
+            "--train": train,
+            "--dev": dev,
+            "--text-a": text_a,
+            "--text-b": text_b,
+        }
         return _distill_embeddings(
             teacher, student, out, unlabelled, cache, progress, report_to, [k for k, v in given.items() if v], settings
         )

@@ -416,10 +416,8 @@ def fewshot_run(
     own = {"split-*/finetune.json": ("task", "config"), f"split-*/{SAMPLE_FILE}": ("task", "k", "split")}
     check_out(out, inputs=[source], own=own, writes=RUN_OUTPUTS, command="the few-shot fine-tuning")
     with disk_errors(out):
-        res = finetune_fewshot(
-            task, source, cfg, out, splits, progress=progress, k=k, train_split=train_split, summarize=summarize,
-            keep_model=True,
-        )  # fmt: skip
+        how: dict[str, Any] = {"progress": progress, "k": k, "train_split": train_split, "summarize": summarize}
+        res = finetune_fewshot(task, source, cfg, out, splits, keep_model=True, **how)
         what = f"FewCLUE splits {','.join(splits)}" if k is None else f"{len(splits)} few-shot splits, K={k} per class"
         report = {
             "source": str(source),

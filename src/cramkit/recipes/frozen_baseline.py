@@ -50,9 +50,13 @@ def frozen_baseline(
     def embed(task: Task, rows: list[Example]) -> np.ndarray:
         enc = encode_task_examples(task, loaded.tokenizer, rows, loaded.max_length)
         out = forward.logits(
-            runner, enc, pad_id=loaded.pad_id, with_types=loaded.with_types,
-            max_tokens=forward.default_batch_tokens(runner.device), width=int(loaded.config.hidden),
-        )  # fmt: skip
+            runner,
+            enc,
+            pad_id=loaded.pad_id,
+            with_types=loaded.with_types,
+            max_tokens=forward.default_batch_tokens(runner.device),
+            width=int(loaded.config.hidden),
+        )
         return np.asarray(out, dtype=np.float64)
 
     per_split: dict[str, float] = {}

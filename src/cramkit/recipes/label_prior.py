@@ -234,9 +234,14 @@ def head_init(
         enc = encode_task_examples(task, loaded.tokenizer, examples, max_length)
         batch = forward.default_batch_tokens(runner.device)
         return forward.logits(
-            runner, enc, pad_id=loaded.pad_id, with_types=loaded.with_types, max_tokens=batch,
-            max_rows=cfg.eval_batch_size, width=hidden,
-        )  # fmt: skip
+            runner,
+            enc,
+            pad_id=loaded.pad_id,
+            with_types=loaded.with_types,
+            max_tokens=batch,
+            max_rows=cfg.eval_batch_size,
+            width=hidden,
+        )
 
     anchors = pooled(anchors_rows)
     anchors /= np.linalg.norm(anchors, axis=1, keepdims=True).clip(1e-12)

@@ -299,21 +299,9 @@ class EmbeddingObjective(ExampleObjective):
         return _pooled_class()(self.student.model, self.student.pooling)
 
     def train_loader(self, micro: int, *, rank: int = 0, world: int = 1) -> Any:
-        from cramkit.data.batching import BatchLoader
+        from cramkit.distill.objective import student_loader
 
-        s = self.student
-        return BatchLoader(
-            self.enc,
-            self.cfg.batch_size,
-            micro,
-            rank,
-            world,
-            seed=self.cfg.seed,
-            chunk=50,
-            pad_id=s.pad_id,
-            with_types=s.with_types,
-            columns=self.columns,
-        )
+        return student_loader(self, micro, rank, world)
 
     def loss(self, model: Any, batch: dict, device: Any) -> Any:
         x = {k: (batch[k].to(device) if batch[k] is not None else None) for k in ("input_ids", "attention_mask")}

@@ -91,19 +91,7 @@ class DistillObjective(ExampleObjective):
         return HiddenMatch(self.student.model, proj)
 
     def train_loader(self, micro: int, *, rank: int = 0, world: int = 1):
-        s = self.student
-        return BatchLoader(
-            self.enc,
-            self.cfg.batch_size,
-            micro,
-            rank,
-            world,
-            seed=self.cfg.seed,
-            chunk=50,
-            pad_id=s.pad_id,
-            with_types=s.with_types,
-            columns=self.columns,
-        )
+        return student_loader(self, micro, rank, world)
 
     def loss(self, model: nn.Module, batch: dict, device: torch.device) -> torch.Tensor:
         cfg = self.cfg
@@ -273,3 +261,22 @@ def _stats(losses: list[float], steps: int, seconds: float, epochs: float, n: in
         "first_loss": losses[0] if losses else None,
         "last_loss": float(np.mean(losses[-max(1, len(losses) // 10) :])) if losses else None,
     }
+
+
+def student_loader(objective: Any, micro: int, rank: int, world: int) -> BatchLoader:
+    """A distillation's batches: the student's encoded rows (``objective.enc``) with their targets
+    (``objective.columns``), length-bucketed, in the student's padding; one for the classifier students and the
+    embedding student alike."""
+    s = objective.student
+    return BatchLoader(
+        objective.enc,
+        objective.cfg.batch_size,
+        micro,
+        rank,
+        world,
+        seed=objective.cfg.seed,
+        chunk=50,
+        pad_id=s.pad_id,
+        with_types=s.with_types,
+        columns=objective.columns,
+    )

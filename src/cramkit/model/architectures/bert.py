@@ -38,6 +38,16 @@ LM_HEAD = {
     "lm_head.decoder.bias": "head.decoder.bias",  # the same tensor as lm_head.bias (written last: exported)
     "lm_head.bias": "head.decoder.bias",
 }
+# BERT's own masked-LM head (cls.predictions), also DeBERTa's legacy layout
+CLS_PREDICTIONS = {
+    "cls.predictions.transform.dense.weight": "head.transform.0.weight",
+    "cls.predictions.transform.dense.bias": "head.transform.0.bias",
+    "cls.predictions.transform.LayerNorm.weight": "head.transform.2.weight",
+    "cls.predictions.transform.LayerNorm.bias": "head.transform.2.bias",
+    "cls.predictions.decoder.weight": "head.decoder.weight",
+    "cls.predictions.decoder.bias": "head.decoder.bias",
+    "cls.predictions.bias": "head.decoder.bias",
+}
 DENSE_OUT_PROJ = {
     "classifier.dense.weight": "pooler.weight",
     "classifier.dense.bias": "pooler.bias",
@@ -73,15 +83,7 @@ FAMILY = Family(
     layer=LAYER,
     qkv=QKV,
     layer_names=LAYER_NAMES,
-    mlm={
-        "cls.predictions.transform.dense.weight": "head.transform.0.weight",
-        "cls.predictions.transform.dense.bias": "head.transform.0.bias",
-        "cls.predictions.transform.LayerNorm.weight": "head.transform.2.weight",
-        "cls.predictions.transform.LayerNorm.bias": "head.transform.2.bias",
-        "cls.predictions.decoder.weight": "head.decoder.weight",
-        "cls.predictions.decoder.bias": "head.decoder.bias",
-        "cls.predictions.bias": "head.decoder.bias",
-    },
+    mlm=CLS_PREDICTIONS,
     classifier={"classifier.weight": "classifier.weight", "classifier.bias": "classifier.bias"},
     config_in=config_in,
     config_out=config_out,

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from cramkit.errors import CramkitError
-from cramkit.model.architectures.bert import EMBEDDINGS, LAYER, LAYER_NAMES
+from cramkit.model.architectures.bert import CLS_PREDICTIONS, EMBEDDINGS, LAYER, LAYER_NAMES
 from cramkit.model.architectures.family import (
     READ_SUFFIXES,
     Family,
@@ -24,15 +24,6 @@ if TYPE_CHECKING:
 
 # the masked-LM head: the legacy layout (BERT's cls.predictions) and the current one (lm_predictions.lm_head, the
 # decoder being the word embeddings): the same computation
-_LEGACY = {
-    "cls.predictions.transform.dense.weight": "head.transform.0.weight",
-    "cls.predictions.transform.dense.bias": "head.transform.0.bias",
-    "cls.predictions.transform.LayerNorm.weight": "head.transform.2.weight",
-    "cls.predictions.transform.LayerNorm.bias": "head.transform.2.bias",
-    "cls.predictions.decoder.weight": "head.decoder.weight",
-    "cls.predictions.decoder.bias": "head.decoder.bias",
-    "cls.predictions.bias": "head.decoder.bias",
-}
 _CURRENT = {
     "lm_predictions.lm_head.dense.weight": "head.transform.0.weight",
     "lm_predictions.lm_head.dense.bias": "head.transform.0.bias",
@@ -117,7 +108,7 @@ FAMILY = Family(
     layer=LAYER,
     qkv=("attention.self.query_proj", "attention.self.key_proj", "attention.self.value_proj"),
     layer_names=LAYER_NAMES,
-    mlm={**_CURRENT, **_LEGACY},  # (export writes the legacy names: transformers' default layout)
+    mlm={**_CURRENT, **CLS_PREDICTIONS},  # (export writes the legacy names: transformers' default layout)
     classifier={
         "pooler.dense.weight": "pooler.weight",
         "pooler.dense.bias": "pooler.bias",

@@ -9,6 +9,7 @@ that starts such a process fails, naming the marker. ``dist`` tests are integrat
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -16,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from zoo import ZOO_KEY_ENV, artefact, source_key
+from zoo import SNAPSHOT_ENV, artefact, snapshot
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED_DATA = Path(os.environ.get("CRAMKIT_SHARED_DATA", REPO.parent / "shared" / "data"))
@@ -177,7 +178,7 @@ def run_pretrain(out: Path, *args: str, steps: int = 10, nproc: int = 1, timeout
 @pytest.fixture(scope="session")
 def pretrained_run(tok_dir) -> Path:
     """`cramkit pretrain` on the built-in corpus, one process: a real run directory to load and fine-tune."""
-    return artefact("pretrained", [], lambda p: run_pretrain(p, "--tokenizer", str(tok_dir)))
+    return artefact("pretrained", [str(tok_dir)], lambda p: run_pretrain(p, "--tokenizer", str(tok_dir)))
 
 
 @pytest.fixture(scope="session")
@@ -195,10 +196,10 @@ PROCESS_MARKS = ("integration", "smoke", "slow")
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    """The zoo's key, computed once by the controller: every xdist worker then builds and reads the same
-    artefacts even if a source file is saved while the tests run."""
+    """The zoo's snapshot of the source files, taken once by the controller: every xdist worker then judges
+    artefacts by the same files even if one is saved while the tests run."""
     if not hasattr(config, "workerinput"):
-        os.environ.setdefault(ZOO_KEY_ENV, source_key())
+        os.environ.setdefault(SNAPSHOT_ENV, json.dumps(snapshot()))
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -278,7 +279,8 @@ def ft_model(pretrained_run, glue_dir) -> Path:
     """A classifier made by the real `cramkit finetune --out` from the real `pretrained_run`."""
     from infer.models import finetuned
 
-    built = artefact("ft-sst2", [_glue_key(glue_dir)], lambda p: finetuned(_mkdir(p), pretrained_run, glue_dir))
+    recipe = [_glue_key(glue_dir), str(pretrained_run)]
+    built = artefact("ft-sst2", recipe, lambda p: finetuned(_mkdir(p), pretrained_run, glue_dir))
     return built / "ft-sst2"
 
 

@@ -79,7 +79,7 @@ def bench_ray(lines: Path, model: str, actors: int, out: Path) -> tuple[float, f
     import ray
     import ray.data
 
-    from cramkit.embed import CramkitEmbedder
+    from cramkit.embeddings import CramkitEmbedder
 
     texts = lines.read_text(encoding="utf-8").splitlines()
     t0 = time.perf_counter()

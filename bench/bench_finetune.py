@@ -187,7 +187,7 @@ def main() -> int:
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
 
-    from cramkit.load import load
+    from cramkit.loading import load
     from cramkit.recipes.finetune_config import FinetuneConfig, config_from
     from cramkit.tasks.registry import get_task
 

@@ -38,7 +38,7 @@ def kept_model(split_dir: Path) -> Path:
 def dev_score(model: str, view) -> float:
     """``model``'s main metric on the split's scored rows (the task's dev set: what the recipes are read on)."""
     from cramkit.infer import Engine
-    from cramkit.load import load_torch
+    from cramkit.loading import load_torch
 
     loaded = load_torch(model, purpose="scoring")
     engine = Engine(loaded)
@@ -53,7 +53,7 @@ def dev_score(model: str, view) -> float:
 
 
 def frozen(model: str, view, split: str) -> float:
-    from cramkit.load import load_torch
+    from cramkit.loading import load_torch
     from cramkit.recipes.frozen_baseline import frozen_baseline
 
     base = frozen_baseline(load_torch(model, purpose="a baseline"), [(split, view)])
@@ -62,8 +62,8 @@ def frozen(model: str, view, split: str) -> float:
 
 
 def run_split(args: argparse.Namespace, task, split: str, texts: list[str]) -> dict:
-    from cramkit.distill.config import config_from
-    from cramkit.distill.core import distill
+    from cramkit.distillation.config import config_from
+    from cramkit.distillation.core import distill
     from cramkit.tasks.fewshot import few_shot_task
 
     view = few_shot_task(task, args.k, int(split))

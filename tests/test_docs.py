@@ -269,7 +269,7 @@ def test_the_cheap_commands_run(tmp_path, monkeypatch, capsys) -> None:
     ran = {"finetune": 0, "eval": 0, "pretrain": 0, "distill": 0}
     failed: list[str] = []
     from cramkit.config import parse_overrides
-    from cramkit.distill.config import config_from as distill_config
+    from cramkit.distillation.config import config_from as distill_config
     from cramkit.train.config import resolve_config
 
     for cmd in COMMANDS:
@@ -330,7 +330,7 @@ def _fields_of(cls_path: str) -> set[str]:
 # functions whose **kwargs are settings of a config class
 SETTINGS_OF = {
     "cramkit.finetune": "cramkit.recipes.finetune_config.FinetuneConfig",
-    "cramkit.evaluate": "cramkit.recipes.finetune_config.FinetuneConfig",
+    "cramkit.evaluation": "cramkit.recipes.finetune_config.FinetuneConfig",
     "cramkit.train_embeddings": "cramkit.recipes.contrastive_config.ContrastiveConfig",
 }
 

@@ -159,23 +159,23 @@ def test_embed_and_evaluate_stay_verbs_beside_their_packages():
     """``cramkit.embed(...)`` is ``cramkit embed``'s verb, and ``cramkit.embed`` still the package of embedding at
     scale; ``cramkit.evaluate`` stays the suites' verb when the package cramkit.evaluate's modules are imported
     (in-process: whichever modules were imported first)."""
-    import cramkit.embed.parquet
-    import cramkit.evaluate.retrieval
+    import cramkit.embeddings.parquet
+    import cramkit.evaluation.retrieval
     import cramkit.index  # imports modules of cramkit.embed: the verb stays
     from cramkit.api import evaluate
-    from cramkit.embed.verb import embed_source
-    from cramkit.evaluate.sts import evaluate_sts
+    from cramkit.embeddings.verb import embed_source
+    from cramkit.evaluation.sts import evaluate_sts
 
     assert callable(cramkit.embed) and inspect.signature(cramkit.embed) == inspect.signature(embed_source)
-    assert cramkit.embed.parquet.read_vectors is cramkit.embed.read_vectors
-    assert cramkit.index.CramkitEmbedder is cramkit.embed.CramkitEmbedder
+    assert cramkit.embeddings.parquet.read_vectors is cramkit.embeddings.read_vectors
+    assert cramkit.index.CramkitEmbedder is cramkit.embeddings.CramkitEmbedder
     assert cramkit.evaluate is evaluate and cramkit.evaluate_sts is evaluate_sts
 
 
 @pytest.mark.integration
 def test_the_verbs_are_one_function_each_and_distill_stays_a_package():
     """Every verb of the command line has its typed Python function; ``cramkit.distill`` is the verb and still
-    the package (``import cramkit.distill.core``); ``import cramkit`` imports no torch."""
+    the package (``import cramkit.distillation.core``); ``import cramkit`` imports no torch."""
     import subprocess
     import sys
 
@@ -185,9 +185,9 @@ def test_the_verbs_are_one_function_each_and_distill_stays_a_package():
         assert not any(p.kind is p.VAR_POSITIONAL for p in sig.parameters.values()), verb
     assert "student" in inspect.signature(cramkit.distill).parameters
     code = (
-        "import sys, cramkit; assert 'torch' not in sys.modules; import cramkit.distill.core as c; "
-        "from cramkit.distill import DistillConfig; assert c.DistillConfig is DistillConfig is "
-        "cramkit.distill.DistillConfig; assert callable(cramkit.distill)"
+        "import sys, cramkit; assert 'torch' not in sys.modules; import cramkit.distillation.core as c; "
+        "from cramkit.distillation import DistillConfig; assert c.DistillConfig is DistillConfig is "
+        "cramkit.distillation.DistillConfig; assert callable(cramkit.distill)"
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr

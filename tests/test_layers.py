@@ -33,6 +33,7 @@ LAYERS: list[tuple[str, ...]] = [
         "cramkit.meta",
         "cramkit.progress",
         "cramkit.lazy",
+        "cramkit.request",
     ),
     ("cramkit.text",),
     ("cramkit.data", "cramkit.tasks"),
@@ -40,20 +41,30 @@ LAYERS: list[tuple[str, ...]] = [
     ("cramkit.rundir",),
     ("cramkit.train",),  # the engine: it imports neither load nor tasks
     ("cramkit.backends",),  # the export formats: cramkit.load opens exports through them; below load and infer
-    ("cramkit.load",),
+    ("cramkit.loading",),
     ("cramkit.recipes",),  # pretraining, adaptation, fine-tuning, mixtures, suites: run on the engine
-    ("cramkit.distill", "cramkit.infer", "cramkit.serve", "cramkit.embed", "cramkit.index", "cramkit.evaluate"),
+    (
+        "cramkit.distillation",
+        "cramkit.selftraining",
+        "cramkit.infer",
+        "cramkit.serve",
+        "cramkit.embeddings",
+        "cramkit.index",
+        "cramkit.evaluation",
+    ),
     ("cramkit.api",),  # the verbs as Python functions: the one front door, called by the command line
     ("cramkit.commands", "cramkit.cli", "cramkit.__main__"),
 ]
 # the stages that sit side by side above load and train: none reaches into another's privates
-STAGES = ("cramkit.distill", "cramkit.infer", "cramkit.serve", "cramkit.embed", "cramkit.index", "cramkit.evaluate")
+STAGES = LAYERS[-3]
 # stages of one layer that build on each other, (lower, higher): the lower never imports the higher. The index
-# embeds its chunks (embed); embedding evaluation embeds, and searches through an index
+# embeds its chunks (embeddings); embedding evaluation embeds, and searches through an index; self-training labels
+# text with distillation's teacher
 ONE_WAY = [
-    ("cramkit.embed", "cramkit.index"),
-    ("cramkit.embed", "cramkit.evaluate"),
-    ("cramkit.index", "cramkit.evaluate"),
+    ("cramkit.distillation", "cramkit.selftraining"),
+    ("cramkit.embeddings", "cramkit.index"),
+    ("cramkit.embeddings", "cramkit.evaluation"),
+    ("cramkit.index", "cramkit.evaluation"),
 ]
 
 

@@ -348,7 +348,7 @@ def test_predict_checks_the_label_column_before_predicting(iflytek_model, tmp_pa
 
 
 def test_unk_rate_of_english_text_on_an_english_vocabulary(minilm_dir, capsys):
-    from cramkit.load import load
+    from cramkit.loading import load
     from cramkit.text.coverage import unk_rate, unk_report
 
     tok = load(minilm_dir).tokenizer
@@ -422,7 +422,7 @@ def test_onnx_export_says_when_fusions_were_skipped(pretrained_run, tmp_path, mo
 
     from cramkit.backends import write_export
     from cramkit.infer.engine import compare_outputs
-    from cramkit.load import load
+    from cramkit.loading import load
 
     def broken(*args, **kwargs):
         raise IndexError("list index out of range")

@@ -20,35 +20,30 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from cramkit import distill  # the package, callable as the verb (cramkit.api.distill)
-
-# the package cramkit.evaluate (STS, retrieval) is imported before the verb cramkit.evaluate is bound: a package
-# imported later would take the verb's place
-from cramkit import evaluate as _evaluate_package
-from cramkit.api import evaluate, export, finetune, train_embeddings
+from cramkit.api import distill, evaluate, export, finetune, train_embeddings
 from cramkit.errors import CramkitError
 from cramkit.lazy import lazy_names
-from cramkit.load import LoadedModel, load  # the function shadows the module name `cramkit.load`
+from cramkit.loading import LoadedModel, load
 
 if TYPE_CHECKING:
-    from cramkit.embed.verb import embed_source as embed
-    from cramkit.evaluate.retrieval import evaluate_retrieval
-    from cramkit.evaluate.sts import evaluate_sts
+    from cramkit.embeddings.verb import embed_source as embed
+    from cramkit.evaluation.retrieval import evaluate_retrieval
+    from cramkit.evaluation.sts import evaluate_sts
     from cramkit.infer.predict import predict
     from cramkit.recipes.pretrain import pretrain
-else:
-    from cramkit import embed  # the package, callable as the verb (cramkit.embed.verb.embed_source)
-del _evaluate_package  # imported for its place in sys.modules only (above)
 
 # the verbs whose library function is the verb as it is (its checks inside): imported on first use, so that
-# `import cramkit` stays light
+# `import cramkit` stays light. Verbs are functions and packages are nouns: cramkit.embed is a function,
+# cramkit.embeddings its package (and cramkit.distill/distillation, cramkit.evaluate/evaluation,
+# cramkit.load/loading)
 __getattr__ = lazy_names(
     __name__,
     {
+        "embed": "cramkit.embeddings.verb:embed_source",
         "pretrain": "cramkit.recipes.pretrain",
         "predict": "cramkit.infer.predict",
-        "evaluate_sts": "cramkit.evaluate.sts",
-        "evaluate_retrieval": "cramkit.evaluate.retrieval",
+        "evaluate_sts": "cramkit.evaluation.sts",
+        "evaluate_retrieval": "cramkit.evaluation.retrieval",
     },
 )
 

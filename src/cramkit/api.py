@@ -18,13 +18,13 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from cramkit.distill.verb import check_student as check_student
-from cramkit.distill.verb import distill as distill
+from cramkit.distillation.verb import check_student as check_student
+from cramkit.distillation.verb import distill as distill
 from cramkit.errors import CramkitError
 from cramkit.recipes import DEV_FRACTION, FEWSHOT_SPLITS
 
 if TYPE_CHECKING:
-    from cramkit.load import LoadedModel
+    from cramkit.loading import LoadedModel
     from cramkit.recipes.contrastive_config import ContrastiveConfig
     from cramkit.recipes.finetune_config import FinetuneConfig
     from cramkit.tasks.mixtures import Mixture
@@ -42,7 +42,7 @@ def _report_to(settings: dict[str, Any], report_to: str | Sequence[str] | None) 
 
 def _check_source(source: PathLike | LoadedModel, flag: str = "--from") -> None:
     if isinstance(source, (str, os.PathLike)):
-        from cramkit.load import check_source
+        from cramkit.loading import check_source
 
         check_source(str(source), flag)
 
@@ -221,14 +221,14 @@ def finetune(
     _check_source(source)
     rows = None
     if unlabelled is not None:
-        from cramkit.distill.selftrain import unlabelled_rows
+        from cramkit.selftraining.recipe import unlabelled_rows
 
         rows = unlabelled_rows(unlabelled, the_task, cfg, text_a=text_a, text_b=text_b, skip_bad_rows=skip_bad_rows)
     if few_shot is not None or fewshot_splits:
         return _fewshot(the_task, source, cfg, out, few_shot, splits, fewshot_splits, rows, progress)
     _preload(the_task)
     if rows is not None:
-        from cramkit.distill.selftrain import run_self_train
+        from cramkit.selftraining.recipe import run_self_train
 
         if not isinstance(source, (str, os.PathLike)):
             raise CramkitError("unlabelled: the teacher and the student load the model afresh; give its directory")
@@ -270,7 +270,7 @@ def _fewshot(
         return fewshot_run(the_task, source, cfg, where, keys, k=few_shot, progress=progress)
     import functools
 
-    from cramkit.distill.selftrain import self_train, summary
+    from cramkit.selftraining.recipe import self_train, summary
 
     every = functools.partial(_self_train_split, self_train, rows)
     return fewshot_run(

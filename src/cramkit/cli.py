@@ -60,7 +60,7 @@ def _setting_keys(verb: str | None) -> list[str]:
             return own
         return own + [f.name for f in fields(ContrastiveConfig) if f.name not in own]  # --objective contrastive
     if verb == "distill":
-        from cramkit.distill.config import DistillConfig
+        from cramkit.distillation.config import DistillConfig
 
         return [f.name for f in fields(DistillConfig)]
     return []

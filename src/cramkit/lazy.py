@@ -1,12 +1,11 @@
-"""Names a package imports on first use (PEP 562), and a package callable as its verb: one implementation for
-``cramkit``, ``cramkit.model``, ``cramkit.infer``, ``cramkit.embed`` and ``cramkit.distill``, so that ``import
-cramkit`` and ``cramkit --help`` load no torch and no engine until a name is used."""
+"""Names a package imports on first use (PEP 562): one implementation for ``cramkit``, ``cramkit.model``,
+``cramkit.infer``, ``cramkit.embeddings`` and ``cramkit.distillation``, so that ``import cramkit`` and ``cramkit
+--help`` load no torch and no engine until a name is used."""
 
 from __future__ import annotations
 
 import importlib
 import sys
-import types
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -25,24 +24,3 @@ def lazy_names(package: str, where: Mapping[str, str]) -> Callable[[str], Any]:
         return value
 
     return __getattr__
-
-
-def callable_package(package: str, module: str, verb: str) -> None:
-    """Make the package ``package`` callable as the function ``verb`` of ``module`` (imported at the first call),
-    its signature too, by assigning the module's ``__class__``: the package stays a package, so its submodules
-    (``import cramkit.distill.core``) and its names keep working."""
-
-    def target() -> Any:
-        return getattr(importlib.import_module(module), verb)
-
-    class VerbPackage(types.ModuleType):
-        def __call__(self, *args: Any, **kwargs: Any) -> Any:
-            return target()(*args, **kwargs)
-
-        @property
-        def __signature__(self) -> Any:  # inspect.Signature (inspect imported only when asked)
-            import inspect
-
-            return inspect.signature(target())
-
-    sys.modules[package].__class__ = VerbPackage

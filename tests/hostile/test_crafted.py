@@ -241,7 +241,7 @@ def test_crafted_ctranslate2_exports_are_refused_before_they_run(tok, tmp_path) 
 
     import cramkit
     from cramkit.errors import CramkitError
-    from cramkit.load import LoadedModel
+    from cramkit.loading import LoadedModel
     from cramkit.model.encoder import ModelConfig
     from cramkit.model.heads import MaskedLM
 

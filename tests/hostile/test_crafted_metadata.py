@@ -195,7 +195,7 @@ def test_crafted_parts_are_refused_by_index_build(parquet, pretrained_run, tmp_p
 
 
 def test_read_vectors_refuses_nan_parts(parquet, tmp_path) -> None:
-    from cramkit.embed import read_vectors
+    from cramkit.embeddings import read_vectors
     from cramkit.errors import CramkitError
 
     d = _copy(parquet, tmp_path / "nan")

@@ -57,7 +57,7 @@ def test_crafted_ct2_manifest_values_and_shapes_are_checked_on_load(tok, tmp_pat
 
     import torch
 
-    from cramkit.load import LoadedModel
+    from cramkit.loading import LoadedModel
     from cramkit.model.encoder import ModelConfig
     from cramkit.model.heads import ClassifierConfig, SequenceClassifier
     from hostile.test_crafted import _ct2_variables, _ct2_write

@@ -15,11 +15,11 @@ import pytest
 
 import cramkit
 from clirun import cli, one_line
-from cramkit.distill.prior import embed_rows
-from cramkit.distill.teacher import teacher_key, teacher_logits
+from cramkit.distillation.teacher import teacher_key, teacher_logits
 from cramkit.errors import CramkitError
 from cramkit.io import BadJson, json_loads, read_json
 from cramkit.readback import BadCache, read_array, read_progress
+from cramkit.selftraining.prior import embed_rows
 
 TEXTS = [f"a {w} film about {t}" for w in ("fine", "dull", "bright", "slow", "sharp") for t in "abcdefghij"]
 CHUNK = 16
@@ -185,7 +185,7 @@ def test_self_training_relabels_a_crafted_label_cache_to_the_clean_labels(
 ) -> None:
     """Through the real command: the teacher's cache crafted to one column (for two classes, once broadcast into
     meaningless labels) between two runs; the rerun says so in one line and labels the rows to the clean labels."""
-    from tasks.test_selftrain import _fewshot, sst2_unlabelled
+    from selftraining.test_selftrain import _fewshot, sst2_unlabelled
 
     unlabelled = sst2_unlabelled(real_glue_dir, tmp_path / "unlabelled.tsv", n=120)
     out = tmp_path / "st"

@@ -15,7 +15,7 @@ import pytest
 import cramkit
 from cramkit.cli import main
 from cramkit.errors import CramkitError
-from cramkit.evaluate import metrics, retrieval, sts
+from cramkit.evaluation import metrics, retrieval, sts
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -248,7 +248,7 @@ def test_sts_reading_and_refusals(tmp_path, capsys, pretrained_run):
 
 def test_a_model_without_an_encoder_is_refused(tmp_path, capsys, tok):
     """A BiLSTM student (what `cramkit distill --student bilstm` saves) has no encoder to embed with."""
-    from cramkit.load import LoadedModel
+    from cramkit.loading import LoadedModel
     from cramkit.model.students import BiLSTMConfig, BiLSTMStudent, bilstm_meta
 
     cfg = BiLSTMConfig(vocab_size=tok.get_vocab_size(), embedding_dim=16, lstm_hidden=8, fc_hidden=8)

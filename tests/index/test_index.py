@@ -515,7 +515,7 @@ def test_damaged_faiss_file(tmp_path, small_store, pretrained_run, capsys):
 
 def test_model_without_an_encoder(tmp_path, tok, corpus, capsys):
     """A distilled BiLSTM student has no transformer encoder to take embeddings from."""
-    from cramkit.load import LoadedModel
+    from cramkit.loading import LoadedModel
     from cramkit.model.students import BiLSTMConfig, BiLSTMStudent, bilstm_meta
 
     cfg = BiLSTMConfig(vocab_size=tok.get_vocab_size(), embedding_dim=8, lstm_hidden=8, fc_hidden=8)

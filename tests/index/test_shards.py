@@ -104,7 +104,7 @@ def test_shards_write_parquet_parts_and_a_manifest(embedded, lines, pretrained_r
     assert table.column("text").to_pylist() == rows[120:]
     assert set(table.column("source").to_pylist()) == {str(lines)}
     # the vectors are those of the .npy output
-    from cramkit.embed.parquet import read_vectors
+    from cramkit.embeddings.parquet import read_vectors
 
     vecs, ids = read_vectors(out)
     assert np.array_equal(ids, np.arange(240))
@@ -169,7 +169,7 @@ def test_killed_shard_resumes_and_leaves_the_others(tmp_path, embedded, lines, p
     after = (out / PART0).stat()
     assert (after.st_ino, after.st_mtime_ns) == (part0.st_ino, part0.st_mtime_ns)  # the other shard untouched
     assert not (out / ".work" / "part-00001-of-00002").exists()
-    from cramkit.embed.parquet import read_vectors
+    from cramkit.embeddings.parquet import read_vectors
 
     assert np.allclose(read_vectors(out)[0], read_vectors(embedded["parquet"])[0], atol=1e-6)
 
@@ -329,7 +329,7 @@ def test_cramkit_embedder_in_ray_data(embedded, lines, pretrained_run):
     import ray
     import ray.data
 
-    from cramkit.embed import CramkitEmbedder
+    from cramkit.embeddings import CramkitEmbedder
 
     rows = lines.read_text(encoding="utf-8").splitlines()[:48]
     want = np.load(embedded["npy"] / "embeddings.npy", allow_pickle=False)[:48]
@@ -359,7 +359,7 @@ def test_cramkit_embedder_in_ray_data(embedded, lines, pretrained_run):
 def test_cramkit_embedder_called_directly(pretrained_run):
     import pandas as pd
 
-    from cramkit.embed import CramkitEmbedder
+    from cramkit.embeddings import CramkitEmbedder
     from cramkit.errors import CramkitError
 
     emb = CramkitEmbedder(pretrained_run, device="cpu", text_column="body")
@@ -398,6 +398,6 @@ def test_torchrun_parquet_parts_equal_shards(tmp_path, embedded, lines, pretrain
     assert res.returncode == 0, res.stderr
     m = json.loads((out / "embed.json").read_text())
     assert m["world_size"] == 2 and [p["file"] for p in m["parts"]] == [PART0, PART1]
-    from cramkit.embed.parquet import read_vectors
+    from cramkit.embeddings.parquet import read_vectors
 
     assert np.allclose(read_vectors(out)[0], read_vectors(embedded["parquet"])[0], atol=1e-6)

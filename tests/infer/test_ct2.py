@@ -194,7 +194,7 @@ def test_crafted_or_incomplete_exports_are_one_line(minilm_ct2, tmp_path) -> Non
     assert len(proc.stderr.strip().splitlines()) == 1
     opened = cramkit.load(good)
     assert opened.backend_name == "ct2" and opened.kind == "encoder" and opened.max_length == man["max_length"]
-    from cramkit.load import load_torch
+    from cramkit.loading import load_torch
 
     with pytest.raises(CramkitError, match="is an export .* fine-tuning needs the torch model it was exported"):
         load_torch(good, purpose="fine-tuning")
@@ -226,7 +226,7 @@ def test_cramkit_pre_ln_classifier_runs_on_ct2(ft_model, glue_dir, tmp_path) -> 
 
 
 def test_what_ct2_cannot_run_is_one_line(tok, tmp_path) -> None:
-    from cramkit.load import LoadedModel
+    from cramkit.loading import LoadedModel
     from cramkit.model.students import BiLSTMConfig, BiLSTMStudent
 
     cfg = BiLSTMConfig(vocab_size=tok.get_vocab_size(), embedding_dim=8, lstm_hidden=4, fc_hidden=4)
@@ -289,7 +289,7 @@ SHAPES = {
 def test_every_cramkit_shape_runs_on_ct2(tok, tmp_path, shape) -> None:
     import torch
 
-    from cramkit.load import LoadedModel
+    from cramkit.loading import LoadedModel
     from cramkit.model.encoder import ModelConfig
     from cramkit.model.heads import SequenceClassifier
 
@@ -326,7 +326,7 @@ def test_every_cramkit_shape_runs_on_ct2(tok, tmp_path, shape) -> None:
 
 
 def test_a_masked_lm_exports_as_its_encoder(tok, tmp_path) -> None:
-    from cramkit.load import LoadedModel
+    from cramkit.loading import LoadedModel
     from cramkit.model.encoder import ModelConfig
     from cramkit.model.heads import MaskedLM
 

@@ -102,7 +102,7 @@ def test_an_encoder_exports_as_an_embedding_model_and_bf16_says_where_it_runs(to
     import torch
 
     from cramkit.backends.openvino import native_bf16
-    from cramkit.load import LoadedModel
+    from cramkit.loading import LoadedModel
     from cramkit.model.encoder import ModelConfig
     from cramkit.model.heads import MaskedLM
 

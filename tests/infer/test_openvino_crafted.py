@@ -27,7 +27,7 @@ def good(tok, tmp_path_factory) -> Path:
     """A tiny BERT-shaped encoder (learned positions) exported to OpenVINO (an embedding model: kind encoder)."""
     import torch
 
-    from cramkit.load import LoadedModel
+    from cramkit.loading import LoadedModel
     from cramkit.model.encoder import ModelConfig
     from cramkit.model.heads import MaskedLM
 

@@ -14,7 +14,7 @@ from clirun import one_line
 from cramkit import backends
 from cramkit.infer import race
 from cramkit.infer.export import cpu_target
-from cramkit.load import load_torch
+from cramkit.loading import load_torch
 
 from .models import cli, ok
 

@@ -16,7 +16,7 @@ import torch
 
 from cramkit.cli import main as cli_main
 from cramkit.errors import CramkitError
-from cramkit.load import load
+from cramkit.loading import load
 from cramkit.model.hf import export_hf
 
 os.environ["HF_HUB_OFFLINE"] = "1"

@@ -68,7 +68,7 @@ def test_pretrain_from_a_checkpoint_without_mlm_head(tmp_path: Path, capsys: pyt
     """pretrain --from an MPNetModel (no masked-LM head, like all-mpnet-base-v2): a fresh head, said in one line;
     the run exports as MPNetForMaskedLM, whose fill-mask at <mask> is the run's at [MASK]."""
     from cramkit.infer import Engine
-    from cramkit.load import load
+    from cramkit.loading import load
 
     _tiny(tmp_path / "base", "mpnet", "encoder")
     _, _, docs = _task(tmp_path / "data")
@@ -96,7 +96,7 @@ def test_distil_into_a_pretrained_small_model_of_another_family(
 ) -> None:
     """--student hf:DIR: the student is all-MiniLM-L6-v2 (BERT, its own vocabulary), all six of its layers,
     taught by a RoBERTa teacher; the student reads the texts with its own tokenizer."""
-    from cramkit.load import load
+    from cramkit.loading import load
 
     _tiny(tmp_path / "base", "roberta", "encoder")
     train, dev, _ = _task(tmp_path / "data", rows=100)
@@ -119,7 +119,7 @@ def test_few_shot_prints_the_frozen_embeddings_baseline(tmp_path: Path, capsys: 
     """--few-shot K: each split's logistic regression on the backbone's frozen embeddings of its K rows per class,
     scored on the dev rows, printed beside the recipe's score; the figure is what transformers' own hidden states
     (mean-pooled, as the model's sentence-transformers pooling) give through the same regression."""
-    from cramkit.load import load
+    from cramkit.loading import load
     from cramkit.recipes.setfit import logistic_regression
     from cramkit.tasks.fewshot import few_shot_task
     from cramkit.tasks.resolve import resolve_task

@@ -22,7 +22,7 @@ from safetensors.torch import load_file, save_file
 
 from cramkit.cli import main as cli_main
 from cramkit.errors import CramkitError
-from cramkit.load import load
+from cramkit.loading import load
 from cramkit.model import Encoder, MaskedLM, ModelConfig, SequenceClassifier
 from cramkit.model.hf import export_hf, load_hf_config, load_hf_encoder_state
 

@@ -24,7 +24,7 @@ def test_mpnet_embeds_as_sentence_transformers_and_exports_back(
 ) -> None:
     st = pytest.importorskip("sentence_transformers")
     from cramkit.infer import Engine
-    from cramkit.load import load
+    from cramkit.loading import load
 
     # real prose: short lines, and paragraphs past the model's 384-token limit (cut there by both)
     texts = [d.split("\n")[0][:200] for d in builtin_docs[:48]] + [" ".join(builtin_docs[i : i + 20]) for i in (0, 40)]

@@ -70,7 +70,7 @@ def test_embed_cuts_the_vectors(matryoshka: Path, tiny_run: Path, tmp_path: Path
         "--dimensions", "32",
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
-    from cramkit.embed.parquet import read_vectors
+    from cramkit.embeddings.parquet import read_vectors
 
     vecs, _ = read_vectors(tmp_path / "pq32")
     assert vecs.shape == (6, 32) and np.allclose(vecs, eng.embed(TEXTS, dimensions=32), atol=1e-5)

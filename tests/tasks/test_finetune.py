@@ -11,7 +11,7 @@ import torch
 
 from cramkit.data.batching import bucketed_batches, collate, encode_examples
 from cramkit.errors import CramkitError
-from cramkit.load import load
+from cramkit.loading import load
 from cramkit.recipes.finetune import finetune
 from cramkit.recipes.finetune_config import FinetuneConfig, auto_lr, config_from
 from cramkit.tasks.registry import Example, Task, get_task

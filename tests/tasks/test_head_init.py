@@ -18,7 +18,7 @@ from infer.models import cli
 def test_the_untrained_head_answers_through_the_descriptions(minilm_dir: Path, real_glue_dir: Path) -> None:
     import torch
 
-    from cramkit.load import load_torch
+    from cramkit.loading import load_torch
     from cramkit.recipes.finetune_model import build_model, encode_task_examples, predict
     from cramkit.recipes.label_prior import head_init
     from cramkit.tasks.fewshot import few_shot_task
@@ -60,7 +60,7 @@ def test_a_file_task_s_word_labels_start_the_head(minilm_dir: Path, real_glue_di
     """A user's own file with no built-in prompt: its label names are the descriptions; numbered labels give none."""
     import csv
 
-    from cramkit.load import load_torch
+    from cramkit.loading import load_torch
     from cramkit.recipes.label_prior import head_init
     from cramkit.tasks.resolve import resolve_task
 

@@ -15,9 +15,9 @@ import numpy as np
 import pytest
 
 from clirun import cli
-from cramkit.distill.selftrain import kept_model
 from cramkit.errors import CramkitError
 from cramkit.progress import parts_left
+from cramkit.selftraining.recipe import kept_model
 
 FAST = ["--set", "min_steps=30", "--set", "max_length=48", "--set", "self_train_epochs=0.05", "--no-progress"]
 

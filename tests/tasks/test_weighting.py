@@ -49,7 +49,7 @@ def _batch(task_name: str, glue_dir: Path, loaded, n: int, flip: bool = False) -
 def real(tiny_run: Path, glue_dir: Path):
     """A multi-task model on the pretrained run's encoder (heads: mrpc, cola, mrpc with flipped labels), an
     objective over it, one real batch of each task, and each task's gradient on the encoder (rows)."""
-    from cramkit.load import load_torch
+    from cramkit.loading import load_torch
     from cramkit.recipes.finetune_config import FinetuneConfig
     from cramkit.recipes.multitask import MixtureObjective, build_multitask
 

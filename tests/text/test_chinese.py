@@ -212,17 +212,34 @@ def test_without_jieba_chinese_masks_characters(zh_corpus, tmp_path, monkeypatch
 def test_nproc_names_and_checks_the_run_by_the_preset_it_trains(zh_corpus, tmp_path, monkeypatch):
     """`cramkit pretrain zh.txt --nproc 2` named its run runs/tiny-cpu-... and checked the pipeline degree against
     tiny-cpu, while the processes trained tiny-zh: the launcher decides the preset as the run does."""
+    import dataclasses
+
+    import yaml
+
     import cramkit.train.launch as launch
     from clirun import cli
+    from cramkit.recipes.pretrain_request import PretrainRequest
+    from cramkit.request import read_request
 
     seen: list[list[str]] = []
-    monkeypatch.setattr(launch, "launch", lambda nproc, argv, **kw: seen.append(argv) or 0)
-    proc = cli("pretrain", zh_corpus, "--nproc", "2", "--budget", "1steps", cwd=tmp_path)
+    requests: list[dict] = []
+
+    def launched(nproc, argv, **kw):
+        seen.append(argv)
+        requests.append(yaml.safe_load(Path(argv[argv.index("--request") + 1]).read_text(encoding="utf-8")))
+        req = read_request(PretrainRequest, argv[argv.index("--request") + 1], "pretrain")
+        # every field of the request reaches the processes (a field added to it too): no flag rebuilt by hand
+        assert set(requests[-1]["pretrain"]) == {f.name for f in dataclasses.fields(req) if f.name != "_"}
+        return 0
+
+    monkeypatch.setattr(launch, "launch", launched)
+    proc = cli("pretrain", zh_corpus, "--nproc", "2", "--budget", "1steps", "--set", "train.lr=1e-3", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
-    out = seen[0][seen[0].index("--out") + 1]
-    assert Path(out).name.startswith("tiny-zh-"), out
-    # the processes run the command as typed (no flag rebuilt one by one, so none is dropped), without --nproc
-    assert seen[0] == ["pretrain", str(zh_corpus), "--budget", "1steps", "--out", out]
+    assert seen[0][:2] == ["pretrain", "--request"]
+    # the processes receive the request decided once: the run named by the preset it trains
+    sent = requests[0]["pretrain"]
+    assert Path(sent["out"]).name.startswith("tiny-zh-") and sent["preset"] == "tiny-zh", sent
+    assert sent["inputs"] == [str(zh_corpus)] and sent["budget"] == "1steps" and sent["overrides"] == ["train.lr=1e-3"]
     # the degree checked against tiny-zh's 4 layers (tiny-cpu has as many: a degree that divides neither)
     bad = cli("pretrain", zh_corpus, "--nproc", "2", "--set", "parallel.pp=3", cwd=tmp_path)
     assert bad.returncode == 2 and "parallel.pp=3" in bad.stderr and len(seen) == 1

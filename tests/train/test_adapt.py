@@ -182,7 +182,7 @@ def test_continue_keeps_the_pooler_for_finetuning(continued: Path, minilm_dir: P
     import cramkit
     from cramkit.errors import CramkitError
     from cramkit.io import sha256_file
-    from cramkit.load import POOLER_FILE, load_pooler
+    from cramkit.loading import POOLER_FILE, load_pooler
     from cramkit.recipes.finetune_config import FinetuneConfig
     from cramkit.recipes.finetune_model import build_model
 
@@ -452,7 +452,7 @@ def test_bad_inputs_are_one_line_each(
     onnx.mkdir()
     (onnx / "cramkit-onnx.json").write_text("{}")
     cases.append((["--from", str(onnx)], ["export in the ONNX format"]))
-    from cramkit.load import LoadedModel
+    from cramkit.loading import LoadedModel
     from cramkit.model.students import BiLSTMConfig, BiLSTMStudent
     from cramkit.text.tokenizer import load_tokenizer
 

@@ -8,7 +8,7 @@ import numpy as np
 import torch
 
 from cramkit.infer import Engine
-from cramkit.load import load
+from cramkit.loading import load
 from cramkit.model.forward import MAX_BATCH_ROWS
 from cramkit.recipes.finetune_config import FinetuneConfig
 from cramkit.recipes.finetune_model import predict

@@ -177,7 +177,7 @@ def test_an_unknown_tracker_lists_the_choices(capsys: pytest.CaptureFixture) -> 
 def test_finetune_distill_and_eval_take_the_flag(capsys: pytest.CaptureFixture) -> None:
     _need("tensorboard")
     from cramkit.cli import main
-    from cramkit.distill.config import config_from
+    from cramkit.distillation.config import config_from
 
     assert main(["finetune", "--report-to", "tensorboard", "--print-config"]) == 0
     assert "report_to: tensorboard" in capsys.readouterr().out

@@ -93,8 +93,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from cramkit.config import parse_overrides, section_file, to_dict
-    from cramkit.distill.config import config_from
-    from cramkit.distill.verb import check_student, distill  # distill is cramkit.distill(...)
+    from cramkit.distillation.config import config_from
+    from cramkit.distillation.verb import check_student, distill  # distill is cramkit.distill(...)
 
     settings = section_file(args.config, "distill") if args.config else {}
     settings.update(parse_overrides(args.overrides))  # --set on top of the file, as in finetune and pretrain

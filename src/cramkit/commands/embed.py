@@ -7,7 +7,7 @@ import argparse
 
 from cramkit.commands.checks import add_offload_args, add_pass_args
 from cramkit.commands.reading import add_reading_args
-from cramkit.embed import BLOCK
+from cramkit.embeddings import BLOCK
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -91,7 +91,7 @@ def run(args: argparse.Namespace) -> int:
     if args.join is not None:
         if args.source or args.model or args.out or args.shard:
             raise CramkitError("--join DIR takes no FILE_OR_STORE, --from, --out or --shard: it only joins DIR")
-        from cramkit.embed.parquet import join
+        from cramkit.embeddings.parquet import join
 
         with disk_errors(args.join):
             m = join(args.join)
@@ -122,7 +122,7 @@ def run(args: argparse.Namespace) -> int:
         offload_experts=args.offload_experts,
         expert_cache=args.expert_cache,
     )
-    from cramkit.embed.memmap import dist_info
+    from cramkit.embeddings.memmap import dist_info
 
     if rec is None or dist_info()[0] != 0:
         return 0

@@ -9,7 +9,7 @@ import sys
 
 from cramkit.commands.checks import add_pass_args
 from cramkit.errors import CramkitError
-from cramkit.evaluate import CUTOFF
+from cramkit.evaluation import CUTOFF
 
 EMBED_EVALS = ("sts", "retrieval")
 
@@ -138,7 +138,7 @@ def run_embed_eval(args: argparse.Namespace) -> int:
             progress=not args.no_progress,
             dimensions=args.dimensions,
         )
-    from cramkit.evaluate.results import summary_line
+    from cramkit.evaluation.results import summary_line
 
     print(summary_line(res))
     if res.get("skipped_rows"):

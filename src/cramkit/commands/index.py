@@ -8,7 +8,7 @@ import sys
 
 from cramkit.commands.checks import add_pass_args
 from cramkit.commands.reading import add_reading_args, reading_kwargs
-from cramkit.embed import BLOCK
+from cramkit.embeddings import BLOCK
 from cramkit.index import OVERLAP, PASSAGE_TOKENS, RETRO_CHUNK
 
 

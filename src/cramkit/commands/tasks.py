@@ -446,7 +446,7 @@ def run_finetune(args: argparse.Namespace) -> int:
     else:
         report_finetune(args, cfg, res, Path(res.get("self_training", {}).get("model") or out))
     if res.get("self_training") and fewshot:
-        from cramkit.distill.selftrain import fewshot_line
+        from cramkit.selftraining.recipe import fewshot_line
 
         print(fewshot_line(res))
     if res.get("skipped_rows"):

@@ -1,4 +1,4 @@
-"""Retrieval over a corpus with our encoder: chunking, embedding the chunks (:mod:`cramkit.embed`), a tuned
+"""Retrieval over a corpus with our encoder: chunking, embedding the chunks (:mod:`cramkit.embeddings`), a tuned
 Faiss index, search, RETRO neighbours for a token store, and export to vector databases.
 
     idx = cramkit.index.build_index("corpus/", "out/model", "idx")      # or `cramkit index build`
@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 from cramkit.lazy import lazy_names
 
 if TYPE_CHECKING:
-    from cramkit.embed.embedder import CramkitEmbedder
+    from cramkit.embeddings.embedder import CramkitEmbedder
     from cramkit.index.add import add_to_index
     from cramkit.index.build import build_index
     from cramkit.index.export import export_index
@@ -28,7 +28,7 @@ __all__ = ["CramkitEmbedder", "Index", "add_to_index", "build_index", "export_in
 __getattr__ = lazy_names(
     __name__,
     {
-        "CramkitEmbedder": "cramkit.embed.embedder",  # at home in cramkit.embed; kept here for older code
+        "CramkitEmbedder": "cramkit.embeddings.embedder",  # at home in cramkit.embeddings; kept here for older code
         "add_to_index": "cramkit.index.add",
         "build_index": "cramkit.index.build",
         "export_index": "cramkit.index.export",

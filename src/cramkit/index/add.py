@@ -12,8 +12,8 @@ from typing import Any
 import numpy as np
 
 from cramkit.data.tokenstore import is_store
-from cramkit.embed import BLOCK
-from cramkit.embed.memmap import embed_to_memmap, texts_key
+from cramkit.embeddings import BLOCK
+from cramkit.embeddings.memmap import embed_to_memmap, texts_key
 from cramkit.errors import CramkitError
 from cramkit.index import ann
 from cramkit.index.chunking import append_chunks, make_chunks, prompt_tokens

@@ -17,10 +17,10 @@ from typing import Any
 
 import numpy as np
 
-from cramkit.embed import BLOCK
-from cramkit.embed.encoder import encoder_fingerprint, load_encoder, retrieval_prompts
-from cramkit.embed.memmap import dist_info, embed_to_memmap, texts_key
-from cramkit.embed.parquet import is_parquet_embeddings
+from cramkit.embeddings import BLOCK
+from cramkit.embeddings.encoder import encoder_fingerprint, load_encoder, retrieval_prompts
+from cramkit.embeddings.memmap import dist_info, embed_to_memmap, texts_key
+from cramkit.embeddings.parquet import is_parquet_embeddings
 from cramkit.errors import CramkitError
 from cramkit.index import ann, ondisk
 from cramkit.index.chunking import Chunks, chunks_from_parquet, make_chunks, prompt_tokens, write_chunks

@@ -32,8 +32,8 @@ from typing import Any
 import numpy as np
 
 from cramkit.data.tokenstore import is_store
-from cramkit.embed.parquet import iter_parts, part_vectors, read_manifest
-from cramkit.embed.store_text import decode_spans, store_chunk_spans, store_documents, store_tokenizer
+from cramkit.embeddings.parquet import iter_parts, part_vectors, read_manifest
+from cramkit.embeddings.store_text import decode_spans, store_chunk_spans, store_documents, store_tokenizer
 from cramkit.errors import CramkitError
 from cramkit.index import OVERLAP, PASSAGE_TOKENS, RETRO_CHUNK
 from cramkit.index.manifest import MODES

@@ -44,7 +44,7 @@ from typing import Any
 
 import numpy as np
 
-from cramkit.embed.parquet import COLUMNS  # the columns of `cramkit embed --format parquet`
+from cramkit.embeddings.parquet import COLUMNS  # the columns of `cramkit embed --format parquet`
 from cramkit.errors import CramkitError
 from cramkit.index import ann
 from cramkit.index.search import Index

@@ -13,8 +13,8 @@ from typing import Any
 
 import numpy as np
 
-from cramkit.embed import BLOCK, store_text
-from cramkit.embed.memmap import STATE_FIELDS, embed_to_memmap, texts_key
+from cramkit.embeddings import BLOCK, store_text
+from cramkit.embeddings.memmap import STATE_FIELDS, embed_to_memmap, texts_key
 from cramkit.errors import CramkitError
 from cramkit.index import RETRO_CHUNK
 from cramkit.index.chunking import document_hashes, save_npy

@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from cramkit.embed.encoder import encoder_fingerprint, load_encoder
+from cramkit.embeddings.encoder import encoder_fingerprint, load_encoder
 from cramkit.errors import CramkitError
 from cramkit.index import ann
 from cramkit.index.checks import MappedFiles
@@ -148,7 +148,7 @@ class Index:
                         f"({self.encoder_source}); query with that encoder (or none: the index keeps a copy)"
                     )
             else:
-                from cramkit.load import describe
+                from cramkit.loading import describe
 
                 if describe(self.encoder_dir).kind is None:
                     raise CramkitError(f"{self.encoder_dir}: the index's encoder copy is missing; rebuild the index")

@@ -48,7 +48,7 @@ if TYPE_CHECKING:
 
     from cramkit.backends import ExportedModel, Runner
     from cramkit.data.prompts import PromptSpec
-    from cramkit.load import LoadedModel
+    from cramkit.loading import LoadedModel
 
 TextOrPair = str | tuple[str, str] | list[str]
 
@@ -104,7 +104,7 @@ def check_model_weights(loaded: LoadedModel) -> None:
 
 
 class Engine:
-    """Batched inference over a model: a :class:`~cramkit.load.LoadedModel`, an
+    """Batched inference over a model: a :class:`~cramkit.loading.LoadedModel`, an
     :class:`~cramkit.backends.ExportedModel`, or a path (anything ``cramkit.load`` opens: a run, a
     model directory, ``hf:DIR``, an export).
 
@@ -138,7 +138,7 @@ class Engine:
         expert_cache: int | None = None,
     ) -> None:
         from cramkit import backends
-        from cramkit.load import LoadedModel, for_task, load
+        from cramkit.loading import LoadedModel, for_task, load
 
         known = ("auto", "torch", *backends.names())
         if backend not in known:

@@ -16,7 +16,7 @@ from cramkit import backends
 from cramkit.errors import CramkitError
 from cramkit.infer import TARGETS
 from cramkit.io import read_json
-from cramkit.load import LoadedModel, describe, load_torch
+from cramkit.loading import LoadedModel, describe, load_torch
 
 
 def formats() -> tuple[str, ...]:
@@ -122,7 +122,7 @@ def _target(
     line; and the record kept in the manifest."""
     from cramkit.infer import race as racing
     from cramkit.io import check_out
-    from cramkit.load import for_task
+    from cramkit.loading import for_task
 
     if target not in TARGETS:
         import difflib
@@ -207,7 +207,7 @@ def _export_to(
             f"cramkit: --force: {out} holds an export of another format; replacing its {len(removed)} entries: {shown}",
             file=sys.stderr,
         )
-    from cramkit.load import for_task
+    from cramkit.loading import for_task
 
     if isinstance(model, LoadedModel):
         loaded = for_task(model, task)

@@ -12,7 +12,7 @@ from cramkit.errors import CramkitError
 
 if TYPE_CHECKING:
     from cramkit.backends import ExportedModel
-    from cramkit.load import LoadedModel
+    from cramkit.loading import LoadedModel
 
 
 def check_expert_cache(value: Any, offload: bool = True) -> int:
@@ -34,7 +34,7 @@ def check_expert_cache(value: Any, offload: bool = True) -> int:
 def offload_model(src: LoadedModel | ExportedModel, device: Any, cache: int) -> dict[str, Any]:
     """Move the MoE experts of ``src`` out of memory (:func:`cramkit.model.moe.offload_experts`); one line
     when the model has none or is an export, or when on a CPU its weights file cannot be found."""
-    from cramkit.load import LoadedModel
+    from cramkit.loading import LoadedModel
     from cramkit.model.moe import MoE, offload_experts
     from cramkit.runtime import resolve_device
 

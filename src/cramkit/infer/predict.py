@@ -216,7 +216,7 @@ def _open_engine(
     to the head of ``task``, run by ``backend``."""
     from cramkit.backends import ExportedModel
     from cramkit.infer import Engine
-    from cramkit.load import LoadedModel, for_task, is_export, load
+    from cramkit.loading import LoadedModel, for_task, is_export, load
 
     if not isinstance(model, (LoadedModel, ExportedModel)):
         if is_export(model) and task is not None:

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 from cramkit.errors import CramkitError
 
 if TYPE_CHECKING:
-    from cramkit.load import LoadedModel
+    from cramkit.loading import LoadedModel
 
 RACES_FILE = "races.json"  # beside the doctor's ceilings.json
 RACES_BYTES = 1 << 20

@@ -31,13 +31,13 @@ import torch
 import torch.nn.functional as F
 
 from cramkit.errors import CramkitError
-from cramkit.load import POOLER_FILE
+from cramkit.loading import POOLER_FILE
 from cramkit.model.heads import IGNORE, MaskedLM
 from cramkit.model.moe import upcycle_state
 from cramkit.train.objectives import MLMObjective
 
 if TYPE_CHECKING:
-    from cramkit.load import LoadedModel
+    from cramkit.loading import LoadedModel
     from cramkit.model.encoder import Encoder, ModelConfig
     from cramkit.text.extend import Extension
     from cramkit.train.config import RunConfig
@@ -84,7 +84,7 @@ def training_masking(loaded: LoadedModel) -> dict[str, Any]:
 
 def open_model(source: str, flag: str) -> LoadedModel:
     """``cramkit.load(source)`` with the errors said in terms of ``flag`` (--from / --inherit)."""
-    from cramkit.load import load_torch
+    from cramkit.loading import load_torch
 
     try:
         loaded = load_torch(source, purpose=f"{flag} (continued training)")

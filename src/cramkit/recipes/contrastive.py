@@ -44,7 +44,7 @@ import numpy as np
 
 from cramkit.config import to_dict
 from cramkit.errors import CramkitError
-from cramkit.load import LoadedModel
+from cramkit.loading import LoadedModel
 from cramkit.recipes.contrastive_config import ContrastiveConfig, matryoshka_dims
 from cramkit.recipes.contrastive_data import PairBatches, Pairs, make_pairs, pad_sequences, with_prompts
 from cramkit.recipes.contrastive_loss import gather, info_nce
@@ -352,7 +352,7 @@ def _train(source, rows, cfg, out: Path, dev_rows, progress: bool, skipped: int)
 
 def _encoder_model(source: PathLike | LoadedModel) -> LoadedModel:
     """``source`` loaded (unless it is already), refused in one line when it has no transformer encoder."""
-    from cramkit.load import load_torch
+    from cramkit.loading import load_torch
 
     loaded = source if isinstance(source, LoadedModel) else load_torch(source, purpose="contrastive training")
     if loaded.encoder is None:

@@ -22,7 +22,7 @@ from typing import Any, cast
 
 from cramkit.errors import CramkitError
 from cramkit.io import json_loads, json_text
-from cramkit.load import LoadedModel, load_torch
+from cramkit.loading import LoadedModel, load_torch
 from cramkit.recipes import FEWSHOT_SPLITS
 from cramkit.recipes.finetune import finetune, write_json
 from cramkit.recipes.finetune_config import FinetuneConfig
@@ -446,7 +446,7 @@ def _with_tests(view: Task, task: Task) -> Task:
 
 def _keep_best_split(out: Path, per_split: dict[str, Any], keys: list[str]) -> dict[str, Any]:
     """The model of the split best on the scored split (of equal ones the first) copied into ``out`` (loadable)."""
-    from cramkit.load.model_dir import copy_model
+    from cramkit.loading.model_dir import copy_model
 
     best = max(keys, key=lambda key: (per_split[key]["score"], -keys.index(key)))
     copy_model(out / f"split-{best}", out)

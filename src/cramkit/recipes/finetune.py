@@ -31,7 +31,7 @@ import numpy as np
 from cramkit.config import to_dict
 from cramkit.data.batching import Encoded, EncodedChoices
 from cramkit.errors import CramkitError
-from cramkit.load import LoadedModel
+from cramkit.loading import LoadedModel
 from cramkit.recipes.finetune_config import SETTINGS_FILE, FinetuneConfig, auto_lr, train_config
 from cramkit.recipes.finetune_model import (
     build_model,
@@ -192,7 +192,7 @@ def _finetune(
     predict_also: Sequence[Task],
     targets: np.ndarray | None = None,
 ) -> dict[str, Any]:
-    from cramkit.load import load_torch
+    from cramkit.loading import load_torch
 
     loaded = source if isinstance(source, LoadedModel) else load_torch(source, purpose="fine-tuning")
     max_length = min(cfg.max_length, loaded.max_length)
@@ -445,7 +445,7 @@ def _median_seed(task: Task, per_seed: list[dict[str, Any]]) -> int:
 def _kept_weights(out: Path, seeds_dir: Path, cfg: FinetuneConfig, seed: int) -> dict | None:
     """The weights of the kept ``seed`` from its run (with keep=best, its best dev score's); None when its run is
     gone but ``out`` already holds the kept model (every seed reused)."""
-    from cramkit.load import MODEL_FILE
+    from cramkit.loading import MODEL_FILE
     from cramkit.train import checkpoint as ckpt
 
     seed_dir = seeds_dir / f"seed-{seed}"
@@ -539,8 +539,8 @@ def _save_model(
 ) -> None:
     """The fine-tuned model as a model directory (``cramkit.load(out)``); with method=ptuning only the
     prefixes and the head, and the base model named by the checksum of its encoder."""
-    from cramkit.load import LoadedModel as Saved
-    from cramkit.load import load_weights
+    from cramkit.loading import LoadedModel as Saved
+    from cramkit.loading import load_weights
     from cramkit.model.prompting import encoder_digest
 
     model = build_model(loaded, task.num_labels, cfg, multiple_choice=task.is_multiple_choice, prompt=prompt)

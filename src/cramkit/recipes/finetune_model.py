@@ -18,7 +18,7 @@ from cramkit.data.batching import (
     scores_to_choices,
 )
 from cramkit.errors import CramkitError
-from cramkit.load import LoadedModel
+from cramkit.loading import LoadedModel
 from cramkit.model import forward
 from cramkit.model.architectures import pooler_activation
 from cramkit.recipes.finetune_config import FinetuneConfig

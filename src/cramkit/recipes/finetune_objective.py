@@ -12,7 +12,7 @@ import numpy as np
 
 from cramkit.data.batching import BatchLoader, Encoded, EncodedChoices
 from cramkit.io import json_loads, json_text
-from cramkit.load import LoadedModel
+from cramkit.loading import LoadedModel
 from cramkit.recipes.finetune_config import FinetuneConfig
 from cramkit.recipes.finetune_model import build_model, predict
 from cramkit.tasks.registry import Task

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any, cast
 import numpy as np
 
 from cramkit.errors import CramkitError
-from cramkit.load import LoadedModel
+from cramkit.loading import LoadedModel
 from cramkit.recipes.finetune_config import FinetuneConfig
 from cramkit.recipes.finetune_model import build_model, encode_task_examples, predict, task_columns, trained_inputs
 from cramkit.tasks.registry import Task

@@ -25,7 +25,7 @@ import numpy as np
 
 from cramkit.data.prompts import MASK
 from cramkit.errors import CramkitError
-from cramkit.load import LoadedModel
+from cramkit.loading import LoadedModel
 from cramkit.recipes.finetune_config import FinetuneConfig
 from cramkit.tasks.registry import Example, Task
 

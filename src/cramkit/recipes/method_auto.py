@@ -40,7 +40,7 @@ import numpy as np
 from cramkit.errors import CramkitError
 
 if TYPE_CHECKING:
-    from cramkit.load import LoadedModel
+    from cramkit.loading import LoadedModel
     from cramkit.recipes.finetune_config import FinetuneConfig
     from cramkit.tasks.registry import Example, Task
 
@@ -212,8 +212,8 @@ def finetune_auto(
     Returns that training's results with ``method_auto`` added (also out_dir/results.json)."""
     from cramkit.config import to_dict
     from cramkit.io import write_json_atomic
-    from cramkit.load import LoadedModel as Loaded
-    from cramkit.load import load_torch
+    from cramkit.loading import LoadedModel as Loaded
+    from cramkit.loading import load_torch
     from cramkit.recipes.finetune_config import SETTINGS_FILE
     from cramkit.runtime import torchrun
 

@@ -25,7 +25,7 @@ import numpy as np
 from cramkit.config import to_dict
 from cramkit.data.batching import BatchLoader, Encoded, EncodedChoices
 from cramkit.errors import CramkitError
-from cramkit.load import LoadedModel
+from cramkit.loading import LoadedModel
 from cramkit.recipes.finetune import curve, write_json
 from cramkit.recipes.finetune_config import FinetuneConfig, auto_lr, train_config
 from cramkit.recipes.finetune_model import (
@@ -328,7 +328,7 @@ def finetune_mixture(
         raise CramkitError(
             f"a mixture trains one model with one seed; got seeds {cfg.seeds}: run once per seed (--seeds N)"
         )
-    from cramkit.load import load_torch
+    from cramkit.loading import load_torch
     from cramkit.runtime import torchrun
     from cramkit.tasks.mixtures import mixture_rates
 
@@ -520,7 +520,7 @@ def _train_and_score(
 
 def _finished(out: Path) -> dict[str, Any] | None:
     """The results of a mixture this directory finished before (same settings: claim_dir checked)."""
-    from cramkit.load import MODEL_FILE
+    from cramkit.loading import MODEL_FILE
     from cramkit.rundir import finished_result
 
     return finished_result(out / "results.json", needs=(out / MODEL_FILE,), key="tasks")

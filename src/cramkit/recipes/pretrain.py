@@ -25,9 +25,11 @@ from cramkit.data.tokenstore import is_store
 from cramkit.errors import CramkitError
 from cramkit.io import read_json_object
 from cramkit.recipes.pretrain_inputs import RUN_FILE, prepare_run
+from cramkit.recipes.pretrain_request import PretrainRequest
+from cramkit.request import verb
 from cramkit.train import checkpoint as ckpt
 from cramkit.train.config import RunConfig, check_fits, resolve_config, resolve_micro_batch
-from cramkit.train.report import report_to_setting, require_trackers
+from cramkit.train.report import require_trackers
 
 
 def default_out(preset: str) -> Path:
@@ -35,28 +37,12 @@ def default_out(preset: str) -> Path:
     return Path("runs") / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}"
 
 
-def pretrain(
-    sources_or_store: str | os.PathLike | Sequence[str | os.PathLike] | None = None,
-    *,
-    preset: str | None = None,
-    budget: str | None = None,
-    out: str | os.PathLike | None = None,
-    overrides: Sequence[str] = (),
-    resume: str | os.PathLike | None = None,
-    tokenizer: str | os.PathLike | None = None,
-    encoding: str | None = None,
-    errors: str = "strict",
-    text_field: str = "text",
-    doc_split: str = "auto",
-    init: str | os.PathLike | None = None,
-    inherit: str | os.PathLike | None = None,
-    extend_vocab: int = 0,
-    upcycle: bool = False,
-    report_to: str | Sequence[str] | None = None,
-) -> Path:
-    """Pretrain a masked-LM encoder within ``budget``; returns the run directory.
+@verb(PretrainRequest)
+def pretrain(request: PretrainRequest) -> Path:
+    """Pretrain a masked-LM encoder within ``budget``; returns the run directory. Takes a
+    :class:`~cramkit.recipes.pretrain_request.PretrainRequest` or its fields:
 
-    sources_or_store: text files / directories / globs / ``hf:`` datasets, or one token store
+    inputs: text files / directories / globs / ``hf:`` datasets, or one token store
       directory; None: the built-in corpus.
     preset: ``tiny-cpu`` (the default; ``tiny-zh`` when the text is Chinese), ``crammed-bert``, ``bert-base``,
       ``continue`` (the default with ``init``) or a YAML path; overrides: ``["train.lr=1e-3"]``.
@@ -80,19 +66,26 @@ def pretrain(
     from cramkit.train.distributed import fault_guard, shutdown
     from cramkit.train.trainer import fit
 
-    overrides = _with_report_to(list(overrides) + ([f"train.budget={budget}"] if budget else []), report_to)
-    inputs = _inputs(sources_or_store)
-    source_options = _source_options(encoding=encoding, errors=errors, text_field=text_field, doc_split=doc_split)
-    init = str(init) if init is not None else None
-    inherit = str(inherit) if inherit is not None else None
+    r = request
+    overrides, inputs, source_options = r.settings(), r.sources, r.source_options()
+    resume = r.resume
     if resume is not None:
-        run, saved, cfg, info = _run_to_resume(resume, overrides, init, inherit, extend_vocab, upcycle)
+        run, saved, cfg, info = _run_to_resume(resume, overrides, r.init, r.inherit, r.extend_vocab, r.upcycle)
         if not _resume_plan(run, cfg):
             return run
-        start = _resumed_start(resume, run, saved, cfg, info, inputs, source_options, preset, upcycle)
+        start = _resumed_start(resume, run, saved, cfg, info, inputs, source_options, r.preset, r.upcycle)
     else:
         start = _new_run(
-            out, overrides, inputs, source_options, preset, tokenizer, init, inherit, extend_vocab, upcycle
+            r.out,
+            overrides,
+            inputs,
+            source_options,
+            r.preset,
+            r.tokenizer,
+            r.init,
+            r.inherit,
+            r.extend_vocab,
+            r.upcycle,
         )
     run = start.run
     with _lock_run(run, "--resume" if resume is not None else "--out"):
@@ -325,60 +318,43 @@ def _prepared_objective(start: _Start) -> tuple[RunConfig, Any, Any]:
     return cfg, objective, ctx
 
 
-def resolved_config(
-    sources_or_store: str | os.PathLike | Sequence[str | os.PathLike] | None = None, **given: Any
-) -> RunConfig:
+def resolved_config(request: PretrainRequest) -> RunConfig:
     """The configuration :func:`pretrain` would train with (preset, then ``--set``, then what a model given
-    with ``init`` decides), validated, with nothing written: ``cramkit pretrain --print-config``. ``given``:
-    :func:`resolved_start`'s keywords."""
-    return resolved_start(sources_or_store, **given)[0]
+    with ``init`` decides), validated, with nothing written: ``cramkit pretrain --print-config``."""
+    return resolved_start(request)[0]
 
 
-def resolved_start(
-    sources_or_store: str | os.PathLike | Sequence[str | os.PathLike] | None = None,
-    *,
-    preset: str | None = None,
-    budget: str | None = None,
-    overrides: Sequence[str] = (),
-    resume: str | os.PathLike | None = None,
-    tokenizer: str | os.PathLike | None = None,
-    encoding: str | None = None,
-    errors: str = "strict",
-    text_field: str = "text",
-    doc_split: str = "auto",
-    init: str | os.PathLike | None = None,
-    inherit: str | os.PathLike | None = None,
-    extend_vocab: int = 0,
-    upcycle: bool = False,
-    report_to: str | Sequence[str] | None = None,
-) -> tuple[RunConfig, str]:
+def resolved_start(request: PretrainRequest) -> tuple[RunConfig, str]:
     """(the configuration :func:`pretrain` would train with, the preset it starts from: text-aware, ``tiny-zh``
     for Chinese text, which names a default run directory; "" for a resumed run), decided once, nothing written
     (``--nproc`` checks the degrees and names the run by it before the processes start)."""
-    overrides = _with_report_to(list(overrides) + ([f"train.budget={budget}"] if budget else []), report_to)
-    if resume is not None:
-        run = ckpt.require_run_dir(resume)
-        return resolve_config(base=load_yaml(run / "config.yaml"), overrides=overrides), ""
-    options = _source_options(encoding=encoding, errors=errors, text_field=text_field, doc_split=doc_split)
-    init = str(init) if init is not None else None
-    inherit = str(inherit) if inherit is not None else None
+    r = request
+    if r.resume is not None:
+        run = ckpt.require_run_dir(r.resume)
+        return resolve_config(base=load_yaml(run / "config.yaml"), overrides=r.settings()), ""
     cfg, _, chosen = _fresh_config(
-        _inputs(sources_or_store), options, preset, overrides, init, inherit, tokenizer, extend_vocab, upcycle
+        r.sources,
+        r.source_options(),
+        r.preset,
+        r.settings(),
+        r.init,
+        r.inherit,
+        r.tokenizer,
+        r.extend_vocab,
+        r.upcycle,
     )
-    return cfg, chosen or ("continue" if init else "tiny-cpu")
+    return cfg, chosen or ("continue" if r.init else "tiny-cpu")
 
 
-def _with_report_to(overrides: list[str], report_to: str | Sequence[str] | None) -> list[str]:
-    """``report_to`` (the flag, the keyword) as the ``train.report_to`` override it stands for."""
-    if report_to is None:
-        return overrides
-    return [*overrides, f"train.report_to={report_to_setting(report_to)}"]
-
-
-def _inputs(sources_or_store: str | os.PathLike | Sequence[str | os.PathLike] | None) -> list[str]:
-    if isinstance(sources_or_store, (str, os.PathLike)):
-        return [str(sources_or_store)]
-    return [str(s) for s in sources_or_store or []]
+def decided(request: PretrainRequest) -> PretrainRequest:
+    """The request with its run directory and preset decided (text-aware: ``tiny-zh`` for Chinese text), as
+    torchrun's workers receive it: every process writes into the same run."""
+    if request.resume is not None:
+        return request
+    _, preset = resolved_start(request)
+    preset = request.preset or preset
+    out = request.out if request.out is not None else str(default_out(preset))
+    return dataclasses.replace(request, preset=preset, out=out)
 
 
 def _fresh_config(
@@ -586,15 +562,6 @@ def _larger(budget: str) -> str:
 
     m = re.fullmatch(r"([0-9.eE+]+)(\D*)", budget.strip())
     return f"{float(m.group(1)) * 2:g}{m.group(2)}" if m else budget
-
-
-def _source_options(**given: Any) -> dict[str, Any]:
-    """The reading options that differ from the defaults, checked (an unknown encoding fails here)."""
-    from cramkit.text.sources import check_source_options
-
-    check_source_options(**given)
-    defaults = {"encoding": None, "errors": "strict", "text_field": "text", "doc_split": "auto"}
-    return {k: v for k, v in given.items() if v != defaults[k]}
 
 
 def _read_run_info(run: Path) -> dict[str, Any]:

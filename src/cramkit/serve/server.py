@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, cast
 from cramkit.errors import CramkitError
 
 if TYPE_CHECKING:
-    from cramkit.load import LoadedModel
+    from cramkit.loading import LoadedModel
 
 FD_RESERVE = 64  # file descriptors kept for the model, the log and the threads
 BACKLOG = 2048  # connections waiting to be accepted
@@ -63,7 +63,7 @@ def build_engines(
     prefixes share its encoder in memory. offload_experts, expert_cache: a mixture-of-experts model's experts
     brought in as its routers pick them (:class:`~cramkit.infer.Engine`)."""
     from cramkit.infer import Engine
-    from cramkit.load import describe, for_task, load, task_heads
+    from cramkit.loading import describe, for_task, load, task_heads
 
     engines = {}
     base_loaded: LoadedModel | None = None

@@ -84,8 +84,8 @@ def param(
     """A request field: its default (a list default is copied per request) and how the command line shows it."""
     flag = Flag(help, flags, metavar, choices, positional, nargs, group, required, command_line)
     meta = {"flag": flag}
-    if isinstance(default, list):
-        return dataclasses.field(default_factory=functools.partial(list, default), metadata=meta)
+    if isinstance(default, (list, dict)):
+        return dataclasses.field(default_factory=functools.partial(type(default), default), metadata=meta)
     return dataclasses.field(default=default, metadata=meta)
 
 
@@ -180,20 +180,29 @@ def _is_list(cls: Any, field: dataclasses.Field) -> bool:
     return _base_type(_hints(cls)[field.name]) is list
 
 
-def verb(request: Callable[P, Q]) -> Callable[[Callable[[Q], T]], Verb[Q, P, T]]:
+def verb(request: Callable[P, Q], *, rest: str | None = None) -> Callable[[Callable[[Q], T]], Verb[Q, P, T]]:
     """A verb function from its request and the function that does the work on one: ``cramkit.embed(...)`` takes
-    the request's fields as arguments (its signature is the request's), or one request as it is."""
+    the request's fields as arguments (its signature is the request's), or one request as it is. ``rest`` names a
+    dict field that takes the keywords that are not fields (``cramkit.finetune(run, task=..., lr=2e-5)``: the
+    settings)."""
+    names = {f.name for f in dataclasses.fields(request)}  # type: ignore[arg-type]
 
     def wrap(work: Callable[[Q], T]) -> Verb[Q, P, T]:
         @functools.wraps(work)
         def call(*args: Any, **kwargs: Any) -> T:
             if len(args) == 1 and not kwargs and isinstance(args[0], request):  # type: ignore[arg-type]
                 return work(args[0])
+            if rest is not None:
+                extra = {k: kwargs.pop(k) for k in list(kwargs) if k not in names}
+                kwargs[rest] = {**kwargs.get(rest, {}), **extra}
             return work(request(*args, **kwargs))
 
         signature = inspect.signature(request)
+        params = [p for p in signature.parameters.values() if p.name != rest]
+        if rest is not None:
+            params.append(inspect.Parameter(rest, inspect.Parameter.VAR_KEYWORD, annotation=Any))
         call.__signature__ = signature.replace(  # type: ignore[attr-defined]
-            return_annotation=inspect.signature(work).return_annotation
+            parameters=params, return_annotation=inspect.signature(work).return_annotation
         )
         return call
 

@@ -314,6 +314,14 @@ def load_yaml(path: str | Path) -> dict[str, Any]:
     return data
 
 
+DEFAULT_PRESET = "tiny-cpu"  # the preset of a run given none (tiny-zh for Chinese text: recipes.pretrain)
+
+
+def start_preset(preset: str | None, from_model: bool = False) -> str:
+    """The preset a run starts from: the one given, else ``continue`` when it continues a model, else the default."""
+    return preset or ("continue" if from_model else DEFAULT_PRESET)
+
+
 def load_preset(name: str) -> dict[str, Any]:
     """A preset by name (``tiny-cpu``) or a path to a YAML file, as a nested dict."""
     if name.endswith((".yaml", ".yml")) or "/" in name:

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, cast
 
 from cramkit import runtime
-from cramkit.config import load_yaml
+from cramkit.config import load_yaml, start_preset
 from cramkit.data.tokenstore import is_store
 from cramkit.errors import CramkitError
 from cramkit.io import read_json_object
@@ -224,7 +224,7 @@ def _new_run(
             f"train.{anchors[0]} holds a run near the model given with --from MODEL; a run from scratch (or "
             "--inherit) starts from no model to hold to: leave it out"
         )
-    preset = preset or ("continue" if init else "tiny-cpu")
+    preset = start_preset(preset, bool(init))
     if out is None and runtime.torchrun().world > 1:
         raise CramkitError(
             "under torchrun give --out RUN: every process must write into the same run directory "
@@ -343,7 +343,7 @@ def resolved_start(request: PretrainRequest) -> tuple[RunConfig, str]:
         r.extend_vocab,
         r.upcycle,
     )
-    return cfg, chosen or ("continue" if r.init else "tiny-cpu")
+    return cfg, start_preset(chosen, bool(r.init))
 
 
 def decided(request: PretrainRequest) -> PretrainRequest:
@@ -447,12 +447,12 @@ def _start_config(
     if preset == "continue" and not init:
         raise CramkitError("the continue preset continues a model: add --from MODEL (a run, model directory or hf:DIR)")
     if not init and not inherit:
-        return resolve_config(preset or "tiny-cpu", overrides), None
+        return resolve_config(start_preset(preset), overrides), None
     from cramkit.recipes import adapt
 
     if init:
         begin = adapt.start_from(init)
-        base = load_preset(preset or "continue")
+        base = load_preset(start_preset(preset, from_model=True))
         base["model"] = adapt.config_dict(begin.config)
         base["data"] = {**(base.get("data") or {}), **begin.masking}
         if begin.config.position != "rope":  # the preset's sequences, at most as long as the model reads
@@ -463,7 +463,7 @@ def _start_config(
         adapt.check_fits(begin, cfg, "--from")
     else:
         begin = adapt.teacher_start(cast(str, inherit))  # (neither --from nor --inherit returned above)
-        base = load_preset(preset or "tiny-cpu")
+        base = load_preset(start_preset(preset))
         base["data"] = {**(base.get("data") or {}), "add_cls": begin.masking.get("add_cls", False)}
         cfg = resolve_config(base=base, overrides=overrides)
         adapt.check_fits(begin, cfg, "--inherit")

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from cramkit import runtime
-from cramkit.config import from_dict, load_preset, merge, parse_overrides, to_dict
+from cramkit.config import DEFAULT_PRESET, from_dict, load_preset, merge, parse_overrides, to_dict
 from cramkit.data.mlm import DataConfig
 from cramkit.errors import CramkitError
 from cramkit.model.config import ModelConfig, config_parameters
@@ -296,7 +296,7 @@ def build_config(data: Mapping[str, Any]) -> RunConfig:
 
 
 def resolve_config(
-    preset: str = "tiny-cpu", overrides: Iterable[str] = (), base: Mapping[str, Any] | None = None
+    preset: str = DEFAULT_PRESET, overrides: Iterable[str] = (), base: Mapping[str, Any] | None = None
 ) -> RunConfig:
     """Preset (or ``base``, e.g. a run's saved config) + ``--set`` overrides -> a validated RunConfig."""
     data = dict(base) if base is not None else load_preset(preset)

@@ -23,7 +23,20 @@ if TYPE_CHECKING:
     from collections.abc import Callable
 
 # modules under cramkit.commands, each with `register(subparsers)`, in the order `cramkit --help` lists them
-COMMAND_MODULES = ("data", "pretrain", "tasks", "predict", "export", "distill", "serve", "embed", "index", "doctor")
+COMMAND_MODULES = (
+    "tokenizer",
+    "data",
+    "pretrain",
+    "finetune",
+    "eval",
+    "predict",
+    "export",
+    "distill",
+    "serve",
+    "embed",
+    "index",
+    "doctor",
+)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -144,7 +157,6 @@ def main(argv: list[str] | None = None) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
-    args.argv = raw  # what was typed, for verbs that relaunch themselves (finetune --nproc)
     try:
         result = args.func(args)
     except (CramkitError, ImportError, OSError) as exc:

@@ -24,10 +24,13 @@ import sys
 import time
 import warnings
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from cramkit import peak, runtime
+from cramkit.errors import CramkitError
+from cramkit.request import param, verb
 
 # the flags shown, in the order of what they add (Linux /proc/cpuinfo names)
 FLAGS = ("avx2", "fma", "avx512f", "avx512_vnni", "avx_vnni", "avx512_bf16", "amx_bf16", "amx_int8", "amx_tile")
@@ -35,6 +38,44 @@ CEILINGS_FILE = "ceilings.json"
 PRECISIONS = ("fp32", "bf16", "int8")
 SAMPLES = 5  # a CPU figure is the best of this many samples
 SHAPE = (2048, 384, 1536)  # the doctor's default product: tokens x hidden @ hidden x intermediate
+
+
+@dataclass(kw_only=True)
+class DoctorRequest:
+    """What ``cramkit doctor`` measures (the matrix product's shape, the time per sample) and where its figures go."""
+
+    hidden: int = param(SHAPE[1], help="the layer's width (default: %(default)s, all-MiniLM-L6-v2's)")
+    intermediate: int = param(SHAPE[2], help="the MLP's width")
+    tokens: int = param(SHAPE[0], help="tokens per product (default: %(default)s, 16 x 128)")
+    seconds: float = param(0.4, help="time per measurement")
+    json: str | None = param(None, metavar="FILE", help="also write the figures to FILE")
+    save: bool = param(True, flags=("--no-save",), help="do not keep the figures in the cache directory")
+
+    def check(self) -> None:
+        """The shape and the time in range: one line naming the flag."""
+        for name in ("hidden", "intermediate", "tokens"):
+            if not 1 <= getattr(self, name) <= 65536:
+                raise CramkitError(f"--{name} must be between 1 and 65536, got {getattr(self, name)}")
+        if not 0.01 <= self.seconds <= 60:
+            raise CramkitError(f"--seconds must be between 0.01 and 60, got {self.seconds}")
+
+
+@verb(DoctorRequest)
+def doctor(request: DoctorRequest) -> dict[str, Any]:
+    """Measure this machine (:func:`examine`), write the figures to ``json`` and keep them (:func:`save`, unless
+    ``save`` is False): the report, with ``kept_in`` (the file) or ``not_kept`` (why it could not be written)."""
+    from cramkit.io import write_json_atomic
+
+    request.check()
+    report = examine(request.tokens, request.hidden, request.intermediate, request.seconds)
+    if request.json:
+        write_json_atomic(request.json, report)
+    if request.save:
+        try:
+            report["kept_in"] = str(save(report))
+        except OSError as e:
+            report["not_kept"] = e.strerror or str(e)
+    return report
 
 
 def cache_dir() -> Path:

@@ -19,7 +19,7 @@ import stat
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, ParamSpec, TypeVar
+from typing import Any
 
 from cramkit.errors import CramkitError
 from cramkit.outdir import (  # noqa: F401  (the folder rule's home; importable from here as before)
@@ -32,9 +32,6 @@ from cramkit.outdir import (  # noqa: F401  (the folder rule's home; importable 
     listing,
     stray_entry,
 )
-
-P = ParamSpec("P")
-R = TypeVar("R")
 
 
 def _umask_mode(base: int) -> int:
@@ -319,29 +316,6 @@ def disk_errors(out: str | os.PathLike) -> Iterator[None]:
             f"cannot write {out}: {problem}; free space there (or choose another --out) and run the command "
             "again: what was finished is kept"
         ) from None
-
-
-def writes_to(param: str) -> Callable[[Callable[P, R]], Callable[P, R]]:
-    """Decorate a verb that writes into its argument ``param``: a full disk (or quota, or read-only file system)
-    met while it runs is one line naming that output (:func:`disk_errors`), from Python as from the command
-    line. The signature is kept (``inspect.signature`` follows ``__wrapped__``)."""
-    import functools
-    import inspect
-
-    def wrap(fn: Callable[P, R]) -> Callable[P, R]:
-        sig = inspect.signature(fn)
-
-        @functools.wraps(fn)
-        def verb(*args: P.args, **kwargs: P.kwargs) -> R:
-            out = sig.bind_partial(*args, **kwargs).arguments.get(param)
-            if out is None:
-                return fn(*args, **kwargs)
-            with disk_errors(out):
-                return fn(*args, **kwargs)
-
-        return verb
-
-    return wrap
 
 
 def open_memmap(path: str | os.PathLike, dtype: Any, shape: tuple[int, ...]) -> Any:

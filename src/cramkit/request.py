@@ -139,8 +139,9 @@ def add_arguments(
             kw["metavar"] = flag.metavar
         if flag.choices:
             kw["choices"] = flag.choices
-        if kind is bool:
-            kw.update(action="store_false" if default else "store_true", default=default)
+        if kind is bool:  # a switch; one that defaults to None is three-way: --flag, --no-flag or neither
+            switch = "store_false" if default else "store_true"
+            kw.update(action=argparse.BooleanOptionalAction if default is None else switch, default=default)
             kw.pop("metavar", None)
         elif kind is list:
             kw.update(nargs=flag.nargs or "*", default=default) if flag.positional else kw.update(

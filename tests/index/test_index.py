@@ -590,3 +590,68 @@ def test_minilm_mrpc_paraphrases(tmp_path, real_glue_dir, minilm_dir):
     ranks = [next((r for r, h in enumerate(hs, 1) if h["doc"] == i), 99) for i, hs in enumerate(hits)]
     assert np.mean([r == 1 for r in ranks]) >= 0.8
     assert np.mean([r <= 10 for r in ranks]) >= 0.95
+
+
+# ------------------------------------------------------------------------------------- one request per verb
+
+
+def _same_line(args: list[str], call) -> str:
+    """The command refuses ``args`` with one line, and the Python function ``call`` with the same one."""
+    from cramkit.errors import CramkitError
+
+    proc = cli(*args)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    lines = [x for x in proc.stderr.splitlines() if x.startswith("cramkit: error: ")]
+    assert len(lines) == 1, proc.stderr
+    with pytest.raises(CramkitError) as exc:
+        call()
+    assert lines[0] == f"cramkit: error: {exc.value}"
+    return str(exc.value)
+
+
+def test_a_route_rule_is_the_same_line_from_both_doors(tmp_path, corpus, tiny_index, pretrained_run):
+    """The flags that do not go together are checked in one method of the verb's request, which the command and
+    the Python function both call."""
+    text, out = tmp_path / "t.txt", tmp_path / "out"
+    text.write_text("a line\n", encoding="utf-8")
+    said = _same_line(
+        ["embed", str(text), "--from", str(pretrained_run), "--out", str(out), "--shard", "0/2"],
+        lambda: cramkit.embed(text, pretrained_run, out, shard="0/2"),
+    )
+    assert "--shard needs --format parquet" in said
+    said = _same_line(
+        ["index", "build", str(corpus), "--encoder", str(pretrained_run), "--out", str(out), "--on-disk"]
+        + ["--kind", "flat"],
+        lambda: cramkit.index.build_index(corpus, pretrained_run, out, on_disk=True, kind="flat"),
+    )
+    assert "flat" in said
+    said = _same_line(
+        ["index", "export", str(tiny_index), "--to", "lancedb", "--uri", str(out), "--db-index", "ivf"],
+        lambda: cramkit.index.export_index(tiny_index, "lancedb", str(out), db_index="ivf"),
+    )
+    assert "--db-index 'ivf'" in said
+    assert not out.exists()
+
+
+def test_the_verbs_take_a_request_or_its_fields(tmp_path, tiny_index, pretrained_run):
+    """``cramkit.embed`` and the index functions take one request (what the command builds) or its fields; a
+    table's text column is found when none is named (``--text`` is the earlier name of ``--text-field``)."""
+    from cramkit.embeddings import EmbedRequest
+    from cramkit.index import InfoRequest, QueryRequest
+
+    rows = tmp_path / "rows.csv"
+    rows.write_text("id,sentence\n1,the first line\n2,a second one\n", encoding="utf-8")
+    a = cramkit.embed(EmbedRequest(rows, pretrained_run, tmp_path / "a", device="cpu"))
+    b = cramkit.embed(rows, pretrained_run, tmp_path / "b", device="cpu")
+    res = cli("embed", str(rows), "--from", str(pretrained_run), "--out", str(tmp_path / "c"), "--text", "sentence")
+    assert res.returncode == 0, res.stderr
+    assert a is not None and b is not None and a["rows"] == b["rows"] == 2
+    vectors = [np.load(tmp_path / d / "embeddings.npy") for d in "abc"]
+    assert np.array_equal(vectors[0], vectors[1]) and np.array_equal(vectors[0], vectors[2])
+
+    assert cramkit.index.info(InfoRequest(tiny_index)) == cramkit.index.info(tiny_index)
+    asked = cramkit.index.query(QueryRequest(tiny_index, ["how are files opened"], k=3))
+    assert asked == cramkit.index.query(tiny_index, ["how are files opened"], k=3)
+    assert len(asked) == 1 and len(asked[0]["hits"]) == 3 and asked[0]["query"] == "how are files opened"
+    res = cli("index", "query", str(tiny_index), "how are files opened", "-k", "3", "--json")
+    assert [json.loads(line) for line in res.stdout.splitlines()] == asked

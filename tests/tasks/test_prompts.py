@@ -261,9 +261,9 @@ def test_auto_pooling_is_the_models_own(minilm_dir: Path, tiny_run: Path) -> Non
     st = resolve_pooling(FinetuneConfig(), cramkit.load(f"hf:{minilm_dir}"))  # sentence-transformers: mean
     assert (st.pooling, st.pooler_dense) == ("mean", False)
     run = resolve_pooling(FinetuneConfig(), cramkit.load(tiny_run))  # Cramming's first token and pooler
-    assert (run.pooling, run.pooler_dense) == ("first", True)
+    assert (run.pooling, run.pooler_dense) == ("cls", True)
     mine = resolve_pooling(FinetuneConfig(pooling="first"), cramkit.load(f"hf:{minilm_dir}"))
-    assert (mine.pooling, mine.pooler_dense) == ("first", True)
+    assert (mine.pooling, mine.pooler_dense) == ("cls", True)  # first: cls's older name
 
 
 @pytest.mark.integration

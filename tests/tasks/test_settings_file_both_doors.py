@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 import cramkit
-from cramkit.api import finetune_config
 from cramkit.cli import main
 from cramkit.errors import CramkitError
+from cramkit.recipes.finetune_request import FinetuneRequest
 
 
 def test_print_config_is_what_the_python_verbs_read(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -19,13 +19,16 @@ def test_print_config_is_what_the_python_verbs_read(tmp_path: Path, capsys: pyte
     assert main([*args, "--set", "lr=3e-5", "--set", "epochs=2", "--seeds", "4,5", "--method", "setfit"]) == 0
     written = tmp_path / "settings.yaml"
     written.write_text(capsys.readouterr().out)
-    cfg = finetune_config(written)
+    cfg = FinetuneRequest("x", config=written).finetune_config()
     assert (cfg.lr, cfg.epochs, cfg.seeds, cfg.method) == (3e-5, 2, [4, 5], "setfit")
     # the CLI reads the same file to the same settings
     assert main(["finetune", "--task", "glue/sst2", "--from", "x", "--config", str(written), "--print-config"]) == 0
     assert capsys.readouterr().out == written.read_text()
     # keywords on top of the file, as on the command line
-    assert dataclasses.replace(cfg, lr=1e-4) == finetune_config(written, {"lr": 1e-4})
+    assert (
+        dataclasses.replace(cfg, lr=1e-4)
+        == FinetuneRequest("x", config=written, settings={"lr": 1e-4}).finetune_config()
+    )
     # a bad file: one line naming it, from cramkit.finetune before anything is read
     bad = tmp_path / "bad.yaml"
     bad.write_text("finetune:\n  lr: [1, 2\n")

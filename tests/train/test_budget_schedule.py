@@ -40,6 +40,31 @@ def test_budget_fraction_per_kind() -> None:
     assert b.fraction(0, 0, 3) == 0.3 and not b.done(0, 0, 9) and b.done(0, 0, 10) and b.fraction(0, 0, 99) == 1.0
 
 
+@pytest.mark.parametrize("text", ["30s", "5m", "1.5h", "0.25s", "2e9tok", "1000steps", "1step"])
+def test_a_budgets_text_form_reads_back_as_itself(text: str) -> None:
+    budget = parse_budget(text)
+    assert parse_budget(budget.text) == budget
+
+
+def test_a_step_budget_is_built_not_written() -> None:
+    assert Budget.of_steps(12) == parse_budget("12steps") and Budget.of_steps(12).text == "12steps"
+    for bad in (0, -3, 2.5, True):
+        with pytest.raises(CramkitError, match="whole number of at least 1"):
+            Budget.of_steps(bad)
+
+
+def test_the_train_config_reads_its_budget_once() -> None:
+    from cramkit.train.config import TrainConfig, resolve_config
+
+    tcfg = resolve_config("tiny-cpu", ["train.budget=5m"]).train
+    assert tcfg.budget == "5m" and tcfg.parsed_budget == Budget("time", 300.0)
+    assert tcfg.parsed_budget is tcfg.parsed_budget  # read once, kept
+    with pytest.raises(CramkitError, match=r"^train\.budget: cannot read budget '5x'"):
+        resolve_config("tiny-cpu", ["train.budget=5x"])
+    with pytest.raises(CramkitError, match=r"^--budget: cannot read budget '5x'"):
+        TrainConfig.read_budget("5x", "--budget")
+
+
 def test_parse_every() -> None:
     assert parse_every("10m", "x").kind == "time" and parse_every("10m", "x").amount == 600
     e = parse_every("500steps", "x")

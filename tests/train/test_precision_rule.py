@@ -164,6 +164,12 @@ def test_doctor_refuses_bad_values_and_ignores_a_crafted_cache(monkeypatch: pyte
     assert "--hidden must be between 1 and 65536, got 0" in one_line(cli("doctor", "--hidden", "0"))
     assert "--seconds must be between 0.01 and 60" in one_line(cli("doctor", "--seconds", "1e9"))
     from cramkit import doctor
+    from cramkit.errors import CramkitError
+
+    for request in (doctor.DoctorRequest(tokens=70000), None):  # a request, or its fields: the command's line
+        with pytest.raises(CramkitError) as exc:
+            doctor.doctor(request) if request is not None else doctor.doctor(tokens=70000)
+        assert one_line(cli("doctor", "--tokens", "70000")) == f"cramkit: error: {exc.value}"
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     (tmp_path / "cramkit").mkdir()

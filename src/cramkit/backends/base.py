@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from cramkit.errors import CramkitError
+from cramkit.model.pooling import POOLINGS
 
 if TYPE_CHECKING:  # numpy too: `import cramkit` stays light
     import numpy as np
@@ -299,7 +300,7 @@ def check_summary(check: dict[str, Any], keys: Sequence[str]) -> list[str]:
 
 # the manifest fields every format shares and their types: a crafted file gets one line, never a traceback
 SHARED_FIELDS = {
-    "pooling": ("mean", "cls"),
+    "pooling": POOLINGS,
     "normalize": bool,
     "with_types": bool,
     "pad_id": int,

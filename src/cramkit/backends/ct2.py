@@ -35,6 +35,7 @@ import numpy as np
 
 from cramkit.backends.base import KINDS, LOGIT_KINDS, Backend, ExportedModel, ExportJob, Inputs
 from cramkit.errors import CramkitError
+from cramkit.model.pooling import POOLINGS, read_head
 from cramkit.runtime import PASS_TOKENS
 
 if TYPE_CHECKING:
@@ -394,8 +395,7 @@ def _head_tensors(loaded: LoadedModel) -> tuple[dict[str, np.ndarray], dict[str,
     if pooler is not None:
         tensors["pooler.weight"] = _np(pooler.weight)
         tensors["pooler.bias"] = _np(pooler.bias)
-    pooling = "mean" if model.head_cfg.pooling == "mean" else "first"
-    head = {"pooling": pooling, "pooler": "pooler.weight" in tensors}
+    head: dict[str, Any] = {"pooling": model.head_cfg.pooling, "pooler": "pooler.weight" in tensors}
     if model.head_cfg.pooler_activation != "tanh":  # DistilBERT's relu, ELECTRA's gelu (absent: tanh)
         head["activation"] = model.head_cfg.pooler_activation
     return tensors, head
@@ -476,7 +476,7 @@ class Ct2Backend(Backend):
     def validate(self, meta: dict[str, Any], file: Path) -> None:
         if meta["kind"] in HEAD_KINDS:
             head = meta.get("head") or {}
-            if HEAD_FILE not in meta["files"] or head.get("pooling") not in ("first", "mean"):
+            if HEAD_FILE not in meta["files"] or read_head(head).get("pooling") not in POOLINGS:
                 raise CramkitError(f"{file}: a {meta['kind']} export lists {HEAD_FILE} and its head's pooling")
             if head.get("activation", "tanh") not in POOLER_ACTIVATIONS:
                 raise CramkitError(

@@ -5,7 +5,9 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from cramkit.commands.checks import add_file_task_args, add_training_args
+from cramkit import request, runtime
+from cramkit.distillation.request import SETTINGS_HELP, DistillRequest, is_embedding_student
+from cramkit.errors import CramkitError
 
 EPILOG = """\
 examples:
@@ -48,32 +50,9 @@ def register(sub: argparse._SubParsersAction) -> None:
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument(
-        "--teacher",
-        required=True,
-        metavar="MODEL",
-        help="a fine-tuned model directory (cramkit finetune --out) or hf:DIR with a classification head",
+    request.add_arguments(
+        p, DistillRequest, helps={"overrides": SETTINGS_HELP, "progress": "no progress bars"}, skip=("settings",)
     )
-    p.add_argument(
-        "--student",
-        required=True,
-        metavar="NAME",
-        help="bilstm, encoder (the teacher's layers), a pretrained small model to start from (hf:DIR, e.g. "
-        "all-MiniLM-L6-v2, or a model directory: all of its layers), or layers:N: an embedding student, N of an "
-        "embedding teacher's layers trained on --unlabelled text to give its vectors",
-    )
-    p.add_argument("--out", required=True, help="output directory: the student model, report.json, report.md")
-    p.add_argument("--task", help="registered task name, e.g. glue/sst2")
-    p.add_argument("--data-dir", help="GLUE root folder; default $CRAMKIT_GLUE_DIR")
-    add_file_task_args(p, dev="dev file, scored for teacher and student", held_out=False)
-    p.add_argument(
-        "--unlabelled",
-        metavar="FILE_OR_STORE",
-        help="extra text for the transfer set: a UTF-8 text file (one text per line) or a token store "
-        "(its documents, decoded and cut into sentences; --set max_unlabelled=N); with --student layers:N, "
-        "the only text the embedding student learns from",
-    )
-    p.add_argument("--cache", help="folder for the transfer set and teacher logits (default OUT/cache)")
     p.add_argument(
         "--config",
         metavar="FILE",
@@ -82,63 +61,68 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--print-config", action="store_true", help="print the resolved settings (as YAML) and exit; nothing runs"
     )
-    add_training_args(
-        p,
-        "a distillation setting, e.g. --set epochs=5 --set layers=2 --set p_pos=0",
-        nproc="training processes on this machine (starts torchrun; DDP, one per GPU)",
-        progress="no progress bars",
+    p.add_argument("--request", metavar="FILE.yaml", help=argparse.SUPPRESS)  # torchrun's workers: the request
+    p.add_argument(
+        "--nproc",
+        type=int,
+        default=1,
+        metavar="N",
+        help="training processes on this machine (starts torchrun; DDP, one per GPU)",
     )
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    from cramkit.config import parse_overrides, section_file, to_dict
-    from cramkit.distillation.config import config_from
-    from cramkit.distillation.verb import check_student, distill  # distill is cramkit.distill(...)
+    import cramkit
 
-    settings = section_file(args.config, "distill") if args.config else {}
-    settings.update(parse_overrides(args.overrides))  # --set on top of the file, as in finetune and pretrain
+    if args.request is not None:  # a torchrun worker: the request the launcher wrote, as it is
+        req = request.read_request(DistillRequest, args.request, "distill")
+    else:
+        req = request.from_args(DistillRequest, args)
+        if args.config is not None:
+            from cramkit.config import section_file
+
+            req.settings = section_file(args.config, "distill")
     if args.print_config:
         import yaml
 
-        check_student(args.student)
-        cfg = config_from(settings).resolved(args.student)
-        print(yaml.safe_dump({"distill": to_dict(cfg)}, sort_keys=False), end="")
+        from cramkit.config import to_dict
+
+        student, cfg = req.resolve()
+        print(yaml.safe_dump({"distill": to_dict(cfg.resolved(student))}, sort_keys=False), end="")
         return 0
-    if args.nproc != 1:  # what would fail in every process fails here once: the student, the settings
-        check_student(args.student)
-        if args.student.startswith("layers:"):
-            from cramkit.errors import CramkitError
-
-            raise CramkitError(f"--student {args.student} trains in one process; drop --nproc")
-        config_from(settings)
-        from cramkit.train.launch import relaunch
-
-        return relaunch(args.nproc, args.argv)
-    rep = distill(
-        args.teacher,
-        student=args.student,
-        out=args.out,
-        task=args.task,
-        data_dir=args.data_dir,
-        train=args.train,
-        dev=args.dev,
-        text_a=args.text_a,
-        text_b=args.text_b,
-        label=args.label,
-        regression=args.regression,
-        unlabelled=args.unlabelled,
-        cache=args.cache,
-        progress=not args.no_progress,
-        report_to=args.report_to,
-        **settings,
-    )
+    if args.nproc != 1:
+        return _launch(args.nproc, req)
+    rep = cramkit.distill(req)
     if not rep:  # under torchrun, a rank other than 0: rank 0 reports
         return 0
     if rep.get("kind") == "embedding":  # --student layers:N: its agreement with the teacher, one line
         print(rep["summary"])
         print(f"student saved in {rep['out']}: cramkit embed FILE --from {rep['out']} --out VECTORS")
         return 0
-    print((Path(args.out) / "report.md").read_text(encoding="utf-8"))
+    print((Path(req.out) / "report.md").read_text(encoding="utf-8"))
     print(f"student saved in {rep['out']}: cramkit predict --from {rep['out']} FILE")
     return 0
+
+
+def _launch(nproc: int, req: DistillRequest) -> int:
+    """``--nproc N``: the request checked once (what would fail in every process fails here), written to a file
+    that every one of N torchrun processes reads."""
+    import os
+    import tempfile
+
+    from cramkit.train.launch import launch
+
+    if runtime.torchrun().world > 1:
+        raise CramkitError("--nproc given inside a torchrun job; use one or the other")
+    if is_embedding_student(req.resolve()[0]):
+        raise CramkitError(f"--student {req.student} trains in one process; drop --nproc")
+    fd, where = tempfile.mkstemp(prefix="cramkit-distill-", suffix=".yaml")
+    os.close(fd)
+    try:
+        request.write_request(req, "distill", where)
+        # the flags argparse requires, then the request that holds everything
+        given = ["--teacher", str(req.teacher), "--student", req.student, "--out", str(req.out)]
+        return launch(nproc, ["distill", *given, "--request", where])
+    finally:
+        os.unlink(where)

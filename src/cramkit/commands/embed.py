@@ -5,9 +5,8 @@ from __future__ import annotations
 
 import argparse
 
-from cramkit.commands.checks import add_offload_args, add_pass_args
-from cramkit.commands.reading import add_reading_args
-from cramkit.embeddings import BLOCK
+from cramkit import request
+from cramkit.embeddings.request import EmbedRequest
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -20,114 +19,42 @@ def register(sub: argparse._SubParsersAction) -> None:
         "the same command after a kill. Under torchrun the processes share the rows; --shard i/N splits them "
         "between independent commands (a Slurm array) that share --out.",
     )
-    p.add_argument(
-        "source",
-        metavar="FILE_OR_STORE",
-        nargs="?",
-        default=None,
-        help=".txt (one per line), .csv/.tsv/.jsonl (a text column), or a token store",
-    )
-    p.add_argument("--from", dest="model", default=None, metavar="MODEL", help="a run, model directory or hf:DIR")
-    p.add_argument("--out", default=None, metavar="DIR", help="directory for embeddings.npy, ids.npy, embed.json")
-    p.add_argument(
-        "--format",
-        choices=("npy", "parquet"),
-        default="npy",
-        help="npy (default): one memory-mapped array; parquet: one Parquet file per part (shard or process)",
-    )
-    p.add_argument(
-        "--shard",
-        default=None,
-        metavar="I/N",
-        help="embed shard I of N (counted from 0) of the rows, with --format parquet; run every shard with the "
-        "same --out (a Slurm array: --shard $SLURM_ARRAY_TASK_ID/$SLURM_ARRAY_TASK_COUNT)",
-    )
+    request.add_arguments(p, EmbedRequest, skip=("normalize",))
+    # a switch alone (a field that defaults to None would get --no-normalize too)
+    p.add_argument("--normalize", action="store_true", default=None, help="L2-normalise (default: the model's)")
     p.add_argument(
         "--join",
         default=None,
         metavar="DIR",
         help="check the Parquet parts in DIR and write its manifest embed.json (or name the part missing)",
     )
-    add_reading_args(p, doc_split=False, text_field_help="the text column of a .csv/.tsv/.jsonl/.json file")
     p.add_argument("--text", dest="text_field", help=argparse.SUPPRESS)  # the earlier name of --text-field
-    p.add_argument("--pooling", choices=("mean", "cls"), default=None, help="default: the model's")
-    p.add_argument("--normalize", action="store_true", default=None, help="L2-normalise (default: the model's)")
-    p.add_argument(
-        "--dimensions",
-        type=int,
-        default=None,
-        metavar="N",
-        help="cut each vector to its first N dimensions, renormalised: one of a Matryoshka model's (finetune "
-        "--objective contrastive --set matryoshka=256,128); default: the whole vector",
-    )
-    p.add_argument(
-        "--prompt-name",
-        default=None,
-        metavar="NAME",
-        help="one of the model's named prompts (e.g. query, passage) put before each text; default: the model's "
-        "default prompt, if it has one. The prompt's tokens count toward the length limit",
-    )
-    p.add_argument(
-        "--chunk-tokens",
-        type=int,
-        default=None,
-        help="token store: embed chunks of this many tokens instead of whole sequences",
-    )
-    p.add_argument("--store-tokenizer", default=None, help="the token store's tokenizer, when not the model's")
-    p.add_argument("--overwrite", action="store_true", help="replace finished embeddings of other inputs in DIR")
-    add_pass_args(p)
-    p.add_argument(
-        "--block", type=int, default=BLOCK, help="rows embedded between progress commits (default %(default)s)"
-    )
-    add_offload_args(p)
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    import cramkit
+    from cramkit.embeddings.verb import embed_source
     from cramkit.errors import CramkitError
-    from cramkit.io import disk_errors
 
     if args.join is not None:
         if args.source or args.model or args.out or args.shard:
             raise CramkitError("--join DIR takes no FILE_OR_STORE, --from, --out or --shard: it only joins DIR")
         from cramkit.embeddings.parquet import join
+        from cramkit.io import disk_errors
 
         with disk_errors(args.join):
             m = join(args.join)
         assert m is not None
         print(f"joined {len(m['parts'])} parts: {m['rows']} rows x {m['dim']} dims -> {args.join}/embed.json")
         return 0
-    if args.source is None or args.model is None or args.out is None:
-        raise CramkitError("cramkit embed needs FILE_OR_STORE, --from MODEL and --out DIR (or --join DIR)")
-    rec = cramkit.embed(
-        args.source,
-        args.model,
-        args.out,
-        text_col=args.text_field,
-        encoding=args.encoding,
-        errors=args.errors,
-        pooling=args.pooling,
-        normalize=args.normalize,
-        chunk_tokens=args.chunk_tokens,
-        store_tokenizer=args.store_tokenizer,
-        overwrite=args.overwrite,
-        device=args.device,
-        max_batch_tokens=args.max_batch_tokens,
-        block=args.block,
-        format=args.format,
-        shard=args.shard,
-        prompt_name=args.prompt_name,
-        dimensions=args.dimensions,
-        offload_experts=args.offload_experts,
-        expert_cache=args.expert_cache,
-    )
+    req = request.from_args(EmbedRequest, args)
+    rec = embed_source(req)
     from cramkit.embeddings.memmap import dist_info
 
     if rec is None or dist_info()[0] != 0:
         return 0
-    if args.format == "parquet":
-        return _report_parquet(rec, args.out)
+    if req.format == "parquet":
+        return _report_parquet(rec, str(req.out))
     line = f"embedded {rec['rows']} rows x {rec['dim']} dims"
     if rec.get("prompt"):
         line += f" (prompt {rec.get('prompt_name')!r}: {rec['prompt']!r} before each)"
@@ -137,7 +64,7 @@ def run(args: argparse.Namespace) -> int:
         line += f"; resumed after {rec['resumed_rows']} committed rows"
     if rec.get("truncated"):
         line += f"; {rec['truncated']} inputs truncated to the model's limit"
-    print(line + f" -> {args.out}/embeddings.npy")
+    print(line + f" -> {req.out}/embeddings.npy")
     return 0
 
 

@@ -1,14 +1,21 @@
 """What `cramkit finetune` prints when it is done: one task's medians over the seeds, a few-shot protocol's splits
-with their mean and spread, a mixture's tasks."""
+with their mean and spread, a mixture's tasks, the contrastive stage's scores. Each reads the request as the
+command decided it (its ``out`` set)."""
 
 from __future__ import annotations
 
-import argparse
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from cramkit.recipes.contrastive_config import ContrastiveConfig
+    from cramkit.recipes.finetune_config import FinetuneConfig
+    from cramkit.recipes.finetune_request import ContrastiveRequest, FinetuneRequest
 
 
-def report_finetune(args: argparse.Namespace, cfg, res: dict, out: Path) -> None:
+def report_finetune(req: FinetuneRequest, cfg: FinetuneConfig, res: dict[str, Any]) -> None:
     """One task's fine-tuning: each split's median metrics over the seeds, what was kept and where."""
+    out = Path(res.get("self_training", {}).get("model") or str(req.out))
     name = res["task"]
     n = len(cfg.seeds)
     for split, med in res["median"].items():
@@ -45,7 +52,7 @@ def report_finetune(args: argparse.Namespace, cfg, res: dict, out: Path) -> None
             f"{st['kept']} is kept, saved in {out}{other}: cramkit predict --from {out} FILE"
         )
         return
-    base = f" --base {args.source}" if res.get("method") == "ptuning" else ""  # deep prompts run on their base
+    base = f" --base {req.source}" if res.get("method") == "ptuning" else ""  # deep prompts run on their base
     print(
         f"model (seed {res['kept_seed']}, {kept} by dev score) saved in {out}: cramkit predict --from {out}{base} "
         f"FILE; cramkit export {out}{base} --format onnx --out DIR"
@@ -55,15 +62,15 @@ def report_finetune(args: argparse.Namespace, cfg, res: dict, out: Path) -> None
     )
 
 
-def report_fewshot(args: argparse.Namespace, res: dict) -> None:
+def report_fewshot(req: FinetuneRequest, res: dict[str, Any]) -> None:
     """``--fewshot-splits`` (FewCLUE's protocol) or ``--few-shot K --splits S`` (LM-BFF's): each split's score,
     then the mean and spread."""
     from cramkit.recipes.evaluate import plus_minus
 
-    name, k = res["task"], args.few_shot
+    name, k = res["task"], req.few_shot
     few = res["fewshot"]
     keys = list(few["per_split"])
-    out = Path(args.out or f"finetune-{name.replace('/', '-')}-{f'{k}shot' if k is not None else 'fewshot'}")
+    out = Path(str(req.out))
     scored = ", ".join(res["median"])
     tests = res.get("test", {})
     for key, one in few["per_split"].items():
@@ -95,10 +102,15 @@ def report_fewshot(args: argparse.Namespace, res: dict) -> None:
             f"chosen there: optimistic), copied into {out}: cramkit predict --from {out} FILE; each split's model is "
             f"in {out}/split-S"
         )
+    if res.get("self_training"):
+        from cramkit.selftraining.recipe import fewshot_line
+
+        print(fewshot_line(res))
 
 
-def report_mixture(res: dict, out: Path) -> None:
+def report_mixture(req: FinetuneRequest, res: dict[str, Any]) -> None:
     """A mixture's fine-tuning: each task's dev metrics and batches, the mean score, where the model is."""
+    out = Path(str(req.out))
     weighted = res.get("weighting") is not None
     for name, entry in res["tasks"].items():
         for split, r in entry["dev"].items():
@@ -115,3 +127,20 @@ def report_mixture(res: dict, out: Path) -> None:
         f"results in {out / 'results.json'}"
     )
     print(f"model (one head per task) saved in {out}: cramkit predict --from {out} --task NAME FILE")
+
+
+def report_contrastive(req: ContrastiveRequest, cfg: ContrastiveConfig, res: dict[str, Any]) -> None:
+    """The contrastive stage: the held-out pairs' recall@1 and MRR before and after, the steps, where the model is."""
+    before, after = res.get("before"), res.get("after")
+    if after:
+        was = f" (before: {before['dev_recall_at_1']:.1f}, {before['dev_mrr']:.1f})" if before else ""
+        print(
+            f"{cfg.objective}: dev recall@1 {after['dev_recall_at_1']:.1f}, MRR {after['dev_mrr']:.1f}{was}, "
+            f"x100, over {res['dev_pairs']:,} held-out pairs"
+        )
+    print(
+        f"trained {res['steps']} steps on {res['pairs']:,} pairs ({res['examples_per_s']:.1f} pairs/s)"
+        + (f"; {res['skipped_rows']} rows skipped (an empty text)" if res["skipped_rows"] else "")
+    )
+    out = req.out
+    print(f"embedding model saved in {out}: cramkit embed --from {out} FILE; cramkit index build --from {out} ...")

@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from cramkit.distillation.request import EMBEDDING_STUDENT, student_layers
 from cramkit.errors import CramkitError
 from cramkit.loading import LoadedModel
 from cramkit.train.objectives import ExampleObjective
@@ -43,29 +44,12 @@ if TYPE_CHECKING:
     from cramkit.distillation.config import DistillConfig
 
 PathLike = str | os.PathLike
-PREFIX = "layers:"  # --student layers:N
 SETTINGS_FILE = "distill.json"
 RUN = "embedding"  # OUT/runs/embedding: the training's run directory
 EMBED_BOUND = 1e6  # an embedding value over this in magnitude is no encoder's: the cache is damaged
 
 
 # ------------------------------------------------------------------------------------------ the student's name
-
-
-def is_embedding_student(student: str) -> bool:
-    """``--student layers:N``: an embedding student of N of the teacher's layers."""
-    return str(student).startswith(PREFIX)
-
-
-def student_layers(student: str) -> int:
-    """N of ``layers:N``; one CramkitError line when it is not a whole number of at least 1."""
-    text = str(student)[len(PREFIX) :].strip()
-    if not text.isdigit() or int(text) < 1:
-        raise CramkitError(
-            f"--student {student}: give the layers the student keeps as a whole number of at least 1, e.g. "
-            "--student layers:3"
-        )
-    return int(text)
 
 
 def pick_layers(have: int, want: int, layer_map: list[int], where: str) -> list[int]:
@@ -152,7 +136,7 @@ def build_embedding_student(
     extra = {k: v for k, v in teacher.extra.items() if k in keep}
     extra |= {
         "distilled_from": str(teacher.source),
-        "student": f"{PREFIX}{want}",
+        "student": f"{EMBEDDING_STUDENT}{want}",
         "teacher_layers": picked,
         "teacher_layer_count": int(tcfg.layers),
     }
@@ -254,7 +238,8 @@ def _pooled_class() -> Any:
     from cramkit.model.heads import pool_hidden
 
     class Pooled(nn.Module):
-        """The student's encoder and its pooling: one vector per text, not normalised."""
+        """The student's encoder and its pooling (the teacher's, which pooled the targets): one vector per text,
+        not normalised."""
 
         def __init__(self, encoder: nn.Module, pooling: str) -> None:
             super().__init__()
@@ -262,7 +247,7 @@ def _pooled_class() -> Any:
 
         def forward(self, input_ids: Any, attention_mask: Any, token_type_ids: Any = None) -> Any:
             hidden = self.encoder(input_ids, attention_mask, token_type_ids, unpad=True)
-            return pool_hidden(hidden, attention_mask, "mean" if self.pooling == "mean" else "first", None).float()
+            return pool_hidden(hidden, attention_mask, self.pooling, None).float()
 
     return Pooled
 

@@ -156,10 +156,11 @@ def train_config(cfg: Any, steps: int, threads: int, progress: bool | str = Fals
     """The engine's TrainConfig for ``steps`` optimizer steps of one student: AdamW (0.9, 0.98, eps 1e-6,
     weight decay on matrices only), ``cfg.schedule`` with its own warmup, no gradient clipping (as
     fine-tuning), one batch per step, checkpoints every ``cfg.checkpoint_every``."""
+    from cramkit.train.budget import Budget
     from cramkit.train.config import example_config
 
     return example_config(
-        budget=f"{steps}steps",
+        budget=Budget.of_steps(steps).text,
         lr=cfg.lr,
         eps=1e-6,
         weight_decay=cfg.weight_decay,

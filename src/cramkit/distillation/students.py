@@ -190,7 +190,7 @@ def _build_encoder_student(teacher: LoadedModel, cfg: DistillConfig, n: int, com
         tokenizer=tok,
         architecture="encoder",
         with_types=with_types,
-        pooling="cls" if head.pooling == "first" else "mean",
+        pooling=head.pooling,
         head=to_dict(head),
         extra=extra,
         **common,

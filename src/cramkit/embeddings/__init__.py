@@ -11,7 +11,8 @@ streamed to a memory-mapped matrix, resumable), ``parquet`` (one Parquet file pe
 back), ``encoder`` (the encoder loaded and fingerprinted, its retrieval prompts), ``store_text`` (a token store
 read back as text), ``embedder`` (``CramkitEmbedder`` for Ray Data), ``progress``.
 
-The verb ``cramkit.embed(source, model, out, ...)`` is :func:`cramkit.embeddings.verb.embed_source`. Its names
+The verb ``cramkit.embed(source, model, out, ...)`` is :func:`cramkit.embeddings.verb.embed_source`; it takes an
+:class:`~cramkit.embeddings.request.EmbedRequest` (what ``cramkit embed`` builds) or its fields. Its names
 load on first use (PEP 562): this package must not import numpy or torch."""
 
 from __future__ import annotations
@@ -27,13 +28,15 @@ BLOCK = 1024
 if TYPE_CHECKING:
     from cramkit.embeddings.embedder import CramkitEmbedder
     from cramkit.embeddings.parquet import read_vectors
+    from cramkit.embeddings.request import EmbedRequest
     from cramkit.embeddings.verb import embed_source
 
-__all__ = ["CramkitEmbedder", "embed_source", "read_vectors"]
+__all__ = ["CramkitEmbedder", "EmbedRequest", "embed_source", "read_vectors"]
 __getattr__ = lazy_names(
     __name__,
     {
         "CramkitEmbedder": "cramkit.embeddings.embedder",
+        "EmbedRequest": "cramkit.embeddings.request",
         "embed_source": "cramkit.embeddings.verb",
         "read_vectors": "cramkit.embeddings.parquet",
     },

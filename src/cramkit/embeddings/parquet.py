@@ -41,6 +41,7 @@ from cramkit.embeddings.memmap import DONE_FILE, barrier, dist_info, embed_to_me
 from cramkit.errors import CramkitError
 from cramkit.io import file_lock, inside, json_loads, read_json_object, sha256_file, write_json_atomic
 from cramkit.meta import MAX_DIM, MAX_PARTS, MAX_ROWS, meta_dict, meta_int, meta_str
+from cramkit.model.pooling import POOLINGS
 
 __all__ = ["embed_parts", "iter_parts", "join", "read_manifest", "read_vectors"]
 
@@ -528,7 +529,7 @@ def _agree(out: Path, parts: dict[int, tuple[Path, dict[str, Any] | None]], firs
     that differs from the first part's, rows that do not follow on from the part before, a pooling no reader
     takes. Checked before anything is written (a refused --join leaves the folder as it was)."""
     fix = f"{out} may hold the parts of one embedding only: embed that shard again (or move it away)"
-    if first.get("pooling") not in (None, "mean", "cls"):
+    if first.get("pooling") not in (None, *POOLINGS):
         raise CramkitError(f"{out}: the parts' pooling {str(first['pooling'])[:40]!r} is not mean or cls; {fix}")
     end = 0
     for _, (path, meta) in sorted(parts.items()):
@@ -568,7 +569,7 @@ def check_manifest(m: dict[str, Any], file: Path, out: Path) -> dict[str, Any]:
     rows = meta_int(m, "rows", file, fix, hi=MAX_ROWS)
     dim = meta_int(m, "dim", file, fix, lo=1, hi=MAX_DIM)
     meta_str(meta_dict(m, "encoder", file, fix), "fingerprint", f"{file} (encoder)", fix)
-    if m.get("pooling") not in (None, "mean", "cls"):
+    if m.get("pooling") not in (None, *POOLINGS):
         raise CramkitError(f"{file}: field 'pooling' must be mean or cls, got {str(m['pooling'])[:40]!r}; {fix}")
     meta_str(m, "prompt", file, fix, default="")
     if len(m["parts"]) > MAX_PARTS:

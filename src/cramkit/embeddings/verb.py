@@ -4,7 +4,6 @@ store, to a memory map (``cramkit.embeddings.memmap``) or to Parquet parts (``cr
 from __future__ import annotations
 
 import contextlib
-import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -12,7 +11,6 @@ from typing import Any
 
 import numpy as np
 
-from cramkit.embeddings import BLOCK
 from cramkit.embeddings.encoder import encoder_fingerprint, load_encoder
 from cramkit.embeddings.memmap import (
     DONE_FILE,
@@ -23,32 +21,26 @@ from cramkit.embeddings.memmap import (
     finished,
     texts_key,
 )
+from cramkit.embeddings.request import EmbedRequest
 from cramkit.errors import CramkitError
-from cramkit.io import check_out, dir_lock, writes_to
-from cramkit.runtime import parse_shard
+from cramkit.io import check_out, dir_lock, disk_errors
+from cramkit.request import verb
 
 
-def read_inputs(
-    source: str,
-    loaded: Any,
-    *,
-    text_col: str | None,
-    chunk_tokens: int | None,
-    store_tokenizer: str | None,
-    encoding: str | None = None,
-    errors: str = "strict",
-) -> tuple[list[str], np.ndarray, np.ndarray, dict[str, Any]]:
-    """(texts, row ids, document ids, what they are) of ``source``; a file is decoded with ``encoding`` and
-    ``errors``. A file's row is its own document; a store's chunk belongs to its sequence's document."""
+def read_inputs(request: EmbedRequest, loaded: Any) -> tuple[list[str], np.ndarray, np.ndarray, dict[str, Any]]:
+    """(texts, row ids, document ids, what they are) of the request's source; a file is read as the request says
+    (its encoding, errors and text field). A file's row is its own document; a store's chunk belongs to its
+    sequence's document."""
     from cramkit.data.tokenstore import is_store
 
+    source, chunk_tokens = request.source, request.chunk_tokens
     if is_store(source):
         from cramkit.data.tokenstore import TokenStore
         from cramkit.embeddings.store_text import decode_spans, store_chunk_spans, store_documents
         from cramkit.embeddings.store_text import store_tokenizer as pick
 
         ts = TokenStore(source)
-        tok = pick(ts, loaded.tokenizer, store_tokenizer)
+        tok = pick(ts, loaded.tokenizer, request.store_tokenizer)
         if chunk_tokens:
             spans = store_chunk_spans(ts, chunk_tokens)
         else:
@@ -70,7 +62,7 @@ def read_inputs(
         raise CramkitError("--chunk-tokens applies to a token store; a file is embedded row by row")
     from cramkit.infer.predict import read_rows
 
-    rows = read_rows(source, text_a=text_col, label=None, encoding=encoding, errors=errors)
+    rows = read_rows(source, text_a=request.text_field, label=None, encoding=request.encoding, errors=request.errors)
     if rows.texts_b is not None:
         texts = [f"{a} {b}" for a, b in zip(rows.texts_a, rows.texts_b, strict=True)]
     else:
@@ -79,127 +71,78 @@ def read_inputs(
     return texts, ids, ids, {"kind": "file"}
 
 
-@writes_to("out")
-def embed_source(
-    source: str,
-    model: str,
-    out: str | os.PathLike,
-    *,
-    text_col: str | None = None,
-    encoding: str | None = None,
-    errors: str = "strict",
-    pooling: str | None = None,
-    normalize: bool | None = None,
-    chunk_tokens: int | None = None,
-    store_tokenizer: str | None = None,
-    overwrite: bool = False,
-    device: str = "auto",
-    max_batch_tokens: int | None = None,
-    block: int = BLOCK,
-    format: str = "npy",  # the flag's name
-    shard: str | tuple[int, int] | None = None,
-    prompt_name: str | None = None,
-    dimensions: int | None = None,
-    offload_experts: bool = False,
-    expert_cache: int | None = None,
-) -> dict[str, Any] | None:
+@verb(EmbedRequest)
+def embed_source(request: EmbedRequest) -> dict[str, Any] | None:
     """Embed ``source`` into ``out`` (resuming an unfinished run of the same job); the ``embed.json`` record.
+    Takes an :class:`~cramkit.embeddings.request.EmbedRequest` or its fields.
 
     format: ``npy`` (one memory map, ``embeddings.npy`` + ``ids.npy``) or ``parquet`` (one Parquet file per
     part: ``cramkit.embeddings.parquet``). shard: ``"i/N"`` or (i, N), Parquet only: this process embeds shard i of
     N (every shard given the same ``out``); the record then says which parts are still ``waiting``.
-    prompt_name: one of the model's named prompts put before each text (default: its default prompt, if any).
-    dimensions: the vectors cut to that many leading dimensions, renormalised (one of a Matryoshka model's, as
-    ``Engine.embed``; any other size is one line naming them). offload_experts, expert_cache: a mixture-of-experts
-    model's experts brought in as its routers pick them (:class:`~cramkit.infer.Engine`)."""
-    part_of = _check_options(model, format, shard, offload_experts, expert_cache)
-    out = Path(out)
-    check_out(out, inputs=[source, model], own=MANIFESTS, writes=WRITES, command="cramkit embed")
-    with _out_lock(out, format):  # a second process on the same --out would truncate this one's memory map (SIGBUS)
-        how = _open_model(
-            model,
-            pooling=pooling,
-            normalize=normalize,
-            device=device,
-            max_batch_tokens=max_batch_tokens,
-            offload_experts=offload_experts,
-            expert_cache=expert_cache,
-            prompt_name=prompt_name,
-            dimensions=dimensions,
-        )
-        texts, ids, docs, what = read_inputs(
-            source,
-            how.loaded,
-            text_col=text_col,
-            chunk_tokens=chunk_tokens,
-            store_tokenizer=store_tokenizer,
-            encoding=encoding,
-            errors=errors,
-        )
-        if not texts:
-            raise CramkitError(f"{source}: nothing to embed (0 rows)")
-        fingerprint = encoder_fingerprint(how.loaded)
-        key = _job_key(texts, fingerprint, how)
-        done = finished(out, key)
-        if done is not None and done.get("format", "npy") == format:
-            return done | {"resumed_rows": done["rows"], "seconds": 0.0, "examples_per_s": None}
-        meta = _record_meta(source, model, what, how, prompt_name)
-        if what.get("rows"):  # what a store's rows are ("sequences", "chunks"): "rows" is their count
-            meta["rows_kind"] = meta.pop("rows")
-        if format == "parquet":
-            from cramkit.embeddings.parquet import embed_parts
+    text_field: a table's text column (default: the first of the usual ones). prompt_name: one of the model's
+    named prompts put before each text (default: its default prompt, if any). dimensions: the vectors cut to that
+    many leading dimensions, renormalised (one of a Matryoshka model's, as ``Engine.embed``). offload_experts,
+    expert_cache: a mixture-of-experts model's experts brought in as its routers pick them
+    (:class:`~cramkit.infer.Engine`)."""
+    r = request
+    part_of = r.check()
+    out = Path(r.out)
+    # a full disk is one line; a second process on the same --out would truncate this one's memory map (SIGBUS)
+    with disk_errors(out):
+        check_out(out, inputs=[r.source, r.model], own=MANIFESTS, writes=WRITES, command="cramkit embed")
+        with _out_lock(out, r.format):
+            return _embed(r, out, part_of)
 
-            return embed_parts(
-                texts,
-                ids,
-                docs,
-                how.engine,
-                out,
-                key=key,
-                fingerprint=fingerprint,
-                pooling=how.pooling,
-                normalize=bool(how.normalize),
-                shard=part_of,
-                overwrite=overwrite,
-                block=block,
-                meta=meta,
-                prompt=how.prompt,
-                dimensions=how.dims,
-            )
-        _clear_other_embeddings(out, overwrite)
-        return embed_to_memmap(
+
+def _embed(r: EmbedRequest, out: Path, part_of: tuple[int, int]) -> dict[str, Any] | None:
+    """The model opened, the texts read, and the job done (or found done) into ``out``."""
+    how = _open_model(r)
+    texts, ids, docs, what = read_inputs(r, how.loaded)
+    if not texts:
+        raise CramkitError(f"{r.source}: nothing to embed (0 rows)")
+    fingerprint = encoder_fingerprint(how.loaded)
+    key = _job_key(texts, fingerprint, how)
+    done = finished(out, key)
+    if done is not None and done.get("format", "npy") == r.format:
+        return done | {"resumed_rows": done["rows"], "seconds": 0.0, "examples_per_s": None}
+    meta = _record_meta(r, what, how)
+    if what.get("rows"):  # what a store's rows are ("sequences", "chunks"): "rows" is their count
+        meta["rows_kind"] = meta.pop("rows")
+    if r.format == "parquet":
+        from cramkit.embeddings.parquet import embed_parts
+
+        return embed_parts(
             texts,
+            ids,
+            docs,
             how.engine,
             out,
             key=key,
+            fingerprint=fingerprint,
             pooling=how.pooling,
             normalize=bool(how.normalize),
-            ids=ids,
-            block=block,
-            desc="embedding",
+            shard=part_of,
+            overwrite=r.overwrite,
+            block=r.block,
             meta=meta,
             prompt=how.prompt,
             dimensions=how.dims,
         )
-
-
-def _check_options(
-    model: str, fmt: str, shard: str | tuple[int, int] | None, offload_experts: bool, expert_cache: int | None
-) -> tuple[int, int]:
-    """One line for a model that cannot be had or flags that do not go together, before any work; the shard
-    (i, N) this process embeds ((0, 1) for a memory map)."""
-    from cramkit.infer.offload import check_expert_cache
-    from cramkit.loading import check_source
-
-    check_source(str(model))
-    check_expert_cache(expert_cache, offload_experts)
-    if fmt not in ("npy", "parquet"):
-        raise CramkitError(f"--format {fmt!r}: use npy or parquet")
-    if shard is not None and fmt != "parquet":
-        raise CramkitError("--shard needs --format parquet (each shard writes its own Parquet files)")
-    if fmt != "parquet":
-        return (0, 1)
-    return parse_shard(shard if not isinstance(shard, tuple) else f"{shard[0]}/{shard[1]}")
+    _clear_other_embeddings(out, r.overwrite)
+    return embed_to_memmap(
+        texts,
+        how.engine,
+        out,
+        key=key,
+        pooling=how.pooling,
+        normalize=bool(how.normalize),
+        ids=ids,
+        block=r.block,
+        desc="embedding",
+        meta=meta,
+        prompt=how.prompt,
+        dimensions=how.dims,
+    )
 
 
 def _out_lock(out: Path, fmt: str) -> Any:
@@ -222,34 +165,24 @@ class _Embedding:
     dims: int | None  # the vectors cut to their leading dims (None: the whole vector)
 
 
-def _open_model(
-    model: str,
-    *,
-    pooling: str | None,
-    normalize: bool | None,
-    device: str,
-    max_batch_tokens: int | None,
-    offload_experts: bool,
-    expert_cache: int | None,
-    prompt_name: str | None,
-    dimensions: int | None,
-) -> _Embedding:
+def _open_model(request: EmbedRequest) -> _Embedding:
     """The model loaded into an engine, its pooling and normalisation (default: the model's), its prompt and
     the dimensions kept checked (an unknown prompt name or size: one line, before any reading)."""
     from cramkit.infer import Engine
 
-    loaded = load_encoder(model)
-    pooling = pooling or loaded.pooling
-    normalize = loaded.normalize if normalize is None else normalize
+    r = request
+    loaded = load_encoder(str(r.model))
+    pooling = r.pooling or loaded.pooling
+    normalize = loaded.normalize if r.normalize is None else r.normalize
     engine = Engine(
         loaded,
-        device=device,
-        max_batch_tokens=max_batch_tokens,
-        offload_experts=offload_experts,
-        expert_cache=expert_cache,
+        device=r.device,
+        max_batch_tokens=r.max_batch_tokens,
+        offload_experts=r.offload_experts,
+        expert_cache=None if r.expert_cache is None else int(r.expert_cache),  # checked: a number
     )
-    prompt = engine.prompt_text(prompt_name)
-    dims = engine.check_dimensions(dimensions)
+    prompt = engine.prompt_text(r.prompt_name)
+    dims = engine.check_dimensions(r.dimensions)
     return _Embedding(loaded, engine, pooling, normalize, prompt, dims)
 
 
@@ -265,13 +198,11 @@ def _job_key(texts: list[str], fingerprint: str, how: _Embedding) -> str:
     )
 
 
-def _record_meta(
-    source: str, model: str, what: dict[str, Any], how: _Embedding, prompt_name: str | None
-) -> dict[str, Any]:
+def _record_meta(request: EmbedRequest, what: dict[str, Any], how: _Embedding) -> dict[str, Any]:
     """What the record says of the job beside its rows: the source, the model, the prompt, the dimensions."""
-    meta = {"source": str(source), "model": str(model), **what}
+    meta = {"source": str(request.source), "model": str(request.model), **what}
     if how.prompt:
-        meta |= {"prompt_name": prompt_name or how.engine.default_prompt_name, "prompt": how.prompt}
+        meta |= {"prompt_name": request.prompt_name or how.engine.default_prompt_name, "prompt": how.prompt}
     if how.dims:
         meta["dimensions"] = how.dims
     return meta

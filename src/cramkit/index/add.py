@@ -12,37 +12,32 @@ from typing import Any
 import numpy as np
 
 from cramkit.data.tokenstore import is_store
-from cramkit.embeddings import BLOCK
 from cramkit.embeddings.memmap import embed_to_memmap, texts_key
 from cramkit.errors import CramkitError
 from cramkit.index import ann
 from cramkit.index.chunking import append_chunks, make_chunks, prompt_tokens
 from cramkit.index.manifest import MANIFEST, file_sizes
+from cramkit.index.request import AddRequest
 from cramkit.index.search import Index
-from cramkit.io import dir_lock, open_memmap, write_json_atomic
+from cramkit.io import dir_lock, disk_errors, open_memmap, write_json_atomic
+from cramkit.request import verb
 
 
 def _log(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
-def add_to_index(
-    path: str | os.PathLike,
-    source: str | None,
-    *,
-    store_tokenizer: str | None = None,
-    reading: dict[str, Any] | None = None,
-    device: str = "auto",
-    max_batch_tokens: int | None = None,
-    block: int = BLOCK,
-    progress: bool | str = "auto",
-) -> dict[str, Any]:
-    """Chunk and embed ``source`` like the index's build (its document split; ``reading``: the encoding
-    and other options of ``cramkit.text.iter_documents`` for these files), add it, re-measure recall; the
-    new manifest."""
-    root = Path(path)
-    with dir_lock(root, "index"):  # one writer at a time: a second would truncate the first one's memory map
-        idx = Index(root, mmap=False)
+@verb(AddRequest)
+def add_to_index(request: AddRequest) -> dict[str, Any]:
+    """Chunk and embed ``source`` like the index's build (its document split; encoding, errors, text_field: how
+    these files are read), add it, re-measure recall; the new manifest. Takes an
+    :class:`~cramkit.index.request.AddRequest` or its fields."""
+    r = request
+    root = Path(r.path)
+    source = None if r.source is None else os.fspath(r.source)
+    # one writer at a time: a second would truncate the first one's memory map; a full disk is one line
+    with disk_errors(root), dir_lock(root, "index"):
+        idx = Index(root, mmap=False, device=r.device, max_batch_tokens=r.max_batch_tokens)
         m = idx.manifest
         if m["plan"].get("on_disk"):
             raise CramkitError(
@@ -57,8 +52,8 @@ def add_to_index(
             mode=m["mode"],
             chunk_tokens=cp.get("chunk_tokens"),
             overlap=cp.get("overlap") if not cp.get("store") and source and not is_store(source) else None,
-            reading={**(reading or {}), "doc_split": cp.get("doc_split", "auto")},
-            tokenizer=store_tokenizer,
+            reading={**r.reading_options(), "doc_split": cp.get("doc_split", "auto")},
+            tokenizer=r.store_tokenizer,
             reserve=prompt_tokens(loaded.tokenizer, idx.prompt("documents")),
         )
         if bool(cp.get("store")) != (source is not None and is_store(source)):
@@ -79,8 +74,8 @@ def add_to_index(
             key=key,
             pooling=pooling,
             normalize=True,
-            block=block,
-            progress=progress,
+            block=r.block,
+            progress=r.progress,
             desc="embedding new chunks",
             prompt=doc_prompt,
             dimensions=idx.dimensions,

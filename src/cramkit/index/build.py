@@ -17,7 +17,6 @@ from typing import Any
 
 import numpy as np
 
-from cramkit.embeddings import BLOCK
 from cramkit.embeddings.encoder import encoder_fingerprint, load_encoder, retrieval_prompts
 from cramkit.embeddings.memmap import dist_info, embed_to_memmap, texts_key
 from cramkit.embeddings.parquet import is_parquet_embeddings
@@ -26,43 +25,23 @@ from cramkit.index import ann, ondisk
 from cramkit.index.chunking import Chunks, chunks_from_parquet, make_chunks, prompt_tokens, write_chunks
 from cramkit.index.manifest import FORMAT, MANIFEST, file_sizes
 from cramkit.index.ondisk import peak_rss_mb
-from cramkit.io import atomic_path, check_out, dir_lock, json_loads, json_text, write_json_atomic
+from cramkit.index.request import BuildRequest
+from cramkit.io import atomic_path, check_out, dir_lock, disk_errors, json_loads, json_text, write_json_atomic
 from cramkit.meta import meta_int
-from cramkit.runtime import parse_shard
+from cramkit.model.pooling import read_pooling
+from cramkit.request import verb
 
 
 def _log(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
-def build_index(
-    source: str | None,
-    encoder: str,
-    out: str | os.PathLike,
-    *,
-    mode: str = "passages",
-    chunk_tokens: int | None = None,
-    overlap: int | None = None,
-    reading: dict[str, Any] | None = None,
-    memory: str | int = "4GB",
-    target_recall: float = 0.95,
-    kind: str = "auto",
-    pooling: str | None = None,
-    store_tokenizer: str | None = None,
-    device: str = "auto",
-    max_batch_tokens: int | None = None,
-    block: int = BLOCK,
-    overwrite: bool = False,
-    progress: bool | str = "auto",
-    prompt_name: str | None = None,
-    dimensions: int | None = None,
-    on_disk: bool | None = None,
-    workers: int = 1,
-    shard: str | None = None,
-) -> dict[str, Any] | None:
+@verb(BuildRequest)
+def build_index(request: BuildRequest) -> dict[str, Any] | None:
     """Chunk ``source``, embed the chunks with ``encoder`` (resuming an interrupted build), build and tune
     the Faiss index, write ``out``; the manifest (None on torchrun ranks other than 0, and for a ``shard``
-    whose parts are done while others are not).
+    whose parts are done while others are not). Takes a :class:`~cramkit.index.request.BuildRequest` or its
+    fields; encoding, errors, text_field, doc_split: how text files are read (``cramkit.text.iter_documents``).
 
     prompt_name: the encoder's named prompt the chunks get (default: its prompt named document, passage or
     corpus, else its default prompt, else none); queries get its prompt named query (else its default). The
@@ -75,56 +54,49 @@ def build_index(
     would not fit ``memory``. An on-disk build fills its parts with ``workers`` processes; ``shard`` "i/N"
     fills only shard i's parts (several machines sharing ``out``), and the run that finds every part done
     merges them."""
-    budget, (shard_i, shard_n) = _check_options(target_recall, memory, kind, workers, shard, on_disk)
-    out = Path(out)
+    with disk_errors(request.out):  # a full disk: one line naming --out, from Python as from the command line
+        return _build(request)
+
+
+def _build(r: BuildRequest) -> dict[str, Any] | None:
+    """:func:`build_index`'s work: the build prepared (or found prepared), then filled in RAM or on disk."""
+    budget, (shard_i, shard_n) = r.check()
+    out = Path(r.out)
     rank, _ = dist_info()
-    _check_out_dir(out, source, encoder, overwrite=overwrite)
+    _check_out_dir(out, r.source, r.encoder, overwrite=r.overwrite)
     work = out / ".build"
     odw = work / "ondisk"
     settings = {
-        "source": str(source),
-        "encoder": str(encoder),
-        "mode": mode,
-        "chunk_tokens": chunk_tokens,
-        "overlap": overlap,
-        "reading": reading or {},
+        "source": str(r.source),
+        "encoder": str(r.encoder),
+        "mode": r.mode,
+        "chunk_tokens": r.chunk_tokens,
+        "overlap": r.overlap,
+        "reading": r.reading_options(),
         "memory": budget,
-        "kind": kind,
-        "on_disk": on_disk,
-        "target_recall": target_recall,
-        "pooling": pooling,
-        "prompt_name": prompt_name,
-        "dimensions": dimensions,
+        "kind": r.kind,
+        "on_disk": r.on_disk,
+        "target_recall": r.target_recall,
+        "pooling": r.pooling,
+        "prompt_name": r.prompt_name,
+        "dimensions": r.dimensions,
     }
-    with _out_lock(out, shard, rank):
-        prep = ondisk.read_prepared(odw, settings, overwrite=overwrite) if rank == 0 else None
-        if prep is None and shard is not None and (out / MANIFEST).is_file():
+    with _out_lock(out, r.shard, rank):
+        prep = ondisk.read_prepared(odw, settings, overwrite=r.overwrite) if rank == 0 else None
+        if prep is None and r.shard is not None and (out / MANIFEST).is_file():
             _log(f"{out}: the index is finished already (another shard merged it)")
             return None
         if prep is None:
             t_start = time.perf_counter()
-            how = _open_encoder(encoder, pooling, device, max_batch_tokens, prompt_name, dimensions)
-            emb = _chunks_and_vectors(
-                source,
-                how,
-                work,
-                t_start,
-                rank=rank,
-                mode=mode,
-                chunk_tokens=chunk_tokens,
-                overlap=overlap,
-                reading=reading,
-                store_tokenizer=store_tokenizer,
-                block=block,
-                progress=progress,
-            )
+            how = _open_encoder(r)
+            emb = _chunks_and_vectors(r, how, work, t_start, rank=rank)
             if emb is None:  # a torchrun rank other than 0: its share is embedded
                 return None
             t_embed = time.perf_counter()
             data = _write_chunk_data(work / "data", emb.chunks)
             vectors_path = work / "embed" / "embeddings.npy"
-            plan, n = _plan(vectors_path, budget, kind, on_disk)
-            fields = _manifest_fields(mode, encoder, how, emb, plan)
+            plan, n = _plan(vectors_path, budget, r.kind, r.on_disk)
+            fields = _manifest_fields(r.mode, str(r.encoder), how, emb, plan)
             timing = {
                 "chunk_seconds": round(emb.chunk_seconds, 2),
                 "embed_seconds": emb.record["seconds"],
@@ -133,44 +105,24 @@ def build_index(
             }
             _copy_encoder(out, how.loaded, how.fingerprint)
             if not plan.get("on_disk"):
-                if shard is not None or workers > 1:
+                if r.shard is not None or r.workers > 1:
                     raise CramkitError(
                         "--shard and --workers fill the parts of an on-disk index, and this one fits --memory in "
                         "RAM; add --on-disk, or drop them"
                     )
-                return _build_in_ram(out, data, vectors_path, plan, fields, timing, target_recall, t_start, t_embed)
-            parts = ondisk.part_count(n, workers, shard_n)
+                return _build_in_ram(out, data, vectors_path, plan, fields, timing, r.target_recall, t_start, t_embed)
+            parts = ondisk.part_count(n, r.workers, shard_n)
             prep = _prepare_on_disk(vectors_path, plan, odw, parts, settings, fields, timing, t_start)
-        if shard is None:
+        if r.shard is None:
             parts = _prep_parts(odw, prep)
             ondisk.fill_parts(
-                odw, work / "embed" / "embeddings.npy", list(range(parts)), parts, workers=workers, log=_log
+                odw, work / "embed" / "embeddings.npy", list(range(parts)), parts, workers=r.workers, log=_log
             )
-            return _finish_on_disk(out, prep, target_recall)
-    return _fill_shard(out, prep, shard_i, shard_n, workers=workers, target=target_recall)
+            return _finish_on_disk(out, prep, r.target_recall)
+    return _fill_shard(out, prep, shard_i, shard_n, workers=r.workers, target=r.target_recall)
 
 
-def _check_options(
-    target_recall: float, memory: str | int, kind: str, workers: int, shard: str | None, on_disk: bool | None
-) -> tuple[int, tuple[int, int]]:
-    """One line for an option out of range or options that do not go together, before any work; (the memory
-    budget in bytes, (shard i, of N))."""
-    if not 0.0 < target_recall <= 1.0:
-        raise CramkitError(f"--target-recall must be in (0, 1], got {target_recall}")
-    budget = ann.parse_memory(memory)
-    if kind not in ann.KINDS:
-        raise CramkitError(f"unknown --kind {kind!r}; use one of {', '.join(ann.KINDS)}")
-    if not isinstance(workers, int) or workers < 1:
-        raise CramkitError(f"--workers must be a positive integer, got {workers!r}")
-    shard_of = parse_shard(shard)
-    if on_disk and kind in ("flat", "hnsw"):
-        ann.plan_index(1, 1, budget, kind, on_disk=True)  # its one-line refusal, before any work
-    if on_disk is not None and not on_disk and (shard is not None or workers > 1):
-        raise CramkitError("--shard and --workers fill the parts of an on-disk index; drop them or build --on-disk")
-    return budget, shard_of
-
-
-def _check_out_dir(out: Path, source: str | None, encoder: str, *, overwrite: bool) -> None:
+def _check_out_dir(out: Path, source: str | os.PathLike | None, encoder: str | os.PathLike, *, overwrite: bool) -> None:
     """``out`` may be written: it holds no index (unless ``overwrite``), and follows the rule of every output."""
     if (out / MANIFEST).is_file() and not overwrite:
         raise CramkitError(
@@ -203,26 +155,17 @@ class _Encoding:
         return str(self.prompts["documents"]["text"] or "")
 
 
-def _open_encoder(
-    encoder: str,
-    pooling: str | None,
-    device: str,
-    max_batch_tokens: int | None,
-    prompt_name: str | None,
-    dimensions: int | None,
-) -> _Encoding:
+def _open_encoder(request: BuildRequest) -> _Encoding:
     """The encoder loaded into an engine, its pooling (default: the encoder's), fingerprint, retrieval prompts
     and the dimensions kept, checked."""
     from cramkit.infer import Engine
 
-    loaded = load_encoder(encoder)
-    pooling = pooling or loaded.pooling
-    if pooling not in ("mean", "cls"):
-        raise CramkitError(f"--pooling must be mean or cls, got {pooling!r}")
+    loaded = load_encoder(str(request.encoder))
+    pooling = read_pooling(request.pooling or loaded.pooling, "--pooling")
     fp = encoder_fingerprint(loaded)
-    engine = Engine(loaded, device=device, max_batch_tokens=max_batch_tokens)
-    prompts = retrieval_prompts(engine, prompt_name)
-    dims = engine.check_dimensions(dimensions)  # None: the whole vector
+    engine = Engine(loaded, device=request.device, max_batch_tokens=request.max_batch_tokens)
+    prompts = retrieval_prompts(engine, request.prompt_name)
+    dims = engine.check_dimensions(request.dimensions)  # None: the whole vector
     return _Encoding(loaded, engine, pooling, fp, prompts, dims)
 
 
@@ -237,56 +180,41 @@ class _Embedded:
     chunk_seconds: float
 
 
-def _chunks_and_vectors(
-    source: str | None,
-    how: _Encoding,
-    work: Path,
-    t_start: float,
-    *,
-    rank: int,
-    mode: str,
-    chunk_tokens: int | None,
-    overlap: int | None,
-    reading: dict[str, Any] | None,
-    store_tokenizer: str | None,
-    block: int,
-    progress: bool | str,
-) -> _Embedded | None:
-    """The chunks of ``source`` with their vectors: Parquet embeddings (cramkit embed --format parquet) taken
+def _chunks_and_vectors(r: BuildRequest, how: _Encoding, work: Path, t_start: float, *, rank: int) -> _Embedded | None:
+    """The chunks of the source with their vectors: Parquet embeddings (cramkit embed --format parquet) taken
     as they are, else the source chunked and the chunks embedded (resuming). None on torchrun ranks other than
     0, once their share is embedded."""
+    source = None if r.source is None else os.fspath(r.source)
     if is_parquet_embeddings(source):  # embedded already (cramkit embed --format parquet): index those
         if rank != 0:
             return None
-        emb = _read_parquet_embeddings(str(source), how, work, mode=mode, chunk_tokens=chunk_tokens, overlap=overlap)
+        emb = _read_parquet_embeddings(str(source), how, work, r)
         emb.chunk_seconds = time.perf_counter() - t_start
         _log(f"{len(emb.chunks)} embedded rows from {source} ({emb.chunk_seconds:.1f}s)")
         return emb
     chunks, cparams = make_chunks(
         source,
         how.loaded,
-        mode=mode,
-        chunk_tokens=chunk_tokens,
-        overlap=overlap,
-        reading=reading,
-        tokenizer=store_tokenizer,
+        mode=r.mode,
+        chunk_tokens=r.chunk_tokens,
+        overlap=r.overlap,
+        reading=r.reading_options(),
+        tokenizer=r.store_tokenizer,
         reserve=prompt_tokens(how.loaded.tokenizer, how.doc_prompt),
     )
     t_chunk = time.perf_counter() - t_start
     if rank == 0:
         _log(f"{len(chunks)} chunks from {chunks.num_docs} documents ({t_chunk:.1f}s)")
-    rec = _embed_chunks(chunks, how, work / "embed", block=block, progress=progress)
+    rec = _embed_chunks(chunks, how, work / "embed", block=r.block, progress=r.progress)
     if rank != 0:
         return None
     return _Embedded(chunks, cparams, rec, how.pooling, t_chunk)
 
 
-def _read_parquet_embeddings(
-    source: str, how: _Encoding, work: Path, *, mode: str, chunk_tokens: int | None, overlap: int | None
-) -> _Embedded:
+def _read_parquet_embeddings(source: str, how: _Encoding, work: Path, r: BuildRequest) -> _Embedded:
     """The rows of a folder of Parquet embeddings as chunks, their vectors written to the build's
     ``embeddings.npy``; they must be the encoder's, of the index's dimensions, with the documents' prompt."""
-    if mode != "passages" or chunk_tokens is not None or overlap is not None:
+    if r.mode != "passages" or r.chunk_tokens is not None or r.overlap is not None:
         raise CramkitError(
             f"{source} holds finished Parquet embeddings: they are indexed as they are (--mode passages, "
             "no --chunk-tokens or --overlap)"

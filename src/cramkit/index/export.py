@@ -47,12 +47,11 @@ import numpy as np
 from cramkit.embeddings.parquet import COLUMNS  # the columns of `cramkit embed --format parquet`
 from cramkit.errors import CramkitError
 from cramkit.index import ann
+from cramkit.index.request import PARTIAL, ExportRequest
 from cramkit.index.search import Index
-from cramkit.io import atomic_path, disk_problem
+from cramkit.io import atomic_path, disk_errors, disk_problem
+from cramkit.request import verb
 
-TARGETS = ("parquet", "lancedb", "milvus")
-DB_INDEXES = ("auto", "flat", "hnsw")
-PARTIAL = "__cramkit_partial"
 # Milvus: one insert call is capped at 64 MiB by its gRPC limit; its maintainers advise batches of 20-40 MB
 MILVUS_BATCH_BYTES = 32 << 20
 MILVUS_VARCHAR_MAX = 65_535
@@ -77,22 +76,6 @@ def _need(module: str, install: str) -> Any:
         raise CramkitError(
             f"--to needs the Python package {module}, which is not installed: pip install {install}"
         ) from None
-
-
-def default_name(index: str | os.PathLike) -> str:
-    """A table/collection name from the index directory's name: letters, digits and underscores, starting
-    with a letter or underscore (what Milvus accepts; LanceDB too)."""
-    base = re.sub(r"[^A-Za-z0-9_]", "_", Path(index).resolve().name) or "index"
-    return base if re.match(r"[A-Za-z_]", base) else f"idx_{base}"
-
-
-def _check_name(name: str) -> str:
-    if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]{0,254}", name) or name.endswith(PARTIAL):
-        raise CramkitError(
-            f"--name {name!r}: use letters, digits and underscores, starting with a letter or underscore "
-            f"(and not ending in {PARTIAL})"
-        )
-    return name
 
 
 def row_bytes(idx: Index) -> float:
@@ -179,58 +162,46 @@ def iter_batches(idx: Index, rows: int, start: int = 0, stop: int | None = None)
 
 
 def _db_index(idx: Index, db_index: str) -> str:
-    if db_index not in DB_INDEXES:
-        raise CramkitError(f"--db-index {db_index!r}: use one of {', '.join(DB_INDEXES)}")
     if db_index != "auto":
         return db_index
     return "flat" if idx.plan["kind"] == "flat" else "hnsw"
 
 
-def export_index(
-    index: str | os.PathLike,
-    to: str,
-    uri: str,
-    *,
-    name: str | None = None,
-    overwrite: bool = False,
-    rows_per_batch: int | None = None,
-    db_index: str = "auto",
-    log: Log | None = None,
-) -> dict[str, Any]:
+@verb(ExportRequest)
+def export_index(request: ExportRequest) -> dict[str, Any]:
     """Export the index at ``index`` to ``to`` (parquet, lancedb, milvus) at ``uri`` (a file or directory;
     a LanceDB directory or ``s3://...``; a Milvus ``http://host:19530`` or a Milvus Lite file ``x.db``),
     as table/collection ``name`` (default: from the index directory's name). Returns what was done:
-    ``{to, uri, name, rows, dim, metric, seconds, vectors_per_s, batches, db_index}``."""
-    log = log or _log
-    if to not in TARGETS:
-        raise CramkitError(f"--to {to!r} is not a target cramkit exports to; use one of {', '.join(TARGETS)}")
-    if not uri:
-        raise CramkitError("--uri is empty; give where to write (a file, a directory, or the database's URI)")
-    if rows_per_batch is not None and rows_per_batch < 1:
-        raise CramkitError(f"--batch-rows must be a positive integer, got {rows_per_batch}")
-    idx = Index(index)
+    ``{to, uri, name, rows, dim, metric, seconds, vectors_per_s, batches, db_index}``. Takes an
+    :class:`~cramkit.index.request.ExportRequest` or its fields."""
+    request.check()
+    with disk_errors(request.uri):  # a full disk: one line naming --uri, from Python as from the command line
+        return _export(request)
+
+
+def _export(r: ExportRequest) -> dict[str, Any]:
+    """:func:`export_index`'s work, the request checked."""
+    log = r.log or _log
+    idx = Index(r.index)
     if len(idx) == 0:
-        raise CramkitError(f"{index}: the index holds no chunks; nothing to export")
+        raise CramkitError(f"{r.index}: the index holds no chunks; nothing to export")
     if idx.plan["kind"] in ann.IVF_KINDS:
         log(
-            f"{index}: the {idx.plan['kind']} index's codes are lossy; exporting the float32 vectors it keeps "
+            f"{r.index}: the {idx.plan['kind']} index's codes are lossy; exporting the float32 vectors it keeps "
             "beside them (vectors.npy)"
         )
     t0 = time.perf_counter()
-    if to == "parquet":
+    if r.to == "parquet":
         _need("pyarrow", "'cramkit[parquet]'")
-        info = _to_parquet(idx, uri, overwrite=overwrite, rows=rows_per_batch, log=log)
+        info = _to_parquet(idx, r.uri, overwrite=r.overwrite, rows=r.rows_per_batch, log=log)
     else:
-        tname = _check_name(name) if name else default_name(index)
-        kind = _db_index(idx, db_index)
-        if to == "lancedb":
-            info = _to_lancedb(idx, uri, tname, overwrite=overwrite, rows=rows_per_batch, kind=kind, log=log)
-        else:
-            info = _to_milvus(idx, uri, tname, overwrite=overwrite, rows=rows_per_batch, kind=kind, log=log)
+        to_db = _to_lancedb if r.to == "lancedb" else _to_milvus
+        kind = _db_index(idx, r.db_index)
+        info = to_db(idx, r.uri, r.table(), overwrite=r.overwrite, rows=r.rows_per_batch, kind=kind, log=log)
     dt = time.perf_counter() - t0
     return {
-        "to": to,
-        "uri": uri,
+        "to": r.to,
+        "uri": r.uri,
         "rows": len(idx),
         "dim": int(idx.manifest["dim"]),
         "metric": "ip",

@@ -13,41 +13,43 @@ from typing import Any
 
 import numpy as np
 
-from cramkit.embeddings import BLOCK, store_text
+from cramkit.embeddings import store_text
 from cramkit.embeddings.memmap import STATE_FIELDS, embed_to_memmap, texts_key
 from cramkit.errors import CramkitError
 from cramkit.index import RETRO_CHUNK
 from cramkit.index.chunking import document_hashes, save_npy
 from cramkit.index.ondisk import peak_rss_mb
+from cramkit.index.request import NeighboursRequest
 from cramkit.index.search import Index
-from cramkit.io import check_out, dir_lock, open_memmap, read_json_object, write_json_atomic
+from cramkit.io import check_out, dir_lock, disk_errors, open_memmap, read_json_object, write_json_atomic
 from cramkit.meta import meta_int
 from cramkit.progress import Progress
+from cramkit.request import verb
 
 
 def _log(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
-def retro_neighbours(
-    path: str | os.PathLike,
-    store: str,
-    out: str | os.PathLike,
-    *,
-    k: int = 2,
-    store_tokenizer: str | None = None,
-    device: str = "auto",
-    block: int = BLOCK,
-    progress: bool | str = "auto",
-) -> dict[str, Any]:
+@verb(NeighboursRequest)
+def retro_neighbours(request: NeighboursRequest) -> dict[str, Any]:
     """For every ``chunk_tokens`` chunk of ``store``: its ``k`` nearest index chunks from other documents.
+    Takes a :class:`~cramkit.index.request.NeighboursRequest` or its fields.
 
     Writes ``OUT/neighbours.npy`` (int32 [n_chunks, k], index chunk ids, -1 where none), ``OUT/chunks.npy``
     (int64 [n_chunks, 3]: sequence, token start, token end in the store) and ``OUT/neighbours.json`` (last).
     A neighbour is from the same document when its document's token hash equals the query chunk's."""
+    with disk_errors(request.out):  # a full disk: one line naming --out, from Python as from the command line
+        return _neighbours(request)
+
+
+def _neighbours(r: NeighboursRequest) -> dict[str, Any]:
+    """:func:`retro_neighbours`'s work: the store's chunks embedded (or the index's own vectors), then searched
+    block by block."""
     from cramkit.data.tokenstore import TokenStore
 
-    idx = Index(path)
+    path, store, k, block, progress = r.path, os.fspath(r.store), r.k, r.block, r.progress
+    idx = Index(path, device=r.device, max_batch_tokens=r.max_batch_tokens)
     m = idx.manifest
     if m["mode"] != "retro":
         raise CramkitError(f"{path} is a {m['mode']} index; RETRO neighbours need one built with --mode retro")
@@ -58,7 +60,7 @@ def retro_neighbours(
     if len(spans) == 0:
         raise CramkitError(f"token store {store} is empty; nothing to find neighbours for")
     q_hash, cand_hash = _document_hashes(idx, ts, spans, path)
-    out = Path(out)
+    out = Path(r.out)
     check_out(out, inputs=[path, store], own=MANIFESTS, writes=WRITES, command="cramkit index neighbours")
     # resumable: rows are committed block by block (the memory map flushed, then the count recorded), so a
     # rerun after a kill continues after the last committed block of the same job
@@ -84,7 +86,7 @@ def retro_neighbours(
         if same_store:  # the index was built from this very store: its vectors are the queries
             q = idx.vectors
         else:
-            q = _embed_store_chunks(idx, ts, spans, out / ".embed", store_tokenizer, block=block, progress=progress)
+            q = _embed_store_chunks(idx, ts, spans, out / ".embed", r.store_tokenizer, block=block, progress=progress)
         result, start, dropped = _resume(out, job, progress_file, len(spans), k)
         bounds = _store_shard_bounds(ts, spans)
 

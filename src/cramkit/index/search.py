@@ -4,6 +4,7 @@ the first query; search by text or by vector."""
 from __future__ import annotations
 
 import os
+import sys
 import threading
 from collections.abc import Sequence
 from pathlib import Path
@@ -17,6 +18,8 @@ from cramkit.index import ann
 from cramkit.index.checks import MappedFiles
 from cramkit.index.chunking import ChunkTable
 from cramkit.index.manifest import DATA_FILES, MANIFEST, inside_index, read_manifest
+from cramkit.index.request import InfoRequest, QueryRequest
+from cramkit.request import verb
 
 
 class Index:
@@ -24,7 +27,13 @@ class Index:
     (RETRO indexes add ``continuation``). The encoder is loaded at the first search."""
 
     def __init__(
-        self, path: str | os.PathLike, *, encoder: str | None = None, device: str = "cpu", mmap: bool = True
+        self,
+        path: str | os.PathLike,
+        *,
+        encoder: str | None = None,
+        device: str = "cpu",
+        mmap: bool = True,
+        max_batch_tokens: int | None = None,
     ) -> None:
         self.path = Path(path)
         self.manifest = m = read_manifest(self.path)
@@ -79,7 +88,7 @@ class Index:
         mapped += [str(ivfdata)] if on_disk else ["faiss.index"] if self.mmapped else []
         self._mapped = MappedFiles({self.data_dir / f: int(m["files"][f]) for f in mapped})
         self._encoder_arg = encoder
-        self.device = device
+        self.device, self.max_batch_tokens = device, max_batch_tokens
         self._engine: Any = None
         self._lock = threading.Lock()  # search from several threads (a server): one at a time
 
@@ -159,7 +168,7 @@ class Index:
                     )
             from cramkit.infer import Engine
 
-            self._engine = Engine(loaded, device=self.device, max_batch_tokens=None)
+            self._engine = Engine(loaded, device=self.device, max_batch_tokens=self.max_batch_tokens)
         return self._engine
 
     @property
@@ -253,3 +262,24 @@ class Index:
 def open(path: str | os.PathLike, *, encoder: str | None = None, device: str = "cpu") -> Index:
     """Open the index at ``path`` (memory-mapped); ``encoder``, when given, must be the one it was built with."""
     return Index(path, encoder=encoder, device=device)
+
+
+@verb(QueryRequest)
+def query(request: QueryRequest) -> list[dict[str, Any]]:
+    """``cramkit index query``: per text ``{query, truncated, hits}`` (``hits``: :meth:`Index.search`'s, best
+    first); a text cut to the encoder's limit is said on stderr. Takes a
+    :class:`~cramkit.index.request.QueryRequest` or its fields."""
+    with Index(request.path, encoder=request.encoder, device=request.device) as idx:
+        hits, cut = idx.search_truncated(request.texts, request.k)
+        for _ in filter(None, cut):
+            print(
+                f"note: the query was cut to the encoder's limit of {idx.engine().max_length} tokens", file=sys.stderr
+            )
+    return [{"query": t, "truncated": c, "hits": h} for t, c, h in zip(request.texts, cut, hits, strict=True)]
+
+
+@verb(InfoRequest)
+def info(request: InfoRequest) -> dict[str, Any]:
+    """``cramkit index info``: what the index holds and how it was built (:meth:`Index.info`)."""
+    with Index(request.path) as idx:
+        return idx.info()

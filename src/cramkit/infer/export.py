@@ -5,23 +5,19 @@
 
 from __future__ import annotations
 
-import os
 import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from cramkit import backends
 from cramkit.errors import CramkitError
-from cramkit.infer import TARGETS
+from cramkit.infer.requests import ExportRequest
 from cramkit.io import read_json
 from cramkit.loading import LoadedModel, describe, load_torch
-
-
-def formats() -> tuple[str, ...]:
-    """hf, then every registered export format (onnx, ct2, ...)."""
-    return ("hf", *backends.names())
+from cramkit.model.pooling import POOLINGS
+from cramkit.request import verb
 
 
 def cpu_target(serving: bool = False) -> tuple[str, str | None, str]:
@@ -66,123 +62,74 @@ class Exported:
     summary: str  # one line: what was written and how to load it
 
 
-def export(
-    model: str | os.PathLike | LoadedModel,
-    out: str | os.PathLike,
-    *,
-    format: str = "hf",
-    quantize: str | None = None,
-    step: int | None = None,
-    mlm_head: bool = True,
-    force: bool = False,
-    progress: bool = True,
-    task: str | None = None,
-    base: str | os.PathLike | LoadedModel | None = None,
-    target: str | None = None,
-    race: bool | None = None,
-    **options: Any,
-) -> Exported:
+@verb(ExportRequest, rest="options")
+def export(request: ExportRequest) -> Exported:
     """Write ``model`` (anything ``cramkit.load`` takes but an export, or a loaded model) to ``out`` as a
     Hugging Face directory (``format="hf"``) or in an export format: ``onnx`` for ONNX Runtime
     (``quantize="int8"`` for dynamic int8 weights), ``ct2`` for CTranslate2 (``quantize``: float32 (default),
-    int8, int8_float32 or bfloat16), or any registered format. ``out`` is replaced atomically when it holds
-    a previous export of this format (``force``: of another format) and nothing its manifest does not list; any
-    other non-empty ``out`` is refused (``force`` never deletes what an export did not write). task: the head
-    to export of a model trained on a mixture. base: of a deep-prompt directory (finetune --method ptuning),
-    the base model it was trained on; the ONNX export holds both (it runs without the base). A prompt model
-    (finetune --prompt) exports to ONNX with its template (the export reads inputs through it) or to a Hugging
-    Face BertForMaskedLM with the template recorded. target: ``cpu`` picks the format and quantization that run
-    fastest on this machine's CPU for batch work, ``cpu-serve`` for a server, by racing the installed formats
-    here (``cramkit.infer.race``; ``format`` and ``quantize`` are then left unset). race: True races again (a
-    cached race of this kind of model on this CPU is not reused), False takes the CPU flags' rule
-    (:func:`cpu_target`) without racing; default: ``$CRAMKIT_RACE`` (1 or 0), else a matching cached race or a
-    new one.
-    options: the format's own (ONNX: ``isa``, ``opset``)."""
-    if target is not None:
-        loaded_model, format, quantize, record = _target(model, out, target, format, quantize, race, step, task, base)
-        return _export_to(loaded_model, out, format, quantize, mlm_head, force, progress, record, options)
-    if race is not None:
-        raise CramkitError("--race and --no-race apply to --target cpu or cpu-serve; add --target (or drop them)")
-    return _export_to(model, out, format, quantize, mlm_head, force, progress, None, options, step, task, base)
+    int8, int8_float32 or bfloat16), or any registered format; returns the directory and the line
+    ``cramkit export`` prints. Takes an :class:`~cramkit.infer.requests.ExportRequest` or its fields. ``out`` is
+    replaced atomically when it holds a previous export of this format (``force``: of another format) and
+    nothing its manifest does not list; any other non-empty ``out`` is refused (``force`` never deletes what an
+    export did not write). task: the head to export of a model trained on a mixture. base: of a deep-prompt
+    directory (finetune --method ptuning), the base model it was trained on; the ONNX export holds both (it runs
+    without the base). A prompt model (finetune --prompt) exports to ONNX with its template (the export reads
+    inputs through it) or to a Hugging Face BertForMaskedLM with the template recorded. target: ``cpu`` picks the
+    format and quantization that run fastest on this machine's CPU for batch work, ``cpu-serve`` for a server,
+    by racing the installed formats here (``cramkit.infer.race``; ``format`` and ``quantize`` are then left
+    unset). race: True races again (a cached race of this kind of model on this CPU is not reused), False takes
+    the CPU flags' rule (:func:`cpu_target`) without racing; default: ``$CRAMKIT_RACE`` (1 or 0), else a
+    matching cached race or a new one. Other keywords are the format's own options (ONNX: ``isa``, ``opset``)."""
+    request.check()
+    if request.target is not None:
+        return _export_to(request, *_target(request))
+    return _export_to(request, request.format, request.quantize)
 
 
-def _target(
-    model: str | os.PathLike | LoadedModel,
-    out: str | os.PathLike,
-    target: str,
-    format: str,
-    quantize: str | None,
-    race: bool | None,
-    step: int | None,
-    task: str | None,
-    base: str | os.PathLike | LoadedModel | None,
-) -> tuple[LoadedModel, str, str | None, dict[str, Any]]:
-    """The model, read once, and the format and quantization ``target`` picks for it: by a race on this machine
+@verb(ExportRequest, rest="options")
+def export_dir(request: ExportRequest) -> Path:
+    """``cramkit.export``: :func:`export`, returning the directory written."""
+    return export(request).path
+
+
+def _target(r: ExportRequest) -> tuple[str, str | None, dict[str, Any], LoadedModel]:
+    """The format and quantization the request's target picks for its model: by a race on this machine
     (``cramkit.infer.race``), or, where none can run, by the CPU flags' rule (:func:`cpu_target`), said in one
-    line; and the record kept in the manifest."""
+    line; the record kept in the manifest, and the model, read once."""
     from cramkit.infer import race as racing
     from cramkit.io import check_out
     from cramkit.loading import for_task
 
-    if target not in TARGETS:
-        import difflib
-
-        close = difflib.get_close_matches(target, TARGETS, n=1)
-        hint = f"; did you mean {close[0]}?" if close else ""
-        raise CramkitError(f"target must be one of {', '.join(TARGETS)}, got {target!r}{hint}")
-    if format != "hf" or quantize is not None:
-        raise CramkitError(
-            f"--target {target} picks the format and quantization itself; drop --format and --quantize (or --target)"
-        )
-    racing.wanted(race)  # a bad CRAMKIT_RACE: one line, before the model is read
-    if isinstance(model, LoadedModel) and (step is not None or base is not None):
-        raise CramkitError("step and base apply to a path, not to a loaded model (load it with them)")
+    racing.wanted(r.race)  # a bad CRAMKIT_RACE: one line, before the model is read
     # a bad --out is refused before the race (the format is not known yet: any export's there may be replaced)
     markers = backends.export_markers()
-    check_out(out, inputs=[model], own=list(markers), replace=True, force=True, kin=markers)
-    loaded = model if isinstance(model, LoadedModel) else load_torch(model, step=step, purpose="export", base=base)
-    loaded = for_task(loaded, task)
+    check_out(r.out, inputs=[r.model], own=list(markers), replace=True, force=True, kin=markers)
+    loaded = (
+        r.model if isinstance(r.model, LoadedModel) else load_torch(r.model, step=r.step, purpose="export", base=r.base)
+    )
+    loaded = for_task(loaded, r.task)
     try:
-        fmt, q, record = racing.pick(loaded, target, race)
-        return loaded, fmt, q, record
+        fmt, q, record = racing.pick(loaded, cast(str, r.target), r.race)
+        return fmt, q, record, loaded
     except racing.NoRace as exc:
-        fmt, q, why = cpu_target(serving=target == "cpu-serve")
-        line = f"cramkit: --target {target}: --format {fmt} --quantize {q or 'none'}: {why}"
+        fmt, q, why = cpu_target(serving=r.target == "cpu-serve")
+        line = f"cramkit: --target {r.target}: --format {fmt} --quantize {q or 'none'}: {why}"
         forced = str(exc) in ("--no-race", f"{racing.RACE_ENV}=0")
         print(line if forced else f"{line} (the CPU flags' rule: not raced, {exc})", file=sys.stderr)
-        return loaded, fmt, q, {"target": target, "raced": False, "why_not": str(exc), "rule": why}
+        return fmt, q, {"target": r.target, "raced": False, "why_not": str(exc), "rule": why}, loaded
 
 
 def _export_to(
-    model: str | os.PathLike | LoadedModel,
-    out: str | os.PathLike,
+    r: ExportRequest,
     format: str,
     quantize: str | None,
-    mlm_head: bool,
-    force: bool,
-    progress: bool,
-    record: dict[str, Any] | None,
-    options: dict[str, Any],
-    step: int | None = None,
-    task: str | None = None,
-    base: str | os.PathLike | LoadedModel | None = None,
+    record: dict[str, Any] | None = None,
+    loaded: LoadedModel | None = None,
 ) -> Exported:
-    known = formats()
-    if format not in known:
-        raise CramkitError(f"format must be one of {', '.join(known)}, got {format!r}")
+    """The export of the request's model (``loaded``: read already, for its task) in ``format``."""
     backend = backends.get(format) if format != "hf" else None
-    if backend is None and (quantize or options):
-        raise CramkitError(
-            "the hf format takes no quantize or options; quantize applies to "
-            + ", ".join(f"{b.name} ({'/'.join(q for q in b.quantize if q)})" for b in backends.backends().values())
-        )
-    if backend is not None:
-        backend.check_quantize(quantize)  # before the model is read
-    out = Path(out)
-    if isinstance(model, LoadedModel) and step is not None:
-        raise CramkitError("step applies to a run directory, not to a loaded model")
-    if isinstance(model, LoadedModel) and base is not None:
-        raise CramkitError("base applies to a deep-prompt directory, not to a loaded model (load it with its base)")
+    out = Path(r.out)
+    model = loaded if loaded is not None else r.model
     # what the format cannot hold is refused before the model (and a deep-prompt model's base) is read
     name, arch = (
         (model.source, model.architecture)
@@ -200,19 +147,20 @@ def _export_to(
     from cramkit.model.hf import EXPORT_MARKER
 
     marker = backend.marker if backend is not None else EXPORT_MARKER
-    removed = check_out(out, inputs=[model], own=[marker], replace=True, force=force, kin=backends.export_markers())
+    removed = check_out(out, inputs=[model], own=[marker], replace=True, force=r.force, kin=backends.export_markers())
     if removed:  # another format's export, every entry of it listed by its manifest
         shown = ", ".join(removed[:20]) + (f" and {len(removed) - 20} more" if len(removed) > 20 else "")
         print(
             f"cramkit: --force: {out} holds an export of another format; replacing its {len(removed)} entries: {shown}",
             file=sys.stderr,
         )
-    from cramkit.loading import for_task
+    if loaded is None:
+        from cramkit.loading import for_task
 
-    if isinstance(model, LoadedModel):
-        loaded = for_task(model, task)
-    else:
-        loaded = for_task(load_torch(model, step=step, purpose="export", base=base), task)
+        torch_model = (
+            model if isinstance(model, LoadedModel) else load_torch(model, step=r.step, purpose="export", base=r.base)
+        )
+        loaded = for_task(torch_model, r.task)
     experts = getattr(loaded.config, "moe_experts", 0)
     if experts and (backend is None or backend.name != "onnx"):
         raise CramkitError(
@@ -223,11 +171,19 @@ def _export_to(
         )
     with disk_errors(out):
         if backend is None:
-            return _export_hf(loaded, out, mlm_head, force)
+            return _export_hf(loaded, out, r.mlm_head, r.force)
         from cramkit.infer.engine import compare_outputs
 
         done = backends.write_export(
-            backend, loaded, out, quantize, force, compare=compare_outputs, progress=progress, race=record, **options
+            backend,
+            loaded,
+            out,
+            quantize,
+            r.force,
+            compare=compare_outputs,
+            progress=r.progress,
+            race=record,
+            **r.options,
         )
         precision = quantize or backend.quantize[0] or "fp32"
         what = f"{backend.title} {precision}; cramkit serve {done}"
@@ -242,7 +198,7 @@ def _sentence_transformers(loaded: LoadedModel) -> dict[str, Any] | None:
     """An embedding model's (kind ``encoder``: the contrastive stage's, a sentence-transformers model's)
     pooling, normalisation, length limit, Matryoshka dimensions and named prompts: its HF export is a
     sentence-transformers folder too."""
-    if loaded.kind != "encoder" or loaded.pooling not in ("mean", "cls"):
+    if loaded.kind != "encoder" or loaded.pooling not in POOLINGS:
         return None
     st: dict[str, Any] = {
         "pooling": loaded.pooling,

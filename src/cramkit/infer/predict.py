@@ -19,6 +19,8 @@ from typing import Any, cast
 import numpy as np
 
 from cramkit.errors import CramkitError
+from cramkit.infer.requests import PredictRequest
+from cramkit.request import verb
 from cramkit.text.tables import PAIR_COLUMNS, TEXT_COLUMNS  # the usual column names
 
 CHOICES_HINT = "Fix the row, or name the choice columns with --choices COL[,COL...]."
@@ -128,126 +130,72 @@ def read_rows(
     )
 
 
-def predict(
-    model: Any,
-    input_file: str | os.PathLike,
-    out: str | os.PathLike | None = None,
-    *,
-    text_a: str | None = None,
-    text_b: str | None = None,
-    label: str | None = "auto",
-    keep_text: bool = False,
-    top_k: int = 5,
-    device: str = "auto",
-    max_batch_tokens: int | None = None,
-    max_length: int | None = None,
-    backend: str = "auto",
-    choices: list[str] | None = None,
-    encoding: str | None = None,
-    errors: str = "strict",
-    task: str | None = None,
-    base: str | os.PathLike | None = None,
-    offload_experts: bool = False,
-    expert_cache: int | None = None,
-) -> dict[str, Any]:
+@verb(PredictRequest)
+def predict(request: PredictRequest) -> dict[str, Any]:
     """Predict every row of ``input_file`` with ``model`` (anything ``cramkit.load`` opens, exports included,
-    or an opened model); write them to ``out`` (.jsonl, .csv or .tsv); return a summary (rows, examples/s,
-    metrics). backend: auto (the model's own: an export's format, else torch), torch, or an export format
-    (onnx, ct2, ...: a torch model is exported at startup).
+    or an opened model); write them to ``out`` (.jsonl, .csv or .tsv; default: FILE.predictions.jsonl); return a
+    summary (rows, examples/s, metrics, out). Takes a :class:`~cramkit.infer.requests.PredictRequest` or its
+    fields. backend: auto (the model's own: an export's format, else torch), torch, or an export format (onnx,
+    ct2, ...: a torch model is exported at startup).
 
     label: the gold label column, scored when the file has it ("auto": the column the model was trained
-    on, else ``label``; None: no scoring); its values are checked against the model's labels before any
-    row is predicted. keep_text: copy each row's input text(s) into its prediction. task: the head of a model
-    trained on a mixture (one head per task). choices: a multiple-choice model's choice columns (default:
-    those it was trained on, else ``choices``); its context column defaults to the one it was trained on too.
-    base: the base model of a deep-prompt directory (finetune --method ptuning). offload_experts, expert_cache:
-    a mixture-of-experts model's experts brought in as its routers pick them (:class:`~cramkit.infer.Engine`)."""
-    from cramkit.infer.offload import check_expert_cache
-    from cramkit.io import check_out_file
+    on, else ``label``; None or "none": no scoring); its values are checked against the model's labels before
+    any row is predicted. keep_text: copy each row's input text(s) into its prediction. task: the head of a model
+    trained on a mixture (one head per task). choices: a multiple-choice model's choice columns (a list, or
+    "A,B"; default: those it was trained on, else ``choices``); its context column defaults to the one it was
+    trained on too. base: the base model of a deep-prompt directory (finetune --method ptuning).
+    offload_experts, expert_cache: a mixture-of-experts model's experts brought in as its routers pick them
+    (:class:`~cramkit.infer.Engine`)."""
+    from cramkit.io import check_out_file, disk_errors
 
-    check_expert_cache(expert_cache, offload_experts)  # a bad value: one line before anything is read
-    if out is not None:
-        check_out_file(out, inputs=[model, input_file])
-    engine = _open_engine(
-        model,
-        task=task,
-        base=base,
-        backend=backend,
-        device=device,
-        max_batch_tokens=max_batch_tokens,
-        max_length=max_length,
-        offload_experts=offload_experts,
-        expert_cache=expert_cache,
-    )
-    rows = _read_inputs(engine, input_file, text_a, text_b, label, choices, encoding, errors)
+    r = request.resolved()  # a bad combination: one line before anything is read
+    out = cast(Path, r.out)
+    check_out_file(out, inputs=[r.model, r.input_file])
+    engine = _open_engine(r)
+    rows = _read_inputs(engine, r)
     inputs = rows.texts_a if rows.texts_b is None else list(zip(rows.texts_a, rows.texts_b, strict=True))
     start = time.perf_counter()
     summary: dict[str, Any] = {"model": engine.source, "kind": engine.kind, "rows": len(inputs)}
-    records, found = _predict_rows(engine, rows, inputs, top_k)
+    records, found = _predict_rows(engine, rows, inputs, r.top_k)
     truncated = found.pop("truncated")
-    if keep_text:
+    if r.keep_text:
         _add_texts(records, rows)
     summary.update(found)
     elapsed = time.perf_counter() - start
     summary["seconds"] = round(elapsed, 3)
     summary["examples_per_s"] = round(len(inputs) / max(elapsed, 1e-9), 1)
     summary["truncated"] = truncated
-    if out is not None:
-        from cramkit.io import disk_errors
-
-        with disk_errors(out):  # a full disk: one line naming it
-            summary["out"] = str(write_predictions(records, out))
+    with disk_errors(out):  # a full disk: one line naming it
+        summary["out"] = str(write_predictions(records, out))
     return summary
 
 
-def _open_engine(
-    model: Any,
-    *,
-    task: str | None,
-    base: str | os.PathLike | None,
-    backend: str,
-    device: str,
-    max_batch_tokens: int | None,
-    max_length: int | None,
-    offload_experts: bool,
-    expert_cache: int | None,
-) -> Any:
-    """The engine over ``model``: a path loaded (a deep-prompt directory on ``base``), a mixture's model cut
-    to the head of ``task``, run by ``backend``."""
+def _open_engine(r: PredictRequest) -> Any:
+    """The engine over the request's model: a path loaded (a deep-prompt directory on ``base``), a mixture's
+    model cut to the head of ``task``, run by ``backend``."""
     from cramkit.backends import ExportedModel
     from cramkit.infer import Engine
-    from cramkit.loading import LoadedModel, for_task, is_export, load
+    from cramkit.loading import LoadedModel, for_task, load
 
-    if not isinstance(model, (LoadedModel, ExportedModel)):
-        if is_export(model) and task is not None:
-            raise CramkitError(f"--task applies to a model trained on a mixture; {model} is an export of one task")
-        model = load(model, base=base)
+    model = r.model if isinstance(r.model, (LoadedModel, ExportedModel)) else load(r.model, base=r.base)
     if isinstance(model, LoadedModel):
-        model = for_task(model, task)
+        model = for_task(model, r.task)
     return Engine(
         model,
-        backend=backend,
-        device=device,
-        max_batch_tokens=max_batch_tokens,
-        max_length=max_length,
-        offload_experts=offload_experts,
-        expert_cache=expert_cache,
+        backend=r.backend,
+        device=r.device,
+        max_batch_tokens=r.max_batch_tokens,
+        max_length=r.max_length,
+        offload_experts=r.offload_experts,
+        expert_cache=None if r.expert_cache is None else int(r.expert_cache),  # checked: a number
     )
 
 
-def _read_inputs(
-    engine: Any,
-    input_file: str | os.PathLike,
-    text_a: str | None,
-    text_b: str | None,
-    label: str | None,
-    choices: list[str] | None,
-    encoding: str | None,
-    errors: str,
-) -> Rows:
-    """The rows of ``input_file``, read by default through the columns the model was trained on (label
+def _read_inputs(engine: Any, r: PredictRequest) -> Rows:
+    """The rows of the request's file, read by default through the columns the model was trained on (label
     "auto": its label column, else ``label``), their gold labels checked against the model's before any row
     is predicted."""
+    input_file, text_a, label, choices = r.input_file, r.text_a, r.label, cast("list[str] | None", r.choices)
     given = label not in ("auto", None)
     trained = _trained_columns(engine)
     if label == "auto":
@@ -257,7 +205,7 @@ def _read_inputs(
         text_a = text_a or trained.get("text_a")
     elif choices is not None:
         raise CramkitError(f"--choices applies to a multiple-choice model; {engine.source} is a {engine.kind} model")
-    rows = read_rows(input_file, text_a, text_b, label, choices=choices, encoding=encoding, errors=errors)
+    rows = read_rows(input_file, text_a, r.text_b, label, choices=choices, encoding=r.encoding, errors=r.errors)
     if given and rows.label_column is None:
         raise CramkitError(
             f"{input_file} has no column {label!r} (--label; its columns: {', '.join(rows.columns)}); name the "

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 from cramkit.errors import CramkitError
 from cramkit.loading.common import check_size, default_max_length, load_weights
 from cramkit.model.loaded import LoadedModel
+from cramkit.model.pooling import read_pooling, read_st_pooling
 
 if TYPE_CHECKING:  # torch is imported by the functions that need it: `cramkit --help` stays instant
     from torch import nn
@@ -48,7 +49,7 @@ def _st_pooling(root: Path) -> tuple[str | None, bool, int | None]:
             if kind.endswith("Pooling"):
                 conf = folder_file(root, str(Path(str(mod.get("path", ""))) / "config.json"))
                 if conf.is_file():
-                    pooling = _st_pooling_mode(read_json(conf, fix), conf)
+                    pooling = read_st_pooling(read_json(conf, fix), conf)
             elif kind.endswith("Normalize"):
                 normalize = True
         for name in ST_CONFIG_FILES:
@@ -81,34 +82,6 @@ def _st_prompts(root: Path) -> dict[str, Any]:
     default = data.get("default_prompt_name") or None
     embedding_prompts.check(prompts, default, str(conf))
     return {"prompts": dict(prompts), **({"default_prompt_name": default} if default else {})}
-
-
-def _st_pooling_mode(conf: dict[str, Any], file: Path) -> str | None:
-    mode = conf.get("pooling_mode")
-    if mode is None:  # before v5: one flag per mode
-        modes = [
-            m
-            for m in (
-                "cls_token",
-                "mean_tokens",
-                "max_tokens",
-                "mean_sqrt_len_tokens",
-                "weightedmean_tokens",
-                "lasttoken",
-            )
-            if conf.get(f"pooling_mode_{m}")
-        ]
-        mode = [m.removesuffix("_tokens").replace("cls_token", "cls") for m in modes]
-    if isinstance(mode, list) and len(mode) == 1:
-        mode = mode[0]
-    if mode == []:
-        return None
-    if mode in ("cls", "mean"):
-        return mode
-    raise CramkitError(
-        f"{file}: sentence-transformers pooling {mode!r} is not one cramkit computes (cls or mean); its embeddings "
-        "would differ from the model's own"
-    )
 
 
 def _hf_labels(hf: dict[str, Any], state: dict[str, Any]) -> tuple[str, int, list[str] | None]:
@@ -152,7 +125,7 @@ def load_hf(name: str, text: str) -> LoadedModel:
     if arch.endswith(("ForSequenceClassification", "ForMultipleChoice")) or "classifier.weight" in state:
         dropout = hf.get("classifier_dropout")
         head_cfg = ClassifierConfig(
-            pooling="first",
+            pooling="cls",
             pooler_dense=True,
             dropout=float(dropout or cfg.dropout),
             pooler_activation=family.pooler_activation,  # type: ignore[arg-type]  # a family's is one of them
@@ -168,7 +141,7 @@ def load_hf(name: str, text: str) -> LoadedModel:
         full |= {k: v for k, v in state.items() if k.startswith(("pooler.", "classifier."))}
         load_weights(model, full, f"hf:{root}")
         head = {
-            "pooling": "first",
+            "pooling": "cls",
             "pooler_dense": True,
             "dropout": head_cfg.dropout,
             "pooler_activation": head_cfg.pooler_activation,
@@ -196,7 +169,7 @@ def load_hf(name: str, text: str) -> LoadedModel:
         tokenizer=load_tokenizer(root),
         labels=labels,
         max_length=max_length,
-        pooling=pooling or ("cls" if kind in ("classifier", "multiple_choice") else "mean"),
+        pooling=pooling or (head_cfg.pooling if head else "mean"),  # a classifier's own: its head's
         normalize=normalize,
         with_types=cfg.segment_types,
         head=head,
@@ -239,7 +212,7 @@ def _load_cramkit_export(root: Path, hf: dict[str, Any]) -> LoadedModel:
     if arch == "CramkitForSequenceClassification":
         kind, n, labels = _hf_labels(hf, state)
         head_cfg = ClassifierConfig(
-            pooling=hf.get("classifier_pooling", "first"),
+            pooling=read_pooling(hf.get("classifier_pooling", "cls"), f"hf:{root} classifier_pooling"),
             pooler_dense=bool(hf.get("classifier_pooler_dense", True)),
             dropout=cfg.dropout,
         )
@@ -265,7 +238,7 @@ def _load_cramkit_export(root: Path, hf: dict[str, Any]) -> LoadedModel:
         tokenizer=load_tokenizer(root),
         labels=labels,
         max_length=default_max_length(cfg),
-        pooling="cls" if head and head["pooling"] == "first" else "mean",
+        pooling=head_cfg.pooling if head else "mean",
         with_types=cfg.segment_types,
         head=head,
         extra={"hf_architecture": arch, **_st_prompts(root)},

@@ -19,6 +19,7 @@ from cramkit.errors import CramkitError
 from cramkit.io import read_json
 from cramkit.loading.common import check_size, load_weights
 from cramkit.model.loaded import MODEL_FILE, MODEL_FORMAT, LoadedModel
+from cramkit.model.pooling import POOLINGS, read_head
 
 if TYPE_CHECKING:  # torch is imported by the functions that need it: `cramkit --help` stays instant
     from torch import nn
@@ -41,7 +42,7 @@ META_FIELDS = {
     "labels": list,
     "task": str,
     "max_length": int,
-    "pooling": ("mean", "cls"),
+    "pooling": POOLINGS,
     "normalize": bool,
     "with_types": bool,
     "extra": dict,
@@ -191,7 +192,7 @@ def _build_prefix_model(
             f"--base {base_loaded.source} is not the model {file.parent}'s prompts were trained on (its encoder's "
             f"checksum differs from {info['sha256'][:12]}, {named}); give that model"
         )
-    head = from_dict(ClassifierConfig, meta.get("head") or {}, "head")
+    head = from_dict(ClassifierConfig, read_head(meta.get("head")), "head")
     n = 1 if meta.get("kind") == "regression" else len(labels or [])
     if n < 1:
         raise CramkitError(f"{file}: a deep-prompt classifier needs labels")
@@ -226,7 +227,7 @@ def _build_encoder_model(meta: dict[str, Any], file: Path) -> tuple[nn.Module, A
         return MaskedLM(cfg), cfg
     if kind == "encoder":
         return Encoder(cfg), cfg
-    head = from_dict(ClassifierConfig, meta.get("head") or {}, "head")
+    head = from_dict(ClassifierConfig, read_head(meta.get("head")), "head")
     if kind == "multitask":
         from cramkit.model.multitask import MultiTaskModel
 

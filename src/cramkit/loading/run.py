@@ -13,6 +13,7 @@ from cramkit.io import json_loads, json_text
 from cramkit.loading.common import check_size, default_max_length, load_weights
 from cramkit.loading.kinds import is_checkpoint
 from cramkit.model.loaded import LoadedModel
+from cramkit.model.pooling import POOLINGS
 
 if TYPE_CHECKING:
     import torch
@@ -125,4 +126,4 @@ def _run_pooling(run: Path) -> dict[str, str]:
     except (OSError, ValueError):
         return {}
     value = info.get("pooling") if isinstance(info, dict) else None
-    return {"st_pooling": value} if value in ("mean", "cls") else {}
+    return {"st_pooling": value} if value in POOLINGS else {}

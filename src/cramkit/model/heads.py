@@ -12,6 +12,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from cramkit.model.encoder import Encoder, ModelConfig, activation_fn, init_weights, make_norm
+from cramkit.model.pooling import Pooling
 
 IGNORE = -100  # label of positions that are not predicted
 
@@ -93,7 +94,7 @@ class MaskedLM(nn.Module):
 class ClassifierConfig:
     """The fine-tuning head: pooling of the encoder output and a linear classifier (or regressor)."""
 
-    pooling: Literal["first", "mean"] = "first"
+    pooling: Pooling = "cls"
     pooler_dense: bool = True  # dense + activation on the pooled vector (BERT's pooler)
     dropout: float = 0.1
     # the pooler's activation: tanh (BERT, RoBERTa, MPNet), relu (DistilBERT's pre_classifier), gelu (ELECTRA)

@@ -35,6 +35,7 @@ from cramkit.io import BadJson, folder_file, json_loads, json_text, read_json
 from cramkit.model.architectures import Family, family_of
 from cramkit.model.encoder import Encoder, ModelConfig
 from cramkit.model.heads import MaskedLM, MultipleChoice, SequenceClassifier
+from cramkit.model.pooling import st_pooling_config
 
 TEMPLATE = Path(__file__).with_name("hf_modeling_template.py")
 EXPORT_MARKER = "cramkit_export.json"
@@ -387,13 +388,7 @@ def _write_sentence_transformers(out: Path, st: dict[str, Any], hidden: int, *, 
         modules.append({"idx": 2, "name": "2", "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"})
         (out / "2_Normalize").mkdir()
     (out / "1_Pooling").mkdir()
-    pooling = {
-        "word_embedding_dimension": hidden,
-        "pooling_mode_cls_token": st["pooling"] != "mean",
-        "pooling_mode_mean_tokens": st["pooling"] == "mean",
-        "pooling_mode_max_tokens": False,
-        "pooling_mode_mean_sqrt_len_tokens": False,
-    }
+    pooling = st_pooling_config(st["pooling"], hidden)
     bert_cfg: dict[str, Any] = {"max_seq_length": int(st["max_length"]), "do_lower_case": False}
     if trust:  # the Transformer module reads a cramkit-format model through its remote code
         bert_cfg |= {"model_args": {"trust_remote_code": True}, "config_args": {"trust_remote_code": True}}
@@ -491,7 +486,7 @@ def _not_own_type_because(
         activation = clf.head_cfg.pooler_activation
         if not family.writes("classifier"):
             problems = [f"{family.name} has no classifier class with cramkit's head (a pooler and a linear layer)"]
-        elif clf.head_cfg.pooling != "first" or clf.pooler is None or activation != family.pooler_activation:
+        elif clf.head_cfg.pooling != "cls" or clf.pooler is None or activation != family.pooler_activation:
             problems = [
                 f"classifier pooling={clf.head_cfg.pooling} pooler={clf.pooler is not None} activation={activation}"
             ]

@@ -359,7 +359,7 @@ class CramkitForSequenceClassification(CramkitPreTrainedModel):
     ) -> SequenceClassifierOutput | tuple:
         out = self.encoder(input_ids, attention_mask, token_type_ids, output_hidden_states=output_hidden_states)
         hidden = out.last_hidden_state
-        if getattr(self.config, "classifier_pooling", "first") == "mean":
+        if getattr(self.config, "classifier_pooling", "cls") == "mean":
             if attention_mask is None:
                 pooled = hidden.mean(dim=1)
             else:

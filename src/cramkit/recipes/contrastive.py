@@ -45,6 +45,7 @@ import numpy as np
 from cramkit.config import to_dict
 from cramkit.errors import CramkitError
 from cramkit.loading import LoadedModel
+from cramkit.model.pooling import Pooling, pooling_for
 from cramkit.recipes.contrastive_config import ContrastiveConfig, matryoshka_dims
 from cramkit.recipes.contrastive_data import PairBatches, Pairs, make_pairs, pad_sequences, with_prompts
 from cramkit.recipes.contrastive_loss import gather, info_nce
@@ -271,19 +272,20 @@ def _train(source, rows, cfg, out: Path, dev_rows, progress: bool, skipped: int)
     import time
 
     from cramkit.runtime import torchrun
+    from cramkit.train.budget import Budget
     from cramkit.train.distributed import init_distributed, shutdown
     from cramkit.train.epochs import train_epochs
 
     loaded = _encoder_model(source)
     if cfg.max_train_examples:
         rows = list(rows)[: cfg.max_train_examples]
-    pooling = _pooling(cfg, loaded)
+    pooling = pooling_for(loaded, cfg.pooling)  # auto: the model's own, mean when it declares none
     rows, dev_rows = _hold_out(rows, dev_rows, cfg)
     train, dev, encoded, max_length = _encode(rows, dev_rows, cfg, loaded)
     objective = ContrastiveObjective(loaded, cfg, train, dev, encoded, pooling)
     batch = min(cfg.batch_size, len(train))
     steps_per_epoch = max(1, len(train) // batch)
-    budget = cfg.budget or f"{max(1, math.ceil(cfg.epochs * steps_per_epoch))}steps"
+    budget = cfg.budget or Budget.of_steps(max(1, math.ceil(cfg.epochs * steps_per_epoch))).text
     world, main = torchrun().world, torchrun().is_main
     if world > 1 and batch % world:
         raise CramkitError(
@@ -362,14 +364,6 @@ def _encoder_model(source: PathLike | LoadedModel) -> LoadedModel:
     return loaded
 
 
-def _pooling(cfg: ContrastiveConfig, loaded: LoadedModel) -> str:
-    """``cfg.pooling``; "auto": the model's own (mean when it or its sentence-transformers files say so, else the
-    first token)."""
-    if cfg.pooling != "auto":
-        return cfg.pooling
-    return "mean" if loaded.pooling == "mean" or loaded.extra.get("st_pooling") == "mean" else "first"
-
-
 def _hold_out(rows: Sequence, dev_rows: Sequence | None, cfg: ContrastiveConfig) -> tuple[Sequence, Sequence | None]:
     """(training rows, held-out rows): without given dev rows, ``cfg.dev_fraction`` of 20 or more contrastive pairs
     (at most ``cfg.max_dev``), drawn by the seed; refused when fewer than 2 training pairs are left."""
@@ -438,7 +432,7 @@ def _train_config(cfg: ContrastiveConfig, budget: str, batch: int, lr: float, pr
 
 
 def _embedding_model(
-    loaded: LoadedModel, encoder: Any, cfg: ContrastiveConfig, pooling: str, max_length: int, pairs: int
+    loaded: LoadedModel, encoder: Any, cfg: ContrastiveConfig, pooling: Pooling, max_length: int, pairs: int
 ) -> LoadedModel:
     """The trained ``encoder`` as a model directory of kind ``encoder``: its pooling, normalised vectors, the
     Matryoshka dimensions and the named prompts recorded."""
@@ -448,7 +442,7 @@ def _embedding_model(
         model=encoder,
         kind="encoder",
         architecture="encoder",
-        pooling="mean" if pooling == "mean" else "cls",
+        pooling=pooling,
         normalize=True,
         labels=None,
         task=None,
@@ -459,7 +453,7 @@ def _embedding_model(
         weights_sha256=None,
         extra={
             **{k: v for k, v in loaded.extra.items() if k in ("st_pooling", "tokenizer")},
-            "st_pooling": "mean" if pooling == "mean" else "cls",
+            "st_pooling": pooling,
             "contrastive": {"objective": cfg.objective, "pairs": pairs, "source": loaded.source},
             **({"matryoshka": [loaded.hidden, *dims]} if dims else {}),
             **({"prompts": cfg.prompts()} if cfg.prompts() else {}),

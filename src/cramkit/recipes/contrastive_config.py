@@ -8,6 +8,7 @@ from typing import Any, Literal
 
 from cramkit.config import from_dict
 from cramkit.errors import CramkitError
+from cramkit.model.pooling import PoolingSetting
 
 
 @dataclass
@@ -28,7 +29,7 @@ class ContrastiveConfig:
     learn_temperature: bool = False
     symmetric: bool = False
     matryoshka: str = ""  # e.g. "256,128,64": leading dimensions trained too
-    pooling: Literal["auto", "mean", "first"] = "auto"  # auto: the model's own
+    pooling: PoolingSetting = "auto"  # auto: the model's own (pooling_for), mean when it declares none
     max_length: int = 128
     dropout: float = 0.1  # simcse's noise; the model's dropout otherwise too
     dev_fraction: float = 0.05  # of the pairs held out (at most max_dev) when no --dev is given

@@ -574,7 +574,7 @@ def _save_model(
         labels=_saved_labels(task, cfg),
         task=task.name,
         max_length=max_length,
-        pooling="cls" if resolve_pooling(cfg, loaded).pooling == "first" else "mean",
+        pooling=resolve_pooling(cfg, loaded).pooling,
         with_types=loaded.with_types,
         head=to_dict(head) if head is not None else None,
         architecture=architecture,

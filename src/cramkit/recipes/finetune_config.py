@@ -9,6 +9,7 @@ from typing import Any, Literal, cast
 
 from cramkit.config import from_dict, to_dict
 from cramkit.errors import CramkitError
+from cramkit.model.pooling import PoolingSetting
 from cramkit.recipes.learning_rate import EMBEDDING_LR, FINETUNE_LR, WIDE_FROM, width_lr
 from cramkit.train.config import ExampleSettings
 
@@ -48,9 +49,9 @@ class FinetuneConfig(ExampleSettings):
     betas: list[float] = field(default_factory=lambda: [0.9, 0.98])
     eps: float = 1e-6
     grad_clip: float = 0.0  # 0 = no clipping (Cramming)
-    # auto: the model's own pooling when it declares one (a sentence-transformers model: its mean or cls,
-    # mean without BERT's pooler), else the first token through the pooler (Cramming)
-    pooling: Literal["auto", "first", "mean"] = "auto"
+    # auto: the model's own pooling when it declares one (a sentence-transformers model's, a classifier's head's;
+    # mean without BERT's pooler), else the first token (cls) through the pooler (Cramming); first: cls's older name
+    pooling: PoolingSetting = "auto"
     pooler_dense: bool = True
     attention_dropout: float = 0.1
     seeds: list[int] = field(default_factory=lambda: [0])  # several seeds: the median is reported
@@ -245,13 +246,14 @@ def train_config(
 ):
     """The engine's TrainConfig for one fine-tuning run of ``steps`` optimizer steps; dev evaluations every
     ``cfg.eval_every`` ('epoch': every ``steps_per_epoch`` steps)."""
+    from cramkit.train.budget import Budget
     from cramkit.train.config import example_config
 
     eval_every = cfg.eval_every
     if eval_every == "epoch":
         eval_every = f"{steps_per_epoch}steps" if steps_per_epoch else "never"
     return example_config(
-        budget=f"{steps}steps",
+        budget=Budget.of_steps(steps).text,
         lr=cast(float, cfg.lr),  # the method's rate (auto_lr)
         betas=(cfg.betas[0], cfg.betas[1]),
         eps=cfg.eps,

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, cast
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -21,6 +21,7 @@ from cramkit.errors import CramkitError
 from cramkit.loading import LoadedModel
 from cramkit.model import forward
 from cramkit.model.architectures import pooler_activation
+from cramkit.model.pooling import pooling_for, read_pooling
 from cramkit.recipes.finetune_config import FinetuneConfig
 from cramkit.tasks.registry import Example, Task
 
@@ -128,7 +129,7 @@ def build_model(
     # a classifier's pooler keeps its activation; a new one takes the imported family's (exported under it)
     source_head = getattr(loaded.model, "head_cfg", None)
     head = ClassifierConfig(
-        pooling=cast(Literal["first", "mean"], pool.pooling),
+        pooling=read_pooling(pool.pooling),
         pooler_dense=pool.pooler_dense,
         dropout=cfg.dropout,
         pooler_activation=getattr(source_head, "pooler_activation", pooler_activation(loaded.config.hf_model_type)),
@@ -142,7 +143,7 @@ def build_model(
     model.encoder.load_state_dict(encoder.state_dict(), strict=True)
     pooler = getattr(loaded.model, "pooler", None)
     pooler_state = pooler.state_dict() if pooler is not None else loaded.pooler_state
-    if pooler_state is not None and model.pooler is not None and pool.pooling == "first":
+    if pooler_state is not None and model.pooler is not None and pool.pooling == "cls":
         with torch.no_grad():
             model.pooler.weight.copy_(pooler_state["weight"])
             model.pooler.bias.copy_(pooler_state["bias"])
@@ -150,18 +151,15 @@ def build_model(
 
 
 def resolve_pooling(cfg: FinetuneConfig, loaded: LoadedModel) -> FinetuneConfig:
-    """``cfg`` with ``pooling="auto"`` made concrete for ``loaded``: a sentence-transformers model's own pooling
-    (mean: without BERT's pooler, which never saw a mean), else the first token (and ``pooler_dense``)."""
-    if cfg.pooling != "auto":
-        return cfg
+    """``cfg`` with its pooling concrete for ``loaded`` (:func:`~cramkit.model.pooling.pooling_for`): auto is the
+    model's own, and a model that declares none pools its first token through BERT's pooler (setfit's sentence
+    vectors: their mean). No pooler after auto's mean (it never saw one), nor for setfit."""
     import dataclasses
 
-    if cfg.method == "setfit":  # sentence vectors: the model's own pooling, mean when it declares none
-        first = loaded.extra.get("st_pooling") == "cls"
-        return dataclasses.replace(cfg, pooling="first" if first else "mean", pooler_dense=False)
-    if loaded.extra.get("st_pooling") == "mean":
-        return dataclasses.replace(cfg, pooling="mean", pooler_dense=False)
-    return dataclasses.replace(cfg, pooling="first")
+    setfit = cfg.method == "setfit"
+    pooling = pooling_for(loaded, cfg.pooling, undeclared="mean" if setfit else "cls")
+    no_pooler = cfg.pooling == "auto" and (setfit or pooling == "mean")
+    return dataclasses.replace(cfg, pooling=pooling, pooler_dense=cfg.pooler_dense and not no_pooler)
 
 
 def predict(

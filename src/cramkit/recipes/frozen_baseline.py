@@ -29,12 +29,13 @@ def frozen_baseline(
 
     from cramkit.model import forward
     from cramkit.model.heads import pool_hidden
+    from cramkit.model.pooling import pooling_for
     from cramkit.recipes.finetune_model import encode_task_examples
     from cramkit.recipes.setfit import logistic_regression
 
     if loaded.encoder is None or not views or views[0][1].kind != "classification":
         return None
-    pooling = "mean" if loaded.pooling == "mean" else "first"  # the model's own pooling, no pooler
+    pooling = pooling_for(loaded)  # the model's own pooling (mean when it declares none), no pooler
 
     class Pooled(torch.nn.Module):
         def __init__(self, encoder: torch.nn.Module) -> None:

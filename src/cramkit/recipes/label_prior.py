@@ -220,7 +220,7 @@ def head_init(
     desc = spec.descriptions
     pool = resolve_pooling(cfg, loaded)
     trained_pooler = getattr(loaded.model, "pooler", None) is not None or loaded.pooler_state is not None
-    if pool.pooling == "first" and pool.pooler_dense and not trained_pooler:
+    if pool.pooling == "cls" and pool.pooler_dense and not trained_pooler:
         why = f"{loaded.source} has no trained pooler: the head reads a layer fine-tuning starts at random"
         return None, {"used": False, "why": why}
     model = build_model(loaded, len(desc), cfg)

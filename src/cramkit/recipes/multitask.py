@@ -18,7 +18,7 @@ import os
 import statistics
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
@@ -26,6 +26,7 @@ from cramkit.config import to_dict
 from cramkit.data.batching import BatchLoader, Encoded, EncodedChoices
 from cramkit.errors import CramkitError
 from cramkit.loading import LoadedModel
+from cramkit.model.pooling import read_pooling
 from cramkit.recipes.finetune import curve, write_json
 from cramkit.recipes.finetune_config import FinetuneConfig, auto_lr, train_config
 from cramkit.recipes.finetune_model import (
@@ -279,14 +280,12 @@ def build_multitask(loaded: LoadedModel, num_labels: list[int], cfg: FinetuneCon
         dropout=cfg.dropout, attention_dropout=cfg.attention_dropout, gradient_checkpointing=False
     )
     pool = resolve_pooling(cfg, loaded)  # pooling=auto: the model's own
-    head = ClassifierConfig(
-        pooling=cast(Literal["first", "mean"], pool.pooling), pooler_dense=pool.pooler_dense, dropout=cfg.dropout
-    )
+    head = ClassifierConfig(pooling=read_pooling(pool.pooling), pooler_dense=pool.pooler_dense, dropout=cfg.dropout)
     model = MultiTaskModel(model_cfg, num_labels, head, kinds)
     model.encoder.load_state_dict(loaded.encoder.state_dict(), strict=True)
     pooler = getattr(loaded.model, "pooler", None)
     pooler_state = pooler.state_dict() if pooler is not None else loaded.pooler_state
-    if pooler_state is not None and pool.pooler_dense and pool.pooling == "first":
+    if pooler_state is not None and pool.pooler_dense and pool.pooling == "cls":
         h: Any  # a TaskHead, with a dense pooler (pooler_dense)
         with torch.no_grad():
             for h in model.heads:
@@ -558,7 +557,7 @@ def save_multitask(
         labels=None,
         task=mixture.name,
         max_length=max_length,
-        pooling="cls" if resolve_pooling(cfg, loaded).pooling == "first" else "mean",
+        pooling=resolve_pooling(cfg, loaded).pooling,
         with_types=loaded.with_types,
         head=to_dict(model.head_cfg),
         extra={

@@ -502,7 +502,6 @@ def _lock_run(run: Path, what: str) -> contextlib.AbstractContextManager:
 
 def _resume_plan(run: Path, cfg: RunConfig) -> bool:
     """Say what resuming ``run`` under ``cfg.train.budget`` will do; False when there is nothing left to do."""
-    from cramkit.train.budget import parse_budget
     from cramkit.train.schedule import lr_factor
 
     found = ckpt.find_latest(run)
@@ -511,7 +510,7 @@ def _resume_plan(run: Path, cfg: RunConfig) -> bool:
     state = ckpt.read_state(found).get("trainer", {})
     step, tokens, elapsed = state.get("step", 0), state.get("tokens", 0), state.get("elapsed", 0.0)
     before = state.get("budget")
-    budget = parse_budget(cfg.train.budget)
+    budget = cfg.train.parsed_budget
     fraction = budget.fraction(elapsed, tokens, step)
     quiet = not runtime.torchrun().is_main
     if fraction >= 1.0:
@@ -526,9 +525,8 @@ def _resume_plan(run: Path, cfg: RunConfig) -> bool:
         return False
     if before and before != cfg.train.budget and not quiet:
         t = cfg.train
-        old_lr = t.lr * lr_factor(
-            parse_budget(before).fraction(elapsed, tokens, step), t.schedule, t.warmup, t.cooldown, t.lr_start
-        )
+        # the rate at the fraction of the old budget spent, as the checkpoint recorded it
+        old_lr = t.lr * lr_factor(state.get("fraction", 0.0), t.schedule, t.warmup, t.cooldown, t.lr_start)
         new_lr = t.lr * lr_factor(fraction, t.schedule, t.warmup, t.cooldown, t.lr_start)
         print(
             f"cramkit: budget {before} -> {cfg.train.budget}: the run has spent {fraction:.0%} of the new budget; "

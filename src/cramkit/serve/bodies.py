@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from cramkit.model.pooling import POOLINGS
 from cramkit.serve.declare import (
     Body,
     ChoiceInputs,
@@ -38,7 +39,7 @@ class EmbedRequest(Body):
     inputs: Inputs = declare(Texts())
     normalize: bool = declare(Flag(True))
     truncate: bool = declare(Flag(True, "cut inputs to the model's limit"))
-    pooling: str | None = declare(OneOf(("mean", "cls"), description="default: the model's"))
+    pooling: str | None = declare(OneOf(POOLINGS, description="default: the model's"))
     dimensions: int | None = declare(Dimensions())
     prompt_name: str | None = declare(PromptName())
     model: str = declare(ModelName())

@@ -18,7 +18,6 @@ import sys
 import time
 import traceback
 from collections.abc import Iterator
-from dataclasses import dataclass
 from typing import Any
 
 from starlette.requests import Request
@@ -30,39 +29,10 @@ from cramkit.index.checks import DamagedIndex
 from cramkit.infer.engine import InputTooLong
 from cramkit.serve.batcher import Batcher, Job, Lane, Overloaded, SearchQueue, Stopped
 from cramkit.serve.metrics import Metrics
+from cramkit.serve.request import Limits
 
 # open without the API key
 OPEN_ROUTES = ("/health", "/ping", "/docs", "/openapi.json", "/docs/oauth2-redirect", "/redoc")
-
-
-@dataclass
-class Limits:
-    """What one request may ask for, and how long it may take."""
-
-    max_payload_bytes: int = 2_000_000
-    max_inputs: int = 1024
-    max_input_chars: int = 50_000
-    max_choices: int = 64  # choices of one multiple-choice input; beyond: 413
-    max_queue: int = 8192  # inputs waiting per model; beyond: 429
-    max_answer_items: int = 10_000  # fill-mask candidates (masks x top_k) or search hits (queries x k); 413
-    request_timeout_s: float = 30.0  # waiting for the model; beyond: 503 (admission refuses earlier: 429)
-    body_timeout_s: float = 10.0  # receiving the whole body; beyond: 408
-    header_timeout_s: float = 10.0  # receiving a request's headers (from connecting or the last answer)
-    idle_timeout_s: float = 5.0  # a keep-alive connection with no request
-    max_connections: int = 1000  # open connections; beyond, the longest-waiting one without a request goes
-
-    def check(self) -> None:
-        """Each limit positive: one line naming the flag (``cramkit serve --max-inputs`` is ``max_inputs``)."""
-        counts = ("max_inputs", "max_input_chars", "max_choices", "max_payload_bytes", "max_queue")
-        for name in (*counts, "max_answer_items", "max_connections"):
-            if getattr(self, name) < 1:
-                raise CramkitError(f"--{name.replace('_', '-')} must be positive, got {getattr(self, name)}")
-        timeouts = (self.request_timeout_s, self.body_timeout_s, self.header_timeout_s, self.idle_timeout_s)
-        if any(t <= 0 for t in timeouts):
-            raise CramkitError(
-                "--timeout, --body-timeout, --header-timeout and --idle-timeout must be positive, --max-wait-ms at "
-                "least 0"
-            )
 
 
 class LogLimiter:

@@ -21,6 +21,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
 from cramkit.errors import CramkitError
+from cramkit.request import verb
+from cramkit.serve.request import Limits, ServeRequest
 
 if TYPE_CHECKING:
     from cramkit.loading import LoadedModel
@@ -45,34 +47,25 @@ def model_names(sources: list[str]) -> dict[str, str]:
     return out
 
 
-def build_engines(
-    sources: list[str],
-    *,
-    backend: str = "auto",
-    device: str = "auto",
-    max_batch_tokens: int | None = None,
-    max_length: int | None = None,
-    threads: int | None = None,
-    base: str | None = None,
-    offload_experts: bool = False,
-    expert_cache: int | None = None,
-) -> dict[str, Any]:
-    """name -> :class:`cramkit.infer.Engine` for each model (``NAME=MODEL`` or ``MODEL``). A model trained
-    on a mixture is served once per task, as NAME-TASK (e.g. mix-mrpc), its heads sharing one encoder.
-    Deep-prompt directories (finetune --method ptuning) are loaded on ``base``, read once: every task's
-    prefixes share its encoder in memory. offload_experts, expert_cache: a mixture-of-experts model's experts
-    brought in as its routers pick them (:class:`~cramkit.infer.Engine`)."""
+@verb(ServeRequest)
+def build_engines(request: ServeRequest) -> dict[str, Any]:
+    """name -> :class:`cramkit.infer.Engine` for each of the request's models (``NAME=MODEL`` or ``MODEL``), on
+    its backend, device, passes and threads. A model trained on a mixture is served once per task, as NAME-TASK
+    (e.g. mix-mrpc), its heads sharing one encoder. Deep-prompt directories (finetune --method ptuning) are loaded
+    on ``base``, read once: every task's prefixes share its encoder in memory. offload_experts, expert_cache: a
+    mixture-of-experts model's experts brought in as its routers pick them (:class:`~cramkit.infer.Engine`)."""
     from cramkit.infer import Engine
     from cramkit.loading import describe, for_task, load, task_heads
 
     engines = {}
     base_loaded: LoadedModel | None = None
-    for name, path in model_names(sources).items():
+    r = request
+    for name, path in model_names(r.sources).items():
         models: dict[str, Any] = {name: path}
         what = describe(path)
         if what.kind == "model" and what.architecture == "prefix":
-            if base is not None and base_loaded is None:
-                base_loaded = cast("LoadedModel", load(base))  # the base of a prefix model: a torch model
+            if r.base is not None and base_loaded is None:
+                base_loaded = cast("LoadedModel", load(r.base))  # the base of a prefix model: a torch model
             models = {name: load(path, base=base_loaded)}  # without --base: one line naming the base
         elif what.kind == "model" and what.model_kind == "multitask":
             loaded = cast("LoadedModel", load(path))  # a model directory: a torch model
@@ -83,13 +76,13 @@ def build_engines(
                 raise CramkitError(f"two models are named {key!r}; name them on the command line: NAME=MODEL")
             engines[key] = Engine(
                 model,
-                backend=backend,
-                device=device,
-                max_batch_tokens=max_batch_tokens,
-                max_length=max_length,
-                threads=threads,
-                offload_experts=offload_experts,
-                expert_cache=expert_cache,
+                backend=r.backend,
+                device=r.device,
+                max_batch_tokens=r.max_batch_tokens,
+                max_length=r.max_length,
+                threads=r.threads,
+                offload_experts=r.offload_experts,
+                expert_cache=None if r.expert_cache is None else int(r.expert_cache),  # checked: a number
             )
     return engines
 
@@ -187,52 +180,22 @@ def _loop_errors(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> No
     LOG(f"loop {message}", f"{message}" + (f": {type(exc).__name__}: {exc}" if exc else ""))
 
 
-def serve(
-    sources: list[str],
-    *,
-    host: str = "127.0.0.1",
-    port: int = 8080,
-    backend: str = "auto",
-    device: str = "auto",
-    max_batch_tokens: int | None = None,
-    max_wait_ms: float = 5.0,
-    max_length: int | None = None,
-    limits: Any = None,
-    api_key: str | None = None,
-    index: str | None = None,
-    threads: int | None = None,
-    grace_s: float = 30.0,
-    base: str | None = None,
-    offload_experts: bool = False,
-    expert_cache: int | None = None,
-) -> None:
-    """Serve ``sources`` over HTTP until SIGINT/SIGTERM (then finish in-flight requests, up to ``grace_s``).
-    The same as ``cramkit serve MODEL...``; a bad limit, port or wait is one line before anything is loaded."""
-    from cramkit.serve.app import Limits, create_app
-
-    limits = limits or Limits()
-    if max_batch_tokens is not None and max_batch_tokens < 1:
-        raise CramkitError(f"--max-batch-tokens must be positive, got {max_batch_tokens}")
-    from cramkit.infer.engine import check_expert_cache
-
-    check_expert_cache(expert_cache, offload_experts)
-    limits.check()
-    if max_wait_ms < 0:
-        raise CramkitError(
-            "--timeout, --body-timeout, --header-timeout and --idle-timeout must be positive, --max-wait-ms at least 0"
-        )
-    if not 0 <= port < 65536:
-        raise CramkitError(f"--port must be 0..65535, got {port}")
-    if threads is not None and threads < 0:
-        raise CramkitError(f"--threads must be at least 1 (0 or left out: every core), got {threads}")
+@verb(ServeRequest)
+def serve(request: ServeRequest) -> None:
+    """Serve the request's models over HTTP until SIGINT/SIGTERM (then finish in-flight requests, up to
+    ``grace_s``). Takes a :class:`~cramkit.serve.request.ServeRequest` or its fields (``limits``: a
+    :class:`~cramkit.serve.request.Limits` for its fields); the same as ``cramkit serve MODEL...``. A bad limit,
+    port or wait is one line before anything is loaded."""
+    r = request.resolved()
+    limits = cast(Limits, r.limits)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     import torch
     import uvicorn
 
-    from cramkit.runtime import cpu_cores
+    from cramkit.serve.app import create_app
 
-    threads = threads or cpu_cores()
-    torch.set_num_threads(threads)
+    torch.set_num_threads(cast(int, r.threads))
+    host, port = r.host, r.port
     sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
@@ -242,19 +205,11 @@ def serve(
         raise CramkitError(
             f"cannot listen on {host}:{port} ({exc.strerror}); choose another --port or --host"
         ) from None
-    idx = open_index(index) if index else None
-    engines = build_engines(
-        sources,
-        backend=backend,
-        device=device,
-        max_batch_tokens=max_batch_tokens,
-        max_length=max_length,
-        threads=threads,
-        base=base,
-        offload_experts=offload_experts,
-        expert_cache=expert_cache,
+    idx = open_index(r.index) if r.index else None
+    engines = build_engines(r)
+    app = create_app(
+        engines, max_wait_ms=r.max_wait_ms, limits=limits, api_key=r.api_key, index=idx, index_path=r.index
     )
-    app = create_app(engines, max_wait_ms=max_wait_ms, limits=limits, api_key=api_key, index=idx, index_path=index)
     connections, backlog = connection_limits(limits.max_connections)
     if connections < limits.max_connections:
         print(f"at most {connections} connections (the open-file limit, ulimit -n, allows no more)", flush=True)
@@ -272,9 +227,9 @@ def serve(
         app,
         log_level="warning",
         access_log=False,
-        timeout_graceful_shutdown=grace_s,  # type: ignore[arg-type]  # uvicorn annotates int; it takes a float
+        timeout_graceful_shutdown=r.grace_s,  # type: ignore[arg-type]  # uvicorn annotates int; it takes a float
         lifespan="on",
-        timeout_keep_alive=limits.idle_timeout_s,
+        timeout_keep_alive=limits.idle_timeout_s,  # type: ignore[arg-type]  # an int to uvicorn's types; a float works
         backlog=backlog,
         http=guarded_protocol(limits.header_timeout_s, connections),
     )

@@ -14,8 +14,8 @@ GROUP = "reading text"
 
 
 @dataclass(kw_only=True)
-class Reading:
-    """The encoding of the files, what to do with bytes invalid in it, and the field of a table holding the text."""
+class Encoding:
+    """The encoding of the files and what to do with bytes invalid in it."""
 
     encoding: str | None = param(
         None,
@@ -28,6 +28,12 @@ class Reading:
         choices=("strict", "replace", "ignore"),
         help="bytes invalid in the encoding: stop with an error (default), replace or ignore them",
     )
+
+
+@dataclass(kw_only=True)
+class Reading(Encoding):
+    """The encoding of the files, what to do with bytes invalid in it, and the field of a table holding the text."""
+
     text_field: str = param(
         "text", group=GROUP, help="JSON Lines (.jsonl, .json) field / Parquet column holding the text"
     )
@@ -37,6 +43,8 @@ class Reading:
         out: dict[str, Any] = {"encoding": self.encoding, "errors": self.errors, "text_field": self.text_field}
         if isinstance(self, Documents):
             out["doc_split"] = self.doc_split
+        if isinstance(self, Normalizing):
+            out["normalize"] = None if str(self.normalize).lower() == "none" else self.normalize
         return out
 
 
@@ -51,3 +59,10 @@ class Documents:
         help="where documents end in text files: a file each, blank lines, WikiText ' = Title = ' headings, or "
         "auto (WikiText headings if present, else blank lines)",
     )
+
+
+@dataclass(kw_only=True)
+class Normalizing:
+    """The Unicode normal form the text is brought to (``tokenizer train``, ``data build``)."""
+
+    normalize: str | None = param("NFC", group=GROUP, help="Unicode normal form (NFC, NFKC, ... or none)")

@@ -25,6 +25,19 @@ class Budget:
     kind: Literal["time", "tokens", "steps"]
     amount: float  # seconds, tokens or steps
 
+    @classmethod
+    def of_steps(cls, steps: int) -> Budget:
+        """A budget of ``steps`` optimizer steps (a whole number, at least 1)."""
+        if isinstance(steps, bool) or not float(steps).is_integer() or steps < 1:
+            raise CramkitError(f"a step budget must be a whole number of at least 1, got {steps!r}")
+        return cls("steps", float(steps))
+
+    @property
+    def text(self) -> str:
+        """The canonical text form, which :func:`parse_budget` reads back: ``300s``, ``2000000000tok``, ``100steps``."""
+        unit = {"time": "s", "tokens": "tok", "steps": "steps"}[self.kind]
+        return f"{int(self.amount) if self.amount.is_integer() else repr(self.amount)}{unit}"
+
     def fraction(self, elapsed: float, tokens: int, steps: int) -> float:
         """Fraction of the budget spent, in [0, 1]."""
         spent = {"time": elapsed, "tokens": tokens, "steps": steps}[self.kind]

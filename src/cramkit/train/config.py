@@ -7,6 +7,7 @@ builds every section strictly (an unknown key lists the valid ones; an unknown p
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -19,7 +20,7 @@ from cramkit.model.config import ModelConfig, config_parameters
 from cramkit.runtime import Precision
 from cramkit.text import MIN_FREQUENCY, VOCAB_SIZE
 from cramkit.text.tokenizer import LANGS, MAX_VOCAB_SIZE
-from cramkit.train.budget import parse_budget, parse_every
+from cramkit.train.budget import Budget, parse_budget, parse_every
 from cramkit.train.distributed import ParallelConfig
 from cramkit.train.parallel import check_ep
 from cramkit.train.pipeline import check_pp, stages_per_rank
@@ -100,13 +101,24 @@ class TrainConfig:
     # (comma-separated); their files go into the run directory (train/report.py)
     report_to: str = "none"
 
+    @functools.cached_property
+    def parsed_budget(self) -> Budget:
+        """``budget`` read once (the text stays as written, for config.yaml and the checkpoints): what every
+        reader of the budget uses. Set ``budget`` before reading this, or replace the config."""
+        return self.read_budget(self.budget)
+
+    @staticmethod
+    def read_budget(text: str, where: str = "train.budget") -> Budget:
+        """A budget's text read, or one CramkitError line naming ``where`` (the one reader of budget texts)."""
+        return parse_budget(text, where)
+
     @property
     def micro(self) -> int:
         """``micro_batch`` as a number (``auto`` is resolved by the pretraining recipe; unresolved: the CPU's)."""
         return self.micro_batch if isinstance(self.micro_batch, int) else AUTO_MICRO_CPU
 
     def validate(self) -> None:
-        parse_budget(self.budget)
+        _ = self.parsed_budget  # read here, once: a bad text is one line
         parse_every(self.checkpoint_every, "train.checkpoint_every")
         parse_every(self.eval_every, "train.eval_every")
         if isinstance(self.micro_batch, str) and self.micro_batch != "auto":

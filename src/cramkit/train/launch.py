@@ -1,8 +1,7 @@
-"""``cramkit pretrain --nproc N``: start the same command under torchrun (PyTorch's elastic launcher).
+"""``cramkit pretrain --nproc N`` (and finetune's, distill's): torchrun (PyTorch's elastic launcher) starts the
+verb on N processes, each reading the request the command decided once (``cramkit VERB --request FILE``)::
 
-One machine::
-
-    cramkit pretrain --nproc 2 ...      ==  torchrun --standalone --nproc_per_node 2 -m cramkit pretrain ...
+    cramkit pretrain --nproc 2 ...      ==  torchrun --standalone --nproc_per_node 2 -m cramkit pretrain --request F
 
 Several machines (run once per node, same endpoint, node ranks 0..nnodes-1)::
 
@@ -85,30 +84,3 @@ def launch(nproc: int, cramkit_args: Sequence[str], **kwargs: object) -> int:
     if received and code != 0:  # stopped on request (each worker saved a checkpoint): say so by the code
         return 128 + received[0]
     return code
-
-
-def relaunch(nproc: int, argv: Sequence[str]) -> int:
-    """``cramkit VERB ... --nproc N``: the same command as typed (``argv``), without --nproc, on ``nproc``
-    processes through torchrun."""
-    if runtime.torchrun().world > 1:
-        raise CramkitError("--nproc given inside a torchrun job; use one or the other")
-    return launch(nproc, without_flags(argv, ("--nproc",)))
-
-
-def without_flags(argv: Sequence[str], flags: Sequence[str]) -> list[str]:
-    """The command as typed without the launcher's own ``flags`` and their values (``--nproc 2``,
-    ``--nproc=2``, and the abbreviations argparse accepts, ``--npro 2``): what each process runs."""
-
-    def launcher(item: str) -> bool:
-        name = item.split("=", 1)[0]
-        return len(name) > 2 and any(flag.startswith(name) for flag in flags)
-
-    out, skip = [], False
-    for item in argv:
-        if skip:
-            skip = False
-        elif item.startswith("--") and launcher(item):
-            skip = "=" not in item
-        else:
-            out.append(item)
-    return out

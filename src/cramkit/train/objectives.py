@@ -20,7 +20,6 @@ from cramkit.model.heads import IGNORE, MaskedLM
 from cramkit.model.moe import moe_losses
 from cramkit.runtime import autocast
 from cramkit.train import distributed
-from cramkit.train.budget import parse_budget
 from cramkit.train.config import RunConfig
 
 
@@ -121,7 +120,7 @@ class MLMObjective(Objective):
     def __init__(self, cfg: RunConfig | None = None, data: TrainData | None = None) -> None:
         self.cfg, self.data = cfg, data
         if cfg is not None:
-            self.title = f"pretrain {parse_budget(cfg.train.budget).describe()}"
+            self.title = f"pretrain {cfg.train.parsed_budget.describe()}"
             self.flops_per_token = flops_per_token(cfg.model, cfg.data.seq_len, predicted_fraction=cfg.data.mask_rate)
         self.resume_hint = "continue with `cramkit pretrain --resume {run}`"
         self._moe = cfg is None or cfg.model.moe_experts > 0  # whether to look for MoE layers after a forward

@@ -24,12 +24,15 @@ loader's state after the batches consumed, not those prepared.
     trainer = Trainer(objective, tcfg, pcfg, run)
     trainer.resume()          # optional: continue from the run's latest checkpoint
     result = trainer.run()    # until the budget is spent; then finish(): final evaluation and checkpoint
+
+:class:`Trainer` is the loop (the step, the run, its end); it builds on, one over the other, its parts
+(trainer_parts.py: what the run is made of, built once), its reports (trainer_progress.py: the values read
+back, evaluation, metrics, the progress line) and its checkpoints (trainer_checkpoints.py: save, resume).
 """
 
 from __future__ import annotations
 
 import contextlib
-import math
 import signal
 import sys
 import time
@@ -37,22 +40,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 
 from cramkit import runtime
 from cramkit.errors import CramkitError
-from cramkit.progress import Pace, Progress, format_seconds
+from cramkit.progress import Progress, format_seconds
 from cramkit.train import checkpoint as ckpt
 from cramkit.train import distributed, parallel
-from cramkit.train.budget import parse_budget, parse_every
 from cramkit.train.config import RunConfig, TrainConfig
-from cramkit.train.metrics import Ceiling, MetricsLog, plot_losses
+from cramkit.train.metrics import plot_losses
 from cramkit.train.objectives import MLMObjective, Objective, TrainData
-from cramkit.train.optim import build_optimizer, reuse_embedding_grads
-from cramkit.train.pipeline import Pipeline
-from cramkit.train.prefetch import Prefetcher
-from cramkit.train.schedule import accumulation_steps, lr_factor, split_batch
+from cramkit.train.schedule import accumulation_steps, lr_factor
+from cramkit.train.trainer_checkpoints import TrainerCheckpoints
+from cramkit.train.trainer_parts import TrainState as TrainState
+from cramkit.train.trainer_progress import _time_left as _time_left
 
 
 class TrainingInterrupted(CramkitError):
@@ -73,64 +74,6 @@ class TrainResult:
     checkpoint: Path | None
     history: list[dict[str, Any]] = field(default_factory=list)
     model: torch.nn.Module | None = None  # the finished model: plain (not compiled, wrapped or sharded), whole
-
-
-@dataclass
-class TrainState:
-    """The trainer's counters, saved in every checkpoint."""
-
-    step: int = 0
-    tokens: int = 0
-    elapsed: float = 0.0  # training seconds spent (evaluation and checkpointing excluded)
-    nan_streak: int = 0
-    skipped: int = 0
-    last_ckpt: tuple[float, int] = (0.0, 0)  # (elapsed, step) of the latest checkpoint
-    last_eval: tuple[float, int] = (0.0, 0)  # (elapsed, step) of the latest evaluation
-
-    @classmethod
-    def from_checkpoint(cls, state: dict[str, Any]) -> TrainState:
-        return cls(
-            step=state["step"],
-            tokens=state["tokens"],
-            elapsed=state["elapsed"],
-            nan_streak=state.get("nan_streak", 0),
-            skipped=state.get("skipped", 0),
-            last_ckpt=(state["elapsed"], state["step"]),
-            last_eval=tuple(state.get("last_eval", (0.0, 0))),
-        )
-
-
-def _auto(value: bool | str, default: bool) -> bool:
-    return default if value == "auto" else bool(value)
-
-
-# ---------------------------------------------------------------- JSON-safe loader state
-
-
-def _to_json(value: Any) -> Any:
-    if isinstance(value, np.ndarray):
-        return {"__ndarray__": value.tolist(), "dtype": str(value.dtype)}
-    if isinstance(value, torch.Tensor):
-        return {"__tensor__": value.tolist(), "dtype": str(value.dtype).removeprefix("torch.")}
-    if isinstance(value, np.generic):
-        return value.item()
-    if isinstance(value, dict):
-        return {str(k): _to_json(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_to_json(v) for v in value]
-    return value
-
-
-def _from_json(value: Any) -> Any:
-    if isinstance(value, dict):
-        if "__ndarray__" in value:
-            return np.asarray(value["__ndarray__"], dtype=value["dtype"])
-        if "__tensor__" in value:
-            return torch.tensor(value["__tensor__"], dtype=getattr(torch, value["dtype"]))
-        return {k: _from_json(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_from_json(v) for v in value]
-    return value
 
 
 # ---------------------------------------------------------------- one global batch
@@ -176,134 +119,9 @@ def forward_backward(
 # ---------------------------------------------------------------- the engine
 
 
-class Trainer:
+class Trainer(TrainerCheckpoints):
     """Trains ``objective.build_model()`` into run directory ``run`` (checkpoints, metrics.jsonl, loss.png)
-    until ``tcfg.budget`` is spent."""
-
-    def __init__(
-        self,
-        objective: Objective,
-        tcfg: TrainConfig,
-        pcfg: distributed.ParallelConfig,
-        run: Path,
-        *,
-        ctx: distributed.DistContext | None = None,
-    ) -> None:
-        self.objective, self.tcfg, self.run_dir = objective, tcfg, Path(run)
-        # recorded in each checkpoint: the layout it was written in (a resume may change it; one line names it)
-        self.degrees = {"pp": pcfg.pp, "tp": pcfg.tp, "ep": pcfg.ep, "strategy": pcfg.strategy}
-        self.ctx = ctx = ctx or distributed.init_distributed(tcfg.device)
-        self.device = device = ctx.device
-        self.precision, self.precision_reason = runtime.precision_rule(tcfg.precision, device)
-        if tcfg.threads > 0:
-            torch.set_num_threads(tcfg.threads)
-        self.budget = parse_budget(tcfg.budget)
-        self.ckpt_every = parse_every(tcfg.checkpoint_every, "train.checkpoint_every")
-        self.eval_every = parse_every(tcfg.eval_every, "train.eval_every")
-        self.deterministic = _auto(tcfg.deterministic, device.type == "cpu")
-
-        # model and optimizer, seeded: the same seed gives the same weights on every rank
-        torch.manual_seed(tcfg.seed)
-        np.random.seed(tcfg.seed % 2**32)
-        self.model = objective.build_model().to(device)
-        # compile each block, then DDP / FSDP2 (torchtitan's order); the optimizer is built on the (sharded)
-        # parameters
-        compile_on = _auto(tcfg.compile, device.type == "cuda")
-        # pipeline parallelism (parallel.pp > 1): this rank keeps its stage of the model (full parameter names)
-        self.pipe: Pipeline | None = None
-        if pcfg.pp > 1:
-            if type(objective) is not MLMObjective:
-                raise CramkitError(
-                    f"parallel.pp={pcfg.pp} pipelines masked-LM pretraining only (`cramkit pretrain`), not "
-                    f"{objective.title}; set parallel.pp=1"
-                )
-            self.pipe = Pipeline(self.model, pcfg, ctx, self.precision, compile=compile_on)
-            self.train_model: torch.nn.Module = self.pipe
-            self.data_ctx = self.pipe.data_ctx  # the pipelines read different batches, a pipeline's ranks the same
-        else:
-            self.train_model = parallel.parallelize(
-                self.model, pcfg, ctx, self.precision, compile=compile_on, fp8_recipe=tcfg.fp8_recipe
-            )
-            # the ranks that read different batches (with tensor parallelism, one per group of parallel.tp ranks)
-            self.data_ctx = distributed.data_context(ctx, pcfg)
-        if ctx.world == 1 and device.type == "cpu" and not compile_on and self.pipe is None:
-            reuse_embedding_grads(self.model)
-        self.optimizer = build_optimizer(
-            self.model,
-            tcfg.optimizer,
-            tcfg.lr,
-            tcfg.betas,
-            tcfg.eps,
-            tcfg.weight_decay,
-            device,
-            objective.lr_scales,
-        )
-        from torch.distributed.tensor import DTensor
-
-        self._sharded = any(isinstance(p, DTensor) for p in self.model.parameters())  # FSDP2
-        # each rank holds part of the model (FSDP2's shards, a pipeline's stage): the whole one from a checkpoint
-        self._partial = self._sharded or self.pipe is not None
-        self._tied: list[str] | None = None  # the whole model's tied parameter names, when this rank holds a stage
-        if self.pipe is not None:
-            with torch.device("meta"):
-                self._tied = ckpt.tied_aliases(objective.build_model())
-        # a fused AdamW skips a non-finite update itself (``found_inf``), without the host looking first;
-        # not on sharded parameters, whose kernels would mix DTensors with a plain flag
-        self._skip_on_device = bool(self.optimizer.defaults.get("fused")) and not self._sharded
-        self.writer = ckpt.Checkpointer(
-            run, ctx, keep=tcfg.keep_checkpoints, async_save=pcfg.async_checkpoint, overlap_staging=True
-        )
-        self.scaler = torch.amp.GradScaler(device.type) if self.precision == "fp16" else None
-        # the global batch is exactly train.batch_size on any number of processes: each data-parallel rank takes
-        # an equal share in micro-batches of at most train.micro_batch
-        data = self.data_ctx
-        self.micro, self.target_accum = split_batch(tcfg.batch_size, tcfg.micro, data.world)
-        # a thread prepares the next step's micro-batches while the model runs this one (train/prefetch.py):
-        # a step takes all of its micro-batches before its first forward (their item counts weight the loss)
-        loader = objective.train_loader(self.micro, rank=data.rank, world=data.world)
-        self.loader = Prefetcher(loader, depth=max(2, self.target_accum), device=device)
-        # only the main process writes metrics.jsonl and reports to the trackers of train.report_to
-        self.log = MetricsLog(self.run_dir, enabled=ctx.is_main, report_to=tcfg.report_to)
-        self.state = TrainState()
-        self.last_checkpoint: Path | None = None
-        self.val_loss: float | None = None
-        self.history: list[dict[str, Any]] = []
-        self._resumed = False
-        # MFU against the dense bf16 peak, fp8 included (torchtitan's convention); on a CPU against its measured
-        # matrix-product ceiling at the run's precision and threads, when `cramkit doctor` has measured it, raised
-        # when the run computes faster (a stale ceiling): never above 100% (metrics.Ceiling)
-        self._ceiling = Ceiling(device, self.precision, main=ctx.is_main)
-        self._window: list[float] = []
-        self._pace = Pace()  # the budget spent per second, behind the time left
-        self._unsettled: list[dict[str, Any]] = []  # steps whose device values the host has not read yet
-        self._window_tokens, self._window_time = 0, 0.0
-        # what the shown line averages: the steps since the last line shown (a log shows one per ~10 s)
-        self._shown: list[float] = [0.0, 0.0, 0.0, 0.0]  # loss sum, losses, tokens, seconds
-        self._bar = Progress(objective.title, 100.0, enabled=False)  # notes only; run() shows the bar
-
-    # ------------------------------------------------------------ resume
-
-    def resume(self) -> None:
-        """Continue from the run's latest checkpoint (written by any number of processes: resharded to this
-        world size, checksums verified first)."""
-        found = ckpt.find_latest(self.run_dir)
-        if found is None:
-            raise CramkitError(
-                f"{self.run_dir}: the run has no complete checkpoint yet; start it again without resuming"
-            )
-        saved = ckpt.load(found, self.model, self.optimizer, process_group=self.writer.pg)
-        if self.scaler is not None and saved.get("scaler"):
-            self.scaler.load_state_dict(saved["scaler"])
-        self.loader.load_state_dict(_from_json(saved["loader"]))
-        ckpt.restore_rng(saved["rng"])
-        self.state = TrainState.from_checkpoint(saved)
-        self.last_checkpoint, self._resumed = found, True
-        if self.ctx.is_main:
-            print(
-                f"cramkit: resuming {self.run_dir} from {found.name} (step {self.state.step}, "
-                f"{self.state.tokens:,} tokens)",
-                file=sys.stderr,
-            )
+    until ``tcfg.budget`` is spent (``Trainer(objective, tcfg, pcfg, run, *, ctx=None)``: TrainerParts')."""
 
     # ------------------------------------------------------------ one optimizer step
 
@@ -359,39 +177,6 @@ class Trainer:
         self._unsettled.append(facts)
         return facts
 
-    def settle(self) -> None:
-        """Read the device values of the steps run since the last read (one copy to the host), and count
-        their non-finite losses: the skipped steps, the streak, the stop after ``train.max_nan_steps``."""
-        pending, self._unsettled = self._unsettled, []
-        if not pending:
-            return
-        values = torch.stack(
-            [torch.stack([f["loss"], f["grad_norm"].to(f["loss"]), f["finite"].to(f["loss"])]) for f in pending]
-        ).tolist()
-        s = self.state
-        for facts, (loss, norm, finite) in zip(pending, values, strict=True):
-            facts.update(loss=loss, grad_norm=norm, finite=bool(finite))
-            if facts["finite"]:
-                s.nan_streak = 0
-                self._window.append(loss)
-                continue
-            s.nan_streak, s.skipped = s.nan_streak + 1, s.skipped + 1
-            self._bar.note(
-                f"cramkit: step {facts['step']}: loss {loss} / gradient norm {norm} not finite; update "
-                f"skipped ({s.nan_streak} in a row)"
-            )
-            if s.nan_streak >= self.tcfg.max_nan_steps:
-                prev = (
-                    f"the last good checkpoint is {self.last_checkpoint}"
-                    if self.last_checkpoint
-                    else ("no checkpoint was saved")
-                )
-                raise CramkitError(
-                    f"the training loss was not finite for {s.nan_streak} steps in a row (step {facts['step']}); "
-                    f"stopped; {prev}. Lower the learning rate, raise the warmup, use fp32 precision, or "
-                    "check the data"
-                )
-
     def _update(self, finite: torch.Tensor) -> None:
         """The optimizer step, skipped when ``finite`` is false."""
         opt = self.optimizer
@@ -407,123 +192,6 @@ class Trainer:
                 del opt.found_inf  # type: ignore[attr-defined]  # (as above)
         elif bool(finite):
             opt.step()
-
-    # ------------------------------------------------------------ policies
-
-    def eval_due(self) -> bool:
-        s = self.state
-        return self.eval_every.due(s.last_eval[0], s.elapsed, s.last_eval[1], s.step)
-
-    def checkpoint_due(self) -> bool:
-        """Due by ``train.checkpoint_every``, never during a run of non-finite losses (the latest checkpoint
-        stays a good one)."""
-        s = self.state
-        if not self.ckpt_every.due(s.last_ckpt[0], s.elapsed, s.last_ckpt[1], s.step):
-            return False
-        self.settle()
-        return s.nan_streak == 0
-
-    def evaluate(self) -> float | None:
-        """The objective's held-out loss, logged."""
-        s, model = self.state, self.train_model
-        was_training = model.training
-        model.eval()
-        result = self.objective.evaluate(model, self.data_ctx, self.precision)
-        model.train(was_training)
-        extra: dict[str, Any] = {}
-        if isinstance(result, dict):  # the held-out loss and the recipe's own figures (dev metrics)
-            extra = {k: v for k, v in result.items() if k != "val_loss"}
-            result = result.get("val_loss")
-        self.val_loss = result
-        s.last_eval = (s.elapsed, s.step)
-        if self.val_loss is not None:
-            rec = {
-                "step": s.step,
-                "tokens": s.tokens,
-                "elapsed": round(s.elapsed, 3),
-                "val_loss": self.val_loss,
-                **extra,
-            }
-            self.log.write(rec)
-            self.history.append(rec)
-        return self.val_loss
-
-    def save(self, reason: str) -> Path:
-        """A checkpoint of everything a resume needs (every rank writes its shards; in the background
-        unless ``reason`` is not "periodic")."""
-        self.settle()
-        s = self.state
-        trainer_state = {
-            "step": s.step,
-            "tokens": s.tokens,
-            "elapsed": s.elapsed,
-            "nan_streak": s.nan_streak,
-            "skipped": s.skipped,
-            "last_eval": list(s.last_eval),
-            "budget": self.tcfg.budget,
-            "fraction": self.budget.fraction(s.elapsed, s.tokens, s.step),
-            "world": self.ctx.world,
-            "parallel": self.degrees,
-            "reason": reason,
-            "loader": _to_json(self.loader.state_dict()),
-            "rng": ckpt.encode_rng(),
-            "scaler": self.scaler.state_dict() if self.scaler is not None else None,
-        }
-        self.last_checkpoint = self.writer.save(
-            s.step, self.model, self.optimizer, trainer_state, block=reason != "periodic", tied=self._tied
-        )
-        s.last_ckpt = (s.elapsed, s.step)
-        return self.last_checkpoint
-
-    def hyperparameters(self) -> dict[str, Any]:
-        """The run's resolved configuration, for the trackers: the recipe's settings (the objective's ``cfg``,
-        when it has one) and the engine's (``train``)."""
-        import dataclasses
-
-        from cramkit.config import to_dict
-
-        cfg = self.objective.cfg
-        settings = to_dict(cfg) if dataclasses.is_dataclass(cfg) and not isinstance(cfg, type) else {}
-        return {**settings, "train": to_dict(self.tcfg), "world": self.ctx.world}
-
-    # ------------------------------------------------------------ progress
-
-    def _log_step(self, facts: dict[str, Any], last: bool = False) -> None:
-        s, world = self.state, self.ctx.world
-        tps = self._window_tokens / max(self._window_time, 1e-9)
-        flops_tok = self.objective.flops_per_token
-        mfu = self._ceiling.mfu(flops_tok * tps / world, self._bar.note) if flops_tok else None
-        window, norm = self._window, facts["grad_norm"]
-        rec = {
-            "step": s.step,
-            "tokens": s.tokens,
-            "elapsed": round(s.elapsed, 3),
-            "loss": sum(window) / len(window) if window else float("nan"),
-            "lr": facts["lr"],
-            "tokens_per_s": round(tps, 1),
-            "batch_size": facts["accum"] * self.micro * self.data_ctx.world,
-            "grad_norm": norm if math.isfinite(norm) else str(norm),
-            "mfu": mfu,
-            "skipped": s.skipped or None,
-            "precision": self.precision,
-        } | facts["info"]
-        rec |= self.objective.step_metrics() or {}
-        self.log.write(rec)
-        self.history.append(rec)
-        fraction = self.budget.fraction(s.elapsed, s.tokens, s.step)
-        shown = self._shown
-        for i, v in enumerate((sum(window), len(window), self._window_tokens, self._window_time)):
-            shown[i] += v
-        loss = shown[0] / shown[1] if shown[1] else float("nan")
-        fields = {"loss": f"{loss:.3f}", "tok/s": f"{shown[2] / max(shown[3], 1e-9):,.0f}", "lr": f"{facts['lr']:.2e}"}
-        if mfu is not None:
-            fields["mfu"] = f"{mfu:.1%}"
-        if self.val_loss is not None:
-            fields["val"] = f"{self.val_loss:.3f}"
-        fields["left"] = _time_left(self.budget, fraction, s.elapsed, self._pace)
-        if self._bar.to(round(fraction * 100, 1), fields, force=last):
-            self._shown = [0.0, 0.0, 0.0, 0.0]
-        self._window, self._window_tokens, self._window_time = [], 0, 0.0
 
     # ------------------------------------------------------------ the run
 
@@ -634,20 +302,6 @@ def fit(
     if resume:
         trainer.resume()
     return trainer.run()
-
-
-def _time_left(budget: Any, fraction: float, elapsed: float, pace: Pace | None = None) -> str:
-    """Training time left: exact for a time budget; else the rest of the budget at ``pace``'s rate, averaged from
-    the first log line on (so the first steps, allocation, compilation, a cold cache, do not inflate every later
-    estimate, and one slow step does not swing it); at the rate since the start before ``pace`` has one."""
-    if budget.kind == "time":
-        return format_seconds(budget.amount - elapsed)
-    left = pace.left(fraction, 1.0, elapsed) if pace is not None else None
-    if left is not None:
-        return "~" + format_seconds(left)
-    if fraction <= 0:
-        return "?"
-    return "~" + format_seconds(elapsed / fraction - elapsed)
 
 
 def train(

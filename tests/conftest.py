@@ -184,7 +184,7 @@ def pretrained_run(tok_dir) -> Path:
 @pytest.fixture(scope="session")
 def tiny_run(glue_dir: Path) -> Path:
     """`cramkit pretrain` (10 steps) on 3,000 SST-2 training sentences with its own 1,500-word tokenizer."""
-    from tasks.test_finetune import make_tiny_run, sst2_sentences
+    from recipes.test_finetune import make_tiny_run, sst2_sentences
 
     def build(p: Path) -> None:
         make_tiny_run(p / "run", sst2_sentences(glue_dir))

@@ -48,3 +48,17 @@ def test_the_layout_names_every_module() -> None:
         if text is None or not re.search(rf"(?<![\w/]){re.escape(rel.stem)}(\.py)?\b", text):
             missing.append(str(rel))
     assert not missing, f"docs/layout.md does not say where these modules stand: {missing}"
+
+
+# the suites that cross packages, beside the mirror of src/cramkit (docs/layout.md names them)
+ACROSS = ("hostile", "parallel")
+
+
+def test_the_tests_mirror_the_packages() -> None:
+    tests = REPO / "tests"
+    folders = sorted(p.name for p in tests.iterdir() if p.is_dir() and (p / "__init__.py").is_file())
+    packages = {p.name for p in PACKAGE.iterdir() if (p / "__init__.py").is_file()}
+    stray = [f for f in folders if f not in packages and f not in ACROSS]
+    assert not stray, f"tests/{stray[0]}/ is no package of src/cramkit: name it after the package its tests are about"
+    layout = LAYOUT.read_text(encoding="utf-8")
+    assert all(f"{name}/" in layout for name in ACROSS), "docs/layout.md names the suites that cross packages"

@@ -16,8 +16,7 @@ import pytest
 from cramkit.cli import main
 from cramkit.errors import CramkitError
 from cramkit.tasks import get_suite, get_task
-
-from .test_finetune import make_tiny_run
+from recipes.test_finetune import make_tiny_run
 
 FEWCLUE_PRESENT = ("eprstmt", "csldcp", "iflytek", "ocnli", "csl", "cluewsc", "chid")
 

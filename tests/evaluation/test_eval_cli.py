@@ -9,8 +9,7 @@ from pathlib import Path
 import pytest
 
 from cramkit.cli import main
-
-from .test_finetune import sst2_sentences
+from recipes.test_finetune import sst2_sentences
 
 
 def _head(src: Path, dst: Path, n: int) -> None:

@@ -30,7 +30,7 @@ FILES = "a task from your own files (instead of --task)"
 EMBED = "an encoder that embeds: the contrastive stage (instead of a classifier)"
 SETTINGS_HELP = (
     "override a fine-tuning setting, e.g. --set lr=2e-5 --set epochs=3; others: batch_size, max_length, warmup, "
-    "weight_decay, dropout, pooling (first|mean), max_train_examples (use only the first N training rows; 0 = all), "
+    "weight_decay, dropout, pooling (auto|cls|mean), max_train_examples (use only the first N training rows; 0 = all), "
     "label_names (0=negative,1=positive: what the model answers), prior (LABEL=TEXT,...: the classes described), "
     "device, precision (an unknown key lists them all)"
 )

@@ -40,29 +40,9 @@ def default_out(preset: str) -> Path:
 @verb(PretrainRequest)
 def pretrain(request: PretrainRequest) -> Path:
     """Pretrain a masked-LM encoder within ``budget``; returns the run directory. Takes a
-    :class:`~cramkit.recipes.pretrain_request.PretrainRequest` or its fields:
-
-    inputs: text files / directories / globs / ``hf:`` datasets, or one token store
-      directory; None: the built-in corpus.
-    preset: ``tiny-cpu`` (the default; ``tiny-zh`` when the text is Chinese), ``crammed-bert``, ``bert-base``,
-      ``continue`` (the default with ``init``) or a YAML path; overrides: ``["train.lr=1e-3"]``.
-    budget: ``"5m"``, ``"24h"``, ``"2e9tok"``, ``"1000steps"`` (default: the preset's).
-    resume: a run directory to continue from its latest checkpoint (its saved config is used; overrides
-      and budget still apply, e.g. to extend the budget).
-    encoding, errors, text_field, doc_split: how raw text sources are read (see
-      ``cramkit.text.iter_documents``): e.g. ``encoding="cp1252"``, ``errors="replace"``,
-      ``text_field="body"`` for JSON Lines / Parquet, ``doc_split="file"``.
-    init: continue this model (``pretrain --from``): anything ``cramkit.load`` reads that has an encoder
-      (a run, a checkpoint, a model directory, ``hf:DIR``); its tokenizer, architecture and masking are kept.
-    inherit: a masked-LM teacher for knowledge inheritance (``pretrain --inherit``): the new model (the
-      preset's shape) uses its tokenizer and learns from its predictions early in the run (``inherit.*``).
-    extend_vocab: with ``init``, add this many frequent words of the corpus that the tokenizer splits.
-    upcycle: with ``init`` a dense model and ``model.moe_experts`` set: a mixture of experts whose every expert
-      starts as the model's feed-forward weights (``pretrain --upcycle``; the routers fresh).
-    report_to: experiment trackers that also get metrics.jsonl's records and the configuration: ``"wandb"``,
-      ``"tensorboard,mlflow"``, ``["trackio"]`` (``train.report_to``; None: the config's, ``"none"`` by default;
-      a resumed run keeps reporting where it did).
-    """
+    :class:`~cramkit.recipes.pretrain_request.PretrainRequest` or its fields (each field's help says what it does:
+    ``cramkit pretrain --help``); ``inputs`` None or empty: the built-in corpus; ``resume``: the run's saved config,
+    with ``overrides`` and ``budget`` on top (e.g. to extend the budget)."""
     from cramkit.train.distributed import fault_guard, shutdown
     from cramkit.train.trainer import fit
 

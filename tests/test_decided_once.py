@@ -29,3 +29,25 @@ def test_the_default_preset_is_written_once() -> None:
 def _line(module: str, text: str) -> int:
     lines = (PACKAGE / module).read_text(encoding="utf-8").splitlines()
     return next(i for i, line in enumerate(lines, 1) if line.startswith(text))
+
+
+def _functions_writing(prefix: str) -> set[str]:
+    """The functions whose code builds a string starting with ``prefix`` (a default folder's name)."""
+    found = set()
+    for path in sorted(PACKAGE.rglob("*.py")):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        for func in ast.walk(tree):
+            if not isinstance(func, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            said = {id(n.value) for n in ast.walk(func) if isinstance(n, ast.Expr)}
+            for node in ast.walk(func):
+                if isinstance(node, ast.JoinedStr) and node.values and id(node) not in said:
+                    head = node.values[0]
+                    if isinstance(head, ast.Constant) and str(head.value).startswith(prefix):
+                        found.add(f"{path.relative_to(PACKAGE)}:{func.name}")
+    return found
+
+
+def test_the_default_output_folders_are_named_in_one_function_each() -> None:
+    assert _functions_writing("eval-") == {"evaluation/__init__.py:results_dir"}
+    assert _functions_writing("finetune-") == {"recipes/finetune_request.py:out_dir"}

@@ -13,3 +13,8 @@ stay light (no numpy, no torch).
 """
 
 CUTOFF = 10  # the cut-off of nDCG and MRR by default (BEIR's): the metrics and `cramkit eval`'s help read it
+
+
+def results_dir(name: str) -> str:
+    """Where an evaluation writes its results when given no folder: eval-NAME (eval-glue, eval-sts, ...)."""
+    return f"eval-{name}"

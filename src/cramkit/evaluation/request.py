@@ -11,7 +11,7 @@ from dataclasses import KW_ONLY, dataclass
 from typing import TYPE_CHECKING, Any
 
 from cramkit.errors import CramkitError
-from cramkit.evaluation import CUTOFF
+from cramkit.evaluation import CUTOFF, results_dir
 from cramkit.infer.options import Passes
 from cramkit.recipes.finetune_request import Recipe, words
 from cramkit.request import param
@@ -162,7 +162,7 @@ class EvalRequest(Recipe, Passes):
 
     def out_dir(self) -> str:
         """``out``, else eval-SUITE (eval-glue, eval-sts, eval-retrieval, ...)."""
-        return os.fspath(self.out) if self.out is not None else f"eval-{self.suite_name()}"
+        return os.fspath(self.out) if self.out is not None else results_dir(self.suite_name())
 
     def task_names(self) -> list[str] | None:
         """``tasks`` as a list (None: every task of the suite present)."""

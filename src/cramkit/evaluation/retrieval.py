@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from cramkit.errors import CramkitError
-from cramkit.evaluation import CUTOFF
+from cramkit.evaluation import CUTOFF, results_dir
 from cramkit.evaluation.embedding import check_model, embed_texts, model_info, open_engine
 from cramkit.evaluation.metrics import exact_search, relevant_count, retrieval_metrics
 from cramkit.evaluation.results import SCALE, check_results_out, short_source, write_outputs
@@ -244,7 +244,7 @@ def _index_documents(idx: Any, data: BeirData) -> tuple[np.ndarray, str]:
 def evaluate_retrieval(
     model: Any,
     data: str | os.PathLike,
-    out: str | os.PathLike | None = "eval-retrieval",
+    out: str | os.PathLike | None = results_dir("retrieval"),
     *,
     split: str = "test",
     index: str | os.PathLike | None = None,

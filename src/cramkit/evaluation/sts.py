@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 
 from cramkit.errors import CramkitError
+from cramkit.evaluation import results_dir
 from cramkit.evaluation.embedding import check_model, embed_texts, model_info, open_engine
 from cramkit.evaluation.metrics import cosine_rows, sts_metrics
 from cramkit.evaluation.results import SCALE, check_results_out, short_source, write_outputs
@@ -122,7 +123,7 @@ def _sts_columns(
 def evaluate_sts(
     model: Any,
     data: str | os.PathLike,
-    out: str | os.PathLike | None = "eval-sts",
+    out: str | os.PathLike | None = results_dir("sts"),
     *,
     text_a: str | None = None,
     text_b: str | None = None,

@@ -46,27 +46,14 @@ def pretrain(request: PretrainRequest) -> Path:
     from cramkit.train.distributed import fault_guard, shutdown
     from cramkit.train.trainer import fit
 
-    r = request
-    overrides, inputs, source_options = r.settings(), r.sources, r.source_options()
-    resume = r.resume
+    resume = request.resume
     if resume is not None:
-        run, saved, cfg, info = _run_to_resume(resume, overrides, r.init, r.inherit, r.extend_vocab, r.upcycle)
+        run, saved, cfg, info = _run_to_resume(request)
         if not _resume_plan(run, cfg):
             return run
-        start = _resumed_start(resume, run, saved, cfg, info, inputs, source_options, r.preset, r.upcycle)
+        start = _resumed_start(request, run, saved, cfg, info)
     else:
-        start = _new_run(
-            r.out,
-            overrides,
-            inputs,
-            source_options,
-            r.preset,
-            r.tokenizer,
-            r.init,
-            r.inherit,
-            r.extend_vocab,
-            r.upcycle,
-        )
+        start = _new_run(request)
     run = start.run
     with _lock_run(run, "--resume" if resume is not None else "--out"):
         if resume is None:  # another process got there first
@@ -77,9 +64,9 @@ def pretrain(request: PretrainRequest) -> Path:
         drift = [r["start_cosine"] for r in result.history if "start_cosine" in r]
         if drift and runtime.torchrun().is_main:
             print(
-                f"cramkit: drift from {start.init}: mean cosine {drift[-1]:.3f} between the run's and the starting "
-                "model's mean-pooled vectors of the held-out text (1 = unchanged; train.keep_vectors and train.l2sp "
-                "hold it closer)",
+                f"cramkit: drift from {start.request.init}: mean cosine {drift[-1]:.3f} between the run's and the "
+                "starting model's mean-pooled vectors of the held-out text (1 = unchanged; train.keep_vectors and "
+                "train.l2sp hold it closer)",
                 flush=True,
             )
         shutdown(ctx)
@@ -88,108 +75,79 @@ def pretrain(request: PretrainRequest) -> Path:
 
 @dataclass
 class _Start:
-    """What a run starts with: its directory and config, its inputs and how they are read, and what it continues
-    (``--from``) or learns from (``--inherit``)."""
+    """What a run starts with: its directory and config, the request as the run starts it (a resumed run's data,
+    model and teacher are those its run.json recorded; the preset decided), how its text is read, and what it
+    continues (``--from``) or learns from (``--inherit``)."""
 
     run: Path
     cfg: RunConfig
-    inputs: list[str]
+    request: PretrainRequest
     source_options: dict[str, Any]
-    tokenizer: str | os.PathLike | None
-    preset: str | None
-    init: str | None
-    inherit: str | None
-    extend_vocab: int
     fresh_head: bool
-    upcycle: bool
-    resume: str | os.PathLike | None  # the run given with --resume
     begin: Any = None  # what the run starts from: adapt.Start (--from), the teacher (--inherit)
     saved: dict[str, Any] | None = None  # a resumed run's config.yaml
     created: Path | None = None  # the run directory, when this call made it (removed again if preparation fails)
 
 
-def _run_to_resume(
-    resume: str | os.PathLike,
-    overrides: list[str],
-    init: str | None,
-    inherit: str | None,
-    extend_vocab: int,
-    upcycle: bool,
-) -> tuple[Path, dict[str, Any], RunConfig, dict[str, Any]]:
+def _run_to_resume(request: PretrainRequest) -> tuple[Path, dict[str, Any], RunConfig, dict[str, Any]]:
     """(the run directory, its saved config, the config it resumes with, its run.json) of the run ``--resume``
     continues, checked against the flags given: a run keeps its experts, its model (``--from``), its teacher
     (``--inherit``) and its vocabulary."""
-    run = ckpt.require_run_dir(resume)
+    run = ckpt.require_run_dir(request.resume)  # type: ignore[arg-type]  # a resume
     saved = load_yaml(run / "config.yaml")
-    cfg = resolve_config(base=saved, overrides=overrides)
+    cfg = resolve_config(base=saved, overrides=request.settings())
     require_trackers(cfg.train.report_to, "train.report_to")  # before any work
     info = _read_run_info(run)
     _same_experts(run, saved, cfg)
-    if upcycle:
+    if request.upcycle:
         raise CramkitError(f"--resume {run}: --upcycle applies when a run starts (--from MODEL); resume without it")
-    for flag, given, key in (("--from", init, "from"), ("--inherit", inherit, "inherit")):
+    for flag, given, key in (("--from", request.init, "from"), ("--inherit", request.inherit, "inherit")):
         if given is not None and given != info.get(key):
             raise CramkitError(
                 f"--resume {run}: the run was started "
                 f"{f'{flag} {info[key]}' if info.get(key) else f'without {flag}'}"
                 f", not {flag} {given}; resume without {flag} (or start a new run)"
             )
-    if extend_vocab and extend_vocab != info.get("extend_vocab", 0):
+    if request.extend_vocab and request.extend_vocab != info.get("extend_vocab", 0):
         raise CramkitError(f"--resume {run}: --extend-vocab applies when a run starts; resume without it")
     return run, saved, cfg, info
 
 
 def _resumed_start(
-    resume: str | os.PathLike,
-    run: Path,
-    saved: dict[str, Any],
-    cfg: RunConfig,
-    info: dict[str, Any],
-    inputs: list[str],
-    source_options: dict[str, Any],
-    preset: str | None,
-    upcycle: bool,
+    request: PretrainRequest, run: Path, saved: dict[str, Any], cfg: RunConfig, info: dict[str, Any]
 ) -> _Start:
     """A resumed run starts with what it was started with (run.json: its data, reading options, model, teacher);
     data named again must be the same."""
-    if inputs and inputs != info.get("inputs"):
+    if request.sources and request.sources != info.get("inputs"):
         raise CramkitError(
             f"--resume {run}: the run was started on {info.get('inputs') or 'the built-in corpus'}, not "
-            f"{inputs}; resume without naming the data (or start a new run)"
+            f"{request.sources}; resume without naming the data (or start a new run)"
         )
-    return _Start(
-        run=run,
-        cfg=cfg,
+    started = dataclasses.replace(
+        request,
         inputs=info.get("inputs", []),
-        source_options=source_options or info.get("source_options", {}),
         tokenizer=None,
-        preset=preset,
         init=info.get("from"),
         inherit=info.get("inherit"),
         extend_vocab=0,
+    )
+    return _Start(
+        run=run,
+        cfg=cfg,
+        request=started,
+        source_options=request.source_options() or info.get("source_options", {}),
         fresh_head=bool(info.get("fresh_head")),
-        upcycle=upcycle,
-        resume=resume,
         saved=saved,
     )
 
 
-def _new_run(
-    out: str | os.PathLike | None,
-    overrides: list[str],
-    inputs: list[str],
-    source_options: dict[str, Any],
-    preset: str | None,
-    tokenizer: str | os.PathLike | None,
-    init: str | None,
-    inherit: str | None,
-    extend_vocab: int,
-    upcycle: bool,
-) -> _Start:
+def _new_run(request: PretrainRequest) -> _Start:
     """A new run: its config (the preset chosen from the text when none is given) checked to fit before anything
     is written, and its directory (``out``, else runs/PRESET-TIME) made, refused when it holds checkpoints."""
+    r, source_options = request, request.source_options()
+    init = r.init
     cfg, begin, preset = _fresh_config(
-        inputs, source_options, preset, overrides, init, inherit, tokenizer, extend_vocab, upcycle
+        r.sources, source_options, r.preset, r.settings(), init, r.inherit, r.tokenizer, r.extend_vocab, r.upcycle
     )
     require_trackers(cfg.train.report_to, "train.report_to")  # before any work
     fresh_head = bool(init) and begin.head_state is None
@@ -205,12 +163,12 @@ def _new_run(
             "--inherit) starts from no model to hold to: leave it out"
         )
     preset = start_preset(preset, bool(init))
-    if out is None and runtime.torchrun().world > 1:
+    if r.out is None and runtime.torchrun().world > 1:
         raise CramkitError(
             "under torchrun give --out RUN: every process must write into the same run directory "
             "(or use `cramkit pretrain --nproc N`, which picks one)"
         )
-    run = Path(out) if out is not None else default_out(preset)
+    run = Path(r.out) if r.out is not None else default_out(preset)
     _refuse_checkpoints(run)
     # the micro-batch that fits (train.micro_batch=auto), then the model must fit before anything is written
     # (the exact vocabulary is checked again below)
@@ -223,16 +181,9 @@ def _new_run(
     return _Start(
         run=run,
         cfg=cfg,
-        inputs=inputs,
+        request=dataclasses.replace(r, preset=preset),
         source_options=source_options,
-        tokenizer=tokenizer,
-        preset=preset,
-        init=init,
-        inherit=inherit,
-        extend_vocab=extend_vocab,
         fresh_head=fresh_head,
-        upcycle=upcycle,
-        resume=None,
         begin=begin,
         created=created,
     )
@@ -260,23 +211,24 @@ def _prepared_objective(start: _Start) -> tuple[RunConfig, Any, Any]:
     from cramkit.text.tokenizer import special_ids
     from cramkit.text.words import WordBoundaries
 
+    r = start.request
     try:
         cfg, ts, tok, vocab, ctx, extension = prepare_run(
             start.run,
             start.cfg,
-            start.inputs,
-            start.tokenizer,
-            start.resume,
-            start.preset,
+            r.sources,
+            r.tokenizer,
+            r.resume,
+            r.preset,
             start.source_options,
             start.saved,
             begin=start.begin,
             adapt_info={
-                "from": start.init,
-                "inherit": start.inherit,
-                "extend_vocab": start.extend_vocab,
+                "from": r.init,
+                "inherit": r.inherit,
+                "extend_vocab": r.extend_vocab,
                 "fresh_head": start.fresh_head,
-                "upcycle": start.upcycle,
+                "upcycle": r.upcycle,
             },
         )
         words = WordBoundaries(tok) if cfg.data.masking == "whole_word" else None
@@ -286,9 +238,9 @@ def _prepared_objective(start: _Start) -> tuple[RunConfig, Any, Any]:
             data,
             start.begin,
             extension,
-            start.inherit,
-            start.resume is not None,
-            {"from": start.init, "fresh_head": start.fresh_head},
+            r.inherit,
+            r.resume is not None,
+            {"from": r.init, "fresh_head": start.fresh_head},
         )
     except BaseException:
         created = start.created

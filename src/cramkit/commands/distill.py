@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from cramkit import request, runtime
+from cramkit import request
 from cramkit.distillation.request import SETTINGS_HELP, DistillRequest, is_embedding_student
 from cramkit.errors import CramkitError
 
@@ -108,21 +108,10 @@ def run(args: argparse.Namespace) -> int:
 def _launch(nproc: int, req: DistillRequest) -> int:
     """``--nproc N``: the request checked once (what would fail in every process fails here), written to a file
     that every one of N torchrun processes reads."""
-    import os
-    import tempfile
+    from cramkit.train.launch import launch_request
 
-    from cramkit.train.launch import launch
-
-    if runtime.torchrun().world > 1:
-        raise CramkitError("--nproc given inside a torchrun job; use one or the other")
     if is_embedding_student(req.resolve()[0]):
         raise CramkitError(f"--student {req.student} trains in one process; drop --nproc")
-    fd, where = tempfile.mkstemp(prefix="cramkit-distill-", suffix=".yaml")
-    os.close(fd)
-    try:
-        request.write_request(req, "distill", where)
-        # the flags argparse requires, then the request that holds everything
-        given = ["--teacher", str(req.teacher), "--student", req.student, "--out", str(req.out)]
-        return launch(nproc, ["distill", *given, "--request", where])
-    finally:
-        os.unlink(where)
+    # the flags argparse requires, then the request that holds everything
+    given = ["--teacher", str(req.teacher), "--student", req.student, "--out", str(req.out)]
+    return launch_request(nproc, "distill", req, given)

@@ -11,7 +11,6 @@ import sys
 
 from cramkit import request, runtime
 from cramkit.commands.finetune_report import report_contrastive, report_fewshot, report_finetune, report_mixture
-from cramkit.errors import CramkitError
 from cramkit.recipes.finetune_request import SETTINGS_HELP, FinetuneRequest
 
 EPILOG = """\
@@ -131,21 +130,10 @@ def _list_tasks() -> int:
 def _launch(req: FinetuneRequest, nproc: int) -> int:
     """``--nproc N``: the request checked once here, then written to a file that every one of N torchrun
     processes reads (``cramkit finetune --request FILE``)."""
-    import os
-    import tempfile
+    from cramkit.train.launch import launch_request
 
-    from cramkit.train.launch import launch
-
-    if runtime.torchrun().world > 1:
-        raise CramkitError("--nproc given inside a torchrun job; use one or the other")
     if req.embeds():
         req.contrastive().resolve(nproc)  # negatives gathered across the processes
     else:
         req.resolve(nproc)
-    fd, where = tempfile.mkstemp(prefix="cramkit-finetune-", suffix=".yaml")
-    os.close(fd)
-    try:
-        request.write_request(req, "finetune", where)
-        return launch(nproc, ["finetune", "--request", where])
-    finally:
-        os.unlink(where)
+    return launch_request(nproc, "finetune", req)

@@ -10,8 +10,6 @@ from cramkit import request, runtime
 from cramkit.errors import CramkitError
 from cramkit.recipes.pretrain_request import SETTINGS_HELP, PretrainRequest
 
-LAUNCHER = ("--nproc", "--nnodes", "--node-rank", "--rdzv-endpoint")
-
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
@@ -82,12 +80,10 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _launch(args: argparse.Namespace, req: PretrainRequest) -> int:
-    """``--nproc N``: the request decided once (its run directory and preset), written to a file in the run
-    directory that every one of N torchrun processes reads."""
-    from cramkit.train.launch import launch
+    """``--nproc N``: the request decided once (its run directory and preset), written to a file that every one of
+    N torchrun processes reads."""
+    from cramkit.train.launch import launch_request
 
-    if runtime.torchrun().world > 1:
-        raise CramkitError("--nproc given inside a torchrun job; use one or the other")
     if req.out is None and req.resume is None and args.nnodes > 1:
         raise CramkitError(
             "with --nnodes above 1 give --out RUN on a filesystem every node shares (each rank writes its "
@@ -98,22 +94,14 @@ def _launch(args: argparse.Namespace, req: PretrainRequest) -> int:
     decided = decide(req)
     if req.init is None:  # a mistyped setting or degree: one message here, not one per process
         _check_degrees(decided, args.nproc * args.nnodes)
-    import os
-    import tempfile
-
-    fd, where = tempfile.mkstemp(prefix="cramkit-pretrain-", suffix=".yaml")
-    os.close(fd)
-    try:
-        request.write_request(decided, "pretrain", where)
-        return launch(
-            args.nproc,
-            ["pretrain", "--request", where],
-            nnodes=args.nnodes,
-            node_rank=args.node_rank,
-            rdzv_endpoint=args.rdzv_endpoint,
-        )
-    finally:
-        os.unlink(where)
+    return launch_request(
+        args.nproc,
+        "pretrain",
+        decided,
+        nnodes=args.nnodes,
+        node_rank=args.node_rank,
+        rdzv_endpoint=args.rdzv_endpoint,
+    )
 
 
 def _check_degrees(req: PretrainRequest, world: int) -> None:

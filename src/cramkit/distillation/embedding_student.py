@@ -108,7 +108,6 @@ def build_embedding_student(
     """The untrained student: the teacher's encoder with ``want`` of its layers (:func:`pick_layers`), as a
     model of kind ``encoder`` with the teacher's tokenizer, pooling, normalisation and prompts; and the layers
     kept."""
-    import dataclasses
 
     from cramkit.model.encoder import Encoder
 
@@ -142,21 +141,7 @@ def build_embedding_student(
     }
     if dims:
         extra["matryoshka"] = [int(tcfg.hidden), *dims]
-    loaded = dataclasses.replace(
-        teacher,
-        model=student,
-        config=scfg,
-        kind="encoder",
-        architecture="encoder",
-        labels=None,
-        task=None,
-        head=None,
-        max_length=max_length,
-        pooler_state=None,
-        weights_file=None,
-        weights_sha256=None,
-        extra=extra,
-    )
+    loaded = teacher.as_encoder(student, config=scfg, max_length=max_length, extra=extra)
     return loaded, picked
 
 

@@ -102,6 +102,16 @@ class LoadedModel:
 
         return TorchRunner(self.model, device, precision, encoder=self.encoder)
 
+    def as_encoder(self, model: Any, **changes: Any) -> LoadedModel:
+        """This model's tokenizer and settings around ``model``, a new bare encoder (an embedding model trained
+        from it): no head, labels or task, and no weights file yet; ``changes`` (its config, max_length, pooling,
+        extra, ...) on top."""
+        import dataclasses
+
+        bare = {"kind": "encoder", "architecture": "encoder", "labels": None, "task": None, "head": None}
+        unsaved = {"pooler_state": None, "weights_file": None, "weights_sha256": None}
+        return dataclasses.replace(self, model=model, **{**bare, **unsaved, **changes})
+
     def to(self, device: str | torch.device) -> LoadedModel:
         self.model.to(device)
         return self

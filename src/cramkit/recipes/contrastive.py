@@ -32,7 +32,6 @@ loss (contrastive_loss.py); here the objective for the engine and the recipe tha
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import os
 import sys
@@ -437,20 +436,11 @@ def _embedding_model(
     """The trained ``encoder`` as a model directory of kind ``encoder``: its pooling, normalised vectors, the
     Matryoshka dimensions and the named prompts recorded."""
     dims = matryoshka_dims(cfg.matryoshka, loaded.hidden)
-    return dataclasses.replace(
-        loaded,
-        model=encoder,
-        kind="encoder",
-        architecture="encoder",
+    return loaded.as_encoder(
+        encoder,
         pooling=pooling,
         normalize=True,
-        labels=None,
-        task=None,
-        head=None,
         max_length=max_length,
-        pooler_state=None,
-        weights_file=None,
-        weights_sha256=None,
         extra={
             **{k: v for k, v in loaded.extra.items() if k in ("st_pooling", "tokenizer")},
             "st_pooling": pooling,

@@ -18,6 +18,7 @@ import signal
 import subprocess
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 from cramkit import runtime
 from cramkit.errors import CramkitError
@@ -84,3 +85,21 @@ def launch(nproc: int, cramkit_args: Sequence[str], **kwargs: object) -> int:
     if received and code != 0:  # stopped on request (each worker saved a checkpoint): say so by the code
         return 128 + received[0]
     return code
+
+
+def launch_request(nproc: int, verb: str, request: Any, args: Sequence[str] = (), **kwargs: object) -> int:
+    """``cramkit VERB --nproc N``: ``request`` (decided once) written to a temporary file that each of the N
+    torchrun processes reads (``cramkit VERB [args] --request FILE``), removed when torchrun returns."""
+    import tempfile
+
+    from cramkit.request import write_request
+
+    if runtime.torchrun().world > 1:
+        raise CramkitError("--nproc given inside a torchrun job; use one or the other")
+    fd, where = tempfile.mkstemp(prefix=f"cramkit-{verb}-", suffix=".yaml")
+    os.close(fd)
+    try:
+        write_request(request, verb, where)
+        return launch(nproc, [verb, *args, "--request", where], **kwargs)
+    finally:
+        os.unlink(where)

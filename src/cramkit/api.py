@@ -84,7 +84,22 @@ def finetune(request: FinetuneRequest) -> dict[str, Any]:
         return run_self_train(the_task, source, cfg, out, rows, progress=request.progress)
     from cramkit.recipes.finetune import finetune as _finetune
 
-    return _finetune(the_task, source, cfg, out, progress=request.progress)  # out None: a temporary directory
+    hint = _few_labels_hint(the_task) if cfg.method == "head" else None
+    return _finetune(the_task, source, cfg, out, progress=request.progress, first_line=hint)  # out None: a temp dir
+
+
+def _few_labels_hint(task: Any) -> str | None:
+    """For a head trained on few labelled rows: what the few-label methods offer, said before it trains."""
+    from cramkit.recipes import FEW_LABEL_ROWS
+
+    rows = len(task.examples(task.train_split))
+    if rows >= FEW_LABEL_ROWS:
+        return None
+    return (
+        f"cramkit: {task.name}: {rows} labelled rows train a fresh head; with few labels --method auto chooses "
+        "among a head, SetFit and prompts by cross-validation on them, --few-shot K scores K per class over "
+        "several splits, and --unlabelled FILE adds your unlabelled text (docs/few-labels.md)"
+    )
 
 
 def _fewshot(request: FinetuneRequest, the_task: Any, cfg: Any, out: Any, rows: Any) -> dict[str, Any]:

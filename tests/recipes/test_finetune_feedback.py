@@ -123,3 +123,20 @@ def test_equal_dev_scores_keep_the_lower_dev_loss():
 
     assert rank(84.375, 0.261) > rank(84.375, 0.296) > rank(81.25, 0.1)
     assert rank(84.375, 0.5) > rank(84.375, float("inf"))
+
+
+def test_few_labelled_rows_name_the_few_label_methods_before_training(
+    tiny_run: Path, glue_dir: Path, tmp_path: Path
+) -> None:
+    """96 labelled rows and the default method: the first lines say what the few-label methods offer; a method
+    chosen already is left alone."""
+    train, dev, _ = _files(glue_dir, tmp_path)
+    common = ["--from", str(tiny_run), "--train", str(train), "--dev", str(dev), "--text-a", "sentence"]
+    proc = cli("finetune", *common, "--out", str(tmp_path / "head"), "--set", "epochs=1", "--no-progress")
+    assert proc.returncode == 0, proc.stderr
+    said = next(line for line in proc.stderr.splitlines() if "labelled rows" in line)
+    assert "96 labelled rows" in said and "--method auto" in said and "--few-shot K" in said
+    assert proc.stderr.index(said) < proc.stderr.index("done:")  # before it trains
+    chosen = cli("finetune", *common, "--out", str(tmp_path / "setfit"), "--method", "setfit", "--set", "epochs=1")
+    assert chosen.returncode == 0, chosen.stderr
+    assert "labelled rows train a fresh head" not in chosen.stderr

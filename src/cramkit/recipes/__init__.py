@@ -19,5 +19,6 @@ The engine below knows nothing of models on disk or of tasks; recipes bring both
 
 # the few-shot protocol's splits of K labelled rows per class (LM-BFF's five), and the share of the training rows
 # held out for scoring when a task from the user's files has no dev file; the verbs' and flags' defaults read these
+FEW_LABEL_ROWS = 1000  # fewer labelled training rows than this: finetune names the few-label methods first
 FEWSHOT_SPLITS = 5
 DEV_FRACTION = 0.1

@@ -155,6 +155,7 @@ def finetune(
     progress: bool = True,
     predict_also: Sequence[Task] = (),
     targets: np.ndarray | None = None,
+    first_line: str | None = None,
 ) -> dict[str, Any]:
     """Fine-tune ``source`` on ``task`` once per seed; evaluate on the dev split(s); write results.
 
@@ -164,6 +165,7 @@ def finetune(
     predicted by the same model (GLUE's diagnostic set AX by the MNLI model). ``out_dir`` follows the rule of
     every output (``cramkit.io.check_out``: never into its input, never over another product), checked
     before anything is read; a full disk gets one line. targets: soft targets of the train rows (self-training).
+    first_line: said once the checks have passed, before anything trains (the caller's advice).
     """
     cfg = cfg or FinetuneConfig()
     from cramkit.recipes.label_prior import given_label_names
@@ -176,11 +178,11 @@ def finetune(
     from cramkit.io import RUN_OUTPUTS, check_out, disk_errors
 
     if out_dir is None:
-        return _finetune(task, source, cfg, None, progress, predict_also, targets)
+        return _finetune(task, source, cfg, None, progress, predict_also, targets, first_line)
     own = {SETTINGS_FILE: ("task", "config")}  # its settings, as _claim records them: the folder is a fine-tuning's
     check_out(out_dir, inputs=[source], own=own, writes=RUN_OUTPUTS, command="cramkit finetune")
     with disk_errors(out_dir):
-        return _finetune(task, source, cfg, out_dir, progress, predict_also, targets)
+        return _finetune(task, source, cfg, out_dir, progress, predict_also, targets, first_line)
 
 
 def _finetune(
@@ -191,6 +193,7 @@ def _finetune(
     progress: bool,
     predict_also: Sequence[Task],
     targets: np.ndarray | None = None,
+    first_line: str | None = None,
 ) -> dict[str, Any]:
     from cramkit.loading import load_torch
 
@@ -212,6 +215,8 @@ def _finetune(
     if torchrun().is_main:  # under torchrun: once
         from cramkit.text.coverage import unk_report
 
+        if first_line:
+            print(first_line, file=sys.stderr)
         floor = cfg.steps(len(train_rows))[1] if cfg.method != "setfit" else None
         if floor is not None:  # the step floor, not the epochs, chose the steps: the first line says so
             print(f"finetune: {floor}", file=sys.stderr)

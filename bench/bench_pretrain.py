@@ -9,7 +9,9 @@
     (tiny-cpu recipe) against a plain Hugging Face loop (dense MLM 15%, AdamW, linear decay, as run_mlm);
     validation MLM loss on the same held-out masked batches.
 
-    python bench/bench_pretrain.py throughput [--reps 3] [--compile]
+    python bench/bench_pretrain.py throughput [--reps 3] [--compile] [--precisions fp32,bf16,default]
+       (fp32 / bf16: both sides at that precision, bf16 as torch.autocast as `cramkit pretrain` runs it;
+        default: each side as its own defaults leave it, cramkit's `precision auto` against transformers' fp32)
     python bench/bench_pretrain.py quality [--budget 150] [--corpus FILE ...]  (default: WikiText-2 valid+test)
 """
 
@@ -64,7 +66,8 @@ def masked_batch(batch: int, length: int, vocab: int, rate: float = 0.25, seed: 
     return ids.masked_fill(chosen, 4), labels
 
 
-def make_step(kind: str, shape: tuple[int, int, int, int], vocab: int, compile_: bool = False):
+def make_step(kind: str, shape: tuple[int, int, int, int], vocab: int, compile_: bool = False, precision: str = "fp32"):
+    from cramkit.runtime import autocast
     from cramkit.train.optim import build_optimizer
 
     torch.manual_seed(0)
@@ -88,7 +91,8 @@ def make_step(kind: str, shape: tuple[int, int, int, int], vocab: int, compile_:
     model.train()
 
     def step(ids, labels):
-        loss = loss_of(ids, labels)
+        with autocast(precision, torch.device("cpu")):
+            loss = loss_of(ids, labels)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
@@ -98,38 +102,57 @@ def make_step(kind: str, shape: tuple[int, int, int, int], vocab: int, compile_:
     return step
 
 
+def side_precisions(which: str) -> dict[str, str]:
+    """Each side's precision in one row of the table: both the same, or each its own default."""
+    from cramkit.runtime import resolve_precision
+
+    if which == "default":
+        ours = resolve_precision("auto", torch.device("cpu"))
+        return {"hf": "fp32", "ours": ours}
+    return {"hf": which, "ours": which}
+
+
 def throughput(args: argparse.Namespace) -> None:
+    from cramkit.runtime import cpu_flags
+
     torch.set_num_threads(args.threads)
     vocab, length, batch = 32768, 128, 32
     shapes = [(4, 256, 4, 1024), (2, 512, 8, 2048), (6, 384, 6, 1536)]
     kinds = ["hf", "ours"] + (["ours+compile"] if args.compile else [])
     ids, labels = masked_batch(batch, length, vocab)
-    print(f"# threads={torch.get_num_threads()} torch={torch.__version__} vocab={vocab} length={length} batch={batch}")
+    isa = " ".join(f for f in ("avx2", "avx512f", "avx512_bf16", "amx_bf16") if f in cpu_flags())
     print(
-        "| shape (L x H, heads, inter) | HF tokens/s | cramkit tokens/s | ratio |"
+        f"# threads={torch.get_num_threads()} torch={torch.__version__} vocab={vocab} length={length} batch={batch} "
+        f"flags: {isa or 'no AVX2'}"
+    )
+    print(
+        "| shape (L x H, heads, inter) | precision (HF / cramkit) | HF tokens/s | cramkit tokens/s | ratio |"
         + (" compiled | ratio |" if args.compile else "")
     )
-    print("|---|---:|---:|---:|" + ("---:|---:|" if args.compile else ""))
+    print("|---|---|---:|---:|---:|" + ("---:|---:|" if args.compile else ""))
     for shape in shapes:
-        steps = {k: make_step(k.split("+")[0], shape, vocab, compile_="compile" in k) for k in kinds}
-        for k in kinds:  # warm up (and compile)
-            for _ in range(2):
-                steps[k](ids, labels)
-        times: dict[str, list[float]] = {k: [] for k in kinds}
-        for _ in range(args.reps):
-            for k in kinds:  # interleaved repetitions
-                t0 = time.perf_counter()
-                for _ in range(args.steps):
+        for which in args.precisions.split(","):
+            prec = side_precisions(which)
+            steps = {k: make_step(k.split("+")[0], shape, vocab, "compile" in k, prec[k.split("+")[0]]) for k in kinds}
+            for k in kinds:  # warm up (and compile)
+                for _ in range(2):
                     steps[k](ids, labels)
-                times[k].append((time.perf_counter() - t0) / args.steps)
-        tps = {k: batch * length / statistics.median(v) for k, v in times.items()}
-        ratio = tps["ours"] / tps["hf"]
-        row = f"| {shape[0]} x {shape[1]}, {shape[2]}, {shape[3]} | {tps['hf']:,.0f} | "
-        row += f"{tps['ours']:,.0f} | {ratio:.2f}x |"
-        if args.compile:
-            row += f" {tps['ours+compile']:,.0f} | {tps['ours+compile'] / tps['hf']:.2f}x |"
-        print(row, flush=True)
-        del steps
+            times: dict[str, list[float]] = {k: [] for k in kinds}
+            for _ in range(args.reps):
+                for k in kinds:  # interleaved repetitions
+                    t0 = time.perf_counter()
+                    for _ in range(args.steps):
+                        steps[k](ids, labels)
+                    times[k].append((time.perf_counter() - t0) / args.steps)
+            tps = {k: batch * length / statistics.median(v) for k, v in times.items()}
+            ratio = tps["ours"] / tps["hf"]
+            row = f"| {shape[0]} x {shape[1]}, {shape[2]}, {shape[3]} | {prec['hf']} / {prec['ours']}"
+            row += f"{' (each its default)' if which == 'default' else ''} | {tps['hf']:,.0f} | "
+            row += f"{tps['ours']:,.0f} | {ratio:.2f}x |"
+            if args.compile:
+                row += f" {tps['ours+compile']:,.0f} | {tps['ours+compile'] / tps['hf']:.2f}x |"
+            print(row, flush=True)
+            del steps
 
 
 def quality(args: argparse.Namespace) -> None:
@@ -242,6 +265,11 @@ def main() -> None:
     a.add_argument("--steps", type=int, default=2)
     a.add_argument("--threads", type=int, default=2)
     a.add_argument("--compile", action="store_true", help="also cramkit with torch.compile on CPU")
+    a.add_argument(
+        "--precisions",
+        default="fp32",
+        help="comma-separated rows per shape: fp32, bf16 (both sides the same) or default (each side its own)",
+    )
     b = sub.add_parser("quality")
     b.add_argument("--budget", type=float, default=150.0, help="seconds of training each")
     b.add_argument(

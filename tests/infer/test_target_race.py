@@ -248,3 +248,44 @@ def test_target_cpu_serve_races_a_servers_request_shapes(ft_model, tmp_path, mon
     # a race for a server is not a race for batch work: its own entry in the cache
     said = ok("export", str(ft_model), "--target", "cpu", "--out", str(tmp_path / "batch"))
     assert " raced " in _line(said) and _manifest(tmp_path / "batch")["race"]["digest"] != rec["digest"]
+
+
+class _Clock:
+    """A fake clock that each timed call advances by its own seconds: rounds without real time."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def entrant(self, seconds: list[float]):
+        calls = iter(seconds)
+
+        def timed() -> float:
+            took = next(calls, seconds[-1])
+            self.now += took
+            return took
+
+        return timed
+
+
+def test_the_rounds_stop_timing_an_entrant_that_cannot_win() -> None:
+    clock = _Clock()
+    timed = {
+        race.BASELINE: clock.entrant([1.0]),
+        "ct2 int8": clock.entrant([0.3, 0.1]),  # a slow first call (its warm-up), then the fastest
+        "onnx fp32": clock.entrant([0.2, 0.2]),  # ahead in the first round, 2x the best after the second
+        "openvino bf16": clock.entrant([0.3, 0.12]),  # within 1.5x: a contender
+    }
+    times = race.rounds(timed, seconds=5.0, clock=clock)
+    # everyone ran twice (the first kept: a warm-up only ever slows a round down) ...
+    assert len(times[race.BASELINE]) == len(times["onnx fp32"]) == 2
+    # ... then only the contenders went on, until the budget was spent, at least three rounds each
+    assert len(times["ct2 int8"]) == len(times["openvino bf16"]) >= race.MIN_ROUNDS
+    assert clock.now >= 5.0 and min(times["ct2 int8"]) == 0.1
+    # a lone contender is not raced against itself
+    clock = _Clock()
+    alone = race.rounds({race.BASELINE: clock.entrant([1.0]), "ct2 int8": clock.entrant([0.1])}, 5.0, clock)
+    assert {k: len(v) for k, v in alone.items()} == {race.BASELINE: 2, "ct2 int8": 2}
+    assert clock.now < 5.0

@@ -21,7 +21,7 @@ import os
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -37,6 +37,8 @@ RACES_KEPT = 64  # races kept in the cache, the newest
 RACE_ENV = "CRAMKIT_RACE"  # 1: always race (the cache ignored), 0: never (the flags' rule)
 SECONDS_ENV = "CRAMKIT_RACE_SECONDS"  # the measuring budget, all cells together
 RACE_SECONDS = 4.0
+MIN_ROUNDS, MAX_ROUNDS = 3, 50  # per cell, for the contenders
+CONTEND = 1.5  # after two rounds, an entrant whose fastest round is over this times the best's drops out
 AGREE_COSINE = 0.995  # an embedding candidate's mean cosine to the fp32 torch model's vectors, at least
 AGREE_PROB = 0.03  # a classifier candidate's largest probability difference from the fp32 torch model, at most
 # (format, quantize) in the order a tie is broken: the formats cramkit builds in
@@ -74,6 +76,7 @@ class Entrant:
     quantize: str | None
     path: Path | None = None
     rates: dict[str, float] = field(default_factory=dict)  # cell -> texts/s
+    rounds: dict[str, int] = field(default_factory=dict)  # cell -> rounds run (2 for one that dropped out)
     agreement: dict[str, float] = field(default_factory=dict)
     agrees: bool = True
     error: str | None = None
@@ -325,9 +328,9 @@ def _call(run: Callable[[list[str]], Any], cell: Cell, pool: Any) -> float:
 
 
 def measure(entrants: list[Entrant], loaded: LoadedModel, plan: list[Cell], seconds: float, texts: list[str]) -> None:
-    """The candidates' :func:`agreement` on ``texts`` (at one thread), then interleaved rounds per cell (the
-    order rotated each round), at least 3, for about ``seconds`` in all; each entrant's texts/s per cell from
-    its fastest round (a loaded machine only slows rounds down)."""
+    """The candidates' :func:`agreement` on ``texts`` (at one thread), then :func:`rounds` per cell, about
+    ``seconds`` in all; each entrant's texts/s per cell from its fastest round (a loaded machine only slows
+    rounds down)."""
     import torch
 
     before = torch.get_num_threads()
@@ -347,20 +350,38 @@ def _measure(entrants: list[Entrant], loaded: LoadedModel, plan: list[Cell], sec
             agreement(entrants, loaded, texts, runs)
         with ThreadPoolExecutor(max_workers=threads) as pool:
             for cell in (c for c in plan if c.threads == threads):
-                names = list(runs)
-                for name in names:  # warm-up: every shape once
-                    _call(runs[name], cell, pool)
-                times: dict[str, list[float]] = {n: [] for n in names}
-                start, rounds = time.perf_counter(), 0
-                while rounds < 3 or (time.perf_counter() - start < per_cell and rounds < 50):
-                    for name in names[rounds % len(names) :] + names[: rounds % len(names)]:
-                        times[name].append(_call(runs[name], cell, pool))
-                    rounds += 1
+                timed = {n: (lambda run=run, cell=cell: _call(run, cell, pool)) for n, run in runs.items()}
+                times = rounds(timed, per_cell)
                 n_texts = sum(len(c) for c in cell.calls)
                 for e in entrants:
                     if e.name in times:
                         # the fastest round: another process's load only ever slows a round down
                         e.rates[cell.name] = round(n_texts / min(times[e.name]), 2)
+                        e.rounds[cell.name] = len(times[e.name])
+
+
+def rounds(
+    timed: Mapping[str, Callable[[], float]], seconds: float, clock: Callable[[], float] = time.perf_counter
+) -> dict[str, list[float]]:
+    """Interleaved rounds of ``timed`` (each call returns its own seconds), the order rotated each round, about
+    ``seconds`` in all: every entrant runs twice (the first is its warm-up, kept: only the fastest round counts),
+    then only the contenders go on, those whose fastest round is within ``CONTEND`` of the best's (the baseline,
+    never chosen, stops there), to at least ``MIN_ROUNDS`` each while more than one is left. A loaded machine only
+    slows a round down, so an entrant half again slower than the best in its fastest of two rounds is not going to
+    be the fastest: the race's time goes to the ones that can."""
+    names = list(timed)
+    times: dict[str, list[float]] = {n: [] for n in names}
+    alive, start, n = names, clock(), 0
+    while True:
+        for name in alive[n % len(alive) :] + alive[: n % len(alive)]:
+            times[name].append(timed[name]())
+        n += 1
+        if n < 2:
+            continue
+        best = min((min(times[x]) for x in alive if x != BASELINE), default=0.0)
+        alive = [x for x in alive if x != BASELINE and min(times[x]) <= best * CONTEND]
+        if len(alive) <= 1 or n >= MAX_ROUNDS or (n >= MIN_ROUNDS and clock() - start >= seconds):
+            return times
 
 
 def agreement(
@@ -527,6 +548,7 @@ def run(
                 "format": e.fmt or "torch",
                 "quantize": e.quantize,
                 "texts_per_s": e.rates,
+                "rounds": e.rounds,
                 "ratio": round(e.score / best.score, 3) if e.error is None else None,
                 "agreement": e.agreement,
                 "agrees": e.agrees if e.error is None else None,

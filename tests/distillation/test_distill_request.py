@@ -29,6 +29,9 @@ def test_a_rule_is_the_same_line_from_both_doors(tmp_path: Path, capsys) -> None
     assert line == f"cramkit: error: {python.value}" and "drop --task" in line
     assert main(["distill", *argv[:6], "--unlabelled", str(texts), "--nproc", "2"]) == 2  # checked before torchrun
     assert "trains in one process; drop --nproc" in capsys.readouterr().err
+    assert main(["distill", "--teacher", "hf:x", "--student", "bilstm", "--out", str(tmp_path / "o"),
+                 "--task", "glue/sst2", "--set", "export=cpu"]) == 2  # fmt: skip
+    assert "export=cpu exports an embedding student" in capsys.readouterr().err
     with pytest.raises(CramkitError, match="unknown setting 'distill.epoch'"):
         cramkit.distill(DistillRequest("hf:x", student="bilstm", out=tmp_path / "o", settings={"epoch": 3}))
 

@@ -112,6 +112,40 @@ def test_the_same_command_again_keeps_the_finished_student(student, pretrained_r
     assert "distilled earlier" in again.stderr and again.stdout.splitlines()[-2] == first.stdout.splitlines()[-2]
 
 
+def test_export_cpu_serves_the_student_and_times_it_against_its_teacher(
+    pretrained_run: Path, texts_file: Path, tmp_path: Path, monkeypatch
+) -> None:
+    """`--set export=cpu`: the student exported beside OUT to the path --target cpu picks (here the CPU flags'
+    rule, CRAMKIT_RACE=0: the race itself is tested with the exports), the teacher in that same format, both timed;
+    the last line sends `cramkit embed` to the export, which gives the student's vectors."""
+    from cramkit import backends
+    from cramkit.infer import Engine
+
+    monkeypatch.setenv("CRAMKIT_RACE", "0")
+    out = tmp_path / "student"
+    proc = cramkit(
+        "distill", "--teacher", str(pretrained_run), "--student", "layers:1", "--unlabelled", str(texts_file),
+        "--out", str(out), "--no-progress", "--set", "epochs=1", "--set", "held_out=40", "--set", "export=cpu",
+        "--set", "checkpoint_every=never",
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    served = json.loads((out / "report.json").read_text(encoding="utf-8"))["served"]
+    where = tmp_path / "student-cpu"
+    assert served["export"] == str(where) and backends.kind_of(where) is not None
+    assert served["format"].split()[0] == backends.kind_of(where)
+    assert served["texts"] >= 256 and set(served["speedup"]) >= {"1 thread"}
+    for speeds in served["texts_per_s"].values():  # both sides measured, the ratio theirs
+        assert speeds["teacher"] > 0 and speeds["student"] > 0
+    first = served["texts_per_s"]["1 thread"]
+    assert served["speedup"]["1 thread"] == round(first["student"] / first["teacher"], 2)
+    assert f"served as {served['format']} ({where})" in proc.stdout
+    assert proc.stdout.strip().splitlines()[-1].endswith(f"--from {where} --out VECTORS")
+    texts = texts_file.read_text(encoding="utf-8").splitlines()[:20]
+    a, b = Engine(out, device="cpu").embed(texts), Engine(where).embed(texts)
+    cos = (a * b).sum(1) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1))
+    assert cos.min() > 0.98, cos
+
+
 @pytest.mark.slow
 def test_a_minilm_student_agrees_better_after_training(minilm_dir: Path, texts_file: Path, tmp_path: Path) -> None:
     """The real all-MiniLM-L6-v2 (6 layers, normalised mean-pooled vectors) into 2 of its layers: trained, the

@@ -98,7 +98,10 @@ def run(args: argparse.Namespace) -> int:
         return 0
     if rep.get("kind") == "embedding":  # --student layers:N: its agreement with the teacher, one line
         print(rep["summary"])
-        print(f"student saved in {rep['out']}: cramkit embed FILE --from {rep['out']} --out VECTORS")
+        served = rep.get("served")
+        fastest = served["export"] if served else rep["out"]
+        hint = "" if served else f"; its fastest path here: cramkit export {rep['out']} --target cpu --out DIR"
+        print(f"student saved in {rep['out']}: cramkit embed FILE --from {fastest} --out VECTORS{hint}")
         return 0
     print((Path(req.out) / "report.md").read_text(encoding="utf-8"))
     print(f"student saved in {rep['out']}: cramkit predict --from {rep['out']} FILE")

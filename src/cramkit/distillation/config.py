@@ -52,6 +52,9 @@ class DistillConfig(ExampleSettings):
     # the texts held out to score its agreement with the teacher (0: 5% of them, 20 to 1,000)
     matryoshka: str = ""
     held_out: int = 0
+    # and "cpu" / "cpu-serve": the student exported to its fastest path here (cramkit export --target, the race)
+    # beside OUT as OUT-cpu, timed against its teacher exported in the same format ("" : not exported)
+    export: Literal["", "cpu", "cpu-serve"] = ""
 
     def validate(self) -> None:
         if self.temperature <= 0:

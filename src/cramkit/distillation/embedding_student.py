@@ -28,6 +28,7 @@ import math
 import os
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -46,6 +47,8 @@ if TYPE_CHECKING:
 PathLike = str | os.PathLike
 SETTINGS_FILE = "distill.json"
 RUN = "embedding"  # OUT/runs/embedding: the training's run directory
+SERVED_SECONDS = 2.0  # the served speed check's rounds, per thread count (at least 3 rounds each)
+SERVED_TEXTS = 256  # ... on the held-out texts, repeated to at least this many
 EMBED_BOUND = 1e6  # an embedding value over this in magnitude is no encoder's: the cache is damaged
 
 
@@ -458,6 +461,8 @@ def distill_embeddings(
             "config": {k: v for k, v in settings["config"].items()},
             "seconds_total": round(time.perf_counter() - t_start, 1),
         }
+        if cfg.export:  # the student exported to its fastest path here, timed against its teacher in that format
+            report["served"] = served(t, out, held, cfg.export, max_length)
         report["summary"] = summary_line(report)
         write_json_atomic(out / "report.json", report)
         import shutil
@@ -475,7 +480,67 @@ def summary_line(report: dict[str, Any]) -> str:
         f"{report['teacher_layer_count']}) against its teacher on {report['held_out_texts']:,} held-out texts: "
         f"mean cosine {a['mean_cosine']:.4f} (untrained {b['mean_cosine']:.4f}), neighbour recall@{k} "
         f"{a['recall_at_10']:.3f} (untrained {b['recall_at_10']:.3f})"
+        + (f"; {served_words(report['served'])}" if report.get("served") else "")
     )
+
+
+def export_path(out: Path, target: str) -> Path:
+    """Where ``--set export=TARGET`` writes the student's export: beside OUT (an export never lies inside the model
+    it was made from), ``OUT-TARGET``."""
+    return out.with_name(f"{out.name}-{target}")
+
+
+def served(teacher: LoadedModel, out: Path, texts: list[str], target: str, max_length: int) -> dict[str, Any]:
+    """The student in ``out`` exported to the fastest path on this CPU (``cramkit export OUT --target TARGET``: the
+    installed formats raced) into :func:`export_path`; the teacher exported in the same format and quantization to
+    a temporary directory; both timed through the engine on ``texts`` (the held-out ones) in interleaved rounds
+    (:func:`cramkit.infer.race.rounds`) at one thread and at every core, each its fastest round."""
+    import tempfile
+
+    from cramkit import backends
+    from cramkit.infer import race
+    from cramkit.infer.engine import Engine
+    from cramkit.infer.export import export
+    from cramkit.runtime import cpu_cores
+
+    where = export(model=out, out=export_path(out, target), target=target, progress=False).path
+    texts = (texts * math.ceil(SERVED_TEXTS / max(1, len(texts))))[: max(SERVED_TEXTS, len(texts))]
+    b = backends.get(backends.kind_of(where) or "")
+    fmt, quantize = b.name, backends.read_manifest(where, b).get("quantize")
+    speeds: dict[str, dict[str, float]] = {}
+    with tempfile.TemporaryDirectory(prefix="cramkit-teacher-") as tmp:
+        tdir = export(model=teacher, out=Path(tmp) / "teacher", format=fmt, quantize=quantize, progress=False).path
+        for threads in sorted({1, cpu_cores()}):
+            engines = {
+                name: Engine(backends.open_export(path, threads=threads), max_length=max_length)
+                for name, path in (("teacher", tdir), ("student", where))
+            }
+
+            def timed(engine: Any) -> Callable[[], float]:
+                def call() -> float:
+                    start = time.perf_counter()
+                    engine.embed(texts)
+                    return time.perf_counter() - start
+
+                return call
+
+            times = race.rounds({n: timed(e) for n, e in engines.items()}, SERVED_SECONDS)
+            speeds[f"{threads} thread{'s' if threads > 1 else ''}"] = {
+                n: round(len(texts) / min(v), 1) for n, v in times.items()
+            }
+    return {
+        "target": target,
+        "export": str(where),
+        "format": race.label(fmt, quantize),
+        "texts": len(texts),
+        "texts_per_s": speeds,
+        "speedup": {k: round(v["student"] / v["teacher"], 2) for k, v in speeds.items()},
+    }
+
+
+def served_words(s: dict[str, Any]) -> str:
+    ratios = ", ".join(f"{x:.2f}x at {k}" for k, x in s["speedup"].items())
+    return f"served as {s['format']} ({s['export']}): {ratios} the teacher's texts/s in that format"
 
 
 def _prompt(teacher: LoadedModel) -> str:

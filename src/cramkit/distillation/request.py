@@ -84,6 +84,11 @@ class DistillRequest(Training):
                 )
         else:
             check_student(student)
+            if settings.get("export"):
+                raise CramkitError(
+                    f"--set export={settings['export']} exports an embedding student (--student layers:N); for "
+                    f"--student {student} run cramkit export OUT --target cpu after the distillation"
+                )
             if is_model_student(student):  # a small pretrained encoder, all of its layers
                 if settings.get("init") not in (None, student):
                     raise CramkitError(

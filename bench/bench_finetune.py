@@ -83,7 +83,7 @@ def padded_tokens(lengths: np.ndarray, batch_size: int, chunk: int, seed: int) -
     return 1.0 - lengths.sum() / total
 
 
-def run_hf(task, cfg, seed: int, out_dir: Path) -> dict:
+def run_hf(task, cfg, seed: int, out_dir: Path, bf16: bool = False) -> dict:
     import transformers
     from transformers import (
         AutoTokenizer,
@@ -127,6 +127,7 @@ def run_hf(task, cfg, seed: int, out_dir: Path) -> dict:
         logging_strategy="no",
         disable_tqdm=True,
         dataloader_num_workers=0,
+        bf16=bf16,  # on a CPU: torch.autocast bf16, as cramkit's precision bf16
     )
     trainer = Trainer(model=model, args=args, train_dataset=train, data_collator=DataCollatorWithPadding(tok))
     load0, cpu0, t0 = os.getloadavg()[0], time.process_time(), time.perf_counter()
@@ -184,6 +185,13 @@ def main() -> int:
         action="store_true",
         help="also run cramkit with bucketing off (random batches padded to their longest, like HF)",
     )
+    ap.add_argument(
+        "--precision",
+        default="fp32",
+        choices=("fp32", "bf16", "default"),
+        help="fp32 / bf16: both sides at that precision (bf16: autocast on both); default: each side's own "
+        "(cramkit's precision auto, bf16 on a CPU that computes it; the Trainer's fp32)",
+    )
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
 
@@ -193,19 +201,21 @@ def main() -> int:
 
     task = get_task("glue/sst2", data_dir=args.glue_dir)
     seeds = [int(s) for s in args.seeds.split(",")]
-    cfg = FinetuneConfig(epochs=args.epochs, max_train_examples=args.n_train, device="cpu")
+    ours_precision = "auto" if args.precision == "default" else args.precision
+    cfg = FinetuneConfig(epochs=args.epochs, max_train_examples=args.n_train, device="cpu", precision=ours_precision)
     loaded = load(f"hf:{minilm_dir()}")
     print(
         f"SST-2: first {args.n_train} train examples, {args.epochs:g} epoch(s), full dev "
         f"({len(task.examples('dev'))}); all-MiniLM-L6-v2; torch {torch.__version__}, "
-        f"{torch.get_num_threads()} threads; seeds {seeds}",
+        f"{torch.get_num_threads()} threads; seeds {seeds}; precision {args.precision} (cramkit {ours_precision}, "
+        f"HF {'bf16' if args.precision == 'bf16' else 'fp32'})",
         flush=True,
     )
     ours, hf, plain = [], [], []
     for seed in seeds:
         ours.append(run_ours(task, loaded, cfg, seed))
         print(f"  seed {seed} cramkit : {ours[-1]}", flush=True)
-        hf.append(run_hf(task, cfg, seed, Path(args.out)))
+        hf.append(run_hf(task, cfg, seed, Path(args.out), bf16=args.precision == "bf16"))
         print(f"  seed {seed} HF      : {hf[-1]}", flush=True)
         if args.ablate_bucketing:
             plain.append(run_ours(task, loaded, config_from({"bucket_chunk": 0}, cfg), seed))

@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from make_beir import make_beir, read_mrpc
+from make_beir import make_beir, read_mrpc, write_beir
 
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "data"
 
@@ -115,17 +115,8 @@ def stsb_beir(test_csv: Path, out: Path, at_least: float = 4.0) -> dict[str, int
     pairs = [(a, b) for a, b in pairs if b not in queries]
     corpus = {t: f"d{i}" for i, t in enumerate(t for t in sentences if t not in queries)}
     qids = {a: f"q{i}" for i, a in enumerate(dict.fromkeys(a for a, _ in pairs))}
-    (out / "qrels").mkdir(parents=True, exist_ok=True)
-    with open(out / "corpus.jsonl", "w", encoding="utf-8") as f:
-        for text, cid in corpus.items():
-            f.write(json.dumps({"_id": cid, "title": "", "text": text}) + "\n")
-    with open(out / "queries.jsonl", "w", encoding="utf-8") as f:
-        for text, qid in qids.items():
-            f.write(json.dumps({"_id": qid, "text": text}) + "\n")
-    with open(out / "qrels" / "test.tsv", "w", encoding="utf-8") as f:
-        f.write("query-id\tcorpus-id\tscore\n")
-        for a, b in dict.fromkeys(pairs):
-            f.write(f"{qids[a]}\t{corpus[b]}\t1\n")
+    qrels = [(qids[a], corpus[b]) for a, b in pairs]
+    write_beir(out, {cid: t for t, cid in corpus.items()}, {qid: t for t, qid in qids.items()}, qrels, "test")
     return {"queries": len(qids), "corpus": len(corpus), "qrels": len(dict.fromkeys(pairs))}
 
 

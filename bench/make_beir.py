@@ -30,6 +30,23 @@ def read_mrpc(path: Path) -> list[tuple[int, str, str, str, str]]:
     return rows
 
 
+def write_beir(
+    out: Path, corpus: dict[str, str], queries: dict[str, str], qrels: list[tuple[str, str]], split: str
+) -> None:
+    """out/corpus.jsonl and out/queries.jsonl (id -> text) and out/qrels/SPLIT.tsv (query id, relevant id)."""
+    (out / "qrels").mkdir(parents=True, exist_ok=True)
+    with open(out / "corpus.jsonl", "w", encoding="utf-8") as f:
+        for cid, text in corpus.items():
+            f.write(json.dumps({"_id": cid, "title": "", "text": text}) + "\n")
+    with open(out / "queries.jsonl", "w", encoding="utf-8") as f:
+        for qid, text in queries.items():
+            f.write(json.dumps({"_id": qid, "text": text}) + "\n")
+    with open(out / "qrels" / f"{split}.tsv", "w", encoding="utf-8") as f:
+        f.write("query-id\tcorpus-id\tscore\n")
+        for qid, cid in dict.fromkeys(qrels):
+            f.write(f"{qid}\t{cid}\t1\n")
+
+
 def make_beir(mrpc_tsv: Path, out: Path, split: str = "test", max_pairs: int | None = None) -> dict[str, int]:
     """Write out/corpus.jsonl, out/queries.jsonl and out/qrels/SPLIT.tsv from ``mrpc_tsv``; the counts."""
     rows = read_mrpc(mrpc_tsv)[:max_pairs]
@@ -43,18 +60,7 @@ def make_beir(mrpc_tsv: Path, out: Path, split: str = "test", max_pairs: int | N
             qrels.append((id1, id2))
         else:
             corpus.setdefault(id1, s1)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "qrels").mkdir(exist_ok=True)
-    with open(out / "corpus.jsonl", "w", encoding="utf-8") as f:
-        for cid, text in corpus.items():
-            f.write(json.dumps({"_id": cid, "title": "", "text": text}) + "\n")
-    with open(out / "queries.jsonl", "w", encoding="utf-8") as f:
-        for qid, text in queries.items():
-            f.write(json.dumps({"_id": qid, "text": text}) + "\n")
-    with open(out / "qrels" / f"{split}.tsv", "w", encoding="utf-8") as f:
-        f.write("query-id\tcorpus-id\tscore\n")
-        for qid, cid in dict.fromkeys(qrels):
-            f.write(f"{qid}\t{cid}\t1\n")
+    write_beir(out, corpus, queries, qrels, split)
     return {"pairs": len(rows), "corpus": len(corpus), "queries": len(queries), "qrels": len(dict.fromkeys(qrels))}
 
 

@@ -196,7 +196,7 @@ def main() -> int:
     torch.set_num_threads(args.threads)
 
     from cramkit.loading import load
-    from cramkit.recipes.finetune_config import FinetuneConfig, config_from
+    from cramkit.recipes.finetune_config import FinetuneConfig, auto_lr, config_from
     from cramkit.tasks.registry import get_task
 
     task = get_task("glue/sst2", data_dir=args.glue_dir)
@@ -204,6 +204,8 @@ def main() -> int:
     ours_precision = "auto" if args.precision == "default" else args.precision
     cfg = FinetuneConfig(epochs=args.epochs, max_train_examples=args.n_train, device="cpu", precision=ours_precision)
     loaded = load(f"hf:{minilm_dir()}")
+    # the one recipe on both sides: "auto" decided here (4e-5 at MiniLM's width 384), so the Trainer gets a number
+    cfg = config_from({"lr": auto_lr(cfg, int(loaded.config.hidden))}, cfg)
     print(
         f"SST-2: first {args.n_train} train examples, {args.epochs:g} epoch(s), full dev "
         f"({len(task.examples('dev'))}); all-MiniLM-L6-v2; torch {torch.__version__}, "

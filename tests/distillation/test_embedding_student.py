@@ -123,11 +123,12 @@ def test_export_cpu_serves_the_student_and_times_it_against_its_teacher(
 
     monkeypatch.setenv("CRAMKIT_RACE", "0")
     out = tmp_path / "student"
-    proc = cramkit(
+    argv = (
         "distill", "--teacher", str(pretrained_run), "--student", "layers:1", "--unlabelled", str(texts_file),
         "--out", str(out), "--no-progress", "--set", "epochs=1", "--set", "held_out=40", "--set", "export=cpu",
         "--set", "checkpoint_every=never",
     )  # fmt: skip
+    proc = cramkit(*argv)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     served = json.loads((out / "report.json").read_text(encoding="utf-8"))["served"]
     where = tmp_path / "student-cpu"
@@ -144,6 +145,19 @@ def test_export_cpu_serves_the_student_and_times_it_against_its_teacher(
     a, b = Engine(out, device="cpu").embed(texts), Engine(where).embed(texts)
     cos = (a * b).sum(1) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1))
     assert cos.min() > 0.98, cos
+    # an export lost (deleted, or stopped half way): the same command makes it again, the student kept as trained
+    import shutil
+
+    shutil.rmtree(where)
+    again = cramkit(*argv)
+    assert again.returncode == 0 and "distilled earlier" in again.stderr, again.stderr
+    assert backends.kind_of(where) is not None and "served as" in again.stdout
+    # a folder of the user's where the export would go: one line before anything trains
+    other, notes = tmp_path / "other", tmp_path / "other-cpu" / "notes.txt"
+    notes.parent.mkdir()
+    notes.write_text("mine", encoding="utf-8")
+    one_line(cramkit(*[str(other) if x == str(out) else x for x in argv]), "other-cpu")
+    assert notes.read_text(encoding="utf-8") == "mine" and not (other / "runs").exists()
 
 
 @pytest.mark.slow

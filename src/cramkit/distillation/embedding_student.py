@@ -415,6 +415,11 @@ def distill_embeddings(
     train_rows, held_rows = held_out_split(len(texts), cfg)
     settings = _settings(t, student, texts, cfg, max_length)
     cache = Path(cache) if cache is not None else out / "cache"
+    held = [texts[i] for i in held_rows]
+    if cfg.export:  # a folder the export may not replace: said now, not after the training
+        from cramkit.infer.export import check_target_out
+
+        check_target_out(export_path(out, cfg.export), out)
     out.mkdir(parents=True, exist_ok=True)
     with dir_lock(out, "--out"):
         if (
@@ -423,9 +428,11 @@ def distill_embeddings(
             and (out / MODEL_FILE).is_file()
         ):
             print(f"cramkit: {out}: distilled earlier with the same settings; its report is kept", file=sys.stderr)
-            return read_json(out / "report.json", f"delete {out} to distil again")
+            done = read_json(out / "report.json", f"delete {out} to distil again")
+            if cfg.export and not _exported(out, cfg.export):  # the export failed, was stopped or deleted: made now
+                done = _serve(done, t, out, held, cfg.export, max_length)
+            return done
         vecs, tstats = teacher_embeddings(t, texts, cache, max_length=max_length, device=cfg.device, progress=progress)
-        held = [texts[i] for i in held_rows]
         t_held = np.asarray(vecs[held_rows])
         before = agreement(_student_vectors(st, held, cfg.device, max_length), t_held)
         prompt = _prompt(t)
@@ -461,14 +468,32 @@ def distill_embeddings(
             "config": {k: v for k, v in settings["config"].items()},
             "seconds_total": round(time.perf_counter() - t_start, 1),
         }
-        if cfg.export:  # the student exported to its fastest path here, timed against its teacher in that format
-            report["served"] = served(t, out, held, cfg.export, max_length)
         report["summary"] = summary_line(report)
-        write_json_atomic(out / "report.json", report)
+        write_json_atomic(out / "report.json", report)  # the student whole before it is exported
         import shutil
 
         shutil.rmtree(out / "runs" / RUN / "checkpoints", ignore_errors=True)  # the student is saved
+        if cfg.export:  # the student exported to its fastest path here, timed against its teacher in that format
+            report = _serve(report, t, out, held, cfg.export, max_length)
         return report
+
+
+def _exported(out: Path, target: str) -> bool:
+    from cramkit import backends
+
+    return backends.kind_of(export_path(out, target)) is not None
+
+
+def _serve(
+    report: dict[str, Any], teacher: LoadedModel, out: Path, texts: list[str], target: str, max_length: int
+) -> dict[str, Any]:
+    """``report`` with :func:`served`'s record and the summary line that says it, written to OUT/report.json."""
+    from cramkit.io import write_json_atomic
+
+    report = {**report, "served": served(teacher, out, texts, target, max_length)}
+    report["summary"] = summary_line(report)
+    write_json_atomic(out / "report.json", report)
+    return report
 
 
 def summary_line(report: dict[str, Any]) -> str:

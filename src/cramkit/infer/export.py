@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 import tempfile
 from dataclasses import dataclass
@@ -92,18 +93,24 @@ def export_dir(request: ExportRequest) -> Path:
     return export(request).path
 
 
+def check_target_out(out: str | os.PathLike, model: Any) -> None:
+    """The rule for ``--out`` of an export by ``--target``, before the race (the format is not known yet: an export
+    of any format there may be replaced, nothing else): one CramkitError line naming the fix."""
+    from cramkit.io import check_out
+
+    markers = backends.export_markers()
+    check_out(out, inputs=[model], own=list(markers), replace=True, force=True, kin=markers)
+
+
 def _target(r: ExportRequest) -> tuple[str, str | None, dict[str, Any], LoadedModel]:
     """The format and quantization the request's target picks for its model: by a race on this machine
     (``cramkit.infer.race``), or, where none can run, by the CPU flags' rule (:func:`cpu_target`), said in one
     line; the record kept in the manifest, and the model, read once."""
     from cramkit.infer import race as racing
-    from cramkit.io import check_out
     from cramkit.loading import for_task
 
     racing.wanted(r.race)  # a bad CRAMKIT_RACE: one line, before the model is read
-    # a bad --out is refused before the race (the format is not known yet: any export's there may be replaced)
-    markers = backends.export_markers()
-    check_out(r.out, inputs=[r.model], own=list(markers), replace=True, force=True, kin=markers)
+    check_target_out(r.out, r.model)
     loaded = (
         r.model if isinstance(r.model, LoadedModel) else load_torch(r.model, step=r.step, purpose="export", base=r.base)
     )

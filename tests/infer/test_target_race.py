@@ -64,6 +64,9 @@ def test_target_cpu_races_every_installed_format_and_reuses_the_race(ft_model, t
     cells = {"short @1", "long @1"} | {f"short @{t}" for t in rec["threads"]} | {f"long @{t}" for t in rec["threads"]}
     for c in rec["candidates"]:
         assert c["error"] is not None or (set(c["texts_per_s"]) == cells and min(c["texts_per_s"].values()) > 0)
+        # two rounds per cell each, more only for a contender: the chosen one, and never the baseline
+        assert c["error"] is not None or (set(c["rounds"]) == cells and min(c["rounds"].values()) >= 2)
+    assert max(next(c for c in rec["candidates"] if c["name"] == race.BASELINE)["rounds"].values()) == 2
     key = rec["key"]
     assert key["cpu"] and key["kind"] == "classifier" and key["shape"]["layers"] == 2 and key["shape"]["hidden"] == 64
     assert set(key["versions"]) >= {"torch", "ctranslate2"} and rec["reused"] is False

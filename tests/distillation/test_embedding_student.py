@@ -158,6 +158,24 @@ def test_export_cpu_serves_the_student_and_times_it_against_its_teacher(
     notes.write_text("mine", encoding="utf-8")
     one_line(cramkit(*[str(other) if x == str(out) else x for x in argv]), "other-cpu")
     assert notes.read_text(encoding="utf-8") == "mine" and not (other / "runs").exists()
+    # a teacher that cannot be exported in the student's format: the student is served all the same, and says so
+    from cramkit.errors import CramkitError
+    from cramkit.infer import export as exporting
+
+    real = exporting.export
+
+    def no_teacher(*args, **kw):
+        if not isinstance(kw.get("model"), (str, Path)):
+            raise CramkitError("this format cannot hold the teacher")
+        return real(*args, **kw)
+
+    monkeypatch.setattr(exporting, "export", no_teacher)
+    third = tmp_path / "third"
+    proc = cramkit(*[str(third) if x == str(out) else x for x in argv])
+    assert proc.returncode == 0, proc.stderr
+    served = json.loads((third / "report.json").read_text(encoding="utf-8"))["served"]
+    assert served["speedup"] == {} and "cannot hold the teacher" in served["teacher_error"]
+    assert "the teacher could not be exported" in proc.stdout and backends.kind_of(tmp_path / "third-cpu")
 
 
 @pytest.mark.slow

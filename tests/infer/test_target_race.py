@@ -292,3 +292,33 @@ def test_the_rounds_stop_timing_an_entrant_that_cannot_win() -> None:
     alone = race.rounds({race.BASELINE: clock.entrant([1.0]), "ct2 int8": clock.entrant([0.1])}, 5.0, clock)
     assert {k: len(v) for k, v in alone.items()} == {race.BASELINE: 2, "ct2 int8": 2}
     assert clock.now < 5.0
+
+
+def test_the_race_checks_every_export_against_one_torch_pass(ft_model, tmp_path, monkeypatch) -> None:
+    """The race exports every candidate, each checked against the fp32 torch model on the same texts: the torch
+    side is computed for the first check and kept (``compare_outputs(reference=...)``), the results unchanged."""
+    from functools import partial
+
+    from cramkit.infer.engine import Engine, compare_outputs
+
+    loaded, texts, reference = load_torch(ft_model), backends.check_texts()[:16], {}
+    calls: list[str] = []
+    for name in ("embed_encoded", "logits_encoded"):
+        real = getattr(Engine, name)
+        monkeypatch.setattr(Engine, name, lambda self, enc, _r=real, _n=name: calls.append(_n) or _r(self, enc))
+
+    def export(out: str, ref: dict | None) -> dict:
+        calls.clear()
+        check = partial(compare_outputs, reference=ref) if ref is not None else compare_outputs
+        backends.write_export("ct2", loaded, tmp_path / out, "float32", compare=check, texts=texts, progress=False)
+        return _manifest(tmp_path / out)["check"]
+
+    alone = export("alone", None)
+    assert sorted(calls) == ["embed_encoded", "embed_encoded", "logits_encoded", "logits_encoded"]
+    first = export("first", reference)
+    assert len(calls) == 4 and {"embed", "logits"} <= set(reference)
+    second = export("second", reference)
+    assert sorted(calls) == ["embed_encoded", "logits_encoded"]  # the export's side only
+    assert first == second == alone
+    compare_outputs(loaded, backends.open_export(tmp_path / "first"), texts[:8], reference=reference)
+    assert reference["texts"] == texts[:8]  # other texts: the reference started again

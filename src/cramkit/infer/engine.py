@@ -19,6 +19,7 @@ choose, rerank), fill-mask (engine_fill_mask.py).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -94,18 +95,34 @@ class Engine(EmbeddingEngine, ScoringEngine, FillMaskEngine):
         }
 
 
-def compare_outputs(loaded: LoadedModel, exported: ExportedModel, texts: list[Any]) -> dict[str, Any]:
+def compare_outputs(
+    loaded: LoadedModel, exported: ExportedModel, texts: list[Any], reference: dict[str, Any] | None = None
+) -> dict[str, Any]:
     """The largest differences between the torch model's and its export's outputs on ``texts`` (the check of
-    ``cramkit.backends.write_export``)."""
+    ``cramkit.backends.write_export``). ``reference``: a dict that keeps the torch model's outputs for these texts
+    between calls, so that several exports of one model are checked against one fp32 pass (the race's)."""
     import torch
 
     ref = Engine(loaded, backend="torch", device="cpu", precision="fp32", max_batch_tokens=4096)
     got = Engine(exported, max_batch_tokens=4096)
+    kept = reference if reference is not None else {}
+    # another model's outputs, or of other texts, are no reference (each check gets a copy of the LoadedModel:
+    # its module and its kind say which model it is)
+    if kept.get("model") is not loaded.model or kept.get("kind") != loaded.kind or kept.get("texts") != texts:
+        kept.clear()
+        kept.update(model=loaded.model, kind=loaded.kind, texts=list(texts))
+
+    def torch_side(name: str, compute: Callable[[], Any]) -> Any:  # the torch model's outputs, once
+        if name not in kept:
+            kept[name] = compute()
+        return kept[name]
+
     res: dict[str, Any] = {"texts": len(texts)}
     with torch.inference_mode():
         if ref.can_embed and got.can_embed:  # a deep-prompt export gives its labels only
             enc = ref.tokenize(texts)
-            for name, a, b in zip(("mean", "cls"), ref.embed_encoded(enc), got.embed_encoded(enc), strict=True):
+            mine = torch_side("embed", lambda: ref.embed_encoded(enc))
+            for name, a, b in zip(("mean", "cls"), mine, got.embed_encoded(enc), strict=True):
                 res[f"max_abs_diff_{name}"] = float(np.abs(a - b).max())
                 res[f"scale_{name}"] = float(np.abs(a).max())
                 cos = (a * b).sum(1) / np.maximum(np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1), 1e-12)
@@ -113,14 +130,14 @@ def compare_outputs(loaded: LoadedModel, exported: ExportedModel, texts: list[An
                 res[f"cosine_{name}_min"] = float(cos.min())
         if ref.can_classify or ref.can_choose:  # multiple choice: the scores of the pairs
             enc = ref.tokenize(texts)
-            a, b = ref.logits_encoded(enc), got.logits_encoded(enc)
+            a, b = torch_side("logits", lambda: ref.logits_encoded(enc)), got.logits_encoded(enc)
             res["max_abs_diff_logits"] = float(np.abs(a - b).max())
             res["scale_logits"] = float(np.abs(a).max())
             if ref.can_classify and loaded.kind != "regression":
                 res["label_agreement"] = float((a.argmax(1) == b.argmax(1)).mean())
         if ref.can_fill_mask:
             masked = [" ".join(t.split()[:6] + ["[MASK]"] + t.split()[6:12]) for t in texts[:32] if isinstance(t, str)]
-            ra, ga = ref.fill_mask(masked, top_k=1), got.fill_mask(masked, top_k=1)
+            ra, ga = torch_side("fill_mask", lambda: ref.fill_mask(masked, top_k=1)), got.fill_mask(masked, top_k=1)
             pa = [m[0]["id"] for r in ra for m in r[:1]]
             pb = [m[0]["id"] for r in ga for m in r[:1]]
             sa = np.asarray([m[0]["score"] for r in ra for m in r[:1]])

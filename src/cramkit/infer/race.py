@@ -23,6 +23,7 @@ import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -509,13 +510,15 @@ def run(
     with tempfile.TemporaryDirectory(prefix="cramkit-race-") as tmp:
         entrants = [Entrant(BASELINE, None, None)]
         sample = backends.check_texts()  # the texts every export is checked on (read once here)
+        reference: dict[str, Any] = {}  # the fp32 torch model's outputs on them, computed for the first check only
         for fmt, quantize in found:
             where = Path(tmp) / label(fmt, quantize).replace(" ", "-")
             e = Entrant(label(fmt, quantize), fmt, quantize, where)
             try:
                 backends.write_export(
-                    fmt, loaded, where, quantize, compare=compare_outputs, texts=sample, progress=False
-                )
+                    fmt, loaded, where, quantize, compare=partial(compare_outputs, reference=reference), texts=sample,
+                    progress=False,
+                )  # fmt: skip
             except CramkitError as exc:  # e.g. bf16 not faithful enough: out of the race, said in the record
                 e.error = str(exc)[:300]
             entrants.append(e)

@@ -516,9 +516,14 @@ def run(
             e = Entrant(label(fmt, quantize), fmt, quantize, where)
             try:
                 backends.write_export(
-                    fmt, loaded, where, quantize, compare=partial(compare_outputs, reference=reference), texts=sample,
+                    fmt,
+                    loaded,
+                    where,
+                    quantize,
+                    compare=partial(compare_outputs, reference=reference),
+                    texts=sample,
                     progress=False,
-                )  # fmt: skip
+                )
             except CramkitError as exc:  # e.g. bf16 not faithful enough: out of the race, said in the record
                 e.error = str(exc)[:300]
             entrants.append(e)

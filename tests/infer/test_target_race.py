@@ -292,6 +292,10 @@ def test_the_rounds_stop_timing_an_entrant_that_cannot_win() -> None:
     alone = race.rounds({race.BASELINE: clock.entrant([1.0]), "ct2 int8": clock.entrant([0.1])}, 5.0, clock)
     assert {k: len(v) for k, v in alone.items()} == {race.BASELINE: 2, "ct2 int8": 2}
     assert clock.now < 5.0
+    # a comparison of speeds (a student against its teacher): no one drops out, both timed to the budget
+    clock = _Clock()
+    both = race.rounds({"teacher": clock.entrant([0.3]), "student": clock.entrant([0.1])}, 5.0, clock, contend=None)
+    assert len(both["teacher"]) == len(both["student"]) >= race.MIN_ROUNDS and clock.now >= 5.0
 
 
 def test_the_race_checks_every_export_against_one_torch_pass(ft_model, tmp_path, monkeypatch) -> None:

@@ -567,7 +567,7 @@ def _timed(paths: dict[str, Path], texts: list[str], max_length: int) -> dict[st
     speeds: dict[str, dict[str, float]] = {}
     for threads in sorted({1, cpu_cores()}):
         engines = {n: Engine(backends.open_export(p, threads=threads), max_length=max_length) for n, p in paths.items()}
-        times = race.rounds({n: timed(e) for n, e in engines.items()}, SERVED_SECONDS)
+        times = race.rounds({n: timed(e) for n, e in engines.items()}, SERVED_SECONDS, contend=None)  # compared
         speeds[f"{threads} thread{'s' if threads > 1 else ''}"] = {
             n: round(len(texts) / min(v), 1) for n, v in times.items()
         }

@@ -362,14 +362,18 @@ def _measure(entrants: list[Entrant], loaded: LoadedModel, plan: list[Cell], sec
 
 
 def rounds(
-    timed: Mapping[str, Callable[[], float]], seconds: float, clock: Callable[[], float] = time.perf_counter
+    timed: Mapping[str, Callable[[], float]],
+    seconds: float,
+    clock: Callable[[], float] = time.perf_counter,
+    contend: float | None = CONTEND,
 ) -> dict[str, list[float]]:
     """Interleaved rounds of ``timed`` (each call returns its own seconds), the order rotated each round, about
     ``seconds`` in all: every entrant runs twice (the first is its warm-up, kept: only the fastest round counts),
     then only the contenders go on, those whose fastest round is within ``CONTEND`` of the best's (the baseline,
     never chosen, stops there), to at least ``MIN_ROUNDS`` each while more than one is left. A loaded machine only
     slows a round down, so an entrant half again slower than the best in its fastest of two rounds is not going to
-    be the fastest: the race's time goes to the ones that can."""
+    be the fastest: the race's time goes to the ones that can. ``contend=None``: no one drops out (a comparison of
+    speeds, not a choice), every entrant runs at least ``MIN_ROUNDS``."""
     names = list(timed)
     times: dict[str, list[float]] = {n: [] for n in names}
     alive, start, n = names, clock(), 0
@@ -379,8 +383,9 @@ def rounds(
         n += 1
         if n < 2:
             continue
-        best = min((min(times[x]) for x in alive if x != BASELINE), default=0.0)
-        alive = [x for x in alive if x != BASELINE and min(times[x]) <= best * CONTEND]
+        if contend is not None:
+            best = min((min(times[x]) for x in alive if x != BASELINE), default=0.0)
+            alive = [x for x in alive if x != BASELINE and min(times[x]) <= best * contend]
         if len(alive) <= 1 or n >= MAX_ROUNDS or (n >= MIN_ROUNDS and clock() - start >= seconds):
             return times
 
